@@ -1,0 +1,405 @@
+/*
+ * tensorshare: share tensors between training programs through the tensord daemon.
+ *
+ * This header is the whole public C API of libtensorshare: errors, dtypes, records (trees of
+ * named tensors and scalars) and the client. Everything is C11 and usable from C++.
+ *
+ * Conventions (they hold for every function below unless its comment says otherwise):
+ * - Functions that can fail return int: 0 on success, a negative TS_E* code on failure.
+ *   Out-parameters are written only on success.
+ * - If a function that takes a callback returns an error, the callback is never called.
+ * - Pointer parameters are borrowed for the duration of the call; strings are copied.
+ * - Objects freed with a _free function accept NULL (a no-op).
+ * - Nothing here is thread-safe except the client (ts_client_t) functions, which may be called
+ *   from any thread, and record functions on distinct records.
+ */
+#ifndef TENSORSHARE_H
+#define TENSORSHARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensorshare/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(TS_BUILDING_LIBRARY) && defined(__GNUC__)
+#define TS_EXTERN __attribute__((visibility("default")))
+#else
+#define TS_EXTERN
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors
+ *
+ * Codes that match an errno are its negation; the others live in -4000..-4099. The table is
+ * append-only: a code never changes its number or meaning.
+ */
+#define TS_ERRNO_MAP(XX)                                                                           \
+    XX(ENOMEM, -12, "out of memory (local allocation failed)")                                     \
+    XX(EINVAL, -22, "invalid argument")                                                            \
+    XX(ENOENT, -2, "no such bin")                                                                  \
+    XX(EACCES, -13, "permission denied")                                                           \
+    XX(EAGAIN, -11, "resource temporarily unavailable")                                            \
+    XX(EDEADLK, -35, "blocking call made from a client callback")                                  \
+    XX(ENAMETOOLONG, -36, "bin name too long")                                                     \
+    XX(EMSGSIZE, -90, "message too large")                                                         \
+    XX(EPROTO, -71, "protocol error")                                                              \
+    XX(ENOTCONN, -107, "not connected")                                                            \
+    XX(ECONNRESET, -104, "connection lost")                                                        \
+    XX(ECONNREFUSED, -111, "connection refused")                                                   \
+    XX(ETIMEDOUT, -110, "timed out")                                                               \
+    XX(ECANCELED, -125, "operation canceled")                                                      \
+    XX(EOOM, -4001, "server memory limit reached")                                                 \
+    XX(EBADRECORD, -4002, "malformed record")                                                      \
+    XX(EVERSION, -4003, "unsupported protocol version")                                            \
+    XX(EAUTH, -4004, "authentication failed")                                                      \
+    XX(ESERVER, -4005, "server internal error")                                                    \
+    XX(EWRONGSHARD, -4006, "bin belongs to another shard")                                         \
+    XX(ETOOMANY, -4007, "too many clients")                                                        \
+    XX(EUNKNOWNOP, -4008, "operation not supported by the server")                                 \
+    XX(ESLOW, -4009, "connection closed: client too slow reading")                                 \
+    XX(ETYPE, -4010, "value has another type")                                                     \
+    XX(ESHUTDOWN, -4011, "server shutting down")                                                   \
+    XX(ETORCH, -4012, "libtorch error")                                                            \
+    XX(ESCHEMA, -4013, "request does not match the schema")                                        \
+    XX(EMODEL, -4014, "model failed")                                                              \
+    XX(ENOTSUP, -4015, "not supported in this build")
+
+typedef enum ts_errno_e {
+    TS_OK = 0, /* not an error */
+#define TS__ERR_ENUM(name, value, msg) TS_##name = (value),
+    TS_ERRNO_MAP(TS__ERR_ENUM)
+#undef TS__ERR_ENUM
+} ts_errno_t;
+
+/* A static, human-readable message for an error code ("unknown error" for unknown codes). */
+TS_EXTERN const char *ts_strerror(int err);
+/* The code's name without the prefix, e.g. "ETIMEDOUT" ("UNKNOWN" for unknown codes). */
+TS_EXTERN const char *ts_err_name(int err);
+
+/* ---------------------------------------------------------------------------------------------
+ * Dtypes. The numbers are the wire codes and never change.
+ */
+typedef enum ts_dtype_e {
+    TS_DTYPE_INVALID = 0,
+    TS_BOOL = 1,
+    TS_UINT8 = 2,
+    TS_INT8 = 3,
+    TS_INT16 = 4,
+    TS_INT32 = 5,
+    TS_INT64 = 6,
+    TS_FLOAT16 = 7,
+    TS_BFLOAT16 = 8,
+    TS_FLOAT32 = 9,
+    TS_FLOAT64 = 10,
+    TS_COMPLEX64 = 11,
+    TS_COMPLEX128 = 12
+} ts_dtype_t;
+
+#define TS_MAX_NDIM 8 /* dimensions; a u8 on the wire, 8 covers every common model */
+
+/* Size of one element in bytes, 0 for an unknown dtype. */
+TS_EXTERN size_t ts_dtype_size(ts_dtype_t dtype);
+/* Short name ("float32", "bfloat16", ...), or NULL for an unknown dtype. */
+TS_EXTERN const char *ts_dtype_name(ts_dtype_t dtype);
+/* The dtype for a name as returned by ts_dtype_name, or TS_DTYPE_INVALID. */
+TS_EXTERN ts_dtype_t ts_dtype_from_name(const char *name);
+
+/*
+ * A tensor descriptor, shaped like DLPack's DLTensor. Tensors are always dense and row-major
+ * (C-contiguous); data is 64-byte aligned when it comes from tensorshare.
+ */
+typedef struct ts_tensor_s {
+    void *data;
+    ts_dtype_t dtype;
+    int32_t ndim;
+    int64_t shape[TS_MAX_NDIM];
+} ts_tensor_t;
+
+/* Number of elements (1 for ndim 0). */
+TS_EXTERN int64_t ts_tensor_numel(const ts_tensor_t *t);
+/* Size of the data in bytes. */
+TS_EXTERN size_t ts_tensor_nbytes(const ts_tensor_t *t);
+
+/* ---------------------------------------------------------------------------------------------
+ * Values and records
+ *
+ * A record is what a bin item holds: a tree of values. Maps have string keys (kept in insertion
+ * order, keys unique), lists hold values, leaves are tensors, 64-bit ints, doubles, strings or
+ * byte strings. A record's root can be any value, typically a map such as
+ * {"params": {...state dict...}, "version": 7}.
+ *
+ * Values you build are owned by you until added to a container (ownership then transfers to the
+ * container) or freed with ts_value_free. Values received from a server live inside one buffer
+ * and are read-only; they stay valid until the object that returned them is freed.
+ */
+typedef enum ts_type_e {
+    TS_TYPE_MAP = 1,
+    TS_TYPE_LIST = 2,
+    TS_TYPE_TENSOR = 3,
+    TS_TYPE_INT = 4,
+    TS_TYPE_FLOAT = 5,
+    TS_TYPE_STRING = 6,
+    TS_TYPE_BYTES = 7
+} ts_type_t;
+
+typedef struct ts_value_s ts_value_t;
+
+/* Flags for values that wrap caller memory. */
+#define TS_BORROW 0u /* keep a pointer; the memory must outlive the value (default) */
+#define TS_COPY 1u   /* copy the memory now into a 64-byte aligned buffer the value owns */
+
+TS_EXTERN ts_value_t *ts_map_new(void);
+TS_EXTERN ts_value_t *ts_list_new(void);
+TS_EXTERN ts_value_t *ts_int_new(int64_t v);
+TS_EXTERN ts_value_t *ts_float_new(double v);
+/* A string value; s is copied (it need not be NUL-free: len bytes are taken). */
+TS_EXTERN ts_value_t *ts_string_new(const char *s, size_t len);
+/* A byte string; with TS_BORROW, data must stay valid while the value (or a put of it) uses it. */
+TS_EXTERN ts_value_t *ts_bytes_new(const void *data, size_t len, unsigned flags);
+/*
+ * A tensor value over caller memory (data may be NULL only when the tensor has 0 elements).
+ * With TS_BORROW the memory must stay valid while the value is used, including until a put's
+ * callback; with TS_COPY it is copied now. Returns NULL on bad arguments or allocation failure.
+ */
+TS_EXTERN ts_value_t *ts_tensor_new(ts_dtype_t dtype, int ndim, const int64_t *shape,
+                                    const void *data, unsigned flags);
+/* A tensor value owning fresh zeroed, 64-byte aligned memory; fill it via ts_value_tensor(). */
+TS_EXTERN ts_value_t *ts_tensor_alloc(ts_dtype_t dtype, int ndim, const int64_t *shape);
+
+/*
+ * Add to containers. The child's ownership transfers to the container on success; on failure
+ * the child is freed as well, so calls can be nested without leaks:
+ *   ts_map_set(m, "w", ts_tensor_new(...)).
+ * ts_map_set replaces the value under an existing key. A NULL child gives TS_ENOMEM (it is what
+ * a failed constructor returns).
+ */
+TS_EXTERN int ts_map_set(ts_value_t *map, const char *key, ts_value_t *child);
+TS_EXTERN int ts_list_push(ts_value_t *list, ts_value_t *child);
+
+/* Free a value you own, with all its children. Never call it on a received value. */
+TS_EXTERN void ts_value_free(ts_value_t *v);
+
+/* Reading. These work on built and received values alike. */
+TS_EXTERN ts_type_t ts_value_type(const ts_value_t *v);
+/* Number of entries of a map or list, 0 for other types. */
+TS_EXTERN size_t ts_value_len(const ts_value_t *v);
+/* A map's value for key, or NULL if v is not a map or has no such key. */
+TS_EXTERN const ts_value_t *ts_map_get(const ts_value_t *map, const char *key);
+/* The i-th key (NUL-terminated) and value of a map, or NULL when out of range. */
+TS_EXTERN const char *ts_map_key_at(const ts_value_t *map, size_t i);
+TS_EXTERN const ts_value_t *ts_map_value_at(const ts_value_t *map, size_t i);
+/* The i-th element of a list, or NULL when out of range. */
+TS_EXTERN const ts_value_t *ts_list_at(const ts_value_t *list, size_t i);
+/* The tensor of a tensor value (its data is writable for values you own), or NULL. */
+TS_EXTERN const ts_tensor_t *ts_value_tensor(const ts_value_t *v);
+/* Scalars: TS_ETYPE when v has another type. ts_value_float also accepts an int. */
+TS_EXTERN int ts_value_int(const ts_value_t *v, int64_t *out);
+TS_EXTERN int ts_value_float(const ts_value_t *v, double *out);
+/* Strings and bytes: a pointer into the value (strings are NUL-terminated) and the length. */
+TS_EXTERN int ts_value_string(const ts_value_t *v, const char **s, size_t *len);
+TS_EXTERN int ts_value_bytes(const ts_value_t *v, const void **data, size_t *len);
+
+/* Shortcuts for the common map lookups; TS_ENOENT when the key is missing, TS_ETYPE on type. */
+TS_EXTERN int ts_map_get_int(const ts_value_t *map, const char *key, int64_t *out);
+TS_EXTERN const ts_tensor_t *ts_map_get_tensor(const ts_value_t *map, const char *key);
+
+/* A deep copy of any value (received or built) that you own; tensor data is copied. */
+TS_EXTERN ts_value_t *ts_value_clone(const ts_value_t *v);
+
+/*
+ * Encoded size in bytes of v as a record (what a put sends and a server stores), or 0 when v
+ * cannot be encoded (too deep, more than the limits allow).
+ */
+TS_EXTERN size_t ts_value_encoded_size(const ts_value_t *v);
+
+/* ---------------------------------------------------------------------------------------------
+ * Items returned by get and peek
+ */
+typedef struct ts_items_s ts_items_t;
+
+/* Number of items (records) returned. */
+TS_EXTERN size_t ts_items_count(const ts_items_t *items);
+/* The i-th item (oldest first), valid until ts_items_free, or NULL when out of range. */
+TS_EXTERN const ts_value_t *ts_items_at(const ts_items_t *items, size_t i);
+/* The bin's version after the operation. */
+TS_EXTERN uint64_t ts_items_version(const ts_items_t *items);
+/* Items still in the bin after the operation (0 after a get of everything). */
+TS_EXTERN uint32_t ts_items_remaining(const ts_items_t *items);
+TS_EXTERN void ts_items_free(ts_items_t *items);
+
+/* One entry of a list reply. */
+typedef struct ts_bin_info_s {
+    const char *name; /* NUL-terminated; valid until ts_bin_list_free */
+    uint32_t n_items;
+    uint64_t bytes;   /* encoded bytes held by the bin's items */
+    uint64_t version; /* version of the bin's last change */
+} ts_bin_info_t;
+
+typedef struct ts_bin_list_s {
+    size_t count;
+    ts_bin_info_t *bins; /* sorted by name */
+} ts_bin_list_t;
+
+TS_EXTERN void ts_bin_list_free(ts_bin_list_t *list);
+
+/* ---------------------------------------------------------------------------------------------
+ * The client
+ *
+ * A ts_client_t holds one connection to a tensord and one I/O thread. Every ts_ client function
+ * is thread-safe: any number of threads may share one client, and their requests pipeline on one
+ * connection. Callbacks run on the client's I/O thread; a blocking call made from inside a
+ * callback returns TS_EDEADLK instead of deadlocking. If the connection drops, requests in
+ * flight fail with TS_ECONNRESET, the client reconnects on its own with backoff, and
+ * subscriptions are re-established. See docs/THREADING.md.
+ */
+typedef struct ts_client_s ts_client_t;
+
+typedef struct ts_options_s {
+    int connect_timeout_ms;  /* first connection and each reconnect attempt; default 5000 */
+    int request_timeout_ms;  /* default timeout of blocking calls and async requests; 30000 */
+    int reconnect_min_ms;    /* first backoff after a lost connection; default 50 */
+    int reconnect_max_ms;    /* backoff doubles up to this; default 2000 */
+    const char *auth_token;  /* copied; NULL: take TS_AUTH_TOKEN from the environment */
+    size_t compress_min;     /* lz4-compress frames at least this large (if the server agrees);
+                                0 = never; default 0 (see docs/PERFORMANCE.md) */
+} ts_options_t;
+
+/* Fill opts with the defaults. */
+TS_EXTERN void ts_options_init(ts_options_t *opts);
+
+/*
+ * Connect to a tensord. address is "host:port", "tcp://host:port", "unix:/path" or
+ * "unix:///path". opts may be NULL for the defaults. Blocks until connected and the handshake is
+ * done, or the connect timeout passes (TS_ETIMEDOUT, TS_ECONNREFUSED, ...).
+ * Added in 0.1.0.
+ */
+TS_EXTERN int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *opts);
+
+/*
+ * Close the client: pending requests complete with TS_ECANCELED, subscriptions get their final
+ * callback, the connection and the I/O thread end. May be called from a callback (the client is
+ * then freed once the callback returns). NULL is a no-op.
+ */
+TS_EXTERN void ts_client_free(ts_client_t *c);
+
+/* 1 when the client currently holds a live, handshaken connection, else 0. */
+TS_EXTERN int ts_client_connected(ts_client_t *c);
+
+/* Result of an operation, passed to asynchronous callbacks. */
+typedef struct ts_result_s {
+    uint64_t version;     /* the bin's version after the operation (0 for list, stats, ping) */
+    uint32_t n_items;     /* items in the bin after the operation; for delete, items removed */
+    ts_items_t *items;    /* get and peek: set to NULL to keep them, else freed after the cb */
+    ts_bin_list_t *bins;  /* list: set to NULL to keep it, else freed after the callback */
+    ts_value_t *value;    /* stats: a map; set to NULL to keep it, else freed after the cb */
+    const char *message;  /* the server's error message, or NULL; valid during the callback */
+} ts_result_t;
+
+/*
+ * Completion callback of every asynchronous call. Called exactly once, on the client's I/O
+ * thread, never from inside the call that queued the request. status is 0 or a TS_E* code.
+ */
+typedef void (*ts_result_cb)(ts_client_t *c, int status, ts_result_t *res, void *arg);
+
+/*
+ * Blocking operations. Each waits at most the client's request timeout (TS_ETIMEDOUT), returns
+ * TS_EDEADLK when called from a client callback, and stores the server's error message where
+ * ts_client_last_error() can read it on this thread.
+ *
+ * put replaces the bin's content with one item; append adds one item (creating the bin). The
+ * item's tensor memory is read during the call only. version (may be NULL) receives the bin's
+ * new version.
+ */
+TS_EXTERN int ts_put(ts_client_t *c, const char *bin, const ts_value_t *item, uint64_t *version);
+TS_EXTERN int ts_append(ts_client_t *c, const char *bin, const ts_value_t *item,
+                        uint64_t *version);
+/*
+ * get returns the oldest max_items items (0 = all) and removes them; the bin disappears when
+ * empty. peek returns them and keeps them. A missing bin is TS_ENOENT. *out is yours to free.
+ */
+TS_EXTERN int ts_get(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out);
+TS_EXTERN int ts_peek(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out);
+/* Remove a bin. A missing bin is not an error (n_removed = 0). n_removed may be NULL. */
+TS_EXTERN int ts_delete(ts_client_t *c, const char *bin, uint32_t *n_removed);
+/* Every bin with its item count, bytes and version. *out is yours (ts_bin_list_free). */
+TS_EXTERN int ts_list(ts_client_t *c, ts_bin_list_t **out);
+/*
+ * Wait until the bin's version is greater than after_version (a missing bin has version 0), at
+ * most timeout_ms. Returns 0 with the version and item count, or TS_ETIMEDOUT (then *version and
+ * *n_items hold the current state). version and n_items may be NULL.
+ */
+TS_EXTERN int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout_ms,
+                      uint64_t *version, uint32_t *n_items);
+/* Server statistics as a map of ints (uptime_s, connections, bins, items, bytes, ...). */
+TS_EXTERN int ts_stats(ts_client_t *c, ts_value_t **out);
+/* A round trip to the server. */
+TS_EXTERN int ts_ping(ts_client_t *c);
+
+/* The server's message for the last failed blocking call on this thread, or "". */
+TS_EXTERN const char *ts_client_last_error(void);
+
+/*
+ * Asynchronous forms: the callback is called exactly once (see ts_result_cb). For put and
+ * append, the item's metadata is encoded during the call, and its tensor and bytes memory is
+ * retained (read by the I/O thread) until the callback unless flags has TS_COPY. timeout_ms <= 0
+ * means the client's request timeout.
+ */
+TS_EXTERN int ts_put_async(ts_client_t *c, const char *bin, const ts_value_t *item,
+                           unsigned flags, ts_result_cb cb, void *arg);
+TS_EXTERN int ts_append_async(ts_client_t *c, const char *bin, const ts_value_t *item,
+                              unsigned flags, ts_result_cb cb, void *arg);
+TS_EXTERN int ts_get_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_cb cb,
+                           void *arg);
+TS_EXTERN int ts_peek_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_cb cb,
+                            void *arg);
+TS_EXTERN int ts_delete_async(ts_client_t *c, const char *bin, ts_result_cb cb, void *arg);
+TS_EXTERN int ts_list_async(ts_client_t *c, ts_result_cb cb, void *arg);
+TS_EXTERN int ts_wait_async(ts_client_t *c, const char *bin, uint64_t after_version,
+                            int timeout_ms, ts_result_cb cb, void *arg);
+TS_EXTERN int ts_stats_async(ts_client_t *c, ts_result_cb cb, void *arg);
+TS_EXTERN int ts_ping_async(ts_client_t *c, ts_result_cb cb, void *arg);
+
+/* What a notification reports. The numbers match the wire's. */
+typedef enum ts_event_e {
+    TS_EV_PUT = 1,
+    TS_EV_APPEND = 2,
+    TS_EV_GET = 3,
+    TS_EV_DELETE = 4,
+    TS_EV_DISCONNECTED = 100, /* connection lost; changes may be missed until RESUBSCRIBED */
+    TS_EV_RESUBSCRIBED = 101  /* listening again after a reconnect: re-read the bin */
+} ts_event_t;
+
+typedef struct ts_notification_s {
+    const char *bin;  /* NUL-terminated, valid during the callback */
+    ts_event_t event;
+    uint64_t version; /* the bin's version after the change */
+    uint32_t n_items; /* items in the bin after the change */
+    int coalesced;    /* 1 when the server merged several changes into this one */
+} ts_notification_t;
+
+/*
+ * Called on the I/O thread: 0..N times with status 0 (one per change, in order), then exactly
+ * once with status < 0 (TS_ECANCELED after ts_unlisten or ts_client_free, or the error that
+ * made listen fail) and n == NULL, after which the library never touches arg again.
+ */
+typedef void (*ts_notify_cb)(ts_client_t *c, int status, const ts_notification_t *n, void *arg);
+
+/*
+ * Subscribe to a bin's changes (every put, append, get and delete, by any client, this one
+ * included). Blocks until the server confirms: every change after ts_listen returns 0 is
+ * delivered. One subscription per bin per client; listening again to the same bin gives
+ * TS_EINVAL. Subscriptions survive reconnects (TS_EV_DISCONNECTED, then TS_EV_RESUBSCRIBED).
+ */
+TS_EXTERN int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg);
+/* End a subscription; its callback gets its final TS_ECANCELED call. TS_ENOENT if none. */
+TS_EXTERN int ts_unlisten(ts_client_t *c, const char *bin);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TENSORSHARE_H */

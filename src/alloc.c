@@ -1,0 +1,111 @@
+/* Allocation hooks: every allocation of the project passes here so tests can fail any one. */
+#include "common.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#define TS__HUGE_MIN ((size_t)4 << 20) /* bytes; from here on aligned buffers are mmapped */
+
+static atomic_long fail_countdown = -1;
+static atomic_ulong alloc_count;
+
+/* Returns 1 when this allocation must fail (testing), 0 otherwise. */
+static int should_fail(void)
+{
+    atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed);
+    long n = atomic_load_explicit(&fail_countdown, memory_order_relaxed);
+    if (n < 0)
+        return 0;
+    n = atomic_fetch_sub(&fail_countdown, 1);
+    return n == 1;
+}
+
+void ts__alloc_fail_after(long n)
+{
+    atomic_store(&fail_countdown, n <= 0 ? -1 : n);
+}
+
+unsigned long ts__alloc_count(void)
+{
+    return atomic_load(&alloc_count);
+}
+
+void *ts__malloc(size_t n)
+{
+    if (should_fail())
+        return NULL;
+    return malloc(n ? n : 1);
+}
+
+void *ts__calloc(size_t n, size_t size)
+{
+    if (should_fail())
+        return NULL;
+    return calloc(n ? n : 1, size ? size : 1);
+}
+
+void *ts__realloc(void *p, size_t n)
+{
+    if (should_fail())
+        return NULL;
+    return realloc(p, n ? n : 1);
+}
+
+void ts__free(void *p)
+{
+    free(p);
+}
+
+char *ts__strndup(const char *s, size_t n)
+{
+    char *r = ts__malloc(n + 1);
+    if (r == NULL)
+        return NULL;
+    memcpy(r, s, n);
+    r[n] = '\0';
+    return r;
+}
+
+/*
+ * Large buffers come from mmap with MADV_HUGEPAGE: page faults, not copying, dominate the cost of
+ * filling a fresh multi-megabyte buffer, and huge pages cut their number by 512.
+ */
+void *ts__malloc_aligned(size_t n)
+{
+    if (n >= TS__HUGE_MIN) {
+        if (should_fail())
+            return NULL;
+        void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED)
+            return NULL;
+#ifdef MADV_HUGEPAGE
+        (void)madvise(p, n, MADV_HUGEPAGE);
+#endif
+        return p;
+    }
+    if (should_fail())
+        return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, TS__ALIGN, n ? ts__align_up(n, TS__ALIGN) : TS__ALIGN) != 0)
+        return NULL;
+    return p;
+}
+
+void ts__free_aligned(void *p, size_t n)
+{
+    if (p == NULL)
+        return;
+    if (n >= TS__HUGE_MIN)
+        (void)munmap(p, n);
+    else
+        free(p);
+}
+
+uint64_t ts__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}

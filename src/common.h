@@ -1,0 +1,90 @@
+/*
+ * Internal definitions shared by the daemon and the client: allocation hooks, little-endian
+ * helpers and small utilities. Not installed; names here use the ts__ prefix.
+ */
+#ifndef TS_COMMON_H
+#define TS_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "tensorshare/tensorshare.h"
+
+/* Mark internal functions that the test library and other parts of the project use. */
+#define TS__INTERNAL
+
+#define TS__ALIGN 64 /* bytes; tensor data alignment inside records and receive buffers */
+#define TS_MAX_DEPTH 32 /* record nesting levels; a protocol limit the daemon may lower */
+
+#define TS__ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+static inline size_t ts__align_up(size_t n, size_t a)
+{
+    return (n + (a - 1)) & ~(a - 1);
+}
+
+/* Overflow-checked align_up: 0 on success, -1 when it would wrap. */
+static inline int ts__align_up_checked(uint64_t n, uint64_t a, uint64_t *out)
+{
+    uint64_t r;
+    if (__builtin_add_overflow(n, a - 1, &r))
+        return -1;
+    *out = r & ~(a - 1);
+    return 0;
+}
+
+/*
+ * All heap memory of the project goes through these, so tests can count allocations and fail
+ * the N-th one (see ts__alloc_fail_after).
+ */
+void *ts__malloc(size_t n);
+void *ts__calloc(size_t n, size_t size);
+void *ts__realloc(void *p, size_t n);
+void ts__free(void *p);
+/* 64-byte aligned memory; free with ts__free_aligned. Large sizes are advised huge pages. */
+void *ts__malloc_aligned(size_t n);
+void ts__free_aligned(void *p, size_t n);
+char *ts__strndup(const char *s, size_t n);
+
+/*
+ * Testing hooks. ts__alloc_fail_after(n): the n-th allocation from now fails (n = 1: the next
+ * one); n < 0 disables failures. ts__alloc_count(): allocations made since start.
+ */
+void ts__alloc_fail_after(long n);
+unsigned long ts__alloc_count(void);
+
+/* Little-endian field access; never cast a struct over wire bytes. */
+static inline void ts__put_u16le(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void ts__put_u32le(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void ts__put_u64le(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t ts__get_u16le(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline uint32_t ts__get_u32le(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+           ((uint32_t)p[3] << 24);
+}
+static inline uint64_t ts__get_u64le(const uint8_t *p)
+{
+    return (uint64_t)ts__get_u32le(p) | ((uint64_t)ts__get_u32le(p + 4) << 32);
+}
+
+/* Monotonic clock in nanoseconds. */
+uint64_t ts__now_ns(void);
+
+#endif /* TS_COMMON_H */

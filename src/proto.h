@@ -1,0 +1,173 @@
+/*
+ * The tensorshare wire protocol: frame header, opcodes, status codes and request/reply body
+ * helpers. docs/PROTOCOL.md is the normative description; this file is its C form. Pure
+ * functions only: nothing here touches a socket.
+ *
+ * Frame header, 24 bytes, little-endian:
+ *   0  u8  magic       TS_MAGIC_REQ (client to server) or TS_MAGIC_REP (server to client)
+ *   1  u8  version     protocol version of the connection (1)
+ *   2  u8  opcode      TS_OP_*
+ *   3  u8  flags       TS_FLAG_*
+ *   4  u16 status      0 in requests; TS_ST_* in replies
+ *   6  u16 reserved    must be 0
+ *   8  u32 request_id  chosen by the client, echoed in the reply; 0 in notifications
+ *  12  u32 reserved    must be 0
+ *  16  u64 body_len    bytes of body that follow
+ */
+#ifndef TS_PROTO_H
+#define TS_PROTO_H
+
+#include "common.h"
+
+#define TS_HDR_SIZE 24
+#define TS_MAGIC_REQ 0x54 /* 'T' */
+#define TS_MAGIC_REP 0x74 /* 't' */
+#define TS_PROTO_VERSION 1
+
+#define TS_FLAG_LZ4 0x01   /* body = u64 raw length + one LZ4 block (only once negotiated) */
+#define TS_FLAGS_KNOWN 0x01
+
+/* Opcodes (append-only). */
+enum {
+    TS_OP_HELLO = 0x01,
+    TS_OP_PING = 0x02,
+    TS_OP_PUT = 0x03,
+    TS_OP_APPEND = 0x04,
+    TS_OP_GET = 0x05,
+    TS_OP_PEEK = 0x06,
+    TS_OP_DELETE = 0x07,
+    TS_OP_LIST = 0x08,
+    TS_OP_LISTEN = 0x09,
+    TS_OP_UNLISTEN = 0x0A,
+    TS_OP_WAIT = 0x0B,
+    TS_OP_STATS = 0x0C,
+    TS_OP_SAVE = 0x0D,
+    TS_OP_NOTIFY = 0x80 /* server to client only */
+};
+
+/* Wire status codes (u16, append-only); the client maps them to TS_E* codes. */
+enum {
+    TS_ST_OK = 0,
+    TS_ST_NOT_FOUND = 1,
+    TS_ST_BAD_REQUEST = 2,
+    TS_ST_UNKNOWN_OPCODE = 3,
+    TS_ST_BAD_RECORD = 4,
+    TS_ST_TOO_LARGE = 5,
+    TS_ST_OUT_OF_MEMORY = 6,
+    TS_ST_UNSUPPORTED_VERSION = 7,
+    TS_ST_AUTH_REQUIRED = 8,
+    TS_ST_AUTH_FAILED = 9,
+    TS_ST_TOO_MANY_CLIENTS = 10,
+    TS_ST_WRONG_SHARD = 11,
+    TS_ST_TIMEOUT = 12,
+    TS_ST_INTERNAL = 13,
+    TS_ST_SLOW_READER = 14,
+    TS_ST_SHUTTING_DOWN = 15,
+    TS_ST_NAME_TOO_LONG = 16,
+    TS_ST_INVALID = 17, /* a well-formed request with an invalid argument */
+    TS_ST_COUNT_
+};
+
+/* Notification event codes (the same numbers as ts_event_t). */
+enum {
+    TS_NOTE_PUT = 1,
+    TS_NOTE_APPEND = 2,
+    TS_NOTE_GET = 3,
+    TS_NOTE_DELETE = 4
+};
+#define TS_NOTE_FLAG_COALESCED 0x01
+
+/* Protocol limits that are fixed by the encoding (configurable limits live in the daemon). */
+#define TS_MAX_NAME_LEN 255        /* bytes; u8 length on the wire */
+#define TS_MAX_PREAUTH_BODY 4096   /* bytes; any frame body before HELLO completes */
+#define TS_MAX_ERRMSG 1024         /* bytes; error reply bodies */
+#define TS_DEFAULT_MAX_FRAME ((uint64_t)1 << 30) /* bytes; default body limit, 1 GiB */
+
+typedef struct ts__hdr {
+    uint8_t magic;
+    uint8_t version;
+    uint8_t opcode;
+    uint8_t flags;
+    uint16_t status;
+    uint32_t request_id;
+    uint64_t body_len;
+} ts__hdr;
+
+/* Write h into out[TS_HDR_SIZE]; reserved fields are written as 0. */
+void ts__hdr_encode(const ts__hdr *h, uint8_t out[TS_HDR_SIZE]);
+
+/*
+ * Parse and check a header. expect_magic is the direction the reader accepts. Returns 0 and fills
+ * *h, or TS_EPROTO when the magic, version or a reserved field is wrong, or a flag is unknown.
+ * Body length limits are the caller's (they depend on the connection's state).
+ */
+int ts__hdr_decode(const uint8_t in[TS_HDR_SIZE], uint8_t expect_magic, ts__hdr *h);
+
+/* The TS_E* code for a wire status (TS_ST_OK gives 0; unknown codes give TS_ESERVER). */
+int ts__status_to_err(uint16_t status);
+/* The wire status for a TS_E* code (used by the daemon). */
+uint16_t ts__err_to_status(int err);
+/* A short name for a status, e.g. "NOT_FOUND". */
+const char *ts__status_name(uint16_t status);
+/* A short name for an opcode, e.g. "PUT", or "UNKNOWN". */
+const char *ts__op_name(uint8_t op);
+
+/*
+ * A bounded reader over a body: every read checks the remaining length first, so decoders never
+ * read past the end. After a failed read, r->err is set and every later read fails too.
+ */
+typedef struct ts__rd {
+    const uint8_t *p;
+    size_t left;
+    int err;
+} ts__rd;
+
+static inline void ts__rd_init(ts__rd *r, const void *p, size_t len)
+{
+    r->p = p;
+    r->left = len;
+    r->err = 0;
+}
+int ts__rd_u8(ts__rd *r, uint8_t *v);
+int ts__rd_u16(ts__rd *r, uint16_t *v);
+int ts__rd_u32(ts__rd *r, uint32_t *v);
+int ts__rd_u64(ts__rd *r, uint64_t *v);
+/* Return a pointer to the next n bytes and skip them, or NULL. */
+const uint8_t *ts__rd_bytes(ts__rd *r, size_t n);
+/* A bin name: u8 length + bytes. *name points into the body (not NUL-terminated). */
+int ts__rd_name(ts__rd *r, const char **name, size_t *len);
+
+/*
+ * Body layouts (all little-endian; "name" = u8 len + bytes):
+ *   HELLO req:   u8 max_version, u8 flags (TS_HELLO_LZ4), u16 token_len, token bytes
+ *   HELLO rep:   u8 version, u8 flags, u16 0, u32 0, u64 max_body, u64 server_id
+ *   PUT/APPEND:  name, record                       rep: TS_BIN_STATE
+ *   GET/PEEK:    name, u32 max_items (0 = all)      rep: TS_ITEMS
+ *   DELETE:      name                               rep: TS_BIN_STATE (n = items removed)
+ *   LIST:        (empty)                            rep: u32 n, u32 0, n x (name, u32 n_items,
+ *                                                        u64 bytes, u64 version)
+ *   LISTEN:      name                               rep: TS_BIN_STATE (current state)
+ *   UNLISTEN:    name                               rep: empty
+ *   WAIT:        name, u64 after_version, u32 timeout_ms
+ *                                                   rep: TS_BIN_STATE (status TIMEOUT on timeout)
+ *   STATS/PING/SAVE: (empty)                        rep: STATS a record (map of ints); else empty
+ *   NOTIFY:      u64 version, u32 n_items, u8 event, u8 flags, name
+ *   error reply (status != OK): UTF-8 message, at most TS_MAX_ERRMSG bytes (may be empty), except
+ *                WAIT's TIMEOUT which carries TS_BIN_STATE.
+ * TS_BIN_STATE: u64 version, u32 n_items, u32 0 (16 bytes)
+ * TS_ITEMS:     u64 version, u32 n_items, u32 remaining, n_items x u64 item_len, zero padding to
+ *               a multiple of 64, then each item's record followed by zero padding to a multiple
+ *               of 64 (so every item starts at a 64-byte aligned body offset; the last is padded
+ *               too). body_len = ts__items_head_size(n) + sum of align64(item_len).
+ */
+#define TS_HELLO_LZ4 0x01
+#define TS_BIN_STATE_SIZE 16
+#define TS_NOTIFY_FIXED 15 /* bytes before the name in a NOTIFY body */
+
+/* Size of an ITEMS reply's fixed part for n items, padded to 64 (the first item's offset). */
+static inline uint64_t ts__items_head_size(uint32_t n)
+{
+    return ts__align_up(16 + (size_t)n * 8, TS__ALIGN);
+}
+
+#endif /* TS_PROTO_H */
