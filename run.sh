@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# tensorshare's one entry point. On a fresh Debian 12 machine, as root:
+#   ./run.sh serve [tensord flags]   install what is missing, build, start tensord on port 8000
+#   ./run.sh test                    install what is missing, build and run the whole test suite
+#   ./run.sh deps | build | bench    the steps on their own
+set -euo pipefail
+cd "$(dirname "$0")"
+
+# Debian packages the build, the tests and the benchmarks need.
+PKGS=(build-essential cmake pkg-config libuv1-dev liblz4-dev libcmocka-dev libdlpack-dev
+      libtorch-dev clang libclang-rt-14-dev procps)
+JOBS=$(nproc 2>/dev/null || echo 2)
+
+deps() {
+    local missing=()
+    for p in "${PKGS[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+            missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "run.sh: installing ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}"
+}
+
+# build DIR [cmake args...]: configure once, then build.
+build() {
+    local dir=$1
+    shift
+    cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$dir.configure.log" 2>&1 ||
+        { cat "$dir.configure.log"; return 1; }
+    cmake --build "$dir" -j "$JOBS"
+}
+
+# check DIR LABEL-REGEX: run ctest and add its counts to the totals.
+PASSED=0
+FAILED=0
+check() {
+    local dir=$1 labels=$2 log
+    log=$(mktemp)
+    local rc=0
+    (cd "$dir" && ctest --output-on-failure --timeout 600 -j "$JOBS" ${labels:+-L "$labels"}) \
+        2>&1 | tee "$log" || rc=1
+    local line
+    line=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$log" | tail -n 1 || true)
+    if [ -n "$line" ]; then
+        local total failed
+        total=$(echo "$line" | sed -E 's/.* out of ([0-9]+).*/\1/')
+        failed=$(echo "$line" | sed -E 's/.* ([0-9]+) tests failed.*/\1/')
+        PASSED=$((PASSED + total - failed))
+        FAILED=$((FAILED + failed))
+    else
+        FAILED=$((FAILED + 1))
+    fi
+    rm -f "$log"
+    return $rc
+}
+
+cmd=${1:-serve}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+deps)
+    deps
+    ;;
+build)
+    deps
+    build build -DTS_WERROR=ON
+    ;;
+serve)
+    deps
+    build build
+    echo "run.sh: starting tensord on port 8000 (Ctrl-C stops it)"
+    exec build/server/tensord --port 8000 "$@"
+    ;;
+test)
+    deps
+    rc=0
+    echo "== release build (warnings are errors)"
+    build build -DTS_WERROR=ON
+    check build "" || rc=1
+    echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
+    build build-asan -DTS_WERROR=ON -DTS_SANITIZE=address,undefined \
+        -DTS_TEST_TIMEOUT_MULTIPLIER=3 -DTS_BUILD_BENCH=OFF
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+        check build-asan "" || rc=1
+    echo "== ThreadSanitizer (unit and client tests)"
+    build build-tsan -DTS_WERROR=ON -DTS_SANITIZE=thread -DTS_WITH_TORCH=OFF \
+        -DTS_TEST_TIMEOUT_MULTIPLIER=4 -DTS_BUILD_BENCH=OFF
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 check build-tsan "unit|client" || rc=1
+    echo "run.sh test: ${PASSED} passed, ${FAILED} failed"
+    exit $rc
+    ;;
+bench)
+    deps
+    build build
+    exec bench/run.sh "$@"
+    ;;
+*)
+    echo "usage: ./run.sh serve|test|deps|build|bench" >&2
+    exit 2
+    ;;
+esac
