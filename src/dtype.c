@@ -39,10 +39,15 @@ ts_dtype_t ts_dtype_from_name(const char *name)
 
 int64_t ts_tensor_numel(const ts_tensor_t *t)
 {
-    int64_t n = 1;
+    /*
+     * Unsigned arithmetic: a shape with a zero dimension is valid even when the product of the
+     * dimensions before the zero exceeds INT64_MAX (the record validator and the builders bound
+     * the running product in 64 unsigned bits), and signed overflow would be undefined.
+     */
+    uint64_t n = 1;
     for (int i = 0; i < t->ndim; i++)
-        n *= t->shape[i];
-    return n;
+        n *= (uint64_t)t->shape[i];
+    return (int64_t)n;
 }
 
 size_t ts_tensor_nbytes(const ts_tensor_t *t)
