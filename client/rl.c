@@ -1,0 +1,1079 @@
+/*
+ * RL helpers (include/tensorshare/rl.h): a trainer and workers built on the public client API.
+ *
+ * Only the allocation hooks come from the shared core (common.h), so that tests can count and
+ * fail every allocation; everything else goes through tensorshare.h like any user program.
+ */
+#include "tensorshare/rl.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common.h"
+
+#define RL_NAME_MAX      255   /* bytes; the protocol's bin name limit (u8 length) */
+#define RL_MAX_DEPTH     32    /* nesting levels walked when wrapping a record */
+#define RL_WAIT_SLICE_MS 10000 /* ms; one server-side wait, kept below any request timeout */
+
+#define RL_DEFAULT_IN_FLIGHT       16u
+#define RL_DEFAULT_IN_FLIGHT_BYTES ((size_t)64 << 20)
+#define RL_DEFAULT_ADD_TIMEOUT_MS  30000
+
+/* ---------------------------------------------------------------------------------------------
+ * Shared helpers
+ */
+
+void ts_rl_options_init(ts_rl_options_t *opts)
+{
+    assert(opts != NULL);
+    memset(opts, 0, sizeof(*opts));
+    opts->params_bin = "parameters";
+    opts->data_bin = "data";
+    opts->staleness_tolerance = 0;
+    opts->max_in_flight = RL_DEFAULT_IN_FLIGHT;
+    opts->max_in_flight_bytes = RL_DEFAULT_IN_FLIGHT_BYTES;
+    opts->add_timeout_ms = RL_DEFAULT_ADD_TIMEOUT_MS;
+}
+
+/*
+ * Write prefix + name into out (RL_NAME_MAX + 1 bytes). Returns 0, TS_EINVAL for an empty name,
+ * or TS_ENAMETOOLONG.
+ */
+static int rl_bin_name(char *out, const char *prefix, const char *name)
+{
+    size_t lp = prefix != NULL ? strlen(prefix) : 0;
+    size_t ln = name != NULL ? strlen(name) : 0;
+    if (lp + ln == 0)
+        return TS_EINVAL;
+    if (lp + ln > RL_NAME_MAX)
+        return TS_ENAMETOOLONG;
+    if (lp > 0)
+        memcpy(out, prefix, lp);
+    if (ln > 0)
+        memcpy(out + lp, name, ln);
+    out[lp + ln] = '\0';
+    return 0;
+}
+
+/* Monotonic milliseconds; deadlines are computed on this clock. */
+static int64_t rl_now_ms(void)
+{
+    return (int64_t)(ts__now_ns() / 1000000u);
+}
+
+/*
+ * Wait on cond until woken or until deadline_ms (monotonic; < 0 = no deadline). Returns 0 when
+ * woken (possibly spuriously) and ETIMEDOUT when the deadline passed. The condition variable
+ * must use CLOCK_MONOTONIC (rl_cond_init).
+ */
+static int rl_cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, int64_t deadline_ms)
+{
+    if (deadline_ms < 0)
+        return pthread_cond_wait(cond, mu);
+    struct timespec ts;
+    ts.tv_sec = (time_t)(deadline_ms / 1000);
+    ts.tv_nsec = (long)(deadline_ms % 1000) * 1000000L;
+    return pthread_cond_timedwait(cond, mu, &ts);
+}
+
+static int rl_cond_init(pthread_cond_t *cond)
+{
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0)
+        return TS_ENOMEM;
+    int rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cond, &attr);
+    pthread_condattr_destroy(&attr);
+    return rc == 0 ? 0 : TS_ENOMEM;
+}
+
+/* The deadline for a timeout in ms: -1 for "no limit" (timeout_ms < 0). */
+static int64_t rl_deadline(int timeout_ms)
+{
+    if (timeout_ms < 0)
+        return -1;
+    return rl_now_ms() + timeout_ms;
+}
+
+/*
+ * A new value tree with v's structure whose tensors and byte strings point at v's memory
+ * (TS_BORROW), so a put or append can send the caller's record inside our wrapper without
+ * copying its data. Scalars and strings are small and copied. Returns NULL on allocation
+ * failure, on a tree deeper than RL_MAX_DEPTH, or on a value the constructors refuse.
+ */
+static ts_value_t *rl_borrow_tree(const ts_value_t *v, int depth)
+{
+    if (v == NULL || depth > RL_MAX_DEPTH)
+        return NULL;
+    switch (ts_value_type(v)) {
+    case TS_TYPE_MAP: {
+        ts_value_t *m = ts_map_new();
+        size_t n = ts_value_len(v);
+        for (size_t i = 0; m != NULL && i < n; i++) {
+            const char *key = ts_map_key_at(v, i);
+            ts_value_t *child = rl_borrow_tree(ts_map_value_at(v, i), depth + 1);
+            if (key == NULL || ts_map_set(m, key, child) != 0) {
+                ts_value_free(m);
+                m = NULL;
+            }
+        }
+        return m;
+    }
+    case TS_TYPE_LIST: {
+        ts_value_t *l = ts_list_new();
+        size_t n = ts_value_len(v);
+        for (size_t i = 0; l != NULL && i < n; i++) {
+            if (ts_list_push(l, rl_borrow_tree(ts_list_at(v, i), depth + 1)) != 0) {
+                ts_value_free(l);
+                l = NULL;
+            }
+        }
+        return l;
+    }
+    case TS_TYPE_TENSOR: {
+        const ts_tensor_t *t = ts_value_tensor(v);
+        if (t == NULL)
+            return NULL;
+        return ts_tensor_new(t->dtype, t->ndim, t->shape, t->data, TS_BORROW);
+    }
+    case TS_TYPE_INT: {
+        int64_t x;
+        return ts_value_int(v, &x) == 0 ? ts_int_new(x) : NULL;
+    }
+    case TS_TYPE_FLOAT: {
+        double x;
+        return ts_value_float(v, &x) == 0 ? ts_float_new(x) : NULL;
+    }
+    case TS_TYPE_STRING: {
+        const char *s;
+        size_t len;
+        return ts_value_string(v, &s, &len) == 0 ? ts_string_new(s, len) : NULL;
+    }
+    case TS_TYPE_BYTES: {
+        const void *data;
+        size_t len;
+        return ts_value_bytes(v, &data, &len) == 0 ? ts_bytes_new(data, len, TS_BORROW) : NULL;
+    }
+    }
+    return NULL;
+}
+
+/*
+ * Build {key: <borrowed view of payload>, "version": version}, the record layout of both bins.
+ * Returns NULL on allocation failure (or when payload cannot be wrapped).
+ */
+static ts_value_t *rl_wrap(const char *key, const ts_value_t *payload, int64_t version)
+{
+    ts_value_t *rec = ts_map_new();
+    if (rec == NULL)
+        return NULL;
+    if (ts_map_set(rec, key, rl_borrow_tree(payload, 0)) != 0 ||
+        ts_map_set(rec, "version", ts_int_new(version)) != 0) {
+        ts_value_free(rec);
+        return NULL;
+    }
+    return rec;
+}
+
+/*
+ * Read {key: <value>, "version": int} from a received record. Returns 0 with *payload and
+ * *version set, or TS_EBADRECORD when the record does not have that shape.
+ */
+static int rl_unwrap(const ts_value_t *rec, const char *key, const ts_value_t **payload,
+                     int64_t *version)
+{
+    if (rec == NULL || ts_value_type(rec) != TS_TYPE_MAP)
+        return TS_EBADRECORD;
+    const ts_value_t *p = ts_map_get(rec, key);
+    int64_t v;
+    if (p == NULL || ts_map_get_int(rec, "version", &v) != 0)
+        return TS_EBADRECORD;
+    *payload = p;
+    *version = v;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Trainer
+ */
+
+struct ts_rl_trainer_s {
+    ts_client_t *client; /* borrowed */
+    char params_bin[RL_NAME_MAX + 1];
+    char data_bin[RL_NAME_MAX + 1];
+    int tolerance;
+
+    /* Serializes publishes so versions reach the daemon in the order they were given. */
+    pthread_mutex_t publish_mu;
+    /* Protects everything below. Never held across a client call. */
+    pthread_mutex_t mu;
+    int64_t version;      /* newest successfully published (or resumed) version */
+    int64_t next_version; /* next number to hand out; failed publishes use numbers up too */
+    ts_rl_trainer_stats_t stats;
+};
+
+struct ts_rl_batch_s {
+    ts_items_t *items; /* owns the memory every entry points into */
+    size_t count;
+    size_t dropped;
+    struct rl_batch_entry {
+        const ts_value_t *data;
+        int64_t version;
+    } e[];
+};
+
+/*
+ * Read the version stored in the parameters bin. Returns 0 with *version (-1 when the bin does
+ * not exist), TS_EBADRECORD when its newest item is not {params, version}, or a client error.
+ */
+static int rl_trainer_read_version(ts_rl_trainer_t *t, int64_t *version)
+{
+    ts_items_t *items = NULL;
+    int rc = ts_peek(t->client, t->params_bin, 0, &items);
+    if (rc == TS_ENOENT) {
+        *version = -1;
+        return 0;
+    }
+    if (rc != 0)
+        return rc;
+    size_t n = ts_items_count(items);
+    const ts_value_t *params;
+    int64_t v = -1;
+    rc = n == 0 ? TS_EBADRECORD : rl_unwrap(ts_items_at(items, n - 1), "params", &params, &v);
+    ts_items_free(items);
+    if (rc == 0)
+        *version = v;
+    return rc;
+}
+
+int ts_rl_trainer_new(ts_rl_trainer_t **out, ts_client_t *c, const ts_rl_options_t *opts)
+{
+    assert(out != NULL && c != NULL);
+    ts_rl_options_t defaults;
+    if (opts == NULL) {
+        ts_rl_options_init(&defaults);
+        opts = &defaults;
+    }
+    if (opts->staleness_tolerance < TS_RL_NO_FILTER)
+        return TS_EINVAL;
+    ts_rl_trainer_t *t = ts__calloc(1, sizeof(*t));
+    if (t == NULL)
+        return TS_ENOMEM;
+    t->client = c;
+    t->tolerance = opts->staleness_tolerance;
+    int rc = rl_bin_name(t->params_bin, opts->prefix, opts->params_bin);
+    if (rc == 0)
+        rc = rl_bin_name(t->data_bin, opts->prefix, opts->data_bin);
+    if (rc != 0) {
+        ts__free(t);
+        return rc;
+    }
+    int64_t resumed = -1;
+    rc = rl_trainer_read_version(t, &resumed);
+    if (rc != 0) {
+        ts__free(t);
+        return rc;
+    }
+    if (pthread_mutex_init(&t->mu, NULL) != 0) {
+        ts__free(t);
+        return TS_ENOMEM;
+    }
+    if (pthread_mutex_init(&t->publish_mu, NULL) != 0) {
+        pthread_mutex_destroy(&t->mu);
+        ts__free(t);
+        return TS_ENOMEM;
+    }
+    t->version = resumed;
+    t->next_version = resumed + 1;
+    t->stats.version = resumed;
+    t->stats.resumed_from = resumed;
+    t->stats.newest_seen = -1;
+    *out = t;
+    return 0;
+}
+
+void ts_rl_trainer_free(ts_rl_trainer_t *t)
+{
+    if (t == NULL)
+        return;
+    pthread_mutex_destroy(&t->publish_mu);
+    pthread_mutex_destroy(&t->mu);
+    ts__free(t);
+}
+
+int ts_rl_trainer_publish(ts_rl_trainer_t *t, const ts_value_t *params, int64_t *version)
+{
+    assert(t != NULL && params != NULL);
+    pthread_mutex_lock(&t->publish_mu);
+    pthread_mutex_lock(&t->mu);
+    /*
+     * Experience tagged with a version above ours means versions went further before (a
+     * daemon restarted without its snapshot lost the parameters bin while workers kept their
+     * numbers); jump past them so workers, which ignore older versions, accept the next one.
+     */
+    int64_t v = t->next_version;
+    if (t->stats.newest_seen >= v)
+        v = t->stats.newest_seen + 1;
+    t->next_version = v + 1;
+    pthread_mutex_unlock(&t->mu);
+
+    int rc = TS_ENOMEM;
+    ts_value_t *rec = rl_wrap("params", params, v);
+    if (rec != NULL) {
+        rc = ts_put(t->client, t->params_bin, rec, NULL);
+        ts_value_free(rec);
+    }
+
+    pthread_mutex_lock(&t->mu);
+    if (rc == 0) {
+        if (v > t->version)
+            t->version = v;
+        t->stats.version = t->version;
+        t->stats.published++;
+    } else {
+        t->stats.publish_failed++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&t->publish_mu);
+    if (rc == 0 && version != NULL)
+        *version = v;
+    return rc;
+}
+
+int64_t ts_rl_trainer_version(ts_rl_trainer_t *t)
+{
+    assert(t != NULL);
+    pthread_mutex_lock(&t->mu);
+    int64_t v = t->version;
+    pthread_mutex_unlock(&t->mu);
+    return v;
+}
+
+void ts_rl_trainer_stats(ts_rl_trainer_t *t, ts_rl_trainer_stats_t *out)
+{
+    assert(t != NULL && out != NULL);
+    pthread_mutex_lock(&t->mu);
+    *out = t->stats;
+    pthread_mutex_unlock(&t->mu);
+}
+
+/*
+ * Sort the items of one get into a batch: keep the well-formed, fresh enough ones, count the
+ * rest. Takes ownership of items (they end up in the batch or are freed). Returns 0 with *out
+ * (which may hold 0 items; the caller frees it), or TS_ENOMEM (items freed).
+ */
+static int rl_trainer_filter(ts_rl_trainer_t *t, ts_items_t *items, ts_rl_batch_t **out)
+{
+    size_t n = ts_items_count(items);
+    ts_rl_batch_t *b = ts__malloc(sizeof(*b) + n * sizeof(b->e[0]));
+    if (b == NULL) {
+        ts_items_free(items);
+        return TS_ENOMEM;
+    }
+    b->items = items;
+    b->count = 0;
+    b->dropped = 0;
+
+    pthread_mutex_lock(&t->mu);
+    /* Filtering happens at read time against the newest version, as in the original. */
+    int64_t oldest_ok = INT64_MIN;
+    if (t->tolerance != TS_RL_NO_FILTER && t->version >= 0)
+        oldest_ok = t->version - t->tolerance;
+    size_t stale = 0, malformed = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ts_value_t *data;
+        int64_t v;
+        if (rl_unwrap(ts_items_at(items, i), "data", &data, &v) != 0) {
+            malformed++;
+            continue;
+        }
+        if (v > t->stats.newest_seen)
+            t->stats.newest_seen = v;
+        if (v < oldest_ok) {
+            stale++;
+            continue;
+        }
+        b->e[b->count].data = data;
+        b->e[b->count].version = v;
+        b->count++;
+    }
+    t->stats.dropped_stale += stale;
+    t->stats.dropped_malformed += malformed;
+    t->stats.received += b->count;
+    pthread_mutex_unlock(&t->mu);
+    b->dropped = stale + malformed;
+    *out = b;
+    return 0;
+}
+
+int ts_rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms, ts_rl_batch_t **out)
+{
+    assert(t != NULL && out != NULL);
+    int64_t deadline = rl_deadline(timeout_ms);
+    size_t dropped = 0;
+    for (;;) {
+        ts_items_t *items = NULL;
+        int rc = ts_get(t->client, t->data_bin, max_items, &items);
+        uint32_t remaining = 0;
+        if (rc == 0) {
+            remaining = ts_items_remaining(items);
+            ts_rl_batch_t *b;
+            rc = rl_trainer_filter(t, items, &b);
+            if (rc != 0)
+                return rc;
+            dropped += b->dropped;
+            if (b->count > 0) {
+                b->dropped = dropped;
+                *out = b;
+                return 0;
+            }
+            ts_rl_batch_free(b);
+        } else if (rc != TS_ENOENT) {
+            return rc;
+        }
+
+        if (remaining > 0)
+            continue; /* everything we took was dropped, but more is there already */
+        int64_t left = deadline < 0 ? RL_WAIT_SLICE_MS : deadline - rl_now_ms();
+        if (left <= 0)
+            return TS_ETIMEDOUT;
+        if (left > RL_WAIT_SLICE_MS)
+            left = RL_WAIT_SLICE_MS;
+        /*
+         * The bin is gone once emptied, and a missing bin has version 0, so waiting for a
+         * version above 0 wakes on the first append after our get, including one that slipped
+         * in between the get and this wait (the bin then already exists).
+         */
+        rc = ts_wait(t->client, t->data_bin, 0, (int)left, NULL, NULL);
+        if (rc != 0 && rc != TS_ETIMEDOUT)
+            return rc;
+    }
+}
+
+size_t ts_rl_batch_count(const ts_rl_batch_t *b)
+{
+    assert(b != NULL);
+    return b->count;
+}
+
+const ts_value_t *ts_rl_batch_data(const ts_rl_batch_t *b, size_t i)
+{
+    assert(b != NULL);
+    return i < b->count ? b->e[i].data : NULL;
+}
+
+int64_t ts_rl_batch_version(const ts_rl_batch_t *b, size_t i)
+{
+    assert(b != NULL);
+    return i < b->count ? b->e[i].version : -1;
+}
+
+size_t ts_rl_batch_dropped(const ts_rl_batch_t *b)
+{
+    assert(b != NULL);
+    return b->dropped;
+}
+
+void ts_rl_batch_free(ts_rl_batch_t *b)
+{
+    if (b == NULL)
+        return;
+    ts_items_free(b->items);
+    ts__free(b);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Parameter snapshots
+ */
+
+struct ts_rl_params_s {
+    atomic_int refs;
+    int64_t version;
+    ts_items_t *items; /* owns the buffer value points into */
+    const ts_value_t *value;
+};
+
+const ts_value_t *ts_rl_params_value(const ts_rl_params_t *p)
+{
+    assert(p != NULL);
+    return p->value;
+}
+
+int64_t ts_rl_params_version(const ts_rl_params_t *p)
+{
+    assert(p != NULL);
+    return p->version;
+}
+
+ts_rl_params_t *ts_rl_params_retain(ts_rl_params_t *p)
+{
+    assert(p != NULL);
+    atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+    return p;
+}
+
+void ts_rl_params_release(ts_rl_params_t *p)
+{
+    if (p == NULL)
+        return;
+    /* acq_rel: the freeing thread must see every other holder's reads finished. */
+    if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1) {
+        ts_items_free(p->items);
+        ts__free(p);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Worker
+ *
+ * State lives under w->mu, which is never held across a client call (a client might call back
+ * into us on its I/O thread while we wait for it). The subscription's callback argument is a
+ * separate refcounted stub: the subscription can outlive the worker when ts_unlisten fails (its
+ * final callback then only comes when the client is freed), and the stub lets the worker detach
+ * itself safely. Peek and append callbacks point at the worker directly; ts_rl_worker_free waits
+ * for all of them, which always come (every accepted request gets exactly one callback).
+ */
+
+typedef struct rl_sub_s {
+    pthread_mutex_t mu; /* held while a notification is handled */
+    ts_rl_worker_t *w;  /* NULL once the worker detached */
+    int refs;           /* the worker's and the subscription's; under mu */
+} rl_sub_t;
+
+struct ts_rl_worker_s {
+    ts_client_t *client; /* borrowed */
+    char params_bin[RL_NAME_MAX + 1];
+    char data_bin[RL_NAME_MAX + 1];
+    unsigned max_in_flight;
+    size_t max_in_flight_bytes;
+    int add_timeout_ms;
+    ts_rl_event_cb on_event;
+    void *event_arg;
+    rl_sub_t *sub;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cond; /* broadcast on: new params, an add or peek answered */
+    ts_rl_params_t *current;
+    int64_t retrieved;
+    int peek_in_flight; /* one read of the parameters bin at a time */
+    int peek_again;     /* a change arrived while a read was in flight: read once more */
+    int closing;
+    size_t bytes_in_flight;
+    int first_error; /* of an add since the last flush */
+    pthread_t io_thread;
+    int io_known;
+    ts_rl_worker_stats_t stats;
+};
+
+/* A pending append's context: who to tell and how many bytes to give back. */
+typedef struct rl_add_s {
+    ts_rl_worker_t *w;
+    size_t bytes;
+} rl_add_t;
+
+static void rl_peek_cb(ts_client_t *c, int status, ts_result_t *res, void *arg);
+
+/* Remember the client's I/O thread so blocking calls made on it can refuse. Under w->mu. */
+static void rl_note_io_thread(ts_rl_worker_t *w)
+{
+    if (!w->io_known) {
+        w->io_thread = pthread_self();
+        w->io_known = 1;
+    }
+}
+
+/* 1 when the caller runs on the client's I/O thread (blocking there would deadlock). Under mu. */
+static int rl_on_io_thread(const ts_rl_worker_t *w)
+{
+    return w->io_known && pthread_equal(w->io_thread, pthread_self());
+}
+
+static void rl_emit(ts_rl_worker_t *w, ts_rl_event_t ev, int status, int64_t version)
+{
+    if (w->on_event != NULL)
+        w->on_event(w, ev, status, version, w->event_arg);
+}
+
+/*
+ * A read of the parameters bin could not be sent: report it, then end the read (in that order:
+ * once peek_in_flight drops, ts_rl_worker_free may free w).
+ */
+static void rl_peek_failed(ts_rl_worker_t *w, int rc)
+{
+    rl_emit(w, TS_RL_EV_PARAMS_FAILED, rc, -1);
+    pthread_mutex_lock(&w->mu);
+    w->peek_in_flight = 0;
+    w->stats.params_failed++;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/*
+ * Ask for a read of the parameters bin, or, when one is in flight already, for one more read
+ * after it (so a burst of publishes costs at most two reads, never one per publish).
+ */
+static void rl_request_peek(ts_rl_worker_t *w)
+{
+    pthread_mutex_lock(&w->mu);
+    if (w->closing) {
+        pthread_mutex_unlock(&w->mu);
+        return;
+    }
+    if (w->peek_in_flight) {
+        w->peek_again = 1;
+        pthread_mutex_unlock(&w->mu);
+        return;
+    }
+    w->peek_in_flight = 1;
+    pthread_mutex_unlock(&w->mu);
+
+    int rc = ts_peek_async(w->client, w->params_bin, 0, rl_peek_cb, w);
+    if (rc != 0)
+        rl_peek_failed(w, rc);
+}
+
+/*
+ * Install the newest item of a parameters read as the current snapshot when it is newer than
+ * what we hold. Takes ownership of items.
+ */
+static void rl_install(ts_rl_worker_t *w, ts_items_t *items)
+{
+    size_t n = ts_items_count(items);
+    const ts_value_t *params = NULL;
+    int64_t v = -1;
+    int rc = n == 0 ? TS_EBADRECORD : rl_unwrap(ts_items_at(items, n - 1), "params", &params, &v);
+    ts_rl_params_t *snap = NULL;
+    if (rc == 0) {
+        snap = ts__malloc(sizeof(*snap));
+        if (snap == NULL)
+            rc = TS_ENOMEM;
+    }
+    if (rc != 0) {
+        ts_items_free(items);
+        pthread_mutex_lock(&w->mu);
+        w->stats.params_failed++;
+        pthread_mutex_unlock(&w->mu);
+        rl_emit(w, rc == TS_EBADRECORD ? TS_RL_EV_PARAMS_BAD : TS_RL_EV_PARAMS_FAILED, rc, -1);
+        return;
+    }
+    atomic_init(&snap->refs, 1);
+    snap->version = v;
+    snap->items = items;
+    snap->value = params;
+
+    ts_rl_params_t *drop;
+    int newer;
+    pthread_mutex_lock(&w->mu);
+    newer = w->current == NULL || v > w->current->version;
+    if (newer) {
+        drop = w->current;
+        w->current = snap;
+        w->stats.version = v;
+        w->stats.updates++;
+        pthread_cond_broadcast(&w->cond);
+    } else {
+        /* Versions never go back: an older (or repeated) publish is ignored. */
+        drop = snap;
+        w->stats.ignored_older++;
+    }
+    pthread_mutex_unlock(&w->mu);
+    ts_rl_params_release(drop);
+    if (newer)
+        rl_emit(w, TS_RL_EV_PARAMS, 0, v);
+}
+
+/* Completion of a parameters read (I/O thread). */
+static void rl_peek_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    ts_rl_worker_t *w = arg;
+    pthread_mutex_lock(&w->mu);
+    rl_note_io_thread(w);
+    pthread_mutex_unlock(&w->mu);
+
+    if (status == 0 && res != NULL && res->items != NULL) {
+        ts_items_t *items = res->items;
+        res->items = NULL; /* keep them: the snapshot points into their buffer */
+        rl_install(w, items);
+    } else if (status != TS_ENOENT && status != TS_ECANCELED) {
+        /* ENOENT: nothing published yet, which is normal before the trainer starts. */
+        pthread_mutex_lock(&w->mu);
+        w->stats.params_failed++;
+        pthread_mutex_unlock(&w->mu);
+        rl_emit(w, TS_RL_EV_PARAMS_FAILED, status, -1);
+    }
+
+    pthread_mutex_lock(&w->mu);
+    int again = w->peek_again && !w->closing;
+    w->peek_again = 0;
+    if (!again)
+        w->peek_in_flight = 0;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+    if (again) {
+        int rc = ts_peek_async(w->client, w->params_bin, 0, rl_peek_cb, w);
+        if (rc != 0)
+            rl_peek_failed(w, rc);
+    }
+}
+
+/* Drop one reference to the stub; the last frees it. */
+static void rl_sub_unref(rl_sub_t *sub)
+{
+    pthread_mutex_lock(&sub->mu);
+    int left = --sub->refs;
+    pthread_mutex_unlock(&sub->mu);
+    if (left == 0) {
+        pthread_mutex_destroy(&sub->mu);
+        ts__free(sub);
+    }
+}
+
+/* Notifications of the parameters bin (I/O thread). */
+static void rl_notify_cb(ts_client_t *c, int status, const ts_notification_t *n, void *arg)
+{
+    (void)c;
+    rl_sub_t *sub = arg;
+    if (status < 0) {
+        rl_sub_unref(sub); /* the subscription's final call */
+        return;
+    }
+    pthread_mutex_lock(&sub->mu);
+    ts_rl_worker_t *w = sub->w;
+    if (w != NULL && n != NULL) {
+        pthread_mutex_lock(&w->mu);
+        rl_note_io_thread(w);
+        if (n->event == TS_EV_DISCONNECTED)
+            w->stats.disconnects++;
+        else if (n->event == TS_EV_RESUBSCRIBED)
+            w->stats.resubscribes++;
+        pthread_mutex_unlock(&w->mu);
+        switch (n->event) {
+        case TS_EV_PUT:
+        case TS_EV_APPEND:
+            rl_request_peek(w);
+            break;
+        case TS_EV_RESUBSCRIBED:
+            /* Publishes may have happened while we were away: read the bin again. */
+            rl_emit(w, TS_RL_EV_RESUBSCRIBED, 0, -1);
+            rl_request_peek(w);
+            break;
+        case TS_EV_DISCONNECTED:
+            rl_emit(w, TS_RL_EV_DISCONNECTED, TS_ECONNRESET, -1);
+            break;
+        case TS_EV_GET:
+        case TS_EV_DELETE:
+            /*
+             * The parameters went away (a trainer cleaning up, an operator): keep acting on
+             * the last ones, as a trainer restart must not stop the workers.
+             */
+            break;
+        }
+    }
+    pthread_mutex_unlock(&sub->mu);
+}
+
+int ts_rl_worker_new(ts_rl_worker_t **out, ts_client_t *c, const ts_rl_options_t *opts)
+{
+    assert(out != NULL && c != NULL);
+    ts_rl_options_t defaults;
+    if (opts == NULL) {
+        ts_rl_options_init(&defaults);
+        opts = &defaults;
+    }
+    ts_rl_worker_t *w = ts__calloc(1, sizeof(*w));
+    if (w == NULL)
+        return TS_ENOMEM;
+    w->client = c;
+    int rc = rl_bin_name(w->params_bin, opts->prefix, opts->params_bin);
+    if (rc == 0)
+        rc = rl_bin_name(w->data_bin, opts->prefix, opts->data_bin);
+    if (rc != 0) {
+        ts__free(w);
+        return rc;
+    }
+    w->max_in_flight = opts->max_in_flight > 0 ? opts->max_in_flight : 1;
+    w->max_in_flight_bytes = opts->max_in_flight_bytes;
+    w->add_timeout_ms = opts->add_timeout_ms;
+    w->on_event = opts->on_event;
+    w->event_arg = opts->event_arg;
+    w->retrieved = -1;
+    w->stats.version = -1;
+    w->stats.retrieved_version = -1;
+
+    rl_sub_t *sub = ts__calloc(1, sizeof(*sub));
+    if (sub == NULL) {
+        ts__free(w);
+        return TS_ENOMEM;
+    }
+    if (pthread_mutex_init(&sub->mu, NULL) != 0) {
+        ts__free(sub);
+        ts__free(w);
+        return TS_ENOMEM;
+    }
+    if (pthread_mutex_init(&w->mu, NULL) != 0) {
+        pthread_mutex_destroy(&sub->mu);
+        ts__free(sub);
+        ts__free(w);
+        return TS_ENOMEM;
+    }
+    if (rl_cond_init(&w->cond) != 0) {
+        pthread_mutex_destroy(&w->mu);
+        pthread_mutex_destroy(&sub->mu);
+        ts__free(sub);
+        ts__free(w);
+        return TS_ENOMEM;
+    }
+    sub->w = w;
+    sub->refs = 2; /* the worker's, and the subscription's once listen succeeds */
+    w->sub = sub;
+
+    /*
+     * Listen first, then read: a publish between the two is then either in what we read or
+     * announced by a notification; the other order could miss it.
+     */
+    rc = ts_listen(c, w->params_bin, rl_notify_cb, sub);
+    if (rc != 0) {
+        pthread_cond_destroy(&w->cond);
+        pthread_mutex_destroy(&w->mu);
+        pthread_mutex_destroy(&sub->mu);
+        ts__free(sub);
+        ts__free(w);
+        return rc;
+    }
+    ts_items_t *items = NULL;
+    rc = ts_peek(c, w->params_bin, 0, &items);
+    if (rc == 0)
+        rl_install(w, items);
+    else if (rc != TS_ENOENT) {
+        ts_rl_worker_free(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+void ts_rl_worker_free(ts_rl_worker_t *w)
+{
+    if (w == NULL)
+        return;
+    /* Leave the adds a bounded time to be answered; their callbacks point at w. */
+    (void)ts_rl_worker_flush(w, w->add_timeout_ms > 0 ? w->add_timeout_ms : 0);
+
+    pthread_mutex_lock(&w->mu);
+    assert(!rl_on_io_thread(w));
+    w->closing = 1;
+    pthread_mutex_unlock(&w->mu);
+
+    /* After this no notification reaches w (a running one finishes first: it holds sub->mu). */
+    (void)ts_unlisten(w->client, w->params_bin);
+    pthread_mutex_lock(&w->sub->mu);
+    w->sub->w = NULL;
+    pthread_mutex_unlock(&w->sub->mu);
+    rl_sub_unref(w->sub);
+
+    /* Every accepted request gets exactly one callback, so these waits end. */
+    pthread_mutex_lock(&w->mu);
+    while (w->peek_in_flight || w->stats.in_flight > 0)
+        pthread_cond_wait(&w->cond, &w->mu);
+    ts_rl_params_t *cur = w->current;
+    w->current = NULL;
+    pthread_mutex_unlock(&w->mu);
+    ts_rl_params_release(cur);
+
+    pthread_cond_destroy(&w->cond);
+    pthread_mutex_destroy(&w->mu);
+    ts__free(w);
+}
+
+int ts_rl_worker_params(ts_rl_worker_t *w, ts_rl_params_t **out)
+{
+    assert(w != NULL && out != NULL);
+    pthread_mutex_lock(&w->mu);
+    ts_rl_params_t *p = w->current;
+    if (p == NULL) {
+        pthread_mutex_unlock(&w->mu);
+        return TS_ENOENT;
+    }
+    ts_rl_params_retain(p);
+    w->retrieved = p->version;
+    w->stats.retrieved_version = p->version;
+    pthread_mutex_unlock(&w->mu);
+    *out = p;
+    return 0;
+}
+
+int ts_rl_worker_await(ts_rl_worker_t *w, int timeout_ms, ts_rl_params_t **out)
+{
+    assert(w != NULL && out != NULL);
+    int64_t deadline = rl_deadline(timeout_ms);
+    pthread_mutex_lock(&w->mu);
+    /* The check and the wait are under one lock, so no update can slip between them. */
+    while (w->current == NULL || w->current->version <= w->retrieved) {
+        if (timeout_ms == 0) {
+            pthread_mutex_unlock(&w->mu);
+            return TS_ETIMEDOUT;
+        }
+        if (rl_on_io_thread(w)) {
+            pthread_mutex_unlock(&w->mu);
+            return TS_EDEADLK;
+        }
+        if (rl_cond_wait_until(&w->cond, &w->mu, deadline) == ETIMEDOUT &&
+            (w->current == NULL || w->current->version <= w->retrieved)) {
+            pthread_mutex_unlock(&w->mu);
+            return TS_ETIMEDOUT;
+        }
+    }
+    ts_rl_params_t *p = ts_rl_params_retain(w->current);
+    w->retrieved = p->version;
+    w->stats.retrieved_version = p->version;
+    pthread_mutex_unlock(&w->mu);
+    *out = p;
+    return 0;
+}
+
+/* Completion of an experience append (I/O thread). */
+static void rl_add_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)res;
+    rl_add_t *a = arg;
+    ts_rl_worker_t *w = a->w;
+    /* Report before the count drops: from then on ts_rl_worker_free may free w. */
+    if (status != 0)
+        rl_emit(w, TS_RL_EV_ADD_FAILED, status, -1);
+    pthread_mutex_lock(&w->mu);
+    rl_note_io_thread(w);
+    w->stats.in_flight--;
+    w->bytes_in_flight -= a->bytes;
+    if (status == 0) {
+        w->stats.added++;
+    } else {
+        w->stats.add_failed++;
+        if (w->first_error == 0)
+            w->first_error = status;
+    }
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+    ts__free(a);
+}
+
+/* 1 when an item of size bytes fits the in-flight bounds now. Under w->mu. */
+static int rl_has_room(const ts_rl_worker_t *w, size_t bytes)
+{
+    if (w->stats.in_flight == 0)
+        return 1;
+    if (w->stats.in_flight >= w->max_in_flight)
+        return 0;
+    return w->bytes_in_flight + bytes <= w->max_in_flight_bytes;
+}
+
+int ts_rl_worker_add(ts_rl_worker_t *w, const ts_value_t *data, unsigned flags)
+{
+    assert(w != NULL && data != NULL);
+    rl_add_t *a = ts__malloc(sizeof(*a));
+    if (a == NULL)
+        return TS_ENOMEM;
+    a->w = w;
+
+    /*
+     * Build with the current tag first to learn the size; the tag is rewritten below if
+     * another thread retrieves newer parameters while we wait for room.
+     */
+    pthread_mutex_lock(&w->mu);
+    int64_t version = w->retrieved;
+    pthread_mutex_unlock(&w->mu);
+    ts_value_t *rec = rl_wrap("data", data, version);
+    if (rec == NULL) {
+        ts__free(a);
+        return TS_ENOMEM;
+    }
+    a->bytes = ts_value_encoded_size(rec);
+    if (a->bytes == 0) {
+        ts_value_free(rec);
+        ts__free(a);
+        return TS_EMSGSIZE;
+    }
+
+    int64_t deadline = rl_deadline(w->add_timeout_ms);
+    int rc = 0, reserved = 0;
+    pthread_mutex_lock(&w->mu);
+    while (!rl_has_room(w, a->bytes)) {
+        if (flags & TS_RL_NONBLOCK) {
+            rc = TS_EAGAIN;
+            break;
+        }
+        if (rl_on_io_thread(w)) {
+            rc = TS_EDEADLK;
+            break;
+        }
+        if (rl_cond_wait_until(&w->cond, &w->mu, deadline) == ETIMEDOUT &&
+            !rl_has_room(w, a->bytes)) {
+            rc = TS_ETIMEDOUT;
+            break;
+        }
+    }
+    if (rc == 0) {
+        w->stats.in_flight++;
+        w->bytes_in_flight += a->bytes;
+        reserved = 1;
+        version = w->retrieved;
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (rc == 0)
+        rc = ts_map_set(rec, "version", ts_int_new(version));
+    if (rc == 0)
+        rc = ts_append_async(w->client, w->data_bin, rec, flags & TS_COPY, rl_add_cb, a);
+    ts_value_free(rec); /* the request holds what it needs (metadata encoded, data pointers) */
+    if (rc != 0) {
+        pthread_mutex_lock(&w->mu);
+        if (reserved) {
+            /* The request was not accepted: give its slot back. */
+            w->stats.in_flight--;
+            w->bytes_in_flight -= a->bytes;
+            pthread_cond_broadcast(&w->cond);
+        }
+        pthread_mutex_unlock(&w->mu);
+        ts__free(a);
+    }
+    return rc;
+}
+
+int ts_rl_worker_flush(ts_rl_worker_t *w, int timeout_ms)
+{
+    assert(w != NULL);
+    int64_t deadline = rl_deadline(timeout_ms);
+    pthread_mutex_lock(&w->mu);
+    int rc = 0;
+    while (w->stats.in_flight > 0) {
+        if (timeout_ms == 0 || rl_on_io_thread(w)) {
+            rc = timeout_ms == 0 ? TS_ETIMEDOUT : TS_EDEADLK;
+            break;
+        }
+        if (rl_cond_wait_until(&w->cond, &w->mu, deadline) == ETIMEDOUT && w->stats.in_flight > 0) {
+            rc = TS_ETIMEDOUT;
+            break;
+        }
+    }
+    if (rc == 0) {
+        rc = w->first_error;
+        w->first_error = 0;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+void ts_rl_worker_stats(ts_rl_worker_t *w, ts_rl_worker_stats_t *out)
+{
+    assert(w != NULL && out != NULL);
+    pthread_mutex_lock(&w->mu);
+    *out = w->stats;
+    pthread_mutex_unlock(&w->mu);
+    out->connected = ts_client_connected(w->client);
+}
