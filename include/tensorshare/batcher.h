@@ -1,0 +1,288 @@
+/*
+ * tensorshare batcher: dynamic batching of inference requests over model replicas.
+ *
+ * Many small requesters (threads of this process, or workers on other machines through a
+ * tensord) each submit a few rows; the batcher gathers queued requests into batches of at most
+ * max_batch rows, runs each batch on one model replica, and hands every requester exactly its
+ * own rows of the answer, together with the weight version the answer was computed with.
+ *
+ * The batcher knows nothing about libtorch: a model is a small function table (ts_model_ops_t).
+ * The libtorch shim (tensorshare/torch.h) provides the TorchScript implementation; any C code
+ * can provide another.
+ *
+ * Batching rule (like Triton's dynamic batcher): an idle replica takes the oldest queued request,
+ * then keeps adding the following queued requests, in order, while they fit in max_batch rows.
+ * It waits for more rows up to max_delay_us after the oldest request's arrival, and runs at once
+ * when the batch is full or the next queued request does not fit. A request is never split over
+ * two batches. While one replica is gathering a batch, the other idle replicas wait for it to
+ * finish gathering, so that one batch fills before the next starts.
+ *
+ * Threads: each replica runs on its own thread; a timer thread enforces request deadlines.
+ * Every function here is thread-safe unless its comment says otherwise.
+ */
+#ifndef TENSORSHARE_BATCHER_H
+#define TENSORSHARE_BATCHER_H
+
+#include "tensorshare/tensorshare.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * The model interface
+ */
+typedef struct ts_model_s ts_model_t;
+
+typedef struct ts_model_ops_s {
+    /*
+     * Run one batch. input is a value tree that matches the batcher's input schema, every tensor
+     * with a leading batch dimension of rows (borrowed for the call). On success, store a tree
+     * you own in *output (transferred to the batcher) whose tensors all have the leading
+     * dimension rows; on failure return a TS_E* code and may write a NUL-terminated message into
+     * err (errlen bytes). Called on the replica's thread only, never concurrently with another
+     * call on the same model.
+     */
+    int (*forward)(ts_model_t *m, const ts_value_t *input, int64_t rows, ts_value_t **output,
+                   char *err, size_t errlen);
+    /*
+     * Load new weights (a state dict: a map of name to tensor, nested maps allowed) borrowed for
+     * the call. Called on the replica's thread between two forwards, never during one. May be
+     * NULL when the model has no weights to load (updates then fail with TS_ENOTSUP).
+     */
+    int (*load_weights)(ts_model_t *m, const ts_value_t *params, char *err, size_t errlen);
+    /* Free the model. Called once, on the thread that frees the batcher. */
+    void (*free)(ts_model_t *m);
+} ts_model_ops_t;
+
+/* Embed this as the first member of your model struct (like a libuv handle). */
+struct ts_model_s {
+    const ts_model_ops_t *ops;
+    void *data; /* for the implementation; the batcher never reads it */
+};
+
+/*
+ * Create one replica's model for device ("cpu" or "cuda:N"); replica numbers count from 0.
+ * Called by ts_batcher_new on its caller's thread, once per replica. On failure return a TS_E*
+ * code and may write a NUL-terminated message into err (errlen bytes); ts_batcher_new then
+ * frees the replicas already made and fails with that code.
+ */
+typedef int (*ts_model_create_cb)(void *arg, const char *device, int replica, ts_model_t **out,
+                                  char *err, size_t errlen);
+
+/* ---------------------------------------------------------------------------------------------
+ * Configuration
+ */
+
+/*
+ * One tensor of a schema. name is a dotted path into nested maps ("obs.image" is the tensor
+ * under key "image" of the map under key "obs"); the empty name means the whole value is this
+ * one tensor (a schema with a single unnamed field takes and returns bare tensors). shape is
+ * per row: it leaves out the batch dimension.
+ */
+typedef struct ts_field_s {
+    const char *name;
+    ts_dtype_t dtype;
+    int ndim;
+    int64_t shape[TS_MAX_NDIM];
+} ts_field_t;
+
+#define TS_BATCHER_MAX_FIELDS 64 /* tensors per schema; a request is checked leaf by leaf */
+
+typedef struct ts_batcher_config_s {
+    const ts_field_t *inputs; /* input schema (copied by ts_batcher_new) */
+    int n_inputs;
+    /*
+     * Output schema (copied), or n_outputs = 0 to accept whatever tree the model returns as long
+     * as every tensor in it has the batch's row count as its leading dimension.
+     */
+    const ts_field_t *outputs;
+    int n_outputs;
+    int max_batch;        /* rows per forward; default 64 */
+    int64_t max_delay_us; /* wait for more rows after the oldest request; default 500 */
+    /*
+     * Where replicas run, a comma-separated list (default "cpu"):
+     *   cpu        one replica on a CPU thread;   cpu:N   N replicas on CPU threads
+     *   cuda:I     one replica on CUDA device I;  cuda:I*K  K replicas on device I
+     *   cuda*K     K replicas on every CUDA device (cuda_devices of them; "cuda" = cuda*1)
+     *   cuda/N     N replicas round-robin over the CUDA devices
+     * e.g. "cuda:0,cuda:1" places one replica on each of two GPUs.
+     */
+    const char *placement;
+    int cuda_devices;  /* visible CUDA devices, for the cuda, cuda*K and cuda/N forms */
+    int timeout_ms;    /* default request deadline when a call passes 0; default 30000; <0 none */
+    size_t max_queued; /* requests waiting at most; further submits get TS_EAGAIN; default 65536 */
+    int64_t version;   /* weight version the models start with; default 0 */
+    ts_model_create_cb create; /* required */
+    void *create_arg;
+} ts_batcher_config_t;
+
+/* Fill cfg with the defaults (no schema, no model). */
+TS_EXTERN void ts_batcher_config_init(ts_batcher_config_t *cfg);
+
+/* ---------------------------------------------------------------------------------------------
+ * The batcher
+ */
+typedef struct ts_batcher_s ts_batcher_t;
+
+/*
+ * Create the models (through cfg->create, on this thread) and start the replica threads.
+ * Returns 0 and *out, or TS_EINVAL (bad schema or placement), TS_ENOTSUP (a cuda placement with
+ * no CUDA device), TS_ENOMEM, or the model factory's error. ts_batcher_last_error() then tells
+ * why. Added in 0.1.0.
+ */
+TS_EXTERN int ts_batcher_new(ts_batcher_t **out, const ts_batcher_config_t *cfg);
+
+/*
+ * Stop: pending requests complete with TS_ECANCELED, each replica finishes (and answers) the
+ * batch it is running, the threads end and the models are freed. Must not be called from a
+ * batcher callback. NULL is a no-op.
+ */
+TS_EXTERN void ts_batcher_free(ts_batcher_t *b);
+
+/* Number of replicas, and the device of replica i ("cpu", "cuda:1"; NULL when out of range). */
+TS_EXTERN int ts_batcher_replicas(const ts_batcher_t *b);
+TS_EXTERN const char *ts_batcher_device(const ts_batcher_t *b, int i);
+
+/*
+ * Completion of a prediction, called exactly once, on a batcher thread (a replica's, the timer's,
+ * or the one in ts_batcher_free), never from inside the submit call. status is 0, or TS_ESCHEMA,
+ * TS_EMODEL, TS_ETIMEDOUT, TS_ECANCELED. On success output holds exactly the request's rows
+ * (transferred: free it with ts_value_free) and version is the weight version that computed
+ * it; message (valid during the call, may be NULL) tells why a request failed. Keep the callback
+ * short: it runs on the thread that serves the next batch.
+ */
+typedef void (*ts_predict_cb)(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
+                              const char *message, void *arg);
+
+/*
+ * Queue a request. input is a value tree matching the input schema, every tensor with the same
+ * leading row count (1..max_batch). input is retained (read by a replica thread) until the
+ * callback is called, unless flags has TS_COPY (then it is copied now). timeout_ms: 0 for the
+ * configured default, <0 for no deadline. A request that does not match the schema fails here
+ * with TS_ESCHEMA and the callback is never called; TS_EAGAIN when the queue is full,
+ * TS_ECANCELED after shutdown began.
+ */
+TS_EXTERN int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags,
+                                int timeout_ms, ts_predict_cb cb, void *arg);
+
+/*
+ * Blocking prediction: input is borrowed for the call; on success *output (yours) holds the
+ * request's rows and *version (may be NULL) the weight version. Returns the status the callback
+ * would get. Must not be called from a batcher callback.
+ */
+TS_EXTERN int ts_batcher_predict(ts_batcher_t *b, const ts_value_t *input, int timeout_ms,
+                                 ts_value_t **output, int64_t *version);
+
+/* The message of the last failed batcher call on this thread, or "". */
+TS_EXTERN const char *ts_batcher_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Weight updates. Every replica loads new weights between two forwards, never during one, and
+ * every answer carries the version it was computed with.
+ */
+
+/* Called once the batcher no longer reads params (on a batcher thread or the caller's). */
+typedef void (*ts_weights_release_cb)(const ts_value_t *params, void *arg);
+
+/*
+ * Publish new weights without waiting. params (a state dict) is retained until release (may be
+ * NULL) is called: after every replica has loaded it, or a newer update replaced it, or the
+ * batcher is freed. Replicas that fail to load it keep their previous weights and version.
+ */
+TS_EXTERN int ts_batcher_set_weights(ts_batcher_t *b, const ts_value_t *params, int64_t version,
+                                     ts_weights_release_cb release, void *arg);
+
+/*
+ * Publish new weights and wait until every replica has loaded them (params borrowed for the
+ * call). Returns 0, the first load error of a replica (its message in ts_batcher_last_error()),
+ * or TS_ETIMEDOUT after timeout_ms (<0: no limit); on timeout the update is withdrawn from the
+ * replicas that had not started loading it.
+ */
+TS_EXTERN int ts_batcher_load_weights(ts_batcher_t *b, const ts_value_t *params, int64_t version,
+                                      int timeout_ms);
+
+/* The weight version of each replica is reported here: the smallest and the largest. */
+TS_EXTERN void ts_batcher_versions(ts_batcher_t *b, int64_t *min_version, int64_t *max_version);
+
+/* Counters since creation. */
+typedef struct ts_batcher_stats_s {
+    uint64_t requests;     /* answered with status 0 */
+    uint64_t failed;       /* answered with an error (schema errors at submit excluded) */
+    uint64_t batches;      /* forwards run */
+    uint64_t rows;         /* rows in those forwards */
+    uint64_t full_batches; /* forwards that had max_batch rows */
+    uint64_t weight_loads; /* successful weight loads, over all replicas */
+    uint32_t queued;       /* requests waiting now */
+    uint32_t max_batch;
+} ts_batcher_stats_t;
+
+TS_EXTERN void ts_batcher_stats(ts_batcher_t *b, ts_batcher_stats_t *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Remote use through tensord
+ *
+ * Bins used, for a served model called NAME:
+ *   NAME/requests  requests, appended by remote predictors: a record
+ *                  {id: int, reply: string (the predictor's reply bin), timeout_ms: int,
+ *                   input: <input tree>}
+ *   reply bins     one per predictor (NAME/reply/<unique>), answers appended by the server:
+ *                  {id: int, status: int (0 or TS_E*), version: int, output: <tree> (status 0),
+ *                   error: string (status != 0)}
+ * Parameters (ts_batcher_follow_weights): a bin whose last item is {params: <state dict>,
+ * version: int}, as an RL trainer publishes it with ts_put.
+ */
+#define TS_BATCHER_REQ_SUFFIX "/requests"
+
+/*
+ * Serve the batcher on tensord under name: a thread takes requests from NAME/requests in
+ * groups (ts_get with max_items, ts_wait between), submits them, and appends each answer to its
+ * requester's reply bin. client is borrowed and must outlive the batcher (or
+ * ts_batcher_stop_remote). Requests that do not match the schema are answered with TS_ESCHEMA.
+ * One name per batcher; TS_EINVAL when already serving.
+ */
+TS_EXTERN int ts_batcher_serve(ts_batcher_t *b, ts_client_t *client, const char *name);
+
+/*
+ * Follow a parameters bin: a thread waits for new items in bin and publishes each new
+ * {params, version} to the replicas (as ts_batcher_set_weights). client as for serve.
+ */
+TS_EXTERN int ts_batcher_follow_weights(ts_batcher_t *b, ts_client_t *client, const char *bin);
+
+/* Stop serving and following (waits for those threads, at most about a wait period). */
+TS_EXTERN void ts_batcher_stop_remote(ts_batcher_t *b);
+
+/* The remote side: a predictor talks to a served batcher through a tensord. */
+typedef struct ts_predictor_s ts_predictor_t;
+
+/*
+ * Open a predictor for the model served as name. client is borrowed and must outlive the
+ * predictor. It owns a reply bin (deleted when the predictor is freed) and one receiver thread.
+ */
+TS_EXTERN int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *name);
+/* Outstanding requests complete with TS_ECANCELED; the reply bin is deleted. NULL is a no-op. */
+TS_EXTERN void ts_predictor_free(ts_predictor_t *p);
+
+/*
+ * Completion of a remote prediction, called exactly once on the predictor's receiver thread
+ * (or in ts_predictor_free), never from inside the call that queued it. Same meaning as
+ * ts_predict_cb; output is transferred.
+ */
+typedef void (*ts_remote_cb)(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
+                             const char *message, void *arg);
+
+/*
+ * Send a request (input borrowed for the call: it is encoded and sent before this returns).
+ * timeout_ms: 0 for the client's request timeout, <0 for none. Any number may be outstanding.
+ */
+TS_EXTERN int ts_predictor_submit(ts_predictor_t *p, const ts_value_t *input, int timeout_ms,
+                                  ts_remote_cb cb, void *arg);
+/* Blocking form; *output is yours, *version may be NULL. */
+TS_EXTERN int ts_predictor_predict(ts_predictor_t *p, const ts_value_t *input, int timeout_ms,
+                                   ts_value_t **output, int64_t *version);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TENSORSHARE_BATCHER_H */

@@ -1,0 +1,929 @@
+/*
+ * The batcher in process, with a plain C model: batching rule, exactly-own-rows delivery under
+ * many submitters, queue delay, schema errors, model failures, weight updates between forwards,
+ * deadlines, shutdown and placement.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common.h"
+#include "tensorshare/batcher.h"
+
+/*
+ * The test model: input {obs: {x: float32[4], id: int64[]}}, output {y: float32[4] = x * scale,
+ * id: int64[] = id, batch: int64[] = rows of the forward}. Weights {scale: float32 scalar}. A NaN
+ * in x makes it fail; forward sleeps delay_us (shared by all replicas) first.
+ */
+typedef struct cmodel {
+    ts_model_t base;
+    float scale;
+    atomic_int busy;
+} cmodel;
+
+static atomic_int g_delay_us;
+static atomic_int g_forwards;
+/* Calls that overlapped another call on the same model (forward or load): must stay 0. */
+static atomic_int g_overlaps;
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static int cm_forward_body(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out,
+                           char *err, size_t errlen);
+static int cm_run(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out, char *err,
+                  size_t errlen);
+
+static int cm_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out,
+                      char *err, size_t errlen)
+{
+    cmodel *c = (cmodel *)m;
+    atomic_fetch_add(&g_forwards, 1);
+    int rc = cm_forward_body(c, in, rows, out, err, errlen);
+    return rc;
+}
+
+static int cm_forward_body(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out,
+                           char *err, size_t errlen)
+{
+    if (atomic_fetch_add(&c->busy, 1) != 0)
+        atomic_fetch_add(&g_overlaps, 1);
+    int rc = cm_run(c, in, rows, out, err, errlen);
+    atomic_fetch_sub(&c->busy, 1);
+    return rc;
+}
+
+static int cm_run(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out, char *err,
+                  size_t errlen)
+{
+    int d = atomic_load(&g_delay_us);
+    if (d > 0)
+        sleep_us(d);
+    const ts_value_t *obs = ts_map_get(in, "obs");
+    const ts_tensor_t *x = ts_map_get_tensor(obs, "x");
+    const ts_tensor_t *id = ts_map_get_tensor(obs, "id");
+    if (x == NULL || id == NULL || x->shape[0] != rows || id->shape[0] != rows) {
+        snprintf(err, errlen, "bad batch");
+        return TS_EINVAL;
+    }
+    const float *xs = x->data;
+    for (int64_t i = 0; i < rows * 4; i++) {
+        if (isnan(xs[i])) {
+            snprintf(err, errlen, "NaN in the input");
+            return TS_EINVAL;
+        }
+    }
+    int64_t s4[2] = {rows, 4}, s1[1] = {rows};
+    ts_value_t *y = ts_tensor_alloc(TS_FLOAT32, 2, s4);
+    ts_value_t *ido = ts_tensor_new(TS_INT64, 1, s1, id->data, TS_COPY);
+    ts_value_t *bt = ts_tensor_alloc(TS_INT64, 1, s1);
+    ts_value_t *o = ts_map_new();
+    if (y == NULL || ido == NULL || bt == NULL || o == NULL) {
+        ts_value_free(y);
+        ts_value_free(ido);
+        ts_value_free(bt);
+        ts_value_free(o);
+        return TS_ENOMEM;
+    }
+    float *ys = ts_value_tensor(y)->data;
+    for (int64_t i = 0; i < rows * 4; i++)
+        ys[i] = xs[i] * c->scale;
+    int64_t *bs = ts_value_tensor(bt)->data;
+    for (int64_t i = 0; i < rows; i++)
+        bs[i] = rows;
+    if (ts_map_set(o, "y", y) != 0 || ts_map_set(o, "id", ido) != 0 ||
+        ts_map_set(o, "batch", bt) != 0) {
+        ts_value_free(o);
+        return TS_ENOMEM;
+    }
+    *out = o;
+    return 0;
+}
+
+static int cm_load(ts_model_t *m, const ts_value_t *params, char *err, size_t errlen)
+{
+    const ts_tensor_t *s = ts_map_get_tensor(params, "scale");
+    if (s == NULL || s->dtype != TS_FLOAT32 || ts_tensor_numel(s) != 1) {
+        snprintf(err, errlen, "missing or bad 'scale'");
+        return TS_EINVAL;
+    }
+    cmodel *c = (cmodel *)m;
+    if (atomic_fetch_add(&c->busy, 1) != 0)
+        atomic_fetch_add(&g_overlaps, 1);
+    c->scale = *(const float *)s->data;
+    sleep_us(200); /* widen the window in which an overlap would show */
+    atomic_fetch_sub(&c->busy, 1);
+    return 0;
+}
+
+static void cm_free(ts_model_t *m)
+{
+    ts__free(m);
+}
+
+static const ts_model_ops_t cm_ops = {cm_forward, cm_load, cm_free};
+
+static atomic_int g_created;
+
+static int cm_create(void *arg, const char *device, int replica, ts_model_t **out, char *err,
+                     size_t errlen)
+{
+    (void)arg;
+    (void)replica;
+    if (strncmp(device, "cpu", 3) != 0) {
+        snprintf(err, errlen, "device %s: this model runs on CPU only", device);
+        return TS_ENOTSUP;
+    }
+    cmodel *c = ts__calloc(1, sizeof(*c));
+    if (c == NULL)
+        return TS_ENOMEM;
+    c->base.ops = &cm_ops;
+    c->scale = 1.0f;
+    atomic_fetch_add(&g_created, 1);
+    *out = &c->base;
+    return 0;
+}
+
+static const ts_field_t in_schema[] = {
+    {"obs.x", TS_FLOAT32, 1, {4}},
+    {"obs.id", TS_INT64, 0, {0}},
+};
+static const ts_field_t out_schema[] = {
+    {"y", TS_FLOAT32, 1, {4}},
+    {"id", TS_INT64, 0, {0}},
+    {"batch", TS_INT64, 0, {0}},
+};
+
+static ts_batcher_t *make(const char *placement, int max_batch, int64_t delay_us)
+{
+    ts_batcher_config_t cfg;
+    ts_batcher_config_init(&cfg);
+    cfg.inputs = in_schema;
+    cfg.n_inputs = 2;
+    cfg.outputs = out_schema;
+    cfg.n_outputs = 3;
+    cfg.max_batch = max_batch;
+    cfg.max_delay_us = delay_us;
+    cfg.placement = placement;
+    cfg.create = cm_create;
+    ts_batcher_t *b = NULL;
+    int rc = ts_batcher_new(&b, &cfg);
+    if (rc != 0)
+        print_error("ts_batcher_new: %s (%s)\n", ts_strerror(rc), ts_batcher_last_error());
+    assert_int_equal(rc, 0);
+    return b;
+}
+
+/* A request of rows rows: x[r][k] = base + r * 4 + k, id[r] = base + r. */
+static ts_value_t *request(int64_t rows, int64_t base)
+{
+    int64_t s4[2] = {rows, 4}, s1[1] = {rows};
+    ts_value_t *x = ts_tensor_alloc(TS_FLOAT32, 2, s4);
+    ts_value_t *id = ts_tensor_alloc(TS_INT64, 1, s1);
+    assert_non_null(x);
+    assert_non_null(id);
+    float *xs = ts_value_tensor(x)->data;
+    int64_t *ids = ts_value_tensor(id)->data;
+    for (int64_t r = 0; r < rows; r++) {
+        ids[r] = base + r;
+        for (int k = 0; k < 4; k++)
+            xs[r * 4 + k] = (float)(base + r * 4 + k);
+    }
+    ts_value_t *obs = ts_map_new(), *root = ts_map_new();
+    assert_int_equal(ts_map_set(obs, "x", x), 0);
+    assert_int_equal(ts_map_set(obs, "id", id), 0);
+    assert_int_equal(ts_map_set(root, "obs", obs), 0);
+    return root;
+}
+
+/* Check that out holds exactly the rows of request(rows, base), scaled. 1 when it does. */
+static int check_answer(const ts_value_t *out, int64_t rows, int64_t base, float scale)
+{
+    const ts_tensor_t *y = ts_map_get_tensor(out, "y");
+    const ts_tensor_t *id = ts_map_get_tensor(out, "id");
+    if (y == NULL || id == NULL || y->shape[0] != rows || id->shape[0] != rows)
+        return 0;
+    const float *ys = y->data;
+    const int64_t *ids = id->data;
+    for (int64_t r = 0; r < rows; r++) {
+        if (ids[r] != base + r)
+            return 0;
+        for (int k = 0; k < 4; k++)
+            if (ys[r * 4 + k] != (float)(base + r * 4 + k) * scale)
+                return 0;
+    }
+    return 1;
+}
+
+static void test_single(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu", 8, 100);
+    assert_int_equal(ts_batcher_replicas(b), 1);
+    assert_string_equal(ts_batcher_device(b, 0), "cpu");
+    ts_value_t *in = request(3, 100);
+    ts_value_t *out = NULL;
+    int64_t version = -1;
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, &version), 0);
+    assert_int_equal(version, 0);
+    assert_true(check_answer(out, 3, 100, 1.0f));
+    ts_value_free(out);
+    ts_value_free(in);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.requests, 1);
+    assert_int_equal(st.batches, 1);
+    assert_int_equal(st.rows, 3);
+    ts_batcher_free(b);
+}
+
+/* 64 threads, each with its own mixed row counts, each must get exactly its rows back. */
+typedef struct submitter {
+    ts_batcher_t *b;
+    int index;
+    int n_requests;
+    int ok;
+    int64_t max_seen_batch;
+} submitter;
+
+static void *submit_main(void *arg)
+{
+    submitter *s = arg;
+    s->ok = 1;
+    for (int i = 0; i < s->n_requests && s->ok; i++) {
+        int64_t rows = 1 + (s->index + i) % 4;
+        int64_t base = (int64_t)s->index * 1000000 + i * 100;
+        ts_value_t *in = request(rows, base);
+        ts_value_t *out = NULL;
+        int rc = ts_batcher_predict(s->b, in, 20000, &out, NULL);
+        if (rc != 0 || !check_answer(out, rows, base, 1.0f)) {
+            s->ok = 0;
+        } else {
+            const ts_tensor_t *bt = ts_map_get_tensor(out, "batch");
+            int64_t n = ((const int64_t *)bt->data)[0];
+            if (n > s->max_seen_batch)
+                s->max_seen_batch = n;
+            if (n > 16 || n < rows)
+                s->ok = 0;
+        }
+        ts_value_free(out);
+        ts_value_free(in);
+    }
+    return NULL;
+}
+
+static void run_submitters(ts_batcher_t *b, int n_threads, int n_requests, int64_t *max_batch)
+{
+    pthread_t th[64];
+    submitter s[64];
+    memset(s, 0, sizeof(s));
+    for (int i = 0; i < n_threads; i++) {
+        s[i].b = b;
+        s[i].index = i;
+        s[i].n_requests = n_requests;
+        assert_int_equal(pthread_create(&th[i], NULL, submit_main, &s[i]), 0);
+    }
+    *max_batch = 0;
+    for (int i = 0; i < n_threads; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(s[i].ok);
+        if (s[i].max_seen_batch > *max_batch)
+            *max_batch = s[i].max_seen_batch;
+    }
+}
+
+static void test_many_submitters(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu:2", 16, 2000);
+    atomic_store(&g_forwards, 0);
+    int64_t max_batch;
+    run_submitters(b, 64, 30, &max_batch);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    int64_t want_rows = 0;
+    for (int t = 0; t < 64; t++)
+        for (int i = 0; i < 30; i++)
+            want_rows += 1 + (t + i) % 4;
+    assert_int_equal(st.requests, 64 * 30);
+    assert_int_equal(st.failed, 0);
+    assert_int_equal(st.rows, (uint64_t)want_rows);
+    assert_int_equal(st.queued, 0);
+    /* With 64 submitters and a 2 ms delay, requests must have been batched together. */
+    assert_true(st.batches < st.requests);
+    assert_true(max_batch > 4);
+    print_message("    %llu requests in %llu batches (%.1f rows per batch, %llu full)\n",
+                  (unsigned long long)st.requests, (unsigned long long)st.batches,
+                  (double)st.rows / (double)st.batches, (unsigned long long)st.full_batches);
+    ts_batcher_free(b);
+}
+
+/* Asynchronous requests: any number outstanding from one caller. */
+typedef struct acount {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, ok, canceled, timedout, other;
+} acount;
+
+typedef struct actx {
+    acount *c;
+    int64_t rows, base;
+    float scale;
+    ts_value_t *in;
+} actx;
+
+static void async_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, const char *msg,
+                     void *arg)
+{
+    (void)b;
+    (void)version;
+    actx *a = arg;
+    acount *c = a->c;
+    int good = status == 0 && check_answer(out, a->rows, a->base, a->scale);
+    ts_value_free(out);
+    pthread_mutex_lock(&c->mu);
+    if (good)
+        c->ok++;
+    else if (status == TS_ECANCELED && msg != NULL)
+        c->canceled++;
+    else if (status == TS_ETIMEDOUT && msg != NULL)
+        c->timedout++;
+    else
+        c->other++;
+    c->done++;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void acount_init(acount *c)
+{
+    memset(c, 0, sizeof(*c));
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+}
+
+/* Wait until n answers arrived, at most 30 s. 1 when they did. */
+static int acount_wait(acount *c, int n)
+{
+    int ok = 1;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < 3000 && c->done < n; i++) {
+        pthread_mutex_unlock(&c->mu);
+        sleep_us(10000);
+        pthread_mutex_lock(&c->mu);
+    }
+    ok = c->done >= n;
+    pthread_mutex_unlock(&c->mu);
+    return ok;
+}
+
+static void test_async(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu", 32, 1000);
+    enum { N = 200 };
+    static actx ctx[N];
+    acount c;
+    acount_init(&c);
+    for (int i = 0; i < N; i++) {
+        ctx[i] = (actx){&c, 1 + i % 5, (int64_t)i * 100, 1.0f, NULL};
+        ctx[i].in = request(ctx[i].rows, ctx[i].base);
+        /* Half retained (borrowed until the callback), half copied and freed at once. */
+        unsigned flags = (i % 2) ? TS_COPY : 0;
+        assert_int_equal(ts_batcher_submit(b, ctx[i].in, flags, 0, async_cb, &ctx[i]), 0);
+        if (flags & TS_COPY) {
+            ts_value_free(ctx[i].in);
+            ctx[i].in = NULL;
+        }
+    }
+    assert_true(acount_wait(&c, N));
+    assert_int_equal(c.ok, N);
+    for (int i = 0; i < N; i++)
+        ts_value_free(ctx[i].in);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_true(st.batches < N);
+    ts_batcher_free(b);
+}
+
+static double elapsed_ms(uint64_t t0)
+{
+    return (double)(ts__now_ns() - t0) / 1e6;
+}
+
+/* A lone request waits about max_delay for company, then runs; a full batch runs at once. */
+static void test_queue_delay(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu", 8, 300000); /* 300 ms */
+    ts_value_t *in = request(1, 0), *out = NULL;
+    uint64_t t0 = ts__now_ns();
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), 0);
+    double ms = elapsed_ms(t0);
+    print_message("    lone request answered after %.1f ms (max_delay 300 ms)\n", ms);
+    assert_true(ms >= 290.0);
+    assert_true(ms < 10000.0);
+    ts_value_free(out);
+    ts_value_free(in);
+
+    /* A request of max_batch rows fills the batch: no waiting for the 300 ms. */
+    in = request(8, 0);
+    t0 = ts__now_ns();
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), 0);
+    ms = elapsed_ms(t0);
+    assert_true(ms < 250.0);
+    assert_true(check_answer(out, 8, 0, 1.0f));
+    ts_value_free(out);
+    ts_value_free(in);
+    ts_batcher_free(b);
+
+    /* max_delay 0: a lone request runs at once. */
+    b = make("cpu", 8, 0);
+    in = request(2, 7);
+    t0 = ts__now_ns();
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), 0);
+    assert_true(elapsed_ms(t0) < 5000.0);
+    ts_value_free(out);
+    ts_value_free(in);
+    ts_batcher_free(b);
+}
+
+/* Two requests that fit are one batch; the one that does not fit waits for the next. */
+static void test_never_split(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu", 8, 200000);
+    acount c;
+    acount_init(&c);
+    actx a[3] = {{&c, 3, 0, 1.0f, NULL}, {&c, 4, 1000, 1.0f, NULL}, {&c, 5, 2000, 1.0f, NULL}};
+    for (int i = 0; i < 3; i++) {
+        a[i].in = request(a[i].rows, a[i].base);
+        assert_int_equal(ts_batcher_submit(b, a[i].in, 0, 0, async_cb, &a[i]), 0);
+    }
+    assert_true(acount_wait(&c, 3));
+    assert_int_equal(c.ok, 3);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.batches, 2); /* {3, 4} then {5} */
+    assert_int_equal(st.rows, 12);
+    for (int i = 0; i < 3; i++)
+        ts_value_free(a[i].in);
+    ts_batcher_free(b);
+}
+
+static void test_schema_errors(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu", 8, 100);
+    ts_value_t *out = NULL;
+    /* Missing field. */
+    ts_value_t *in = ts_map_new();
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    assert_non_null(strstr(ts_batcher_last_error(), "obs.x"));
+    ts_value_free(in);
+    /* Wrong dtype. */
+    in = request(2, 0);
+    ts_value_t *obs = (ts_value_t *)ts_map_get(in, "obs");
+    int64_t s2[2] = {2, 4};
+    assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT64, 2, s2)), 0);
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    assert_non_null(strstr(ts_batcher_last_error(), "float64"));
+    /* Wrong per-row shape. */
+    int64_t s3[2] = {2, 5};
+    assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT32, 2, s3)), 0);
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    /* Row counts that disagree between fields. */
+    int64_t s4[2] = {3, 4};
+    assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT32, 2, s4)), 0);
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    ts_value_free(in);
+    /* An extra entry. */
+    in = request(2, 0);
+    assert_int_equal(ts_map_set(in, "extra", ts_int_new(1)), 0);
+    assert_int_equal(ts_batcher_submit(b, in, 0, 0, async_cb, NULL), TS_ESCHEMA);
+    ts_value_free(in);
+    /* More rows than max_batch: a request is never split, so it can never run. */
+    in = request(9, 0);
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    ts_value_free(in);
+    /* Zero rows. */
+    in = request(0, 0);
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    ts_value_free(in);
+    /* A bare tensor where a map is expected. */
+    int64_t s5[2] = {1, 4};
+    in = ts_tensor_alloc(TS_FLOAT32, 2, s5);
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    ts_value_free(in);
+    /* The batcher still serves good requests, and nothing was counted as a failure. */
+    in = request(2, 5);
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), 0);
+    assert_true(check_answer(out, 2, 5, 1.0f));
+    ts_value_free(out);
+    ts_value_free(in);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.failed, 0);
+    ts_batcher_free(b);
+}
+
+/* A failing forward fails the requests of its batch only; the replica keeps serving. */
+static void test_model_failure(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu", 16, 100000);
+    acount c;
+    acount_init(&c);
+    actx a[3] = {{&c, 2, 0, 1.0f, NULL}, {&c, 2, 100, 1.0f, NULL}, {&c, 2, 200, 1.0f, NULL}};
+    for (int i = 0; i < 3; i++)
+        a[i].in = request(2, a[i].base);
+    float *x1 = ts_value_tensor(ts_map_get(ts_map_get(a[1].in, "obs"), "x"))->data;
+    x1[3] = NAN;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ts_batcher_submit(b, a[i].in, 0, 0, async_cb, &a[i]), 0);
+    assert_true(acount_wait(&c, 3));
+    /* All three were one batch (6 rows, within the 100 ms delay): all fail. */
+    assert_int_equal(c.other, 3);
+    for (int i = 0; i < 3; i++)
+        ts_value_free(a[i].in);
+
+    ts_value_t *in = request(1, 1), *out = NULL;
+    float *x = ts_value_tensor(ts_map_get(ts_map_get(in, "obs"), "x"))->data;
+    x[0] = NAN;
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_EMODEL);
+    assert_non_null(strstr(ts_batcher_last_error(), "NaN"));
+    x[0] = 1.0f;
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), 0);
+    ts_value_free(out);
+    ts_value_free(in);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.failed, 4);
+    assert_int_equal(st.requests, 1);
+    ts_batcher_free(b);
+}
+
+/* Weights change while 8 threads predict: each answer matches exactly the version it reports. */
+typedef struct vsub {
+    ts_batcher_t *b;
+    int index;
+    atomic_int *stop;
+    int ok, n;
+    int64_t last_version;
+    int versions_seen;
+} vsub;
+
+static void *vsub_main(void *arg)
+{
+    vsub *s = arg;
+    s->ok = 1;
+    s->last_version = -1;
+    for (int i = 0; i < 100000 && !atomic_load(s->stop); i++) {
+        int64_t rows = 1 + (s->index + i) % 3;
+        int64_t base = (int64_t)s->index * 1000000 + (i % 1000) * 10;
+        ts_value_t *in = request(rows, base), *out = NULL;
+        int64_t v = -1;
+        int rc = ts_batcher_predict(s->b, in, 20000, &out, &v);
+        float scale = v == 0 ? 1.0f : (float)v;
+        if (rc != 0 || !check_answer(out, rows, base, scale))
+            s->ok = 0;
+        /* One replica: versions never go back. */
+        if (v < s->last_version)
+            s->ok = 0;
+        if (v != s->last_version)
+            s->versions_seen++;
+        s->last_version = v;
+        s->n++;
+        ts_value_free(out);
+        ts_value_free(in);
+    }
+    return NULL;
+}
+
+static ts_value_t *scale_params(float scale)
+{
+    ts_value_t *p = ts_map_new();
+    assert_int_equal(ts_map_set(p, "scale", ts_tensor_new(TS_FLOAT32, 0, NULL, &scale, TS_COPY)),
+                     0);
+    return p;
+}
+
+static void test_weights_midstream(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu", 16, 500);
+    atomic_int stop = 0;
+    vsub s[8];
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++) {
+        s[i] = (vsub){b, i, &stop, 0, 0, 0, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, vsub_main, &s[i]), 0);
+    }
+    for (int v = 1; v <= 20; v++) {
+        sleep_us(5000);
+        ts_value_t *p = scale_params((float)v);
+        assert_int_equal(ts_batcher_load_weights(b, p, v, 20000), 0);
+        ts_value_free(p);
+        int64_t lo, hi;
+        ts_batcher_versions(b, &lo, &hi);
+        assert_int_equal(lo, v);
+        assert_int_equal(hi, v);
+    }
+    sleep_us(5000);
+    atomic_store(&stop, 1);
+    int total = 0;
+    for (int i = 0; i < 8; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(s[i].ok);
+        assert_int_equal(s[i].last_version, 20);
+        total += s[i].n;
+    }
+    print_message("    %d answers over 20 weight versions\n", total);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.weight_loads, 20);
+
+    /* A bad update is reported with the replica's message; the old weights stay. */
+    ts_value_t *bad = ts_map_new();
+    assert_int_equal(ts_batcher_load_weights(b, bad, 21, 20000), TS_EINVAL);
+    assert_non_null(strstr(ts_batcher_last_error(), "scale"));
+    ts_value_free(bad);
+    int64_t lo, hi;
+    ts_batcher_versions(b, &lo, &hi);
+    assert_int_equal(lo, 20);
+    ts_batcher_free(b);
+}
+
+/* Asynchronous updates: the release callback runs once the replicas are done with them. */
+static atomic_int g_released;
+
+static void release_cb(const ts_value_t *params, void *arg)
+{
+    (void)arg;
+    ts_value_free((ts_value_t *)params);
+    atomic_fetch_add(&g_released, 1);
+}
+
+static void test_weights_async(void **state)
+{
+    (void)state;
+    atomic_store(&g_released, 0);
+    ts_batcher_t *b = make("cpu:3", 8, 100);
+    for (int v = 1; v <= 50; v++)
+        assert_int_equal(ts_batcher_set_weights(b, scale_params((float)v), v, release_cb, NULL), 0);
+    /* Superseded updates are released without being loaded; the last one reaches everyone. */
+    int64_t lo = 0;
+    for (int i = 0; i < 1000 && lo != 50; i++) {
+        ts_batcher_versions(b, &lo, NULL);
+        sleep_us(5000);
+    }
+    assert_int_equal(lo, 50);
+    ts_value_t *in = request(1, 3), *out = NULL;
+    int64_t v;
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, &v), 0);
+    assert_int_equal(v, 50);
+    assert_true(check_answer(out, 1, 3, 50.0f));
+    ts_value_free(out);
+    ts_value_free(in);
+    /* One pending update stays unreleased until freed. */
+    assert_int_equal(ts_batcher_set_weights(b, scale_params(51.0f), 51, release_cb, NULL), 0);
+    ts_batcher_free(b);
+    assert_int_equal(atomic_load(&g_released), 51);
+}
+
+/* A queued request past its deadline fails with TS_ETIMEDOUT; the running one completes. */
+static void test_deadline(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu", 1, 0);
+    atomic_store(&g_delay_us, 400000);
+    acount c;
+    acount_init(&c);
+    actx a[2] = {{&c, 1, 0, 1.0f, NULL}, {&c, 1, 10, 1.0f, NULL}};
+    a[0].in = request(1, 0);
+    a[1].in = request(1, 10);
+    assert_int_equal(ts_batcher_submit(b, a[0].in, 0, 0, async_cb, &a[0]), 0);
+    sleep_us(50000); /* let the replica take the first one */
+    uint64_t t0 = ts__now_ns();
+    ts_value_t *out = NULL;
+    assert_int_equal(ts_batcher_predict(b, a[1].in, 50, &out, NULL), TS_ETIMEDOUT);
+    double ms = elapsed_ms(t0);
+    assert_true(ms >= 45.0 && ms < 5000.0);
+    assert_true(acount_wait(&c, 1));
+    assert_int_equal(c.ok, 1);
+    atomic_store(&g_delay_us, 0);
+    ts_value_free(a[0].in);
+    ts_value_free(a[1].in);
+    ts_batcher_free(b);
+}
+
+/* Shutdown: everything submitted is answered exactly once, with a result or TS_ECANCELED. */
+static void test_shutdown(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu:2", 2, 0);
+    atomic_store(&g_delay_us, 20000);
+    enum { N = 100 };
+    static actx ctx[N];
+    acount c;
+    acount_init(&c);
+    for (int i = 0; i < N; i++) {
+        ctx[i] = (actx){&c, 1, (int64_t)i * 10, 1.0f, NULL};
+        ctx[i].in = request(1, ctx[i].base);
+        assert_int_equal(ts_batcher_submit(b, ctx[i].in, TS_COPY, -1, async_cb, &ctx[i]), 0);
+        ts_value_free(ctx[i].in);
+    }
+    sleep_us(30000);
+    ts_batcher_free(b);
+    atomic_store(&g_delay_us, 0);
+    assert_int_equal(c.done, N);
+    assert_int_equal(c.ok + c.canceled, N);
+    assert_true(c.canceled > 0);
+    print_message("    %d answered, %d canceled at shutdown\n", c.ok, c.canceled);
+}
+
+static void test_placement(void **state)
+{
+    (void)state;
+    atomic_store(&g_created, 0);
+    ts_batcher_t *b = make("cpu:3,cpu", 4, 0);
+    assert_int_equal(ts_batcher_replicas(b), 4);
+    assert_int_equal(atomic_load(&g_created), 4);
+    assert_null(ts_batcher_device(b, 4));
+    ts_batcher_free(b);
+
+    ts_batcher_config_t cfg;
+    ts_batcher_config_init(&cfg);
+    cfg.inputs = in_schema;
+    cfg.n_inputs = 2;
+    cfg.create = cm_create;
+    const char *bad[] = {"gpu", "cpu:", "cpu:0", "cuda:x", "cpu,", "cpu:2x", "cuda:0*0"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cfg.placement = bad[i];
+        assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+        assert_non_null(strstr(ts_batcher_last_error(), "placement"));
+    }
+    /* No CUDA device: the forms that need the device count fail clearly. */
+    cfg.placement = "cuda*2";
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_ENOTSUP);
+    assert_non_null(strstr(ts_batcher_last_error(), "no CUDA device"));
+    cfg.placement = "cuda/4";
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_ENOTSUP);
+    /* An explicit device goes to the factory, which refuses it here, with its message. */
+    atomic_store(&g_created, 0);
+    cfg.placement = "cpu,cuda:0";
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_ENOTSUP);
+    assert_non_null(strstr(ts_batcher_last_error(), "cuda:0"));
+    assert_int_equal(atomic_load(&g_created), 1); /* the CPU one was made, then freed */
+    /* With devices to spread over, the factory sees each one in order. */
+    cfg.cuda_devices = 2;
+    cfg.placement = "cuda:1*2";
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_ENOTSUP);
+    cfg.placement = "cuda:2";
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    /* Schema errors. */
+    cfg.placement = "cpu";
+    const ts_field_t overlap[] = {{"a", TS_FLOAT32, 0, {0}}, {"a.b", TS_FLOAT32, 0, {0}}};
+    cfg.inputs = overlap;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    const ts_field_t empty_part[] = {{"a..b", TS_FLOAT32, 0, {0}}};
+    cfg.inputs = empty_part;
+    cfg.n_inputs = 1;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    const ts_field_t bad_dtype[] = {{"a", TS_DTYPE_INVALID, 0, {0}}};
+    cfg.inputs = bad_dtype;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+}
+
+/* A model over bare tensors, without an output schema: y = 2x for a [rows, 3] float64 input. */
+static int bare_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out,
+                        char *err, size_t errlen)
+{
+    (void)m;
+    (void)err;
+    (void)errlen;
+    const ts_tensor_t *t = ts_value_tensor(in);
+    ts_value_t *o = ts_tensor_new(TS_FLOAT64, 2, t->shape, t->data, TS_COPY);
+    if (o == NULL)
+        return TS_ENOMEM;
+    double *d = ts_value_tensor(o)->data;
+    for (int64_t i = 0; i < rows * 3; i++)
+        d[i] *= 2;
+    ts_value_t *list = ts_list_new();
+    ts_list_push(list, o);
+    ts_list_push(list, ts_int_new(rows));
+    *out = list;
+    return 0;
+}
+
+static const ts_model_ops_t bare_ops = {bare_forward, NULL, cm_free};
+
+static int bare_create(void *arg, const char *device, int replica, ts_model_t **out, char *err,
+                       size_t errlen)
+{
+    (void)arg;
+    (void)device;
+    (void)replica;
+    (void)err;
+    (void)errlen;
+    cmodel *c = ts__calloc(1, sizeof(*c));
+    if (c == NULL)
+        return TS_ENOMEM;
+    c->base.ops = &bare_ops;
+    *out = &c->base;
+    return 0;
+}
+
+typedef struct bctx {
+    acount *c;
+    int i;
+} bctx;
+
+static void bare_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, const char *msg,
+                    void *arg)
+{
+    (void)b;
+    (void)version;
+    (void)msg;
+    bctx *x = arg;
+    int good = status == 0 && ts_value_type(out) == TS_TYPE_LIST && ts_value_len(out) == 2;
+    if (good) {
+        const ts_tensor_t *t = ts_value_tensor(ts_list_at(out, 0));
+        int64_t rows = -1;
+        good = t != NULL && t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 3 &&
+               ts_value_int(ts_list_at(out, 1), &rows) == 0 && rows == 8;
+        for (int k = 0; good && k < 6; k++)
+            good = ((const double *)t->data)[k] == 2.0 * (x->i * 10 + k);
+    }
+    ts_value_free(out);
+    pthread_mutex_lock(&x->c->mu);
+    x->c->ok += good;
+    x->c->done++;
+    pthread_mutex_unlock(&x->c->mu);
+}
+
+static void test_bare_tensor(void **state)
+{
+    (void)state;
+    const ts_field_t in[] = {{"", TS_FLOAT64, 1, {3}}};
+    ts_batcher_config_t cfg;
+    ts_batcher_config_init(&cfg);
+    cfg.inputs = in;
+    cfg.n_inputs = 1;
+    cfg.max_batch = 8;
+    cfg.max_delay_us = 2000000; /* the fourth request fills the batch long before this */
+    cfg.create = bare_create;
+    ts_batcher_t *b = NULL;
+    assert_int_equal(ts_batcher_new(&b, &cfg), 0);
+    acount c;
+    acount_init(&c);
+    bctx x[4];
+    for (int i = 0; i < 4; i++) {
+        double data[2][3];
+        for (int r = 0; r < 2; r++)
+            for (int k = 0; k < 3; k++)
+                data[r][k] = i * 10 + r * 3 + k;
+        int64_t shape[2] = {2, 3};
+        ts_value_t *v = ts_tensor_new(TS_FLOAT64, 2, shape, data, TS_BORROW);
+        x[i] = (bctx){&c, i};
+        assert_int_equal(ts_batcher_submit(b, v, TS_COPY, 0, bare_cb, &x[i]), 0);
+        ts_value_free(v);
+    }
+    uint64_t t0 = ts__now_ns();
+    assert_true(acount_wait(&c, 4));
+    assert_true(elapsed_ms(t0) < 1500.0);
+    assert_int_equal(c.ok, 4);
+    ts_batcher_free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_single),        cmocka_unit_test(test_many_submitters),
+        cmocka_unit_test(test_async),         cmocka_unit_test(test_queue_delay),
+        cmocka_unit_test(test_never_split),   cmocka_unit_test(test_schema_errors),
+        cmocka_unit_test(test_model_failure), cmocka_unit_test(test_weights_midstream),
+        cmocka_unit_test(test_weights_async), cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_shutdown),      cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_bare_tensor),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    if (atomic_load(&g_overlaps) != 0) {
+        print_error("%d model calls overlapped on one model\n", atomic_load(&g_overlaps));
+        failed++;
+    }
+    return failed;
+}
