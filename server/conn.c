@@ -1,0 +1,941 @@
+/*
+ * One client connection: the read state machine, the limits applied to every frame before any
+ * allocation, and the output queue.
+ *
+ * Reading. Headers, names and control bodies land in a small per-connection buffer (ibuf). For a
+ * PUT/APPEND, once the header and the name are in, the record length is checked against the
+ * limits, the item buffer is allocated, the few record bytes already buffered are copied, and
+ * libuv then reads the rest of the record straight into the item (the alloc callback hands out
+ * the item's remaining region). One copy on the server: kernel to item.
+ *
+ * Writing. Replies are appended to a pending batch: small bytes in one growing buffer, item
+ * buffers by reference (no copy, the batch holds a reference until the write callback). The
+ * batch is handed to uv_write once the callback that produced it is done, so a pipeline of small
+ * requests costs one write.
+ */
+#include "server.h"
+
+#include "compress.h"
+#include "record.h"
+
+#include <stdio.h>
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+static void process_input(tsd_conn *c);
+
+/* ---------------------------------------------------------------------------------------------
+ * Write batches
+ */
+
+static void batch_free(tsd_wbatch *b)
+{
+    ts__free(b->small);
+    ts__free(b->segs);
+    ts__free(b->items);
+    ts__free(b->bufs);
+    ts__free(b);
+}
+
+/* Drop the batch's item references and keep it for reuse (or free it). */
+static void batch_release(tsd_conn *c, tsd_wbatch *b)
+{
+    for (size_t i = 0; i < b->nitems; i++)
+        tsd_item_unref(b->items[i]);
+    b->nitems = 0;
+    b->nsegs = 0;
+    b->small_len = 0;
+    b->bytes = 0;
+    if (c->n_cached < TSD_BATCH_CACHE && b->small_cap <= ((size_t)1 << 20)) {
+        b->next_free = c->batch_cache;
+        c->batch_cache = b;
+        c->n_cached++;
+    } else {
+        batch_free(b);
+    }
+}
+
+/* The pending batch, created when missing; NULL on allocation failure. */
+static tsd_wbatch *pending(tsd_conn *c)
+{
+    if (c->pend != NULL)
+        return c->pend;
+    tsd_wbatch *b = c->batch_cache;
+    if (b != NULL) {
+        c->batch_cache = b->next_free;
+        c->n_cached--;
+        b->next_free = NULL;
+    } else {
+        b = ts__calloc(1, sizeof(*b));
+        if (b == NULL)
+            return NULL;
+    }
+    b->conn = c;
+    c->pend = b;
+    tsd_server_mark_dirty(c->srv, c);
+    return b;
+}
+
+/* Grow an array of elem-sized entries to hold at least need entries. 0 or -1. */
+static int grow(void **arr, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t n = *cap < 16 ? 16 : *cap;
+    while (n < need)
+        n *= 2;
+    void *p = ts__realloc(*arr, n * elem);
+    if (p == NULL)
+        return -1;
+    *arr = p;
+    *cap = n;
+    return 0;
+}
+
+/*
+ * Output failed for lack of memory: the pending batch may end inside a frame, so it is dropped
+ * whole, and the connection is closed once the writes already in flight are done.
+ */
+static void out_abort(tsd_conn *c)
+{
+    tsd_log(TSD_LOG_WARN, "conn %llu: out of memory queueing a reply, closing",
+            (unsigned long long)c->id);
+    if (c->pend != NULL) {
+        batch_release(c, c->pend);
+        c->pend = NULL;
+    }
+    c->out_blocked = 1;
+    c->close_after_flush = 1;
+    c->close_deadline = uv_now(c->srv->loop) + TSD_CLOSE_GRACE_MS;
+    c->rstate = TSD_RS_DEAD;
+    uv_read_stop(&c->h.stream);
+    tsd_server_mark_dirty(c->srv, c);
+}
+
+/* Append a segment; ptr == NULL refers to small bytes at off. 0 or -1. */
+static int add_seg(tsd_wbatch *b, const uint8_t *ptr, size_t off, size_t len)
+{
+    if (ptr == NULL && b->nsegs > 0) {
+        tsd_wseg *last = &b->segs[b->nsegs - 1];
+        if (last->ptr == NULL && last->off + last->len == off) {
+            last->len += len;
+            return 0;
+        }
+    }
+    if (grow((void **)&b->segs, &b->segs_cap, b->nsegs + 1, sizeof(*b->segs)) != 0)
+        return -1;
+    b->segs[b->nsegs++] = (tsd_wseg){.ptr = ptr, .off = off, .len = len};
+    return 0;
+}
+
+uint8_t *tsd_out_bytes(tsd_conn *c, size_t n)
+{
+    tsd_wbatch *b = pending(c);
+    if (b == NULL)
+        goto fail;
+    if (b->small_len + n > b->small_cap) {
+        size_t cap = b->small_cap < 4096 ? 4096 : b->small_cap;
+        while (cap < b->small_len + n)
+            cap *= 2;
+        uint8_t *p = ts__realloc(b->small, cap);
+        if (p == NULL)
+            goto fail;
+        b->small = p;
+        b->small_cap = cap;
+    }
+    if (add_seg(b, NULL, b->small_len, n) != 0)
+        goto fail;
+    uint8_t *p = b->small + b->small_len;
+    b->small_len += n;
+    b->bytes += n;
+    return p;
+fail:
+    out_abort(c);
+    return NULL;
+}
+
+int tsd_out_item(tsd_conn *c, tsd_item *it, int ref)
+{
+    if (ref)
+        tsd_item_ref(it);
+    tsd_wbatch *b = pending(c);
+    if (b == NULL ||
+        grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(*b->items)) != 0) {
+        tsd_item_unref(it);
+        out_abort(c);
+        return -1;
+    }
+    b->items[b->nitems++] = it;
+    /* Large items go out as several bounded buffers, so one write never pins a huge region. */
+    for (size_t off = 0; off < it->len; off += TSD_WRITE_CHUNK) {
+        size_t n = it->len - off < TSD_WRITE_CHUNK ? it->len - off : TSD_WRITE_CHUNK;
+        if (add_seg(b, it->data + off, 0, n) != 0) {
+            out_abort(c);
+            return -1;
+        }
+    }
+    b->bytes += it->len;
+    size_t pad = ts__align_up(it->len, TS__ALIGN) - it->len;
+    if (pad > 0) {
+        uint8_t *p = tsd_out_bytes(c, pad);
+        if (p == NULL)
+            return -1;
+        memset(p, 0, pad);
+    }
+    return 0;
+}
+
+int tsd_out_hdr(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t body_len)
+{
+    uint8_t *p = tsd_out_bytes(c, TS_HDR_SIZE);
+    if (p == NULL)
+        return -1;
+    ts__hdr h = {.magic = TS_MAGIC_REP,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = op,
+                 .status = status,
+                 .request_id = rid,
+                 .body_len = body_len};
+    ts__hdr_encode(&h, p);
+    return 0;
+}
+
+/*
+ * The connection reads slower than it asks: drop what is not yet written, tell it why, and
+ * close it once that is written (or after the grace period).
+ */
+static void cut_off_slow_reader(tsd_conn *c, uint64_t queued)
+{
+    tsd_server *srv = c->srv;
+    srv->stats.slow_readers++;
+    tsd_log(TSD_LOG_WARN, "conn %llu: %llu bytes of output queued (limit %llu), cutting it off",
+            (unsigned long long)c->id, (unsigned long long)queued,
+            (unsigned long long)srv->cfg.max_output);
+    if (c->pend != NULL) {
+        batch_release(c, c->pend);
+        c->pend = NULL;
+    }
+    static const char msg[] = "output limit exceeded: reading too slowly";
+    if (tsd_out_hdr(c, 0, 0, TS_ST_SLOW_READER, sizeof(msg) - 1) == 0) {
+        uint8_t *p = tsd_out_bytes(c, sizeof(msg) - 1);
+        if (p != NULL)
+            memcpy(p, msg, sizeof(msg) - 1);
+    }
+    c->out_blocked = 1;
+    c->close_after_flush = 1;
+    c->close_deadline = uv_now(srv->loop) + TSD_CLOSE_GRACE_MS;
+    c->rstate = TSD_RS_DEAD;
+    uv_read_stop(&c->h.stream);
+}
+
+int tsd_out_begin(tsd_conn *c)
+{
+    if (c->out_blocked || c->closing)
+        return -1;
+    /*
+     * The limit is checked before a reply is queued, not against its size: one reply larger
+     * than the limit (a big GET) is fine, a client that keeps asking without reading is not.
+     * A soft limit (over N bytes for T seconds) would hook in here too.
+     */
+    uint64_t queued = uv_stream_get_write_queue_size(&c->h.stream);
+    if (c->pend != NULL)
+        queued += c->pend->bytes;
+    if (queued > c->srv->cfg.max_output) {
+        cut_off_slow_reader(c, queued);
+        return -1;
+    }
+    return 0;
+}
+
+void tsd_reply(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const void *body, size_t len)
+{
+    if (tsd_out_begin(c) != 0 || tsd_out_hdr(c, op, rid, status, len) != 0)
+        return;
+    if (len > 0) {
+        uint8_t *p = tsd_out_bytes(c, len);
+        if (p != NULL)
+            memcpy(p, body, len);
+    }
+}
+
+/* Format an error message into buf (TS_MAX_ERRMSG bytes); returns its length. */
+static size_t format_msg(char *buf, const char *fmt, va_list ap)
+{
+    int n = vsnprintf(buf, TS_MAX_ERRMSG, fmt, ap);
+    if (n < 0)
+        return 0;
+    return (size_t)n >= TS_MAX_ERRMSG ? TS_MAX_ERRMSG - 1 : (size_t)n;
+}
+
+void tsd_reply_err(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *fmt, ...)
+{
+    char msg[TS_MAX_ERRMSG];
+    va_list ap;
+    va_start(ap, fmt);
+    size_t n = format_msg(msg, fmt, ap);
+    va_end(ap);
+    tsd_reply(c, op, rid, status, msg, n);
+}
+
+void tsd_reply_state(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t version,
+                     uint32_t n_items)
+{
+    uint8_t body[TS_BIN_STATE_SIZE];
+    ts__put_u64le(body, version);
+    ts__put_u32le(body + 8, n_items);
+    ts__put_u32le(body + 12, 0);
+    tsd_reply(c, op, rid, status, body, sizeof(body));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Flushing and closing
+ */
+
+static void on_write(uv_write_t *req, int status)
+{
+    tsd_wbatch *b = req->data;
+    tsd_conn *c = b->conn;
+    c->writes_in_flight--;
+    batch_release(c, b);
+    if (status < 0 && !c->closing) {
+        tsd_log(TSD_LOG_DEBUG, "conn %llu: write failed: %s", (unsigned long long)c->id,
+                uv_strerror(status));
+        tsd_conn_close(c);
+        return;
+    }
+    if (c->close_after_flush && c->writes_in_flight == 0 && c->pend == NULL)
+        tsd_conn_close(c);
+}
+
+void tsd_conn_flush(tsd_conn *c)
+{
+    if (c->closing)
+        return;
+    tsd_wbatch *b = c->pend;
+    if (b != NULL) {
+        c->pend = NULL;
+        /* Build the uv_buf array, cutting long runs of small bytes to the write chunk too. */
+        size_t nbufs = 0;
+        for (size_t i = 0; i < b->nsegs; i++)
+            nbufs += (b->segs[i].len + TSD_WRITE_CHUNK - 1) / TSD_WRITE_CHUNK;
+        if (grow((void **)&b->bufs, &b->bufs_cap, nbufs, sizeof(*b->bufs)) != 0) {
+            batch_release(c, b);
+            tsd_conn_close(c);
+            return;
+        }
+        size_t k = 0;
+        for (size_t i = 0; i < b->nsegs; i++) {
+            const uint8_t *p = b->segs[i].ptr != NULL ? b->segs[i].ptr : b->small + b->segs[i].off;
+            size_t left = b->segs[i].len;
+            while (left > 0) {
+                size_t n = left < TSD_WRITE_CHUNK ? left : TSD_WRITE_CHUNK;
+                b->bufs[k++] = uv_buf_init((char *)p, (unsigned int)n);
+                p += n;
+                left -= n;
+            }
+        }
+        b->req.data = b;
+        int rc = uv_write(&b->req, &c->h.stream, b->bufs, (unsigned int)k, on_write);
+        if (rc != 0) {
+            tsd_log(TSD_LOG_DEBUG, "conn %llu: uv_write: %s", (unsigned long long)c->id,
+                    uv_strerror(rc));
+            batch_release(c, b);
+            tsd_conn_close(c);
+            return;
+        }
+        c->writes_in_flight++;
+    }
+    if (c->close_after_flush && c->writes_in_flight == 0 && c->pend == NULL)
+        tsd_conn_close(c);
+}
+
+/* Release whatever an interrupted upload holds: item, temporary buffer, reservation. */
+static void drop_upload(tsd_conn *c)
+{
+    if (c->cur_item != NULL) {
+        tsd_item_unref(c->cur_item);
+        c->cur_item = NULL;
+    }
+    if (c->cur_tmp != NULL) {
+        ts__free(c->cur_tmp);
+        c->cur_tmp = NULL;
+    }
+    tsd_store_unreserve(&c->srv->store, c->cur_reserved);
+    c->cur_reserved = 0;
+}
+
+static void on_close(uv_handle_t *h)
+{
+    tsd_conn *c = h->data;
+    tsd_server *srv = c->srv;
+    while (c->batch_cache != NULL) {
+        tsd_wbatch *b = c->batch_cache;
+        c->batch_cache = b->next_free;
+        batch_free(b);
+    }
+    ts__free(c->ibuf);
+    ts__free(c);
+    tsd_server_conn_freed(srv);
+}
+
+void tsd_conn_close(tsd_conn *c)
+{
+    if (c->closing)
+        return;
+    tsd_server *srv = c->srv;
+    c->closing = 1;
+    c->out_blocked = 1;
+    c->rstate = TSD_RS_DEAD;
+    tsd_notify_conn_gone(srv, c);
+    drop_upload(c);
+    if (c->pend != NULL) {
+        batch_release(c, c->pend);
+        c->pend = NULL;
+    }
+    if (c->dirty) {
+        for (tsd_conn **p = &srv->dirty; *p != NULL; p = &(*p)->dirty_next) {
+            if (*p == c) {
+                *p = c->dirty_next;
+                break;
+            }
+        }
+        c->dirty = 0;
+    }
+    tsd_server_unlink_conn(srv, c);
+    tsd_log(TSD_LOG_DEBUG, "conn %llu: closed", (unsigned long long)c->id);
+    /* Writes still queued get their callbacks (canceled) before on_close runs. */
+    uv_close(&c->h.handle, on_close);
+}
+
+void tsd_conn_fail(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *fmt, ...)
+{
+    if (c->closing)
+        return;
+    char msg[TS_MAX_ERRMSG];
+    va_list ap;
+    va_start(ap, fmt);
+    size_t n = format_msg(msg, fmt, ap);
+    va_end(ap);
+    c->srv->stats.protocol_errors++;
+    tsd_log(TSD_LOG_INFO, "conn %llu: protocol error (%s): %s", (unsigned long long)c->id,
+            ts__status_name(status), msg);
+    drop_upload(c);
+    tsd_reply(c, op, rid, status, msg, n);
+    c->out_blocked = 1;
+    c->close_after_flush = 1;
+    c->close_deadline = uv_now(c->srv->loop) + TSD_CLOSE_GRACE_MS;
+    c->rstate = TSD_RS_DEAD;
+    uv_read_stop(&c->h.stream);
+    tsd_server_mark_dirty(c->srv, c);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Accepting
+ */
+
+void tsd_conn_accept(tsd_server *srv, uv_stream_t *server_handle, int is_unix)
+{
+    tsd_conn *c = ts__calloc(1, sizeof(*c));
+    if (c == NULL) {
+        tsd_log(TSD_LOG_ERROR, "out of memory accepting a connection");
+        return;
+    }
+    c->srv = srv;
+    c->is_unix = is_unix;
+    c->id = ++srv->next_conn_id;
+    c->h.handle.data = c;
+    int rc = is_unix ? uv_pipe_init(srv->loop, &c->h.pipe, 0) : uv_tcp_init(srv->loop, &c->h.tcp);
+    if (rc != 0) {
+        ts__free(c);
+        return;
+    }
+    c->h.handle.data = c;
+    srv->n_alive++;
+    tsd_server_link_conn(srv, c);
+    srv->stats.connections_total++;
+    rc = uv_accept(server_handle, &c->h.stream);
+    if (rc != 0) {
+        tsd_log(TSD_LOG_WARN, "accept: %s", uv_strerror(rc));
+        tsd_conn_close(c);
+        return;
+    }
+    if (!is_unix) {
+        /* Small replies must not wait for Nagle; big ones are written in large chunks anyway. */
+        (void)uv_tcp_nodelay(&c->h.tcp, 1);
+        (void)uv_tcp_keepalive(&c->h.tcp, 1, 60);
+    }
+    if (srv->n_conns > srv->cfg.max_clients) {
+        srv->stats.rejected_clients++;
+        tsd_log(TSD_LOG_WARN, "refusing a connection: %zu clients (limit %u)", srv->n_conns - 1,
+                srv->cfg.max_clients);
+        tsd_reply_err(c, 0, 0, TS_ST_TOO_MANY_CLIENTS, "too many clients (limit %u)",
+                      srv->cfg.max_clients);
+        c->out_blocked = 1;
+        c->close_after_flush = 1;
+        c->close_deadline = uv_now(srv->loop) + TSD_CLOSE_GRACE_MS;
+        c->rstate = TSD_RS_DEAD;
+        tsd_conn_flush(c);
+        return;
+    }
+    tsd_log(TSD_LOG_DEBUG, "conn %llu: accepted (%s)", (unsigned long long)c->id,
+            is_unix ? "unix" : "tcp");
+    c->rstate = TSD_RS_HDR;
+    rc = uv_read_start(&c->h.stream, on_alloc, on_read);
+    if (rc != 0)
+        tsd_conn_close(c);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Reading
+ */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    tsd_conn *c = h->data;
+    (void)suggested;
+    *buf = uv_buf_init(NULL, 0);
+    switch (c->rstate) {
+    case TSD_RS_ITEM:
+    case TSD_RS_LZ4: {
+        /* Exactly the rest of the body, so the read never runs into the next frame. */
+        uint64_t n = c->bulk_left < UINT32_MAX ? c->bulk_left : UINT32_MAX;
+        *buf = uv_buf_init((char *)c->bulk_dst, (unsigned int)n);
+        return;
+    }
+    case TSD_RS_DISCARD: {
+        uint64_t n = c->bulk_left < TSD_IBUF_SIZE ? c->bulk_left : TSD_IBUF_SIZE;
+        *buf = uv_buf_init((char *)c->ibuf, (unsigned int)n);
+        return;
+    }
+    case TSD_RS_HDR:
+        if (c->ibuf == NULL) {
+            c->ibuf = ts__malloc(TSD_IBUF_SIZE);
+            if (c->ibuf == NULL)
+                return; /* libuv reports UV_ENOBUFS to on_read */
+        }
+        if (c->ipos > 0) {
+            memmove(c->ibuf, c->ibuf + c->ipos, c->ilen - c->ipos);
+            c->ilen -= c->ipos;
+            c->ipos = 0;
+        }
+        *buf = uv_buf_init((char *)c->ibuf + c->ilen, (unsigned int)(TSD_IBUF_SIZE - c->ilen));
+        return;
+    default:
+        return;
+    }
+}
+
+/* Take up to want bytes of buffered input into dst (may be NULL: discard). Returns the count. */
+static size_t take_buffered(tsd_conn *c, uint8_t *dst, uint64_t want)
+{
+    size_t avail = c->ilen - c->ipos;
+    size_t n = want < avail ? (size_t)want : avail;
+    if (dst != NULL && n > 0)
+        memcpy(dst, c->ibuf + c->ipos, n);
+    c->ipos += n;
+    return n;
+}
+
+/* The body of a refused upload has been skipped: answer OUT_OF_MEMORY, keep the connection. */
+static void discard_done(tsd_conn *c)
+{
+    tsd_server *srv = c->srv;
+    c->rstate = TSD_RS_HDR;
+    srv->stats.oom_rejections++;
+    srv->stats.ops[c->cur.opcode]++;
+    tsd_reply_err(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY,
+                  "memory limit reached: %llu bytes held, limit %llu",
+                  (unsigned long long)srv->store.held, (unsigned long long)srv->store.max_memory);
+}
+
+/* Refuse an upload for lack of memory: skip left body bytes, then reply (discard_done). */
+static void start_discard(tsd_conn *c, uint64_t left)
+{
+    left -= take_buffered(c, NULL, left);
+    if (left == 0) {
+        discard_done(c);
+        return;
+    }
+    c->bulk_left = left;
+    c->rstate = TSD_RS_DISCARD;
+}
+
+/* A record has fully arrived in c->cur_item: validate it once and hand it to the store. */
+static void item_done(tsd_conn *c)
+{
+    tsd_item *it = c->cur_item;
+    c->cur_item = NULL;
+    c->rstate = TSD_RS_HDR;
+    if (ts__record_validate(it->data, it->len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0) {
+        size_t len = it->len;
+        tsd_item_unref(it);
+        tsd_conn_fail(c, c->cur.opcode, c->cur.request_id, TS_ST_BAD_RECORD,
+                      "the %zu-byte record failed validation", len);
+        return;
+    }
+    /* The reservation now covers exactly the record; the store consumes it. */
+    tsd_store_unreserve(&c->srv->store, c->cur_reserved - it->len);
+    c->cur_reserved = 0;
+    tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
+}
+
+/* A compressed PUT/APPEND body has arrived in cur_tmp: decompress it into an item. */
+static void lz4_done(tsd_conn *c)
+{
+    uint8_t op = c->cur.opcode;
+    uint32_t rid = c->cur.request_id;
+    c->rstate = TSD_RS_HDR;
+    tsd_item *it = tsd_item_new_sized((size_t)c->cur_raw_len);
+    if (it == NULL) {
+        drop_upload(c);
+        c->srv->stats.oom_rejections++;
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "out of memory decompressing the body");
+        return;
+    }
+    int rc = ts__lz4_decompress(c->cur_tmp, c->cur_tmp_len, it->data, it->alloc_len);
+    ts__free(c->cur_tmp);
+    c->cur_tmp = NULL;
+    if (rc != 0) {
+        tsd_item_unref(it);
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "malformed lz4 body");
+        return;
+    }
+    size_t nl = it->data[0];
+    if (it->alloc_len < 1 + nl + TS_REC_HDR_SIZE) {
+        tsd_item_unref(it);
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "%s body too short for its name and record",
+                      ts__op_name(op));
+        return;
+    }
+    memcpy(c->cur_name, it->data + 1, nl);
+    c->cur_name_len = (uint8_t)nl;
+    /* Move the record to the start of the buffer, where tensor data is 64-byte aligned. */
+    it->len = it->alloc_len - 1 - nl;
+    memmove(it->data, it->data + 1 + nl, it->len);
+    c->cur_item = it;
+    item_done(c);
+}
+
+/* Body bytes arrived straight into the bulk destination. */
+static void bulk_received(tsd_conn *c, size_t n)
+{
+    c->bulk_dst += n;
+    c->bulk_left -= n;
+    if (c->bulk_left > 0)
+        return;
+    if (c->rstate == TSD_RS_ITEM)
+        item_done(c);
+    else
+        lz4_done(c);
+}
+
+/*
+ * Check a header. Returns 0 and fills *h when the frame may proceed; otherwise the connection
+ * has been failed (error reply queued, reading stopped) and -1 is returned.
+ */
+static int check_header(tsd_conn *c, const uint8_t *p, ts__hdr *h)
+{
+    const tsd_config *cfg = &c->srv->cfg;
+    uint8_t op = p[2];
+    uint32_t rid = ts__get_u32le(p + 8);
+    if (p[0] != TS_MAGIC_REQ) {
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "bad magic 0x%02x (expected 0x%02x)", p[0],
+                      TS_MAGIC_REQ);
+        return -1;
+    }
+    if (p[1] != TS_PROTO_VERSION) {
+        tsd_conn_fail(c, op, rid, TS_ST_UNSUPPORTED_VERSION,
+                      "frame version %u is not supported (this server speaks %u)", p[1],
+                      TS_PROTO_VERSION);
+        return -1;
+    }
+    if ((p[3] & ~TS_FLAGS_KNOWN) != 0) {
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "unknown header flags 0x%02x", p[3]);
+        return -1;
+    }
+    if (ts__hdr_decode(p, TS_MAGIC_REQ, h) != 0) {
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "reserved header fields must be 0");
+        return -1;
+    }
+    if (h->status != 0) {
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "status must be 0 in a request");
+        return -1;
+    }
+    if (!c->helloed) {
+        if (h->body_len > TS_MAX_PREAUTH_BODY) {
+            tsd_conn_fail(c, op, rid, TS_ST_TOO_LARGE, "body of %llu bytes before HELLO (limit %d)",
+                          (unsigned long long)h->body_len, TS_MAX_PREAUTH_BODY);
+            return -1;
+        }
+        if (op != TS_OP_HELLO) {
+            tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "%s before HELLO: HELLO must come first",
+                          ts__op_name(op));
+            return -1;
+        }
+    }
+    if ((h->flags & TS_FLAG_LZ4) && !c->lz4) {
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "lz4 body without negotiating it in HELLO");
+        return -1;
+    }
+    if (h->body_len > cfg->max_frame) {
+        tsd_conn_fail(c, op, rid, TS_ST_TOO_LARGE, "body of %llu bytes exceeds the limit of %llu",
+                      (unsigned long long)h->body_len, (unsigned long long)cfg->max_frame);
+        return -1;
+    }
+    if (op < TS_OP_HELLO || op > TS_OP_SAVE) {
+        tsd_conn_fail(c, op, rid, TS_ST_UNKNOWN_OPCODE, "unknown opcode 0x%02x", op);
+        return -1;
+    }
+    if (op != TS_OP_PUT && op != TS_OP_APPEND && h->body_len > TSD_MAX_CTRL_BODY) {
+        tsd_conn_fail(c, op, rid, TS_ST_TOO_LARGE, "%s body of %llu bytes (limit %d)",
+                      ts__op_name(op), (unsigned long long)h->body_len, TSD_MAX_CTRL_BODY);
+        return -1;
+    }
+    return 0;
+}
+
+/* A complete control frame (header at p, body after it); lz4 bodies are inflated first. */
+static void control_frame(tsd_conn *c, const ts__hdr *h, const uint8_t *body)
+{
+    size_t len = (size_t)h->body_len;
+    if (!(h->flags & TS_FLAG_LZ4)) {
+        tsd_op_dispatch(c, h, body, len);
+        return;
+    }
+    uint8_t raw[TSD_MAX_CTRL_BODY];
+    uint64_t raw_len;
+    if (ts__lz4_raw_len(body, len, &raw_len) != 0 || raw_len > sizeof(raw) ||
+        ts__lz4_decompress(body, len, raw, (size_t)raw_len) != 0) {
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST, "malformed lz4 %s body",
+                      ts__op_name(h->opcode));
+        return;
+    }
+    tsd_op_dispatch(c, h, raw, (size_t)raw_len);
+}
+
+/*
+ * Start a PUT/APPEND once its header and name (or, compressed, its raw length) are buffered.
+ * Returns 1 when more input is needed before anything can be decided, else 0.
+ */
+static int start_upload(tsd_conn *c, const ts__hdr *h)
+{
+    tsd_server *srv = c->srv;
+    const uint8_t *body = c->ibuf + c->ipos + TS_HDR_SIZE;
+    size_t avail = c->ilen - c->ipos - TS_HDR_SIZE;
+    uint64_t blen = h->body_len;
+
+    if (h->flags & TS_FLAG_LZ4) {
+        if (blen < TS_LZ4_PREFIX + 1) {
+            tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST,
+                          "compressed body too short");
+            return 0;
+        }
+        if (avail < TS_LZ4_PREFIX)
+            return 1;
+        uint64_t raw = ts__get_u64le(body);
+        if (raw > srv->cfg.max_frame) {
+            tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_TOO_LARGE,
+                          "raw body of %llu bytes exceeds the limit of %llu",
+                          (unsigned long long)raw, (unsigned long long)srv->cfg.max_frame);
+            return 0;
+        }
+        if (raw < 1 + TS_REC_HDR_SIZE) {
+            tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST,
+                          "%s body too short for a record", ts__op_name(h->opcode));
+            return 0;
+        }
+        c->cur = *h;
+        c->ipos += TS_HDR_SIZE;
+        if (tsd_store_reserve(&srv->store, raw) != 0) {
+            start_discard(c, blen);
+            return 0;
+        }
+        c->cur_reserved = raw;
+        c->cur_raw_len = raw;
+        c->cur_tmp = ts__malloc((size_t)blen);
+        if (c->cur_tmp == NULL) {
+            drop_upload(c);
+            start_discard(c, blen);
+            return 0;
+        }
+        c->cur_tmp_len = (size_t)blen;
+        size_t got = take_buffered(c, c->cur_tmp, blen);
+        c->bulk_dst = c->cur_tmp + got;
+        c->bulk_left = blen - got;
+        c->rstate = TSD_RS_LZ4;
+        if (c->bulk_left == 0)
+            lz4_done(c);
+        return 0;
+    }
+
+    if (blen < 1) {
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST, "%s body without a name",
+                      ts__op_name(h->opcode));
+        return 0;
+    }
+    if (avail < 1)
+        return 1;
+    size_t nl = body[0];
+    if (blen < 1 + (uint64_t)nl) {
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST,
+                      "%s body shorter than its name", ts__op_name(h->opcode));
+        return 0;
+    }
+    if (avail < 1 + nl)
+        return 1;
+    uint64_t rlen = blen - 1 - nl;
+    if (rlen < TS_REC_HDR_SIZE) {
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_RECORD,
+                      "record of %llu bytes is shorter than a record header",
+                      (unsigned long long)rlen);
+        return 0;
+    }
+    c->cur = *h;
+    memcpy(c->cur_name, body + 1, nl);
+    c->cur_name_len = (uint8_t)nl;
+    c->ipos += TS_HDR_SIZE + 1 + nl;
+    if (tsd_store_reserve(&srv->store, rlen) != 0) {
+        start_discard(c, rlen);
+        return 0;
+    }
+    c->cur_reserved = rlen;
+    c->cur_item = tsd_item_new((size_t)rlen);
+    if (c->cur_item == NULL) {
+        drop_upload(c);
+        start_discard(c, rlen);
+        return 0;
+    }
+    size_t got = take_buffered(c, c->cur_item->data, rlen);
+    c->bulk_dst = c->cur_item->data + got;
+    c->bulk_left = rlen - got;
+    c->rstate = TSD_RS_ITEM;
+    if (c->bulk_left == 0)
+        item_done(c);
+    return 0;
+}
+
+/* Handle every complete frame in ibuf; stop at a partial one or when the state leaves HDR. */
+static void process_input(tsd_conn *c)
+{
+    while (c->rstate == TSD_RS_HDR) {
+        size_t avail = c->ilen - c->ipos;
+        if (avail < TS_HDR_SIZE)
+            break;
+        ts__hdr h;
+        if (check_header(c, c->ibuf + c->ipos, &h) != 0)
+            break;
+        if (h.opcode == TS_OP_PUT || h.opcode == TS_OP_APPEND) {
+            if (start_upload(c, &h) != 0)
+                break;
+            continue;
+        }
+        if (avail - TS_HDR_SIZE < h.body_len)
+            break;
+        const uint8_t *body = c->ibuf + c->ipos + TS_HDR_SIZE;
+        c->ipos += TS_HDR_SIZE + (size_t)h.body_len;
+        control_frame(c, &h, body);
+    }
+    if (c->ibuf != NULL && c->ipos == c->ilen)
+        c->ipos = c->ilen = 0;
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    tsd_conn *c = s->data;
+    tsd_server *srv = c->srv;
+    (void)buf;
+    if (nread < 0) {
+        if (nread != UV_EOF)
+            tsd_log(TSD_LOG_DEBUG, "conn %llu: read: %s", (unsigned long long)c->id,
+                    uv_strerror((int)nread));
+        /* A client that half-closes after its requests still gets its replies. */
+        if (nread == UV_EOF && c->rstate == TSD_RS_HDR &&
+            (c->writes_in_flight > 0 || c->pend != NULL)) {
+            uv_read_stop(s);
+            c->rstate = TSD_RS_DEAD;
+            c->close_after_flush = 1;
+            c->close_deadline = uv_now(srv->loop) + TSD_CLOSE_GRACE_MS;
+        } else {
+            tsd_conn_close(c);
+        }
+        tsd_server_flush(srv);
+        return;
+    }
+    if (nread == 0 || c->closing)
+        return;
+    srv->stats.bytes_received += (uint64_t)nread;
+    switch (c->rstate) {
+    case TSD_RS_HDR:
+        c->ilen += (size_t)nread;
+        break;
+    case TSD_RS_ITEM:
+    case TSD_RS_LZ4:
+        bulk_received(c, (size_t)nread);
+        break;
+    case TSD_RS_DISCARD:
+        c->bulk_left -= (uint64_t)nread;
+        if (c->bulk_left == 0)
+            discard_done(c);
+        break;
+    default:
+        break;
+    }
+    process_input(c);
+    tsd_server_flush(srv);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Names in messages
+ */
+
+/* Length of the valid UTF-8 sequence at p (at most left bytes), or 0 when invalid. */
+static size_t utf8_len(const uint8_t *p, size_t left)
+{
+    size_t n;
+    uint32_t cp;
+    if (p[0] < 0x80)
+        return 1;
+    if ((p[0] & 0xE0) == 0xC0) {
+        n = 2;
+        cp = p[0] & 0x1F;
+    } else if ((p[0] & 0xF0) == 0xE0) {
+        n = 3;
+        cp = p[0] & 0x0F;
+    } else if ((p[0] & 0xF8) == 0xF0) {
+        n = 4;
+        cp = p[0] & 0x07;
+    } else {
+        return 0;
+    }
+    if (n > left)
+        return 0;
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (p[i] & 0x3F);
+    }
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n;
+}
+
+void tsd_name_printable(const uint8_t *name, size_t len, char *out, size_t cap)
+{
+    size_t o = 0;
+    size_t i = 0;
+    while (i < len && o + 5 < cap) {
+        size_t n = utf8_len(name + i, len - i);
+        if (n == 1 && name[i] >= 0x20 && name[i] != 0x7F) {
+            out[o++] = (char)name[i];
+        } else if (n > 1) {
+            memcpy(out + o, name + i, n);
+            o += n;
+        } else {
+            out[o++] = '?';
+            n = 1;
+        }
+        i += n;
+    }
+    out[o] = '\0';
+}

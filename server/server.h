@@ -1,0 +1,411 @@
+/*
+ * tensord's one internal header (names use the tsd_ prefix). The daemon is a single libuv loop
+ * thread that owns every socket, connection, bin and item; nothing here is thread-safe, and
+ * nothing needs to be. Files:
+ *   main.c    flags, defaults, start-up and exit
+ *   server.c  listeners (TCP, unix), accept, signals, the periodic cron, shutdown
+ *   conn.c    one connection: the read state machine, limits, the output queue
+ *   ops.c     the request handlers (one per opcode)
+ *   store.c   bins, items, the name hash table, memory accounting
+ *   notify.c  listeners (subscriptions) and waiters
+ *   stats.c   counters and the STATS reply
+ */
+#ifndef TSD_SERVER_H
+#define TSD_SERVER_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "common.h"
+#include "proto.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Limits and defaults
+ */
+#define TSD_DEFAULT_PORT        8000
+#define TSD_DEFAULT_HOST        "127.0.0.1"
+#define TSD_DEFAULT_MAX_CLIENTS 10000u
+#define TSD_DEFAULT_MAX_OUTPUT  ((uint64_t)256 << 20) /* bytes queued per connection, 256 MiB */
+/*
+ * Bytes; the per-connection input buffer. It holds headers, names and whole control bodies, so
+ * it must exceed TS_HDR_SIZE + TSD_MAX_CTRL_BODY; item bodies bypass it entirely.
+ */
+#define TSD_IBUF_SIZE (16 * 1024)
+/* Bytes; the body limit of every request but PUT/APPEND (a name and a few integers). */
+#define TSD_MAX_CTRL_BODY 4096
+#define TSD_WRITE_CHUNK   ((size_t)4 << 20)     /* bytes; largest single uv_buf of a reply */
+#define TSD_MAX_WAIT_MS   (24u * 3600u * 1000u) /* ms; WAIT timeouts are capped at 24 h */
+/* ms; a connection closed after an error reply is dropped at the latest after this long. */
+#define TSD_CLOSE_GRACE_MS 2000
+#define TSD_CRON_MS        500 /* ms; period of the housekeeping timer */
+#define TSD_BATCH_CACHE    2   /* write batches kept per connection for reuse */
+
+_Static_assert(TSD_IBUF_SIZE > TS_HDR_SIZE + TSD_MAX_CTRL_BODY, "control frames fit the buffer");
+_Static_assert(TSD_IBUF_SIZE > TS_HDR_SIZE + TS_MAX_PREAUTH_BODY, "HELLO fits the buffer");
+
+enum { TSD_LOG_ERROR = 0, TSD_LOG_WARN = 1, TSD_LOG_INFO = 2, TSD_LOG_DEBUG = 3 };
+
+typedef struct tsd_config {
+    const char *host;      /* TCP address to bind */
+    int port;              /* 0 = ephemeral */
+    const char *unix_path; /* also listen here when not NULL */
+    const char *port_file; /* write the bound TCP port here when not NULL */
+    uint64_t max_frame;    /* bytes; request body limit */
+    uint64_t max_memory;   /* bytes of items held; 0 = unlimited */
+    uint64_t max_output;   /* bytes queued per connection before it is cut off */
+    uint32_t max_clients;  /* connections; more are refused with TOO_MANY_CLIENTS */
+    int log_level;         /* TSD_LOG_* */
+} tsd_config;
+
+/* Fill cfg with the defaults (max_memory: 3/4 of physical memory). */
+void tsd_config_defaults(tsd_config *cfg);
+
+/* Log a line to stderr when level <= the configured level. */
+void tsd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void tsd_log_set_level(int level);
+
+/* ---------------------------------------------------------------------------------------------
+ * Items and bins (store.c)
+ *
+ * An item is one record exactly as received: immutable after it is linked into a bin, shared
+ * by reference between the bin and every write that sends it. The count is atomic so that
+ * future off-loop work (snapshots) can hold references too.
+ */
+typedef struct tsd_item {
+    atomic_uint refs;
+    struct tsd_item *next; /* the next (newer) item of its bin, while linked */
+    uint8_t *data;         /* record bytes; 64-byte aligned */
+    size_t len;            /* record length */
+    size_t alloc_len;      /* bytes allocated (ts__free_aligned needs it) */
+} tsd_item;
+
+/* A new item with room for len record bytes and one reference; NULL on allocation failure. */
+tsd_item *tsd_item_new(size_t len);
+/* A new item of alloc_len bytes whose record will be len <= alloc_len bytes (lz4 path). */
+tsd_item *tsd_item_new_sized(size_t alloc_len);
+void tsd_item_ref(tsd_item *it);
+void tsd_item_unref(tsd_item *it);
+
+/* A node of a name-keyed hash table; embedded first in bins and watches. */
+typedef struct tsd_hnode {
+    struct tsd_hnode *next;
+    uint32_t hash;
+    uint8_t name_len;
+    uint8_t *name; /* name_len bytes, not NUL-terminated; owned by the containing object */
+} tsd_hnode;
+
+typedef struct tsd_htab {
+    tsd_hnode **buckets;
+    size_t mask; /* buckets - 1; a power of two minus one */
+    size_t count;
+} tsd_htab;
+
+uint32_t tsd_hash(const uint8_t *name, size_t len);
+/* 0 or TS_ENOMEM. */
+int tsd_htab_init(tsd_htab *t);
+/* Free the bucket array (the nodes belong to their owners). */
+void tsd_htab_free(tsd_htab *t);
+tsd_hnode *tsd_htab_find(const tsd_htab *t, const uint8_t *name, size_t len);
+/* Link n (name and hash set). Never fails: when growing fails, chains just get longer. */
+void tsd_htab_insert(tsd_htab *t, tsd_hnode *n);
+void tsd_htab_remove(tsd_htab *t, tsd_hnode *n);
+
+typedef struct tsd_bin {
+    tsd_hnode node;
+    tsd_item *head; /* oldest */
+    tsd_item *tail; /* newest */
+    uint32_t n_items;
+    uint64_t bytes;   /* record bytes of the items */
+    uint64_t version; /* change counter value of the bin's last change */
+} tsd_bin;
+
+/*
+ * The bins and the memory accounting. held counts the record bytes of every linked item;
+ * reserved counts uploads in progress (their buffers exist already). Items detached by a GET
+ * but still being written are no longer counted: they are freed as soon as the write ends.
+ */
+typedef struct tsd_store {
+    tsd_htab bins;
+    uint64_t held;
+    uint64_t reserved;
+    uint64_t n_items;
+    uint64_t max_memory; /* 0 = unlimited */
+} tsd_store;
+
+int tsd_store_init(tsd_store *s, uint64_t max_memory);
+/* Free every bin and drop the store's item references. */
+void tsd_store_free(tsd_store *s);
+/*
+ * Reserve len bytes for an upload about to be received. TS_EOOM when held + reserved + len
+ * would pass max_memory. The old content of a bin being replaced still counts: it is held until
+ * the new item has fully arrived.
+ */
+int tsd_store_reserve(tsd_store *s, uint64_t len);
+void tsd_store_unreserve(tsd_store *s, uint64_t len);
+tsd_bin *tsd_store_find(tsd_store *s, const uint8_t *name, size_t len);
+/*
+ * Link item (its reference is transferred) into bin name, replacing the content when replace
+ * is set, else appending (the bin is created when missing). The reservation of item->len is
+ * consumed. Sets the bin's version. Returns the bin, or NULL on allocation failure (then the
+ * item is untouched and still the caller's, the reservation kept).
+ */
+tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *item, int replace,
+                       uint64_t version);
+/* Detach and return the oldest item of bin (its reference goes to the caller). */
+tsd_item *tsd_store_pop(tsd_store *s, tsd_bin *bin);
+/* Remove a bin with its items (unlink and free). */
+void tsd_store_remove(tsd_store *s, tsd_bin *bin);
+/*
+ * Every bin, sorted by name, into a new array (*out, ts__free it); TS_ENOMEM. *n is the count.
+ */
+int tsd_store_sorted(tsd_store *s, tsd_bin ***out, size_t *n);
+
+/* ---------------------------------------------------------------------------------------------
+ * Connections (conn.c)
+ */
+typedef struct tsd_server tsd_server;
+typedef struct tsd_sub tsd_sub;
+typedef struct tsd_waiter tsd_waiter;
+
+/* A piece of a write batch: ptr == NULL means bytes [off, off+len) of the batch's small buffer. */
+typedef struct tsd_wseg {
+    const uint8_t *ptr;
+    size_t off;
+    size_t len;
+} tsd_wseg;
+
+/*
+ * One uv_write: small bytes (headers, small bodies, padding) gathered in one buffer plus the
+ * item buffers it references. Replies appended while the connection is being processed go into
+ * the same batch, so a pipeline of small requests costs one write system call.
+ */
+typedef struct tsd_wbatch {
+    uv_write_t req;
+    struct tsd_conn *conn;
+    uint8_t *small;
+    size_t small_len, small_cap;
+    tsd_wseg *segs;
+    size_t nsegs, segs_cap;
+    tsd_item **items; /* references held until the write callback */
+    size_t nitems, items_cap;
+    uv_buf_t *bufs;
+    size_t bufs_cap;
+    uint64_t bytes;
+    struct tsd_wbatch *next_free;
+} tsd_wbatch;
+
+enum {
+    TSD_RS_HDR = 0, /* reading headers and control bodies into ibuf */
+    TSD_RS_ITEM,    /* reading a record straight into an item buffer */
+    TSD_RS_LZ4,     /* reading a compressed body into a temporary buffer */
+    TSD_RS_DISCARD, /* skipping the body of a refused upload */
+    TSD_RS_DEAD     /* reading stopped (error or closing) */
+};
+
+typedef struct tsd_conn {
+    union {
+        uv_handle_t handle;
+        uv_stream_t stream;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } h;
+    tsd_server *srv;
+    struct tsd_conn *prev, *next; /* the server's list of connections */
+    uint64_t id;
+    int is_unix;
+    int helloed;
+    int lz4;                 /* the client may send TS_FLAG_LZ4 bodies */
+    int closing;             /* uv_close called */
+    int close_after_flush;   /* close once every queued write is done */
+    int out_blocked;         /* no further output is accepted (cut off, or closing) */
+    uint64_t close_deadline; /* uv_now ms; forced close of a lingering connection */
+
+    /* Input. */
+    int rstate;    /* TSD_RS_* */
+    uint8_t *ibuf; /* TSD_IBUF_SIZE bytes, allocated on the first read */
+    size_t ipos, ilen;
+    ts__hdr cur; /* header of the frame whose body is being received */
+    uint8_t cur_name[TS_MAX_NAME_LEN];
+    uint8_t cur_name_len;
+    tsd_item *cur_item; /* TSD_RS_ITEM; also the lz4 target */
+    uint8_t *cur_tmp;   /* TSD_RS_LZ4: compressed body */
+    size_t cur_tmp_len;
+    uint64_t cur_reserved; /* bytes reserved in the store for this upload */
+    uint64_t cur_raw_len;  /* TSD_RS_LZ4: announced raw length */
+    uint8_t *bulk_dst;     /* where the next bytes go (RS_ITEM, RS_LZ4) */
+    uint64_t bulk_left;    /* bytes of the body still to come */
+
+    /* Output. */
+    tsd_wbatch *pend; /* not yet handed to uv_write */
+    tsd_wbatch *batch_cache;
+    size_t n_cached;
+    unsigned writes_in_flight;
+    struct tsd_conn *dirty_next;
+    int dirty;
+
+    /* Subscriptions and waiters (notify.c). */
+    tsd_sub *subs;
+    tsd_waiter *waiters;
+} tsd_conn;
+
+/* Accept a pending connection from listener server_handle. */
+void tsd_conn_accept(tsd_server *srv, uv_stream_t *server_handle, int is_unix);
+/* Close now (asynchronously freed); safe to call twice. */
+void tsd_conn_close(tsd_conn *c);
+/* Hand the pending batch to uv_write. */
+void tsd_conn_flush(tsd_conn *c);
+/*
+ * A protocol error: queue an error reply (status, message), stop reading, close after the reply
+ * is written. Counts in stats.
+ */
+void tsd_conn_fail(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/*
+ * Output. Every reply starts with tsd_out_begin, which applies the output limit: it returns 0
+ * when the reply may be queued, or -1 when the connection takes no more output (the caller
+ * drops the reply). tsd_out_bytes returns room for n small bytes in the pending batch (valid
+ * until the next tsd_out_* call) or NULL on allocation failure (the connection is then closing).
+ */
+int tsd_out_begin(tsd_conn *c);
+uint8_t *tsd_out_bytes(tsd_conn *c, size_t n);
+/* Queue the item's bytes and its padding to 64; takes a reference (ref=1) or consumes one. */
+int tsd_out_item(tsd_conn *c, tsd_item *it, int ref);
+/* Queue a frame header. */
+int tsd_out_hdr(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t body_len);
+/* A whole reply with a small body. */
+void tsd_reply(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const void *body,
+               size_t len);
+/* An error reply with a formatted message (the connection stays open). */
+void tsd_reply_err(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* A TS_BIN_STATE reply. */
+void tsd_reply_state(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t version,
+                     uint32_t n_items);
+
+/* Copy a bin name into out (cap bytes incl. NUL) as printable UTF-8 for messages. */
+void tsd_name_printable(const uint8_t *name, size_t len, char *out, size_t cap);
+
+/* ---------------------------------------------------------------------------------------------
+ * Requests (ops.c)
+ */
+/* Handle a complete control request (every opcode but PUT/APPEND) whose body is in memory. */
+void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t len);
+/*
+ * Finish a PUT/APPEND whose record has been received into item (the reference and the store
+ * reservation of item->len go to the store, or are released on failure).
+ */
+void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t name_len,
+                  tsd_item *item);
+/* 0 when the HELLO token is acceptable (the authentication hook; anything goes for now). */
+int tsd_auth_check(tsd_server *srv, const uint8_t *token, size_t len);
+
+/* ---------------------------------------------------------------------------------------------
+ * Listeners and waiters (notify.c)
+ */
+typedef struct tsd_watch {
+    tsd_hnode node;
+    tsd_sub *subs;
+    tsd_waiter *waiters;
+} tsd_watch;
+
+struct tsd_sub {
+    tsd_watch *w;
+    tsd_conn *c;
+    tsd_sub *wprev, *wnext; /* in the watch */
+    tsd_sub *cprev, *cnext; /* in the connection */
+};
+
+struct tsd_waiter {
+    uv_timer_t timer;
+    tsd_watch *w;
+    tsd_conn *c;
+    uint32_t rid;
+    uint64_t after;
+    tsd_waiter *wprev, *wnext;
+    tsd_waiter *cprev, *cnext;
+};
+
+/* Subscribe c to name (idempotent). 0 or TS_ENOMEM. */
+int tsd_listen(tsd_server *srv, tsd_conn *c, const uint8_t *name, size_t len);
+/* 0, or TS_ENOENT when c does not listen to name. */
+int tsd_unlisten(tsd_server *srv, tsd_conn *c, const uint8_t *name, size_t len);
+/* Park a WAIT until the bin changes or timeout_ms passes. 0 or TS_ENOMEM. */
+int tsd_wait_add(tsd_server *srv, tsd_conn *c, uint32_t rid, const uint8_t *name, size_t len,
+                 uint64_t after, uint32_t timeout_ms);
+/*
+ * A bin changed: NOTIFY every listener (after the writer's own reply, which the caller queued
+ * first) and answer the waiters the change satisfies.
+ */
+void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_t version,
+                       uint32_t n_items, uint8_t event);
+/* Drop every subscription and waiter of a closing connection. */
+void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c);
+size_t tsd_notify_n_waiters(const tsd_server *srv);
+
+/* ---------------------------------------------------------------------------------------------
+ * Statistics (stats.c)
+ */
+typedef struct tsd_stats {
+    uint64_t ops[TS_OP_SAVE + 1]; /* requests handled, by opcode */
+    uint64_t notifications_sent;
+    uint64_t protocol_errors;
+    uint64_t oom_rejections;
+    uint64_t slow_readers;
+    uint64_t rejected_clients;
+    uint64_t connections_total;
+    uint64_t bytes_received;
+    uint64_t listeners;
+    uint64_t waiters;
+} tsd_stats;
+
+/* Answer a STATS request. */
+void tsd_stats_reply(tsd_conn *c, const ts__hdr *h);
+
+/* ---------------------------------------------------------------------------------------------
+ * The server (server.c)
+ */
+struct tsd_server {
+    uv_loop_t *loop;
+    tsd_config cfg;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+    int have_tcp, have_pipe;
+    int bound_port;
+    uv_signal_t sigint, sigterm;
+    uv_timer_t cron;
+    tsd_store store;
+    tsd_htab watches;
+    tsd_conn *conns; /* accepted, not yet closing */
+    size_t n_conns;  /* entries of conns */
+    size_t n_alive;  /* connection objects not yet freed (closing ones included) */
+    uint64_t next_conn_id;
+    tsd_conn *dirty;  /* connections with a pending batch */
+    uint64_t version; /* the change counter */
+    uint64_t server_id;
+    uint64_t start_ns;
+    tsd_stats stats;
+    int stopping;
+};
+
+/* Set up listeners, signals and the cron on loop. 0 or a negative libuv/TS_E* code. */
+int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg);
+/* Start the graceful shutdown (what SIGINT/SIGTERM do). */
+void tsd_server_stop(tsd_server *srv);
+/* Free what remains after the loop has run out (store, tables). */
+void tsd_server_free(tsd_server *srv);
+/* The next value of the change counter. */
+uint64_t tsd_server_next_version(tsd_server *srv);
+/* Mark c as holding a pending batch. */
+void tsd_server_mark_dirty(tsd_server *srv, tsd_conn *c);
+/* Flush every pending batch (called at the end of each callback that produced output). */
+void tsd_server_flush(tsd_server *srv);
+void tsd_server_link_conn(tsd_server *srv, tsd_conn *c);
+void tsd_server_unlink_conn(tsd_server *srv, tsd_conn *c);
+/* A connection object was freed (the shutdown waits for the last one). */
+void tsd_server_conn_freed(tsd_server *srv);
+
+#endif /* TSD_SERVER_H */

@@ -1,0 +1,76 @@
+/*
+ * The STATS reply: a record holding one map of integer counters, encoded with the same record
+ * codec as any item, so every client can read it with the code it already has.
+ */
+#include "server.h"
+
+#include "record.h"
+
+/* Add key = v to map. 0 or TS_ENOMEM. */
+static int put_int(ts_value_t *map, const char *key, uint64_t v)
+{
+    return ts_map_set(map, key, ts_int_new(v > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)v));
+}
+
+/* Build the counters map; NULL on allocation failure. */
+static ts_value_t *build(tsd_server *srv)
+{
+    static const struct {
+        const char *key;
+        uint8_t op;
+    } ops[] = {
+        {"ops_hello", TS_OP_HELLO},       {"ops_ping", TS_OP_PING}, {"ops_put", TS_OP_PUT},
+        {"ops_append", TS_OP_APPEND},     {"ops_get", TS_OP_GET},   {"ops_peek", TS_OP_PEEK},
+        {"ops_delete", TS_OP_DELETE},     {"ops_list", TS_OP_LIST}, {"ops_listen", TS_OP_LISTEN},
+        {"ops_unlisten", TS_OP_UNLISTEN}, {"ops_wait", TS_OP_WAIT}, {"ops_stats", TS_OP_STATS},
+        {"ops_save", TS_OP_SAVE},
+    };
+    ts_value_t *m = ts_map_new();
+    if (m == NULL)
+        return NULL;
+    const tsd_stats *st = &srv->stats;
+    uint64_t uptime_ms = (ts__now_ns() - srv->start_ns) / 1000000u;
+    int rc = 0;
+    rc |= put_int(m, "uptime_ms", uptime_ms);
+    rc |= put_int(m, "uptime_s", uptime_ms / 1000u);
+    rc |= put_int(m, "server_id", srv->server_id & (uint64_t)INT64_MAX);
+    rc |= put_int(m, "version", srv->version);
+    rc |= put_int(m, "connections", srv->n_conns);
+    rc |= put_int(m, "connections_total", st->connections_total);
+    rc |= put_int(m, "rejected_clients", st->rejected_clients);
+    rc |= put_int(m, "bins", srv->store.bins.count);
+    rc |= put_int(m, "items", srv->store.n_items);
+    rc |= put_int(m, "bytes", srv->store.held);
+    rc |= put_int(m, "bytes_reserved", srv->store.reserved);
+    rc |= put_int(m, "max_memory", srv->store.max_memory);
+    rc |= put_int(m, "max_frame", srv->cfg.max_frame);
+    rc |= put_int(m, "listeners", st->listeners);
+    rc |= put_int(m, "waiters", st->waiters);
+    for (size_t i = 0; i < TS__ARRAY_SIZE(ops); i++)
+        rc |= put_int(m, ops[i].key, st->ops[ops[i].op]);
+    rc |= put_int(m, "notifications_sent", st->notifications_sent);
+    rc |= put_int(m, "protocol_errors", st->protocol_errors);
+    rc |= put_int(m, "oom_rejections", st->oom_rejections);
+    rc |= put_int(m, "slow_readers", st->slow_readers);
+    rc |= put_int(m, "bytes_received", st->bytes_received);
+    if (rc != 0) {
+        ts_value_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void tsd_stats_reply(tsd_conn *c, const ts__hdr *h)
+{
+    ts_value_t *m = build(c->srv);
+    uint8_t *rec = NULL;
+    size_t len = 0;
+    if (m == NULL || ts__record_encode(m, &rec, &len) != 0) {
+        ts_value_free(m);
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory in STATS");
+        return;
+    }
+    ts_value_free(m);
+    tsd_reply(c, h->opcode, h->request_id, TS_ST_OK, rec, len);
+    ts__free_aligned(rec, len);
+}

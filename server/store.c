@@ -1,0 +1,299 @@
+/*
+ * The bin store: refcounted items, the name hash table, bins and memory accounting. Pure data
+ * structures: nothing here touches a socket or the loop, so the unit tests drive it directly.
+ */
+#include "server.h"
+
+#include <stdlib.h>
+
+#define TSD_HTAB_MIN 64 /* buckets; the table never shrinks below this */
+
+/* ---------------------------------------------------------------------------------------------
+ * Items
+ */
+
+tsd_item *tsd_item_new_sized(size_t alloc_len)
+{
+    tsd_item *it = ts__malloc(sizeof(*it));
+    if (it == NULL)
+        return NULL;
+    it->data = ts__malloc_aligned(alloc_len);
+    if (it->data == NULL) {
+        ts__free(it);
+        return NULL;
+    }
+    atomic_init(&it->refs, 1);
+    it->next = NULL;
+    it->len = alloc_len;
+    it->alloc_len = alloc_len;
+    return it;
+}
+
+tsd_item *tsd_item_new(size_t len)
+{
+    return tsd_item_new_sized(len);
+}
+
+void tsd_item_ref(tsd_item *it)
+{
+    atomic_fetch_add_explicit(&it->refs, 1, memory_order_relaxed);
+}
+
+void tsd_item_unref(tsd_item *it)
+{
+    if (it == NULL)
+        return;
+    if (atomic_fetch_sub_explicit(&it->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    ts__free_aligned(it->data, it->alloc_len);
+    ts__free(it);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Name hash table (FNV-1a; names are at most 255 bytes, so the hash is cheap)
+ */
+
+uint32_t tsd_hash(const uint8_t *name, size_t len)
+{
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++) {
+        h ^= name[i];
+        h *= 16777619u;
+    }
+    return h;
+}
+
+int tsd_htab_init(tsd_htab *t)
+{
+    t->buckets = ts__calloc(TSD_HTAB_MIN, sizeof(*t->buckets));
+    if (t->buckets == NULL)
+        return TS_ENOMEM;
+    t->mask = TSD_HTAB_MIN - 1;
+    t->count = 0;
+    return 0;
+}
+
+void tsd_htab_free(tsd_htab *t)
+{
+    ts__free(t->buckets);
+    t->buckets = NULL;
+    t->mask = 0;
+    t->count = 0;
+}
+
+tsd_hnode *tsd_htab_find(const tsd_htab *t, const uint8_t *name, size_t len)
+{
+    uint32_t h = tsd_hash(name, len);
+    for (tsd_hnode *n = t->buckets[h & t->mask]; n != NULL; n = n->next)
+        if (n->hash == h && n->name_len == len && memcmp(n->name, name, len) == 0)
+            return n;
+    return NULL;
+}
+
+/* Double the bucket array; on allocation failure keep the old one (lookups just get slower). */
+static void htab_grow(tsd_htab *t)
+{
+    size_t nb = (t->mask + 1) * 2;
+    tsd_hnode **b = ts__calloc(nb, sizeof(*b));
+    if (b == NULL)
+        return;
+    for (size_t i = 0; i <= t->mask; i++) {
+        tsd_hnode *n = t->buckets[i];
+        while (n != NULL) {
+            tsd_hnode *next = n->next;
+            n->next = b[n->hash & (nb - 1)];
+            b[n->hash & (nb - 1)] = n;
+            n = next;
+        }
+    }
+    ts__free(t->buckets);
+    t->buckets = b;
+    t->mask = nb - 1;
+}
+
+void tsd_htab_insert(tsd_htab *t, tsd_hnode *n)
+{
+    if (t->count >= t->mask + 1)
+        htab_grow(t);
+    tsd_hnode **slot = &t->buckets[n->hash & t->mask];
+    n->next = *slot;
+    *slot = n;
+    t->count++;
+}
+
+void tsd_htab_remove(tsd_htab *t, tsd_hnode *n)
+{
+    for (tsd_hnode **p = &t->buckets[n->hash & t->mask]; *p != NULL; p = &(*p)->next) {
+        if (*p == n) {
+            *p = n->next;
+            n->next = NULL;
+            t->count--;
+            return;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Bins
+ */
+
+int tsd_store_init(tsd_store *s, uint64_t max_memory)
+{
+    memset(s, 0, sizeof(*s));
+    s->max_memory = max_memory;
+    return tsd_htab_init(&s->bins);
+}
+
+/* Unref every item of bin and free it (the bin must already be unlinked). */
+static void bin_destroy(tsd_store *s, tsd_bin *b)
+{
+    tsd_item *it = b->head;
+    while (it != NULL) {
+        tsd_item *next = it->next;
+        it->next = NULL;
+        s->held -= it->len;
+        s->n_items--;
+        tsd_item_unref(it);
+        it = next;
+    }
+    ts__free(b);
+}
+
+void tsd_store_free(tsd_store *s)
+{
+    if (s->bins.buckets == NULL)
+        return;
+    for (size_t i = 0; i <= s->bins.mask; i++) {
+        tsd_hnode *n = s->bins.buckets[i];
+        while (n != NULL) {
+            tsd_hnode *next = n->next;
+            bin_destroy(s, (tsd_bin *)n);
+            n = next;
+        }
+        s->bins.buckets[i] = NULL;
+    }
+    tsd_htab_free(&s->bins);
+}
+
+int tsd_store_reserve(tsd_store *s, uint64_t len)
+{
+    uint64_t total;
+    if (__builtin_add_overflow(s->held, s->reserved, &total) ||
+        __builtin_add_overflow(total, len, &total))
+        return TS_EOOM;
+    if (s->max_memory != 0 && total > s->max_memory)
+        return TS_EOOM;
+    s->reserved += len;
+    return 0;
+}
+
+void tsd_store_unreserve(tsd_store *s, uint64_t len)
+{
+    s->reserved = len > s->reserved ? 0 : s->reserved - len;
+}
+
+tsd_bin *tsd_store_find(tsd_store *s, const uint8_t *name, size_t len)
+{
+    return (tsd_bin *)tsd_htab_find(&s->bins, name, len);
+}
+
+/* A new, empty, unlinked bin; NULL on allocation failure. The name is stored after the struct. */
+static tsd_bin *bin_new(const uint8_t *name, size_t len)
+{
+    tsd_bin *b = ts__calloc(1, sizeof(*b) + len + 1);
+    if (b == NULL)
+        return NULL;
+    b->node.name = (uint8_t *)(b + 1);
+    memcpy(b->node.name, name, len);
+    b->node.name_len = (uint8_t)len;
+    b->node.hash = tsd_hash(name, len);
+    return b;
+}
+
+tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *item, int replace,
+                       uint64_t version)
+{
+    tsd_bin *b = tsd_store_find(s, name, len);
+    if (b == NULL) {
+        b = bin_new(name, len);
+        if (b == NULL)
+            return NULL;
+        tsd_htab_insert(&s->bins, &b->node);
+    } else if (replace) {
+        tsd_item *it = b->head;
+        while (it != NULL) {
+            tsd_item *next = it->next;
+            it->next = NULL;
+            s->held -= it->len;
+            s->n_items--;
+            tsd_item_unref(it);
+            it = next;
+        }
+        b->head = b->tail = NULL;
+        b->n_items = 0;
+        b->bytes = 0;
+    }
+    item->next = NULL;
+    if (b->tail != NULL)
+        b->tail->next = item;
+    else
+        b->head = item;
+    b->tail = item;
+    b->n_items++;
+    b->bytes += item->len;
+    b->version = version;
+    tsd_store_unreserve(s, item->len);
+    s->held += item->len;
+    s->n_items++;
+    return b;
+}
+
+tsd_item *tsd_store_pop(tsd_store *s, tsd_bin *b)
+{
+    tsd_item *it = b->head;
+    if (it == NULL)
+        return NULL;
+    b->head = it->next;
+    if (b->head == NULL)
+        b->tail = NULL;
+    it->next = NULL;
+    b->n_items--;
+    b->bytes -= it->len;
+    s->held -= it->len;
+    s->n_items--;
+    return it;
+}
+
+void tsd_store_remove(tsd_store *s, tsd_bin *b)
+{
+    tsd_htab_remove(&s->bins, &b->node);
+    bin_destroy(s, b);
+}
+
+/* Order bins by name bytes; a name sorts before any longer name it prefixes. */
+static int bin_cmp(const void *a, const void *b)
+{
+    const tsd_bin *x = *(const tsd_bin *const *)a;
+    const tsd_bin *y = *(const tsd_bin *const *)b;
+    size_t n = x->node.name_len < y->node.name_len ? x->node.name_len : y->node.name_len;
+    int r = n > 0 ? memcmp(x->node.name, y->node.name, n) : 0;
+    if (r != 0)
+        return r;
+    return (x->node.name_len > y->node.name_len) - (x->node.name_len < y->node.name_len);
+}
+
+int tsd_store_sorted(tsd_store *s, tsd_bin ***out, size_t *n)
+{
+    size_t count = s->bins.count;
+    tsd_bin **arr = ts__malloc((count > 0 ? count : 1) * sizeof(*arr));
+    if (arr == NULL)
+        return TS_ENOMEM;
+    size_t k = 0;
+    for (size_t i = 0; i <= s->bins.mask; i++)
+        for (tsd_hnode *h = s->bins.buckets[i]; h != NULL; h = h->next)
+            arr[k++] = (tsd_bin *)h;
+    qsort(arr, k, sizeof(*arr), bin_cmp);
+    *out = arr;
+    *n = k;
+    return 0;
+}
