@@ -1,0 +1,18 @@
+# The RL helpers' integration tests: a real tensord (the harness), trainer and workers in one
+# process (test_rl) and worker processes (test_rl_procs, with rl/rl_test_worker).
+add_executable(rl_test_worker ${CMAKE_CURRENT_LIST_DIR}/rl/rl_test_worker.c)
+target_link_libraries(rl_test_worker PRIVATE tensorshare ts_build)
+
+ts_add_test(test_rl
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_rl.c
+  LIBS tensorshare
+  LABELS integration rl client
+  TIMEOUT 120)
+
+ts_add_test(test_rl_procs
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_rl_procs.c
+  LIBS tensorshare
+  LABELS integration rl client
+  TIMEOUT 120)
+target_compile_definitions(test_rl_procs PRIVATE RL_TEST_WORKER="$<TARGET_FILE:rl_test_worker>")
+add_dependencies(test_rl_procs rl_test_worker)
