@@ -16,3 +16,12 @@ ts_add_test(test_rl_procs
   TIMEOUT 120)
 target_compile_definitions(test_rl_procs PRIVATE RL_TEST_WORKER="$<TARGET_FILE:rl_test_worker>")
 add_dependencies(test_rl_procs rl_test_worker)
+
+# The benchmark's smoke run (tiny counts): checks that rl_bench still works, measures nothing.
+if(TARGET rl_bench)
+  add_test(NAME rl_bench_smoke COMMAND rl_bench --smoke --workers 2 --no-pin)
+  set_tests_properties(rl_bench_smoke PROPERTIES
+    LABELS bench
+    TIMEOUT 120
+    ENVIRONMENT "TS_TENSORD=$<TARGET_FILE:tensord>")
+endif()
