@@ -197,6 +197,7 @@ typedef struct dblock {
 } dblock;
 
 typedef struct dstate {
+    ts__rbuf *rbuf;
     const uint8_t *meta;
     size_t pos;
     const uint8_t *data;
@@ -225,6 +226,7 @@ static ts_value_t *dvalue(dstate *s)
     const uint8_t *m = s->meta;
     v->type = m[s->pos++];
     v->flags = TS__VF_RECEIVED;
+    v->rbuf = s->rbuf;
     switch (v->type) {
     case TS_TYPE_MAP:
     case TS_TYPE_LIST: {
@@ -289,8 +291,7 @@ static ts_value_t *dvalue(dstate *s)
     return v;
 }
 
-ts_value_t *ts__record_decode(ts__rbuf *buf, size_t off, size_t len, int max_depth,
-                              int max_ndim)
+ts_value_t *ts__record_decode(ts__rbuf *buf, size_t off, size_t len, int max_depth, int max_ndim)
 {
     if (off > buf->len || len > buf->len - off)
         return NULL;
@@ -311,6 +312,7 @@ ts_value_t *ts__record_decode(ts__rbuf *buf, size_t off, size_t len, int max_dep
         return NULL;
     memset(b->nodes, 0, nodes_sz);
     dstate s = {
+        .rbuf = buf,
         .meta = rec + TS_REC_HDR_SIZE,
         .data = rec + info.data_start,
         .nodes = b->nodes,

@@ -30,10 +30,10 @@
 #include <stdatomic.h>
 
 #define TS_REC_HDR_SIZE 16
-#define TS_REC_MAGIC0 'T'
-#define TS_REC_MAGIC1 'S'
-#define TS_REC_MAGIC2 'R'
-#define TS_REC_MAGIC3 0x01
+#define TS_REC_MAGIC0   'T'
+#define TS_REC_MAGIC1   'S'
+#define TS_REC_MAGIC2   'R'
+#define TS_REC_MAGIC3   0x01
 
 /* What validation learns about a record; decoding needs it to size its one allocation. */
 typedef struct ts__rec_info {
@@ -73,8 +73,7 @@ void ts__rbuf_unref(ts__rbuf *b);
  * reference on buf and releases it in ts__record_tree_free. Returns the root or NULL (ENOMEM or
  * invalid record).
  */
-ts_value_t *ts__record_decode(ts__rbuf *buf, size_t off, size_t len, int max_depth,
-                              int max_ndim);
+ts_value_t *ts__record_decode(ts__rbuf *buf, size_t off, size_t len, int max_depth, int max_ndim);
 /* Free a tree returned by ts__record_decode (pass its root). */
 void ts__record_tree_free(ts_value_t *root);
 
@@ -111,9 +110,9 @@ void ts__enc_copy(const ts__enc *e, uint8_t *out);
 int ts__record_encode(const ts_value_t *root, uint8_t **out, size_t *len);
 
 /* Internal layout of a value; shared by value.c and record.c. */
-#define TS__VF_RECEIVED 0x01  /* lives in a decoded block: read-only, freed with the block */
+#define TS__VF_RECEIVED  0x01 /* lives in a decoded block: read-only, freed with the block */
 #define TS__VF_OWNS_DATA 0x02 /* tensor/bytes memory is ours (ts__free_aligned) */
-#define TS__VF_ROOT 0x04      /* the first node of a decoded block */
+#define TS__VF_ROOT      0x04 /* the first node of a decoded block */
 
 struct ts_value_s {
     uint8_t type;
@@ -134,6 +133,11 @@ struct ts_value_s {
     /* Foreign owner of tensor memory (DLPack): release(owner) when the value is freed. */
     void (*release)(void *owner);
     void *owner;
+    /*
+     * Decoded values: the receive buffer the value points into (the tree holds the reference;
+     * take one of your own to keep the memory past the tree). NULL for built values.
+     */
+    ts__rbuf *rbuf;
 };
 
 #endif /* TS_RECORD_H */

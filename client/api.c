@@ -1,0 +1,621 @@
+/*
+ * The public client operations: each builds a request on the calling thread (encoding the body
+ * there, so the I/O thread only writes), hands it to the I/O thread, and either waits for it
+ * (blocking forms) or returns (asynchronous forms, completed by callback on the I/O thread).
+ */
+#include "internal.h"
+
+#include "compress.h"
+
+#include <errno.h>
+#include <time.h>
+
+/* The server's message for the last failed blocking call of this thread. */
+static _Thread_local char tls_errmsg[TS_MAX_ERRMSG + 1];
+
+void ts__set_last_error(const char *msg, size_t len)
+{
+    if (len > TS_MAX_ERRMSG)
+        len = TS_MAX_ERRMSG;
+    if (msg != NULL && len > 0)
+        memcpy(tls_errmsg, msg, len);
+    tls_errmsg[msg != NULL ? len : 0] = '\0';
+}
+
+const char *ts_client_last_error(void)
+{
+    return tls_errmsg;
+}
+
+/* Deadline timeout_ms from now, in monotonic nanoseconds. */
+static uint64_t deadline_after(int64_t timeout_ms)
+{
+    return ts__now_ns() + (uint64_t)timeout_ms * 1000000u;
+}
+
+/*
+ * A new request for op on bin (NULL for requests without a bin), with extra fixed body bytes
+ * after the name. Returns NULL and *rc on failure.
+ */
+static ts__req *req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, const void *extra,
+                        size_t extra_len, int *rc)
+{
+    size_t nl = 0;
+    if (bin != NULL) {
+        nl = strlen(bin);
+        if (nl > TS_MAX_NAME_LEN) {
+            *rc = TS_ENAMETOOLONG;
+            return NULL;
+        }
+    }
+    ts__req *r = ts__calloc(1, sizeof(*r));
+    if (r == NULL) {
+        *rc = TS_ENOMEM;
+        return NULL;
+    }
+    r->c = c;
+    r->kind = kind;
+    r->op = op;
+    uint8_t *b = r->small + TS_HDR_SIZE;
+    if (bin != NULL) {
+        b[0] = (uint8_t)nl;
+        memcpy(b + 1, bin, nl);
+        r->small_len = 1 + nl;
+    }
+    if (extra_len > 0)
+        memcpy(b + r->small_len, extra, extra_len);
+    r->small_len += extra_len;
+    r->body_len = r->small_len;
+    r->deadline_ns = deadline_after(c->opts.request_timeout_ms);
+    if (kind == TS__K_BLOCK) {
+        pthread_cond_init(&r->cond, &c->condattr);
+        r->has_cond = 1;
+    }
+    return r;
+}
+
+/*
+ * Attach item's record to a PUT/APPEND request. By default the request keeps the plan, whose
+ * segments point at the caller's tensors (sent with writev, never copied). With TS_COPY, or
+ * when the body is compressed, the record is copied into one buffer the request owns.
+ */
+static int attach_record(ts_client_t *c, ts__req *r, const ts_value_t *item, unsigned flags)
+{
+    ts__enc e;
+    int rc = ts__record_plan(item, &e);
+    if (rc != 0)
+        return rc;
+    size_t name_part = r->small_len;
+    uint64_t body_len = name_part + e.total;
+    size_t cmin = c->opts.compress_min;
+    if (cmin > 0 && atomic_load(&c->lz4) && body_len >= cmin && ts__lz4_bound(body_len) != 0) {
+        /* The whole body (name included) is one lz4 block; see TS_FLAG_LZ4. */
+        size_t raw_len = (size_t)body_len;
+        size_t cap = ts__lz4_bound(raw_len);
+        uint8_t *raw = ts__malloc_aligned(raw_len);
+        uint8_t *z = ts__malloc_aligned(cap);
+        if (raw == NULL || z == NULL) {
+            ts__free_aligned(raw, raw_len);
+            ts__free_aligned(z, cap);
+            ts__enc_free(&e);
+            return TS_ENOMEM;
+        }
+        memcpy(raw, r->small + TS_HDR_SIZE, name_part);
+        ts__enc_copy(&e, raw + name_part);
+        ts__enc_free(&e);
+        size_t zlen;
+        if (ts__lz4_compress(raw, raw_len, z, cap, &zlen) == 0) {
+            ts__free_aligned(raw, raw_len);
+            r->flat = z;
+            r->flat_len = zlen;
+            r->flat_cap = cap;
+            r->hflags = TS_FLAG_LZ4;
+        } else { /* incompressible: send the copy raw */
+            ts__free_aligned(z, cap);
+            r->flat = raw;
+            r->flat_len = r->flat_cap = raw_len;
+        }
+        r->small_len = 0;
+        r->body_len = r->flat_len;
+        return 0;
+    }
+    if (flags & TS_COPY) {
+        r->flat = ts__malloc_aligned((size_t)e.total);
+        if (r->flat == NULL) {
+            ts__enc_free(&e);
+            return TS_ENOMEM;
+        }
+        ts__enc_copy(&e, r->flat);
+        r->flat_len = r->flat_cap = (size_t)e.total;
+        ts__enc_free(&e);
+        r->body_len = body_len;
+        return 0;
+    }
+    r->enc = e;
+    r->has_enc = 1;
+    r->borrowed = 1;
+    r->body_len = body_len;
+    return 0;
+}
+
+/* The message of a finished request for ts_client_last_error(). */
+static void keep_message(const ts__req *r)
+{
+    if (r->msg != NULL)
+        ts__set_last_error(r->msg, strlen(r->msg));
+    else
+        ts__set_last_error(NULL, 0);
+}
+
+/*
+ * Submit a blocking request and wait for it. Returns its status; r stays the caller's to read
+ * and free, except when the wait gave up (TS_ETIMEDOUT with *gone = 1): r then belongs to the
+ * I/O thread, which frees it once it is done with it.
+ */
+static int wait_done(ts_client_t *c, ts__req *r, int *gone)
+{
+    *gone = 0;
+    uint64_t until = r->deadline_ns + (uint64_t)TS__BLOCK_GRACE_MS * 1000000u;
+    struct timespec ts = {(time_t)(until / 1000000000u), (long)(until % 1000000000u)};
+    ts__sub *drop = NULL;
+    pthread_mutex_lock(&c->mu);
+    while (!r->done) {
+        if (pthread_cond_timedwait(&r->cond, &c->mu, &ts) == ETIMEDOUT)
+            break;
+    }
+    if (!r->done) {
+        /*
+         * The I/O thread did not answer in time (a callback holds it up). Give the request up;
+         * if the I/O thread is writing our memory right now, wait for that write to end.
+         */
+        r->abandoned = 1;
+        if (r->sub != NULL && r->sub->linked) {
+            for (ts__sub **p = &c->subs; *p != NULL; p = &(*p)->next) {
+                if (*p == r->sub) {
+                    *p = r->sub->next;
+                    break;
+                }
+            }
+            r->sub->linked = 0;
+            drop = r->sub;
+        }
+        while (r->wbusy && r->borrowed)
+            pthread_cond_wait(&r->cond, &c->mu);
+        pthread_mutex_unlock(&c->mu);
+        ts__sub_unref(drop);
+        *gone = 1;
+        ts__set_last_error(NULL, 0);
+        return TS_ETIMEDOUT;
+    }
+    pthread_mutex_unlock(&c->mu);
+    keep_message(r);
+    return r->status;
+}
+
+/* Submit a blocking request and wait for it (see wait_done). */
+static int block_on(ts_client_t *c, ts__req *r, int *gone)
+{
+    *gone = 0;
+    int rc = ts__submit(c, r);
+    if (rc != 0)
+        return rc;
+    return wait_done(c, r, gone);
+}
+
+/* Check the arguments every operation shares. */
+static int check_call(ts_client_t *c, int blocking)
+{
+    if (c == NULL)
+        return TS_EINVAL;
+    if (blocking && ts__on_io_thread(c))
+        return TS_EDEADLK;
+    if (blocking)
+        ts__set_last_error(NULL, 0);
+    return 0;
+}
+
+/* Run a blocking request to the end; on success r is returned in *out (free it). */
+static int run_blocking(ts_client_t *c, ts__req *r, ts__req **out)
+{
+    int gone;
+    int rc = block_on(c, r, &gone);
+    if (gone)
+        return rc;
+    if (rc == 0 || (r->op == TS_OP_WAIT && r->have_state)) {
+        *out = r;
+        return rc;
+    }
+    ts__req_free(r);
+    return rc;
+}
+
+/* Submit an asynchronous request; on failure it is freed and the callback never called. */
+static int run_async(ts_client_t *c, ts__req *r, ts_result_cb cb, void *arg)
+{
+    r->cb = cb;
+    r->arg = arg;
+    int rc = ts__submit(c, r);
+    if (rc != 0)
+        ts__req_free(r);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Blocking operations
+ */
+
+static int store_op(ts_client_t *c, uint8_t op, const char *bin, const ts_value_t *item,
+                    uint64_t *version)
+{
+    int rc = check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL || item == NULL)
+        return TS_EINVAL;
+    ts__req *r = req_new(c, TS__K_BLOCK, op, bin, NULL, 0, &rc);
+    if (r == NULL)
+        return rc;
+    /* The call waits, so the tensors are sent straight from the caller's memory. */
+    rc = attach_record(c, r, item, TS_BORROW);
+    if (rc != 0) {
+        ts__req_free(r);
+        return rc;
+    }
+    ts__req *done;
+    rc = run_blocking(c, r, &done);
+    if (rc == 0) {
+        if (version != NULL)
+            *version = done->res.version;
+        ts__req_free(done);
+    }
+    return rc;
+}
+
+int ts_put(ts_client_t *c, const char *bin, const ts_value_t *item, uint64_t *version)
+{
+    return store_op(c, TS_OP_PUT, bin, item, version);
+}
+
+int ts_append(ts_client_t *c, const char *bin, const ts_value_t *item, uint64_t *version)
+{
+    return store_op(c, TS_OP_APPEND, bin, item, version);
+}
+
+/* The fixed part of GET and PEEK: u32 max_items (0 = all). */
+static void max_items_field(size_t max_items, uint8_t out[4])
+{
+    ts__put_u32le(out, max_items > UINT32_MAX ? UINT32_MAX : (uint32_t)max_items);
+}
+
+static int fetch_op(ts_client_t *c, uint8_t op, const char *bin, size_t max_items, ts_items_t **out)
+{
+    int rc = check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL || out == NULL)
+        return TS_EINVAL;
+    uint8_t extra[4];
+    max_items_field(max_items, extra);
+    ts__req *r = req_new(c, TS__K_BLOCK, op, bin, extra, sizeof(extra), &rc);
+    if (r == NULL)
+        return rc;
+    ts__req *done;
+    rc = run_blocking(c, r, &done);
+    if (rc == 0) {
+        *out = done->res.items;
+        done->res.items = NULL;
+        ts__req_free(done);
+    }
+    return rc;
+}
+
+int ts_get(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out)
+{
+    return fetch_op(c, TS_OP_GET, bin, max_items, out);
+}
+
+int ts_peek(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out)
+{
+    return fetch_op(c, TS_OP_PEEK, bin, max_items, out);
+}
+
+int ts_delete(ts_client_t *c, const char *bin, uint32_t *n_removed)
+{
+    int rc = check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL)
+        return TS_EINVAL;
+    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_DELETE, bin, NULL, 0, &rc);
+    if (r == NULL)
+        return rc;
+    ts__req *done;
+    rc = run_blocking(c, r, &done);
+    if (rc == 0) {
+        if (n_removed != NULL)
+            *n_removed = done->res.n_items;
+        ts__req_free(done);
+    }
+    return rc;
+}
+
+int ts_list(ts_client_t *c, ts_bin_list_t **out)
+{
+    int rc = check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (out == NULL)
+        return TS_EINVAL;
+    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_LIST, NULL, NULL, 0, &rc);
+    if (r == NULL)
+        return rc;
+    ts__req *done;
+    rc = run_blocking(c, r, &done);
+    if (rc == 0) {
+        *out = done->res.bins;
+        done->res.bins = NULL;
+        ts__req_free(done);
+    }
+    return rc;
+}
+
+/* A WAIT request: name, u64 after_version, u32 timeout_ms; its deadline leaves a margin. */
+static ts__req *wait_req(ts_client_t *c, int kind, const char *bin, uint64_t after_version,
+                         int timeout_ms, int *rc)
+{
+    if (timeout_ms <= 0)
+        timeout_ms = c->opts.request_timeout_ms;
+    uint8_t extra[12];
+    ts__put_u64le(extra, after_version);
+    ts__put_u32le(extra + 8, (uint32_t)timeout_ms);
+    ts__req *r = req_new(c, kind, TS_OP_WAIT, bin, extra, sizeof(extra), rc);
+    if (r == NULL)
+        return NULL;
+    /* The server answers at timeout_ms; the usual request timeout is the margin for that. */
+    r->deadline_ns = deadline_after((int64_t)timeout_ms + c->opts.request_timeout_ms);
+    return r;
+}
+
+int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout_ms,
+            uint64_t *version, uint32_t *n_items)
+{
+    int rc = check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL)
+        return TS_EINVAL;
+    ts__req *r = wait_req(c, TS__K_BLOCK, bin, after_version, timeout_ms, &rc);
+    if (r == NULL)
+        return rc;
+    ts__req *done;
+    rc = run_blocking(c, r, &done);
+    if (rc == 0 || rc == TS_ETIMEDOUT) {
+        if (rc == 0 || done->have_state) {
+            if (version != NULL)
+                *version = done->res.version;
+            if (n_items != NULL)
+                *n_items = done->res.n_items;
+        }
+        ts__req_free(done);
+    }
+    return rc;
+}
+
+int ts_stats(ts_client_t *c, ts_value_t **out)
+{
+    int rc = check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (out == NULL)
+        return TS_EINVAL;
+    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_STATS, NULL, NULL, 0, &rc);
+    if (r == NULL)
+        return rc;
+    ts__req *done;
+    rc = run_blocking(c, r, &done);
+    if (rc == 0) {
+        *out = done->res.value;
+        done->res.value = NULL;
+        ts__req_free(done);
+    }
+    return rc;
+}
+
+int ts_ping(ts_client_t *c)
+{
+    int rc = check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, NULL, 0, &rc);
+    if (r == NULL)
+        return rc;
+    ts__req *done;
+    rc = run_blocking(c, r, &done);
+    if (rc == 0)
+        ts__req_free(done);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Asynchronous operations
+ */
+
+static int store_async(ts_client_t *c, uint8_t op, const char *bin, const ts_value_t *item,
+                       unsigned flags, ts_result_cb cb, void *arg)
+{
+    int rc = check_call(c, 0);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL || item == NULL)
+        return TS_EINVAL;
+    ts__req *r = req_new(c, TS__K_ASYNC, op, bin, NULL, 0, &rc);
+    if (r == NULL)
+        return rc;
+    rc = attach_record(c, r, item, flags);
+    if (rc != 0) {
+        ts__req_free(r);
+        return rc;
+    }
+    return run_async(c, r, cb, arg);
+}
+
+int ts_put_async(ts_client_t *c, const char *bin, const ts_value_t *item, unsigned flags,
+                 ts_result_cb cb, void *arg)
+{
+    return store_async(c, TS_OP_PUT, bin, item, flags, cb, arg);
+}
+
+int ts_append_async(ts_client_t *c, const char *bin, const ts_value_t *item, unsigned flags,
+                    ts_result_cb cb, void *arg)
+{
+    return store_async(c, TS_OP_APPEND, bin, item, flags, cb, arg);
+}
+
+static int simple_async(ts_client_t *c, uint8_t op, const char *bin, const void *extra,
+                        size_t extra_len, ts_result_cb cb, void *arg)
+{
+    int rc = check_call(c, 0);
+    if (rc != 0)
+        return rc;
+    ts__req *r = req_new(c, TS__K_ASYNC, op, bin, extra, extra_len, &rc);
+    if (r == NULL)
+        return rc;
+    return run_async(c, r, cb, arg);
+}
+
+int ts_get_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_cb cb, void *arg)
+{
+    if (bin == NULL)
+        return TS_EINVAL;
+    uint8_t extra[4];
+    max_items_field(max_items, extra);
+    return simple_async(c, TS_OP_GET, bin, extra, sizeof(extra), cb, arg);
+}
+
+int ts_peek_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_cb cb, void *arg)
+{
+    if (bin == NULL)
+        return TS_EINVAL;
+    uint8_t extra[4];
+    max_items_field(max_items, extra);
+    return simple_async(c, TS_OP_PEEK, bin, extra, sizeof(extra), cb, arg);
+}
+
+int ts_delete_async(ts_client_t *c, const char *bin, ts_result_cb cb, void *arg)
+{
+    if (bin == NULL)
+        return TS_EINVAL;
+    return simple_async(c, TS_OP_DELETE, bin, NULL, 0, cb, arg);
+}
+
+int ts_list_async(ts_client_t *c, ts_result_cb cb, void *arg)
+{
+    return simple_async(c, TS_OP_LIST, NULL, NULL, 0, cb, arg);
+}
+
+int ts_stats_async(ts_client_t *c, ts_result_cb cb, void *arg)
+{
+    return simple_async(c, TS_OP_STATS, NULL, NULL, 0, cb, arg);
+}
+
+int ts_ping_async(ts_client_t *c, ts_result_cb cb, void *arg)
+{
+    return simple_async(c, TS_OP_PING, NULL, NULL, 0, cb, arg);
+}
+
+int ts_wait_async(ts_client_t *c, const char *bin, uint64_t after_version, int timeout_ms,
+                  ts_result_cb cb, void *arg)
+{
+    int rc = check_call(c, 0);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL)
+        return TS_EINVAL;
+    ts__req *r = wait_req(c, TS__K_ASYNC, bin, after_version, timeout_ms, &rc);
+    if (r == NULL)
+        return rc;
+    return run_async(c, r, cb, arg);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Subscriptions
+ */
+
+int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg)
+{
+    int rc = check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL || cb == NULL)
+        return TS_EINVAL;
+    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_LISTEN, bin, NULL, 0, &rc);
+    if (r == NULL)
+        return rc;
+    ts__sub *s = ts__calloc(1, sizeof(*s));
+    if (s == NULL || (s->bin = ts__strndup(bin, strlen(bin))) == NULL) {
+        ts__free(s);
+        ts__req_free(r);
+        return TS_ENOMEM;
+    }
+    s->bin_len = strlen(bin);
+    s->cb = cb;
+    s->arg = arg;
+    atomic_init(&s->refs, 2); /* the list's and the request's */
+    r->sub = s;
+
+    pthread_mutex_lock(&c->mu);
+    ts__sub *other = c->subs;
+    while (other != NULL && strcmp(other->bin, bin) != 0)
+        other = other->next;
+    if (other != NULL || c->closing) {
+        rc = c->closing ? TS_ECANCELED : TS_EINVAL;
+        pthread_mutex_unlock(&c->mu);
+        atomic_store(&s->refs, 1);
+        ts__req_free(r);
+        return rc;
+    }
+    s->linked = 1;
+    s->next = c->subs;
+    c->subs = s;
+    /* Linked and queued in one critical section, so a closing client cannot strand it. */
+    ts__submit_locked(c, r); /* cannot fail: closing was checked under the same lock */
+    pthread_mutex_unlock(&c->mu);
+
+    int gone;
+    rc = wait_done(c, r, &gone);
+    /* A failed LISTEN unlinked the subscription on the I/O thread (or in block_on). */
+    if (!gone)
+        ts__req_free(r);
+    return rc;
+}
+
+int ts_unlisten(ts_client_t *c, const char *bin)
+{
+    int rc = check_call(c, 0);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL)
+        return TS_EINVAL;
+    ts__req *r = req_new(c, TS__K_UNLISTEN, TS_OP_UNLISTEN, bin, NULL, 0, &rc);
+    if (r == NULL)
+        return rc;
+    r->deadline_ns = 0;
+    pthread_mutex_lock(&c->mu);
+    ts__sub **p = &c->subs;
+    while (*p != NULL && !((*p)->live && strcmp((*p)->bin, bin) == 0))
+        p = &(*p)->next;
+    ts__sub *s = *p;
+    if (s == NULL || c->closing) {
+        rc = c->closing ? TS_ECANCELED : TS_ENOENT;
+        pthread_mutex_unlock(&c->mu);
+        ts__req_free(r);
+        return rc;
+    }
+    *p = s->next;
+    s->next = NULL;
+    s->linked = 0;
+    r->sub = s; /* the list's reference moves to the request */
+    rc = ts__submit_locked(c, r);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}

@@ -1,0 +1,1406 @@
+/*
+ * The client core: the I/O thread with its own libuv loop, the connection (connect, handshake,
+ * reconnect with backoff), writing requests with writev, reading replies into 64-byte aligned
+ * buffers, matching replies to requests by id, deadlines, subscriptions and shutdown.
+ *
+ * Application threads never touch the loop: they hand requests over through the inbox (under
+ * mu) and wake the loop with uv_async_send. Everything below that is not marked otherwise runs
+ * on the I/O thread.
+ */
+#include "internal.h"
+
+#include "compress.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define TS__MAX_REPLY_BODY ((uint64_t)1 << 40) /* bytes; a sanity bound on a reply body */
+#define TS__OPEN_GRACE_MS                                                                          \
+    2000 /* ms; ts_client_open waits this past the connect timeout for the                         \
+            I/O thread's verdict */
+
+/* The client whose I/O thread this is (NULL on application threads). */
+static _Thread_local ts_client_t *tls_io_client;
+
+static void req_send(ts_client_t *c, ts__req *r);
+static void req_finish(ts_client_t *c, ts__req *r, int status);
+static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg);
+static void start_attempt(ts_client_t *c);
+static void io_shutdown(ts_client_t *c);
+
+int ts__on_io_thread(const ts_client_t *c)
+{
+    return tls_io_client == c;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Requests and subscriptions: ownership helpers
+ */
+
+void ts__sub_unref(ts__sub *s)
+{
+    if (s == NULL || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    ts__free(s->bin);
+    ts__free(s);
+}
+
+void ts__req_free(ts__req *r)
+{
+    if (r == NULL)
+        return;
+    if (r->has_enc)
+        ts__enc_free(&r->enc);
+    if (r->flat != NULL)
+        ts__free_aligned(r->flat, r->flat_cap);
+    ts__free(r->msg);
+    ts_items_free(r->res.items);
+    ts_bin_list_free(r->res.bins);
+    ts_value_free(r->res.value);
+    ts__sub_unref(r->sub);
+    if (r->has_cond)
+        pthread_cond_destroy(&r->cond);
+    ts__free(r);
+}
+
+/* Remove s from c->subs; mu held. The caller owns the list's reference afterwards. */
+static void sub_unlink_locked(ts_client_t *c, ts__sub *s)
+{
+    for (ts__sub **p = &c->subs; *p != NULL; p = &(*p)->next) {
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    }
+    s->next = NULL;
+    s->linked = 0;
+}
+
+/* Reverse a chain built through io_next (to deliver in subscription order). */
+static ts__sub *sub_chain_reverse(ts__sub *s)
+{
+    ts__sub *out = NULL;
+    while (s != NULL) {
+        ts__sub *next = s->io_next;
+        s->io_next = out;
+        out = s;
+        s = next;
+    }
+    return out;
+}
+
+/* Deliver one notification-shaped event to a subscription's callback. */
+static void sub_event(ts_client_t *c, ts__sub *s, ts_event_t event, int coalesced)
+{
+    if (s->final_done)
+        return;
+    ts_notification_t n = {.bin = s->bin,
+                           .event = event,
+                           .version = s->version,
+                           .n_items = s->n_items,
+                           .coalesced = coalesced};
+    s->cb(c, 0, &n, s->arg);
+}
+
+/* Deliver a subscription's final callback (once). */
+static void sub_final(ts_client_t *c, ts__sub *s, int status)
+{
+    if (s->final_done)
+        return;
+    s->final_done = 1;
+    s->cb(c, status, NULL, s->arg);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Deadlines
+ */
+
+static void append_waitq(ts_client_t *c, ts__req *r)
+{
+    r->next = NULL;
+    if (c->waitq_tail != NULL)
+        c->waitq_tail->next = r;
+    else
+        c->waitq_head = r;
+    c->waitq_tail = r;
+}
+
+static void tick_cb(uv_timer_t *t);
+
+/* Make sure the deadline timer runs while requests are waiting or in flight. */
+static void ensure_tick(ts_client_t *c)
+{
+    if (c->tick_on || c->state == TS__ST_CLOSED)
+        return;
+    c->tick_on = 1;
+    uv_timer_start(&c->tick, tick_cb, TS__TICK_MS, TS__TICK_MS);
+}
+
+/* 1 when a blocking request's caller has given up on it (it is then freed on completion). */
+static int req_abandoned(ts_client_t *c, ts__req *r)
+{
+    if (r->kind != TS__K_BLOCK)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    int a = r->abandoned;
+    pthread_mutex_unlock(&c->mu);
+    return a;
+}
+
+/*
+ * Complete a request with status: remove it from the in-flight map, and finish it now, or once
+ * its write has called back (libuv may still read the frame's memory until then).
+ */
+static void req_complete(ts_client_t *c, ts__req *r, int status)
+{
+    if (r->in_map) {
+        ts__idmap_del(&c->inflight, r->id);
+        r->in_map = 0;
+    }
+    if (r->wpending) {
+        r->status = status;
+        r->finish_on_write = 1;
+        return;
+    }
+    req_finish(c, r, status);
+}
+
+/*
+ * Fail every in-flight request with err. They are collected first because completing one runs
+ * user code that may queue new requests.
+ */
+static void fail_inflight(ts_client_t *c, int err)
+{
+    ts__req *list = NULL;
+    for (size_t i = 0; i < c->inflight.cap; i++) {
+        if (c->inflight.keys[i] == 0)
+            continue;
+        ts__req *r = c->inflight.vals[i];
+        r->in_map = 0;
+        r->next = list;
+        list = r;
+    }
+    ts__idmap_free(&c->inflight);
+    /* Complete them oldest first (ids grow; the list came out in slot order). */
+    ts__req *sorted = NULL;
+    while (list != NULL) {
+        ts__req *r = list;
+        list = r->next;
+        ts__req **p = &sorted;
+        while (*p != NULL && (*p)->id - r->id < 0x80000000u)
+            p = &(*p)->next;
+        r->next = *p;
+        *p = r;
+    }
+    while (sorted != NULL) {
+        ts__req *r = sorted;
+        sorted = r->next;
+        r->next = NULL;
+        req_complete(c, r, err);
+    }
+}
+
+static void tick_cb(uv_timer_t *t)
+{
+    ts_client_t *c = t->data;
+    uint64_t now = ts__now_ns();
+
+    /* Requests waiting for a connection. */
+    ts__req **p = &c->waitq_head;
+    ts__req *last = NULL;
+    ts__req *expired = NULL;
+    while (*p != NULL) {
+        ts__req *r = *p;
+        if ((r->deadline_ns != 0 && r->deadline_ns <= now) || req_abandoned(c, r)) {
+            *p = r->next;
+            r->next = expired;
+            expired = r;
+        } else {
+            last = r;
+            p = &r->next;
+        }
+    }
+    c->waitq_tail = last;
+    while (expired != NULL) {
+        ts__req *r = expired;
+        expired = r->next;
+        req_finish(c, r, TS_ETIMEDOUT);
+    }
+
+    /* Requests in flight. */
+    ts__req *late = NULL;
+    for (size_t i = 0; i < c->inflight.cap; i++) {
+        if (c->inflight.keys[i] == 0)
+            continue;
+        ts__req *r = c->inflight.vals[i];
+        if (r->deadline_ns != 0 && r->deadline_ns <= now) {
+            r->next = late;
+            late = r;
+        }
+    }
+    int cut = 0;
+    while (late != NULL) {
+        ts__req *r = late;
+        late = r->next;
+        r->next = NULL;
+        /* A frame still being written cannot be withdrawn: the connection has to go. */
+        cut |= r->wpending;
+        req_complete(c, r, TS_ETIMEDOUT);
+    }
+    if (cut && c->conn != NULL)
+        conn_fail(c, c->conn, TS_ETIMEDOUT, "a request timed out while its frame was written");
+
+    if (c->waitq_head == NULL && c->inflight.n == 0 && c->tick_on) {
+        uv_timer_stop(&c->tick);
+        c->tick_on = 0;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Completion
+ */
+
+static void send_fire_unlisten(ts_client_t *c, const char *bin, size_t len);
+
+/*
+ * The blocking side of completion: hand the result to the waiting thread. Once done is set and
+ * mu released, the waiter may free r at any moment, so everything r is needed for comes first.
+ */
+static void finish_blocking(ts_client_t *c, ts__req *r, int status)
+{
+    ts__sub *s = r->op == TS_OP_LISTEN ? r->sub : NULL;
+    ts__sub *drop = NULL;
+    ts__sub *unlisten = NULL;
+    pthread_mutex_lock(&c->mu);
+    r->wbusy = 0;
+    if (s != NULL) {
+        if (status == 0 && !r->abandoned && !c->closing) {
+            s->live = 1;
+            s->on_conn = 1;
+            s->version = r->res.version;
+            s->n_items = r->res.n_items;
+        } else {
+            if (s->linked) {
+                sub_unlink_locked(c, s);
+                drop = s;
+            }
+            if (status == 0 && !c->closing) {
+                /* The server registered a listener nobody waits for: take it back. */
+                atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+                unlisten = s;
+            } else if (status == 0) {
+                status = TS_ECANCELED;
+            }
+        }
+    }
+    int abandoned = r->abandoned;
+    if (!abandoned) {
+        r->status = status;
+        r->done = 1;
+        pthread_cond_signal(&r->cond);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (unlisten != NULL) {
+        send_fire_unlisten(c, unlisten->bin, unlisten->bin_len);
+        ts__sub_unref(unlisten);
+    }
+    ts__sub_unref(drop);
+    if (abandoned)
+        ts__req_free(r);
+}
+
+/* A re-sent LISTEN after a reconnect has its answer. */
+static void finish_resub(ts_client_t *c, ts__req *r, int status)
+{
+    ts__sub *s = r->sub;
+    pthread_mutex_lock(&c->mu);
+    int linked = s->linked;
+    pthread_mutex_unlock(&c->mu);
+    if (status == 0) {
+        if (linked && !s->final_done) {
+            s->on_conn = 1;
+            s->version = r->res.version;
+            s->n_items = r->res.n_items;
+            sub_event(c, s, TS_EV_RESUBSCRIBED, 0);
+        }
+    } else if (status != TS_ECONNRESET && status != TS_ECANCELED && status != TS_ETIMEDOUT) {
+        /* The server refused the subscription: it ends here. */
+        pthread_mutex_lock(&c->mu);
+        int own = s->linked;
+        if (own)
+            sub_unlink_locked(c, s);
+        pthread_mutex_unlock(&c->mu);
+        sub_final(c, s, status);
+        if (own)
+            ts__sub_unref(s);
+    }
+    /* Connection errors leave it for the next reconnect. */
+}
+
+static void hello_done(ts_client_t *c, ts__req *r, int status);
+
+/* Finish a request: deliver its result to whoever waits for it, then release it. */
+static void req_finish(ts_client_t *c, ts__req *r, int status)
+{
+    switch (r->kind) {
+    case TS__K_ASYNC: {
+        ts_result_t res = r->res;
+        res.message = r->msg;
+        memset(&r->res, 0, sizeof(r->res));
+        if (r->cb != NULL)
+            r->cb(c, status, &res, r->arg);
+        ts_items_free(res.items);
+        ts_bin_list_free(res.bins);
+        ts_value_free(res.value);
+        ts__req_free(r);
+        break;
+    }
+    case TS__K_BLOCK:
+        finish_blocking(c, r, status);
+        break;
+    case TS__K_HELLO:
+        if (r->conn == c->conn && c->state == TS__ST_HELLO)
+            hello_done(c, r, status);
+        ts__req_free(r);
+        break;
+    case TS__K_RESUB:
+        finish_resub(c, r, status);
+        ts__req_free(r);
+        break;
+    case TS__K_UNLISTEN:
+        sub_final(c, r->sub, TS_ECANCELED);
+        ts__req_free(r);
+        break;
+    default: /* TS__K_FIRE */
+        ts__req_free(r);
+        break;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Writing
+ */
+
+static void write_cb(uv_write_t *w, int status)
+{
+    ts__req *r = w->data;
+    ts_client_t *c = r->c;
+    ts__conn *conn = r->conn;
+    r->wpending = 0;
+    if (r->kind == TS__K_BLOCK) {
+        pthread_mutex_lock(&c->mu);
+        r->wbusy = 0;
+        if (r->abandoned)
+            pthread_cond_broadcast(&r->cond);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (r->finish_on_write)
+        req_finish(c, r, r->status); /* r is gone after this */
+    if (status < 0 && conn == c->conn && conn != NULL)
+        conn_fail(c, conn, TS_ECONNRESET, "write to the server failed");
+}
+
+/* Undo lz4 for a connection that did not agree on it (a reconnect to another server). */
+static int inflate_body(ts__req *r)
+{
+    uint64_t raw;
+    if (ts__lz4_raw_len(r->flat, r->flat_len, &raw) != 0 || ts__lz4_bound(raw) == 0)
+        return TS_EPROTO;
+    uint8_t *out = ts__malloc_aligned(raw);
+    if (out == NULL)
+        return TS_ENOMEM;
+    if (ts__lz4_decompress(r->flat, r->flat_len, out, raw) != 0) {
+        ts__free_aligned(out, raw);
+        return TS_EPROTO;
+    }
+    ts__free_aligned(r->flat, r->flat_cap);
+    r->flat = out;
+    r->flat_len = r->flat_cap = raw;
+    r->body_len = r->small_len + raw;
+    r->hflags &= (uint8_t)~TS_FLAG_LZ4;
+    return 0;
+}
+
+/* Write r's frame on the current connection (header + fixed part, then the record). */
+static void req_send(ts_client_t *c, ts__req *r)
+{
+    ts__conn *conn = c->conn;
+    if ((r->hflags & TS_FLAG_LZ4) && !conn->lz4) {
+        int rc = inflate_body(r);
+        if (rc != 0) {
+            req_finish(c, r, rc);
+            return;
+        }
+    }
+    if (r->body_len > conn->max_body) {
+        char msg[128];
+        int n = snprintf(msg, sizeof(msg), "a %llu-byte frame exceeds the server's limit (%llu)",
+                         (unsigned long long)r->body_len, (unsigned long long)conn->max_body);
+        r->msg = ts__strndup(msg, (size_t)n);
+        req_finish(c, r, TS_EMSGSIZE);
+        return;
+    }
+    if (r->kind == TS__K_BLOCK) {
+        pthread_mutex_lock(&c->mu);
+        int abandoned = r->abandoned;
+        if (!abandoned)
+            r->wbusy = 1;
+        pthread_mutex_unlock(&c->mu);
+        if (abandoned) {
+            req_finish(c, r, TS_ETIMEDOUT);
+            return;
+        }
+    }
+    uint32_t id;
+    do {
+        id = c->next_id++;
+    } while (id == 0 || ts__idmap_get(&c->inflight, id) != NULL);
+    if (ts__idmap_put(&c->inflight, id, r) != 0) {
+        req_finish(c, r, TS_ENOMEM);
+        return;
+    }
+    r->id = id;
+    r->in_map = 1;
+    r->conn = conn;
+
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = r->op,
+                 .flags = r->hflags,
+                 .request_id = id,
+                 .body_len = r->body_len};
+    ts__hdr_encode(&h, r->small);
+
+    /* Header + fixed part, then either one flat buffer or the plan's head and segments. */
+    uv_buf_t local[32];
+    size_t nbufs = 1 + (r->flat != NULL ? 1 : 0) + (r->has_enc ? 1 + 2 * r->enc.nsegs : 0);
+    uv_buf_t *bufs = local;
+    if (nbufs > TS__ARRAY_SIZE(local)) {
+        bufs = ts__malloc(nbufs * sizeof(*bufs));
+        if (bufs == NULL) {
+            req_complete(c, r, TS_ENOMEM);
+            return;
+        }
+    }
+    size_t n = 0;
+    bufs[n++] = uv_buf_init((char *)r->small, (unsigned)(TS_HDR_SIZE + r->small_len));
+    if (r->flat != NULL && r->flat_len > 0)
+        bufs[n++] = uv_buf_init((char *)r->flat, (unsigned)r->flat_len);
+    if (r->has_enc) {
+        bufs[n++] = uv_buf_init((char *)r->enc.head, (unsigned)r->enc.head_len);
+        for (size_t i = 0; i < r->enc.nsegs; i++) {
+            const ts__seg *s = &r->enc.segs[i];
+            if (s->len > 0)
+                bufs[n++] = uv_buf_init((char *)s->ptr, (unsigned)s->len);
+            if (s->pad_after > 0)
+                bufs[n++] = uv_buf_init((char *)ts__zeros, (unsigned)s->pad_after);
+        }
+    }
+    r->w.data = r;
+    r->wpending = 1;
+    /* libuv copies the buffer array; the memory it points to stays ours until write_cb. */
+    int rc = uv_write(&r->w, &conn->u.stream, bufs, (unsigned)n, write_cb);
+    if (bufs != local)
+        ts__free(bufs);
+    if (rc != 0) {
+        r->wpending = 0;
+        req_complete(c, r, TS_ECONNRESET);
+        conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
+        return;
+    }
+    ensure_tick(c);
+}
+
+/* Send UNLISTEN for bin and ignore the answer (a listener nobody waits for any more). */
+static void send_fire_unlisten(ts_client_t *c, const char *bin, size_t len)
+{
+    if (c->state != TS__ST_READY)
+        return; /* the server forgets listeners with their connection */
+    ts__req *r = ts__calloc(1, sizeof(*r));
+    if (r == NULL)
+        return;
+    r->c = c;
+    r->kind = TS__K_FIRE;
+    r->op = TS_OP_UNLISTEN;
+    r->small[TS_HDR_SIZE] = (uint8_t)len;
+    memcpy(r->small + TS_HDR_SIZE + 1, bin, len);
+    r->small_len = 1 + len;
+    r->body_len = r->small_len;
+    req_send(c, r);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Reading
+ */
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    ts__conn *conn = h->data;
+    (void)suggested;
+    if (conn->rstate == TS__RS_BODY) {
+        /* Large bodies are read straight into their own aligned buffer. */
+        buf->base = (char *)conn->body + conn->body_got;
+        buf->len = (size_t)(conn->hdr.body_len - conn->body_got);
+    } else {
+        buf->base = (char *)conn->stage + conn->stage_len;
+        buf->len = TS__STAGE_SIZE - conn->stage_len;
+    }
+}
+
+/* Deliver a NOTIFY frame to the subscription for its bin. */
+static void dispatch_notify(ts_client_t *c, const uint8_t *body, size_t len)
+{
+    ts__rd rd;
+    uint64_t version;
+    uint32_t n;
+    uint8_t event, flags;
+    const char *name;
+    size_t nl;
+    ts__rd_init(&rd, body, len);
+    if (ts__rd_u64(&rd, &version) != 0 || ts__rd_u32(&rd, &n) != 0 || ts__rd_u8(&rd, &event) != 0 ||
+        ts__rd_u8(&rd, &flags) != 0 || ts__rd_name(&rd, &name, &nl) != 0)
+        return;
+    ts__sub *s;
+    pthread_mutex_lock(&c->mu);
+    for (s = c->subs; s != NULL; s = s->next)
+        if (s->live && s->bin_len == nl && memcmp(s->bin, name, nl) == 0)
+            break;
+    if (s != NULL)
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&c->mu);
+    if (s == NULL)
+        return; /* unlistened meanwhile, or never ours */
+    s->version = version;
+    s->n_items = n;
+    sub_event(c, s, (ts_event_t)event, (flags & TS_NOTE_FLAG_COALESCED) != 0);
+    ts__sub_unref(s);
+}
+
+/* Handle one complete frame from the server; takes over body. */
+static void dispatch(ts_client_t *c, const ts__hdr *h, uint8_t *body, size_t len)
+{
+    if (h->opcode == TS_OP_NOTIFY) {
+        dispatch_notify(c, body, len);
+        ts__body_free(body, len);
+        return;
+    }
+    ts__req *r = ts__idmap_get(&c->inflight, h->request_id);
+    if (r == NULL) {
+        ts__body_free(body, len); /* the answer to a request that timed out */
+        return;
+    }
+    if (r->op != h->opcode) {
+        ts__body_free(body, len);
+        req_complete(c, r, TS_EPROTO);
+        return;
+    }
+    if (h->flags & TS_FLAG_LZ4) {
+        uint64_t raw = 0;
+        uint8_t *out = NULL;
+        int rc = ts__lz4_raw_len(body, len, &raw);
+        if (rc == 0 && ts__lz4_bound(raw) == 0)
+            rc = TS_EPROTO;
+        if (rc == 0 && raw > 0 && (out = ts__malloc_aligned(raw)) == NULL)
+            rc = TS_ENOMEM;
+        if (rc == 0)
+            rc = ts__lz4_decompress(body, len, out, raw);
+        ts__body_free(body, len);
+        if (rc != 0) {
+            ts__free_aligned(out, raw);
+            req_complete(c, r, rc);
+            return;
+        }
+        body = out;
+        len = raw;
+    }
+    int status;
+    if (h->status != TS_ST_OK) {
+        status = ts__status_to_err(h->status);
+        if (r->op == TS_OP_WAIT && h->status == TS_ST_TIMEOUT) {
+            r->have_state = ts__parse_bin_state(body, len, &r->res) == 0;
+        } else if (len > 0) {
+            r->msg = ts__strndup((const char *)body, len < TS_MAX_ERRMSG ? len : TS_MAX_ERRMSG);
+        }
+        ts__body_free(body, len);
+    } else {
+        status = ts__reply_parse(r, body, len);
+    }
+    req_complete(c, r, status);
+}
+
+/* Parse every whole frame in the staging buffer; keep a partial one for the next read. */
+static void process_stage(ts_client_t *c, ts__conn *conn)
+{
+    size_t pos = 0;
+    while (!conn->closing) {
+        size_t avail = conn->stage_len - pos;
+        if (conn->discard > 0) {
+            size_t k = conn->discard < avail ? (size_t)conn->discard : avail;
+            pos += k;
+            conn->discard -= k;
+            if (conn->discard > 0)
+                break;
+            continue;
+        }
+        if (avail < TS_HDR_SIZE)
+            break;
+        ts__hdr h;
+        if (ts__hdr_decode(conn->stage + pos, TS_MAGIC_REP, &h) != 0 ||
+            h.body_len > TS__MAX_REPLY_BODY) {
+            conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
+            return;
+        }
+        pos += TS_HDR_SIZE;
+        avail -= TS_HDR_SIZE;
+        uint8_t *body = NULL;
+        if (h.body_len > 0 && (body = ts__malloc_aligned((size_t)h.body_len)) == NULL) {
+            /* No memory for this body: fail its request and skip the bytes. */
+            ts__req *r = ts__idmap_get(&c->inflight, h.request_id);
+            if (r != NULL && h.opcode != TS_OP_NOTIFY)
+                req_complete(c, r, TS_ENOMEM);
+            conn->discard = h.body_len;
+            continue;
+        }
+        if (h.body_len <= avail) {
+            if (h.body_len > 0)
+                memcpy(body, conn->stage + pos, (size_t)h.body_len);
+            pos += (size_t)h.body_len;
+            dispatch(c, &h, body, (size_t)h.body_len);
+            continue;
+        }
+        memcpy(body, conn->stage + pos, avail);
+        pos += avail;
+        conn->hdr = h;
+        conn->body = body;
+        conn->body_got = avail;
+        conn->rstate = TS__RS_BODY;
+        break;
+    }
+    if (conn->closing)
+        return;
+    memmove(conn->stage, conn->stage + pos, conn->stage_len - pos);
+    conn->stage_len -= pos;
+}
+
+static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    ts__conn *conn = stream->data;
+    ts_client_t *c = conn->c;
+    (void)buf;
+    if (conn->closing || nread == 0)
+        return;
+    if (nread < 0) {
+        conn_fail(c, conn, TS_ECONNRESET,
+                  nread == UV_EOF ? "the server closed the connection" : uv_strerror((int)nread));
+        return;
+    }
+    if (conn->rstate == TS__RS_BODY) {
+        conn->body_got += (size_t)nread;
+        if (conn->body_got < conn->hdr.body_len)
+            return;
+        uint8_t *body = conn->body;
+        ts__hdr h = conn->hdr;
+        conn->body = NULL;
+        conn->rstate = TS__RS_HDR;
+        dispatch(c, &h, body, (size_t)h.body_len);
+        return;
+    }
+    conn->stage_len += (size_t)nread;
+    process_stage(c, conn);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Connections
+ */
+
+static void conn_close_cb(uv_handle_t *h)
+{
+    ts__conn *conn = h->data;
+    if (conn->body != NULL)
+        ts__body_free(conn->body, (size_t)conn->hdr.body_len);
+    ts__free(conn->stage);
+    ts__free(conn);
+}
+
+/* Close a connection; its memory goes in the close callback. */
+static void conn_close(ts__conn *conn)
+{
+    if (conn->closing)
+        return;
+    conn->closing = 1;
+    uv_close(&conn->u.handle, conn_close_cb);
+}
+
+static ts__conn *conn_new(ts_client_t *c)
+{
+    ts__conn *conn = ts__calloc(1, sizeof(*conn));
+    if (conn == NULL)
+        return NULL;
+    conn->stage = ts__malloc(TS__STAGE_SIZE);
+    if (conn->stage == NULL) {
+        ts__free(conn);
+        return NULL;
+    }
+    conn->c = c;
+    conn->max_body = TS_MAX_PREAUTH_BODY;
+    return conn;
+}
+
+/* What a failed connect means to the caller. */
+static int map_connect_err(int uverr)
+{
+    switch (uverr) {
+    case UV_ECONNREFUSED:
+    case UV_ENOENT: /* no socket file: nothing listens there */
+        return TS_ECONNREFUSED;
+    case UV_ETIMEDOUT:
+        return TS_ETIMEDOUT;
+    case UV_ENOMEM:
+        return TS_ENOMEM;
+    case UV_EACCES:
+        return TS_EACCES;
+    default:
+        return TS_ENOTCONN;
+    }
+}
+
+/* Record why opening failed and end the I/O thread (first connection only). */
+static void open_failed(ts_client_t *c, int err, const char *msg)
+{
+    pthread_mutex_lock(&c->mu);
+    c->open_done = 1;
+    c->open_status = err;
+    snprintf(c->open_msg, sizeof(c->open_msg), "%s: %s", c->address,
+             msg != NULL ? msg : ts_strerror(err));
+    pthread_cond_broadcast(&c->open_cond);
+    pthread_mutex_unlock(&c->mu);
+    io_shutdown(c);
+}
+
+static void retry_cb(uv_timer_t *t);
+
+/*
+ * The connection (or the attempt to make one) failed: fail what is in flight, tell the
+ * subscriptions, and schedule the next attempt. conn may be NULL while resolving.
+ */
+static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg)
+{
+    if (conn != NULL)
+        conn_close(conn);
+    if (conn != c->conn || c->state == TS__ST_CLOSED)
+        return;
+    int was_ready = c->state == TS__ST_READY;
+    c->conn = NULL;
+    c->gen++;
+    c->state = TS__ST_BACKOFF;
+    atomic_store(&c->connected, 0);
+    uv_timer_stop(&c->retry);
+    fail_inflight(c, TS_ECONNRESET);
+    if (was_ready) {
+        /* Collect first: callbacks may unlisten (which unlinks) while we walk. */
+        ts__sub *chain = NULL;
+        pthread_mutex_lock(&c->mu);
+        for (ts__sub *s = c->subs; s != NULL; s = s->next) {
+            if (!s->live || !s->on_conn)
+                continue;
+            s->on_conn = 0;
+            atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+            s->io_next = chain;
+            chain = s;
+        }
+        pthread_mutex_unlock(&c->mu);
+        chain = sub_chain_reverse(chain);
+        while (chain != NULL) {
+            ts__sub *s = chain;
+            chain = s->io_next;
+            sub_event(c, s, TS_EV_DISCONNECTED, 0);
+            ts__sub_unref(s);
+        }
+    }
+    if (!c->ever_ready) {
+        open_failed(c, err, msg);
+        return;
+    }
+    if (c->state == TS__ST_BACKOFF) {
+        uv_timer_start(&c->retry, retry_cb, (uint64_t)c->backoff_ms, 0);
+        c->backoff_ms = c->backoff_ms * 2 > c->opts.reconnect_max_ms ? c->opts.reconnect_max_ms
+                                                                     : c->backoff_ms * 2;
+    }
+}
+
+/* Re-send LISTEN for every subscription on a fresh connection. */
+static void resubscribe(ts_client_t *c)
+{
+    ts__req *list = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (ts__sub *s = c->subs; s != NULL; s = s->next) {
+        if (!s->live)
+            continue;
+        ts__req *r = ts__calloc(1, sizeof(*r));
+        if (r == NULL)
+            break; /* the rest wait for the next reconnect */
+        r->c = c;
+        r->kind = TS__K_RESUB;
+        r->op = TS_OP_LISTEN;
+        r->small[TS_HDR_SIZE] = (uint8_t)s->bin_len;
+        memcpy(r->small + TS_HDR_SIZE + 1, s->bin, s->bin_len);
+        r->small_len = 1 + s->bin_len;
+        r->body_len = r->small_len;
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+        r->sub = s;
+        r->next = list;
+        list = r;
+    }
+    pthread_mutex_unlock(&c->mu);
+    while (list != NULL && c->state == TS__ST_READY) {
+        ts__req *r = list;
+        list = r->next;
+        r->next = NULL;
+        req_send(c, r);
+    }
+    while (list != NULL) {
+        ts__req *r = list;
+        list = r->next;
+        ts__req_free(r);
+    }
+}
+
+/* The handshake succeeded: the connection is ready for requests. */
+static void go_ready(ts_client_t *c)
+{
+    c->state = TS__ST_READY;
+    uv_timer_stop(&c->retry);
+    c->backoff_ms = c->opts.reconnect_min_ms;
+    atomic_store(&c->connected, 1);
+    if (!c->ever_ready) {
+        c->ever_ready = 1;
+        pthread_mutex_lock(&c->mu);
+        c->open_done = 1;
+        c->open_status = 0;
+        pthread_cond_broadcast(&c->open_cond);
+        pthread_mutex_unlock(&c->mu);
+    }
+    resubscribe(c);
+    /* Requests that waited for the connection go out in the order they were made. */
+    while (c->state == TS__ST_READY && c->waitq_head != NULL) {
+        ts__req *r = c->waitq_head;
+        c->waitq_head = r->next;
+        if (c->waitq_head == NULL)
+            c->waitq_tail = NULL;
+        r->next = NULL;
+        req_send(c, r);
+    }
+}
+
+static void hello_done(ts_client_t *c, ts__req *r, int status)
+{
+    ts__conn *conn = c->conn;
+    if (status != 0) {
+        char msg[TS_MAX_ERRMSG + 64];
+        snprintf(msg, sizeof(msg), "handshake refused: %s%s%s", ts_strerror(status),
+                 r->msg != NULL ? ": " : "", r->msg != NULL ? r->msg : "");
+        conn_fail(c, conn, status, msg);
+        return;
+    }
+    conn->lz4 = (r->hello_flags & TS_HELLO_LZ4) != 0 && c->opts.compress_min > 0;
+    conn->max_body = r->hello_max_body != 0 ? r->hello_max_body : TS_DEFAULT_MAX_FRAME;
+    atomic_store(&c->lz4, conn->lz4);
+    go_ready(c);
+}
+
+/* Connected: start reading and send HELLO. */
+static void send_hello(ts_client_t *c, ts__conn *conn)
+{
+    ts__req *r = ts__calloc(1, sizeof(*r));
+    if (r == NULL) {
+        conn_fail(c, conn, TS_ENOMEM, "out of memory");
+        return;
+    }
+    r->c = c;
+    r->kind = TS__K_HELLO;
+    r->op = TS_OP_HELLO;
+    uint8_t *b = r->small + TS_HDR_SIZE;
+    b[0] = TS_PROTO_VERSION;
+    b[1] = c->opts.compress_min > 0 ? TS_HELLO_LZ4 : 0;
+    ts__put_u16le(b + 2, (uint16_t)c->token_len);
+    r->small_len = 4;
+    if (c->token_len > 0) {
+        r->flat = ts__malloc_aligned(c->token_len);
+        if (r->flat == NULL) {
+            ts__req_free(r);
+            conn_fail(c, conn, TS_ENOMEM, "out of memory");
+            return;
+        }
+        memcpy(r->flat, c->token, c->token_len);
+        r->flat_len = r->flat_cap = c->token_len;
+    }
+    r->body_len = r->small_len + r->flat_len;
+    c->state = TS__ST_HELLO;
+    req_send(c, r);
+}
+
+static void connect_cb(uv_connect_t *req, int status)
+{
+    ts__conn *conn = req->data;
+    ts_client_t *c = conn->c;
+    if (conn->closing)
+        return;
+    if (status < 0) {
+        conn_fail(c, conn, map_connect_err(status), uv_strerror(status));
+        return;
+    }
+    int rc = uv_read_start(&conn->u.stream, alloc_cb, read_cb);
+    if (rc != 0) {
+        conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
+        return;
+    }
+    send_hello(c, conn);
+}
+
+/* Connect a new TCP handle to addr. */
+static void connect_tcp(ts_client_t *c, const struct sockaddr *addr)
+{
+    ts__conn *conn = conn_new(c);
+    if (conn == NULL) {
+        conn_fail(c, NULL, TS_ENOMEM, "out of memory");
+        return;
+    }
+    uv_tcp_init(&c->loop, &conn->u.tcp);
+    conn->u.handle.data = conn;
+    conn->connect.data = conn;
+    /* Small requests must not wait for Nagle's algorithm. */
+    uv_tcp_nodelay(&conn->u.tcp, 1);
+    c->conn = conn;
+    int rc = uv_tcp_connect(&conn->connect, &conn->u.tcp, addr, connect_cb);
+    if (rc != 0)
+        conn_fail(c, conn, map_connect_err(rc), uv_strerror(rc));
+}
+
+typedef struct resolve_req {
+    uv_getaddrinfo_t req;
+    ts_client_t *c;
+    unsigned gen;
+} resolve_req;
+
+static void resolve_cb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
+{
+    resolve_req *rr = (resolve_req *)req;
+    ts_client_t *c = rr->c;
+    int current = rr->gen == c->gen && c->state == TS__ST_CONNECTING;
+    ts__free(rr);
+    if (!current) {
+        uv_freeaddrinfo(res);
+        return;
+    }
+    if (status < 0 || res == NULL) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "cannot resolve %s: %s", c->host, uv_strerror(status));
+        uv_freeaddrinfo(res);
+        conn_fail(c, NULL, TS_ENOTCONN, msg);
+        return;
+    }
+    connect_tcp(c, res->ai_addr);
+    uv_freeaddrinfo(res);
+}
+
+/* Start one connection attempt, bounded by the connect timeout. */
+static void start_attempt(ts_client_t *c)
+{
+    c->gen++;
+    c->state = TS__ST_CONNECTING;
+    uv_timer_start(&c->retry, retry_cb, (uint64_t)c->opts.connect_timeout_ms, 0);
+    if (c->unix_path != NULL) {
+        ts__conn *conn = conn_new(c);
+        if (conn == NULL) {
+            conn_fail(c, NULL, TS_ENOMEM, "out of memory");
+            return;
+        }
+        uv_pipe_init(&c->loop, &conn->u.pipe, 0);
+        conn->u.handle.data = conn;
+        conn->connect.data = conn;
+        c->conn = conn;
+        uv_pipe_connect(&conn->connect, &conn->u.pipe, c->unix_path, connect_cb);
+        return;
+    }
+    /* Numeric addresses need no resolver (and no thread pool). */
+    struct sockaddr_storage ss;
+    if (uv_ip4_addr(c->host, c->port, (struct sockaddr_in *)&ss) == 0 ||
+        uv_ip6_addr(c->host, c->port, (struct sockaddr_in6 *)&ss) == 0) {
+        connect_tcp(c, (const struct sockaddr *)&ss);
+        return;
+    }
+    resolve_req *rr = ts__calloc(1, sizeof(*rr));
+    if (rr == NULL) {
+        conn_fail(c, NULL, TS_ENOMEM, "out of memory");
+        return;
+    }
+    rr->c = c;
+    rr->gen = c->gen;
+    char port[16];
+    snprintf(port, sizeof(port), "%d", c->port);
+    struct addrinfo hints;
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = uv_getaddrinfo(&c->loop, &rr->req, resolve_cb, c->host, port, &hints);
+    if (rc != 0) {
+        ts__free(rr);
+        conn_fail(c, NULL, TS_ENOTCONN, uv_strerror(rc));
+    }
+}
+
+/* The one timer of the connection: the connect timeout while connecting, else the backoff. */
+static void retry_cb(uv_timer_t *t)
+{
+    ts_client_t *c = t->data;
+    if (c->state == TS__ST_BACKOFF)
+        start_attempt(c);
+    else if (c->state == TS__ST_CONNECTING || c->state == TS__ST_HELLO)
+        conn_fail(c, c->conn, TS_ETIMEDOUT, "connect timed out");
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The inbox, shutdown and the thread
+ */
+
+/* Take an unlisten off the queue: final callback now, then tell the server if connected. */
+static void do_unlisten(ts_client_t *c, ts__req *r)
+{
+    sub_final(c, r->sub, TS_ECANCELED);
+    if (c->state != TS__ST_READY) {
+        ts__req_free(r);
+        return;
+    }
+    r->kind = TS__K_FIRE;
+    req_send(c, r);
+}
+
+static void async_cb(uv_async_t *a)
+{
+    ts_client_t *c = a->data;
+    pthread_mutex_lock(&c->mu);
+    if (c->closing) {
+        pthread_mutex_unlock(&c->mu);
+        io_shutdown(c);
+        return;
+    }
+    ts__req *list = c->inbox_head;
+    c->inbox_head = c->inbox_tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+
+    if (c->state == TS__ST_IDLE)
+        start_attempt(c);
+    while (list != NULL) {
+        ts__req *r = list;
+        list = r->next;
+        r->next = NULL;
+        if (c->state == TS__ST_CLOSED) {
+            req_finish(c, r, TS_ECANCELED);
+        } else if (r->kind == TS__K_UNLISTEN) {
+            do_unlisten(c, r);
+        } else if (c->state == TS__ST_READY && c->waitq_head == NULL) {
+            req_send(c, r);
+        } else {
+            append_waitq(c, r);
+            ensure_tick(c);
+        }
+    }
+}
+
+/* Close everything: pending requests get TS_ECANCELED, subscriptions their final callback. */
+static void io_shutdown(ts_client_t *c)
+{
+    if (c->state == TS__ST_CLOSED)
+        return;
+    c->state = TS__ST_CLOSED;
+    c->gen++;
+    atomic_store(&c->connected, 0);
+    uv_timer_stop(&c->retry);
+    uv_timer_stop(&c->tick);
+    c->tick_on = 0;
+    /* Closing the socket first guarantees that no cancelled put's memory is read any more. */
+    if (c->conn != NULL) {
+        conn_close(c->conn);
+        c->conn = NULL;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->closing = 1;
+    ts__req *list = c->inbox_head;
+    c->inbox_head = c->inbox_tail = NULL;
+    ts__sub *subs = c->subs;
+    c->subs = NULL;
+    for (ts__sub *s = subs; s != NULL; s = s->next)
+        s->linked = 0;
+    pthread_mutex_unlock(&c->mu);
+
+    while (list != NULL) {
+        ts__req *r = list;
+        list = r->next;
+        r->next = NULL;
+        req_finish(c, r, TS_ECANCELED);
+    }
+    while (c->waitq_head != NULL) {
+        ts__req *r = c->waitq_head;
+        c->waitq_head = r->next;
+        r->next = NULL;
+        req_finish(c, r, TS_ECANCELED);
+    }
+    c->waitq_tail = NULL;
+    fail_inflight(c, TS_ECANCELED);
+    while (subs != NULL) {
+        ts__sub *s = subs;
+        subs = s->next;
+        s->next = NULL;
+        if (s->live)
+            sub_final(c, s, TS_ECANCELED);
+        ts__sub_unref(s);
+    }
+    uv_close((uv_handle_t *)&c->async, NULL);
+    uv_close((uv_handle_t *)&c->tick, NULL);
+    uv_close((uv_handle_t *)&c->retry, NULL);
+}
+
+static void client_destroy(ts_client_t *c)
+{
+    ts__idmap_free(&c->inflight);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->open_cond);
+    pthread_condattr_destroy(&c->condattr);
+    ts__free(c->address);
+    ts__free(c->host);
+    ts__free(c->unix_path);
+    ts__free(c->token);
+    ts__free(c);
+}
+
+static void *io_main(void *arg)
+{
+    ts_client_t *c = arg;
+    tls_io_client = c;
+    uv_run(&c->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&c->loop);
+    tls_io_client = NULL;
+    if (c->free_on_exit) {
+        /* ts_client_free was called from a callback: nobody joins this thread. */
+        pthread_detach(pthread_self());
+        client_destroy(c);
+    }
+    return NULL;
+}
+
+int ts__submit_locked(ts_client_t *c, ts__req *r)
+{
+    if (c->closing)
+        return TS_ECANCELED;
+    r->next = NULL;
+    if (c->inbox_tail != NULL)
+        c->inbox_tail->next = r;
+    else
+        c->inbox_head = r;
+    c->inbox_tail = r;
+    /* Under mu, so the I/O thread cannot have closed the handle (it sets closing first). */
+    uv_async_send(&c->async);
+    return 0;
+}
+
+int ts__submit(ts_client_t *c, ts__req *r)
+{
+    pthread_mutex_lock(&c->mu);
+    int rc = ts__submit_locked(c, r);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Opening and closing
+ */
+
+void ts_options_init(ts_options_t *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+    opts->connect_timeout_ms = 5000;
+    opts->request_timeout_ms = 30000;
+    opts->reconnect_min_ms = 50;
+    opts->reconnect_max_ms = 2000;
+    opts->auth_token = NULL;
+    opts->compress_min = 0;
+}
+
+/* Split address into host/port or a unix path. 0 or TS_EINVAL. */
+static int parse_address(ts_client_t *c, const char *address)
+{
+    const char *a = address;
+    if (strncmp(a, "unix://", 7) == 0 || strncmp(a, "unix:", 5) == 0) {
+        a += strncmp(a, "unix://", 7) == 0 ? 7 : 5;
+        if (a[0] == '\0')
+            return TS_EINVAL;
+        c->unix_path = ts__strndup(a, strlen(a));
+        return c->unix_path != NULL ? 0 : TS_ENOMEM;
+    }
+    if (strncmp(a, "tcp://", 6) == 0)
+        a += 6;
+    const char *colon = strrchr(a, ':');
+    if (colon == NULL || colon == a || colon[1] == '\0')
+        return TS_EINVAL;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end != '\0' || port <= 0 || port > 65535)
+        return TS_EINVAL;
+    const char *h = a;
+    size_t hl = (size_t)(colon - a);
+    if (h[0] == '[') { /* [v6-address]:port */
+        if (hl < 3 || h[hl - 1] != ']')
+            return TS_EINVAL;
+        h++;
+        hl -= 2;
+    }
+    c->host = ts__strndup(h, hl);
+    c->port = (int)port;
+    return c->host != NULL ? 0 : TS_ENOMEM;
+}
+
+/* Copy opts with defaults for unset fields. */
+static int setup_options(ts_client_t *c, const ts_options_t *opts)
+{
+    ts_options_init(&c->opts);
+    if (opts != NULL) {
+        if (opts->connect_timeout_ms > 0)
+            c->opts.connect_timeout_ms = opts->connect_timeout_ms;
+        if (opts->request_timeout_ms > 0)
+            c->opts.request_timeout_ms = opts->request_timeout_ms;
+        if (opts->reconnect_min_ms > 0)
+            c->opts.reconnect_min_ms = opts->reconnect_min_ms;
+        if (opts->reconnect_max_ms > 0)
+            c->opts.reconnect_max_ms = opts->reconnect_max_ms;
+        c->opts.compress_min = opts->compress_min;
+    }
+    if (c->opts.reconnect_max_ms < c->opts.reconnect_min_ms)
+        c->opts.reconnect_max_ms = c->opts.reconnect_min_ms;
+    c->opts.auth_token = NULL;
+    const char *token =
+        opts != NULL && opts->auth_token != NULL ? opts->auth_token : getenv("TS_AUTH_TOKEN");
+    if (token != NULL && token[0] != '\0') {
+        c->token_len = strlen(token);
+        if (c->token_len > TS__MAX_TOKEN)
+            return TS_EINVAL;
+        c->token = ts__strndup(token, c->token_len);
+        if (c->token == NULL)
+            return TS_ENOMEM;
+    }
+    return 0;
+}
+
+/* Set up the loop and its handles (on the opening thread, before the I/O thread exists). */
+static int setup_loop(ts_client_t *c)
+{
+    int rc = uv_loop_init(&c->loop);
+    if (rc != 0)
+        return TS_ENOMEM;
+    uv_async_init(&c->loop, &c->async, async_cb);
+    c->async.data = c;
+    uv_timer_init(&c->loop, &c->tick);
+    c->tick.data = c;
+    uv_timer_init(&c->loop, &c->retry);
+    c->retry.data = c;
+    return 0;
+}
+
+int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *opts)
+{
+    if (out == NULL || address == NULL)
+        return TS_EINVAL;
+    ts__set_last_error(NULL, 0);
+    ts_client_t *c = ts__calloc(1, sizeof(*c));
+    if (c == NULL)
+        return TS_ENOMEM;
+    int rc = (c->address = ts__strndup(address, strlen(address))) == NULL ? TS_ENOMEM : 0;
+    if (rc == 0)
+        rc = parse_address(c, address);
+    if (rc == 0)
+        rc = setup_options(c, opts);
+    if (rc != 0) {
+        ts__free(c->address);
+        ts__free(c->host);
+        ts__free(c->unix_path);
+        ts__free(c->token);
+        ts__free(c);
+        return rc;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_condattr_init(&c->condattr);
+    pthread_condattr_setclock(&c->condattr, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->open_cond, &c->condattr);
+    c->backoff_ms = c->opts.reconnect_min_ms;
+    c->next_id = 1;
+    c->state = TS__ST_IDLE;
+    if (setup_loop(c) != 0) {
+        client_destroy(c);
+        return TS_ENOMEM;
+    }
+    uv_async_send(&c->async); /* the first thing the I/O thread does is connect */
+    if (pthread_create(&c->thread, NULL, io_main, c) != 0) {
+        uv_close((uv_handle_t *)&c->async, NULL);
+        uv_close((uv_handle_t *)&c->tick, NULL);
+        uv_close((uv_handle_t *)&c->retry, NULL);
+        uv_run(&c->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&c->loop);
+        client_destroy(c);
+        return TS_EAGAIN;
+    }
+
+    uint64_t until =
+        ts__now_ns() + (uint64_t)(c->opts.connect_timeout_ms + TS__OPEN_GRACE_MS) * 1000000u;
+    struct timespec ts = {(time_t)(until / 1000000000u), (long)(until % 1000000000u)};
+    pthread_mutex_lock(&c->mu);
+    while (!c->open_done) {
+        if (pthread_cond_timedwait(&c->open_cond, &c->mu, &ts) != 0 && !c->open_done) {
+            c->open_status = TS_ETIMEDOUT;
+            snprintf(c->open_msg, sizeof(c->open_msg), "%s: connect timed out", c->address);
+            if (!c->closing) {
+                c->closing = 1;
+                uv_async_send(&c->async);
+            }
+            break;
+        }
+    }
+    rc = c->open_status;
+    char msg[sizeof(c->open_msg)];
+    memcpy(msg, c->open_msg, sizeof(msg));
+    pthread_mutex_unlock(&c->mu);
+    if (rc != 0) {
+        pthread_join(c->thread, NULL);
+        client_destroy(c);
+        ts__set_last_error(msg, strnlen(msg, sizeof(msg)));
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void ts_client_free(ts_client_t *c)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->mu);
+    int already = c->closing;
+    if (!already) {
+        c->closing = 1;
+        uv_async_send(&c->async);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (already)
+        return; /* a second call (from a cancellation callback): the first one finishes */
+    if (ts__on_io_thread(c)) {
+        /* From a callback: the I/O thread finishes the job once the callback returns. */
+        c->free_on_exit = 1;
+        return;
+    }
+    pthread_join(c->thread, NULL);
+    client_destroy(c);
+}
+
+int ts_client_connected(ts_client_t *c)
+{
+    return c != NULL && atomic_load(&c->connected) ? 1 : 0;
+}

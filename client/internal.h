@@ -1,0 +1,226 @@
+/*
+ * Internals of libtensorshare's client: the request, subscription and connection structures that
+ * the public API (api.c), the I/O thread (client.c) and the reply parsers (reply.c) share.
+ *
+ * Threads: a ts_client_t owns one I/O thread that runs its own libuv loop. Application threads
+ * only touch the fields marked "under mu"; everything else belongs to the I/O thread. See
+ * docs/THREADING.md for the full table.
+ */
+#ifndef TS_CLIENT_INTERNAL_H
+#define TS_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <uv.h>
+
+#include "proto.h"
+#include "record.h"
+
+#define TS__TICK_MS 20 /* ms; how often the I/O thread checks request deadlines */
+#define TS__BLOCK_GRACE_MS                                                                         \
+    500                           /* ms; a blocking caller waits this long past its deadline       \
+                                     for the I/O thread's verdict before abandoning on its own */
+#define TS__STAGE_SIZE (64 << 10) /* bytes; the receive staging buffer of a connection */
+#define TS__MAX_TOKEN  4092       /* bytes; a HELLO body must fit TS_MAX_PREAUTH_BODY */
+
+/* A map from request id to request (open addressing, linear probing; id 0 is never used). */
+typedef struct ts__idmap {
+    uint32_t *keys; /* 0 = free slot */
+    void **vals;
+    size_t cap; /* a power of two, or 0 */
+    size_t n;
+} ts__idmap;
+
+/* Insert; the id must not be present. 0 or TS_ENOMEM. */
+int ts__idmap_put(ts__idmap *m, uint32_t id, void *val);
+/* The value for id, or NULL. */
+void *ts__idmap_get(const ts__idmap *m, uint32_t id);
+/* Remove id and return its value, or NULL when absent. */
+void *ts__idmap_del(ts__idmap *m, uint32_t id);
+void ts__idmap_free(ts__idmap *m);
+
+/* Who is waiting for a request, which decides what completing it means. */
+enum {
+    TS__K_ASYNC = 1, /* a user callback */
+    TS__K_BLOCK,     /* an application thread blocked on the request's condition variable */
+    TS__K_HELLO,     /* the handshake of a connection */
+    TS__K_RESUB,     /* a LISTEN re-sent for a subscription after a reconnect */
+    TS__K_UNLISTEN,  /* ts_unlisten: ends a subscription (never sent itself) */
+    TS__K_FIRE       /* an internal request whose reply is ignored */
+};
+
+typedef struct ts__sub ts__sub;
+typedef struct ts__conn ts__conn;
+
+/*
+ * One request. Created by the calling thread (which encodes the body), then handed to the I/O
+ * thread through the inbox; from then on it belongs to the I/O thread, except for the fields a
+ * blocking caller shares under mu.
+ */
+typedef struct ts__req {
+    struct ts__req *next; /* inbox or wait-queue link */
+    ts_client_t *c;
+    int kind;
+    uint8_t op;
+    uint8_t hflags;       /* frame header flags (TS_FLAG_LZ4) */
+    int borrowed;         /* the body points into caller memory (segments of enc) */
+    uint64_t deadline_ns; /* monotonic; 0 = none */
+    uint32_t id;          /* assigned when written */
+
+    /* The frame: small = header + fixed body part, then flat or the record plan. */
+    uint8_t small[TS_HDR_SIZE + 1 + TS_MAX_NAME_LEN + 16];
+    size_t small_len; /* body bytes in small after the header */
+    uint8_t *flat;    /* ts__malloc_aligned body tail (copied record, lz4 body, token) */
+    size_t flat_len;
+    size_t flat_cap; /* the allocation size of flat */
+    ts__enc enc;     /* the record plan when the tensors are sent from caller memory */
+    int has_enc;
+    uint64_t body_len;
+
+    /* I/O thread state. */
+    uv_write_t w;
+    ts__conn *conn;      /* the connection it was written to */
+    int in_map;          /* registered in the in-flight map under id */
+    int wpending;        /* uv_write has not called back yet */
+    int finish_on_write; /* completed while the write was pending: finish in the write cb */
+    int status;
+
+    /* Results (filled by the reply parser). */
+    ts_result_t res;
+    char *msg;      /* the server's error message (ts__malloc'd), or NULL */
+    int have_state; /* res.version and res.n_items came from the server */
+    uint8_t hello_flags;
+    uint64_t hello_max_body;
+
+    /* Completion. */
+    ts_result_cb cb;
+    void *arg;
+    ts__sub *sub; /* LISTEN, RESUB and UNLISTEN: the subscription (a reference) */
+
+    /* Blocking callers (under mu, except has_cond). */
+    int has_cond;
+    pthread_cond_t cond;
+    int done;
+    int abandoned;
+    int wbusy; /* the I/O thread may be reading the caller's memory */
+} ts__req;
+
+/* A subscription (ts_listen). */
+struct ts__sub {
+    ts__sub *next; /* c->subs, under mu */
+    atomic_int refs;
+    char *bin; /* NUL-terminated copy */
+    size_t bin_len;
+    ts_notify_cb cb;
+    void *arg;
+    int linked; /* in c->subs (under mu) */
+    int live;   /* the server confirmed it once (under mu) */
+    /* I/O thread only. */
+    ts__sub *io_next; /* a temporary chain while delivering to several subscriptions */
+    int on_conn;      /* subscribed on the current connection */
+    int final_done;   /* the final callback was delivered */
+    uint64_t version;
+    uint32_t n_items;
+};
+
+/* Receive states of a connection. */
+enum { TS__RS_HDR = 0, TS__RS_BODY };
+
+/* One connection attempt or live connection; freed by its handle's close callback. */
+struct ts__conn {
+    union {
+        uv_handle_t handle;
+        uv_stream_t stream;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } u;
+    uv_connect_t connect;
+    ts_client_t *c;
+    int closing;
+    int lz4;           /* compressed bodies agreed in HELLO */
+    uint64_t max_body; /* the server's body limit from HELLO */
+    /* Receiving. */
+    uint8_t *stage;
+    size_t stage_len;
+    int rstate;
+    ts__hdr hdr;
+    uint8_t *body;
+    size_t body_got;
+    uint64_t discard; /* body bytes still to drop (a body we could not allocate) */
+};
+
+/* Connection states (I/O thread). */
+enum {
+    TS__ST_IDLE = 0,
+    TS__ST_CONNECTING, /* resolving, connecting */
+    TS__ST_HELLO,      /* connected, handshake in flight */
+    TS__ST_READY,
+    TS__ST_BACKOFF, /* waiting before the next attempt */
+    TS__ST_CLOSED
+};
+
+struct ts_client_s {
+    /* Set by ts_client_open, then read-only. */
+    char *address; /* as given, for messages */
+    char *host;
+    int port;
+    char *unix_path; /* non-NULL for a unix socket */
+    ts_options_t opts;
+    char *token;
+    size_t token_len;
+    pthread_t thread;
+
+    /* Shared with application threads. */
+    pthread_mutex_t mu;
+    ts__req *inbox_head; /* under mu */
+    ts__req *inbox_tail; /* under mu */
+    ts__sub *subs;       /* under mu */
+    int closing;         /* under mu: ts_client_free was called */
+    pthread_cond_t open_cond;
+    int open_done;      /* under mu */
+    int open_status;    /* under mu */
+    char open_msg[256]; /* under mu */
+    atomic_int connected;
+    atomic_int lz4; /* the last handshake agreed on lz4 */
+    pthread_condattr_t condattr;
+
+    /* I/O thread only. */
+    uv_loop_t loop;
+    uv_async_t async;
+    uv_timer_t tick;  /* request deadlines */
+    uv_timer_t retry; /* connect timeout, then reconnect backoff */
+    int tick_on;
+    ts__conn *conn;
+    int state;
+    int ever_ready;
+    int free_on_exit; /* freed by the I/O thread itself (ts_client_free from a callback) */
+    int backoff_ms;
+    unsigned gen; /* bumps with every connection attempt */
+    uint32_t next_id;
+    ts__idmap inflight;
+    ts__req *waitq_head;
+    ts__req *waitq_tail;
+};
+
+/* client.c: hand a request to the I/O thread. 0, or TS_ECANCELED when the client is closing. */
+int ts__submit(ts_client_t *c, ts__req *r);
+/* The same with mu already held by the caller. */
+int ts__submit_locked(ts_client_t *c, ts__req *r);
+/* 1 when the calling thread is c's I/O thread. */
+int ts__on_io_thread(const ts_client_t *c);
+/* Free a request and whatever results it still holds. */
+void ts__req_free(ts__req *r);
+void ts__sub_unref(ts__sub *s);
+
+/* api.c: the per-thread message behind ts_client_last_error() (len bytes of msg, or ""). */
+void ts__set_last_error(const char *msg, size_t len);
+
+/* reply.c: parse a reply body for r (status already OK); takes over body. 0 or TS_EPROTO. */
+int ts__reply_parse(ts__req *r, uint8_t *body, size_t len);
+/* Parse a TS_BIN_STATE body into res. 0 or TS_EPROTO. */
+int ts__parse_bin_state(const uint8_t *body, size_t len, ts_result_t *res);
+/* Free an aligned receive body. */
+void ts__body_free(uint8_t *body, size_t len);
+
+#endif /* TS_CLIENT_INTERNAL_H */
