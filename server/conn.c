@@ -23,6 +23,9 @@
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void process_input(tsd_conn *c);
+static void write_pending(tsd_conn *c);
+static void maybe_finish(tsd_conn *c);
+static void on_write(uv_write_t *req, int status);
 
 /* ---------------------------------------------------------------------------------------------
  * Write batches
@@ -93,6 +96,23 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem)
 }
 
 /*
+ * Stop serving c: no more requests are read (input is drained and dropped, so closing does not
+ * reset the connection and destroy the last reply), no more output is accepted, and the
+ * connection closes once its queued writes are done and the peer has seen our FIN (or at the
+ * deadline, for peers that never read).
+ */
+static void begin_closing(tsd_conn *c)
+{
+    c->out_blocked = 1;
+    if (!c->close_after_flush) {
+        c->close_after_flush = 1;
+        c->close_deadline = uv_now(c->srv->loop) + TSD_CLOSE_GRACE_MS;
+    }
+    c->rstate = TSD_RS_DEAD;
+    tsd_server_mark_dirty(c->srv, c);
+}
+
+/*
  * Output failed for lack of memory: the pending batch may end inside a frame, so it is dropped
  * whole, and the connection is closed once the writes already in flight are done.
  */
@@ -104,12 +124,7 @@ static void out_abort(tsd_conn *c)
         batch_release(c, c->pend);
         c->pend = NULL;
     }
-    c->out_blocked = 1;
-    c->close_after_flush = 1;
-    c->close_deadline = uv_now(c->srv->loop) + TSD_CLOSE_GRACE_MS;
-    c->rstate = TSD_RS_DEAD;
-    uv_read_stop(&c->h.stream);
-    tsd_server_mark_dirty(c->srv, c);
+    begin_closing(c);
 }
 
 /* Append a segment; ptr == NULL refers to small bytes at off. 0 or -1. */
@@ -221,11 +236,7 @@ static void cut_off_slow_reader(tsd_conn *c, uint64_t queued)
         if (p != NULL)
             memcpy(p, msg, sizeof(msg) - 1);
     }
-    c->out_blocked = 1;
-    c->close_after_flush = 1;
-    c->close_deadline = uv_now(srv->loop) + TSD_CLOSE_GRACE_MS;
-    c->rstate = TSD_RS_DEAD;
-    uv_read_stop(&c->h.stream);
+    begin_closing(c);
 }
 
 int tsd_out_begin(tsd_conn *c)
@@ -237,10 +248,16 @@ int tsd_out_begin(tsd_conn *c)
      * than the limit (a big GET) is fine, a client that keeps asking without reading is not.
      * A soft limit (over N bytes for T seconds) would hook in here too.
      */
+    uint64_t limit = c->srv->cfg.max_output;
     uint64_t queued = uv_stream_get_write_queue_size(&c->h.stream);
+    if (c->pend != NULL && (c->pend->bytes >= TSD_WRITE_CHUNK || queued + c->pend->bytes > limit)) {
+        /* Measure what the socket did not take, not what this callback batched. */
+        write_pending(c);
+        queued = uv_stream_get_write_queue_size(&c->h.stream);
+    }
     if (c->pend != NULL)
         queued += c->pend->bytes;
-    if (queued > c->srv->cfg.max_output) {
+    if (queued > limit) {
         cut_off_slow_reader(c, queued);
         return -1;
     }
@@ -291,6 +308,34 @@ void tsd_reply_state(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uin
  * Flushing and closing
  */
 
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    tsd_conn *c = req->data;
+    c->shut_done = 1;
+    if (status < 0 || c->eof)
+        tsd_conn_close(c);
+}
+
+/*
+ * A connection on its way out whose output is all written: send FIN, then close once the peer
+ * closes its side too (or the cron's deadline passes).
+ */
+static void maybe_finish(tsd_conn *c)
+{
+    if (c->closing || !c->close_after_flush || c->writes_in_flight > 0 || c->pend != NULL)
+        return;
+    if (c->eof && (c->shut_done || c->close_deadline == 0)) {
+        tsd_conn_close(c);
+        return;
+    }
+    if (c->shut_started)
+        return;
+    c->shut_started = 1;
+    c->shut_req.data = c;
+    if (uv_shutdown(&c->shut_req, &c->h.stream, on_shutdown) != 0)
+        tsd_conn_close(c);
+}
+
 static void on_write(uv_write_t *req, int status)
 {
     tsd_wbatch *b = req->data;
@@ -303,26 +348,26 @@ static void on_write(uv_write_t *req, int status)
         tsd_conn_close(c);
         return;
     }
-    if (c->close_after_flush && c->writes_in_flight == 0 && c->pend == NULL)
-        tsd_conn_close(c);
+    maybe_finish(c);
 }
 
-void tsd_conn_flush(tsd_conn *c)
+/*
+ * Hand the pending batch to uv_write (which writes what the socket takes at once). Never closes
+ * the connection itself, so it is safe while lists are being walked: on failure the connection
+ * is marked to close at the next flush.
+ */
+static void write_pending(tsd_conn *c)
 {
-    if (c->closing)
-        return;
     tsd_wbatch *b = c->pend;
-    if (b != NULL) {
-        c->pend = NULL;
-        /* Build the uv_buf array, cutting long runs of small bytes to the write chunk too. */
-        size_t nbufs = 0;
-        for (size_t i = 0; i < b->nsegs; i++)
-            nbufs += (b->segs[i].len + TSD_WRITE_CHUNK - 1) / TSD_WRITE_CHUNK;
-        if (grow((void **)&b->bufs, &b->bufs_cap, nbufs, sizeof(*b->bufs)) != 0) {
-            batch_release(c, b);
-            tsd_conn_close(c);
-            return;
-        }
+    if (b == NULL || c->closing)
+        return;
+    c->pend = NULL;
+    /* Build the uv_buf array, cutting long runs of small bytes to the write chunk too. */
+    size_t nbufs = 0;
+    for (size_t i = 0; i < b->nsegs; i++)
+        nbufs += (b->segs[i].len + TSD_WRITE_CHUNK - 1) / TSD_WRITE_CHUNK;
+    int rc = UV_ENOMEM;
+    if (grow((void **)&b->bufs, &b->bufs_cap, nbufs, sizeof(*b->bufs)) == 0) {
         size_t k = 0;
         for (size_t i = 0; i < b->nsegs; i++) {
             const uint8_t *p = b->segs[i].ptr != NULL ? b->segs[i].ptr : b->small + b->segs[i].off;
@@ -335,18 +380,24 @@ void tsd_conn_flush(tsd_conn *c)
             }
         }
         b->req.data = b;
-        int rc = uv_write(&b->req, &c->h.stream, b->bufs, (unsigned int)k, on_write);
-        if (rc != 0) {
-            tsd_log(TSD_LOG_DEBUG, "conn %llu: uv_write: %s", (unsigned long long)c->id,
-                    uv_strerror(rc));
-            batch_release(c, b);
-            tsd_conn_close(c);
-            return;
-        }
-        c->writes_in_flight++;
+        rc = uv_write(&b->req, &c->h.stream, b->bufs, (unsigned int)k, on_write);
     }
-    if (c->close_after_flush && c->writes_in_flight == 0 && c->pend == NULL)
-        tsd_conn_close(c);
+    if (rc != 0) {
+        tsd_log(TSD_LOG_DEBUG, "conn %llu: write: %s", (unsigned long long)c->id, uv_strerror(rc));
+        batch_release(c, b);
+        begin_closing(c);
+        c->close_deadline = 0; /* The peer is gone: no grace. */
+        return;
+    }
+    c->writes_in_flight++;
+}
+
+void tsd_conn_flush(tsd_conn *c)
+{
+    if (c->closing)
+        return;
+    write_pending(c);
+    maybe_finish(c);
 }
 
 /* Release whatever an interrupted upload holds: item, temporary buffer, reservation. */
@@ -421,12 +472,7 @@ void tsd_conn_fail(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const
             ts__status_name(status), msg);
     drop_upload(c);
     tsd_reply(c, op, rid, status, msg, n);
-    c->out_blocked = 1;
-    c->close_after_flush = 1;
-    c->close_deadline = uv_now(c->srv->loop) + TSD_CLOSE_GRACE_MS;
-    c->rstate = TSD_RS_DEAD;
-    uv_read_stop(&c->h.stream);
-    tsd_server_mark_dirty(c->srv, c);
+    begin_closing(c);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -470,11 +516,12 @@ void tsd_conn_accept(tsd_server *srv, uv_stream_t *server_handle, int is_unix)
                 srv->cfg.max_clients);
         tsd_reply_err(c, 0, 0, TS_ST_TOO_MANY_CLIENTS, "too many clients (limit %u)",
                       srv->cfg.max_clients);
-        c->out_blocked = 1;
-        c->close_after_flush = 1;
-        c->close_deadline = uv_now(srv->loop) + TSD_CLOSE_GRACE_MS;
-        c->rstate = TSD_RS_DEAD;
-        tsd_conn_flush(c);
+        begin_closing(c);
+        /* Read (and drop) whatever it sends, so it sees our reply and FIN, not a reset. */
+        if (uv_read_start(&c->h.stream, on_alloc, on_read) != 0)
+            tsd_conn_close(c);
+        else
+            tsd_conn_flush(c);
         return;
     }
     tsd_log(TSD_LOG_DEBUG, "conn %llu: accepted (%s)", (unsigned long long)c->id,
@@ -488,6 +535,12 @@ void tsd_conn_accept(tsd_server *srv, uv_stream_t *server_handle, int is_unix)
 /* ---------------------------------------------------------------------------------------------
  * Reading
  */
+
+/*
+ * Bytes that are read only to be dropped (refused uploads, connections on their way out). One
+ * loop thread, so one buffer serves every connection.
+ */
+static uint8_t discard_buf[64 * 1024];
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
@@ -503,10 +556,13 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
         return;
     }
     case TSD_RS_DISCARD: {
-        uint64_t n = c->bulk_left < TSD_IBUF_SIZE ? c->bulk_left : TSD_IBUF_SIZE;
-        *buf = uv_buf_init((char *)c->ibuf, (unsigned int)n);
+        uint64_t n = c->bulk_left < sizeof(discard_buf) ? c->bulk_left : sizeof(discard_buf);
+        *buf = uv_buf_init((char *)discard_buf, (unsigned int)n);
         return;
     }
+    case TSD_RS_DEAD:
+        *buf = uv_buf_init((char *)discard_buf, sizeof(discard_buf));
+        return;
     case TSD_RS_HDR:
         if (c->ibuf == NULL) {
             c->ibuf = ts__malloc(TSD_IBUF_SIZE);
@@ -844,24 +900,26 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     tsd_conn *c = s->data;
     tsd_server *srv = c->srv;
     (void)buf;
+    if (c->closing)
+        return;
     if (nread < 0) {
-        if (nread != UV_EOF)
+        if (nread != UV_EOF) {
             tsd_log(TSD_LOG_DEBUG, "conn %llu: read: %s", (unsigned long long)c->id,
                     uv_strerror((int)nread));
-        /* A client that half-closes after its requests still gets its replies. */
-        if (nread == UV_EOF && c->rstate == TSD_RS_HDR &&
-            (c->writes_in_flight > 0 || c->pend != NULL)) {
+            tsd_conn_close(c);
+        } else if (c->close_after_flush || c->writes_in_flight > 0 || c->pend != NULL) {
+            /* The peer is done sending; a half-closed client still gets its replies. */
             uv_read_stop(s);
-            c->rstate = TSD_RS_DEAD;
-            c->close_after_flush = 1;
-            c->close_deadline = uv_now(srv->loop) + TSD_CLOSE_GRACE_MS;
+            c->eof = 1;
+            begin_closing(c);
+            maybe_finish(c);
         } else {
             tsd_conn_close(c);
         }
         tsd_server_flush(srv);
         return;
     }
-    if (nread == 0 || c->closing)
+    if (nread == 0)
         return;
     srv->stats.bytes_received += (uint64_t)nread;
     switch (c->rstate) {
@@ -878,7 +936,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             discard_done(c);
         break;
     default:
-        break;
+        return; /* TSD_RS_DEAD: dropped. */
     }
     process_input(c);
     tsd_server_flush(srv);

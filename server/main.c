@@ -117,6 +117,16 @@ static int parse_args(int argc, char **argv, tsd_config *cfg)
             printf("tensord %s\n", TS_VERSION_STRING);
             return 1;
         }
+        static const char *const known[] = {"--port",        "--host",       "--unix",
+                                            "--port-file",   "--max-frame",  "--max-memory",
+                                            "--max-clients", "--max-output", "--log-level"};
+        int is_known = 0;
+        for (size_t k = 0; k < TS__ARRAY_SIZE(known); k++)
+            is_known |= strcmp(flag, known[k]) == 0;
+        if (!is_known) {
+            fprintf(stderr, "tensord: unknown flag %s (see --help)\n", flag);
+            return -1;
+        }
         if (val == NULL) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "tensord: %s needs a value (see --help)\n", flag);

@@ -39,7 +39,7 @@
 #define TSD_WRITE_CHUNK   ((size_t)4 << 20)     /* bytes; largest single uv_buf of a reply */
 #define TSD_MAX_WAIT_MS   (24u * 3600u * 1000u) /* ms; WAIT timeouts are capped at 24 h */
 /* ms; a connection closed after an error reply is dropped at the latest after this long. */
-#define TSD_CLOSE_GRACE_MS 2000
+#define TSD_CLOSE_GRACE_MS 5000
 #define TSD_CRON_MS        500 /* ms; period of the housekeeping timer */
 #define TSD_BATCH_CACHE    2   /* write batches kept per connection for reuse */
 
@@ -222,6 +222,9 @@ typedef struct tsd_conn {
     int close_after_flush;   /* close once every queued write is done */
     int out_blocked;         /* no further output is accepted (cut off, or closing) */
     uint64_t close_deadline; /* uv_now ms; forced close of a lingering connection */
+    int eof;                 /* the peer closed its side */
+    int shut_started, shut_done;
+    uv_shutdown_t shut_req;
 
     /* Input. */
     int rstate;    /* TSD_RS_* */

@@ -1,0 +1,782 @@
+/*
+ * tensord over raw sockets: every operation and its reply layout, the original's semantics case
+ * by case, notifications, WAIT, pipelining, the unix socket and lz4 bodies.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "compress.h"
+#include "test_server_util.h"
+
+static tsh_server srv;
+
+static int start(void **state)
+{
+    (void)state;
+    return tsh_server_start(&srv, NULL);
+}
+
+static int stop(void **state)
+{
+    (void)state;
+    int rc = tsh_server_stop(&srv);
+    tsh_server_cleanup(&srv);
+    /* tensord must exit 0 (clean, and leak-free under ASan) after every test. */
+    return rc == 0 ? 0 : -1;
+}
+
+static uint64_t now_ms(void)
+{
+    return ts__now_ns() / 1000000u;
+}
+
+static void test_hello(void **state)
+{
+    (void)state;
+    int fd = tsh_connect_tcp(srv.port);
+    assert_true(fd >= 0);
+    uint8_t body[8] = {1, TS_HELLO_LZ4, 4, 0, 's', 'e', 'c', 'r'};
+    assert_int_equal(tsh_send(fd, TS_OP_HELLO, 77, body, sizeof(body)), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_HELLO, 77, TS_ST_OK);
+    assert_int_equal(f.len, 24);
+    assert_int_equal(f.body[0], 1);
+    assert_int_equal(f.body[1], TS_HELLO_LZ4);
+    assert_int_equal(ts__get_u16le(f.body + 2), 0);
+    assert_int_equal(ts__get_u32le(f.body + 4), 0);
+    assert_int_equal(ts__get_u64le(f.body + 8), TS_DEFAULT_MAX_FRAME);
+    uint64_t id = ts__get_u64le(f.body + 16);
+    tsu_frame_free(&f);
+    close(fd);
+
+    /* Without the flag the server does not offer lz4; the server id stays the same. */
+    fd = tsh_connect_tcp(srv.port);
+    uint8_t plain[4] = {3, 0, 0, 0};
+    assert_int_equal(tsh_send(fd, TS_OP_HELLO, 1, plain, sizeof(plain)), 0);
+    tsu_expect(fd, &f, TS_OP_HELLO, 1, TS_ST_OK);
+    assert_int_equal(f.body[0], 1);
+    assert_int_equal(f.body[1], 0);
+    assert_int_equal(ts__get_u64le(f.body + 16), id);
+    tsu_frame_free(&f);
+    close(fd);
+
+    /* A client that only speaks version 0 is refused and disconnected. */
+    fd = tsh_connect_tcp(srv.port);
+    uint8_t old[4] = {0, 0, 0, 0};
+    assert_int_equal(tsh_send(fd, TS_OP_HELLO, 2, old, sizeof(old)), 0);
+    tsu_expect_error_close(fd, TS_ST_UNSUPPORTED_VERSION);
+    close(fd);
+}
+
+static void test_ping_and_save(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    tsu_frame f;
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 5, NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_PING, 5, TS_ST_OK);
+    assert_int_equal(f.len, 0);
+    assert_int_equal(tsh_send(fd, TS_OP_SAVE, 6, NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_SAVE, 6, TS_ST_INVALID);
+    assert_int_equal(f.len, strlen("snapshots not configured"));
+    assert_memory_equal(f.body, "snapshots not configured", f.len);
+    tsu_frame_free(&f);
+    /* SAVE's refusal keeps the connection. */
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 7, NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_PING, 7, TS_ST_OK);
+    close(fd);
+}
+
+static void test_put_replaces(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    uint32_t n;
+    uint64_t v1 = tsu_put_int(fd, TS_OP_PUT, "params", 1, &n);
+    assert_int_equal(n, 1);
+    uint64_t v2 = tsu_put_int(fd, TS_OP_PUT, "params", 2, &n);
+    assert_int_equal(n, 1);
+    assert_true(v2 > v1);
+    /* Versions start at the wall clock in microseconds (after 2020). */
+    assert_true(v1 > (uint64_t)1577836800 * 1000000u);
+    tsu_items it;
+    tsu_get(fd, TS_OP_PEEK, "params", 0, &it);
+    assert_int_equal(it.n, 1);
+    assert_int_equal(it.remaining, 1);
+    assert_int_equal(it.version, v2);
+    assert_int_equal(tsu_item_int(it.item[0], it.item_len[0]), 2);
+    tsu_frame_free(&it.f);
+    /* A put over an appended bin replaces every item. */
+    tsu_put_int(fd, TS_OP_APPEND, "params", 3, &n);
+    assert_int_equal(n, 2);
+    tsu_put_int(fd, TS_OP_PUT, "params", 4, &n);
+    assert_int_equal(n, 1);
+    close(fd);
+}
+
+static void test_append_creates_and_extends(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    uint32_t n;
+    uint64_t prev = 0;
+    for (int i = 0; i < 5; i++) {
+        uint64_t v = tsu_put_int(fd, TS_OP_APPEND, "data", 100 + i, &n);
+        assert_int_equal(n, (uint32_t)i + 1);
+        assert_true(v > prev);
+        prev = v;
+    }
+    tsu_items it;
+    tsu_get(fd, TS_OP_PEEK, "data", 0, &it);
+    assert_int_equal(it.n, 5);
+    assert_int_equal(it.version, prev);
+    for (uint32_t i = 0; i < 5; i++)
+        assert_int_equal(tsu_item_int(it.item[i], it.item_len[i]), 100 + i);
+    tsu_frame_free(&it.f);
+    close(fd);
+}
+
+static void test_get_removes(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    uint64_t v = tsu_put_int(fd, TS_OP_APPEND, "q", 1, NULL);
+    tsu_put_int(fd, TS_OP_APPEND, "q", 2, NULL);
+    tsu_items it;
+    tsu_get(fd, TS_OP_GET, "q", 0, &it);
+    assert_int_equal(it.n, 2);
+    assert_int_equal(it.remaining, 0);
+    assert_true(it.version > v);
+    assert_int_equal(tsu_item_int(it.item[0], it.item_len[0]), 1);
+    assert_int_equal(tsu_item_int(it.item[1], it.item_len[1]), 2);
+    tsu_frame_free(&it.f);
+
+    /* The bin is gone: get and peek of a missing bin are NOT_FOUND, naming it. */
+    tsu_frame f;
+    for (uint8_t op = TS_OP_GET; op <= TS_OP_PEEK; op++) {
+        assert_int_equal(tsu_send_get(fd, op, 9, "q", 0), 0);
+        tsu_expect(fd, &f, op, 9, TS_ST_NOT_FOUND);
+        assert_int_equal(f.len, strlen("no such bin: q"));
+        assert_memory_equal(f.body, "no such bin: q", f.len);
+        tsu_frame_free(&f);
+    }
+    assert_int_equal(tsh_send(fd, TS_OP_LIST, 10, NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_LIST, 10, TS_ST_OK);
+    assert_int_equal(f.len, 8);
+    assert_int_equal(ts__get_u32le(f.body), 0);
+    tsu_frame_free(&f);
+    close(fd);
+}
+
+static void test_get_max_items(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    for (int i = 0; i < 5; i++)
+        tsu_put_int(fd, TS_OP_APPEND, "batch", i, NULL);
+    tsu_items it;
+    tsu_get(fd, TS_OP_GET, "batch", 2, &it);
+    assert_int_equal(it.n, 2);
+    assert_int_equal(it.remaining, 3);
+    assert_int_equal(tsu_item_int(it.item[0], it.item_len[0]), 0);
+    assert_int_equal(tsu_item_int(it.item[1], it.item_len[1]), 1);
+    uint64_t vget = it.version;
+    tsu_frame_free(&it.f);
+
+    /* The bin's version is that of the get; peek with a limit removes nothing. */
+    tsu_get(fd, TS_OP_PEEK, "batch", 1, &it);
+    assert_int_equal(it.n, 1);
+    assert_int_equal(it.remaining, 3);
+    assert_int_equal(it.version, vget);
+    assert_int_equal(tsu_item_int(it.item[0], it.item_len[0]), 2);
+    tsu_frame_free(&it.f);
+
+    /* More than there are gives what there is. */
+    tsu_get(fd, TS_OP_GET, "batch", 100, &it);
+    assert_int_equal(it.n, 3);
+    assert_int_equal(it.remaining, 0);
+    assert_int_equal(tsu_item_int(it.item[2], it.item_len[2]), 4);
+    tsu_frame_free(&it.f);
+    close(fd);
+}
+
+static void test_delete(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    tsu_frame f;
+    uint64_t v;
+    uint32_t n;
+    assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 1, "gone", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_LISTEN, 1, TS_ST_OK);
+    tsu_frame_free(&f);
+
+    /* Deleting a missing bin: OK, n = 0, and no notification (the next frame is the ping). */
+    assert_int_equal(tsu_send_name(fd, TS_OP_DELETE, 2, "gone", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_DELETE, 2, TS_ST_OK);
+    tsu_state(&f, &v, &n);
+    assert_int_equal(v, 0);
+    assert_int_equal(n, 0);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 3, NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_PING, 3, TS_ST_OK);
+
+    tsu_put_int(fd, TS_OP_APPEND, "gone", 1, NULL);
+    tsu_expect(fd, &f, TS_OP_NOTIFY, 0, TS_ST_OK);
+    tsu_frame_free(&f);
+    uint64_t va = tsu_put_int(fd, TS_OP_APPEND, "gone", 2, NULL);
+    tsu_expect(fd, &f, TS_OP_NOTIFY, 0, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_name(fd, TS_OP_DELETE, 4, "gone", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_DELETE, 4, TS_ST_OK);
+    tsu_state(&f, &v, &n);
+    assert_true(v > va);
+    assert_int_equal(n, 2);
+    tsu_frame_free(&f);
+    tsu_expect(fd, &f, TS_OP_NOTIFY, 0, TS_ST_OK);
+    tsu_note note;
+    tsu_note_parse(&f, &note);
+    assert_int_equal(note.event, TS_NOTE_DELETE);
+    assert_int_equal(note.n, 0);
+    assert_int_equal(note.version, v);
+    assert_string_equal(note.name, "gone");
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_get(fd, TS_OP_PEEK, 5, "gone", 0), 0);
+    tsu_expect(fd, &f, TS_OP_PEEK, 5, TS_ST_NOT_FOUND);
+    tsu_frame_free(&f);
+    close(fd);
+}
+
+static void test_list_sorted(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    const char *names[] = {"b", "a b", "", "a", "ab"};
+    uint64_t vers[5];
+    for (int i = 0; i < 5; i++) {
+        vers[i] = tsu_put_int(fd, TS_OP_APPEND, names[i], i, NULL);
+        if (i == 1)
+            vers[i] = tsu_put_int(fd, TS_OP_APPEND, names[i], i, NULL);
+    }
+    tsu_frame f;
+    assert_int_equal(tsh_send(fd, TS_OP_LIST, 3, NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_LIST, 3, TS_ST_OK);
+    ts__rd r;
+    ts__rd_init(&r, f.body, f.len);
+    uint32_t count = 0, zero = 1;
+    ts__rd_u32(&r, &count);
+    ts__rd_u32(&r, &zero);
+    assert_int_equal(count, 5);
+    assert_int_equal(zero, 0);
+    /* Sorted by name bytes: "", "a", "a b", "ab", "b". */
+    const int order[] = {2, 3, 1, 4, 0};
+    for (int i = 0; i < 5; i++) {
+        const char *name;
+        size_t nl;
+        uint32_t n;
+        uint64_t bytes, ver;
+        assert_int_equal(ts__rd_name(&r, &name, &nl), 0);
+        ts__rd_u32(&r, &n);
+        ts__rd_u64(&r, &bytes);
+        assert_int_equal(ts__rd_u64(&r, &ver), 0);
+        const char *want = names[order[i]];
+        assert_int_equal(nl, strlen(want));
+        assert_memory_equal(name, want, nl);
+        assert_int_equal(n, order[i] == 1 ? 2 : 1);
+        size_t rl;
+        uint8_t *rec = tsu_rec_int(0, &rl);
+        tsu_rec_free(rec, rl);
+        assert_int_equal(bytes, (uint64_t)rl * n);
+        assert_int_equal(ver, vers[order[i]]);
+    }
+    assert_int_equal(r.left, 0);
+    tsu_frame_free(&f);
+    close(fd);
+}
+
+static void test_names_with_spaces_and_empty(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    const char *names[] = {"with space", "", " leading", "a/b", "\xc3\xbc"};
+    for (int i = 0; i < 5; i++)
+        tsu_put_int(fd, TS_OP_PUT, names[i], 10 + i, NULL);
+    for (int i = 0; i < 5; i++) {
+        tsu_items it;
+        tsu_get(fd, TS_OP_GET, names[i], 0, &it);
+        assert_int_equal(it.n, 1);
+        assert_int_equal(tsu_item_int(it.item[0], it.item_len[0]), 10 + i);
+        tsu_frame_free(&it.f);
+    }
+    /* A 255-byte name, the longest the wire can carry. */
+    char longname[256];
+    memset(longname, 'x', 255);
+    longname[255] = '\0';
+    tsu_put_int(fd, TS_OP_PUT, longname, 1, NULL);
+    tsu_items it;
+    tsu_get(fd, TS_OP_PEEK, longname, 0, &it);
+    assert_int_equal(it.n, 1);
+    tsu_frame_free(&it.f);
+    close(fd);
+}
+
+static void test_notifications(void **state)
+{
+    (void)state;
+    int w = tsu_client(&srv);
+    int l = tsu_client(&srv);
+    tsu_frame f;
+    uint64_t v;
+    uint32_t n;
+    for (int i = 0; i < 2; i++) {
+        /* Listening twice is idempotent: one notification per change, not two. */
+        for (int k = 0; k < 2; k++) {
+            int fd = i == 0 ? w : l;
+            assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 20 + k, "p", NULL, 0), 0);
+            tsu_expect(fd, &f, TS_OP_LISTEN, 20 + k, TS_ST_OK);
+            tsu_state(&f, &v, &n);
+            assert_int_equal(v, 0);
+            assert_int_equal(n, 0);
+            tsu_frame_free(&f);
+        }
+    }
+    struct {
+        uint8_t op;
+        uint8_t event;
+        uint32_t n;
+    } steps[] = {
+        {TS_OP_PUT, TS_NOTE_PUT, 1},       {TS_OP_APPEND, TS_NOTE_APPEND, 2},
+        {TS_OP_APPEND, TS_NOTE_APPEND, 3}, {TS_OP_PEEK, 0, 0},
+        {TS_OP_GET, TS_NOTE_GET, 0},       {TS_OP_PUT, TS_NOTE_PUT, 1},
+        {TS_OP_DELETE, TS_NOTE_DELETE, 0},
+    };
+    uint64_t last = 0;
+    for (size_t s = 0; s < TS__ARRAY_SIZE(steps); s++) {
+        uint32_t rid = 100 + (uint32_t)s;
+        uint64_t ver = 0;
+        if (steps[s].op == TS_OP_PUT || steps[s].op == TS_OP_APPEND) {
+            size_t len;
+            uint8_t *rec = tsu_rec_int((int64_t)s, &len);
+            assert_int_equal(tsu_send_store(w, steps[s].op, rid, "p", rec, len), 0);
+            tsu_rec_free(rec, len);
+            /* The writer's own reply comes first, then its notification. */
+            tsu_expect(w, &f, steps[s].op, rid, TS_ST_OK);
+            tsu_state(&f, &ver, &n);
+        } else if (steps[s].op == TS_OP_DELETE) {
+            assert_int_equal(tsu_send_name(w, TS_OP_DELETE, rid, "p", NULL, 0), 0);
+            tsu_expect(w, &f, TS_OP_DELETE, rid, TS_ST_OK);
+            tsu_state(&f, &ver, &n);
+        } else {
+            assert_int_equal(tsu_send_get(w, steps[s].op, rid, "p", 0), 0);
+            tsu_expect(w, &f, steps[s].op, rid, TS_ST_OK);
+            ver = ts__get_u64le(f.body);
+        }
+        tsu_frame_free(&f);
+        if (steps[s].event == 0) {
+            /* peek: no notification; the ping reply is the next frame on both. */
+            for (int i = 0; i < 2; i++) {
+                int fd = i == 0 ? w : l;
+                assert_int_equal(tsh_send(fd, TS_OP_PING, rid, NULL, 0), 0);
+                tsu_expect(fd, &f, TS_OP_PING, rid, TS_ST_OK);
+            }
+            continue;
+        }
+        assert_true(ver > last);
+        last = ver;
+        for (int i = 0; i < 2; i++) {
+            int fd = i == 0 ? w : l;
+            tsu_expect(fd, &f, TS_OP_NOTIFY, 0, TS_ST_OK);
+            tsu_note note;
+            tsu_note_parse(&f, &note);
+            assert_int_equal(note.event, steps[s].event);
+            assert_int_equal(note.n, steps[s].n);
+            assert_int_equal(note.version, ver);
+            assert_int_equal(note.flags, 0);
+            assert_string_equal(note.name, "p");
+            tsu_frame_free(&f);
+        }
+    }
+    /* After unlisten, l hears nothing more; a second unlisten is NOT_FOUND. */
+    assert_int_equal(tsu_send_name(l, TS_OP_UNLISTEN, 30, "p", NULL, 0), 0);
+    tsu_expect(l, &f, TS_OP_UNLISTEN, 30, TS_ST_OK);
+    assert_int_equal(f.len, 0);
+    assert_int_equal(tsu_send_name(l, TS_OP_UNLISTEN, 31, "p", NULL, 0), 0);
+    tsu_expect(l, &f, TS_OP_UNLISTEN, 31, TS_ST_NOT_FOUND);
+    tsu_frame_free(&f);
+    tsu_put_int(w, TS_OP_PUT, "p", 1, NULL);
+    tsu_expect(w, &f, TS_OP_NOTIFY, 0, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_send(l, TS_OP_PING, 32, NULL, 0), 0);
+    tsu_expect(l, &f, TS_OP_PING, 32, TS_ST_OK);
+    /* Other bins do not notify p's listeners. */
+    tsu_put_int(w, TS_OP_PUT, "other", 1, NULL);
+    assert_int_equal(tsh_send(w, TS_OP_PING, 33, NULL, 0), 0);
+    tsu_expect(w, &f, TS_OP_PING, 33, TS_ST_OK);
+    assert_true(tsu_stat(w, "notifications_sent") >= 12);
+    close(w);
+    close(l);
+}
+
+static void test_listen_reports_state(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    tsu_put_int(fd, TS_OP_APPEND, "s", 1, NULL);
+    uint64_t v2 = tsu_put_int(fd, TS_OP_APPEND, "s", 2, NULL);
+    tsu_frame f;
+    assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 1, "s", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_LISTEN, 1, TS_ST_OK);
+    uint64_t v;
+    uint32_t n;
+    tsu_state(&f, &v, &n);
+    assert_int_equal(v, v2);
+    assert_int_equal(n, 2);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_stat(fd, "listeners"), 1);
+    close(fd);
+}
+
+static void test_wait_immediate(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    uint64_t v = tsu_put_int(fd, TS_OP_PUT, "w", 1, NULL);
+    tsu_frame f;
+    uint64_t got;
+    uint32_t n;
+    assert_int_equal(tsu_send_wait(fd, 1, "w", v - 1, 10000), 0);
+    tsu_expect(fd, &f, TS_OP_WAIT, 1, TS_ST_OK);
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, v);
+    assert_int_equal(n, 1);
+    tsu_frame_free(&f);
+    /* timeout 0 answers now: TIMEOUT with the current state. */
+    assert_int_equal(tsu_send_wait(fd, 2, "w", v, 0), 0);
+    tsu_expect(fd, &f, TS_OP_WAIT, 2, TS_ST_TIMEOUT);
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, v);
+    assert_int_equal(n, 1);
+    tsu_frame_free(&f);
+    /* A missing bin has version 0. */
+    assert_int_equal(tsu_send_wait(fd, 3, "nothing", 0, 0), 0);
+    tsu_expect(fd, &f, TS_OP_WAIT, 3, TS_ST_TIMEOUT);
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, 0);
+    assert_int_equal(n, 0);
+    tsu_frame_free(&f);
+    close(fd);
+}
+
+static void test_wait_on_change(void **state)
+{
+    (void)state;
+    int a = tsu_client(&srv);
+    int b = tsu_client(&srv);
+    uint64_t v = tsu_put_int(b, TS_OP_PUT, "w", 1, NULL);
+    tsu_frame f;
+    assert_int_equal(tsu_send_wait(a, 1, "w", v, 20000), 0);
+    assert_int_equal(tsu_send_wait(a, 2, "missing", 0, 20000), 0);
+    /* Other requests on the same connection are answered while the waits are parked. */
+    assert_int_equal(tsh_send(a, TS_OP_PING, 3, NULL, 0), 0);
+    tsu_expect(a, &f, TS_OP_PING, 3, TS_ST_OK);
+    assert_int_equal(tsu_stat(b, "waiters"), 2);
+    uint64_t v2 = tsu_put_int(b, TS_OP_APPEND, "w", 2, NULL);
+    tsu_expect(a, &f, TS_OP_WAIT, 1, TS_ST_OK);
+    uint64_t got;
+    uint32_t n;
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, v2);
+    assert_int_equal(n, 2);
+    tsu_frame_free(&f);
+    /* Creating a missing bin wakes its waiter with the new version. */
+    uint64_t v3 = tsu_put_int(b, TS_OP_PUT, "missing", 5, NULL);
+    tsu_expect(a, &f, TS_OP_WAIT, 2, TS_ST_OK);
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, v3);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_stat(b, "waiters"), 0);
+    close(a);
+    close(b);
+}
+
+static void test_wait_timeout(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    uint64_t t0 = now_ms();
+    assert_int_equal(tsu_send_wait(fd, 9, "never", 0, 300), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_WAIT, 9, TS_ST_TIMEOUT);
+    uint64_t elapsed = now_ms() - t0;
+    uint64_t got;
+    uint32_t n;
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, 0);
+    assert_int_equal(n, 0);
+    tsu_frame_free(&f);
+    /* Generous bounds: not early, and not stuck (the loaded machine may be slow). */
+    assert_true(elapsed >= 250);
+    assert_true(elapsed < 9000);
+
+    /* Waiters of a closed connection are dropped; the daemon carries on. */
+    int gone = tsu_client(&srv);
+    assert_int_equal(tsu_send_wait(gone, 1, "never", 0, 60000), 0);
+    assert_int_equal(tsh_send(gone, TS_OP_PING, 2, NULL, 0), 0);
+    tsu_expect(gone, &f, TS_OP_PING, 2, TS_ST_OK);
+    assert_int_equal(tsu_stat(fd, "waiters"), 1);
+    close(gone);
+    int64_t waiters = 1;
+    for (int i = 0; i < 200 && waiters != 0; i++) {
+        usleep(10000);
+        waiters = tsu_stat(fd, "waiters");
+    }
+    assert_int_equal(waiters, 0);
+    tsu_put_int(fd, TS_OP_PUT, "never", 1, NULL);
+    close(fd);
+}
+
+static void test_pipelined(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    size_t len;
+    uint8_t *rec = tsu_rec_int(5, &len);
+    /* 100 requests in one write, before reading anything. */
+    size_t cap = 100 * (TS_HDR_SIZE + 16 + len);
+    uint8_t *buf = ts__malloc(cap);
+    assert_non_null(buf);
+    size_t pos = 0;
+    uint8_t ops[100];
+    for (uint32_t i = 0; i < 100; i++) {
+        uint8_t op = (uint8_t[]){TS_OP_APPEND, TS_OP_PEEK, TS_OP_PING, TS_OP_LIST}[i % 4];
+        ops[i] = op;
+        uint8_t body[64 + 16];
+        size_t blen = 0;
+        if (op == TS_OP_APPEND) {
+            body[0] = 2;
+            memcpy(body + 1, "pp", 2);
+            memcpy(body + 3, rec, len);
+            blen = 3 + len;
+        } else if (op == TS_OP_PEEK) {
+            uint8_t mx[4] = {0, 0, 0, 0};
+            blen = tsh_name_body(body, sizeof(body), "pp", mx, 4);
+        }
+        ts__hdr h = {.magic = TS_MAGIC_REQ,
+                     .version = TS_PROTO_VERSION,
+                     .opcode = op,
+                     .request_id = 5000 + i,
+                     .body_len = blen};
+        ts__hdr_encode(&h, buf + pos);
+        memcpy(buf + pos + TS_HDR_SIZE, body, blen);
+        pos += TS_HDR_SIZE + blen;
+    }
+    assert_int_equal(tsh_write_all(fd, buf, pos), 0);
+    for (uint32_t i = 0; i < 100; i++) {
+        tsu_frame f;
+        tsu_expect(fd, &f, ops[i], 5000 + i, TS_ST_OK);
+        if (ops[i] == TS_OP_PEEK) {
+            assert_int_equal(ts__get_u32le(f.body + 8), i / 4 + 1);
+        } else if (ops[i] == TS_OP_APPEND) {
+            uint64_t v;
+            uint32_t n;
+            tsu_state(&f, &v, &n);
+            assert_int_equal(n, i / 4 + 1);
+        }
+        tsu_frame_free(&f);
+    }
+    ts__free(buf);
+    tsu_rec_free(rec, len);
+    close(fd);
+}
+
+static void test_stats(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    tsu_put_int(fd, TS_OP_PUT, "a", 1, NULL);
+    tsu_put_int(fd, TS_OP_APPEND, "b", 1, NULL);
+    tsu_put_int(fd, TS_OP_APPEND, "b", 2, NULL);
+    size_t len;
+    uint8_t *rec = tsu_rec_int(0, &len);
+    tsu_rec_free(rec, len);
+    assert_true(tsu_stat(fd, "uptime_ms") >= 0);
+    assert_int_equal(tsu_stat(fd, "connections"), 1);
+    assert_int_equal(tsu_stat(fd, "bins"), 2);
+    assert_int_equal(tsu_stat(fd, "items"), 3);
+    assert_int_equal(tsu_stat(fd, "bytes"), (int64_t)(3 * len));
+    assert_true(tsu_stat(fd, "max_memory") > 0);
+    assert_int_equal(tsu_stat(fd, "ops_put"), 1);
+    assert_int_equal(tsu_stat(fd, "ops_append"), 2);
+    assert_int_equal(tsu_stat(fd, "ops_hello"), 1);
+    assert_int_equal(tsu_stat(fd, "protocol_errors"), 0);
+    assert_int_equal(tsu_stat(fd, "notifications_sent"), 0);
+    assert_true(tsu_stat(fd, "ops_stats") >= 9);
+    close(fd);
+}
+
+static void test_unix_socket(void **state)
+{
+    (void)state;
+    int fd = tsh_connect_unix(srv.unix_path);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_hello(fd), 0);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes(3 << 20, 7, &len);
+    tsu_store(fd, TS_OP_PUT, "u", rec, len, NULL);
+    tsu_items it;
+    tsu_get(fd, TS_OP_GET, "u", 0, &it);
+    assert_int_equal(it.n, 1);
+    assert_int_equal(it.item_len[0], len);
+    assert_memory_equal(it.item[0], rec, len);
+    tsu_frame_free(&it.f);
+    tsu_rec_free(rec, len);
+    close(fd);
+}
+
+static void test_large_item(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    size_t len;
+    /* 17 MiB plus a bit: several 4 MiB write chunks and an unaligned tail. */
+    uint8_t *rec = tsu_rec_bytes((17u << 20) + 13, 3, &len);
+    tsu_store(fd, TS_OP_PUT, "big", rec, len, NULL);
+    int readers[3];
+    for (int i = 0; i < 3; i++) {
+        readers[i] = tsu_client(&srv);
+        assert_int_equal(tsu_send_get(readers[i], TS_OP_PEEK, 1, "big", 0), 0);
+    }
+    /* Three readers share the one stored buffer. */
+    for (int i = 0; i < 3; i++) {
+        tsu_items it;
+        tsu_frame f;
+        tsu_expect(readers[i], &f, TS_OP_PEEK, 1, TS_ST_OK);
+        assert_int_equal(ts__get_u32le(f.body + 8), 1);
+        assert_int_equal(ts__get_u64le(f.body + 16), len);
+        assert_memory_equal(f.body + 64, rec, len);
+        tsu_frame_free(&f);
+        (void)it;
+        close(readers[i]);
+    }
+    tsu_items it;
+    tsu_get(fd, TS_OP_GET, "big", 0, &it);
+    assert_memory_equal(it.item[0], rec, len);
+    tsu_frame_free(&it.f);
+    tsu_rec_free(rec, len);
+    close(fd);
+}
+
+static void test_lz4_bodies(void **state)
+{
+    (void)state;
+    int fd = tsh_connect_tcp(srv.port);
+    uint8_t hello[4] = {1, TS_HELLO_LZ4, 0, 0};
+    tsu_frame f;
+    assert_int_equal(tsh_send(fd, TS_OP_HELLO, 1, hello, sizeof(hello)), 0);
+    tsu_expect(fd, &f, TS_OP_HELLO, 1, TS_ST_OK);
+    assert_int_equal(f.body[1], TS_HELLO_LZ4);
+    tsu_frame_free(&f);
+
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes(256 << 10, 0, &len);
+    const char *name = "zipped";
+    size_t raw_len = 1 + strlen(name) + len;
+    uint8_t *raw = ts__malloc(raw_len);
+    raw[0] = (uint8_t)strlen(name);
+    memcpy(raw + 1, name, strlen(name));
+    memcpy(raw + 1 + strlen(name), rec, len);
+    size_t cap = ts__lz4_bound(raw_len);
+    uint8_t *z = ts__malloc(cap);
+    size_t zlen;
+    assert_int_equal(ts__lz4_compress(raw, raw_len, z, cap, &zlen), 0);
+    assert_true(zlen < raw_len);
+    uint8_t hdr[TS_HDR_SIZE];
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = TS_OP_APPEND,
+                 .flags = TS_FLAG_LZ4,
+                 .request_id = 2,
+                 .body_len = zlen};
+    ts__hdr_encode(&h, hdr);
+    assert_int_equal(tsh_write_all(fd, hdr, sizeof(hdr)), 0);
+    assert_int_equal(tsh_write_all(fd, z, zlen), 0);
+    tsu_expect(fd, &f, TS_OP_APPEND, 2, TS_ST_OK);
+    tsu_frame_free(&f);
+
+    /* A compressed control request (PEEK) works too. */
+    uint8_t pbody[32];
+    uint8_t mx[4] = {0, 0, 0, 0};
+    size_t plen = tsh_name_body(pbody, sizeof(pbody), name, mx, 4);
+    uint8_t pz[128];
+    size_t pzlen;
+    int rc = ts__lz4_compress(pbody, plen, pz, sizeof(pz), &pzlen);
+    if (rc == 0) {
+        h.opcode = TS_OP_PEEK;
+        h.request_id = 3;
+        h.body_len = pzlen;
+        ts__hdr_encode(&h, hdr);
+        assert_int_equal(tsh_write_all(fd, hdr, sizeof(hdr)), 0);
+        assert_int_equal(tsh_write_all(fd, pz, pzlen), 0);
+        tsu_expect(fd, &f, TS_OP_PEEK, 3, TS_ST_OK);
+        tsu_frame_free(&f);
+    }
+
+    tsu_items it;
+    tsu_get(fd, TS_OP_PEEK, name, 0, &it);
+    assert_int_equal(it.n, 1);
+    assert_int_equal(it.item_len[0], len);
+    assert_memory_equal(it.item[0], rec, len);
+    tsu_frame_free(&it.f);
+    close(fd);
+
+    /* Without negotiating lz4, a compressed body is a protocol error. */
+    fd = tsu_client(&srv);
+    h.opcode = TS_OP_APPEND;
+    h.request_id = 4;
+    h.body_len = zlen;
+    ts__hdr_encode(&h, hdr);
+    assert_int_equal(tsh_write_all(fd, hdr, sizeof(hdr)), 0);
+    tsu_expect_error_close(fd, TS_ST_BAD_REQUEST);
+    close(fd);
+
+    ts__free(z);
+    ts__free(raw);
+    tsu_rec_free(rec, len);
+    tsu_check_healthy(&srv);
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, start, stop)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(test_hello),
+        T(test_ping_and_save),
+        T(test_put_replaces),
+        T(test_append_creates_and_extends),
+        T(test_get_removes),
+        T(test_get_max_items),
+        T(test_delete),
+        T(test_list_sorted),
+        T(test_names_with_spaces_and_empty),
+        T(test_notifications),
+        T(test_listen_reports_state),
+        T(test_wait_immediate),
+        T(test_wait_on_change),
+        T(test_wait_timeout),
+        T(test_pipelined),
+        T(test_stats),
+        T(test_unix_socket),
+        T(test_large_item),
+        T(test_lz4_bodies),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
