@@ -1000,7 +1000,15 @@ static void resolve_cb(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
         conn_fail(c, NULL, TS_ENOTCONN, msg);
         return;
     }
-    connect_tcp(c, res->ai_addr);
+    /* tensord binds 127.0.0.1 by default, while "localhost" often lists ::1 first. */
+    const struct addrinfo *pick = res;
+    for (const struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+        if (ai->ai_family == AF_INET) {
+            pick = ai;
+            break;
+        }
+    }
+    connect_tcp(c, pick->ai_addr);
     uv_freeaddrinfo(res);
 }
 
