@@ -283,6 +283,10 @@ static void test_workers_join_crash_and_trainer_restart(void **state)
     assert_int_equal(st.dropped_stale, 0);
     assert_int_equal(st.dropped_malformed, 0);
     assert_true(st.version > late_min);
+    print_message("items: worker0 %lld, worker1 %lld, killed worker2 %lld, late worker3 %lld; "
+                  "last version %lld, late worker started at %lld\n",
+                  g_seen[0].count, g_seen[1].count, g_seen[2].count, g_seen[3].count,
+                  (long long)st.version, (long long)late_min);
     ts_rl_trainer_free(t);
     ts_client_free(c);
 }
@@ -345,6 +349,9 @@ static void test_filtered_accounting(void **state)
     assert_int_equal((long long)st.received, kept);
     assert_int_equal((long long)(st.received + st.dropped_stale), MAX_WORKERS * n);
     assert_int_equal(st.dropped_malformed, 0);
+    print_message("kept %llu, dropped as stale %llu, last version %lld\n",
+                  (unsigned long long)st.received, (unsigned long long)st.dropped_stale,
+                  (long long)st.version);
     ts_rl_batch_t *b = NULL;
     assert_int_equal(ts_rl_trainer_collect(t, 0, 0, &b), TS_ETIMEDOUT);
     ts_rl_trainer_free(t);
