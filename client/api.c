@@ -214,9 +214,14 @@ static int check_call(ts_client_t *c, int blocking)
     return 0;
 }
 
-/* Run a blocking request to the end; on success r is returned in *out (free it). */
+/*
+ * Run a blocking request to the end. On success (and for a WAIT that timed out on the server,
+ * which carries the bin's state) r is returned in *out for the caller to read and free; else
+ * *out is NULL.
+ */
 static int run_blocking(ts_client_t *c, ts__req *r, ts__req **out)
 {
+    *out = NULL;
     int gone;
     int rc = block_on(c, r, &gone);
     if (gone)
@@ -389,13 +394,11 @@ int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout
         return rc;
     ts__req *done;
     rc = run_blocking(c, r, &done);
-    if (rc == 0 || rc == TS_ETIMEDOUT) {
-        if (rc == 0 || done->have_state) {
-            if (version != NULL)
-                *version = done->res.version;
-            if (n_items != NULL)
-                *n_items = done->res.n_items;
-        }
+    if (done != NULL) { /* success, or the server's TIMEOUT with the bin's state */
+        if (version != NULL)
+            *version = done->res.version;
+        if (n_items != NULL)
+            *n_items = done->res.n_items;
         ts__req_free(done);
     }
     return rc;

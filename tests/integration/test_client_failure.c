@@ -1,0 +1,422 @@
+/*
+ * libtensorshare when things go wrong: nothing listening, a server that never answers, a stopped
+ * server (timeouts, late replies), and a server killed and restarted under load (pending
+ * requests fail, none hang, the client reconnects and resubscribes on its own).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "test_client_util.h"
+
+/* A TCP port on 127.0.0.1 where nothing listens (bound, then released). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        return -1;
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void test_connect_refused(void **state)
+{
+    (void)state;
+    int port = free_port();
+    assert_true(port > 0);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+    ts_options_t o;
+    ts_options_init(&o);
+    o.connect_timeout_ms = 3000;
+    ts_client_t *c = NULL;
+    uint64_t t0 = tc_now_ms();
+    assert_int_equal(ts_client_open(&c, addr, &o), TS_ECONNREFUSED);
+    uint64_t el = tc_now_ms() - t0;
+    printf("connect to a closed port failed in %llu ms: %s\n", (unsigned long long)el,
+           ts_client_last_error());
+    assert_null(c);
+    assert_true(el < 3000);
+    assert_non_null(strstr(ts_client_last_error(), addr));
+    assert_int_equal(ts_client_open(&c, "unix:/nonexistent/tensord.sock", &o), TS_ECONNREFUSED);
+    assert_int_equal(ts_client_open(&c, "no-such-host.invalid:8000", &o), TS_ENOTCONN);
+}
+
+/* A socket that completes TCP handshakes (the kernel's backlog) but never answers. */
+static void test_connect_timeout(void **state)
+{
+    (void)state;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", ntohs(a.sin_port));
+    ts_options_t o;
+    ts_options_init(&o);
+    o.connect_timeout_ms = 300;
+    ts_client_t *c = NULL;
+    uint64_t t0 = tc_now_ms();
+    assert_int_equal(ts_client_open(&c, addr, &o), TS_ETIMEDOUT);
+    uint64_t el = tc_now_ms() - t0;
+    printf("handshake with a silent server timed out in %llu ms\n", (unsigned long long)el);
+    assert_true(el >= 250 && el < 10000);
+    close(fd);
+}
+
+/* A stopped server: requests time out; the replies that come later are dropped safely. */
+static void test_request_timeouts_and_late_replies(void **state)
+{
+    (void)state;
+    tsh_server s;
+    assert_int_equal(tsh_server_start(&s, NULL), 0);
+    ts_options_t o;
+    ts_options_init(&o);
+    o.request_timeout_ms = 400;
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, s.addr, &o), 0);
+    ts_value_t *it = tc_item(1000, 0, 1);
+    assert_int_equal(ts_put(c, "late", it, NULL), 0);
+
+    kill(s.pid, SIGSTOP);
+    uint64_t t0 = tc_now_ms();
+    assert_int_equal(ts_ping(c), TS_ETIMEDOUT);
+    uint64_t el = tc_now_ms() - t0;
+    assert_true(el >= 350 && el < 10000);
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_get(c, "late", 0, &items), TS_ETIMEDOUT); /* the server will do it */
+    assert_null(items);
+    uint64_t v = 5;
+    assert_int_equal(ts_wait(c, "late", 0, 100, &v, NULL), TS_ETIMEDOUT);
+    assert_int_equal(v, 5); /* no answer at all: untouched */
+    kill(s.pid, SIGCONT);
+
+    /* The late replies (ping, get, wait) arrive now and must not confuse later requests. */
+    assert_int_equal(ts_ping(c), 0);
+    ts_value_t *it2 = tc_item(3, 7, 2);
+    assert_int_equal(ts_put(c, "late", it2, NULL), 0);
+    assert_int_equal(ts_peek(c, "late", 0, &items), 0);
+    assert_int_equal(ts_items_count(items), 1);
+    assert_int_equal(tc_tag(ts_items_at(items, 0)), 2);
+    assert_true(tc_check_vec(ts_items_at(items, 0), 3, 7));
+    ts_items_free(items);
+    assert_int_equal(ts_client_connected(c), 1);
+    ts_client_free(c);
+    ts_value_free(it);
+    ts_value_free(it2);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+}
+
+/* Requests made while the server is down wait for the reconnection, until their deadline. */
+typedef struct put_args {
+    ts_client_t *c;
+    const ts_value_t *item;
+    int rc;
+} put_args;
+
+static void *put_main(void *arg)
+{
+    put_args *pa = arg;
+    pa->rc = ts_put(pa->c, "waited", pa->item, NULL);
+    return NULL;
+}
+
+static void async_status_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)res;
+    tc_latch *l = arg;
+    /* Encode the status in the count: 1000 + -status, so the test can read it back. */
+    tc_latch_add(l, 1000 - status);
+}
+
+static void test_requests_wait_for_reconnect(void **state)
+{
+    (void)state;
+    tsh_server s;
+    assert_int_equal(tsh_server_start(&s, NULL), 0);
+    ts_options_t o;
+    ts_options_init(&o);
+    o.request_timeout_ms = 15000;
+    o.reconnect_min_ms = 20;
+    o.reconnect_max_ms = 200;
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, s.addr, &o), 0);
+    tsh_server_kill(&s);
+    for (int i = 0; i < 500 && ts_client_connected(c); i++)
+        tc_sleep_ms(10);
+    assert_int_equal(ts_client_connected(c), 0);
+
+    /* While it is down: a blocking put on another thread and an async ping. */
+    ts_value_t *it = tc_item(4, 1, 3);
+    put_args pa = {c, it, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, put_main, &pa), 0);
+    tc_latch ping;
+    tc_latch_init(&ping);
+    assert_int_equal(ts_ping_async(c, async_status_cb, &ping), 0);
+    tc_sleep_ms(300);
+    assert_int_equal(tc_latch_get(&ping), 0); /* still waiting, not failed */
+
+    uint64_t t0 = tc_now_ms();
+    assert_int_equal(tsh_server_restart(&s, NULL), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(pa.rc, 0);
+    assert_int_equal(tc_latch_wait(&ping, 1000, TC_WAIT_MS), 1000); /* status 0 */
+    printf("requests made while down completed %llu ms after the restart\n",
+           (unsigned long long)(tc_now_ms() - t0));
+    ts_items_t *items;
+    assert_int_equal(ts_get(c, "waited", 0, &items), 0);
+    assert_int_equal(tc_tag(ts_items_at(items, 0)), 3);
+    ts_items_free(items);
+    ts_client_free(c);
+
+    /* With a short request timeout, requests made while down fail in time instead. */
+    o.request_timeout_ms = 300;
+    assert_int_equal(ts_client_open(&c, s.addr, &o), 0);
+    tsh_server_kill(&s);
+    for (int i = 0; i < 500 && ts_client_connected(c); i++)
+        tc_sleep_ms(10);
+    t0 = tc_now_ms();
+    assert_int_equal(ts_ping(c), TS_ETIMEDOUT);
+    uint64_t el = tc_now_ms() - t0;
+    assert_true(el >= 250 && el < 10000);
+    tc_latch ping2;
+    tc_latch_init(&ping2);
+    assert_int_equal(ts_ping_async(c, async_status_cb, &ping2), 0);
+    assert_int_equal(tc_latch_wait(&ping2, 1, TC_WAIT_MS), 1000 - TS_ETIMEDOUT);
+    ts_client_free(c);
+    tc_latch_destroy(&ping);
+    tc_latch_destroy(&ping2);
+    ts_value_free(it);
+    tsh_server_cleanup(&s);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The server killed under load
+ */
+#define KR_THREADS 4
+
+typedef struct kr_state {
+    ts_client_t *c;
+    atomic_int stop;
+    atomic_long ok, ok_after_restart, lost_by_restart;
+    atomic_long failed_reset, failed_timeout, failed_other, bad_content;
+    atomic_int restarted;
+    /* The listener. */
+    pthread_mutex_t mu;
+    int disconnected, resubscribed, changes_after_resub;
+    uint64_t t_disconnected, t_resubscribed;
+    int final_calls;
+} kr_state;
+
+static void kr_note(ts_client_t *c, int status, const ts_notification_t *n, void *arg)
+{
+    (void)c;
+    kr_state *k = arg;
+    pthread_mutex_lock(&k->mu);
+    if (status != 0) {
+        k->final_calls++;
+    } else if (n->event == TS_EV_DISCONNECTED) {
+        if (k->disconnected++ == 0)
+            k->t_disconnected = tc_now_ms();
+    } else if (n->event == TS_EV_RESUBSCRIBED) {
+        if (k->resubscribed++ == 0)
+            k->t_resubscribed = tc_now_ms();
+    } else if (k->resubscribed > 0) {
+        k->changes_after_resub++;
+    }
+    pthread_mutex_unlock(&k->mu);
+}
+
+/* Classify a failed call; only connection loss, timeouts and restart losses are allowed. */
+static void kr_fail(kr_state *k, int rc)
+{
+    if (rc == TS_ECONNRESET)
+        atomic_fetch_add(&k->failed_reset, 1);
+    else if (rc == TS_ETIMEDOUT)
+        atomic_fetch_add(&k->failed_timeout, 1);
+    else if (rc == TS_ENOENT)
+        atomic_fetch_add(&k->lost_by_restart, 1); /* the restarted server starts empty */
+    else
+        atomic_fetch_add(&k->failed_other, 1);
+}
+
+static void kr_ok(kr_state *k)
+{
+    atomic_fetch_add(&k->ok, 1);
+    if (atomic_load(&k->restarted))
+        atomic_fetch_add(&k->ok_after_restart, 1);
+}
+
+typedef struct kr_worker {
+    kr_state *k;
+    int id;
+} kr_worker;
+
+static void *kr_main(void *arg)
+{
+    kr_worker *w = arg;
+    kr_state *k = w->k;
+    char bin[32];
+    snprintf(bin, sizeof(bin), "kr/%d", w->id);
+    for (int64_t i = 0; !atomic_load(&k->stop) && i < 1000000; i++) {
+        ts_value_t *it = tc_item(64, (float)i, i);
+        int rc = ts_put(k->c, bin, it, NULL);
+        ts_value_free(it);
+        if (rc != 0) {
+            kr_fail(k, rc);
+            continue;
+        }
+        kr_ok(k);
+        ts_items_t *items;
+        rc = ts_peek(k->c, bin, 0, &items);
+        if (rc != 0) {
+            kr_fail(k, rc);
+            continue;
+        }
+        kr_ok(k);
+        /* Whatever comes back is exactly what this thread put last. */
+        if (ts_items_count(items) != 1 || tc_tag(ts_items_at(items, 0)) != i ||
+            !tc_check_vec(ts_items_at(items, 0), 64, (float)i))
+            atomic_fetch_add(&k->bad_content, 1);
+        ts_items_free(items);
+        if (i % 8 == 0) {
+            ts_value_t *n = ts_int_new(i);
+            rc = ts_append(k->c, "kr/watch", n, NULL);
+            ts_value_free(n);
+            if (rc != 0)
+                kr_fail(k, rc);
+            else
+                kr_ok(k);
+        }
+    }
+    return NULL;
+}
+
+static void test_kill_restart_under_load(void **state)
+{
+    (void)state;
+    tsh_server s;
+    assert_int_equal(tsh_server_start(&s, NULL), 0);
+    ts_options_t o;
+    ts_options_init(&o);
+    o.request_timeout_ms = 10000;
+    o.reconnect_min_ms = 50;
+    o.reconnect_max_ms = 500;
+    kr_state k;
+    memset(&k, 0, sizeof(k));
+    pthread_mutex_init(&k.mu, NULL);
+    assert_int_equal(ts_client_open(&k.c, s.addr, &o), 0);
+    assert_int_equal(ts_listen(k.c, "kr/watch", kr_note, &k), 0);
+
+    pthread_t th[KR_THREADS];
+    kr_worker w[KR_THREADS];
+    for (int i = 0; i < KR_THREADS; i++) {
+        w[i].k = &k;
+        w[i].id = i;
+        assert_int_equal(pthread_create(&th[i], NULL, kr_main, &w[i]), 0);
+    }
+    for (int i = 0; i < 500 && atomic_load(&k.ok) < 200; i++)
+        tc_sleep_ms(10);
+    long ok_before = atomic_load(&k.ok);
+    assert_true(ok_before > 0);
+
+    uint64_t t_kill = tc_now_ms();
+    tsh_server_kill(&s);
+    tc_sleep_ms(300); /* down for a while: requests queue up, the client retries */
+    uint64_t t_restart = tc_now_ms();
+    assert_int_equal(tsh_server_restart(&s, NULL), 0);
+    atomic_store(&k.restarted, 1);
+    uint64_t t_up = tc_now_ms();
+    int connected = 0;
+    for (int i = 0; i < 2000 && !connected; i++) {
+        connected = ts_client_connected(k.c);
+        if (!connected)
+            tc_sleep_ms(5);
+    }
+    uint64_t t_conn = tc_now_ms();
+    assert_true(connected);
+    int resub = 0;
+    for (int i = 0; i < 2000 && !resub; i++) {
+        pthread_mutex_lock(&k.mu);
+        resub = k.resubscribed > 0;
+        pthread_mutex_unlock(&k.mu);
+        if (!resub)
+            tc_sleep_ms(5);
+    }
+    assert_true(resub);
+    /* Work continues on the new connection. */
+    for (int i = 0; i < 1000 && atomic_load(&k.ok_after_restart) < 200; i++)
+        tc_sleep_ms(10);
+    atomic_store(&k.stop, 1);
+    for (int i = 0; i < KR_THREADS; i++)
+        pthread_join(th[i], NULL); /* no request hangs: every worker returns */
+
+    pthread_mutex_lock(&k.mu);
+    int disconnected = k.disconnected, resubscribed = k.resubscribed;
+    int changes = k.changes_after_resub;
+    uint64_t t_resub = k.t_resubscribed;
+    pthread_mutex_unlock(&k.mu);
+    long failed = atomic_load(&k.failed_reset) + atomic_load(&k.failed_timeout) +
+                  atomic_load(&k.failed_other);
+    printf("server killed under load (%d threads): %ld requests ok (%ld after the restart), "
+           "%ld failed (%ld ECONNRESET, %ld ETIMEDOUT, %ld other), %ld found the restarted "
+           "server empty\n",
+           KR_THREADS, atomic_load(&k.ok), atomic_load(&k.ok_after_restart), failed,
+           atomic_load(&k.failed_reset), atomic_load(&k.failed_timeout),
+           atomic_load(&k.failed_other), atomic_load(&k.lost_by_restart));
+    printf("server down %llu ms (kill to restart); tensord listening %llu ms after the restart "
+           "call; client reconnected %llu ms after that; RESUBSCRIBED %llu ms after the server "
+           "was back\n",
+           (unsigned long long)(t_restart - t_kill), (unsigned long long)(t_up - t_restart),
+           (unsigned long long)(t_conn - t_up), (unsigned long long)(t_resub - t_up));
+    assert_int_equal(atomic_load(&k.failed_other), 0);
+    assert_int_equal(atomic_load(&k.failed_timeout), 0);
+    assert_int_equal(atomic_load(&k.bad_content), 0);
+    assert_true(atomic_load(&k.ok_after_restart) > 0);
+    assert_int_equal(disconnected, 1);
+    assert_int_equal(resubscribed, 1);
+    assert_true(changes > 0); /* the resubscribed listener hears the workers' appends */
+    /* Reconnecting takes at most the largest backoff plus a connect, with room for load. */
+    assert_true(t_conn - t_up < 5000);
+
+    ts_client_free(k.c);
+    pthread_mutex_lock(&k.mu);
+    assert_int_equal(k.final_calls, 1);
+    pthread_mutex_unlock(&k.mu);
+    pthread_mutex_destroy(&k.mu);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_connect_refused),
+        cmocka_unit_test(test_connect_timeout),
+        cmocka_unit_test(test_request_timeouts_and_late_replies),
+        cmocka_unit_test(test_requests_wait_for_reconnect),
+        cmocka_unit_test(test_kill_restart_under_load),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
