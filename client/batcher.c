@@ -13,6 +13,7 @@
  */
 #include "tensorshare/batcher.h"
 
+#include "proto.h"
 #include "record.h"
 
 #include <errno.h>
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define TS__BERR_LEN           256   /* bytes; error messages kept per thread and per answer */
 #define TS__MAX_REPLICAS       256   /* replicas per batcher; a sanity bound on placement */
@@ -1405,3 +1407,658 @@ int ts_batcher_predict(ts_batcher_t *b, const ts_value_t *input, int timeout_ms,
         *version = s.version;
     return 0;
 }
+
+#ifndef TS_BATCHER_NO_REMOTE
+/* ---------------------------------------------------------------------------------------------
+ * Remote use through tensord: the serving side
+ */
+#define TS__REMOTE_WAIT_MS                                                                         \
+    200 /* ms; serve/follow/receive threads block in ts_wait this long,                            \
+           then check whether they must stop */
+#define TS__REMOTE_RETRY_NS 50000000u /* ns; pause after a failed call (the client reconnects) */
+#define TS__GET_BATCHES     4 /* a serve thread takes up to this many max_batch worth of requests */
+
+struct bremote {
+    ts_batcher_t *b;
+    ts_client_t *client;
+    char req_bin[TS_MAX_NAME_LEN + 1];
+    char params_bin[TS_MAX_NAME_LEN + 1];
+    pthread_t serve_th, follow_th;
+    int serving, following;
+    atomic_int stop;
+};
+
+static void pause_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    nanosleep(&ts, NULL);
+}
+
+/* The items of one ts_get, shared by the requests decoded from them. */
+typedef struct ritems {
+    atomic_int refs;
+    ts_items_t *items;
+} ritems;
+
+static void ritems_unref(ritems *r)
+{
+    if (atomic_fetch_sub(&r->refs, 1) == 1) {
+        ts_items_free(r->items);
+        ts__free(r);
+    }
+}
+
+/* One remote request in the batcher. */
+typedef struct rreq {
+    ts_client_t *client;
+    ritems *items;
+    int64_t id;
+    char reply[TS_MAX_NAME_LEN + 1];
+} rreq;
+
+static void reply_sent(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)status;
+    (void)res;
+    ts_value_free(arg); /* the reply record and the output views it holds */
+}
+
+/*
+ * Append {id, status, version, output | error} to a reply bin. output is taken over. Failures
+ * to send are dropped: the requester's own deadline covers them.
+ */
+static void send_reply(ts_client_t *client, const char *bin, int64_t id, int status,
+                       ts_value_t *output, int64_t version, const char *msg)
+{
+    ts_value_t *rec = ts_map_new();
+    int rc = rec != NULL ? 0 : TS_ENOMEM;
+    if (rc == 0)
+        rc = ts_map_set(rec, "id", ts_int_new(id));
+    if (rc == 0)
+        rc = ts_map_set(rec, "status", ts_int_new(status));
+    if (rc == 0)
+        rc = ts_map_set(rec, "version", ts_int_new(version));
+    if (rc == 0 && status == 0) {
+        rc = ts_map_set(rec, "output", output);
+        output = NULL;
+    } else if (rc == 0) {
+        const char *m = msg != NULL ? msg : ts_strerror(status);
+        rc = ts_map_set(rec, "error", ts_string_new(m, strlen(m)));
+    }
+    ts_value_free(output);
+    if (rc != 0 || ts_append_async(client, bin, rec, 0, reply_sent, rec) != 0)
+        ts_value_free(rec);
+}
+
+static void remote_done(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
+                        const char *message, void *arg)
+{
+    (void)b;
+    rreq *r = arg;
+    send_reply(r->client, r->reply, r->id, status, output, version, message);
+    ritems_unref(r->items);
+    ts__free(r);
+}
+
+/* Decode one request record and submit it; answer at once when it cannot be submitted. */
+static void dispatch_one(bremote *rem, ritems *items, const ts_value_t *rec)
+{
+    int64_t id = 0, timeout_ms = 0;
+    const char *reply = NULL;
+    size_t reply_len = 0;
+    if (ts_map_get_int(rec, "id", &id) != 0 ||
+        ts_value_string(ts_map_get(rec, "reply"), &reply, &reply_len) != 0 || reply_len == 0 ||
+        reply_len > TS_MAX_NAME_LEN)
+        return; /* nobody to answer */
+    if (ts_map_get(rec, "timeout_ms") != NULL)
+        ts_map_get_int(rec, "timeout_ms", &timeout_ms);
+    const ts_value_t *input = ts_map_get(rec, "input");
+    rreq *r = ts__calloc(1, sizeof(*r));
+    if (r == NULL) {
+        send_reply(rem->client, reply, id, TS_ENOMEM, NULL, 0, "out of memory");
+        return;
+    }
+    r->client = rem->client;
+    r->items = items;
+    r->id = id;
+    memcpy(r->reply, reply, reply_len);
+    atomic_fetch_add(&items->refs, 1);
+    int t = timeout_ms > INT32_MAX ? INT32_MAX : timeout_ms < 0 ? -1 : (int)timeout_ms;
+    int rc = input != NULL ? ts_batcher_submit(rem->b, input, 0, t, remote_done, r) : TS_ESCHEMA;
+    if (rc != 0) {
+        send_reply(rem->client, r->reply, id, rc, NULL, 0,
+                   input != NULL ? ts_batcher_last_error() : "the request has no input");
+        ritems_unref(items);
+        ts__free(r);
+    }
+}
+
+static void *serve_main(void *arg)
+{
+    bremote *rem = arg;
+    size_t max_items = (size_t)rem->b->max_batch * TS__GET_BATCHES;
+    uint64_t after = 0;
+    int more = 0;
+    while (!atomic_load(&rem->stop)) {
+        uint64_t v = 0;
+        if (!more) {
+            int rc = ts_wait(rem->client, rem->req_bin, after, TS__REMOTE_WAIT_MS, &v, NULL);
+            if (rc == TS_ETIMEDOUT)
+                continue;
+            if (rc != 0) {
+                pause_ns(TS__REMOTE_RETRY_NS);
+                continue;
+            }
+        }
+        ts_items_t *items = NULL;
+        int rc = ts_get(rem->client, rem->req_bin, max_items, &items);
+        more = 0;
+        if (rc == TS_ENOENT) {
+            after = v > after ? v : after; /* another server took them */
+            continue;
+        }
+        if (rc != 0) {
+            pause_ns(TS__REMOTE_RETRY_NS);
+            continue;
+        }
+        after = ts_items_version(items);
+        more = ts_items_remaining(items) > 0;
+        ritems *ri = ts__malloc(sizeof(*ri));
+        if (ri == NULL) {
+            ts_items_free(items);
+            pause_ns(TS__REMOTE_RETRY_NS);
+            continue;
+        }
+        atomic_init(&ri->refs, 1);
+        ri->items = items;
+        for (size_t i = 0; i < ts_items_count(items); i++)
+            dispatch_one(rem, ri, ts_items_at(items, i));
+        ritems_unref(ri);
+    }
+    return NULL;
+}
+
+static void params_release(const ts_value_t *params, void *arg)
+{
+    (void)params;
+    ts_items_free(arg);
+}
+
+static void *follow_main(void *arg)
+{
+    bremote *rem = arg;
+    uint64_t after = 0;
+    while (!atomic_load(&rem->stop)) {
+        uint64_t v = 0;
+        int rc = ts_wait(rem->client, rem->params_bin, after, TS__REMOTE_WAIT_MS, &v, NULL);
+        if (rc == TS_ETIMEDOUT)
+            continue;
+        if (rc != 0) {
+            pause_ns(TS__REMOTE_RETRY_NS);
+            continue;
+        }
+        ts_items_t *items = NULL;
+        rc = ts_peek(rem->client, rem->params_bin, 0, &items);
+        if (rc == TS_ENOENT) {
+            after = v;
+            continue;
+        }
+        if (rc != 0) {
+            pause_ns(TS__REMOTE_RETRY_NS);
+            continue;
+        }
+        after = ts_items_version(items);
+        /* The newest item wins (a trainer puts one; appended ones are read newest first). */
+        size_t n = ts_items_count(items);
+        const ts_value_t *rec = n > 0 ? ts_items_at(items, n - 1) : NULL;
+        const ts_value_t *params = rec != NULL ? ts_map_get(rec, "params") : NULL;
+        int64_t version = 0;
+        if (params == NULL || ts_map_get_int(rec, "version", &version) != 0 ||
+            ts_batcher_set_weights(rem->b, params, version, params_release, items) != 0)
+            ts_items_free(items);
+    }
+    return NULL;
+}
+
+/* The batcher's remote state, made on first use. Lock held. */
+static bremote *remote_get(ts_batcher_t *b, ts_client_t *client)
+{
+    if (b->remote == NULL) {
+        b->remote = ts__calloc(1, sizeof(*b->remote));
+        if (b->remote == NULL)
+            return NULL;
+        b->remote->b = b;
+        b->remote->client = client;
+        atomic_init(&b->remote->stop, 0);
+    }
+    return b->remote->client == client ? b->remote : NULL;
+}
+
+int ts_batcher_serve(ts_batcher_t *b, ts_client_t *client, const char *name)
+{
+    if (b == NULL || client == NULL || name == NULL || name[0] == '\0' ||
+        strlen(name) + strlen(TS_BATCHER_REQ_SUFFIX) > TS_MAX_NAME_LEN) {
+        set_err("serve needs a client and a name of at most %d bytes",
+                (int)(TS_MAX_NAME_LEN - strlen(TS_BATCHER_REQ_SUFFIX)));
+        return TS_EINVAL;
+    }
+    pthread_mutex_lock(&b->mu);
+    bremote *rem = remote_get(b, client);
+    int rc = rem == NULL ? TS_EINVAL : rem->serving ? TS_EINVAL : 0;
+    if (rc == 0) {
+        snprintf(rem->req_bin, sizeof(rem->req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
+        if (pthread_create(&rem->serve_th, NULL, serve_main, rem) != 0)
+            rc = TS_ENOMEM;
+        else
+            rem->serving = 1;
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (rc != 0)
+        set_err("already serving, or another client is in use");
+    return rc;
+}
+
+int ts_batcher_follow_weights(ts_batcher_t *b, ts_client_t *client, const char *bin)
+{
+    if (b == NULL || client == NULL || bin == NULL || bin[0] == '\0' ||
+        strlen(bin) > TS_MAX_NAME_LEN) {
+        set_err("follow needs a client and a bin name");
+        return TS_EINVAL;
+    }
+    pthread_mutex_lock(&b->mu);
+    bremote *rem = remote_get(b, client);
+    int rc = rem == NULL ? TS_EINVAL : rem->following ? TS_EINVAL : 0;
+    if (rc == 0) {
+        snprintf(rem->params_bin, sizeof(rem->params_bin), "%s", bin);
+        if (pthread_create(&rem->follow_th, NULL, follow_main, rem) != 0)
+            rc = TS_ENOMEM;
+        else
+            rem->following = 1;
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (rc != 0)
+        set_err("already following, or another client is in use");
+    return rc;
+}
+
+static void remote_stop(ts_batcher_t *b)
+{
+    pthread_mutex_lock(&b->mu);
+    bremote *rem = b->remote;
+    b->remote = NULL;
+    pthread_mutex_unlock(&b->mu);
+    if (rem == NULL)
+        return;
+    atomic_store(&rem->stop, 1);
+    if (rem->serving)
+        pthread_join(rem->serve_th, NULL);
+    if (rem->following)
+        pthread_join(rem->follow_th, NULL);
+    ts__free(rem);
+}
+
+void ts_batcher_stop_remote(ts_batcher_t *b)
+{
+    if (b != NULL)
+        remote_stop(b);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Remote use through tensord: the requesting side
+ */
+typedef struct ppend {
+    struct ppend *next;
+    int64_t id;
+    uint64_t deadline_ns; /* 0: none */
+    ts_remote_cb cb;
+    void *arg;
+} ppend;
+
+struct ts_predictor_s {
+    ts_client_t *client;
+    char req_bin[TS_MAX_NAME_LEN + 1];
+    char reply_bin[TS_MAX_NAME_LEN + 1];
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* appends_inflight reached 0 */
+    ppend *pending;
+    int64_t next_id;
+    int appends_inflight;
+    atomic_int stop;
+    pthread_t th;
+};
+
+static _Thread_local int tls_in_predictor;
+
+/* Remove and return the pending request with this id, or NULL. Lock held. */
+static ppend *pend_take(ts_predictor_t *p, int64_t id)
+{
+    for (ppend **pp = &p->pending; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->id == id) {
+            ppend *r = *pp;
+            *pp = r->next;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+/* Hand one reply record to its pending request. */
+static void deliver(ts_predictor_t *p, const ts_value_t *rec)
+{
+    int64_t id, status = TS_EPROTO, version = 0;
+    if (ts_map_get_int(rec, "id", &id) != 0)
+        return;
+    pthread_mutex_lock(&p->mu);
+    ppend *r = pend_take(p, id);
+    pthread_mutex_unlock(&p->mu);
+    if (r == NULL)
+        return; /* it timed out already */
+    ts_map_get_int(rec, "status", &status);
+    ts_map_get_int(rec, "version", &version);
+    ts_value_t *out = NULL;
+    const char *msg = NULL;
+    size_t len;
+    if (status == 0) {
+        out = ts_value_clone(ts_map_get(rec, "output"));
+        if (out == NULL)
+            status = ts_map_get(rec, "output") == NULL ? TS_EPROTO : TS_ENOMEM;
+    } else if (ts_value_string(ts_map_get(rec, "error"), &msg, &len) != 0) {
+        msg = NULL;
+    }
+    r->cb(p, (int)status, out, version, status != 0 ? (msg ? msg : ts_strerror((int)status)) : NULL,
+          r->arg);
+    ts__free(r);
+}
+
+/* Fail every pending request whose deadline passed (all of them when now_ns is UINT64_MAX). */
+static void expire(ts_predictor_t *p, uint64_t t, int status, const char *msg)
+{
+    for (;;) {
+        ppend *r = NULL;
+        pthread_mutex_lock(&p->mu);
+        for (ppend **pp = &p->pending; *pp != NULL; pp = &(*pp)->next) {
+            if ((*pp)->deadline_ns != 0 ? (*pp)->deadline_ns <= t : t == UINT64_MAX) {
+                r = *pp;
+                *pp = r->next;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&p->mu);
+        if (r == NULL)
+            return;
+        r->cb(p, status, NULL, 0, msg, r->arg);
+        ts__free(r);
+    }
+}
+
+static void *receive_main(void *arg)
+{
+    ts_predictor_t *p = arg;
+    tls_in_predictor = 1;
+    uint64_t after = 0;
+    while (!atomic_load(&p->stop)) {
+        int wait_ms = TS__REMOTE_WAIT_MS;
+        pthread_mutex_lock(&p->mu);
+        uint64_t t = now_ns();
+        for (const ppend *r = p->pending; r != NULL; r = r->next) {
+            if (r->deadline_ns != 0) {
+                uint64_t left = r->deadline_ns > t ? (r->deadline_ns - t) / 1000000u + 1 : 0;
+                if (left < (uint64_t)wait_ms)
+                    wait_ms = (int)left;
+            }
+        }
+        pthread_mutex_unlock(&p->mu);
+        uint64_t v = 0;
+        int rc = ts_wait(p->client, p->reply_bin, after, wait_ms, &v, NULL);
+        expire(p, now_ns(), TS_ETIMEDOUT, "no answer before the deadline");
+        if (rc == TS_ETIMEDOUT)
+            continue;
+        if (rc != 0) {
+            pause_ns(TS__REMOTE_RETRY_NS);
+            continue;
+        }
+        ts_items_t *items = NULL;
+        rc = ts_get(p->client, p->reply_bin, 0, &items);
+        if (rc != 0) {
+            after = rc == TS_ENOENT ? v : after;
+            continue;
+        }
+        after = ts_items_version(items);
+        for (size_t i = 0; i < ts_items_count(items); i++)
+            deliver(p, ts_items_at(items, i));
+        ts_items_free(items);
+    }
+    return NULL;
+}
+
+int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *name)
+{
+    /* Room for "NAME/reply/" + 16 hex digits, and for "NAME/requests". */
+    if (out == NULL || client == NULL || name == NULL || name[0] == '\0' ||
+        strlen(name) + 7 + 16 > TS_MAX_NAME_LEN) {
+        set_err("a predictor needs a client and a short enough name");
+        return TS_EINVAL;
+    }
+    ts_predictor_t *p = ts__calloc(1, sizeof(*p));
+    if (p == NULL)
+        return TS_ENOMEM;
+    p->client = client;
+    snprintf(p->req_bin, sizeof(p->req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
+    /* A reply bin name nobody else picks: time, address and a process-wide counter, mixed. */
+    static atomic_uint_fast64_t counter;
+    uint64_t x = now_ns() ^ ((uint64_t)(uintptr_t)p << 16) ^
+                 (atomic_fetch_add(&counter, 1) * 0x9E3779B97F4A7C15u);
+    x ^= (uint64_t)getpid() << 40;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9u;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBu;
+    x ^= x >> 31;
+    snprintf(p->reply_bin, sizeof(p->reply_bin), "%s/reply/%016llx", name, (unsigned long long)x);
+    pthread_mutex_init(&p->mu, NULL);
+    cond_init(&p->cv);
+    p->next_id = 1;
+    atomic_init(&p->stop, 0);
+    if (pthread_create(&p->th, NULL, receive_main, p) != 0) {
+        pthread_cond_destroy(&p->cv);
+        pthread_mutex_destroy(&p->mu);
+        ts__free(p);
+        return TS_ENOMEM;
+    }
+    *out = p;
+    return 0;
+}
+
+void ts_predictor_free(ts_predictor_t *p)
+{
+    if (p == NULL)
+        return;
+    atomic_store(&p->stop, 1);
+    pthread_join(p->th, NULL);
+    /* Appends still in flight call back into p: wait for them (bounded by the client). */
+    pthread_mutex_lock(&p->mu);
+    while (p->appends_inflight > 0)
+        pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    expire(p, UINT64_MAX, TS_ECANCELED, "the predictor was freed");
+    ts_delete(p->client, p->reply_bin, NULL);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+    ts__free(p);
+}
+
+/* A tree of the same shape whose tensors and bytes borrow v's memory. NULL on ENOMEM. */
+static ts_value_t *mirror(const ts_value_t *v)
+{
+    switch (ts_value_type(v)) {
+    case TS_TYPE_MAP:
+    case TS_TYPE_LIST: {
+        int map = ts_value_type(v) == TS_TYPE_MAP;
+        ts_value_t *c = map ? ts_map_new() : ts_list_new();
+        for (size_t i = 0; c != NULL && i < ts_value_len(v); i++) {
+            ts_value_t *child = mirror(map ? ts_map_value_at(v, i) : ts_list_at(v, i));
+            int rc = map ? ts_map_set(c, ts_map_key_at(v, i), child) : ts_list_push(c, child);
+            if (rc != 0) {
+                ts_value_free(c);
+                c = NULL;
+            }
+        }
+        return c;
+    }
+    case TS_TYPE_TENSOR: {
+        const ts_tensor_t *t = ts_value_tensor(v);
+        return ts_tensor_new(t->dtype, t->ndim, t->shape, t->data, TS_BORROW);
+    }
+    case TS_TYPE_BYTES: {
+        const void *d;
+        size_t n;
+        ts_value_bytes(v, &d, &n);
+        return ts_bytes_new(d, n, TS_BORROW);
+    }
+    default:
+        return ts_value_clone(v);
+    }
+}
+
+typedef struct psent {
+    ts_predictor_t *p;
+    int64_t id;
+} psent;
+
+static void request_sent(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)res;
+    psent *s = arg;
+    ts_predictor_t *p = s->p;
+    ppend *r = NULL;
+    pthread_mutex_lock(&p->mu);
+    if (status != 0)
+        r = pend_take(p, s->id);
+    pthread_mutex_unlock(&p->mu);
+    if (r != NULL) {
+        r->cb(p, status, NULL, 0, "sending the request failed", r->arg);
+        ts__free(r);
+    }
+    pthread_mutex_lock(&p->mu);
+    if (--p->appends_inflight == 0)
+        pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    ts__free(s);
+}
+
+int ts_predictor_submit(ts_predictor_t *p, const ts_value_t *input, int timeout_ms, ts_remote_cb cb,
+                        void *arg)
+{
+    if (p == NULL || input == NULL || cb == NULL)
+        return TS_EINVAL;
+    int t = timeout_ms != 0 ? timeout_ms : TS__DEFAULT_TIMEOUT_MS;
+    ppend *r = ts__calloc(1, sizeof(*r));
+    psent *s = ts__calloc(1, sizeof(*s));
+    ts_value_t *rec = ts_map_new();
+    if (r == NULL || s == NULL || rec == NULL) {
+        ts__free(r);
+        ts__free(s);
+        ts_value_free(rec);
+        return TS_ENOMEM;
+    }
+    pthread_mutex_lock(&p->mu);
+    int64_t id = p->next_id++;
+    pthread_mutex_unlock(&p->mu);
+    int rc = ts_map_set(rec, "id", ts_int_new(id));
+    if (rc == 0)
+        rc = ts_map_set(rec, "reply", ts_string_new(p->reply_bin, strlen(p->reply_bin)));
+    if (rc == 0)
+        rc = ts_map_set(rec, "timeout_ms", ts_int_new(t));
+    if (rc == 0)
+        rc = ts_map_set(rec, "input", mirror(input));
+    if (rc != 0) {
+        ts__free(r);
+        ts__free(s);
+        ts_value_free(rec);
+        return rc;
+    }
+    r->id = id;
+    r->deadline_ns = t > 0 ? now_ns() + (uint64_t)t * 1000000u : 0;
+    r->cb = cb;
+    r->arg = arg;
+    s->p = p;
+    s->id = id;
+    pthread_mutex_lock(&p->mu);
+    r->next = p->pending;
+    p->pending = r;
+    p->appends_inflight++;
+    pthread_mutex_unlock(&p->mu);
+    /* TS_COPY: the request is encoded and its tensors copied now, so input stays borrowed. */
+    rc = ts_append_async(p->client, p->req_bin, rec, TS_COPY, request_sent, s);
+    ts_value_free(rec);
+    if (rc != 0) {
+        pthread_mutex_lock(&p->mu);
+        ppend *mine = pend_take(p, id);
+        p->appends_inflight--;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        ts__free(mine);
+        ts__free(s);
+        set_err("sending the request failed: %s", ts_strerror(rc));
+        return rc;
+    }
+    return 0;
+}
+
+typedef struct psync {
+    pthread_mutex_t *mu; /* the predictor's: it outlives the wait */
+    pthread_cond_t cv;
+    int done, status;
+    ts_value_t *output;
+    int64_t version;
+    char msg[TS__BERR_LEN];
+} psync;
+
+static void psync_cb(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
+                     const char *message, void *arg)
+{
+    (void)p;
+    psync *s = arg;
+    pthread_mutex_lock(s->mu);
+    s->status = status;
+    s->output = output;
+    s->version = version;
+    snprintf(s->msg, sizeof(s->msg), "%s", message != NULL ? message : "");
+    s->done = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(s->mu);
+}
+
+int ts_predictor_predict(ts_predictor_t *p, const ts_value_t *input, int timeout_ms,
+                         ts_value_t **output, int64_t *version)
+{
+    if (tls_in_predictor || tls_in_batcher) {
+        set_err("ts_predictor_predict called from a callback");
+        return TS_EDEADLK;
+    }
+    psync s;
+    memset(&s, 0, sizeof(s));
+    s.mu = &p->mu;
+    if (cond_init(&s.cv) != 0)
+        return TS_ENOMEM;
+    int rc = ts_predictor_submit(p, input, timeout_ms, psync_cb, &s);
+    if (rc == 0) {
+        /* The receiver thread answers at the deadline at the latest; free cancels. */
+        pthread_mutex_lock(&p->mu);
+        while (!s.done)
+            pthread_cond_wait(&s.cv, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+        rc = s.status;
+    }
+    pthread_cond_destroy(&s.cv);
+    if (rc != 0) {
+        if (s.done)
+            set_err("%s", s.msg);
+        return rc;
+    }
+    *output = s.output;
+    if (version != NULL)
+        *version = s.version;
+    return 0;
+}
+#endif /* TS_BATCHER_NO_REMOTE */

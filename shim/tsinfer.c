@@ -1,0 +1,230 @@
+/*
+ * tsinfer: serve a TorchScript model through tensord with dynamic batching.
+ *
+ *   tsinfer --server HOST:PORT --model policy.pt --name policy --input :float32:8
+ *           [--output :float32:4] [--max-batch 64] [--max-delay-us 500] [--device cpu:2]
+ *           [--params BIN] [--timeout-ms MS] [--threads N]
+ *
+ * Remote workers submit to the bin NAME/requests with ts_predictor_* (batcher.h); tsinfer
+ * batches their rows on the model's replicas and appends each answer to its requester's reply
+ * bin. With --params it loads every {params, version} a trainer puts into BIN, between forwards.
+ * SIGINT or SIGTERM stop it: pending requests are answered with TS_ECANCELED.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensorshare/batcher.h"
+#include "tensorshare/tensorshare.h"
+#include "tensorshare/torch.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: tsinfer --server HOST:PORT --model FILE --name NAME --input SCHEMA\n"
+            "               [--output SCHEMA] [--max-batch ROWS] [--max-delay-us US]\n"
+            "               [--device PLACEMENT] [--params BIN] [--timeout-ms MS]\n"
+            "               [--threads N]\n"
+            "  SCHEMA     comma-separated fields NAME:DTYPE:DIMS, per row (no batch dimension),\n"
+            "             e.g. obs.x:float32:4x4,obs.id:int64: ; an empty NAME is a bare tensor\n"
+            "             (:float32:8). DIMS is empty for one value per row.\n"
+            "  PLACEMENT  cpu, cpu:N, cuda:I, cuda:I*K, cuda*K, cuda/N, comma-separated\n"
+            "             (default cpu)\n");
+}
+
+/* Parse a decimal number in [lo, hi]. 0 or -1. */
+static int parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || errno != 0 || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+#define MAX_FIELDS TS_BATCHER_MAX_FIELDS
+
+/*
+ * Parse a schema into fields whose names point into buf (a writable copy of spec). Returns the
+ * number of fields, or -1 with a message on stderr.
+ */
+static int parse_schema(char *buf, ts_field_t *fields)
+{
+    int n = 0;
+    for (char *tok = buf, *next; tok != NULL; tok = next) {
+        next = strchr(tok, ',');
+        if (next != NULL)
+            *next++ = '\0';
+        if (n == MAX_FIELDS) {
+            fprintf(stderr, "tsinfer: too many fields\n");
+            return -1;
+        }
+        char *c1 = strchr(tok, ':');
+        char *c2 = c1 != NULL ? strchr(c1 + 1, ':') : NULL;
+        if (c2 == NULL) {
+            fprintf(stderr, "tsinfer: field '%s': expected NAME:DTYPE:DIMS\n", tok);
+            return -1;
+        }
+        *c1 = '\0';
+        *c2 = '\0';
+        ts_field_t *f = &fields[n];
+        memset(f, 0, sizeof(*f));
+        f->name = tok;
+        f->dtype = ts_dtype_from_name(c1 + 1);
+        if (f->dtype == TS_DTYPE_INVALID) {
+            fprintf(stderr, "tsinfer: field '%s': unknown dtype '%s'\n", tok, c1 + 1);
+            return -1;
+        }
+        char *dims = c2 + 1;
+        while (*dims != '\0') {
+            char *x = strchr(dims, 'x');
+            if (x != NULL)
+                *x = '\0';
+            long d;
+            if (f->ndim >= TS_MAX_NDIM - 1 || parse_long(dims, 0, INT32_MAX, &d) != 0) {
+                fprintf(stderr, "tsinfer: field '%s': bad dimensions\n", tok);
+                return -1;
+            }
+            f->shape[f->ndim++] = d;
+            if (x == NULL)
+                break;
+            dims = x + 1;
+        }
+        n++;
+    }
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    const char *server = NULL, *model = NULL, *name = NULL, *params = NULL;
+    const char *device = "cpu";
+    char *in_spec = NULL, *out_spec = NULL;
+    long max_batch = 64, delay_us = 500, timeout_ms = 30000, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (v == NULL) {
+            bad = 1;
+        } else if (strcmp(a, "--server") == 0) {
+            server = v;
+        } else if (strcmp(a, "--model") == 0) {
+            model = v;
+        } else if (strcmp(a, "--name") == 0) {
+            name = v;
+        } else if (strcmp(a, "--device") == 0) {
+            device = v;
+        } else if (strcmp(a, "--params") == 0) {
+            params = v;
+        } else if (strcmp(a, "--input") == 0) {
+            in_spec = argv[i + 1];
+        } else if (strcmp(a, "--output") == 0) {
+            out_spec = argv[i + 1];
+        } else if (strcmp(a, "--max-batch") == 0) {
+            bad = parse_long(v, 1, 1 << 20, &max_batch);
+        } else if (strcmp(a, "--max-delay-us") == 0) {
+            bad = parse_long(v, 0, 60000000, &delay_us);
+        } else if (strcmp(a, "--timeout-ms") == 0) {
+            bad = parse_long(v, -1, INT32_MAX, &timeout_ms);
+        } else if (strcmp(a, "--threads") == 0) {
+            bad = parse_long(v, 1, 1024, &threads);
+        } else {
+            bad = 1;
+        }
+        if (bad) {
+            fprintf(stderr, "tsinfer: bad argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i++;
+    }
+    if (server == NULL || model == NULL || name == NULL || in_spec == NULL) {
+        usage(stderr);
+        return 2;
+    }
+    ts_field_t in[MAX_FIELDS], out[MAX_FIELDS];
+    int n_in = parse_schema(in_spec, in);
+    int n_out = out_spec != NULL ? parse_schema(out_spec, out) : 0;
+    if (n_in <= 0 || n_out < 0)
+        return 2;
+
+    /* Signals are taken by sigwait below; every thread started from here inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    if (threads > 0)
+        ts_torch_set_num_threads((int)threads);
+    ts_torch_model_t *proto = NULL;
+    int rc = ts_torch_load_file(&proto, model, "cpu");
+    if (rc != 0) {
+        fprintf(stderr, "tsinfer: loading %s: %s: %s\n", model, ts_strerror(rc),
+                ts_torch_last_error());
+        return 1;
+    }
+    ts_batcher_config_t cfg;
+    ts_batcher_config_init(&cfg);
+    cfg.inputs = in;
+    cfg.n_inputs = n_in;
+    cfg.outputs = n_out > 0 ? out : NULL;
+    cfg.n_outputs = n_out;
+    cfg.max_batch = (int)max_batch;
+    cfg.max_delay_us = delay_us;
+    cfg.placement = device;
+    cfg.cuda_devices = ts_torch_cuda_device_count();
+    cfg.timeout_ms = (int)timeout_ms;
+    cfg.create = ts_torch_model_create;
+    cfg.create_arg = proto;
+    ts_batcher_t *b = NULL;
+    rc = ts_batcher_new(&b, &cfg);
+    if (rc != 0) {
+        fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_batcher_last_error());
+        ts_torch_model_free(proto);
+        return 1;
+    }
+    ts_client_t *client = NULL;
+    rc = ts_client_open(&client, server, NULL);
+    if (rc != 0) {
+        fprintf(stderr, "tsinfer: connecting to %s: %s\n", server, ts_strerror(rc));
+        ts_batcher_free(b);
+        ts_torch_model_free(proto);
+        return 1;
+    }
+    rc = ts_batcher_serve(b, client, name);
+    if (rc == 0 && params != NULL)
+        rc = ts_batcher_follow_weights(b, client, params);
+    if (rc != 0) {
+        fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_batcher_last_error());
+    } else {
+        printf("tsinfer: serving %s%s on %s with %d replica(s) [", name, TS_BATCHER_REQ_SUFFIX,
+               server, ts_batcher_replicas(b));
+        for (int i = 0; i < ts_batcher_replicas(b); i++)
+            printf("%s%s", i ? " " : "", ts_batcher_device(b, i));
+        printf("], max batch %ld, max delay %ld us\n", max_batch, delay_us);
+        fflush(stdout);
+        int sig = 0;
+        sigwait(&sigs, &sig);
+    }
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    ts_batcher_free(b);
+    ts_client_free(client);
+    ts_torch_model_free(proto);
+    printf("tsinfer: stopped: %llu requests answered, %llu failed, %llu batches, %.2f rows per "
+           "batch\n",
+           (unsigned long long)st.requests, (unsigned long long)st.failed,
+           (unsigned long long)st.batches, st.batches ? (double)st.rows / (double)st.batches : 0.0);
+    return rc == 0 ? 0 : 1;
+}
