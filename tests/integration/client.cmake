@@ -6,3 +6,22 @@ ts_add_test(test_client_failure SOURCES test_client_failure.c
   LIBS tensorshare_static LABELS integration client TIMEOUT 120)
 ts_add_test(test_client_threads SOURCES test_client_threads.c
   LIBS tensorshare_static LABELS integration client TIMEOUT 180)
+
+# The shared library exports the public API only.
+add_test(NAME test_client_exports
+  COMMAND sh ${PROJECT_SOURCE_DIR}/tests/install/check_exports.sh $<TARGET_FILE:tensorshare>)
+set_tests_properties(test_client_exports PROPERTIES LABELS "client" TIMEOUT 60)
+
+# Install into a temporary prefix and build the quickstart outside the tree against it.
+if(TARGET tensord)
+  set(_ts_san_flags "")
+  if(TS_SANITIZE)
+    set(_ts_san_flags "-fsanitize=${TS_SANITIZE}")
+  endif()
+  add_test(NAME test_client_install
+    COMMAND sh ${PROJECT_SOURCE_DIR}/tests/install/install_test.sh ${PROJECT_BINARY_DIR}
+      ${PROJECT_SOURCE_DIR} $<TARGET_FILE:tensord> "${_ts_san_flags}")
+  math(EXPR _ts_install_timeout "300 * ${TS_TEST_TIMEOUT_MULTIPLIER}")
+  set_tests_properties(test_client_install PROPERTIES
+    LABELS "integration;client;install" TIMEOUT ${_ts_install_timeout})
+endif()
