@@ -6,3 +6,11 @@ ts_add_test(test_batcher
   LABELS batcher
   TIMEOUT 120)
 target_compile_definitions(test_batcher PRIVATE TS_BATCHER_NO_REMOTE)
+
+if(TARGET tensorshare AND TARGET tensord)
+  ts_add_test(test_batcher_remote
+    SOURCES test_batcher_remote.c
+    LIBS tensorshare
+    LABELS batcher integration
+    TIMEOUT 120)
+endif()

@@ -1,0 +1,417 @@
+/*
+ * The batcher through a real tensord: remote predictors (blocking and asynchronous) against a
+ * served batcher, schema errors answered remotely, weights followed from a parameters bin,
+ * deadlines when nobody serves, and cancellation at shutdown.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common.h"
+#include "harness.h"
+#include "tensorshare/batcher.h"
+
+/* The model: {x: float32[3]} -> {y: float32[3] = x * scale}; weights {scale: float32}. */
+typedef struct smodel {
+    ts_model_t base;
+    float scale;
+} smodel;
+
+static atomic_int g_delay_us;
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static int sm_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out,
+                      char *err, size_t errlen)
+{
+    (void)err;
+    (void)errlen;
+    if (atomic_load(&g_delay_us) > 0)
+        sleep_us(atomic_load(&g_delay_us));
+    const ts_tensor_t *x = ts_map_get_tensor(in, "x");
+    ts_value_t *y = ts_tensor_new(TS_FLOAT32, 2, x->shape, x->data, TS_COPY);
+    ts_value_t *o = ts_map_new();
+    if (y == NULL || o == NULL) {
+        ts_value_free(y);
+        ts_value_free(o);
+        return TS_ENOMEM;
+    }
+    float *d = ts_value_tensor(y)->data;
+    for (int64_t i = 0; i < rows * 3; i++)
+        d[i] *= ((smodel *)m)->scale;
+    if (ts_map_set(o, "y", y) != 0) {
+        ts_value_free(o);
+        return TS_ENOMEM;
+    }
+    *out = o;
+    return 0;
+}
+
+static int sm_load(ts_model_t *m, const ts_value_t *params, char *err, size_t errlen)
+{
+    const ts_tensor_t *s = ts_map_get_tensor(params, "scale");
+    if (s == NULL || s->dtype != TS_FLOAT32) {
+        snprintf(err, errlen, "no scale");
+        return TS_EINVAL;
+    }
+    ((smodel *)m)->scale = *(const float *)s->data;
+    return 0;
+}
+
+static void sm_free(ts_model_t *m)
+{
+    ts__free(m);
+}
+
+static const ts_model_ops_t sm_ops = {sm_forward, sm_load, sm_free};
+
+static int sm_create(void *arg, const char *device, int replica, ts_model_t **out, char *err,
+                     size_t errlen)
+{
+    (void)arg;
+    (void)device;
+    (void)replica;
+    (void)err;
+    (void)errlen;
+    smodel *m = ts__calloc(1, sizeof(*m));
+    if (m == NULL)
+        return TS_ENOMEM;
+    m->base.ops = &sm_ops;
+    m->scale = 1.0f;
+    *out = &m->base;
+    return 0;
+}
+
+static const ts_field_t schema[] = {{"x", TS_FLOAT32, 1, {3}}};
+
+typedef struct world {
+    tsh_server srv;
+    ts_client_t *serve_client; /* the batcher's */
+    ts_client_t *client;       /* the workers' */
+    ts_batcher_t *b;
+} world;
+
+static int setup(void **state)
+{
+    static world w;
+    memset(&w, 0, sizeof(w));
+    if (tsh_server_start(&w.srv, NULL) != 0)
+        return -1;
+    if (ts_client_open(&w.serve_client, w.srv.addr, NULL) != 0 ||
+        ts_client_open(&w.client, w.srv.addr, NULL) != 0)
+        return -1;
+    ts_batcher_config_t cfg;
+    ts_batcher_config_init(&cfg);
+    cfg.inputs = schema;
+    cfg.n_inputs = 1;
+    cfg.max_batch = 32;
+    cfg.max_delay_us = 2000;
+    cfg.placement = "cpu:2";
+    cfg.create = sm_create;
+    if (ts_batcher_new(&w.b, &cfg) != 0)
+        return -1;
+    if (ts_batcher_serve(w.b, w.serve_client, "policy") != 0)
+        return -1;
+    *state = &w;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    world *w = *state;
+    ts_batcher_free(w->b);
+    ts_client_free(w->client);
+    ts_client_free(w->serve_client);
+    int rc = tsh_server_stop(&w->srv);
+    tsh_server_cleanup(&w->srv);
+    return rc == 0 ? 0 : -1;
+}
+
+static ts_value_t *request(int64_t rows, int64_t base)
+{
+    int64_t shape[2] = {rows, 3};
+    ts_value_t *x = ts_tensor_alloc(TS_FLOAT32, 2, shape);
+    assert_non_null(x);
+    float *d = ts_value_tensor(x)->data;
+    for (int64_t i = 0; i < rows * 3; i++)
+        d[i] = (float)(base + i);
+    ts_value_t *m = ts_map_new();
+    assert_int_equal(ts_map_set(m, "x", x), 0);
+    return m;
+}
+
+static int check(const ts_value_t *out, int64_t rows, int64_t base, float scale)
+{
+    const ts_tensor_t *y = ts_map_get_tensor(out, "y");
+    if (y == NULL || y->ndim != 2 || y->shape[0] != rows || y->shape[1] != 3)
+        return 0;
+    for (int64_t i = 0; i < rows * 3; i++)
+        if (((const float *)y->data)[i] != (float)(base + i) * scale)
+            return 0;
+    return 1;
+}
+
+typedef struct worker {
+    world *w;
+    int index;
+    int ok;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *k = arg;
+    ts_predictor_t *p = NULL;
+    k->ok = ts_predictor_open(&p, k->w->client, "policy") == 0;
+    for (int i = 0; k->ok && i < 10; i++) {
+        int64_t rows = 1 + (k->index + i) % 4, base = k->index * 10000 + i * 100;
+        ts_value_t *in = request(rows, base), *out = NULL;
+        int64_t version = -1;
+        int rc = ts_predictor_predict(p, in, 20000, &out, &version);
+        if (rc != 0 || version != 0 || !check(out, rows, base, 1.0f)) {
+            print_error("worker %d: rc %s (%s)\n", k->index, ts_err_name(rc),
+                        ts_batcher_last_error());
+            k->ok = 0;
+        }
+        ts_value_free(out);
+        ts_value_free(in);
+    }
+    ts_predictor_free(p);
+    return NULL;
+}
+
+static void test_remote_blocking(void **state)
+{
+    world *w = *state;
+    enum { N = 8 };
+    worker k[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        k[i] = (worker){w, i, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &k[i]), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(k[i].ok);
+    }
+    ts_batcher_stats_t st;
+    ts_batcher_stats(w->b, &st);
+    assert_true(st.requests >= N * 10);
+}
+
+typedef struct acount {
+    pthread_mutex_t mu;
+    int done, ok, status_seen;
+} acount;
+
+typedef struct actx {
+    acount *c;
+    int64_t rows, base;
+    float scale;
+} actx;
+
+static void remote_cb(ts_predictor_t *p, int status, ts_value_t *out, int64_t version,
+                      const char *msg, void *arg)
+{
+    (void)p;
+    (void)version;
+    (void)msg;
+    actx *a = arg;
+    int good = status == 0 && check(out, a->rows, a->base, a->scale);
+    ts_value_free(out);
+    pthread_mutex_lock(&a->c->mu);
+    a->c->ok += good;
+    if (status != 0)
+        a->c->status_seen = status;
+    a->c->done++;
+    pthread_mutex_unlock(&a->c->mu);
+}
+
+static int wait_done(acount *c, int n, int max_ms)
+{
+    for (int i = 0; i < max_ms / 10; i++) {
+        pthread_mutex_lock(&c->mu);
+        int d = c->done;
+        pthread_mutex_unlock(&c->mu);
+        if (d >= n)
+            return 1;
+        sleep_us(10000);
+    }
+    return 0;
+}
+
+static void test_remote_async(void **state)
+{
+    world *w = *state;
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, w->client, "policy"), 0);
+    enum { N = 100 };
+    static actx a[N];
+    acount c;
+    memset(&c, 0, sizeof(c));
+    pthread_mutex_init(&c.mu, NULL);
+    for (int i = 0; i < N; i++) {
+        a[i] = (actx){&c, 1 + i % 3, (int64_t)i * 10, 1.0f};
+        ts_value_t *in = request(a[i].rows, a[i].base);
+        assert_int_equal(ts_predictor_submit(p, in, 20000, remote_cb, &a[i]), 0);
+        ts_value_free(in); /* borrowed for the call only */
+    }
+    assert_true(wait_done(&c, N, 30000));
+    assert_int_equal(c.ok, N);
+    ts_predictor_free(p);
+}
+
+static void test_remote_schema_error(void **state)
+{
+    world *w = *state;
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, w->client, "policy"), 0);
+    int64_t shape[2] = {2, 4};
+    ts_value_t *in = ts_map_new(), *out = NULL;
+    assert_int_equal(ts_map_set(in, "x", ts_tensor_alloc(TS_FLOAT32, 2, shape)), 0);
+    assert_int_equal(ts_predictor_predict(p, in, 20000, &out, NULL), TS_ESCHEMA);
+    assert_non_null(strstr(ts_batcher_last_error(), "shape"));
+    ts_value_free(in);
+    /* The predictor keeps working. */
+    in = request(2, 1);
+    assert_int_equal(ts_predictor_predict(p, in, 20000, &out, NULL), 0);
+    assert_true(check(out, 2, 1, 1.0f));
+    ts_value_free(out);
+    ts_value_free(in);
+    ts_predictor_free(p);
+}
+
+/* A trainer puts {params, version}; the served replicas pick it up between forwards. */
+static void test_remote_weights(void **state)
+{
+    world *w = *state;
+    assert_int_equal(ts_batcher_follow_weights(w->b, w->serve_client, "policy/params"), 0);
+    float five = 5.0f;
+    ts_value_t *rec = ts_map_new(), *params = ts_map_new();
+    assert_int_equal(
+        ts_map_set(params, "scale", ts_tensor_new(TS_FLOAT32, 0, NULL, &five, TS_COPY)), 0);
+    assert_int_equal(ts_map_set(rec, "params", params), 0);
+    assert_int_equal(ts_map_set(rec, "version", ts_int_new(5)), 0);
+    assert_int_equal(ts_put(w->client, "policy/params", rec, NULL), 0);
+    ts_value_free(rec);
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, w->client, "policy"), 0);
+    int64_t version = 0;
+    int tries = 0;
+    for (; tries < 500 && version != 5; tries++) {
+        ts_value_t *in = request(1, 3), *out = NULL;
+        assert_int_equal(ts_predictor_predict(p, in, 20000, &out, &version), 0);
+        /* Every answer is consistent with the version it reports. */
+        assert_true(check(out, 1, 3, version == 5 ? 5.0f : 1.0f));
+        ts_value_free(out);
+        ts_value_free(in);
+        if (version != 5)
+            sleep_us(20000);
+    }
+    assert_int_equal(version, 5);
+    ts_predictor_free(p);
+}
+
+/* Nobody serves this name: the predictor's own deadline answers. */
+static void test_remote_deadline(void **state)
+{
+    world *w = *state;
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, w->client, "nobody"), 0);
+    ts_value_t *in = request(1, 0), *out = NULL;
+    uint64_t t0 = ts__now_ns();
+    assert_int_equal(ts_predictor_predict(p, in, 300, &out, NULL), TS_ETIMEDOUT);
+    double ms = (double)(ts__now_ns() - t0) / 1e6;
+    assert_true(ms >= 290.0 && ms < 10000.0);
+    ts_value_free(in);
+    ts_predictor_free(p);
+    ts_delete(w->client, "nobody/requests", NULL);
+}
+
+/* Freeing the predictor cancels what it still waits for. */
+static void test_predictor_free_cancels(void **state)
+{
+    world *w = *state;
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, w->client, "nobody2"), 0);
+    acount c;
+    memset(&c, 0, sizeof(c));
+    pthread_mutex_init(&c.mu, NULL);
+    actx a[5];
+    for (int i = 0; i < 5; i++) {
+        a[i] = (actx){&c, 1, 0, 1.0f};
+        ts_value_t *in = request(1, 0);
+        assert_int_equal(ts_predictor_submit(p, in, -1, remote_cb, &a[i]), 0);
+        ts_value_free(in);
+    }
+    ts_predictor_free(p);
+    assert_int_equal(c.done, 5);
+    assert_int_equal(c.status_seen, TS_ECANCELED);
+    ts_delete(w->client, "nobody2/requests", NULL);
+}
+
+/* A batcher shut down with remote requests queued answers them with TS_ECANCELED. */
+static void test_remote_shutdown(void **state)
+{
+    world *w = *state;
+    ts_batcher_config_t cfg;
+    ts_batcher_config_init(&cfg);
+    cfg.inputs = schema;
+    cfg.n_inputs = 1;
+    cfg.max_batch = 1;
+    cfg.max_delay_us = 0;
+    cfg.create = sm_create;
+    ts_batcher_t *b = NULL;
+    assert_int_equal(ts_batcher_new(&b, &cfg), 0);
+    assert_int_equal(ts_batcher_serve(b, w->serve_client, "slow"), 0);
+    atomic_store(&g_delay_us, 100000);
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, w->client, "slow"), 0);
+    acount c;
+    memset(&c, 0, sizeof(c));
+    pthread_mutex_init(&c.mu, NULL);
+    actx a[10];
+    for (int i = 0; i < 10; i++) {
+        a[i] = (actx){&c, 1, i, 1.0f};
+        ts_value_t *in = request(1, i);
+        assert_int_equal(ts_predictor_submit(p, in, 30000, remote_cb, &a[i]), 0);
+        ts_value_free(in);
+    }
+    /* Wait until the server holds them (the first is in a forward), then stop it. */
+    for (int i = 0; i < 500; i++) {
+        ts_batcher_stats_t st;
+        ts_batcher_stats(b, &st);
+        if (st.queued >= 5)
+            break;
+        sleep_us(10000);
+    }
+    ts_batcher_free(b);
+    atomic_store(&g_delay_us, 0);
+    assert_true(wait_done(&c, 10, 20000));
+    assert_true(c.ok >= 1);
+    assert_int_equal(c.status_seen, TS_ECANCELED);
+    ts_predictor_free(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_remote_blocking),     cmocka_unit_test(test_remote_async),
+        cmocka_unit_test(test_remote_schema_error), cmocka_unit_test(test_remote_weights),
+        cmocka_unit_test(test_remote_deadline),     cmocka_unit_test(test_predictor_free_cancels),
+        cmocka_unit_test(test_remote_shutdown),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
