@@ -214,12 +214,12 @@ static int server_start(server *s, const char *bin, int use_tcp)
     if (pid < 0)
         return -1;
     if (pid == 0) {
-        /* Quiet: the table is the output. */
+        /* Quiet: the table is the output (warnings and errors still reach stderr). */
         int devnull = open("/dev/null", O_WRONLY);
         if (devnull >= 0)
             dup2(devnull, STDOUT_FILENO);
         execl(bin, bin, "--port", "0", "--unix", s->sock, "--port-file", s->port_file,
-              (char *)NULL);
+              "--log-level", "warn", (char *)NULL);
         _exit(127);
     }
     s->pid = pid;
@@ -392,7 +392,8 @@ static int read_i64(int fd, int64_t *v, int timeout_ms)
     return read(fd, v, sizeof(*v)) == (ssize_t)sizeof(*v) ? 0 : -1;
 }
 
-static int run_latency(const server *s, long long bytes, long long rounds, int64_t *lat)
+static int run_latency(const server *s, long long bytes, long long rounds, int64_t *lat,
+                       int64_t *put)
 {
     int fds[2];
     if (pipe(fds) != 0)
@@ -416,8 +417,10 @@ static int run_latency(const server *s, long long bytes, long long rounds, int64
     if (buf != NULL)
         memset(buf, 1, (size_t)bytes); /* fault the pages in before timing */
     for (long long r = 0; rc == 0 && r < rounds; r++) {
-        ts_value_t *p = params_value(buf, bytes, now_ns());
+        int64_t t0 = now_ns();
+        ts_value_t *p = params_value(buf, bytes, t0);
         rc = p != NULL ? ts_rl_trainer_publish(t, p, NULL) : TS_ENOMEM;
+        put[r] = now_ns() - t0;
         ts_value_free(p);
         /* One round at a time, so no publish is merged into the next. */
         if (rc == 0 && read_i64(fds[0], &lat[r], 60000) != 0)
@@ -524,16 +527,19 @@ int main(int argc, char **argv)
                    (double)r.items * (double)tp[i].size / r.seconds / 1e6);
     }
     printf("\npublish -> worker holds the new parameters (1 worker process)\n");
-    printf("  %-10s %7s %9s %9s %9s\n", "state dict", "rounds", "p50 ms", "p99 ms", "max ms");
+    printf("  %-10s %7s %9s %9s %9s %13s\n", "state dict", "rounds", "p50 ms", "p99 ms", "max ms",
+           "publish p50");
     for (int i = 0; i < 2 && rc == 0; i++) {
-        static int64_t lat[MAX_ROUNDS];
-        rc = run_latency(&s, lt[i].bytes, lt[i].rounds, lat);
+        static int64_t lat[MAX_ROUNDS], put[MAX_ROUNDS];
+        rc = run_latency(&s, lt[i].bytes, lt[i].rounds, lat, put);
         if (rc == 0) {
             long long n = lt[i].rounds;
             qsort(lat, (size_t)n, sizeof(int64_t), cmp_i64);
+            qsort(put, (size_t)n, sizeof(int64_t), cmp_i64);
             long long i50 = (n - 1) * 50 / 100, i99 = (n - 1) * 99 / 100;
-            printf("  %-10s %7lld %9.2f %9.2f %9.2f\n", size_name(lt[i].bytes, nb, sizeof(nb)), n,
-                   (double)lat[i50] / 1e6, (double)lat[i99] / 1e6, (double)lat[n - 1] / 1e6);
+            printf("  %-10s %7lld %9.2f %9.2f %9.2f %10.2f ms\n",
+                   size_name(lt[i].bytes, nb, sizeof(nb)), n, (double)lat[i50] / 1e6,
+                   (double)lat[i99] / 1e6, (double)lat[n - 1] / 1e6, (double)put[i50] / 1e6);
         }
     }
     fflush(stdout);
