@@ -1,0 +1,279 @@
+/*
+ * The programs built on libtensorshare: examples/quickstart and tsctl (every command, its exit
+ * codes, .npy files and literals) against a real tensord, plus tsctl's .npy and literal code.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "npy.h"
+#include "test_client_util.h"
+
+static tsh_server srv;
+static char tsctl[600], quickstart[600], port_arg[16], out_path[300];
+
+static int group_setup(void **state)
+{
+    (void)state;
+    const char *build = getenv("TS_BUILD_DIR");
+    if (build == NULL || tsh_server_start(&srv, NULL) != 0)
+        return -1;
+    snprintf(tsctl, sizeof(tsctl), "%s/client/tsctl", build);
+    snprintf(quickstart, sizeof(quickstart), "%s/examples/quickstart", build);
+    snprintf(port_arg, sizeof(port_arg), "%d", srv.port);
+    snprintf(out_path, sizeof(out_path), "%s/out.txt", srv.dir);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    unlink(out_path);
+    int rc = tsh_server_stop(&srv);
+    tsh_server_cleanup(&srv);
+    return rc == 0 ? 0 : -1;
+}
+
+/* A child started by spawn(): its pid and where its output goes. */
+typedef struct child {
+    pid_t pid;
+} child;
+
+/* Start argv (NULL-terminated) with stdout and stderr going to out_path. */
+static child spawn(const char *const *argv)
+{
+    child ch = {fork()};
+    if (ch.pid == 0) {
+        int fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return ch;
+}
+
+/* Wait for a child at most timeout_ms (then kill it). Its exit status, or -1. */
+static int reap(child ch, int timeout_ms)
+{
+    uint64_t until = tc_now_ms() + (uint64_t)timeout_ms;
+    int st;
+    while (waitpid(ch.pid, &st, WNOHANG) == 0) {
+        if (tc_now_ms() > until) {
+            kill(ch.pid, SIGKILL);
+            waitpid(ch.pid, &st, 0);
+            return -1;
+        }
+        tc_sleep_ms(5);
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Run a program to the end; its output is in out_path. */
+static int run(const char *const *argv)
+{
+    return reap(spawn(argv), 60000);
+}
+
+/* 1 when the last run's output contains s. */
+static int output_has(const char *s)
+{
+    static char buf[65536];
+    FILE *f = fopen(out_path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, s) != NULL;
+}
+
+/* tsctl --port PORT args... */
+#define TSCTL(...) run((const char *const[]){tsctl, "--port", port_arg, __VA_ARGS__, NULL})
+
+static void test_quickstart(void **state)
+{
+    (void)state;
+    assert_int_equal(run((const char *const[]){quickstart, srv.addr, NULL}), 0);
+    assert_true(output_has("4 notification(s) seen"));
+    assert_true(output_has("done"));
+    assert_int_equal(run((const char *const[]){quickstart, srv.unix_addr, NULL}), 0);
+    /* Nothing listens on port 1: a clear failure. */
+    assert_int_equal(run((const char *const[]){quickstart, "127.0.0.1:1", NULL}), 1);
+    assert_true(output_has("connection refused"));
+}
+
+static void test_npy_and_literals(void **state)
+{
+    (void)state;
+    char err[256], path[300];
+    snprintf(path, sizeof(path), "%s/a.npy", srv.dir);
+    int64_t shape[3] = {2, 3, 4};
+    for (int dt = TS_BOOL; dt <= TS_COMPLEX128; dt++) {
+        if (ts__npy_descr((ts_dtype_t)dt) == NULL) {
+            assert_int_equal(dt, TS_BFLOAT16); /* NumPy has no bfloat16 */
+            continue;
+        }
+        ts_value_t *t = ts_tensor_alloc((ts_dtype_t)dt, 3, shape);
+        uint8_t *d = ts_value_tensor(t)->data;
+        size_t n = ts_tensor_nbytes(ts_value_tensor(t));
+        for (size_t i = 0; i < n; i++)
+            d[i] = dt == TS_BOOL ? (uint8_t)(i & 1) : (uint8_t)(i * 7);
+        assert_int_equal(ts__npy_write(path, ts_value_tensor(t), err, sizeof(err)), 0);
+        ts_value_t *back;
+        assert_int_equal(ts__npy_read(path, &back, err, sizeof(err)), 0);
+        const ts_tensor_t *b = ts_value_tensor(back);
+        assert_int_equal(b->dtype, dt);
+        assert_int_equal(b->ndim, 3);
+        assert_int_equal(b->shape[2], 4);
+        assert_memory_equal(b->data, d, n);
+        ts_value_free(back);
+        ts_value_free(t);
+    }
+    /* A header written by NumPy itself (version 1.0, Fortran order refused). */
+    FILE *f = fopen(path, "wb");
+    const char hdr[] = "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }";
+    char line[118];
+    memset(line, ' ', sizeof(line));
+    memcpy(line, hdr, sizeof(hdr) - 1);
+    line[sizeof(line) - 1] = '\n';
+    uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, sizeof(line), 0};
+    int64_t vals[3] = {-1, 0, 42};
+    fwrite(pre, 1, 10, f);
+    fwrite(line, 1, sizeof(line), f);
+    fwrite(vals, 1, sizeof(vals), f);
+    fclose(f);
+    ts_value_t *v;
+    assert_int_equal(ts__npy_read(path, &v, err, sizeof(err)), 0);
+    assert_int_equal(ts_value_tensor(v)->dtype, TS_INT64);
+    assert_memory_equal(ts_value_tensor(v)->data, vals, sizeof(vals));
+    ts_value_free(v);
+    f = fopen(path, "r+b");
+    fseek(f, 10 + (long)(strstr(hdr, "False") - hdr), SEEK_SET); /* "False" -> "True " */
+    fwrite("True ", 1, 5, f);
+    fclose(f);
+    assert_int_equal(ts__npy_read(path, &v, err, sizeof(err)), TS_EINVAL);
+    assert_non_null(strstr(err, "C-order"));
+    unlink(path);
+
+    assert_int_equal(ts__literal_parse("3.5", &v, err, sizeof(err)), 0);
+    assert_int_equal(ts_value_tensor(v)->ndim, 0);
+    assert_true(((float *)ts_value_tensor(v)->data)[0] == 3.5f);
+    ts_value_free(v);
+    assert_int_equal(ts__literal_parse(" [ [1, 2,3], [4,5,6] ] ", &v, err, sizeof(err)), 0);
+    const ts_tensor_t *t = ts_value_tensor(v);
+    assert_int_equal(t->ndim, 2);
+    assert_int_equal(t->shape[0], 2);
+    assert_int_equal(t->shape[1], 3);
+    assert_true(((float *)t->data)[5] == 6.0f);
+    ts_value_free(v);
+    assert_int_equal(ts__literal_parse("[]", &v, err, sizeof(err)), 0);
+    assert_int_equal(ts_value_tensor(v)->shape[0], 0);
+    ts_value_free(v);
+    static const char *const bad[] = {"", "[1,2", "[[1,2],[3]]", "[[1],2]", "abc", "[1 2]", "1,2"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        assert_int_equal(ts__literal_parse(bad[i], &v, err, sizeof(err)), TS_EINVAL);
+}
+
+static void test_tsctl_commands(void **state)
+{
+    (void)state;
+    char npy[300], got[300];
+    snprintf(npy, sizeof(npy), "%s/in.npy", srv.dir);
+    snprintf(got, sizeof(got), "%s/got.npy", srv.dir);
+    char err[256];
+
+    assert_int_equal(TSCTL("ping"), 0);
+    assert_true(output_has("PONG"));
+    assert_int_equal(run((const char *const[]){tsctl, "--unix", srv.unix_path, "ping", NULL}), 0);
+    assert_int_equal(TSCTL("put", "b", "[[1,2],[3,4]]"), 0);
+    assert_true(output_has("OK version"));
+    int64_t shape[1] = {3};
+    int64_t iv[3] = {7, 8, 9};
+    ts_value_t *t = ts_tensor_new(TS_INT64, 1, shape, iv, TS_BORROW);
+    assert_int_equal(ts__npy_write(npy, ts_value_tensor(t), err, sizeof(err)), 0);
+    ts_value_free(t);
+    assert_int_equal(TSCTL("append", "b", npy), 0);
+    assert_int_equal(TSCTL("list"), 0);
+    assert_true(output_has("b "));
+    assert_int_equal(TSCTL("peek", "b", "--out", got), 0);
+    assert_true(output_has("2 items"));
+    assert_true(output_has("float32[2, 2] {1, 2, 3, 4}"));
+    assert_true(output_has("int64[3] {7, 8, 9}"));
+    ts_value_t *back;
+    assert_int_equal(ts__npy_read(got, &back, err, sizeof(err)), 0);
+    assert_int_equal(ts_value_tensor(back)->dtype, TS_FLOAT32);
+    assert_int_equal(ts_value_tensor(back)->shape[1], 2);
+    ts_value_free(back);
+    assert_int_equal(TSCTL("get", "b"), 0);
+    assert_int_equal(TSCTL("get", "b"), 4); /* no such bin */
+    assert_true(output_has("no such bin"));
+    assert_int_equal(TSCTL("peek", "b"), 4);
+    assert_int_equal(TSCTL("wait", "b", "--timeout", "200"), 3);
+    assert_true(output_has("timed out"));
+    assert_int_equal(TSCTL("append", "b", "2.5"), 0);
+    assert_int_equal(TSCTL("wait", "b", "0", "--timeout", "5000"), 0);
+    assert_true(output_has("1 items"));
+    assert_int_equal(TSCTL("delete", "b"), 0);
+    assert_true(output_has("removed 1 item"));
+    assert_int_equal(TSCTL("stats"), 0);
+    assert_true(output_has("connections"));
+
+    /* listen: start it, wait until the server has the listener, then make two changes. */
+    child ch = spawn(
+        (const char *const[]){tsctl, "--port", port_arg, "listen", "lb", "--count", "2", NULL});
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    int64_t listeners = 0;
+    for (int i = 0; i < 1000 && listeners < 1; i++) {
+        ts_value_t *stats;
+        assert_int_equal(ts_stats(c, &stats), 0);
+        ts_map_get_int(stats, "listeners", &listeners);
+        ts_value_free(stats);
+        if (listeners < 1)
+            tc_sleep_ms(10);
+    }
+    assert_int_equal(listeners, 1);
+    ts_value_t *one = ts_int_new(1);
+    assert_int_equal(ts_put(c, "lb", one, NULL), 0);
+    assert_int_equal(ts_append(c, "lb", one, NULL), 0);
+    assert_int_equal(reap(ch, 30000), 0);
+    assert_true(output_has("lb put version"));
+    assert_true(output_has("lb append version"));
+    ts_value_free(one);
+    assert_int_equal(ts_delete(c, "lb", NULL), 0);
+    ts_client_free(c);
+
+    /* Mistakes: usage errors give 2, unreachable servers 1. */
+    assert_int_equal(TSCTL("frobnicate"), 2);
+    assert_int_equal(TSCTL("put", "b"), 2);
+    assert_int_equal(TSCTL("put", "b", "[1,"), 2);
+    assert_int_equal(TSCTL("put", "b", "/nonexistent.npy"), 2);
+    assert_int_equal(run((const char *const[]){tsctl, NULL}), 2);
+    assert_int_equal(run((const char *const[]){tsctl, "--port", "1", "ping", NULL}), 1);
+    assert_true(output_has("connection refused"));
+    assert_int_equal(run((const char *const[]){tsctl, "--help", NULL}), 0);
+    unlink(npy);
+    unlink(got);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quickstart),
+        cmocka_unit_test(test_npy_and_literals),
+        cmocka_unit_test(test_tsctl_commands),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
