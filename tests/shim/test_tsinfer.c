@@ -1,0 +1,194 @@
+/*
+ * tsinfer end to end: a real tensord, tsinfer serving the generated MLP on two CPU replicas,
+ * remote predictors comparing its answers with a local forward, a trainer publishing new
+ * weights into the parameters bin, then SIGTERM and a clean exit.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "harness.h"
+#include "tensorshare/batcher.h"
+#include "tensorshare/torch.h"
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static ts_value_t *rows_of(int64_t rows, int seed)
+{
+    int64_t shape[2] = {rows, 8};
+    ts_value_t *v = ts_tensor_alloc(TS_FLOAT32, 2, shape);
+    assert_non_null(v);
+    float *d = ts_value_tensor(v)->data;
+    for (int64_t i = 0; i < rows * 8; i++)
+        d[i] = (float)cos(0.3 * (double)i + seed);
+    return v;
+}
+
+static int close_enough(const ts_value_t *a, const ts_value_t *b, float factor)
+{
+    const ts_tensor_t *x = ts_value_tensor(a), *y = ts_value_tensor(b);
+    if (x == NULL || y == NULL || x->ndim != 2 || y->ndim != 2 || x->shape[0] != y->shape[0] ||
+        x->shape[1] != 4 || y->shape[1] != 4)
+        return 0;
+    for (int64_t i = 0; i < x->shape[0] * 4; i++) {
+        float u = ((const float *)x->data)[i], v = ((const float *)y->data)[i] * factor;
+        if (fabsf(u - v) > 1e-5f + 1e-4f * fabsf(v))
+            return 0;
+    }
+    return 1;
+}
+
+/* Start tsinfer with args; returns its pid. */
+static pid_t start_tsinfer(const char *const *args)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        execv(args[0], (char *const *)args);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* SIGTERM and wait up to 20 s; returns the exit status, or -1 when it had to be killed. */
+static int stop_tsinfer(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 2000; i++) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        sleep_ms(10);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+}
+
+static void test_tsinfer(void **state)
+{
+    (void)state;
+    const char *exe = getenv("TS_TSINFER");
+    const char *dir = getenv("TS_MODELS_DIR");
+    assert_non_null(exe);
+    assert_non_null(dir);
+    char model[600];
+    snprintf(model, sizeof(model), "%s/mlp.pt", dir);
+
+    tsh_server srv;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    const char *args[] = {exe,          "--server",    srv.addr,   "--model",        model,
+                          "--name",     "policy",      "--input",  ":float32:8",     "--output",
+                          ":float32:4", "--max-batch", "16",       "--max-delay-us", "1000",
+                          "--device",   "cpu:2",       "--params", "policy/params",  "--threads",
+                          "1",          NULL};
+    pid_t pid = start_tsinfer(args);
+    assert_true(pid > 0);
+
+    ts_torch_model_t *local = NULL;
+    assert_int_equal(ts_torch_load_file(&local, model, "cpu"), 0);
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, c, "policy"), 0);
+
+    /* Requests queue in tensord until tsinfer is up: the first answer may take its start-up. */
+    for (int i = 0; i < 20; i++) {
+        ts_value_t *x = rows_of(1 + i % 4, i), *y = NULL, *want = NULL;
+        int64_t version = -1;
+        int rc = ts_predictor_predict(p, x, 60000, &y, &version);
+        if (rc != 0)
+            print_error("predict: %s: %s\n", ts_strerror(rc), ts_batcher_last_error());
+        assert_int_equal(rc, 0);
+        assert_int_equal(version, 0);
+        assert_int_equal(ts_torch_forward(local, x, &want), 0);
+        assert_true(close_enough(y, want, 1.0f));
+        ts_value_free(want);
+        ts_value_free(y);
+        ts_value_free(x);
+    }
+
+    /* The trainer publishes weights with out_scale 2 as version 1. */
+    ts_value_t *sd = NULL;
+    assert_int_equal(ts_torch_state_dict(local, &sd), 0);
+    float two[4] = {2, 2, 2, 2};
+    int64_t four = 4;
+    assert_int_equal(ts_map_set(sd, "out_scale", ts_tensor_new(TS_FLOAT32, 1, &four, two, TS_COPY)),
+                     0);
+    ts_value_t *rec = ts_map_new();
+    assert_int_equal(ts_map_set(rec, "params", sd), 0);
+    assert_int_equal(ts_map_set(rec, "version", ts_int_new(1)), 0);
+    assert_int_equal(ts_put(c, "policy/params", rec, NULL), 0);
+    ts_value_free(rec);
+    int64_t version = 0;
+    for (int i = 0; i < 500 && version != 1; i++) {
+        ts_value_t *x = rows_of(2, 100 + i), *y = NULL, *want = NULL;
+        assert_int_equal(ts_predictor_predict(p, x, 30000, &y, &version), 0);
+        assert_int_equal(ts_torch_forward(local, x, &want), 0);
+        assert_true(close_enough(y, want, version == 1 ? 2.0f : 1.0f));
+        ts_value_free(want);
+        ts_value_free(y);
+        ts_value_free(x);
+        if (version != 1)
+            sleep_ms(20);
+    }
+    assert_int_equal(version, 1);
+
+    assert_int_equal(stop_tsinfer(pid), 0);
+    ts_predictor_free(p);
+    ts_client_free(c);
+    ts_torch_model_free(local);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
+}
+
+/* tsinfer refuses a CUDA device on this CPU-only build with a clear message. */
+static void test_tsinfer_cuda(void **state)
+{
+    (void)state;
+    const char *exe = getenv("TS_TSINFER");
+    const char *dir = getenv("TS_MODELS_DIR");
+    char model[600];
+    snprintf(model, sizeof(model), "%s/mlp.pt", dir);
+    const char *args[] = {exe,      "--server", "127.0.0.1:1", "--model",  model,    "--name",
+                          "policy", "--input",  ":float32:8",  "--device", "cuda:0", NULL};
+    pid_t pid = start_tsinfer(args);
+    int st = 0, exited = 0;
+    for (int i = 0; i < 3000 && !exited; i++) {
+        exited = waitpid(pid, &st, WNOHANG) == pid;
+        if (!exited)
+            sleep_ms(10);
+    }
+    if (!exited) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    assert_true(exited);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tsinfer),
+        cmocka_unit_test(test_tsinfer_cuda),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
