@@ -422,6 +422,15 @@ static int inflate_body(ts__req *r)
     return 0;
 }
 
+/* A write buffer; built by hand because uv_buf_init takes an unsigned int length. */
+static uv_buf_t mkbuf(const void *p, size_t len)
+{
+    uv_buf_t b;
+    b.base = (char *)p;
+    b.len = len;
+    return b;
+}
+
 /* Write r's frame on the current connection (header + fixed part, then the record). */
 static void req_send(ts_client_t *c, ts__req *r)
 {
@@ -484,17 +493,17 @@ static void req_send(ts_client_t *c, ts__req *r)
         }
     }
     size_t n = 0;
-    bufs[n++] = uv_buf_init((char *)r->small, (unsigned)(TS_HDR_SIZE + r->small_len));
+    bufs[n++] = mkbuf(r->small, TS_HDR_SIZE + r->small_len);
     if (r->flat != NULL && r->flat_len > 0)
-        bufs[n++] = uv_buf_init((char *)r->flat, (unsigned)r->flat_len);
+        bufs[n++] = mkbuf(r->flat, r->flat_len);
     if (r->has_enc) {
-        bufs[n++] = uv_buf_init((char *)r->enc.head, (unsigned)r->enc.head_len);
+        bufs[n++] = mkbuf(r->enc.head, r->enc.head_len);
         for (size_t i = 0; i < r->enc.nsegs; i++) {
             const ts__seg *s = &r->enc.segs[i];
             if (s->len > 0)
-                bufs[n++] = uv_buf_init((char *)s->ptr, (unsigned)s->len);
+                bufs[n++] = mkbuf(s->ptr, s->len);
             if (s->pad_after > 0)
-                bufs[n++] = uv_buf_init((char *)ts__zeros, (unsigned)s->pad_after);
+                bufs[n++] = mkbuf(ts__zeros, s->pad_after);
         }
     }
     r->w.data = r;

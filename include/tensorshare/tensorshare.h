@@ -272,9 +272,11 @@ typedef struct ts_options_s {
 TS_EXTERN void ts_options_init(ts_options_t *opts);
 
 /*
- * Connect to a tensord. address is "host:port", "tcp://host:port", "unix:/path" or
- * "unix:///path". opts may be NULL for the defaults. Blocks until connected and the handshake is
- * done, or the connect timeout passes (TS_ETIMEDOUT, TS_ECONNREFUSED, ...).
+ * Connect to a tensord. address is "host:port", "[v6addr]:port", "tcp://host:port",
+ * "unix:/path" or "unix:///path". opts may be NULL for the defaults. Blocks until connected and
+ * the handshake is done, or the connect timeout passes (TS_ETIMEDOUT). A refused connection
+ * fails at once (TS_ECONNREFUSED; also for a missing unix socket), an unresolvable host gives
+ * TS_ENOTCONN, a malformed address TS_EINVAL; ts_client_last_error() then says why.
  * Added in 0.1.0.
  */
 TS_EXTERN int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *opts);
@@ -329,8 +331,9 @@ TS_EXTERN int ts_delete(ts_client_t *c, const char *bin, uint32_t *n_removed);
 TS_EXTERN int ts_list(ts_client_t *c, ts_bin_list_t **out);
 /*
  * Wait until the bin's version is greater than after_version (a missing bin has version 0), at
- * most timeout_ms. Returns 0 with the version and item count, or TS_ETIMEDOUT (then *version and
- * *n_items hold the current state). version and n_items may be NULL.
+ * most timeout_ms (<= 0: the request timeout). Returns 0 with the version and item count, or
+ * TS_ETIMEDOUT (then *version and *n_items hold the current state, when the server answered).
+ * version and n_items may be NULL. The wait may be longer than the request timeout.
  */
 TS_EXTERN int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout_ms,
                       uint64_t *version, uint32_t *n_items);
@@ -339,14 +342,19 @@ TS_EXTERN int ts_stats(ts_client_t *c, ts_value_t **out);
 /* A round trip to the server. */
 TS_EXTERN int ts_ping(ts_client_t *c);
 
-/* The server's message for the last failed blocking call on this thread, or "". */
+/*
+ * The server's message for the last blocking call on this thread if it failed, else "" (each
+ * blocking call resets it). After a failed ts_client_open, the reason connecting failed.
+ */
 TS_EXTERN const char *ts_client_last_error(void);
 
 /*
- * Asynchronous forms: the callback is called exactly once (see ts_result_cb). For put and
- * append, the item's metadata is encoded during the call, and its tensor and bytes memory is
- * retained (read by the I/O thread) until the callback unless flags has TS_COPY. timeout_ms <= 0
- * means the client's request timeout.
+ * Asynchronous forms: the callback is called exactly once (see ts_result_cb); cb may be NULL
+ * when the result does not matter. For put and append, the item's metadata is encoded during
+ * the call, and its tensor and bytes memory is retained (read by the I/O thread) until the
+ * callback unless flags has TS_COPY. timeout_ms <= 0 means the client's request timeout. A
+ * request made while the connection is down waits for the reconnection until its deadline (the
+ * request timeout; for wait, its own timeout plus the request timeout).
  */
 TS_EXTERN int ts_put_async(ts_client_t *c, const char *bin, const ts_value_t *item,
                            unsigned flags, ts_result_cb cb, void *arg);
@@ -392,10 +400,15 @@ typedef void (*ts_notify_cb)(ts_client_t *c, int status, const ts_notification_t
  * Subscribe to a bin's changes (every put, append, get and delete, by any client, this one
  * included). Blocks until the server confirms: every change after ts_listen returns 0 is
  * delivered. One subscription per bin per client; listening again to the same bin gives
- * TS_EINVAL. Subscriptions survive reconnects (TS_EV_DISCONNECTED, then TS_EV_RESUBSCRIBED).
+ * TS_EINVAL. Subscriptions survive reconnects (TS_EV_DISCONNECTED, then TS_EV_RESUBSCRIBED);
+ * if the server refuses one after a reconnect, its final call carries that error. When
+ * ts_listen itself fails, cb is never called.
  */
 TS_EXTERN int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg);
-/* End a subscription; its callback gets its final TS_ECANCELED call. TS_ENOENT if none. */
+/*
+ * End a subscription; its callback gets its final TS_ECANCELED call (later, on the I/O thread).
+ * Does not block, so it may be called from any callback. TS_ENOENT if none.
+ */
 TS_EXTERN int ts_unlisten(ts_client_t *c, const char *bin);
 
 #ifdef __cplusplus
