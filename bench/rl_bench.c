@@ -86,14 +86,18 @@ static void unmap_bytes(void *p, size_t n)
  * Worker roles (run in child processes)
  */
 
-static int open_worker(const char *addr, ts_client_t **c, ts_rl_worker_t **w)
+/* Every measurement uses its own bins (a prefix), so none sees another's parameters. */
+static int open_worker(const char *addr, const char *prefix, ts_client_t **c, ts_rl_worker_t **w)
 {
+    ts_rl_options_t o;
+    ts_rl_options_init(&o);
+    o.prefix = prefix;
     int rc = ts_client_open(c, addr, NULL);
     if (rc != 0) {
         fprintf(stderr, "rl_bench worker: connect %s: %s\n", addr, ts_strerror(rc));
         return rc;
     }
-    rc = ts_rl_worker_new(w, *c, NULL);
+    rc = ts_rl_worker_new(w, *c, &o);
     if (rc != 0) {
         fprintf(stderr, "rl_bench worker: %s\n", ts_strerror(rc));
         ts_client_free(*c);
@@ -106,11 +110,11 @@ static int open_worker(const char *addr, ts_client_t **c, ts_rl_worker_t **w)
  * signal), then add n items of size bytes each (one uint8 tensor, borrowed: the buffer never
  * changes) and flush.
  */
-static int role_adder(const char *addr, long long n, long long size, int fd)
+static int role_adder(const char *addr, const char *prefix, long long n, long long size, int fd)
 {
     ts_client_t *c;
     ts_rl_worker_t *w;
-    if (open_worker(addr, &c, &w) != 0)
+    if (open_worker(addr, prefix, &c, &w) != 0)
         return 1;
     int code = 0;
     unsigned char *buf = map_bytes((size_t)size);
@@ -158,13 +162,17 @@ static int role_adder(const char *addr, long long n, long long size, int fd)
  * nanoseconds from the trainer's clock reading before publish ("t_ns" in the parameters, a
  * CLOCK_MONOTONIC value, which is system-wide) to this worker holding the snapshot.
  */
-static int role_awaiter(const char *addr, long long rounds, int fd)
+static int role_awaiter(const char *addr, const char *prefix, long long rounds, int fd)
 {
     ts_client_t *c;
     ts_rl_worker_t *w;
-    if (open_worker(addr, &c, &w) != 0)
+    if (open_worker(addr, prefix, &c, &w) != 0)
         return 1;
-    /* Ready: the trainer publishes only after this byte. */
+    /* Whatever is published already does not count: only what comes after "ready". */
+    ts_rl_params_t *old = NULL;
+    if (ts_rl_worker_params(w, &old) == 0)
+        ts_rl_params_release(old);
+    /* Ready: the trainer publishes only after this. */
     int64_t ready = -1;
     int code = write(fd, &ready, sizeof(ready)) == (ssize_t)sizeof(ready) ? 0 : 1;
     for (long long r = 0; code == 0 && r < rounds; r++) {
@@ -320,8 +328,8 @@ static int publish_small(ts_rl_trainer_t *t)
     return rc;
 }
 
-static int run_throughput(const server *s, int workers, long long per_worker, long long size,
-                          tput *out)
+static int run_throughput(const server *s, const char *prefix, int workers, long long per_worker,
+                          long long size, tput *out)
 {
     int fds[2];
     if (pipe(fds) != 0)
@@ -331,7 +339,8 @@ static int run_throughput(const server *s, int workers, long long per_worker, lo
     snprintf(ss, sizeof(ss), "%lld", size);
     snprintf(fs, sizeof(fs), "%d", fds[1]);
     pid_t pids[MAX_WORKERS];
-    char *args[] = {(char *)g_self, "--role", "adder", (char *)s->addr, ns, ss, fs, NULL};
+    char *args[] = {
+        (char *)g_self, "--role", "adder", (char *)s->addr, (char *)prefix, ns, ss, fs, NULL};
     for (int i = 0; i < workers; i++)
         pids[i] = spawn_role(args);
     close(fds[1]);
@@ -341,6 +350,7 @@ static int run_throughput(const server *s, int workers, long long per_worker, lo
     int rc = ts_client_open(&c, s->addr, NULL);
     ts_rl_options_t o;
     ts_rl_options_init(&o);
+    o.prefix = prefix;
     o.staleness_tolerance = TS_RL_NO_FILTER;
     if (rc == 0)
         rc = ts_rl_trainer_new(&t, c, &o);
@@ -392,8 +402,8 @@ static int read_i64(int fd, int64_t *v, int timeout_ms)
     return read(fd, v, sizeof(*v)) == (ssize_t)sizeof(*v) ? 0 : -1;
 }
 
-static int run_latency(const server *s, long long bytes, long long rounds, int64_t *lat,
-                       int64_t *put)
+static int run_latency(const server *s, const char *prefix, long long bytes, long long rounds,
+                       int64_t *lat, int64_t *put)
 {
     int fds[2];
     if (pipe(fds) != 0)
@@ -401,7 +411,8 @@ static int run_latency(const server *s, long long bytes, long long rounds, int64
     char rs[32], fs[16];
     snprintf(rs, sizeof(rs), "%lld", rounds);
     snprintf(fs, sizeof(fs), "%d", fds[1]);
-    char *args[] = {(char *)g_self, "--role", "awaiter", (char *)s->addr, rs, fs, NULL};
+    char *args[] = {(char *)g_self, "--role", "awaiter", (char *)s->addr,
+                    (char *)prefix, rs,       fs,        NULL};
     pid_t pid = spawn_role(args);
     close(fds[1]);
 
@@ -409,8 +420,11 @@ static int run_latency(const server *s, long long bytes, long long rounds, int64
     ts_rl_trainer_t *t = NULL;
     unsigned char *buf = map_bytes((size_t)bytes);
     int rc = buf == NULL ? TS_ENOMEM : ts_client_open(&c, s->addr, NULL);
+    ts_rl_options_t o;
+    ts_rl_options_init(&o);
+    o.prefix = prefix;
     if (rc == 0)
-        rc = ts_rl_trainer_new(&t, c, NULL);
+        rc = ts_rl_trainer_new(&t, c, &o);
     int64_t ready;
     if (rc == 0 && read_i64(fds[0], &ready, START_WAIT_MS) != 0)
         rc = TS_ETIMEDOUT;
@@ -454,12 +468,12 @@ int main(int argc, char **argv)
     if (argc >= 2 && strcmp(argv[1], "--role") == 0) {
         long long a = 0, b = 0;
         long long fd = -1;
-        if (argc == 7 && strcmp(argv[2], "adder") == 0 && parse_ll(argv[4], &a) == 0 &&
-            parse_ll(argv[5], &b) == 0 && parse_ll(argv[6], &fd) == 0)
-            return role_adder(argv[3], a, b, (int)fd);
-        if (argc == 6 && strcmp(argv[2], "awaiter") == 0 && parse_ll(argv[4], &a) == 0 &&
-            parse_ll(argv[5], &b) == 0)
-            return role_awaiter(argv[3], a, (int)b);
+        if (argc == 8 && strcmp(argv[2], "adder") == 0 && parse_ll(argv[5], &a) == 0 &&
+            parse_ll(argv[6], &b) == 0 && parse_ll(argv[7], &fd) == 0)
+            return role_adder(argv[3], argv[4], a, b, (int)fd);
+        if (argc == 7 && strcmp(argv[2], "awaiter") == 0 && parse_ll(argv[5], &a) == 0 &&
+            parse_ll(argv[6], &b) == 0)
+            return role_awaiter(argv[3], argv[4], a, (int)b);
         fprintf(stderr, "rl_bench: bad role arguments\n");
         return 2;
     }
@@ -520,7 +534,9 @@ int main(int argc, char **argv)
     printf("  %-10s %10s %9s %12s %10s\n", "item", "items", "seconds", "items/s", "MB/s");
     for (int i = 0; i < 2 && rc == 0; i++) {
         tput r;
-        rc = run_throughput(&s, (int)workers, tp[i].per_worker, tp[i].size, &r);
+        char prefix[32];
+        snprintf(prefix, sizeof(prefix), "tput%d/", i);
+        rc = run_throughput(&s, prefix, (int)workers, tp[i].per_worker, tp[i].size, &r);
         if (rc == 0)
             printf("  %-10s %10lld %9.3f %12.0f %10.1f\n", size_name(tp[i].size, nb, sizeof(nb)),
                    r.items, r.seconds, (double)r.items / r.seconds,
@@ -531,7 +547,9 @@ int main(int argc, char **argv)
            "publish p50");
     for (int i = 0; i < 2 && rc == 0; i++) {
         static int64_t lat[MAX_ROUNDS], put[MAX_ROUNDS];
-        rc = run_latency(&s, lt[i].bytes, lt[i].rounds, lat, put);
+        char prefix[32];
+        snprintf(prefix, sizeof(prefix), "latency%d/", i);
+        rc = run_latency(&s, prefix, lt[i].bytes, lt[i].rounds, lat, put);
         if (rc == 0) {
             long long n = lt[i].rounds;
             qsort(lat, (size_t)n, sizeof(int64_t), cmp_i64);
