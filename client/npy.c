@@ -155,8 +155,8 @@ int ts__npy_read(const char *path, ts_value_t **out, char *err, size_t errlen)
         fail(err, errlen, TS_EINVAL, "%s: truncated header", path);
         goto out;
     }
-    ts_dtype_t dtype;
-    int ndim;
+    ts_dtype_t dtype = TS_DTYPE_INVALID;
+    int ndim = 0;
     int64_t shape[TS_MAX_NDIM];
     char why[200];
     if (parse_header(hdr, &dtype, &ndim, shape, why, sizeof(why)) != 0) {
