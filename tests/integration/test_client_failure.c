@@ -312,6 +312,51 @@ static void *kr_main(void *arg)
     return NULL;
 }
 
+/* A pipelining writer: keeps up to KR_PIPELINE async appends in flight at all times. */
+#define KR_PIPELINE 64
+
+typedef struct kr_pump {
+    kr_state *k;
+    tc_latch inflight_done; /* callbacks seen */
+    long submitted;
+} kr_pump;
+
+static void kr_pump_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    kr_pump *p = arg;
+    if (status == 0 && res->n_items == 0)
+        atomic_fetch_add(&p->k->bad_content, 1);
+    if (status == 0)
+        kr_ok(p->k);
+    else
+        kr_fail(p->k, status);
+    tc_latch_add(&p->inflight_done, 1);
+}
+
+static void *kr_pump_main(void *arg)
+{
+    kr_pump *p = arg;
+    ts_value_t *it = tc_item(256, 0, 0);
+    while (!atomic_load(&p->k->stop) && p->submitted < 10000000) {
+        /* Wait for room in the pipeline (bounded: every request completes or times out). */
+        if (tc_latch_wait(&p->inflight_done, p->submitted - KR_PIPELINE + 1, TC_WAIT_MS) <
+            p->submitted - KR_PIPELINE + 1)
+            break;
+        if (ts_append_async(p->k->c, "kr/pump", it, TS_COPY, kr_pump_cb, p) != 0)
+            break;
+        p->submitted++;
+        if (p->submitted % 256 == 0) { /* keep the bin small */
+            ts_value_t *one = ts_int_new(0);
+            ts_put_async(p->k->c, "kr/pump", one, 0, NULL, NULL);
+            ts_value_free(one);
+        }
+    }
+    tc_latch_wait(&p->inflight_done, p->submitted, TC_WAIT_MS * 2);
+    ts_value_free(it);
+    return NULL;
+}
+
 static void test_kill_restart_under_load(void **state)
 {
     (void)state;
@@ -335,7 +380,13 @@ static void test_kill_restart_under_load(void **state)
         w[i].id = i;
         assert_int_equal(pthread_create(&th[i], NULL, kr_main, &w[i]), 0);
     }
-    for (int i = 0; i < 500 && atomic_load(&k.ok) < 200; i++)
+    kr_pump pump;
+    memset(&pump, 0, sizeof(pump));
+    pump.k = &k;
+    tc_latch_init(&pump.inflight_done);
+    pthread_t pump_th;
+    assert_int_equal(pthread_create(&pump_th, NULL, kr_pump_main, &pump), 0);
+    for (int i = 0; i < 500 && atomic_load(&k.ok) < 1000; i++)
         tc_sleep_ms(10);
     long ok_before = atomic_load(&k.ok);
     assert_true(ok_before > 0);
@@ -365,11 +416,14 @@ static void test_kill_restart_under_load(void **state)
     }
     assert_true(resub);
     /* Work continues on the new connection. */
-    for (int i = 0; i < 1000 && atomic_load(&k.ok_after_restart) < 200; i++)
+    for (int i = 0; i < 1000 && atomic_load(&k.ok_after_restart) < 1000; i++)
         tc_sleep_ms(10);
     atomic_store(&k.stop, 1);
     for (int i = 0; i < KR_THREADS; i++)
         pthread_join(th[i], NULL); /* no request hangs: every worker returns */
+    pthread_join(pump_th, NULL);
+    assert_int_equal(tc_latch_get(&pump.inflight_done), pump.submitted); /* all called back */
+    tc_latch_destroy(&pump.inflight_done);
 
     pthread_mutex_lock(&k.mu);
     int disconnected = k.disconnected, resubscribed = k.resubscribed;
@@ -378,10 +432,11 @@ static void test_kill_restart_under_load(void **state)
     pthread_mutex_unlock(&k.mu);
     long failed = atomic_load(&k.failed_reset) + atomic_load(&k.failed_timeout) +
                   atomic_load(&k.failed_other);
-    printf("server killed under load (%d threads): %ld requests ok (%ld after the restart), "
+    printf("server killed under load (%d blocking threads + %d pipelined async requests): "
+           "%ld requests ok (%ld after the restart), "
            "%ld failed (%ld ECONNRESET, %ld ETIMEDOUT, %ld other), %ld found the restarted "
            "server empty\n",
-           KR_THREADS, atomic_load(&k.ok), atomic_load(&k.ok_after_restart), failed,
+           KR_THREADS, KR_PIPELINE, atomic_load(&k.ok), atomic_load(&k.ok_after_restart), failed,
            atomic_load(&k.failed_reset), atomic_load(&k.failed_timeout),
            atomic_load(&k.failed_other), atomic_load(&k.lost_by_restart));
     printf("server down %llu ms (kill to restart); tensord listening %llu ms after the restart "
