@@ -34,3 +34,8 @@ add_dependencies(test_client_tools tsctl)
 if(TARGET quickstart)
   add_dependencies(test_client_tools quickstart)
 endif()
+
+# The in-flight request map on its own (a unit test of client internals).
+ts_add_test(test_client_idmap SOURCES test_client_idmap.c
+  LIBS tensorshare_static PkgConfig::LIBUV LABELS unit client)
+target_include_directories(test_client_idmap PRIVATE ${PROJECT_SOURCE_DIR}/client)
