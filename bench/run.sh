@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The benchmark in one command: ./run.sh bench [tsbench flags] at the top level, or this script.
+# Installs Debian's redis-server when it is missing, builds tensord and tsbench (optimised, no
+# sanitizers) in $TS_BENCH_BUILD (default: build), then runs every case once, alternating the
+# systems, and prints the table of docs/PERFORMANCE.md. Flags go to tsbench (see --help there):
+#   --repeats N (default 5), --smoke, --no-redis, --no-pin, --skip putget,small,notify,lz4,memory
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD=${TS_BENCH_BUILD:-build}
+
+if ! command -v redis-server >/dev/null 2>&1 && [ ! -x /usr/bin/redis-server ]; then
+    echo "bench/run.sh: installing redis-server (the reference the benchmark compares with)"
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+        redis-server
+    # The package starts a system-wide instance; the benchmark starts its own, pinned.
+    $sudo systemctl stop redis-server >/dev/null 2>&1 || $sudo service redis-server stop \
+        >/dev/null 2>&1 || true
+fi
+
+if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$BUILD.configure.log" 2>&1 ||
+        { cat "$BUILD.configure.log"; exit 1; }
+fi
+if grep -q "^TS_SANITIZE:STRING=..*" "$BUILD/CMakeCache.txt"; then
+    echo "bench/run.sh: $BUILD is a sanitizer build; set TS_BENCH_BUILD to an optimised one" >&2
+    exit 1
+fi
+cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target tsbench tensord
+
+if [ "$(nproc)" -ge 2 ]; then
+    echo "bench/run.sh: load before the run: $(cut -d' ' -f1-3 /proc/loadavg)" \
+        "(numbers are only meaningful on an otherwise idle machine)"
+fi
+exec "$BUILD/bench/tsbench" --tensord "$BUILD/server/tensord" "$@"
