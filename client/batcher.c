@@ -1691,8 +1691,15 @@ static void remote_stop(ts_batcher_t *b)
     if (rem == NULL)
         return;
     atomic_store(&rem->stop, 1);
-    if (rem->serving)
+    if (rem->serving) {
+        /* Wake the serve thread from its ts_wait: a request without a reply bin is dropped by
+           every server of the name. */
+        ts_value_t *wake = ts_map_new();
+        if (wake != NULL)
+            ts_append(rem->client, rem->req_bin, wake, NULL);
+        ts_value_free(wake);
         pthread_join(rem->serve_th, NULL);
+    }
     if (rem->following)
         pthread_join(rem->follow_th, NULL);
     ts__free(rem);
@@ -1873,6 +1880,11 @@ void ts_predictor_free(ts_predictor_t *p)
     if (p == NULL)
         return;
     atomic_store(&p->stop, 1);
+    /* Wake the receiver from its ts_wait: an item without a pending id is ignored. */
+    ts_value_t *wake = ts_map_new();
+    if (wake != NULL && ts_map_set(wake, "id", ts_int_new(0)) == 0)
+        ts_append(p->client, p->reply_bin, wake, NULL);
+    ts_value_free(wake);
     pthread_join(p->th, NULL);
     /* Appends still in flight call back into p: wait for them (bounded by the client). */
     pthread_mutex_lock(&p->mu);
