@@ -509,6 +509,14 @@ void tsd_conn_accept(tsd_server *srv, uv_stream_t *server_handle, int is_unix)
         /* Small replies must not wait for Nagle; big ones are written in large chunks anyway. */
         (void)uv_tcp_nodelay(&c->h.tcp, 1);
         (void)uv_tcp_keepalive(&c->h.tcp, 1, 60);
+    } else {
+        /*
+         * A unix socket's default send buffer (about 200 kB) makes a 64 MiB reply take hundreds
+         * of loop wake-ups; ask for one write chunk (the kernel caps it at wmem_max). TCP
+         * autotunes its own, and setting it would switch that off.
+         */
+        int sz = (int)TSD_WRITE_CHUNK;
+        (void)uv_send_buffer_size(&c->h.handle, &sz);
     }
     if (srv->n_conns > srv->cfg.max_clients) {
         srv->stats.rejected_clients++;
@@ -648,7 +656,8 @@ static void lz4_done(tsd_conn *c)
         tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "out of memory decompressing the body");
         return;
     }
-    int rc = ts__lz4_decompress(c->cur_tmp, c->cur_tmp_len, it->data, it->alloc_len);
+    size_t raw = (size_t)c->cur_raw_len;
+    int rc = ts__lz4_decompress(c->cur_tmp, c->cur_tmp_len, it->data, raw);
     ts__free(c->cur_tmp);
     c->cur_tmp = NULL;
     if (rc != 0) {
@@ -657,7 +666,7 @@ static void lz4_done(tsd_conn *c)
         return;
     }
     size_t nl = it->data[0];
-    if (it->alloc_len < 1 + nl + TS_REC_HDR_SIZE) {
+    if (raw < 1 + nl + TS_REC_HDR_SIZE) {
         tsd_item_unref(it);
         tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "%s body too short for its name and record",
                       ts__op_name(op));
@@ -666,7 +675,7 @@ static void lz4_done(tsd_conn *c)
     memcpy(c->cur_name, it->data + 1, nl);
     c->cur_name_len = (uint8_t)nl;
     /* Move the record to the start of the buffer, where tensor data is 64-byte aligned. */
-    it->len = it->alloc_len - 1 - nl;
+    it->len = raw - 1 - nl;
     memmove(it->data, it->data + 1 + nl, it->len);
     c->cur_item = it;
     item_done(c);

@@ -301,4 +301,5 @@ void tsd_server_free(tsd_server *srv)
 {
     tsd_store_free(&srv->store);
     tsd_htab_free(&srv->watches);
+    tsd_pool_drain();
 }

@@ -84,10 +84,20 @@ typedef struct tsd_item {
 
 /* A new item with room for len record bytes and one reference; NULL on allocation failure. */
 tsd_item *tsd_item_new(size_t len);
-/* A new item of alloc_len bytes whose record will be len <= alloc_len bytes (lz4 path). */
-tsd_item *tsd_item_new_sized(size_t alloc_len);
+/* The same, for a buffer of at least len bytes whose record may end up shorter (lz4 path). */
+tsd_item *tsd_item_new_sized(size_t len);
 void tsd_item_ref(tsd_item *it);
+/* Drop a reference; the last one recycles the buffer (loop thread only, see the pool). */
 void tsd_item_unref(tsd_item *it);
+
+#define TSD_POOL_MIN       ((size_t)4 << 20)     /* bytes; smaller buffers come from malloc */
+#define TSD_POOL_ROUND     ((size_t)2 << 20)     /* bytes; large sizes round up to this */
+#define TSD_POOL_MAX_BUFS  8                     /* buffers kept for reuse */
+#define TSD_POOL_MAX_BYTES ((uint64_t)512 << 20) /* bytes kept for reuse, at most */
+/* Free every pooled buffer (at exit). */
+void tsd_pool_drain(void);
+/* Bytes currently pooled. */
+uint64_t tsd_pool_bytes(void);
 
 /* A node of a name-keyed hash table; embedded first in bins and watches. */
 typedef struct tsd_hnode {

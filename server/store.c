@@ -9,22 +9,94 @@
 #define TSD_HTAB_MIN 64 /* buckets; the table never shrinks below this */
 
 /* ---------------------------------------------------------------------------------------------
- * Items
+ * Items and the buffer pool
  */
 
-tsd_item *tsd_item_new_sized(size_t alloc_len)
+/*
+ * Large item buffers are recycled: filling a fresh multi-megabyte mapping costs a page fault
+ * per page (about 20 ms for 64 MiB even with huge pages), while rewriting a mapped one costs a
+ * few. The typical load, a trainer putting parameters of the same size again and again, then
+ * finds the buffer it freed last time. Sizes are rounded up to TSD_POOL_ROUND so that similar
+ * sizes share buffers. The pool lives on the loop thread, like every item release today.
+ */
+static struct {
+    uint8_t *buf[TSD_POOL_MAX_BUFS];
+    size_t len[TSD_POOL_MAX_BUFS];
+    size_t n;
+    uint64_t bytes;
+} pool;
+
+/* The allocation size for a record of len bytes. */
+static size_t alloc_size(size_t len)
+{
+    if (len < TSD_POOL_MIN)
+        return len;
+    return ts__align_up(len, TSD_POOL_ROUND);
+}
+
+static uint8_t *buf_get(size_t alloc_len)
+{
+    for (size_t i = 0; i < pool.n; i++) {
+        if (pool.len[i] == alloc_len) {
+            uint8_t *b = pool.buf[i];
+            pool.n--;
+            pool.buf[i] = pool.buf[pool.n];
+            pool.len[i] = pool.len[pool.n];
+            pool.bytes -= alloc_len;
+            return b;
+        }
+    }
+    return ts__malloc_aligned(alloc_len);
+}
+
+static void buf_put(uint8_t *b, size_t alloc_len)
+{
+    if (alloc_len < TSD_POOL_MIN || alloc_len > TSD_POOL_MAX_BYTES) {
+        ts__free_aligned(b, alloc_len);
+        return;
+    }
+    /* Make room by dropping the oldest entries; the newest size is the likeliest to recur. */
+    while (pool.n > 0 &&
+           (pool.n == TSD_POOL_MAX_BUFS || pool.bytes + alloc_len > TSD_POOL_MAX_BYTES)) {
+        ts__free_aligned(pool.buf[0], pool.len[0]);
+        pool.bytes -= pool.len[0];
+        memmove(pool.buf, pool.buf + 1, (pool.n - 1) * sizeof(pool.buf[0]));
+        memmove(pool.len, pool.len + 1, (pool.n - 1) * sizeof(pool.len[0]));
+        pool.n--;
+    }
+    pool.buf[pool.n] = b;
+    pool.len[pool.n] = alloc_len;
+    pool.n++;
+    pool.bytes += alloc_len;
+}
+
+void tsd_pool_drain(void)
+{
+    for (size_t i = 0; i < pool.n; i++)
+        ts__free_aligned(pool.buf[i], pool.len[i]);
+    pool.n = 0;
+    pool.bytes = 0;
+}
+
+uint64_t tsd_pool_bytes(void)
+{
+    return pool.bytes;
+}
+
+tsd_item *tsd_item_new_sized(size_t len)
 {
     tsd_item *it = ts__malloc(sizeof(*it));
     if (it == NULL)
         return NULL;
-    it->data = ts__malloc_aligned(alloc_len);
+    size_t alloc_len = alloc_size(len);
+    it->data = buf_get(alloc_len);
     if (it->data == NULL) {
         ts__free(it);
         return NULL;
     }
     atomic_init(&it->refs, 1);
     it->next = NULL;
-    it->len = alloc_len;
+    it->len = len;
     it->alloc_len = alloc_len;
     return it;
 }
@@ -45,7 +117,7 @@ void tsd_item_unref(tsd_item *it)
         return;
     if (atomic_fetch_sub_explicit(&it->refs, 1, memory_order_acq_rel) != 1)
         return;
-    ts__free_aligned(it->data, it->alloc_len);
+    buf_put(it->data, it->alloc_len);
     ts__free(it);
 }
 

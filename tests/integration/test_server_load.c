@@ -179,7 +179,11 @@ static void test_slow_reader_is_cut_off(void **state)
                      .request_id = 100 + i,
                      .body_len = 8};
         ts__hdr_encode(&h, reqs + pos);
-        memcpy(reqs + pos + TS_HDR_SIZE, "\x03" "big" "\0\0\0\0", 8);
+        memcpy(reqs + pos + TS_HDR_SIZE,
+               "\x03"
+               "big"
+               "\0\0\0\0",
+               8);
         pos += TS_HDR_SIZE + 8;
     }
     assert_int_equal(tsh_write_all(slow, reqs, pos), 0);
@@ -243,6 +247,35 @@ static void test_too_many_clients(void **state)
         close(fds[i]);
 }
 
+static void test_shutdown_with_writes_in_flight(void **state)
+{
+    (void)state;
+    int w = tsu_client(&srv);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes(8 << 20, 4, &len);
+    tsu_store(w, TS_OP_PUT, "big", rec, len, NULL);
+    tsu_rec_free(rec, len);
+    /* Readers that ask for the big item and never read; a waiter; a listener. */
+    int r[3];
+    for (int i = 0; i < 3; i++) {
+        r[i] = tsu_client(&srv);
+        for (uint32_t k = 0; k < 4; k++)
+            assert_int_equal(tsu_send_get(r[i], k == 3 ? TS_OP_GET : TS_OP_PEEK, k, "big", 0), 0);
+    }
+    assert_int_equal(tsu_send_wait(w, 9, "never", 0, 60000), 0);
+    assert_int_equal(tsu_send_name(w, TS_OP_LISTEN, 10, "never", NULL, 0), 0);
+    tsu_frame f;
+    tsu_expect(w, &f, TS_OP_LISTEN, 10, TS_ST_OK);
+    tsu_frame_free(&f);
+    usleep(100000);
+    /* SIGTERM now: tensord must still exit 0 with nothing leaked (checked by stop()). */
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    for (int i = 0; i < 3; i++)
+        close(r[i]);
+    close(w);
+    assert_int_equal(tsh_server_restart(&srv, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -251,6 +284,7 @@ int main(void)
                                         stop),
         cmocka_unit_test_setup_teardown(test_slow_reader_is_cut_off, start_small_output, stop),
         cmocka_unit_test_setup_teardown(test_too_many_clients, start_few_clients, stop),
+        cmocka_unit_test_setup_teardown(test_shutdown_with_writes_in_flight, start_plain, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

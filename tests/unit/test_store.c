@@ -45,6 +45,41 @@ static void test_item_refcount(void **state)
     tsd_item_unref(big);
 }
 
+static void test_buffer_pool(void **state)
+{
+    (void)state;
+    tsd_pool_drain();
+    tsd_item *a = tsd_item_new((size_t)5 << 20);
+    assert_non_null(a);
+    assert_int_equal(a->len, (size_t)5 << 20);
+    assert_int_equal(a->alloc_len, (size_t)6 << 20);
+    uint8_t *data = a->data;
+    memset(data, 7, a->len);
+    tsd_item_unref(a);
+    assert_int_equal(tsd_pool_bytes(), (uint64_t)6 << 20);
+    /* A similar size reuses the buffer. */
+    tsd_item *b = tsd_item_new(((size_t)5 << 20) + 12345);
+    assert_ptr_equal(b->data, data);
+    assert_int_equal(tsd_pool_bytes(), 0);
+    /* A different size class does not. */
+    tsd_item *c = tsd_item_new((size_t)9 << 20);
+    assert_ptr_not_equal(c->data, data);
+    tsd_item_unref(b);
+    tsd_item_unref(c);
+    assert_int_equal(tsd_pool_bytes(), (uint64_t)16 << 20);
+    /* The pool is bounded in count. */
+    tsd_item *many[TSD_POOL_MAX_BUFS + 3];
+    for (size_t i = 0; i < TS__ARRAY_SIZE(many); i++)
+        many[i] = tsd_item_new((size_t)(12 + 2 * i) << 20);
+    for (size_t i = 0; i < TS__ARRAY_SIZE(many); i++)
+        tsd_item_unref(many[i]);
+    assert_true(tsd_pool_bytes() <= TSD_POOL_MAX_BYTES);
+    /* Small items never enter the pool. */
+    tsd_pool_drain();
+    tsd_item_unref(item(1000, 1));
+    assert_int_equal(tsd_pool_bytes(), 0);
+}
+
 static void test_put_append_pop(void **state)
 {
     (void)state;
@@ -204,9 +239,12 @@ static void test_add_fails_cleanly(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_item_refcount),   cmocka_unit_test(test_put_append_pop),
-        cmocka_unit_test(test_names_are_bytes), cmocka_unit_test(test_many_bins_grow_table),
-        cmocka_unit_test(test_memory_limit),    cmocka_unit_test(test_add_fails_cleanly),
+        cmocka_unit_test(test_item_refcount),        cmocka_unit_test(test_buffer_pool),
+        cmocka_unit_test(test_put_append_pop),       cmocka_unit_test(test_names_are_bytes),
+        cmocka_unit_test(test_many_bins_grow_table), cmocka_unit_test(test_memory_limit),
+        cmocka_unit_test(test_add_fails_cleanly),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    tsd_pool_drain();
+    return rc;
 }
