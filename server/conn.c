@@ -379,8 +379,36 @@ static void write_pending(tsd_conn *c)
                 left -= n;
             }
         }
-        b->req.data = b;
-        rc = uv_write(&b->req, &c->h.stream, b->bufs, (unsigned int)k, on_write);
+        uv_buf_t *bufs = b->bufs;
+        rc = 0;
+        if (c->writes_in_flight == 0) {
+            /*
+             * Nothing queued: write now. Small replies usually go out whole, which spares
+             * libuv's write request (a poll registration and a deferred callback) per reply.
+             */
+            int n = uv_try_write(&c->h.stream, bufs, (unsigned int)k);
+            if (n < 0 && n != UV_EAGAIN)
+                rc = n;
+            for (size_t left = n > 0 ? (size_t)n : 0; left > 0 && k > 0;) {
+                if (left >= bufs->len) {
+                    left -= bufs->len;
+                    bufs++;
+                    k--;
+                } else {
+                    bufs->base += left;
+                    bufs->len -= left;
+                    left = 0;
+                }
+            }
+            if (rc == 0 && k == 0) {
+                batch_release(c, b);
+                return;
+            }
+        }
+        if (rc == 0) {
+            b->req.data = b;
+            rc = uv_write(&b->req, &c->h.stream, bufs, (unsigned int)k, on_write);
+        }
     }
     if (rc != 0) {
         tsd_log(TSD_LOG_DEBUG, "conn %llu: write: %s", (unsigned long long)c->id, uv_strerror(rc));

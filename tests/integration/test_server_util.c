@@ -14,6 +14,7 @@
 
 void tsu_frame_free(tsu_frame *f)
 {
+    /* The harness allocates received bodies with plain malloc. */
     free(f->body);
     f->body = NULL;
     f->len = 0;
