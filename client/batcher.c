@@ -1948,7 +1948,11 @@ static void request_sent(ts_client_t *c, int status, ts_result_t *res, void *arg
         r = pend_take(p, s->id);
     pthread_mutex_unlock(&p->mu);
     if (r != NULL) {
+        /* On the client's I/O thread: a blocking predict from this callback must fail. */
+        int was = tls_in_predictor;
+        tls_in_predictor = 1;
         r->cb(p, status, NULL, 0, "sending the request failed", r->arg);
+        tls_in_predictor = was;
         ts__free(r);
     }
     pthread_mutex_lock(&p->mu);

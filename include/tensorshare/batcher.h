@@ -134,9 +134,10 @@ typedef struct ts_batcher_s ts_batcher_t;
 TS_EXTERN int ts_batcher_new(ts_batcher_t **out, const ts_batcher_config_t *cfg);
 
 /*
- * Stop: pending requests complete with TS_ECANCELED, each replica finishes (and answers) the
- * batch it is running, the threads end and the models are freed. Must not be called from a
- * batcher callback. NULL is a no-op.
+ * Stop: serving and following end, pending requests complete with TS_ECANCELED, each replica
+ * finishes (and answers) the batch it is running, the threads end and the models are freed.
+ * Must not be called from a batcher callback, nor while another thread is still inside a call
+ * on b. NULL is a no-op.
  */
 TS_EXTERN void ts_batcher_free(ts_batcher_t *b);
 
@@ -264,9 +265,11 @@ TS_EXTERN int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const
 TS_EXTERN void ts_predictor_free(ts_predictor_t *p);
 
 /*
- * Completion of a remote prediction, called exactly once on the predictor's receiver thread
- * (or in ts_predictor_free), never from inside the call that queued it. Same meaning as
- * ts_predict_cb; output is transferred.
+ * Completion of a remote prediction, called exactly once, never from inside the call that
+ * queued it: on the predictor's receiver thread (answers and deadlines), on the client's I/O
+ * thread (when sending the request failed), or in ts_predictor_free (TS_ECANCELED). Same
+ * meaning as ts_predict_cb; output is transferred. Blocking predictor calls made from it fail
+ * with TS_EDEADLK.
  */
 typedef void (*ts_remote_cb)(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
                              const char *message, void *arg);
