@@ -547,8 +547,11 @@ void tsd_conn_accept(tsd_server *srv, uv_stream_t *server_handle, int is_unix)
         (void)uv_send_buffer_size(&c->h.handle, &sz);
     }
     if (srv->n_conns > srv->cfg.max_clients) {
+        /* It stays listed (shutdown closes it) but no longer counts as a client. */
+        srv->n_conns--;
+        c->uncounted = 1;
         srv->stats.rejected_clients++;
-        tsd_log(TSD_LOG_WARN, "refusing a connection: %zu clients (limit %u)", srv->n_conns - 1,
+        tsd_log(TSD_LOG_WARN, "refusing a connection: %zu clients (limit %u)", srv->n_conns,
                 srv->cfg.max_clients);
         tsd_reply_err(c, 0, 0, TS_ST_TOO_MANY_CLIENTS, "too many clients (limit %u)",
                       srv->cfg.max_clients);

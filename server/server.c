@@ -88,7 +88,8 @@ void tsd_server_unlink_conn(tsd_server *srv, tsd_conn *c)
     if (c->next != NULL)
         c->next->prev = c->prev;
     c->prev = c->next = NULL;
-    srv->n_conns--;
+    if (!c->uncounted)
+        srv->n_conns--;
 }
 
 void tsd_server_conn_freed(tsd_server *srv)

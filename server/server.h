@@ -226,6 +226,7 @@ typedef struct tsd_conn {
     struct tsd_conn *prev, *next; /* the server's list of connections */
     uint64_t id;
     int is_unix;
+    int uncounted; /* refused (too many clients): not counted in n_conns */
     int helloed;
     int lz4;                 /* the client may send TS_FLAG_LZ4 bodies */
     int closing;             /* uv_close called */
@@ -393,7 +394,7 @@ struct tsd_server {
     tsd_store store;
     tsd_htab watches;
     tsd_conn *conns; /* accepted, not yet closing */
-    size_t n_conns;  /* entries of conns */
+    size_t n_conns;  /* clients in conns (refused ones on their way out excluded) */
     size_t n_alive;  /* connection objects not yet freed (closing ones included) */
     uint64_t next_conn_id;
     tsd_conn *dirty;  /* connections with a pending batch */

@@ -230,6 +230,8 @@ static void test_too_many_clients(void **state)
     assert_true(f.len > 0);
     tsu_frame_free(&f);
     assert_int_equal(tsh_wait_closed(extra, 5000), 1);
+    /* Refused connections on their way out do not count as clients. */
+    assert_int_equal(tsu_stat(fds[0], "connections"), 3);
     close(extra);
     /* The admitted ones are unaffected; when one leaves, a newcomer gets in. */
     assert_int_equal(tsh_send(fds[0], TS_OP_PING, 1, NULL, 0), 0);
