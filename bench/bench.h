@@ -72,6 +72,9 @@ void *bench_alloc(size_t n);
 void bench_free(void *p);
 /* Fill buf with float32 values: random bits (incompressible) or a compressible pattern. */
 void bench_fill(void *buf, size_t len, int compressible, uint64_t seed);
+/* CPU time (user + system) in seconds used so far by this process, or by process pid. */
+double bench_cpu_self(void);
+double bench_cpu_pid(pid_t pid);
 /* Median and percentile of v[0..n) (sorts v). */
 double bench_median(double *v, size_t n);
 double bench_percentile(double *v, size_t n, double pct);

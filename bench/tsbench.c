@@ -288,6 +288,21 @@ static void case_putget(server *ts, server *ce, server *rd, size_t size, int use
          target > 0 ? verdict(rb, target) : "-");
 }
 
+/* One run of a small-operation case; with --raw, also the CPU time per operation of each side. */
+static bench_result small_run(server *s, int use_unix, int nclients, int depth, double secs,
+                              int redis)
+{
+    double c0 = bench_cpu_self(), s0 = bench_cpu_pid(s->pid);
+    bench_result r = redis ? redis_small(&s->t, use_unix, nclients, depth, secs)
+                           : ts_bench_small(&s->t, use_unix, nclients, depth, secs);
+    double c1 = bench_cpu_self(), s1 = bench_cpu_pid(s->pid);
+    double ops = r.value * secs;
+    if (g.raw && r.ok && ops > 0)
+        fprintf(stderr, "raw: %s cpu per op: client %.2f us, server %.2f us\n", s->name,
+                (c1 - c0) / ops * 1e6, (s1 - s0) / ops * 1e6);
+    return r;
+}
+
 static void case_small(server *ts, server *rd, int nclients, int depth, int use_unix)
 {
     char what[64];
@@ -299,11 +314,11 @@ static void case_small(server *ts, server *rd, int nclients, int depth, int use_
     double secs = g.smoke ? 0.2 : 1.5;
     for (int r = 0; r < g.repeats; r++) {
         if (r % 2 == 0)
-            add_run(&a, ts_bench_small(&ts->t, use_unix, nclients, depth, secs), what, "tensord");
+            add_run(&a, small_run(ts, use_unix, nclients, depth, secs, 0), what, "tensord");
         if (!c.absent)
-            add_run(&c, redis_small(&rd->t, use_unix, nclients, depth, secs), what, "redis");
+            add_run(&c, small_run(rd, use_unix, nclients, depth, secs, 1), what, "redis");
         if (r % 2 == 1)
-            add_run(&a, ts_bench_small(&ts->t, use_unix, nclients, depth, secs), what, "tensord");
+            add_run(&a, small_run(ts, use_unix, nclients, depth, secs, 0), what, "tensord");
     }
     g.failures += a.failed;
     double va = med(&a, 0), vc = med(&c, 0);
