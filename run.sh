@@ -86,10 +86,10 @@ test)
         -DTS_TEST_TIMEOUT_MULTIPLIER=3 -DTS_BUILD_BENCH=OFF
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
         check build-asan "" || rc=1
-    echo "== ThreadSanitizer (unit and client tests)"
+    echo "== ThreadSanitizer (unit, client and batcher tests)"
     build build-tsan -DTS_WERROR=ON -DTS_SANITIZE=thread -DTS_WITH_TORCH=OFF \
         -DTS_TEST_TIMEOUT_MULTIPLIER=4 -DTS_BUILD_BENCH=OFF
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 check build-tsan "unit|client" || rc=1
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 check build-tsan "unit|client|batcher" || rc=1
     echo "run.sh test: ${PASSED} passed, ${FAILED} failed"
     exit $rc
     ;;
