@@ -20,10 +20,14 @@
     2000 /* ms; ts_client_open waits this past the connect timeout for the                         \
             I/O thread's verdict */
 
+/* Requests gathered into one write at most (see req_send_batch). */
+#define TS__SEND_BATCH 64
+
 /* The client whose I/O thread this is (NULL on application threads). */
 static _Thread_local ts_client_t *tls_io_client;
 
 static void req_send(ts_client_t *c, ts__req *r);
+static void req_complete(ts_client_t *c, ts__req *r, int status);
 static void req_finish(ts_client_t *c, ts__req *r, int status);
 static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg);
 static void start_attempt(ts_client_t *c);
@@ -382,11 +386,9 @@ static void req_finish(ts_client_t *c, ts__req *r, int status)
  * Writing
  */
 
-static void write_cb(uv_write_t *w, int status)
+/* A request's frame has been written (or the write failed): release it to the completion. */
+static void write_done(ts_client_t *c, ts__req *r)
 {
-    ts__req *r = w->data;
-    ts_client_t *c = r->c;
-    ts__conn *conn = r->conn;
     r->wpending = 0;
     if (r->kind == TS__K_BLOCK) {
         pthread_mutex_lock(&c->mu);
@@ -397,6 +399,14 @@ static void write_cb(uv_write_t *w, int status)
     }
     if (r->finish_on_write)
         req_finish(c, r, r->status); /* r is gone after this */
+}
+
+static void write_cb(uv_write_t *w, int status)
+{
+    ts__req *r = w->data;
+    ts_client_t *c = r->c;
+    ts__conn *conn = r->conn;
+    write_done(c, r);
     if (status < 0 && conn == c->conn && conn != NULL)
         conn_fail(c, conn, TS_ECONNRESET, "write to the server failed");
 }
@@ -431,15 +441,18 @@ static uv_buf_t mkbuf(const void *p, size_t len)
     return b;
 }
 
-/* Write r's frame on the current connection (header + fixed part, then the record). */
-static void req_send(ts_client_t *c, ts__req *r)
+/*
+ * Get r ready to be written on the current connection: checks, request id, header. Returns 0
+ * when it is, or -1 when r has been completed instead (an error).
+ */
+static int req_prepare(ts_client_t *c, ts__req *r)
 {
     ts__conn *conn = c->conn;
     if ((r->hflags & TS_FLAG_LZ4) && !conn->lz4) {
         int rc = inflate_body(r);
         if (rc != 0) {
             req_finish(c, r, rc);
-            return;
+            return -1;
         }
     }
     if (r->body_len > conn->max_body) {
@@ -448,7 +461,7 @@ static void req_send(ts_client_t *c, ts__req *r)
                          (unsigned long long)r->body_len, (unsigned long long)conn->max_body);
         r->msg = ts__strndup(msg, (size_t)n);
         req_finish(c, r, TS_EMSGSIZE);
-        return;
+        return -1;
     }
     if (r->kind == TS__K_BLOCK) {
         pthread_mutex_lock(&c->mu);
@@ -458,7 +471,7 @@ static void req_send(ts_client_t *c, ts__req *r)
         pthread_mutex_unlock(&c->mu);
         if (abandoned) {
             req_finish(c, r, TS_ETIMEDOUT);
-            return;
+            return -1;
         }
     }
     uint32_t id;
@@ -467,7 +480,7 @@ static void req_send(ts_client_t *c, ts__req *r)
     } while (id == 0 || ts__idmap_get(&c->inflight, id) != NULL);
     if (ts__idmap_put(&c->inflight, id, r) != 0) {
         req_finish(c, r, TS_ENOMEM);
-        return;
+        return -1;
     }
     r->id = id;
     r->in_map = 1;
@@ -480,18 +493,18 @@ static void req_send(ts_client_t *c, ts__req *r)
                  .request_id = id,
                  .body_len = r->body_len};
     ts__hdr_encode(&h, r->small);
+    return 0;
+}
 
-    /* Header + fixed part, then either one flat buffer or the plan's head and segments. */
-    uv_buf_t local[32];
-    size_t nbufs = 1 + (r->flat != NULL ? 1 : 0) + (r->has_enc ? 1 + 2 * r->enc.nsegs : 0);
-    uv_buf_t *bufs = local;
-    if (nbufs > TS__ARRAY_SIZE(local)) {
-        bufs = ts__malloc(nbufs * sizeof(*bufs));
-        if (bufs == NULL) {
-            req_complete(c, r, TS_ENOMEM);
-            return;
-        }
-    }
+/* Number of write buffers r's frame needs. */
+static size_t req_nbufs(const ts__req *r)
+{
+    return 1 + (r->flat != NULL ? 1 : 0) + (r->has_enc ? 1 + 2 * r->enc.nsegs : 0);
+}
+
+/* Header + fixed part, then either one flat buffer or the plan's head and segments. */
+static size_t req_fill_bufs(const ts__req *r, uv_buf_t *bufs)
+{
     size_t n = 0;
     bufs[n++] = mkbuf(r->small, TS_HDR_SIZE + r->small_len);
     if (r->flat != NULL && r->flat_len > 0)
@@ -506,6 +519,26 @@ static void req_send(ts_client_t *c, ts__req *r)
                 bufs[n++] = mkbuf(ts__zeros, s->pad_after);
         }
     }
+    return n;
+}
+
+/* Write r's frame on the current connection (header + fixed part, then the record). */
+static void req_send(ts_client_t *c, ts__req *r)
+{
+    if (req_prepare(c, r) != 0)
+        return;
+    ts__conn *conn = c->conn;
+    uv_buf_t local[32];
+    size_t nbufs = req_nbufs(r);
+    uv_buf_t *bufs = local;
+    if (nbufs > TS__ARRAY_SIZE(local)) {
+        bufs = ts__malloc(nbufs * sizeof(*bufs));
+        if (bufs == NULL) {
+            req_complete(c, r, TS_ENOMEM);
+            return;
+        }
+    }
+    size_t n = req_fill_bufs(r, bufs);
     r->w.data = r;
     r->wpending = 1;
     /* libuv copies the buffer array; the memory it points to stays ours until write_cb. */
@@ -516,6 +549,91 @@ static void req_send(ts_client_t *c, ts__req *r)
         r->wpending = 0;
         req_complete(c, r, TS_ECONNRESET);
         conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
+        return;
+    }
+    ensure_tick(c);
+}
+
+/* Several requests written with one uv_write; freed by its callback. */
+typedef struct ts__wbatch {
+    uv_write_t w;
+    ts_client_t *c;
+    ts__conn *conn;
+    size_t n;
+    ts__req *reqs[];
+} ts__wbatch;
+
+static void batch_write_cb(uv_write_t *w, int status)
+{
+    ts__wbatch *b = w->data;
+    ts_client_t *c = b->c;
+    ts__conn *conn = b->conn;
+    /* Every request of the batch is released before a failure fails the ones in flight. */
+    for (size_t i = 0; i < b->n; i++)
+        write_done(c, b->reqs[i]);
+    ts__free(b);
+    if (status < 0 && conn == c->conn && conn != NULL)
+        conn_fail(c, conn, TS_ECONNRESET, "write to the server failed");
+}
+
+/*
+ * Write n requests on the current connection with one uv_write (one system call when the socket
+ * takes it all): a burst of small asynchronous requests, such as a pipeline refilled from
+ * completion callbacks, would otherwise cost a write system call each. Requests that fail their
+ * checks are completed on the way; the others behave exactly as if sent by req_send.
+ */
+static void req_send_batch(ts_client_t *c, ts__req **reqs, size_t n)
+{
+    ts__wbatch *b = n > 1 ? ts__malloc(sizeof(*b) + n * sizeof(ts__req *)) : NULL;
+    if (b == NULL) {
+        for (size_t i = 0; i < n; i++) {
+            if (c->state == TS__ST_READY) {
+                req_send(c, reqs[i]);
+            } else {
+                append_waitq(c, reqs[i]);
+                ensure_tick(c);
+            }
+        }
+        return;
+    }
+    b->c = c;
+    b->conn = c->conn;
+    b->n = 0;
+    size_t nbufs = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (req_prepare(c, reqs[i]) != 0)
+            continue;
+        b->reqs[b->n++] = reqs[i];
+        nbufs += req_nbufs(reqs[i]);
+    }
+    if (b->n == 0) {
+        ts__free(b);
+        return;
+    }
+    uv_buf_t local[64];
+    uv_buf_t *bufs = nbufs > TS__ARRAY_SIZE(local) ? ts__malloc(nbufs * sizeof(*bufs)) : local;
+    int rc = UV_ENOMEM;
+    if (bufs != NULL) {
+        size_t k = 0;
+        for (size_t i = 0; i < b->n; i++) {
+            b->reqs[i]->wpending = 1;
+            k += req_fill_bufs(b->reqs[i], bufs + k);
+        }
+        b->w.data = b;
+        /* libuv copies the buffer array; the memory it points to stays ours until the cb. */
+        rc = uv_write(&b->w, &b->conn->u.stream, bufs, (unsigned)k, batch_write_cb);
+        if (bufs != local)
+            ts__free(bufs);
+    }
+    if (rc != 0) {
+        ts__conn *conn = b->conn;
+        for (size_t i = 0; i < b->n; i++) {
+            b->reqs[i]->wpending = 0;
+            req_complete(c, b->reqs[i], rc == UV_ENOMEM ? TS_ENOMEM : TS_ECONNRESET);
+        }
+        ts__free(b);
+        if (rc != UV_ENOMEM)
+            conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
         return;
     }
     ensure_tick(c);
@@ -1093,6 +1211,17 @@ static void do_unlisten(ts_client_t *c, ts__req *r)
     req_send(c, r);
 }
 
+static void async_cb(uv_async_t *a);
+
+/* Send what callbacks of this loop iteration submitted (see ts__submit_locked). */
+static void kick_cb(uv_prepare_t *p)
+{
+    ts_client_t *c = p->data;
+    uv_prepare_stop(p);
+    c->kicked = 0;
+    async_cb(&c->async);
+}
+
 static void async_cb(uv_async_t *a)
 {
     ts_client_t *c = a->data;
@@ -1108,10 +1237,25 @@ static void async_cb(uv_async_t *a)
 
     if (c->state == TS__ST_IDLE)
         start_attempt(c);
+    ts__req *batch[TS__SEND_BATCH];
+    size_t nb = 0;
     while (list != NULL) {
         ts__req *r = list;
         list = r->next;
         r->next = NULL;
+        if (r->kind != TS__K_UNLISTEN && c->state == TS__ST_READY && c->waitq_head == NULL) {
+            /* Gathered and written together (see req_send_batch). */
+            batch[nb++] = r;
+            if (nb == TS__SEND_BATCH) {
+                req_send_batch(c, batch, nb);
+                nb = 0;
+            }
+            continue;
+        }
+        if (nb > 0) {
+            req_send_batch(c, batch, nb);
+            nb = 0;
+        }
         if (c->state == TS__ST_CLOSED) {
             req_finish(c, r, TS_ECANCELED);
         } else if (r->kind == TS__K_UNLISTEN) {
@@ -1123,6 +1267,8 @@ static void async_cb(uv_async_t *a)
             ensure_tick(c);
         }
     }
+    if (nb > 0)
+        req_send_batch(c, batch, nb);
 }
 
 /* Close everything: pending requests get TS_ECANCELED, subscriptions their final callback. */
@@ -1174,6 +1320,7 @@ static void io_shutdown(ts_client_t *c)
         ts__sub_unref(s);
     }
     uv_close((uv_handle_t *)&c->async, NULL);
+    uv_close((uv_handle_t *)&c->kick, NULL);
     uv_close((uv_handle_t *)&c->tick, NULL);
     uv_close((uv_handle_t *)&c->retry, NULL);
 }
@@ -1216,6 +1363,18 @@ int ts__submit_locked(ts_client_t *c, ts__req *r)
     else
         c->inbox_head = r;
     c->inbox_tail = r;
+    if (tls_io_client == c) {
+        /*
+         * From a callback: the loop is running on this very thread, so the kick handle sends the
+         * request before the loop waits again, together with whatever else the callbacks of
+         * this iteration submit, without a system call to wake the loop.
+         */
+        if (!c->kicked) {
+            c->kicked = 1;
+            uv_prepare_start(&c->kick, kick_cb);
+        }
+        return 0;
+    }
     /* Under mu, so the I/O thread cannot have closed the handle (it sets closing first). */
     uv_async_send(&c->async);
     return 0;
@@ -1320,6 +1479,8 @@ static int setup_loop(ts_client_t *c)
     c->tick.data = c;
     uv_timer_init(&c->loop, &c->retry);
     c->retry.data = c;
+    uv_prepare_init(&c->loop, &c->kick);
+    c->kick.data = c;
     return 0;
 }
 
@@ -1358,6 +1519,7 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *o
     uv_async_send(&c->async); /* the first thing the I/O thread does is connect */
     if (pthread_create(&c->thread, NULL, io_main, c) != 0) {
         uv_close((uv_handle_t *)&c->async, NULL);
+        uv_close((uv_handle_t *)&c->kick, NULL);
         uv_close((uv_handle_t *)&c->tick, NULL);
         uv_close((uv_handle_t *)&c->retry, NULL);
         uv_run(&c->loop, UV_RUN_DEFAULT);

@@ -190,6 +190,12 @@ struct ts_client_s {
     uv_async_t async;
     uv_timer_t tick;  /* request deadlines */
     uv_timer_t retry; /* connect timeout, then reconnect backoff */
+    /*
+     * Requests submitted on the I/O thread itself (from callbacks) are sent by this handle
+     * before the loop next waits, instead of waking the loop through the async handle.
+     */
+    uv_prepare_t kick;
+    int kicked;
     int tick_on;
     ts__conn *conn;
     int state;
