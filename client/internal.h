@@ -46,7 +46,7 @@ enum {
     TS__K_BLOCK,     /* an application thread blocked on the request's condition variable */
     TS__K_HELLO,     /* the handshake of a connection */
     TS__K_RESUB,     /* a LISTEN re-sent for a subscription after a reconnect */
-    TS__K_UNLISTEN,  /* ts_unlisten: ends a subscription (never sent itself) */
+    TS__K_UNLISTEN,  /* ts_unlisten: final callback, then sent as TS__K_FIRE if connected */
     TS__K_FIRE       /* an internal request whose reply is ignored */
 };
 
