@@ -26,13 +26,13 @@ deps() {
         "${missing[@]}"
 }
 
-# build DIR [cmake args...]: configure once, then build.
+# build DIR [cmake args...]: configure once, then build (BUILD_TARGET limits what is built).
 build() {
     local dir=$1
     shift
     cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$dir.configure.log" 2>&1 ||
         { cat "$dir.configure.log"; return 1; }
-    cmake --build "$dir" -j "$JOBS"
+    cmake --build "$dir" -j "$JOBS" ${BUILD_TARGET:+--target "$BUILD_TARGET"}
 }
 
 # check DIR LABEL-REGEX: run ctest and add its counts to the totals.
@@ -90,6 +90,11 @@ test)
     build build-tsan -DTS_WERROR=ON -DTS_SANITIZE=thread -DTS_WITH_TORCH=OFF \
         -DTS_TEST_TIMEOUT_MULTIPLIER=4 -DTS_BUILD_BENCH=OFF
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 check build-tsan "unit|client|batcher" || rc=1
+    echo "== libFuzzer targets (clang, ASan + UBSan, bounded time each)"
+    CC=clang BUILD_TARGET=fuzz_all build build-fuzz -DTS_WERROR=ON \
+        -DTS_SANITIZE=address,undefined -DTS_WITH_TORCH=OFF -DTS_BUILD_BENCH=OFF \
+        -DTS_BUILD_EXAMPLES=OFF
+    check build-fuzz "fuzz" || rc=1
     echo "run.sh test: ${PASSED} passed, ${FAILED} failed"
     exit $rc
     ;;
