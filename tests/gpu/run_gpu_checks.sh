@@ -37,7 +37,8 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTS_WITH_TORCH=ON -DTorch_DIR="$torch_dir" \
     -DTS_BUILD_EXAMPLES=OFF >"$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
+cmake --build build-gpu -j "$(nproc)" --target tensord tensorshare tensorshare_torch tsinfer \
+    make_models test_torch test_tsinfer batcher_bench >"$OUT/build.log" 2>&1 || { tail -60 "$OUT/build.log"; exit 1; }
 
 status=0
 (cd build-gpu && ctest -L torch --output-on-failure -V) >"$OUT/ctest-torch.log" 2>&1 || status=1
