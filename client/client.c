@@ -328,7 +328,12 @@ static void finish_resub(ts_client_t *c, ts__req *r, int status)
             s->n_items = r->res.n_items;
             sub_event(c, s, TS_EV_RESUBSCRIBED, 0);
         }
-    } else if (status != TS_ECONNRESET && status != TS_ECANCELED && status != TS_ETIMEDOUT) {
+    } else if (status == TS_ENOMEM) {
+        /* Not the server's verdict: try again on a fresh connection after the backoff. */
+        if (c->state == TS__ST_READY && (r->conn == NULL || r->conn == c->conn))
+            conn_fail(c, c->conn, TS_ENOMEM, "out of memory while resubscribing");
+    } else if (status != TS_ECONNRESET && status != TS_ECANCELED && status != TS_ETIMEDOUT &&
+               status != TS_EPROTO) {
         /* The server refused the subscription: it ends here. */
         pthread_mutex_lock(&c->mu);
         int own = s->linked;
@@ -339,7 +344,10 @@ static void finish_resub(ts_client_t *c, ts__req *r, int status)
         if (own)
             ts__sub_unref(s);
     }
-    /* Connection errors leave it for the next reconnect. */
+    /*
+     * Connection errors (a malformed reply drops the connection too) leave it for the next
+     * reconnect.
+     */
 }
 
 static void hello_done(ts_client_t *c, ts__req *r, int status);
@@ -675,8 +683,11 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     }
 }
 
-/* Deliver a NOTIFY frame to the subscription for its bin. */
-static void dispatch_notify(ts_client_t *c, const uint8_t *body, size_t len)
+/*
+ * Deliver a NOTIFY frame to the subscription for its bin. Returns 0, or TS_EPROTO when the body
+ * is malformed or reports an event the protocol does not define.
+ */
+static int dispatch_notify(ts_client_t *c, const uint8_t *body, size_t len)
 {
     ts__rd rd;
     uint64_t version;
@@ -687,7 +698,10 @@ static void dispatch_notify(ts_client_t *c, const uint8_t *body, size_t len)
     ts__rd_init(&rd, body, len);
     if (ts__rd_u64(&rd, &version) != 0 || ts__rd_u32(&rd, &n) != 0 || ts__rd_u8(&rd, &event) != 0 ||
         ts__rd_u8(&rd, &flags) != 0 || ts__rd_name(&rd, &name, &nl) != 0)
-        return;
+        return TS_EPROTO;
+    /* Events from TS_EV_DISCONNECTED on are the client's own: a server never sends them. */
+    if (event == 0 || event >= TS_EV_DISCONNECTED)
+        return TS_EPROTO;
     ts__sub *s;
     pthread_mutex_lock(&c->mu);
     for (s = c->subs; s != NULL; s = s->next)
@@ -697,30 +711,50 @@ static void dispatch_notify(ts_client_t *c, const uint8_t *body, size_t len)
         atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
     pthread_mutex_unlock(&c->mu);
     if (s == NULL)
-        return; /* unlistened meanwhile, or never ours */
+        return 0; /* unlistened meanwhile, or never ours */
     s->version = version;
     s->n_items = n;
     sub_event(c, s, (ts_event_t)event, (flags & TS_NOTE_FLAG_COALESCED) != 0);
     ts__sub_unref(s);
+    return 0;
 }
 
-/* Handle one complete frame from the server; takes over body. */
-static void dispatch(ts_client_t *c, const ts__hdr *h, uint8_t *body, size_t len)
+/*
+ * The server broke the protocol in its answer to r: drop the connection first (so r's callback
+ * already sees it down and what it submits waits for the reconnection), then fail r with
+ * TS_EPROTO. The other requests in flight fail with TS_EPROTO too (see conn_fail).
+ */
+static void proto_fail(ts_client_t *c, ts__conn *conn, ts__req *r, const char *msg)
+{
+    if (r->in_map) {
+        ts__idmap_del(&c->inflight, r->id);
+        r->in_map = 0;
+    }
+    conn_fail(c, conn, TS_EPROTO, msg);
+    req_complete(c, r, TS_EPROTO);
+}
+
+/*
+ * Handle one complete frame from conn; takes over body. Returns 0, or TS_EPROTO when the frame
+ * broke the protocol in a way that ends the connection (already dropped when a request was
+ * concerned; the caller drops it otherwise).
+ */
+static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *body, size_t len)
 {
     if (h->opcode == TS_OP_NOTIFY) {
-        dispatch_notify(c, body, len);
+        int rc = dispatch_notify(c, body, len);
         ts__body_free(body, len);
-        return;
+        return rc;
     }
     ts__req *r = ts__idmap_get(&c->inflight, h->request_id);
     if (r == NULL) {
         ts__body_free(body, len); /* the answer to a request that timed out */
-        return;
+        return 0;
     }
     if (r->op != h->opcode) {
         ts__body_free(body, len);
-        req_complete(c, r, TS_EPROTO);
-        return;
+        proto_fail(c, conn, r, "the server answered a request with another opcode");
+        return TS_EPROTO;
     }
     if (h->flags & TS_FLAG_LZ4) {
         uint64_t raw = 0;
@@ -735,8 +769,12 @@ static void dispatch(ts_client_t *c, const ts__hdr *h, uint8_t *body, size_t len
         ts__body_free(body, len);
         if (rc != 0) {
             ts__free_aligned(out, raw);
+            if (rc == TS_EPROTO) {
+                proto_fail(c, conn, r, "malformed compressed reply from the server");
+                return TS_EPROTO;
+            }
             req_complete(c, r, rc);
-            return;
+            return 0;
         }
         body = out;
         len = raw;
@@ -752,8 +790,14 @@ static void dispatch(ts_client_t *c, const ts__hdr *h, uint8_t *body, size_t len
         ts__body_free(body, len);
     } else {
         status = ts__reply_parse(r, body, len);
+        if (status == TS_EPROTO && r->kind != TS__K_HELLO) {
+            /* A HELLO's own completion drops the connection (hello_done). */
+            proto_fail(c, conn, r, "malformed reply from the server");
+            return TS_EPROTO;
+        }
     }
     req_complete(c, r, status);
+    return 0;
 }
 
 /* Parse every whole frame in the staging buffer; keep a partial one for the next read. */
@@ -793,7 +837,8 @@ static void process_stage(ts_client_t *c, ts__conn *conn)
             if (h.body_len > 0)
                 memcpy(body, conn->stage + pos, (size_t)h.body_len);
             pos += (size_t)h.body_len;
-            dispatch(c, &h, body, (size_t)h.body_len);
+            if (dispatch(c, conn, &h, body, (size_t)h.body_len) != 0)
+                conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
             continue;
         }
         memcpy(body, conn->stage + pos, avail);
@@ -830,7 +875,8 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         ts__hdr h = conn->hdr;
         conn->body = NULL;
         conn->rstate = TS__RS_HDR;
-        dispatch(c, &h, body, (size_t)h.body_len);
+        if (dispatch(c, conn, &h, body, (size_t)h.body_len) != 0)
+            conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
         return;
     }
     conn->stage_len += (size_t)nread;
@@ -923,7 +969,8 @@ static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg)
     c->state = TS__ST_BACKOFF;
     atomic_store(&c->connected, 0);
     uv_timer_stop(&c->retry);
-    fail_inflight(c, TS_ECONNRESET);
+    /* After a protocol violation any reply in flight may be the broken one: say so. */
+    fail_inflight(c, err == TS_EPROTO ? TS_EPROTO : TS_ECONNRESET);
     if (was_ready) {
         /* Collect first: callbacks may unlisten (which unlinks) while we walk. */
         ts__sub *chain = NULL;
@@ -960,13 +1007,16 @@ static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg)
 static void resubscribe(ts_client_t *c)
 {
     ts__req *list = NULL;
+    int oom = 0;
     pthread_mutex_lock(&c->mu);
     for (ts__sub *s = c->subs; s != NULL; s = s->next) {
         if (!s->live)
             continue;
         ts__req *r = ts__calloc(1, sizeof(*r));
-        if (r == NULL)
-            break; /* the rest wait for the next reconnect */
+        if (r == NULL) {
+            oom = 1;
+            break;
+        }
         r->c = c;
         r->kind = TS__K_RESUB;
         r->op = TS_OP_LISTEN;
@@ -980,6 +1030,19 @@ static void resubscribe(ts_client_t *c)
         list = r;
     }
     pthread_mutex_unlock(&c->mu);
+    if (oom) {
+        /*
+         * A subscription left out would miss its changes for as long as this connection lasts:
+         * drop it and try again after the backoff instead.
+         */
+        while (list != NULL) {
+            ts__req *r = list;
+            list = r->next;
+            ts__req_free(r);
+        }
+        conn_fail(c, c->conn, TS_ENOMEM, "out of memory while resubscribing");
+        return;
+    }
     while (list != NULL && c->state == TS__ST_READY) {
         ts__req *r = list;
         list = r->next;

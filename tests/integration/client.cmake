@@ -39,3 +39,7 @@ endif()
 ts_add_test(test_client_idmap SOURCES test_client_idmap.c
   LIBS tensorshare_static PkgConfig::LIBUV LABELS unit client)
 target_include_directories(test_client_idmap PRIVATE ${PROJECT_SOURCE_DIR}/client)
+
+# A fake server that answers with malformed frames: TS_EPROTO, dropped connection, reconnection.
+ts_add_test(test_client_badserver SOURCES test_client_badserver.c
+  LIBS tensorshare_static LABELS integration client TIMEOUT 120)

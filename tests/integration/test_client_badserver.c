@@ -1,0 +1,478 @@
+/*
+ * libtensorshare against a server that breaks the protocol. A fake server thread answers HELLO
+ * correctly, then answers one request with a malformed frame (bad header, wrong opcode, lengths
+ * that point past the body, broken records, truncated lists, bad lz4, a broken notification).
+ * Each time the client must fail the request with TS_EPROTO (once, never crash or hang), drop
+ * the connection, reconnect on its own and work again on the next connection.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "record.h"
+#include "test_client_util.h"
+
+/* How the fake server answers the next request other than HELLO. */
+enum {
+    M_GOOD = 0,     /* a correct answer */
+    M_BAD_MAGIC,    /* a header with the request magic */
+    M_RESERVED,     /* a header with a reserved field set */
+    M_HUGE_BODY,    /* a header announcing 2^50 body bytes */
+    M_WRONG_OP,     /* a well-formed frame with another opcode */
+    M_SHORT_STATE,  /* a bin state of 8 bytes instead of 16 */
+    M_ITEMS_COUNT,  /* ITEMS announcing 2^32-1 items in 64 bytes */
+    M_ITEMS_LEN,    /* ITEMS whose one item is 2^62 bytes long */
+    M_ITEMS_RECORD, /* ITEMS whose one item is not a record */
+    M_LIST_SHORT,   /* LIST announcing two entries, carrying one */
+    M_LIST_NAME,    /* LIST whose name runs past the body */
+    M_STATS_BAD,    /* STATS that is not a record */
+    M_LZ4_BAD,      /* an lz4-flagged body that does not decompress */
+    M_NOTIFY_BAD,   /* a truncated notification, then a correct answer */
+    M_NOTIFY_EVENT, /* a notification with an event the protocol lacks, then a correct answer */
+    M_LONG_ERROR,   /* NOT_FOUND with a 5000-byte message: allowed, the client truncates it */
+    M_HELLO_BAD     /* HELLO answered with another protocol version */
+};
+
+typedef struct fake {
+    int lfd;
+    int port;
+    char addr[64];
+    pthread_t thread;
+    atomic_int stop;
+    atomic_int mode;          /* for the next request; the server resets it to M_GOOD */
+    atomic_int accepts;       /* connections accepted */
+    atomic_int client_closed; /* connections the client closed */
+    atomic_int answered;      /* requests answered (HELLO excluded) */
+} fake;
+
+static int send_frame(int fd, uint8_t op, uint16_t status, uint32_t rid, uint8_t flags,
+                      const void *body, size_t len)
+{
+    uint8_t h[TS_HDR_SIZE];
+    ts__hdr hdr = {.magic = TS_MAGIC_REP,
+                   .version = TS_PROTO_VERSION,
+                   .opcode = op,
+                   .flags = flags,
+                   .status = status,
+                   .request_id = rid,
+                   .body_len = len};
+    ts__hdr_encode(&hdr, h);
+    if (tsh_write_all(fd, h, sizeof(h)) != 0)
+        return -1;
+    return len > 0 ? tsh_write_all(fd, body, len) : 0;
+}
+
+/* A correct answer to a request with opcode op. */
+static void answer_good(int fd, uint8_t op, uint32_t rid)
+{
+    uint8_t b[64];
+    memset(b, 0, sizeof(b));
+    switch (op) {
+    case TS_OP_GET:
+    case TS_OP_PEEK: /* no items: version 1, the 64-byte padded head */
+        ts__put_u64le(b, 1);
+        send_frame(fd, op, TS_ST_OK, rid, 0, b, 64);
+        break;
+    case TS_OP_PUT:
+    case TS_OP_APPEND:
+    case TS_OP_DELETE:
+    case TS_OP_LISTEN:
+    case TS_OP_WAIT:
+        ts__put_u64le(b, 1);
+        send_frame(fd, op, TS_ST_OK, rid, 0, b, TS_BIN_STATE_SIZE);
+        break;
+    case TS_OP_LIST: /* no bins */
+        send_frame(fd, op, TS_ST_OK, rid, 0, b, 8);
+        break;
+    case TS_OP_STATS: { /* {"bins": 0} */
+        ts_value_t *m = ts_map_new();
+        uint8_t *rec = NULL;
+        size_t len = 0;
+        if (ts_map_set(m, "bins", ts_int_new(0)) == 0 && ts__record_encode(m, &rec, &len) == 0)
+            send_frame(fd, op, TS_ST_OK, rid, 0, rec, len);
+        ts__free_aligned(rec, len);
+        ts_value_free(m);
+        break;
+    }
+    default:
+        send_frame(fd, op, TS_ST_OK, rid, 0, NULL, 0);
+        break;
+    }
+}
+
+/* A notification for bin "b" with the given body length cut and event. */
+static void send_notify(int fd, size_t cut, uint8_t event)
+{
+    uint8_t b[32];
+    memset(b, 0, sizeof(b));
+    ts__put_u64le(b, 2);
+    ts__put_u32le(b + 8, 1);
+    b[12] = event;
+    b[14] = 1;
+    b[15] = 'b';
+    send_frame(fd, TS_OP_NOTIFY, TS_ST_OK, 0, 0, b, 16 - cut);
+}
+
+static void answer_bad(int fd, int mode, uint8_t op, uint32_t rid)
+{
+    uint8_t b[256];
+    uint8_t h[TS_HDR_SIZE];
+    memset(b, 0, sizeof(b));
+    ts__hdr hdr = {
+        .magic = TS_MAGIC_REP, .version = TS_PROTO_VERSION, .opcode = op, .request_id = rid};
+    switch (mode) {
+    case M_BAD_MAGIC:
+    case M_RESERVED:
+    case M_HUGE_BODY:
+        hdr.body_len = mode == M_HUGE_BODY ? (uint64_t)1 << 50 : 0;
+        ts__hdr_encode(&hdr, h);
+        if (mode == M_BAD_MAGIC)
+            h[0] = TS_MAGIC_REQ;
+        if (mode == M_RESERVED)
+            h[13] = 1;
+        tsh_write_all(fd, h, sizeof(h));
+        break;
+    case M_WRONG_OP:
+        send_frame(fd, op == TS_OP_GET ? TS_OP_PEEK : TS_OP_GET, TS_ST_OK, rid, 0, NULL, 0);
+        break;
+    case M_SHORT_STATE:
+        send_frame(fd, op, TS_ST_OK, rid, 0, b, 8);
+        break;
+    case M_ITEMS_COUNT:
+        ts__put_u32le(b + 8, UINT32_MAX);
+        send_frame(fd, op, TS_ST_OK, rid, 0, b, 64);
+        break;
+    case M_ITEMS_LEN:
+    case M_ITEMS_RECORD:
+        ts__put_u32le(b + 8, 1);
+        ts__put_u64le(b + 16, mode == M_ITEMS_LEN ? (uint64_t)1 << 62 : 64);
+        memset(b + 64, 0xA5, 64); /* not a record */
+        send_frame(fd, op, TS_ST_OK, rid, 0, b, 128);
+        break;
+    case M_LIST_SHORT:
+    case M_LIST_NAME:
+        ts__put_u32le(b, mode == M_LIST_SHORT ? 2 : 1);
+        b[8] = mode == M_LIST_SHORT ? 1 : 200; /* the name's length */
+        b[9] = 'x';
+        b[30] = 5; /* M_LIST_SHORT: a second entry whose name needs 5 + 20 of 21 bytes */
+        send_frame(fd, op, TS_ST_OK, rid, 0, b, mode == M_LIST_SHORT ? 8 + 22 + 21 : 8 + 22 + 20);
+        break;
+    case M_STATS_BAD:
+        memset(b, 0x5A, 32);
+        send_frame(fd, op, TS_ST_OK, rid, 0, b, 32);
+        break;
+    case M_LZ4_BAD:
+        ts__put_u64le(b, 100); /* 100 raw bytes announced, then junk for the block */
+        memset(b + 8, 0xFF, 24);
+        send_frame(fd, op, TS_ST_OK, rid, TS_FLAG_LZ4, b, 32);
+        break;
+    case M_NOTIFY_BAD:
+    case M_NOTIFY_EVENT:
+        if (mode == M_NOTIFY_BAD)
+            send_notify(fd, 3, TS_NOTE_PUT);
+        else
+            send_notify(fd, 0, 0x65);
+        answer_good(fd, op, rid);
+        break;
+    default: /* M_LONG_ERROR */ {
+        char msg[5000];
+        memset(msg, 'e', sizeof(msg));
+        send_frame(fd, op, TS_ST_NOT_FOUND, rid, 0, msg, sizeof(msg));
+        break;
+    }
+    }
+}
+
+/* Read one request from fd and answer it. 0, or -1 when the client closed the connection. */
+static int serve_one(fake *f, int fd)
+{
+    uint8_t h[TS_HDR_SIZE];
+    if (tsh_read_all(fd, h, sizeof(h)) != 0)
+        return -1;
+    ts__hdr hdr;
+    if (ts__hdr_decode(h, TS_MAGIC_REQ, &hdr) != 0 || hdr.body_len > (1u << 20))
+        return -1;
+    uint8_t *body = malloc(hdr.body_len > 0 ? (size_t)hdr.body_len : 1);
+    if (body == NULL || (hdr.body_len > 0 && tsh_read_all(fd, body, (size_t)hdr.body_len) != 0)) {
+        free(body);
+        return -1;
+    }
+    free(body);
+    int mode = atomic_load(&f->mode);
+    if (hdr.opcode == TS_OP_HELLO) {
+        uint8_t b[24];
+        memset(b, 0, sizeof(b));
+        b[0] = mode == M_HELLO_BAD ? 9 : TS_PROTO_VERSION;
+        ts__put_u64le(b + 8, (uint64_t)1 << 20);
+        send_frame(fd, TS_OP_HELLO, TS_ST_OK, hdr.request_id, 0, b, sizeof(b));
+        if (mode == M_HELLO_BAD)
+            atomic_store(&f->mode, M_GOOD);
+        return 0;
+    }
+    atomic_store(&f->mode, M_GOOD);
+    if (mode == M_GOOD || mode == M_HELLO_BAD)
+        answer_good(fd, hdr.opcode, hdr.request_id);
+    else
+        answer_bad(fd, mode, hdr.opcode, hdr.request_id);
+    atomic_fetch_add(&f->answered, 1);
+    return 0;
+}
+
+/* The server thread: one connection at a time (the client holds one). */
+static void *fake_main(void *arg)
+{
+    fake *f = arg;
+    int cfd = -1;
+    while (!atomic_load(&f->stop)) {
+        struct pollfd p[2] = {{.fd = f->lfd, .events = POLLIN}, {.fd = cfd, .events = POLLIN}};
+        if (poll(p, cfd >= 0 ? 2 : 1, 50) <= 0)
+            continue;
+        /* The old connection first, so that its end is counted before a reconnection. */
+        if (cfd >= 0 && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+            if (serve_one(f, cfd) != 0) {
+                close(cfd);
+                cfd = -1;
+                atomic_fetch_add(&f->client_closed, 1);
+            }
+        }
+        if (p[0].revents & POLLIN) {
+            int fd = accept(f->lfd, NULL, NULL);
+            if (fd >= 0) {
+                if (cfd >= 0)
+                    close(cfd);
+                struct timeval tv = {5, 0};
+                setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+                setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+                cfd = fd;
+                atomic_fetch_add(&f->accepts, 1);
+            }
+        }
+    }
+    if (cfd >= 0)
+        close(cfd);
+    return NULL;
+}
+
+static void fake_start(fake *f, int mode)
+{
+    memset(f, 0, sizeof(*f));
+    atomic_init(&f->mode, mode);
+    f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(f->lfd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(f->lfd, 8), 0);
+    assert_int_equal(getsockname(f->lfd, (struct sockaddr *)&a, &len), 0);
+    f->port = ntohs(a.sin_port);
+    snprintf(f->addr, sizeof(f->addr), "127.0.0.1:%d", f->port);
+    assert_int_equal(pthread_create(&f->thread, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(fake *f)
+{
+    atomic_store(&f->stop, 1);
+    pthread_join(f->thread, NULL);
+    close(f->lfd);
+}
+
+/* Wait (bounded) until *v reaches target; returns its value. */
+static int wait_for(atomic_int *v, int target)
+{
+    uint64_t until = tc_now_ms() + TC_WAIT_MS;
+    while (atomic_load(v) < target && tc_now_ms() < until)
+        tc_sleep_ms(5);
+    return atomic_load(v);
+}
+
+static ts_client_t *open_client(fake *f)
+{
+    ts_options_t o;
+    ts_options_init(&o);
+    o.connect_timeout_ms = 5000;
+    o.request_timeout_ms = 10000;
+    o.reconnect_min_ms = 10;
+    o.reconnect_max_ms = 50;
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, f->addr, &o), 0);
+    return c;
+}
+
+/* Issue the request a mode is aimed at; returns its status. */
+static int do_op(ts_client_t *c, uint8_t op)
+{
+    ts_items_t *items = NULL;
+    ts_bin_list_t *bins = NULL;
+    ts_value_t *stats = NULL;
+    int rc;
+    switch (op) {
+    case TS_OP_GET:
+        rc = ts_get(c, "b", 0, &items);
+        break;
+    case TS_OP_DELETE:
+        rc = ts_delete(c, "b", NULL);
+        break;
+    case TS_OP_LIST:
+        rc = ts_list(c, &bins);
+        break;
+    case TS_OP_STATS:
+        rc = ts_stats(c, &stats);
+        break;
+    default:
+        rc = ts_ping(c);
+        break;
+    }
+    /* Out-parameters are written only on success. */
+    if (rc != 0) {
+        assert_null(items);
+        assert_null(bins);
+        assert_null(stats);
+    }
+    ts_items_free(items);
+    ts_bin_list_free(bins);
+    ts_value_free(stats);
+    return rc;
+}
+
+/* One malformed answer: TS_EPROTO, the client drops the connection, reconnects and works. */
+static void check_bad(fake *f, ts_client_t *c, int mode, uint8_t op)
+{
+    int accepts = atomic_load(&f->accepts);
+    int closed = atomic_load(&f->client_closed);
+    atomic_store(&f->mode, mode);
+    int rc = do_op(c, op);
+    printf("mode %d (opcode %d): %s\n", mode, op, ts_err_name(rc));
+    assert_int_equal(rc, TS_EPROTO);
+    assert_int_equal(wait_for(&f->client_closed, closed + 1), closed + 1);
+    /* The next call waits for the reconnection on its own. */
+    assert_int_equal(do_op(c, op), 0);
+    assert_int_equal(atomic_load(&f->accepts), accepts + 1);
+    assert_int_equal(ts_client_connected(c), 1);
+}
+
+static void test_malformed_replies(void **state)
+{
+    (void)state;
+    fake f;
+    fake_start(&f, M_GOOD);
+    ts_client_t *c = open_client(&f);
+    assert_int_equal(do_op(c, TS_OP_PING), 0);
+
+    check_bad(&f, c, M_BAD_MAGIC, TS_OP_PING);
+    check_bad(&f, c, M_RESERVED, TS_OP_PING);
+    check_bad(&f, c, M_HUGE_BODY, TS_OP_PING);
+    check_bad(&f, c, M_WRONG_OP, TS_OP_GET);
+    check_bad(&f, c, M_SHORT_STATE, TS_OP_DELETE);
+    check_bad(&f, c, M_ITEMS_COUNT, TS_OP_GET);
+    check_bad(&f, c, M_ITEMS_LEN, TS_OP_GET);
+    check_bad(&f, c, M_ITEMS_RECORD, TS_OP_GET);
+    check_bad(&f, c, M_LIST_SHORT, TS_OP_LIST);
+    check_bad(&f, c, M_LIST_NAME, TS_OP_LIST);
+    check_bad(&f, c, M_STATS_BAD, TS_OP_STATS);
+    check_bad(&f, c, M_LZ4_BAD, TS_OP_PING);
+    check_bad(&f, c, M_NOTIFY_BAD, TS_OP_PING);
+    check_bad(&f, c, M_NOTIFY_EVENT, TS_OP_PING);
+
+    /* A long error message is no violation: truncated, and the connection stays. */
+    int accepts = atomic_load(&f.accepts);
+    atomic_store(&f.mode, M_LONG_ERROR);
+    assert_int_equal(do_op(c, TS_OP_PING), TS_ENOENT);
+    assert_int_equal(strlen(ts_client_last_error()), TS_MAX_ERRMSG);
+    assert_int_equal(do_op(c, TS_OP_PING), 0);
+    assert_int_equal(atomic_load(&f.accepts), accepts);
+
+    ts_client_free(c);
+    fake_stop(&f);
+}
+
+/* Counts callbacks of pipelined requests. */
+typedef struct cb_count {
+    tc_latch done;
+    atomic_int eproto;
+    atomic_int other;
+} cb_count;
+
+static void count_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)res;
+    cb_count *cc = arg;
+    if (status == TS_EPROTO)
+        atomic_fetch_add(&cc->eproto, 1);
+    else if (status != 0)
+        atomic_fetch_add(&cc->other, 1);
+    tc_latch_add(&cc->done, 1);
+}
+
+/* Pipelined requests around a malformed answer: every callback once, none lost, none twice. */
+static void test_malformed_pipelined(void **state)
+{
+    (void)state;
+    fake f;
+    fake_start(&f, M_GOOD);
+    ts_client_t *c = open_client(&f);
+    cb_count cc;
+    tc_latch_init(&cc.done);
+    atomic_init(&cc.eproto, 0);
+    atomic_init(&cc.other, 0);
+    enum { N = 32 };
+    atomic_store(&f.mode, M_ITEMS_RECORD);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(ts_get_async(c, "b", 0, count_cb, &cc), 0);
+    assert_int_equal(tc_latch_wait(&cc.done, N, TC_WAIT_MS), N);
+    /* The broken answer fails its request with TS_EPROTO and so do the ones still in flight. */
+    printf("%d of %d pipelined requests failed with EPROTO, %d otherwise\n",
+           atomic_load(&cc.eproto), N, atomic_load(&cc.other));
+    assert_true(atomic_load(&cc.eproto) >= 1);
+    assert_int_equal(atomic_load(&cc.other), 0);
+    assert_int_equal(do_op(c, TS_OP_GET), 0);
+    tc_sleep_ms(100); /* a late duplicate callback would show up here */
+    assert_int_equal(tc_latch_get(&cc.done), N);
+    ts_client_free(c);
+    tc_latch_destroy(&cc.done);
+    fake_stop(&f);
+}
+
+/* A handshake with a malformed answer fails ts_client_open with TS_EPROTO. */
+static void test_malformed_hello(void **state)
+{
+    (void)state;
+    fake f;
+    fake_start(&f, M_HELLO_BAD);
+    ts_options_t o;
+    ts_options_init(&o);
+    o.connect_timeout_ms = 5000;
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, f.addr, &o), TS_EPROTO);
+    assert_null(c);
+    printf("open: %s\n", ts_client_last_error());
+    /* The server answers correctly from now on. */
+    c = open_client(&f);
+    assert_int_equal(do_op(c, TS_OP_PING), 0);
+    ts_client_free(c);
+    fake_stop(&f);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN); /* the fake server may write to a connection the client closed */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_malformed_replies),
+        cmocka_unit_test(test_malformed_pipelined),
+        cmocka_unit_test(test_malformed_hello),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
