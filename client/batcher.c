@@ -326,7 +326,9 @@ struct bweights {
     int done;  /* replicas that loaded it or failed to */
     int first_err;
     char err[TS__BERR_LEN];
-    int superseded, withdrawn, released;
+    int superseded, withdrawn;
+    int released; /* settled: one thread calls (or called) release_weights for it */
+    int rel_done; /* release_weights finished the callback; whoever sees it superseded frees */
     struct bwaiter *waiter; /* a blocking ts_batcher_load_weights, or NULL */
 };
 
@@ -539,12 +541,18 @@ static int weights_settle(ts_batcher_t *b, bweights *w)
     return 1;
 }
 
-/* Call the release callback, and free the update unless it is still the latest. No lock. */
+/*
+ * Call the release callback, and free the update unless it is still the latest. No lock.
+ * A publish may replace w while the callback runs: it frees w only once rel_done is set, and
+ * rel_done is set under the lock together with the check here, so exactly one of the two
+ * frees it.
+ */
 static void release_weights(ts_batcher_t *b, bweights *w)
 {
     if (w->release != NULL)
         w->release(w->params, w->release_arg);
     pthread_mutex_lock(&b->mu);
+    w->rel_done = 1;
     int keep = b->wt == w;
     pthread_mutex_unlock(&b->mu);
     if (!keep)
@@ -612,7 +620,9 @@ static int publish(ts_batcher_t *b, const ts_value_t *params, int64_t version,
     int rel_old = 0, free_old = 0;
     if (old != NULL) {
         old->superseded = 1;
-        free_old = old->released;
+        /* Released and its callback over: nobody else touches it. Released with the callback
+           still running: release_weights frees it, seeing it is no longer the latest. */
+        free_old = old->released && old->rel_done;
         rel_old = weights_settle(b, old);
     }
     pthread_cond_broadcast(&b->work_cv);
