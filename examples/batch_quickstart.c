@@ -68,6 +68,7 @@ static void print_output(const char *who, const ts_value_t *out, int64_t version
 typedef struct worker {
     ts_batcher_t *b;
     int id;
+    int rc; /* the prediction's status */
 } worker;
 
 static void *worker_main(void *arg)
@@ -77,6 +78,7 @@ static void *worker_main(void *arg)
     ts_value_t *out = NULL;
     int64_t version = 0;
     int rc = ts_batcher_predict(w->b, in, 0, &out, &version);
+    w->rc = rc;
     if (rc == 0) {
         char who[32];
         snprintf(who, sizeof(who), "worker %d", w->id);
@@ -128,14 +130,17 @@ int main(int argc, char **argv)
     pthread_t th[4];
     worker w[4];
     for (int i = 0; i < 4; i++) {
-        w[i] = (worker){b, i};
+        w[i] = (worker){b, i, 0};
         pthread_create(&th[i], NULL, worker_main, &w[i]);
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 4; i++) {
         pthread_join(th[i], NULL);
+        if (w[i].rc != 0)
+            rc = w[i].rc;
+    }
 
     /* Through tensord: serve, then ask as a remote worker would. */
-    if (argc > 2) {
+    if (rc == 0 && argc > 2) {
         ts_client_t *server_side = NULL, *worker_side = NULL;
         ts_predictor_t *p = NULL;
         rc = ts_client_open(&server_side, argv[2], NULL);
