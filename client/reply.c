@@ -145,6 +145,10 @@ static int parse_list(const uint8_t *body, size_t len, ts_bin_list_t **out)
 /* Decode a STATS body (a record) into a value tree. Takes over body. */
 static int parse_stats(uint8_t *body, size_t len, ts_value_t **out)
 {
+    if (len < TS_REC_HDR_SIZE) { /* no record; an empty body has no buffer at all */
+        ts__body_free(body, len);
+        return TS_EPROTO;
+    }
     ts__rbuf *buf = ts__rbuf_new(body, len, NULL);
     if (buf == NULL) {
         ts__body_free(body, len);
@@ -188,16 +192,18 @@ int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
         break;
     case TS_OP_HELLO: {
         ts__rd rd;
-        uint8_t version, flags;
+        uint8_t version = 0, flags = 0;
         uint16_t z16;
         uint32_t z32;
-        uint64_t max_body, server_id;
+        uint64_t max_body = 0, server_id;
         ts__rd_init(&rd, body, len);
         if (ts__rd_u8(&rd, &version) != 0 || ts__rd_u8(&rd, &flags) != 0 ||
             ts__rd_u16(&rd, &z16) != 0 || ts__rd_u32(&rd, &z32) != 0 ||
             ts__rd_u64(&rd, &max_body) != 0 || ts__rd_u64(&rd, &server_id) != 0 ||
-            version != TS_PROTO_VERSION)
+            version != TS_PROTO_VERSION) {
             rc = TS_EPROTO;
+            break;
+        }
         r->hello_flags = flags;
         r->hello_max_body = max_body;
         break;

@@ -1,6 +1,6 @@
 /*
  * Writes the seed corpora of the fuzz targets with the real encoders:
- *   fuzz_gen_corpus DIR    (DIR is tests/fuzz/corpus; its three subdirectories must exist)
+ *   fuzz_gen_corpus DIR    (DIR is tests/fuzz/corpus; its subdirectories must exist)
  * Seeds are small, valid inputs that reach every branch of the decoders: one record of each
  * shape, one frame of each opcode in both directions, and lz4 bodies. Rerun it after a change
  * of the wire format and commit the files it writes.
@@ -395,6 +395,86 @@ static void lz4_bodies(void)
     write_seed("fuzz_lz4", "body_empty", empty, sizeof(empty));
 }
 
+/*
+ * Reply bodies for fuzz_reply: a selector byte (the index of the opcode in fuzz_reply.c's ops
+ * table: GET 0, PEEK 1, LIST 2, STATS 3, PUT 4, DELETE 6, WAIT 8, HELLO 9, PING 10), then the body.
+ */
+static void seed_reply(const char *name, uint8_t selector, gbuf *body)
+{
+    gbuf f = {0};
+    put_u8(&f, selector);
+    put(&f, body->p, body->n);
+    write_seed("fuzz_reply", name, f.p, f.n);
+    ts__free(f.p);
+    ts__free(body->p);
+    *body = (gbuf){0};
+}
+
+static void replies(void)
+{
+    const uint64_t ver = 1764115200000001ull;
+    gbuf b = {0};
+
+    /* ITEMS with three records, each padded to 64 bytes. */
+    gbuf recs[3] = {{0}};
+    for (int i = 0; i < 3; i++) {
+        const char *unused;
+        put_record(&recs[i], make_record(i, &unused));
+    }
+    put_u64(&b, ver);
+    put_u32(&b, 3);
+    put_u32(&b, 1);
+    for (int i = 0; i < 3; i++)
+        put_u64(&b, recs[i].n);
+    put_zeros(&b, (size_t)ts__items_head_size(3) - b.n);
+    for (int i = 0; i < 3; i++) {
+        put(&b, recs[i].p, recs[i].n);
+        put_zeros(&b, ts__align_up(recs[i].n, TS__ALIGN) - recs[i].n);
+        ts__free(recs[i].p);
+    }
+    seed_reply("get_items3", 0, &b);
+
+    put_u64(&b, ver);
+    put_zeros(&b, (size_t)ts__items_head_size(0) - 8);
+    seed_reply("peek_empty", 1, &b);
+
+    put_u32(&b, 3);
+    put_u32(&b, 0);
+    const char *names[3] = {"zeta", "", "alpha"};
+    for (int i = 0; i < 3; i++) {
+        put_name(&b, names[i]);
+        put_u32(&b, (uint32_t)i);
+        put_u64(&b, 64u * (uint64_t)i);
+        put_u64(&b, ver + (uint64_t)i);
+    }
+    seed_reply("list_3", 2, &b);
+
+    ts_value_t *st = ts_map_new();
+    ts_map_set(st, "uptime_s", ts_int_new(12));
+    ts_map_set(st, "bins", ts_int_new(3));
+    put_record(&b, st);
+    seed_reply("stats", 3, &b);
+
+    put_u64(&b, ver);
+    put_u32(&b, 1);
+    put_u32(&b, 0);
+    seed_reply("put_state", 4, &b);
+    put_u64(&b, ver + 5);
+    put_u32(&b, 0);
+    put_u32(&b, 0);
+    seed_reply("wait_state", 8, &b);
+
+    put_u8(&b, 1);
+    put_u8(&b, TS_HELLO_LZ4);
+    put_u16(&b, 0);
+    put_u32(&b, 0);
+    put_u64(&b, TS_DEFAULT_MAX_FRAME);
+    put_u64(&b, 0x5eed5eed12345678ull);
+    seed_reply("hello", 9, &b);
+
+    seed_reply("ping", 10, &b);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -405,5 +485,6 @@ int main(int argc, char **argv)
     records();
     frames();
     lz4_bodies();
+    replies();
     return 0;
 }

@@ -1,0 +1,164 @@
+/*
+ * Fuzz target: the client's reply decoder (client/reply.c), which turns the body of a successful
+ * reply into results: items decoded in place (GET, PEEK), bin lists (LIST), stats records, bin
+ * states and the HELLO answer. The first input byte picks the opcode the reply answers; the rest
+ * is the body, handed over in a 64-byte aligned buffer exactly as the I/O thread does. A parse
+ * must either fail with TS_EPROTO (or TS_ENOMEM) and leave no results, or succeed with results
+ * whose every pointer stays inside what it owns; the walk below touches all of them.
+ */
+#include "fuzz.h"
+
+#include "internal.h"
+
+/* The opcodes whose replies carry a body worth decoding, and two that carry none. */
+static const uint8_t ops[] = {TS_OP_GET,  TS_OP_PEEK,   TS_OP_LIST,   TS_OP_STATS,
+                              TS_OP_PUT,  TS_OP_APPEND, TS_OP_DELETE, TS_OP_LISTEN,
+                              TS_OP_WAIT, TS_OP_HELLO,  TS_OP_PING,   TS_OP_UNLISTEN};
+
+static volatile uint8_t sink;
+
+/* Read the first and last byte of p[0..n), so that ASan checks the range. */
+static void touch(const void *p, size_t n)
+{
+    if (n == 0)
+        return;
+    sink = ((const uint8_t *)p)[0];
+    sink = ((const uint8_t *)p)[n - 1];
+}
+
+/* Walk a decoded value tree through the public accessors, touching every pointer it holds. */
+static void walk(const ts_value_t *v, int depth)
+{
+    FZ_CHECK(v != NULL && depth <= TS_MAX_DEPTH + 1);
+    switch (ts_value_type(v)) {
+    case TS_TYPE_MAP:
+        for (size_t i = 0; i < ts_value_len(v); i++) {
+            const char *k = ts_map_key_at(v, i);
+            FZ_CHECK(k != NULL);
+            touch(k, strlen(k) + 1);
+            walk(ts_map_value_at(v, i), depth + 1);
+        }
+        FZ_CHECK(ts_map_key_at(v, ts_value_len(v)) == NULL);
+        break;
+    case TS_TYPE_LIST:
+        for (size_t i = 0; i < ts_value_len(v); i++)
+            walk(ts_list_at(v, i), depth + 1);
+        FZ_CHECK(ts_list_at(v, ts_value_len(v)) == NULL);
+        break;
+    case TS_TYPE_TENSOR: {
+        const ts_tensor_t *t = ts_value_tensor(v);
+        FZ_CHECK(t != NULL && t->ndim >= 0 && t->ndim <= TS_MAX_NDIM);
+        FZ_CHECK(ts_dtype_size(t->dtype) > 0);
+        size_t n = ts_tensor_nbytes(t);
+        touch(t->data, n);
+        if (n > 0)
+            FZ_CHECK(((uintptr_t)t->data % TS__ALIGN) == 0);
+        break;
+    }
+    case TS_TYPE_INT: {
+        int64_t i;
+        FZ_CHECK(ts_value_int(v, &i) == 0);
+        break;
+    }
+    case TS_TYPE_FLOAT: {
+        double d;
+        FZ_CHECK(ts_value_float(v, &d) == 0);
+        break;
+    }
+    case TS_TYPE_STRING: {
+        const char *s;
+        size_t len;
+        FZ_CHECK(ts_value_string(v, &s, &len) == 0);
+        touch(s, len + 1);
+        FZ_CHECK(s[len] == '\0');
+        break;
+    }
+    case TS_TYPE_BYTES: {
+        const void *p;
+        size_t len;
+        FZ_CHECK(ts_value_bytes(v, &p, &len) == 0);
+        touch(p, len);
+        break;
+    }
+    default:
+        FZ_CHECK(!"unknown value type");
+    }
+}
+
+/* Check the results of a successful parse. */
+static void check_results(uint8_t op, const ts_result_t *res, size_t len)
+{
+    switch (op) {
+    case TS_OP_GET:
+    case TS_OP_PEEK: {
+        const ts_items_t *items = res->items;
+        FZ_CHECK(items != NULL);
+        size_t n = ts_items_count(items);
+        /* Every item takes at least its length field and 64 bytes of padded record. */
+        FZ_CHECK(n <= len / 8);
+        for (size_t i = 0; i < n; i++)
+            walk(ts_items_at(items, i), 0);
+        FZ_CHECK(ts_items_at(items, n) == NULL);
+        FZ_CHECK(res->version == ts_items_version(items));
+        FZ_CHECK(res->n_items == ts_items_remaining(items));
+        break;
+    }
+    case TS_OP_LIST: {
+        const ts_bin_list_t *l = res->bins;
+        FZ_CHECK(l != NULL);
+        for (size_t i = 0; i < l->count; i++) {
+            size_t nl = strlen(l->bins[i].name);
+            FZ_CHECK(nl <= TS_MAX_NAME_LEN);
+            touch(l->bins[i].name, nl + 1);
+            if (i > 0)
+                FZ_CHECK(strcmp(l->bins[i - 1].name, l->bins[i].name) <= 0);
+        }
+        break;
+    }
+    case TS_OP_STATS:
+        FZ_CHECK(res->value != NULL);
+        walk(res->value, 0);
+        break;
+    default:
+        FZ_CHECK(res->items == NULL && res->bins == NULL && res->value == NULL);
+        break;
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    uint8_t op = ops[data[0] % TS__ARRAY_SIZE(ops)];
+    size_t len = size - 1;
+    uint8_t *body = NULL;
+    if (len > 0) {
+        body = ts__malloc_aligned(len);
+        if (body == NULL)
+            return 0;
+        memcpy(body, data + 1, len);
+    }
+    ts__req r;
+    memset(&r, 0, sizeof(r));
+    r.op = op;
+    /* The parser takes the body over in every case. */
+    int rc = ts__reply_parse(&r, body, len);
+    FZ_CHECK(rc == 0 || rc == TS_EPROTO || rc == TS_ENOMEM);
+    if (rc == 0)
+        check_results(op, &r.res, len);
+    else if (op != TS_OP_HELLO && op != TS_OP_PUT && op != TS_OP_APPEND && op != TS_OP_DELETE &&
+             op != TS_OP_LISTEN && op != TS_OP_WAIT)
+        /* A failed parse leaves no results behind (bin states may be half read: unused). */
+        FZ_CHECK(r.res.items == NULL && r.res.bins == NULL && r.res.value == NULL);
+
+    /* A bin state parsed on its own (WAIT's TIMEOUT answer) reads only its 16 bytes. */
+    ts_result_t st;
+    memset(&st, 0, sizeof(st));
+    if (ts__parse_bin_state(data + 1, len, &st) == 0)
+        FZ_CHECK(len >= TS_BIN_STATE_SIZE);
+
+    ts_items_free(r.res.items);
+    ts_bin_list_free(r.res.bins);
+    ts_value_free(r.res.value);
+    return 0;
+}
