@@ -19,6 +19,7 @@
 #include "record.h"
 
 #include <stdio.h>
+#include <unistd.h>
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
@@ -26,6 +27,7 @@ static void process_input(tsd_conn *c);
 static void write_pending(tsd_conn *c);
 static void maybe_finish(tsd_conn *c);
 static void on_write(uv_write_t *req, int status);
+static void emerg_write(tsd_conn *c);
 
 /* ---------------------------------------------------------------------------------------------
  * Write batches
@@ -47,6 +49,7 @@ static void batch_release(tsd_conn *c, tsd_wbatch *b)
         tsd_item_unref(b->items[i]);
     b->nitems = 0;
     b->nsegs = 0;
+    b->nbufs = 0;
     b->small_len = 0;
     b->bytes = 0;
     if (c->n_cached < TSD_BATCH_CACHE && b->small_cap <= ((size_t)1 << 20)) {
@@ -113,38 +116,126 @@ static void begin_closing(tsd_conn *c)
 }
 
 /*
- * Output failed for lack of memory: the pending batch may end inside a frame, so it is dropped
- * whole, and the connection is closed once the writes already in flight are done.
+ * Queue an error frame that needs no allocation (the connection's emergency slots). 0, or -1
+ * when every slot is taken.
+ */
+static int emerg_queue(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *msg)
+{
+    if (c->n_emerg >= TSD_EMERG_FRAMES || c->closing)
+        return -1;
+    uint8_t *p = c->emerg[c->n_emerg];
+    size_t len = strlen(msg);
+    if (len > TSD_EMERG_MSG)
+        len = TSD_EMERG_MSG;
+    ts__hdr h = {.magic = TS_MAGIC_REP,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = op,
+                 .status = status,
+                 .request_id = rid,
+                 .body_len = len};
+    ts__hdr_encode(&h, p);
+    memcpy(p + TS_HDR_SIZE, msg, len);
+    c->emerg_len[c->n_emerg++] = TS_HDR_SIZE + len;
+    tsd_server_mark_dirty(c->srv, c);
+    return 0;
+}
+
+/* Remember where the pending batch stands: a reply for (op, rid) begins. */
+static void out_mark(tsd_conn *c, uint8_t op, uint32_t rid)
+{
+    tsd_wbatch *b = c->pend;
+    c->mk.active = 1;
+    c->mk.failed = 0;
+    c->mk.op = op;
+    c->mk.rid = rid;
+    c->mk.status = TS_ST_OK;
+    c->mk.had_pend = b != NULL;
+    if (b != NULL) {
+        c->mk.small_len = b->small_len;
+        c->mk.nsegs = b->nsegs;
+        c->mk.last_len = b->nsegs > 0 ? b->segs[b->nsegs - 1].len : 0;
+        c->mk.nitems = b->nitems;
+        c->mk.nbufs = b->nbufs;
+        c->mk.bytes = b->bytes;
+    }
+}
+
+/*
+ * Output failed for lack of memory. The reply being queued is taken back whole (the pending
+ * batch returns to where it stood when the reply began, so no half frame is ever sent) and the
+ * request gets an error frame from the emergency slots instead. The connection carries on;
+ * only when even that frame has no slot is it closed.
  */
 static void out_abort(tsd_conn *c)
 {
-    tsd_log(TSD_LOG_WARN, "conn %llu: out of memory queueing a reply, closing",
-            (unsigned long long)c->id);
-    if (c->pend != NULL) {
-        batch_release(c, c->pend);
-        c->pend = NULL;
+    tsd_server *srv = c->srv;
+    if (c->mk.failed)
+        return;
+    c->mk.failed = 1;
+    srv->stats.out_of_memory++;
+    tsd_wbatch *b = c->pend;
+    if (b != NULL) {
+        if (!c->mk.active || !c->mk.had_pend) {
+            batch_release(c, b);
+            c->pend = NULL;
+        } else {
+            for (size_t i = c->mk.nitems; i < b->nitems; i++)
+                tsd_item_unref(b->items[i]);
+            b->nitems = c->mk.nitems;
+            b->small_len = c->mk.small_len;
+            b->nsegs = c->mk.nsegs;
+            if (b->nsegs > 0)
+                b->segs[b->nsegs - 1].len = c->mk.last_len;
+            b->nbufs = c->mk.nbufs;
+            b->bytes = c->mk.bytes;
+        }
     }
-    begin_closing(c);
+    if (!c->mk.active || c->mk.op == TS_OP_NOTIFY || c->mk.op == 0)
+        return; /* A notification is held by its caller; connection-level frames just go. */
+    uint16_t st = c->mk.status != TS_ST_OK ? c->mk.status : TS_ST_OUT_OF_MEMORY;
+    tsd_log(TSD_LOG_WARN, "conn %llu: out of memory queueing a %s reply; sent %s instead",
+            (unsigned long long)c->id, ts__op_name(c->mk.op), ts__status_name(st));
+    if (emerg_queue(c, c->mk.op, c->mk.rid, st, "tensord is out of memory") != 0) {
+        tsd_log(TSD_LOG_WARN, "conn %llu: no room for an error frame either, closing",
+                (unsigned long long)c->id);
+        begin_closing(c);
+        c->close_deadline = 0;
+    }
+}
+
+/* uv_bufs needed for len bytes (write_pending cuts long runs into write chunks). */
+static size_t nchunks(size_t len)
+{
+    return (len + TSD_WRITE_CHUNK - 1) / TSD_WRITE_CHUNK;
 }
 
 /* Append a segment; ptr == NULL refers to small bytes at off. 0 or -1. */
 static int add_seg(tsd_wbatch *b, const uint8_t *ptr, size_t off, size_t len)
 {
+    /* The uv_buf array grows here too, so that writing the batch never allocates. */
     if (ptr == NULL && b->nsegs > 0) {
         tsd_wseg *last = &b->segs[b->nsegs - 1];
         if (last->ptr == NULL && last->off + last->len == off) {
+            size_t extra = nchunks(last->len + len) - nchunks(last->len);
+            if (grow((void **)&b->bufs, &b->bufs_cap, b->nbufs + extra, sizeof(*b->bufs)) != 0)
+                return -1;
             last->len += len;
+            b->nbufs += extra;
             return 0;
         }
     }
-    if (grow((void **)&b->segs, &b->segs_cap, b->nsegs + 1, sizeof(*b->segs)) != 0)
+    if (grow((void **)&b->segs, &b->segs_cap, b->nsegs + 1, sizeof(*b->segs)) != 0 ||
+        grow((void **)&b->bufs, &b->bufs_cap, b->nbufs + nchunks(len), sizeof(*b->bufs)) != 0)
         return -1;
     b->segs[b->nsegs++] = (tsd_wseg){.ptr = ptr, .off = off, .len = len};
+    b->nbufs += nchunks(len);
     return 0;
 }
 
 uint8_t *tsd_out_bytes(tsd_conn *c, size_t n)
 {
+    if (c->mk.failed)
+        return NULL;
     tsd_wbatch *b = pending(c);
     if (b == NULL)
         goto fail;
@@ -173,6 +264,10 @@ int tsd_out_item(tsd_conn *c, tsd_item *it, int ref)
 {
     if (ref)
         tsd_item_ref(it);
+    if (c->mk.failed) {
+        tsd_item_unref(it);
+        return -1;
+    }
     tsd_wbatch *b = pending(c);
     if (b == NULL ||
         grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(*b->items)) != 0) {
@@ -202,6 +297,7 @@ int tsd_out_item(tsd_conn *c, tsd_item *it, int ref)
 
 int tsd_out_hdr(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t body_len)
 {
+    c->mk.status = status;
     uint8_t *p = tsd_out_bytes(c, TS_HDR_SIZE);
     if (p == NULL)
         return -1;
@@ -219,34 +315,99 @@ int tsd_out_hdr(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t
  * The connection reads slower than it asks: drop what is not yet written, tell it why, and
  * close it once that is written (or after the grace period).
  */
-static void cut_off_slow_reader(tsd_conn *c, uint64_t queued)
+static void cut_off_slow_reader(tsd_conn *c, uint64_t queued, int soft)
 {
     tsd_server *srv = c->srv;
+    const tsd_config *cfg = &srv->cfg;
     srv->stats.slow_readers++;
-    tsd_log(TSD_LOG_WARN, "conn %llu: %llu bytes of output queued (limit %llu), cutting it off",
-            (unsigned long long)c->id, (unsigned long long)queued,
-            (unsigned long long)srv->cfg.max_output);
+    char msg[160];
+    if (soft)
+        snprintf(msg, sizeof(msg),
+                 "output over the soft limit of %llu bytes for %u s: reading too slowly",
+                 (unsigned long long)cfg->output_soft, cfg->output_soft_seconds);
+    else
+        snprintf(msg, sizeof(msg), "output limit of %llu bytes exceeded: reading too slowly",
+                 (unsigned long long)cfg->max_output);
+    tsd_log(TSD_LOG_WARN, "conn %llu: %llu bytes of output queued, cutting it off: %s",
+            (unsigned long long)c->id, (unsigned long long)queued, msg);
     if (c->pend != NULL) {
         batch_release(c, c->pend);
         c->pend = NULL;
     }
-    static const char msg[] = "output limit exceeded: reading too slowly";
-    if (tsd_out_hdr(c, 0, 0, TS_ST_SLOW_READER, sizeof(msg) - 1) == 0) {
-        uint8_t *p = tsd_out_bytes(c, sizeof(msg) - 1);
+    out_mark(c, 0, 0);
+    size_t n = strlen(msg);
+    if (tsd_out_hdr(c, 0, 0, TS_ST_SLOW_READER, n) == 0) {
+        uint8_t *p = tsd_out_bytes(c, n);
         if (p != NULL)
-            memcpy(p, msg, sizeof(msg) - 1);
+            memcpy(p, msg, n);
     }
+    c->mk.active = 0;
+    if (c->pend == NULL)
+        (void)emerg_queue(c, 0, 0, TS_ST_SLOW_READER, "output limit exceeded");
     begin_closing(c);
 }
 
-int tsd_out_begin(tsd_conn *c)
+uint64_t tsd_conn_unwritten(tsd_conn *c)
 {
+    uint64_t q = uv_stream_get_write_queue_size(&c->h.stream);
+    if (c->pend != NULL)
+        q += c->pend->bytes;
+    return q;
+}
+
+/*
+ * The soft limit: output may stay over output_soft for output_soft_seconds, then the reader
+ * is cut off. Returns 1 when c was cut off.
+ */
+static int check_soft_limit(tsd_conn *c, uint64_t queued, uint64_t now)
+{
+    const tsd_config *cfg = &c->srv->cfg;
+    if (cfg->output_soft == 0 || queued <= cfg->output_soft) {
+        c->soft_since = 0;
+        return 0;
+    }
+    if (c->soft_since == 0) {
+        c->soft_since = now != 0 ? now : 1;
+        return 0;
+    }
+    if (now - c->soft_since < (uint64_t)cfg->output_soft_seconds * 1000u)
+        return 0;
+    cut_off_slow_reader(c, queued, 1);
+    return 1;
+}
+
+void tsd_conn_cron(tsd_conn *c, uint64_t now)
+{
+    tsd_server *srv = c->srv;
+    if (c->closing)
+        return;
+    if (c->close_after_flush) {
+        if (now >= c->close_deadline)
+            tsd_conn_close(c);
+        return;
+    }
+    if (!c->helloed && !c->uncounted && srv->cfg.hello_timeout_ms > 0 &&
+        now - c->accepted_ms >= srv->cfg.hello_timeout_ms) {
+        srv->stats.hello_timeouts++;
+        tsd_conn_fail(c, 0, 0, TS_ST_TIMEOUT, "no HELLO within %u ms of connecting",
+                      srv->cfg.hello_timeout_ms);
+        return;
+    }
+    if (c->soft_since != 0)
+        (void)check_soft_limit(c, tsd_conn_unwritten(c), now);
+    if (c->held_head != NULL && !c->out_blocked)
+        tsd_notify_release_held(srv, c);
+}
+
+int tsd_out_begin(tsd_conn *c, uint8_t op, uint32_t rid)
+{
+    c->mk.active = 0;
+    c->mk.failed = 0;
     if (c->out_blocked || c->closing)
         return -1;
     /*
-     * The limit is checked before a reply is queued, not against its size: one reply larger
+     * The limits are checked before a reply is queued, not against its size: one reply larger
      * than the limit (a big GET) is fine, a client that keeps asking without reading is not.
-     * A soft limit (over N bytes for T seconds) would hook in here too.
      */
     uint64_t limit = c->srv->cfg.max_output;
     uint64_t queued = uv_stream_get_write_queue_size(&c->h.stream);
@@ -258,15 +419,18 @@ int tsd_out_begin(tsd_conn *c)
     if (c->pend != NULL)
         queued += c->pend->bytes;
     if (queued > limit) {
-        cut_off_slow_reader(c, queued);
+        cut_off_slow_reader(c, queued, 0);
         return -1;
     }
+    if (check_soft_limit(c, queued, uv_now(c->srv->loop)))
+        return -1;
+    out_mark(c, op, rid);
     return 0;
 }
 
 void tsd_reply(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const void *body, size_t len)
 {
-    if (tsd_out_begin(c) != 0 || tsd_out_hdr(c, op, rid, status, len) != 0)
+    if (tsd_out_begin(c, op, rid) != 0 || tsd_out_hdr(c, op, rid, status, len) != 0)
         return;
     if (len > 0) {
         uint8_t *p = tsd_out_bytes(c, len);
@@ -322,7 +486,8 @@ static void on_shutdown(uv_shutdown_t *req, int status)
  */
 static void maybe_finish(tsd_conn *c)
 {
-    if (c->closing || !c->close_after_flush || c->writes_in_flight > 0 || c->pend != NULL)
+    if (c->closing || !c->close_after_flush || c->writes_in_flight > 0 || c->pend != NULL ||
+        c->n_emerg > 0)
         return;
     if (c->eof && (c->shut_done || c->close_deadline == 0)) {
         tsd_conn_close(c);
@@ -348,7 +513,55 @@ static void on_write(uv_write_t *req, int status)
         tsd_conn_close(c);
         return;
     }
+    if (c->held_head != NULL && !c->out_blocked) {
+        /* The backlog shrank: held notifications may go now. */
+        tsd_notify_release_held(c->srv, c);
+        tsd_server_flush(c->srv);
+        return;
+    }
     maybe_finish(c);
+}
+
+/* The emergency frames being written are done: drop them, write any that came since. */
+static void on_emerg_write(uv_write_t *req, int status)
+{
+    tsd_conn *c = req->data;
+    c->writes_in_flight--;
+    unsigned done = c->emerg_busy;
+    c->emerg_busy = 0;
+    for (unsigned i = done; i < c->n_emerg; i++) {
+        memcpy(c->emerg[i - done], c->emerg[i], c->emerg_len[i]);
+        c->emerg_len[i - done] = c->emerg_len[i];
+    }
+    c->n_emerg -= done;
+    if (c->closing)
+        return;
+    if (status < 0) {
+        tsd_conn_close(c);
+        return;
+    }
+    emerg_write(c);
+    maybe_finish(c);
+}
+
+/* Write the emergency frames (after whatever was queued before them). */
+static void emerg_write(tsd_conn *c)
+{
+    if (c->closing || c->emerg_busy > 0 || c->n_emerg == 0)
+        return;
+    for (unsigned i = 0; i < c->n_emerg; i++)
+        c->emerg_bufs[i] = uv_buf_init((char *)c->emerg[i], (unsigned int)c->emerg_len[i]);
+    c->emerg_busy = c->n_emerg;
+    c->emerg_req.data = c;
+    int rc = uv_write(&c->emerg_req, &c->h.stream, c->emerg_bufs, c->n_emerg, on_emerg_write);
+    if (rc != 0) {
+        c->emerg_busy = 0;
+        c->n_emerg = 0;
+        begin_closing(c);
+        c->close_deadline = 0;
+        return;
+    }
+    c->writes_in_flight++;
 }
 
 /*
@@ -362,12 +575,12 @@ static void write_pending(tsd_conn *c)
     if (b == NULL || c->closing)
         return;
     c->pend = NULL;
-    /* Build the uv_buf array, cutting long runs of small bytes to the write chunk too. */
-    size_t nbufs = 0;
-    for (size_t i = 0; i < b->nsegs; i++)
-        nbufs += (b->segs[i].len + TSD_WRITE_CHUNK - 1) / TSD_WRITE_CHUNK;
+    /*
+     * Build the uv_buf array, cutting long runs of small bytes to the write chunk too. Its
+     * room was made as the batch grew (add_seg), so nothing is allocated here.
+     */
     int rc = UV_ENOMEM;
-    if (grow((void **)&b->bufs, &b->bufs_cap, nbufs, sizeof(*b->bufs)) == 0) {
+    if (b->nbufs <= b->bufs_cap) {
         size_t k = 0;
         for (size_t i = 0; i < b->nsegs; i++) {
             const uint8_t *p = b->segs[i].ptr != NULL ? b->segs[i].ptr : b->small + b->segs[i].off;
@@ -425,6 +638,7 @@ void tsd_conn_flush(tsd_conn *c)
     if (c->closing)
         return;
     write_pending(c);
+    emerg_write(c);
     maybe_finish(c);
 }
 
@@ -466,6 +680,16 @@ void tsd_conn_close(tsd_conn *c)
     c->out_blocked = 1;
     c->rstate = TSD_RS_DEAD;
     tsd_notify_conn_gone(srv, c);
+    tsd_snapshot_conn_gone(srv, c);
+    if (c->starved) {
+        for (tsd_conn **p = &srv->starved; *p != NULL; p = &(*p)->starved_next) {
+            if (*p == c) {
+                *p = c->starved_next;
+                break;
+            }
+        }
+        c->starved = 0;
+    }
     drop_upload(c);
     if (c->pend != NULL) {
         batch_release(c, c->pend);
@@ -507,31 +731,28 @@ void tsd_conn_fail(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const
  * Accepting
  */
 
-void tsd_conn_accept(tsd_server *srv, uv_stream_t *server_handle, int is_unix)
+int tsd_conn_accept(tsd_server *srv, int fd, int is_unix)
 {
     tsd_conn *c = ts__calloc(1, sizeof(*c));
-    if (c == NULL) {
-        tsd_log(TSD_LOG_ERROR, "out of memory accepting a connection");
-        return;
-    }
+    if (c == NULL)
+        return TS_ENOMEM;
     c->srv = srv;
     c->is_unix = is_unix;
     c->id = ++srv->next_conn_id;
-    c->h.handle.data = c;
+    c->accepted_ms = uv_now(srv->loop);
     int rc = is_unix ? uv_pipe_init(srv->loop, &c->h.pipe, 0) : uv_tcp_init(srv->loop, &c->h.tcp);
-    if (rc != 0) {
-        ts__free(c);
-        return;
-    }
+    if (rc == 0)
+        rc = is_unix ? uv_pipe_open(&c->h.pipe, fd) : uv_tcp_open(&c->h.tcp, fd);
     c->h.handle.data = c;
     srv->n_alive++;
     tsd_server_link_conn(srv, c);
     srv->stats.connections_total++;
-    rc = uv_accept(server_handle, &c->h.stream);
     if (rc != 0) {
+        /* The handle is initialized (it must be closed), but it does not own fd. */
         tsd_log(TSD_LOG_WARN, "accept: %s", uv_strerror(rc));
+        close(fd);
         tsd_conn_close(c);
-        return;
+        return rc;
     }
     if (!is_unix) {
         /* Small replies must not wait for Nagle; big ones are written in large chunks anyway. */
@@ -561,13 +782,22 @@ void tsd_conn_accept(tsd_server *srv, uv_stream_t *server_handle, int is_unix)
             tsd_conn_close(c);
         else
             tsd_conn_flush(c);
-        return;
+        return 0;
     }
     tsd_log(TSD_LOG_DEBUG, "conn %llu: accepted (%s)", (unsigned long long)c->id,
             is_unix ? "unix" : "tcp");
     c->rstate = TSD_RS_HDR;
     rc = uv_read_start(&c->h.stream, on_alloc, on_read);
     if (rc != 0)
+        tsd_conn_close(c);
+    return 0;
+}
+
+void tsd_conn_resume_read(tsd_conn *c)
+{
+    if (c->closing)
+        return;
+    if (uv_read_start(&c->h.stream, on_alloc, on_read) != 0)
         tsd_conn_close(c);
 }
 
@@ -942,6 +1172,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     (void)buf;
     if (c->closing)
         return;
+    if (nread == UV_ENOBUFS) {
+        /* No input buffer could be allocated: pause reading and try again shortly. */
+        uv_read_stop(s);
+        srv->stats.out_of_memory++;
+        tsd_server_starve(srv, c);
+        return;
+    }
     if (nread < 0) {
         if (nread != UV_EOF) {
             tsd_log(TSD_LOG_DEBUG, "conn %llu: read: %s", (unsigned long long)c->id,

@@ -1,14 +1,25 @@
 /*
  * tensord: command-line flags, defaults, and the life of the process (start the loop, run it
  * until SIGINT/SIGTERM, tear everything down, exit 0).
+ *
+ * Exit status: 0 after a clean shutdown; 1 when start-up or the final snapshot failed;
+ * 2 for bad flags or an unsafe configuration (a non-loopback --host without a token);
+ * 3 when the --save snapshot exists but is damaged or unreadable.
  */
 #include "server.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+/* Bytes; a HELLO body (4 bytes + token) must fit the pre-HELLO frame limit. */
+#define TSD_MAX_TOKEN (TS_MAX_PREAUTH_BODY - 4)
 
 void tsd_config_defaults(tsd_config *cfg)
 {
@@ -19,6 +30,11 @@ void tsd_config_defaults(tsd_config *cfg)
     cfg->max_output = TSD_DEFAULT_MAX_OUTPUT;
     cfg->max_clients = TSD_DEFAULT_MAX_CLIENTS;
     cfg->log_level = TSD_LOG_INFO;
+    cfg->output_soft = TSD_DEFAULT_OUTPUT_SOFT;
+    cfg->output_soft_seconds = TSD_DEFAULT_OUTPUT_SOFT_S;
+    cfg->notify_backlog = TSD_DEFAULT_NOTIFY_BACKLOG;
+    cfg->hello_timeout_ms = TSD_DEFAULT_HELLO_MS;
+    cfg->save_interval_s = TSD_DEFAULT_SAVE_INTERVAL;
     long pages = sysconf(_SC_PHYS_PAGES);
     long page = sysconf(_SC_PAGE_SIZE);
     if (pages > 0 && page > 0)
@@ -33,24 +49,47 @@ static void usage(FILE *f)
             "usage: tensord [flags]\n"
             "Holds named bins of tensor records in memory and serves them to tensorshare "
             "clients.\n\n"
-            "  --port N            TCP port (0 = ephemeral)                    [%d]\n"
-            "  --host ADDR         address to bind (IPv4 or IPv6)              [%s]\n"
-            "  --unix PATH         also listen on a unix socket (a stale socket file is "
+            "Listening:\n"
+            "  --port N              TCP port (0 = ephemeral)                    [%d]\n"
+            "  --host ADDR           address to bind (IPv4 or IPv6)              [%s]\n"
+            "                        anything but 127.0.0.0/8 or ::1 needs a token or --insecure\n"
+            "  --unix PATH           also listen on a unix socket (a stale socket file is "
             "removed)\n"
-            "  --port-file PATH    once listening, write the TCP port there (atomically)\n"
-            "  --max-frame BYTES   largest request body                        [%llu = 1g]\n"
-            "  --max-memory BYTES  item bytes held in bins, 0 = unlimited      [%llu = 3/4 of "
+            "  --port-file PATH      once listening, write the TCP port there (atomically)\n"
+            "Authentication:\n"
+            "  --auth-token-file PATH  shared secret every client must present in HELLO (trailing\n"
+            "                        whitespace ignored; else TS_AUTH_TOKEN)    [none]\n"
+            "  --insecure            allow a non-loopback --host without a token\n"
+            "  --hello-timeout MS    close connections that do not complete HELLO in time,\n"
+            "                        0 = never                                   [%u]\n"
+            "Limits:\n"
+            "  --max-frame BYTES     largest request body                        [%llu = 1g]\n"
+            "  --max-memory BYTES    item bytes held in bins, 0 = unlimited      [%llu = 3/4 of "
             "RAM]\n"
-            "  --max-clients N     connections; more get TOO_MANY_CLIENTS      [%u]\n"
-            "  --max-output BYTES  output queued per connection before it is cut off as a\n"
-            "                      slow reader (SLOW_READER)                   [%llu = 256m]\n"
-            "  --log-level LEVEL   error | warn | info | debug                  [info]\n"
-            "  --help              this text\n"
-            "  --version           print the version\n"
+            "  --max-clients N       connections; more get TOO_MANY_CLIENTS      [%u]\n"
+            "  --max-output BYTES    unwritten output per connection before it is cut off as a\n"
+            "                        slow reader (SLOW_READER)                   [%llu = 256m]\n"
+            "  --output-soft BYTES   ... or when it stays above this for         [%llu = 64m]\n"
+            "  --output-soft-seconds N  this many seconds, 0 BYTES = off          [%u]\n"
+            "  --notify-backlog BYTES  unwritten output above which a listener's notifications\n"
+            "                        are coalesced, one per bin                  [%llu = 1m]\n"
+            "Persistence:\n"
+            "  --save PATH           load this snapshot at start, write it on shutdown, on SAVE\n"
+            "                        and periodically (atomic: temporary file, fsync, rename)\n"
+            "  --save-interval N     seconds between snapshots when bins changed, 0 = only\n"
+            "                        on SAVE and shutdown                        [%u]\n"
+            "Other:\n"
+            "  --log-level LEVEL     error | warn | info | debug                  [info]\n"
+            "  --help                this text\n"
+            "  --version             print the version\n"
             "BYTES take a k, m or g suffix (powers of 1024). SIGINT or SIGTERM shut down "
-            "cleanly.\n",
-            d.port, d.host, (unsigned long long)d.max_frame, (unsigned long long)d.max_memory,
-            d.max_clients, (unsigned long long)d.max_output);
+            "cleanly.\n"
+            "Exit status: 0 clean shutdown, 1 failure, 2 bad flags or unsafe configuration,\n"
+            "3 damaged snapshot.\n",
+            d.port, d.host, d.hello_timeout_ms, (unsigned long long)d.max_frame,
+            (unsigned long long)d.max_memory, d.max_clients, (unsigned long long)d.max_output,
+            (unsigned long long)d.output_soft, d.output_soft_seconds,
+            (unsigned long long)d.notify_backlog, d.save_interval_s);
 }
 
 /* Parse a decimal number with an optional k/m/g suffix. 0 or -1. */
@@ -96,7 +135,7 @@ static int parse_level(const char *s, int *out)
  * Parse argv into cfg. Returns 0 to run, 1 to exit successfully (help, version), -1 on a bad
  * flag (after printing why).
  */
-static int parse_args(int argc, char **argv, tsd_config *cfg)
+static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token_file)
 {
     for (int i = 1; i < argc; i++) {
         const char *flag = argv[i];
@@ -117,9 +156,18 @@ static int parse_args(int argc, char **argv, tsd_config *cfg)
             printf("tensord %s\n", TS_VERSION_STRING);
             return 1;
         }
-        static const char *const known[] = {"--port",        "--host",       "--unix",
-                                            "--port-file",   "--max-frame",  "--max-memory",
-                                            "--max-clients", "--max-output", "--log-level"};
+        if (strcmp(flag, "--insecure") == 0 && val == NULL) {
+            cfg->insecure = 1;
+            continue;
+        }
+        static const char *const known[] = {"--port",           "--host",
+                                            "--unix",           "--port-file",
+                                            "--max-frame",      "--max-memory",
+                                            "--max-clients",    "--max-output",
+                                            "--log-level",      "--auth-token-file",
+                                            "--output-soft",    "--output-soft-seconds",
+                                            "--notify-backlog", "--hello-timeout",
+                                            "--save",           "--save-interval"};
         int is_known = 0;
         for (size_t k = 0; k < TS__ARRAY_SIZE(known); k++)
             is_known |= strcmp(flag, known[k]) == 0;
@@ -159,6 +207,26 @@ static int parse_args(int argc, char **argv, tsd_config *cfg)
             cfg->max_output = n;
         } else if (strcmp(flag, "--log-level") == 0) {
             bad = parse_level(val, &cfg->log_level) != 0;
+        } else if (strcmp(flag, "--auth-token-file") == 0) {
+            *token_file = val;
+        } else if (strcmp(flag, "--output-soft") == 0) {
+            bad = parse_size(val, &n) != 0;
+            cfg->output_soft = n;
+        } else if (strcmp(flag, "--output-soft-seconds") == 0) {
+            bad = parse_size(val, &n) != 0 || n > 86400u * 365u;
+            cfg->output_soft_seconds = (uint32_t)n;
+        } else if (strcmp(flag, "--notify-backlog") == 0) {
+            bad = parse_size(val, &n) != 0;
+            cfg->notify_backlog = n;
+        } else if (strcmp(flag, "--hello-timeout") == 0) {
+            bad = parse_size(val, &n) != 0 || n > UINT32_MAX;
+            cfg->hello_timeout_ms = (uint32_t)n;
+        } else if (strcmp(flag, "--save") == 0) {
+            bad = val[0] == '\0';
+            cfg->save_path = val;
+        } else if (strcmp(flag, "--save-interval") == 0) {
+            bad = parse_size(val, &n) != 0 || n > 86400u * 365u;
+            cfg->save_interval_s = (uint32_t)n;
         } else {
             fprintf(stderr, "tensord: unknown flag %s (see --help)\n", flag);
             return -1;
@@ -171,13 +239,143 @@ static int parse_args(int argc, char **argv, tsd_config *cfg)
     return 0;
 }
 
+/* The token, held for the life of the process (the config points into it). */
+static uint8_t g_token[TSD_MAX_TOKEN + 1];
+
+/* Drop trailing whitespace (a newline left by an editor or echo) from a token. */
+static size_t token_trim(const uint8_t *t, size_t n)
+{
+    while (n > 0 && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
+        n--;
+    return n;
+}
+
+/*
+ * Set cfg's token from --auth-token-file, else from TS_AUTH_TOKEN. 0, or -1 after printing
+ * why (unreadable, empty, too long).
+ */
+static int load_token(tsd_config *cfg, const char *file)
+{
+    size_t n = 0;
+    if (file != NULL) {
+        int fd = open(file, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            fprintf(stderr, "tensord: --auth-token-file %s: %s\n", file, strerror(errno));
+            return -1;
+        }
+        struct stat st;
+        if (fstat(fd, &st) == 0 && (st.st_mode & 077) != 0)
+            fprintf(stderr,
+                    "tensord: warning: --auth-token-file %s can be read by other users "
+                    "(chmod 600 it)\n",
+                    file);
+        for (;;) {
+            ssize_t k = read(fd, g_token + n, sizeof(g_token) - n);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0) {
+                fprintf(stderr, "tensord: --auth-token-file %s: %s\n", file, strerror(errno));
+                close(fd);
+                return -1;
+            }
+            if (k == 0 || n + (size_t)k == sizeof(g_token)) {
+                n += (size_t)k;
+                break;
+            }
+            n += (size_t)k;
+        }
+        close(fd);
+        n = token_trim(g_token, n);
+        if (n > TSD_MAX_TOKEN) {
+            fprintf(stderr, "tensord: --auth-token-file %s: the token is longer than %d bytes\n",
+                    file, TSD_MAX_TOKEN);
+            return -1;
+        }
+        if (n == 0) {
+            fprintf(stderr, "tensord: --auth-token-file %s is empty\n", file);
+            return -1;
+        }
+    } else {
+        const char *env = getenv("TS_AUTH_TOKEN");
+        if (env == NULL || env[0] == '\0')
+            return 0;
+        n = token_trim((const uint8_t *)env, strlen(env));
+        if (n > TSD_MAX_TOKEN || n == 0) {
+            fprintf(stderr, "tensord: TS_AUTH_TOKEN must hold 1 to %d bytes\n", TSD_MAX_TOKEN);
+            return -1;
+        }
+        memcpy(g_token, env, n);
+    }
+    cfg->auth_token = g_token;
+    cfg->auth_token_len = n;
+    return 0;
+}
+
+/* 1 when host is a loopback address (127.0.0.0/8, ::1, or ::ffff:127.x.y.z). */
+static int is_loopback(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1) {
+        static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (memcmp(&a6, &in6addr_loopback, sizeof(a6)) == 0)
+            return 1;
+        return memcmp(a6.s6_addr, v4mapped, 12) == 0 && a6.s6_addr[12] == 127;
+    }
+    return 0;
+}
+
+/*
+ * Every connection is a file descriptor: raise the soft limit to the hard one, so that the
+ * process limit rather than a low shell default caps --max-clients.
+ */
+static void raise_nofile(const tsd_config *cfg)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t want = rl.rlim_max;
+        if (want == RLIM_INFINITY || want > ((rlim_t)1 << 20))
+            want = (rlim_t)1 << 20;
+        if (want > rl.rlim_cur) {
+            rl.rlim_cur = want;
+            (void)setrlimit(RLIMIT_NOFILE, &rl);
+            (void)getrlimit(RLIMIT_NOFILE, &rl);
+        }
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && (uint64_t)cfg->max_clients + 64 > rl.rlim_cur)
+        tsd_log(TSD_LOG_WARN,
+                "the file descriptor limit (%llu) is below --max-clients (%u) + 64: accepting "
+                "will pause when it runs out",
+                (unsigned long long)rl.rlim_cur, cfg->max_clients);
+}
+
 int main(int argc, char **argv)
 {
     tsd_config cfg;
     tsd_config_defaults(&cfg);
-    int rc = parse_args(argc, argv, &cfg);
+    const char *token_file = NULL;
+    int rc = parse_args(argc, argv, &cfg, &token_file);
     if (rc != 0)
-        return rc > 0 ? 0 : 2;
+        return rc > 0 ? 0 : TSD_EXIT_USAGE;
+    if (load_token(&cfg, token_file) != 0)
+        return TSD_EXIT_USAGE;
+    if (!is_loopback(cfg.host) && cfg.auth_token == NULL && !cfg.insecure) {
+        fprintf(stderr,
+                "tensord: refusing to listen on %s without authentication: anyone who can reach "
+                "it could read and replace every bin.\n"
+                "Give a token (--auth-token-file PATH or TS_AUTH_TOKEN), listen on 127.0.0.1, "
+                "or pass --insecure if the network is trusted.\n",
+                cfg.host);
+        return TSD_EXIT_USAGE;
+    }
+    tsd_log_set_level(cfg.log_level);
+    if (!is_loopback(cfg.host) && cfg.auth_token == NULL)
+        tsd_log(TSD_LOG_WARN, "--insecure: listening on %s without authentication", cfg.host);
+    raise_nofile(&cfg);
 
     /* A peer that vanishes mid-write must give EPIPE, not kill the daemon. */
     signal(SIGPIPE, SIG_IGN);
@@ -189,8 +387,27 @@ int main(int argc, char **argv)
     }
     static tsd_server srv;
     rc = tsd_server_init(&srv, &loop, &cfg);
-    if (rc != 0)
+    if (rc != 0) {
         tsd_server_stop(&srv);
+    } else {
+        /*
+         * Testing aid: TSD_FAIL_ALLOC_AFTER=N makes the N-th allocation after start-up fail
+         * (once), so tests can check that every allocation of request handling fails safely.
+         */
+        srv.alloc_base = ts__alloc_count();
+        const char *fa = getenv("TSD_FAIL_ALLOC_AFTER");
+        if (fa != NULL && fa[0] != '\0') {
+            char *end;
+            long n = strtol(fa, &end, 10);
+            if (*end == '\0' && n > 0) {
+                tsd_log(TSD_LOG_WARN,
+                        "TSD_FAIL_ALLOC_AFTER=%ld: allocation %ld will fail "
+                        "(a testing aid)",
+                        n, n);
+                ts__alloc_fail_after(n);
+            }
+        }
+    }
     uv_run(&loop, UV_RUN_DEFAULT);
     /* Everything is closed once the loop runs out; a second pass catches late close callbacks. */
     if (uv_loop_close(&loop) != 0) {
@@ -199,7 +416,8 @@ int main(int argc, char **argv)
             tsd_log(TSD_LOG_WARN, "event loop closed with handles still open");
     }
     tsd_server_free(&srv);
-    if (rc == 0)
+    memset(g_token, 0, sizeof(g_token));
+    if (rc == 0 && srv.exit_code == 0)
         tsd_log(TSD_LOG_INFO, "shut down cleanly");
-    return rc == 0 ? 0 : 1;
+    return rc == 0 ? srv.exit_code : (srv.exit_code != 0 ? srv.exit_code : 1);
 }

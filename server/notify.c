@@ -3,6 +3,14 @@
  * waits on (the bin itself may not exist). A watch disappears with its last listener and
  * waiter. Subscriptions and waiters are also linked into their connection, so closing a
  * connection drops them without a search.
+ *
+ * Coalescing. A listener whose connection has more than --notify-backlog bytes of unwritten
+ * output gets no new NOTIFY frames queued: each subscription holds at most one notification
+ * instead (the bin's latest change, updated in place), and the connection keeps a list of the
+ * subscriptions holding one. They are sent when its output drains (write callback, cron),
+ * flagged TS_NOTE_FLAG_COALESCED when they stand for more than one change. A listener that
+ * never reads thus costs at most the backlog plus one small frame per bin it listens to, and
+ * per bin it still sees versions in increasing order, ending with the latest.
  */
 #include "server.h"
 
@@ -58,10 +66,40 @@ int tsd_listen(tsd_server *srv, tsd_conn *c, const uint8_t *name, size_t len)
     return 0;
 }
 
+/* Put s on its connection's held list (it holds a notification now). */
+static void held_link(tsd_sub *s)
+{
+    tsd_conn *c = s->c;
+    s->hnext = NULL;
+    s->hprev = c->held_tail;
+    if (c->held_tail != NULL)
+        c->held_tail->hnext = s;
+    else
+        c->held_head = s;
+    c->held_tail = s;
+}
+
+static void held_unlink(tsd_sub *s)
+{
+    tsd_conn *c = s->c;
+    if (s->hprev != NULL)
+        s->hprev->hnext = s->hnext;
+    else
+        c->held_head = s->hnext;
+    if (s->hnext != NULL)
+        s->hnext->hprev = s->hprev;
+    else
+        c->held_tail = s->hprev;
+    s->hprev = s->hnext = NULL;
+    s->held = 0;
+}
+
 /* Unlink and free a subscription; its watch is freed when unused. */
 static void sub_drop(tsd_server *srv, tsd_sub *s)
 {
     tsd_watch *w = s->w;
+    if (s->held > 0)
+        held_unlink(s);
     if (s->wprev != NULL)
         s->wprev->wnext = s->wnext;
     else
@@ -165,6 +203,42 @@ int tsd_wait_add(tsd_server *srv, tsd_conn *c, uint32_t rid, const uint8_t *name
     return 0;
 }
 
+/*
+ * Queue one NOTIFY frame on c. Returns 0, or -1 when it was not queued (no more output taken,
+ * or out of memory: the output code has taken the partial frame back).
+ */
+static int send_note(tsd_conn *c, const uint8_t *name, size_t len, uint64_t version,
+                     uint32_t n_items, uint8_t event, uint8_t flags)
+{
+    if (tsd_out_begin(c, TS_OP_NOTIFY, 0) != 0 ||
+        tsd_out_hdr(c, TS_OP_NOTIFY, 0, TS_ST_OK, TS_NOTIFY_FIXED + len) != 0)
+        return -1;
+    uint8_t *p = tsd_out_bytes(c, TS_NOTIFY_FIXED + len);
+    if (p == NULL)
+        return -1;
+    ts__put_u64le(p, version);
+    ts__put_u32le(p + 8, n_items);
+    p[12] = event;
+    p[13] = flags;
+    p[14] = (uint8_t)len;
+    memcpy(p + 15, name, len);
+    c->srv->stats.notifications_sent++;
+    return 0;
+}
+
+void tsd_notify_release_held(tsd_server *srv, tsd_conn *c)
+{
+    while (c->held_head != NULL && !c->out_blocked && !c->closing &&
+           tsd_conn_unwritten(c) <= srv->cfg.notify_backlog) {
+        tsd_sub *s = c->held_head;
+        uint8_t flags = s->held > 1 ? TS_NOTE_FLAG_COALESCED : 0;
+        if (send_note(c, s->w->node.name, s->w->node.name_len, s->h_version, s->h_n_items,
+                      s->h_event, flags) != 0)
+            return; /* Still held; the cron tries again. */
+        held_unlink(s);
+    }
+}
+
 void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_t version,
                        uint32_t n_items, uint8_t event)
 {
@@ -176,20 +250,27 @@ void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_
      * these lists are walked (a slow reader is cut off later, at flush time).
      */
     for (tsd_sub *s = w->subs; s != NULL; s = s->wnext) {
+        if (s->held > 0) {
+            /* One held already: it now stands for this change too. */
+            s->held++;
+            s->h_version = version;
+            s->h_n_items = n_items;
+            s->h_event = event;
+            srv->stats.notes_coalesced++;
+            continue;
+        }
         tsd_conn *c = s->c;
-        if (tsd_out_begin(c) != 0 ||
-            tsd_out_hdr(c, TS_OP_NOTIFY, 0, TS_ST_OK, TS_NOTIFY_FIXED + len) != 0)
+        if (c->out_blocked || c->closing)
             continue;
-        uint8_t *p = tsd_out_bytes(c, TS_NOTIFY_FIXED + len);
-        if (p == NULL)
+        if (tsd_conn_unwritten(c) <= srv->cfg.notify_backlog &&
+            send_note(c, name, len, version, n_items, event, 0) == 0)
             continue;
-        ts__put_u64le(p, version);
-        ts__put_u32le(p + 8, n_items);
-        p[12] = event;
-        p[13] = 0;
-        p[14] = (uint8_t)len;
-        memcpy(p + 15, name, len);
-        srv->stats.notifications_sent++;
+        /* Backed up (or out of memory): hold it. */
+        s->held = 1;
+        s->h_version = version;
+        s->h_n_items = n_items;
+        s->h_event = event;
+        held_link(s);
     }
     tsd_waiter *wt = w->waiters;
     while (wt != NULL) {

@@ -11,11 +11,24 @@
 
 int tsd_auth_check(tsd_server *srv, const uint8_t *token, size_t len)
 {
-    /* Authentication is not configured yet: every token (or none) is accepted. */
-    (void)srv;
-    (void)token;
-    (void)len;
-    return 0;
+    const uint8_t *want = srv->cfg.auth_token;
+    size_t wlen = srv->cfg.auth_token_len;
+    if (want == NULL)
+        return 0;
+    /*
+     * Every byte of the configured token is compared, whatever was presented and wherever the
+     * first difference is, so the time taken tells an attacker nothing about how close a guess
+     * was. The presented bytes are read cyclically (or a zero byte when none were given).
+     */
+    volatile uint8_t diff = 0;
+    for (size_t i = 0; i < wlen; i++) {
+        uint8_t got = len > 0 ? token[i % len] : 0;
+        diff |= (uint8_t)(want[i] ^ got);
+    }
+    size_t ldiff = len ^ wlen;
+    for (size_t k = 0; k < sizeof(ldiff); k++)
+        diff |= (uint8_t)(ldiff >> (8 * k));
+    return diff == 0 ? 0 : TS_EAUTH;
 }
 
 /* 0 when the reader consumed the body exactly, else -1 (short or trailing bytes). */
@@ -61,8 +74,16 @@ static void op_hello(tsd_conn *c, const ts__hdr *h, ts__rd *r)
                       TS_PROTO_VERSION);
         return;
     }
+    if (srv->cfg.auth_token != NULL && tlen == 0) {
+        srv->stats.auth_failures++;
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_AUTH_REQUIRED,
+                      "this server requires a token (TS_AUTH_TOKEN or the auth_token option)");
+        return;
+    }
     if (tsd_auth_check(srv, token, tlen) != 0) {
-        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_AUTH_FAILED, "authentication failed");
+        srv->stats.auth_failures++;
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_AUTH_FAILED,
+                      "authentication failed: wrong token");
         return;
     }
     c->helloed = 1;
@@ -88,7 +109,7 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
         return;
     }
     /* A connection that takes no more output changes nothing: the items would be lost. */
-    if (tsd_out_begin(c) != 0)
+    if (tsd_out_begin(c, h->opcode, h->request_id) != 0)
         return;
     uint32_t n = bin->n_items;
     if (max_items != 0 && max_items < n)
@@ -97,7 +118,7 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
     tsd_item *it = bin->head;
     for (uint32_t i = 0; i < n; i++, it = it->next)
         body_len += ts__align_up(it->len, TS__ALIGN);
-    uint64_t version = remove ? tsd_server_next_version(srv) : bin->version;
+    uint64_t version = remove ? srv->version + 1 : bin->version;
     uint32_t remaining = bin->n_items - (remove ? n : 0);
 
     if (tsd_out_hdr(c, h->opcode, h->request_id, TS_ST_OK, body_len) != 0)
@@ -114,21 +135,19 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
     for (uint32_t i = 0; i < n; i++, it = it->next)
         ts__put_u64le(p + 16 + 8 * (size_t)i, it->len);
 
-    if (!remove) {
-        it = bin->head;
-        for (uint32_t i = 0; i < n && it != NULL; i++, it = it->next)
-            if (tsd_out_item(c, it, 1) != 0)
-                break;
+    /*
+     * The reply holds its own references. Only once it is queued whole do the items leave the
+     * bin: a reply that fails for lack of memory leaves the bin as it was.
+     */
+    it = bin->head;
+    for (uint32_t i = 0; i < n && it != NULL; i++, it = it->next)
+        if (tsd_out_item(c, it, 1) != 0)
+            return;
+    if (!remove)
         return;
-    }
-    /* The items leave the bin now; the write holds them until it is done. */
-    for (uint32_t i = 0; i < n; i++) {
-        tsd_item *t = tsd_store_pop(&srv->store, bin);
-        if (!c->out_blocked)
-            tsd_out_item(c, t, 0);
-        else
-            tsd_item_unref(t);
-    }
+    version = tsd_server_next_version(srv);
+    for (uint32_t i = 0; i < n; i++)
+        tsd_item_unref(tsd_store_pop(&srv->store, bin));
     if (bin->n_items == 0)
         tsd_store_remove(&srv->store, bin);
     else
@@ -183,7 +202,7 @@ static void op_list(tsd_conn *c, const ts__hdr *h)
     uint64_t body_len = 8;
     for (size_t i = 0; i < n; i++)
         body_len += 1 + (uint64_t)bins[i]->node.name_len + 20;
-    if (tsd_out_begin(c) == 0 &&
+    if (tsd_out_begin(c, h->opcode, h->request_id) == 0 &&
         tsd_out_hdr(c, h->opcode, h->request_id, TS_ST_OK, body_len) == 0) {
         uint8_t *p = tsd_out_bytes(c, (size_t)body_len);
         if (p != NULL) {
@@ -277,8 +296,10 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
             op_list(c, h);
         else if (h->opcode == TS_OP_STATS)
             tsd_stats_reply(c, h);
-        else
+        else if (srv->cfg.save_path == NULL)
             tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID, "snapshots not configured");
+        else
+            tsd_snapshot_request(srv, c, h->request_id);
         return;
     case TS_OP_GET:
     case TS_OP_PEEK:

@@ -1,13 +1,21 @@
 /*
  * The server object: listeners (TCP and a unix socket), accepting, signals, the housekeeping
  * cron, flushing of pending output, and the graceful shutdown.
+ *
+ * tensord accepts connections itself (a uv_poll_t on each listening socket) instead of through
+ * uv_listen: when it runs out of file descriptors or memory it can then stop accepting for a
+ * while and leave new connections waiting in the kernel's queue. libuv's own accept loop would
+ * accept them and drop them at once to make room.
  */
 #include "server.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -97,27 +105,123 @@ void tsd_server_conn_freed(tsd_server *srv)
     srv->n_alive--;
 }
 
-static void on_connection(uv_stream_t *server, int status, int is_unix)
+static void on_retry(uv_timer_t *t);
+static void on_accept_resume(uv_timer_t *t);
+
+void tsd_server_starve(tsd_server *srv, tsd_conn *c)
 {
-    tsd_server *srv = server->data;
+    if (c->starved)
+        return;
+    c->starved = 1;
+    c->starved_next = srv->starved;
+    srv->starved = c;
+    if (!uv_is_active((uv_handle_t *)&srv->retry_timer))
+        uv_timer_start(&srv->retry_timer, on_retry, TSD_RETRY_MS, 0);
+}
+
+/* Starved connections get another chance to allocate their input buffer. */
+static void on_retry(uv_timer_t *t)
+{
+    tsd_server *srv = t->data;
+    tsd_conn *c = srv->starved;
+    srv->starved = NULL;
+    while (c != NULL) {
+        tsd_conn *next = c->starved_next;
+        c->starved_next = NULL;
+        c->starved = 0;
+        tsd_conn_resume_read(c);
+        c = next;
+    }
+    tsd_server_flush(srv);
+}
+
+static void on_listener_io(uv_poll_t *h, int status, int events);
+
+/*
+ * Stop accepting for delay_ms. Pending connections wait in the kernel's listen queue instead
+ * of being accepted and dropped, and the loop does not spin on a listener it cannot serve.
+ */
+static void accept_pause(tsd_server *srv, uint64_t delay_ms)
+{
+    if (srv->accept_paused || srv->stopping)
+        return;
+    srv->accept_paused = 1;
+    srv->stats.accept_pauses++;
+    for (int i = 0; i < 2; i++)
+        if (srv->lis[i].active)
+            uv_poll_stop(&srv->lis[i].poll);
+    uv_timer_start(&srv->accept_timer, on_accept_resume, delay_ms, 0);
+}
+
+static void on_accept_resume(uv_timer_t *t)
+{
+    tsd_server *srv = t->data;
+    srv->accept_paused = 0;
+    if (srv->stopping)
+        return;
+    for (int i = 0; i < 2; i++)
+        if (srv->lis[i].active)
+            uv_poll_start(&srv->lis[i].poll, UV_READABLE, on_listener_io);
+}
+
+#define TSD_ACCEPT_BATCH 64 /* connections accepted per wake-up, so one listener cannot hog */
+
+/*
+ * Accept what the listener holds. Out of file descriptors (EMFILE, ENFILE): log once per
+ * episode, pause accepting for TSD_ACCEPT_PAUSE_MS and try again then. Out of memory for a
+ * connection object: the socket is not accepted yet; pause briefly and retry.
+ */
+static void on_listener_io(uv_poll_t *h, int status, int events)
+{
+    tsd_listener *l = h->data;
+    tsd_server *srv = h->loop->data;
+    (void)events;
     if (status < 0) {
         tsd_log(TSD_LOG_WARN, "listener: %s", uv_strerror(status));
         return;
     }
-    if (srv->stopping)
-        return;
-    tsd_conn_accept(srv, server, is_unix);
+    for (int n = 0; n < TSD_ACCEPT_BATCH && !srv->stopping && !srv->accept_paused; n++) {
+        /* uv_tcp_open and uv_pipe_open make the socket non-blocking. */
+        int fd = accept(l->fd, NULL, NULL);
+        if (fd < 0) {
+            int e = errno;
+            if (e == EINTR || e == ECONNABORTED)
+                continue;
+            if (e == EMFILE || e == ENFILE) {
+                srv->fd_refused++;
+                if (!srv->fd_exhausted) {
+                    srv->fd_exhausted = 1;
+                    tsd_log(TSD_LOG_WARN,
+                            "out of file descriptors (%s) with %zu clients: pausing accepts for "
+                            "%d ms at a time until some are free",
+                            strerror(e), srv->n_conns, TSD_ACCEPT_PAUSE_MS);
+                }
+                accept_pause(srv, TSD_ACCEPT_PAUSE_MS);
+            } else if (e != EAGAIN && e != EWOULDBLOCK) {
+                tsd_log(TSD_LOG_WARN, "accept: %s", strerror(e));
+            }
+            break;
+        }
+        if (srv->fd_exhausted) {
+            srv->fd_exhausted = 0;
+            tsd_log(TSD_LOG_WARN, "accepting connections again (%llu attempts waited for a fd)",
+                    (unsigned long long)srv->fd_refused);
+            srv->fd_refused = 0;
+        }
+        int rc = tsd_conn_accept(srv, fd, l->is_unix);
+        if (rc == TS_ENOMEM) {
+            /*
+             * Nothing to serve it with: close it (the peer sees the connection end, which is
+             * all it could get) and give the allocator a moment.
+             */
+            close(fd);
+            srv->stats.out_of_memory++;
+            tsd_log(TSD_LOG_ERROR, "out of memory accepting a connection; pausing accepts");
+            accept_pause(srv, TSD_RETRY_MS);
+            break;
+        }
+    }
     tsd_server_flush(srv);
-}
-
-static void on_tcp_connection(uv_stream_t *server, int status)
-{
-    on_connection(server, status, 0);
-}
-
-static void on_unix_connection(uv_stream_t *server, int status)
-{
-    on_connection(server, status, 1);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -138,11 +242,15 @@ static void on_cron(uv_timer_t *t)
     tsd_conn *c = srv->conns;
     while (c != NULL) {
         tsd_conn *next = c->next;
-        if (c->close_after_flush && now >= c->close_deadline)
-            tsd_conn_close(c);
+        tsd_conn_cron(c, now);
         c = next;
     }
     tsd_server_flush(srv);
+}
+
+static void on_save_timer(uv_timer_t *t)
+{
+    tsd_snapshot_tick(t->data);
 }
 
 /* Write the bound port to path atomically (temporary file + rename). 0 or -1. */
@@ -164,38 +272,68 @@ static int write_port_file(const char *path, int port)
     return 0;
 }
 
+/* Start polling a bound, listening socket fd. 0 or a libuv code (fd then closed). */
+static int listener_start(tsd_server *srv, tsd_listener *l, int fd, int is_unix)
+{
+    l->fd = fd;
+    l->is_unix = is_unix;
+    int rc = uv_poll_init(srv->loop, &l->poll, fd);
+    if (rc != 0) {
+        close(fd);
+        return rc;
+    }
+    l->poll.data = l;
+    l->active = 1;
+    return uv_poll_start(&l->poll, UV_READABLE, on_listener_io);
+}
+
 static int listen_tcp(tsd_server *srv)
 {
     const tsd_config *cfg = &srv->cfg;
     struct sockaddr_storage addr;
+    socklen_t alen;
     int rc;
-    if (strchr(cfg->host, ':') != NULL)
+    memset(&addr, 0, sizeof(addr));
+    if (strchr(cfg->host, ':') != NULL) {
         rc = uv_ip6_addr(cfg->host, cfg->port, (struct sockaddr_in6 *)&addr);
-    else
+        alen = sizeof(struct sockaddr_in6);
+    } else {
         rc = uv_ip4_addr(cfg->host, cfg->port, (struct sockaddr_in *)&addr);
+        alen = sizeof(struct sockaddr_in);
+    }
     if (rc != 0) {
         tsd_log(TSD_LOG_ERROR, "bad --host address '%s': %s", cfg->host, uv_strerror(rc));
         return rc;
     }
-    uv_tcp_init(srv->loop, &srv->tcp);
-    srv->tcp.data = srv;
-    srv->have_tcp = 1;
-    rc = uv_tcp_bind(&srv->tcp, (const struct sockaddr *)&addr, 0);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&srv->tcp, TSD_BACKLOG, on_tcp_connection);
-    if (rc != 0) {
-        tsd_log(TSD_LOG_ERROR, "cannot listen on %s:%d: %s", cfg->host, cfg->port, uv_strerror(rc));
+    int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        rc = -errno;
+        tsd_log(TSD_LOG_ERROR, "socket: %s", strerror(errno));
+        return rc;
+    }
+    /* A restart must not wait for the old connections' TIME_WAIT to end. */
+    int one = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, (struct sockaddr *)&addr, alen) != 0 || listen(fd, TSD_BACKLOG) != 0) {
+        rc = -errno;
+        tsd_log(TSD_LOG_ERROR, "cannot listen on %s:%d: %s", cfg->host, cfg->port, strerror(errno));
+        close(fd);
         return rc;
     }
     struct sockaddr_storage bound;
-    int blen = sizeof(bound);
-    rc = uv_tcp_getsockname(&srv->tcp, (struct sockaddr *)&bound, &blen);
-    if (rc != 0)
+    socklen_t blen = sizeof(bound);
+    if (getsockname(fd, (struct sockaddr *)&bound, &blen) != 0) {
+        rc = -errno;
+        close(fd);
         return rc;
+    }
     if (bound.ss_family == AF_INET6)
         srv->bound_port = ntohs(((struct sockaddr_in6 *)&bound)->sin6_port);
     else
         srv->bound_port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
+    rc = listener_start(srv, &srv->lis[0], fd, 0);
+    if (rc != 0)
+        return rc;
     tsd_log(TSD_LOG_INFO, "listening on %s:%d", cfg->host, srv->bound_port);
     return 0;
 }
@@ -203,6 +341,13 @@ static int listen_tcp(tsd_server *srv)
 static int listen_unix(tsd_server *srv)
 {
     const char *path = srv->cfg.unix_path;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        tsd_log(TSD_LOG_ERROR, "--unix %s: path too long (at most %zu bytes)", path,
+                sizeof(addr.sun_path) - 1);
+        return UV_ENAMETOOLONG;
+    }
+    memcpy(addr.sun_path, path, strlen(path) + 1);
     struct stat st;
     if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode)) {
@@ -215,16 +360,18 @@ static int listen_unix(tsd_server *srv)
             return UV_EEXIST;
         }
     }
-    uv_pipe_init(srv->loop, &srv->pipe, 0);
-    srv->pipe.data = srv;
-    srv->have_pipe = 1;
-    int rc = uv_pipe_bind(&srv->pipe, path);
-    if (rc == 0)
-        rc = uv_listen((uv_stream_t *)&srv->pipe, TSD_BACKLOG, on_unix_connection);
-    if (rc != 0) {
-        tsd_log(TSD_LOG_ERROR, "cannot listen on unix socket %s: %s", path, uv_strerror(rc));
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0 || listen(fd, TSD_BACKLOG) != 0) {
+        int rc = -errno;
+        tsd_log(TSD_LOG_ERROR, "cannot listen on unix socket %s: %s", path, strerror(errno));
+        close(fd);
         return rc;
     }
+    int rc = listener_start(srv, &srv->lis[1], fd, 1);
+    if (rc != 0)
+        return rc;
     tsd_log(TSD_LOG_INFO, "listening on unix:%s", path);
     return 0;
 }
@@ -234,6 +381,7 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
     memset(srv, 0, sizeof(*srv));
     srv->loop = loop;
     srv->cfg = *cfg;
+    srv->exit_code = 1;
     loop->data = srv;
     tsd_log_set_level(cfg->log_level);
     srv->start_ns = ts__now_ns();
@@ -250,6 +398,35 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
     if (rc != 0)
         return rc;
 
+    if (cfg->save_path != NULL) {
+        char err[1024];
+        uint64_t counter = 0;
+        int lr = tsd_snapshot_load(&srv->store, cfg->save_path, &counter, err, sizeof(err));
+        if (lr < 0) {
+            tsd_log(TSD_LOG_ERROR, "%s", err);
+            tsd_log(TSD_LOG_ERROR, "refusing to start: move the file away to start empty, or "
+                                   "restore a good copy");
+            srv->exit_code = TSD_EXIT_SNAPSHOT;
+            return TS_EPROTO;
+        }
+        if (lr == 0) {
+            srv->have_snapshot = 1;
+            if (counter > srv->version)
+                srv->version = counter;
+            tsd_log(TSD_LOG_INFO, "loaded snapshot %s: %zu bins, %llu items, %llu bytes",
+                    cfg->save_path, srv->store.bins.count, (unsigned long long)srv->store.n_items,
+                    (unsigned long long)srv->store.held);
+            if (srv->store.max_memory != 0 && srv->store.held > srv->store.max_memory)
+                tsd_log(TSD_LOG_WARN,
+                        "the snapshot holds more than --max-memory (%llu bytes): uploads are "
+                        "refused until bins are removed",
+                        (unsigned long long)srv->store.max_memory);
+        } else {
+            tsd_log(TSD_LOG_INFO, "no snapshot at %s yet: starting empty", cfg->save_path);
+        }
+        srv->saved_version = srv->version;
+    }
+
     uv_signal_init(loop, &srv->sigint);
     uv_signal_init(loop, &srv->sigterm);
     srv->sigint.data = srv->sigterm.data = srv;
@@ -258,6 +435,16 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
     uv_timer_init(loop, &srv->cron);
     srv->cron.data = srv;
     uv_timer_start(&srv->cron, on_cron, TSD_CRON_MS, TSD_CRON_MS);
+    uv_timer_init(loop, &srv->accept_timer);
+    srv->accept_timer.data = srv;
+    uv_timer_init(loop, &srv->retry_timer);
+    srv->retry_timer.data = srv;
+    uv_timer_init(loop, &srv->save_timer);
+    srv->save_timer.data = srv;
+    srv->handles_init = 1;
+    if (cfg->save_path != NULL && cfg->save_interval_s > 0)
+        uv_timer_start(&srv->save_timer, on_save_timer, (uint64_t)cfg->save_interval_s * 1000u,
+                       (uint64_t)cfg->save_interval_s * 1000u);
 
     rc = listen_tcp(srv);
     if (rc == 0 && cfg->unix_path != NULL)
@@ -269,11 +456,30 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
         return UV_EIO;
     }
     tsd_log(TSD_LOG_INFO,
-            "tensord %s ready: max-frame %llu, max-memory %llu, max-clients %u, max-output %llu",
+            "tensord %s ready: max-frame %llu, max-memory %llu, max-clients %u, max-output %llu, "
+            "output-soft %llu for %u s, auth %s, snapshots %s",
             TS_VERSION_STRING, (unsigned long long)cfg->max_frame,
             (unsigned long long)cfg->max_memory, cfg->max_clients,
-            (unsigned long long)cfg->max_output);
+            (unsigned long long)cfg->max_output, (unsigned long long)cfg->output_soft,
+            cfg->output_soft_seconds, cfg->auth_token != NULL ? "on" : "off",
+            cfg->save_path != NULL ? cfg->save_path : "off");
+    srv->exit_code = 0;
     return 0;
+}
+
+static void on_listener_closed(uv_handle_t *h)
+{
+    tsd_listener *l = h->data;
+    close(l->fd);
+    l->fd = -1;
+}
+
+void tsd_server_free_store(tsd_server *srv)
+{
+    if (srv->store_freed)
+        return;
+    srv->store_freed = 1;
+    tsd_store_free(&srv->store);
 }
 
 void tsd_server_stop(tsd_server *srv)
@@ -281,26 +487,39 @@ void tsd_server_stop(tsd_server *srv)
     if (srv->stopping)
         return;
     srv->stopping = 1;
-    if (srv->have_tcp)
-        uv_close((uv_handle_t *)&srv->tcp, NULL);
-    if (srv->have_pipe) {
-        uv_close((uv_handle_t *)&srv->pipe, NULL);
-        (void)unlink(srv->cfg.unix_path);
+    int had_unix = srv->lis[1].active;
+    for (int i = 0; i < 2; i++) {
+        if (srv->lis[i].active) {
+            srv->lis[i].active = 0;
+            uv_close((uv_handle_t *)&srv->lis[i].poll, on_listener_closed);
+        }
     }
-    if (srv->sigint.loop != NULL) {
+    if (had_unix)
+        (void)unlink(srv->cfg.unix_path);
+    if (srv->handles_init) {
         uv_close((uv_handle_t *)&srv->sigint, NULL);
         uv_close((uv_handle_t *)&srv->sigterm, NULL);
         uv_close((uv_handle_t *)&srv->cron, NULL);
+        uv_close((uv_handle_t *)&srv->accept_timer, NULL);
+        uv_close((uv_handle_t *)&srv->retry_timer, NULL);
+        uv_close((uv_handle_t *)&srv->save_timer, NULL);
     }
     while (srv->conns != NULL)
         tsd_conn_close(srv->conns);
-    /* The bins go now; items still being written are freed by their write callbacks. */
-    tsd_store_free(&srv->store);
+    srv->starved = NULL;
+    /*
+     * The bins go now, or once the final snapshot holds its references; items still being
+     * written are freed by their write callbacks.
+     */
+    if (srv->cfg.save_path != NULL && srv->exit_code == 0)
+        tsd_snapshot_final(srv);
+    else
+        tsd_server_free_store(srv);
 }
 
 void tsd_server_free(tsd_server *srv)
 {
-    tsd_store_free(&srv->store);
+    tsd_server_free_store(srv);
     tsd_htab_free(&srv->watches);
     tsd_pool_drain();
 }

@@ -9,6 +9,7 @@
  *   store.c   bins, items, the name hash table, memory accounting
  *   notify.c  listeners (subscriptions) and waiters
  *   stats.c   counters and the STATS reply
+ *   snapshot.c  snapshots: the file format, writing off the loop, loading at start
  */
 #ifndef TSD_SERVER_H
 #define TSD_SERVER_H
@@ -42,6 +43,21 @@
 #define TSD_CLOSE_GRACE_MS 5000
 #define TSD_CRON_MS        500 /* ms; period of the housekeeping timer */
 #define TSD_BATCH_CACHE    2   /* write batches kept per connection for reuse */
+/* Bytes; per-connection soft output limit, held for TSD_DEFAULT_OUTPUT_SOFT_S seconds. */
+#define TSD_DEFAULT_OUTPUT_SOFT   ((uint64_t)64 << 20)
+#define TSD_DEFAULT_OUTPUT_SOFT_S 60u
+/* Bytes of unwritten output above which a listener's notifications are coalesced per bin. */
+#define TSD_DEFAULT_NOTIFY_BACKLOG ((uint64_t)1 << 20)
+#define TSD_DEFAULT_HELLO_MS       10000u /* ms; a connection must complete HELLO within this */
+#define TSD_DEFAULT_SAVE_INTERVAL  60u    /* s; period of snapshots with --save */
+#define TSD_ACCEPT_PAUSE_MS        1000   /* ms; accepting pauses this long when out of fds */
+#define TSD_RETRY_MS               50     /* ms; retry after an allocation failure */
+/* Connection-level error frames that must go out even when memory is exhausted. */
+#define TSD_EMERG_FRAMES 4
+#define TSD_EMERG_MSG    64 /* bytes of message in an emergency error frame */
+/* Process exit codes besides 0 (clean) and 1 (failure while running). */
+#define TSD_EXIT_USAGE    2 /* bad flags or an unsafe configuration */
+#define TSD_EXIT_SNAPSHOT 3 /* the snapshot named by --save exists but cannot be loaded */
 
 _Static_assert(TSD_IBUF_SIZE > TS_HDR_SIZE + TSD_MAX_CTRL_BODY, "control frames fit the buffer");
 _Static_assert(TSD_IBUF_SIZE > TS_HDR_SIZE + TS_MAX_PREAUTH_BODY, "HELLO fits the buffer");
@@ -49,15 +65,24 @@ _Static_assert(TSD_IBUF_SIZE > TS_HDR_SIZE + TS_MAX_PREAUTH_BODY, "HELLO fits th
 enum { TSD_LOG_ERROR = 0, TSD_LOG_WARN = 1, TSD_LOG_INFO = 2, TSD_LOG_DEBUG = 3 };
 
 typedef struct tsd_config {
-    const char *host;      /* TCP address to bind */
-    int port;              /* 0 = ephemeral */
-    const char *unix_path; /* also listen here when not NULL */
-    const char *port_file; /* write the bound TCP port here when not NULL */
-    uint64_t max_frame;    /* bytes; request body limit */
-    uint64_t max_memory;   /* bytes of items held; 0 = unlimited */
-    uint64_t max_output;   /* bytes queued per connection before it is cut off */
-    uint32_t max_clients;  /* connections; more are refused with TOO_MANY_CLIENTS */
-    int log_level;         /* TSD_LOG_* */
+    const char *host;          /* TCP address to bind */
+    int port;                  /* 0 = ephemeral */
+    const char *unix_path;     /* also listen here when not NULL */
+    const char *port_file;     /* write the bound TCP port here when not NULL */
+    uint64_t max_frame;        /* bytes; request body limit */
+    uint64_t max_memory;       /* bytes of items held; 0 = unlimited */
+    uint64_t max_output;       /* bytes queued per connection before it is cut off */
+    uint32_t max_clients;      /* connections; more are refused with TOO_MANY_CLIENTS */
+    int log_level;             /* TSD_LOG_* */
+    const uint8_t *auth_token; /* the shared secret; NULL: no authentication */
+    size_t auth_token_len;
+    int insecure;                 /* allow a non-loopback --host without a token */
+    uint64_t output_soft;         /* bytes; 0 = no soft output limit */
+    uint32_t output_soft_seconds; /* how long output may stay over output_soft */
+    uint64_t notify_backlog;      /* bytes of unwritten output before notifications coalesce */
+    uint32_t hello_timeout_ms;    /* 0 = none */
+    const char *save_path;        /* snapshot file; NULL = no persistence */
+    uint32_t save_interval_s;     /* 0 = snapshots only on SAVE and at shutdown */
 } tsd_config;
 
 /* Fill cfg with the defaults (max_memory: 3/4 of physical memory). */
@@ -203,6 +228,7 @@ typedef struct tsd_wbatch {
     size_t nitems, items_cap;
     uv_buf_t *bufs;
     size_t bufs_cap;
+    size_t nbufs; /* uv_bufs the batch needs when written (bufs_cap is kept at least this) */
     uint64_t bytes;
     struct tsd_wbatch *next_free;
 } tsd_wbatch;
@@ -260,13 +286,55 @@ typedef struct tsd_conn {
     struct tsd_conn *dirty_next;
     int dirty;
 
+    /*
+     * The reply being queued: where the pending batch stood when it began, so that a reply
+     * that fails for lack of memory is taken back whole and replaced by an error frame.
+     */
+    struct {
+        int active, failed, had_pend;
+        uint8_t op;
+        uint32_t rid;
+        uint16_t status;
+        size_t small_len, nsegs, last_len, nitems, nbufs;
+        uint64_t bytes;
+    } mk;
+    /*
+     * Error frames that need no allocation (a reply that could not be queued for lack of
+     * memory is answered with one of these); written with their own request.
+     */
+    uint8_t emerg[TSD_EMERG_FRAMES][TS_HDR_SIZE + TSD_EMERG_MSG];
+    size_t emerg_len[TSD_EMERG_FRAMES];
+    unsigned n_emerg;    /* frames held */
+    unsigned emerg_busy; /* of those, the first emerg_busy are being written */
+    uv_write_t emerg_req;
+    uv_buf_t emerg_bufs[TSD_EMERG_FRAMES];
+
+    uint64_t accepted_ms; /* uv_now at accept, for the HELLO deadline */
+    uint64_t soft_since;  /* uv_now when output went over the soft limit; 0 = it is not */
+    int starved;          /* reading paused: no input buffer could be allocated */
+    struct tsd_conn *starved_next;
+
     /* Subscriptions and waiters (notify.c). */
     tsd_sub *subs;
     tsd_waiter *waiters;
+    tsd_sub *held_head, *held_tail; /* subscriptions holding a coalesced notification */
 } tsd_conn;
 
-/* Accept a pending connection from listener server_handle. */
-void tsd_conn_accept(tsd_server *srv, uv_stream_t *server_handle, int is_unix);
+/*
+ * Take over an accepted socket fd (is_unix: a unix socket). Returns 0 (the connection is served
+ * or refused with TOO_MANY_CLIENTS), TS_ENOMEM when no connection object could be allocated
+ * (fd untouched, still the caller's), or another negative code (fd closed).
+ */
+int tsd_conn_accept(tsd_server *srv, int fd, int is_unix);
+/* Bytes of output queued on c and not yet taken by the socket. */
+uint64_t tsd_conn_unwritten(tsd_conn *c);
+/*
+ * Housekeeping for one connection (cron): the HELLO deadline, the soft output limit, the close
+ * deadline of a connection on its way out. now is uv_now.
+ */
+void tsd_conn_cron(tsd_conn *c, uint64_t now);
+/* Resume reading on a connection that was starved of an input buffer. */
+void tsd_conn_resume_read(tsd_conn *c);
 /* Close now (asynchronously freed); safe to call twice. */
 void tsd_conn_close(tsd_conn *c);
 /* Hand the pending batch to uv_write. */
@@ -279,12 +347,15 @@ void tsd_conn_fail(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const
     __attribute__((format(printf, 5, 6)));
 
 /*
- * Output. Every reply starts with tsd_out_begin, which applies the output limit: it returns 0
- * when the reply may be queued, or -1 when the connection takes no more output (the caller
- * drops the reply). tsd_out_bytes returns room for n small bytes in the pending batch (valid
- * until the next tsd_out_* call) or NULL on allocation failure (the connection is then closing).
+ * Output. Every reply (op, rid; TS_OP_NOTIFY and 0 for notifications) starts with
+ * tsd_out_begin, which applies the output limits: it returns 0 when the reply may be queued, or
+ * -1 when the connection takes no more output (the caller drops the reply). tsd_out_bytes
+ * returns room for n small bytes in the pending batch (valid until the next tsd_out_* call) or
+ * NULL on allocation failure. After a failure the reply's partial bytes are taken back, every
+ * later tsd_out_* call of the same reply fails too, and the request gets an error frame instead
+ * (a notification gets nothing: the caller holds it for later).
  */
-int tsd_out_begin(tsd_conn *c);
+int tsd_out_begin(tsd_conn *c, uint8_t op, uint32_t rid);
 uint8_t *tsd_out_bytes(tsd_conn *c, size_t n);
 /* Queue the item's bytes and its padding to 64; takes a reference (ref=1) or consumes one. */
 int tsd_out_item(tsd_conn *c, tsd_item *it, int ref);
@@ -314,7 +385,10 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
  */
 void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t name_len,
                   tsd_item *item);
-/* 0 when the HELLO token is acceptable (the authentication hook; anything goes for now). */
+/*
+ * Check a HELLO token against the configured one, in time that depends only on the configured
+ * token's length. 0 when acceptable (or no token is configured), TS_EAUTH otherwise.
+ */
 int tsd_auth_check(tsd_server *srv, const uint8_t *token, size_t len);
 
 /* ---------------------------------------------------------------------------------------------
@@ -331,6 +405,15 @@ struct tsd_sub {
     tsd_conn *c;
     tsd_sub *wprev, *wnext; /* in the watch */
     tsd_sub *cprev, *cnext; /* in the connection */
+    /*
+     * A notification held back while the connection's output is backed up: the latest change
+     * of the bin, updated in place by later ones (held counts the changes it stands for).
+     */
+    uint32_t held;
+    uint64_t h_version;
+    uint32_t h_n_items;
+    uint8_t h_event;
+    tsd_sub *hprev, *hnext; /* in the connection's held list */
 };
 
 struct tsd_waiter {
@@ -358,6 +441,8 @@ void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_
                        uint32_t n_items, uint8_t event);
 /* Drop every subscription and waiter of a closing connection. */
 void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c);
+/* Send the notifications c holds back, as far as its output backlog allows. */
+void tsd_notify_release_held(tsd_server *srv, tsd_conn *c);
 size_t tsd_notify_n_waiters(const tsd_server *srv);
 
 /* ---------------------------------------------------------------------------------------------
@@ -374,23 +459,84 @@ typedef struct tsd_stats {
     uint64_t bytes_received;
     uint64_t listeners;
     uint64_t waiters;
+    uint64_t auth_failures;
+    uint64_t hello_timeouts;
+    uint64_t notes_coalesced; /* changes folded into a held notification */
+    uint64_t out_of_memory;   /* allocations that failed while serving (error replies sent) */
+    uint64_t accept_pauses;   /* times accepting paused (out of fds or memory) */
+    uint64_t snapshots;
+    uint64_t snapshot_failures;
+    uint64_t snapshot_last_ms; /* duration of the last snapshot write */
 } tsd_stats;
 
 /* Answer a STATS request. */
 void tsd_stats_reply(tsd_conn *c, const ts__hdr *h);
 
 /* ---------------------------------------------------------------------------------------------
+ * Snapshots (snapshot.c)
+ */
+typedef struct tsd_snap_job tsd_snap_job;
+
+/* A SAVE request waiting for a durable snapshot (c is NULL once its connection is gone). */
+typedef struct tsd_save_waiter {
+    tsd_conn *c;
+    uint32_t rid;
+    struct tsd_save_waiter *next;
+} tsd_save_waiter;
+
+/* A 64-bit hash of len bytes (xxHash64-style); the snapshot checksums. */
+uint64_t tsd_hash64(const void *p, size_t len, uint64_t seed);
+/*
+ * Load the snapshot at path into the (empty) store. Returns 0 (*counter = the saved change
+ * counter), 1 when the file does not exist (nothing loaded), or -1 with a message in err: the
+ * file is damaged, truncated or unreadable, and nothing has been loaded.
+ */
+int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, char *err,
+                      size_t err_cap);
+/* Answer SAVE: reply once a snapshot holding every change made so far is durable. */
+void tsd_snapshot_request(tsd_server *srv, tsd_conn *c, uint32_t rid);
+/* Start a snapshot if none is running and something changed since the last one (timer). */
+void tsd_snapshot_tick(tsd_server *srv);
+/* At shutdown: write the final snapshot (after a running one) and free the store after it. */
+void tsd_snapshot_final(tsd_server *srv);
+/* Forget c in the SAVE waiters (its connection is closing). */
+void tsd_snapshot_conn_gone(tsd_server *srv, tsd_conn *c);
+
+/* ---------------------------------------------------------------------------------------------
  * The server (server.c)
  */
+/* A listening socket, accepted by tensord itself so that accepting can pause. */
+typedef struct tsd_listener {
+    uv_poll_t poll;
+    int fd;
+    int is_unix;
+    int active; /* initialized (needs closing) */
+} tsd_listener;
+
 struct tsd_server {
     uv_loop_t *loop;
     tsd_config cfg;
-    uv_tcp_t tcp;
-    uv_pipe_t pipe;
-    int have_tcp, have_pipe;
+    tsd_listener lis[2]; /* TCP, unix */
     int bound_port;
     uv_signal_t sigint, sigterm;
     uv_timer_t cron;
+    uv_timer_t accept_timer; /* resumes accepting after a pause */
+    uv_timer_t retry_timer;  /* resumes reading of starved connections */
+    uv_timer_t save_timer;   /* periodic snapshots */
+    int handles_init;        /* the timers and signals above exist */
+    int accept_paused;
+    int fd_exhausted;         /* in an out-of-fds episode (logged once) */
+    uint64_t fd_refused;      /* accept attempts that failed for lack of fds in this episode */
+    tsd_conn *starved;        /* connections waiting for an input buffer */
+    unsigned long alloc_base; /* ts__alloc_count() when start-up ended */
+    /* Snapshots. */
+    tsd_snap_job *snap_job;        /* the snapshot being written, or NULL */
+    tsd_save_waiter *save_waiters; /* SAVEs for the next snapshot */
+    uint64_t saved_version;        /* change counter of the last durable snapshot */
+    int have_snapshot;             /* a snapshot file exists (loaded or written) */
+    int final_pending;             /* shutdown: write the final snapshot after the running one */
+    int store_freed;
+    int exit_code;
     tsd_store store;
     tsd_htab watches;
     tsd_conn *conns; /* accepted, not yet closing */
@@ -405,7 +551,10 @@ struct tsd_server {
     int stopping;
 };
 
-/* Set up listeners, signals and the cron on loop. 0 or a negative libuv/TS_E* code. */
+/*
+ * Set up listeners, signals and the cron on loop, loading the snapshot first when configured.
+ * 0 or a negative libuv/TS_E* code (srv->exit_code says which exit status fits).
+ */
 int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg);
 /* Start the graceful shutdown (what SIGINT/SIGTERM do). */
 void tsd_server_stop(tsd_server *srv);
@@ -421,5 +570,9 @@ void tsd_server_link_conn(tsd_server *srv, tsd_conn *c);
 void tsd_server_unlink_conn(tsd_server *srv, tsd_conn *c);
 /* A connection object was freed (the shutdown waits for the last one). */
 void tsd_server_conn_freed(tsd_server *srv);
+/* c could not get an input buffer: resume its reading shortly. */
+void tsd_server_starve(tsd_server *srv, tsd_conn *c);
+/* Free the store once (shutdown; after the final snapshot has its references). */
+void tsd_server_free_store(tsd_server *srv);
 
 #endif /* TSD_SERVER_H */

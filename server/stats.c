@@ -53,6 +53,17 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "oom_rejections", st->oom_rejections);
     rc |= put_int(m, "slow_readers", st->slow_readers);
     rc |= put_int(m, "bytes_received", st->bytes_received);
+    rc |= put_int(m, "auth_failures", st->auth_failures);
+    rc |= put_int(m, "hello_timeouts", st->hello_timeouts);
+    rc |= put_int(m, "notes_coalesced", st->notes_coalesced);
+    rc |= put_int(m, "out_of_memory", st->out_of_memory);
+    rc |= put_int(m, "accept_pauses", st->accept_pauses);
+    rc |= put_int(m, "snapshots", st->snapshots);
+    rc |= put_int(m, "snapshot_failures", st->snapshot_failures);
+    rc |= put_int(m, "snapshot_last_ms", st->snapshot_last_ms);
+    rc |= put_int(m, "saved_version", srv->saved_version);
+    /* Allocations since start-up ended (the allocation-failure tests size their runs by it). */
+    rc |= put_int(m, "allocations", ts__alloc_count() - srv->alloc_base);
     if (rc != 0) {
         ts_value_free(m);
         return NULL;
