@@ -439,6 +439,21 @@ int ts_ping(ts_client_t *c)
     return rc;
 }
 
+int ts_save(ts_client_t *c)
+{
+    int rc = check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_SAVE, NULL, NULL, 0, &rc);
+    if (r == NULL)
+        return rc;
+    ts__req *done;
+    rc = run_blocking(c, r, &done);
+    if (rc == 0)
+        ts__req_free(done);
+    return rc;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Asynchronous operations
  */

@@ -1,7 +1,7 @@
 /*
  * tsctl: the command-line client of tensord, in the spirit of redis-cli.
  *
- *   tsctl [--host H] [--port P] [--unix PATH] [--timeout MS] COMMAND [ARGS...]
+ *   tsctl [--host H] [--port P] [--unix PATH] [--timeout MS] [--token-file F] COMMAND [ARGS...]
  *
  * Exit status: 0 success, 1 the operation failed (server error, connection), 2 usage error,
  * 3 timed out (wait), 4 not found (get/peek of a missing bin).
@@ -26,7 +26,8 @@
 #define SHOW_VALUES   6 /* values printed per tensor in summaries */
 
 static const char usage_text[] =
-    "usage: tsctl [--host H] [--port P] [--unix PATH] [--timeout MS] COMMAND [ARGS...]\n"
+    "usage: tsctl [--host H] [--port P] [--unix PATH] [--timeout MS] [--token-file F]\n"
+    "             COMMAND [ARGS...]\n"
     "\n"
     "Commands:\n"
     "  ping                          round trip to the server\n"
@@ -44,7 +45,10 @@ static const char usage_text[] =
     "                                wait until BIN's version passes VERSION (default: the\n"
     "                                current one, i.e. the next change)\n"
     "  listen BIN... [--count N]     print changes as they happen, until Ctrl-C or N of them\n"
+    "  save                          ask the server for a snapshot; returns once it is on disk\n"
     "\n"
+    "--token-file F reads the server's token from F (trailing whitespace ignored); without it\n"
+    "the token comes from TS_AUTH_TOKEN, if set.\n"
     "Defaults: --host 127.0.0.1 --port 8000. Exit status: 0 ok, 1 failed, 2 usage,\n"
     "3 timed out, 4 no such bin.\n";
 
@@ -292,6 +296,38 @@ static int cmd_stats(ts_client_t *c)
             print_value(v, ts_map_key_at(stats, i), 0);
     }
     ts_value_free(stats);
+    return 0;
+}
+
+static int cmd_save(ts_client_t *c)
+{
+    int rc = ts_save(c);
+    if (rc != 0)
+        return report("save", rc);
+    printf("OK snapshot written\n");
+    return 0;
+}
+
+/* Read a token file into buf (cap bytes), trailing whitespace dropped. 0 or -1. */
+static int read_token(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "tsctl: --token-file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    size_t n = fread(buf, 1, cap - 1, f);
+    int toolong = n == cap - 1 && fgetc(f) != EOF;
+    fclose(f);
+    while (n > 0 &&
+           (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+        n--;
+    buf[n] = '\0';
+    if (toolong || n == 0 || strlen(buf) != n) {
+        fprintf(stderr, "tsctl: --token-file %s: %s\n", path,
+                toolong ? "token too long" : "empty or not text");
+        return -1;
+    }
     return 0;
 }
 
@@ -549,7 +585,7 @@ static int cmd_listen(ts_client_t *c, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    const char *host = "127.0.0.1", *unix_path = NULL;
+    const char *host = "127.0.0.1", *unix_path = NULL, *token_file = NULL;
     long port = 8000;
     int timeout_ms = 0;
     int i = 1;
@@ -569,6 +605,8 @@ int main(int argc, char **argv)
             port = (long)n;
         } else if (strcmp(argv[i], "--unix") == 0) {
             unix_path = argv[++i];
+        } else if (strcmp(argv[i], "--token-file") == 0) {
+            token_file = argv[++i];
         } else if (strcmp(argv[i], "--timeout") == 0) {
             if (parse_u64(argv[++i], &n) != 0 || n == 0 || n > INT32_MAX)
                 return usage("bad --timeout");
@@ -582,8 +620,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[i++];
     int nargs = argc - i;
     char **args = argv + i;
-    static const char *const known[] = {"ping", "stats", "list",   "put",  "append",
-                                        "get",  "peek",  "delete", "wait", "listen"};
+    static const char *const known[] = {"ping", "stats",  "list", "put",    "append", "get",
+                                        "peek", "delete", "wait", "listen", "save"};
     int ok = 0;
     for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++)
         ok |= strcmp(cmd, known[k]) == 0;
@@ -601,6 +639,12 @@ int main(int argc, char **argv)
     ts_options_init(&opts);
     if (timeout_ms > 0)
         opts.request_timeout_ms = timeout_ms;
+    static char token[4096];
+    if (token_file != NULL) {
+        if (read_token(token_file, token, sizeof(token)) != 0)
+            return EXIT_USAGE;
+        opts.auth_token = token;
+    }
     ts_client_t *c;
     int rc = ts_client_open(&c, address, &opts);
     if (rc != 0)
@@ -619,6 +663,8 @@ int main(int argc, char **argv)
         status = cmd_fetch(c, cmd[0] == 'g', nargs, args);
     else if (strcmp(cmd, "delete") == 0)
         status = cmd_delete(c, nargs, args);
+    else if (strcmp(cmd, "save") == 0)
+        status = nargs == 0 ? cmd_save(c) : usage("save takes no arguments");
     else if (strcmp(cmd, "wait") == 0)
         status = cmd_wait(c, nargs, args, timeout_ms > 0 ? timeout_ms : 10000);
     else

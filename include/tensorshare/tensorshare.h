@@ -341,6 +341,12 @@ TS_EXTERN int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, i
 TS_EXTERN int ts_stats(ts_client_t *c, ts_value_t **out);
 /* A round trip to the server. */
 TS_EXTERN int ts_ping(ts_client_t *c);
+/*
+ * Ask the server for a snapshot and wait until it is durable on the server's disk (tensord
+ * started with --save; otherwise TS_EINVAL with the server's message). Bounded by the request
+ * timeout. Added in 0.1.
+ */
+TS_EXTERN int ts_save(ts_client_t *c);
 
 /*
  * The server's message for the last blocking call on this thread if it failed, else "" (each
