@@ -20,6 +20,9 @@
     2000 /* ms; ts_client_open waits this past the connect timeout for the                         \
             I/O thread's verdict */
 
+/* Bytes of freed large receive buffers kept for reuse, process-wide (two buffers at most). */
+#define TS__RECV_CACHE_BYTES ((size_t)512 << 20)
+
 /* Requests gathered into one write at most (see req_send_batch). */
 #define TS__SEND_BATCH 64
 
@@ -1552,6 +1555,11 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *o
     if (out == NULL || address == NULL)
         return TS_EINVAL;
     ts__set_last_error(NULL, 0);
+    /*
+     * Large received bodies are released into a small process-wide cache, so that pulling the
+     * same tensors again reuses the last buffer instead of faulting in and zeroing a fresh one.
+     */
+    ts__alloc_cache_enable(TS__RECV_CACHE_BYTES);
     ts_client_t *c = ts__calloc(1, sizeof(*c));
     if (c == NULL)
         return TS_ENOMEM;

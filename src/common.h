@@ -14,7 +14,7 @@
 /* Mark internal functions that the test library and other parts of the project use. */
 #define TS__INTERNAL
 
-#define TS__ALIGN 64 /* bytes; tensor data alignment inside records and receive buffers */
+#define TS__ALIGN    64 /* bytes; tensor data alignment inside records and receive buffers */
 #define TS_MAX_DEPTH 32 /* record nesting levels; a protocol limit the daemon may lower */
 
 #define TS__ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
@@ -46,6 +46,12 @@ void ts__free(void *p);
 void *ts__malloc_aligned(size_t n);
 void ts__free_aligned(void *p, size_t n);
 char *ts__strndup(const char *s, size_t n);
+/*
+ * Keep up to max_bytes of freed large aligned buffers (at most two) for reuse by the next
+ * ts__malloc_aligned of the same size, process-wide. Off until enabled; enabling twice keeps
+ * the larger limit. Thread-safe.
+ */
+void ts__alloc_cache_enable(size_t max_bytes);
 
 /*
  * Testing hooks. ts__alloc_fail_after(n): the n-th allocation from now fails (n = 1: the next
@@ -76,8 +82,7 @@ static inline uint16_t ts__get_u16le(const uint8_t *p)
 }
 static inline uint32_t ts__get_u32le(const uint8_t *p)
 {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
-           ((uint32_t)p[3] << 24);
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 static inline uint64_t ts__get_u64le(const uint8_t *p)
 {
