@@ -258,6 +258,25 @@ static int iters_for(size_t size)
     return 8;
 }
 
+/*
+ * One put-then-get run on system kind (0 tensord, 1 ceiling, 2 redis); with --raw, also the CPU
+ * time per round of each side, which load on a shared machine disturbs less than wall time.
+ */
+static bench_result putget_run(server *s, int kind, int use_unix, size_t size, int iters)
+{
+    double c0 = bench_cpu_self(), s0 = bench_cpu_pid(s->pid);
+    bench_result r = kind == 0   ? ts_bench_putget(&s->t, use_unix, size, iters, 0, 0)
+                     : kind == 1 ? ceiling_putget(&s->t, use_unix, size, iters)
+                                 : redis_putget(&s->t, use_unix, size, iters);
+    double c1 = bench_cpu_self(), s1 = bench_cpu_pid(s->pid);
+    if (g.raw && r.ok)
+        fprintf(stderr,
+                "raw: %s %zu B %s cpu per round (incl. setup): client %.1f us, server %.1f us\n",
+                s->name, size, use_unix ? "unix" : "tcp", (c1 - c0) / (iters + 2) * 1e6,
+                (s1 - s0) / (iters + 2) * 1e6);
+    return r;
+}
+
 static void case_putget(server *ts, server *ce, server *rd, size_t size, int use_unix,
                         double target)
 {
@@ -269,12 +288,12 @@ static void case_putget(server *ts, server *ce, server *rd, size_t size, int use
     int it = iters_for(size);
     for (int r = 0; r < g.repeats; r++) {
         if (r % 2 == 0)
-            add_run(&a, ts_bench_putget(&ts->t, use_unix, size, it, 0, 0), what, "tensord");
-        add_run(&b, ceiling_putget(&ce->t, use_unix, size, it), what, "ceiling");
+            add_run(&a, putget_run(ts, 0, use_unix, size, it), what, "tensord");
+        add_run(&b, putget_run(ce, 1, use_unix, size, it), what, "ceiling");
         if (!c.absent)
-            add_run(&c, redis_putget(&rd->t, use_unix, size, it), what, "redis");
+            add_run(&c, putget_run(rd, 2, use_unix, size, it), what, "redis");
         if (r % 2 == 1)
-            add_run(&a, ts_bench_putget(&ts->t, use_unix, size, it, 0, 0), what, "tensord");
+            add_run(&a, putget_run(ts, 0, use_unix, size, it), what, "tensord");
     }
     g.failures += a.failed + b.failed;
     double ta = med(&a, 0), tb = med(&b, 0), tc = med(&c, 0);
