@@ -1,0 +1,278 @@
+/*
+ * tensord authentication: the token from --auth-token-file or TS_AUTH_TOKEN, AUTH_REQUIRED and
+ * AUTH_FAILED (then the connection closes), nothing but HELLO before it, the refusal to listen
+ * beyond loopback without a token, --insecure, the pre-HELLO timeout, and the clients (the
+ * library's option and environment variable, tsctl --token-file).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tensorshare/tensorshare.h"
+#include "test_harden_util.h"
+
+#define TOKEN "correct horse battery staple 42"
+
+static char dir[256], token_file[300], errfile[300];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof(dir), "%s/thauth.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (mkdtemp(dir) == NULL)
+        return -1;
+    snprintf(token_file, sizeof(token_file), "%s/token", dir);
+    snprintf(errfile, sizeof(errfile), "%s/stderr", dir);
+    /* A trailing newline, as an editor or `echo` leaves it, is not part of the token. */
+    return th_write_file(token_file, TOKEN "\n", strlen(TOKEN) + 1);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    unlink(token_file);
+    unlink(errfile);
+    rmdir(dir);
+    return 0;
+}
+
+/* HELLO with token on a fresh connection; expect status, and the close when it is an error. */
+static void hello_expect(const tsh_server *s, const void *token, size_t len, uint16_t status)
+{
+    int fd = tsh_connect_tcp(s->port);
+    assert_true(fd >= 0);
+    assert_int_equal(th_send_hello(fd, 9, token, len), 0);
+    if (status == TS_ST_OK) {
+        tsu_frame f;
+        tsu_expect(fd, &f, TS_OP_HELLO, 9, TS_ST_OK);
+        tsu_frame_free(&f);
+        assert_int_equal(tsh_send(fd, TS_OP_PING, 10, NULL, 0), 0);
+        tsu_expect(fd, &f, TS_OP_PING, 10, TS_ST_OK);
+        tsu_frame_free(&f);
+    } else {
+        tsu_expect_error_close(fd, status);
+    }
+    close(fd);
+}
+
+/* A connection that has passed HELLO with the right token. */
+static int authed_client(const tsh_server *s)
+{
+    int fd = tsh_connect_tcp(s->port);
+    assert_true(fd >= 0);
+    assert_int_equal(th_send_hello(fd, 1, TOKEN, strlen(TOKEN)), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_HELLO, 1, TS_ST_OK);
+    tsu_frame_free(&f);
+    return fd;
+}
+
+static void check_token_cases(const tsh_server *s)
+{
+    hello_expect(s, TOKEN, strlen(TOKEN), TS_ST_OK);
+    hello_expect(s, NULL, 0, TS_ST_AUTH_REQUIRED);
+    hello_expect(s, "wrong", 5, TS_ST_AUTH_FAILED);
+    /* A prefix, the token with one more byte, one byte changed at the end, and at the start. */
+    hello_expect(s, TOKEN, strlen(TOKEN) - 1, TS_ST_AUTH_FAILED);
+    hello_expect(s, TOKEN "!", strlen(TOKEN) + 1, TS_ST_AUTH_FAILED);
+    char t[64];
+    memcpy(t, TOKEN, strlen(TOKEN));
+    t[strlen(TOKEN) - 1] ^= 1;
+    hello_expect(s, t, strlen(TOKEN), TS_ST_AUTH_FAILED);
+    memcpy(t, TOKEN, strlen(TOKEN));
+    t[0] ^= 0x20;
+    hello_expect(s, t, strlen(TOKEN), TS_ST_AUTH_FAILED);
+    /* The token with its newline is a different token. */
+    hello_expect(s, TOKEN "\n", strlen(TOKEN) + 1, TS_ST_AUTH_FAILED);
+
+    /* Before authentication nothing but HELLO is read, and a PUT stores nothing. */
+    int fd = tsh_connect_tcp(s->port);
+    size_t len;
+    uint8_t *rec = tsu_rec_int(7, &len);
+    assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 3, "sneaky", rec, len), 0);
+    tsu_rec_free(rec, len);
+    tsu_expect_error_close(fd, TS_ST_BAD_REQUEST);
+    close(fd);
+    /* A large frame before HELLO is refused on its header. */
+    fd = tsh_connect_tcp(s->port);
+    uint8_t big[8192];
+    memset(big, 0, sizeof(big));
+    big[0] = TS_PROTO_VERSION;
+    ts__put_u16le(big + 2, 8000);
+    assert_int_equal(tsh_send(fd, TS_OP_HELLO, 4, big, sizeof(big)), 0);
+    tsu_expect_error_close(fd, TS_ST_TOO_LARGE);
+    close(fd);
+
+    fd = authed_client(s);
+    tsu_items it;
+    assert_int_equal(tsu_send_get(fd, TS_OP_PEEK, 5, "sneaky", 0), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_PEEK, 5, TS_ST_NOT_FOUND);
+    tsu_frame_free(&f);
+    tsu_put_int(fd, TS_OP_PUT, "fine", 11, NULL);
+    tsu_get(fd, TS_OP_PEEK, "fine", 0, &it);
+    assert_int_equal(tsu_item_int(it.item[0], it.item_len[0]), 11);
+    tsu_frame_free(&it.f);
+    assert_true(tsu_stat(fd, "auth_failures") >= 7);
+    close(fd);
+}
+
+static void test_token_file(void **state)
+{
+    (void)state;
+    tsh_server s;
+    const char *args[] = {"--auth-token-file", token_file, NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    check_token_cases(&s);
+
+    /* The library client: the option, then the environment variable, then a wrong token. */
+    ts_options_t o;
+    ts_options_init(&o);
+    o.auth_token = TOKEN;
+    o.connect_timeout_ms = 3000;
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, s.addr, &o), 0);
+    assert_int_equal(ts_ping(c), 0);
+    ts_client_free(c);
+    setenv("TS_AUTH_TOKEN", TOKEN, 1);
+    o.auth_token = NULL;
+    assert_int_equal(ts_client_open(&c, s.unix_addr, &o), 0);
+    assert_int_equal(ts_ping(c), 0);
+    ts_client_free(c);
+    unsetenv("TS_AUTH_TOKEN");
+    o.auth_token = "not it";
+    int rc = ts_client_open(&c, s.addr, &o);
+    assert_int_equal(rc, TS_EAUTH);
+
+    /* tsctl --token-file; without it, the server refuses. */
+    const char *build = getenv("TS_BUILD_DIR");
+    assert_non_null(build);
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "'%s/client/tsctl' --port %d --token-file '%s' put t 1 >/dev/null",
+             build, s.port, token_file);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof(cmd), "'%s/client/tsctl' --port %d --timeout 3000 ping 2>/dev/null", build,
+             s.port);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+}
+
+static void test_token_env(void **state)
+{
+    (void)state;
+    tsh_server s;
+    setenv("TS_AUTH_TOKEN", TOKEN, 1);
+    int rc = tsh_server_start(&s, NULL);
+    unsetenv("TS_AUTH_TOKEN");
+    assert_int_equal(rc, 0);
+    check_token_cases(&s);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+}
+
+static void test_bad_token_config(void **state)
+{
+    (void)state;
+    char empty[320], missing[320];
+    snprintf(empty, sizeof(empty), "%s/empty", dir);
+    snprintf(missing, sizeof(missing), "%s/missing", dir);
+    assert_int_equal(th_write_file(empty, "\n", 1), 0);
+    const char *a1[] = {"--port", "0", "--auth-token-file", empty, NULL};
+    assert_int_equal(th_run_tensord(a1, errfile, 10000), 2);
+    assert_true(th_file_contains(errfile, "is empty"));
+    const char *a2[] = {"--port", "0", "--auth-token-file", missing, NULL};
+    assert_int_equal(th_run_tensord(a2, errfile, 10000), 2);
+    assert_true(th_file_contains(errfile, missing));
+    unlink(empty);
+}
+
+static void test_non_loopback_needs_token(void **state)
+{
+    (void)state;
+    /* Refused before anything listens: exit status 2 and a message that says what to do. */
+    static const char *const hosts[] = {"0.0.0.0", "::", "10.1.2.3"};
+    for (size_t i = 0; i < 3; i++) {
+        const char *a[] = {"--port", "0", "--host", hosts[i], NULL};
+        assert_int_equal(th_run_tensord(a, errfile, 10000), 2);
+        assert_true(th_file_contains(errfile, "refusing to listen"));
+        assert_true(th_file_contains(errfile, "--insecure"));
+    }
+    /* Loopback needs nothing. */
+    tsh_server s;
+    const char *lo[] = {"--host", "127.0.0.2", NULL};
+    assert_int_equal(tsh_server_start(&s, lo), 0);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+    /* --insecure starts on every address (the test talks to it over 127.0.0.1 only). */
+    const char *ins[] = {"--host", "0.0.0.0", "--insecure", NULL};
+    assert_int_equal(tsh_server_start(&s, ins), 0);
+    tsu_check_healthy(&s);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+    /* So does a token, which every client must then present. */
+    const char *tok[] = {"--host", "0.0.0.0", "--auth-token-file", token_file, NULL};
+    assert_int_equal(tsh_server_start(&s, tok), 0);
+    hello_expect(&s, NULL, 0, TS_ST_AUTH_REQUIRED);
+    hello_expect(&s, TOKEN, strlen(TOKEN), TS_ST_OK);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+}
+
+static void test_hello_timeout(void **state)
+{
+    (void)state;
+    tsh_server s;
+    const char *args[] = {"--hello-timeout", "600", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    int idle = tsh_connect_tcp(s.port);
+    int half = tsh_connect_tcp(s.port);
+    assert_true(idle >= 0 && half >= 0);
+    assert_int_equal(tsh_write_all(half, "\x54\x01", 2), 0);
+    int good = tsu_client(&s);
+    /* Both silent ones are told why and closed; the cron checks twice a second. */
+    tsu_expect_error_close(idle, TS_ST_TIMEOUT);
+    tsu_expect_error_close(half, TS_ST_TIMEOUT);
+    close(idle);
+    close(half);
+    /* The one that said HELLO stays. */
+    th_sleep_ms(700);
+    assert_int_equal(tsh_send(good, TS_OP_PING, 2, NULL, 0), 0);
+    tsu_frame f;
+    tsu_expect(good, &f, TS_OP_PING, 2, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_stat(good, "hello_timeouts"), 2);
+    close(good);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+}
+
+static void test_bad_flags_exit_2(void **state)
+{
+    (void)state;
+    const char *a1[] = {"--port", "0", "--no-such-flag", NULL};
+    assert_int_equal(th_run_tensord(a1, errfile, 10000), 2);
+    const char *a2[] = {"--port", "0", "--output-soft", "lots", NULL};
+    assert_int_equal(th_run_tensord(a2, errfile, 10000), 2);
+    const char *a3[] = {"--help", NULL};
+    assert_int_equal(th_run_tensord(a3, errfile, 10000), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_token_file),       cmocka_unit_test(test_token_env),
+        cmocka_unit_test(test_bad_token_config), cmocka_unit_test(test_non_loopback_needs_token),
+        cmocka_unit_test(test_hello_timeout),    cmocka_unit_test(test_bad_flags_exit_2),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

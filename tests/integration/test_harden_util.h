@@ -1,0 +1,41 @@
+/*
+ * Helpers for the tensord hardening tests: running tensord to check how it exits, HELLO with a
+ * token, tolerant request/reply exchanges over raw sockets, and process measurements.
+ */
+#ifndef TS_TEST_HARDEN_UTIL_H
+#define TS_TEST_HARDEN_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "test_server_util.h"
+
+/*
+ * Run tensord with args (NULL-terminated) until it exits or timeout_ms passes (then it is
+ * killed and -1 returned). Its stderr goes to errfile (may be NULL). Returns the exit status.
+ */
+int th_run_tensord(const char *const *args, const char *errfile, int timeout_ms);
+/* 1 when file contains needle. */
+int th_file_contains(const char *file, const char *needle);
+
+/* Send HELLO with token (len bytes, may be 0). */
+int th_send_hello(int fd, uint32_t rid, const void *token, size_t len);
+
+/*
+ * Receive frames until the reply to rid (notifications are skipped and counted in *notes when
+ * notes is not NULL). 0 with *f filled, or -1 when the connection ended or timed out.
+ */
+int th_recv_reply(int fd, uint32_t rid, tsu_frame *f, int *notes);
+
+/* CPU time (user + system) of a process in milliseconds, or -1. */
+long th_cpu_ms(int pid);
+/* Milliseconds of a monotonic clock. */
+uint64_t th_now_ms(void);
+/* Sleep ms milliseconds. */
+void th_sleep_ms(int ms);
+/* The test's scale for durations: TS_TEST_SLOW=1 (sanitizer builds) gives 3, else 1. */
+int th_slow(void);
+/* Write len bytes to path (0600). 0 or -1. */
+int th_write_file(const char *path, const void *data, size_t len);
+
+#endif /* TS_TEST_HARDEN_UTIL_H */
