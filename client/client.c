@@ -459,6 +459,8 @@ static uv_buf_t mkbuf(const void *p, size_t len)
 static int req_prepare(ts_client_t *c, ts__req *r)
 {
     ts__conn *conn = c->conn;
+    /* Set first: a HELLO completed with an error below must still end its connection attempt. */
+    r->conn = conn;
     if ((r->hflags & TS_FLAG_LZ4) && !conn->lz4) {
         int rc = inflate_body(r);
         if (rc != 0) {
@@ -495,7 +497,6 @@ static int req_prepare(ts_client_t *c, ts__req *r)
     }
     r->id = id;
     r->in_map = 1;
-    r->conn = conn;
 
     ts__hdr h = {.magic = TS_MAGIC_REQ,
                  .version = TS_PROTO_VERSION,

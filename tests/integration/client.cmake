@@ -43,3 +43,7 @@ target_include_directories(test_client_idmap PRIVATE ${PROJECT_SOURCE_DIR}/clien
 # A fake server that answers with malformed frames: TS_EPROTO, dropped connection, reconnection.
 ts_add_test(test_client_badserver SOURCES test_client_badserver.c
   LIBS tensorshare_static LABELS integration client TIMEOUT 120)
+
+# Allocation torture: the N-th allocation of a client's life fails, for every N.
+ts_add_test(test_client_alloc SOURCES test_client_alloc.c
+  LIBS tensorshare_static LABELS integration client TIMEOUT 300)
