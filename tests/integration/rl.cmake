@@ -25,3 +25,11 @@ if(TARGET rl_bench)
     TIMEOUT 120
     ENVIRONMENT "TS_TENSORD=$<TARGET_FILE:tensord>")
 endif()
+
+# docs/RL.md's example, run as written (smaller counts): trainer and workers as processes.
+if(TARGET rl_trainer AND TARGET rl_worker AND TARGET tensord)
+  add_test(NAME test_rl_example
+    COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/rl/rl_example_test.sh $<TARGET_FILE:tensord>
+      $<TARGET_FILE:rl_trainer> $<TARGET_FILE:rl_worker>)
+  set_tests_properties(test_rl_example PROPERTIES LABELS "integration;rl;client" TIMEOUT 180)
+endif()
