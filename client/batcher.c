@@ -583,7 +583,7 @@ static void replica_update(breplica *r)
         b->st.weight_loads++;
     } else if (w->first_err == 0) {
         w->first_err = rc;
-        snprintf(w->err, sizeof(w->err), "replica %d (%s): %s", r->index, r->device,
+        snprintf(w->err, sizeof(w->err), "replica %d (%s): %.200s", r->index, r->device,
                  err[0] ? err : ts_strerror(rc));
     }
     if (weights_settle(b, w)) {
@@ -894,7 +894,7 @@ static void run_batch(breplica *r, int n, int64_t version)
     char err[TS__BERR_LEN] = "";
     int rc = r->model->ops->forward(r->model, input, rows, &out, err, sizeof(err));
     if (rc != 0) {
-        snprintf(msg, sizeof(msg), "model failed on %s: %s", r->device,
+        snprintf(msg, sizeof(msg), "model failed on %s: %.200s", r->device,
                  err[0] ? err : ts_strerror(rc));
         ts_value_free(out);
         out = NULL;
