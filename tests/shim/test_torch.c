@@ -631,6 +631,33 @@ static void test_batcher_cuda(void **state)
         assert_true(close_enough(fdata(y), fdata(want), 12));
         ts_value_free(y);
         ts_value_free(want);
+        /* A weight update reaches both GPU replicas: halved weights, answered as version 7. */
+        ts_value_t *sd = NULL;
+        assert_int_equal(ts_torch_state_dict(proto, &sd), 0);
+        for (size_t i = 0; i < ts_value_len(sd); i++) {
+            const ts_tensor_t *t = ts_value_tensor(ts_map_value_at(sd, i));
+            for (int64_t k = 0; t->dtype == TS_FLOAT32 && k < ts_tensor_numel(t); k++)
+                ((float *)t->data)[k] *= 0.5f;
+        }
+        assert_int_equal(ts_batcher_load_weights(b, sd, 7, 30000), 0);
+        int64_t lo = 0, hi = 0;
+        ts_batcher_versions(b, &lo, &hi);
+        assert_int_equal(lo, 7);
+        assert_int_equal(hi, 7);
+        ts_torch_model_t *ref = NULL;
+        assert_int_equal(ts_torch_clone(&ref, proto, "cpu"), 0);
+        assert_int_equal(ts_torch_load_state_dict(ref, sd, 0), 0);
+        assert_int_equal(ts_torch_forward(ref, x, &want), 0);
+        for (int i = 0; i < 4; i++) {
+            int64_t v = -1;
+            assert_int_equal(ts_batcher_predict(b, x, 30000, &y, &v), 0);
+            assert_int_equal(v, 7);
+            assert_true(close_enough(fdata(y), fdata(want), 12));
+            ts_value_free(y);
+        }
+        ts_value_free(want);
+        ts_torch_model_free(ref);
+        ts_value_free(sd);
         ts_value_free(x);
         ts_batcher_free(b);
     }
