@@ -276,7 +276,9 @@ typedef void (*ts_remote_cb)(ts_predictor_t *p, int status, ts_value_t *output, 
 
 /*
  * Send a request (input borrowed for the call: it is encoded and sent before this returns).
- * timeout_ms: 0 for the client's request timeout, <0 for none. Any number may be outstanding.
+ * timeout_ms: 0 for 30 s, <0 for none. The callback gets TS_ETIMEDOUT when no answer came in
+ * time; the server also drops the request if it is still queued there that long after the
+ * server took it from the request bin. Any number may be outstanding.
  */
 TS_EXTERN int ts_predictor_submit(ts_predictor_t *p, const ts_value_t *input, int timeout_ms,
                                   ts_remote_cb cb, void *arg);
