@@ -148,6 +148,16 @@ static void keep_message(const ts__req *r)
 }
 
 /*
+ * A blocking caller is done with c (mu held): after mu is released, c is never touched again,
+ * so a ts_client_free running on another thread may then free it (see client_destroy).
+ */
+static void leave_client_locked(ts_client_t *c)
+{
+    if (--c->waiters == 0 && c->closing)
+        pthread_cond_broadcast(&c->open_cond);
+}
+
+/*
  * Submit a blocking request and wait for it. Returns its status; r stays the caller's to read
  * and free, except when the wait gave up (TS_ETIMEDOUT with *gone = 1): r then belongs to the
  * I/O thread, which frees it once it is done with it.
@@ -181,12 +191,14 @@ static int wait_done(ts_client_t *c, ts__req *r, int *gone)
         }
         while (r->wbusy && r->borrowed)
             pthread_cond_wait(&r->cond, &c->mu);
+        leave_client_locked(c);
         pthread_mutex_unlock(&c->mu);
         ts__sub_unref(drop);
         *gone = 1;
         ts__set_last_error(NULL, 0);
         return TS_ETIMEDOUT;
     }
+    leave_client_locked(c);
     pthread_mutex_unlock(&c->mu);
     keep_message(r);
     return r->status;

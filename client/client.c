@@ -1394,6 +1394,14 @@ static void io_shutdown(ts_client_t *c)
 
 static void client_destroy(ts_client_t *c)
 {
+    /*
+     * Threads still blocked in calls on c have had their requests completed (TS_ECANCELED);
+     * wait until the last of them has stopped touching c (see wait_done).
+     */
+    pthread_mutex_lock(&c->mu);
+    while (c->waiters > 0)
+        pthread_cond_wait(&c->open_cond, &c->mu);
+    pthread_mutex_unlock(&c->mu);
     ts__idmap_free(&c->inflight);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->open_cond);
@@ -1425,6 +1433,8 @@ int ts__submit_locked(ts_client_t *c, ts__req *r)
     if (c->closing)
         return TS_ECANCELED;
     r->next = NULL;
+    if (r->kind == TS__K_BLOCK)
+        c->waiters++; /* until wait_done (api.c) lets go of the client */
     if (c->inbox_tail != NULL)
         c->inbox_tail->next = r;
     else

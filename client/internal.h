@@ -177,6 +177,7 @@ struct ts_client_s {
     ts__req *inbox_tail; /* under mu */
     ts__sub *subs;       /* under mu */
     int closing;         /* under mu: ts_client_free was called */
+    int waiters;         /* under mu: blocking callers between submitting and returning */
     pthread_cond_t open_cond;
     int open_done;      /* under mu */
     int open_status;    /* under mu */

@@ -254,7 +254,9 @@ TS_EXTERN void ts_bin_list_free(ts_bin_list_t *list);
  * connection. Callbacks run on the client's I/O thread; a blocking call made from inside a
  * callback returns TS_EDEADLK instead of deadlocking. If the connection drops, requests in
  * flight fail with TS_ECONNRESET, the client reconnects on its own with backoff, and
- * subscriptions are re-established. See docs/THREADING.md.
+ * subscriptions are re-established. A server that breaks the protocol (a malformed frame) is
+ * treated the same way, except that the requests in flight fail with TS_EPROTO. See
+ * docs/THREADING.md.
  */
 typedef struct ts_client_s ts_client_t;
 
@@ -283,8 +285,11 @@ TS_EXTERN int ts_client_open(ts_client_t **out, const char *address, const ts_op
 
 /*
  * Close the client: pending requests complete with TS_ECANCELED, subscriptions get their final
- * callback, the connection and the I/O thread end. May be called from a callback (the client is
- * then freed once the callback returns). NULL is a no-op.
+ * callback, the connection and the I/O thread end. Other threads may be waiting in blocking
+ * calls on c meanwhile: those calls return TS_ECANCELED, and c is freed only after the last of
+ * them has returned. No call on c may start once ts_client_free has been called, except from
+ * the callbacks it runs. May be called from a callback (the client is then freed once the
+ * callback returns). NULL is a no-op.
  */
 TS_EXTERN void ts_client_free(ts_client_t *c);
 

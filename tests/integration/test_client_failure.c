@@ -463,6 +463,85 @@ static void test_kill_restart_under_load(void **state)
     tsh_server_cleanup(&s);
 }
 
+/* A thread blocked in ts_wait on bin "never" until the client is closed. */
+typedef struct wait_args {
+    ts_client_t *c;
+    int rc;
+    tc_latch *started;
+} wait_args;
+
+static void *wait_main(void *arg)
+{
+    wait_args *wa = arg;
+    tc_latch_add(wa->started, 1);
+    wa->rc = ts_wait(wa->c, "never", 0, 60000, NULL, NULL);
+    return NULL;
+}
+
+/*
+ * ts_client_free while other threads wait in blocking calls (ts_wait on a live server, ts_put
+ * while the server is down): they return TS_ECANCELED, and the client is freed only after the
+ * last of them has let go of it (ASan and TSan would see a use after free otherwise).
+ */
+static void test_free_while_threads_block(void **state)
+{
+    (void)state;
+    tsh_server s;
+    assert_int_equal(tsh_server_start(&s, NULL), 0);
+    ts_options_t o;
+    ts_options_init(&o);
+    o.request_timeout_ms = 60000;
+    for (int round = 0; round < 2; round++) {
+        ts_client_t *c;
+        assert_int_equal(ts_client_open(&c, s.addr, &o), 0);
+        if (round == 1) { /* the blocked calls wait for a reconnection instead */
+            tsh_server_kill(&s);
+            for (int i = 0; i < 500 && ts_client_connected(c); i++)
+                tc_sleep_ms(10);
+        }
+        enum { N = 6 };
+        tc_latch started;
+        tc_latch_init(&started);
+        wait_args wa[N];
+        put_args pa[N];
+        pthread_t th[2 * N];
+        ts_value_t *it = tc_item(16, 0, 1);
+        for (int i = 0; i < N; i++) {
+            wa[i] = (wait_args){c, 1, &started};
+            pa[i] = (put_args){c, it, 1};
+            assert_int_equal(pthread_create(&th[i], NULL, wait_main, &wa[i]), 0);
+            assert_int_equal(pthread_create(&th[N + i], NULL, put_main, &pa[i]), 0);
+        }
+        assert_int_equal(tc_latch_wait(&started, N, TC_WAIT_MS), N);
+        if (round == 0) { /* a live server answers the puts */
+            for (int i = 0; i < N; i++) {
+                pthread_join(th[N + i], NULL);
+                assert_int_equal(pa[i].rc, 0);
+            }
+        }
+        tc_sleep_ms(500); /* let every thread reach its wait (no call may start after the free) */
+        uint64_t t0 = tc_now_ms();
+        ts_client_free(c);
+        uint64_t el = tc_now_ms() - t0;
+        for (int i = 0; i < (round == 0 ? N : 2 * N); i++)
+            pthread_join(th[i], NULL);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(wa[i].rc, TS_ECANCELED);
+            /* On a live server the puts were done before the free; else they were cancelled. */
+            assert_int_equal(pa[i].rc, round == 0 ? 0 : TS_ECANCELED);
+        }
+        printf("round %d: ts_client_free with %d blocked threads took %llu ms\n", round,
+               round == 0 ? N : 2 * N, (unsigned long long)el);
+        assert_true(el < 10000);
+        ts_value_free(it);
+        tc_latch_destroy(&started);
+        if (round == 1)
+            assert_int_equal(tsh_server_restart(&s, NULL), 0);
+    }
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -472,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_request_timeouts_and_late_replies),
         cmocka_unit_test(test_requests_wait_for_reconnect),
         cmocka_unit_test(test_kill_restart_under_load),
+        cmocka_unit_test(test_free_while_threads_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
