@@ -235,25 +235,31 @@ static void tick_cb(uv_timer_t *t)
         req_finish(c, r, TS_ETIMEDOUT);
     }
 
-    /* Requests in flight. */
-    ts__req *late = NULL;
-    for (size_t i = 0; i < c->inflight.cap; i++) {
-        if (c->inflight.keys[i] == 0)
-            continue;
-        ts__req *r = c->inflight.vals[i];
-        if (r->deadline_ns != 0 && r->deadline_ns <= now) {
-            r->next = late;
-            late = r;
-        }
-    }
+    /*
+     * Requests in flight, collected by id and looked up again one by one: completing one runs
+     * code that may change the map (and a failed write would complete the others already).
+     */
     int cut = 0;
-    while (late != NULL) {
-        ts__req *r = late;
-        late = r->next;
-        r->next = NULL;
-        /* A frame still being written cannot be withdrawn: the connection has to go. */
-        cut |= r->wpending;
-        req_complete(c, r, TS_ETIMEDOUT);
+    for (;;) {
+        uint32_t ids[64];
+        size_t k = 0;
+        for (size_t i = 0; i < c->inflight.cap && k < TS__ARRAY_SIZE(ids); i++) {
+            if (c->inflight.keys[i] == 0)
+                continue;
+            const ts__req *r = c->inflight.vals[i];
+            if (r->deadline_ns != 0 && r->deadline_ns <= now)
+                ids[k++] = c->inflight.keys[i];
+        }
+        for (size_t j = 0; j < k; j++) {
+            ts__req *r = ts__idmap_get(&c->inflight, ids[j]);
+            if (r == NULL)
+                continue;
+            /* A frame still being written cannot be withdrawn: the connection has to go. */
+            cut |= r->wpending;
+            req_complete(c, r, TS_ETIMEDOUT);
+        }
+        if (k < TS__ARRAY_SIZE(ids))
+            break;
     }
     if (cut && c->conn != NULL)
         conn_fail(c, c->conn, TS_ETIMEDOUT, "a request timed out while its frame was written");

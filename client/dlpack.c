@@ -96,9 +96,13 @@ ts_value_t *ts_tensor_from_dlpack(DLManagedTensor *t)
     if (d->strides != NULL) {
         int64_t expect = 1;
         for (int i = d->ndim - 1; i >= 0; i--) {
+            if (d->shape[i] < 0)
+                return NULL;
             if (d->shape[i] != 1 && d->strides[i] != expect)
                 return NULL;
-            expect *= d->shape[i];
+            /* An absurd shape must not overflow here; ts_tensor_new rejects it below. */
+            if (__builtin_mul_overflow(expect, d->shape[i], &expect))
+                return NULL;
         }
     }
     const void *data = d->data == NULL ? NULL : (const uint8_t *)d->data + d->byte_offset;

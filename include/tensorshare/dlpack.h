@@ -29,7 +29,7 @@ TS_EXTERN ts_value_t *ts_tensor_from_dlpack(DLManagedTensor *t);
 
 /*
  * A DLManagedTensor describing v's tensor (zero-copy); free it by calling its deleter.
- * - For a received value (from get, peek or a notification's fetch) the DLManagedTensor holds
+ * - For a received value (from get or peek) the DLManagedTensor holds
  *   its own reference on the receive buffer: it stays valid after ts_items_free, until its
  *   deleter runs. Received data is meant to be read-only.
  * - For a value you built, the data is borrowed: the DLManagedTensor must not outlive v.
