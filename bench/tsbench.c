@@ -537,6 +537,9 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--raw") == 0) {
             g.raw = 1;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage();
+            return 0;
         } else {
             usage();
             return 2;
