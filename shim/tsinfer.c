@@ -170,8 +170,8 @@ int main(int argc, char **argv)
     ts_torch_model_t *proto = NULL;
     int rc = ts_torch_load_file(&proto, model, "cpu");
     if (rc != 0) {
-        fprintf(stderr, "tsinfer: loading %s: %s: %s\n", model, ts_strerror(rc),
-                ts_torch_last_error());
+        /* The shim's message says what failed (ts_strerror's text for TS_ENOENT is about bins). */
+        fprintf(stderr, "tsinfer: loading %s: %s\n", model, ts_torch_last_error());
         return 1;
     }
     ts_batcher_config_t cfg;
@@ -197,7 +197,8 @@ int main(int argc, char **argv)
     ts_client_t *client = NULL;
     rc = ts_client_open(&client, server, NULL);
     if (rc != 0) {
-        fprintf(stderr, "tsinfer: connecting to %s: %s\n", server, ts_strerror(rc));
+        fprintf(stderr, "tsinfer: connecting to %s: %s (%s)\n", server, ts_strerror(rc),
+                ts_client_last_error());
         ts_batcher_free(b);
         ts_torch_model_free(proto);
         return 1;

@@ -34,7 +34,8 @@ typedef struct ts_torch_model_s ts_torch_model_t;
  * (which may come straight out of a bin; they are read during the call only), onto device
  * ("cpu", "cuda" or "cuda:N"; NULL means "cpu"). The model is put in eval mode and runs every
  * forward in inference mode (no autograd). A CUDA device on a build or machine without CUDA
- * gives TS_ENOTSUP; a device number past the last GPU TS_EINVAL. Added in 0.1.0.
+ * gives TS_ENOTSUP; a device number past the last GPU TS_EINVAL; a file that cannot be opened
+ * TS_ENOENT; bytes that are not a TorchScript archive TS_ETORCH. Added in 0.1.0.
  */
 TS_EXTERN int ts_torch_load_file(ts_torch_model_t **out, const char *path, const char *device);
 TS_EXTERN int ts_torch_load_bytes(ts_torch_model_t **out, const void *data, size_t len,

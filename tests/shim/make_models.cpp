@@ -11,6 +11,7 @@
 #include <torch/script.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 namespace
@@ -108,6 +109,7 @@ int main(int argc, char **argv)
     }
     std::string dir = argv[1];
     try {
+        std::filesystem::create_directories(dir); /* docs/BATCHER.md names a fresh directory */
         torch::manual_seed(0);
         mlp().save(dir + "/mlp.pt");
         dict_model().save(dir + "/dict.pt");
@@ -115,6 +117,9 @@ int main(int argc, char **argv)
         identity().save(dir + "/identity.pt");
         listy().save(dir + "/listy.pt");
         keeper().save(dir + "/keeper.pt");
+    } catch (const c10::Error &e) {
+        std::fprintf(stderr, "make_models: %s\n", e.what_without_backtrace());
+        return 1;
     } catch (const std::exception &e) {
         std::fprintf(stderr, "make_models: %s\n", e.what());
         return 1;
