@@ -19,6 +19,20 @@
 #include "tensorshare/tensorshare.h"
 #include "test_harden_util.h"
 
+/* The daemon of the running test; a failed assertion leaves it to the teardown to stop. */
+static tsh_server s;
+
+static int kill_leftover(void **state)
+{
+    (void)state;
+    if (s.pid > 0) {
+        tsh_server_kill(&s);
+        tsh_server_cleanup(&s);
+    }
+    memset(&s, 0, sizeof(s));
+    return 0;
+}
+
 #define TOKEN "correct horse battery staple 42"
 
 static char dir[256], token_file[300], errfile[300];
@@ -45,9 +59,9 @@ static int teardown(void **state)
 }
 
 /* HELLO with token on a fresh connection; expect status, and the close when it is an error. */
-static void hello_expect(const tsh_server *s, const void *token, size_t len, uint16_t status)
+static void hello_expect(const tsh_server *sv, const void *token, size_t len, uint16_t status)
 {
-    int fd = tsh_connect_tcp(s->port);
+    int fd = tsh_connect_tcp(sv->port);
     assert_true(fd >= 0);
     assert_int_equal(th_send_hello(fd, 9, token, len), 0);
     if (status == TS_ST_OK) {
@@ -64,9 +78,9 @@ static void hello_expect(const tsh_server *s, const void *token, size_t len, uin
 }
 
 /* A connection that has passed HELLO with the right token. */
-static int authed_client(const tsh_server *s)
+static int authed_client(const tsh_server *sv)
 {
-    int fd = tsh_connect_tcp(s->port);
+    int fd = tsh_connect_tcp(sv->port);
     assert_true(fd >= 0);
     assert_int_equal(th_send_hello(fd, 1, TOKEN, strlen(TOKEN)), 0);
     tsu_frame f;
@@ -75,26 +89,26 @@ static int authed_client(const tsh_server *s)
     return fd;
 }
 
-static void check_token_cases(const tsh_server *s)
+static void check_token_cases(const tsh_server *sv)
 {
-    hello_expect(s, TOKEN, strlen(TOKEN), TS_ST_OK);
-    hello_expect(s, NULL, 0, TS_ST_AUTH_REQUIRED);
-    hello_expect(s, "wrong", 5, TS_ST_AUTH_FAILED);
+    hello_expect(sv, TOKEN, strlen(TOKEN), TS_ST_OK);
+    hello_expect(sv, NULL, 0, TS_ST_AUTH_REQUIRED);
+    hello_expect(sv, "wrong", 5, TS_ST_AUTH_FAILED);
     /* A prefix, the token with one more byte, one byte changed at the end, and at the start. */
-    hello_expect(s, TOKEN, strlen(TOKEN) - 1, TS_ST_AUTH_FAILED);
-    hello_expect(s, TOKEN "!", strlen(TOKEN) + 1, TS_ST_AUTH_FAILED);
+    hello_expect(sv, TOKEN, strlen(TOKEN) - 1, TS_ST_AUTH_FAILED);
+    hello_expect(sv, TOKEN "!", strlen(TOKEN) + 1, TS_ST_AUTH_FAILED);
     char t[64];
     memcpy(t, TOKEN, strlen(TOKEN));
     t[strlen(TOKEN) - 1] ^= 1;
-    hello_expect(s, t, strlen(TOKEN), TS_ST_AUTH_FAILED);
+    hello_expect(sv, t, strlen(TOKEN), TS_ST_AUTH_FAILED);
     memcpy(t, TOKEN, strlen(TOKEN));
     t[0] ^= 0x20;
-    hello_expect(s, t, strlen(TOKEN), TS_ST_AUTH_FAILED);
+    hello_expect(sv, t, strlen(TOKEN), TS_ST_AUTH_FAILED);
     /* The token with its newline is a different token. */
-    hello_expect(s, TOKEN "\n", strlen(TOKEN) + 1, TS_ST_AUTH_FAILED);
+    hello_expect(sv, TOKEN "\n", strlen(TOKEN) + 1, TS_ST_AUTH_FAILED);
 
     /* Before authentication nothing but HELLO is read, and a PUT stores nothing. */
-    int fd = tsh_connect_tcp(s->port);
+    int fd = tsh_connect_tcp(sv->port);
     size_t len;
     uint8_t *rec = tsu_rec_int(7, &len);
     assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 3, "sneaky", rec, len), 0);
@@ -102,7 +116,7 @@ static void check_token_cases(const tsh_server *s)
     tsu_expect_error_close(fd, TS_ST_BAD_REQUEST);
     close(fd);
     /* A large frame before HELLO is refused on its header. */
-    fd = tsh_connect_tcp(s->port);
+    fd = tsh_connect_tcp(sv->port);
     uint8_t big[8192];
     memset(big, 0, sizeof(big));
     big[0] = TS_PROTO_VERSION;
@@ -111,7 +125,7 @@ static void check_token_cases(const tsh_server *s)
     tsu_expect_error_close(fd, TS_ST_TOO_LARGE);
     close(fd);
 
-    fd = authed_client(s);
+    fd = authed_client(sv);
     tsu_items it;
     assert_int_equal(tsu_send_get(fd, TS_OP_PEEK, 5, "sneaky", 0), 0);
     tsu_frame f;
@@ -128,7 +142,6 @@ static void check_token_cases(const tsh_server *s)
 static void test_token_file(void **state)
 {
     (void)state;
-    tsh_server s;
     const char *args[] = {"--auth-token-file", token_file, NULL};
     assert_int_equal(tsh_server_start(&s, args), 0);
     check_token_cases(&s);
@@ -170,7 +183,6 @@ static void test_token_file(void **state)
 static void test_token_env(void **state)
 {
     (void)state;
-    tsh_server s;
     setenv("TS_AUTH_TOKEN", TOKEN, 1);
     int rc = tsh_server_start(&s, NULL);
     unsetenv("TS_AUTH_TOKEN");
@@ -208,7 +220,6 @@ static void test_non_loopback_needs_token(void **state)
         assert_true(th_file_contains(errfile, "--insecure"));
     }
     /* Loopback needs nothing. */
-    tsh_server s;
     const char *lo[] = {"--host", "127.0.0.2", NULL};
     assert_int_equal(tsh_server_start(&s, lo), 0);
     assert_int_equal(tsh_server_stop(&s), 0);
@@ -231,7 +242,6 @@ static void test_non_loopback_needs_token(void **state)
 static void test_hello_timeout(void **state)
 {
     (void)state;
-    tsh_server s;
     const char *args[] = {"--hello-timeout", "600", NULL};
     assert_int_equal(tsh_server_start(&s, args), 0);
     int idle = tsh_connect_tcp(s.port);
@@ -270,9 +280,12 @@ static void test_bad_flags_exit_2(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_token_file),       cmocka_unit_test(test_token_env),
-        cmocka_unit_test(test_bad_token_config), cmocka_unit_test(test_non_loopback_needs_token),
-        cmocka_unit_test(test_hello_timeout),    cmocka_unit_test(test_bad_flags_exit_2),
+        cmocka_unit_test_teardown(test_token_file, kill_leftover),
+        cmocka_unit_test_teardown(test_token_env, kill_leftover),
+        cmocka_unit_test_teardown(test_bad_token_config, kill_leftover),
+        cmocka_unit_test_teardown(test_non_loopback_needs_token, kill_leftover),
+        cmocka_unit_test_teardown(test_hello_timeout, kill_leftover),
+        cmocka_unit_test_teardown(test_bad_flags_exit_2, kill_leftover),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
