@@ -633,6 +633,19 @@ static int bad(snap_reader *r, const char *fmt, ...)
     return -1;
 }
 
+/* A length that points past the end: the file was cut short, or a length was damaged. */
+static int cut(snap_reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int cut(snap_reader *r, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    snprintf(r->err, r->err_cap, "snapshot %s is truncated or damaged: %s", r->path, msg);
+    return -1;
+}
+
 /* A bin read from the file, not yet in the store. */
 typedef struct load_bin {
     uint8_t name_len;
@@ -666,7 +679,7 @@ static int load_bin_read(snap_reader *r, load_bin *lb, size_t index, uint64_t *a
         return -1;
     uint32_t n = ts__get_u32le(fixed + 1 + nl + 8);
     if (n > items_total - *items_seen || (uint64_t)n * 16 > r->left)
-        return bad(r, "bin %zu claims %u items, more than the file can hold", index, n);
+        return cut(r, "bin %zu claims %u items, more than the rest of the file can hold", index, n);
     size_t hlen = 1 + nl + 16 + (size_t)n * 8;
     uint8_t *hb = ts__malloc(hlen);
     lb->items = ts__calloc(n > 0 ? n : 1, sizeof(*lb->items));
@@ -696,7 +709,7 @@ static int load_bin_read(snap_reader *r, load_bin *lb, size_t index, uint64_t *a
         uint64_t len = ts__get_u64le(hb + 1 + nl + 16 + (size_t)i * 8);
         if (len > r->left || len < TS_REC_HDR_SIZE) {
             ts__free(hb);
-            return bad(r, "item %u of bin '%s' claims %llu bytes (%llu remain in the file)", i, pn,
+            return cut(r, "item %u of bin '%s' claims %llu bytes (%llu remain in the file)", i, pn,
                        (unsigned long long)len, (unsigned long long)r->left);
         }
         tsd_item *it = tsd_item_new((size_t)len);
@@ -771,7 +784,7 @@ int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, cha
     uint64_t n_items = ts__get_u64le(hdr + 32);
     /* Each bin takes at least 25 bytes and each item 8 + 8 + a record header. */
     if (n_bins > r.left / 25 || n_items > r.left / (16 + TS_REC_HDR_SIZE)) {
-        bad(&r, "the header claims %llu bins and %llu items, more than the file can hold",
+        cut(&r, "the header claims %llu bins and %llu items, more than the file can hold",
             (unsigned long long)n_bins, (unsigned long long)n_items);
         goto out;
     }
