@@ -374,13 +374,15 @@ struct ts_batcher_s {
     int n_rep;
     breq *head, *tail; /* FIFO queue */
     size_t queued;
-    breq **heap; /* min-heap on deadline_ns */
+    int64_t queued_rows; /* rows of the queued requests */
+    breq **heap;         /* min-heap on deadline_ns */
     size_t heap_len, heap_cap;
     int collecting; /* a replica is gathering a batch */
     int stopping;
     pthread_t timer;
     int timer_started;
-    bweights *wt; /* the latest update, or NULL */
+    uint64_t timer_at; /* the deadline the timer sleeps until; UINT64_MAX: none */
+    bweights *wt;      /* the latest update, or NULL */
     uint64_t wt_gen;
     ts_batcher_stats_t st;
     bremote *remote;
@@ -492,6 +494,7 @@ static void unqueue(ts_batcher_t *b, breq *r)
         b->tail = r->prev;
     r->prev = r->next = NULL;
     b->queued--;
+    b->queued_rows -= r->rows;
     heap_remove(b, r);
 }
 
@@ -994,11 +997,14 @@ static void *timer_main(void *arg)
     pthread_mutex_lock(&b->mu);
     while (!b->stopping) {
         if (b->heap_len == 0) {
+            b->timer_at = UINT64_MAX;
             pthread_cond_wait(&b->timer_cv, &b->mu);
             continue;
         }
         breq *r = b->heap[0];
         if (r->deadline_ns > now_ns()) {
+            /* A request taken from the heap leaves this wait early at worst, never late. */
+            b->timer_at = r->deadline_ns;
             struct timespec ts = abs_ts(r->deadline_ns);
             pthread_cond_timedwait(&b->timer_cv, &b->mu, &ts);
             continue;
@@ -1195,6 +1201,7 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_config_t *cfg)
     cond_init(&b->work_cv);
     cond_init(&b->collect_cv);
     cond_init(&b->timer_cv);
+    b->timer_at = UINT64_MAX;
     b->max_batch = cfg->max_batch;
     b->max_delay_ns = (uint64_t)cfg->max_delay_us * 1000u;
     b->timeout_ms = cfg->timeout_ms;
@@ -1341,8 +1348,14 @@ int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, 
             req_free(r);
             return TS_ENOMEM;
         }
-        if (b->heap[0] == r)
+        /*
+         * Wake the timer only for a deadline earlier than the one it sleeps until: with one
+         * timeout for every request, deadlines arrive in order and it almost never is.
+         */
+        if (r->deadline_ns < b->timer_at) {
+            b->timer_at = r->deadline_ns;
             pthread_cond_signal(&b->timer_cv);
+        }
     }
     r->prev = b->tail;
     if (b->tail != NULL)
@@ -1351,9 +1364,16 @@ int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, 
         b->head = r;
     b->tail = r;
     b->queued++;
-    if (b->collecting)
-        pthread_cond_signal(&b->collect_cv);
-    else
+    b->queued_rows += r->rows;
+    /*
+     * The gathering replica sleeps until its delay ends or the batch cannot grow; waking it
+     * for every arrival would cost a context switch per request. The queue's rows reach
+     * max_batch exactly when the batch from its head is full or the next request does not fit.
+     */
+    if (b->collecting) {
+        if (b->queued_rows >= b->max_batch)
+            pthread_cond_signal(&b->collect_cv);
+    } else
         pthread_cond_signal(&b->work_cv);
     pthread_mutex_unlock(&b->mu);
     return 0;
@@ -1361,7 +1381,7 @@ int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, 
 
 /* A blocking call waiting for its callback. */
 typedef struct bsync {
-    pthread_mutex_t *mu;
+    pthread_mutex_t mu; /* its own: answering must not contend for the batcher's lock */
     pthread_cond_t cv;
     int done;
     int status;
@@ -1375,14 +1395,14 @@ static void sync_cb(ts_batcher_t *b, int status, ts_value_t *output, int64_t ver
 {
     (void)b;
     bsync *s = arg;
-    pthread_mutex_lock(s->mu);
+    pthread_mutex_lock(&s->mu);
     s->status = status;
     s->output = output;
     s->version = version;
     snprintf(s->msg, sizeof(s->msg), "%s", message != NULL ? message : "");
     s->done = 1;
     pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(s->mu);
+    pthread_mutex_unlock(&s->mu);
 }
 
 int ts_batcher_predict(ts_batcher_t *b, const ts_value_t *input, int timeout_ms,
@@ -1394,20 +1414,24 @@ int ts_batcher_predict(ts_batcher_t *b, const ts_value_t *input, int timeout_ms,
     }
     bsync s;
     memset(&s, 0, sizeof(s));
-    s.mu = &b->mu;
-    if (cond_init(&s.cv) != 0)
+    if (pthread_mutex_init(&s.mu, NULL) != 0)
         return TS_ENOMEM;
-    int rc = ts_batcher_submit(b, input, 0, timeout_ms, sync_cb, &s);
-    if (rc != 0) {
-        pthread_cond_destroy(&s.cv);
-        return rc;
+    if (cond_init(&s.cv) != 0) {
+        pthread_mutex_destroy(&s.mu);
+        return TS_ENOMEM;
     }
-    /* The timer thread answers at the deadline, and shutdown cancels: this wait ends. */
-    pthread_mutex_lock(&b->mu);
-    while (!s.done)
-        pthread_cond_wait(&s.cv, &b->mu);
-    pthread_mutex_unlock(&b->mu);
+    int rc = ts_batcher_submit(b, input, 0, timeout_ms, sync_cb, &s);
+    if (rc == 0) {
+        /* The timer thread answers at the deadline, and shutdown cancels: this wait ends. */
+        pthread_mutex_lock(&s.mu);
+        while (!s.done)
+            pthread_cond_wait(&s.cv, &s.mu);
+        pthread_mutex_unlock(&s.mu);
+    }
     pthread_cond_destroy(&s.cv);
+    pthread_mutex_destroy(&s.mu);
+    if (rc != 0)
+        return rc;
     if (s.status != 0) {
         set_err("%s", s.msg);
         return s.status;
