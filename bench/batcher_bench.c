@@ -5,12 +5,16 @@
  *
  *   batcher_bench --model mlp.pt [--threads 64] [--requests 200] [--placement cpu:2]
  *                 [--max-batch 64] [--max-delay-us 500] [--tensord PATH | --server ADDR]
- *                 [--clients 8] [--smoke]
+ *                 [--clients 8] [--modes direct,single,batched] [--smoke]
  *
  * The model takes a bare [rows, 8] float32 tensor and returns [rows, 4] (tests/shim's mlp.pt;
  * TS_MODELS_DIR is used when --model is not given). --tensord starts a private tensord on a
  * free port for the remote rows; without it or --server they are skipped. --smoke runs tiny
  * counts (a test runs it that way).
+ *
+ * Unbatched baselines, both "one forward per request": "direct" gives every requester its own
+ * copy of the model and calls it itself (what a program without the batcher does), "single"
+ * is the batcher with max_batch 1. --modes picks the in-process rows (all three by default).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -53,12 +57,14 @@ typedef struct opts {
     const char *placement;
     const char *server;
     const char *tensord;
+    const char *modes;
 } opts;
 
 typedef struct req_thread {
     const opts *o;
-    ts_batcher_t *b;      /* in process */
-    ts_predictor_t *pred; /* remote */
+    ts_batcher_t *b;       /* in process */
+    ts_predictor_t *pred;  /* remote */
+    ts_torch_model_t *own; /* direct: this requester's copy of the model */
     int index;
     uint64_t *lat_ns; /* o->requests entries */
     int failures;
@@ -75,8 +81,9 @@ static void *requester(void *arg)
     for (int i = 0; i < t->o->requests; i++) {
         ts_value_t *out = NULL;
         uint64_t t0 = now_ns();
-        int rc = t->pred != NULL ? ts_predictor_predict(t->pred, in, 60000, &out, NULL)
-                                 : ts_batcher_predict(t->b, in, 60000, &out, NULL);
+        int rc = t->own != NULL    ? ts_torch_forward(t->own, in, &out)
+                 : t->pred != NULL ? ts_predictor_predict(t->pred, in, 60000, &out, NULL)
+                                   : ts_batcher_predict(t->b, in, 60000, &out, NULL);
         t->lat_ns[i] = now_ns() - t0;
         if (rc != 0)
             t->failures++;
@@ -128,7 +135,7 @@ static int run(const opts *o, ts_torch_model_t *proto, const char *mode, int max
     static pthread_t th[MAX_THREADS];
     uint64_t *lat = g_lat;
     for (int i = 0; i < o->threads; i++) {
-        t[i] = (req_thread){o, b, NULL, i, lat + (size_t)i * (size_t)o->requests, 0};
+        t[i] = (req_thread){o, b, NULL, NULL, i, lat + (size_t)i * (size_t)o->requests, 0};
         if (serve_client != NULL &&
             ts_predictor_open(&t[i].pred, clients[i % o->clients], name) != 0) {
             fprintf(stderr, "batcher_bench: predictor %d failed\n", i);
@@ -161,6 +168,40 @@ static int run(const opts *o, ts_torch_model_t *proto, const char *mode, int max
            st.batches ? (double)st.rows / (double)st.batches : 0.0, failures ? "FAILURES" : "");
     fflush(stdout);
     return failures == 0 ? 0 : -1;
+}
+
+/* The direct baseline: each requester runs its own copy of the model, no batcher. 0 or -1. */
+static int run_direct(const opts *o, ts_torch_model_t *proto)
+{
+    static req_thread t[MAX_THREADS];
+    static pthread_t th[MAX_THREADS];
+    int failures = 0;
+    for (int i = 0; i < o->threads; i++) {
+        t[i] = (req_thread){o, NULL, NULL, NULL, i, g_lat + (size_t)i * (size_t)o->requests, 0};
+        if (ts_torch_clone(&t[i].own, proto, "cpu") != 0) {
+            fprintf(stderr, "batcher_bench: clone: %s\n", ts_torch_last_error());
+            failures = 1;
+        }
+    }
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < o->threads && failures == 0; i++)
+        pthread_create(&th[i], NULL, requester, &t[i]);
+    for (int i = 0; i < o->threads && failures == 0; i++)
+        pthread_join(th[i], NULL);
+    double secs = (double)(now_ns() - t0) / 1e9;
+    for (int i = 0; i < o->threads; i++) {
+        failures += t[i].failures;
+        ts_torch_model_free(t[i].own);
+    }
+    if (failures != 0)
+        return -1;
+    size_t n = (size_t)o->threads * (size_t)o->requests;
+    qsort(g_lat, n, sizeof(*g_lat), cmp_u64);
+    printf("%-10s  %-20s  %8zu  %7.2f  %9.0f  %8.0f  %8.0f  %10.2f  %s\n", "in-process",
+           "direct, own model", n, secs, (double)n / secs, (double)g_lat[n / 2] / 1e3,
+           (double)g_lat[n * 99 / 100] / 1e3, 1.0, "");
+    fflush(stdout);
+    return 0;
 }
 
 /* Start tensord on a free port; fills addr. Returns the pid or -1. */
@@ -208,7 +249,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 64, 200, 64, 8, 500, "cpu:2", NULL, NULL};
+    opts o = {NULL, 64, 200, 64, 8, 500, "cpu:2", NULL, NULL, "direct,single,batched"};
     int smoke = 0, delay = 500;
     char model_buf[600];
     for (int i = 1; i < argc; i++) {
@@ -223,6 +264,8 @@ int main(int argc, char **argv)
             o.placement = v;
         } else if (strcmp(a, "--server") == 0) {
             o.server = v;
+        } else if (strcmp(a, "--modes") == 0) {
+            o.modes = v;
         } else if (strcmp(a, "--tensord") == 0) {
             o.tensord = v;
         } else if (strcmp(a, "--threads") == 0) {
@@ -278,8 +321,12 @@ int main(int argc, char **argv)
     printf("%-10s  %-20s  %8s  %7s  %9s  %8s  %8s  %10s\n", "mode", "batching", "requests",
            "seconds", "req/s", "p50 us", "p99 us", "rows/batch");
     int failed = 0;
-    failed |= run(&o, proto, "in-process", 1, 0, NULL, NULL);
-    failed |= run(&o, proto, "in-process", o.max_batch, o.delay_us, NULL, NULL);
+    if (strstr(o.modes, "direct") != NULL)
+        failed |= run_direct(&o, proto);
+    if (strstr(o.modes, "single") != NULL)
+        failed |= run(&o, proto, "in-process", 1, 0, NULL, NULL);
+    if (strstr(o.modes, "batched") != NULL)
+        failed |= run(&o, proto, "in-process", o.max_batch, o.delay_us, NULL, NULL);
 
     char dir[64] = "", addr[64];
     pid_t td = -1;
