@@ -25,6 +25,10 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
 #define TS__BERR_LEN           256   /* bytes; error messages kept per thread and per answer */
 #define TS__MAX_REPLICAS       256   /* replicas per batcher; a sanity bound on placement */
@@ -1379,30 +1383,101 @@ int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, 
     return 0;
 }
 
-/* A blocking call waiting for its callback. */
+/*
+ * A blocking call waiting for its callback. On Linux the requester sleeps on a futex word of
+ * its own: the replica publishes the answer with one release store and wakes it with one
+ * system call, where a mutex and a condition variable cost a second wake-up (the woken thread
+ * blocks again on the mutex the signaller still holds). Elsewhere a mutex and a condition
+ * variable of its own do the same job.
+ */
 typedef struct bsync {
+#ifdef __linux__
+    atomic_uint done; /* 0, then 1 once the fields below hold the answer (release/acquire) */
+#else
     pthread_mutex_t mu; /* its own: answering must not contend for the batcher's lock */
     pthread_cond_t cv;
     int done;
+#endif
     int status;
     ts_value_t *output;
     int64_t version;
     char msg[TS__BERR_LEN];
 } bsync;
 
+#ifdef __linux__
+/*
+ * The wake may reach the word after the requester saw done and returned: a futex wake on a
+ * dead address at worst wakes some later waiter there spuriously, and every futex waiter
+ * (this one included) rechecks its condition.
+ */
+static void sync_wait(bsync *s)
+{
+    while (atomic_load_explicit(&s->done, memory_order_acquire) == 0)
+        syscall(SYS_futex, (uint32_t *)&s->done, FUTEX_WAIT_PRIVATE, 0u, NULL, NULL, 0);
+}
+
+static void sync_post(bsync *s)
+{
+    atomic_store_explicit(&s->done, 1u, memory_order_release);
+    syscall(SYS_futex, (uint32_t *)&s->done, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+static int sync_init(bsync *s)
+{
+    atomic_init(&s->done, 0u);
+    return 0;
+}
+
+static void sync_destroy(bsync *s)
+{
+    (void)s;
+}
+#else
+static void sync_wait(bsync *s)
+{
+    pthread_mutex_lock(&s->mu);
+    while (!s->done)
+        pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void sync_post(bsync *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->done = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static int sync_init(bsync *s)
+{
+    if (pthread_mutex_init(&s->mu, NULL) != 0)
+        return TS_ENOMEM;
+    if (cond_init(&s->cv) != 0) {
+        pthread_mutex_destroy(&s->mu);
+        return TS_ENOMEM;
+    }
+    return 0;
+}
+
+static void sync_destroy(bsync *s)
+{
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+}
+#endif
+
 static void sync_cb(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
                     const char *message, void *arg)
 {
     (void)b;
     bsync *s = arg;
-    pthread_mutex_lock(&s->mu);
     s->status = status;
     s->output = output;
     s->version = version;
-    snprintf(s->msg, sizeof(s->msg), "%s", message != NULL ? message : "");
-    s->done = 1;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+    if (message != NULL)
+        snprintf(s->msg, sizeof(s->msg), "%s", message);
+    sync_post(s);
 }
 
 int ts_batcher_predict(ts_batcher_t *b, const ts_value_t *input, int timeout_ms,
@@ -1413,23 +1488,14 @@ int ts_batcher_predict(ts_batcher_t *b, const ts_value_t *input, int timeout_ms,
         return TS_EDEADLK;
     }
     bsync s;
-    memset(&s, 0, sizeof(s));
-    if (pthread_mutex_init(&s.mu, NULL) != 0)
+    s.msg[0] = '\0';
+    if (sync_init(&s) != 0)
         return TS_ENOMEM;
-    if (cond_init(&s.cv) != 0) {
-        pthread_mutex_destroy(&s.mu);
-        return TS_ENOMEM;
-    }
     int rc = ts_batcher_submit(b, input, 0, timeout_ms, sync_cb, &s);
-    if (rc == 0) {
-        /* The timer thread answers at the deadline, and shutdown cancels: this wait ends. */
-        pthread_mutex_lock(&s.mu);
-        while (!s.done)
-            pthread_cond_wait(&s.cv, &s.mu);
-        pthread_mutex_unlock(&s.mu);
-    }
-    pthread_cond_destroy(&s.cv);
-    pthread_mutex_destroy(&s.mu);
+    /* The timer thread answers at the deadline, and shutdown cancels: this wait ends. */
+    if (rc == 0)
+        sync_wait(&s);
+    sync_destroy(&s);
     if (rc != 0)
         return rc;
     if (s.status != 0) {
