@@ -27,7 +27,6 @@ static void process_input(tsd_conn *c);
 static void write_pending(tsd_conn *c);
 static void maybe_finish(tsd_conn *c);
 static void on_write(uv_write_t *req, int status);
-static void emerg_write(tsd_conn *c);
 
 /* ---------------------------------------------------------------------------------------------
  * Write batches
@@ -115,16 +114,40 @@ static void begin_closing(tsd_conn *c)
     tsd_server_mark_dirty(c->srv, c);
 }
 
-/*
- * Queue an error frame that needs no allocation (the connection's emergency slots). 0, or -1
- * when every slot is taken.
- */
-static int emerg_queue(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *msg)
+static void on_emerg_write(uv_write_t *req, int status)
 {
-    if (c->n_emerg >= TSD_EMERG_FRAMES || c->closing)
+    tsd_emerg *e = (tsd_emerg *)req;
+    tsd_conn *c = req->data;
+    e->busy = 0;
+    c->writes_in_flight--;
+    if (c->closing)
+        return;
+    if (status < 0) {
+        tsd_conn_close(c);
+        return;
+    }
+    maybe_finish(c);
+}
+
+/*
+ * Send a frame without allocating: the replies queued before it are handed to the socket first
+ * (so the order on the wire is kept), then the frame is written from a free emergency slot.
+ * body is cut to TSD_EMERG_MSG bytes. 0, or -1 when every slot is busy or the write failed.
+ */
+static int emerg_send(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const void *body,
+                      size_t len)
+{
+    if (c->closing)
         return -1;
-    uint8_t *p = c->emerg[c->n_emerg];
-    size_t len = strlen(msg);
+    tsd_emerg *e = NULL;
+    for (int i = 0; i < TSD_EMERG_FRAMES && e == NULL; i++)
+        if (!c->emerg[i].busy)
+            e = &c->emerg[i];
+    if (e == NULL)
+        return -1;
+    write_pending(c);
+    if (c->closing || (c->close_deadline == 0 && c->close_after_flush))
+        return -1; /* the write failed: the peer is gone */
     if (len > TSD_EMERG_MSG)
         len = TSD_EMERG_MSG;
     ts__hdr h = {.magic = TS_MAGIC_REP,
@@ -133,10 +156,15 @@ static int emerg_queue(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, c
                  .status = status,
                  .request_id = rid,
                  .body_len = len};
-    ts__hdr_encode(&h, p);
-    memcpy(p + TS_HDR_SIZE, msg, len);
-    c->emerg_len[c->n_emerg++] = TS_HDR_SIZE + len;
-    tsd_server_mark_dirty(c->srv, c);
+    ts__hdr_encode(&h, e->frame);
+    if (len > 0)
+        memcpy(e->frame + TS_HDR_SIZE, body, len);
+    e->buf = uv_buf_init((char *)e->frame, (unsigned int)(TS_HDR_SIZE + len));
+    e->req.data = c;
+    if (uv_write(&e->req, &c->h.stream, &e->buf, 1, on_emerg_write) != 0)
+        return -1;
+    e->busy = 1;
+    c->writes_in_flight++;
     return 0;
 }
 
@@ -149,6 +177,7 @@ static void out_mark(tsd_conn *c, uint8_t op, uint32_t rid)
     c->mk.op = op;
     c->mk.rid = rid;
     c->mk.status = TS_ST_OK;
+    c->mk.body = NULL;
     c->mk.had_pend = b != NULL;
     if (b != NULL) {
         c->mk.small_len = b->small_len;
@@ -162,9 +191,11 @@ static void out_mark(tsd_conn *c, uint8_t op, uint32_t rid)
 
 /*
  * Output failed for lack of memory. The reply being queued is taken back whole (the pending
- * batch returns to where it stood when the reply began, so no half frame is ever sent) and the
- * request gets an error frame from the emergency slots instead. The connection carries on;
- * only when even that frame has no slot is it closed.
+ * batch returns to where it stood when the reply began, so no half frame is ever sent) and
+ * goes out through an emergency slot instead: as it was when it is a small tsd_reply (so a
+ * change that happened is never reported as failed), else as an OUT_OF_MEMORY error (only
+ * replies that changed nothing are that large). The connection carries on; only when no slot
+ * is free is it closed.
  */
 static void out_abort(tsd_conn *c)
 {
@@ -192,10 +223,19 @@ static void out_abort(tsd_conn *c)
     }
     if (!c->mk.active || c->mk.op == TS_OP_NOTIFY || c->mk.op == 0)
         return; /* A notification is held by its caller; connection-level frames just go. */
-    uint16_t st = c->mk.status != TS_ST_OK ? c->mk.status : TS_ST_OUT_OF_MEMORY;
-    tsd_log(TSD_LOG_WARN, "conn %llu: out of memory queueing a %s reply; sent %s instead",
-            (unsigned long long)c->id, ts__op_name(c->mk.op), ts__status_name(st));
-    if (emerg_queue(c, c->mk.op, c->mk.rid, st, "tensord is out of memory") != 0) {
+    int rc;
+    if (c->mk.body != NULL && (c->mk.body_len <= TSD_EMERG_MSG || c->mk.body_status != 0)) {
+        /* The reply itself (an error message may be cut short). */
+        rc = emerg_send(c, c->mk.op, c->mk.rid, c->mk.body_status, c->mk.body, c->mk.body_len);
+    } else {
+        static const char msg[] = "tensord is out of memory";
+        tsd_log(TSD_LOG_WARN, "conn %llu: out of memory queueing a %s reply; sent %s instead",
+                (unsigned long long)c->id, ts__op_name(c->mk.op),
+                ts__status_name(TS_ST_OUT_OF_MEMORY));
+        rc = emerg_send(c, c->mk.op, c->mk.rid, TS_ST_OUT_OF_MEMORY, msg, sizeof(msg) - 1);
+    }
+    c->mk.body = NULL;
+    if (rc != 0) {
         tsd_log(TSD_LOG_WARN, "conn %llu: no room for an error frame either, closing",
                 (unsigned long long)c->id);
         begin_closing(c);
@@ -343,7 +383,7 @@ static void cut_off_slow_reader(tsd_conn *c, uint64_t queued, int soft)
     }
     c->mk.active = 0;
     if (c->pend == NULL)
-        (void)emerg_queue(c, 0, 0, TS_ST_SLOW_READER, "output limit exceeded");
+        (void)emerg_send(c, 0, 0, TS_ST_SLOW_READER, msg, n);
     begin_closing(c);
 }
 
@@ -430,13 +470,17 @@ int tsd_out_begin(tsd_conn *c, uint8_t op, uint32_t rid)
 
 void tsd_reply(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const void *body, size_t len)
 {
-    if (tsd_out_begin(c, op, rid) != 0 || tsd_out_hdr(c, op, rid, status, len) != 0)
+    if (tsd_out_begin(c, op, rid) != 0)
         return;
-    if (len > 0) {
+    c->mk.body = body != NULL ? body : "";
+    c->mk.body_len = len;
+    c->mk.body_status = status;
+    if (tsd_out_hdr(c, op, rid, status, len) == 0 && len > 0) {
         uint8_t *p = tsd_out_bytes(c, len);
         if (p != NULL)
             memcpy(p, body, len);
     }
+    c->mk.body = NULL;
 }
 
 /* Format an error message into buf (TS_MAX_ERRMSG bytes); returns its length. */
@@ -486,8 +530,7 @@ static void on_shutdown(uv_shutdown_t *req, int status)
  */
 static void maybe_finish(tsd_conn *c)
 {
-    if (c->closing || !c->close_after_flush || c->writes_in_flight > 0 || c->pend != NULL ||
-        c->n_emerg > 0)
+    if (c->closing || !c->close_after_flush || c->writes_in_flight > 0 || c->pend != NULL)
         return;
     if (c->eof && (c->shut_done || c->close_deadline == 0)) {
         tsd_conn_close(c);
@@ -520,48 +563,6 @@ static void on_write(uv_write_t *req, int status)
         return;
     }
     maybe_finish(c);
-}
-
-/* The emergency frames being written are done: drop them, write any that came since. */
-static void on_emerg_write(uv_write_t *req, int status)
-{
-    tsd_conn *c = req->data;
-    c->writes_in_flight--;
-    unsigned done = c->emerg_busy;
-    c->emerg_busy = 0;
-    for (unsigned i = done; i < c->n_emerg; i++) {
-        memcpy(c->emerg[i - done], c->emerg[i], c->emerg_len[i]);
-        c->emerg_len[i - done] = c->emerg_len[i];
-    }
-    c->n_emerg -= done;
-    if (c->closing)
-        return;
-    if (status < 0) {
-        tsd_conn_close(c);
-        return;
-    }
-    emerg_write(c);
-    maybe_finish(c);
-}
-
-/* Write the emergency frames (after whatever was queued before them). */
-static void emerg_write(tsd_conn *c)
-{
-    if (c->closing || c->emerg_busy > 0 || c->n_emerg == 0)
-        return;
-    for (unsigned i = 0; i < c->n_emerg; i++)
-        c->emerg_bufs[i] = uv_buf_init((char *)c->emerg[i], (unsigned int)c->emerg_len[i]);
-    c->emerg_busy = c->n_emerg;
-    c->emerg_req.data = c;
-    int rc = uv_write(&c->emerg_req, &c->h.stream, c->emerg_bufs, c->n_emerg, on_emerg_write);
-    if (rc != 0) {
-        c->emerg_busy = 0;
-        c->n_emerg = 0;
-        begin_closing(c);
-        c->close_deadline = 0;
-        return;
-    }
-    c->writes_in_flight++;
 }
 
 /*
@@ -638,7 +639,6 @@ void tsd_conn_flush(tsd_conn *c)
     if (c->closing)
         return;
     write_pending(c);
-    emerg_write(c);
     maybe_finish(c);
 }
 
@@ -731,11 +731,13 @@ void tsd_conn_fail(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const
  * Accepting
  */
 
-int tsd_conn_accept(tsd_server *srv, int fd, int is_unix)
+tsd_conn *tsd_conn_alloc(void)
 {
-    tsd_conn *c = ts__calloc(1, sizeof(*c));
-    if (c == NULL)
-        return TS_ENOMEM;
+    return ts__calloc(1, sizeof(tsd_conn));
+}
+
+void tsd_conn_accept(tsd_server *srv, tsd_conn *c, int fd, int is_unix)
+{
     c->srv = srv;
     c->is_unix = is_unix;
     c->id = ++srv->next_conn_id;
@@ -752,7 +754,7 @@ int tsd_conn_accept(tsd_server *srv, int fd, int is_unix)
         tsd_log(TSD_LOG_WARN, "accept: %s", uv_strerror(rc));
         close(fd);
         tsd_conn_close(c);
-        return rc;
+        return;
     }
     if (!is_unix) {
         /* Small replies must not wait for Nagle; big ones are written in large chunks anyway. */
@@ -782,7 +784,7 @@ int tsd_conn_accept(tsd_server *srv, int fd, int is_unix)
             tsd_conn_close(c);
         else
             tsd_conn_flush(c);
-        return 0;
+        return;
     }
     tsd_log(TSD_LOG_DEBUG, "conn %llu: accepted (%s)", (unsigned long long)c->id,
             is_unix ? "unix" : "tcp");
@@ -790,7 +792,6 @@ int tsd_conn_accept(tsd_server *srv, int fd, int is_unix)
     rc = uv_read_start(&c->h.stream, on_alloc, on_read);
     if (rc != 0)
         tsd_conn_close(c);
-    return 0;
 }
 
 void tsd_conn_resume_read(tsd_conn *c)
@@ -868,6 +869,12 @@ static void discard_done(tsd_conn *c)
     c->rstate = TSD_RS_HDR;
     srv->stats.oom_rejections++;
     srv->stats.ops[c->cur.opcode]++;
+    if (c->cur_alloc_failed) {
+        c->cur_alloc_failed = 0;
+        tsd_reply_err(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY,
+                      "tensord is out of memory: the item buffer could not be allocated");
+        return;
+    }
     tsd_reply_err(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY,
                   "memory limit reached: %llu bytes held, limit %llu",
                   (unsigned long long)srv->store.held, (unsigned long long)srv->store.max_memory);
@@ -1081,6 +1088,8 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
         c->cur_tmp = ts__malloc((size_t)blen);
         if (c->cur_tmp == NULL) {
             drop_upload(c);
+            srv->stats.out_of_memory++;
+            c->cur_alloc_failed = 1;
             start_discard(c, blen);
             return 0;
         }
@@ -1128,6 +1137,8 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     c->cur_item = tsd_item_new((size_t)rlen);
     if (c->cur_item == NULL) {
         drop_upload(c);
+        srv->stats.out_of_memory++;
+        c->cur_alloc_failed = 1;
         start_discard(c, rlen);
         return 0;
     }

@@ -169,7 +169,8 @@ static void on_accept_resume(uv_timer_t *t)
 /*
  * Accept what the listener holds. Out of file descriptors (EMFILE, ENFILE): log once per
  * episode, pause accepting for TSD_ACCEPT_PAUSE_MS and try again then. Out of memory for a
- * connection object: the socket is not accepted yet; pause briefly and retry.
+ * connection object (allocated before accepting): pause briefly and retry. Either way the
+ * clients wait in the kernel's listen queue rather than being accepted and dropped.
  */
 static void on_listener_io(uv_poll_t *h, int status, int events)
 {
@@ -181,6 +182,14 @@ static void on_listener_io(uv_poll_t *h, int status, int events)
         return;
     }
     for (int n = 0; n < TSD_ACCEPT_BATCH && !srv->stopping && !srv->accept_paused; n++) {
+        if (srv->spare == NULL)
+            srv->spare = tsd_conn_alloc();
+        if (srv->spare == NULL) {
+            srv->stats.out_of_memory++;
+            tsd_log(TSD_LOG_ERROR, "out of memory for a new connection; pausing accepts");
+            accept_pause(srv, TSD_RETRY_MS);
+            break;
+        }
         /* uv_tcp_open and uv_pipe_open make the socket non-blocking. */
         int fd = accept(l->fd, NULL, NULL);
         if (fd < 0) {
@@ -208,18 +217,9 @@ static void on_listener_io(uv_poll_t *h, int status, int events)
                     (unsigned long long)srv->fd_refused);
             srv->fd_refused = 0;
         }
-        int rc = tsd_conn_accept(srv, fd, l->is_unix);
-        if (rc == TS_ENOMEM) {
-            /*
-             * Nothing to serve it with: close it (the peer sees the connection end, which is
-             * all it could get) and give the allocator a moment.
-             */
-            close(fd);
-            srv->stats.out_of_memory++;
-            tsd_log(TSD_LOG_ERROR, "out of memory accepting a connection; pausing accepts");
-            accept_pause(srv, TSD_RETRY_MS);
-            break;
-        }
+        tsd_conn *c = srv->spare;
+        srv->spare = NULL;
+        tsd_conn_accept(srv, c, fd, l->is_unix);
     }
     tsd_server_flush(srv);
 }
@@ -519,6 +519,8 @@ void tsd_server_stop(tsd_server *srv)
 
 void tsd_server_free(tsd_server *srv)
 {
+    ts__free(srv->spare);
+    srv->spare = NULL;
     tsd_server_free_store(srv);
     tsd_htab_free(&srv->watches);
     tsd_pool_drain();

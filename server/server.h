@@ -52,9 +52,9 @@
 #define TSD_DEFAULT_SAVE_INTERVAL  60u    /* s; period of snapshots with --save */
 #define TSD_ACCEPT_PAUSE_MS        1000   /* ms; accepting pauses this long when out of fds */
 #define TSD_RETRY_MS               50     /* ms; retry after an allocation failure */
-/* Connection-level error frames that must go out even when memory is exhausted. */
+/* Frames that must go out even when memory is exhausted (see tsd_emerg). */
 #define TSD_EMERG_FRAMES 4
-#define TSD_EMERG_MSG    64 /* bytes of message in an emergency error frame */
+#define TSD_EMERG_MSG    64 /* bytes of body in an emergency frame */
 /* Process exit codes besides 0 (clean) and 1 (failure while running). */
 #define TSD_EXIT_USAGE    2 /* bad flags or an unsafe configuration */
 #define TSD_EXIT_SNAPSHOT 3 /* the snapshot named by --save exists but cannot be loaded */
@@ -241,6 +241,18 @@ enum {
     TSD_RS_DEAD     /* reading stopped (error or closing) */
 };
 
+/*
+ * A frame that needs no allocation, with its own write request: a reply that could not be
+ * queued for lack of memory goes out through one of these (as it was when its body is small,
+ * else as an OUT_OF_MEMORY error), right after the replies queued before it.
+ */
+typedef struct tsd_emerg {
+    uv_write_t req;
+    uv_buf_t buf;
+    int busy;
+    uint8_t frame[TS_HDR_SIZE + TSD_EMERG_MSG];
+} tsd_emerg;
+
 typedef struct tsd_conn {
     union {
         uv_handle_t handle;
@@ -275,6 +287,7 @@ typedef struct tsd_conn {
     size_t cur_tmp_len;
     uint64_t cur_reserved; /* bytes reserved in the store for this upload */
     uint64_t cur_raw_len;  /* TSD_RS_LZ4: announced raw length */
+    int cur_alloc_failed;  /* TSD_RS_DISCARD: refused for a failed allocation, not the limit */
     uint8_t *bulk_dst;     /* where the next bytes go (RS_ITEM, RS_LZ4) */
     uint64_t bulk_left;    /* bytes of the body still to come */
 
@@ -295,19 +308,14 @@ typedef struct tsd_conn {
         uint8_t op;
         uint32_t rid;
         uint16_t status;
+        /* tsd_reply's frame, sent as it is through an emergency slot when small enough. */
+        const void *body;
+        size_t body_len;
+        uint16_t body_status;
         size_t small_len, nsegs, last_len, nitems, nbufs;
         uint64_t bytes;
     } mk;
-    /*
-     * Error frames that need no allocation (a reply that could not be queued for lack of
-     * memory is answered with one of these); written with their own request.
-     */
-    uint8_t emerg[TSD_EMERG_FRAMES][TS_HDR_SIZE + TSD_EMERG_MSG];
-    size_t emerg_len[TSD_EMERG_FRAMES];
-    unsigned n_emerg;    /* frames held */
-    unsigned emerg_busy; /* of those, the first emerg_busy are being written */
-    uv_write_t emerg_req;
-    uv_buf_t emerg_bufs[TSD_EMERG_FRAMES];
+    tsd_emerg emerg[TSD_EMERG_FRAMES];
 
     uint64_t accepted_ms; /* uv_now at accept, for the HELLO deadline */
     uint64_t soft_since;  /* uv_now when output went over the soft limit; 0 = it is not */
@@ -321,11 +329,16 @@ typedef struct tsd_conn {
 } tsd_conn;
 
 /*
- * Take over an accepted socket fd (is_unix: a unix socket). Returns 0 (the connection is served
- * or refused with TOO_MANY_CLIENTS), TS_ENOMEM when no connection object could be allocated
- * (fd untouched, still the caller's), or another negative code (fd closed).
+ * A zeroed connection object for the next accept, or NULL. Allocated before accept(2), so that
+ * a failure leaves the client waiting in the listen queue instead of being dropped.
  */
-int tsd_conn_accept(tsd_server *srv, int fd, int is_unix);
+tsd_conn *tsd_conn_alloc(void);
+/*
+ * Serve accepted socket fd (is_unix: a unix socket) with c (from tsd_conn_alloc; ownership
+ * passes). The connection is served, or refused with TOO_MANY_CLIENTS; on a libuv error it is
+ * closed.
+ */
+void tsd_conn_accept(tsd_server *srv, tsd_conn *c, int fd, int is_unix);
 /* Bytes of output queued on c and not yet taken by the socket. */
 uint64_t tsd_conn_unwritten(tsd_conn *c);
 /*
@@ -528,6 +541,7 @@ struct tsd_server {
     int fd_exhausted;         /* in an out-of-fds episode (logged once) */
     uint64_t fd_refused;      /* accept attempts that failed for lack of fds in this episode */
     tsd_conn *starved;        /* connections waiting for an input buffer */
+    tsd_conn *spare;          /* allocated for the next accept */
     unsigned long alloc_base; /* ts__alloc_count() when start-up ended */
     /* Snapshots. */
     tsd_snap_job *snap_job;        /* the snapshot being written, or NULL */
