@@ -9,7 +9,7 @@ else()
   set(ts_harden_env "TS_HARDEN_FUZZ_SECONDS=30")
 endif()
 
-foreach(t auth limits snapshot)
+foreach(t auth limits snapshot alloc)
   ts_add_test(test_harden_${t} SOURCES test_harden_${t}.c
     LIBS ts_harden_testutil tensorshare_static LABELS integration server harden TIMEOUT 180)
   add_dependencies(test_harden_${t} tensord tsctl)
