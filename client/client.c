@@ -744,25 +744,36 @@ static void proto_fail(ts_client_t *c, ts__conn *conn, ts__req *r, const char *m
     req_complete(c, r, TS_EPROTO);
 }
 
+/* Release a frame body that dispatch owns; a borrowed one lies in the staging buffer. */
+static void body_release(uint8_t *body, size_t len, int owned)
+{
+    if (owned)
+        ts__body_free(body, len);
+}
+
 /*
- * Handle one complete frame from conn; takes over body. Returns 0, or TS_EPROTO when the frame
- * broke the protocol in a way that ends the connection (already dropped when a request was
- * concerned; the caller drops it otherwise).
+ * Handle one complete frame from conn. With owned, body is an aligned allocation that dispatch
+ * takes over; otherwise it is borrowed from the staging buffer (valid until dispatch returns)
+ * and copied only when the reply keeps it (the decoded tensors of GET, PEEK and STATS point
+ * into their body), so that small replies and notifications cost no allocation. Returns 0, or
+ * TS_EPROTO when the frame broke the protocol in a way that ends the connection (already
+ * dropped when a request was concerned; the caller drops it otherwise).
  */
-static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *body, size_t len)
+static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *body, size_t len,
+                    int owned)
 {
     if (h->opcode == TS_OP_NOTIFY) {
         int rc = dispatch_notify(c, body, len);
-        ts__body_free(body, len);
+        body_release(body, len, owned);
         return rc;
     }
     ts__req *r = ts__idmap_get(&c->inflight, h->request_id);
     if (r == NULL) {
-        ts__body_free(body, len); /* the answer to a request that timed out */
+        body_release(body, len, owned); /* the answer to a request that timed out */
         return 0;
     }
     if (r->op != h->opcode) {
-        ts__body_free(body, len);
+        body_release(body, len, owned);
         proto_fail(c, conn, r, "the server answered a request with another opcode");
         return TS_EPROTO;
     }
@@ -776,7 +787,7 @@ static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *b
             rc = TS_ENOMEM;
         if (rc == 0)
             rc = ts__lz4_decompress(body, len, out, raw);
-        ts__body_free(body, len);
+        body_release(body, len, owned);
         if (rc != 0) {
             ts__free_aligned(out, raw);
             if (rc == TS_EPROTO) {
@@ -788,6 +799,7 @@ static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *b
         }
         body = out;
         len = raw;
+        owned = 1;
     }
     int status;
     if (h->status != TS_ST_OK) {
@@ -797,9 +809,23 @@ static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *b
         } else if (len > 0) {
             r->msg = ts__strndup((const char *)body, len < TS_MAX_ERRMSG ? len : TS_MAX_ERRMSG);
         }
-        ts__body_free(body, len);
+        body_release(body, len, owned);
     } else {
-        status = ts__reply_parse(r, body, len);
+        if (!ts__reply_keeps_body(r->op)) {
+            status = ts__reply_parse_view(r, body, len);
+            body_release(body, len, owned);
+        } else {
+            if (!owned && len > 0) {
+                uint8_t *copy = ts__malloc_aligned(len);
+                if (copy == NULL) {
+                    req_complete(c, r, TS_ENOMEM);
+                    return 0;
+                }
+                memcpy(copy, body, len);
+                body = copy;
+            }
+            status = ts__reply_parse(r, body, len);
+        }
         if (status == TS_EPROTO && r->kind != TS__K_HELLO) {
             /* A HELLO's own completion drops the connection (hello_done). */
             proto_fail(c, conn, r, "malformed reply from the server");
@@ -834,21 +860,21 @@ static void process_stage(ts_client_t *c, ts__conn *conn)
         }
         pos += TS_HDR_SIZE;
         avail -= TS_HDR_SIZE;
-        uint8_t *body = NULL;
-        if (h.body_len > 0 && (body = ts__malloc_aligned((size_t)h.body_len)) == NULL) {
+        if (h.body_len <= avail) {
+            /* The whole body is here: dispatch reads it in place (see dispatch). */
+            uint8_t *body = h.body_len > 0 ? conn->stage + pos : NULL;
+            pos += (size_t)h.body_len;
+            if (dispatch(c, conn, &h, body, (size_t)h.body_len, 0) != 0)
+                conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
+            continue;
+        }
+        uint8_t *body = ts__malloc_aligned((size_t)h.body_len);
+        if (body == NULL) {
             /* No memory for this body: fail its request and skip the bytes. */
             ts__req *r = ts__idmap_get(&c->inflight, h.request_id);
             if (r != NULL && h.opcode != TS_OP_NOTIFY)
                 req_complete(c, r, TS_ENOMEM);
             conn->discard = h.body_len;
-            continue;
-        }
-        if (h.body_len <= avail) {
-            if (h.body_len > 0)
-                memcpy(body, conn->stage + pos, (size_t)h.body_len);
-            pos += (size_t)h.body_len;
-            if (dispatch(c, conn, &h, body, (size_t)h.body_len) != 0)
-                conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
             continue;
         }
         memcpy(body, conn->stage + pos, avail);
@@ -885,7 +911,7 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         ts__hdr h = conn->hdr;
         conn->body = NULL;
         conn->rstate = TS__RS_HDR;
-        if (dispatch(c, conn, &h, body, (size_t)h.body_len) != 0)
+        if (dispatch(c, conn, &h, body, (size_t)h.body_len, 1) != 0)
             conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
         return;
     }

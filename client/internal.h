@@ -225,6 +225,16 @@ void ts__set_last_error(const char *msg, size_t len);
 
 /* reply.c: parse a reply body for r (status already OK); takes over body. 0 or TS_EPROTO. */
 int ts__reply_parse(ts__req *r, uint8_t *body, size_t len);
+/*
+ * 1 when the reply to op keeps its body (the decoded tensors point into it: GET, PEEK, STATS),
+ * so the body must be an aligned allocation handed to ts__reply_parse.
+ */
+int ts__reply_keeps_body(uint8_t op);
+/*
+ * Parse the reply body of any other op for r, reading body without taking it over (it may lie
+ * in the receive staging buffer). 0, TS_EPROTO or TS_ENOMEM.
+ */
+int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len);
 /* Parse a TS_BIN_STATE body into res. 0 or TS_EPROTO. */
 int ts__parse_bin_state(const uint8_t *body, size_t len, ts_result_t *res);
 /* Free an aligned receive body. */

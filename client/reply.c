@@ -4,6 +4,7 @@
  */
 #include "internal.h"
 
+#include <assert.h>
 #include <stdlib.h>
 
 struct ts_items_s {
@@ -165,9 +166,14 @@ static int parse_stats(uint8_t *body, size_t len, ts_value_t **out)
     return rc;
 }
 
+int ts__reply_keeps_body(uint8_t op)
+{
+    return op == TS_OP_GET || op == TS_OP_PEEK || op == TS_OP_STATS;
+}
+
 int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
 {
-    int rc = 0;
+    int rc;
     switch (r->op) {
     case TS_OP_GET:
     case TS_OP_PEEK:
@@ -179,6 +185,18 @@ int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
         return rc;
     case TS_OP_STATS:
         return parse_stats(body, len, &r->res.value);
+    default:
+        rc = ts__reply_parse_view(r, body, len);
+        ts__body_free(body, len);
+        return rc;
+    }
+}
+
+int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
+{
+    assert(!ts__reply_keeps_body(r->op));
+    int rc = 0;
+    switch (r->op) {
     case TS_OP_LIST:
         rc = parse_list(body, len, &r->res.bins);
         break;
@@ -211,7 +229,6 @@ int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
     default: /* PING, UNLISTEN, SAVE: nothing to read */
         break;
     }
-    ts__body_free(body, len);
     return rc;
 }
 
