@@ -9,9 +9,14 @@ else()
   set(ts_harden_env "TS_HARDEN_FUZZ_SECONDS=30")
 endif()
 
-foreach(t auth limits snapshot alloc)
+foreach(t auth limits snapshot alloc fuzz)
+  set(_timeout 180)
+  if(t STREQUAL "alloc")
+    set(_timeout 400)
+  endif()
   ts_add_test(test_harden_${t} SOURCES test_harden_${t}.c
-    LIBS ts_harden_testutil tensorshare_static LABELS integration server harden TIMEOUT 180)
+    LIBS ts_harden_testutil tensorshare_static LABELS integration server harden
+    TIMEOUT ${_timeout})
   add_dependencies(test_harden_${t} tensord tsctl)
   set_property(TEST test_harden_${t} APPEND PROPERTY ENVIRONMENT "${ts_harden_env}")
 endforeach()
