@@ -960,6 +960,16 @@ static void run_batch(breplica *r, int n, int64_t version)
     shared_unref(s);
 }
 
+#ifdef __linux__
+/* Answers of blocking predicts collected by a replica thread; see sync_post. */
+typedef struct bchain {
+    struct bsync *head, *tail;
+} bchain;
+
+static _Thread_local bchain *tls_chain;
+static void chain_flush(bchain *c);
+#endif
+
 static void *replica_main(void *arg)
 {
     breplica *r = arg;
@@ -986,7 +996,15 @@ static void *replica_main(void *arg)
             continue;
         int64_t version = r->version;
         pthread_mutex_unlock(&b->mu);
+#ifdef __linux__
+        bchain chain = {NULL, NULL};
+        tls_chain = &chain;
         run_batch(r, n, version);
+        tls_chain = NULL;
+        chain_flush(&chain);
+#else
+        run_batch(r, n, version);
+#endif
         pthread_mutex_lock(&b->mu);
     }
     pthread_mutex_unlock(&b->mu);
@@ -1392,7 +1410,8 @@ int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, 
  */
 typedef struct bsync {
 #ifdef __linux__
-    atomic_uint done; /* 0, then 1 once the fields below hold the answer (release/acquire) */
+    atomic_uint done;   /* 0, then 1 once the fields below hold the answer (release/acquire) */
+    struct bsync *next; /* the next requester of the same batch to wake, or NULL */
 #else
     pthread_mutex_t mu; /* its own: answering must not contend for the batcher's lock */
     pthread_cond_t cv;
@@ -1406,25 +1425,64 @@ typedef struct bsync {
 
 #ifdef __linux__
 /*
- * The wake may reach the word after the requester saw done and returned: a futex wake on a
- * dead address at worst wakes some later waiter there spuriously, and every futex waiter
- * (this one included) rechecks its condition.
+ * Answers of one batch are handed over as a chain: the replica publishes them all, wakes the
+ * first requester, and each requester wakes the next one as it leaves. The replica thus makes
+ * one wake-up per batch instead of one per request, and is not preempted by every requester it
+ * wakes (on a machine with few cores each of those preemptions costs a context switch); the
+ * requesters run on whatever cores are free meanwhile. Only a replica thread collects such a
+ * chain (tls_chain); answers given elsewhere (deadlines, shutdown) wake their requester at once.
+ *
+ * A wake may reach a word after its requester saw done and returned: a futex wake on a dead
+ * address at worst wakes some later waiter there spuriously, and every futex waiter (these
+ * ones included) rechecks its condition.
  */
+static void futex_wake_one(atomic_uint *w)
+{
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
 static void sync_wait(bsync *s)
 {
     while (atomic_load_explicit(&s->done, memory_order_acquire) == 0)
         syscall(SYS_futex, (uint32_t *)&s->done, FUTEX_WAIT_PRIVATE, 0u, NULL, NULL, 0);
+    if (s->next != NULL)
+        futex_wake_one(&s->next->done);
 }
 
 static void sync_post(bsync *s)
 {
+    bchain *c = tls_chain;
+    if (c != NULL) {
+        /* Published by chain_flush: a requester seeing done must find its next set. */
+        if (c->tail != NULL)
+            c->tail->next = s;
+        else
+            c->head = s;
+        c->tail = s;
+        return;
+    }
     atomic_store_explicit(&s->done, 1u, memory_order_release);
-    syscall(SYS_futex, (uint32_t *)&s->done, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    futex_wake_one(&s->done);
+}
+
+/* Publish a chain's answers, then wake its first requester. */
+static void chain_flush(bchain *c)
+{
+    bsync *first = c->head;
+    for (bsync *s = first; s != NULL;) {
+        bsync *next = s->next; /* read before publishing: s may be gone once done is set */
+        atomic_store_explicit(&s->done, 1u, memory_order_release);
+        s = next;
+    }
+    c->head = c->tail = NULL;
+    if (first != NULL)
+        futex_wake_one(&first->done);
 }
 
 static int sync_init(bsync *s)
 {
     atomic_init(&s->done, 0u);
+    s->next = NULL;
     return 0;
 }
 
