@@ -521,6 +521,11 @@ void tsd_server_free(tsd_server *srv)
 {
     ts__free(srv->spare);
     srv->spare = NULL;
+    while (srv->save_waiters != NULL) {
+        tsd_save_waiter *w = srv->save_waiters;
+        srv->save_waiters = w->next;
+        ts__free(w);
+    }
     tsd_server_free_store(srv);
     tsd_htab_free(&srv->watches);
     tsd_pool_drain();

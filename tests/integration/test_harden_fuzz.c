@@ -224,6 +224,7 @@ static void test_random_bytes(void **state)
     const char *args[] = {
         "--max-frame", "1m", "--max-memory", "64m", "--max-output", "8m", "--hello-timeout",
         "2000",        NULL};
+    th_small_asan_quarantine();
     assert_int_equal(tsh_server_start(&s, args), 0);
     valid_rec = tsu_rec_bytes(300, 1, &valid_len);
     int good = tsu_client(&s);

@@ -175,6 +175,7 @@ static void test_listener_never_reads(void **state)
 {
     (void)state;
     const char *args[] = {"--notify-backlog", "64k", NULL};
+    th_small_asan_quarantine();
     assert_int_equal(tsh_server_start(&s, args), 0);
     int listener = connect_small_rcvbuf(s.port);
     assert_int_equal(tsh_hello(listener), 0);
@@ -283,6 +284,7 @@ static void test_soft_output_limit(void **state)
     (void)state;
     const char *args[] = {
         "--max-output", "256m", "--output-soft", "2m", "--output-soft-seconds", "1", NULL};
+    th_small_asan_quarantine();
     assert_int_equal(tsh_server_start(&s, args), 0);
     int fd = tsu_client(&s);
     size_t blen;

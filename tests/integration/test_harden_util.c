@@ -143,6 +143,17 @@ long th_cpu_ms(int pid)
     return (long)((ut + st) * 1000u / (unsigned long)(hz > 0 ? hz : 100));
 }
 
+void th_small_asan_quarantine(void)
+{
+    if (th_slow() == 1)
+        return;
+    static char opts[2048];
+    const char *old = getenv("ASAN_OPTIONS");
+    snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=16", old != NULL ? old : "",
+             old != NULL && old[0] != '\0' ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+}
+
 int th_write_file(const char *path, const void *data, size_t len)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);

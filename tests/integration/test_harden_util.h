@@ -35,6 +35,11 @@ uint64_t th_now_ms(void);
 void th_sleep_ms(int ms);
 /* The test's scale for durations: TS_TEST_SLOW=1 (sanitizer builds) gives 3, else 1. */
 int th_slow(void);
+/*
+ * Before starting a tensord whose memory a test bounds: under ASan, freed memory sits in a
+ * quarantine (256 MiB by default) and would count as resident; keep it small. No-op otherwise.
+ */
+void th_small_asan_quarantine(void);
 /* Write len bytes to path (0600). 0 or -1. */
 int th_write_file(const char *path, const void *data, size_t len);
 
