@@ -582,6 +582,86 @@ static void test_model_failure(void **state)
     ts_batcher_free(b);
 }
 
+/* A thread making one blocking predict of one row. */
+typedef struct pthr {
+    ts_batcher_t *b;
+    ts_value_t *in;
+    int64_t base;
+    int rc;
+    int ok;
+} pthr;
+
+static void *pthr_main(void *arg)
+{
+    pthr *p = arg;
+    ts_value_t *out = NULL;
+    p->rc = ts_batcher_predict(p->b, p->in, 20000, &out, NULL);
+    p->ok = p->rc == 0 && check_answer(out, 1, p->base, 1.0f);
+    ts_value_free(out);
+    return NULL;
+}
+
+static void start_pthr(pthr *p, pthread_t *th, ts_batcher_t *b, int64_t base)
+{
+    *p = (pthr){b, request(1, base), base, -1, 0};
+    assert_int_equal(pthread_create(th, NULL, pthr_main, p), 0);
+}
+
+/*
+ * Blocking predicts that share a batch are each woken once with their own rows, or with the
+ * batch's error when it fails, also when callbacks of asynchronous requests share the batch.
+ */
+static void test_predict_batch_wakeups(void **state)
+{
+    (void)state;
+    /* max_batch 4 and a 20 s delay: a batch runs exactly when its fourth row arrives. */
+    ts_batcher_t *b = make("cpu", 4, 20000000);
+    enum { T = 4, ROUNDS = 20 };
+    pthread_t th[T];
+    pthr p[T];
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int i = 0; i < T; i++)
+            start_pthr(&p[i], &th[i], b, (int64_t)round * 1000 + i * 10);
+        for (int i = 0; i < T; i++) {
+            pthread_join(th[i], NULL);
+            assert_int_equal(p[i].rc, 0);
+            assert_true(p[i].ok);
+            ts_value_free(p[i].in);
+        }
+    }
+
+    /* Two blocking predicts, one with a NaN, and two callbacks: one batch, all failing. */
+    acount c;
+    acount_init(&c);
+    actx a[2] = {{&c, 1, 500000, 1.0f, NULL}, {&c, 1, 500100, 1.0f, NULL}};
+    p[0] = (pthr){b, request(1, 600000), 600000, -1, 0};
+    float *x = ts_value_tensor(ts_map_get(ts_map_get(p[0].in, "obs"), "x"))->data;
+    x[0] = NAN;
+    assert_int_equal(pthread_create(&th[0], NULL, pthr_main, &p[0]), 0);
+    start_pthr(&p[1], &th[1], b, 600100);
+    for (int i = 0; i < 2; i++) {
+        a[i].in = request(1, a[i].base);
+        assert_int_equal(ts_batcher_submit(b, a[i].in, 0, 0, async_cb, &a[i]), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(p[i].rc, TS_EMODEL);
+        ts_value_free(p[i].in);
+    }
+    assert_true(acount_wait(&c, 2));
+    assert_int_equal(c.other, 2);
+    for (int i = 0; i < 2; i++)
+        ts_value_free(a[i].in);
+
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.requests, T * ROUNDS);
+    assert_int_equal(st.failed, 4);
+    assert_int_equal(st.batches, ROUNDS + 1);
+    assert_int_equal(st.full_batches, ROUNDS + 1);
+    ts_batcher_free(b);
+}
+
 /* Weights change while 8 threads predict: each answer matches exactly the version it reports. */
 typedef struct vsub {
     ts_batcher_t *b;
@@ -953,13 +1033,21 @@ static void test_bare_tensor(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_single),        cmocka_unit_test(test_many_submitters),
-        cmocka_unit_test(test_async),         cmocka_unit_test(test_queue_delay),
-        cmocka_unit_test(test_never_split),   cmocka_unit_test(test_schema_errors),
-        cmocka_unit_test(test_model_failure), cmocka_unit_test(test_weights_midstream),
-        cmocka_unit_test(test_weights_async), cmocka_unit_test(test_weights_release_race),
-        cmocka_unit_test(test_deadline),      cmocka_unit_test(test_shutdown),
-        cmocka_unit_test(test_placement),     cmocka_unit_test(test_bare_tensor),
+        cmocka_unit_test(test_single),
+        cmocka_unit_test(test_many_submitters),
+        cmocka_unit_test(test_async),
+        cmocka_unit_test(test_queue_delay),
+        cmocka_unit_test(test_never_split),
+        cmocka_unit_test(test_schema_errors),
+        cmocka_unit_test(test_model_failure),
+        cmocka_unit_test(test_predict_batch_wakeups),
+        cmocka_unit_test(test_weights_midstream),
+        cmocka_unit_test(test_weights_async),
+        cmocka_unit_test(test_weights_release_race),
+        cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_shutdown),
+        cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_bare_tensor),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (atomic_load(&g_overlaps) != 0) {
