@@ -309,7 +309,7 @@ static uint8_t *read_file(const char *path, size_t *len)
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
+    uint8_t *b = ts__malloc((size_t)n + 1);
     assert_non_null(b);
     assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
     fclose(f);
@@ -331,7 +331,7 @@ static void expect_refused(const uint8_t *data, size_t len, const char *problem)
     uint8_t *after = read_file(copy, &n);
     assert_int_equal(n, len);
     assert_memory_equal(after, data, len);
-    free(after);
+    ts__free(after);
 }
 
 static void test_damaged_snapshots_refused(void **state)
@@ -349,7 +349,7 @@ static void test_damaged_snapshots_refused(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
     size_t len;
     uint8_t *good = read_file(snap, &len);
-    uint8_t *bad = malloc(len + 64);
+    uint8_t *bad = ts__malloc(len + 64);
     assert_non_null(bad);
     int tried = 0;
 
@@ -381,8 +381,8 @@ static void test_damaged_snapshots_refused(void **state)
     assert_int_equal(tsu_stat(fd, "items"), 6);
     close(fd);
     assert_int_equal(tsh_server_stop(&s), 0);
-    free(bad);
-    free(good);
+    ts__free(bad);
+    ts__free(good);
 }
 
 int main(void)
