@@ -1410,8 +1410,9 @@ int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, 
  */
 typedef struct bsync {
 #ifdef __linux__
-    atomic_uint done;   /* 0, then 1 once the fields below hold the answer (release/acquire) */
-    struct bsync *next; /* the next requester of the same batch to wake, or NULL */
+    atomic_uint done;      /* 0, then 1 once the fields below hold the answer (release/acquire) */
+    struct bsync *link;    /* the next answer of the same batch (replica side only) */
+    struct bsync *wake[2]; /* requesters of the same batch this one wakes, or NULL */
 #else
     pthread_mutex_t mu; /* its own: answering must not contend for the batcher's lock */
     pthread_cond_t cv;
@@ -1426,11 +1427,12 @@ typedef struct bsync {
 #ifdef __linux__
 /*
  * Answers of one batch are handed over as a chain: the replica publishes them all, wakes the
- * first requester, and each requester wakes the next one as it leaves. The replica thus makes
- * one wake-up per batch instead of one per request, and is not preempted by every requester it
- * wakes (on a machine with few cores each of those preemptions costs a context switch); the
- * requesters run on whatever cores are free meanwhile. Only a replica thread collects such a
- * chain (tls_chain); answers given elsewhere (deadlines, shutdown) wake their requester at once.
+ * first requester, and each requester wakes up to two more as it leaves (see chain_flush). The
+ * replica thus makes one wake-up per batch instead of one per request, and is not preempted by
+ * every requester it wakes (on a machine with few cores each of those preemptions costs a context
+ * switch); the requesters run on whatever cores are free meanwhile. Only a replica thread collects
+ * such a chain (tls_chain); answers given elsewhere (deadlines, shutdown) wake their requester at
+ * once.
  *
  * A wake may reach a word after its requester saw done and returned: a futex wake on a dead
  * address at worst wakes some later waiter there spuriously, and every futex waiter (these
@@ -1445,17 +1447,18 @@ static void sync_wait(bsync *s)
 {
     while (atomic_load_explicit(&s->done, memory_order_acquire) == 0)
         syscall(SYS_futex, (uint32_t *)&s->done, FUTEX_WAIT_PRIVATE, 0u, NULL, NULL, 0);
-    if (s->next != NULL)
-        futex_wake_one(&s->next->done);
+    for (int i = 0; i < 2; i++)
+        if (s->wake[i] != NULL)
+            futex_wake_one(&s->wake[i]->done);
 }
 
 static void sync_post(bsync *s)
 {
     bchain *c = tls_chain;
     if (c != NULL) {
-        /* Published by chain_flush: a requester seeing done must find its next set. */
+        /* Published by chain_flush: a requester seeing done must find its wake-ups set. */
         if (c->tail != NULL)
-            c->tail->next = s;
+            c->tail->link = s;
         else
             c->head = s;
         c->tail = s;
@@ -1465,12 +1468,25 @@ static void sync_post(bsync *s)
     futex_wake_one(&s->done);
 }
 
-/* Publish a chain's answers, then wake its first requester. */
+/*
+ * Publish a chain's answers, then wake its first requester. The wake-ups form a binary tree in
+ * answer order (the i-th wakes the 2i+1-th and the 2i+2-th), so the last requester of a batch
+ * of n is woken after about log2(n) hand-overs, not n: on a machine with idle cores a long
+ * chain of hand-overs from core to core would add up to hundreds of microseconds.
+ */
 static void chain_flush(bchain *c)
 {
     bsync *first = c->head;
+    bsync *child = first != NULL ? first->link : NULL;
+    for (bsync *s = first; s != NULL; s = s->link) {
+        for (int i = 0; i < 2; i++) {
+            s->wake[i] = child;
+            if (child != NULL)
+                child = child->link;
+        }
+    }
     for (bsync *s = first; s != NULL;) {
-        bsync *next = s->next; /* read before publishing: s may be gone once done is set */
+        bsync *next = s->link; /* read before publishing: s may be gone once done is set */
         atomic_store_explicit(&s->done, 1u, memory_order_release);
         s = next;
     }
@@ -1482,7 +1498,8 @@ static void chain_flush(bchain *c)
 static int sync_init(bsync *s)
 {
     atomic_init(&s->done, 0u);
-    s->next = NULL;
+    s->link = NULL;
+    s->wake[0] = s->wake[1] = NULL;
     return 0;
 }
 
