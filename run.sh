@@ -67,11 +67,11 @@ deps)
     ;;
 build)
     deps
-    build build -DTS_WERROR=ON
+    build build -DTS_WERROR=ON -DTS_SANITIZE=
     ;;
 serve)
     deps
-    build build
+    build build -DTS_SANITIZE=
     echo "run.sh: starting tensord on port 8000 (Ctrl-C stops it)"
     exec build/server/tensord --port 8000 "$@"
     ;;
@@ -100,7 +100,7 @@ test)
     ;;
 bench)
     deps
-    build build
+    build build -DTS_SANITIZE=
     exec bench/run.sh "$@"
     ;;
 *)
