@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 
 # Debian packages the build, the tests and the benchmarks need.
 PKGS=(build-essential cmake pkg-config libuv1-dev liblz4-dev libcmocka-dev libdlpack-dev
-      libtorch-dev clang libclang-rt-14-dev procps)
+      libtorch-dev clang libclang-rt-14-dev clang-format procps)
 JOBS=$(nproc 2>/dev/null || echo 2)
 
 deps() {
@@ -59,6 +59,30 @@ check() {
     return $rc
 }
 
+# lint: every C/C++ file is clang-formatted; no sprintf/strcpy/strcat/strtok/atoi anywhere, and
+# raw malloc/calloc/realloc/free only in src/alloc.c (everything else goes through ts__malloc).
+lint() {
+    local files ok=0
+    files=$(git ls-files '*.c' '*.h' '*.cpp' 2>/dev/null || find src server client shim include \
+        tests examples bench -name '*.[ch]' -o -name '*.cpp')
+    # shellcheck disable=SC2086
+    clang-format --dry-run --Werror $files || ok=1
+    # shellcheck disable=SC2086
+    if grep -n -E '\b(sprintf|strcpy|strcat|strtok|atoi)[[:space:]]*\(' $files; then
+        echo "run.sh: banned function used (see above)"
+        ok=1
+    fi
+    local lib
+    lib=$(echo "$files" | tr ' ' '\n' | grep -E '^(src|server|client|shim)/.*\.(c|cpp)$' |
+        grep -v '^src/alloc.c$' || true)
+    # shellcheck disable=SC2086
+    if grep -n -E '(^|[^_a-zA-Z.>])(malloc|calloc|realloc|free)[[:space:]]*\(' $lib; then
+        echo "run.sh: raw allocation outside src/alloc.c (use ts__malloc and friends)"
+        ok=1
+    fi
+    return $ok
+}
+
 cmd=${1:-serve}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -78,6 +102,8 @@ serve)
 test)
     deps
     rc=0
+    echo "== style: clang-format, banned functions"
+    if lint; then PASSED=$((PASSED + 1)); else FAILED=$((FAILED + 1)); rc=1; fi
     echo "== release build (warnings are errors)"
     build build -DTS_WERROR=ON
     check build "" || rc=1

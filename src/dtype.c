@@ -5,11 +5,11 @@ static const struct {
     size_t size;
     const char *name;
 } dtypes[] = {
-    [TS_BOOL] = {1, "bool"},          [TS_UINT8] = {1, "uint8"},
-    [TS_INT8] = {1, "int8"},          [TS_INT16] = {2, "int16"},
-    [TS_INT32] = {4, "int32"},        [TS_INT64] = {8, "int64"},
-    [TS_FLOAT16] = {2, "float16"},    [TS_BFLOAT16] = {2, "bfloat16"},
-    [TS_FLOAT32] = {4, "float32"},    [TS_FLOAT64] = {8, "float64"},
+    [TS_BOOL] = {1, "bool"},           [TS_UINT8] = {1, "uint8"},
+    [TS_INT8] = {1, "int8"},           [TS_INT16] = {2, "int16"},
+    [TS_INT32] = {4, "int32"},         [TS_INT64] = {8, "int64"},
+    [TS_FLOAT16] = {2, "float16"},     [TS_BFLOAT16] = {2, "bfloat16"},
+    [TS_FLOAT32] = {4, "float32"},     [TS_FLOAT64] = {8, "float64"},
     [TS_COMPLEX64] = {8, "complex64"}, [TS_COMPLEX128] = {16, "complex128"},
 };
 

@@ -19,12 +19,12 @@
 
 #include "common.h"
 
-#define TS_HDR_SIZE 24
-#define TS_MAGIC_REQ 0x54 /* 'T' */
-#define TS_MAGIC_REP 0x74 /* 't' */
+#define TS_HDR_SIZE      24
+#define TS_MAGIC_REQ     0x54 /* 'T' */
+#define TS_MAGIC_REP     0x74 /* 't' */
 #define TS_PROTO_VERSION 1
 
-#define TS_FLAG_LZ4 0x01   /* body = u64 raw length + one LZ4 block (only once negotiated) */
+#define TS_FLAG_LZ4    0x01 /* body = u64 raw length + one LZ4 block (only once negotiated) */
 #define TS_FLAGS_KNOWN 0x01
 
 /* Opcodes (append-only). */
@@ -69,18 +69,13 @@ enum {
 };
 
 /* Notification event codes (the same numbers as ts_event_t). */
-enum {
-    TS_NOTE_PUT = 1,
-    TS_NOTE_APPEND = 2,
-    TS_NOTE_GET = 3,
-    TS_NOTE_DELETE = 4
-};
+enum { TS_NOTE_PUT = 1, TS_NOTE_APPEND = 2, TS_NOTE_GET = 3, TS_NOTE_DELETE = 4 };
 #define TS_NOTE_FLAG_COALESCED 0x01
 
 /* Protocol limits that are fixed by the encoding (configurable limits live in the daemon). */
-#define TS_MAX_NAME_LEN 255        /* bytes; u8 length on the wire */
-#define TS_MAX_PREAUTH_BODY 4096   /* bytes; any frame body before HELLO completes */
-#define TS_MAX_ERRMSG 1024         /* bytes; error reply bodies */
+#define TS_MAX_NAME_LEN      255                 /* bytes; u8 length on the wire */
+#define TS_MAX_PREAUTH_BODY  4096                /* bytes; any frame body before HELLO completes */
+#define TS_MAX_ERRMSG        1024                /* bytes; error reply bodies */
 #define TS_DEFAULT_MAX_FRAME ((uint64_t)1 << 30) /* bytes; default body limit, 1 GiB */
 
 typedef struct ts__hdr {
@@ -160,9 +155,9 @@ int ts__rd_name(ts__rd *r, const char **name, size_t *len);
  *               of 64 (so every item starts at a 64-byte aligned body offset; the last is padded
  *               too). body_len = ts__items_head_size(n) + sum of align64(item_len).
  */
-#define TS_HELLO_LZ4 0x01
+#define TS_HELLO_LZ4      0x01
 #define TS_BIN_STATE_SIZE 16
-#define TS_NOTIFY_FIXED 15 /* bytes before the name in a NOTIFY body */
+#define TS_NOTIFY_FIXED   15 /* bytes before the name in a NOTIFY body */
 
 /* Size of an ITEMS reply's fixed part for n items, padded to 64 (the first item's offset). */
 static inline uint64_t ts__items_head_size(uint32_t n)

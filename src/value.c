@@ -173,8 +173,8 @@ int ts_map_set(ts_value_t *map, const char *key, ts_value_t *child)
 {
     if (child == NULL)
         return TS_ENOMEM;
-    if (map == NULL || map->type != TS_TYPE_MAP || (map->flags & TS__VF_RECEIVED) ||
-        key == NULL || strlen(key) > TS__MAX_KEY_LEN || child == map) {
+    if (map == NULL || map->type != TS_TYPE_MAP || (map->flags & TS__VF_RECEIVED) || key == NULL ||
+        strlen(key) > TS__MAX_KEY_LEN || child == map) {
         ts_value_free(child);
         return TS_EINVAL;
     }

@@ -150,7 +150,7 @@ typedef struct ts_value_s ts_value_t;
 
 /* Flags for values that wrap caller memory. */
 #define TS_BORROW 0u /* keep a pointer; the memory must outlive the value (default) */
-#define TS_COPY 1u   /* copy the memory now into a 64-byte aligned buffer the value owns */
+#define TS_COPY   1u /* copy the memory now into a 64-byte aligned buffer the value owns */
 
 TS_EXTERN ts_value_t *ts_map_new(void);
 TS_EXTERN ts_value_t *ts_list_new(void);
@@ -261,13 +261,13 @@ TS_EXTERN void ts_bin_list_free(ts_bin_list_t *list);
 typedef struct ts_client_s ts_client_t;
 
 typedef struct ts_options_s {
-    int connect_timeout_ms;  /* first connection and each reconnect attempt; default 5000 */
-    int request_timeout_ms;  /* default timeout of blocking calls and async requests; 30000 */
-    int reconnect_min_ms;    /* first backoff after a lost connection; default 50 */
-    int reconnect_max_ms;    /* backoff doubles up to this; default 2000 */
-    const char *auth_token;  /* copied; NULL: take TS_AUTH_TOKEN from the environment */
-    size_t compress_min;     /* lz4-compress frames at least this large (if the server agrees);
-                                0 = never; default 0 (see docs/PERFORMANCE.md) */
+    int connect_timeout_ms; /* first connection and each reconnect attempt; default 5000 */
+    int request_timeout_ms; /* default timeout of blocking calls and async requests; 30000 */
+    int reconnect_min_ms;   /* first backoff after a lost connection; default 50 */
+    int reconnect_max_ms;   /* backoff doubles up to this; default 2000 */
+    const char *auth_token; /* copied; NULL: take TS_AUTH_TOKEN from the environment */
+    size_t compress_min;    /* lz4-compress frames at least this large (if the server agrees);
+                               0 = never; default 0 (see docs/PERFORMANCE.md) */
 } ts_options_t;
 
 /* Fill opts with the defaults. */
@@ -298,12 +298,12 @@ TS_EXTERN int ts_client_connected(ts_client_t *c);
 
 /* Result of an operation, passed to asynchronous callbacks. */
 typedef struct ts_result_s {
-    uint64_t version;     /* the bin's version after the operation (0 for list, stats, ping) */
-    uint32_t n_items;     /* items in the bin after the operation; for delete, items removed */
-    ts_items_t *items;    /* get and peek: set to NULL to keep them, else freed after the cb */
-    ts_bin_list_t *bins;  /* list: set to NULL to keep it, else freed after the callback */
-    ts_value_t *value;    /* stats: a map; set to NULL to keep it, else freed after the cb */
-    const char *message;  /* the server's error message, or NULL; valid during the callback */
+    uint64_t version;    /* the bin's version after the operation (0 for list, stats, ping) */
+    uint32_t n_items;    /* items in the bin after the operation; for delete, items removed */
+    ts_items_t *items;   /* get and peek: set to NULL to keep them, else freed after the cb */
+    ts_bin_list_t *bins; /* list: set to NULL to keep it, else freed after the callback */
+    ts_value_t *value;   /* stats: a map; set to NULL to keep it, else freed after the cb */
+    const char *message; /* the server's error message, or NULL; valid during the callback */
 } ts_result_t;
 
 /*
@@ -322,8 +322,7 @@ typedef void (*ts_result_cb)(ts_client_t *c, int status, ts_result_t *res, void 
  * new version.
  */
 TS_EXTERN int ts_put(ts_client_t *c, const char *bin, const ts_value_t *item, uint64_t *version);
-TS_EXTERN int ts_append(ts_client_t *c, const char *bin, const ts_value_t *item,
-                        uint64_t *version);
+TS_EXTERN int ts_append(ts_client_t *c, const char *bin, const ts_value_t *item, uint64_t *version);
 /*
  * get returns the oldest max_items items (0 = all) and removes them; the bin disappears when
  * empty. peek returns them and keeps them. A missing bin is TS_ENOENT. *out is yours to free.
@@ -367,8 +366,8 @@ TS_EXTERN const char *ts_client_last_error(void);
  * request made while the connection is down waits for the reconnection until its deadline (the
  * request timeout; for wait, its own timeout plus the request timeout).
  */
-TS_EXTERN int ts_put_async(ts_client_t *c, const char *bin, const ts_value_t *item,
-                           unsigned flags, ts_result_cb cb, void *arg);
+TS_EXTERN int ts_put_async(ts_client_t *c, const char *bin, const ts_value_t *item, unsigned flags,
+                           ts_result_cb cb, void *arg);
 TS_EXTERN int ts_append_async(ts_client_t *c, const char *bin, const ts_value_t *item,
                               unsigned flags, ts_result_cb cb, void *arg);
 TS_EXTERN int ts_get_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_cb cb,
@@ -377,8 +376,8 @@ TS_EXTERN int ts_peek_async(ts_client_t *c, const char *bin, size_t max_items, t
                             void *arg);
 TS_EXTERN int ts_delete_async(ts_client_t *c, const char *bin, ts_result_cb cb, void *arg);
 TS_EXTERN int ts_list_async(ts_client_t *c, ts_result_cb cb, void *arg);
-TS_EXTERN int ts_wait_async(ts_client_t *c, const char *bin, uint64_t after_version,
-                            int timeout_ms, ts_result_cb cb, void *arg);
+TS_EXTERN int ts_wait_async(ts_client_t *c, const char *bin, uint64_t after_version, int timeout_ms,
+                            ts_result_cb cb, void *arg);
 TS_EXTERN int ts_stats_async(ts_client_t *c, ts_result_cb cb, void *arg);
 TS_EXTERN int ts_ping_async(ts_client_t *c, ts_result_cb cb, void *arg);
 
@@ -393,7 +392,7 @@ typedef enum ts_event_e {
 } ts_event_t;
 
 typedef struct ts_notification_s {
-    const char *bin;  /* NUL-terminated, valid during the callback */
+    const char *bin; /* NUL-terminated, valid during the callback */
     ts_event_t event;
     uint64_t version; /* the bin's version after the change */
     uint32_t n_items; /* items in the bin after the change */
