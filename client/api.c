@@ -304,20 +304,31 @@ static void max_items_field(size_t max_items, uint8_t out[4])
     ts__put_u32le(out, max_items > UINT32_MAX ? UINT32_MAX : (uint32_t)max_items);
 }
 
-static int fetch_op(ts_client_t *c, uint8_t op, const char *bin, size_t max_items, ts_items_t **out)
+/*
+ * Run a blocking request without a record: op on bin (NULL for none) with extra argument bytes.
+ * args_ok is the caller's own argument check, made after the call checks like everywhere else.
+ * Returns 0 with *done the completed request (free it with ts__req_free), or an error.
+ */
+static int simple_blocking(ts_client_t *c, int args_ok, uint8_t op, const char *bin,
+                           const void *extra, size_t extra_len, ts__req **done)
 {
     int rc = check_call(c, 1);
     if (rc != 0)
         return rc;
-    if (bin == NULL || out == NULL)
+    if (!args_ok)
         return TS_EINVAL;
-    uint8_t extra[4];
-    max_items_field(max_items, extra);
-    ts__req *r = req_new(c, TS__K_BLOCK, op, bin, extra, sizeof(extra), &rc);
+    ts__req *r = req_new(c, TS__K_BLOCK, op, bin, extra, extra_len, &rc);
     if (r == NULL)
         return rc;
+    return run_blocking(c, r, done);
+}
+
+static int fetch_op(ts_client_t *c, uint8_t op, const char *bin, size_t max_items, ts_items_t **out)
+{
+    uint8_t extra[4];
+    max_items_field(max_items, extra);
     ts__req *done;
-    rc = run_blocking(c, r, &done);
+    int rc = simple_blocking(c, bin != NULL && out != NULL, op, bin, extra, sizeof(extra), &done);
     if (rc == 0) {
         *out = done->res.items;
         done->res.items = NULL;
@@ -338,16 +349,8 @@ int ts_peek(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out)
 
 int ts_delete(ts_client_t *c, const char *bin, uint32_t *n_removed)
 {
-    int rc = check_call(c, 1);
-    if (rc != 0)
-        return rc;
-    if (bin == NULL)
-        return TS_EINVAL;
-    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_DELETE, bin, NULL, 0, &rc);
-    if (r == NULL)
-        return rc;
     ts__req *done;
-    rc = run_blocking(c, r, &done);
+    int rc = simple_blocking(c, bin != NULL, TS_OP_DELETE, bin, NULL, 0, &done);
     if (rc == 0) {
         if (n_removed != NULL)
             *n_removed = done->res.n_items;
@@ -358,16 +361,8 @@ int ts_delete(ts_client_t *c, const char *bin, uint32_t *n_removed)
 
 int ts_list(ts_client_t *c, ts_bin_list_t **out)
 {
-    int rc = check_call(c, 1);
-    if (rc != 0)
-        return rc;
-    if (out == NULL)
-        return TS_EINVAL;
-    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_LIST, NULL, NULL, 0, &rc);
-    if (r == NULL)
-        return rc;
     ts__req *done;
-    rc = run_blocking(c, r, &done);
+    int rc = simple_blocking(c, out != NULL, TS_OP_LIST, NULL, NULL, 0, &done);
     if (rc == 0) {
         *out = done->res.bins;
         done->res.bins = NULL;
@@ -418,16 +413,8 @@ int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout
 
 int ts_stats(ts_client_t *c, ts_value_t **out)
 {
-    int rc = check_call(c, 1);
-    if (rc != 0)
-        return rc;
-    if (out == NULL)
-        return TS_EINVAL;
-    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_STATS, NULL, NULL, 0, &rc);
-    if (r == NULL)
-        return rc;
     ts__req *done;
-    rc = run_blocking(c, r, &done);
+    int rc = simple_blocking(c, out != NULL, TS_OP_STATS, NULL, NULL, 0, &done);
     if (rc == 0) {
         *out = done->res.value;
         done->res.value = NULL;
@@ -438,14 +425,8 @@ int ts_stats(ts_client_t *c, ts_value_t **out)
 
 int ts_ping(ts_client_t *c)
 {
-    int rc = check_call(c, 1);
-    if (rc != 0)
-        return rc;
-    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, NULL, 0, &rc);
-    if (r == NULL)
-        return rc;
     ts__req *done;
-    rc = run_blocking(c, r, &done);
+    int rc = simple_blocking(c, 1, TS_OP_PING, NULL, NULL, 0, &done);
     if (rc == 0)
         ts__req_free(done);
     return rc;
@@ -453,14 +434,8 @@ int ts_ping(ts_client_t *c)
 
 int ts_save(ts_client_t *c)
 {
-    int rc = check_call(c, 1);
-    if (rc != 0)
-        return rc;
-    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_SAVE, NULL, NULL, 0, &rc);
-    if (r == NULL)
-        return rc;
     ts__req *done;
-    rc = run_blocking(c, r, &done);
+    int rc = simple_blocking(c, 1, TS_OP_SAVE, NULL, NULL, 0, &done);
     if (rc == 0)
         ts__req_free(done);
     return rc;
