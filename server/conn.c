@@ -1077,6 +1077,18 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
                           "%s body too short for a record", ts__op_name(h->opcode));
             return 0;
         }
+        /*
+         * Only raw is reserved, yet the compressed buffer is blen bytes: a body longer than any
+         * block of raw bytes can be is malformed, and refusing it now keeps that buffer within
+         * the reservation's order (and raw within what LZ4 handles).
+         */
+        if (blen > ts__lz4_bound((size_t)raw)) {
+            tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST,
+                          "compressed body of %llu bytes is longer than any lz4 block of a "
+                          "%llu-byte body",
+                          (unsigned long long)blen, (unsigned long long)raw);
+            return 0;
+        }
         c->cur = *h;
         c->ipos += TS_HDR_SIZE;
         if (tsd_store_reserve(&srv->store, raw) != 0) {

@@ -373,6 +373,43 @@ static void test_disconnect_mid_body(void **state)
     close(fd);
 }
 
+/*
+ * A compressed upload whose body is far longer than any LZ4 block of its raw length could be:
+ * the compressed buffer would be allocated at the body's size while only the small raw length is
+ * reserved, so a few such clients could hold far more than --max-memory. It is refused as
+ * malformed as soon as the raw length is known, before the rest of the body is sent.
+ */
+static void test_lz4_body_longer_than_bound(void **state)
+{
+    (void)state;
+    int fd = tsh_connect_tcp(srv.port);
+    assert_true(fd >= 0);
+    uint8_t hello[4] = {1, TS_HELLO_LZ4, 0, 0};
+    tsu_frame f;
+    assert_int_equal(tsh_send(fd, TS_OP_HELLO, 1, hello, sizeof(hello)), 0);
+    tsu_expect(fd, &f, TS_OP_HELLO, 1, TS_ST_OK);
+    assert_int_equal(f.body[1], TS_HELLO_LZ4);
+    tsu_frame_free(&f);
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = TS_OP_PUT,
+                 .flags = TS_FLAG_LZ4,
+                 .request_id = 2,
+                 .body_len = 1000 << 10};
+    uint8_t frame[TS_HDR_SIZE + 8];
+    ts__hdr_encode(&h, frame);
+    ts__put_u64le(frame + TS_HDR_SIZE, 64);
+    assert_int_equal(tsh_write_all(fd, frame, sizeof(frame)), 0);
+    tsu_expect(fd, &f, TS_OP_PUT, 2, TS_ST_BAD_REQUEST);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_wait_closed(fd, 5000), 1);
+    close(fd);
+    tsu_check_healthy(&srv);
+    fd = tsu_client(&srv);
+    assert_int_equal(tsu_stat(fd, "bytes_reserved"), 0);
+    close(fd);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, start, stop)
 
 int main(void)
@@ -391,6 +428,7 @@ int main(void)
         T(test_bad_records),
         T(test_idle_and_half_header_clients),
         T(test_disconnect_mid_body),
+        T(test_lz4_body_longer_than_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
