@@ -33,6 +33,7 @@ void tsd_config_defaults(tsd_config *cfg)
     cfg->output_soft = TSD_DEFAULT_OUTPUT_SOFT;
     cfg->output_soft_seconds = TSD_DEFAULT_OUTPUT_SOFT_S;
     cfg->notify_backlog = TSD_DEFAULT_NOTIFY_BACKLOG;
+    cfg->max_watch = TSD_DEFAULT_MAX_WATCH;
     cfg->hello_timeout_ms = TSD_DEFAULT_HELLO_MS;
     cfg->save_interval_s = TSD_DEFAULT_SAVE_INTERVAL;
     long pages = sysconf(_SC_PHYS_PAGES);
@@ -73,6 +74,8 @@ static void usage(FILE *f)
             "  --output-soft-seconds N  this many seconds, 0 BYTES = off          [%u]\n"
             "  --notify-backlog BYTES  unwritten output above which a listener's notifications\n"
             "                        are coalesced, one per bin                  [%llu = 1m]\n"
+            "  --max-watch N         subscriptions plus pending WAITs per connection;\n"
+            "                        more are answered INVALID                   [%u]\n"
             "Persistence:\n"
             "  --save PATH           load this snapshot at start, write it on shutdown, on SAVE\n"
             "                        and periodically (atomic: temporary file, fsync, rename)\n"
@@ -89,7 +92,7 @@ static void usage(FILE *f)
             d.port, d.host, d.hello_timeout_ms, (unsigned long long)d.max_frame,
             (unsigned long long)d.max_memory, d.max_clients, (unsigned long long)d.max_output,
             (unsigned long long)d.output_soft, d.output_soft_seconds,
-            (unsigned long long)d.notify_backlog, d.save_interval_s);
+            (unsigned long long)d.notify_backlog, d.max_watch, d.save_interval_s);
 }
 
 /* Parse a decimal number with an optional k/m/g suffix. 0 or -1. */
@@ -167,7 +170,8 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
                                             "--log-level",      "--auth-token-file",
                                             "--output-soft",    "--output-soft-seconds",
                                             "--notify-backlog", "--hello-timeout",
-                                            "--save",           "--save-interval"};
+                                            "--max-watch",      "--save",
+                                            "--save-interval"};
         int is_known = 0;
         for (size_t k = 0; k < TS__ARRAY_SIZE(known); k++)
             is_known |= strcmp(flag, known[k]) == 0;
@@ -218,6 +222,9 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
         } else if (strcmp(flag, "--notify-backlog") == 0) {
             bad = parse_size(val, &n) != 0;
             cfg->notify_backlog = n;
+        } else if (strcmp(flag, "--max-watch") == 0) {
+            bad = parse_size(val, &n) != 0 || n == 0 || n > UINT32_MAX;
+            cfg->max_watch = (uint32_t)n;
         } else if (strcmp(flag, "--hello-timeout") == 0) {
             bad = parse_size(val, &n) != 0 || n > UINT32_MAX;
             cfg->hello_timeout_ms = (uint32_t)n;

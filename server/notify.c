@@ -47,6 +47,10 @@ int tsd_listen(tsd_server *srv, tsd_conn *c, const uint8_t *name, size_t len)
     for (tsd_sub *s = c->subs; s != NULL; s = s->cnext)
         if (s->w == w)
             return 0; /* Listening twice is the same as once. */
+    if (c->n_watch >= srv->cfg.max_watch) {
+        watch_maybe_free(srv, w);
+        return TS_ETOOMANY;
+    }
     tsd_sub *s = ts__calloc(1, sizeof(*s));
     if (s == NULL) {
         watch_maybe_free(srv, w);
@@ -62,6 +66,7 @@ int tsd_listen(tsd_server *srv, tsd_conn *c, const uint8_t *name, size_t len)
     if (c->subs != NULL)
         c->subs->cprev = s;
     c->subs = s;
+    c->n_watch++;
     srv->stats.listeners++;
     return 0;
 }
@@ -112,6 +117,7 @@ static void sub_drop(tsd_server *srv, tsd_sub *s)
         s->c->subs = s->cnext;
     if (s->cnext != NULL)
         s->cnext->cprev = s->cprev;
+    s->c->n_watch--;
     ts__free(s);
     srv->stats.listeners--;
     watch_maybe_free(srv, w);
@@ -152,6 +158,7 @@ static void waiter_drop(tsd_server *srv, tsd_waiter *wt)
         wt->c->waiters = wt->cnext;
     if (wt->cnext != NULL)
         wt->cnext->cprev = wt->cprev;
+    wt->c->n_watch--;
     wt->w = NULL;
     wt->c = NULL;
     srv->stats.waiters--;
@@ -176,6 +183,8 @@ static void on_wait_timeout(uv_timer_t *t)
 int tsd_wait_add(tsd_server *srv, tsd_conn *c, uint32_t rid, const uint8_t *name, size_t len,
                  uint64_t after, uint32_t timeout_ms)
 {
+    if (c->n_watch >= srv->cfg.max_watch)
+        return TS_ETOOMANY;
     tsd_watch *w = watch_get(srv, name, len, 1);
     if (w == NULL)
         return TS_ENOMEM;
@@ -198,6 +207,7 @@ int tsd_wait_add(tsd_server *srv, tsd_conn *c, uint32_t rid, const uint8_t *name
     if (c->waiters != NULL)
         c->waiters->cprev = wt;
     c->waiters = wt;
+    c->n_watch++;
     srv->stats.waiters++;
     uv_timer_start(&wt->timer, on_wait_timeout, timeout_ms, 0);
     return 0;

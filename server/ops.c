@@ -227,7 +227,14 @@ static void op_list(tsd_conn *c, const ts__hdr *h)
 static void op_listen(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl)
 {
     tsd_server *srv = c->srv;
-    if (tsd_listen(srv, c, name, nl) != 0) {
+    int rc = tsd_listen(srv, c, name, nl);
+    if (rc == TS_ETOOMANY) {
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
+                      "too many subscriptions and pending waits on this connection "
+                      "(--max-watch)");
+        return;
+    }
+    if (rc != 0) {
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory subscribing");
         return;
     }
@@ -263,7 +270,12 @@ static void op_wait(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t n
     }
     if (timeout_ms > TSD_MAX_WAIT_MS)
         timeout_ms = TSD_MAX_WAIT_MS;
-    if (tsd_wait_add(srv, c, h->request_id, name, nl, after, timeout_ms) != 0)
+    int rc = tsd_wait_add(srv, c, h->request_id, name, nl, after, timeout_ms);
+    if (rc == TS_ETOOMANY)
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
+                      "too many subscriptions and pending waits on this connection "
+                      "(--max-watch)");
+    else if (rc != 0)
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory waiting");
 }
 

@@ -48,10 +48,16 @@
 #define TSD_DEFAULT_OUTPUT_SOFT_S 60u
 /* Bytes of unwritten output above which a listener's notifications are coalesced per bin. */
 #define TSD_DEFAULT_NOTIFY_BACKLOG ((uint64_t)1 << 20)
-#define TSD_DEFAULT_HELLO_MS       10000u /* ms; a connection must complete HELLO within this */
-#define TSD_DEFAULT_SAVE_INTERVAL  60u    /* s; period of snapshots with --save */
-#define TSD_ACCEPT_PAUSE_MS        1000   /* ms; accepting pauses this long when out of fds */
-#define TSD_RETRY_MS               50     /* ms; retry after an allocation failure */
+/*
+ * Subscriptions plus pending WAITs per connection. Each costs a small allocation (a WAIT also a
+ * timer) that lives until it ends or the connection closes, so without a cap one client could
+ * grow the daemon's memory without bound, one request at a time.
+ */
+#define TSD_DEFAULT_MAX_WATCH     65536u
+#define TSD_DEFAULT_HELLO_MS      10000u /* ms; a connection must complete HELLO within this */
+#define TSD_DEFAULT_SAVE_INTERVAL 60u    /* s; period of snapshots with --save */
+#define TSD_ACCEPT_PAUSE_MS       1000   /* ms; accepting pauses this long when out of fds */
+#define TSD_RETRY_MS              50     /* ms; retry after an allocation failure */
 /* Frames that must go out even when memory is exhausted (see tsd_emerg). */
 #define TSD_EMERG_FRAMES 4
 #define TSD_EMERG_MSG    64 /* bytes of body in an emergency frame */
@@ -81,6 +87,7 @@ typedef struct tsd_config {
     uint32_t output_soft_seconds; /* how long output may stay over output_soft */
     uint64_t notify_backlog;      /* bytes of unwritten output before notifications coalesce */
     uint32_t hello_timeout_ms;    /* 0 = none */
+    uint32_t max_watch;           /* subscriptions + pending WAITs per connection */
     const char *save_path;        /* snapshot file; NULL = no persistence */
     uint32_t save_interval_s;     /* 0 = snapshots only on SAVE and at shutdown */
 } tsd_config;
@@ -326,6 +333,7 @@ typedef struct tsd_conn {
     tsd_sub *subs;
     tsd_waiter *waiters;
     tsd_sub *held_head, *held_tail; /* subscriptions holding a coalesced notification */
+    uint32_t n_watch;               /* subscriptions + waiters, capped by cfg.max_watch */
 } tsd_conn;
 
 /*
@@ -440,6 +448,7 @@ struct tsd_waiter {
 };
 
 /* Subscribe c to name (idempotent). 0 or TS_ENOMEM. */
+/* 0; TS_ETOOMANY when c is at --max-watch; TS_ENOMEM. Listening twice is the same as once. */
 int tsd_listen(tsd_server *srv, tsd_conn *c, const uint8_t *name, size_t len);
 /* 0, or TS_ENOENT when c does not listen to name. */
 int tsd_unlisten(tsd_server *srv, tsd_conn *c, const uint8_t *name, size_t len);

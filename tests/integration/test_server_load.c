@@ -55,6 +55,13 @@ static int start_few_clients(void **state)
     return tsh_server_start(&srv, args);
 }
 
+static int start_few_watches(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--max-watch", "3", NULL};
+    return tsh_server_start(&srv, args);
+}
+
 static void test_200_concurrent_connections(void **state)
 {
     (void)state;
@@ -249,6 +256,51 @@ static void test_too_many_clients(void **state)
         close(fds[i]);
 }
 
+/* Subscriptions plus pending WAITs are capped per connection; the refusal keeps the connection. */
+static void test_too_many_watches(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    tsu_frame f;
+    /* Two subscriptions (listening twice to one bin counts once) and one pending WAIT. */
+    assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 1, "a", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_LISTEN, 1, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 2, "a", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_LISTEN, 2, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 3, "b", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_LISTEN, 3, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_wait(fd, 4, "c", 0, 60000), 0);
+    /* The fourth of either kind is refused with INVALID, and nothing else changes. */
+    assert_int_equal(tsu_send_wait(fd, 5, "d", 0, 60000), 0);
+    tsu_expect(fd, &f, TS_OP_WAIT, 5, TS_ST_INVALID);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 6, "e", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_LISTEN, 6, TS_ST_INVALID);
+    tsu_frame_free(&f);
+    /* Ending a subscription frees a place; the connection still works. */
+    assert_int_equal(tsu_send_name(fd, TS_OP_UNLISTEN, 7, "b", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_UNLISTEN, 7, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 8, "e", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_LISTEN, 8, TS_ST_OK);
+    tsu_frame_free(&f);
+    /* The pending WAIT is still there: a change to "c" answers it. */
+    int other = tsu_client(&srv);
+    tsu_put_int(other, TS_OP_PUT, "c", 1, NULL);
+    tsu_expect(fd, &f, TS_OP_WAIT, 4, TS_ST_OK);
+    tsu_frame_free(&f);
+    /* An answered WAIT frees its place too. */
+    assert_int_equal(tsu_send_wait(fd, 9, "f", 0, 60000), 0);
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 10, NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_PING, 10, TS_ST_OK);
+    tsu_frame_free(&f);
+    close(other);
+    close(fd);
+}
+
 static void test_shutdown_with_writes_in_flight(void **state)
 {
     (void)state;
@@ -286,6 +338,7 @@ int main(void)
                                         stop),
         cmocka_unit_test_setup_teardown(test_slow_reader_is_cut_off, start_small_output, stop),
         cmocka_unit_test_setup_teardown(test_too_many_clients, start_few_clients, stop),
+        cmocka_unit_test_setup_teardown(test_too_many_watches, start_few_watches, stop),
         cmocka_unit_test_setup_teardown(test_shutdown_with_writes_in_flight, start_plain, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
