@@ -1,24 +1,51 @@
 /*
  * batcher_bench: many concurrent single-row requesters on a small TorchScript MLP on CPU, with
- * dynamic batching versus one forward per request (max_batch 1), in process and through tensord.
- * Reports throughput, p50/p99 latency and the average batch fill.
+ * dynamic batching versus one forward per request, in process and through tensord. Reports
+ * throughput, p50/p99 latency and the average batch fill, and the batched rate relative to the
+ * best unbatched rate of the same kind of requester.
  *
  *   batcher_bench --model mlp.pt [--threads 64] [--requests 200] [--placement cpu:2]
- *                 [--max-batch 64] [--max-delay-us 500] [--tensord PATH | --server ADDR]
- *                 [--clients 8] [--modes direct,single,batched] [--smoke]
+ *                 [--max-batch 64] [--max-delay-us 500] [--repeats 3]
+ *                 [--tensord PATH | --server ADDR] [--clients 8] [--modes LIST] [--smoke]
  *
  * The model takes a bare [rows, 8] float32 tensor and returns [rows, 4] (tests/shim's mlp.pt;
- * TS_MODELS_DIR is used when --model is not given). --tensord starts a private tensord on a
- * free port for the remote rows; without it or --server they are skipped. --smoke runs tiny
- * counts (a test runs it that way).
+ * TS_MODELS_DIR is used when --model is not given). --threads is the number of requesters.
+ * Every answer is checked against the model's own answer for that requester's row.
  *
- * Unbatched baselines, both "one forward per request": "direct" gives every requester its own
- * copy of the model and calls it itself (what a program without the batcher does), "single"
- * is the batcher with max_batch 1. --modes picks the in-process rows (all three by default).
+ * Two kinds of requester, each with its batched rows and its own unbatched references, all
+ * measured in the same run:
+ *
+ *   blocking  one thread per requester, each calling ts_batcher_predict in a loop (it sleeps
+ *             and is woken once per request).
+ *     direct    every requester thread has its own copy of the model and calls it itself
+ *               (what a program without the batcher does): one forward per request.
+ *     single    the batcher with max_batch 1: one forward per request.
+ *     batched   the batcher with --max-batch and --max-delay-us.
+ *   async     the requesters are small state machines, not threads: each submits one request
+ *             with ts_batcher_submit, and its completion callback checks the answer and
+ *             submits its next request (how actors stepped by an event loop, or the slots of a
+ *             vectorized environment, use the batcher). No thread wakes per request.
+ *     async-direct   as many threads as there are CPUs, each with its own copy of the model,
+ *                    serve the same requesters round-robin, one forward per request, with no
+ *                    batcher at all (the fastest unbatched way to serve them here).
+ *     async-single   the batcher with max_batch 1 serves the async requesters.
+ *     async          the batcher with --max-batch and --max-delay-us.
+ *
+ * --modes picks among those (comma-separated; default all six); "remote" adds the blocking
+ * single and batched rows through tensord: --tensord starts a private tensord on a free port,
+ * --server uses a running one (either implies "remote"). Each repeat runs every selected mode
+ * once, in forward order on even repeats and in reverse on odd ones; the summary shows medians
+ * over the repeats, and each batched mode's median rate against the better of its two
+ * unbatched references. --smoke runs tiny counts once (a test runs it that way).
+ *
+ * Latency is from a request's submission to its answer; for async-direct a request is
+ * "submitted" when the same requester's previous answer came back, so it includes the wait for
+ * the other requesters served before it.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,10 +59,16 @@
 
 #define MAX_THREADS 1024
 #define MAX_CLIENTS 64
+#define MAX_WORKERS 256        /* async-direct threads */
 #define MAX_SAMPLES (1u << 21) /* latencies kept per run: threads x requests at most */
+#define MAX_REPEATS 15
+#define N_ROWS      7 /* distinct request rows: requester i sends row i % N_ROWS */
+#define IN_COLS     8
+#define OUT_COLS    4
 
 /* Static storage: a benchmark needs no allocator of its own. */
 static uint64_t g_lat[MAX_SAMPLES];
+static float g_expect[N_ROWS][OUT_COLS]; /* the model's answer for each row, one at a time */
 
 static uint64_t now_ns(void)
 {
@@ -52,7 +85,7 @@ static void sleep_ms(long ms)
 
 typedef struct opts {
     const char *model;
-    int threads, requests, max_batch, clients;
+    int threads, requests, max_batch, clients, repeats;
     long delay_us;
     const char *placement;
     const char *server;
@@ -60,6 +93,37 @@ typedef struct opts {
     const char *modes;
 } opts;
 
+/* The input row of requester i (borrowing buf, IN_COLS floats), or NULL. */
+static ts_value_t *make_row(int i, float *buf)
+{
+    for (int k = 0; k < IN_COLS; k++)
+        buf[k] = (float)(i % N_ROWS) * 0.1f + (float)k * 0.01f;
+    int64_t shape[2] = {1, IN_COLS};
+    return ts_tensor_new(TS_FLOAT32, 2, shape, buf, TS_BORROW);
+}
+
+static float absf(float x)
+{
+    return x < 0 ? -x : x;
+}
+
+/* 1 when out is requester i's expected [1, OUT_COLS] answer (a batch may round differently). */
+static int answer_ok(const ts_value_t *out, int i)
+{
+    const ts_tensor_t *t = out != NULL ? ts_value_tensor(out) : NULL;
+    if (t == NULL || t->dtype != TS_FLOAT32 || t->ndim != 2 || t->shape[0] != 1 ||
+        t->shape[1] != OUT_COLS)
+        return 0;
+    const float *got = t->data, *want = g_expect[i % N_ROWS];
+    for (int k = 0; k < OUT_COLS; k++)
+        if (absf(got[k] - want[k]) > 1e-5f + 1e-4f * absf(want[k]))
+            return 0;
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Blocking requesters: one thread each
+ */
 typedef struct req_thread {
     const opts *o;
     ts_batcher_t *b;       /* in process */
@@ -73,11 +137,8 @@ typedef struct req_thread {
 static void *requester(void *arg)
 {
     req_thread *t = arg;
-    float row[8];
-    for (int k = 0; k < 8; k++)
-        row[k] = (float)(t->index % 7) * 0.1f + (float)k * 0.01f;
-    int64_t shape[2] = {1, 8};
-    ts_value_t *in = ts_tensor_new(TS_FLOAT32, 2, shape, row, TS_BORROW);
+    float row[IN_COLS];
+    ts_value_t *in = make_row(t->index, row);
     for (int i = 0; i < t->o->requests; i++) {
         ts_value_t *out = NULL;
         uint64_t t0 = now_ns();
@@ -85,7 +146,7 @@ static void *requester(void *arg)
                  : t->pred != NULL ? ts_predictor_predict(t->pred, in, 60000, &out, NULL)
                                    : ts_batcher_predict(t->b, in, 60000, &out, NULL);
         t->lat_ns[i] = now_ns() - t0;
-        if (rc != 0)
+        if (rc != 0 || !answer_ok(out, t->index))
             t->failures++;
         ts_value_free(out);
     }
@@ -93,27 +154,296 @@ static void *requester(void *arg)
     return NULL;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Asynchronous requesters: state machines stepped by the batcher's completions
+ */
+typedef struct actor actor;
+
+typedef struct async_run {
+    const opts *o;
+    ts_batcher_t *b;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int finished; /* actors done (under mu) */
+} async_run;
+
+struct actor {
+    async_run *run;
+    ts_value_t *in; /* its row, read by the batcher between a submit and its answer */
+    float row[IN_COLS];
+    int index;
+    int sent; /* requests submitted */
+    uint64_t t0;
+    uint64_t *lat_ns;
+    int failures;
+};
+
+static void actor_finish(actor *a)
+{
+    async_run *r = a->run;
+    pthread_mutex_lock(&r->mu);
+    if (++r->finished == r->o->threads)
+        pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void actor_answer(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
+                         const char *message, void *arg);
+
+/* Submit the actor's next request, or finish it. */
+static void actor_step(actor *a)
+{
+    if (a->sent == a->run->o->requests) {
+        actor_finish(a);
+        return;
+    }
+    a->sent++;
+    a->t0 = now_ns();
+    if (ts_batcher_submit(a->run->b, a->in, 0, 60000, actor_answer, a) != 0) {
+        a->failures += a->run->o->requests - a->sent + 1;
+        actor_finish(a);
+    }
+}
+
+static void actor_answer(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
+                         const char *message, void *arg)
+{
+    (void)b;
+    (void)version;
+    (void)message;
+    actor *a = arg;
+    a->lat_ns[a->sent - 1] = now_ns() - a->t0;
+    if (status != 0 || !answer_ok(output, a->index))
+        a->failures++;
+    ts_value_free(output);
+    actor_step(a);
+}
+
+/* Run the actors on b until each has had o->requests answers. Returns the failures. */
+static int run_actors(const opts *o, ts_batcher_t *b, uint64_t *lat)
+{
+    static actor act[MAX_THREADS];
+    async_run r;
+    r.o = o;
+    r.b = b;
+    r.finished = 0;
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+    for (int i = 0; i < o->threads; i++) {
+        act[i] = (actor){&r, NULL, {0}, i, 0, 0, lat + (size_t)i * (size_t)o->requests, 0};
+        act[i].in = make_row(i, act[i].row);
+    }
+    for (int i = 0; i < o->threads; i++)
+        actor_step(&act[i]);
+    pthread_mutex_lock(&r.mu);
+    while (r.finished < o->threads)
+        pthread_cond_wait(&r.cv, &r.mu);
+    pthread_mutex_unlock(&r.mu);
+    int failures = 0;
+    for (int i = 0; i < o->threads; i++) {
+        failures += act[i].failures;
+        ts_value_free(act[i].in);
+    }
+    pthread_cond_destroy(&r.cv);
+    pthread_mutex_destroy(&r.mu);
+    return failures;
+}
+
+/* async-direct: worker w serves actors w, w + n, w + 2n, ... round-robin on its own model. */
+typedef struct direct_worker {
+    const opts *o;
+    ts_torch_model_t *own;
+    int first, step;
+    uint64_t start;
+    uint64_t *lat;
+    int failures;
+} direct_worker;
+
+/* One async-direct requester; each is touched by one worker only. */
+typedef struct direct_actor {
+    _Alignas(64) uint64_t since; /* its request's submission: its previous answer */
+    ts_value_t *in;
+    float row[IN_COLS];
+} direct_actor;
+
+static direct_actor g_dact[MAX_THREADS];
+
+static void *direct_worker_main(void *arg)
+{
+    direct_worker *w = arg;
+    const opts *o = w->o;
+    for (int i = w->first; i < o->threads; i += w->step) {
+        g_dact[i].in = make_row(i, g_dact[i].row);
+        g_dact[i].since = w->start;
+    }
+    for (int k = 0; k < o->requests; k++) {
+        for (int i = w->first; i < o->threads; i += w->step) {
+            ts_value_t *out = NULL;
+            int rc = ts_torch_forward(w->own, g_dact[i].in, &out);
+            uint64_t t = now_ns();
+            w->lat[(size_t)i * (size_t)o->requests + (size_t)k] = t - g_dact[i].since;
+            g_dact[i].since = t;
+            if (rc != 0 || !answer_ok(out, i))
+                w->failures++;
+            ts_value_free(out);
+        }
+    }
+    for (int i = w->first; i < o->threads; i += w->step)
+        ts_value_free(g_dact[i].in);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Measurements
+ */
+typedef enum kind { K_DIRECT, K_BLOCKING, K_ASYNC_DIRECT, K_ASYNC, K_REMOTE } kind;
+
+typedef struct result {
+    double rate, p50_us, p99_us, fill;
+} result;
+
+/* One row of the table: a mode and its results over the repeats. */
+typedef struct mcase {
+    const char *token; /* its name in --modes */
+    const char *group; /* the kind of requester: blocking, async, remote */
+    kind k;
+    int batched; /* --max-batch and --max-delay-us, or one forward per request */
+    int on;
+    int n; /* repeats measured */
+    result r[MAX_REPEATS];
+} mcase;
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
 }
 
-/* One measurement: a fresh batcher, the requesters, the numbers. 0 or -1. */
-static int run(const opts *o, ts_torch_model_t *proto, const char *mode, int max_batch,
-               long delay_us, ts_client_t **clients, ts_client_t *serve_client)
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    if (n == 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void describe(const opts *o, const mcase *c, char *buf, size_t len)
+{
+    if (c->k == K_DIRECT)
+        snprintf(buf, len, "direct, own model");
+    else if (c->k == K_ASYNC_DIRECT)
+        snprintf(buf, len, "direct, thread per CPU");
+    else if (!c->batched)
+        snprintf(buf, len, "one forward/request");
+    else
+        snprintf(buf, len, "max %d, %ld us", o->max_batch, o->delay_us);
+}
+
+/* Sort the latencies of a run and fill res. */
+static void finish_result(const opts *o, double secs, double fill, result *res)
+{
+    size_t n = (size_t)o->threads * (size_t)o->requests;
+    qsort(g_lat, n, sizeof(*g_lat), cmp_u64);
+    res->rate = (double)n / secs;
+    res->p50_us = (double)g_lat[n / 2] / 1e3;
+    res->p99_us = (double)g_lat[n * 99 / 100] / 1e3;
+    res->fill = fill;
+}
+
+/* Blocking requester threads: own models (direct), the batcher, or predictors. */
+static int run_threads(const opts *o, ts_torch_model_t *proto, ts_batcher_t *b,
+                       ts_client_t **clients, const char *name, double *secs)
+{
+    static req_thread t[MAX_THREADS];
+    static pthread_t th[MAX_THREADS];
+    int failures = 0, started = 0;
+    for (int i = 0; i < o->threads; i++) {
+        t[i] = (req_thread){o, b, NULL, NULL, i, g_lat + (size_t)i * (size_t)o->requests, 0};
+        if (proto != NULL && ts_torch_clone(&t[i].own, proto, "cpu") != 0) {
+            fprintf(stderr, "batcher_bench: clone: %s\n", ts_torch_last_error());
+            failures++;
+        }
+        if (clients != NULL && ts_predictor_open(&t[i].pred, clients[i % o->clients], name) != 0) {
+            fprintf(stderr, "batcher_bench: predictor %d failed\n", i);
+            failures++;
+        }
+    }
+    uint64_t t0 = now_ns();
+    for (; failures == 0 && started < o->threads; started++)
+        pthread_create(&th[started], NULL, requester, &t[started]);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    *secs = (double)(now_ns() - t0) / 1e9;
+    for (int i = 0; i < o->threads; i++) {
+        failures += t[i].failures;
+        ts_torch_model_free(t[i].own);
+        ts_predictor_free(t[i].pred);
+    }
+    return failures;
+}
+
+/* async-direct: one thread per CPU, each with its own model, serving the actors round-robin. */
+static int run_async_direct(const opts *o, ts_torch_model_t *proto, double *secs)
+{
+    static direct_worker w[MAX_WORKERS];
+    static pthread_t th[MAX_WORKERS];
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = cpus < 1 ? 1 : cpus > MAX_WORKERS ? MAX_WORKERS : (int)cpus;
+    if (n > o->threads)
+        n = o->threads;
+    int failures = 0;
+    for (int i = 0; i < n; i++) {
+        w[i] = (direct_worker){o, NULL, i, n, 0, g_lat, 0};
+        if (ts_torch_clone(&w[i].own, proto, "cpu") != 0) {
+            fprintf(stderr, "batcher_bench: clone: %s\n", ts_torch_last_error());
+            failures++;
+        }
+    }
+    uint64_t t0 = now_ns();
+    for (int i = 0; failures == 0 && i < n; i++) {
+        w[i].start = t0;
+        pthread_create(&th[i], NULL, direct_worker_main, &w[i]);
+    }
+    for (int i = 0; failures == 0 && i < n; i++)
+        pthread_join(th[i], NULL);
+    *secs = (double)(now_ns() - t0) / 1e9;
+    for (int i = 0; i < n; i++) {
+        failures += w[i].failures;
+        ts_torch_model_free(w[i].own);
+    }
+    return failures;
+}
+
+/* One measurement of one mode: a fresh batcher where it needs one. 0 or -1. */
+static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_client_t **clients,
+                   ts_client_t *serve_client, result *res)
 {
     static int serial;
-    ts_field_t in = {"", TS_FLOAT32, 1, {8}};
-    ts_field_t out = {"", TS_FLOAT32, 1, {4}};
+    double secs = 0;
+    int failures;
+    if (c->k == K_DIRECT || c->k == K_ASYNC_DIRECT) {
+        failures = c->k == K_DIRECT ? run_threads(o, proto, NULL, NULL, NULL, &secs)
+                                    : run_async_direct(o, proto, &secs);
+        if (failures == 0)
+            finish_result(o, secs, 1.0, res);
+        return failures == 0 ? 0 : -1;
+    }
+    ts_field_t in = {"", TS_FLOAT32, 1, {IN_COLS}};
+    ts_field_t out = {"", TS_FLOAT32, 1, {OUT_COLS}};
     ts_batcher_config_t cfg;
     ts_batcher_config_init(&cfg);
     cfg.inputs = &in;
     cfg.n_inputs = 1;
     cfg.outputs = &out;
     cfg.n_outputs = 1;
-    cfg.max_batch = max_batch;
-    cfg.max_delay_us = delay_us;
+    cfg.max_batch = c->batched ? o->max_batch : 1;
+    cfg.max_delay_us = c->batched ? o->delay_us : 0;
     cfg.placement = o->placement;
     cfg.cuda_devices = ts_torch_cuda_device_count();
     cfg.create = ts_torch_model_create;
@@ -126,82 +456,74 @@ static int run(const opts *o, ts_torch_model_t *proto, const char *mode, int max
     }
     char name[64];
     snprintf(name, sizeof(name), "bench%d-%d", (int)getpid(), serial++);
-    if (serve_client != NULL && (rc = ts_batcher_serve(b, serve_client, name)) != 0) {
+    if (c->k == K_REMOTE && (rc = ts_batcher_serve(b, serve_client, name)) != 0) {
         fprintf(stderr, "batcher_bench: serve: %s\n", ts_strerror(rc));
         ts_batcher_free(b);
         return -1;
     }
-    static req_thread t[MAX_THREADS];
-    static pthread_t th[MAX_THREADS];
-    uint64_t *lat = g_lat;
-    for (int i = 0; i < o->threads; i++) {
-        t[i] = (req_thread){o, b, NULL, NULL, i, lat + (size_t)i * (size_t)o->requests, 0};
-        if (serve_client != NULL &&
-            ts_predictor_open(&t[i].pred, clients[i % o->clients], name) != 0) {
-            fprintf(stderr, "batcher_bench: predictor %d failed\n", i);
-            t[i].pred = NULL;
-        }
+    if (c->k == K_ASYNC) {
+        uint64_t t0 = now_ns();
+        failures = run_actors(o, b, g_lat);
+        secs = (double)(now_ns() - t0) / 1e9;
+    } else {
+        failures = run_threads(o, NULL, b, c->k == K_REMOTE ? clients : NULL, name, &secs);
     }
-    uint64_t t0 = now_ns();
-    for (int i = 0; i < o->threads; i++)
-        pthread_create(&th[i], NULL, requester, &t[i]);
-    int failures = 0;
-    for (int i = 0; i < o->threads; i++) {
-        pthread_join(th[i], NULL);
-        failures += t[i].failures;
-    }
-    double secs = (double)(now_ns() - t0) / 1e9;
     ts_batcher_stats_t st;
     ts_batcher_stats(b, &st);
-    for (int i = 0; i < o->threads; i++)
-        ts_predictor_free(t[i].pred);
     ts_batcher_free(b);
-    size_t n = (size_t)o->threads * (size_t)o->requests;
-    qsort(lat, n, sizeof(*lat), cmp_u64);
-    char batching[48];
-    if (max_batch == 1)
-        snprintf(batching, sizeof(batching), "one forward/request");
-    else
-        snprintf(batching, sizeof(batching), "max %d, %ld us", max_batch, delay_us);
-    printf("%-10s  %-20s  %8zu  %7.2f  %9.0f  %8.0f  %8.0f  %10.2f  %s\n", mode, batching, n, secs,
-           (double)n / secs, (double)lat[n / 2] / 1e3, (double)lat[n * 99 / 100] / 1e3,
-           st.batches ? (double)st.rows / (double)st.batches : 0.0, failures ? "FAILURES" : "");
-    fflush(stdout);
-    return failures == 0 ? 0 : -1;
-}
-
-/* The direct baseline: each requester runs its own copy of the model, no batcher. 0 or -1. */
-static int run_direct(const opts *o, ts_torch_model_t *proto)
-{
-    static req_thread t[MAX_THREADS];
-    static pthread_t th[MAX_THREADS];
-    int failures = 0;
-    for (int i = 0; i < o->threads; i++) {
-        t[i] = (req_thread){o, NULL, NULL, NULL, i, g_lat + (size_t)i * (size_t)o->requests, 0};
-        if (ts_torch_clone(&t[i].own, proto, "cpu") != 0) {
-            fprintf(stderr, "batcher_bench: clone: %s\n", ts_torch_last_error());
-            failures = 1;
-        }
-    }
-    uint64_t t0 = now_ns();
-    for (int i = 0; i < o->threads && failures == 0; i++)
-        pthread_create(&th[i], NULL, requester, &t[i]);
-    for (int i = 0; i < o->threads && failures == 0; i++)
-        pthread_join(th[i], NULL);
-    double secs = (double)(now_ns() - t0) / 1e9;
-    for (int i = 0; i < o->threads; i++) {
-        failures += t[i].failures;
-        ts_torch_model_free(t[i].own);
-    }
     if (failures != 0)
         return -1;
-    size_t n = (size_t)o->threads * (size_t)o->requests;
-    qsort(g_lat, n, sizeof(*g_lat), cmp_u64);
-    printf("%-10s  %-20s  %8zu  %7.2f  %9.0f  %8.0f  %8.0f  %10.2f  %s\n", "in-process",
-           "direct, own model", n, secs, (double)n / secs, (double)g_lat[n / 2] / 1e3,
-           (double)g_lat[n * 99 / 100] / 1e3, 1.0, "");
-    fflush(stdout);
+    finish_result(o, secs, st.batches ? (double)st.rows / (double)st.batches : 0.0, res);
     return 0;
+}
+
+static void print_row(const opts *o, const mcase *c, const char *what, const result *r)
+{
+    char batching[48];
+    describe(o, c, batching, sizeof(batching));
+    printf("%-8s  %-22s  %6s  %9.0f  %8.0f  %8.0f  %10.2f\n", c->group, batching, what, r->rate,
+           r->p50_us, r->p99_us, r->fill);
+    fflush(stdout);
+}
+
+/* 1 when token is one of the comma-separated names in list. */
+static int listed(const char *list, const char *token)
+{
+    size_t n = strlen(token);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, token, n) == 0)
+            return 1;
+        p += len + (end != NULL);
+    }
+    return 0;
+}
+
+/* Medians of a mode over its repeats. */
+static result medians(const mcase *c)
+{
+    double v[4][MAX_REPEATS];
+    for (int i = 0; i < c->n; i++) {
+        v[0][i] = c->r[i].rate;
+        v[1][i] = c->r[i].p50_us;
+        v[2][i] = c->r[i].p99_us;
+        v[3][i] = c->r[i].fill;
+    }
+    return (result){median(v[0], c->n), median(v[1], c->n), median(v[2], c->n), median(v[3], c->n)};
+}
+
+/* The batched mode's median rate against the better of the two unbatched ones. */
+static void print_ratio(const char *group, const mcase *batched, const mcase *ref1,
+                        const mcase *ref2)
+{
+    if (batched->n == 0 || (ref1->n == 0 && ref2->n == 0))
+        return;
+    double a = ref1->n ? medians(ref1).rate : 0, b = ref2->n ? medians(ref2).rate : 0;
+    const mcase *best = a >= b ? ref1 : ref2;
+    double ref = a >= b ? a : b, got = medians(batched).rate;
+    printf("%-8s  batched %.0f req/s = %.2fx the best unbatched reference (%s, %.0f req/s)\n",
+           group, got, got / ref, best->token, ref);
 }
 
 /* Start tensord on a free port; fills addr. Returns the pid or -1. */
@@ -249,7 +571,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 64, 200, 64, 8, 500, "cpu:2", NULL, NULL, "direct,single,batched"};
+    opts o = {NULL, 64, 200, 64, 8, 3, 500, "cpu:2", NULL, NULL, NULL};
     int smoke = 0, delay = 500;
     char model_buf[600];
     for (int i = 1; i < argc; i++) {
@@ -278,6 +600,8 @@ int main(int argc, char **argv)
             bad = parse_int(v, 0, 10000000, &delay);
         } else if (strcmp(a, "--clients") == 0) {
             bad = parse_int(v, 1, MAX_CLIENTS, &o.clients);
+        } else if (strcmp(a, "--repeats") == 0) {
+            bad = parse_int(v, 1, MAX_REPEATS, &o.repeats);
         } else {
             bad = 1;
         }
@@ -291,13 +615,14 @@ int main(int argc, char **argv)
         i += takes;
     }
     o.delay_us = delay;
-    if ((uint64_t)o.threads * (uint64_t)o.requests > MAX_SAMPLES) {
-        fprintf(stderr, "batcher_bench: threads x requests must stay below %u\n", MAX_SAMPLES);
-        return 2;
-    }
     if (smoke) {
         o.requests = 3;
         o.clients = 2;
+        o.repeats = 1;
+    }
+    if ((uint64_t)o.threads * (uint64_t)o.requests > MAX_SAMPLES) {
+        fprintf(stderr, "batcher_bench: threads x requests must stay below %u\n", MAX_SAMPLES);
+        return 2;
     }
     if (o.model == NULL && getenv("TS_MODELS_DIR") != NULL) {
         snprintf(model_buf, sizeof(model_buf), "%s/mlp.pt", getenv("TS_MODELS_DIR"));
@@ -314,20 +639,27 @@ int main(int argc, char **argv)
         fprintf(stderr, "batcher_bench: %s: %s\n", o.model, ts_torch_last_error());
         return 1;
     }
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    printf("batcher_bench: %d requester threads x %d single-row requests, model %s, "
-           "placement %s, %ld CPUs\n",
-           o.threads, o.requests, o.model, o.placement, cpus);
-    printf("%-10s  %-20s  %8s  %7s  %9s  %8s  %8s  %10s\n", "mode", "batching", "requests",
-           "seconds", "req/s", "p50 us", "p99 us", "rows/batch");
-    int failed = 0;
-    if (strstr(o.modes, "direct") != NULL)
-        failed |= run_direct(&o, proto);
-    if (strstr(o.modes, "single") != NULL)
-        failed |= run(&o, proto, "in-process", 1, 0, NULL, NULL);
-    if (strstr(o.modes, "batched") != NULL)
-        failed |= run(&o, proto, "in-process", o.max_batch, o.delay_us, NULL, NULL);
+    /* The expected answers: the model on each distinct row alone. */
+    for (int i = 0; i < N_ROWS && rc == 0; i++) {
+        float row[IN_COLS];
+        ts_value_t *in = make_row(i, row), *out = NULL;
+        rc = ts_torch_forward(proto, in, &out);
+        const ts_tensor_t *t = rc == 0 ? ts_value_tensor(out) : NULL;
+        if (t != NULL && t->dtype == TS_FLOAT32 && ts_tensor_nbytes(t) == sizeof(g_expect[i]))
+            memcpy(g_expect[i], t->data, sizeof(g_expect[i]));
+        else
+            rc = rc != 0 ? rc : TS_EINVAL;
+        ts_value_free(in);
+        ts_value_free(out);
+    }
+    if (rc != 0) {
+        fprintf(stderr, "batcher_bench: %s does not map [1, %d] float32 to [1, %d]\n", o.model,
+                IN_COLS, OUT_COLS);
+        ts_torch_model_free(proto);
+        return 1;
+    }
 
+    int failed = 0;
     char dir[64] = "", addr[64];
     pid_t td = -1;
     if (o.server == NULL && o.tensord != NULL) {
@@ -339,22 +671,73 @@ int main(int argc, char **argv)
             o.server = addr;
         }
     }
+    ts_client_t *serve = NULL, *clients[MAX_CLIENTS] = {NULL};
     if (o.server != NULL) {
-        ts_client_t *serve = NULL, *clients[MAX_CLIENTS] = {NULL};
         rc = ts_client_open(&serve, o.server, NULL);
         for (int i = 0; rc == 0 && i < o.clients; i++)
             rc = ts_client_open(&clients[i], o.server, NULL);
         if (rc != 0) {
             fprintf(stderr, "batcher_bench: connecting to %s: %s\n", o.server, ts_strerror(rc));
             failed = 1;
-        } else {
-            failed |= run(&o, proto, "remote", 1, 0, clients, serve);
-            failed |= run(&o, proto, "remote", o.max_batch, o.delay_us, clients, serve);
         }
-        for (int i = 0; i < o.clients; i++)
-            ts_client_free(clients[i]);
-        ts_client_free(serve);
     }
+
+    static mcase cases[] = {
+        {.token = "direct", .group = "blocking", .k = K_DIRECT, .batched = 0},
+        {.token = "single", .group = "blocking", .k = K_BLOCKING, .batched = 0},
+        {.token = "batched", .group = "blocking", .k = K_BLOCKING, .batched = 1},
+        {.token = "async-direct", .group = "async", .k = K_ASYNC_DIRECT, .batched = 0},
+        {.token = "async-single", .group = "async", .k = K_ASYNC, .batched = 0},
+        {.token = "async", .group = "async", .k = K_ASYNC, .batched = 1},
+        {.token = "remote", .group = "remote", .k = K_REMOTE, .batched = 0},
+        {.token = "remote", .group = "remote", .k = K_REMOTE, .batched = 1},
+    };
+    const int n_cases = (int)(sizeof(cases) / sizeof(cases[0]));
+    for (int i = 0; i < n_cases; i++) {
+        mcase *c = &cases[i];
+        if (c->k == K_REMOTE)
+            c->on = serve != NULL && !failed && (o.modes == NULL || listed(o.modes, "remote"));
+        else
+            c->on = o.modes == NULL || listed(o.modes, c->token);
+    }
+
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("batcher_bench: %d requesters x %d single-row requests, model %s, placement %s, "
+           "%ld CPUs, %d repeats\n",
+           o.threads, o.requests, o.model, o.placement, cpus, o.repeats);
+    printf("%-8s  %-22s  %6s  %9s  %8s  %8s  %10s\n", "requester", "batching", "repeat", "req/s",
+           "p50 us", "p99 us", "rows/batch");
+    for (int rep = 0; rep < o.repeats; rep++) {
+        for (int j = 0; j < n_cases; j++) {
+            mcase *c = &cases[rep % 2 == 0 ? j : n_cases - 1 - j];
+            if (!c->on)
+                continue;
+            result r;
+            if (measure(&o, proto, c, clients, serve, &r) != 0) {
+                fprintf(stderr, "batcher_bench: %s: failures\n", c->token);
+                failed = 1;
+                continue;
+            }
+            c->r[c->n++] = r;
+            char what[16];
+            snprintf(what, sizeof(what), "#%d", rep + 1);
+            print_row(&o, c, what, &r);
+        }
+    }
+    printf("\nmedians over %d repeats\n", o.repeats);
+    for (int i = 0; i < n_cases; i++) {
+        if (cases[i].n > 0) {
+            result m = medians(&cases[i]);
+            print_row(&o, &cases[i], "median", &m);
+        }
+    }
+    print_ratio("blocking", &cases[2], &cases[0], &cases[1]);
+    print_ratio("async", &cases[5], &cases[3], &cases[4]);
+    print_ratio("remote", &cases[7], &cases[6], &cases[6]);
+
+    for (int i = 0; i < o.clients; i++)
+        ts_client_free(clients[i]);
+    ts_client_free(serve);
     if (td > 0) {
         kill(td, SIGTERM);
         waitpid(td, NULL, 0);
