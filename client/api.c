@@ -167,11 +167,36 @@ static int wait_done(ts_client_t *c, ts__req *r, int *gone)
     *gone = 0;
     uint64_t until = r->deadline_ns + (uint64_t)TS__BLOCK_GRACE_MS * 1000000u;
     struct timespec ts = {(time_t)(until / 1000000000u), (long)(until % 1000000000u)};
+    struct timespec dl = {(time_t)(r->deadline_ns / 1000000000u),
+                          (long)(r->deadline_ns % 1000000000u)};
     ts__sub *drop = NULL;
+    if (r->self_read && ts__self_read(c, r) == TS__SELF_TIMEOUT) {
+        pthread_mutex_lock(&c->mu);
+        leave_client_locked(c);
+        pthread_mutex_unlock(&c->mu);
+        ts__set_last_error(NULL, 0);
+        return TS_ETIMEDOUT; /* r is the caller's again */
+    }
     pthread_mutex_lock(&c->mu);
     while (!r->done) {
-        if (pthread_cond_timedwait(&r->cond, &c->mu, &ts) == ETIMEDOUT)
+        /*
+         * A request the caller wrote itself (r->direct) waits for its reply in c->direct, where
+         * no deadline timer sees it: at its deadline the caller takes it back and gives up.
+         */
+        int direct = r->direct;
+        if (pthread_cond_timedwait(&r->cond, &c->mu, direct ? &dl : &ts) != ETIMEDOUT || r->done)
+            continue;
+        if (r->direct) {
+            ts__idmap_del(&c->direct, r->id);
+            r->direct = 0;
+            leave_client_locked(c);
+            pthread_mutex_unlock(&c->mu);
+            ts__set_last_error(NULL, 0);
+            return TS_ETIMEDOUT; /* a late reply finds no request and is dropped */
+        }
+        if (!direct)
             break;
+        /* The I/O thread took it meanwhile (its reply, or a lost connection): wait for that. */
     }
     if (!r->done) {
         /*
@@ -208,7 +233,9 @@ static int wait_done(ts_client_t *c, ts__req *r, int *gone)
 static int block_on(ts_client_t *c, ts__req *r, int *gone)
 {
     *gone = 0;
-    int rc = ts__submit(c, r);
+    pthread_mutex_lock(&c->mu);
+    int rc = ts__submit_blocking_locked(c, r);
+    pthread_mutex_unlock(&c->mu);
     if (rc != 0)
         return rc;
     return wait_done(c, r, gone);

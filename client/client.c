@@ -4,16 +4,24 @@
  * buffers, matching replies to requests by id, deadlines, subscriptions and shutdown.
  *
  * Application threads never touch the loop: they hand requests over through the inbox (under
- * mu) and wake the loop with uv_async_send. Everything below that is not marked otherwise runs
- * on the I/O thread.
+ * mu) and wake the loop with uv_async_send, except that a blocking call may write its frame and
+ * read its reply on its own thread when the connection is otherwise idle (see "Direct writes"
+ * and "Reading replies on the calling thread"). Everything below that is not marked otherwise
+ * runs on the I/O thread.
  */
 #include "internal.h"
 
 #include "compress.h"
 
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
 
 #define TS__MAX_REPLY_BODY ((uint64_t)1 << 40) /* bytes; a sanity bound on a reply body */
 #define TS__OPEN_GRACE_MS                                                                          \
@@ -33,8 +41,18 @@ static void req_send(ts_client_t *c, ts__req *r);
 static void req_complete(ts_client_t *c, ts__req *r, int status);
 static void req_finish(ts_client_t *c, ts__req *r, int status);
 static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg);
+static void write_handoff(ts_client_t *c, ts__req *r);
+static void start_reading(ts_client_t *c);
+static void process_stage(ts_client_t *c, ts__conn *conn);
 static void start_attempt(ts_client_t *c);
 static void io_shutdown(ts_client_t *c);
+
+/* 1 when the environment variable name is set to "0" (a switch that is on by default). */
+static int getenv_off(const char *name)
+{
+    const char *v = getenv(name);
+    return v != NULL && strcmp(v, "0") == 0;
+}
 
 int ts__on_io_thread(const ts_client_t *c)
 {
@@ -403,6 +421,26 @@ static void req_finish(ts_client_t *c, ts__req *r, int status)
  * Writing
  */
 
+/*
+ * Every write the I/O thread starts is counted in io_writes (under mu) from before uv_write until
+ * its callback, so that no blocking caller writes directly while libuv may still have a frame
+ * half written (see "Direct writes" below). While the connection is ready, the I/O thread writes
+ * only from async_cb, which finishes a pending handoff before anything else.
+ */
+static void io_write_begin(ts_client_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->io_writes++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void io_write_end(ts_client_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->io_writes--;
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* A request's frame has been written (or the write failed): release it to the completion. */
 static void write_done(ts_client_t *c, ts__req *r)
 {
@@ -423,6 +461,7 @@ static void write_cb(uv_write_t *w, int status)
     ts__req *r = w->data;
     ts_client_t *c = r->c;
     ts__conn *conn = r->conn;
+    io_write_end(c);
     write_done(c, r);
     if (status < 0 && conn == c->conn && conn != NULL)
         conn_fail(c, conn, TS_ECONNRESET, "write to the server failed");
@@ -495,7 +534,7 @@ static int req_prepare(ts_client_t *c, ts__req *r)
     }
     uint32_t id;
     do {
-        id = c->next_id++;
+        id = c->next_id++ & ~TS__DIRECT_ID;
     } while (id == 0 || ts__idmap_get(&c->inflight, id) != NULL);
     if (ts__idmap_put(&c->inflight, id, r) != 0) {
         req_finish(c, r, TS_ENOMEM);
@@ -559,11 +598,13 @@ static void req_send(ts_client_t *c, ts__req *r)
     size_t n = req_fill_bufs(r, bufs);
     r->w.data = r;
     r->wpending = 1;
+    io_write_begin(c);
     /* libuv copies the buffer array; the memory it points to stays ours until write_cb. */
     int rc = uv_write(&r->w, &conn->u.stream, bufs, (unsigned)n, write_cb);
     if (bufs != local)
         ts__free(bufs);
     if (rc != 0) {
+        io_write_end(c);
         r->wpending = 0;
         req_complete(c, r, TS_ECONNRESET);
         conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
@@ -586,6 +627,7 @@ static void batch_write_cb(uv_write_t *w, int status)
     ts__wbatch *b = w->data;
     ts_client_t *c = b->c;
     ts__conn *conn = b->conn;
+    io_write_end(c);
     /* Every request of the batch is released before a failure fails the ones in flight. */
     for (size_t i = 0; i < b->n; i++)
         write_done(c, b->reqs[i]);
@@ -638,10 +680,13 @@ static void req_send_batch(ts_client_t *c, ts__req **reqs, size_t n)
             k += req_fill_bufs(b->reqs[i], bufs + k);
         }
         b->w.data = b;
+        io_write_begin(c);
         /* libuv copies the buffer array; the memory it points to stays ours until the cb. */
         rc = uv_write(&b->w, &b->conn->u.stream, bufs, (unsigned)k, batch_write_cb);
         if (bufs != local)
             ts__free(bufs);
+        if (rc != 0)
+            io_write_end(c);
     }
     if (rc != 0) {
         ts__conn *conn = b->conn;
@@ -657,7 +702,11 @@ static void req_send_batch(ts_client_t *c, ts__req **reqs, size_t n)
     ensure_tick(c);
 }
 
-/* Send UNLISTEN for bin and ignore the answer (a listener nobody waits for any more). */
+/*
+ * Send UNLISTEN for bin and ignore the answer (a listener nobody waits for any more). It goes
+ * through the inbox like an application's request, so it is written after a direct write that
+ * the I/O thread has yet to finish (see ts__submit_blocking_locked).
+ */
 static void send_fire_unlisten(ts_client_t *c, const char *bin, size_t len)
 {
     if (c->state != TS__ST_READY)
@@ -672,7 +721,228 @@ static void send_fire_unlisten(ts_client_t *c, const char *bin, size_t len)
     memcpy(r->small + TS_HDR_SIZE + 1, bin, len);
     r->small_len = 1 + len;
     r->body_len = r->small_len;
-    req_send(c, r);
+    if (ts__submit(c, r) != 0)
+        ts__req_free(r);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Direct writes
+ *
+ * A blocking call spends most of a small round trip waking threads: handing its frame to the I/O
+ * thread costs a wake-up before a byte leaves. So a blocking caller writes its frame on the
+ * socket itself, holding mu, whenever the I/O thread has nothing in its inbox and no write of its
+ * own under way (io_writes == 0): then no frame can be half written, and the I/O thread, which
+ * takes mu before every write it starts, cannot start one in the middle of the caller's. Only
+ * the reply crosses threads. The request waits in c->direct under an id with TS__DIRECT_ID set;
+ * the I/O thread takes it from there when its reply arrives, or fails it when the connection
+ * goes. When the socket takes only part of the frame, the rest is handed to the I/O thread
+ * (c->handoff), which writes it before anything else.
+ */
+
+/*
+ * Stop direct writes before the socket closes (the descriptor must not be written after it is
+ * closed and perhaps reused). Returns the requests direct writes left waiting, for direct_fail.
+ */
+static ts__req *direct_stop(ts_client_t *c)
+{
+    ts__req *list = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->rd_owner == TS__RD_CALLER) {
+        /* A caller reads the socket: make its read end at once, and wait until it lets go. */
+        shutdown(c->d_fd, SHUT_RDWR);
+        while (c->rd_owner == TS__RD_CALLER)
+            pthread_cond_wait(&c->rd_cond, &c->mu);
+    }
+    c->rd_owner = TS__RD_IO; /* a new connection starts with the I/O thread reading */
+    c->rd_want = 0;
+    c->rd_broken = 0;
+    c->pb_len = 0;
+    c->d_ready = 0;
+    c->d_fd = -1;
+    if (c->handoff != NULL) {
+        list = c->handoff;
+        list->next = NULL;
+        c->handoff = NULL;
+        c->io_writes--;
+    }
+    for (size_t i = 0; i < c->direct.cap; i++) {
+        if (c->direct.keys[i] == 0)
+            continue;
+        ts__req *r = c->direct.vals[i];
+        r->direct = 0;
+        r->next = list;
+        list = r;
+    }
+    ts__idmap_free(&c->direct);
+    pthread_mutex_unlock(&c->mu);
+    return list;
+}
+
+static void direct_fail(ts_client_t *c, ts__req *list, int err)
+{
+    while (list != NULL) {
+        ts__req *r = list;
+        list = r->next;
+        r->next = NULL;
+        req_finish(c, r, err);
+    }
+}
+
+/* The direct request waiting for the reply with this id, taken out of c->direct; or NULL. */
+static ts__req *direct_take(ts_client_t *c, uint32_t id)
+{
+    if (!(id & TS__DIRECT_ID))
+        return NULL;
+    pthread_mutex_lock(&c->mu);
+    ts__req *r = ts__idmap_del(&c->direct, id);
+    if (r != NULL)
+        r->direct = 0;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
+/* The request a reply with this id answers, or NULL (one that timed out, say). */
+static ts__req *reply_owner(ts_client_t *c, uint32_t id)
+{
+    ts__req *r = ts__idmap_get(&c->inflight, id);
+    return r != NULL ? r : direct_take(c, id);
+}
+
+/*
+ * Finish a direct write the socket took only part of: from now on r is an ordinary in-flight
+ * request of the I/O thread (deadline, cut on timeout), its remaining bytes written by libuv.
+ * io_writes already counts this write.
+ */
+static void write_handoff(ts_client_t *c, ts__req *r)
+{
+    ts__conn *conn = c->conn;
+    if (c->state != TS__ST_READY || conn == NULL) {
+        /* The connection went down after the caller wrote part of the frame. */
+        io_write_end(c);
+        req_finish(c, r, TS_ECONNRESET);
+        return;
+    }
+    r->conn = conn;
+    if (ts__idmap_put(&c->inflight, r->id, r) != 0) {
+        io_write_end(c);
+        req_finish(c, r, TS_ENOMEM);
+        conn_fail(c, conn, TS_ENOMEM, "out of memory");
+        return;
+    }
+    r->in_map = 1;
+    uv_buf_t bufs[TS__DIRECT_IOV];
+    size_t n = req_fill_bufs(r, bufs);
+    size_t skip = r->woff;
+    size_t i = 0;
+    while (skip >= bufs[i].len) {
+        skip -= bufs[i].len;
+        i++;
+    }
+    bufs[i].base += skip;
+    bufs[i].len -= skip;
+    r->w.data = r;
+    r->wpending = 1;
+    int rc = uv_write(&r->w, &conn->u.stream, bufs + i, (unsigned)(n - i), write_cb);
+    if (rc != 0) {
+        io_write_end(c);
+        r->wpending = 0;
+        req_complete(c, r, TS_ECONNRESET);
+        conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
+        return;
+    }
+    ensure_tick(c);
+}
+
+/* Write r's frame on the socket from the calling thread (mu held). 1 when r is on its way. */
+static int direct_write_locked(ts_client_t *c, ts__req *r)
+{
+    if (!c->d_ready || c->io_writes != 0 || c->inbox_head != NULL || r->sub != NULL ||
+        r->body_len > c->d_max_body || ((r->hflags & TS_FLAG_LZ4) && !c->d_lz4) ||
+        req_nbufs(r) > TS__DIRECT_IOV)
+        return 0;
+    uint32_t id;
+    do {
+        id = c->d_next_id++ | TS__DIRECT_ID;
+    } while (ts__idmap_get(&c->direct, id) != NULL);
+    if (ts__idmap_put(&c->direct, id, r) != 0)
+        return 0;
+    r->id = id;
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = r->op,
+                 .flags = r->hflags,
+                 .request_id = id,
+                 .body_len = r->body_len};
+    ts__hdr_encode(&h, r->small);
+
+    uv_buf_t bufs[TS__DIRECT_IOV];
+    struct iovec iov[TS__DIRECT_IOV];
+    size_t n = req_fill_bufs(r, bufs);
+    for (size_t i = 0; i < n; i++) {
+        iov[i].iov_base = bufs[i].base;
+        iov[i].iov_len = bufs[i].len;
+    }
+    uint64_t total = TS_HDR_SIZE + r->body_len;
+    uint64_t sent = 0;
+    size_t first = 0;
+    for (;;) {
+        struct msghdr m;
+        memset(&m, 0, sizeof(m));
+        m.msg_iov = iov + first;
+        m.msg_iovlen = n - first;
+        ssize_t k = sendmsg(c->d_fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            break; /* EAGAIN, or a broken connection that the I/O thread will notice */
+        }
+        sent += (uint64_t)k;
+        if (sent == total)
+            break;
+        size_t left = (size_t)k;
+        while (left >= iov[first].iov_len) {
+            left -= iov[first].iov_len;
+            first++;
+        }
+        iov[first].iov_base = (char *)iov[first].iov_base + left;
+        iov[first].iov_len -= left;
+    }
+    if (sent == total) {
+        r->direct = 1;
+        /*
+         * When the I/O thread awaits nothing, the caller reads its reply itself too. Not for
+         * WAIT and SAVE, whose answers may take long: other replies would wait behind them.
+         */
+        if (c->rd_owner == TS__RD_FREE && r->op != TS_OP_WAIT && r->op != TS_OP_SAVE) {
+            c->rd_owner = TS__RD_CALLER;
+            r->self_read = 1;
+            r->rfd = c->d_fd;
+        } else if (c->rd_owner == TS__RD_FREE) {
+            c->rd_owner = TS__RD_IO; /* the I/O thread reads the reply: wake it to */
+            uv_async_send(&c->async);
+        }
+        return 1;
+    }
+    ts__idmap_del(&c->direct, id);
+    if (sent == 0)
+        return 0; /* nothing went out: the I/O thread sends it the ordinary way */
+    r->woff = (size_t)sent;
+    r->wbusy = 1;
+    c->handoff = r;
+    c->io_writes++;
+    uv_async_send(&c->async);
+    return 1;
+}
+
+int ts__submit_blocking_locked(ts_client_t *c, ts__req *r)
+{
+    if (c->closing)
+        return TS_ECANCELED;
+    if (direct_write_locked(c, r)) {
+        c->waiters++; /* until wait_done (api.c) lets go of the client */
+        return 0;
+    }
+    return ts__submit_locked(c, r);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -752,6 +1022,67 @@ static void body_release(uint8_t *body, size_t len, int owned)
 }
 
 /*
+ * Apply the reply frame h with body to r: its status, message and results. With owned, body is
+ * an aligned allocation that this takes over; otherwise it is borrowed (valid until this
+ * returns) and copied only when the reply keeps it (the decoded tensors of GET, PEEK and STATS
+ * point into their body). Returns the request's status; *malformed is set when the frame broke
+ * the protocol (the connection has to go). Touches nothing but r, so it runs on the I/O thread
+ * and on a blocking caller reading its own reply alike.
+ */
+static int reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, int owned,
+                       int *malformed)
+{
+    *malformed = 0;
+    if (h->flags & TS_FLAG_LZ4) {
+        uint64_t raw = 0;
+        uint8_t *out = NULL;
+        int rc = ts__lz4_raw_len(body, len, &raw);
+        if (rc == 0 && ts__lz4_bound(raw) == 0)
+            rc = TS_EPROTO;
+        if (rc == 0 && raw > 0 && (out = ts__malloc_aligned(raw)) == NULL)
+            rc = TS_ENOMEM;
+        if (rc == 0)
+            rc = ts__lz4_decompress(body, len, out, raw);
+        body_release(body, len, owned);
+        if (rc != 0) {
+            ts__free_aligned(out, raw);
+            *malformed = rc == TS_EPROTO;
+            return rc;
+        }
+        body = out;
+        len = raw;
+        owned = 1;
+    }
+    int status;
+    if (h->status != TS_ST_OK) {
+        status = ts__status_to_err(h->status);
+        if (r->op == TS_OP_WAIT && h->status == TS_ST_TIMEOUT) {
+            r->have_state = ts__parse_bin_state(body, len, &r->res) == 0;
+        } else if (len > 0) {
+            r->msg = ts__strndup((const char *)body, len < TS_MAX_ERRMSG ? len : TS_MAX_ERRMSG);
+        }
+        body_release(body, len, owned);
+        return status;
+    }
+    if (!ts__reply_keeps_body(r->op)) {
+        status = ts__reply_parse_view(r, body, len);
+        body_release(body, len, owned);
+    } else {
+        if (!owned && len > 0) {
+            uint8_t *copy = ts__malloc_aligned(len);
+            if (copy == NULL)
+                return TS_ENOMEM;
+            memcpy(copy, body, len);
+            body = copy;
+        }
+        status = ts__reply_parse(r, body, len);
+    }
+    /* A HELLO's own completion drops the connection (hello_done). */
+    *malformed = status == TS_EPROTO && r->kind != TS__K_HELLO;
+    return status;
+}
+
+/*
  * Handle one complete frame from conn. With owned, body is an aligned allocation that dispatch
  * takes over; otherwise it is borrowed from the staging buffer (valid until dispatch returns)
  * and copied only when the reply keeps it (the decoded tensors of GET, PEEK and STATS point
@@ -767,7 +1098,7 @@ static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *b
         body_release(body, len, owned);
         return rc;
     }
-    ts__req *r = ts__idmap_get(&c->inflight, h->request_id);
+    ts__req *r = reply_owner(c, h->request_id);
     if (r == NULL) {
         body_release(body, len, owned); /* the answer to a request that timed out */
         return 0;
@@ -777,60 +1108,14 @@ static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *b
         proto_fail(c, conn, r, "the server answered a request with another opcode");
         return TS_EPROTO;
     }
-    if (h->flags & TS_FLAG_LZ4) {
-        uint64_t raw = 0;
-        uint8_t *out = NULL;
-        int rc = ts__lz4_raw_len(body, len, &raw);
-        if (rc == 0 && ts__lz4_bound(raw) == 0)
-            rc = TS_EPROTO;
-        if (rc == 0 && raw > 0 && (out = ts__malloc_aligned(raw)) == NULL)
-            rc = TS_ENOMEM;
-        if (rc == 0)
-            rc = ts__lz4_decompress(body, len, out, raw);
-        body_release(body, len, owned);
-        if (rc != 0) {
-            ts__free_aligned(out, raw);
-            if (rc == TS_EPROTO) {
-                proto_fail(c, conn, r, "malformed compressed reply from the server");
-                return TS_EPROTO;
-            }
-            req_complete(c, r, rc);
-            return 0;
-        }
-        body = out;
-        len = raw;
-        owned = 1;
-    }
-    int status;
-    if (h->status != TS_ST_OK) {
-        status = ts__status_to_err(h->status);
-        if (r->op == TS_OP_WAIT && h->status == TS_ST_TIMEOUT) {
-            r->have_state = ts__parse_bin_state(body, len, &r->res) == 0;
-        } else if (len > 0) {
-            r->msg = ts__strndup((const char *)body, len < TS_MAX_ERRMSG ? len : TS_MAX_ERRMSG);
-        }
-        body_release(body, len, owned);
-    } else {
-        if (!ts__reply_keeps_body(r->op)) {
-            status = ts__reply_parse_view(r, body, len);
-            body_release(body, len, owned);
-        } else {
-            if (!owned && len > 0) {
-                uint8_t *copy = ts__malloc_aligned(len);
-                if (copy == NULL) {
-                    req_complete(c, r, TS_ENOMEM);
-                    return 0;
-                }
-                memcpy(copy, body, len);
-                body = copy;
-            }
-            status = ts__reply_parse(r, body, len);
-        }
-        if (status == TS_EPROTO && r->kind != TS__K_HELLO) {
-            /* A HELLO's own completion drops the connection (hello_done). */
-            proto_fail(c, conn, r, "malformed reply from the server");
-            return TS_EPROTO;
-        }
+    int malformed = 0;
+    int status = reply_apply(r, h, body, len, owned, &malformed);
+    if (malformed) {
+        proto_fail(c, conn, r,
+                   status == TS_EPROTO && (h->flags & TS_FLAG_LZ4)
+                       ? "malformed compressed reply from the server"
+                       : "malformed reply from the server");
+        return TS_EPROTO;
     }
     req_complete(c, r, status);
     return 0;
@@ -871,8 +1156,8 @@ static void process_stage(ts_client_t *c, ts__conn *conn)
         uint8_t *body = ts__malloc_aligned((size_t)h.body_len);
         if (body == NULL) {
             /* No memory for this body: fail its request and skip the bytes. */
-            ts__req *r = ts__idmap_get(&c->inflight, h.request_id);
-            if (r != NULL && h.opcode != TS_OP_NOTIFY)
+            ts__req *r = h.opcode != TS_OP_NOTIFY ? reply_owner(c, h.request_id) : NULL;
+            if (r != NULL)
                 req_complete(c, r, TS_ENOMEM);
             conn->discard = h.body_len;
             continue;
@@ -923,21 +1208,38 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
  * Connections
  */
 
-static void conn_close_cb(uv_handle_t *h)
+/* One of the connection's handles has closed; the last one frees it. */
+static void conn_release(ts__conn *conn)
 {
-    ts__conn *conn = h->data;
+    if (--conn->handles > 0)
+        return;
     if (conn->body != NULL)
         ts__body_free(conn->body, (size_t)conn->hdr.body_len);
     ts__free(conn->stage);
     ts__free(conn);
 }
 
-/* Close a connection; its memory goes in the close callback. */
+static void conn_close_cb(uv_handle_t *h)
+{
+    conn_release(h->data);
+}
+
+static void hup_close_cb(uv_handle_t *h)
+{
+    ts__conn *conn = h->data;
+    close(conn->hup_fd);
+    conn->hup_fd = -1;
+    conn_release(conn);
+}
+
+/* Close a connection; its memory goes in the close callbacks. */
 static void conn_close(ts__conn *conn)
 {
     if (conn->closing)
         return;
     conn->closing = 1;
+    if (conn->hup_fd >= 0)
+        uv_close((uv_handle_t *)&conn->hup, hup_close_cb);
     uv_close(&conn->u.handle, conn_close_cb);
 }
 
@@ -953,6 +1255,8 @@ static ts__conn *conn_new(ts_client_t *c)
     }
     conn->c = c;
     conn->max_body = TS_MAX_PREAUTH_BODY;
+    conn->hup_fd = -1;
+    conn->handles = 1;
     return conn;
 }
 
@@ -995,18 +1299,24 @@ static void retry_cb(uv_timer_t *t);
  */
 static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg)
 {
+    if (conn != c->conn || c->state == TS__ST_CLOSED) {
+        if (conn != NULL)
+            conn_close(conn);
+        return;
+    }
+    ts__req *dlist = direct_stop(c); /* before the descriptor closes */
     if (conn != NULL)
         conn_close(conn);
-    if (conn != c->conn || c->state == TS__ST_CLOSED)
-        return;
     int was_ready = c->state == TS__ST_READY;
     c->conn = NULL;
+    c->reading = 0;
     c->gen++;
     c->state = TS__ST_BACKOFF;
     atomic_store(&c->connected, 0);
     uv_timer_stop(&c->retry);
     /* After a protocol violation any reply in flight may be the broken one: say so. */
     fail_inflight(c, err == TS_EPROTO ? TS_EPROTO : TS_ECONNRESET);
+    direct_fail(c, dlist, err == TS_EPROTO ? TS_EPROTO : TS_ECONNRESET);
     if (was_ready) {
         /* Collect first: callbacks may unlisten (which unlinks) while we walk. */
         ts__sub *chain = NULL;
@@ -1117,6 +1427,26 @@ static void go_ready(ts_client_t *c)
         r->next = NULL;
         req_send(c, r);
     }
+    uv_os_fd_t fd;
+    ts__conn *conn = c->conn;
+    if (c->state == TS__ST_READY && !getenv_off("TS_CLIENT_DIRECT") &&
+        uv_fileno(&conn->u.handle, &fd) == 0) {
+        /* The hang-up watcher lets the I/O thread stop reading while nothing is awaited. */
+        int dup_fd = dup(fd);
+        if (dup_fd >= 0 && uv_poll_init(&c->loop, &conn->hup, dup_fd) == 0) {
+            conn->hup.data = conn;
+            conn->hup_fd = dup_fd;
+            conn->handles++;
+        } else if (dup_fd >= 0) {
+            close(dup_fd);
+        }
+        pthread_mutex_lock(&c->mu);
+        c->d_ready = 1;
+        c->d_fd = fd;
+        c->d_lz4 = conn->lz4;
+        c->d_max_body = conn->max_body;
+        pthread_mutex_unlock(&c->mu);
+    }
 }
 
 static void hello_done(ts_client_t *c, ts__req *r, int status)
@@ -1181,6 +1511,7 @@ static void connect_cb(uv_connect_t *req, int status)
         conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
         return;
     }
+    c->reading = 1;
     send_hello(c, conn);
 }
 
@@ -1310,6 +1641,238 @@ static void do_unlisten(ts_client_t *c, ts__req *r)
     req_send(c, r);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Reading replies on the calling thread
+ *
+ * A blocking caller that wrote its frame directly still had to be woken by the I/O thread once
+ * the reply was in: one thread crossing per call. So when the I/O thread has nothing to wait
+ * for (no request in flight, no subscription, nothing queued), it stops reading the socket
+ * (quiet_cb) and marks the reading side free; the next blocking caller takes it (rd_owner,
+ * under mu, in direct_write_locked), reads its own reply (ts__self_read), and gives the socket
+ * back free, or to the I/O thread when that has started to wait for something meanwhile
+ * (rd_want) or when what arrived was not the caller's reply (the bytes read so far go back in
+ * pb). While nobody reads, a duplicate of the socket is watched for the peer's hang-up only, so a
+ * lost server is still noticed at once.
+ */
+
+static void hup_cb(uv_poll_t *p, int status, int events);
+
+/* The I/O thread reads the socket again (it holds the reading side). */
+static void start_reading(ts_client_t *c)
+{
+    ts__conn *conn = c->conn;
+    if (c->reading || conn == NULL || conn->closing)
+        return;
+    if (conn->hup_on) {
+        uv_poll_stop(&conn->hup);
+        conn->hup_on = 0;
+    }
+    pthread_mutex_lock(&c->mu);
+    size_t n = c->pb_len;
+    if (n > 0)
+        memcpy(conn->stage + conn->stage_len, c->pb, n);
+    c->pb_len = 0;
+    pthread_mutex_unlock(&c->mu);
+    int rc = uv_read_start(&conn->u.stream, alloc_cb, read_cb);
+    if (rc != 0) {
+        conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
+        return;
+    }
+    c->reading = 1;
+    if (n > 0) {
+        conn->stage_len += n;
+        process_stage(c, conn);
+    }
+}
+
+/* The I/O thread has something to wait for: get the reading side back, now or from the caller. */
+static void io_want_read(ts_client_t *c)
+{
+    if (c->reading || c->state != TS__ST_READY)
+        return;
+    pthread_mutex_lock(&c->mu);
+    int take = c->rd_owner != TS__RD_CALLER;
+    if (take)
+        c->rd_owner = TS__RD_IO;
+    else
+        c->rd_want = 1;
+    pthread_mutex_unlock(&c->mu);
+    if (take)
+        start_reading(c);
+}
+
+static void hup_cb(uv_poll_t *p, int status, int events)
+{
+    ts__conn *conn = p->data;
+    ts_client_t *c = conn->c;
+    (void)status;
+    (void)events;
+    uv_poll_stop(p); /* level-triggered: it would fire again at once */
+    conn->hup_on = 0;
+    if (conn == c->conn)
+        io_want_read(c); /* reading finds the end of the stream (or a caller does) */
+}
+
+/* Before the loop waits: stop reading when nothing is awaited (see above). */
+static void quiet_cb(uv_prepare_t *p)
+{
+    ts_client_t *c = p->data;
+    ts__conn *conn = c->conn;
+    if (!c->reading || c->state != TS__ST_READY || conn == NULL || conn->hup_fd < 0 ||
+        c->inflight.n != 0 || c->waitq_head != NULL || conn->rstate != TS__RS_HDR ||
+        conn->stage_len != 0 || conn->discard != 0)
+        return;
+    pthread_mutex_lock(&c->mu);
+    int idle = c->d_ready && c->rd_owner == TS__RD_IO && !c->rd_want && c->subs == NULL &&
+               c->inbox_head == NULL && c->handoff == NULL && c->direct.n == 0;
+    if (idle)
+        c->rd_owner = TS__RD_FREE;
+    pthread_mutex_unlock(&c->mu);
+    if (!idle)
+        return;
+    uv_read_stop(&conn->u.stream);
+    c->reading = 0;
+    if (uv_poll_start(&conn->hup, UV_DISCONNECT, hup_cb) == 0)
+        conn->hup_on = 1;
+    else
+        io_want_read(c);
+}
+
+/* Wait until fd is readable (or hung up): 1, 0 when the deadline passed, -1 on an error. */
+static int wait_readable(int fd, uint64_t deadline_ns)
+{
+    for (;;) {
+        uint64_t now = ts__now_ns();
+        if (now >= deadline_ns)
+            return 0;
+        uint64_t ms = (deadline_ns - now + 999999u) / 1000000u;
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int k = poll(&pfd, 1, ms > INT_MAX ? INT_MAX : (int)ms);
+        if (k > 0)
+            return 1;
+        if (k < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+/* Why a read on the calling thread stopped short. */
+enum { RR_OK = 0, RR_EOF, RR_ERR, RR_DEADLINE };
+
+/* Read between min and max bytes into buf (min: block for them). Returns bytes read; *why. */
+static size_t read_some(int fd, uint8_t *buf, size_t min, size_t max, uint64_t deadline, int *why)
+{
+    size_t got = 0;
+    *why = RR_OK;
+    while (got < min) {
+        int w = wait_readable(fd, deadline);
+        if (w <= 0) {
+            *why = w == 0 ? RR_DEADLINE : RR_ERR;
+            break;
+        }
+        ssize_t k = recv(fd, buf + got, max - got, MSG_DONTWAIT);
+        if (k > 0) {
+            got += (size_t)k;
+        } else if (k == 0) {
+            *why = RR_EOF;
+            break;
+        } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+            *why = RR_ERR;
+            break;
+        }
+    }
+    return got;
+}
+
+/*
+ * Give the reading side back (mu held): free, or to the I/O thread when it waits for something
+ * or has bytes to process.
+ */
+static void release_reading_locked(ts_client_t *c)
+{
+    if (c->rd_want || c->rd_broken || c->pb_len > 0 || c->direct.n > 0 || c->subs != NULL ||
+        c->inbox_head != NULL || c->handoff != NULL) {
+        c->rd_owner = TS__RD_IO;
+        c->rd_want = 0;
+        if (!c->closing)
+            uv_async_send(&c->async);
+    } else {
+        c->rd_owner = TS__RD_FREE;
+    }
+    pthread_cond_broadcast(&c->rd_cond);
+}
+
+int ts__self_read(ts_client_t *c, ts__req *r)
+{
+    uint8_t first[TS__SELF_FIRST];
+    int why;
+    int fd = r->rfd;
+    size_t got = read_some(fd, first, TS_HDR_SIZE, sizeof(first), r->deadline_ns, &why);
+    ts__hdr h;
+    int mine = got >= TS_HDR_SIZE && ts__hdr_decode(first, TS_MAGIC_REP, &h) == 0 &&
+               h.opcode == r->op && h.request_id == r->id && h.body_len <= TS__MAX_REPLY_BODY;
+    if (!mine) {
+        /*
+         * Not (all of) our reply: what was read goes back to the I/O thread, which reads on;
+         * a reply that is ours reaches r through c->direct as usual.
+         */
+        pthread_mutex_lock(&c->mu);
+        int timeout = why == RR_DEADLINE && r->direct;
+        if (timeout) {
+            ts__idmap_del(&c->direct, r->id);
+            r->direct = 0;
+        }
+        memcpy(c->pb, first, got);
+        c->pb_len = got;
+        r->self_read = 0;
+        release_reading_locked(c);
+        pthread_mutex_unlock(&c->mu);
+        return timeout ? TS__SELF_TIMEOUT : TS__SELF_WAIT;
+    }
+    size_t blen = (size_t)h.body_len;
+    size_t have = got - TS_HDR_SIZE;
+    uint8_t *body = first + TS_HDR_SIZE;
+    int owned = 0;
+    int status = 0;
+    if (have < blen) {
+        body = ts__malloc_aligned(blen);
+        if (body == NULL) {
+            status = TS_ENOMEM; /* the rest of the frame cannot be kept: the connection goes */
+            why = RR_ERR;
+        } else {
+            owned = 1;
+            memcpy(body, first + TS_HDR_SIZE, have);
+            have += read_some(fd, body + have, blen - have, blen - have, r->deadline_ns, &why);
+        }
+    }
+    size_t extra = have > blen ? have - blen : 0; /* the start of the next frame */
+    int cut = have < blen;
+    int malformed = 0;
+    if (cut) {
+        if (owned)
+            ts__body_free(body, blen);
+        if (status == 0)
+            status = why == RR_DEADLINE ? TS_ETIMEDOUT : TS_ECONNRESET;
+    } else {
+        status = reply_apply(r, &h, body, blen, owned, &malformed);
+    }
+    pthread_mutex_lock(&c->mu);
+    /* Ours since the header was read: nobody else takes a request out of c->direct meanwhile. */
+    ts__idmap_del(&c->direct, r->id);
+    r->direct = 0;
+    r->self_read = 0;
+    if (cut || malformed || extra > sizeof(c->pb)) {
+        c->rd_broken = 1; /* part of a frame is gone: the connection cannot go on */
+    } else if (extra > 0) {
+        memcpy(c->pb, first + TS_HDR_SIZE + blen, extra);
+        c->pb_len = extra;
+    }
+    release_reading_locked(c);
+    r->status = status;
+    r->done = 1;
+    pthread_mutex_unlock(&c->mu);
+    return TS__SELF_DONE;
+}
+
 static void async_cb(uv_async_t *a);
 
 /* Send what callbacks of this loop iteration submitted (see ts__submit_locked). */
@@ -1332,8 +1895,20 @@ static void async_cb(uv_async_t *a)
     }
     ts__req *list = c->inbox_head;
     c->inbox_head = c->inbox_tail = NULL;
+    ts__req *handoff = c->handoff;
+    c->handoff = NULL;
+    c->io_writes++; /* no direct write until this drain has started its writes */
+    int take_back = c->rd_owner == TS__RD_IO && !c->reading;
+    int broken = c->rd_broken;
     pthread_mutex_unlock(&c->mu);
 
+    if (broken && c->conn != NULL) {
+        conn_fail(c, c->conn, TS_ETIMEDOUT, "a reply was cut short by its request's deadline");
+    } else if (take_back && c->state == TS__ST_READY) {
+        start_reading(c); /* a caller handed the socket back */
+    }
+    if (handoff != NULL)
+        write_handoff(c, handoff); /* the rest of a direct write goes first */
     if (c->state == TS__ST_IDLE)
         start_attempt(c);
     ts__req *batch[TS__SEND_BATCH];
@@ -1368,6 +1943,8 @@ static void async_cb(uv_async_t *a)
     }
     if (nb > 0)
         req_send_batch(c, batch, nb);
+    io_write_end(c);
+    io_want_read(c);
 }
 
 /* Close everything: pending requests get TS_ECANCELED, subscriptions their final callback. */
@@ -1381,11 +1958,13 @@ static void io_shutdown(ts_client_t *c)
     uv_timer_stop(&c->retry);
     uv_timer_stop(&c->tick);
     c->tick_on = 0;
+    ts__req *dlist = direct_stop(c); /* before the descriptor closes */
     /* Closing the socket first guarantees that no cancelled put's memory is read any more. */
     if (c->conn != NULL) {
         conn_close(c->conn);
         c->conn = NULL;
     }
+    c->reading = 0;
     pthread_mutex_lock(&c->mu);
     c->closing = 1;
     ts__req *list = c->inbox_head;
@@ -1410,6 +1989,7 @@ static void io_shutdown(ts_client_t *c)
     }
     c->waitq_tail = NULL;
     fail_inflight(c, TS_ECANCELED);
+    direct_fail(c, dlist, TS_ECANCELED);
     while (subs != NULL) {
         ts__sub *s = subs;
         subs = s->next;
@@ -1420,6 +2000,7 @@ static void io_shutdown(ts_client_t *c)
     }
     uv_close((uv_handle_t *)&c->async, NULL);
     uv_close((uv_handle_t *)&c->kick, NULL);
+    uv_close((uv_handle_t *)&c->quiet, NULL);
     uv_close((uv_handle_t *)&c->tick, NULL);
     uv_close((uv_handle_t *)&c->retry, NULL);
 }
@@ -1435,8 +2016,10 @@ static void client_destroy(ts_client_t *c)
         pthread_cond_wait(&c->open_cond, &c->mu);
     pthread_mutex_unlock(&c->mu);
     ts__idmap_free(&c->inflight);
+    ts__idmap_free(&c->direct);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->open_cond);
+    pthread_cond_destroy(&c->rd_cond);
     pthread_condattr_destroy(&c->condattr);
     ts__free(c->address);
     ts__free(c->host);
@@ -1590,6 +2173,9 @@ static int setup_loop(ts_client_t *c)
     c->retry.data = c;
     uv_prepare_init(&c->loop, &c->kick);
     c->kick.data = c;
+    uv_prepare_init(&c->loop, &c->quiet);
+    c->quiet.data = c;
+    uv_prepare_start(&c->quiet, quiet_cb);
     return 0;
 }
 
@@ -1623,8 +2209,11 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *o
     pthread_condattr_init(&c->condattr);
     pthread_condattr_setclock(&c->condattr, CLOCK_MONOTONIC);
     pthread_cond_init(&c->open_cond, &c->condattr);
+    pthread_cond_init(&c->rd_cond, NULL);
     c->backoff_ms = c->opts.reconnect_min_ms;
     c->next_id = 1;
+    c->d_next_id = 1;
+    c->d_fd = -1;
     c->state = TS__ST_IDLE;
     if (setup_loop(c) != 0) {
         client_destroy(c);
@@ -1634,6 +2223,7 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *o
     if (pthread_create(&c->thread, NULL, io_main, c) != 0) {
         uv_close((uv_handle_t *)&c->async, NULL);
         uv_close((uv_handle_t *)&c->kick, NULL);
+        uv_close((uv_handle_t *)&c->quiet, NULL);
         uv_close((uv_handle_t *)&c->tick, NULL);
         uv_close((uv_handle_t *)&c->retry, NULL);
         uv_run(&c->loop, UV_RUN_DEFAULT);

@@ -19,10 +19,13 @@
 
 #define TS__TICK_MS 20 /* ms; how often the I/O thread checks request deadlines */
 #define TS__BLOCK_GRACE_MS                                                                         \
-    500                           /* ms; a blocking caller waits this long past its deadline       \
-                                     for the I/O thread's verdict before abandoning on its own */
-#define TS__STAGE_SIZE (64 << 10) /* bytes; the receive staging buffer of a connection */
-#define TS__MAX_TOKEN  4092       /* bytes; a HELLO body must fit TS_MAX_PREAUTH_BODY */
+    500                            /* ms; a blocking caller waits this long past its deadline      \
+                                      for the I/O thread's verdict before abandoning on its own */
+#define TS__STAGE_SIZE (64 << 10)  /* bytes; the receive staging buffer of a connection */
+#define TS__MAX_TOKEN  4092        /* bytes; a HELLO body must fit TS_MAX_PREAUTH_BODY */
+#define TS__DIRECT_ID  0x80000000u /* request ids of direct writes have this bit; others do not */
+#define TS__DIRECT_IOV 64          /* write buffers a direct write may use at most */
+#define TS__SELF_FIRST 256         /* bytes; the first read of a reply on the calling thread */
 
 /* A map from request id to request (open addressing, linear probing; id 0 is never used). */
 typedef struct ts__idmap {
@@ -66,7 +69,8 @@ typedef struct ts__req {
     uint8_t hflags;       /* frame header flags (TS_FLAG_LZ4) */
     int borrowed;         /* the body points into caller memory (segments of enc) */
     uint64_t deadline_ns; /* monotonic; 0 = none */
-    uint32_t id;          /* assigned when written */
+    uint32_t id;          /* assigned when written (TS__DIRECT_ID set: written directly) */
+    size_t woff; /* frame bytes a direct write already sent (the I/O thread sends the rest) */
 
     /* The frame: small = header + fixed body part, then flat or the record plan. */
     uint8_t small[TS_HDR_SIZE + 1 + TS_MAX_NAME_LEN + 16];
@@ -103,7 +107,10 @@ typedef struct ts__req {
     pthread_cond_t cond;
     int done;
     int abandoned;
-    int wbusy; /* the I/O thread may be reading the caller's memory */
+    int wbusy;     /* the I/O thread may be reading the caller's memory */
+    int direct;    /* written by the caller itself, waiting in c->direct for its reply */
+    int self_read; /* the caller holds the socket's reading side and reads its own reply */
+    int rfd;       /* the socket it reads then */
 } ts__req;
 
 /* A subscription (ts_listen). */
@@ -148,6 +155,14 @@ struct ts__conn {
     uint8_t *body;
     size_t body_got;
     uint64_t discard; /* body bytes still to drop (a body we could not allocate) */
+    /*
+     * While the I/O thread is not reading (a blocking caller may read instead, see rd_owner),
+     * a duplicate of the socket is watched for the peer's hang-up only.
+     */
+    uv_poll_t hup;
+    int hup_fd;  /* -1 when there is no watcher */
+    int hup_on;  /* the watcher is started */
+    int handles; /* libuv handles still open (the stream, the watcher); freed at 0 */
 };
 
 /* Connection states (I/O thread). */
@@ -186,6 +201,31 @@ struct ts_client_s {
     atomic_int lz4; /* the last handshake agreed on lz4 */
     pthread_condattr_t condattr;
 
+    /*
+     * Direct writes (all under mu): a blocking caller writes its own frame on the socket while
+     * holding mu, when the connection is ready and the I/O thread has nothing being written
+     * (see ts__submit_blocking in client.c).
+     */
+    int d_ready; /* the connection is ready: d_fd, d_max_body and d_lz4 are valid */
+    int d_fd;
+    int d_lz4;
+    uint64_t d_max_body;
+    unsigned io_writes; /* I/O thread writes started and not called back, plus inbox drains */
+    uint32_t d_next_id;
+    ts__idmap direct; /* requests written directly, by id, waiting for their reply */
+    ts__req *handoff; /* a direct write the socket took only part of: the I/O thread ends it */
+    /*
+     * Who reads the socket (under mu): the I/O thread (TS__RD_IO), nobody (TS__RD_FREE: the
+     * I/O thread had nothing to wait for and stopped reading) or one blocking caller reading its
+     * own reply (TS__RD_CALLER). See "Reading replies on the calling thread" in client.c.
+     */
+    int rd_owner;
+    int rd_want;   /* the I/O thread waits for a caller to hand the socket back */
+    int rd_broken; /* a caller gave up in the middle of a frame: the connection must go */
+    uint8_t pb[TS__SELF_FIRST]; /* bytes a caller read that were not its reply (or after it) */
+    size_t pb_len;
+    pthread_cond_t rd_cond; /* a caller handed the socket back */
+
     /* I/O thread only. */
     uv_loop_t loop;
     uv_async_t async;
@@ -197,6 +237,8 @@ struct ts_client_s {
      */
     uv_prepare_t kick;
     int kicked;
+    uv_prepare_t quiet; /* stops reading when nothing is awaited (see quiet_cb) */
+    int reading;        /* uv_read_start is in effect on conn */
     int tick_on;
     ts__conn *conn;
     int state;
@@ -214,6 +256,22 @@ struct ts_client_s {
 int ts__submit(ts_client_t *c, ts__req *r);
 /* The same with mu already held by the caller. */
 int ts__submit_locked(ts_client_t *c, ts__req *r);
+/*
+ * Hand over a blocking request (mu held): written on the calling thread when the connection
+ * allows it, else submitted like any other. Counts the caller in c->waiters. 0 or TS_ECANCELED.
+ */
+int ts__submit_blocking_locked(ts_client_t *c, ts__req *r);
+/* Who reads the socket (ts_client_s.rd_owner). */
+enum { TS__RD_IO = 0, TS__RD_FREE, TS__RD_CALLER };
+/* What ts__self_read did. */
+enum { TS__SELF_DONE = 0, TS__SELF_WAIT, TS__SELF_TIMEOUT };
+/*
+ * A blocking caller that was given the socket's reading side (r->self_read) reads its own reply:
+ * TS__SELF_DONE with r->done and r->status set; TS__SELF_WAIT when the socket went back to the
+ * I/O thread before the reply came (wait for it as usual); TS__SELF_TIMEOUT when the deadline
+ * passed (r was taken back from c->direct and is the caller's to free).
+ */
+int ts__self_read(ts_client_t *c, ts__req *r);
 /* 1 when the calling thread is c's I/O thread. */
 int ts__on_io_thread(const ts_client_t *c);
 /* Free a request and whatever results it still holds. */

@@ -251,8 +251,11 @@ TS_EXTERN void ts_bin_list_free(ts_bin_list_t *list);
  *
  * A ts_client_t holds one connection to a tensord and one I/O thread. Every ts_ client function
  * is thread-safe: any number of threads may share one client, and their requests pipeline on one
- * connection. Callbacks run on the client's I/O thread; a blocking call made from inside a
- * callback returns TS_EDEADLK instead of deadlocking. If the connection drops, requests in
+ * connection. A blocking call writes its request from the calling thread when nothing else is
+ * being written, and reads its own reply there too when the client awaits nothing else, so a
+ * single thread making blocking calls pays no thread hand-off (TS_CLIENT_DIRECT=0 in the
+ * environment turns this off). Callbacks run on the client's I/O thread; a blocking call made from
+ * inside a callback returns TS_EDEADLK instead of deadlocking. If the connection drops, requests in
  * flight fail with TS_ECONNRESET, the client reconnects on its own with backoff, and
  * subscriptions are re-established. A server that breaks the protocol (a malformed frame) is
  * treated the same way, except that the requests in flight fail with TS_EPROTO. See

@@ -3,7 +3,8 @@
  * correctly, then answers one request with a malformed frame (bad header, wrong opcode, lengths
  * that point past the body, broken records, truncated lists, bad lz4, a broken notification).
  * Each time the client must fail the request with TS_EPROTO (once, never crash or hang), drop
- * the connection, reconnect on its own and work again on the next connection.
+ * the connection, reconnect on its own and work again on the next connection. Correct answers
+ * that arrive late, in pieces or behind a stray frame must still reach the right caller.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -42,7 +43,12 @@ enum {
     M_NOTIFY_BAD,   /* a truncated notification, then a correct answer */
     M_NOTIFY_EVENT, /* a notification with an event the protocol lacks, then a correct answer */
     M_LONG_ERROR,   /* NOT_FOUND with a 5000-byte message: allowed, the client truncates it */
-    M_HELLO_BAD     /* HELLO answered with another protocol version */
+    M_HELLO_BAD,    /* HELLO answered with another protocol version */
+    /* Correct answers delivered awkwardly (a blocking caller may be reading them itself): */
+    M_STRAY_FIRST, /* first an answer to a request id never used, then the right one */
+    M_SPLIT,       /* the answer in three pieces, 30 ms apart */
+    M_LATE,        /* the answer 400 ms late */
+    M_SLOW_BODY    /* the header, then the body 600 ms later */
 };
 
 typedef struct fake {
@@ -184,6 +190,27 @@ static void answer_bad(int fd, int mode, uint8_t op, uint32_t rid)
             send_notify(fd, 3, TS_NOTE_PUT);
         else
             send_notify(fd, 0, 0x65);
+        answer_good(fd, op, rid);
+        break;
+    case M_STRAY_FIRST:
+        answer_good(fd, op, rid ^ 0x5A5A5A5Au);
+        answer_good(fd, op, rid);
+        break;
+    case M_SPLIT:
+    case M_SLOW_BODY: {
+        /* A PUT's answer: the header, then the bin state in two pieces. */
+        ts__put_u64le(b, 1);
+        hdr.body_len = TS_BIN_STATE_SIZE;
+        ts__hdr_encode(&hdr, h);
+        tsh_write_all(fd, h, sizeof(h));
+        tc_sleep_ms(mode == M_SPLIT ? 30 : 600);
+        tsh_write_all(fd, b, 5);
+        tc_sleep_ms(mode == M_SPLIT ? 30 : 0);
+        tsh_write_all(fd, b + 5, TS_BIN_STATE_SIZE - 5);
+        break;
+    }
+    case M_LATE:
+        tc_sleep_ms(400);
         answer_good(fd, op, rid);
         break;
     default: /* M_LONG_ERROR */ {
@@ -331,6 +358,12 @@ static int do_op(ts_client_t *c, uint8_t op)
     case TS_OP_STATS:
         rc = ts_stats(c, &stats);
         break;
+    case TS_OP_PUT: {
+        ts_value_t *v = tc_item(1, 0, 0);
+        rc = ts_put(c, "b", v, NULL);
+        ts_value_free(v);
+        break;
+    }
     default:
         rc = ts_ping(c);
         break;
@@ -446,6 +479,61 @@ static void test_malformed_pipelined(void **state)
     fake_stop(&f);
 }
 
+/*
+ * Correct answers that arrive awkwardly. An idle client lets a blocking caller read its own
+ * answer; a stray frame first, an answer in pieces, one past the deadline or one cut by the
+ * deadline must each end as they would on the client's I/O thread.
+ */
+static void test_awkward_answers(void **state)
+{
+    (void)state;
+    fake f;
+    fake_start(&f, M_GOOD);
+    ts_options_t o;
+    ts_options_init(&o);
+    o.request_timeout_ms = 250;
+    o.reconnect_min_ms = 10;
+    o.reconnect_max_ms = 50;
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, f.addr, &o), 0);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(do_op(c, i % 2 ? TS_OP_PUT : TS_OP_GET), 0);
+    int accepts = atomic_load(&f.accepts);
+
+    /* The stray answer is dropped; the caller gets its own. */
+    atomic_store(&f.mode, M_STRAY_FIRST);
+    assert_int_equal(do_op(c, TS_OP_PUT), 0);
+    assert_int_equal(do_op(c, TS_OP_GET), 0);
+    /* An answer in pieces is put together. */
+    atomic_store(&f.mode, M_SPLIT);
+    assert_int_equal(do_op(c, TS_OP_PUT), 0);
+    assert_int_equal(do_op(c, TS_OP_PING), 0);
+    assert_int_equal(atomic_load(&f.accepts), accepts);
+
+    /* Past the deadline: TS_ETIMEDOUT; the late answer is dropped when it comes. */
+    atomic_store(&f.mode, M_LATE);
+    uint64_t t0 = tc_now_ms();
+    assert_int_equal(do_op(c, TS_OP_PUT), TS_ETIMEDOUT);
+    assert_true(tc_now_ms() - t0 < 2000);
+    tc_sleep_ms(300);
+    assert_int_equal(do_op(c, TS_OP_GET), 0);
+    assert_int_equal(do_op(c, TS_OP_PUT), 0);
+    assert_int_equal(atomic_load(&f.accepts), accepts);
+
+    /*
+     * Cut by the deadline in the middle of the answer: TS_ETIMEDOUT. Part of a frame may have
+     * been consumed, so the connection may have to go; the next calls work either way.
+     */
+    atomic_store(&f.mode, M_SLOW_BODY);
+    assert_int_equal(do_op(c, TS_OP_PUT), TS_ETIMEDOUT);
+    tc_sleep_ms(700);
+    assert_int_equal(do_op(c, TS_OP_PUT), 0);
+    assert_int_equal(do_op(c, TS_OP_GET), 0);
+    printf("connections after a cut answer: %d\n", atomic_load(&f.accepts) - accepts + 1);
+    ts_client_free(c);
+    fake_stop(&f);
+}
+
 /* A handshake with a malformed answer fails ts_client_open with TS_EPROTO. */
 static void test_malformed_hello(void **state)
 {
@@ -473,6 +561,7 @@ int main(void)
         cmocka_unit_test(test_malformed_replies),
         cmocka_unit_test(test_malformed_pipelined),
         cmocka_unit_test(test_malformed_hello),
+        cmocka_unit_test(test_awkward_answers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
