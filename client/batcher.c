@@ -41,6 +41,12 @@
 static _Thread_local char tls_err[TS__BERR_LEN];
 /* Set on batcher threads, so that a blocking call from a callback fails instead of hanging. */
 static _Thread_local int tls_in_batcher;
+/*
+ * The batcher whose batch's answers this replica thread is handing out, or NULL. A request
+ * submitted from one of those callbacks needs no wake-up: the replica looks at the queue as soon
+ * as the callbacks are over (see ts_batcher_submit).
+ */
+static _Thread_local const ts_batcher_t *tls_answering;
 
 static void set_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void set_err(const char *fmt, ...)
@@ -485,8 +491,47 @@ static void heap_remove(ts_batcher_t *b, breq *r)
     heap_down(b, b->heap[i]->heap_idx);
 }
 
-/* Unlink a request from the queue and the heap. Lock held. */
-static void unqueue(ts_batcher_t *b, breq *r)
+/*
+ * Remove n requests from the heap at once (those not in it are skipped). A batch usually takes
+ * the oldest requests, which are at the top of the heap when every request has the same
+ * timeout, and removing them one by one would sift each time; when that costs more than
+ * rebuilding the heap from what remains (about n log2 heap_len against heap_len steps), the
+ * heap is compacted and rebuilt instead. Lock held.
+ */
+static void heap_remove_many(ts_batcher_t *b, breq **rs, int n)
+{
+    size_t in_heap = 0;
+    for (int i = 0; i < n; i++)
+        in_heap += rs[i]->heap_idx != SIZE_MAX;
+    if (in_heap == 0)
+        return;
+    size_t depth = (size_t)(64 - __builtin_clzll((unsigned long long)b->heap_len));
+    if (in_heap * depth < b->heap_len) {
+        for (int i = 0; i < n; i++)
+            heap_remove(b, rs[i]);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (rs[i]->heap_idx != SIZE_MAX) {
+            b->heap[rs[i]->heap_idx] = NULL;
+            rs[i]->heap_idx = SIZE_MAX;
+        }
+    }
+    size_t len = 0;
+    for (size_t i = 0; i < b->heap_len; i++) {
+        if (b->heap[i] != NULL) {
+            b->heap[len] = b->heap[i];
+            b->heap[len]->heap_idx = len;
+            len++;
+        }
+    }
+    b->heap_len = len;
+    for (size_t i = len / 2; i-- > 0;)
+        heap_down(b, i);
+}
+
+/* Unlink a request from the queue, leaving the heap alone. Lock held. */
+static void unlink_queued(ts_batcher_t *b, breq *r)
 {
     if (r->prev != NULL)
         r->prev->next = r->next;
@@ -499,6 +544,12 @@ static void unqueue(ts_batcher_t *b, breq *r)
     r->prev = r->next = NULL;
     b->queued--;
     b->queued_rows -= r->rows;
+}
+
+/* Unlink a request from the queue and the heap. Lock held. */
+static void unqueue(ts_batcher_t *b, breq *r)
+{
+    unlink_queued(b, r);
     heap_remove(b, r);
 }
 
@@ -863,9 +914,10 @@ static int gather(breplica *r)
     while (b->head != NULL && rows + b->head->rows <= b->max_batch) {
         breq *q = b->head;
         rows += q->rows;
-        unqueue(b, q);
+        unlink_queued(b, q);
         r->picked[n++] = q;
     }
+    heap_remove_many(b, r->picked, n);
     return n;
 }
 
@@ -999,11 +1051,15 @@ static void *replica_main(void *arg)
 #ifdef __linux__
         bchain chain = {NULL, NULL};
         tls_chain = &chain;
+        tls_answering = b;
         run_batch(r, n, version);
+        tls_answering = NULL;
         tls_chain = NULL;
         chain_flush(&chain);
 #else
+        tls_answering = b;
         run_batch(r, n, version);
+        tls_answering = NULL;
 #endif
         pthread_mutex_lock(&b->mu);
     }
@@ -1392,11 +1448,20 @@ int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, 
      * for every arrival would cost a context switch per request. The queue's rows reach
      * max_batch exactly when the batch from its head is full or the next request does not fit.
      */
+    /*
+     * A request submitted from a callback of this batcher's replica thread (a requester that
+     * submits its next request as soon as it has its answer) wakes no idle replica: that
+     * replica comes back to the queue right after its batch's callbacks and takes what they
+     * queued, and if more than one batch is waiting it wakes another replica then. In a closed
+     * loop the requests of a batch thus come back as the next batch without any thread being
+     * woken, and idle replicas are not woken one by one to gather a few rows each.
+     */
     if (b->collecting) {
         if (b->queued_rows >= b->max_batch)
             pthread_cond_signal(&b->collect_cv);
-    } else
+    } else if (tls_answering != b) {
         pthread_cond_signal(&b->work_cv);
+    }
     pthread_mutex_unlock(&b->mu);
     return 0;
 }

@@ -152,6 +152,11 @@ TS_EXTERN const char *ts_batcher_device(const ts_batcher_t *b, int i);
  * (transferred: free it with ts_value_free) and version is the weight version that computed
  * it; message (valid during the call, may be NULL) tells why a request failed. Keep the callback
  * short: it runs on the thread that serves the next batch.
+ *
+ * The callback may submit the requester's next request (ts_batcher_submit, not the blocking
+ * calls). A request submitted from a callback on a replica's thread wakes no other replica: that
+ * replica takes the queue again as soon as its batch's callbacks return, so a closed loop of
+ * asynchronous requesters costs no thread wake-up per request (see docs/BATCHER.md).
  */
 typedef void (*ts_predict_cb)(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
                               const char *message, void *arg);

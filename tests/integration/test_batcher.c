@@ -851,6 +851,149 @@ static void test_deadline(void **state)
     ts_batcher_free(b);
 }
 
+/*
+ * Many queued requests with two timeouts, drained by small batches while the short deadlines
+ * pass: batches take requests out of a large deadline heap (one by one) and out of a small one
+ * (rebuilt), and the timer must still find every short deadline in what remains.
+ */
+typedef struct dslot {
+    acount *c;
+    ts_value_t *in;
+    int64_t base;
+    int status, good;
+} dslot;
+
+static void dslot_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, const char *msg,
+                     void *arg)
+{
+    (void)b;
+    (void)version;
+    (void)msg;
+    dslot *d = arg;
+    d->status = status;
+    d->good = status == 0 && check_answer(out, 1, d->base, 1.0f);
+    ts_value_free(out);
+    pthread_mutex_lock(&d->c->mu);
+    d->c->done++;
+    pthread_cond_broadcast(&d->c->cv);
+    pthread_mutex_unlock(&d->c->mu);
+}
+
+static void test_deadline_heap(void **state)
+{
+    (void)state;
+    ts_batcher_t *b = make("cpu", 8, 0);
+    atomic_store(&g_delay_us, 50000); /* 50 ms per forward: 8 requests per 50 ms */
+    enum { N = 200 };
+    static dslot d[N + 1];
+    acount c;
+    acount_init(&c);
+    for (int i = 0; i <= N; i++) {
+        d[i] = (dslot){&c, NULL, (int64_t)i * 10, -1, 0};
+        d[i].in = request(1, d[i].base);
+    }
+    /* The first keeps the replica busy while the others queue. */
+    assert_int_equal(ts_batcher_submit(b, d[N].in, 0, 0, dslot_cb, &d[N]), 0);
+    sleep_us(10000);
+    for (int i = 0; i < N; i++) {
+        int timeout_ms = i % 2 == 0 ? 125 : 20000;
+        assert_int_equal(ts_batcher_submit(b, d[i].in, 0, timeout_ms, dslot_cb, &d[i]), 0);
+    }
+    assert_true(acount_wait(&c, N + 1));
+    atomic_store(&g_delay_us, 0);
+    int timed_out = 0;
+    for (int i = 0; i <= N; i++) {
+        if (i % 2 == 1 || i == N)
+            assert_true(d[i].good);
+        else if (d[i].status == TS_ETIMEDOUT)
+            timed_out++;
+        else
+            assert_true(d[i].good);
+        ts_value_free(d[i].in);
+    }
+    /* By 125 ms at most the first three batches (24 requests) ran: the later short ones expire. */
+    print_message("    %d of %d short-deadline requests timed out\n", timed_out, N / 2);
+    assert_true(timed_out >= (N - 40) / 2);
+    ts_batcher_free(b);
+}
+
+/*
+ * Requesters that submit their next request from the callback of the previous one (an event
+ * loop's actors). The replica that answers them comes back to the queue for what they submit.
+ */
+typedef struct loop_actor {
+    acount *c;
+    ts_value_t *in;
+    int64_t base;
+    int left; /* requests still to submit */
+    int bad;
+} loop_actor;
+
+static void loop_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, const char *msg,
+                    void *arg)
+{
+    (void)version;
+    (void)msg;
+    loop_actor *a = arg;
+    if (status != 0 || !check_answer(out, 1, a->base, 1.0f))
+        a->bad++;
+    ts_value_free(out);
+    if (a->left > 0) {
+        a->left--;
+        if (ts_batcher_submit(b, a->in, 0, 0, loop_cb, a) == 0)
+            return;
+        a->bad++;
+    }
+    pthread_mutex_lock(&a->c->mu);
+    a->c->done++;
+    pthread_cond_broadcast(&a->c->cv);
+    pthread_mutex_unlock(&a->c->mu);
+}
+
+static void run_loop(ts_batcher_t *b, int n_actors, int n_requests)
+{
+    static loop_actor la[64];
+    acount c;
+    acount_init(&c);
+    for (int i = 0; i < n_actors; i++) {
+        la[i] = (loop_actor){&c, NULL, (int64_t)i * 10, n_requests - 1, 0};
+        la[i].in = request(1, la[i].base);
+    }
+    for (int i = 0; i < n_actors; i++)
+        assert_int_equal(ts_batcher_submit(b, la[i].in, 0, 0, loop_cb, &la[i]), 0);
+    assert_true(acount_wait(&c, n_actors));
+    for (int i = 0; i < n_actors; i++) {
+        assert_int_equal(la[i].bad, 0);
+        ts_value_free(la[i].in);
+    }
+}
+
+static void test_closed_loop(void **state)
+{
+    (void)state;
+    /* The delay is 20 s, so a batch only runs full: every batch must hold all 32 actors. */
+    enum { A = 32, R = 50 };
+    ts_batcher_t *b = make("cpu:2", A, 20000000);
+    run_loop(b, A, R);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.requests, A * R);
+    assert_int_equal(st.batches, R);
+    assert_int_equal(st.full_batches, R);
+    ts_batcher_free(b);
+
+    /* One actor never fills a batch: each request waits out the 2 ms delay, then runs. */
+    b = make("cpu:2", 8, 2000);
+    uint64_t t0 = ts__now_ns();
+    run_loop(b, 1, 20);
+    double ms = elapsed_ms(t0);
+    print_message("    20 lone requests from callbacks answered in %.1f ms\n", ms);
+    assert_true(ms >= 36.0 && ms < 10000.0);
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.requests, 20);
+    ts_batcher_free(b);
+}
+
 /* Shutdown: everything submitted is answered exactly once, with a result or TS_ECANCELED. */
 static void test_shutdown(void **state)
 {
@@ -1045,6 +1188,8 @@ int main(void)
         cmocka_unit_test(test_weights_async),
         cmocka_unit_test(test_weights_release_race),
         cmocka_unit_test(test_deadline),
+        cmocka_unit_test(test_deadline_heap),
+        cmocka_unit_test(test_closed_loop),
         cmocka_unit_test(test_shutdown),
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_bare_tensor),
