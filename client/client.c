@@ -1432,7 +1432,7 @@ static void go_ready(ts_client_t *c)
     if (c->state == TS__ST_READY && !getenv_off("TS_CLIENT_DIRECT") &&
         uv_fileno(&conn->u.handle, &fd) == 0) {
         /* The hang-up watcher lets the I/O thread stop reading while nothing is awaited. */
-        int dup_fd = dup(fd);
+        int dup_fd = c->pb != NULL ? dup(fd) : -1;
         if (dup_fd >= 0 && uv_poll_init(&c->loop, &conn->hup, dup_fd) == 0) {
             conn->hup.data = conn;
             conn->hup_fd = dup_fd;
@@ -1803,17 +1803,18 @@ static void release_reading_locked(ts_client_t *c)
 
 int ts__self_read(ts_client_t *c, ts__req *r)
 {
-    uint8_t first[TS__SELF_FIRST];
+    /* The reading side is this thread's: so is c->pb, which holds nothing (see quiet_cb). */
+    uint8_t *buf = c->pb;
     int why;
     int fd = r->rfd;
-    size_t got = read_some(fd, first, TS_HDR_SIZE, sizeof(first), r->deadline_ns, &why);
+    size_t got = read_some(fd, buf, TS_HDR_SIZE, TS__STAGE_SIZE, r->deadline_ns, &why);
     ts__hdr h;
-    int mine = got >= TS_HDR_SIZE && ts__hdr_decode(first, TS_MAGIC_REP, &h) == 0 &&
+    int mine = got >= TS_HDR_SIZE && ts__hdr_decode(buf, TS_MAGIC_REP, &h) == 0 &&
                h.opcode == r->op && h.request_id == r->id && h.body_len <= TS__MAX_REPLY_BODY;
     if (!mine) {
         /*
-         * Not (all of) our reply: what was read goes back to the I/O thread, which reads on;
-         * a reply that is ours reaches r through c->direct as usual.
+         * Not (all of) our reply: what was read stays for the I/O thread, which reads on; a
+         * reply that is ours reaches r through c->direct as usual.
          */
         pthread_mutex_lock(&c->mu);
         int timeout = why == RR_DEADLINE && r->direct;
@@ -1821,7 +1822,6 @@ int ts__self_read(ts_client_t *c, ts__req *r)
             ts__idmap_del(&c->direct, r->id);
             r->direct = 0;
         }
-        memcpy(c->pb, first, got);
         c->pb_len = got;
         r->self_read = 0;
         release_reading_locked(c);
@@ -1830,7 +1830,7 @@ int ts__self_read(ts_client_t *c, ts__req *r)
     }
     size_t blen = (size_t)h.body_len;
     size_t have = got - TS_HDR_SIZE;
-    uint8_t *body = first + TS_HDR_SIZE;
+    uint8_t *body = buf + TS_HDR_SIZE;
     int owned = 0;
     int status = 0;
     if (have < blen) {
@@ -1840,7 +1840,7 @@ int ts__self_read(ts_client_t *c, ts__req *r)
             why = RR_ERR;
         } else {
             owned = 1;
-            memcpy(body, first + TS_HDR_SIZE, have);
+            memcpy(body, buf + TS_HDR_SIZE, have);
             have += read_some(fd, body + have, blen - have, blen - have, r->deadline_ns, &why);
         }
     }
@@ -1853,6 +1853,7 @@ int ts__self_read(ts_client_t *c, ts__req *r)
         if (status == 0)
             status = why == RR_DEADLINE ? TS_ETIMEDOUT : TS_ECONNRESET;
     } else {
+        /* A body still in buf is parsed (or copied) before buf is handed on below. */
         status = reply_apply(r, &h, body, blen, owned, &malformed);
     }
     pthread_mutex_lock(&c->mu);
@@ -1860,10 +1861,10 @@ int ts__self_read(ts_client_t *c, ts__req *r)
     ts__idmap_del(&c->direct, r->id);
     r->direct = 0;
     r->self_read = 0;
-    if (cut || malformed || extra > sizeof(c->pb)) {
+    if (cut || malformed) {
         c->rd_broken = 1; /* part of a frame is gone: the connection cannot go on */
     } else if (extra > 0) {
-        memcpy(c->pb, first + TS_HDR_SIZE + blen, extra);
+        memmove(buf, buf + TS_HDR_SIZE + blen, extra);
         c->pb_len = extra;
     }
     release_reading_locked(c);
@@ -2017,6 +2018,7 @@ static void client_destroy(ts_client_t *c)
     pthread_mutex_unlock(&c->mu);
     ts__idmap_free(&c->inflight);
     ts__idmap_free(&c->direct);
+    ts__free(c->pb);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->open_cond);
     pthread_cond_destroy(&c->rd_cond);
@@ -2213,6 +2215,7 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *o
     c->backoff_ms = c->opts.reconnect_min_ms;
     c->next_id = 1;
     c->d_next_id = 1;
+    c->pb = ts__malloc(TS__STAGE_SIZE); /* NULL: replies are always read by the I/O thread */
     c->d_fd = -1;
     c->state = TS__ST_IDLE;
     if (setup_loop(c) != 0) {

@@ -25,7 +25,6 @@
 #define TS__MAX_TOKEN  4092        /* bytes; a HELLO body must fit TS_MAX_PREAUTH_BODY */
 #define TS__DIRECT_ID  0x80000000u /* request ids of direct writes have this bit; others do not */
 #define TS__DIRECT_IOV 64          /* write buffers a direct write may use at most */
-#define TS__SELF_FIRST 256         /* bytes; the first read of a reply on the calling thread */
 
 /* A map from request id to request (open addressing, linear probing; id 0 is never used). */
 typedef struct ts__idmap {
@@ -222,7 +221,12 @@ struct ts_client_s {
     int rd_owner;
     int rd_want;   /* the I/O thread waits for a caller to hand the socket back */
     int rd_broken; /* a caller gave up in the middle of a frame: the connection must go */
-    uint8_t pb[TS__SELF_FIRST]; /* bytes a caller read that were not its reply (or after it) */
+    /*
+     * The receive buffer of the caller holding the reading side (TS__STAGE_SIZE bytes). What it
+     * read that was not its reply (or came after it) stays at its start, pb_len bytes, for the
+     * I/O thread, whose staging buffer is empty while it does not read.
+     */
+    uint8_t *pb;
     size_t pb_len;
     pthread_cond_t rd_cond; /* a caller handed the socket back */
 
