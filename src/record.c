@@ -474,17 +474,14 @@ int ts__record_plan(const ts_value_t *root, ts__enc *e)
     if (ps.too_deep || ps.meta_len > UINT32_MAX)
         return TS_EINVAL;
     size_t head_len = ts__align_up(TS_REC_HDR_SIZE + ps.meta_len, TS__ALIGN);
-    e->head = ts__calloc(1, head_len);
+    /* One allocation: the head, then the segment table (head_len keeps it aligned). */
+    if (ps.nsegs > (SIZE_MAX - head_len) / sizeof(ts__seg))
+        return TS_EINVAL;
+    e->head = ts__calloc(1, head_len + ps.nsegs * sizeof(ts__seg));
     if (e->head == NULL)
         return TS_ENOMEM;
-    if (ps.nsegs > 0) {
-        e->segs = ts__calloc(ps.nsegs, sizeof(ts__seg));
-        if (e->segs == NULL) {
-            ts__free(e->head);
-            e->head = NULL;
-            return TS_ENOMEM;
-        }
-    }
+    if (ps.nsegs > 0)
+        e->segs = (ts__seg *)(void *)(e->head + head_len);
     wstate ws = {.m = e->head + TS_REC_HDR_SIZE, .segs = e->segs};
     pwrite(root, &ws);
     e->head[0] = TS_REC_MAGIC0;
@@ -501,8 +498,7 @@ int ts__record_plan(const ts_value_t *root, ts__enc *e)
 
 void ts__enc_free(ts__enc *e)
 {
-    ts__free(e->head);
-    ts__free(e->segs);
+    ts__free(e->head); /* the segment table lives in the same allocation */
     memset(e, 0, sizeof(*e));
 }
 

@@ -92,7 +92,7 @@ typedef struct ts__seg {
 typedef struct ts__enc {
     uint8_t *head; /* ts__malloc'd */
     size_t head_len;
-    ts__seg *segs; /* ts__malloc'd; NULL when nsegs == 0 */
+    ts__seg *segs; /* in head's allocation, after head_len bytes; NULL when nsegs == 0 */
     size_t nsegs;
     uint64_t total; /* record length */
 } ts__enc;
