@@ -7,6 +7,7 @@
  *   conn.c    one connection: the read state machine, limits, the output queue
  *   ops.c     the request handlers (one per opcode)
  *   store.c   bins, items, the name hash table, memory accounting
+ *   slab.c    size classes for the buffers of small records
  *   notify.c  listeners (subscriptions) and waiters
  *   stats.c   counters and the STATS reply
  *   snapshot.c  snapshots: the file format, writing off the loop, loading at start
@@ -104,29 +105,77 @@ void tsd_log_set_level(int level);
  *
  * An item is one record exactly as received: immutable after it is linked into a bin, shared
  * by reference between the bin and every write that sends it. The count is atomic so that
- * future off-loop work (snapshots) can hold references too.
+ * off-loop work (snapshots) can hold references too; the last reference is dropped on the
+ * loop thread only.
+ *
+ * Small records (up to TSD_SLAB_MAX bytes) live in slabs (slab.c): the header is one entry of
+ * its slab's header array and the record a slot of its slab's mapping, so an item costs its
+ * record rounded up to 64 bytes plus this 32-byte header, with no allocation of its own. Larger
+ * records have a buffer of their own (see the pool below) and a header allocated with it.
  */
 typedef struct tsd_item {
     atomic_uint refs;
+    uint32_t slot;         /* index in its slab, or TSD_ITEM_OWN: a buffer of its own */
     struct tsd_item *next; /* the next (newer) item of its bin, while linked */
     uint8_t *data;         /* record bytes; 64-byte aligned */
     size_t len;            /* record length */
-    size_t alloc_len;      /* bytes allocated (ts__free_aligned needs it) */
 } tsd_item;
+
+#define TSD_ITEM_OWN UINT32_MAX
 
 /* A new item with room for len record bytes and one reference; NULL on allocation failure. */
 tsd_item *tsd_item_new(size_t len);
-/* The same, for a buffer of at least len bytes whose record may end up shorter (lz4 path). */
+/*
+ * The same, for a buffer of at least len bytes whose record may end up shorter (lz4 path): the
+ * caller may lower len afterwards, never raise it.
+ */
 tsd_item *tsd_item_new_sized(size_t len);
 void tsd_item_ref(tsd_item *it);
-/* Drop a reference; the last one recycles the buffer (loop thread only, see the pool). */
+/* Drop a reference; the last one recycles the buffer (loop thread only: slabs and the pool). */
 void tsd_item_unref(tsd_item *it);
+
+/*
+ * Slabs: size classes for small record buffers (slab.c). Loop thread only.
+ *
+ * Class k holds slots of 64 * (k + 1) bytes. A slab of a class is one anonymous mapping of 64 * m
+ * slots (m chosen so the mapping has at least TSD_SLAB_MIN_MAP bytes), which is a whole number
+ * of pages for every class, plus one allocation holding the slab's bookkeeping and the item
+ * headers of its slots. Freed slots are reused first; a slab whose last slot is freed is unmapped,
+ * except that up to TSD_SLAB_KEEP bytes of empty slabs are kept for the next items.
+ */
+#define TSD_SLAB_GRAIN   64                 /* bytes; slot sizes are multiples of this */
+#define TSD_SLAB_MAX     ((size_t)32 << 10) /* bytes; larger records get their own buffer */
+#define TSD_SLAB_CLASSES (TSD_SLAB_MAX / TSD_SLAB_GRAIN)
+#define TSD_SLAB_MIN_MAP ((size_t)64 << 10)  /* bytes; smallest slot area of a slab */
+#define TSD_SLAB_KEEP    ((uint64_t)2 << 20) /* bytes of empty slabs kept for reuse */
+
+/*
+ * An item header whose data points to a free slot of at least len bytes (1..TSD_SLAB_MAX), with
+ * slot set and refs, next and len left to the caller; NULL on allocation failure.
+ */
+tsd_item *tsd_slab_alloc(size_t len);
+/* Return the slot of it (a header from tsd_slab_alloc) to its slab. */
+void tsd_slab_free(tsd_item *it);
+/* The slot size, in bytes, of the slab holding it. */
+size_t tsd_slab_slot_size(const tsd_item *it);
+/* Unmap the empty slabs kept for reuse (at exit; tests). */
+void tsd_slab_drain(void);
+
+typedef struct tsd_slab_stats {
+    uint64_t slabs;      /* slabs in existence, empty ones included */
+    uint64_t mapped;     /* bytes of slot areas mapped */
+    uint64_t meta;       /* bytes of bookkeeping allocations (headers included) */
+    uint64_t slots_used; /* slots holding a record */
+    uint64_t empty_kept; /* bytes of slot areas of empty slabs kept for reuse */
+} tsd_slab_stats;
+
+void tsd_slab_stats_get(tsd_slab_stats *st);
 
 #define TSD_POOL_MIN       ((size_t)4 << 20)     /* bytes; smaller buffers come from malloc */
 #define TSD_POOL_ROUND     ((size_t)2 << 20)     /* bytes; large sizes round up to this */
 #define TSD_POOL_MAX_BUFS  8                     /* buffers kept for reuse */
 #define TSD_POOL_MAX_BYTES ((uint64_t)512 << 20) /* bytes kept for reuse, at most */
-/* Free every pooled buffer (at exit). */
+/* Free every pooled buffer and every empty slab kept for reuse (at exit). */
 void tsd_pool_drain(void);
 /* Bytes currently pooled. */
 uint64_t tsd_pool_bytes(void);

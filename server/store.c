@@ -73,6 +73,7 @@ static void buf_put(uint8_t *b, size_t alloc_len)
 
 void tsd_pool_drain(void)
 {
+    tsd_slab_drain();
     for (size_t i = 0; i < pool.n; i++)
         ts__free_aligned(pool.buf[i], pool.len[i]);
     pool.n = 0;
@@ -107,23 +108,38 @@ static void tail_small_pages(uint8_t *data, size_t len, size_t alloc_len)
 #endif
 }
 
+/* An item with a buffer of its own, and the allocation length ts__free_aligned needs. */
+typedef struct tsd_item_own {
+    tsd_item it;
+    size_t alloc_len;
+} tsd_item_own;
+
 tsd_item *tsd_item_new_sized(size_t len)
 {
-    tsd_item *it = ts__malloc(sizeof(*it));
-    if (it == NULL)
-        return NULL;
-    size_t alloc_len = alloc_size(len);
-    it->data = buf_get(alloc_len);
-    if (it->data == NULL) {
-        ts__free(it);
-        return NULL;
+    tsd_item *it;
+    if (len <= TSD_SLAB_MAX) {
+        it = tsd_slab_alloc(len);
+        if (it == NULL)
+            return NULL;
+    } else {
+        tsd_item_own *own = ts__malloc(sizeof(*own));
+        if (own == NULL)
+            return NULL;
+        size_t alloc_len = alloc_size(len);
+        own->it.data = buf_get(alloc_len);
+        if (own->it.data == NULL) {
+            ts__free(own);
+            return NULL;
+        }
+        if (alloc_len >= TSD_POOL_MIN && alloc_len > len)
+            tail_small_pages(own->it.data, len, alloc_len);
+        own->alloc_len = alloc_len;
+        it = &own->it;
+        it->slot = TSD_ITEM_OWN;
+        it->next = NULL;
     }
-    if (alloc_len >= TSD_POOL_MIN && alloc_len > len)
-        tail_small_pages(it->data, len, alloc_len);
     atomic_init(&it->refs, 1);
-    it->next = NULL;
     it->len = len;
-    it->alloc_len = alloc_len;
     return it;
 }
 
@@ -143,8 +159,13 @@ void tsd_item_unref(tsd_item *it)
         return;
     if (atomic_fetch_sub_explicit(&it->refs, 1, memory_order_acq_rel) != 1)
         return;
-    buf_put(it->data, it->alloc_len);
-    ts__free(it);
+    if (it->slot != TSD_ITEM_OWN) {
+        tsd_slab_free(it);
+        return;
+    }
+    tsd_item_own *own = (tsd_item_own *)(void *)it;
+    buf_put(it->data, own->alloc_len);
+    ts__free(own);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -295,10 +316,14 @@ tsd_bin *tsd_store_find(tsd_store *s, const uint8_t *name, size_t len)
     return (tsd_bin *)tsd_htab_find(&s->bins, name, len);
 }
 
-/* A new, empty, unlinked bin; NULL on allocation failure. The name is stored after the struct. */
+/*
+ * A new, empty, unlinked bin; NULL on allocation failure. The name is stored after the struct,
+ * in the same allocation and without a terminator (names are counted bytes): with one bin per
+ * small item, every byte of a bin shows in the memory per item.
+ */
 static tsd_bin *bin_new(const uint8_t *name, size_t len)
 {
-    tsd_bin *b = ts__calloc(1, sizeof(*b) + len + 1);
+    tsd_bin *b = ts__calloc(1, sizeof(*b) + len);
     if (b == NULL)
         return NULL;
     b->node.name = (uint8_t *)(b + 1);

@@ -1,4 +1,5 @@
 /* Allocation hooks: every allocation of the project passes here so tests can fail any one. */
+#include "alloc.h"
 #include "common.h"
 
 #include <pthread.h>
@@ -180,6 +181,20 @@ void ts__free_aligned(void *p, size_t n)
             (void)munmap(p, n);
     } else
         free(p);
+}
+
+void *ts__pages_alloc(size_t n)
+{
+    if (should_fail())
+        return NULL;
+    void *p = mmap(NULL, n ? n : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void ts__pages_free(void *p, size_t n)
+{
+    if (p != NULL)
+        (void)munmap(p, n ? n : 1);
 }
 
 uint64_t ts__now_ns(void)

@@ -52,7 +52,7 @@ static void test_buffer_pool(void **state)
     tsd_item *a = tsd_item_new((size_t)5 << 20);
     assert_non_null(a);
     assert_int_equal(a->len, (size_t)5 << 20);
-    assert_int_equal(a->alloc_len, (size_t)6 << 20);
+    assert_int_equal(a->slot, TSD_ITEM_OWN);
     uint8_t *data = a->data;
     memset(data, 7, a->len);
     tsd_item_unref(a);
