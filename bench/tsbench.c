@@ -14,6 +14,8 @@
 #define _GNU_SOURCE
 #include "bench.h"
 
+#include <pthread.h>
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,6 +24,8 @@
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
+
+#include "tensorshare/tensorshare.h"
 
 #define MAX_REPEATS 15
 
@@ -372,13 +376,175 @@ static void case_notify(server *ts, server *rd, int use_unix)
          fmt_num(s[5], 32, p99c / p99a, "%.2fx"), verdict(p99c / p99a, 1.0 / 1.2));
 }
 
+/* Appends in flight while a memory case stores items into shared bins. */
+typedef struct mem_win {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int in_flight;
+    int failed;
+} mem_win;
+
+static void mem_append_done(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    mem_win *w = arg;
+    (void)c;
+    (void)res;
+    pthread_mutex_lock(&w->mu);
+    if (status != 0)
+        w->failed = 1;
+    w->in_flight--;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static ts_client_t *mem_client(const bench_target *t)
+{
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", t->port);
+    ts_options_t o;
+    ts_options_init(&o);
+    o.request_timeout_ms = 120000;
+    ts_client_t *c = NULL;
+    if (ts_client_open(&c, addr, &o) != 0)
+        return NULL;
+    return c;
+}
+
 /*
- * Resident memory a fresh server gains by storing total bytes as items of size bytes (or, with
- * peak set, the rise of its peak while one item of size bytes is stored). -1 on failure.
+ * Store total bytes on tensord as float32 tensors of size bytes appended to bins of per_bin
+ * items each ("m:0", "m:1", ...), up to 64 appends in flight. 0 or -1.
  */
-static double mem_measure(int redis, size_t size, size_t total, int peak)
+static int ts_store_binned(const bench_target *t, size_t size, size_t total, size_t per_bin)
+{
+    ts_client_t *c = mem_client(t);
+    uint8_t *src = bench_alloc(size);
+    int64_t shape[1] = {(int64_t)(size / sizeof(float))};
+    ts_value_t *v = src != NULL ? ts_tensor_new(TS_FLOAT32, 1, shape, src, TS_BORROW) : NULL;
+    int rc = -1;
+    if (c != NULL && v != NULL) {
+        bench_fill(src, size, 0, 8);
+        mem_win w = {.in_flight = 0};
+        pthread_mutex_init(&w.mu, NULL);
+        pthread_cond_init(&w.cv, NULL);
+        size_t n = total / size;
+        rc = 0;
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            char bin[32];
+            snprintf(bin, sizeof(bin), "m:%zu", i / per_bin);
+            pthread_mutex_lock(&w.mu);
+            while (w.in_flight >= 64)
+                pthread_cond_wait(&w.cv, &w.mu);
+            w.in_flight++;
+            rc = w.failed ? -1 : 0;
+            pthread_mutex_unlock(&w.mu);
+            if (rc == 0 && ts_append_async(c, bin, v, 0, mem_append_done, &w) != 0) {
+                pthread_mutex_lock(&w.mu);
+                w.in_flight--;
+                pthread_mutex_unlock(&w.mu);
+                rc = -1;
+            }
+        }
+        pthread_mutex_lock(&w.mu);
+        while (w.in_flight > 0)
+            pthread_cond_wait(&w.cv, &w.mu);
+        if (w.failed)
+            rc = -1;
+        pthread_mutex_unlock(&w.mu);
+        pthread_mutex_destroy(&w.mu);
+        pthread_cond_destroy(&w.cv);
+    }
+    ts_client_free(c);
+    ts_value_free(v);
+    bench_free(src);
+    return rc;
+}
+
+/* Read n RESP integer replies (":N\r\n") from fd, the only bytes it will send. 0 or -1. */
+static int resp_read_ints(int fd, size_t n)
+{
+    char buf[4096];
+    size_t got = 0;
+    int line_start = 1;
+    while (got < n) {
+        ssize_t k = read(fd, buf, sizeof(buf));
+        if (k <= 0)
+            return -1;
+        for (ssize_t i = 0; i < k; i++) {
+            if (line_start && buf[i] != ':')
+                return -1;
+            line_start = buf[i] == '\n';
+            got += (size_t)line_start;
+        }
+    }
+    return 0;
+}
+
+/*
+ * The same on Redis: values of size bytes pushed (RPUSH, pipelines of 64) onto lists of per_bin
+ * elements each. 0 or -1.
+ */
+static int redis_store_binned(const bench_target *t, size_t size, size_t total, size_t per_bin)
+{
+    int fd = bench_connect(t, 0);
+    uint8_t *val = bench_alloc(size);
+    size_t per = 64, cap = per * (size + 96);
+    char *batch = malloc(cap);
+    int rc = -1;
+    if (fd >= 0 && val != NULL && batch != NULL) {
+        bench_fill(val, size, 0, 9);
+        size_t n = total / size;
+        rc = 0;
+        for (size_t i = 0; i < n && rc == 0; i += per) {
+            size_t m = n - i < per ? n - i : per, k = 0;
+            for (size_t q = 0; q < m; q++) {
+                char key[32];
+                int kl = snprintf(key, sizeof(key), "m:%zu", (i + q) / per_bin);
+                k += (size_t)snprintf(batch + k, cap - k,
+                                      "*3\r\n$5\r\nRPUSH\r\n$%d\r\n%s\r\n$%zu\r\n", kl, key, size);
+                memcpy(batch + k, val, size);
+                k += size;
+                memcpy(batch + k, "\r\n", 2);
+                k += 2;
+            }
+            if (bench_write_all(fd, batch, k, 0) != 0 || resp_read_ints(fd, m) != 0)
+                rc = -1;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    free(batch);
+    bench_free(val);
+    return rc;
+}
+
+/* The record bytes tensord holds, from its LIST (the tensors with their record headers). */
+static double ts_held_records(const bench_target *t)
+{
+    ts_client_t *c = mem_client(t);
+    ts_bin_list_t *l = NULL;
+    double bytes = -1;
+    if (c != NULL && ts_list(c, &l) == 0) {
+        bytes = 0;
+        for (size_t i = 0; i < l->count; i++)
+            bytes += (double)l->bins[i].bytes;
+        ts_bin_list_free(l);
+    }
+    ts_client_free(c);
+    return bytes;
+}
+
+/*
+ * Resident memory a fresh server gains by storing total bytes as items of size bytes, one bin
+ * (Redis: key) per item when per_bin <= 1, else per_bin items appended to each bin (Redis: list).
+ * With peak set, the rise of its peak while one item of size bytes is stored. -1 on failure.
+ * *records (when not NULL) gets the bytes the clients sent as stored records (tensord: from LIST,
+ * read after the resident size; Redis: the values).
+ */
+static double mem_measure(int redis, size_t size, size_t total, size_t per_bin, int peak,
+                          double *records)
 {
     server s = {0};
+    double rec = NAN;
     if ((redis ? start_redis(&s) : start_tensord(&s)) != 0)
         return -1;
     usleep(200000);
@@ -389,40 +555,56 @@ static double mem_measure(int redis, size_t size, size_t total, int peak)
         if (bench_reset_hwm(s.pid) != 0)
             fprintf(stderr, "tsbench: cannot reset VmHWM; the peak includes start-up\n");
         rc = redis ? redis_set_one(&s.t, "peak", size) : ts_bench_put_one(&s.t, "peak", size);
+    } else if (per_bin > 1) {
+        rc = redis ? redis_store_binned(&s.t, size, total, per_bin)
+                   : ts_store_binned(&s.t, size, total, per_bin);
     } else {
         rc = redis ? redis_store(&s.t, size, total) : ts_bench_store(&s.t, size, total);
     }
     usleep(200000);
     long long after = peak ? bench_hwm(s.pid) : bench_rss(s.pid);
-    if (rc == 0 && rss0 > 0 && after > 0)
+    if (rc == 0 && rss0 > 0 && after > 0) {
         out = (double)(after - rss0);
-    else
+        rec = redis ? (peak ? (double)size : (double)(total / size * size)) : ts_held_records(&s.t);
+    } else {
         fprintf(stderr, "tsbench: memory case (%s, %zu bytes) failed\n", s.name, size);
+    }
     stop_server(&s);
+    if (records != NULL)
+        *records = rec;
     return out;
 }
 
-static void case_memory(int have_redis, size_t size, size_t total, int peak, double max_ratio)
+/*
+ * One row: the growth, its ratio to the tensor bytes (the payload; the target applies to it)
+ * and to the record bytes the clients sent (tensor plus its record header).
+ */
+static void case_memory(int have_redis, size_t size, size_t total, size_t per_bin, int peak,
+                        double max_ratio)
 {
-    char sz[32], tot[32], what[96];
+    char sz[32], tot[32], what[128];
     size_name(size, sz, sizeof(sz));
     size_name(total, tot, sizeof(tot));
     if (peak)
         snprintf(what, sizeof(what), "peak while one %s item is put", sz);
+    else if (per_bin > 1)
+        snprintf(what, sizeof(what), "resident after storing %s as %s items, %zu per bin", tot, sz,
+                 per_bin);
     else
         snprintf(what, sizeof(what), "resident after storing %s as %s items", tot, sz);
     double payload = peak ? (double)size : (double)(total / size * size);
-    double a = mem_measure(0, size, total, peak);
-    double c = have_redis ? mem_measure(1, size, total, peak) : NAN;
+    double ra = NAN;
+    double a = mem_measure(0, size, total, per_bin, peak, &ra);
+    double c = have_redis ? mem_measure(1, size, total, per_bin, peak, NULL) : NAN;
     if (a < 0)
         g.failures++;
     /* The target allows 1 MiB of fixed overhead for stored bytes, none for the peak. */
     double allow = peak ? payload * max_ratio : payload * max_ratio + (double)(1 << 20);
-    char s[5][32];
-    line("| %s | %s MiB (%sx) | %s MiB (%sx) | %s |", what,
+    char s[6][32];
+    line("| %s | %s MiB (%sx) | %sx | %s MiB (%sx) | %s |", what,
          fmt_num(s[0], 32, a / 1048576.0, "%.1f"), fmt_num(s[1], 32, a / payload, "%.3f"),
-         fmt_num(s[2], 32, c / 1048576.0, "%.1f"), fmt_num(s[3], 32, c / payload, "%.3f"),
-         a < 0 ? "-" : (a <= allow ? "pass" : "MISS"));
+         fmt_num(s[4], 32, a / ra, "%.3f"), fmt_num(s[2], 32, c / 1048576.0, "%.1f"),
+         fmt_num(s[3], 32, c / payload, "%.3f"), a < 0 ? "-" : (a <= allow ? "pass" : "MISS"));
 }
 
 static void case_lz4(server *ts, size_t size, int compressible)
@@ -643,12 +825,13 @@ int main(int argc, char **argv)
     if (!skipped("memory")) {
         line("### Server memory (growth of VmRSS, or of VmHWM for the peak; a fresh server each)");
         line("%s", "");
-        line("| case | tensord | redis | target |");
-        line("|---|---|---|---|");
+        line("| case | tensord (vs tensor bytes) | tensord vs record bytes | redis | target |");
+        line("|---|---|---|---|---|");
         size_t total = g.smoke ? (size_t)16 << 20 : (size_t)1 << 30;
-        case_memory(have_redis, g.smoke ? (size_t)1 << 20 : (size_t)64 << 20, total, 0, 1.02);
-        case_memory(have_redis, 4096, total, 0, 1.02);
-        case_memory(have_redis, g.smoke ? (size_t)8 << 20 : (size_t)256 << 20, 0, 1, 1.1);
+        case_memory(have_redis, g.smoke ? (size_t)1 << 20 : (size_t)64 << 20, total, 1, 0, 1.02);
+        case_memory(have_redis, 4096, total, 1, 0, 1.02);
+        case_memory(have_redis, 4096, total, 1024, 0, 1.02);
+        case_memory(have_redis, g.smoke ? (size_t)8 << 20 : (size_t)256 << 20, 0, 1, 1, 1.1);
         line("%s", "");
     }
     printf("\n");
