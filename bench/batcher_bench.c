@@ -38,7 +38,9 @@
  * over the repeats, and each batched mode's median rate against the better of its two
  * unbatched references. --smoke runs tiny counts once (a test runs it that way).
  *
- * Latency is from a request's submission to its answer; for async-direct a request is
+ * "cpu us" is the CPU time of the whole process (every thread) during the run, per request: it
+ * moves less than the rate when other programs share the machine. Latency is from a request's
+ * submission to its answer; for async-direct a request is
  * "submitted" when the same requester's previous answer came back, so it includes the wait for
  * the other requesters served before it.
  */
@@ -302,8 +304,33 @@ static void *direct_worker_main(void *arg)
 typedef enum kind { K_DIRECT, K_BLOCKING, K_ASYNC_DIRECT, K_ASYNC, K_REMOTE } kind;
 
 typedef struct result {
-    double rate, p50_us, p99_us, fill;
+    double rate, cpu_us, p50_us, p99_us, fill; /* cpu_us: process CPU time per request */
 } result;
+
+/* The measured stretch of a run: wall-clock time and the CPU time of the whole process. */
+typedef struct span {
+    uint64_t wall0, cpu0;
+    double secs, cpu_secs;
+} span;
+
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void span_start(span *s)
+{
+    s->wall0 = now_ns();
+    s->cpu0 = cpu_ns();
+}
+
+static void span_stop(span *s)
+{
+    s->cpu_secs = (double)(cpu_ns() - s->cpu0) / 1e9;
+    s->secs = (double)(now_ns() - s->wall0) / 1e9;
+}
 
 /* One row of the table: a mode and its results over the repeats. */
 typedef struct mcase {
@@ -349,11 +376,12 @@ static void describe(const opts *o, const mcase *c, char *buf, size_t len)
 }
 
 /* Sort the latencies of a run and fill res. */
-static void finish_result(const opts *o, double secs, double fill, result *res)
+static void finish_result(const opts *o, const span *sp, double fill, result *res)
 {
     size_t n = (size_t)o->threads * (size_t)o->requests;
     qsort(g_lat, n, sizeof(*g_lat), cmp_u64);
-    res->rate = (double)n / secs;
+    res->rate = (double)n / sp->secs;
+    res->cpu_us = sp->cpu_secs * 1e6 / (double)n;
     res->p50_us = (double)g_lat[n / 2] / 1e3;
     res->p99_us = (double)g_lat[n * 99 / 100] / 1e3;
     res->fill = fill;
@@ -381,7 +409,7 @@ static int clone_warm(ts_torch_model_t **out, ts_torch_model_t *proto)
 
 /* Blocking requester threads: own models (direct), the batcher, or predictors. */
 static int run_threads(const opts *o, ts_torch_model_t *proto, ts_batcher_t *b,
-                       ts_client_t **clients, const char *name, double *secs)
+                       ts_client_t **clients, const char *name, span *sp)
 {
     static req_thread t[MAX_THREADS];
     static pthread_t th[MAX_THREADS];
@@ -395,12 +423,12 @@ static int run_threads(const opts *o, ts_torch_model_t *proto, ts_batcher_t *b,
             failures++;
         }
     }
-    uint64_t t0 = now_ns();
+    span_start(sp);
     for (; failures == 0 && started < o->threads; started++)
         pthread_create(&th[started], NULL, requester, &t[started]);
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
-    *secs = (double)(now_ns() - t0) / 1e9;
+    span_stop(sp);
     for (int i = 0; i < o->threads; i++) {
         failures += t[i].failures;
         ts_torch_model_free(t[i].own);
@@ -410,7 +438,7 @@ static int run_threads(const opts *o, ts_torch_model_t *proto, ts_batcher_t *b,
 }
 
 /* async-direct: one thread per CPU, each with its own model, serving the actors round-robin. */
-static int run_async_direct(const opts *o, ts_torch_model_t *proto, double *secs)
+static int run_async_direct(const opts *o, ts_torch_model_t *proto, span *sp)
 {
     static direct_worker w[MAX_WORKERS];
     static pthread_t th[MAX_WORKERS];
@@ -424,14 +452,14 @@ static int run_async_direct(const opts *o, ts_torch_model_t *proto, double *secs
         if (clone_warm(&w[i].own, proto) != 0)
             failures++;
     }
-    uint64_t t0 = now_ns();
+    span_start(sp);
     for (int i = 0; failures == 0 && i < n; i++) {
-        w[i].start = t0;
+        w[i].start = sp->wall0;
         pthread_create(&th[i], NULL, direct_worker_main, &w[i]);
     }
     for (int i = 0; failures == 0 && i < n; i++)
         pthread_join(th[i], NULL);
-    *secs = (double)(now_ns() - t0) / 1e9;
+    span_stop(sp);
     for (int i = 0; i < n; i++) {
         failures += w[i].failures;
         ts_torch_model_free(w[i].own);
@@ -478,13 +506,13 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
                    ts_client_t *serve_client, result *res)
 {
     static int serial;
-    double secs = 0;
+    span sp = {0, 0, 0, 0};
     int failures;
     if (c->k == K_DIRECT || c->k == K_ASYNC_DIRECT) {
-        failures = c->k == K_DIRECT ? run_threads(o, proto, NULL, NULL, NULL, &secs)
-                                    : run_async_direct(o, proto, &secs);
+        failures = c->k == K_DIRECT ? run_threads(o, proto, NULL, NULL, NULL, &sp)
+                                    : run_async_direct(o, proto, &sp);
         if (failures == 0)
-            finish_result(o, secs, 1.0, res);
+            finish_result(o, &sp, 1.0, res);
         return failures == 0 ? 0 : -1;
     }
     ts_field_t in = {"", TS_FLOAT32, 1, {IN_COLS}};
@@ -515,18 +543,18 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
         return -1;
     }
     if (c->k == K_ASYNC) {
-        uint64_t t0 = now_ns();
+        span_start(&sp);
         failures = run_actors(o, b, g_lat);
-        secs = (double)(now_ns() - t0) / 1e9;
+        span_stop(&sp);
     } else {
-        failures = run_threads(o, NULL, b, c->k == K_REMOTE ? clients : NULL, name, &secs);
+        failures = run_threads(o, NULL, b, c->k == K_REMOTE ? clients : NULL, name, &sp);
     }
     ts_batcher_stats_t st;
     ts_batcher_stats(b, &st);
     ts_batcher_free(b);
     if (failures != 0)
         return -1;
-    finish_result(o, secs, st.batches ? (double)st.rows / (double)st.batches : 0.0, res);
+    finish_result(o, &sp, st.batches ? (double)st.rows / (double)st.batches : 0.0, res);
     return 0;
 }
 
@@ -534,8 +562,8 @@ static void print_row(const opts *o, const mcase *c, const char *what, const res
 {
     char batching[48];
     describe(o, c, batching, sizeof(batching));
-    printf("%-8s  %-22s  %6s  %9.0f  %8.0f  %8.0f  %10.2f\n", c->group, batching, what, r->rate,
-           r->p50_us, r->p99_us, r->fill);
+    printf("%-8s  %-22s  %6s  %9.0f  %7.2f  %8.0f  %8.0f  %10.2f\n", c->group, batching, what,
+           r->rate, r->cpu_us, r->p50_us, r->p99_us, r->fill);
     fflush(stdout);
 }
 
@@ -556,37 +584,48 @@ static int listed(const char *list, const char *token)
 /* Medians of a mode over its repeats. */
 static result medians(const mcase *c)
 {
-    double v[4][MAX_REPEATS];
+    double v[5][MAX_REPEATS];
     for (int i = 0; i < c->n; i++) {
         v[0][i] = c->r[i].rate;
-        v[1][i] = c->r[i].p50_us;
-        v[2][i] = c->r[i].p99_us;
-        v[3][i] = c->r[i].fill;
+        v[1][i] = c->r[i].cpu_us;
+        v[2][i] = c->r[i].p50_us;
+        v[3][i] = c->r[i].p99_us;
+        v[4][i] = c->r[i].fill;
     }
-    return (result){median(v[0], c->n), median(v[1], c->n), median(v[2], c->n), median(v[3], c->n)};
+    return (result){median(v[0], c->n), median(v[1], c->n), median(v[2], c->n), median(v[3], c->n),
+                    median(v[4], c->n)};
 }
 
 /*
  * A batched mode's median rate against the best median rate among the unbatched modes refs
- * (n of them; those not run are skipped), with what names the comparison.
+ * (n of them; those not run are skipped), and its median CPU time per request against the
+ * lowest among them (less sensitive to other load on the machine than the rates).
  */
 static void print_ratio(const char *group, const char *against, const mcase *batched,
                         const mcase *const *refs, int n)
 {
-    const mcase *best = NULL;
-    double ref = 0;
+    const mcase *best = NULL, *leanest = NULL;
+    double ref = 0, ref_cpu = 0;
     for (int i = 0; i < n; i++) {
-        double r = refs[i]->n ? medians(refs[i]).rate : 0;
-        if (refs[i]->n && r > ref) {
-            ref = r;
+        if (refs[i]->n == 0)
+            continue;
+        result m = medians(refs[i]);
+        if (best == NULL || m.rate > ref) {
+            ref = m.rate;
             best = refs[i];
+        }
+        if (leanest == NULL || m.cpu_us < ref_cpu) {
+            ref_cpu = m.cpu_us;
+            leanest = refs[i];
         }
     }
     if (batched->n == 0 || best == NULL)
         return;
-    double got = medians(batched).rate;
-    printf("%-8s  batched %.0f req/s = %.2fx the best unbatched %s (%s, %.0f req/s)\n", group, got,
-           got / ref, against, best->token, ref);
+    result m = medians(batched);
+    printf("%-8s  batched %.0f req/s = %.2fx the best unbatched %s (%s, %.0f req/s); CPU per "
+           "request %.2f us = 1/%.1f of the least (%s, %.2f us)\n",
+           group, m.rate, m.rate / ref, against, best->token, ref, m.cpu_us,
+           m.cpu_us > 0 ? ref_cpu / m.cpu_us : 0.0, leanest->token, ref_cpu);
 }
 
 /* Start tensord on a free port; fills addr. Returns the pid or -1. */
@@ -769,8 +808,8 @@ int main(int argc, char **argv)
     printf("batcher_bench: %d requesters x %d single-row requests, model %s, placement %s, "
            "%ld CPUs, %d repeats\n",
            o.threads, o.requests, o.model, o.placement, cpus, o.repeats);
-    printf("%-8s  %-22s  %6s  %9s  %8s  %8s  %10s\n", "requester", "batching", "repeat", "req/s",
-           "p50 us", "p99 us", "rows/batch");
+    printf("%-8s  %-22s  %6s  %9s  %7s  %8s  %8s  %10s\n", "requester", "batching", "repeat",
+           "req/s", "cpu us", "p50 us", "p99 us", "rows/batch");
     for (int rep = 0; rep < o.repeats; rep++) {
         for (int j = 0; j < n_cases; j++) {
             mcase *c = &cases[rep % 2 == 0 ? j : n_cases - 1 - j];
