@@ -1447,8 +1447,7 @@ int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, 
      * The gathering replica sleeps until its delay ends or the batch cannot grow; waking it
      * for every arrival would cost a context switch per request. The queue's rows reach
      * max_batch exactly when the batch from its head is full or the next request does not fit.
-     */
-    /*
+     *
      * A request submitted from a callback of this batcher's replica thread (a requester that
      * submits its next request as soon as it has its answer) wakes no idle replica: that
      * replica comes back to the queue right after its batch's callbacks and takes what they
