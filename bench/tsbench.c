@@ -600,11 +600,11 @@ static void case_memory(int have_redis, size_t size, size_t total, size_t per_bi
         g.failures++;
     /* The target allows 1 MiB of fixed overhead for stored bytes, none for the peak. */
     double allow = peak ? payload * max_ratio : payload * max_ratio + (double)(1 << 20);
-    char s[6][32];
+    char s[5][32];
     line("| %s | %s MiB (%sx) | %sx | %s MiB (%sx) | %s |", what,
          fmt_num(s[0], 32, a / 1048576.0, "%.1f"), fmt_num(s[1], 32, a / payload, "%.3f"),
-         fmt_num(s[4], 32, a / ra, "%.3f"), fmt_num(s[2], 32, c / 1048576.0, "%.1f"),
-         fmt_num(s[3], 32, c / payload, "%.3f"), a < 0 ? "-" : (a <= allow ? "pass" : "MISS"));
+         fmt_num(s[2], 32, a / ra, "%.3f"), fmt_num(s[3], 32, c / 1048576.0, "%.1f"),
+         fmt_num(s[4], 32, c / payload, "%.3f"), a < 0 ? "-" : (a <= allow ? "pass" : "MISS"));
 }
 
 static void case_lz4(server *ts, size_t size, int compressible)
