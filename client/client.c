@@ -1709,6 +1709,7 @@ static void hup_cb(uv_poll_t *p, int status, int events)
     (void)events;
     uv_poll_stop(p); /* level-triggered: it would fire again at once */
     conn->hup_on = 0;
+    conn->hup_seen = 1; /* never quiet again: the end of the stream must be read */
     if (conn == c->conn)
         io_want_read(c); /* reading finds the end of the stream (or a caller does) */
 }
@@ -1719,8 +1720,8 @@ static void quiet_cb(uv_prepare_t *p)
     ts_client_t *c = p->data;
     ts__conn *conn = c->conn;
     if (!c->reading || c->state != TS__ST_READY || conn == NULL || conn->hup_fd < 0 ||
-        c->inflight.n != 0 || c->waitq_head != NULL || conn->rstate != TS__RS_HDR ||
-        conn->stage_len != 0 || conn->discard != 0)
+        conn->hup_seen || c->inflight.n != 0 || c->waitq_head != NULL ||
+        conn->rstate != TS__RS_HDR || conn->stage_len != 0 || conn->discard != 0)
         return;
     pthread_mutex_lock(&c->mu);
     int idle = c->d_ready && c->rd_owner == TS__RD_IO && !c->rd_want && c->subs == NULL &&

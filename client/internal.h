@@ -159,9 +159,10 @@ struct ts__conn {
      * a duplicate of the socket is watched for the peer's hang-up only.
      */
     uv_poll_t hup;
-    int hup_fd;  /* -1 when there is no watcher */
-    int hup_on;  /* the watcher is started */
-    int handles; /* libuv handles still open (the stream, the watcher); freed at 0 */
+    int hup_fd;   /* -1 when there is no watcher */
+    int hup_on;   /* the watcher is started */
+    int hup_seen; /* it fired: the I/O thread reads on to the end of the stream */
+    int handles;  /* libuv handles still open (the stream, the watcher); freed at 0 */
 };
 
 /* Connection states (I/O thread). */

@@ -9,6 +9,8 @@
 #include <time.h>
 
 #define TS__HUGE_MIN ((size_t)4 << 20) /* bytes; from here on aligned buffers are mmapped */
+#define TS__SMALL_ALIGNED                                                                          \
+    ((size_t)960) /* bytes; up to here aligned buffers are carved from malloc (see below) */
 
 static atomic_long fail_countdown = -1;
 static atomic_ulong alloc_count;
@@ -166,8 +168,21 @@ void *ts__malloc_aligned(size_t n)
     }
     if (should_fail())
         return NULL;
+    if (n <= TS__SMALL_ALIGNED) {
+        /*
+         * Carved from a plain malloc block, which comes from the allocator's per-thread cache;
+         * posix_memalign takes its slow path every time. The byte before the buffer says how
+         * far into the block it starts (1 to 64).
+         */
+        uint8_t *raw = malloc(ts__align_up(n ? n : 1, TS__ALIGN) + TS__ALIGN);
+        if (raw == NULL)
+            return NULL;
+        uint8_t *p = (uint8_t *)(((uintptr_t)raw + TS__ALIGN) & ~(uintptr_t)(TS__ALIGN - 1));
+        p[-1] = (uint8_t)(p - raw);
+        return p;
+    }
     void *p = NULL;
-    if (posix_memalign(&p, TS__ALIGN, n ? ts__align_up(n, TS__ALIGN) : TS__ALIGN) != 0)
+    if (posix_memalign(&p, TS__ALIGN, ts__align_up(n, TS__ALIGN)) != 0)
         return NULL;
     return p;
 }
@@ -179,8 +194,12 @@ void ts__free_aligned(void *p, size_t n)
     if (n >= TS__HUGE_MIN) {
         if (cache_put(p, n) != 0)
             (void)munmap(p, n);
-    } else
+    } else if (n <= TS__SMALL_ALIGNED) {
+        uint8_t *q = p;
+        free(q - q[-1]);
+    } else {
         free(p);
+    }
 }
 
 void *ts__pages_alloc(size_t n)

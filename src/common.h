@@ -42,7 +42,10 @@ void *ts__malloc(size_t n);
 void *ts__calloc(size_t n, size_t size);
 void *ts__realloc(void *p, size_t n);
 void ts__free(void *p);
-/* 64-byte aligned memory; free with ts__free_aligned. Large sizes are advised huge pages. */
+/*
+ * 64-byte aligned memory; free with ts__free_aligned, giving the same n (how the buffer was
+ * obtained depends on n). Large sizes are advised huge pages.
+ */
 void *ts__malloc_aligned(size_t n);
 void ts__free_aligned(void *p, size_t n);
 char *ts__strndup(const char *s, size_t n);
