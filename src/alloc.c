@@ -5,10 +5,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 
-#define TS__HUGE_MIN ((size_t)4 << 20) /* bytes; from here on aligned buffers are mmapped */
+#define TS__HUGE_MIN     ((size_t)4 << 20) /* bytes; from here on aligned buffers are mmapped */
+#define TS__SMALL_ZEROED ((size_t)1024)    /* bytes; ts__calloc up to here is malloc + memset */
 #define TS__SMALL_ALIGNED                                                                          \
     ((size_t)960) /* bytes; up to here aligned buffers are carved from malloc (see below) */
 
@@ -47,6 +49,20 @@ void *ts__calloc(size_t n, size_t size)
 {
     if (should_fail())
         return NULL;
+    size_t bytes;
+    if (!__builtin_mul_overflow(n, size, &bytes) && bytes > 0 && bytes <= TS__SMALL_ZEROED) {
+        /*
+         * glibc's calloc never takes from the per-thread cache, so small blocks freed into it
+         * would overflow it into the slow path; malloc plus memset uses it both ways.
+         */
+        void *p = malloc(bytes);
+        if (p == NULL)
+            return NULL;
+        /* Keeps the compiler from folding malloc + memset back into calloc. */
+        __asm__ volatile("" : : "r"(p) : "memory");
+        memset(p, 0, bytes);
+        return p;
+    }
     return calloc(n ? n : 1, size ? size : 1);
 }
 
