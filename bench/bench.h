@@ -75,6 +75,8 @@ void bench_fill(void *buf, size_t len, int compressible, uint64_t seed);
 /* CPU time (user + system) in seconds used so far by this process, or by process pid. */
 double bench_cpu_self(void);
 double bench_cpu_pid(pid_t pid);
+/* Context switches (voluntary and not) of this process so far, all threads. */
+double bench_ctxsw_self(void);
 /* Median and percentile of v[0..n) (sorts v). */
 double bench_median(double *v, size_t n);
 double bench_percentile(double *v, size_t n, double pct);

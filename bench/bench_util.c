@@ -318,6 +318,14 @@ double bench_cpu_self(void)
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
 }
 
+double bench_ctxsw_self(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (double)ru.ru_nvcsw + (double)ru.ru_nivcsw;
+}
+
 double bench_cpu_pid(pid_t pid)
 {
     char path[64], buf[1024];

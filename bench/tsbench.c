@@ -315,14 +315,16 @@ static void case_putget(server *ts, server *ce, server *rd, size_t size, int use
 static bench_result small_run(server *s, int use_unix, int nclients, int depth, double secs,
                               int redis)
 {
-    double c0 = bench_cpu_self(), s0 = bench_cpu_pid(s->pid);
+    double c0 = bench_cpu_self(), s0 = bench_cpu_pid(s->pid), x0 = bench_ctxsw_self();
     bench_result r = redis ? redis_small(&s->t, use_unix, nclients, depth, secs)
                            : ts_bench_small(&s->t, use_unix, nclients, depth, secs);
-    double c1 = bench_cpu_self(), s1 = bench_cpu_pid(s->pid);
+    double c1 = bench_cpu_self(), s1 = bench_cpu_pid(s->pid), x1 = bench_ctxsw_self();
     double ops = r.value * secs;
     if (g.raw && r.ok && ops > 0)
-        fprintf(stderr, "raw: %s cpu per op: client %.2f us, server %.2f us\n", s->name,
-                (c1 - c0) / ops * 1e6, (s1 - s0) / ops * 1e6);
+        fprintf(stderr,
+                "raw: %s cpu per op: client %.2f us, server %.2f us; client context switches "
+                "per op %.3f\n",
+                s->name, (c1 - c0) / ops * 1e6, (s1 - s0) / ops * 1e6, (x1 - x0) / ops);
     return r;
 }
 
