@@ -1759,24 +1759,35 @@ static int wait_readable(int fd, uint64_t deadline_ns)
 /* Why a read on the calling thread stopped short. */
 enum { RR_OK = 0, RR_EOF, RR_ERR, RR_DEADLINE };
 
-/* Read between min and max bytes into buf (min: block for them). Returns bytes read; *why. */
-static size_t read_some(int fd, uint8_t *buf, size_t min, size_t max, uint64_t deadline, int *why)
+/*
+ * Read between min and max bytes into buf (min: block for them). Returns bytes read; *why.
+ * With ready, data is expected at once (the rest of a frame): recv first, poll only when the
+ * socket runs dry; otherwise (a reply not yet sent) poll first, which saves a recv that would
+ * find nothing.
+ */
+static size_t read_some(int fd, uint8_t *buf, size_t min, size_t max, uint64_t deadline, int ready,
+                        int *why)
 {
     size_t got = 0;
     *why = RR_OK;
     while (got < min) {
-        int w = wait_readable(fd, deadline);
-        if (w <= 0) {
-            *why = w == 0 ? RR_DEADLINE : RR_ERR;
-            break;
+        if (!ready) {
+            int w = wait_readable(fd, deadline);
+            if (w <= 0) {
+                *why = w == 0 ? RR_DEADLINE : RR_ERR;
+                break;
+            }
         }
         ssize_t k = recv(fd, buf + got, max - got, MSG_DONTWAIT);
         if (k > 0) {
             got += (size_t)k;
+            ready = 1;
         } else if (k == 0) {
             *why = RR_EOF;
             break;
-        } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            ready = 0;
+        } else if (errno != EINTR) {
             *why = RR_ERR;
             break;
         }
@@ -1808,7 +1819,7 @@ int ts__self_read(ts_client_t *c, ts__req *r)
     uint8_t *buf = c->pb;
     int why;
     int fd = r->rfd;
-    size_t got = read_some(fd, buf, TS_HDR_SIZE, TS__STAGE_SIZE, r->deadline_ns, &why);
+    size_t got = read_some(fd, buf, TS_HDR_SIZE, TS__STAGE_SIZE, r->deadline_ns, 0, &why);
     ts__hdr h;
     int mine = got >= TS_HDR_SIZE && ts__hdr_decode(buf, TS_MAGIC_REP, &h) == 0 &&
                h.opcode == r->op && h.request_id == r->id && h.body_len <= TS__MAX_REPLY_BODY;
@@ -1842,7 +1853,7 @@ int ts__self_read(ts_client_t *c, ts__req *r)
         } else {
             owned = 1;
             memcpy(body, buf + TS_HDR_SIZE, have);
-            have += read_some(fd, body + have, blen - have, blen - have, r->deadline_ns, &why);
+            have += read_some(fd, body + have, blen - have, blen - have, r->deadline_ns, 1, &why);
         }
     }
     size_t extra = have > blen ? have - blen : 0; /* the start of the next frame */
