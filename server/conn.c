@@ -317,15 +317,17 @@ int tsd_out_item(tsd_conn *c, tsd_item *it, int ref)
     }
     b->items[b->nitems++] = it;
     /* Large items go out as several bounded buffers, so one write never pins a huge region. */
-    for (size_t off = 0; off < it->len; off += TSD_WRITE_CHUNK) {
-        size_t n = it->len - off < TSD_WRITE_CHUNK ? it->len - off : TSD_WRITE_CHUNK;
-        if (add_seg(b, it->data + off, 0, n) != 0) {
+    uint8_t *data = tsd_item_data(it);
+    size_t len = tsd_item_len(it);
+    for (size_t off = 0; off < len; off += TSD_WRITE_CHUNK) {
+        size_t n = len - off < TSD_WRITE_CHUNK ? len - off : TSD_WRITE_CHUNK;
+        if (add_seg(b, data + off, 0, n) != 0) {
             out_abort(c);
             return -1;
         }
     }
-    b->bytes += it->len;
-    size_t pad = ts__align_up(it->len, TS__ALIGN) - it->len;
+    b->bytes += len;
+    size_t pad = ts__align_up(len, TS__ALIGN) - len;
     if (pad > 0) {
         uint8_t *p = tsd_out_bytes(c, pad);
         if (p == NULL)
@@ -898,15 +900,15 @@ static void item_done(tsd_conn *c)
     tsd_item *it = c->cur_item;
     c->cur_item = NULL;
     c->rstate = TSD_RS_HDR;
-    if (ts__record_validate(it->data, it->len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0) {
-        size_t len = it->len;
+    size_t len = tsd_item_len(it);
+    if (ts__record_validate(tsd_item_data(it), len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0) {
         tsd_item_unref(it);
         tsd_conn_fail(c, c->cur.opcode, c->cur.request_id, TS_ST_BAD_RECORD,
                       "the %zu-byte record failed validation", len);
         return;
     }
     /* The reservation now covers exactly the record; the store consumes it. */
-    tsd_store_unreserve(&c->srv->store, c->cur_reserved - it->len);
+    tsd_store_unreserve(&c->srv->store, c->cur_reserved - len);
     c->cur_reserved = 0;
     tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
 }
@@ -925,7 +927,8 @@ static void lz4_done(tsd_conn *c)
         return;
     }
     size_t raw = (size_t)c->cur_raw_len;
-    int rc = ts__lz4_decompress(c->cur_tmp, c->cur_tmp_len, it->data, raw);
+    uint8_t *data = tsd_item_data(it);
+    int rc = ts__lz4_decompress(c->cur_tmp, c->cur_tmp_len, data, raw);
     ts__free(c->cur_tmp);
     c->cur_tmp = NULL;
     if (rc != 0) {
@@ -933,18 +936,18 @@ static void lz4_done(tsd_conn *c)
         tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "malformed lz4 body");
         return;
     }
-    size_t nl = it->data[0];
+    size_t nl = data[0];
     if (raw < 1 + nl + TS_REC_HDR_SIZE) {
         tsd_item_unref(it);
         tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "%s body too short for its name and record",
                       ts__op_name(op));
         return;
     }
-    memcpy(c->cur_name, it->data + 1, nl);
+    memcpy(c->cur_name, data + 1, nl);
     c->cur_name_len = (uint8_t)nl;
     /* Move the record to the start of the buffer, where tensor data is 64-byte aligned. */
-    it->len = raw - 1 - nl;
-    memmove(it->data, it->data + 1 + nl, it->len);
+    tsd_item_set_len(it, raw - 1 - nl);
+    memmove(data, data + 1 + nl, raw - 1 - nl);
     c->cur_item = it;
     item_done(c);
 }
@@ -1154,8 +1157,9 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
         start_discard(c, rlen);
         return 0;
     }
-    size_t got = take_buffered(c, c->cur_item->data, rlen);
-    c->bulk_dst = c->cur_item->data + got;
+    uint8_t *dst = tsd_item_data(c->cur_item);
+    size_t got = take_buffered(c, dst, rlen);
+    c->bulk_dst = dst + got;
     c->bulk_left = rlen - got;
     c->rstate = TSD_RS_ITEM;
     if (c->bulk_left == 0)

@@ -117,7 +117,7 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
     uint64_t body_len = ts__items_head_size(n);
     tsd_item *it = bin->head;
     for (uint32_t i = 0; i < n; i++, it = it->next)
-        body_len += ts__align_up(it->len, TS__ALIGN);
+        body_len += ts__align_up(tsd_item_len(it), TS__ALIGN);
     uint64_t version = remove ? srv->version + 1 : bin->version;
     uint32_t remaining = bin->n_items - (remove ? n : 0);
 
@@ -133,7 +133,7 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
     ts__put_u32le(p + 12, remaining);
     it = bin->head;
     for (uint32_t i = 0; i < n; i++, it = it->next)
-        ts__put_u64le(p + 16 + 8 * (size_t)i, it->len);
+        ts__put_u64le(p + 16 + 8 * (size_t)i, tsd_item_len(it));
 
     /*
      * The reply holds its own references. Only once it is queued whole do the items leave the
@@ -164,7 +164,7 @@ void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nam
     uint64_t version = tsd_server_next_version(srv);
     tsd_bin *bin = tsd_store_add(&srv->store, name, name_len, item, replace, version);
     if (bin == NULL) {
-        tsd_store_unreserve(&srv->store, item->len);
+        tsd_store_unreserve(&srv->store, tsd_item_len(item));
         tsd_item_unref(item);
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory adding a bin");
         return;

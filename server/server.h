@@ -17,6 +17,7 @@
 
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <uv.h>
@@ -109,19 +110,81 @@ void tsd_log_set_level(int level);
  * loop thread only.
  *
  * Small records (up to TSD_SLAB_MAX bytes) live in slabs (slab.c): the header is one entry of
- * its slab's header array and the record a slot of its slab's mapping, so an item costs its
- * record rounded up to 64 bytes plus this 32-byte header, with no allocation of its own. Larger
- * records have a buffer of their own (see the pool below) and a header allocated with it.
+ * its slab's header array and the record a slot of its slab's mapping. The header holds only
+ * what cannot be computed: the record's address follows from the slot index and the slab (found
+ * from the header's place in the array), and the length of a small record fits 16 bits. So an
+ * item costs its record rounded up to 64 bytes plus this 16-byte header, with no allocation of
+ * its own. Larger records have a buffer of their own (see the pool below) and a tsd_item_own,
+ * which starts with the header. Use the accessors below for the record and its length.
  */
 typedef struct tsd_item {
     atomic_uint refs;
-    uint32_t slot;         /* index in its slab, or TSD_ITEM_OWN: a buffer of its own */
+    uint16_t slot;         /* index in its slab, or TSD_ITEM_OWN: a buffer of its own */
+    uint16_t slen;         /* record length of a slab item (at most TSD_SLAB_MAX) */
     struct tsd_item *next; /* the next (newer) item of its bin, while linked */
-    uint8_t *data;         /* record bytes; 64-byte aligned */
-    size_t len;            /* record length */
 } tsd_item;
 
-#define TSD_ITEM_OWN UINT32_MAX
+#define TSD_ITEM_OWN UINT16_MAX
+
+/* An item with a buffer of its own (records over TSD_SLAB_MAX bytes). */
+typedef struct tsd_item_own {
+    tsd_item it;
+    uint8_t *data;    /* record bytes; 64-byte aligned */
+    size_t len;       /* record length */
+    size_t alloc_len; /* what buf_get returned, for buf_put */
+} tsd_item_own;
+
+/*
+ * One slab: nslots slots of size bytes at base (one mapping), and their item headers. Slots
+ * below fresh have been handed out at least once; the free ones among them are chained through
+ * their headers' next. Slots from fresh up have never been touched, so their pages cost nothing.
+ * Only slab.c changes a slab; base and size are fixed for its life, so the accessors below may
+ * read them from any thread that holds a reference to one of its items.
+ */
+typedef struct tsd_slab {
+    struct tsd_slab *prev, *next; /* in its class's list of slabs with a free slot */
+    uint8_t *base;
+    tsd_item *free;
+    uint32_t size;   /* bytes per slot */
+    uint32_t nslots; /* a multiple of 64, so that nslots * size is a whole number of pages */
+    uint32_t used;   /* slots holding a record */
+    uint32_t fresh;  /* slots handed out at least once */
+    uint32_t cls;
+    tsd_item items[]; /* one header per slot */
+} tsd_slab;
+
+/* The slab whose header array holds it (a slab item). */
+static inline tsd_slab *tsd_item_slab(const tsd_item *it)
+{
+    const tsd_item *first = it - it->slot;
+    return (tsd_slab *)(void *)((const char *)first - offsetof(tsd_slab, items));
+}
+
+/* The record bytes: 64-byte aligned, at least tsd_item_len(it) of them. */
+static inline uint8_t *tsd_item_data(const tsd_item *it)
+{
+    if (it->slot == TSD_ITEM_OWN)
+        return ((const tsd_item_own *)(const void *)it)->data;
+    const tsd_slab *s = tsd_item_slab(it);
+    return s->base + (size_t)it->slot * s->size;
+}
+
+/* The record length. */
+static inline size_t tsd_item_len(const tsd_item *it)
+{
+    if (it->slot == TSD_ITEM_OWN)
+        return ((const tsd_item_own *)(const void *)it)->len;
+    return it->slen;
+}
+
+/* Set the record length: at most the length the item was created with (see tsd_item_new_sized). */
+static inline void tsd_item_set_len(tsd_item *it, size_t len)
+{
+    if (it->slot == TSD_ITEM_OWN)
+        ((tsd_item_own *)(void *)it)->len = len;
+    else
+        it->slen = (uint16_t)len;
+}
 
 /* A new item with room for len record bytes and one reference; NULL on allocation failure. */
 tsd_item *tsd_item_new(size_t len);
@@ -149,9 +212,13 @@ void tsd_item_unref(tsd_item *it);
 #define TSD_SLAB_MIN_MAP ((size_t)64 << 10)  /* bytes; smallest slot area of a slab */
 #define TSD_SLAB_KEEP    ((uint64_t)2 << 20) /* bytes of empty slabs kept for reuse */
 
+/* Slot indexes and lengths of slab items must fit the 16-bit fields of the header. */
+_Static_assert(TSD_SLAB_MAX < UINT16_MAX, "slab record length must fit uint16_t");
+_Static_assert(TSD_SLAB_MIN_MAP / TSD_SLAB_GRAIN + 64 < UINT16_MAX, "slot index must fit uint16_t");
+
 /*
- * An item header whose data points to a free slot of at least len bytes (1..TSD_SLAB_MAX), with
- * slot set and refs, next and len left to the caller; NULL on allocation failure.
+ * An item header for a free slot of at least len bytes (1..TSD_SLAB_MAX), with slot set and
+ * next cleared, refs and the length left to the caller; NULL on allocation failure.
  */
 tsd_item *tsd_slab_alloc(size_t len);
 /* Return the slot of it (a header from tsd_slab_alloc) to its slab. */
@@ -239,8 +306,8 @@ void tsd_store_unreserve(tsd_store *s, uint64_t len);
 tsd_bin *tsd_store_find(tsd_store *s, const uint8_t *name, size_t len);
 /*
  * Link item (its reference is transferred) into bin name, replacing the content when replace
- * is set, else appending (the bin is created when missing). The reservation of item->len is
- * consumed. Sets the bin's version. Returns the bin, or NULL on allocation failure (then the
+ * is set, else appending (the bin is created when missing). The reservation of tsd_item_len(item)
+ * is consumed. Sets the bin's version. Returns the bin, or NULL on allocation failure (then the
  * item is untouched and still the caller's, the reservation kept).
  */
 tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *item, int replace,
@@ -451,7 +518,7 @@ void tsd_name_printable(const uint8_t *name, size_t len, char *out, size_t cap);
 void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t len);
 /*
  * Finish a PUT/APPEND whose record has been received into item (the reference and the store
- * reservation of item->len go to the store, or are released on failure).
+ * reservation of tsd_item_len(item) go to the store, or are released on failure).
  */
 void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t name_len,
                   tsd_item *item);

@@ -2,8 +2,9 @@
  * Slabs: the buffers of small records. A 4 KiB tensor arrives as a 4160-byte record; given a
  * 64-byte aligned allocation of its own (and a header allocation beside it) it cost about 64
  * bytes of malloc bookkeeping and alignment slack per item. Here a record takes a slot of its
- * size class in a shared mapping, and its header is an entry of the slab's header array: 32
- * bytes per item in all, and no allocator call per item once a slab exists.
+ * size class in a shared mapping, and its header is an entry of the slab's header array: 16
+ * bytes per item (the record's address is computed from the slot, its length is 16 bits) plus
+ * about one byte of the slab's bookkeeping, and no allocator call per item once a slab exists.
  *
  * Everything here runs on the loop thread (items are released there only), so no locks.
  */
@@ -32,23 +33,6 @@
 #define SLOT_POISON(p, n)   ((void)(p), (void)(n))
 #define SLOT_UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
-
-/*
- * One slab: nslots slots of size bytes at base (one mapping), and their item headers. Slots
- * below fresh have been handed out at least once; the free ones among them are chained through
- * their headers' next. Slots from fresh up have never been touched, so their pages cost nothing.
- */
-typedef struct tsd_slab {
-    struct tsd_slab *prev, *next; /* in its class's list of slabs with a free slot */
-    uint8_t *base;
-    tsd_item *free;
-    uint32_t size;   /* bytes per slot */
-    uint32_t nslots; /* a multiple of 64, so that nslots * size is a whole number of pages */
-    uint32_t used;   /* slots holding a record */
-    uint32_t fresh;  /* slots handed out at least once */
-    uint32_t cls;
-    tsd_item items[]; /* one header per slot */
-} tsd_slab;
 
 /*
  * Per class, the slabs with at least one free slot: partly used ones first (so that new records
@@ -112,6 +96,7 @@ static tsd_slab *slab_new(uint32_t cls)
     /* 64 slots of a multiple of 64 bytes make a multiple of 4096; take enough of them. */
     size_t per64 = (size_t)64 * size;
     uint32_t nslots = (uint32_t)(64 * ((TSD_SLAB_MIN_MAP + per64 - 1) / per64));
+    assert(nslots < TSD_ITEM_OWN);
     tsd_slab *s = ts__malloc(meta_bytes(nslots));
     if (s == NULL)
         return NULL;
@@ -146,12 +131,6 @@ static void slab_destroy(tsd_slab *s)
     ts__free(s);
 }
 
-static tsd_slab *slab_of(const tsd_item *it)
-{
-    const tsd_item *first = it - it->slot;
-    return (tsd_slab *)(void *)((const char *)first - offsetof(tsd_slab, items));
-}
-
 tsd_item *tsd_slab_alloc(size_t len)
 {
     assert(len <= TSD_SLAB_MAX);
@@ -171,10 +150,9 @@ tsd_item *tsd_slab_alloc(size_t len)
     else
         it = &s->items[s->fresh++];
     uint32_t idx = (uint32_t)(it - s->items);
-    it->slot = idx;
-    it->data = s->base + (size_t)idx * s->size;
+    it->slot = (uint16_t)idx;
     it->next = NULL;
-    SLOT_UNPOISON(it->data, s->size);
+    SLOT_UNPOISON(s->base + (size_t)idx * s->size, s->size);
     s->used++;
     slabs.st.slots_used++;
     if (s->used == s->nslots)
@@ -184,7 +162,7 @@ tsd_item *tsd_slab_alloc(size_t len)
 
 void tsd_slab_free(tsd_item *it)
 {
-    tsd_slab *s = slab_of(it);
+    tsd_slab *s = tsd_item_slab(it);
     assert(it->slot < s->fresh && s->used > 0);
     int was_full = s->used == s->nslots;
     SLOT_POISON(s->base + (size_t)it->slot * s->size, s->size);
@@ -213,7 +191,7 @@ void tsd_slab_free(tsd_item *it)
 
 size_t tsd_slab_slot_size(const tsd_item *it)
 {
-    return slab_of(it)->size;
+    return tsd_item_slab(it)->size;
 }
 
 void tsd_slab_drain(void)

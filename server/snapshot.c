@@ -307,15 +307,15 @@ static void snap_write(uv_work_t *req)
         ts__put_u32le(p + 12, 0);
         p += 16;
         for (uint32_t i = 0; i < sb->n_items; i++, p += 8)
-            ts__put_u64le(p, job->items[sb->first + i]->len);
+            ts__put_u64le(p, tsd_item_len(job->items[sb->first + i]));
         h = tsd_hash64(bh, need, 0);
         w_put(&w, bh, need);
         w_u64(&w, h);
         acc = chain(acc, h);
         for (uint32_t i = 0; i < sb->n_items; i++) {
             const tsd_item *it = job->items[sb->first + i];
-            h = tsd_hash64(it->data, it->len, 0);
-            w_put(&w, it->data, it->len);
+            h = tsd_hash64(tsd_item_data(it), tsd_item_len(it), 0);
+            w_put(&w, tsd_item_data(it), tsd_item_len(it));
             w_u64(&w, h);
             acc = chain(acc, h);
         }
@@ -417,7 +417,7 @@ static tsd_snap_job *job_build(tsd_server *srv)
         for (tsd_item *it = bins[b]->head; it != NULL; it = it->next) {
             tsd_item_ref(it);
             job->items[job->n_items++] = it;
-            job->bytes += it->len;
+            job->bytes += tsd_item_len(it);
         }
     }
     job->n_bins = n;
@@ -721,16 +721,17 @@ static int load_bin_read(snap_reader *r, load_bin *lb, size_t index, uint64_t *a
         }
         lb->items[lb->n_items++] = it;
         snprintf(what, sizeof(what), "item %u of bin %zu", i, index);
-        if (r_read(r, it->data, (size_t)len, what) != 0 || r_read(r, hash, 8, what) != 0) {
+        uint8_t *data = tsd_item_data(it);
+        if (r_read(r, data, (size_t)len, what) != 0 || r_read(r, hash, 8, what) != 0) {
             ts__free(hb);
             return -1;
         }
-        h = tsd_hash64(it->data, it->len, 0);
+        h = tsd_hash64(data, (size_t)len, 0);
         if (h != ts__get_u64le(hash)) {
             ts__free(hb);
             return bad(r, "checksum mismatch in item %u of bin '%s'", i, pn);
         }
-        if (ts__record_validate(it->data, it->len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0) {
+        if (ts__record_validate(data, (size_t)len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0) {
             ts__free(hb);
             return bad(r, "item %u of bin '%s' is not a valid record", i, pn);
         }
@@ -827,9 +828,9 @@ int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, cha
         }
         for (uint32_t i = 0; i < lb[b].n_items; i++) {
             tsd_item *it = lb[b].items[i];
-            store->reserved += it->len; /* tsd_store_add consumes a reservation */
+            store->reserved += tsd_item_len(it); /* tsd_store_add consumes a reservation */
             if (tsd_store_add(store, lb[b].name, lb[b].name_len, it, 0, lb[b].version) == NULL) {
-                store->reserved -= it->len;
+                store->reserved -= tsd_item_len(it);
                 snprintf(err, err_cap, "snapshot %s: out of memory loading it", path);
                 goto unwind;
             }

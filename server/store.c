@@ -108,12 +108,6 @@ static void tail_small_pages(uint8_t *data, size_t len, size_t alloc_len)
 #endif
 }
 
-/* An item with a buffer of its own, and the allocation length ts__free_aligned needs. */
-typedef struct tsd_item_own {
-    tsd_item it;
-    size_t alloc_len;
-} tsd_item_own;
-
 tsd_item *tsd_item_new_sized(size_t len)
 {
     tsd_item *it;
@@ -121,25 +115,27 @@ tsd_item *tsd_item_new_sized(size_t len)
         it = tsd_slab_alloc(len);
         if (it == NULL)
             return NULL;
+        it->slen = (uint16_t)len;
     } else {
         tsd_item_own *own = ts__malloc(sizeof(*own));
         if (own == NULL)
             return NULL;
         size_t alloc_len = alloc_size(len);
-        own->it.data = buf_get(alloc_len);
-        if (own->it.data == NULL) {
+        own->data = buf_get(alloc_len);
+        if (own->data == NULL) {
             ts__free(own);
             return NULL;
         }
         if (alloc_len >= TSD_POOL_MIN && alloc_len > len)
-            tail_small_pages(own->it.data, len, alloc_len);
+            tail_small_pages(own->data, len, alloc_len);
         own->alloc_len = alloc_len;
+        own->len = len;
         it = &own->it;
         it->slot = TSD_ITEM_OWN;
+        it->slen = 0;
         it->next = NULL;
     }
     atomic_init(&it->refs, 1);
-    it->len = len;
     return it;
 }
 
@@ -164,7 +160,7 @@ void tsd_item_unref(tsd_item *it)
         return;
     }
     tsd_item_own *own = (tsd_item_own *)(void *)it;
-    buf_put(it->data, own->alloc_len);
+    buf_put(own->data, own->alloc_len);
     ts__free(own);
 }
 
@@ -270,7 +266,7 @@ static void bin_destroy(tsd_store *s, tsd_bin *b)
     while (it != NULL) {
         tsd_item *next = it->next;
         it->next = NULL;
-        s->held -= it->len;
+        s->held -= tsd_item_len(it);
         s->n_items--;
         tsd_item_unref(it);
         it = next;
@@ -347,7 +343,7 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
         while (it != NULL) {
             tsd_item *next = it->next;
             it->next = NULL;
-            s->held -= it->len;
+            s->held -= tsd_item_len(it);
             s->n_items--;
             tsd_item_unref(it);
             it = next;
@@ -363,10 +359,10 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
         b->head = item;
     b->tail = item;
     b->n_items++;
-    b->bytes += item->len;
+    b->bytes += tsd_item_len(item);
     b->version = version;
-    tsd_store_unreserve(s, item->len);
-    s->held += item->len;
+    tsd_store_unreserve(s, tsd_item_len(item));
+    s->held += tsd_item_len(item);
     s->n_items++;
     return b;
 }
@@ -381,8 +377,8 @@ tsd_item *tsd_store_pop(tsd_store *s, tsd_bin *b)
         b->tail = NULL;
     it->next = NULL;
     b->n_items--;
-    b->bytes -= it->len;
-    s->held -= it->len;
+    b->bytes -= tsd_item_len(it);
+    s->held -= tsd_item_len(it);
     s->n_items--;
     return it;
 }

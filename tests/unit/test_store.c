@@ -16,8 +16,8 @@ static tsd_item *item(size_t len, uint8_t tag)
 {
     tsd_item *it = tsd_item_new(len);
     assert_non_null(it);
-    assert_int_equal((uintptr_t)it->data % TS__ALIGN, 0);
-    memset(it->data, tag, len);
+    assert_int_equal((uintptr_t)tsd_item_data(it) % TS__ALIGN, 0);
+    memset(tsd_item_data(it), tag, len);
     return it;
 }
 
@@ -51,19 +51,19 @@ static void test_buffer_pool(void **state)
     tsd_pool_drain();
     tsd_item *a = tsd_item_new((size_t)5 << 20);
     assert_non_null(a);
-    assert_int_equal(a->len, (size_t)5 << 20);
+    assert_int_equal(tsd_item_len(a), (size_t)5 << 20);
     assert_int_equal(a->slot, TSD_ITEM_OWN);
-    uint8_t *data = a->data;
-    memset(data, 7, a->len);
+    uint8_t *data = tsd_item_data(a);
+    memset(data, 7, tsd_item_len(a));
     tsd_item_unref(a);
     assert_int_equal(tsd_pool_bytes(), (uint64_t)6 << 20);
     /* A similar size reuses the buffer. */
     tsd_item *b = tsd_item_new(((size_t)5 << 20) + 12345);
-    assert_ptr_equal(b->data, data);
+    assert_ptr_equal(tsd_item_data(b), data);
     assert_int_equal(tsd_pool_bytes(), 0);
     /* A different size class does not. */
     tsd_item *c = tsd_item_new((size_t)9 << 20);
-    assert_ptr_not_equal(c->data, data);
+    assert_ptr_not_equal(tsd_item_data(c), data);
     tsd_item_unref(b);
     tsd_item_unref(c);
     assert_int_equal(tsd_pool_bytes(), (uint64_t)16 << 20);
@@ -98,8 +98,8 @@ static void test_put_append_pop(void **state)
 
     /* Oldest first. */
     tsd_item *it = tsd_store_pop(&s, b);
-    assert_int_equal(it->len, 10);
-    assert_int_equal(it->data[0], 1);
+    assert_int_equal(tsd_item_len(it), 10);
+    assert_int_equal(tsd_item_data(it)[0], 1);
     tsd_item_unref(it);
     assert_int_equal(b->n_items, 2);
     assert_int_equal(s.held, 50);
@@ -110,7 +110,7 @@ static void test_put_append_pop(void **state)
     assert_int_equal(b->n_items, 1);
     assert_int_equal(b->bytes, 7);
     assert_int_equal(s.held, 7);
-    assert_int_equal(b->head->data[0], 9);
+    assert_int_equal(tsd_item_data(b->head)[0], 9);
 
     tsd_store_remove(&s, b);
     assert_null(tsd_store_find(&s, (const uint8_t *)"x", 1));
@@ -134,8 +134,8 @@ static void test_names_are_bytes(void **state)
     assert_int_equal(tsd_store_reserve(&s, 16), 0);
     assert_non_null(tsd_store_add(&s, a0b, 3, item(16, 3), 0, 4));
     assert_int_equal(s.bins.count, 4);
-    assert_int_equal(tsd_store_find(&s, a0, 2)->head->data[0], 2);
-    assert_int_equal(tsd_store_find(&s, (const uint8_t *)"", 0)->head->data[0], 0);
+    assert_int_equal(tsd_item_data(tsd_store_find(&s, a0, 2)->head)[0], 2);
+    assert_int_equal(tsd_item_data(tsd_store_find(&s, (const uint8_t *)"", 0)->head)[0], 0);
     assert_null(tsd_store_find(&s, (const uint8_t *)"b", 1));
 
     tsd_bin **arr;
