@@ -214,12 +214,18 @@ static int wait_done(ts_client_t *c, ts__req *r, int *gone)
             r->sub->linked = 0;
             drop = r->sub;
         }
-        while (r->wbusy && r->borrowed)
+        /*
+         * While wwait is set the I/O thread does not free r: a completion meanwhile sets done
+         * and leaves r to us; otherwise r is the I/O thread's once we let go of mu.
+         */
+        r->wwait = 1;
+        while (r->wbusy && r->borrowed && !r->done)
             pthread_cond_wait(&r->cond, &c->mu);
+        r->wwait = 0;
+        *gone = !r->done;
         leave_client_locked(c);
         pthread_mutex_unlock(&c->mu);
         ts__sub_unref(drop);
-        *gone = 1;
         ts__set_last_error(NULL, 0);
         return TS_ETIMEDOUT;
     }

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -325,8 +326,9 @@ static void finish_blocking(ts_client_t *c, ts__req *r, int status)
             }
         }
     }
-    int abandoned = r->abandoned;
-    if (!abandoned) {
+    /* An abandoned request is ours to free, unless its caller still waits on it (wwait). */
+    int ours = r->abandoned && !r->wwait;
+    if (!ours) {
         r->status = status;
         r->done = 1;
         pthread_cond_signal(&r->cond);
@@ -337,7 +339,7 @@ static void finish_blocking(ts_client_t *c, ts__req *r, int status)
         ts__sub_unref(unlisten);
     }
     ts__sub_unref(drop);
-    if (abandoned)
+    if (ours)
         ts__req_free(r);
 }
 
@@ -1657,6 +1659,16 @@ static void do_unlisten(ts_client_t *c, ts__req *r)
 
 static void hup_cb(uv_poll_t *p, int status, int events);
 
+/* A caller gave up in the middle of a frame (rd_broken holds why): end the connection. */
+static void conn_fail_broken(ts_client_t *c, int why)
+{
+    const char *msg = why == TS_EPROTO      ? "malformed reply from the server"
+                      : why == TS_ETIMEDOUT ? "a reply was cut short by its request's deadline"
+                      : why == TS_ENOMEM    ? "out of memory for a reply"
+                                            : "the connection broke in the middle of a reply";
+    conn_fail(c, c->conn, why, msg);
+}
+
 /* The I/O thread reads the socket again (it holds the reading side). */
 static void start_reading(ts_client_t *c)
 {
@@ -1668,11 +1680,17 @@ static void start_reading(ts_client_t *c)
         conn->hup_on = 0;
     }
     pthread_mutex_lock(&c->mu);
-    size_t n = c->pb_len;
+    int broken = c->rd_broken;
+    size_t n = broken ? 0 : c->pb_len;
     if (n > 0)
         memcpy(conn->stage + conn->stage_len, c->pb, n);
     c->pb_len = 0;
     pthread_mutex_unlock(&c->mu);
+    if (broken) {
+        /* The stream is no longer at a frame boundary: never read on from there. */
+        conn_fail_broken(c, broken);
+        return;
+    }
     int rc = uv_read_start(&conn->u.stream, alloc_cb, read_cb);
     if (rc != 0) {
         conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
@@ -1873,8 +1891,14 @@ int ts__self_read(ts_client_t *c, ts__req *r)
     ts__idmap_del(&c->direct, r->id);
     r->direct = 0;
     r->self_read = 0;
+    if (cut && c->closing)
+        status = TS_ECANCELED; /* ts_client_free shut the socket under us */
     if (cut || malformed) {
-        c->rd_broken = 1; /* part of a frame is gone: the connection cannot go on */
+        /* Part of a frame is gone: the connection cannot go on. */
+        c->rd_broken = malformed             ? TS_EPROTO
+                       : why == RR_DEADLINE  ? TS_ETIMEDOUT
+                       : status == TS_ENOMEM ? TS_ENOMEM
+                                             : TS_ECONNRESET;
     } else if (extra > 0) {
         memmove(buf, buf + TS_HDR_SIZE + blen, extra);
         c->pb_len = extra;
@@ -1916,7 +1940,7 @@ static void async_cb(uv_async_t *a)
     pthread_mutex_unlock(&c->mu);
 
     if (broken && c->conn != NULL) {
-        conn_fail(c, c->conn, TS_ETIMEDOUT, "a reply was cut short by its request's deadline");
+        conn_fail_broken(c, broken);
     } else if (take_back && c->state == TS__ST_READY) {
         start_reading(c); /* a caller handed the socket back */
     }
@@ -2045,6 +2069,15 @@ static void client_destroy(ts_client_t *c)
 static void *io_main(void *arg)
 {
     ts_client_t *c = arg;
+    /*
+     * A write to a connection the server has closed raises SIGPIPE in the writing thread,
+     * which would kill the program; blocked here, libuv's writes fail with EPIPE instead
+     * (direct writes on other threads pass MSG_NOSIGNAL).
+     */
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, NULL);
     tls_io_client = c;
     uv_run(&c->loop, UV_RUN_DEFAULT);
     uv_loop_close(&c->loop);

@@ -106,7 +106,8 @@ typedef struct ts__req {
     pthread_cond_t cond;
     int done;
     int abandoned;
-    int wbusy;     /* the I/O thread may be reading the caller's memory */
+    int wwait; /* the caller that abandoned r waits for its write to end: r is not freed under it */
+    int wbusy; /* the I/O thread may be reading the caller's memory */
     int direct;    /* written by the caller itself, waiting in c->direct for its reply */
     int self_read; /* the caller holds the socket's reading side and reads its own reply */
     int rfd;       /* the socket it reads then */
@@ -221,7 +222,8 @@ struct ts_client_s {
      */
     int rd_owner;
     int rd_want;   /* the I/O thread waits for a caller to hand the socket back */
-    int rd_broken; /* a caller gave up in the middle of a frame: the connection must go */
+    int rd_broken; /* 0, or why a caller gave up in the middle of a frame (a TS_E code): the
+                      connection must go */
     /*
      * The receive buffer of the caller holding the reading side (TS__STAGE_SIZE bytes). What it
      * read that was not its reply (or came after it) stays at its start, pb_len bytes, for the

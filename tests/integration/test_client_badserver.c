@@ -534,6 +534,122 @@ static void test_awkward_answers(void **state)
     fake_stop(&f);
 }
 
+/*
+ * A server that answers HELLO, then reads nothing (until stop is set); its listening socket and
+ * address are set up by mute_start.
+ */
+typedef struct mute {
+    int lfd;
+    char addr[64];
+    pthread_t thread;
+    atomic_int stop;
+} mute;
+
+static void *mute_main(void *arg)
+{
+    mute *m = arg;
+    int fd = accept(m->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    uint8_t h[TS_HDR_SIZE];
+    ts__hdr hdr;
+    if (tsh_read_all(fd, h, sizeof(h)) == 0 && ts__hdr_decode(h, TS_MAGIC_REQ, &hdr) == 0 &&
+        hdr.body_len <= 4096) {
+        uint8_t body[4096];
+        if (tsh_read_all(fd, body, (size_t)hdr.body_len) == 0) {
+            uint8_t b[24];
+            memset(b, 0, sizeof(b));
+            b[0] = TS_PROTO_VERSION;
+            ts__put_u64le(b + 8, (uint64_t)1 << 30);
+            send_frame(fd, TS_OP_HELLO, TS_ST_OK, hdr.request_id, 0, b, sizeof(b));
+        }
+    }
+    uint64_t until = tc_now_ms() + 20000;
+    while (!atomic_load(&m->stop) && tc_now_ms() < until)
+        tc_sleep_ms(10);
+    close(fd);
+    return NULL;
+}
+
+static void mute_start(mute *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(m->lfd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    assert_int_equal(bind(m->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(m->lfd, 1), 0);
+    assert_int_equal(getsockname(m->lfd, (struct sockaddr *)&a, &len), 0);
+    snprintf(m->addr, sizeof(m->addr), "127.0.0.1:%d", ntohs(a.sin_port));
+    assert_int_equal(pthread_create(&m->thread, NULL, mute_main, m), 0);
+}
+
+static void mute_stop(mute *m)
+{
+    atomic_store(&m->stop, 1);
+    pthread_join(m->thread, NULL);
+    close(m->lfd);
+}
+
+/* A callback that holds the I/O thread up for a while. */
+static void slow_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)status;
+    (void)res;
+    (void)arg;
+    tc_sleep_ms(1200);
+}
+
+typedef struct big_put {
+    ts_client_t *c;
+    int rc;
+} big_put;
+
+static void *big_put_main(void *arg)
+{
+    big_put *p = arg;
+    int64_t shape[1] = {16 << 20}; /* 64 MiB: far more than the socket takes at once */
+    ts_value_t *v = ts_tensor_alloc(TS_FLOAT32, 1, shape);
+    p->rc = v != NULL ? ts_put(p->c, "big", v, NULL) : TS_ENOMEM;
+    ts_value_free(v);
+    return NULL;
+}
+
+/*
+ * A blocking put whose frame the socket takes only in part, while a callback holds the I/O
+ * thread up past the put's deadline: the caller gives up and waits for the write of its memory
+ * to end. Closing the client then ends that write and the call, and nothing is freed under the
+ * waiting caller.
+ */
+static void test_abandoned_put_then_free(void **state)
+{
+    (void)state;
+    mute m;
+    mute_start(&m);
+    ts_options_t o;
+    ts_options_init(&o);
+    o.request_timeout_ms = 200;
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, m.addr, &o), 0);
+    /* Never answered: its timeout runs slow_cb on the I/O thread at about 200 ms. */
+    assert_int_equal(ts_ping_async(c, slow_cb, NULL), 0);
+    tc_sleep_ms(300);
+    big_put p = {c, 1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, big_put_main, &p), 0);
+    tc_sleep_ms(900); /* past the put's deadline and grace, while slow_cb still runs */
+    uint64_t t0 = tc_now_ms();
+    ts_client_free(c);
+    pthread_join(th, NULL);
+    printf("abandoned put: %s; ts_client_free took %llu ms\n", ts_err_name(p.rc),
+           (unsigned long long)(tc_now_ms() - t0));
+    assert_int_equal(p.rc, TS_ETIMEDOUT);
+    mute_stop(&m);
+}
+
 /* A handshake with a malformed answer fails ts_client_open with TS_EPROTO. */
 static void test_malformed_hello(void **state)
 {
@@ -558,10 +674,9 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN); /* the fake server may write to a connection the client closed */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_malformed_replies),
-        cmocka_unit_test(test_malformed_pipelined),
-        cmocka_unit_test(test_malformed_hello),
-        cmocka_unit_test(test_awkward_answers),
+        cmocka_unit_test(test_malformed_replies),       cmocka_unit_test(test_malformed_pipelined),
+        cmocka_unit_test(test_malformed_hello),         cmocka_unit_test(test_awkward_answers),
+        cmocka_unit_test(test_abandoned_put_then_free),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
