@@ -14,6 +14,7 @@
 #include "compress.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -44,6 +45,7 @@ static void req_finish(ts_client_t *c, ts__req *r, int status);
 static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg);
 static void write_handoff(ts_client_t *c, ts__req *r);
 static void start_reading(ts_client_t *c);
+static void fd_set_blocking(ts_client_t *c, int on);
 static void process_stage(ts_client_t *c, ts__conn *conn);
 static void start_attempt(ts_client_t *c);
 static void io_shutdown(ts_client_t *c);
@@ -756,6 +758,7 @@ static ts__req *direct_stop(ts_client_t *c)
             pthread_cond_wait(&c->rd_cond, &c->mu);
     }
     c->rd_owner = TS__RD_IO; /* a new connection starts with the I/O thread reading */
+    c->fd_blocking = 0;      /* a new connection starts non-blocking */
     c->rd_want = 0;
     c->rd_broken = 0;
     c->pb_len = 0;
@@ -919,6 +922,7 @@ static int direct_write_locked(ts_client_t *c, ts__req *r)
             c->rd_owner = TS__RD_CALLER;
             r->self_read = 1;
             r->rfd = c->d_fd;
+            r->rblock = c->fd_blocking;
         } else if (c->rd_owner == TS__RD_FREE) {
             c->rd_owner = TS__RD_IO; /* the I/O thread reads the reply: wake it to */
             uv_async_send(&c->async);
@@ -1679,6 +1683,7 @@ static void start_reading(ts_client_t *c)
         uv_poll_stop(&conn->hup);
         conn->hup_on = 0;
     }
+    fd_set_blocking(c, 0); /* libuv reads and writes non-blocking */
     pthread_mutex_lock(&c->mu);
     int broken = c->rd_broken;
     size_t n = broken ? 0 : c->pb_len;
@@ -1751,10 +1756,41 @@ static void quiet_cb(uv_prepare_t *p)
         return;
     uv_read_stop(&conn->u.stream);
     c->reading = 0;
-    if (uv_poll_start(&conn->hup, UV_DISCONNECT, hup_cb) == 0)
+    if (uv_poll_start(&conn->hup, UV_DISCONNECT, hup_cb) == 0) {
         conn->hup_on = 1;
-    else
+        fd_set_blocking(c, 1);
+    } else {
         io_want_read(c);
+    }
+}
+
+/*
+ * Put the socket in blocking mode or back (I/O thread; see fd_blocking). A blocking receive
+ * gives up after TS__RCV_SLICE_MS, so a caller still checks its deadline that often.
+ */
+#define TS__RCV_SLICE_MS 50
+static void fd_set_blocking(ts_client_t *c, int on)
+{
+    pthread_mutex_lock(&c->mu);
+    int was = c->fd_blocking;
+    int fd = c->d_fd;
+    pthread_mutex_unlock(&c->mu);
+    if (was == on || fd < 0)
+        return;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0)
+        return;
+    if (on) {
+        struct timeval tv = {0, TS__RCV_SLICE_MS * 1000};
+        if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+            fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0)
+            return;
+    } else if (fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->fd_blocking = on;
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* Wait until fd is readable (or hung up): 1, 0 when the deadline passed, -1 on an error. */
@@ -1784,19 +1820,20 @@ enum { RR_OK = 0, RR_EOF, RR_ERR, RR_DEADLINE };
  * find nothing.
  */
 static size_t read_some(int fd, uint8_t *buf, size_t min, size_t max, uint64_t deadline, int ready,
-                        int *why)
+                        int block, int *why)
 {
     size_t got = 0;
     *why = RR_OK;
     while (got < min) {
-        if (!ready) {
+        if (!ready && !block) {
             int w = wait_readable(fd, deadline);
             if (w <= 0) {
                 *why = w == 0 ? RR_DEADLINE : RR_ERR;
                 break;
             }
         }
-        ssize_t k = recv(fd, buf + got, max - got, MSG_DONTWAIT);
+        /* With block, the socket was in blocking mode: recv waits (a slice at most). */
+        ssize_t k = recv(fd, buf + got, max - got, block && !ready ? 0 : MSG_DONTWAIT);
         if (k > 0) {
             got += (size_t)k;
             ready = 1;
@@ -1804,6 +1841,12 @@ static size_t read_some(int fd, uint8_t *buf, size_t min, size_t max, uint64_t d
             *why = RR_EOF;
             break;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (block && !ready && ts__now_ns() >= deadline) {
+                *why = RR_DEADLINE;
+                break;
+            }
+            if (block && !ready)
+                block = 0; /* a slice passed, or the socket is non-blocking again: poll */
             ready = 0;
         } else if (errno != EINTR) {
             *why = RR_ERR;
@@ -1837,7 +1880,8 @@ int ts__self_read(ts_client_t *c, ts__req *r)
     uint8_t *buf = c->pb;
     int why;
     int fd = r->rfd;
-    size_t got = read_some(fd, buf, TS_HDR_SIZE, TS__STAGE_SIZE, r->deadline_ns, 0, &why);
+    size_t got =
+        read_some(fd, buf, TS_HDR_SIZE, TS__STAGE_SIZE, r->deadline_ns, 0, r->rblock, &why);
     ts__hdr h;
     int mine = got >= TS_HDR_SIZE && ts__hdr_decode(buf, TS_MAGIC_REP, &h) == 0 &&
                h.opcode == r->op && h.request_id == r->id && h.body_len <= TS__MAX_REPLY_BODY;
@@ -1871,7 +1915,8 @@ int ts__self_read(ts_client_t *c, ts__req *r)
         } else {
             owned = 1;
             memcpy(body, buf + TS_HDR_SIZE, have);
-            have += read_some(fd, body + have, blen - have, blen - have, r->deadline_ns, 1, &why);
+            have +=
+                read_some(fd, body + have, blen - have, blen - have, r->deadline_ns, 1, 0, &why);
         }
     }
     size_t extra = have > blen ? have - blen : 0; /* the start of the next frame */
@@ -1939,6 +1984,7 @@ static void async_cb(uv_async_t *a)
     int broken = c->rd_broken;
     pthread_mutex_unlock(&c->mu);
 
+    fd_set_blocking(c, 0); /* before any write of this drain */
     if (broken && c->conn != NULL) {
         conn_fail_broken(c, broken);
     } else if (take_back && c->state == TS__ST_READY) {

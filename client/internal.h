@@ -111,6 +111,7 @@ typedef struct ts__req {
     int direct;    /* written by the caller itself, waiting in c->direct for its reply */
     int self_read; /* the caller holds the socket's reading side and reads its own reply */
     int rfd;       /* the socket it reads then */
+    int rblock;    /* the socket was in blocking mode then (see fd_blocking) */
 } ts__req;
 
 /* A subscription (ts_listen). */
@@ -221,7 +222,14 @@ struct ts_client_s {
      * own reply (TS__RD_CALLER). See "Reading replies on the calling thread" in client.c.
      */
     int rd_owner;
-    int rd_want;   /* the I/O thread waits for a caller to hand the socket back */
+    int rd_want; /* the I/O thread waits for a caller to hand the socket back */
+    /*
+     * While the I/O thread does not read, the socket is in blocking mode (with a short receive
+     * timeout), so that a caller waits for its reply in recv itself rather than in poll first;
+     * every write of the I/O thread and its own reading switch it back to non-blocking first.
+     * Direct writes pass MSG_DONTWAIT and never block.
+     */
+    int fd_blocking;
     int rd_broken; /* 0, or why a caller gave up in the middle of a frame (a TS_E code): the
                       connection must go */
     /*
