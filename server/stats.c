@@ -43,6 +43,14 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "bytes", srv->store.held);
     rc |= put_int(m, "bytes_reserved", srv->store.reserved);
     rc |= put_int(m, "max_memory", srv->store.max_memory);
+    /* Small records live in slabs (server/slab.c): their own footprint. */
+    tsd_slab_stats ss;
+    tsd_slab_stats_get(&ss);
+    rc |= put_int(m, "slabs", ss.slabs);
+    rc |= put_int(m, "slab_bytes", ss.mapped);
+    rc |= put_int(m, "slab_meta_bytes", ss.meta);
+    rc |= put_int(m, "slab_slots_used", ss.slots_used);
+    rc |= put_int(m, "slab_empty_kept_bytes", ss.empty_kept);
     rc |= put_int(m, "max_frame", srv->cfg.max_frame);
     rc |= put_int(m, "listeners", st->listeners);
     rc |= put_int(m, "waiters", st->waiters);

@@ -612,6 +612,12 @@ static void test_stats(void **state)
     assert_int_equal(tsu_stat(fd, "bins"), 2);
     assert_int_equal(tsu_stat(fd, "items"), 3);
     assert_int_equal(tsu_stat(fd, "bytes"), (int64_t)(3 * len));
+    /* Three small records: three slab slots, in at least one slab. */
+    assert_int_equal(tsu_stat(fd, "slab_slots_used"), 3);
+    assert_true(tsu_stat(fd, "slabs") >= 1);
+    assert_true(tsu_stat(fd, "slab_bytes") >= (int64_t)(3 * len));
+    assert_true(tsu_stat(fd, "slab_meta_bytes") > 0);
+    assert_true(tsu_stat(fd, "slab_empty_kept_bytes") >= 0);
     assert_true(tsu_stat(fd, "max_memory") > 0);
     assert_int_equal(tsu_stat(fd, "ops_put"), 1);
     assert_int_equal(tsu_stat(fd, "ops_append"), 2);
