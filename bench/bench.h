@@ -121,8 +121,13 @@ bench_result ts_bench_small(const bench_target *t, int use_unix, int nclients, i
                             double secs);
 /* Put to listener callback latency, n puts paced every period_us: p50 us, p99 us. */
 bench_result ts_bench_notify(const bench_target *t, int use_unix, int n, int period_us);
-/* Store total bytes as tensors of size bytes (one bin each). 0 or -1. */
-int ts_bench_store(const bench_target *t, size_t size, size_t total);
+/*
+ * Store total bytes as tensors of size bytes: one bin each ("m:0", "m:1", ...) when per_bin <= 1,
+ * else appended per_bin to a bin. 0 or -1.
+ */
+int ts_bench_store(const bench_target *t, size_t size, size_t total, size_t per_bin);
+/* The record bytes tensord holds, from its LIST (tensors with their record headers); -1. */
+double ts_bench_held_records(const bench_target *t);
 /* Put one tensor of size bytes into bin name. 0 or -1. */
 int ts_bench_put_one(const bench_target *t, const char *name, size_t size);
 

@@ -346,7 +346,7 @@ static void store_done(ts_client_t *c, int status, ts_result_t *res, void *arg)
     pthread_mutex_unlock(&w->mu);
 }
 
-int ts_bench_store(const bench_target *t, size_t size, size_t total)
+int ts_bench_store(const bench_target *t, size_t size, size_t total, size_t per_bin)
 {
     ts_client_t *c = open_client(t, 0, 0);
     uint8_t *src = bench_alloc(size);
@@ -364,14 +364,15 @@ int ts_bench_store(const bench_target *t, size_t size, size_t total)
     rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         char bin[32];
-        snprintf(bin, sizeof(bin), "m:%zu", i);
+        snprintf(bin, sizeof(bin), "m:%zu", per_bin > 1 ? i / per_bin : i);
         pthread_mutex_lock(&w.mu);
         while (w.in_flight >= window)
             pthread_cond_wait(&w.cv, &w.mu);
         w.in_flight++;
         rc = w.failed ? -1 : 0;
         pthread_mutex_unlock(&w.mu);
-        if (rc == 0 && ts_put_async(c, bin, v, 0, store_done, &w) != 0) {
+        if (rc == 0 && (per_bin > 1 ? ts_append_async(c, bin, v, 0, store_done, &w)
+                                    : ts_put_async(c, bin, v, 0, store_done, &w)) != 0) {
             pthread_mutex_lock(&w.mu);
             w.in_flight--;
             pthread_mutex_unlock(&w.mu);
@@ -391,6 +392,21 @@ out:
     ts_value_free(v);
     bench_free(src);
     return rc;
+}
+
+double ts_bench_held_records(const bench_target *t)
+{
+    ts_client_t *c = open_client(t, 0, 0);
+    ts_bin_list_t *l = NULL;
+    double bytes = -1;
+    if (c != NULL && ts_list(c, &l) == 0) {
+        bytes = 0;
+        for (size_t i = 0; i < l->count; i++)
+            bytes += (double)l->bins[i].bytes;
+        ts_bin_list_free(l);
+    }
+    ts_client_free(c);
+    return bytes;
 }
 
 int ts_bench_put_one(const bench_target *t, const char *name, size_t size)

@@ -378,89 +378,6 @@ static void case_notify(server *ts, server *rd, int use_unix)
          fmt_num(s[5], 32, p99c / p99a, "%.2fx"), verdict(p99c / p99a, 1.0 / 1.2));
 }
 
-/* Appends in flight while a memory case stores items into shared bins. */
-typedef struct mem_win {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int in_flight;
-    int failed;
-} mem_win;
-
-static void mem_append_done(ts_client_t *c, int status, ts_result_t *res, void *arg)
-{
-    mem_win *w = arg;
-    (void)c;
-    (void)res;
-    pthread_mutex_lock(&w->mu);
-    if (status != 0)
-        w->failed = 1;
-    w->in_flight--;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
-static ts_client_t *mem_client(const bench_target *t)
-{
-    char addr[64];
-    snprintf(addr, sizeof(addr), "127.0.0.1:%d", t->port);
-    ts_options_t o;
-    ts_options_init(&o);
-    o.request_timeout_ms = 120000;
-    ts_client_t *c = NULL;
-    if (ts_client_open(&c, addr, &o) != 0)
-        return NULL;
-    return c;
-}
-
-/*
- * Store total bytes on tensord as float32 tensors of size bytes appended to bins of per_bin
- * items each ("m:0", "m:1", ...), up to 64 appends in flight. 0 or -1.
- */
-static int ts_store_binned(const bench_target *t, size_t size, size_t total, size_t per_bin)
-{
-    ts_client_t *c = mem_client(t);
-    uint8_t *src = bench_alloc(size);
-    int64_t shape[1] = {(int64_t)(size / sizeof(float))};
-    ts_value_t *v = src != NULL ? ts_tensor_new(TS_FLOAT32, 1, shape, src, TS_BORROW) : NULL;
-    int rc = -1;
-    if (c != NULL && v != NULL) {
-        bench_fill(src, size, 0, 8);
-        mem_win w = {.in_flight = 0};
-        pthread_mutex_init(&w.mu, NULL);
-        pthread_cond_init(&w.cv, NULL);
-        size_t n = total / size;
-        rc = 0;
-        for (size_t i = 0; i < n && rc == 0; i++) {
-            char bin[32];
-            snprintf(bin, sizeof(bin), "m:%zu", i / per_bin);
-            pthread_mutex_lock(&w.mu);
-            while (w.in_flight >= 64)
-                pthread_cond_wait(&w.cv, &w.mu);
-            w.in_flight++;
-            rc = w.failed ? -1 : 0;
-            pthread_mutex_unlock(&w.mu);
-            if (rc == 0 && ts_append_async(c, bin, v, 0, mem_append_done, &w) != 0) {
-                pthread_mutex_lock(&w.mu);
-                w.in_flight--;
-                pthread_mutex_unlock(&w.mu);
-                rc = -1;
-            }
-        }
-        pthread_mutex_lock(&w.mu);
-        while (w.in_flight > 0)
-            pthread_cond_wait(&w.cv, &w.mu);
-        if (w.failed)
-            rc = -1;
-        pthread_mutex_unlock(&w.mu);
-        pthread_mutex_destroy(&w.mu);
-        pthread_cond_destroy(&w.cv);
-    }
-    ts_client_free(c);
-    ts_value_free(v);
-    bench_free(src);
-    return rc;
-}
-
 /* Read n RESP integer replies (":N\r\n") from fd, the only bytes it will send. 0 or -1. */
 static int resp_read_ints(int fd, size_t n)
 {
@@ -519,22 +436,6 @@ static int redis_store_binned(const bench_target *t, size_t size, size_t total, 
     return rc;
 }
 
-/* The record bytes tensord holds, from its LIST (the tensors with their record headers). */
-static double ts_held_records(const bench_target *t)
-{
-    ts_client_t *c = mem_client(t);
-    ts_bin_list_t *l = NULL;
-    double bytes = -1;
-    if (c != NULL && ts_list(c, &l) == 0) {
-        bytes = 0;
-        for (size_t i = 0; i < l->count; i++)
-            bytes += (double)l->bins[i].bytes;
-        ts_bin_list_free(l);
-    }
-    ts_client_free(c);
-    return bytes;
-}
-
 /*
  * Resident memory a fresh server gains by storing total bytes as items of size bytes, one bin
  * (Redis: key) per item when per_bin <= 1, else per_bin items appended to each bin (Redis: list).
@@ -557,17 +458,18 @@ static double mem_measure(int redis, size_t size, size_t total, size_t per_bin, 
         if (bench_reset_hwm(s.pid) != 0)
             fprintf(stderr, "tsbench: cannot reset VmHWM; the peak includes start-up\n");
         rc = redis ? redis_set_one(&s.t, "peak", size) : ts_bench_put_one(&s.t, "peak", size);
-    } else if (per_bin > 1) {
-        rc = redis ? redis_store_binned(&s.t, size, total, per_bin)
-                   : ts_store_binned(&s.t, size, total, per_bin);
+    } else if (redis) {
+        rc = per_bin > 1 ? redis_store_binned(&s.t, size, total, per_bin)
+                         : redis_store(&s.t, size, total);
     } else {
-        rc = redis ? redis_store(&s.t, size, total) : ts_bench_store(&s.t, size, total);
+        rc = ts_bench_store(&s.t, size, total, per_bin);
     }
     usleep(200000);
     long long after = peak ? bench_hwm(s.pid) : bench_rss(s.pid);
     if (rc == 0 && rss0 > 0 && after > 0) {
         out = (double)(after - rss0);
-        rec = redis ? (peak ? (double)size : (double)(total / size * size)) : ts_held_records(&s.t);
+        rec = redis ? (peak ? (double)size : (double)(total / size * size))
+                    : ts_bench_held_records(&s.t);
     } else {
         fprintf(stderr, "tsbench: memory case (%s, %zu bytes) failed\n", s.name, size);
     }
