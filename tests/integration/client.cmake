@@ -27,9 +27,9 @@ if(TARGET tensord)
 endif()
 
 # The programs built on the library: quickstart and tsctl (with tsctl's .npy code linked in).
-ts_add_test(test_client_tools SOURCES test_client_tools.c ${PROJECT_SOURCE_DIR}/client/npy.c
+ts_add_test(test_client_tools SOURCES test_client_tools.c ${PROJECT_SOURCE_DIR}/tools/tsctl/npy.c
   LIBS tensorshare_static LABELS integration client TIMEOUT 120)
-target_include_directories(test_client_tools PRIVATE ${PROJECT_SOURCE_DIR}/client)
+target_include_directories(test_client_tools PRIVATE ${PROJECT_SOURCE_DIR}/tools/tsctl)
 add_dependencies(test_client_tools tsctl)
 if(TARGET quickstart)
   add_dependencies(test_client_tools quickstart)

@@ -26,7 +26,7 @@ static int group_setup(void **state)
     const char *build = getenv("TS_BUILD_DIR");
     if (build == NULL || tsh_server_start(&srv, NULL) != 0)
         return -1;
-    snprintf(tsctl, sizeof(tsctl), "%s/client/tsctl", build);
+    snprintf(tsctl, sizeof(tsctl), "%s/bin/tsctl", build);
     snprintf(quickstart, sizeof(quickstart), "%s/examples/quickstart", build);
     snprintf(port_arg, sizeof(port_arg), "%d", srv.port);
     snprintf(out_path, sizeof(out_path), "%s/out.txt", srv.dir);

@@ -169,10 +169,10 @@ static void test_token_file(void **state)
     const char *build = getenv("TS_BUILD_DIR");
     assert_non_null(build);
     char cmd[2048];
-    snprintf(cmd, sizeof(cmd), "'%s/client/tsctl' --port %d --token-file '%s' put t 1 >/dev/null",
+    snprintf(cmd, sizeof(cmd), "'%s/bin/tsctl' --port %d --token-file '%s' put t 1 >/dev/null",
              build, s.port, token_file);
     assert_int_equal(system(cmd), 0);
-    snprintf(cmd, sizeof(cmd), "'%s/client/tsctl' --port %d --timeout 3000 ping 2>/dev/null", build,
+    snprintf(cmd, sizeof(cmd), "'%s/bin/tsctl' --port %d --timeout 3000 ping 2>/dev/null", build,
              s.port);
     int st = system(cmd);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
