@@ -165,7 +165,7 @@ static void test_save_request(void **state)
     const char *build = getenv("TS_BUILD_DIR");
     char cmd[1200];
     tsu_put_int(fd, TS_OP_PUT, "c", 3, NULL);
-    snprintf(cmd, sizeof(cmd), "'%s/client/tsctl' --port %d save >/dev/null", build, s.port);
+    snprintf(cmd, sizeof(cmd), "'%s/bin/tsctl' --port %d save >/dev/null", build, s.port);
     assert_int_equal(system(cmd), 0);
     ts_client_t *c;
     assert_int_equal(ts_client_open(&c, s.addr, NULL), 0);
