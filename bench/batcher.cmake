@@ -1,6 +1,6 @@
 # batcher_bench: dynamic batching versus one forward per request on a small TorchScript MLP,
 # in process and through tensord (not a test; tests/shim runs its --smoke mode as a test).
-if(TARGET tensorshare_torch AND TARGET tensorshare)
+if(TS_HAVE_TORCH)
   add_executable(batcher_bench ${CMAKE_CURRENT_LIST_DIR}/batcher_bench.c)
   target_link_libraries(batcher_bench PRIVATE tensorshare_torch tensorshare ts_build
     Threads::Threads)

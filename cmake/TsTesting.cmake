@@ -13,5 +13,5 @@ function(ts_add_test name)
   set_tests_properties(${name} PROPERTIES
     TIMEOUT ${timeout}
     LABELS "${T_LABELS}"
-    ENVIRONMENT "TS_TENSORD=$<$<TARGET_EXISTS:tensord>:$<TARGET_FILE:tensord>>;TS_BUILD_DIR=${PROJECT_BINARY_DIR};TS_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+    ENVIRONMENT "TS_TENSORD=$<TARGET_FILE:tensord>;TS_BUILD_DIR=${PROJECT_BINARY_DIR};TS_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 endfunction()

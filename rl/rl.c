@@ -1,7 +1,7 @@
 /*
  * RL helpers (include/tensorshare/rl.h): a trainer and workers built on the public client API.
  *
- * Only the allocation hooks come from the shared core (common.h), so that tests can count and
+ * Only the allocation hooks come from the shared core (hooks.h), so that tests can count and
  * fail every allocation; everything else goes through tensorshare.h like any user program.
  */
 #include "tensorshare/rl.h"
@@ -14,10 +14,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "common.h"
+#include "hooks.h"
 
-#define RL_NAME_MAX      255   /* bytes; the protocol's bin name limit (u8 length) */
-#define RL_MAX_DEPTH     32    /* nesting levels walked when wrapping a record */
 #define RL_WAIT_SLICE_MS 10000 /* ms; one server-side wait, kept below any request timeout */
 
 #define RL_DEFAULT_IN_FLIGHT       16u
@@ -41,7 +39,7 @@ void ts_rl_options_init(ts_rl_options_t *opts)
 }
 
 /*
- * Write prefix + name into out (RL_NAME_MAX + 1 bytes). Returns 0, TS_EINVAL for an empty name,
+ * Write prefix + name into out (TS_MAX_NAME_LEN + 1 bytes). Returns 0, TS_EINVAL for an empty name,
  * or TS_ENAMETOOLONG.
  */
 static int rl_bin_name(char *out, const char *prefix, const char *name)
@@ -50,7 +48,7 @@ static int rl_bin_name(char *out, const char *prefix, const char *name)
     size_t ln = name != NULL ? strlen(name) : 0;
     if (lp + ln == 0)
         return TS_EINVAL;
-    if (lp + ln > RL_NAME_MAX)
+    if (lp + ln > TS_MAX_NAME_LEN)
         return TS_ENAMETOOLONG;
     if (lp > 0)
         memcpy(out, prefix, lp);
@@ -66,31 +64,11 @@ static int64_t rl_now_ms(void)
     return (int64_t)(ts__now_ns() / 1000000u);
 }
 
-/*
- * Wait on cond until woken or until deadline_ms (monotonic; < 0 = no deadline). Returns 0 when
- * woken (possibly spuriously) and ETIMEDOUT when the deadline passed. The condition variable
- * must use CLOCK_MONOTONIC (rl_cond_init).
- */
+/* Wait on cond (monotonic) until woken or until deadline_ms (< 0: none). 0 or ETIMEDOUT. */
 static int rl_cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, int64_t deadline_ms)
 {
-    if (deadline_ms < 0)
-        return pthread_cond_wait(cond, mu);
-    struct timespec ts;
-    ts.tv_sec = (time_t)(deadline_ms / 1000);
-    ts.tv_nsec = (long)(deadline_ms % 1000) * 1000000L;
-    return pthread_cond_timedwait(cond, mu, &ts);
-}
-
-static int rl_cond_init(pthread_cond_t *cond)
-{
-    pthread_condattr_t attr;
-    if (pthread_condattr_init(&attr) != 0)
-        return TS_ENOMEM;
-    int rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    if (rc == 0)
-        rc = pthread_cond_init(cond, &attr);
-    pthread_condattr_destroy(&attr);
-    return rc == 0 ? 0 : TS_ENOMEM;
+    return ts__cond_wait_until(cond, mu,
+                               deadline_ms < 0 ? UINT64_MAX : (uint64_t)deadline_ms * 1000000u);
 }
 
 /* The deadline for a timeout in ms: -1 for "no limit" (timeout_ms < 0). */
@@ -102,69 +80,6 @@ static int64_t rl_deadline(int timeout_ms)
 }
 
 /*
- * A new value tree with v's structure whose tensors and byte strings point at v's memory
- * (TS_BORROW), so a put or append can send the caller's record inside our wrapper without
- * copying its data. Scalars and strings are small and copied. Returns NULL on allocation
- * failure, on a tree deeper than RL_MAX_DEPTH, or on a value the constructors refuse.
- */
-static ts_value_t *rl_borrow_tree(const ts_value_t *v, int depth)
-{
-    if (v == NULL || depth > RL_MAX_DEPTH)
-        return NULL;
-    switch (ts_value_type(v)) {
-    case TS_TYPE_MAP: {
-        ts_value_t *m = ts_map_new();
-        size_t n = ts_value_len(v);
-        for (size_t i = 0; m != NULL && i < n; i++) {
-            const char *key = ts_map_key_at(v, i);
-            ts_value_t *child = rl_borrow_tree(ts_map_value_at(v, i), depth + 1);
-            if (key == NULL || ts_map_set(m, key, child) != 0) {
-                ts_value_free(m);
-                m = NULL;
-            }
-        }
-        return m;
-    }
-    case TS_TYPE_LIST: {
-        ts_value_t *l = ts_list_new();
-        size_t n = ts_value_len(v);
-        for (size_t i = 0; l != NULL && i < n; i++) {
-            if (ts_list_push(l, rl_borrow_tree(ts_list_at(v, i), depth + 1)) != 0) {
-                ts_value_free(l);
-                l = NULL;
-            }
-        }
-        return l;
-    }
-    case TS_TYPE_TENSOR: {
-        const ts_tensor_t *t = ts_value_tensor(v);
-        if (t == NULL)
-            return NULL;
-        return ts_tensor_new(t->dtype, t->ndim, t->shape, t->data, TS_BORROW);
-    }
-    case TS_TYPE_INT: {
-        int64_t x;
-        return ts_value_int(v, &x) == 0 ? ts_int_new(x) : NULL;
-    }
-    case TS_TYPE_FLOAT: {
-        double x;
-        return ts_value_float(v, &x) == 0 ? ts_float_new(x) : NULL;
-    }
-    case TS_TYPE_STRING: {
-        const char *s;
-        size_t len;
-        return ts_value_string(v, &s, &len) == 0 ? ts_string_new(s, len) : NULL;
-    }
-    case TS_TYPE_BYTES: {
-        const void *data;
-        size_t len;
-        return ts_value_bytes(v, &data, &len) == 0 ? ts_bytes_new(data, len, TS_BORROW) : NULL;
-    }
-    }
-    return NULL;
-}
-
-/*
  * Build {key: <borrowed view of payload>, "version": version}, the record layout of both bins.
  * Returns NULL on allocation failure (or when payload cannot be wrapped).
  */
@@ -173,7 +88,7 @@ static ts_value_t *rl_wrap(const char *key, const ts_value_t *payload, int64_t v
     ts_value_t *rec = ts_map_new();
     if (rec == NULL)
         return NULL;
-    if (ts_map_set(rec, key, rl_borrow_tree(payload, 0)) != 0 ||
+    if (ts_map_set(rec, key, ts_value_borrow(payload)) != 0 ||
         ts_map_set(rec, "version", ts_int_new(version)) != 0) {
         ts_value_free(rec);
         return NULL;
@@ -205,8 +120,8 @@ static int rl_unwrap(const ts_value_t *rec, const char *key, const ts_value_t **
 
 struct ts_rl_trainer_s {
     ts_client_t *client; /* borrowed */
-    char params_bin[RL_NAME_MAX + 1];
-    char data_bin[RL_NAME_MAX + 1];
+    char params_bin[TS_MAX_NAME_LEN + 1];
+    char data_bin[TS_MAX_NAME_LEN + 1];
     int tolerance;
 
     /* Serializes publishes so versions reach the daemon in the order they were given. */
@@ -548,8 +463,8 @@ typedef struct rl_sub_s {
 
 struct ts_rl_worker_s {
     ts_client_t *client; /* borrowed */
-    char params_bin[RL_NAME_MAX + 1];
-    char data_bin[RL_NAME_MAX + 1];
+    char params_bin[TS_MAX_NAME_LEN + 1];
+    char data_bin[TS_MAX_NAME_LEN + 1];
     unsigned max_in_flight;
     size_t max_in_flight_bytes;
     int add_timeout_ms;
@@ -823,7 +738,7 @@ int ts_rl_worker_new(ts_rl_worker_t **out, ts_client_t *c, const ts_rl_options_t
         ts__free(w);
         return TS_ENOMEM;
     }
-    if (rl_cond_init(&w->cond) != 0) {
+    if (ts__cond_init_monotonic(&w->cond) != 0) {
         pthread_mutex_destroy(&w->mu);
         pthread_mutex_destroy(&sub->mu);
         ts__free(sub);

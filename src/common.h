@@ -11,11 +11,13 @@
 
 #include "tensorshare/tensorshare.h"
 
+#include "hooks/hooks.h"
+
 /* Mark internal functions that the test library and other parts of the project use. */
 #define TS__INTERNAL
 
-#define TS__ALIGN    64 /* bytes; tensor data alignment inside records and receive buffers */
-#define TS_MAX_DEPTH 32 /* record nesting levels; a protocol limit the daemon may lower */
+#define TS__ALIGN 64 /* bytes; tensor data alignment inside records and receive buffers */
+/* TS_MAX_DEPTH and TS_MAX_NAME_LEN are public (tensorshare.h). */
 
 #define TS__ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -35,20 +37,17 @@ static inline int ts__align_up_checked(uint64_t n, uint64_t a, uint64_t *out)
 }
 
 /*
- * All heap memory of the project goes through these, so tests can count allocations and fail
- * the N-th one (see ts__alloc_fail_after).
+ * All heap memory of the project goes through the allocation hooks, so tests can count
+ * allocations and fail the N-th one (see ts__alloc_fail_after). ts__malloc, ts__calloc,
+ * ts__realloc, ts__free, ts__strndup and ts__now_ns are declared in hooks/hooks.h, the one
+ * internal header the modules on the public API (rl/, batcher/) may see; the rest is here.
  */
-void *ts__malloc(size_t n);
-void *ts__calloc(size_t n, size_t size);
-void *ts__realloc(void *p, size_t n);
-void ts__free(void *p);
 /*
  * 64-byte aligned memory; free with ts__free_aligned, giving the same n (how the buffer was
  * obtained depends on n). Large sizes are advised huge pages.
  */
 void *ts__malloc_aligned(size_t n);
 void ts__free_aligned(void *p, size_t n);
-char *ts__strndup(const char *s, size_t n);
 /*
  * Keep up to max_bytes of freed large aligned buffers (at most two) for reuse by the next
  * ts__malloc_aligned of the same size, process-wide. Off until enabled; enabling twice keeps
@@ -91,8 +90,5 @@ static inline uint64_t ts__get_u64le(const uint8_t *p)
 {
     return (uint64_t)ts__get_u32le(p) | ((uint64_t)ts__get_u32le(p + 4) << 32);
 }
-
-/* Monotonic clock in nanoseconds. */
-uint64_t ts__now_ns(void);
 
 #endif /* TS_COMMON_H */

@@ -72,8 +72,10 @@ enum {
 enum { TS_NOTE_PUT = 1, TS_NOTE_APPEND = 2, TS_NOTE_GET = 3, TS_NOTE_DELETE = 4 };
 #define TS_NOTE_FLAG_COALESCED 0x01
 
-/* Protocol limits that are fixed by the encoding (configurable limits live in the daemon). */
-#define TS_MAX_NAME_LEN      255                 /* bytes; u8 length on the wire */
+/*
+ * Protocol limits that are fixed by the encoding (configurable limits live in the daemon). The bin
+ * name limit TS_MAX_NAME_LEN is public, in tensorshare.h.
+ */
 #define TS_MAX_PREAUTH_BODY  4096                /* bytes; any frame body before HELLO completes */
 #define TS_MAX_ERRMSG        1024                /* bytes; error reply bodies */
 #define TS_DEFAULT_MAX_FRAME ((uint64_t)1 << 30) /* bytes; default body limit, 1 GiB */

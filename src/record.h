@@ -118,7 +118,7 @@ struct ts_value_s {
     uint8_t type;
     uint8_t flags;
     size_t len; /* map/list entries; string/bytes length */
-    size_t cap; /* built containers: allocated entries */
+    size_t cap; /* built containers: allocated entries; built tensors: bytes of their memory */
     union {
         int64_t i;
         double f;

@@ -126,7 +126,35 @@ ts_value_t *ts_tensor_new(ts_dtype_t dtype, int ndim, const int64_t *shape, cons
         return NULL;
     }
     v->u.tensor.data = (void *)p;
+    v->cap = bytes;
     return v;
+}
+
+ts_value_t *ts_tensor_new_external(ts_dtype_t dtype, int ndim, const int64_t *shape,
+                                   const void *data, void (*release)(void *owner), void *owner)
+{
+    ts_value_t *v = ts_tensor_new(dtype, ndim, shape, data, TS_BORROW);
+    if (v != NULL) {
+        v->release = release;
+        v->owner = owner;
+    }
+    return v;
+}
+
+int ts_value_tensor_set_rows(ts_value_t *v, int64_t rows)
+{
+    if (v == NULL || v->type != TS_TYPE_TENSOR || (v->flags & TS__VF_RECEIVED) ||
+        v->u.tensor.ndim < 1 || rows < 0)
+        return TS_EINVAL;
+    /* The bytes of one row, then of rows rows: both overflow-checked against the memory. */
+    size_t row_bytes = ts_dtype_size(v->u.tensor.dtype), bytes;
+    for (int i = 1; i < v->u.tensor.ndim; i++)
+        if (__builtin_mul_overflow(row_bytes, (size_t)v->u.tensor.shape[i], &row_bytes))
+            return TS_EINVAL;
+    if (__builtin_mul_overflow(row_bytes, (size_t)rows, &bytes) || bytes > v->cap)
+        return TS_EINVAL;
+    v->u.tensor.shape[0] = rows;
+    return 0;
 }
 
 ts_value_t *ts_tensor_alloc(ts_dtype_t dtype, int ndim, const int64_t *shape)
@@ -146,6 +174,7 @@ ts_value_t *ts_tensor_alloc(ts_dtype_t dtype, int ndim, const int64_t *shape)
         memset(v->u.tensor.data, 0, bytes);
         v->flags |= TS__VF_OWNS_DATA;
     }
+    v->cap = bytes;
     return v;
 }
 
@@ -240,7 +269,7 @@ void ts_value_free(ts_value_t *v)
         break;
     case TS_TYPE_TENSOR:
         if (v->flags & TS__VF_OWNS_DATA)
-            ts__free_aligned(v->u.tensor.data, ts_tensor_nbytes(&v->u.tensor));
+            ts__free_aligned(v->u.tensor.data, v->cap); /* as allocated, whatever the rows now */
         break;
     case TS_TYPE_BYTES:
         if (v->flags & TS__VF_OWNS_DATA)
@@ -393,6 +422,45 @@ ts_value_t *ts_value_clone(const ts_value_t *v)
     default:
         return NULL;
     }
+}
+
+static ts_value_t *borrow(const ts_value_t *v, int depth)
+{
+    if (v == NULL || depth > TS_MAX_DEPTH)
+        return NULL;
+    switch (ts_value_type(v)) {
+    case TS_TYPE_MAP:
+    case TS_TYPE_LIST: {
+        int map = v->type == TS_TYPE_MAP;
+        ts_value_t *c = vnew((ts_type_t)v->type);
+        for (size_t i = 0; c != NULL && i < ts_value_len(v); i++) {
+            const ts_value_t *child = map ? ts_map_value_at(v, i) : ts_list_at(v, i);
+            ts_value_t *mine = borrow(child, depth + 1);
+            int rc = map ? ts_map_set(c, ts_map_key_at(v, i), mine) : ts_list_push(c, mine);
+            if (rc != 0) {
+                ts_value_free(c);
+                c = NULL;
+            }
+        }
+        return c;
+    }
+    case TS_TYPE_TENSOR: {
+        const ts_tensor_t *t = ts_value_tensor(v);
+        return ts_tensor_new(t->dtype, t->ndim, t->shape, t->data, TS_BORROW);
+    }
+    case TS_TYPE_BYTES: {
+        const void *d;
+        size_t n;
+        return ts_value_bytes(v, &d, &n) == 0 ? ts_bytes_new(d, n, TS_BORROW) : NULL;
+    }
+    default:
+        return ts_value_clone(v); /* scalars and strings: small, copied */
+    }
+}
+
+ts_value_t *ts_value_borrow(const ts_value_t *v)
+{
+    return borrow(v, 1);
 }
 
 size_t ts_value_encoded_size(const ts_value_t *v)

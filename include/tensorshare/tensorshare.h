@@ -102,6 +102,16 @@ typedef enum ts_dtype_e {
 #define TS_MAX_NDIM 8 /* dimensions; a u8 on the wire, 8 covers every common model */
 
 /* Size of one element in bytes, 0 for an unknown dtype. */
+/*
+ * Protocol limits a program checks before it asks (added in 0.2.0; the values never shrink within
+ * a major version). TS_MAX_NAME_LEN: bytes of a bin name, which travels with a u8 length; a longer
+ * name gives TS_ENAMETOOLONG. TS_MAX_DEPTH: nesting levels of a record (a map in a map is depth 2),
+ * bounded so that the decoders' recursion stays small; a daemon may be configured lower, never
+ * higher.
+ */
+#define TS_MAX_NAME_LEN 255 /* bytes; u8 length on the wire */
+#define TS_MAX_DEPTH    32  /* record nesting levels; bounds the decoders' recursion */
+
 TS_EXTERN size_t ts_dtype_size(ts_dtype_t dtype);
 /* Short name ("float32", "bfloat16", ...), or NULL for an unknown dtype. */
 TS_EXTERN const char *ts_dtype_name(ts_dtype_t dtype);
@@ -171,6 +181,25 @@ TS_EXTERN ts_value_t *ts_tensor_new(ts_dtype_t dtype, int ndim, const int64_t *s
 TS_EXTERN ts_value_t *ts_tensor_alloc(ts_dtype_t dtype, int ndim, const int64_t *shape);
 
 /*
+ * A tensor value over memory that someone else owns and that must stay valid until
+ * release(owner) is called. release (may be NULL) is called exactly once, from the thread that
+ * frees the value, when the value is freed; it is not called when this returns NULL (bad
+ * arguments, allocation failure). Lets several values share one buffer under a reference count
+ * of the caller's. Added in 0.2.0.
+ */
+TS_EXTERN ts_value_t *ts_tensor_new_external(ts_dtype_t dtype, int ndim, const int64_t *shape,
+                                             const void *data, void (*release)(void *owner),
+                                             void *owner);
+/*
+ * Change the first dimension (the row count) of a tensor value you built, in place, keeping its
+ * memory: the value then covers the first rows rows of the memory it was made over (reuse of a
+ * preallocated batch buffer). Checks: v is a built (not received) tensor value with ndim >= 1,
+ * rows >= 0, and rows rows fit in the bytes the value was created with (ts_tensor_alloc,
+ * ts_tensor_new or ts_tensor_new_external). 0, or TS_EINVAL with v unchanged. Not thread-safe
+ * against readers of v. Added in 0.2.0.
+ */
+TS_EXTERN int ts_value_tensor_set_rows(ts_value_t *v, int64_t rows);
+/*
  * Add to containers. The child's ownership transfers to the container on success; on failure
  * the child is freed as well, so calls can be nested without leaks:
  *   ts_map_set(m, "w", ts_tensor_new(...)).
@@ -210,6 +239,15 @@ TS_EXTERN const ts_tensor_t *ts_map_get_tensor(const ts_value_t *map, const char
 /* A deep copy of any value (received or built) that you own; tensor data is copied. */
 TS_EXTERN ts_value_t *ts_value_clone(const ts_value_t *v);
 
+/*
+ * A tree of v's shape that you own whose tensors and byte strings point at v's memory instead of
+ * copying it (TS_BORROW); maps, lists, scalars and strings are new nodes. v (and, for a received
+ * value, the object that returned it) must outlive the borrowed tree and must not change while
+ * it is used; freeing the borrowed tree never touches v's memory. Use it to send a record you
+ * were given inside a record of your own without copying its tensors. NULL when v is NULL, on
+ * allocation failure, or when v is nested deeper than TS_MAX_DEPTH. Added in 0.2.0.
+ */
+TS_EXTERN ts_value_t *ts_value_borrow(const ts_value_t *v);
 /*
  * Encoded size in bytes of v as a record (what a put sends and a server stores), or 0 when v
  * cannot be encoded (too deep, more than the limits allow).

@@ -3,8 +3,10 @@
 #
 # Installs the build into a temporary prefix, then builds examples/quickstart.c outside the tree
 # twice: with plain cc and pkg-config, and through find_package(tensorshare) (shared and static
-# targets). Each program runs against a real tensord started here. Everything started or
-# written is removed on exit.
+# targets). Each program runs against a real tensord started here, without LD_LIBRARY_PATH: the
+# installed tsctl finds libtensorshare.so.0 through its run path ($ORIGIN/../lib), a program
+# built here through the -Wl,-rpath the README shows. Everything started or written is removed
+# on exit.
 set -eu
 build=$1
 src=$2
@@ -41,14 +43,22 @@ for f in include/tensorshare/tensorshare.h include/tensorshare/version.h; do
 done
 [ -x "$tmp/prefix/bin/tsctl" ] || { echo "install_test: tsctl missing"; exit 1; }
 [ -f "$libdir/libtensorshare.a" ] || { echo "install_test: libtensorshare.a missing"; exit 1; }
+# The installed programs must run from the prefix on their own (a non-system prefix: the dynamic
+# loader would not find libtensorshare.so.0 without their run path).
+step "installed tsctl --help, without LD_LIBRARY_PATH"
+if ! env -u LD_LIBRARY_PATH "$tmp/prefix/bin/tsctl" --help >"$tmp/help.log" 2>&1; then
+    cat "$tmp/help.log"
+    echo "install_test: the installed tsctl does not run from its prefix"
+    exit 1
+fi
 step "pkg-config: $(pkg-config --modversion tensorshare), $(pkg-config --cflags --libs tensorshare)"
 pkg-config --static --libs tensorshare | grep -q -- -luv ||
     { echo "install_test: --static does not bring libuv"; exit 1; }
 
-step "cc quickstart.c \$(pkg-config --cflags --libs tensorshare)"
+step "cc quickstart.c \$(pkg-config --cflags --libs tensorshare) -Wl,-rpath,<libdir>"
 # shellcheck disable=SC2046,SC2086
 $cc $sanflags "$src/examples/quickstart.c" $(pkg-config --cflags --libs tensorshare) \
-    -o "$tmp/quickstart"
+    -Wl,-rpath,"$(pkg-config --variable=libdir tensorshare)" -o "$tmp/quickstart"
 
 step "find_package(tensorshare) from a separate CMake project"
 if ! cmake -S "$src/tests/install/consumer" -B "$tmp/consumer" \
@@ -73,12 +83,13 @@ port=$(cat "$tmp/port")
 
 for prog in "$tmp/quickstart" "$tmp/consumer/quickstart_shared" "$tmp/consumer/quickstart_static"; do
     step "run $(basename "$prog") against 127.0.0.1:$port"
-    if ! LD_LIBRARY_PATH="$libdir" timeout 120 "$prog" "127.0.0.1:$port" >"$tmp/run.log" 2>&1; then
+    if ! env -u LD_LIBRARY_PATH timeout 120 "$prog" "127.0.0.1:$port" >"$tmp/run.log" 2>&1; then
         cat "$tmp/run.log"
         echo "install_test: $(basename "$prog") failed"
         exit 1
     fi
     tail -n 1 "$tmp/run.log"
 done
-LD_LIBRARY_PATH="$libdir" "$tmp/prefix/bin/tsctl" --port "$port" ping
+step "installed tsctl ping, without LD_LIBRARY_PATH"
+env -u LD_LIBRARY_PATH "$tmp/prefix/bin/tsctl" --port "$port" ping
 step "ok"

@@ -1,7 +1,4 @@
-# Unit tests of tensord's pure parts: the bin store compiled straight from server/.
-ts_add_test(test_store SOURCES test_store.c ${PROJECT_SOURCE_DIR}/server/store.c
-  ${PROJECT_SOURCE_DIR}/server/slab.c LIBS PkgConfig::LIBUV LABELS unit server)
-target_include_directories(test_store PRIVATE ${PROJECT_SOURCE_DIR}/server)
-ts_add_test(test_slab SOURCES test_slab.c ${PROJECT_SOURCE_DIR}/server/store.c
-  ${PROJECT_SOURCE_DIR}/server/slab.c LIBS PkgConfig::LIBUV LABELS unit server)
-target_include_directories(test_slab PRIVATE ${PROJECT_SOURCE_DIR}/server)
+# Unit tests of tensord's pure parts (the bin store, the slabs), linked with tsd_core: the
+# daemon's own objects, as tensord links them.
+ts_add_test(test_store SOURCES test_store.c LIBS tsd_core LABELS unit server)
+ts_add_test(test_slab SOURCES test_slab.c LIBS tsd_core LABELS unit server)

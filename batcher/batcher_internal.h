@@ -1,0 +1,198 @@
+/*
+ * What the files of the batcher share (batcher/): its limits, the engine's state, and the
+ * functions one file offers the others. Not installed. The batcher is built on the public API
+ * only (include/tensorshare/) plus the allocation hooks (hooks.h); nothing here reaches into the
+ * client's or the core's internals.
+ *
+ * The files: batcher.c is the engine (queue, deadline heap, weight updates, replicas, gathering
+ * and slicing, creation and shutdown, submitting); schema.c matches value trees against the
+ * dotted-path schemas; placement.c expands a placement such as "cuda:0*2,cpu:4"; handoff.c
+ * (handoff.h) wakes blocking requesters; serve.c serves a batcher through tensord and
+ * predictor.c requests through tensord. The engine does not depend on serve.c or predictor.c:
+ * the in-process test links it without them.
+ */
+#ifndef TS_BATCHER_INTERNAL_H
+#define TS_BATCHER_INTERNAL_H
+
+#include "tensorshare/batcher.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hooks.h"
+
+#define TS__BERR_LEN           256   /* bytes; error messages kept per thread and per answer */
+#define TS__MAX_REPLICAS       256   /* replicas per batcher; a sanity bound on placement */
+#define TS__DEVICE_LEN         32    /* bytes; "cuda:NNN" and room to spare */
+#define TS__DEFAULT_MAX_BATCH  64    /* rows */
+#define TS__DEFAULT_DELAY_US   500   /* microseconds, Triton's usual order of magnitude */
+#define TS__DEFAULT_TIMEOUT_MS 30000 /* milliseconds, the client's request timeout */
+#define TS__DEFAULT_MAX_QUEUED 65536 /* requests */
+
+/* Set the calling thread's ts_batcher_last_error() message. */
+void ts__batcher_set_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Nonzero on the batcher's own threads, where a blocking call would wait for itself. */
+int ts__batcher_on_own_thread(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Schemas (schema.c)
+ */
+/* One field of a schema: a dotted path to a tensor and its per-row dtype and shape. */
+typedef struct schema_field {
+    char *name;   /* the dotted name, owned */
+    char **parts; /* path components (pointers into path_buf); NULL for a bare tensor */
+    char *path_buf;
+    int nparts;
+    ts_dtype_t dtype;
+    int ndim; /* per row */
+    int64_t shape[TS_MAX_NDIM];
+    size_t row_bytes;
+} schema_field;
+
+/* Copy and check a schema (what names it in messages). 0, TS_EINVAL (message set), TS_ENOMEM. */
+int ts__schema_copy(const ts_field_t *in, int n, const char *what, schema_field **out);
+void ts__schema_free(schema_field *f, int n);
+/*
+ * Check a tree against a schema. rows: in, the expected row count (or 0 to learn it, then
+ * 1..max_rows); out, the row count. leaves (may be NULL) receives each field's tensor. 0, or
+ * TS_ESCHEMA with a message in msg.
+ */
+int ts__schema_check(const schema_field *f, int n, const ts_value_t *root, int64_t max_rows,
+                     int64_t *rows, const ts_tensor_t **leaves, char *msg, size_t msglen);
+/*
+ * A tree of freshly allocated tensors for a schema, each with rows rows. leaves receives each
+ * field's value (owned by the tree). The root, or NULL (ENOMEM).
+ */
+ts_value_t *ts__schema_alloc(const schema_field *f, int n, int64_t rows, ts_value_t **leaves);
+/*
+ * Check a model's output: against the output schema when there is one (n > 0), else every tensor
+ * must have rows rows. 0 or TS_ESCHEMA with a message.
+ */
+int ts__output_check(const schema_field *f, int n, const ts_value_t *v, int64_t rows, char *msg,
+                     size_t msglen);
+
+/* ---------------------------------------------------------------------------------------------
+ * Placement (placement.c)
+ */
+/*
+ * Expand a placement ("cpu", "cuda:0*2,cpu:4", ...; NULL or "" is "cpu") into one device name
+ * per replica in devs (TS__MAX_REPLICAS entries). 0, TS_EINVAL or TS_ENOTSUP (message set).
+ */
+int ts__placement_parse(const char *spec, int cuda_devices, char (*devs)[TS__DEVICE_LEN], int *n);
+
+/* ---------------------------------------------------------------------------------------------
+ * The remote side (serve.c, predictor.c)
+ */
+/* ms; serve, follow and receive threads block in ts_wait this long, then check for a stop. */
+#define TS__REMOTE_WAIT_MS 200
+/* ns; the pause after a failed call, while the client reconnects. */
+#define TS__REMOTE_RETRY_NS 50000000u
+
+/* Sleep ns nanoseconds (a retry's pause; an interrupted sleep just ends early). */
+static inline void ts__remote_pause(uint64_t ns)
+{
+    struct timespec ts = ts__abs_timespec(ns);
+    nanosleep(&ts, NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The engine's state (batcher.c); serve.c uses the lock, max_batch and the remote slot.
+ */
+/* One queued request. */
+typedef struct batch_request {
+    struct batch_request *prev, *next; /* queue links */
+    ts_value_t *owned;                 /* a copy of the input (TS_COPY), freed after the callback */
+    const ts_value_t *input;
+    int64_t rows;
+    uint64_t arrival_ns;
+    uint64_t deadline_ns; /* 0: none */
+    size_t heap_idx;      /* position in the deadline heap, or SIZE_MAX */
+    ts_predict_cb cb;
+    void *arg;
+    const ts_tensor_t *leaf[]; /* one per input field */
+} batch_request;
+
+/* A published weight update. */
+typedef struct weight_update {
+    const ts_value_t *params;
+    int64_t version;
+    uint64_t gen;
+    ts_weights_release_cb release;
+    void *release_arg;
+    int users; /* replicas loading it now */
+    int done;  /* replicas that loaded it or failed to */
+    int first_err;
+    char err[TS__BERR_LEN];
+    int superseded, withdrawn;
+    int released; /* settled: one thread calls (or called) release_weights for it */
+    int rel_done; /* release_weights finished the callback; whoever sees it superseded frees */
+    struct weight_waiter *waiter; /* a blocking ts_batcher_load_weights, or NULL */
+} weight_update;
+
+/* A blocking ts_batcher_load_weights waiting for the replicas. */
+typedef struct weight_waiter {
+    pthread_cond_t cv;
+    weight_update *w; /* valid until released */
+    int finished;     /* every replica done, or the update was replaced */
+    int released;
+    int err;
+    char msg[TS__BERR_LEN];
+} weight_waiter;
+
+/* One model replica and its thread. */
+typedef struct replica {
+    ts_batcher_t *b;
+    int index;
+    char device[TS__DEVICE_LEN];
+    ts_model_t *model;
+    pthread_t thread;
+    int started;
+    uint64_t gen;            /* generation of the last weight update handled */
+    int64_t version;         /* weights in the model now */
+    ts_value_t *batch;       /* max_batch rows of every input field */
+    ts_value_t **batch_leaf; /* per field: the tensor value inside batch */
+    batch_request **picked;  /* the requests of the current batch */
+} replica;
+
+/* The remote serving state (serve.c), opaque to the engine. */
+typedef struct remote_server remote_server;
+
+struct ts_batcher_s {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;    /* idle replicas: a request or weights arrived, or stopping */
+    pthread_cond_t collect_cv; /* the gathering replica: more rows arrived */
+    pthread_cond_t timer_cv;   /* the timer: the earliest deadline changed */
+    schema_field *in;
+    int n_in;
+    schema_field *out;
+    int n_out;
+    int64_t max_batch;
+    uint64_t max_delay_ns;
+    int timeout_ms;
+    size_t max_queued;
+    replica *rep;
+    int n_rep;
+    batch_request *head, *tail; /* FIFO queue */
+    size_t queued;
+    int64_t queued_rows;  /* rows of the queued requests */
+    batch_request **heap; /* min-heap on deadline_ns */
+    size_t heap_len, heap_cap;
+    int collecting; /* a replica is gathering a batch */
+    int stopping;
+    pthread_t timer;
+    int timer_started;
+    uint64_t timer_at; /* the deadline the timer sleeps until; UINT64_MAX: none */
+    weight_update *wt; /* the latest update, or NULL */
+    uint64_t wt_gen;
+    ts_batcher_stats_t st;
+    /*
+     * Set under the lock by serve.c when remote serving starts; ts_batcher_free calls
+     * remote_stop (without the lock) before stopping the replicas. The engine knows nothing else
+     * of the remote side, so it links without serve.c.
+     */
+    remote_server *remote;
+    void (*remote_stop)(ts_batcher_t *b);
+};
+
+#endif /* TS_BATCHER_INTERNAL_H */

@@ -1,0 +1,343 @@
+/*
+ * Requesting predictions from a batcher served through tensord (ts_predictor_*): a request is
+ * appended to NAME/requests with the name of this predictor's own reply bin, and a receiving
+ * thread takes the answers from that bin and hands each to its pending request. Built on the
+ * public client API only.
+ */
+#include "batcher_internal.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct pending_prediction {
+    struct pending_prediction *next;
+    int64_t id;
+    uint64_t deadline_ns; /* 0: none */
+    ts_remote_cb cb;
+    void *arg;
+} pending_prediction;
+
+struct ts_predictor_s {
+    ts_client_t *client;
+    char req_bin[TS_MAX_NAME_LEN + 1];
+    char reply_bin[TS_MAX_NAME_LEN + 1];
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* appends_inflight reached 0 */
+    pending_prediction *pending;
+    int64_t next_id;
+    int appends_inflight;
+    atomic_int stop;
+    pthread_t th;
+};
+
+static _Thread_local int tls_in_predictor;
+
+/* Remove and return the pending request with this id, or NULL. Lock held. */
+static pending_prediction *pend_take(ts_predictor_t *p, int64_t id)
+{
+    for (pending_prediction **pp = &p->pending; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->id == id) {
+            pending_prediction *r = *pp;
+            *pp = r->next;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+/* Hand one reply record to its pending request. */
+static void deliver(ts_predictor_t *p, const ts_value_t *rec)
+{
+    int64_t id, status = TS_EPROTO, version = 0;
+    if (ts_map_get_int(rec, "id", &id) != 0)
+        return;
+    pthread_mutex_lock(&p->mu);
+    pending_prediction *r = pend_take(p, id);
+    pthread_mutex_unlock(&p->mu);
+    if (r == NULL)
+        return; /* it timed out already */
+    ts_map_get_int(rec, "status", &status);
+    ts_map_get_int(rec, "version", &version);
+    ts_value_t *out = NULL;
+    const char *msg = NULL;
+    size_t len;
+    if (status == 0) {
+        out = ts_value_clone(ts_map_get(rec, "output"));
+        if (out == NULL)
+            status = ts_map_get(rec, "output") == NULL ? TS_EPROTO : TS_ENOMEM;
+    } else if (ts_value_string(ts_map_get(rec, "error"), &msg, &len) != 0) {
+        msg = NULL;
+    }
+    r->cb(p, (int)status, out, version, status != 0 ? (msg ? msg : ts_strerror((int)status)) : NULL,
+          r->arg);
+    ts__free(r);
+}
+
+/* Fail every pending request whose deadline passed (all of them when now_ns is UINT64_MAX). */
+static void expire(ts_predictor_t *p, uint64_t t, int status, const char *msg)
+{
+    for (;;) {
+        pending_prediction *r = NULL;
+        pthread_mutex_lock(&p->mu);
+        for (pending_prediction **pp = &p->pending; *pp != NULL; pp = &(*pp)->next) {
+            if ((*pp)->deadline_ns != 0 ? (*pp)->deadline_ns <= t : t == UINT64_MAX) {
+                r = *pp;
+                *pp = r->next;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&p->mu);
+        if (r == NULL)
+            return;
+        r->cb(p, status, NULL, 0, msg, r->arg);
+        ts__free(r);
+    }
+}
+
+static void *receive_main(void *arg)
+{
+    ts_predictor_t *p = arg;
+    tls_in_predictor = 1;
+    uint64_t after = 0;
+    while (!atomic_load(&p->stop)) {
+        int wait_ms = TS__REMOTE_WAIT_MS;
+        pthread_mutex_lock(&p->mu);
+        uint64_t t = ts__now_ns();
+        for (const pending_prediction *r = p->pending; r != NULL; r = r->next) {
+            if (r->deadline_ns != 0) {
+                uint64_t left = r->deadline_ns > t ? (r->deadline_ns - t) / 1000000u + 1 : 0;
+                if (left < (uint64_t)wait_ms)
+                    wait_ms = (int)left;
+            }
+        }
+        pthread_mutex_unlock(&p->mu);
+        uint64_t v = 0;
+        int rc = ts_wait(p->client, p->reply_bin, after, wait_ms, &v, NULL);
+        expire(p, ts__now_ns(), TS_ETIMEDOUT, "no answer before the deadline");
+        if (rc == TS_ETIMEDOUT)
+            continue;
+        if (rc != 0) {
+            ts__remote_pause(TS__REMOTE_RETRY_NS);
+            continue;
+        }
+        ts_items_t *items = NULL;
+        rc = ts_get(p->client, p->reply_bin, 0, &items);
+        if (rc != 0) {
+            after = rc == TS_ENOENT ? v : after;
+            continue;
+        }
+        after = ts_items_version(items);
+        for (size_t i = 0; i < ts_items_count(items); i++)
+            deliver(p, ts_items_at(items, i));
+        ts_items_free(items);
+    }
+    return NULL;
+}
+
+int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *name)
+{
+    /* Room for "NAME/reply/" + 16 hex digits, and for "NAME/requests". */
+    if (out == NULL || client == NULL || name == NULL || name[0] == '\0' ||
+        strlen(name) + 7 + 16 > TS_MAX_NAME_LEN) {
+        ts__batcher_set_err("a predictor needs a client and a short enough name");
+        return TS_EINVAL;
+    }
+    ts_predictor_t *p = ts__calloc(1, sizeof(*p));
+    if (p == NULL)
+        return TS_ENOMEM;
+    p->client = client;
+    snprintf(p->req_bin, sizeof(p->req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
+    /* A reply bin name nobody else picks: time, address and a process-wide counter, mixed. */
+    static atomic_uint_fast64_t counter;
+    uint64_t x = ts__now_ns() ^ ((uint64_t)(uintptr_t)p << 16) ^
+                 (atomic_fetch_add(&counter, 1) * 0x9E3779B97F4A7C15u);
+    x ^= (uint64_t)getpid() << 40;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9u;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBu;
+    x ^= x >> 31;
+    snprintf(p->reply_bin, sizeof(p->reply_bin), "%s/reply/%016llx", name, (unsigned long long)x);
+    pthread_mutex_init(&p->mu, NULL);
+    ts__cond_init_monotonic(&p->cv);
+    p->next_id = 1;
+    atomic_init(&p->stop, 0);
+    if (pthread_create(&p->th, NULL, receive_main, p) != 0) {
+        pthread_cond_destroy(&p->cv);
+        pthread_mutex_destroy(&p->mu);
+        ts__free(p);
+        return TS_ENOMEM;
+    }
+    *out = p;
+    return 0;
+}
+
+void ts_predictor_free(ts_predictor_t *p)
+{
+    if (p == NULL)
+        return;
+    atomic_store(&p->stop, 1);
+    /* Wake the receiver from its ts_wait: an item without a pending id is ignored. */
+    ts_value_t *wake = ts_map_new();
+    if (wake != NULL && ts_map_set(wake, "id", ts_int_new(0)) == 0)
+        ts_append(p->client, p->reply_bin, wake, NULL);
+    ts_value_free(wake);
+    pthread_join(p->th, NULL);
+    /* Appends still in flight call back into p: wait for them (bounded by the client). */
+    pthread_mutex_lock(&p->mu);
+    while (p->appends_inflight > 0)
+        pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    expire(p, UINT64_MAX, TS_ECANCELED, "the predictor was freed");
+    ts_delete(p->client, p->reply_bin, NULL);
+    pthread_cond_destroy(&p->cv);
+    pthread_mutex_destroy(&p->mu);
+    ts__free(p);
+}
+
+typedef struct sent_request {
+    ts_predictor_t *p;
+    int64_t id;
+} sent_request;
+
+static void request_sent(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)res;
+    sent_request *s = arg;
+    ts_predictor_t *p = s->p;
+    pending_prediction *r = NULL;
+    pthread_mutex_lock(&p->mu);
+    if (status != 0)
+        r = pend_take(p, s->id);
+    pthread_mutex_unlock(&p->mu);
+    if (r != NULL) {
+        /* On the client's I/O thread: a blocking predict from this callback must fail. */
+        int was = tls_in_predictor;
+        tls_in_predictor = 1;
+        r->cb(p, status, NULL, 0, "sending the request failed", r->arg);
+        tls_in_predictor = was;
+        ts__free(r);
+    }
+    pthread_mutex_lock(&p->mu);
+    if (--p->appends_inflight == 0)
+        pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    ts__free(s);
+}
+
+int ts_predictor_submit(ts_predictor_t *p, const ts_value_t *input, int timeout_ms, ts_remote_cb cb,
+                        void *arg)
+{
+    if (p == NULL || input == NULL || cb == NULL)
+        return TS_EINVAL;
+    int t = timeout_ms != 0 ? timeout_ms : TS__DEFAULT_TIMEOUT_MS;
+    pending_prediction *r = ts__calloc(1, sizeof(*r));
+    sent_request *s = ts__calloc(1, sizeof(*s));
+    ts_value_t *rec = ts_map_new();
+    if (r == NULL || s == NULL || rec == NULL) {
+        ts__free(r);
+        ts__free(s);
+        ts_value_free(rec);
+        return TS_ENOMEM;
+    }
+    pthread_mutex_lock(&p->mu);
+    int64_t id = p->next_id++;
+    pthread_mutex_unlock(&p->mu);
+    int rc = ts_map_set(rec, "id", ts_int_new(id));
+    if (rc == 0)
+        rc = ts_map_set(rec, "reply", ts_string_new(p->reply_bin, strlen(p->reply_bin)));
+    if (rc == 0)
+        rc = ts_map_set(rec, "timeout_ms", ts_int_new(t));
+    if (rc == 0)
+        rc = ts_map_set(rec, "input", ts_value_borrow(input));
+    if (rc != 0) {
+        ts__free(r);
+        ts__free(s);
+        ts_value_free(rec);
+        return rc;
+    }
+    r->id = id;
+    r->deadline_ns = t > 0 ? ts__now_ns() + (uint64_t)t * 1000000u : 0;
+    r->cb = cb;
+    r->arg = arg;
+    s->p = p;
+    s->id = id;
+    pthread_mutex_lock(&p->mu);
+    r->next = p->pending;
+    p->pending = r;
+    p->appends_inflight++;
+    pthread_mutex_unlock(&p->mu);
+    /* TS_COPY: the request is encoded and its tensors copied now, so input stays borrowed. */
+    rc = ts_append_async(p->client, p->req_bin, rec, TS_COPY, request_sent, s);
+    ts_value_free(rec);
+    if (rc != 0) {
+        pthread_mutex_lock(&p->mu);
+        pending_prediction *mine = pend_take(p, id);
+        p->appends_inflight--;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        ts__free(mine);
+        ts__free(s);
+        ts__batcher_set_err("sending the request failed: %s", ts_strerror(rc));
+        return rc;
+    }
+    return 0;
+}
+
+typedef struct blocking_prediction {
+    pthread_mutex_t *mu; /* the predictor's: it outlives the wait */
+    pthread_cond_t cv;
+    int done, status;
+    ts_value_t *output;
+    int64_t version;
+    char msg[TS__BERR_LEN];
+} blocking_prediction;
+
+static void psync_cb(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
+                     const char *message, void *arg)
+{
+    (void)p;
+    blocking_prediction *s = arg;
+    pthread_mutex_lock(s->mu);
+    s->status = status;
+    s->output = output;
+    s->version = version;
+    snprintf(s->msg, sizeof(s->msg), "%s", message != NULL ? message : "");
+    s->done = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(s->mu);
+}
+
+int ts_predictor_predict(ts_predictor_t *p, const ts_value_t *input, int timeout_ms,
+                         ts_value_t **output, int64_t *version)
+{
+    if (tls_in_predictor || ts__batcher_on_own_thread()) {
+        ts__batcher_set_err("ts_predictor_predict called from a callback");
+        return TS_EDEADLK;
+    }
+    blocking_prediction s;
+    memset(&s, 0, sizeof(s));
+    s.mu = &p->mu;
+    if (ts__cond_init_monotonic(&s.cv) != 0)
+        return TS_ENOMEM;
+    int rc = ts_predictor_submit(p, input, timeout_ms, psync_cb, &s);
+    if (rc == 0) {
+        /* The receiver thread answers at the deadline at the latest; free cancels. */
+        pthread_mutex_lock(&p->mu);
+        while (!s.done)
+            pthread_cond_wait(&s.cv, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+        rc = s.status;
+    }
+    pthread_cond_destroy(&s.cv);
+    if (rc != 0) {
+        if (s.done)
+            ts__batcher_set_err("%s", s.msg);
+        return rc;
+    }
+    *output = s.output;
+    if (version != NULL)
+        *version = s.version;
+    return 0;
+}

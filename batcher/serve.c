@@ -1,0 +1,303 @@
+/*
+ * Serving a batcher through tensord (ts_batcher_serve, ts_batcher_follow_weights): requests are
+ * taken from NAME/requests and answered into each requester's reply bin; weight updates are
+ * followed from a parameters bin. Built on the public client API only, like a user program; the
+ * engine learns of it only through ts_batcher_s.remote and remote_stop.
+ */
+#include "batcher_internal.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#define TS__GET_BATCHES 4 /* a serve thread takes up to this many max_batch worth of requests */
+
+struct remote_server {
+    ts_batcher_t *b;
+    ts_client_t *client;
+    char req_bin[TS_MAX_NAME_LEN + 1];
+    char params_bin[TS_MAX_NAME_LEN + 1];
+    pthread_t serve_th, follow_th;
+    int serving, following;
+    atomic_int stop;
+};
+
+/* The items of one ts_get, shared by the requests decoded from them. */
+typedef struct shared_items {
+    atomic_int refs;
+    ts_items_t *items;
+} shared_items;
+
+static void ritems_unref(shared_items *r)
+{
+    if (atomic_fetch_sub(&r->refs, 1) == 1) {
+        ts_items_free(r->items);
+        ts__free(r);
+    }
+}
+
+/* One remote request in the batcher. */
+typedef struct remote_request {
+    ts_client_t *client;
+    shared_items *items;
+    int64_t id;
+    char reply[TS_MAX_NAME_LEN + 1];
+} remote_request;
+
+static void reply_sent(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)status;
+    (void)res;
+    ts_value_free(arg); /* the reply record and the output views it holds */
+}
+
+/*
+ * Append {id, status, version, output | error} to a reply bin. output is taken over. Failures
+ * to send are dropped: the requester's own deadline covers them.
+ */
+static void send_reply(ts_client_t *client, const char *bin, int64_t id, int status,
+                       ts_value_t *output, int64_t version, const char *msg)
+{
+    ts_value_t *rec = ts_map_new();
+    int rc = rec != NULL ? 0 : TS_ENOMEM;
+    if (rc == 0)
+        rc = ts_map_set(rec, "id", ts_int_new(id));
+    if (rc == 0)
+        rc = ts_map_set(rec, "status", ts_int_new(status));
+    if (rc == 0)
+        rc = ts_map_set(rec, "version", ts_int_new(version));
+    if (rc == 0 && status == 0) {
+        rc = ts_map_set(rec, "output", output);
+        output = NULL;
+    } else if (rc == 0) {
+        const char *m = msg != NULL ? msg : ts_strerror(status);
+        rc = ts_map_set(rec, "error", ts_string_new(m, strlen(m)));
+    }
+    ts_value_free(output);
+    if (rc != 0 || ts_append_async(client, bin, rec, 0, reply_sent, rec) != 0)
+        ts_value_free(rec);
+}
+
+static void remote_done(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
+                        const char *message, void *arg)
+{
+    (void)b;
+    remote_request *r = arg;
+    send_reply(r->client, r->reply, r->id, status, output, version, message);
+    ritems_unref(r->items);
+    ts__free(r);
+}
+
+/* Decode one request record and submit it; answer at once when it cannot be submitted. */
+static void dispatch_one(remote_server *rem, shared_items *items, const ts_value_t *rec)
+{
+    int64_t id = 0, timeout_ms = 0;
+    const char *reply = NULL;
+    size_t reply_len = 0;
+    if (ts_map_get_int(rec, "id", &id) != 0 ||
+        ts_value_string(ts_map_get(rec, "reply"), &reply, &reply_len) != 0 || reply_len == 0 ||
+        reply_len > TS_MAX_NAME_LEN)
+        return; /* nobody to answer */
+    if (ts_map_get(rec, "timeout_ms") != NULL)
+        ts_map_get_int(rec, "timeout_ms", &timeout_ms);
+    const ts_value_t *input = ts_map_get(rec, "input");
+    remote_request *r = ts__calloc(1, sizeof(*r));
+    if (r == NULL) {
+        send_reply(rem->client, reply, id, TS_ENOMEM, NULL, 0, "out of memory");
+        return;
+    }
+    r->client = rem->client;
+    r->items = items;
+    r->id = id;
+    memcpy(r->reply, reply, reply_len);
+    atomic_fetch_add(&items->refs, 1);
+    int t = timeout_ms > INT32_MAX ? INT32_MAX : timeout_ms < 0 ? -1 : (int)timeout_ms;
+    int rc = input != NULL ? ts_batcher_submit(rem->b, input, 0, t, remote_done, r) : TS_ESCHEMA;
+    if (rc != 0) {
+        send_reply(rem->client, r->reply, id, rc, NULL, 0,
+                   input != NULL ? ts_batcher_last_error() : "the request has no input");
+        ritems_unref(items);
+        ts__free(r);
+    }
+}
+
+static void *serve_main(void *arg)
+{
+    remote_server *rem = arg;
+    size_t max_items = (size_t)rem->b->max_batch * TS__GET_BATCHES;
+    uint64_t after = 0;
+    int more = 0;
+    while (!atomic_load(&rem->stop)) {
+        uint64_t v = 0;
+        if (!more) {
+            int rc = ts_wait(rem->client, rem->req_bin, after, TS__REMOTE_WAIT_MS, &v, NULL);
+            if (rc == TS_ETIMEDOUT)
+                continue;
+            if (rc != 0) {
+                ts__remote_pause(TS__REMOTE_RETRY_NS);
+                continue;
+            }
+        }
+        ts_items_t *items = NULL;
+        int rc = ts_get(rem->client, rem->req_bin, max_items, &items);
+        more = 0;
+        if (rc == TS_ENOENT) {
+            after = v > after ? v : after; /* another server took them */
+            continue;
+        }
+        if (rc != 0) {
+            ts__remote_pause(TS__REMOTE_RETRY_NS);
+            continue;
+        }
+        after = ts_items_version(items);
+        more = ts_items_remaining(items) > 0;
+        shared_items *ri = ts__malloc(sizeof(*ri));
+        if (ri == NULL) {
+            ts_items_free(items);
+            ts__remote_pause(TS__REMOTE_RETRY_NS);
+            continue;
+        }
+        atomic_init(&ri->refs, 1);
+        ri->items = items;
+        for (size_t i = 0; i < ts_items_count(items); i++)
+            dispatch_one(rem, ri, ts_items_at(items, i));
+        ritems_unref(ri);
+    }
+    return NULL;
+}
+
+static void params_release(const ts_value_t *params, void *arg)
+{
+    (void)params;
+    ts_items_free(arg);
+}
+
+static void *follow_main(void *arg)
+{
+    remote_server *rem = arg;
+    uint64_t after = 0;
+    while (!atomic_load(&rem->stop)) {
+        uint64_t v = 0;
+        int rc = ts_wait(rem->client, rem->params_bin, after, TS__REMOTE_WAIT_MS, &v, NULL);
+        if (rc == TS_ETIMEDOUT)
+            continue;
+        if (rc != 0) {
+            ts__remote_pause(TS__REMOTE_RETRY_NS);
+            continue;
+        }
+        ts_items_t *items = NULL;
+        rc = ts_peek(rem->client, rem->params_bin, 0, &items);
+        if (rc == TS_ENOENT) {
+            after = v;
+            continue;
+        }
+        if (rc != 0) {
+            ts__remote_pause(TS__REMOTE_RETRY_NS);
+            continue;
+        }
+        after = ts_items_version(items);
+        /* The newest item wins (a trainer puts one; appended ones are read newest first). */
+        size_t n = ts_items_count(items);
+        const ts_value_t *rec = n > 0 ? ts_items_at(items, n - 1) : NULL;
+        const ts_value_t *params = rec != NULL ? ts_map_get(rec, "params") : NULL;
+        int64_t version = 0;
+        if (params == NULL || ts_map_get_int(rec, "version", &version) != 0 ||
+            ts_batcher_set_weights(rem->b, params, version, params_release, items) != 0)
+            ts_items_free(items);
+    }
+    return NULL;
+}
+
+static void remote_stop(ts_batcher_t *b);
+
+/* The batcher's remote state, made on first use. Lock held. */
+static remote_server *remote_get(ts_batcher_t *b, ts_client_t *client)
+{
+    if (b->remote == NULL) {
+        b->remote = ts__calloc(1, sizeof(*b->remote));
+        if (b->remote == NULL)
+            return NULL;
+        b->remote->b = b;
+        b->remote->client = client;
+        b->remote_stop = remote_stop;
+        atomic_init(&b->remote->stop, 0);
+    }
+    return b->remote->client == client ? b->remote : NULL;
+}
+
+int ts_batcher_serve(ts_batcher_t *b, ts_client_t *client, const char *name)
+{
+    if (b == NULL || client == NULL || name == NULL || name[0] == '\0' ||
+        strlen(name) + strlen(TS_BATCHER_REQ_SUFFIX) > TS_MAX_NAME_LEN) {
+        ts__batcher_set_err("serve needs a client and a name of at most %d bytes",
+                            (int)(TS_MAX_NAME_LEN - strlen(TS_BATCHER_REQ_SUFFIX)));
+        return TS_EINVAL;
+    }
+    pthread_mutex_lock(&b->mu);
+    remote_server *rem = remote_get(b, client);
+    int rc = rem == NULL ? TS_EINVAL : rem->serving ? TS_EINVAL : 0;
+    if (rc == 0) {
+        snprintf(rem->req_bin, sizeof(rem->req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
+        if (pthread_create(&rem->serve_th, NULL, serve_main, rem) != 0)
+            rc = TS_ENOMEM;
+        else
+            rem->serving = 1;
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (rc != 0)
+        ts__batcher_set_err("already serving, or another client is in use");
+    return rc;
+}
+
+int ts_batcher_follow_weights(ts_batcher_t *b, ts_client_t *client, const char *bin)
+{
+    if (b == NULL || client == NULL || bin == NULL || bin[0] == '\0' ||
+        strlen(bin) > TS_MAX_NAME_LEN) {
+        ts__batcher_set_err("follow needs a client and a bin name");
+        return TS_EINVAL;
+    }
+    pthread_mutex_lock(&b->mu);
+    remote_server *rem = remote_get(b, client);
+    int rc = rem == NULL ? TS_EINVAL : rem->following ? TS_EINVAL : 0;
+    if (rc == 0) {
+        snprintf(rem->params_bin, sizeof(rem->params_bin), "%s", bin);
+        if (pthread_create(&rem->follow_th, NULL, follow_main, rem) != 0)
+            rc = TS_ENOMEM;
+        else
+            rem->following = 1;
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (rc != 0)
+        ts__batcher_set_err("already following, or another client is in use");
+    return rc;
+}
+
+static void remote_stop(ts_batcher_t *b)
+{
+    pthread_mutex_lock(&b->mu);
+    remote_server *rem = b->remote;
+    b->remote = NULL;
+    pthread_mutex_unlock(&b->mu);
+    if (rem == NULL)
+        return;
+    atomic_store(&rem->stop, 1);
+    if (rem->serving) {
+        /* Wake the serve thread from its ts_wait: a request without a reply bin is dropped by
+           every server of the name. */
+        ts_value_t *wake = ts_map_new();
+        if (wake != NULL)
+            ts_append(rem->client, rem->req_bin, wake, NULL);
+        ts_value_free(wake);
+        pthread_join(rem->serve_th, NULL);
+    }
+    if (rem->following)
+        pthread_join(rem->follow_th, NULL);
+    ts__free(rem);
+}
+
+void ts_batcher_stop_remote(ts_batcher_t *b)
+{
+    if (b != NULL)
+        remote_stop(b);
+}
