@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tensorshare's one entry point. On a fresh Debian 12 machine, as root:
-#   ./run.sh serve [tensord flags]   install what is missing, build, start tensord on port 8000
+#   ./run.sh serve [tensord flags]   install what tensord needs, build only tensord (build-serve/),
+#                                    start it on port 8000
 #   ./run.sh test                    install what is missing, build and run the whole test suite
 #   ./run.sh deps | build | bench    the steps on their own
 set -euo pipefail
@@ -9,11 +10,16 @@ cd "$(dirname "$0")"
 # Debian packages the build, the tests and the benchmarks need.
 PKGS=(build-essential cmake pkg-config libuv1-dev liblz4-dev libcmocka-dev libdlpack-dev
       libtorch-dev clang libclang-rt-14-dev clang-format procps)
+# What building tensord alone needs (./run.sh serve): no test, benchmark, shim or lint tools.
+# libdlpack-dev is there because the configure requires it for the client library's ABI.
+SERVE_PKGS=(build-essential cmake pkg-config libuv1-dev liblz4-dev libdlpack-dev)
 JOBS=$(nproc 2>/dev/null || echo 2)
 
+# deps [PACKAGES...]: install those of the packages (default: PKGS) that are missing.
 deps() {
-    local missing=()
-    for p in "${PKGS[@]}"; do
+    local missing=() want=("$@")
+    [ ${#want[@]} -gt 0 ] || want=("${PKGS[@]}")
+    for p in "${want[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
             missing+=("$p")
     done
@@ -94,10 +100,14 @@ build)
     build build -DTS_WERROR=ON -DTS_SANITIZE=
     ;;
 serve)
-    deps
-    build build -DTS_SANITIZE=
+    # Only what it starts: the daemon's packages, a configure without tests, benchmarks,
+    # examples or the shim, and the tensord target alone, in a build directory of its own (so
+    # the full build's settings in build/ stay as they are).
+    deps "${SERVE_PKGS[@]}"
+    BUILD_TARGET=tensord build build-serve -DTS_SANITIZE= -DTS_WITH_TORCH=OFF \
+        -DTS_BUILD_TESTS=OFF -DTS_BUILD_BENCH=OFF -DTS_BUILD_EXAMPLES=OFF
     echo "run.sh: starting tensord on port 8000 (Ctrl-C stops it)"
-    exec build/server/tensord --port 8000 "$@"
+    exec build-serve/server/tensord --port 8000 "$@"
     ;;
 test)
     deps
