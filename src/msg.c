@@ -1,0 +1,845 @@
+/*
+ * The message codec (see msg.h): every body layout of docs/PROTOCOL.md, written once. Decoders
+ * read through the bounded reader of proto.h, whose error is sticky, and check the end of the
+ * body last; encoders check their room first and then write every byte of the body.
+ */
+#include "msg.h"
+
+#include <assert.h>
+#include <stdio.h>
+
+#include "record.h"
+
+_Static_assert(TS_MSG_HELLO_REP_SIZE == 1 + 1 + 2 + 4 + 8 + 8, "HELLO reply layout");
+_Static_assert(TS_BIN_STATE_SIZE == 8 + 4 + 4, "BIN_STATE layout");
+_Static_assert(TS_NOTIFY_FIXED == 8 + 4 + 1 + 1 + 1, "NOTIFY fixed part, name length included");
+_Static_assert(TS_MSG_LIST_ENTRY_MIN == 1 + 4 + 8 + 8, "LIST entry layout");
+_Static_assert(TS_MAX_CTRL_BODY >= 1 + TS_MAX_NAME_LEN + TS_MSG_WAIT_REQ_FIXED,
+               "the largest control request fits the control body limit");
+
+/* ---------------------------------------------------------------------------------------------
+ * The opcode table (section 8)
+ */
+
+static const ts__msg_op ops[] = {
+    {TS_OP_HELLO, TS_MSG_HELLO_REQ, TS_MSG_HELLO_REP, 0, 0},
+    {TS_OP_PING, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0},
+    {TS_OP_PUT, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
+    {TS_OP_APPEND, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
+    {TS_OP_GET, TS_MSG_GET_REQ, TS_MSG_ITEMS, 0, 1},
+    {TS_OP_PEEK, TS_MSG_GET_REQ, TS_MSG_ITEMS, 0, 0},
+    {TS_OP_DELETE, TS_MSG_NAME_REQ, TS_MSG_BIN_STATE, 0, 1},
+    {TS_OP_LIST, TS_MSG_EMPTY, TS_MSG_LIST_REP, 0, 0},
+    {TS_OP_LISTEN, TS_MSG_NAME_REQ, TS_MSG_BIN_STATE, 0, 0},
+    {TS_OP_UNLISTEN, TS_MSG_NAME_REQ, TS_MSG_EMPTY, 0, 0},
+    {TS_OP_WAIT, TS_MSG_WAIT_REQ, TS_MSG_BIN_STATE, 0, 0},
+    {TS_OP_STATS, TS_MSG_EMPTY, TS_MSG_RECORD, 0, 0},
+    {TS_OP_SAVE, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0},
+    {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
+};
+
+const ts__msg_op *ts__msg_op_info(uint8_t op)
+{
+    for (size_t i = 0; i < TS__ARRAY_SIZE(ops); i++)
+        if (ops[i].op == op)
+            return &ops[i];
+    return NULL;
+}
+
+ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status)
+{
+    if (op == TS_OP_NOTIFY) /* notifications always carry status 0 (section 8.14) */
+        return status == TS_ST_OK ? TS_MSG_NOTIFY : TS_MSG_NONE;
+    if (status != TS_ST_OK) {
+        /*
+         * Error replies echo the request's opcode, even one the server does not know, and
+         * opcode 0 carries the errors that belong to no request (sections 5 and 13).
+         */
+        return op == TS_OP_WAIT && status == TS_ST_TIMEOUT ? TS_MSG_BIN_STATE : TS_MSG_ERROR;
+    }
+    const ts__msg_op *info = ts__msg_op_info(op);
+    return info != NULL ? (ts__msg_kind)info->reply : TS_MSG_NONE;
+}
+
+uint64_t ts__msg_request_limit(uint8_t op, int helloed, uint64_t max_frame)
+{
+    uint64_t limit;
+    if (!helloed)
+        limit = TS_MAX_PREAUTH_BODY;
+    else if (op == TS_OP_PUT || op == TS_OP_APPEND)
+        limit = max_frame;
+    else
+        limit = TS_MAX_CTRL_BODY;
+    return limit < max_frame ? limit : max_frame;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Shared pieces
+ */
+
+/* 0 when the reader read the whole body without error, else TS_EPROTO. */
+static int rd_end(const ts__rd *r)
+{
+    return r->err == 0 && r->left == 0 ? 0 : TS_EPROTO;
+}
+
+/* Check that a name can be encoded and that need bytes fit in cap. */
+static int room(size_t need, size_t cap, size_t name_len)
+{
+    if (name_len > TS_MAX_NAME_LEN)
+        return TS_ENAMETOOLONG;
+    return need <= cap ? 0 : TS_EMSGSIZE;
+}
+
+/* Write a name (u8 length + bytes) at p; returns the bytes written. */
+static size_t put_name(uint8_t *p, const uint8_t *name, size_t name_len)
+{
+    p[0] = (uint8_t)name_len;
+    if (name_len > 0)
+        memcpy(p + 1, name, name_len);
+    return 1 + name_len;
+}
+
+/* 1 when the n bytes at p are all zero. */
+static int all_zero(const uint8_t *p, size_t n)
+{
+    uint8_t acc = 0;
+    for (size_t i = 0; i < n; i++)
+        acc |= p[i];
+    return acc == 0;
+}
+
+int ts__msg_empty_decode(const uint8_t *body, size_t len)
+{
+    (void)body;
+    return len == 0 ? 0 : TS_EPROTO;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * HELLO
+ */
+
+size_t ts__msg_hello_req_size(size_t token_len)
+{
+    return TS_MSG_HELLO_REQ_FIXED + token_len;
+}
+
+int ts__msg_hello_req_encode(uint8_t *out, size_t cap, const ts__msg_hello_req *m, size_t *len)
+{
+    if (m->token_len > TS_MAX_TOKEN_LEN)
+        return TS_EINVAL;
+    size_t need = ts__msg_hello_req_size(m->token_len);
+    if (need > cap)
+        return TS_EMSGSIZE;
+    out[0] = m->max_version;
+    out[1] = m->flags;
+    ts__put_u16le(out + 2, m->token_len);
+    if (m->token_len > 0)
+        memcpy(out + TS_MSG_HELLO_REQ_FIXED, m->token, m->token_len);
+    *len = need;
+    return 0;
+}
+
+int ts__msg_hello_req_decode(const uint8_t *body, size_t len, ts__msg_hello_req *m)
+{
+    ts__rd r;
+    uint8_t max_version = 0, flags = 0;
+    uint16_t token_len = 0;
+    ts__rd_init(&r, body, len);
+    ts__rd_u8(&r, &max_version);
+    ts__rd_u8(&r, &flags);
+    ts__rd_u16(&r, &token_len);
+    const uint8_t *token = ts__rd_bytes(&r, token_len);
+    /* A longer token could not have come in a body within the pre-HELLO limit. */
+    if (rd_end(&r) != 0 || token_len > TS_MAX_TOKEN_LEN)
+        return TS_EPROTO;
+    m->max_version = max_version;
+    m->flags = flags;
+    m->token_len = token_len;
+    m->token = token_len > 0 ? token : NULL;
+    return 0;
+}
+
+int ts__msg_hello_rep_encode(uint8_t *out, size_t cap, const ts__msg_hello_rep *m, size_t *len)
+{
+    if (cap < TS_MSG_HELLO_REP_SIZE)
+        return TS_EMSGSIZE;
+    out[0] = m->version;
+    out[1] = m->flags;
+    ts__put_u16le(out + 2, 0);
+    ts__put_u32le(out + 4, 0);
+    ts__put_u64le(out + 8, m->max_body);
+    ts__put_u64le(out + 16, m->server_id);
+    *len = TS_MSG_HELLO_REP_SIZE;
+    return 0;
+}
+
+int ts__msg_hello_rep_decode(const uint8_t *body, size_t len, ts__msg_hello_rep *m)
+{
+    ts__rd r;
+    uint8_t version = 0, flags = 0;
+    uint16_t r16 = 0;
+    uint32_t r32 = 0;
+    uint64_t max_body = 0, server_id = 0;
+    ts__rd_init(&r, body, len);
+    ts__rd_u8(&r, &version);
+    ts__rd_u8(&r, &flags);
+    ts__rd_u16(&r, &r16);
+    ts__rd_u32(&r, &r32);
+    ts__rd_u64(&r, &max_body);
+    ts__rd_u64(&r, &server_id);
+    if (rd_end(&r) != 0 || r16 != 0 || r32 != 0)
+        return TS_EPROTO;
+    m->version = version;
+    m->flags = flags;
+    m->max_body = max_body;
+    m->server_id = server_id;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Requests that start with a name
+ */
+
+/* The fixed bytes after the name, by layout. */
+enum { NAME_ONLY = 0, NAME_GET = TS_MSG_GET_REQ_FIXED, NAME_WAIT = TS_MSG_WAIT_REQ_FIXED };
+
+static int name_req_encode(uint8_t *out, size_t cap, const ts__msg_name_req *m, size_t *len,
+                           size_t tail)
+{
+    size_t need = 1 + m->name_len + tail;
+    int rc = room(need, cap, m->name_len);
+    if (rc != 0)
+        return rc;
+    uint8_t *p = out + put_name(out, m->name, m->name_len);
+    if (tail == NAME_GET) {
+        ts__put_u32le(p, m->max_items);
+    } else if (tail == NAME_WAIT) {
+        ts__put_u64le(p, m->after_version);
+        ts__put_u32le(p + 8, m->timeout_ms);
+    }
+    *len = need;
+    return 0;
+}
+
+static int name_req_decode(const uint8_t *body, size_t len, ts__msg_name_req *m, size_t tail)
+{
+    ts__rd r;
+    const char *name = NULL;
+    size_t name_len = 0;
+    uint32_t max_items = 0, timeout_ms = 0;
+    uint64_t after = 0;
+    ts__rd_init(&r, body, len);
+    ts__rd_name(&r, &name, &name_len);
+    if (tail == NAME_GET) {
+        ts__rd_u32(&r, &max_items);
+    } else if (tail == NAME_WAIT) {
+        ts__rd_u64(&r, &after);
+        ts__rd_u32(&r, &timeout_ms);
+    }
+    if (rd_end(&r) != 0)
+        return TS_EPROTO;
+    m->name = (const uint8_t *)name;
+    m->name_len = name_len;
+    m->max_items = max_items;
+    m->after_version = after;
+    m->timeout_ms = timeout_ms;
+    return 0;
+}
+
+size_t ts__msg_name_req_size(size_t name_len)
+{
+    return 1 + name_len;
+}
+
+int ts__msg_name_req_encode(uint8_t *out, size_t cap, const ts__msg_name_req *m, size_t *len)
+{
+    return name_req_encode(out, cap, m, len, NAME_ONLY);
+}
+
+int ts__msg_name_req_decode(const uint8_t *body, size_t len, ts__msg_name_req *m)
+{
+    return name_req_decode(body, len, m, NAME_ONLY);
+}
+
+size_t ts__msg_get_req_size(size_t name_len)
+{
+    return 1 + name_len + NAME_GET;
+}
+
+int ts__msg_get_req_encode(uint8_t *out, size_t cap, const ts__msg_name_req *m, size_t *len)
+{
+    return name_req_encode(out, cap, m, len, NAME_GET);
+}
+
+int ts__msg_get_req_decode(const uint8_t *body, size_t len, ts__msg_name_req *m)
+{
+    return name_req_decode(body, len, m, NAME_GET);
+}
+
+size_t ts__msg_wait_req_size(size_t name_len)
+{
+    return 1 + name_len + NAME_WAIT;
+}
+
+int ts__msg_wait_req_encode(uint8_t *out, size_t cap, const ts__msg_name_req *m, size_t *len)
+{
+    return name_req_encode(out, cap, m, len, NAME_WAIT);
+}
+
+int ts__msg_wait_req_decode(const uint8_t *body, size_t len, ts__msg_name_req *m)
+{
+    return name_req_decode(body, len, m, NAME_WAIT);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * PUT and APPEND
+ */
+
+size_t ts__msg_put_head_size(size_t name_len)
+{
+    return 1 + name_len;
+}
+
+int ts__msg_put_head_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                            size_t *len)
+{
+    int rc = room(1 + name_len, cap, name_len);
+    if (rc != 0)
+        return rc;
+    *len = put_name(out, name, name_len);
+    return 0;
+}
+
+int ts__msg_put_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                       const uint8_t *rec, size_t rec_len, size_t *len)
+{
+    if (name_len > TS_MAX_NAME_LEN)
+        return TS_ENAMETOOLONG;
+    size_t head = 1 + name_len;
+    if (rec_len > cap || head > cap - rec_len)
+        return TS_EMSGSIZE;
+    put_name(out, name, name_len);
+    if (rec_len > 0)
+        memcpy(out + head, rec, rec_len);
+    *len = head + rec_len;
+    return 0;
+}
+
+int ts__msg_put_head_decode(const uint8_t *p, size_t avail, uint64_t body_len, ts__msg_put_req *m)
+{
+    /* What the body announces is judged first: a body too short for its name never becomes OK. */
+    if (body_len < 1)
+        return TS_EPROTO;
+    if (avail < 1)
+        return TS_EAGAIN;
+    size_t name_len = p[0];
+    if (body_len < 1 + (uint64_t)name_len)
+        return TS_EPROTO;
+    if (avail < 1 + name_len)
+        return TS_EAGAIN;
+    m->name = p + 1;
+    m->name_len = name_len;
+    m->head_len = 1 + name_len;
+    m->rec_len = body_len - 1 - name_len;
+    m->record = NULL;
+    return 0;
+}
+
+int ts__msg_put_decode(const uint8_t *body, size_t len, ts__msg_put_req *m)
+{
+    ts__msg_put_req d;
+    int rc = ts__msg_put_head_decode(body, len, len, &d);
+    if (rc != 0)
+        return TS_EPROTO; /* the whole body is here: missing bytes are missing for good */
+    d.record = body + d.head_len;
+    *m = d;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * BIN_STATE
+ */
+
+int ts__msg_bin_state_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t n_items,
+                             size_t *len)
+{
+    if (cap < TS_BIN_STATE_SIZE)
+        return TS_EMSGSIZE;
+    ts__put_u64le(out, version);
+    ts__put_u32le(out + 8, n_items);
+    ts__put_u32le(out + 12, 0);
+    *len = TS_BIN_STATE_SIZE;
+    return 0;
+}
+
+int ts__msg_bin_state_decode(const uint8_t *body, size_t len, ts__msg_bin_state *m)
+{
+    ts__rd r;
+    uint64_t version = 0;
+    uint32_t n = 0, rsvd = 0;
+    ts__rd_init(&r, body, len);
+    ts__rd_u64(&r, &version);
+    ts__rd_u32(&r, &n);
+    ts__rd_u32(&r, &rsvd);
+    if (rd_end(&r) != 0 || rsvd != 0)
+        return TS_EPROTO;
+    m->version = version;
+    m->n_items = n;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * ITEMS
+ */
+
+/* The head size for n items, which always fits 64 bits (n < 2^32). */
+static uint64_t items_head(uint32_t n)
+{
+    return ((uint64_t)TS_MSG_ITEMS_FIXED + 8 * (uint64_t)n + (TS__ALIGN - 1)) &
+           ~(uint64_t)(TS__ALIGN - 1);
+}
+
+size_t ts__msg_items_pad(uint64_t rec_len)
+{
+    return (size_t)((TS__ALIGN - rec_len % TS__ALIGN) % TS__ALIGN);
+}
+
+int ts__msg_items_size(uint32_t n, const uint64_t *item_lens, uint64_t *size)
+{
+    uint64_t total = items_head(n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t padded;
+        if (ts__align_up_checked(item_lens[i], TS__ALIGN, &padded) != 0 ||
+            __builtin_add_overflow(total, padded, &total))
+            return TS_EMSGSIZE;
+    }
+#if SIZE_MAX < UINT64_MAX
+    if (total > SIZE_MAX)
+        return TS_EMSGSIZE;
+#endif
+    *size = total;
+    return 0;
+}
+
+int ts__msg_items_head_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t n,
+                              uint32_t remaining, const uint64_t *item_lens, size_t *len)
+{
+    uint64_t head = items_head(n);
+    if (head > cap)
+        return TS_EMSGSIZE;
+    memset(out, 0, (size_t)head);
+    ts__put_u64le(out, version);
+    ts__put_u32le(out + 8, n);
+    ts__put_u32le(out + 12, remaining);
+    if (item_lens != NULL)
+        for (uint32_t i = 0; i < n; i++)
+            ts__msg_items_set_len(out, i, item_lens[i]);
+    *len = (size_t)head;
+    return 0;
+}
+
+void ts__msg_items_set_len(uint8_t *head, uint32_t i, uint64_t item_len)
+{
+    ts__put_u64le(head + TS_MSG_ITEMS_FIXED + 8 * (size_t)i, item_len);
+}
+
+int ts__msg_items_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t remaining, uint32_t n,
+                         const uint8_t *const *recs, const uint64_t *rec_lens, size_t *len)
+{
+    uint64_t total;
+    if (ts__msg_items_size(n, rec_lens, &total) != 0 || total > cap)
+        return TS_EMSGSIZE;
+    size_t off;
+    int rc = ts__msg_items_head_encode(out, cap, version, n, remaining, rec_lens, &off);
+    assert(rc == 0);
+    (void)rc;
+    for (uint32_t i = 0; i < n; i++) {
+        size_t rl = (size_t)rec_lens[i], pad = ts__msg_items_pad(rec_lens[i]);
+        if (rl > 0)
+            memcpy(out + off, recs[i], rl);
+        memset(out + off + rl, 0, pad);
+        off += rl + pad;
+    }
+    *len = off;
+    return 0;
+}
+
+int ts__msg_items_decode(const uint8_t *body, size_t len, ts__msg_items *m)
+{
+    ts__rd r;
+    uint64_t version = 0;
+    uint32_t n = 0, remaining = 0;
+    ts__rd_init(&r, body, len);
+    ts__rd_u64(&r, &version);
+    ts__rd_u32(&r, &n);
+    ts__rd_u32(&r, &remaining);
+    if (r.err != 0)
+        return TS_EPROTO;
+    /* The lengths must lie in the body before anything is sized or walked by n. */
+    uint64_t head = items_head(n);
+    if (head > len)
+        return TS_EPROTO;
+    uint64_t lens_end = TS_MSG_ITEMS_FIXED + 8 * (uint64_t)n;
+    if (!all_zero(body + lens_end, (size_t)(head - lens_end)))
+        return TS_EPROTO;
+    uint64_t off = head;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t rec_len = ts__get_u64le(body + TS_MSG_ITEMS_FIXED + 8 * (size_t)i);
+        uint64_t padded, end;
+        if (ts__align_up_checked(rec_len, TS__ALIGN, &padded) != 0 ||
+            __builtin_add_overflow(off, padded, &end) || end > len)
+            return TS_EPROTO;
+        if (!all_zero(body + off + rec_len, (size_t)(padded - rec_len)))
+            return TS_EPROTO;
+        off = end;
+    }
+    if (off != len)
+        return TS_EPROTO;
+    m->version = version;
+    m->n_items = n;
+    m->remaining = remaining;
+    m->body = body;
+    m->len = len;
+    return 0;
+}
+
+void ts__msg_items_iter_init(const ts__msg_items *m, ts__msg_items_iter *it)
+{
+    it->i = 0;
+    it->off = items_head(m->n_items);
+}
+
+int ts__msg_items_next(const ts__msg_items *m, ts__msg_items_iter *it, size_t *off, size_t *len)
+{
+    if (it->i >= m->n_items)
+        return 0;
+    uint64_t rec_len = ts__get_u64le(m->body + TS_MSG_ITEMS_FIXED + 8 * (size_t)it->i);
+    *off = (size_t)it->off;
+    *len = (size_t)rec_len;
+    it->off += rec_len + ts__msg_items_pad(rec_len);
+    it->i++;
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * LIST
+ */
+
+int ts__msg_list_head_encode(uint8_t *out, size_t cap, uint32_t n, size_t *len)
+{
+    if (cap < TS_MSG_LIST_FIXED)
+        return TS_EMSGSIZE;
+    ts__put_u32le(out, n);
+    ts__put_u32le(out + 4, 0);
+    *len = TS_MSG_LIST_FIXED;
+    return 0;
+}
+
+size_t ts__msg_list_entry_size(size_t name_len)
+{
+    return TS_MSG_LIST_ENTRY_MIN + name_len;
+}
+
+int ts__msg_list_entry_encode(uint8_t *out, size_t cap, const ts__msg_list_entry *e, size_t *len)
+{
+    size_t need = ts__msg_list_entry_size(e->name_len);
+    int rc = room(need, cap, e->name_len);
+    if (rc != 0)
+        return rc;
+    uint8_t *p = out + put_name(out, e->name, e->name_len);
+    ts__put_u32le(p, e->n_items);
+    ts__put_u64le(p + 4, e->bytes);
+    ts__put_u64le(p + 12, e->version);
+    *len = need;
+    return 0;
+}
+
+/* Read one entry; the reader's error says whether it was there. */
+static void list_entry(ts__rd *r, ts__msg_list_entry *e)
+{
+    const char *name = NULL;
+    e->name_len = 0;
+    ts__rd_name(r, &name, &e->name_len);
+    e->name = (const uint8_t *)name;
+    e->n_items = 0;
+    e->bytes = 0;
+    e->version = 0;
+    ts__rd_u32(r, &e->n_items);
+    ts__rd_u64(r, &e->bytes);
+    ts__rd_u64(r, &e->version);
+}
+
+int ts__msg_list_decode(const uint8_t *body, size_t len, ts__msg_list *m)
+{
+    ts__rd r;
+    uint32_t n = 0, rsvd = 0;
+    ts__rd_init(&r, body, len);
+    ts__rd_u32(&r, &n);
+    ts__rd_u32(&r, &rsvd);
+    if (r.err != 0 || rsvd != 0)
+        return TS_EPROTO;
+    /* Every entry takes at least TS_MSG_LIST_ENTRY_MIN bytes: a huge n fails before the walk. */
+    if ((uint64_t)n * TS_MSG_LIST_ENTRY_MIN > r.left)
+        return TS_EPROTO;
+    const uint8_t *entries = r.p;
+    size_t entries_len = r.left;
+    for (uint32_t i = 0; i < n && r.err == 0; i++) {
+        ts__msg_list_entry e;
+        list_entry(&r, &e);
+    }
+    if (rd_end(&r) != 0)
+        return TS_EPROTO;
+    m->n = n;
+    m->entries = entries;
+    m->entries_len = entries_len;
+    return 0;
+}
+
+int ts__msg_list_next(const ts__msg_list *m, ts__msg_list_iter *it, ts__msg_list_entry *e)
+{
+    if (it->i >= m->n)
+        return 0;
+    ts__rd r;
+    ts__rd_init(&r, m->entries + it->off, m->entries_len - it->off);
+    list_entry(&r, e);
+    assert(r.err == 0); /* ts__msg_list_decode walked the same entries */
+    it->off = m->entries_len - r.left;
+    it->i++;
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Records, NOTIFY, errors
+ */
+
+int ts__msg_record_decode(const uint8_t *body, size_t len)
+{
+    (void)body;
+    return len >= TS_REC_HDR_SIZE ? 0 : TS_EPROTO;
+}
+
+size_t ts__msg_notify_size(size_t name_len)
+{
+    return TS_NOTIFY_FIXED + name_len;
+}
+
+int ts__msg_notify_encode(uint8_t *out, size_t cap, const ts__msg_notify *m, size_t *len)
+{
+    size_t need = ts__msg_notify_size(m->name_len);
+    int rc = room(need, cap, m->name_len);
+    if (rc != 0)
+        return rc;
+    ts__put_u64le(out, m->version);
+    ts__put_u32le(out + 8, m->n_items);
+    out[12] = m->event;
+    out[13] = m->flags;
+    put_name(out + 14, m->name, m->name_len);
+    *len = need;
+    return 0;
+}
+
+int ts__msg_notify_decode(const uint8_t *body, size_t len, ts__msg_notify *m)
+{
+    ts__rd r;
+    uint64_t version = 0;
+    uint32_t n = 0;
+    uint8_t event = 0, flags = 0;
+    const char *name = NULL;
+    size_t name_len = 0;
+    ts__rd_init(&r, body, len);
+    ts__rd_u64(&r, &version);
+    ts__rd_u32(&r, &n);
+    ts__rd_u8(&r, &event);
+    ts__rd_u8(&r, &flags);
+    ts__rd_name(&r, &name, &name_len);
+    if (rd_end(&r) != 0)
+        return TS_EPROTO;
+    m->version = version;
+    m->n_items = n;
+    m->event = event;
+    m->flags = flags;
+    m->name = (const uint8_t *)name;
+    m->name_len = name_len;
+    return 0;
+}
+
+int ts__msg_error_encode(uint8_t *out, size_t cap, const char *msg, size_t msg_len, size_t *len)
+{
+    if (msg_len > TS_MAX_ERRMSG)
+        return TS_EINVAL;
+    if (msg_len > cap)
+        return TS_EMSGSIZE;
+    if (msg_len > 0)
+        memcpy(out, msg, msg_len);
+    *len = msg_len;
+    return 0;
+}
+
+size_t ts__msg_error_vformat(char out[TS_MAX_ERRMSG], const char *fmt, va_list ap)
+{
+    int n = vsnprintf(out, TS_MAX_ERRMSG, fmt, ap);
+    if (n < 0)
+        return 0;
+    return (size_t)n >= TS_MAX_ERRMSG ? TS_MAX_ERRMSG - 1 : (size_t)n;
+}
+
+int ts__msg_error_decode(const uint8_t *body, size_t len, ts__msg_error *m)
+{
+    if (len > TS_MAX_ERRMSG)
+        return TS_EPROTO;
+    m->msg = (const char *)body;
+    m->len = len;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * By kind
+ */
+
+static int decode_kind(ts__msg_kind kind, const uint8_t *body, size_t len, ts__msg *m)
+{
+    ts__msg d;
+    memset(&d, 0, sizeof(d));
+    d.kind = kind;
+    int rc;
+    switch (kind) {
+    case TS_MSG_EMPTY:
+        rc = ts__msg_empty_decode(body, len);
+        break;
+    case TS_MSG_HELLO_REQ:
+        rc = ts__msg_hello_req_decode(body, len, &d.u.hello_req);
+        break;
+    case TS_MSG_HELLO_REP:
+        rc = ts__msg_hello_rep_decode(body, len, &d.u.hello_rep);
+        break;
+    case TS_MSG_NAME_REQ:
+        rc = ts__msg_name_req_decode(body, len, &d.u.name_req);
+        break;
+    case TS_MSG_GET_REQ:
+        rc = ts__msg_get_req_decode(body, len, &d.u.name_req);
+        break;
+    case TS_MSG_WAIT_REQ:
+        rc = ts__msg_wait_req_decode(body, len, &d.u.name_req);
+        break;
+    case TS_MSG_PUT_REQ:
+        rc = ts__msg_put_decode(body, len, &d.u.put);
+        break;
+    case TS_MSG_BIN_STATE:
+        rc = ts__msg_bin_state_decode(body, len, &d.u.state);
+        break;
+    case TS_MSG_ITEMS:
+        rc = ts__msg_items_decode(body, len, &d.u.items);
+        break;
+    case TS_MSG_LIST_REP:
+        rc = ts__msg_list_decode(body, len, &d.u.list);
+        break;
+    case TS_MSG_RECORD:
+        rc = ts__msg_record_decode(body, len);
+        break;
+    case TS_MSG_NOTIFY:
+        rc = ts__msg_notify_decode(body, len, &d.u.notify);
+        break;
+    case TS_MSG_ERROR:
+        rc = ts__msg_error_decode(body, len, &d.u.error);
+        break;
+    case TS_MSG_NONE:
+    default:
+        return TS_EUNKNOWNOP;
+    }
+    if (rc != 0)
+        return rc;
+    *m = d;
+    return 0;
+}
+
+int ts__msg_request_decode(uint8_t op, const uint8_t *body, size_t len, ts__msg *m)
+{
+    const ts__msg_op *info = ts__msg_op_info(op);
+    if (info == NULL)
+        return TS_EUNKNOWNOP;
+    return decode_kind((ts__msg_kind)info->request, body, len, m);
+}
+
+int ts__msg_reply_decode(uint8_t op, uint16_t status, const uint8_t *body, size_t len, ts__msg *m)
+{
+    return decode_kind(ts__msg_reply_kind(op, status), body, len, m);
+}
+
+/* Re-encode a decoded ITEMS body from the records it points to. */
+static int items_encode_again(const ts__msg_items *it, uint8_t *out, size_t cap, size_t *len)
+{
+    size_t off;
+    int rc =
+        ts__msg_items_head_encode(out, cap, it->version, it->n_items, it->remaining, NULL, &off);
+    if (rc != 0)
+        return rc;
+    ts__msg_items_iter iter;
+    size_t roff, rlen;
+    ts__msg_items_iter_init(it, &iter);
+    for (uint32_t i = 0; ts__msg_items_next(it, &iter, &roff, &rlen); i++) {
+        size_t pad = ts__msg_items_pad(rlen);
+        if (rlen > cap - off || pad > cap - off - rlen)
+            return TS_EMSGSIZE;
+        ts__msg_items_set_len(out, i, rlen);
+        if (rlen > 0)
+            memcpy(out + off, it->body + roff, rlen);
+        memset(out + off + rlen, 0, pad);
+        off += rlen + pad;
+    }
+    *len = off;
+    return 0;
+}
+
+/* Re-encode a decoded LIST body entry by entry. */
+static int list_encode_again(const ts__msg_list *l, uint8_t *out, size_t cap, size_t *len)
+{
+    size_t off;
+    int rc = ts__msg_list_head_encode(out, cap, l->n, &off);
+    ts__msg_list_iter it = {0, 0};
+    ts__msg_list_entry e;
+    while (rc == 0 && ts__msg_list_next(l, &it, &e)) {
+        size_t n;
+        rc = ts__msg_list_entry_encode(out + off, cap - off, &e, &n);
+        off += rc == 0 ? n : 0;
+    }
+    if (rc == 0)
+        *len = off;
+    return rc;
+}
+
+int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
+{
+    switch (m->kind) {
+    case TS_MSG_EMPTY:
+    case TS_MSG_RECORD:
+        *len = 0;
+        return 0;
+    case TS_MSG_HELLO_REQ:
+        return ts__msg_hello_req_encode(out, cap, &m->u.hello_req, len);
+    case TS_MSG_HELLO_REP:
+        return ts__msg_hello_rep_encode(out, cap, &m->u.hello_rep, len);
+    case TS_MSG_NAME_REQ:
+        return ts__msg_name_req_encode(out, cap, &m->u.name_req, len);
+    case TS_MSG_GET_REQ:
+        return ts__msg_get_req_encode(out, cap, &m->u.name_req, len);
+    case TS_MSG_WAIT_REQ:
+        return ts__msg_wait_req_encode(out, cap, &m->u.name_req, len);
+    case TS_MSG_PUT_REQ:
+        return ts__msg_put_encode(out, cap, m->u.put.name, m->u.put.name_len, m->u.put.record,
+                                  (size_t)m->u.put.rec_len, len);
+    case TS_MSG_BIN_STATE:
+        return ts__msg_bin_state_encode(out, cap, m->u.state.version, m->u.state.n_items, len);
+    case TS_MSG_ITEMS:
+        return items_encode_again(&m->u.items, out, cap, len);
+    case TS_MSG_LIST_REP:
+        return list_encode_again(&m->u.list, out, cap, len);
+    case TS_MSG_NOTIFY:
+        return ts__msg_notify_encode(out, cap, &m->u.notify, len);
+    case TS_MSG_ERROR:
+        return ts__msg_error_encode(out, cap, m->u.error.msg, m->u.error.len, len);
+    case TS_MSG_NONE:
+    default:
+        return TS_EINVAL;
+    }
+}

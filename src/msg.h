@@ -1,0 +1,375 @@
+/*
+ * The message codec: one encoder and one strict decoder for every frame body of
+ * docs/PROTOCOL.md (sections 4, 5, 8 and 12), and one table of what each opcode carries. Pure
+ * functions over byte buffers: nothing here touches a socket, and nothing allocates.
+ *
+ * Every body layout of the protocol is written down here and nowhere else. Encoders write field
+ * by field, little-endian (common.h), into a buffer the caller gives with its capacity; the
+ * matching ts__msg_*_size function says how much room they need. Decoders take the body bytes
+ * and fill a small struct whose pointers point into those bytes (so the body must outlive it).
+ * Every decoder is strict: each length is checked against the body before it is used (in 64-bit
+ * arithmetic that cannot overflow), reserved fields must be 0, zero padding must be zero, and the
+ * body must end exactly after its last field. A decoder returns 0, or TS_EPROTO for a body that
+ * breaks its layout (TS_EAGAIN only where a streaming head asks for more bytes), and sets its
+ * output only on success. Encoders return 0, TS_ENAMETOOLONG for a name over TS_MAX_NAME_LEN
+ * bytes, TS_EMSGSIZE when the buffer is too small (nothing is written then), or TS_EINVAL for
+ * an argument no body can carry.
+ *
+ * Thread: none of these keep state; any thread may call them.
+ *
+ * What replaces what (the daemon and the client still carry their own copies; wiring them to
+ * this file changes only the behaviour listed under "differences"):
+ *
+ *   server/ops.c    op_hello: the ts__rd reads         -> ts__msg_hello_req_decode
+ *                   op_hello: body[24] filled by hand  -> ts__msg_hello_rep_encode
+ *                   tsd_op_dispatch, PING/LIST/STATS/SAVE "len != 0"
+ *                                                      -> ts__msg_empty_decode
+ *                   tsd_op_dispatch, GET/PEEK name+u32 -> ts__msg_get_req_decode
+ *                   tsd_op_dispatch, DELETE/LISTEN/UNLISTEN name
+ *                                                      -> ts__msg_name_req_decode
+ *                   tsd_op_dispatch, WAIT              -> ts__msg_wait_req_decode
+ *                   rd_done()                          -> gone (every decoder checks the end)
+ *                   op_get: the ITEMS head by hand     -> ts__msg_items_size (body_len, with
+ *                         the item lengths) and ts__msg_items_head_encode + ..._set_len
+ *                   op_list: body_len sum and entries  -> ts__msg_list_head_encode,
+ *                         ts__msg_list_entry_size, ts__msg_list_entry_encode
+ *                   the "which opcode is which" switch -> ts__msg_op_info (request kind)
+ *   server/conn.c   tsd_reply_state: body by hand      -> ts__msg_bin_state_encode
+ *                   format_msg (error messages)        -> ts__msg_error_vformat
+ *                   check_header: 4096 for control bodies, TS_MAX_PREAUTH_BODY before HELLO,
+ *                         max_frame for PUT/APPEND     -> ts__msg_request_limit
+ *                   start_upload: name length checks   -> ts__msg_put_head_decode (TS_EAGAIN =
+ *                         read more; it gives name, head_len and rec_len)
+ *                   lz4_done: name after inflating     -> ts__msg_put_decode
+ *   server/notify.c send_note: body by hand            -> ts__msg_notify_size and
+ *                         ts__msg_notify_encode (TS_NOTIFY_FIXED stays the fixed part)
+ *   client/reply.c  ts__parse_bin_state                -> ts__msg_bin_state_decode
+ *                   parse_items: head and offsets      -> ts__msg_items_decode, then
+ *                         ts__msg_items_next for each record (records still validated by
+ *                         ts__record_decode)
+ *                   parse_list: both passes            -> ts__msg_list_decode + ts__msg_list_next
+ *                   parse_stats: length < 16           -> ts__msg_record_decode
+ *                   ts__reply_parse_view HELLO         -> ts__msg_hello_rep_decode
+ *                   ts__reply_parse_view PING/UNLISTEN/SAVE -> ts__msg_empty_decode
+ *                   the PUT/APPEND/DELETE/LISTEN/WAIT case list -> ts__msg_reply_kind
+ *   client/client.c dispatch_notify: the ts__rd reads  -> ts__msg_notify_decode
+ *                   reply_apply: WAIT's TIMEOUT body   -> ts__msg_reply_kind + bin_state_decode
+ *                   reply_apply: the error message     -> ts__msg_error_decode
+ *                   the client's request builders (HELLO, name, GET/PEEK, WAIT, PUT head)
+ *                                                      -> the matching *_encode
+ *
+ * Differences that wiring will make (today's code is laxer than docs/PROTOCOL.md):
+ *   - client/reply.c ignores the reserved fields of BIN_STATE, of the HELLO reply and of the LIST
+ *     head, and accepts bytes after a BIN_STATE, a HELLO reply and the last LIST entry; the
+ *     decoders refuse all of that (TS_EPROTO: the client drops the connection).
+ *   - client/reply.c does not check the zero padding of an ITEMS body, nor that the body ends
+ *     with the padding of the last record; ts__msg_items_decode does.
+ *   - The client accepts any body on PING, UNLISTEN and SAVE replies; the decoders ask for none.
+ *   - The client cuts an error message over TS_MAX_ERRMSG bytes short; ts__msg_error_decode
+ *     refuses it (section 12 allows either).
+ *   - client/client.c dispatch_notify ignores bytes after the name (now refused) and refuses
+ *     an event of 0 or >= 100, while section 8.14 says a client MUST ignore an event it does not
+ *     know: ts__msg_notify_decode accepts any event and any flags, and the caller drops events
+ *     it does not know. tests/fuzz/fuzz_frame.c refused events outside 1..4 too.
+ *   - server/conn.c refuses a PUT/APPEND record shorter than 16 bytes with BAD_RECORD when the
+ *     body is raw but with BAD_REQUEST when it came compressed (lz4_done); the head decoders
+ *     leave the record to ts__record_validate, so one status (BAD_RECORD) can serve both.
+ */
+#ifndef TS_MSG_H
+#define TS_MSG_H
+
+#include <stdarg.h>
+
+#include "proto.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Sizes and limits of the bodies (bytes)
+ */
+#define TS_MSG_HELLO_REQ_FIXED 4  /* u8 max_version, u8 flags, u16 token_len */
+#define TS_MSG_HELLO_REP_SIZE  24 /* the HELLO reply, section 4 */
+#define TS_MSG_GET_REQ_FIXED   4  /* the u32 max_items after the name */
+#define TS_MSG_WAIT_REQ_FIXED  12 /* u64 after_version, u32 timeout_ms after the name */
+#define TS_MSG_ITEMS_FIXED     16 /* u64 version, u32 n_items, u32 remaining */
+#define TS_MSG_LIST_FIXED      8  /* u32 n, u32 reserved */
+#define TS_MSG_LIST_ENTRY_MIN  21 /* an entry with an empty name: u8, u32, u64, u64 */
+/*
+ * Bytes; the body limit of every request but PUT and APPEND (a name and a few integers fit with
+ * room to spare), fixed by section 12 so that control frames live in a small input buffer.
+ */
+#define TS_MAX_CTRL_BODY 4096
+/* The largest HELLO token: the whole pre-HELLO body limit less the fixed fields. */
+#define TS_MAX_TOKEN_LEN (TS_MAX_PREAUTH_BODY - TS_MSG_HELLO_REQ_FIXED)
+
+/* ---------------------------------------------------------------------------------------------
+ * The opcode table
+ */
+
+/* The shapes a body can have; each has one encoder and one decoder below. */
+typedef enum ts__msg_kind {
+    TS_MSG_NONE = 0,  /* no such frame (an unknown opcode, or a reply to NOTIFY) */
+    TS_MSG_EMPTY,     /* no bytes at all */
+    TS_MSG_HELLO_REQ, /* max_version, flags, token */
+    TS_MSG_HELLO_REP, /* version, flags, max_body, server_id */
+    TS_MSG_NAME_REQ,  /* name (DELETE, LISTEN, UNLISTEN) */
+    TS_MSG_GET_REQ,   /* name, u32 max_items (GET, PEEK) */
+    TS_MSG_WAIT_REQ,  /* name, u64 after_version, u32 timeout_ms */
+    TS_MSG_PUT_REQ,   /* name, then a record to the end of the body (PUT, APPEND) */
+    TS_MSG_BIN_STATE, /* u64 version, u32 n_items, u32 reserved */
+    TS_MSG_ITEMS,     /* the ITEMS reply of GET and PEEK */
+    TS_MSG_LIST_REP,  /* the LIST reply */
+    TS_MSG_RECORD,    /* one record filling the body (the STATS reply) */
+    TS_MSG_NOTIFY,    /* the NOTIFY body */
+    TS_MSG_ERROR      /* an error message of at most TS_MAX_ERRMSG bytes */
+} ts__msg_kind;
+
+/* What one opcode carries (section 8's table). */
+typedef struct ts__msg_op {
+    uint8_t op;
+    uint8_t request; /* ts__msg_kind of the request body (TS_MSG_NONE for NOTIFY) */
+    uint8_t reply;   /* ts__msg_kind of a reply with status OK (or of NOTIFY itself) */
+    /* 1 when the body is an upload whose size is bounded by max_body (PUT and APPEND). */
+    uint8_t upload;
+    /* 1 when a successful request changes the store (GET, PUT, APPEND, DELETE). */
+    uint8_t changes;
+} ts__msg_op;
+
+/* The entry of op, or NULL for an opcode the protocol does not define. */
+const ts__msg_op *ts__msg_op_info(uint8_t op);
+
+/*
+ * The body kind of a reply to op with status: the opcode's OK body for TS_ST_OK (TS_MSG_NONE for
+ * an opcode without one, 0 included), TS_MSG_BIN_STATE for WAIT's TIMEOUT, and TS_MSG_ERROR for
+ * every other status (known or not) of every other opcode (known or not, 0 included: errors that
+ * belong to no request). NOTIFY gives TS_MSG_NOTIFY with status 0 and TS_MSG_NONE otherwise.
+ */
+ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status);
+
+/*
+ * The largest request body (bytes, after decompression) a server accepts for op: before HELLO
+ * has succeeded (helloed = 0) TS_MAX_PREAUTH_BODY for any opcode; afterwards max_frame for PUT
+ * and APPEND and TS_MAX_CTRL_BODY for the other requests (never more than max_frame).
+ */
+uint64_t ts__msg_request_limit(uint8_t op, int helloed, uint64_t max_frame);
+
+/* ---------------------------------------------------------------------------------------------
+ * Bodies
+ */
+
+/* Empty bodies (PING, LIST, STATS and SAVE requests; PING, UNLISTEN and SAVE replies). */
+int ts__msg_empty_decode(const uint8_t *body, size_t len);
+
+/*
+ * HELLO request. Flag bits the server does not know are kept (it MUST ignore them). A token over
+ * TS_MAX_TOKEN_LEN bytes is refused both ways: no such body fits the pre-HELLO limit.
+ */
+typedef struct ts__msg_hello_req {
+    uint8_t max_version;
+    uint8_t flags;
+    uint16_t token_len;
+    const uint8_t *token; /* borrowed from the body; NULL when token_len is 0 */
+} ts__msg_hello_req;
+size_t ts__msg_hello_req_size(size_t token_len);
+/* TS_EINVAL for a token longer than TS_MAX_TOKEN_LEN. */
+int ts__msg_hello_req_encode(uint8_t *out, size_t cap, const ts__msg_hello_req *m, size_t *len);
+int ts__msg_hello_req_decode(const uint8_t *body, size_t len, ts__msg_hello_req *m);
+
+/* HELLO reply (24 bytes; both reserved fields 0). */
+typedef struct ts__msg_hello_rep {
+    uint8_t version;
+    uint8_t flags;
+    uint64_t max_body;
+    uint64_t server_id;
+} ts__msg_hello_rep;
+int ts__msg_hello_rep_encode(uint8_t *out, size_t cap, const ts__msg_hello_rep *m, size_t *len);
+int ts__msg_hello_rep_decode(const uint8_t *body, size_t len, ts__msg_hello_rep *m);
+
+/*
+ * The requests whose body starts with a bin name: DELETE, LISTEN, UNLISTEN (name only), GET and
+ * PEEK (max_items), WAIT (after_version, timeout_ms). One struct serves all; the fields a layout
+ * does not have are 0 after decoding and ignored by the encoders.
+ */
+typedef struct ts__msg_name_req {
+    const uint8_t *name; /* borrowed; not NUL-terminated */
+    size_t name_len;     /* at most TS_MAX_NAME_LEN */
+    uint32_t max_items;  /* GET, PEEK: 0 = all */
+    uint64_t after_version;
+    uint32_t timeout_ms;
+} ts__msg_name_req;
+size_t ts__msg_name_req_size(size_t name_len);
+int ts__msg_name_req_encode(uint8_t *out, size_t cap, const ts__msg_name_req *m, size_t *len);
+int ts__msg_name_req_decode(const uint8_t *body, size_t len, ts__msg_name_req *m);
+size_t ts__msg_get_req_size(size_t name_len);
+int ts__msg_get_req_encode(uint8_t *out, size_t cap, const ts__msg_name_req *m, size_t *len);
+int ts__msg_get_req_decode(const uint8_t *body, size_t len, ts__msg_name_req *m);
+size_t ts__msg_wait_req_size(size_t name_len);
+int ts__msg_wait_req_encode(uint8_t *out, size_t cap, const ts__msg_name_req *m, size_t *len);
+int ts__msg_wait_req_decode(const uint8_t *body, size_t len, ts__msg_name_req *m);
+
+/*
+ * PUT and APPEND: name, then the record up to the end of the body. The record itself is checked
+ * by ts__record_validate, not here (a bad record is BAD_RECORD, a bad layout BAD_REQUEST).
+ */
+typedef struct ts__msg_put_req {
+    const uint8_t *name; /* borrowed */
+    size_t name_len;
+    size_t head_len;       /* bytes before the record: 1 + name_len */
+    uint64_t rec_len;      /* body_len - head_len */
+    const uint8_t *record; /* borrowed; NULL from ts__msg_put_head_decode */
+} ts__msg_put_req;
+/* The head (name) of a PUT body for name_len: 1 + name_len bytes. */
+size_t ts__msg_put_head_size(size_t name_len);
+/* Write the head only (the record follows it, e.g. from its own buffer with writev). */
+int ts__msg_put_head_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                            size_t *len);
+/* The whole body, head and record. */
+int ts__msg_put_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                       const uint8_t *rec, size_t rec_len, size_t *len);
+/*
+ * Decode the head of a body of body_len bytes of which the first avail are at p, as a streaming
+ * receiver has them: 0 with name, head_len and rec_len (record = NULL); TS_EAGAIN when avail does
+ * not yet hold the head; TS_EPROTO when body_len cannot hold the name its first byte announces.
+ */
+int ts__msg_put_head_decode(const uint8_t *p, size_t avail, uint64_t body_len, ts__msg_put_req *m);
+/* Decode a whole body held in memory (record points into it). */
+int ts__msg_put_decode(const uint8_t *body, size_t len, ts__msg_put_req *m);
+
+/* BIN_STATE (16 bytes: version, n_items, reserved 0). */
+typedef struct ts__msg_bin_state {
+    uint64_t version;
+    uint32_t n_items;
+} ts__msg_bin_state;
+int ts__msg_bin_state_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t n_items,
+                             size_t *len);
+int ts__msg_bin_state_decode(const uint8_t *body, size_t len, ts__msg_bin_state *m);
+
+/*
+ * ITEMS (GET and PEEK replies): version, n_items, remaining, n_items u64 lengths, zeros up to
+ * ts__items_head_size(n_items), then each record followed by zeros up to a multiple of 64.
+ */
+typedef struct ts__msg_items {
+    uint64_t version;
+    uint32_t n_items;
+    uint32_t remaining;
+    const uint8_t *body; /* the whole body, borrowed */
+    size_t len;
+} ts__msg_items;
+/* A walk over a decoded ITEMS body: start with ts__msg_items_iter_init. */
+typedef struct ts__msg_items_iter {
+    uint32_t i;
+    uint64_t off; /* body offset of the next record, a multiple of 64 */
+} ts__msg_items_iter;
+/*
+ * The body size for n items of the given lengths, in *size; TS_EMSGSIZE when it does not fit in
+ * 64 bits (or, on the way, in size_t).
+ */
+int ts__msg_items_size(uint32_t n, const uint64_t *item_lens, uint64_t *size);
+/*
+ * Write the head: the fixed fields, every item length (0 when item_lens is NULL: fill them in
+ * with ts__msg_items_set_len) and the zero padding; ts__items_head_size(n) bytes.
+ */
+int ts__msg_items_head_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t n,
+                              uint32_t remaining, const uint64_t *item_lens, size_t *len);
+/* Set item i's length in a head written by ts__msg_items_head_encode (i < its n). */
+void ts__msg_items_set_len(uint8_t *head, uint32_t i, uint64_t item_len);
+/* The zero bytes that follow a record of rec_len bytes in an ITEMS body (0 to 63). */
+size_t ts__msg_items_pad(uint64_t rec_len);
+/* The whole body from records in memory. */
+int ts__msg_items_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t remaining, uint32_t n,
+                         const uint8_t *const *recs, const uint64_t *rec_lens, size_t *len);
+int ts__msg_items_decode(const uint8_t *body, size_t len, ts__msg_items *m);
+void ts__msg_items_iter_init(const ts__msg_items *m, ts__msg_items_iter *it);
+/*
+ * The next record of a decoded body: 1 with its body offset and length (the record is at
+ * m->body + *off), or 0 after the last one. Never fails: ts__msg_items_decode checked them all.
+ */
+int ts__msg_items_next(const ts__msg_items *m, ts__msg_items_iter *it, size_t *off, size_t *len);
+
+/* LIST reply: n, reserved 0, then n entries (name, u32 n_items, u64 bytes, u64 version). */
+typedef struct ts__msg_list_entry {
+    const uint8_t *name; /* borrowed */
+    size_t name_len;
+    uint32_t n_items;
+    uint64_t bytes;
+    uint64_t version;
+} ts__msg_list_entry;
+typedef struct ts__msg_list {
+    uint32_t n;
+    const uint8_t *entries; /* the bytes of the n entries, borrowed */
+    size_t entries_len;
+} ts__msg_list;
+typedef struct ts__msg_list_iter {
+    uint32_t i;
+    size_t off;
+} ts__msg_list_iter;
+int ts__msg_list_head_encode(uint8_t *out, size_t cap, uint32_t n, size_t *len);
+size_t ts__msg_list_entry_size(size_t name_len);
+int ts__msg_list_entry_encode(uint8_t *out, size_t cap, const ts__msg_list_entry *e, size_t *len);
+int ts__msg_list_decode(const uint8_t *body, size_t len, ts__msg_list *m);
+/* The next entry of a decoded list: 1 and *e, or 0 after the last. */
+int ts__msg_list_next(const ts__msg_list *m, ts__msg_list_iter *it, ts__msg_list_entry *e);
+
+/* A body that is one record (the STATS reply): at least a record header; see ts__record_*. */
+int ts__msg_record_decode(const uint8_t *body, size_t len);
+
+/* NOTIFY. Any event and any flags decode: a client MUST ignore those it does not know. */
+typedef struct ts__msg_notify {
+    uint64_t version;
+    uint32_t n_items;
+    uint8_t event; /* TS_NOTE_* */
+    uint8_t flags; /* TS_NOTE_FLAG_* */
+    const uint8_t *name;
+    size_t name_len;
+} ts__msg_notify;
+size_t ts__msg_notify_size(size_t name_len);
+int ts__msg_notify_encode(uint8_t *out, size_t cap, const ts__msg_notify *m, size_t *len);
+int ts__msg_notify_decode(const uint8_t *body, size_t len, ts__msg_notify *m);
+
+/*
+ * Error body: a message for people, 0 to TS_MAX_ERRMSG bytes, not NUL-terminated. The decoder
+ * refuses a longer body. ts__msg_error_vformat formats into out[TS_MAX_ERRMSG] and returns the
+ * message's length (cut at TS_MAX_ERRMSG - 1 bytes, as vsnprintf leaves room for its NUL).
+ */
+int ts__msg_error_encode(uint8_t *out, size_t cap, const char *msg, size_t msg_len, size_t *len);
+size_t ts__msg_error_vformat(char out[TS_MAX_ERRMSG], const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
+typedef struct ts__msg_error {
+    const char *msg; /* borrowed; not NUL-terminated */
+    size_t len;
+} ts__msg_error;
+int ts__msg_error_decode(const uint8_t *body, size_t len, ts__msg_error *m);
+
+/* ---------------------------------------------------------------------------------------------
+ * Decoding by opcode: the table above picks the decoder
+ */
+typedef struct ts__msg {
+    ts__msg_kind kind;
+    union {
+        ts__msg_hello_req hello_req;
+        ts__msg_hello_rep hello_rep;
+        ts__msg_name_req name_req; /* NAME_REQ, GET_REQ, WAIT_REQ */
+        ts__msg_put_req put;
+        ts__msg_bin_state state;
+        ts__msg_items items;
+        ts__msg_list list;
+        ts__msg_notify notify;
+        ts__msg_error error;
+    } u;
+} ts__msg;
+
+/*
+ * Decode a request body of op: 0 and *m; TS_EUNKNOWNOP for an opcode that has no request
+ * (NOTIFY, unknown ones); TS_EPROTO for a malformed body. A PUT record is not validated.
+ */
+int ts__msg_request_decode(uint8_t op, const uint8_t *body, size_t len, ts__msg *m);
+/*
+ * Decode a reply body of op with status (or a NOTIFY body): as above. A STATS record and the
+ * ITEMS records are not validated (see ts__record_validate).
+ */
+int ts__msg_reply_decode(uint8_t op, uint16_t status, const uint8_t *body, size_t len, ts__msg *m);
+/*
+ * Encode m (as decoded) again: 0 and *len, or the encoders' errors. For TS_MSG_RECORD and
+ * TS_MSG_EMPTY the caller copies the body itself; this writes nothing for them.
+ */
+int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len);
+
+#endif /* TS_MSG_H */

@@ -1,0 +1,615 @@
+/* Unit tests for the message codec (src/msg.c): every body of docs/PROTOCOL.md, both ways. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "msg.h"
+#include "record.h"
+
+#define VER 1764115200000042ull /* a version as the change counter hands them out */
+
+/* The longest name the encoding allows. */
+static uint8_t long_name[TS_MAX_NAME_LEN + 1];
+
+/* A body under test: where it goes, and what a prefix or an extra byte must do. */
+typedef struct body_case {
+    const char *what;
+    int request; /* 1: decoded with ts__msg_request_decode, else ts__msg_reply_decode */
+    uint8_t op;
+    uint16_t status;
+    uint8_t b[4096];
+    size_t len;
+    size_t prefix_ok_from; /* prefixes this long or longer still decode (len + 1: none) */
+    int trailing_ok;       /* 1 when one more byte still decodes (a record or a message) */
+} body_case;
+
+/* Decode c's first len bytes as c says. */
+static int decode(const body_case *c, size_t len, ts__msg *m)
+{
+    if (c->request)
+        return ts__msg_request_decode(c->op, c->b, len, m);
+    return ts__msg_reply_decode(c->op, c->status, c->b, len, m);
+}
+
+/*
+ * The properties every body shares: it decodes; encoding the decoded message gives the same
+ * bytes; every shorter prefix is refused (or accepted, for a record or a message, from where the
+ * layout allows); one more byte is refused; a refused decode leaves the output alone.
+ */
+static void check_case(body_case *c)
+{
+    ts__msg m;
+    if (decode(c, c->len, &m) != 0)
+        fail_msg("%s: the encoded body does not decode", c->what);
+    if (m.kind != TS_MSG_EMPTY && m.kind != TS_MSG_RECORD) {
+        uint8_t again[4096];
+        size_t n = 0;
+        assert_int_equal(ts__msg_encode(&m, again, sizeof(again), &n), 0);
+        assert_int_equal(n, c->len);
+        assert_memory_equal(again, c->b, c->len);
+        /* Too small a buffer is refused, not overrun. */
+        if (c->len > 0)
+            assert_int_equal(ts__msg_encode(&m, again, c->len - 1, &n), TS_EMSGSIZE);
+    }
+    for (size_t k = 0; k < c->len; k++) {
+        ts__msg d;
+        memset(&d, 0xA5, sizeof(d));
+        ts__msg before = d;
+        int rc = decode(c, k, &d);
+        if (k >= c->prefix_ok_from) {
+            if (rc != 0)
+                fail_msg("%s: a prefix of %zu bytes is refused", c->what, k);
+            continue;
+        }
+        if (rc != TS_EPROTO)
+            fail_msg("%s: a prefix of %zu bytes decodes (%d)", c->what, k, rc);
+        assert_memory_equal(&d, &before, sizeof(d));
+    }
+    assert_true(c->len < sizeof(c->b));
+    c->b[c->len] = 0;
+    int rc = decode(c, c->len + 1, &m);
+    if (c->trailing_ok ? rc != 0 : rc != TS_EPROTO)
+        fail_msg("%s: a trailing byte gives %d", c->what, rc);
+}
+
+static body_case *new_case(const char *what, int request, uint8_t op, uint16_t status)
+{
+    body_case *c = calloc(1, sizeof(*c));
+    assert_non_null(c);
+    c->what = what;
+    c->request = request;
+    c->op = op;
+    c->status = status;
+    c->prefix_ok_from = SIZE_MAX;
+    return c;
+}
+
+/* Encode a record into a fresh allocation (and free the tree). */
+static uint8_t *record_of(ts_value_t *v, size_t *len)
+{
+    uint8_t *rec;
+    assert_non_null(v);
+    assert_int_equal(ts__record_encode(v, &rec, len), 0);
+    ts_value_free(v);
+    return rec;
+}
+
+static void test_round_trip_every_body(void **state)
+{
+    (void)state;
+    body_case *c;
+    size_t n;
+
+    c = new_case("HELLO request", 1, TS_OP_HELLO, 0);
+    ts__msg_hello_req hq = {.max_version = 1,
+                            .flags = TS_HELLO_LZ4 | 0x80,
+                            .token_len = 5,
+                            .token = (const uint8_t *)"token"};
+    assert_int_equal(ts__msg_hello_req_size(5), 9);
+    assert_int_equal(ts__msg_hello_req_encode(c->b, sizeof(c->b), &hq, &c->len), 0);
+    assert_memory_equal(c->b, "\x01\x81\x05\x00token", 9);
+    check_case(c);
+    free(c);
+
+    c = new_case("HELLO request, no token", 1, TS_OP_HELLO, 0);
+    hq = (ts__msg_hello_req){.max_version = 7};
+    assert_int_equal(ts__msg_hello_req_encode(c->b, sizeof(c->b), &hq, &c->len), 0);
+    check_case(c);
+    free(c);
+
+    c = new_case("HELLO reply", 0, TS_OP_HELLO, TS_ST_OK);
+    ts__msg_hello_rep hr = {.version = 1, .flags = 1, .max_body = 1ull << 30, .server_id = 9};
+    assert_int_equal(ts__msg_hello_rep_encode(c->b, sizeof(c->b), &hr, &c->len), 0);
+    assert_int_equal(c->len, 24);
+    assert_memory_equal(c->b, "\x01\x01\0\0\0\0\0\0\0\0\0\x40\0\0\0\0\x09\0\0\0\0\0\0\0", 24);
+    check_case(c);
+    ts__msg m;
+    assert_int_equal(ts__msg_reply_decode(TS_OP_HELLO, 0, c->b, c->len, &m), 0);
+    assert_int_equal(m.kind, TS_MSG_HELLO_REP);
+    assert_true(m.u.hello_rep.max_body == 1ull << 30 && m.u.hello_rep.server_id == 9);
+    free(c);
+
+    const uint8_t name_ops[] = {TS_OP_DELETE, TS_OP_LISTEN, TS_OP_UNLISTEN};
+    for (size_t i = 0; i < TS__ARRAY_SIZE(name_ops); i++) {
+        c = new_case(ts__op_name(name_ops[i]), 1, name_ops[i], 0);
+        ts__msg_name_req nq = {.name = (const uint8_t *)"params", .name_len = 6};
+        assert_int_equal(ts__msg_name_req_size(6), 7);
+        assert_int_equal(ts__msg_name_req_encode(c->b, sizeof(c->b), &nq, &c->len), 0);
+        assert_memory_equal(c->b, "\x06params", 7);
+        check_case(c);
+        free(c);
+    }
+
+    const uint8_t get_ops[] = {TS_OP_GET, TS_OP_PEEK};
+    for (size_t i = 0; i < TS__ARRAY_SIZE(get_ops); i++) {
+        c = new_case(ts__op_name(get_ops[i]), 1, get_ops[i], 0);
+        ts__msg_name_req gq = {.name = long_name, .name_len = TS_MAX_NAME_LEN, .max_items = 3};
+        assert_int_equal(ts__msg_get_req_encode(c->b, sizeof(c->b), &gq, &c->len), 0);
+        assert_int_equal(c->len, ts__msg_get_req_size(TS_MAX_NAME_LEN));
+        check_case(c);
+        assert_int_equal(ts__msg_request_decode(get_ops[i], c->b, c->len, &m), 0);
+        assert_int_equal(m.u.name_req.name_len, TS_MAX_NAME_LEN);
+        assert_ptr_equal(m.u.name_req.name, c->b + 1);
+        assert_int_equal(m.u.name_req.max_items, 3);
+        free(c);
+    }
+
+    c = new_case("WAIT request", 1, TS_OP_WAIT, 0);
+    ts__msg_name_req wq = {
+        .name = (const uint8_t *)"p", .name_len = 1, .after_version = VER, .timeout_ms = 5000};
+    assert_int_equal(ts__msg_wait_req_encode(c->b, sizeof(c->b), &wq, &c->len), 0);
+    assert_int_equal(c->len, ts__msg_wait_req_size(1));
+    check_case(c);
+    assert_int_equal(ts__msg_wait_req_decode(c->b, c->len, &wq), 0);
+    assert_true(wq.after_version == VER && wq.timeout_ms == 5000);
+    free(c);
+
+    /* PUT and APPEND: any prefix that holds the name is a (shorter) record. */
+    const uint8_t put_ops[] = {TS_OP_PUT, TS_OP_APPEND};
+    for (size_t i = 0; i < TS__ARRAY_SIZE(put_ops); i++) {
+        c = new_case(ts__op_name(put_ops[i]), 1, put_ops[i], 0);
+        size_t rl;
+        uint8_t *rec = record_of(ts_int_new(42), &rl);
+        assert_int_equal(
+            ts__msg_put_encode(c->b, sizeof(c->b), (const uint8_t *)"log", 3, rec, rl, &c->len), 0);
+        assert_int_equal(c->len, ts__msg_put_head_size(3) + rl);
+        c->prefix_ok_from = ts__msg_put_head_size(3);
+        c->trailing_ok = 1;
+        check_case(c);
+        assert_int_equal(ts__msg_request_decode(put_ops[i], c->b, c->len, &m), 0);
+        assert_int_equal(m.u.put.head_len, 4);
+        assert_true(m.u.put.rec_len == rl);
+        assert_memory_equal(m.u.put.record, rec, rl);
+        ts__free_aligned(rec, rl);
+        free(c);
+    }
+
+    /* BIN_STATE: the OK reply of five opcodes and WAIT's TIMEOUT. */
+    const uint8_t state_ops[] = {TS_OP_PUT, TS_OP_APPEND, TS_OP_DELETE, TS_OP_LISTEN, TS_OP_WAIT};
+    for (size_t i = 0; i <= TS__ARRAY_SIZE(state_ops); i++) {
+        int timeout = i == TS__ARRAY_SIZE(state_ops);
+        c = new_case(timeout ? "WAIT TIMEOUT" : ts__op_name(state_ops[i]), 0,
+                     timeout ? TS_OP_WAIT : state_ops[i], timeout ? TS_ST_TIMEOUT : TS_ST_OK);
+        assert_int_equal(ts__msg_bin_state_encode(c->b, sizeof(c->b), VER, 3, &c->len), 0);
+        assert_int_equal(c->len, TS_BIN_STATE_SIZE);
+        check_case(c);
+        assert_int_equal(ts__msg_reply_decode(c->op, c->status, c->b, c->len, &m), 0);
+        assert_int_equal(m.kind, TS_MSG_BIN_STATE);
+        assert_true(m.u.state.version == VER && m.u.state.n_items == 3);
+        free(c);
+    }
+
+    /* ITEMS with 0, 1 and 7 records (7 lengths spill the head into a second 64 bytes). */
+    for (uint32_t k = 0; k < 3; k++) {
+        uint32_t nrec = k == 0 ? 0 : k == 1 ? 1 : 7;
+        const uint8_t *recs[7];
+        uint64_t lens[7];
+        size_t rl[7];
+        for (uint32_t i = 0; i < nrec; i++) {
+            /* Byte strings of odd lengths give records that need padding. */
+            recs[i] =
+                record_of(i % 2 == 0 ? ts_int_new(i) : ts_bytes_new("abcdefg", i, TS_COPY), &rl[i]);
+            lens[i] = rl[i];
+        }
+        c = new_case(k == 0   ? "ITEMS 0"
+                     : k == 1 ? "ITEMS 1"
+                              : "ITEMS 7",
+                     0, k == 1 ? TS_OP_PEEK : TS_OP_GET, TS_ST_OK);
+        uint64_t size;
+        assert_int_equal(ts__msg_items_size(nrec, lens, &size), 0);
+        assert_int_equal(
+            ts__msg_items_encode(c->b, sizeof(c->b), VER, 2, nrec, recs, lens, &c->len), 0);
+        assert_true(size == c->len);
+        assert_int_equal(c->len % 64, 0);
+        check_case(c);
+        ts__msg_items it;
+        assert_int_equal(ts__msg_items_decode(c->b, c->len, &it), 0);
+        assert_int_equal(it.n_items, nrec);
+        assert_int_equal(it.remaining, 2);
+        ts__msg_items_iter iter;
+        size_t off, len;
+        uint32_t seen = 0;
+        ts__msg_items_iter_init(&it, &iter);
+        while (ts__msg_items_next(&it, &iter, &off, &len)) {
+            assert_int_equal(off % TS__ALIGN, 0);
+            assert_int_equal(len, rl[seen]);
+            assert_memory_equal(c->b + off, recs[seen], len);
+            seen++;
+        }
+        assert_int_equal(seen, nrec);
+        for (uint32_t i = 0; i < nrec; i++)
+            ts__free_aligned((void *)recs[i], rl[i]);
+        free(c);
+    }
+
+    /* LIST with two entries, one of them with an empty name. */
+    c = new_case("LIST reply", 0, TS_OP_LIST, TS_ST_OK);
+    assert_int_equal(ts__msg_list_head_encode(c->b, sizeof(c->b), 2, &c->len), 0);
+    ts__msg_list_entry e1 = {(const uint8_t *)"log", 3, 3, 192, VER + 1};
+    ts__msg_list_entry e2 = {(const uint8_t *)"", 0, 1, 136, VER};
+    assert_int_equal(ts__msg_list_entry_encode(c->b + c->len, sizeof(c->b) - c->len, &e1, &n), 0);
+    assert_int_equal(n, ts__msg_list_entry_size(3));
+    c->len += n;
+    assert_int_equal(ts__msg_list_entry_encode(c->b + c->len, sizeof(c->b) - c->len, &e2, &n), 0);
+    c->len += n;
+    check_case(c);
+    ts__msg_list l;
+    assert_int_equal(ts__msg_list_decode(c->b, c->len, &l), 0);
+    ts__msg_list_iter li = {0, 0};
+    ts__msg_list_entry e;
+    assert_int_equal(ts__msg_list_next(&l, &li, &e), 1);
+    assert_true(e.name_len == 3 && memcmp(e.name, "log", 3) == 0 && e.n_items == 3 &&
+                e.bytes == 192 && e.version == VER + 1);
+    assert_int_equal(ts__msg_list_next(&l, &li, &e), 1);
+    assert_true(e.name_len == 0 && e.n_items == 1 && e.bytes == 136 && e.version == VER);
+    assert_int_equal(ts__msg_list_next(&l, &li, &e), 0);
+    free(c);
+
+    c = new_case("LIST reply, empty", 0, TS_OP_LIST, TS_ST_OK);
+    assert_int_equal(ts__msg_list_head_encode(c->b, sizeof(c->b), 0, &c->len), 0);
+    check_case(c);
+    free(c);
+
+    /* NOTIFY: events and flags the decoder does not know still decode. */
+    const uint8_t events[] = {TS_NOTE_PUT, TS_NOTE_DELETE, 0, 200};
+    for (size_t i = 0; i < TS__ARRAY_SIZE(events); i++) {
+        c = new_case("NOTIFY", 0, TS_OP_NOTIFY, 0);
+        ts__msg_notify nt = {
+            VER, 2, events[i], (uint8_t)(i == 3 ? 0xFF : 1), (const uint8_t *)"params", 6};
+        assert_int_equal(ts__msg_notify_encode(c->b, sizeof(c->b), &nt, &c->len), 0);
+        assert_int_equal(c->len, ts__msg_notify_size(6));
+        check_case(c);
+        free(c);
+    }
+
+    /* Empty bodies, both ways. */
+    const uint8_t empty_req[] = {TS_OP_PING, TS_OP_LIST, TS_OP_STATS, TS_OP_SAVE};
+    for (size_t i = 0; i < TS__ARRAY_SIZE(empty_req); i++) {
+        c = new_case(ts__op_name(empty_req[i]), 1, empty_req[i], 0);
+        check_case(c);
+        free(c);
+    }
+    const uint8_t empty_rep[] = {TS_OP_PING, TS_OP_UNLISTEN, TS_OP_SAVE};
+    for (size_t i = 0; i < TS__ARRAY_SIZE(empty_rep); i++) {
+        c = new_case(ts__op_name(empty_rep[i]), 0, empty_rep[i], TS_ST_OK);
+        check_case(c);
+        free(c);
+    }
+
+    /* STATS: a record fills the body; at least its header must be there. */
+    c = new_case("STATS reply", 0, TS_OP_STATS, TS_ST_OK);
+    size_t rl;
+    uint8_t *rec = record_of(ts_int_new(1), &rl);
+    memcpy(c->b, rec, rl);
+    c->len = rl;
+    ts__free_aligned(rec, rl);
+    c->prefix_ok_from = TS_REC_HDR_SIZE;
+    c->trailing_ok = 1;
+    check_case(c);
+    free(c);
+
+    /* Error bodies: any prefix of a message is a message. */
+    c = new_case("error reply", 0, TS_OP_GET, TS_ST_NOT_FOUND);
+    assert_int_equal(ts__msg_error_encode(c->b, sizeof(c->b), "no such bin", 11, &c->len), 0);
+    c->prefix_ok_from = 0;
+    c->trailing_ok = 1;
+    check_case(c);
+    free(c);
+}
+
+/* Every byte of every reserved field and every padding byte must be 0. */
+static void test_reserved_fields(void **state)
+{
+    (void)state;
+    uint8_t b[512];
+    size_t len;
+    ts__msg_hello_rep hr = {.version = 1, .max_body = 1, .server_id = 2};
+    assert_int_equal(ts__msg_hello_rep_encode(b, sizeof(b), &hr, &len), 0);
+    for (int i = 2; i < 8; i++)
+        for (int bit = 0; bit < 8; bit++) {
+            b[i] = (uint8_t)(1u << bit);
+            assert_int_equal(ts__msg_hello_rep_decode(b, len, &hr), TS_EPROTO);
+            b[i] = 0;
+        }
+
+    ts__msg_bin_state st;
+    assert_int_equal(ts__msg_bin_state_encode(b, sizeof(b), VER, 1, &len), 0);
+    for (int i = 12; i < 16; i++) {
+        b[i] = 0x80;
+        assert_int_equal(ts__msg_bin_state_decode(b, len, &st), TS_EPROTO);
+        b[i] = 0;
+    }
+    assert_int_equal(ts__msg_bin_state_decode(b, len, &st), 0);
+
+    ts__msg_list l;
+    assert_int_equal(ts__msg_list_head_encode(b, sizeof(b), 0, &len), 0);
+    for (int i = 4; i < 8; i++) {
+        b[i] = 1;
+        assert_int_equal(ts__msg_list_decode(b, len, &l), TS_EPROTO);
+        b[i] = 0;
+    }
+
+    /* ITEMS: the head's padding and the padding after a record. */
+    size_t rl;
+    uint8_t *rec = record_of(ts_bytes_new("abc", 3, TS_COPY), &rl);
+    assert_true(rl % 64 != 0);
+    uint64_t rlen = rl;
+    const uint8_t *recs[1] = {rec};
+    assert_int_equal(ts__msg_items_encode(b, sizeof(b), VER, 0, 1, recs, &rlen, &len), 0);
+    ts__msg_items it;
+    assert_int_equal(ts__msg_items_decode(b, len, &it), 0);
+    for (size_t i = 24; i < 64; i++) {
+        b[i] = 1;
+        assert_int_equal(ts__msg_items_decode(b, len, &it), TS_EPROTO);
+        b[i] = 0;
+    }
+    for (size_t i = 64 + rl; i < len; i++) {
+        b[i] = 0x40;
+        assert_int_equal(ts__msg_items_decode(b, len, &it), TS_EPROTO);
+        b[i] = 0;
+    }
+    ts__free_aligned(rec, rl);
+}
+
+/* Lengths that would overflow or point past the body are refused before anything uses them. */
+static void test_length_overflow(void **state)
+{
+    (void)state;
+    uint8_t b[256];
+    ts__msg_items it;
+    ts__msg_list l;
+    uint64_t size;
+
+    /* ITEMS: n so large the lengths cannot be in the body. */
+    memset(b, 0, sizeof(b));
+    ts__put_u32le(b + 8, UINT32_MAX);
+    assert_int_equal(ts__msg_items_decode(b, sizeof(b), &it), TS_EPROTO);
+    ts__put_u32le(b + 8, 6); /* 6 lengths fill the first 64 bytes */
+    /* An item length whose padding wraps, one that ends past the body, one at the limit. */
+    ts__put_u64le(b + 16, UINT64_MAX - 10);
+    assert_int_equal(ts__msg_items_decode(b, 128, &it), TS_EPROTO);
+    ts__put_u64le(b + 16, UINT64_MAX - 63);
+    assert_int_equal(ts__msg_items_decode(b, 128, &it), TS_EPROTO);
+    ts__put_u64le(b + 16, 65);
+    assert_int_equal(ts__msg_items_decode(b, 128, &it), TS_EPROTO);
+    ts__put_u64le(b + 16, 64);
+    assert_int_equal(ts__msg_items_decode(b, 128, &it), 0);
+    /* The second item's offset plus its length wraps. */
+    ts__put_u64le(b + 24, UINT64_MAX - 127);
+    assert_int_equal(ts__msg_items_decode(b, 128, &it), TS_EPROTO);
+    /* The size function refuses totals over 64 bits. */
+    uint64_t lens[2] = {UINT64_MAX - 100, 1000};
+    assert_int_equal(ts__msg_items_size(2, lens, &size), TS_EMSGSIZE);
+    lens[0] = UINT64_MAX;
+    assert_int_equal(ts__msg_items_size(1, lens, &size), TS_EMSGSIZE);
+    assert_int_equal(ts__msg_items_size(0, NULL, &size), 0);
+    assert_true(size == 64);
+
+    /* LIST: a count no body could hold, and one entry short. */
+    memset(b, 0, sizeof(b));
+    ts__put_u32le(b, UINT32_MAX);
+    assert_int_equal(ts__msg_list_decode(b, sizeof(b), &l), TS_EPROTO);
+    ts__put_u32le(b, 2);
+    assert_int_equal(ts__msg_list_decode(b, 8 + 21, &l), TS_EPROTO);
+    assert_int_equal(ts__msg_list_decode(b, 8 + 42, &l), 0);
+    /* An entry whose name runs past the body. */
+    b[8] = 200;
+    assert_int_equal(ts__msg_list_decode(b, 8 + 42, &l), TS_EPROTO);
+
+    /* HELLO: a token length past the body. */
+    ts__msg_hello_req hq;
+    uint8_t h[8] = {1, 0, 0xFF, 0xFF, 'a', 'b', 'c', 'd'};
+    assert_int_equal(ts__msg_hello_req_decode(h, sizeof(h), &hq), TS_EPROTO);
+    ts__put_u16le(h + 2, 4);
+    assert_int_equal(ts__msg_hello_req_decode(h, sizeof(h), &hq), 0);
+    assert_int_equal(hq.token_len, 4);
+    assert_ptr_equal(hq.token, h + 4);
+    /* A token longer than the pre-HELLO limit allows, even when the body holds it. */
+    static uint8_t big[TS_MSG_HELLO_REQ_FIXED + TS_MAX_TOKEN_LEN + 1];
+    ts__put_u16le(big + 2, TS_MAX_TOKEN_LEN + 1);
+    assert_int_equal(ts__msg_hello_req_decode(big, sizeof(big), &hq), TS_EPROTO);
+    ts__put_u16le(big + 2, TS_MAX_TOKEN_LEN);
+    assert_int_equal(ts__msg_hello_req_decode(big, sizeof(big) - 1, &hq), 0);
+
+    /* PUT: the streaming head asks for more bytes only when the body can hold them. */
+    ts__msg_put_req p;
+    uint8_t ph[4] = {3, 'a', 'b', 'c'};
+    assert_int_equal(ts__msg_put_head_decode(ph, 0, 0, &p), TS_EPROTO);
+    assert_int_equal(ts__msg_put_head_decode(ph, 0, 100, &p), TS_EAGAIN);
+    assert_int_equal(ts__msg_put_head_decode(ph, 1, 3, &p), TS_EPROTO);
+    assert_int_equal(ts__msg_put_head_decode(ph, 2, 100, &p), TS_EAGAIN);
+    assert_int_equal(ts__msg_put_head_decode(ph, 4, 4, &p), 0);
+    assert_true(p.rec_len == 0 && p.head_len == 4 && p.record == NULL);
+    assert_int_equal(ts__msg_put_head_decode(ph, 4, UINT64_MAX, &p), 0);
+    assert_true(p.rec_len == UINT64_MAX - 4);
+    assert_ptr_equal(p.name, ph + 1);
+
+    /* Error messages: at most TS_MAX_ERRMSG bytes. */
+    static uint8_t msg[TS_MAX_ERRMSG + 1];
+    ts__msg_error er;
+    size_t len;
+    assert_int_equal(ts__msg_error_decode(msg, TS_MAX_ERRMSG, &er), 0);
+    assert_int_equal(ts__msg_error_decode(msg, TS_MAX_ERRMSG + 1, &er), TS_EPROTO);
+    assert_int_equal(
+        ts__msg_error_encode(msg, sizeof(msg), (const char *)msg, TS_MAX_ERRMSG + 1, &len),
+        TS_EINVAL);
+}
+
+/* Names: 0 to 255 bytes encode and decode; 256 is refused by every encoder. */
+static void test_name_limits(void **state)
+{
+    (void)state;
+    uint8_t b[600];
+    size_t len;
+    ts__msg_name_req q = {.name = long_name, .name_len = TS_MAX_NAME_LEN};
+    assert_int_equal(ts__msg_name_req_encode(b, sizeof(b), &q, &len), 0);
+    assert_int_equal(len, 256);
+    assert_int_equal(b[0], 255);
+    ts__msg_name_req d;
+    assert_int_equal(ts__msg_name_req_decode(b, len, &d), 0);
+    assert_int_equal(d.name_len, TS_MAX_NAME_LEN);
+    /* The length byte says more than the body has. */
+    assert_int_equal(ts__msg_name_req_decode(b, len - 1, &d), TS_EPROTO);
+    b[0] = 0;
+    assert_int_equal(ts__msg_name_req_decode(b, 1, &d), 0);
+    assert_int_equal(d.name_len, 0);
+    assert_int_equal(ts__msg_name_req_decode(b, 0, &d), TS_EPROTO);
+
+    static uint8_t too_long[TS_MAX_NAME_LEN + 1];
+    q.name = too_long;
+    q.name_len = TS_MAX_NAME_LEN + 1;
+    assert_int_equal(ts__msg_name_req_encode(b, sizeof(b), &q, &len), TS_ENAMETOOLONG);
+    assert_int_equal(ts__msg_get_req_encode(b, sizeof(b), &q, &len), TS_ENAMETOOLONG);
+    assert_int_equal(ts__msg_wait_req_encode(b, sizeof(b), &q, &len), TS_ENAMETOOLONG);
+    assert_int_equal(ts__msg_put_head_encode(b, sizeof(b), too_long, sizeof(too_long), &len),
+                     TS_ENAMETOOLONG);
+    assert_int_equal(ts__msg_put_encode(b, sizeof(b), too_long, sizeof(too_long), NULL, 0, &len),
+                     TS_ENAMETOOLONG);
+    ts__msg_notify nt = {.name = too_long, .name_len = sizeof(too_long)};
+    assert_int_equal(ts__msg_notify_encode(b, sizeof(b), &nt, &len), TS_ENAMETOOLONG);
+    ts__msg_list_entry e = {.name = too_long, .name_len = sizeof(too_long)};
+    assert_int_equal(ts__msg_list_entry_encode(b, sizeof(b), &e, &len), TS_ENAMETOOLONG);
+    /* A buffer one byte short is refused before anything is written. */
+    memset(b, 0xEE, sizeof(b));
+    q.name_len = 10;
+    assert_int_equal(ts__msg_wait_req_encode(b, ts__msg_wait_req_size(10) - 1, &q, &len),
+                     TS_EMSGSIZE);
+    assert_int_equal(b[0], 0xEE);
+    /* HELLO tokens are bounded by the pre-HELLO body limit. */
+    ts__msg_hello_req hq = {.token_len = TS_MAX_TOKEN_LEN + 1, .token = too_long};
+    assert_int_equal(ts__msg_hello_req_encode(b, sizeof(b), &hq, &len), TS_EINVAL);
+}
+
+/* The opcode table of section 8 and the body limits of section 12. */
+static void test_opcode_table(void **state)
+{
+    (void)state;
+    static const struct {
+        uint8_t op;
+        ts__msg_kind req, rep;
+        int upload, changes;
+    } want[] = {
+        {TS_OP_HELLO, TS_MSG_HELLO_REQ, TS_MSG_HELLO_REP, 0, 0},
+        {TS_OP_PING, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0},
+        {TS_OP_PUT, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
+        {TS_OP_APPEND, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
+        {TS_OP_GET, TS_MSG_GET_REQ, TS_MSG_ITEMS, 0, 1},
+        {TS_OP_PEEK, TS_MSG_GET_REQ, TS_MSG_ITEMS, 0, 0},
+        {TS_OP_DELETE, TS_MSG_NAME_REQ, TS_MSG_BIN_STATE, 0, 1},
+        {TS_OP_LIST, TS_MSG_EMPTY, TS_MSG_LIST_REP, 0, 0},
+        {TS_OP_LISTEN, TS_MSG_NAME_REQ, TS_MSG_BIN_STATE, 0, 0},
+        {TS_OP_UNLISTEN, TS_MSG_NAME_REQ, TS_MSG_EMPTY, 0, 0},
+        {TS_OP_WAIT, TS_MSG_WAIT_REQ, TS_MSG_BIN_STATE, 0, 0},
+        {TS_OP_STATS, TS_MSG_EMPTY, TS_MSG_RECORD, 0, 0},
+        {TS_OP_SAVE, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0},
+        {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
+    };
+    int known = 0;
+    for (int op = 0; op < 256; op++)
+        known += ts__msg_op_info((uint8_t)op) != NULL;
+    assert_int_equal(known, TS__ARRAY_SIZE(want));
+    for (size_t i = 0; i < TS__ARRAY_SIZE(want); i++) {
+        const ts__msg_op *o = ts__msg_op_info(want[i].op);
+        assert_non_null(o);
+        assert_int_equal(o->request, want[i].req);
+        assert_int_equal(o->reply, want[i].rep);
+        assert_int_equal(o->upload, want[i].upload);
+        assert_int_equal(o->changes, want[i].changes);
+        assert_int_equal(ts__msg_reply_kind(want[i].op, TS_ST_OK), want[i].rep);
+        /* Every other status carries a message, except WAIT's TIMEOUT. */
+        for (uint16_t st = 1; st < TS_ST_COUNT_ + 3; st++) {
+            ts__msg_kind k = ts__msg_reply_kind(want[i].op, st);
+            if (want[i].op == TS_OP_NOTIFY)
+                assert_int_equal(k, TS_MSG_NONE);
+            else if (want[i].op == TS_OP_WAIT && st == TS_ST_TIMEOUT)
+                assert_int_equal(k, TS_MSG_BIN_STATE);
+            else
+                assert_int_equal(k, TS_MSG_ERROR);
+        }
+        /* Limits: 4096 before HELLO, then max_frame for uploads and 4096 for the rest. */
+        uint64_t mf = (uint64_t)1 << 30;
+        assert_true(ts__msg_request_limit(want[i].op, 0, mf) == TS_MAX_PREAUTH_BODY);
+        assert_true(ts__msg_request_limit(want[i].op, 1, mf) ==
+                    (want[i].upload ? mf : TS_MAX_CTRL_BODY));
+        assert_true(ts__msg_request_limit(want[i].op, 1, 100) == 100);
+    }
+    /* Connection-level errors (opcode 0) and errors about unknown opcodes carry a message. */
+    assert_int_equal(ts__msg_reply_kind(0, TS_ST_TOO_MANY_CLIENTS), TS_MSG_ERROR);
+    assert_int_equal(ts__msg_reply_kind(0x20, TS_ST_UNKNOWN_OPCODE), TS_MSG_ERROR);
+    assert_int_equal(ts__msg_reply_kind(0, TS_ST_OK), TS_MSG_NONE);
+    assert_int_equal(ts__msg_reply_kind(0x20, TS_ST_OK), TS_MSG_NONE);
+    ts__msg m;
+    assert_int_equal(ts__msg_request_decode(0x20, NULL, 0, &m), TS_EUNKNOWNOP);
+    assert_int_equal(ts__msg_request_decode(TS_OP_NOTIFY, NULL, 0, &m), TS_EUNKNOWNOP);
+    assert_int_equal(ts__msg_reply_decode(0x20, TS_ST_OK, NULL, 0, &m), TS_EUNKNOWNOP);
+    assert_int_equal(ts__msg_reply_decode(0, TS_ST_SHUTTING_DOWN, (const uint8_t *)"bye", 3, &m),
+                     0);
+    assert_int_equal(m.kind, TS_MSG_ERROR);
+    assert_int_equal(m.u.error.len, 3);
+}
+
+/* Call ts__msg_error_vformat through a variadic wrapper, as the daemon does. */
+static size_t fmt(char out[TS_MAX_ERRMSG], const char *f, ...)
+    __attribute__((format(printf, 2, 3)));
+static size_t fmt(char out[TS_MAX_ERRMSG], const char *f, ...)
+{
+    va_list ap;
+    va_start(ap, f);
+    size_t n = ts__msg_error_vformat(out, f, ap);
+    va_end(ap);
+    return n;
+}
+
+static void test_error_format(void **state)
+{
+    (void)state;
+    char out[TS_MAX_ERRMSG];
+    assert_int_equal(fmt(out, "no such bin: %s", "x"), 14);
+    assert_memory_equal(out, "no such bin: x", 14);
+    /* A long message is cut to fit, so it always decodes. */
+    size_t n = fmt(out, "%2000d", 1);
+    assert_int_equal(n, TS_MAX_ERRMSG - 1);
+    ts__msg_error er;
+    assert_int_equal(ts__msg_error_decode((const uint8_t *)out, n, &er), 0);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    memset(long_name, 'n', sizeof(long_name));
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip_every_body), cmocka_unit_test(test_reserved_fields),
+        cmocka_unit_test(test_length_overflow),       cmocka_unit_test(test_name_limits),
+        cmocka_unit_test(test_opcode_table),          cmocka_unit_test(test_error_format),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
