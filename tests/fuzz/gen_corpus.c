@@ -2,13 +2,16 @@
  * Writes the seed corpora of the fuzz targets with the real encoders:
  *   fuzz_gen_corpus DIR    (DIR is tests/fuzz/corpus; its subdirectories must exist)
  * Seeds are small, valid inputs that reach every branch of the decoders: one record of each
- * shape, one frame of each opcode in both directions, and lz4 bodies. Rerun it after a change
+ * shape, one frame of each opcode in both directions, one body of each kind, and lz4 bodies.
+ * Every body is written by the message codec's encoders (src/msg.h), so the seeds follow the
+ * layouts of docs/PROTOCOL.md by construction. Rerun it after a change
  * of the wire format and commit the files it writes.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "compress.h"
+#include "msg.h"
 #include "proto.h"
 #include "record.h"
 
@@ -22,54 +25,149 @@ typedef struct gbuf {
 
 static void put(gbuf *b, const void *p, size_t n)
 {
-    if (b->n + n > b->cap) {
-        size_t cap = (b->n + n) * 2;
+    if (b->n + n > b->cap || b->p == NULL) {
+        size_t cap = (b->n + n) * 2 + 16;
         b->p = ts__realloc(b->p, cap);
         if (b->p == NULL)
             exit(2);
         b->cap = cap;
     }
-    if (n > 0)
+    if (n > 0 && p != NULL)
         memcpy(b->p + b->n, p, n);
     b->n += n;
 }
 
-static void put_u8(gbuf *b, uint8_t v)
+/* Room for n more bytes at the end of b; the caller then adds what it wrote to b->n. */
+static uint8_t *room(gbuf *b, size_t n)
 {
-    put(b, &v, 1);
+    put(b, NULL, n);
+    b->n -= n;
+    return b->p + b->n;
 }
 
-static void put_u16(gbuf *b, uint16_t v)
+/* Account for an encoder's output (or give up on its error: the seeds are all valid). */
+static void wrote(gbuf *b, int rc, const size_t *len)
 {
-    uint8_t x[2];
-    ts__put_u16le(x, v);
-    put(b, x, 2);
+    if (rc != 0) {
+        fprintf(stderr, "gen_corpus: an encoder failed: %s\n", ts_strerror(rc));
+        exit(2);
+    }
+    b->n += *len;
 }
 
-static void put_u32(gbuf *b, uint32_t v)
+/* The bodies of docs/PROTOCOL.md, each written by the codec's encoder (src/msg.c). */
+
+static void body_hello_req(gbuf *b, uint8_t max_version, uint8_t flags, const char *token)
 {
-    uint8_t x[4];
-    ts__put_u32le(x, v);
-    put(b, x, 4);
+    ts__msg_hello_req m = {max_version, flags, (uint16_t)strlen(token), (const uint8_t *)token};
+    size_t len, need = ts__msg_hello_req_size(m.token_len);
+    wrote(b, ts__msg_hello_req_encode(room(b, need), need, &m, &len), &len);
 }
 
-static void put_u64(gbuf *b, uint64_t v)
+static void body_hello_rep(gbuf *b, uint8_t flags, uint64_t max_body, uint64_t server_id)
 {
-    uint8_t x[8];
-    ts__put_u64le(x, v);
-    put(b, x, 8);
+    ts__msg_hello_rep m = {TS_PROTO_VERSION, flags, max_body, server_id};
+    size_t len;
+    wrote(b,
+          ts__msg_hello_rep_encode(room(b, TS_MSG_HELLO_REP_SIZE), TS_MSG_HELLO_REP_SIZE, &m, &len),
+          &len);
 }
 
-static void put_name(gbuf *b, const char *name)
+static void body_name(gbuf *b, const char *name)
 {
-    put_u8(b, (uint8_t)strlen(name));
-    put(b, name, strlen(name));
+    ts__msg_name_req m = {.name = (const uint8_t *)name, .name_len = strlen(name)};
+    size_t len, need = ts__msg_name_req_size(m.name_len);
+    wrote(b, ts__msg_name_req_encode(room(b, need), need, &m, &len), &len);
+}
+
+static void body_get(gbuf *b, const char *name, uint32_t max_items)
+{
+    ts__msg_name_req m = {
+        .name = (const uint8_t *)name, .name_len = strlen(name), .max_items = max_items};
+    size_t len, need = ts__msg_get_req_size(m.name_len);
+    wrote(b, ts__msg_get_req_encode(room(b, need), need, &m, &len), &len);
+}
+
+static void body_wait(gbuf *b, const char *name, uint64_t after, uint32_t timeout_ms)
+{
+    ts__msg_name_req m = {.name = (const uint8_t *)name,
+                          .name_len = strlen(name),
+                          .after_version = after,
+                          .timeout_ms = timeout_ms};
+    size_t len, need = ts__msg_wait_req_size(m.name_len);
+    wrote(b, ts__msg_wait_req_encode(room(b, need), need, &m, &len), &len);
+}
+
+/* The head of a PUT or APPEND body; the record follows (put_record). */
+static void body_put_head(gbuf *b, const char *name)
+{
+    size_t len, nl = strlen(name), need = ts__msg_put_head_size(nl);
+    wrote(b, ts__msg_put_head_encode(room(b, need), need, (const uint8_t *)name, nl, &len), &len);
+}
+
+static void body_state(gbuf *b, uint64_t version, uint32_t n_items)
+{
+    size_t len;
+    wrote(b,
+          ts__msg_bin_state_encode(room(b, TS_BIN_STATE_SIZE), TS_BIN_STATE_SIZE, version, n_items,
+                                   &len),
+          &len);
+}
+
+/* An ITEMS body holding the records recs[0..n) (each a gbuf holding one record). */
+static void body_items(gbuf *b, uint64_t version, uint32_t remaining, const gbuf *recs, uint32_t n)
+{
+    const uint8_t *p[8];
+    uint64_t lens[8];
+    uint64_t size;
+    if (n > 8)
+        exit(2);
+    for (uint32_t i = 0; i < n; i++) {
+        p[i] = recs[i].p;
+        lens[i] = recs[i].n;
+    }
+    if (ts__msg_items_size(n, lens, &size) != 0)
+        exit(2);
+    size_t len;
+    wrote(b,
+          ts__msg_items_encode(room(b, (size_t)size), (size_t)size, version, remaining, n, p, lens,
+                               &len),
+          &len);
+}
+
+static void body_list_head(gbuf *b, uint32_t n)
+{
+    size_t len;
+    wrote(b, ts__msg_list_head_encode(room(b, TS_MSG_LIST_FIXED), TS_MSG_LIST_FIXED, n, &len),
+          &len);
+}
+
+static void body_list_entry(gbuf *b, const char *name, uint32_t n_items, uint64_t bytes,
+                            uint64_t version)
+{
+    ts__msg_list_entry e = {(const uint8_t *)name, strlen(name), n_items, bytes, version};
+    size_t len, need = ts__msg_list_entry_size(e.name_len);
+    wrote(b, ts__msg_list_entry_encode(room(b, need), need, &e, &len), &len);
+}
+
+static void body_notify(gbuf *b, uint64_t version, uint32_t n_items, uint8_t event, uint8_t flags,
+                        const char *name)
+{
+    ts__msg_notify m = {version, n_items, event, flags, (const uint8_t *)name, strlen(name)};
+    size_t len, need = ts__msg_notify_size(m.name_len);
+    wrote(b, ts__msg_notify_encode(room(b, need), need, &m, &len), &len);
+}
+
+static void body_error(gbuf *b, const char *msg)
+{
+    size_t len, need = strlen(msg);
+    wrote(b, ts__msg_error_encode(room(b, need), need, msg, need, &len), &len);
 }
 
 static void put_zeros(gbuf *b, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        put_u8(b, 0);
+    memset(room(b, n), 0, n);
+    b->n += n;
 }
 
 static void write_seed(const char *target, const char *name, const void *p, size_t n)
@@ -223,17 +321,9 @@ static void frames(void)
     const uint64_t ver = 1764115200000001ull; /* versions start at the realtime clock in us */
     gbuf b = {0};
 
-    put_u8(&b, 1);
-    put_u8(&b, TS_HELLO_LZ4);
-    put_u16(&b, 5);
-    put(&b, "token", 5);
+    body_hello_req(&b, 1, TS_HELLO_LZ4, "token");
     seed_frame("hello_req", Q, TS_OP_HELLO, 0, 0, &b);
-    put_u8(&b, 1);
-    put_u8(&b, TS_HELLO_LZ4);
-    put_u16(&b, 0);
-    put_u32(&b, 0);
-    put_u64(&b, TS_DEFAULT_MAX_FRAME);
-    put_u64(&b, 0x5eed5eed12345678ull);
+    body_hello_rep(&b, TS_HELLO_LZ4, TS_DEFAULT_MAX_FRAME, 0x5eed5eed12345678ull);
     seed_frame("hello_rep", P, TS_OP_HELLO, 0, 0, &b);
 
     seed_frame("ping_req", Q, TS_OP_PING, 0, 0, &b);
@@ -243,16 +333,16 @@ static void frames(void)
     seed_frame("list_req", Q, TS_OP_LIST, 0, 0, &b);
 
     const char *name;
-    put_name(&b, "params");
+    body_put_head(&b, "params");
     put_record(&b, make_record(0, &name));
     seed_frame("put_req", Q, TS_OP_PUT, 0, 0, &b);
-    put_name(&b, "misc");
+    body_put_head(&b, "misc");
     put_record(&b, make_record(1, &name));
     seed_frame("append_req", Q, TS_OP_APPEND, 0, 0, &b);
 
     /* A compressed PUT: zeros compress well. */
     gbuf raw = {0};
-    put_name(&raw, "zeros");
+    body_put_head(&raw, "zeros");
     put_record(&raw, ts_tensor_alloc(TS_FLOAT32, 1, (int64_t[]){256}));
     size_t cap = ts__lz4_bound(raw.n), blen;
     b.p = ts__malloc(cap);
@@ -263,81 +353,48 @@ static void frames(void)
     seed_frame("put_req_lz4", Q, TS_OP_PUT, TS_FLAG_LZ4, 0, &b);
     ts__free(raw.p);
 
-    put_u64(&b, ver);
-    put_u32(&b, 1);
-    put_u32(&b, 0);
+    body_state(&b, ver, 1);
     seed_frame("put_rep", P, TS_OP_PUT, 0, 0, &b);
 
-    put_name(&b, "params");
-    put_u32(&b, 0);
+    body_get(&b, "params", 0);
     seed_frame("get_req", Q, TS_OP_GET, 0, 0, &b);
-    put_name(&b, "params");
-    put_u32(&b, 1);
+    body_get(&b, "params", 1);
     seed_frame("peek_req", Q, TS_OP_PEEK, 0, 0, &b);
 
     /* An ITEMS reply with two records. */
-    gbuf r0 = {0}, r1 = {0};
-    put_record(&r0, make_record(0, &name));
-    put_record(&r1, make_record(4, &name));
-    put_u64(&b, ver + 5);
-    put_u32(&b, 2);
-    put_u32(&b, 3);
-    put_u64(&b, r0.n);
-    put_u64(&b, r1.n);
-    put_zeros(&b, (size_t)ts__items_head_size(2) - b.n);
-    put(&b, r0.p, r0.n);
-    put_zeros(&b, ts__align_up(r0.n, TS__ALIGN) - r0.n);
-    put(&b, r1.p, r1.n);
-    put_zeros(&b, ts__align_up(r1.n, TS__ALIGN) - r1.n);
+    gbuf recs[2] = {{0}};
+    put_record(&recs[0], make_record(0, &name));
+    put_record(&recs[1], make_record(4, &name));
+    body_items(&b, ver + 5, 3, recs, 2);
     seed_frame("peek_rep_items", P, TS_OP_PEEK, 0, 0, &b);
-    ts__free(r0.p);
-    ts__free(r1.p);
-    put_u64(&b, ver + 6);
-    put_u32(&b, 0);
-    put_u32(&b, 0);
-    put_zeros(&b, 48);
+    ts__free(recs[0].p);
+    ts__free(recs[1].p);
+    body_items(&b, ver + 6, 0, NULL, 0);
     seed_frame("get_rep_empty", P, TS_OP_GET, 0, 0, &b);
 
-    put(&b, "no such bin", 11);
+    body_error(&b, "no such bin");
     seed_frame("get_rep_not_found", P, TS_OP_GET, 0, TS_ST_NOT_FOUND, &b);
 
-    put_name(&b, "params");
+    body_name(&b, "params");
     seed_frame("delete_req", Q, TS_OP_DELETE, 0, 0, &b);
-    put_name(&b, "params");
+    body_name(&b, "params");
     seed_frame("listen_req", Q, TS_OP_LISTEN, 0, 0, &b);
-    put_name(&b, "params");
+    body_name(&b, "params");
     seed_frame("unlisten_req", Q, TS_OP_UNLISTEN, 0, 0, &b);
-    put_u64(&b, ver);
-    put_u32(&b, 1);
-    put_u32(&b, 0);
+    body_state(&b, ver, 1);
     seed_frame("listen_rep", P, TS_OP_LISTEN, 0, 0, &b);
 
-    put_u32(&b, 2);
-    put_u32(&b, 0);
-    put_name(&b, "params");
-    put_u32(&b, 1);
-    put_u64(&b, 136);
-    put_u64(&b, ver);
-    put_name(&b, "");
-    put_u32(&b, 3);
-    put_u64(&b, 192);
-    put_u64(&b, ver + 2);
+    body_list_head(&b, 2);
+    body_list_entry(&b, "params", 1, 136, ver);
+    body_list_entry(&b, "", 3, 192, ver + 2);
     seed_frame("list_rep", P, TS_OP_LIST, 0, 0, &b);
 
-    put_name(&b, "params");
-    put_u64(&b, ver);
-    put_u32(&b, 1000);
+    body_wait(&b, "params", ver, 1000);
     seed_frame("wait_req", Q, TS_OP_WAIT, 0, 0, &b);
-    put_u64(&b, ver);
-    put_u32(&b, 1);
-    put_u32(&b, 0);
+    body_state(&b, ver, 1);
     seed_frame("wait_rep_timeout", P, TS_OP_WAIT, 0, TS_ST_TIMEOUT, &b);
 
-    put_u64(&b, ver + 3);
-    put_u32(&b, 2);
-    put_u8(&b, TS_NOTE_APPEND);
-    put_u8(&b, TS_NOTE_FLAG_COALESCED);
-    put_name(&b, "params");
+    body_notify(&b, ver + 3, 2, TS_NOTE_APPEND, TS_NOTE_FLAG_COALESCED, "params");
     seed_frame("notify", P, TS_OP_NOTIFY, 0, 0, &b);
 
     ts_value_t *stats = ts_map_new();
@@ -348,17 +405,14 @@ static void frames(void)
 
     /* A pipelined stream: HELLO, PUT, GET and PING back to back. */
     gbuf s = {0};
-    put_u8(&b, 1);
-    put_u8(&b, 0);
-    put_u16(&b, 0);
+    body_hello_req(&b, 1, 0, "");
     frame(&s, Q, TS_OP_HELLO, 0, 0, 1, &b);
     b.n = 0;
-    put_name(&b, "p");
+    body_put_head(&b, "p");
     put_record(&b, make_record(2, &name));
     frame(&s, Q, TS_OP_PUT, 0, 0, 2, &b);
     b.n = 0;
-    put_name(&b, "p");
-    put_u32(&b, 0);
+    body_get(&b, "p", 0);
     frame(&s, Q, TS_OP_GET, 0, 0, 3, &b);
     b.n = 0;
     frame(&s, Q, TS_OP_PING, 0, 0, 4, &b);
@@ -402,7 +456,7 @@ static void lz4_bodies(void)
 static void seed_reply(const char *name, uint8_t selector, gbuf *body)
 {
     gbuf f = {0};
-    put_u8(&f, selector);
+    put(&f, &selector, 1);
     put(&f, body->p, body->n);
     write_seed("fuzz_reply", name, f.p, f.n);
     ts__free(f.p);
@@ -421,32 +475,18 @@ static void replies(void)
         const char *unused;
         put_record(&recs[i], make_record(i, &unused));
     }
-    put_u64(&b, ver);
-    put_u32(&b, 3);
-    put_u32(&b, 1);
+    body_items(&b, ver, 1, recs, 3);
     for (int i = 0; i < 3; i++)
-        put_u64(&b, recs[i].n);
-    put_zeros(&b, (size_t)ts__items_head_size(3) - b.n);
-    for (int i = 0; i < 3; i++) {
-        put(&b, recs[i].p, recs[i].n);
-        put_zeros(&b, ts__align_up(recs[i].n, TS__ALIGN) - recs[i].n);
         ts__free(recs[i].p);
-    }
     seed_reply("get_items3", 0, &b);
 
-    put_u64(&b, ver);
-    put_zeros(&b, (size_t)ts__items_head_size(0) - 8);
+    body_items(&b, ver, 0, NULL, 0);
     seed_reply("peek_empty", 1, &b);
 
-    put_u32(&b, 3);
-    put_u32(&b, 0);
+    body_list_head(&b, 3);
     const char *names[3] = {"zeta", "", "alpha"};
-    for (int i = 0; i < 3; i++) {
-        put_name(&b, names[i]);
-        put_u32(&b, (uint32_t)i);
-        put_u64(&b, 64u * (uint64_t)i);
-        put_u64(&b, ver + (uint64_t)i);
-    }
+    for (int i = 0; i < 3; i++)
+        body_list_entry(&b, names[i], (uint32_t)i, 64u * (uint64_t)i, ver + (uint64_t)i);
     seed_reply("list_3", 2, &b);
 
     ts_value_t *st = ts_map_new();
@@ -455,24 +495,98 @@ static void replies(void)
     put_record(&b, st);
     seed_reply("stats", 3, &b);
 
-    put_u64(&b, ver);
-    put_u32(&b, 1);
-    put_u32(&b, 0);
+    body_state(&b, ver, 1);
     seed_reply("put_state", 4, &b);
-    put_u64(&b, ver + 5);
-    put_u32(&b, 0);
-    put_u32(&b, 0);
+    body_state(&b, ver + 5, 0);
     seed_reply("wait_state", 8, &b);
 
-    put_u8(&b, 1);
-    put_u8(&b, TS_HELLO_LZ4);
-    put_u16(&b, 0);
-    put_u32(&b, 0);
-    put_u64(&b, TS_DEFAULT_MAX_FRAME);
-    put_u64(&b, 0x5eed5eed12345678ull);
+    body_hello_rep(&b, TS_HELLO_LZ4, TS_DEFAULT_MAX_FRAME, 0x5eed5eed12345678ull);
     seed_reply("hello", 9, &b);
 
     seed_reply("ping", 10, &b);
+}
+
+/*
+ * Bodies for fuzz_msg: a selector byte (the index into fuzz_msg.c's pick table, which lists
+ * requests HELLO..SAVE as 0..12, then replies), then one valid body of that kind.
+ */
+static void seed_msg(const char *name, uint8_t selector, gbuf *body)
+{
+    gbuf f = {0};
+    uint8_t sel = selector;
+    put(&f, &sel, 1);
+    put(&f, body->p, body->n);
+    write_seed("fuzz_msg", name, f.p, f.n);
+    ts__free(f.p);
+    ts__free(body->p);
+    *body = (gbuf){0};
+}
+
+static void msg_bodies(void)
+{
+    const uint64_t ver = 1764115200000001ull;
+    const char *unused;
+    gbuf b = {0};
+
+    body_hello_req(&b, 1, TS_HELLO_LZ4, "secret");
+    seed_msg("hello_req", 0, &b);
+    seed_msg("ping_req", 1, &b);
+    body_put_head(&b, "params");
+    put_record(&b, make_record(0, &unused));
+    seed_msg("put_req", 2, &b);
+    body_put_head(&b, "");
+    put_record(&b, make_record(4, &unused));
+    seed_msg("append_req", 3, &b);
+    body_get(&b, "params", 0);
+    seed_msg("get_req", 4, &b);
+    body_get(&b, "log", 2);
+    seed_msg("peek_req", 5, &b);
+    body_name(&b, "log");
+    seed_msg("delete_req", 6, &b);
+    seed_msg("list_req", 7, &b);
+    body_name(&b, "params");
+    seed_msg("listen_req", 8, &b);
+    body_name(&b, "params");
+    seed_msg("unlisten_req", 9, &b);
+    body_wait(&b, "params", ver, 5000);
+    seed_msg("wait_req", 10, &b);
+    seed_msg("stats_req", 11, &b);
+    seed_msg("save_req", 12, &b);
+
+    body_hello_rep(&b, TS_HELLO_LZ4, TS_DEFAULT_MAX_FRAME, 0x5eed5eed12345678ull);
+    seed_msg("hello_rep", 13, &b);
+    seed_msg("ping_rep", 14, &b);
+    body_state(&b, ver, 1);
+    seed_msg("put_rep", 15, &b);
+    gbuf recs[3] = {{0}};
+    put_record(&recs[0], make_record(0, &unused));
+    put_record(&recs[1], make_record(7, &unused));
+    put_record(&recs[2], make_record(4, &unused));
+    body_items(&b, ver + 1, 0, recs, 3);
+    seed_msg("get_rep", 16, &b);
+    body_items(&b, ver, 2, recs + 2, 1);
+    seed_msg("peek_rep", 17, &b);
+    for (int i = 0; i < 3; i++)
+        ts__free(recs[i].p);
+    body_list_head(&b, 2);
+    body_list_entry(&b, "log", 3, 192, ver + 1);
+    body_list_entry(&b, "", 1, 136, ver);
+    seed_msg("list_rep", 18, &b);
+    seed_msg("unlisten_rep", 19, &b);
+    body_state(&b, ver + 4, 1);
+    seed_msg("wait_rep", 20, &b);
+    body_state(&b, ver, 1);
+    seed_msg("wait_rep_timeout", 21, &b);
+    ts_value_t *st = ts_map_new();
+    ts_map_set(st, "uptime_s", ts_int_new(3600));
+    put_record(&b, st);
+    seed_msg("stats_rep", 22, &b);
+    body_notify(&b, ver + 4, 1, TS_NOTE_PUT, 0, "params");
+    seed_msg("notify", 23, &b);
+    body_error(&b, "no such bin: params");
+    seed_msg("error_rep", 24, &b);
+    body_error(&b, "tensord is shutting down");
+    seed_msg("conn_error", 25, &b);
 }
 
 int main(int argc, char **argv)
@@ -486,5 +600,6 @@ int main(int argc, char **argv)
     frames();
     lz4_bodies();
     replies();
+    msg_bodies();
     return 0;
 }

@@ -1,0 +1,210 @@
+/*
+ * Fuzz target: every decoder of the message codec (src/msg.c). The first input byte picks a body
+ * (a request of an opcode, or a reply of an opcode with a status); the rest is the body. A body
+ * that decodes must encode back to the same bytes, the decoder picked by the opcode must agree
+ * with the decoder of the body's own kind, and the walks over ITEMS and LIST bodies must stay
+ * inside the body. The streaming PUT head must agree with the whole-body decoder at every split.
+ */
+#include "fuzz.h"
+
+#include "msg.h"
+
+/* Bytes; the re-encoding buffer. Bodies the target sees are shorter (libFuzzer's -max_len). */
+#define FZ_MAX_BODY (1u << 20)
+
+/* The bodies the selector byte picks from: direction, opcode, status. */
+static const struct {
+    uint8_t request;
+    uint8_t op;
+    uint16_t status;
+} pick[] = {
+    {1, TS_OP_HELLO, 0},
+    {1, TS_OP_PING, 0},
+    {1, TS_OP_PUT, 0},
+    {1, TS_OP_APPEND, 0},
+    {1, TS_OP_GET, 0},
+    {1, TS_OP_PEEK, 0},
+    {1, TS_OP_DELETE, 0},
+    {1, TS_OP_LIST, 0},
+    {1, TS_OP_LISTEN, 0},
+    {1, TS_OP_UNLISTEN, 0},
+    {1, TS_OP_WAIT, 0},
+    {1, TS_OP_STATS, 0},
+    {1, TS_OP_SAVE, 0},
+    {0, TS_OP_HELLO, TS_ST_OK},
+    {0, TS_OP_PING, TS_ST_OK},
+    {0, TS_OP_PUT, TS_ST_OK},
+    {0, TS_OP_GET, TS_ST_OK},
+    {0, TS_OP_PEEK, TS_ST_OK},
+    {0, TS_OP_LIST, TS_ST_OK},
+    {0, TS_OP_UNLISTEN, TS_ST_OK},
+    {0, TS_OP_WAIT, TS_ST_OK},
+    {0, TS_OP_WAIT, TS_ST_TIMEOUT},
+    {0, TS_OP_STATS, TS_ST_OK},
+    {0, TS_OP_NOTIFY, TS_ST_OK},
+    {0, TS_OP_GET, TS_ST_NOT_FOUND},
+    {0, 0, TS_ST_SHUTTING_DOWN},
+};
+
+static uint8_t again[FZ_MAX_BODY];
+
+/* The kind-specific decoder of kind gives the same answer as the one picked by opcode. */
+static void same_as_kind(ts__msg_kind kind, const uint8_t *body, size_t len, int rc)
+{
+    union {
+        ts__msg_hello_req hq;
+        ts__msg_hello_rep hr;
+        ts__msg_name_req nq;
+        ts__msg_put_req pq;
+        ts__msg_bin_state st;
+        ts__msg_items it;
+        ts__msg_list li;
+        ts__msg_notify nt;
+        ts__msg_error er;
+    } u;
+    int k;
+    switch (kind) {
+    case TS_MSG_EMPTY:
+        k = ts__msg_empty_decode(body, len);
+        break;
+    case TS_MSG_HELLO_REQ:
+        k = ts__msg_hello_req_decode(body, len, &u.hq);
+        break;
+    case TS_MSG_HELLO_REP:
+        k = ts__msg_hello_rep_decode(body, len, &u.hr);
+        break;
+    case TS_MSG_NAME_REQ:
+        k = ts__msg_name_req_decode(body, len, &u.nq);
+        break;
+    case TS_MSG_GET_REQ:
+        k = ts__msg_get_req_decode(body, len, &u.nq);
+        break;
+    case TS_MSG_WAIT_REQ:
+        k = ts__msg_wait_req_decode(body, len, &u.nq);
+        break;
+    case TS_MSG_PUT_REQ:
+        k = ts__msg_put_decode(body, len, &u.pq);
+        break;
+    case TS_MSG_BIN_STATE:
+        k = ts__msg_bin_state_decode(body, len, &u.st);
+        break;
+    case TS_MSG_ITEMS:
+        k = ts__msg_items_decode(body, len, &u.it);
+        break;
+    case TS_MSG_LIST_REP:
+        k = ts__msg_list_decode(body, len, &u.li);
+        break;
+    case TS_MSG_RECORD:
+        k = ts__msg_record_decode(body, len);
+        break;
+    case TS_MSG_NOTIFY:
+        k = ts__msg_notify_decode(body, len, &u.nt);
+        break;
+    case TS_MSG_ERROR:
+        k = ts__msg_error_decode(body, len, &u.er);
+        break;
+    default:
+        k = TS_EUNKNOWNOP;
+        break;
+    }
+    FZ_CHECK(k == rc);
+}
+
+/* Walk a decoded ITEMS body: every record lies inside it, 64-byte aligned, in order. */
+static void walk_items(const ts__msg_items *m)
+{
+    ts__msg_items_iter it;
+    size_t off, len, end = (size_t)ts__items_head_size(m->n_items);
+    uint32_t seen = 0;
+    ts__msg_items_iter_init(m, &it);
+    while (ts__msg_items_next(m, &it, &off, &len)) {
+        FZ_CHECK(off == end && off % TS__ALIGN == 0);
+        FZ_CHECK(len <= m->len - off);
+        end = off + len + ts__msg_items_pad(len);
+        seen++;
+    }
+    FZ_CHECK(seen == m->n_items && end == m->len);
+}
+
+/* Walk a decoded LIST body: the entries fill it exactly. */
+static void walk_list(const ts__msg_list *m)
+{
+    ts__msg_list_iter it = {0, 0};
+    ts__msg_list_entry e;
+    size_t total = 0;
+    uint32_t seen = 0;
+    while (ts__msg_list_next(m, &it, &e)) {
+        FZ_CHECK(e.name >= m->entries && e.name + e.name_len <= m->entries + m->entries_len);
+        total += ts__msg_list_entry_size(e.name_len);
+        seen++;
+    }
+    FZ_CHECK(seen == m->n && total == m->entries_len);
+}
+
+/* The streaming PUT head agrees with the whole body at every split of the first bytes. */
+static void put_splits(const uint8_t *body, size_t len, int rc)
+{
+    ts__msg_put_req whole = {0}, part;
+    if (rc == 0)
+        FZ_CHECK(ts__msg_put_decode(body, len, &whole) == 0);
+    size_t last = len < 1 + TS_MAX_NAME_LEN ? len : 1 + TS_MAX_NAME_LEN;
+    for (size_t avail = 0; avail <= last; avail++) {
+        int r = ts__msg_put_head_decode(body, avail, len, &part);
+        if (rc != 0) {
+            FZ_CHECK(r != 0);
+            continue;
+        }
+        FZ_CHECK(r == 0 || r == TS_EAGAIN);
+        if (r == 0)
+            FZ_CHECK(part.name == whole.name && part.name_len == whole.name_len &&
+                     part.rec_len == whole.rec_len && part.head_len == whole.head_len);
+        else
+            FZ_CHECK(avail < whole.head_len);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1 || size - 1 > FZ_MAX_BODY)
+        return 0;
+    size_t which = data[0] % TS__ARRAY_SIZE(pick);
+    const uint8_t *body = data + 1;
+    size_t len = size - 1;
+    ts__msg m;
+    ts__msg_kind kind;
+    int rc;
+    if (pick[which].request) {
+        rc = ts__msg_request_decode(pick[which].op, body, len, &m);
+        kind = (ts__msg_kind)ts__msg_op_info(pick[which].op)->request;
+    } else {
+        rc = ts__msg_reply_decode(pick[which].op, pick[which].status, body, len, &m);
+        kind = ts__msg_reply_kind(pick[which].op, pick[which].status);
+    }
+    FZ_CHECK(rc == 0 || rc == TS_EPROTO);
+    same_as_kind(kind, body, len, rc);
+    if (kind == TS_MSG_PUT_REQ)
+        put_splits(body, len, rc);
+    if (rc != 0)
+        return 0;
+    FZ_CHECK(m.kind == kind);
+
+    /* Decoded bodies encode back to the very same bytes. */
+    size_t n = 0;
+    FZ_CHECK(ts__msg_encode(&m, again, sizeof(again), &n) == 0);
+    if (kind == TS_MSG_EMPTY) {
+        FZ_CHECK(len == 0);
+    } else if (kind == TS_MSG_RECORD) {
+        FZ_CHECK(len >= TS_REC_HDR_SIZE);
+    } else {
+        FZ_CHECK(n == len);
+        FZ_CHECK(n == 0 || memcmp(again, body, n) == 0);
+        /* One byte less room is refused without writing past it. */
+        if (n > 0)
+            FZ_CHECK(ts__msg_encode(&m, again, n - 1, &n) == TS_EMSGSIZE);
+    }
+    if (kind == TS_MSG_ITEMS)
+        walk_items(&m.u.items);
+    if (kind == TS_MSG_LIST_REP)
+        walk_list(&m.u.list);
+    return 0;
+}
