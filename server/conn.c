@@ -27,13 +27,38 @@ static void process_input(tsd_conn *c);
 static void write_pending(tsd_conn *c);
 static void maybe_finish(tsd_conn *c);
 static void on_write(uv_write_t *req, int status);
+static void drop_upload(tsd_conn *c);
+static void start_discard(tsd_conn *c, uint64_t left);
+
+/* Bytes; the first capacity of a batch's buffer of small bytes (it doubles as needed). */
+#define TSD_SMALL_MIN 256
 
 /* ---------------------------------------------------------------------------------------------
  * Write batches
  */
 
-static void batch_free(tsd_wbatch *b)
+/* Bytes of the allocations of b: its struct and each array at its capacity. */
+static uint64_t batch_cost(const tsd_wbatch *b)
 {
+    return sizeof(*b) + b->small_cap + b->segs_cap * sizeof(*b->segs) +
+           b->items_cap * sizeof(*b->items) + b->bufs_cap * sizeof(*b->bufs);
+}
+
+/*
+ * Bring b's counted cost up to date after its arrays changed: the connection's out_mem (b is
+ * queued or in flight) and the store's output total both follow.
+ */
+static void batch_account(tsd_conn *c, tsd_wbatch *b)
+{
+    uint64_t now = batch_cost(b);
+    c->out_mem = c->out_mem - b->cost + now;
+    c->srv->store.output = c->srv->store.output - b->cost + now;
+    b->cost = now;
+}
+
+static void batch_free(tsd_conn *c, tsd_wbatch *b)
+{
+    c->srv->store.output -= b->cost;
     ts__free(b->small);
     ts__free(b->segs);
     ts__free(b->items);
@@ -51,12 +76,14 @@ static void batch_release(tsd_conn *c, tsd_wbatch *b)
     b->nbufs = 0;
     b->small_len = 0;
     b->bytes = 0;
+    /* A kept batch still counts in the store's total, no longer in the connection's queue. */
+    c->out_mem -= b->cost;
     if (c->n_cached < TSD_BATCH_CACHE && b->small_cap <= ((size_t)1 << 20)) {
         b->next_free = c->batch_cache;
         c->batch_cache = b;
         c->n_cached++;
     } else {
-        batch_free(b);
+        batch_free(c, b);
     }
 }
 
@@ -74,7 +101,10 @@ static tsd_wbatch *pending(tsd_conn *c)
         b = ts__calloc(1, sizeof(*b));
         if (b == NULL)
             return NULL;
+        b->cost = sizeof(*b);
+        c->srv->store.output += b->cost;
     }
+    c->out_mem += b->cost;
     b->conn = c;
     c->pend = b;
     tsd_server_mark_dirty(c->srv, c);
@@ -86,7 +116,8 @@ static int grow(void **arr, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap)
         return 0;
-    size_t n = *cap < 16 ? 16 : *cap;
+    /* Small first sizes: a notification batch holds one segment and one buffer. */
+    size_t n = *cap < 4 ? 4 : *cap;
     while (n < need)
         n *= 2;
     void *p = ts__realloc(*arr, n * elem);
@@ -120,6 +151,8 @@ static void on_emerg_write(uv_write_t *req, int status)
     tsd_conn *c = req->data;
     e->busy = 0;
     c->writes_in_flight--;
+    if (status == 0)
+        c->srv->stats.bytes_sent += e->buf.len;
     if (c->closing)
         return;
     if (status < 0) {
@@ -280,7 +313,11 @@ uint8_t *tsd_out_bytes(tsd_conn *c, size_t n)
     if (b == NULL)
         goto fail;
     if (b->small_len + n > b->small_cap) {
-        size_t cap = b->small_cap < 4096 ? 4096 : b->small_cap;
+        /*
+         * Start small: a listener that never reads holds one batch per notification, and each
+         * batch's buffer counts against its output limit at its capacity.
+         */
+        size_t cap = b->small_cap < TSD_SMALL_MIN ? TSD_SMALL_MIN : b->small_cap;
         while (cap < b->small_len + n)
             cap *= 2;
         uint8_t *p = ts__realloc(b->small, cap);
@@ -289,7 +326,9 @@ uint8_t *tsd_out_bytes(tsd_conn *c, size_t n)
         b->small = p;
         b->small_cap = cap;
     }
-    if (add_seg(b, NULL, b->small_len, n) != 0)
+    int seg_rc = add_seg(b, NULL, b->small_len, n);
+    batch_account(c, b);
+    if (seg_rc != 0)
         goto fail;
     uint8_t *p = b->small + b->small_len;
     b->small_len += n;
@@ -311,6 +350,8 @@ int tsd_out_item(tsd_conn *c, tsd_item *it, int ref)
     tsd_wbatch *b = pending(c);
     if (b == NULL ||
         grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(*b->items)) != 0) {
+        if (b != NULL)
+            batch_account(c, b);
         tsd_item_unref(it);
         out_abort(c);
         return -1;
@@ -322,10 +363,12 @@ int tsd_out_item(tsd_conn *c, tsd_item *it, int ref)
     for (size_t off = 0; off < len; off += TSD_WRITE_CHUNK) {
         size_t n = len - off < TSD_WRITE_CHUNK ? len - off : TSD_WRITE_CHUNK;
         if (add_seg(b, data + off, 0, n) != 0) {
+            batch_account(c, b);
             out_abort(c);
             return -1;
         }
     }
+    batch_account(c, b);
     b->bytes += len;
     size_t pad = ts__align_up(len, TS__ALIGN) - len;
     if (pad > 0) {
@@ -389,9 +432,14 @@ static void cut_off_slow_reader(tsd_conn *c, uint64_t queued, int soft)
     begin_closing(c);
 }
 
+/*
+ * What c's output really holds: the bytes not yet taken by the socket plus the allocations of
+ * every batch queued or in flight (buffers at their capacity, arrays, structs). Small bytes are
+ * counted twice (as bytes and in their buffer), which errs on the safe side.
+ */
 uint64_t tsd_conn_unwritten(tsd_conn *c)
 {
-    uint64_t q = uv_stream_get_write_queue_size(&c->h.stream);
+    uint64_t q = uv_stream_get_write_queue_size(&c->h.stream) + c->out_mem;
     if (c->pend != NULL)
         q += c->pend->bytes;
     return q;
@@ -435,6 +483,20 @@ void tsd_conn_cron(tsd_conn *c, uint64_t now)
                       srv->cfg.hello_timeout_ms);
         return;
     }
+    /*
+     * The body deadline: a frame begun (header or body partly in) that makes no progress for
+     * body_timeout_s is cut, and its upload reservation returned. Off-loop work is not input.
+     */
+    int mid_frame = c->rstate == TSD_RS_ITEM || c->rstate == TSD_RS_LZ4 ||
+                    c->rstate == TSD_RS_DISCARD || (c->rstate == TSD_RS_HDR && c->ilen > c->ipos);
+    if (c->helloed && mid_frame && srv->cfg.body_timeout_s > 0 &&
+        now - c->last_input_ms >= (uint64_t)srv->cfg.body_timeout_s * 1000u) {
+        srv->stats.body_timeouts++;
+        tsd_conn_fail(c, 0, 0, TS_ST_TIMEOUT,
+                      "no bytes of the frame being received for %u s (--body-timeout)",
+                      srv->cfg.body_timeout_s);
+        return;
+    }
     if (c->soft_since != 0)
         (void)check_soft_limit(c, tsd_conn_unwritten(c), now);
     if (c->held_head != NULL && !c->out_blocked)
@@ -452,14 +514,12 @@ int tsd_out_begin(tsd_conn *c, uint8_t op, uint32_t rid)
      * than the limit (a big GET) is fine, a client that keeps asking without reading is not.
      */
     uint64_t limit = c->srv->cfg.max_output;
-    uint64_t queued = uv_stream_get_write_queue_size(&c->h.stream);
-    if (c->pend != NULL && (c->pend->bytes >= TSD_WRITE_CHUNK || queued + c->pend->bytes > limit)) {
+    uint64_t queued = tsd_conn_unwritten(c);
+    if (c->pend != NULL && (c->pend->bytes >= TSD_WRITE_CHUNK || queued > limit)) {
         /* Measure what the socket did not take, not what this callback batched. */
         write_pending(c);
-        queued = uv_stream_get_write_queue_size(&c->h.stream);
+        queued = tsd_conn_unwritten(c);
     }
-    if (c->pend != NULL)
-        queued += c->pend->bytes;
     if (queued > limit) {
         cut_off_slow_reader(c, queued, 0);
         return -1;
@@ -551,6 +611,8 @@ static void on_write(uv_write_t *req, int status)
     tsd_wbatch *b = req->data;
     tsd_conn *c = b->conn;
     c->writes_in_flight--;
+    if (status == 0)
+        c->srv->stats.bytes_sent += b->bytes;
     batch_release(c, b);
     if (status < 0 && !c->closing) {
         tsd_log(TSD_LOG_DEBUG, "conn %llu: write failed: %s", (unsigned long long)c->id,
@@ -617,6 +679,7 @@ static void write_pending(tsd_conn *c)
                 }
             }
             if (rc == 0 && k == 0) {
+                c->srv->stats.bytes_sent += b->bytes;
                 batch_release(c, b);
                 return;
             }
@@ -644,9 +707,14 @@ void tsd_conn_flush(tsd_conn *c)
     maybe_finish(c);
 }
 
-/* Release whatever an interrupted upload holds: item, temporary buffer, reservation. */
+/*
+ * Release whatever an interrupted upload holds: item, temporary buffer, reservation. While
+ * off-loop work runs, the work owns the item and buffer; they are released when it returns.
+ */
 static void drop_upload(tsd_conn *c)
 {
+    if (c->job.busy)
+        return;
     if (c->cur_item != NULL) {
         tsd_item_unref(c->cur_item);
         c->cur_item = NULL;
@@ -659,18 +727,32 @@ static void drop_upload(tsd_conn *c)
     c->cur_reserved = 0;
 }
 
-static void on_close(uv_handle_t *h)
+/* Free a closed connection (its handle closed and no off-loop work outstanding). */
+static void conn_free(tsd_conn *c)
 {
-    tsd_conn *c = h->data;
     tsd_server *srv = c->srv;
     while (c->batch_cache != NULL) {
         tsd_wbatch *b = c->batch_cache;
         c->batch_cache = b->next_free;
-        batch_free(b);
+        batch_free(c, b);
     }
+    if (c->ibuf != NULL)
+        srv->store.conns -= TSD_IBUF_SIZE;
+    srv->store.conns -= sizeof(*c);
     ts__free(c->ibuf);
     ts__free(c);
     tsd_server_conn_freed(srv);
+}
+
+static void on_close(uv_handle_t *h)
+{
+    tsd_conn *c = h->data;
+    if (c->job.busy) {
+        /* The thread pool still uses the item and buffer: free when the work returns. */
+        c->job.free_after = 1;
+        return;
+    }
+    conn_free(c);
 }
 
 void tsd_conn_close(tsd_conn *c)
@@ -706,8 +788,12 @@ void tsd_conn_close(tsd_conn *c)
         }
         c->dirty = 0;
     }
+    if (c->unauth) {
+        c->unauth = 0;
+        srv->n_unauth--;
+    }
     tsd_server_unlink_conn(srv, c);
-    tsd_log(TSD_LOG_DEBUG, "conn %llu: closed", (unsigned long long)c->id);
+    tsd_log(TSD_LOG_DEBUG, "conn %llu (%s): closed", (unsigned long long)c->id, c->peer);
     /* Writes still queued get their callbacks (canceled) before on_close runs. */
     uv_close(&c->h.handle, on_close);
 }
@@ -722,8 +808,8 @@ void tsd_conn_fail(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const
     size_t n = format_msg(msg, fmt, ap);
     va_end(ap);
     c->srv->stats.protocol_errors++;
-    tsd_log(TSD_LOG_INFO, "conn %llu: protocol error (%s): %s", (unsigned long long)c->id,
-            ts__status_name(status), msg);
+    tsd_log(TSD_LOG_INFO, "conn %llu (%s): protocol error (%s): %s", (unsigned long long)c->id,
+            c->peer, ts__status_name(status), msg);
     drop_upload(c);
     tsd_reply(c, op, rid, status, msg, n);
     begin_closing(c);
@@ -738,12 +824,79 @@ tsd_conn *tsd_conn_alloc(void)
     return ts__calloc(1, sizeof(tsd_conn));
 }
 
+/* Fill c->peer with the peer's "ip:port" ("unix" for a unix socket, "?" when unknown). */
+static void set_peer(tsd_conn *c)
+{
+    snprintf(c->peer, sizeof(c->peer), "%s", c->is_unix ? "unix" : "?");
+    if (c->is_unix)
+        return;
+    struct sockaddr_storage ss;
+    int len = (int)sizeof(ss);
+    if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &len) != 0)
+        return;
+    char ip[48];
+    if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+        if (uv_ip6_name(a, ip, sizeof(ip)) == 0)
+            snprintf(c->peer, sizeof(c->peer), "[%s]:%u", ip, (unsigned)ntohs(a->sin6_port));
+    } else if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+        if (uv_ip4_name(a, ip, sizeof(ip)) == 0)
+            snprintf(c->peer, sizeof(c->peer), "%s:%u", ip, (unsigned)ntohs(a->sin_port));
+    }
+}
+
+/*
+ * --max-unauth-clients is reached: close the oldest connection that has not completed HELLO,
+ * so that a flood of idle connections cannot keep a real client from reaching HELLO (the newest
+ * one is the likeliest to be about to say it). It stops counting at once.
+ */
+static void evict_oldest_unauth(tsd_server *srv)
+{
+    tsd_conn *old = NULL;
+    for (tsd_conn *x = srv->conns; x != NULL; x = x->next)
+        if (x->unauth && !x->close_after_flush)
+            old = x; /* The list is newest first: the last one found is the oldest. */
+    if (old == NULL)
+        return;
+    old->unauth = 0;
+    srv->n_unauth--;
+    old->uncounted = 1;
+    srv->n_conns--;
+    srv->stats.rejected_clients++;
+    tsd_conn_fail(old, 0, 0, TS_ST_TOO_MANY_CLIENTS,
+                  "too many clients before HELLO (limit %u): the oldest is closed",
+                  srv->cfg.max_unauth);
+    tsd_conn_flush(old);
+}
+
+/* Refuse c (just accepted) with TOO_MANY_CLIENTS and message msg, then close it. */
+static void refuse(tsd_conn *c, const char *msg)
+{
+    tsd_server *srv = c->srv;
+    /* It stays listed (shutdown closes it) but no longer counts as a client. */
+    srv->n_conns--;
+    c->uncounted = 1;
+    srv->stats.rejected_clients++;
+    tsd_log(TSD_LOG_WARN, "refusing a connection from %s: %s", c->peer, msg);
+    tsd_reply(c, 0, 0, TS_ST_TOO_MANY_CLIENTS, msg, strlen(msg));
+    begin_closing(c);
+    /* Read (and drop) whatever it sends, so it sees our reply and FIN, not a reset. */
+    if (uv_read_start(&c->h.stream, on_alloc, on_read) != 0)
+        tsd_conn_close(c);
+    else
+        tsd_conn_flush(c);
+}
+
 void tsd_conn_accept(tsd_server *srv, tsd_conn *c, int fd, int is_unix)
 {
     c->srv = srv;
     c->is_unix = is_unix;
     c->id = ++srv->next_conn_id;
     c->accepted_ms = uv_now(srv->loop);
+    c->last_input_ms = c->accepted_ms;
+    snprintf(c->peer, sizeof(c->peer), "%s", is_unix ? "unix" : "?");
+    srv->store.conns += sizeof(*c);
     int rc = is_unix ? uv_pipe_init(srv->loop, &c->h.pipe, 0) : uv_tcp_init(srv->loop, &c->h.tcp);
     if (rc == 0)
         rc = is_unix ? uv_pipe_open(&c->h.pipe, fd) : uv_tcp_open(&c->h.tcp, fd);
@@ -771,25 +924,23 @@ void tsd_conn_accept(tsd_server *srv, tsd_conn *c, int fd, int is_unix)
         int sz = (int)TSD_WRITE_CHUNK;
         (void)uv_send_buffer_size(&c->h.handle, &sz);
     }
-    if (srv->n_conns > srv->cfg.max_clients) {
-        /* It stays listed (shutdown closes it) but no longer counts as a client. */
-        srv->n_conns--;
-        c->uncounted = 1;
-        srv->stats.rejected_clients++;
-        tsd_log(TSD_LOG_WARN, "refusing a connection: %zu clients (limit %u)", srv->n_conns,
-                srv->cfg.max_clients);
-        tsd_reply_err(c, 0, 0, TS_ST_TOO_MANY_CLIENTS, "too many clients (limit %u)",
-                      srv->cfg.max_clients);
-        begin_closing(c);
-        /* Read (and drop) whatever it sends, so it sees our reply and FIN, not a reset. */
-        if (uv_read_start(&c->h.stream, on_alloc, on_read) != 0)
-            tsd_conn_close(c);
-        else
-            tsd_conn_flush(c);
+    set_peer(c);
+    /*
+     * Authenticated clients (--max-clients) and connections still before HELLO
+     * (--max-unauth-clients) are limited apart, so a flood of the latter never takes the
+     * places of the former. c is counted in n_conns already.
+     */
+    char msg[96];
+    if (srv->n_conns - 1 - srv->n_unauth >= srv->cfg.max_clients) {
+        snprintf(msg, sizeof(msg), "too many clients (limit %u)", srv->cfg.max_clients);
+        refuse(c, msg);
         return;
     }
-    tsd_log(TSD_LOG_DEBUG, "conn %llu: accepted (%s)", (unsigned long long)c->id,
-            is_unix ? "unix" : "tcp");
+    if (srv->n_unauth >= srv->cfg.max_unauth)
+        evict_oldest_unauth(srv);
+    c->unauth = 1;
+    srv->n_unauth++;
+    tsd_log(TSD_LOG_DEBUG, "conn %llu (%s): accepted", (unsigned long long)c->id, c->peer);
     c->rstate = TSD_RS_HDR;
     rc = uv_read_start(&c->h.stream, on_alloc, on_read);
     if (rc != 0)
@@ -814,6 +965,12 @@ void tsd_conn_resume_read(tsd_conn *c)
  */
 static uint8_t discard_buf[64 * 1024];
 
+/* Bytes of the bulk body received so far. */
+static uint64_t bulk_got(const tsd_conn *c)
+{
+    return c->bulk_total - c->bulk_left;
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     tsd_conn *c = h->data;
@@ -822,8 +979,16 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     switch (c->rstate) {
     case TSD_RS_ITEM:
     case TSD_RS_LZ4: {
-        /* Exactly the rest of the body, so the read never runs into the next frame. */
-        uint64_t n = c->bulk_left < UINT32_MAX ? c->bulk_left : UINT32_MAX;
+        /*
+         * Exactly the rest of the body, so the read never runs into the next frame, and never
+         * past what is reserved (reserve_ahead keeps that above zero while bytes are due).
+         */
+        uint64_t n = c->bulk_left;
+        uint64_t room = c->cur_reserved - bulk_got(c);
+        if (n > room)
+            n = room;
+        if (n > UINT32_MAX)
+            n = UINT32_MAX;
         *buf = uv_buf_init((char *)c->bulk_dst, (unsigned int)n);
         return;
     }
@@ -840,6 +1005,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
             c->ibuf = ts__malloc(TSD_IBUF_SIZE);
             if (c->ibuf == NULL)
                 return; /* libuv reports UV_ENOBUFS to on_read */
+            c->srv->store.conns += TSD_IBUF_SIZE;
         }
         if (c->ipos > 0) {
             memmove(c->ibuf, c->ibuf + c->ipos, c->ilen - c->ipos);
@@ -864,6 +1030,24 @@ static size_t take_buffered(tsd_conn *c, uint8_t *dst, uint64_t want)
     return n;
 }
 
+/*
+ * Write into msg (cap bytes) what fills the memory limit, for OUT_OF_MEMORY replies: the
+ * counted total and its parts, so an operator sees whether items, bins, queued output, uploads
+ * in progress or connections hold it.
+ */
+static void oom_message(const tsd_server *srv, uint64_t need, char *msg, size_t cap)
+{
+    const tsd_store *st = &srv->store;
+    snprintf(msg, cap,
+             "memory limit reached: %llu of %llu bytes used (items %llu, bin and item overhead "
+             "%llu, output buffers %llu, uploads in progress %llu, connections %llu); %llu more "
+             "needed",
+             (unsigned long long)tsd_store_used(st), (unsigned long long)st->max_memory,
+             (unsigned long long)st->held, (unsigned long long)st->overhead,
+             (unsigned long long)st->output, (unsigned long long)st->reserved,
+             (unsigned long long)st->conns, (unsigned long long)need);
+}
+
 /* The body of a refused upload has been skipped: answer OUT_OF_MEMORY, keep the connection. */
 static void discard_done(tsd_conn *c)
 {
@@ -877,9 +1061,9 @@ static void discard_done(tsd_conn *c)
                       "tensord is out of memory: the item buffer could not be allocated");
         return;
     }
-    tsd_reply_err(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY,
-                  "memory limit reached: %llu bytes held, limit %llu",
-                  (unsigned long long)srv->store.held, (unsigned long long)srv->store.max_memory);
+    char msg[TS_MAX_ERRMSG];
+    oom_message(srv, c->cur_raw_len, msg, sizeof(msg));
+    tsd_reply(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY, msg, strlen(msg));
 }
 
 /* Refuse an upload for lack of memory: skip left body bytes, then reply (discard_done). */
@@ -894,6 +1078,169 @@ static void start_discard(tsd_conn *c, uint64_t left)
     c->rstate = TSD_RS_DISCARD;
 }
 
+/*
+ * Keep the reservation of a bulk body ahead of its arrival: while bytes are due and less than
+ * half a step is reserved beyond what arrived, reserve up to one more step. When the limit is
+ * reached, the upload is dropped (its reservation returned) and the rest of its body skipped,
+ * then answered OUT_OF_MEMORY. 0, or -1 when the upload was dropped.
+ */
+static int reserve_ahead(tsd_conn *c)
+{
+    if (c->bulk_left == 0)
+        return 0;
+    uint64_t ahead = c->cur_reserved - bulk_got(c);
+    if (ahead >= c->bulk_left || ahead >= TSD_UPLOAD_STEP / 2)
+        return 0;
+    uint64_t more = c->bulk_total - c->cur_reserved;
+    if (more > TSD_UPLOAD_STEP)
+        more = TSD_UPLOAD_STEP;
+    if (tsd_store_reserve(&c->srv->store, more) == 0) {
+        c->cur_reserved += more;
+        return 0;
+    }
+    uint64_t left = c->bulk_left;
+    /* The amount named in the reply: what this upload would have needed in all. */
+    c->cur_raw_len = c->cur_raw_len > c->bulk_total ? c->cur_raw_len : c->bulk_total;
+    drop_upload(c);
+    start_discard(c, left);
+    return -1;
+}
+
+/* Hand a validated record to the store (the reservation now covers exactly the record). */
+static void item_store(tsd_conn *c, tsd_item *it)
+{
+    size_t len = tsd_item_len(it);
+    tsd_store_unreserve(&c->srv->store, c->cur_reserved - len);
+    c->cur_reserved = 0;
+    tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
+}
+
+static void fail_bad_record(tsd_conn *c, size_t len)
+{
+    tsd_conn_fail(c, c->cur.opcode, c->cur.request_id, TS_ST_BAD_RECORD,
+                  "the %zu-byte record failed validation", len);
+}
+
+/* Results of off-loop work (job.rc). */
+enum { JOB_OK = 0, JOB_BAD_LZ4, JOB_SHORT, JOB_BAD_RECORD };
+
+/*
+ * Thread pool: inflate the compressed body (when there is one), move the record to the start
+ * of the buffer, and validate it. Touches only the job's item and buffer, which nothing on the
+ * loop thread reads or frees while the job is busy.
+ */
+static void job_work(uv_work_t *req)
+{
+    tsd_conn *c = req->data;
+    tsd_item *it = c->job.it;
+    uint8_t *data = tsd_item_data(it);
+    if (c->job.tmp != NULL) {
+        size_t raw = c->job.raw;
+        if (ts__lz4_decompress(c->job.tmp, c->job.tmp_len, data, raw) != 0) {
+            c->job.rc = JOB_BAD_LZ4;
+            return;
+        }
+        size_t nl = data[0];
+        if (raw < 1 + nl + TS_REC_HDR_SIZE) {
+            c->job.rc = JOB_SHORT;
+            return;
+        }
+        /* cur_name is not touched on the loop thread while the job is busy. */
+        tsd_item_set_len(it, raw - 1 - nl);
+        memmove(c->cur_name, data + 1, nl);
+        c->cur_name_len = (uint8_t)nl;
+        memmove(data, data + 1 + nl, raw - 1 - nl);
+    }
+    size_t len = tsd_item_len(it);
+    if (ts__record_validate(data, len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0) {
+        c->job.rc = JOB_BAD_RECORD;
+        return;
+    }
+    c->job.rc = JOB_OK;
+}
+
+/* Loop thread: the work is back. Finish the request, then read on where the connection was. */
+static void job_done(uv_work_t *req, int status)
+{
+    tsd_conn *c = req->data;
+    tsd_server *srv = c->srv;
+    tsd_item *it = c->job.it;
+    uint8_t op = c->cur.opcode;
+    uint32_t rid = c->cur.request_id;
+    c->job.busy = 0;
+    c->job.it = NULL;
+    if (c->job.tmp != NULL) {
+        ts__free(c->job.tmp);
+        c->job.tmp = NULL;
+        /* The compressed buffer's reservation goes; the item's stays. */
+        tsd_store_unreserve(&srv->store, c->job.tmp_len);
+        c->cur_reserved -= c->job.tmp_len;
+    }
+    if (c->closing || status != 0) {
+        tsd_item_unref(it);
+        tsd_store_unreserve(&srv->store, c->cur_reserved);
+        c->cur_reserved = 0;
+        if (c->job.free_after)
+            conn_free(c);
+        else if (!c->closing)
+            tsd_conn_close(c);
+        tsd_server_flush(srv);
+        return;
+    }
+    c->rstate = TSD_RS_HDR;
+    switch (c->job.rc) {
+    case JOB_OK:
+        item_store(c, it);
+        break;
+    case JOB_BAD_LZ4:
+        tsd_item_unref(it);
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "malformed lz4 body");
+        break;
+    case JOB_SHORT:
+        tsd_item_unref(it);
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "%s body too short for its name and record",
+                      ts__op_name(op));
+        break;
+    default:
+        fail_bad_record(c, tsd_item_len(it));
+        tsd_item_unref(it);
+        break;
+    }
+    /* Frames that came in behind this one, then the socket again (also to drain a failed one). */
+    if (c->rstate == TSD_RS_HDR)
+        process_input(c);
+    c->last_input_ms = uv_now(srv->loop);
+    if (!c->closing && c->rstate != TSD_RS_WORK &&
+        uv_read_start(&c->h.stream, on_alloc, on_read) != 0)
+        tsd_conn_close(c);
+    tsd_server_flush(srv);
+}
+
+/*
+ * Move the rest of the request to the thread pool: reading pauses (so the connection's requests
+ * keep their order) until job_done. tmp (with its length) is the compressed body, or NULL when
+ * only validation is left. 0, or -1 when the work could not be queued (the caller does it
+ * inline).
+ */
+static int job_start(tsd_conn *c, tsd_item *it, uint8_t *tmp, size_t tmp_len, size_t raw)
+{
+    c->job.it = it;
+    c->job.tmp = tmp;
+    c->job.tmp_len = tmp_len;
+    c->job.raw = raw;
+    c->job.free_after = 0;
+    c->job.req.data = c;
+    if (uv_queue_work(c->srv->loop, &c->job.req, job_work, job_done) != 0) {
+        c->job.it = NULL;
+        c->job.tmp = NULL;
+        return -1;
+    }
+    c->job.busy = 1;
+    c->rstate = TSD_RS_WORK;
+    uv_read_stop(&c->h.stream);
+    return 0;
+}
+
 /* A record has fully arrived in c->cur_item: validate it once and hand it to the store. */
 static void item_done(tsd_conn *c)
 {
@@ -901,36 +1248,55 @@ static void item_done(tsd_conn *c)
     c->cur_item = NULL;
     c->rstate = TSD_RS_HDR;
     size_t len = tsd_item_len(it);
+    if (len >= TSD_OFFLOOP_MIN && job_start(c, it, NULL, 0, len) == 0)
+        return;
     if (ts__record_validate(tsd_item_data(it), len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0) {
         tsd_item_unref(it);
-        tsd_conn_fail(c, c->cur.opcode, c->cur.request_id, TS_ST_BAD_RECORD,
-                      "the %zu-byte record failed validation", len);
+        fail_bad_record(c, len);
         return;
     }
-    /* The reservation now covers exactly the record; the store consumes it. */
-    tsd_store_unreserve(&c->srv->store, c->cur_reserved - len);
-    c->cur_reserved = 0;
-    tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
+    item_store(c, it);
 }
 
 /* A compressed PUT/APPEND body has arrived in cur_tmp: decompress it into an item. */
 static void lz4_done(tsd_conn *c)
 {
+    tsd_server *srv = c->srv;
     uint8_t op = c->cur.opcode;
     uint32_t rid = c->cur.request_id;
+    size_t raw = (size_t)c->cur_raw_len;
     c->rstate = TSD_RS_HDR;
-    tsd_item *it = tsd_item_new_sized((size_t)c->cur_raw_len);
-    if (it == NULL) {
+    /* The inflated record needs its reservation too, while the compressed buffer still holds. */
+    if (tsd_store_reserve(&srv->store, raw) != 0) {
         drop_upload(c);
-        c->srv->stats.oom_rejections++;
-        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "out of memory decompressing the body");
+        srv->stats.oom_rejections++;
+        srv->stats.ops[op]++;
+        char msg[TS_MAX_ERRMSG];
+        oom_message(srv, raw, msg, sizeof(msg));
+        tsd_reply(c, op, rid, TS_ST_OUT_OF_MEMORY, msg, strlen(msg));
         return;
     }
-    size_t raw = (size_t)c->cur_raw_len;
-    uint8_t *data = tsd_item_data(it);
-    int rc = ts__lz4_decompress(c->cur_tmp, c->cur_tmp_len, data, raw);
-    ts__free(c->cur_tmp);
+    c->cur_reserved += raw;
+    tsd_item *it = tsd_item_new_sized(raw);
+    if (it == NULL) {
+        drop_upload(c);
+        srv->stats.oom_rejections++;
+        srv->stats.out_of_memory++;
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY,
+                      "tensord is out of memory: the buffer to decompress into could not be "
+                      "allocated");
+        return;
+    }
+    uint8_t *tmp = c->cur_tmp;
+    size_t tmp_len = c->cur_tmp_len;
     c->cur_tmp = NULL;
+    if (raw >= TSD_OFFLOOP_MIN && job_start(c, it, tmp, tmp_len, raw) == 0)
+        return;
+    uint8_t *data = tsd_item_data(it);
+    int rc = ts__lz4_decompress(tmp, tmp_len, data, raw);
+    ts__free(tmp);
+    tsd_store_unreserve(&srv->store, tmp_len);
+    c->cur_reserved -= tmp_len;
     if (rc != 0) {
         tsd_item_unref(it);
         tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "malformed lz4 body");
@@ -957,12 +1323,38 @@ static void bulk_received(tsd_conn *c, size_t n)
 {
     c->bulk_dst += n;
     c->bulk_left -= n;
-    if (c->bulk_left > 0)
+    if (c->bulk_left > 0) {
+        (void)reserve_ahead(c);
         return;
+    }
     if (c->rstate == TSD_RS_ITEM)
         item_done(c);
     else
         lz4_done(c);
+}
+
+/*
+ * Check a compressed body's announced raw length against the limits of its opcode: the largest
+ * input LZ4 handles, then the body limit (--max-frame for PUT/APPEND, the control body limit
+ * for the others). 0, or -1 when the connection has been failed with TOO_LARGE.
+ */
+static int check_raw_len(tsd_conn *c, const ts__hdr *h, uint64_t raw)
+{
+    int upload = h->opcode == TS_OP_PUT || h->opcode == TS_OP_APPEND;
+    uint64_t limit = upload ? c->srv->cfg.max_frame : TSD_MAX_CTRL_BODY;
+    if (raw > TS_LZ4_MAX_RAW) {
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_TOO_LARGE,
+                      "raw body of %llu bytes exceeds the largest lz4 input (%llu bytes)",
+                      (unsigned long long)raw, (unsigned long long)TS_LZ4_MAX_RAW);
+        return -1;
+    }
+    if (raw > limit) {
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_TOO_LARGE,
+                      "%s raw body of %llu bytes exceeds the limit of %llu", ts__op_name(h->opcode),
+                      (unsigned long long)raw, (unsigned long long)limit);
+        return -1;
+    }
+    return 0;
 }
 
 /*
@@ -1040,6 +1432,7 @@ static void control_frame(tsd_conn *c, const ts__hdr *h, const uint8_t *body)
     }
     uint8_t raw[TSD_MAX_CTRL_BODY];
     uint64_t raw_len;
+    /* process_input checked the raw length against the limit already. */
     if (ts__lz4_raw_len(body, len, &raw_len) != 0 || raw_len > sizeof(raw) ||
         ts__lz4_decompress(body, len, raw, (size_t)raw_len) != 0) {
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST, "malformed lz4 %s body",
@@ -1069,12 +1462,8 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
         if (avail < TS_LZ4_PREFIX)
             return 1;
         uint64_t raw = ts__get_u64le(body);
-        if (raw > srv->cfg.max_frame) {
-            tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_TOO_LARGE,
-                          "raw body of %llu bytes exceeds the limit of %llu",
-                          (unsigned long long)raw, (unsigned long long)srv->cfg.max_frame);
+        if (check_raw_len(c, h, raw) != 0)
             return 0;
-        }
         if (raw < 1 + TS_REC_HDR_SIZE) {
             tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST,
                           "%s body too short for a record", ts__op_name(h->opcode));
@@ -1094,12 +1483,19 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
         }
         c->cur = *h;
         c->ipos += TS_HDR_SIZE;
-        if (tsd_store_reserve(&srv->store, raw) != 0) {
+        /*
+         * The compressed buffer is reserved as its bytes arrive (reserve_ahead), the inflated
+         * record once the body is complete (lz4_done).
+         */
+        c->cur_raw_len = raw;
+        c->bulk_total = blen;
+        c->cur_reserved = 0;
+        uint64_t first = blen < TSD_UPLOAD_STEP ? blen : TSD_UPLOAD_STEP;
+        if (tsd_store_reserve(&srv->store, first) != 0) {
             start_discard(c, blen);
             return 0;
         }
-        c->cur_reserved = raw;
-        c->cur_raw_len = raw;
+        c->cur_reserved = first;
         c->cur_tmp = ts__malloc((size_t)blen);
         if (c->cur_tmp == NULL) {
             drop_upload(c);
@@ -1115,6 +1511,8 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
         c->rstate = TSD_RS_LZ4;
         if (c->bulk_left == 0)
             lz4_done(c);
+        else
+            (void)reserve_ahead(c);
         return 0;
     }
 
@@ -1144,11 +1542,20 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     memcpy(c->cur_name, body + 1, nl);
     c->cur_name_len = (uint8_t)nl;
     c->ipos += TS_HDR_SIZE + 1 + nl;
-    if (tsd_store_reserve(&srv->store, rlen) != 0) {
+    /*
+     * The record goes straight into its item buffer, allocated whole now (untouched pages cost
+     * nothing), while the reservation follows the bytes as they arrive (reserve_ahead): a client
+     * that declares a huge body and stalls holds one step, not the whole length.
+     */
+    c->cur_raw_len = rlen;
+    c->bulk_total = rlen;
+    c->cur_reserved = 0;
+    uint64_t first = rlen < TSD_UPLOAD_STEP ? rlen : TSD_UPLOAD_STEP;
+    if (tsd_store_reserve(&srv->store, first) != 0) {
         start_discard(c, rlen);
         return 0;
     }
-    c->cur_reserved = rlen;
+    c->cur_reserved = first;
     c->cur_item = tsd_item_new((size_t)rlen);
     if (c->cur_item == NULL) {
         drop_upload(c);
@@ -1164,6 +1571,8 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     c->rstate = TSD_RS_ITEM;
     if (c->bulk_left == 0)
         item_done(c);
+    else
+        (void)reserve_ahead(c);
     return 0;
 }
 
@@ -1182,11 +1591,37 @@ static void process_input(tsd_conn *c)
                 break;
             continue;
         }
+        const uint8_t *body = c->ibuf + c->ipos + TS_HDR_SIZE;
+        if (h.flags & TS_FLAG_LZ4) {
+            /* The raw length is checked as soon as it is in, before the rest is waited for. */
+            if (h.body_len < TS_LZ4_PREFIX + 1) {
+                tsd_conn_fail(c, h.opcode, h.request_id, TS_ST_BAD_REQUEST,
+                              "compressed body too short");
+                break;
+            }
+            if (avail - TS_HDR_SIZE < TS_LZ4_PREFIX)
+                break;
+            if (check_raw_len(c, &h, ts__get_u64le(body)) != 0)
+                break;
+        }
         if (avail - TS_HDR_SIZE < h.body_len)
             break;
-        const uint8_t *body = c->ibuf + c->ipos + TS_HDR_SIZE;
         c->ipos += TS_HDR_SIZE + (size_t)h.body_len;
+        if (h.opcode == TS_OP_HELLO && c->unauth &&
+            c->srv->n_conns - c->srv->n_unauth >= c->srv->cfg.max_clients) {
+            /* Every place for an authenticated client is taken. */
+            c->srv->stats.rejected_clients++;
+            tsd_conn_fail(c, h.opcode, h.request_id, TS_ST_TOO_MANY_CLIENTS,
+                          "too many clients (limit %u)", c->srv->cfg.max_clients);
+            break;
+        }
         control_frame(c, &h, body);
+        if (c->unauth && c->helloed) {
+            c->unauth = 0;
+            c->srv->n_unauth--;
+            tsd_log(TSD_LOG_DEBUG, "conn %llu (%s): HELLO accepted", (unsigned long long)c->id,
+                    c->peer);
+        }
     }
     if (c->ibuf != NULL && c->ipos == c->ilen)
         c->ipos = c->ilen = 0;
@@ -1226,6 +1661,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (nread == 0)
         return;
     srv->stats.bytes_received += (uint64_t)nread;
+    c->last_input_ms = uv_now(srv->loop);
     switch (c->rstate) {
     case TSD_RS_HDR:
         c->ilen += (size_t)nread;
@@ -1240,7 +1676,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             discard_done(c);
         break;
     default:
-        return; /* TSD_RS_DEAD: dropped. */
+        return; /* TSD_RS_DEAD: dropped (TSD_RS_WORK does not read). */
     }
     process_input(c);
     tsd_server_flush(srv);

@@ -35,6 +35,8 @@ void tsd_config_defaults(tsd_config *cfg)
     cfg->notify_backlog = TSD_DEFAULT_NOTIFY_BACKLOG;
     cfg->max_watch = TSD_DEFAULT_MAX_WATCH;
     cfg->hello_timeout_ms = TSD_DEFAULT_HELLO_MS;
+    cfg->body_timeout_s = TSD_DEFAULT_BODY_TIMEOUT_S;
+    cfg->max_unauth = TSD_DEFAULT_MAX_UNAUTH;
     cfg->save_interval_s = TSD_DEFAULT_SAVE_INTERVAL;
     long pages = sysconf(_SC_PHYS_PAGES);
     long page = sysconf(_SC_PAGE_SIZE);
@@ -65,9 +67,14 @@ static void usage(FILE *f)
             "                        0 = never                                   [%u]\n"
             "Limits:\n"
             "  --max-frame BYTES     largest request body                        [%llu = 1g]\n"
-            "  --max-memory BYTES    item bytes held in bins, 0 = unlimited      [%llu = 3/4 of "
+            "  --max-memory BYTES    memory clients make tensord hold (items, bins, queued\n"
+            "                        output, uploads, connections), 0 = unlimited [%llu = 3/4 of "
             "RAM]\n"
-            "  --max-clients N       connections; more get TOO_MANY_CLIENTS      [%u]\n"
+            "  --max-clients N       clients past HELLO; more get TOO_MANY_CLIENTS [%u]\n"
+            "  --max-unauth-clients N  connections before HELLO, limited apart so they never\n"
+            "                        take the places of clients               [%u]\n"
+            "  --body-timeout S      close a connection whose frame (header or body) stops\n"
+            "                        arriving for S seconds, 0 = never          [%u]\n"
             "  --max-output BYTES    unwritten output per connection before it is cut off as a\n"
             "                        slow reader (SLOW_READER)                   [%llu = 256m]\n"
             "  --output-soft BYTES   ... or when it stays above this for         [%llu = 64m]\n"
@@ -90,7 +97,8 @@ static void usage(FILE *f)
             "Exit status: 0 clean shutdown, 1 failure, 2 bad flags or unsafe configuration,\n"
             "3 damaged snapshot.\n",
             d.port, d.host, d.hello_timeout_ms, (unsigned long long)d.max_frame,
-            (unsigned long long)d.max_memory, d.max_clients, (unsigned long long)d.max_output,
+            (unsigned long long)d.max_memory, d.max_clients, d.max_unauth, d.body_timeout_s,
+            (unsigned long long)d.max_output,
             (unsigned long long)d.output_soft, d.output_soft_seconds,
             (unsigned long long)d.notify_backlog, d.max_watch, d.save_interval_s);
 }
@@ -171,7 +179,8 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
                                             "--output-soft",    "--output-soft-seconds",
                                             "--notify-backlog", "--hello-timeout",
                                             "--max-watch",      "--save",
-                                            "--save-interval"};
+                                            "--save-interval",  "--max-unauth-clients",
+                                            "--body-timeout"};
         int is_known = 0;
         for (size_t k = 0; k < TS__ARRAY_SIZE(known); k++)
             is_known |= strcmp(flag, known[k]) == 0;
@@ -206,6 +215,12 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
         } else if (strcmp(flag, "--max-clients") == 0) {
             bad = parse_size(val, &n) != 0 || n == 0 || n > UINT32_MAX;
             cfg->max_clients = (uint32_t)n;
+        } else if (strcmp(flag, "--max-unauth-clients") == 0) {
+            bad = parse_size(val, &n) != 0 || n == 0 || n > UINT32_MAX;
+            cfg->max_unauth = (uint32_t)n;
+        } else if (strcmp(flag, "--body-timeout") == 0) {
+            bad = parse_size(val, &n) != 0 || n > 86400u;
+            cfg->body_timeout_s = (uint32_t)n;
         } else if (strcmp(flag, "--max-output") == 0) {
             bad = parse_size(val, &n) != 0;
             cfg->max_output = n;

@@ -57,6 +57,28 @@
  */
 #define TSD_DEFAULT_MAX_WATCH     65536u
 #define TSD_DEFAULT_HELLO_MS      10000u /* ms; a connection must complete HELLO within this */
+/*
+ * s; a frame whose header or body stops arriving for this long is cut (the connection closes
+ * and its upload reservation is returned), so a stalled upload cannot hold memory forever.
+ */
+#define TSD_DEFAULT_BODY_TIMEOUT_S 30u
+/*
+ * Connections that have not completed HELLO. They are counted apart from --max-clients, so a
+ * flood of unauthenticated connections cannot take the places of authenticated clients.
+ */
+#define TSD_DEFAULT_MAX_UNAUTH 1024u
+/*
+ * Bytes an upload reserves against --max-memory ahead of what has arrived. An upload reserves as
+ * its body arrives, so a client that declares a huge body and stalls holds at most this beyond
+ * the bytes it really sent (its buffer is virtual memory until written).
+ */
+#define TSD_UPLOAD_STEP ((uint64_t)4 << 20)
+/*
+ * Bytes; records (or compressed bodies inflating to) at least this large are decompressed and
+ * validated on the thread pool, so one big request does not stall every other client. Above
+ * TSD_SLAB_MAX, so only items with a buffer of their own ever leave the loop thread.
+ */
+#define TSD_OFFLOOP_MIN ((size_t)1 << 20)
 #define TSD_DEFAULT_SAVE_INTERVAL 60u    /* s; period of snapshots with --save */
 #define TSD_ACCEPT_PAUSE_MS       1000   /* ms; accepting pauses this long when out of fds */
 #define TSD_RETRY_MS              50     /* ms; retry after an allocation failure */
@@ -92,6 +114,8 @@ typedef struct tsd_config {
     uint32_t max_watch;           /* subscriptions + pending WAITs per connection */
     const char *save_path;        /* snapshot file; NULL = no persistence */
     uint32_t save_interval_s;     /* 0 = snapshots only on SAVE and at shutdown */
+    uint32_t body_timeout_s;      /* s without progress inside a frame; 0 = none */
+    uint32_t max_unauth;          /* connections that have not completed HELLO */
 } tsd_config;
 
 /* Fill cfg with the defaults (max_memory: 3/4 of physical memory). */
@@ -291,7 +315,24 @@ typedef struct tsd_store {
     uint64_t reserved;
     uint64_t n_items;
     uint64_t max_memory; /* 0 = unlimited */
+    /*
+     * The rest of what clients make the daemon hold, counted against max_memory with held and
+     * reserved (see tsd_store_used): bin structs, names and hash buckets plus item headers and
+     * slot rounding (overhead); write batches and their arrays (output, conn.c); connection
+     * objects and input buffers (conns, conn.c).
+     */
+    uint64_t overhead;
+    uint64_t output;
+    uint64_t conns;
 } tsd_store;
+
+/* Every byte counted against max_memory: held + reserved + overhead + output + conns. */
+uint64_t tsd_store_used(const tsd_store *s);
+/*
+ * Seed the name hash with a 16-byte key (tsd_store_init seeds it from getrandom once per process;
+ * tests set their own). Call before any table holds a name.
+ */
+void tsd_hash_seed(const uint8_t key[16]);
 
 int tsd_store_init(tsd_store *s, uint64_t max_memory);
 /* Free every bin and drop the store's item references. */
@@ -353,6 +394,7 @@ typedef struct tsd_wbatch {
     size_t bufs_cap;
     size_t nbufs; /* uv_bufs the batch needs when written (bufs_cap is kept at least this) */
     uint64_t bytes;
+    uint64_t cost; /* bytes of its allocations, as counted in out_mem and store.output */
     struct tsd_wbatch *next_free;
 } tsd_wbatch;
 
@@ -361,6 +403,7 @@ enum {
     TSD_RS_ITEM,    /* reading a record straight into an item buffer */
     TSD_RS_LZ4,     /* reading a compressed body into a temporary buffer */
     TSD_RS_DISCARD, /* skipping the body of a refused upload */
+    TSD_RS_WORK,    /* a record is being inflated or validated off the loop; reading paused */
     TSD_RS_DEAD     /* reading stopped (error or closing) */
 };
 
@@ -388,6 +431,8 @@ typedef struct tsd_conn {
     uint64_t id;
     int is_unix;
     int uncounted; /* refused (too many clients): not counted in n_conns */
+    int unauth;    /* counted in the server's n_unauth (HELLO not yet completed) */
+    char peer[64]; /* "ip:port" or "unix", for log lines */
     int helloed;
     int lz4;                 /* the client may send TS_FLAG_LZ4 bodies */
     int closing;             /* uv_close called */
@@ -413,6 +458,20 @@ typedef struct tsd_conn {
     int cur_alloc_failed;  /* TSD_RS_DISCARD: refused for a failed allocation, not the limit */
     uint8_t *bulk_dst;     /* where the next bytes go (RS_ITEM, RS_LZ4) */
     uint64_t bulk_left;    /* bytes of the body still to come */
+    uint64_t bulk_total;   /* bytes of the body being received in bulk (item or compressed) */
+    uint64_t last_input_ms; /* uv_now of the last bytes read, for the body deadline */
+    uint64_t out_mem;       /* bytes of allocations of the write batches queued or in flight */
+    /* Off-loop inflation and validation of a large record (TSD_RS_WORK). */
+    struct {
+        uv_work_t req;
+        int busy;
+        int free_after; /* the connection closed meanwhile: free it when the work is back */
+        int rc;
+        tsd_item *it;
+        uint8_t *tmp; /* compressed body (NULL: validation only) */
+        size_t tmp_len;
+        size_t raw;
+    } job;
 
     /* Output. */
     tsd_wbatch *pend; /* not yet handed to uv_write */
@@ -595,6 +654,8 @@ typedef struct tsd_stats {
     uint64_t rejected_clients;
     uint64_t connections_total;
     uint64_t bytes_received;
+    uint64_t bytes_sent;     /* bytes of frames whose write completed */
+    uint64_t body_timeouts;  /* connections cut for a frame that stopped arriving */
     uint64_t listeners;
     uint64_t waiters;
     uint64_t auth_failures;
@@ -680,6 +741,7 @@ struct tsd_server {
     tsd_htab watches;
     tsd_conn *conns; /* accepted, not yet closing */
     size_t n_conns;  /* clients in conns (refused ones on their way out excluded) */
+    size_t n_unauth; /* of n_conns, those that have not completed HELLO */
     size_t n_alive;  /* connection objects not yet freed (closing ones included) */
     uint64_t next_conn_id;
     tsd_conn *dirty;  /* connections with a pending batch */

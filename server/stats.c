@@ -42,6 +42,12 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "items", srv->store.n_items);
     rc |= put_int(m, "bytes", srv->store.held);
     rc |= put_int(m, "bytes_reserved", srv->store.reserved);
+    /* Everything counted against max_memory, and its parts besides bytes and bytes_reserved. */
+    rc |= put_int(m, "used_memory", tsd_store_used(&srv->store));
+    rc |= put_int(m, "overhead_bytes", srv->store.overhead);
+    rc |= put_int(m, "output_bytes", srv->store.output);
+    rc |= put_int(m, "connection_bytes", srv->store.conns);
+    rc |= put_int(m, "connections_unauth", srv->n_unauth);
     rc |= put_int(m, "max_memory", srv->store.max_memory);
     /* Small records live in slabs (server/slab.c): their own footprint. */
     tsd_slab_stats ss;
@@ -61,6 +67,8 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "oom_rejections", st->oom_rejections);
     rc |= put_int(m, "slow_readers", st->slow_readers);
     rc |= put_int(m, "bytes_received", st->bytes_received);
+    rc |= put_int(m, "bytes_sent", st->bytes_sent);
+    rc |= put_int(m, "body_timeouts", st->body_timeouts);
     rc |= put_int(m, "auth_failures", st->auth_failures);
     rc |= put_int(m, "hello_timeouts", st->hello_timeouts);
     rc |= put_int(m, "notes_coalesced", st->notes_coalesced);

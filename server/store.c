@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 
 #define TSD_HTAB_MIN 64 /* buckets; the table never shrinks below this */
 
@@ -165,17 +166,90 @@ void tsd_item_unref(tsd_item *it)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Name hash table (FNV-1a; names are at most 255 bytes, so the hash is cheap)
+ * Name hash table
+ *
+ * Clients choose the names, so an unkeyed hash would let one choose names that all land in one
+ * chain and turn every lookup into a walk of the whole table. The hash is SipHash-1-3 (one
+ * compression round per 8 bytes, three finalization rounds) under a key drawn from getrandom
+ * once per process: names are at most 255 bytes, so it stays cheap.
  */
+
+static uint64_t hash_k0, hash_k1;
+static int hash_seeded;
+
+void tsd_hash_seed(const uint8_t key[16])
+{
+    hash_k0 = ts__get_u64le(key);
+    hash_k1 = ts__get_u64le(key + 8);
+    hash_seeded = 1;
+}
+
+/* Seed from the kernel's random source once; a failure leaves a fixed key (logged). */
+static void hash_seed_once(void)
+{
+    if (hash_seeded)
+        return;
+    uint8_t key[16] = {0};
+    size_t got = 0;
+    while (got < sizeof(key)) {
+        ssize_t n = getrandom(key + got, sizeof(key) - got, 0);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    if (got < sizeof(key))
+        tsd_log(TSD_LOG_WARN, "getrandom failed: the name hash uses a fixed key");
+    tsd_hash_seed(key);
+}
+
+static inline uint64_t rotl64(uint64_t x, int b)
+{
+    return (x << b) | (x >> (64 - b));
+}
+
+/* One SipHash round over the state v[0..3]. */
+static inline void sip_round(uint64_t v[4])
+{
+    v[0] += v[1];
+    v[1] = rotl64(v[1], 13);
+    v[1] ^= v[0];
+    v[0] = rotl64(v[0], 32);
+    v[2] += v[3];
+    v[3] = rotl64(v[3], 16);
+    v[3] ^= v[2];
+    v[0] += v[3];
+    v[3] = rotl64(v[3], 21);
+    v[3] ^= v[0];
+    v[2] += v[1];
+    v[1] = rotl64(v[1], 17);
+    v[1] ^= v[2];
+    v[2] = rotl64(v[2], 32);
+}
 
 uint32_t tsd_hash(const uint8_t *name, size_t len)
 {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < len; i++) {
-        h ^= name[i];
-        h *= 16777619u;
+    uint64_t v[4] = {hash_k0 ^ 0x736f6d6570736575ull, hash_k1 ^ 0x646f72616e646f6dull,
+                     hash_k0 ^ 0x6c7967656e657261ull, hash_k1 ^ 0x7465646279746573ull};
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t m = ts__get_u64le(name + i);
+        v[3] ^= m;
+        sip_round(v);
+        v[0] ^= m;
     }
-    return h;
+    /* The last 0..7 bytes, with the length in the top byte. */
+    uint64_t last = (uint64_t)(len & 0xff) << 56;
+    for (size_t k = 0; i + k < len; k++)
+        last |= (uint64_t)name[i + k] << (8 * k);
+    v[3] ^= last;
+    sip_round(v);
+    v[0] ^= last;
+    v[2] ^= 0xff;
+    sip_round(v);
+    sip_round(v);
+    sip_round(v);
+    uint64_t h = v[0] ^ v[1] ^ v[2] ^ v[3];
+    return (uint32_t)(h ^ (h >> 32));
 }
 
 int tsd_htab_init(tsd_htab *t)
@@ -254,9 +328,47 @@ void tsd_htab_remove(tsd_htab *t, tsd_hnode *n)
 
 int tsd_store_init(tsd_store *s, uint64_t max_memory)
 {
+    hash_seed_once();
     memset(s, 0, sizeof(*s));
     s->max_memory = max_memory;
     return tsd_htab_init(&s->bins);
+}
+
+/*
+ * Bytes of one heap block holding n bytes, as glibc's allocator lays it out: an 8-byte size
+ * word, rounded to 16, at least 32. Counting what the allocator really uses keeps the accounting
+ * honest for the many small blocks of bins and item headers.
+ */
+static uint64_t heap_block(size_t n)
+{
+    size_t b = (n + 8 + 15) & ~(size_t)15;
+    return b < 32 ? 32 : b;
+}
+
+/*
+ * What a bin costs beyond its items: its block (struct and name) and its share of the bucket
+ * array, which holds up to one pointer per bin and doubles when full (two pointers at worst).
+ */
+static uint64_t bin_cost(size_t name_len)
+{
+    return heap_block(sizeof(tsd_bin) + name_len) + 2 * sizeof(tsd_hnode *);
+}
+
+/*
+ * What an item costs beyond its record bytes: a slab item, its header and the rounding of its
+ * slot; an item with a buffer of its own, its struct's block and the rounding of its buffer.
+ */
+static uint64_t item_overhead(const tsd_item *it)
+{
+    if (it->slot != TSD_ITEM_OWN)
+        return sizeof(tsd_item) + tsd_slab_slot_size(it) - it->slen;
+    const tsd_item_own *own = (const tsd_item_own *)(const void *)it;
+    return heap_block(sizeof(*own)) + own->alloc_len - own->len;
+}
+
+uint64_t tsd_store_used(const tsd_store *s)
+{
+    return s->held + s->reserved + s->overhead + s->output + s->conns;
 }
 
 /* Unref every item of bin and free it (the bin must already be unlinked). */
@@ -267,10 +379,12 @@ static void bin_destroy(tsd_store *s, tsd_bin *b)
         tsd_item *next = it->next;
         it->next = NULL;
         s->held -= tsd_item_len(it);
+        s->overhead -= item_overhead(it);
         s->n_items--;
         tsd_item_unref(it);
         it = next;
     }
+    s->overhead -= bin_cost(b->node.name_len);
     ts__free(b);
 }
 
@@ -293,8 +407,7 @@ void tsd_store_free(tsd_store *s)
 int tsd_store_reserve(tsd_store *s, uint64_t len)
 {
     uint64_t total;
-    if (__builtin_add_overflow(s->held, s->reserved, &total) ||
-        __builtin_add_overflow(total, len, &total))
+    if (__builtin_add_overflow(tsd_store_used(s), len, &total))
         return TS_EOOM;
     if (s->max_memory != 0 && total > s->max_memory)
         return TS_EOOM;
@@ -338,12 +451,14 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
         if (b == NULL)
             return NULL;
         tsd_htab_insert(&s->bins, &b->node);
+        s->overhead += bin_cost(len);
     } else if (replace) {
         tsd_item *it = b->head;
         while (it != NULL) {
             tsd_item *next = it->next;
             it->next = NULL;
             s->held -= tsd_item_len(it);
+            s->overhead -= item_overhead(it);
             s->n_items--;
             tsd_item_unref(it);
             it = next;
@@ -363,6 +478,7 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
     b->version = version;
     tsd_store_unreserve(s, tsd_item_len(item));
     s->held += tsd_item_len(item);
+    s->overhead += item_overhead(item);
     s->n_items++;
     return b;
 }
@@ -379,6 +495,7 @@ tsd_item *tsd_store_pop(tsd_store *s, tsd_bin *b)
     b->n_items--;
     b->bytes -= tsd_item_len(it);
     s->held -= tsd_item_len(it);
+    s->overhead -= item_overhead(it);
     s->n_items--;
     return it;
 }

@@ -3,6 +3,8 @@
 
 #include <lz4.h>
 
+_Static_assert(TS_LZ4_MAX_RAW == LZ4_MAX_INPUT_SIZE, "the protocol's raw limit is lz4's own");
+
 size_t ts__lz4_bound(size_t len)
 {
     if (len > LZ4_MAX_INPUT_SIZE)

@@ -8,6 +8,8 @@
 #include "common.h"
 
 #define TS_LZ4_PREFIX 8 /* bytes: the u64 raw length */
+/* Bytes; the largest raw length of a compressed body (LZ4_MAX_INPUT_SIZE, LZ4's own limit). */
+#define TS_LZ4_MAX_RAW ((uint64_t)0x7E000000)
 
 /* Largest compressed body for len raw bytes (prefix included), 0 when len is too large. */
 size_t ts__lz4_bound(size_t len);

@@ -1,0 +1,455 @@
+/*
+ * tensord's connections under abuse: uploads that stall or never finish (reserved as they
+ * arrive, cut at --body-timeout), a big compressed upload inflated off the loop while others are
+ * served, compressed bodies whose raw length is over a limit (TOO_LARGE at the header, every
+ * opcode), a flood of connections before HELLO (--max-unauth-clients), and the memory counted
+ * against --max-memory besides item bytes (bins, queued output), with STATS.
+ */
+#define _GNU_SOURCE /* memmem */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "compress.h"
+#include "test_harden_util.h"
+
+static tsh_server s;
+
+/* Bytes; the body limit of requests other than PUT and APPEND (PROTOCOL.md section 12). */
+#define CTRL_BODY_LIMIT 4096
+
+static int kill_leftover(void **state)
+{
+    (void)state;
+    if (s.pid > 0) {
+        tsh_server_kill(&s);
+        tsh_server_cleanup(&s);
+    }
+    memset(&s, 0, sizeof(s));
+    return 0;
+}
+
+static void stop_server(void)
+{
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+    memset(&s, 0, sizeof(s));
+}
+
+/* Send a PUT header and name declaring a record of rec_len bytes, plus the first `first` bytes. */
+static void send_partial_put(int fd, uint32_t rid, const char *name, uint64_t rec_len, size_t first)
+{
+    uint8_t buf[TS_HDR_SIZE + 256 + 4096];
+    size_t nl = strlen(name);
+    assert_true(first <= 4096 && nl < 256);
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = TS_OP_PUT,
+                 .request_id = rid,
+                 .body_len = 1 + nl + rec_len};
+    ts__hdr_encode(&h, buf);
+    buf[TS_HDR_SIZE] = (uint8_t)nl;
+    memcpy(buf + TS_HDR_SIZE + 1, name, nl);
+    memset(buf + TS_HDR_SIZE + 1 + nl, 0, first);
+    assert_int_equal(tsh_write_all(fd, buf, TS_HDR_SIZE + 1 + nl + first), 0);
+}
+
+/* A connection that said HELLO asking for LZ4 (granted). */
+static int lz4_client(void)
+{
+    int fd = tsh_connect_tcp(s.port);
+    assert_true(fd >= 0);
+    uint8_t hello[4] = {1, TS_HELLO_LZ4, 0, 0};
+    tsu_frame f;
+    assert_int_equal(tsh_send(fd, TS_OP_HELLO, 1, hello, sizeof(hello)), 0);
+    tsu_expect(fd, &f, TS_OP_HELLO, 1, TS_ST_OK);
+    assert_int_equal(f.body[1], TS_HELLO_LZ4);
+    tsu_frame_free(&f);
+    return fd;
+}
+
+/*
+ * Uploads that declare large bodies and stop halfway reserve only what arrived plus one step,
+ * so they do not lock every other writer out with OUT_OF_MEMORY.
+ */
+static void test_partial_uploads_do_not_lock_out(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-memory", "64m", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    enum { NSLOW = 6 };
+    int slow[NSLOW];
+    for (int i = 0; i < NSLOW; i++) {
+        slow[i] = tsu_client(&s);
+        char name[16];
+        snprintf(name, sizeof(name), "slow%d", i);
+        /* 6 x 16 MiB declared: more than the limit if reserved at once. */
+        send_partial_put(slow[i], 7, name, (uint64_t)16 << 20, 1024);
+    }
+    int fd = tsu_client(&s);
+    /* Wait until every partial upload is in. */
+    for (int i = 0; i < 200 && tsu_stat(fd, "bytes_reserved") < NSLOW * 1024; i++)
+        th_sleep_ms(10);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes((size_t)1 << 20, 3, &len);
+    tsu_store(fd, TS_OP_PUT, "other", rec, len, NULL);
+    tsu_rec_free(rec, len);
+    assert_true(tsu_stat(fd, "bytes_reserved") <= (int64_t)NSLOW * (int64_t)(4 << 20));
+    for (int i = 0; i < NSLOW; i++)
+        close(slow[i]);
+    for (int i = 0; i < 200 && tsu_stat(fd, "bytes_reserved") != 0; i++)
+        th_sleep_ms(10);
+    assert_int_equal(tsu_stat(fd, "bytes_reserved"), 0);
+    close(fd);
+    stop_server();
+}
+
+/* A body that stops arriving is cut after --body-timeout, and its reservation returned. */
+static void test_stalled_body_is_cut(void **state)
+{
+    (void)state;
+    const char *args[] = {"--body-timeout", "1", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    int fd = tsu_client(&s);
+    send_partial_put(fd, 5, "stalled", (uint64_t)8 << 20, 100);
+    uint64_t t0 = th_now_ms();
+    tsu_frame f;
+    assert_int_equal(tsu_recv(fd, &f), 0);
+    assert_int_equal(f.h.status, TS_ST_TIMEOUT);
+    assert_int_equal(f.h.request_id, 0);
+    assert_true(f.len > 0 && memmem(f.body, f.len, "body-timeout", 12) != NULL);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_wait_closed(fd, 5000), 1);
+    assert_true(th_now_ms() - t0 < 5000);
+    close(fd);
+    /* A header cut in half stalls the same way. */
+    fd = tsu_client(&s);
+    uint8_t half[TS_HDR_SIZE / 2] = {TS_MAGIC_REQ, TS_PROTO_VERSION, TS_OP_PING};
+    assert_int_equal(tsh_write_all(fd, half, sizeof(half)), 0);
+    assert_int_equal(tsu_recv(fd, &f), 0);
+    assert_int_equal(f.h.status, TS_ST_TIMEOUT);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_wait_closed(fd, 5000), 1);
+    close(fd);
+    fd = tsu_client(&s);
+    assert_int_equal(tsu_stat(fd, "bytes_reserved"), 0);
+    assert_int_equal(tsu_stat(fd, "body_timeouts"), 2);
+    close(fd);
+    stop_server();
+}
+
+/* 1 when fd has bytes to read right now. */
+static int readable(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+}
+
+/*
+ * A compressed PUT that inflates to 512 MiB is inflated and validated off the loop: another
+ * connection's PING is answered before the big PUT's reply, and the record stored is the one
+ * sent.
+ */
+static void test_big_lz4_inflated_off_loop(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-memory", "0", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    const size_t n = ((size_t)512 << 20) - 4096;
+    uint64_t dims[1] = {n};
+    size_t rec_len;
+    uint8_t *rec = tsu_rec_tensor_raw(TS_UINT8, 1, dims, 0, n, n, &rec_len);
+    static const char name[] = "big";
+    size_t raw = 1 + strlen(name) + rec_len;
+    uint8_t *body = malloc(raw);
+    assert_non_null(body);
+    body[0] = (uint8_t)strlen(name);
+    memcpy(body + 1, name, strlen(name));
+    memcpy(body + 1 + strlen(name), rec, rec_len);
+    size_t cap = ts__lz4_bound(raw);
+    uint8_t *frame = malloc(TS_HDR_SIZE + cap);
+    assert_non_null(frame);
+    size_t clen = 0;
+    assert_int_equal(ts__lz4_compress(body, raw, frame + TS_HDR_SIZE, cap, &clen), 0);
+    free(body);
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = TS_OP_PUT,
+                 .flags = TS_FLAG_LZ4,
+                 .request_id = 9,
+                 .body_len = clen};
+    ts__hdr_encode(&h, frame);
+    int big = lz4_client();
+    int other = tsu_client(&s);
+    assert_int_equal(tsh_write_all(big, frame, TS_HDR_SIZE + clen), 0);
+    free(frame);
+    /* Let the server take the whole body and start inflating it. */
+    th_sleep_ms(50);
+    assert_int_equal(tsh_send(other, TS_OP_PING, 2, NULL, 0), 0);
+    tsu_frame f;
+    tsu_expect(other, &f, TS_OP_PING, 2, TS_ST_OK);
+    tsu_frame_free(&f);
+    /* The PING was answered while the big PUT was still being worked on. */
+    assert_false(readable(big));
+    tsu_expect(big, &f, TS_OP_PUT, 9, TS_ST_OK);
+    tsu_frame_free(&f);
+    /* The record stored is the one sent. */
+    tsu_items it;
+    tsu_get(other, TS_OP_PEEK, name, 0, &it);
+    assert_int_equal(it.n, 1);
+    assert_int_equal(it.item_len[0], rec_len);
+    assert_memory_equal(it.item[0], rec, rec_len);
+    tsu_frame_free(&it.f);
+    tsu_rec_free(rec, rec_len);
+    assert_int_equal(tsu_stat(other, "bytes_reserved"), 0);
+    close(big);
+    close(other);
+    stop_server();
+}
+
+/* A compressed header declaring raw_len, with the first 8 body bytes; expect TOO_LARGE at once. */
+static void expect_raw_too_large(int fd, uint8_t op, uint64_t raw_len)
+{
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = op,
+                 .flags = TS_FLAG_LZ4,
+                 .request_id = 77,
+                 .body_len = 100};
+    uint8_t frame[TS_HDR_SIZE + TS_LZ4_PREFIX];
+    ts__hdr_encode(&h, frame);
+    ts__put_u64le(frame + TS_HDR_SIZE, raw_len);
+    assert_int_equal(tsh_write_all(fd, frame, sizeof(frame)), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, op, 77, TS_ST_TOO_LARGE);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_wait_closed(fd, 5000), 1);
+}
+
+/* A compressed body's raw length over the limit is TOO_LARGE at the header, for every opcode. */
+static void test_raw_len_checked_at_header(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-frame", "3g", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    static const uint8_t ops[] = {TS_OP_PING,     TS_OP_GET,  TS_OP_PEEK,
+                                  TS_OP_DELETE,   TS_OP_LIST, TS_OP_LISTEN,
+                                  TS_OP_UNLISTEN, TS_OP_WAIT, TS_OP_STATS};
+    for (size_t i = 0; i < sizeof(ops); i++) {
+        int fd = lz4_client();
+        expect_raw_too_large(fd, ops[i], (uint64_t)1 << 30);
+        close(fd);
+        fd = lz4_client();
+        expect_raw_too_large(fd, ops[i], CTRL_BODY_LIMIT + 1);
+        close(fd);
+    }
+    /* Above LZ4's own limit while within --max-frame: TOO_LARGE, not a malformed body. */
+    static const uint8_t up[] = {TS_OP_PUT, TS_OP_APPEND};
+    for (size_t i = 0; i < sizeof(up); i++) {
+        int fd = lz4_client();
+        expect_raw_too_large(fd, up[i], TS_LZ4_MAX_RAW + 1);
+        close(fd);
+        fd = lz4_client();
+        expect_raw_too_large(fd, up[i], (uint64_t)4 << 30);
+        close(fd);
+    }
+    tsu_check_healthy(&s);
+    stop_server();
+}
+
+/* Connections that never say HELLO cannot take the places of authenticated clients. */
+static void test_unauth_flood_leaves_room(void **state)
+{
+    (void)state;
+    char tok[300];
+    snprintf(tok, sizeof(tok), "/tmp/ts-conn-token-%d", (int)getpid());
+    static const char token[] = "s3cret-token";
+    assert_int_equal(th_write_file(tok, token, strlen(token)), 0);
+    const char *args[] = {
+        "--auth-token-file", tok, "--max-clients", "4", "--max-unauth-clients", "8", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    enum { NFLOOD = 8 };
+    int flood[NFLOOD];
+    for (int i = 0; i < NFLOOD; i++) {
+        flood[i] = tsh_connect_tcp(s.port);
+        assert_true(flood[i] >= 0);
+    }
+    /* One more before HELLO: the oldest waiting one is closed, with a clear message. */
+    tsu_frame f;
+    int extra = tsh_connect_tcp(s.port);
+    assert_true(extra >= 0);
+    assert_int_equal(tsu_recv(flood[0], &f), 0);
+    assert_int_equal(f.h.status, TS_ST_TOO_MANY_CLIENTS);
+    assert_true(memmem(f.body, f.len, "before HELLO", 12) != NULL);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_wait_closed(flood[0], 5000), 1);
+    /* The authenticated clients all get in. */
+    int ok[4];
+    for (int i = 0; i < 4; i++) {
+        ok[i] = tsh_connect_tcp(s.port);
+        assert_true(ok[i] >= 0);
+        assert_int_equal(th_send_hello(ok[i], 1, token, strlen(token)), 0);
+        tsu_expect(ok[i], &f, TS_OP_HELLO, 1, TS_ST_OK);
+        tsu_frame_free(&f);
+    }
+    assert_true(tsu_stat(ok[0], "connections_unauth") <= 8);
+    assert_int_equal(tsu_stat(ok[0], "connections"), 4 + tsu_stat(ok[0], "connections_unauth"));
+    close(extra);
+    for (int i = 0; i < NFLOOD; i++)
+        close(flood[i]);
+    for (int i = 0; i < 4; i++)
+        close(ok[i]);
+    unlink(tok);
+    stop_server();
+}
+
+/* STATS reports the bytes sent, and they grow with the replies. */
+static void test_bytes_sent(void **state)
+{
+    (void)state;
+    assert_int_equal(tsh_server_start(&s, NULL), 0);
+    int fd = tsu_client(&s);
+    int64_t a = tsu_stat(fd, "bytes_sent");
+    assert_true(a > 0);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes(100000, 1, &len);
+    tsu_store(fd, TS_OP_PUT, "b", rec, len, NULL);
+    tsu_items it;
+    tsu_get(fd, TS_OP_PEEK, "b", 0, &it);
+    tsu_frame_free(&it.f);
+    tsu_rec_free(rec, len);
+    int64_t b = tsu_stat(fd, "bytes_sent");
+    assert_true(b >= a + (int64_t)len);
+    close(fd);
+    stop_server();
+}
+
+/* Bins' overhead counts against --max-memory and shows in STATS. */
+static void test_bin_overhead_counted(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-memory", "2m", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    int fd = tsu_client(&s);
+    /* Small records in many bins until the limit answers. */
+    int stored = 0, refused = 0;
+    size_t len;
+    uint8_t *rec = tsu_rec_int(1, &len);
+    enum { BATCH = 500 };
+    for (int round = 0; round < 200 && refused == 0; round++) {
+        for (int i = 0; i < BATCH; i++) {
+            char name[32];
+            snprintf(name, sizeof(name), "bin-%d", round * BATCH + i);
+            assert_int_equal(tsu_send_store(fd, TS_OP_PUT, (uint32_t)i + 1, name, rec, len), 0);
+        }
+        for (int i = 0; i < BATCH; i++) {
+            tsu_frame f;
+            assert_int_equal(th_recv_reply(fd, (uint32_t)i + 1, &f, NULL), 0);
+            if (f.h.status == TS_ST_OK) {
+                stored++;
+            } else {
+                assert_int_equal(f.h.status, TS_ST_OUT_OF_MEMORY);
+                if (refused == 0)
+                    assert_true(memmem(f.body, f.len, "bin and item overhead", 21) != NULL);
+                refused++;
+            }
+            tsu_frame_free(&f);
+        }
+    }
+    tsu_rec_free(rec, len);
+    assert_true(refused > 0);
+    int64_t bytes = tsu_stat(fd, "bytes");
+    int64_t overhead = tsu_stat(fd, "overhead_bytes");
+    int64_t used = tsu_stat(fd, "used_memory");
+    /* Each bin costs far more than its record's bytes: the limit came from the overhead. */
+    assert_true(bytes < (2 << 20) / 2);
+    assert_true(overhead > bytes);
+    assert_true(used >= bytes + overhead);
+    assert_true(used <= (2 << 20) + (64 << 10));
+    close(fd);
+    stop_server();
+}
+
+/* Output queued for a listener that never reads counts against --max-memory. */
+static void test_queued_output_counted(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-memory",
+                          "6m",
+                          "--notify-backlog",
+                          "1g",
+                          "--max-output",
+                          "1g",
+                          "--output-soft",
+                          "0",
+                          NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    int lis = tsu_client(&s);
+    int sz = 4096;
+    setsockopt(lis, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+    assert_int_equal(tsu_send_name(lis, TS_OP_LISTEN, 3, "n", NULL, 0), 0);
+    tsu_frame f;
+    tsu_expect(lis, &f, TS_OP_LISTEN, 3, TS_ST_OK);
+    tsu_frame_free(&f);
+    int fd = tsu_client(&s);
+    size_t len;
+    uint8_t *rec = tsu_rec_int(5, &len);
+    int refused = 0;
+    enum { BATCH = 500 };
+    for (int round = 0; round < 400 && refused == 0; round++) {
+        for (int i = 0; i < BATCH; i++)
+            assert_int_equal(tsu_send_store(fd, TS_OP_PUT, (uint32_t)i + 1, "n", rec, len), 0);
+        for (int i = 0; i < BATCH; i++) {
+            assert_int_equal(th_recv_reply(fd, (uint32_t)i + 1, &f, NULL), 0);
+            if (f.h.status != TS_ST_OK) {
+                assert_int_equal(f.h.status, TS_ST_OUT_OF_MEMORY);
+                if (refused == 0)
+                    assert_true(memmem(f.body, f.len, "output buffers", 14) != NULL);
+                refused++;
+            }
+            tsu_frame_free(&f);
+        }
+    }
+    tsu_rec_free(rec, len);
+    assert_true(refused > 0);
+    assert_true(tsu_stat(fd, "output_bytes") > (4 << 20));
+    /* Once the listener goes, its output is freed and writes work again. */
+    close(lis);
+    int64_t out = 0;
+    for (int i = 0; i < 300; i++) {
+        out = tsu_stat(fd, "output_bytes");
+        if (out < (1 << 20))
+            break;
+        th_sleep_ms(10);
+    }
+    assert_true(out < (1 << 20));
+    tsu_put_int(fd, TS_OP_PUT, "n", 1, NULL);
+    close(fd);
+    stop_server();
+}
+
+#define T(f) cmocka_unit_test_teardown(f, kill_leftover)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(test_partial_uploads_do_not_lock_out),
+        T(test_stalled_body_is_cut),
+        T(test_big_lz4_inflated_off_loop),
+        T(test_raw_len_checked_at_header),
+        T(test_unauth_flood_leaves_room),
+        T(test_bytes_sent),
+        T(test_bin_overhead_counted),
+        T(test_queued_output_counted),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
