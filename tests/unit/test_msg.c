@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "compress.h"
 #include "msg.h"
 #include "record.h"
 
@@ -597,6 +598,139 @@ static void test_error_format(void **state)
     assert_int_equal(ts__msg_error_decode((const uint8_t *)out, n, &er), 0);
 }
 
+/* ----------------------------------------------------------------------------------------------
+ * The examples of docs/PROTOCOL.md section 15, seen by the codec: every body the document shows
+ * decodes with the decoder its opcode and status pick, and encodes back to the same bytes.
+ */
+
+/* Bytes; the largest example frame the document holds, with room to spare. */
+#define DOC_MAX_FRAME 2048
+
+/* Read the whole document, NUL-terminated; NULL when the source tree is not known. */
+static char *read_doc(void)
+{
+    const char *dir = getenv("TS_SOURCE_DIR");
+    if (dir == NULL)
+        return NULL;
+    char path[4096];
+    int w = snprintf(path, sizeof(path), "%s/docs/PROTOCOL.md", dir);
+    assert_true(w > 0 && (size_t)w < sizeof(path));
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long size = ftell(f);
+    assert_true(size > 0);
+    assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+    char *doc = malloc((size_t)size + 1);
+    assert_non_null(doc);
+    assert_int_equal(fread(doc, 1, (size_t)size, f), (size_t)size);
+    doc[size] = '\0';
+    fclose(f);
+    return doc;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/*
+ * Parse the dump of the fenced block that starts at or after p: lines of a four-digit offset,
+ * then two-digit hex bytes up to the first other word. Returns the byte count, or -1.
+ */
+static long parse_dump(const char *p, uint8_t *out, size_t cap)
+{
+    p = strstr(p, "```");
+    if (p == NULL || (p = strchr(p, '\n')) == NULL)
+        return -1;
+    size_t n = 0;
+    for (p++; *p != '\0' && strncmp(p, "```", 3) != 0;) {
+        const char *eol = strchr(p, '\n');
+        if (eol == NULL)
+            return -1;
+        p += 4; /* the offset column; test_proto.c checks it */
+        for (;;) {
+            while (*p == ' ')
+                p++;
+            if (hex_digit(p[0]) < 0 || hex_digit(p[1]) < 0 || (p[2] != ' ' && p[2] != '\n'))
+                break;
+            if (n >= cap)
+                return -1;
+            out[n++] = (uint8_t)(hex_digit(p[0]) * 16 + hex_digit(p[1]));
+            p += 2;
+        }
+        p = eol + 1;
+    }
+    return (long)n;
+}
+
+static void test_protocol_doc_bodies(void **state)
+{
+    (void)state;
+    char *doc = read_doc();
+    if (doc == NULL)
+        skip();
+    static uint8_t frame[DOC_MAX_FRAME], raw[DOC_MAX_FRAME], again[DOC_MAX_FRAME];
+    const char *mark = "<!-- example: ";
+    int examples = 0, kinds_seen = 0;
+    for (const char *p = doc; (p = strstr(p, mark)) != NULL; p++) {
+        char name[64] = {0};
+        const char *end = strstr(p, " -->");
+        assert_non_null(end);
+        size_t nl = (size_t)(end - p) - strlen(mark);
+        assert_true(nl < sizeof(name));
+        memcpy(name, p + strlen(mark), nl);
+        long n = parse_dump(end, frame, sizeof(frame));
+        if (n < TS_HDR_SIZE)
+            fail_msg("docs/PROTOCOL.md: example %s has no frame", name);
+        ts__hdr h;
+        uint8_t magic = frame[0] == TS_MAGIC_REP ? TS_MAGIC_REP : TS_MAGIC_REQ;
+        assert_int_equal(ts__hdr_decode(frame, magic, &h), 0);
+        assert_true(h.body_len == (uint64_t)n - TS_HDR_SIZE);
+        const uint8_t *body = frame + TS_HDR_SIZE;
+        size_t len = (size_t)h.body_len;
+        if (h.flags & TS_FLAG_LZ4) {
+            uint64_t raw_len;
+            assert_int_equal(ts__lz4_raw_len(body, len, &raw_len), 0);
+            assert_true(raw_len <= sizeof(raw));
+            assert_int_equal(ts__lz4_decompress(body, len, raw, (size_t)raw_len), 0);
+            body = raw;
+            len = (size_t)raw_len;
+        }
+        ts__msg m;
+        int rc = magic == TS_MAGIC_REQ ? ts__msg_request_decode(h.opcode, body, len, &m)
+                                       : ts__msg_reply_decode(h.opcode, h.status, body, len, &m);
+        if (rc != 0)
+            fail_msg("docs/PROTOCOL.md: the body of example %s does not decode (%d)", name, rc);
+        kinds_seen |= 1 << m.kind;
+        size_t elen = 0;
+        assert_int_equal(ts__msg_encode(&m, again, sizeof(again), &elen), 0);
+        if (m.kind == TS_MSG_EMPTY)
+            assert_int_equal(len, 0);
+        else if (m.kind == TS_MSG_RECORD)
+            assert_int_equal(ts__record_validate(body, len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL), 0);
+        else if (elen != len || memcmp(again, body, len) != 0)
+            fail_msg("docs/PROTOCOL.md: example %s is not what the encoder writes", name);
+        if (m.kind == TS_MSG_PUT_REQ)
+            assert_int_equal(ts__record_validate(m.u.put.record, (size_t)m.u.put.rec_len,
+                                                 TS_MAX_DEPTH, TS_MAX_NDIM, NULL),
+                             0);
+        examples++;
+    }
+    free(doc);
+    /* The document shows every kind of body there is. */
+    assert_true(examples >= 30);
+    for (int k = TS_MSG_EMPTY; k <= TS_MSG_ERROR; k++)
+        if (!(kinds_seen & (1 << k)))
+            fail_msg("docs/PROTOCOL.md: no example of body kind %d", k);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -610,6 +744,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_every_body), cmocka_unit_test(test_reserved_fields),
         cmocka_unit_test(test_length_overflow),       cmocka_unit_test(test_name_limits),
         cmocka_unit_test(test_opcode_table),          cmocka_unit_test(test_error_format),
+        cmocka_unit_test(test_protocol_doc_bodies),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
