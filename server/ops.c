@@ -234,6 +234,11 @@ static void op_listen(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
                       "(--max-watch)");
         return;
     }
+    if (rc == TS_EOOM) {
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY,
+                      "memory limit reached (--max-memory) subscribing");
+        return;
+    }
     if (rc != 0) {
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory subscribing");
         return;
@@ -257,10 +262,15 @@ static void op_wait(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t n
                     uint32_t timeout_ms)
 {
     tsd_server *srv = c->srv;
+    /*
+     * The rule, here as on every later change (notify.c): the bin exists and its version is
+     * above after. A missing bin (never made, emptied by GET, deleted) has version 0 and never
+     * satisfies a waiter, so a removal cannot wake anybody into finding nothing.
+     */
     tsd_bin *bin = tsd_store_find(&srv->store, name, nl);
     uint64_t version = bin != NULL ? bin->version : 0;
     uint32_t n = bin != NULL ? bin->n_items : 0;
-    if (version > after) {
+    if (bin != NULL && version > after) {
         tsd_reply_state(c, h->opcode, h->request_id, TS_ST_OK, version, n);
         return;
     }
@@ -275,6 +285,9 @@ static void op_wait(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t n
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
                       "too many subscriptions and pending waits on this connection "
                       "(--max-watch)");
+    else if (rc == TS_EOOM)
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY,
+                      "memory limit reached (--max-memory) waiting");
     else if (rc != 0)
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory waiting");
 }

@@ -590,10 +590,29 @@ int tsd_auth_check(tsd_server *srv, const uint8_t *token, size_t len);
 /* ---------------------------------------------------------------------------------------------
  * Listeners and waiters (notify.c)
  */
+/*
+ * The bounded wake-up. A change visits at most TSD_WAKE_BUDGET listeners and waiters of its bin
+ * at once; the rest are visited on the next loop turns (the server's wake queue, served by an
+ * idle handle, at most TSD_WAKE_BUDGET visits per turn), so one PUT never holds up the other
+ * clients for long. Waiter deadlines live in one heap with one timer, and at most
+ * TSD_WAKE_BUDGET expired waiters are answered per turn.
+ */
+#define TSD_WAKE_BUDGET 1024u
+
 typedef struct tsd_watch {
     tsd_hnode node;
     tsd_sub *subs;
     tsd_waiter *waiters;
+    /* The latest change of the bin, which listeners not yet visited are told about. */
+    uint64_t seq; /* changes of the bin since the watch exists */
+    uint64_t n_version;
+    uint32_t n_items;
+    uint8_t n_event;
+    int in_pass;          /* being visited: not freed even when it has no one left */
+    int queued;           /* in the server's wake queue */
+    tsd_sub *sub_cur;     /* the next listener to visit, NULL when none is left */
+    tsd_waiter *wt_cur;   /* the next waiter to check, NULL when none is left */
+    struct tsd_watch *qprev, *qnext;
 } tsd_watch;
 
 struct tsd_sub {
@@ -601,6 +620,7 @@ struct tsd_sub {
     tsd_conn *c;
     tsd_sub *wprev, *wnext; /* in the watch */
     tsd_sub *cprev, *cnext; /* in the connection */
+    uint64_t seen;          /* the watch's seq of the last change this listener was told of */
     /*
      * A notification held back while the connection's output is backed up: the latest change
      * of the bin, updated in place by later ones (held counts the changes it stands for).
@@ -613,26 +633,39 @@ struct tsd_sub {
 };
 
 struct tsd_waiter {
-    uv_timer_t timer;
     tsd_watch *w;
     tsd_conn *c;
     uint32_t rid;
     uint64_t after;
+    uint64_t deadline; /* uv_now ms */
+    uint64_t seq;      /* order of arrival: waiters with one deadline time out in this order */
+    size_t heap_idx;   /* place in the server's deadline heap */
     tsd_waiter *wprev, *wnext;
     tsd_waiter *cprev, *cnext;
 };
 
-/* Subscribe c to name (idempotent). 0 or TS_ENOMEM. */
-/* 0; TS_ETOOMANY when c is at --max-watch; TS_ENOMEM. Listening twice is the same as once. */
+/* What a subscription, a waiter and a watch count against --max-memory, in bytes. */
+#define TSD_SUB_COST            ((uint64_t)sizeof(tsd_sub))
+#define TSD_WAITER_COST         ((uint64_t)(sizeof(tsd_waiter) + sizeof(tsd_waiter *)))
+#define TSD_WATCH_COST(namelen) ((uint64_t)sizeof(tsd_watch) + (uint64_t)(namelen) + 1u)
+
+/*
+ * Subscribe c to name. 0; TS_ETOOMANY when c is at --max-watch; TS_EOOM when --max-memory is
+ * reached; TS_ENOMEM. Listening twice is the same as once (and never refused).
+ */
 int tsd_listen(tsd_server *srv, tsd_conn *c, const uint8_t *name, size_t len);
 /* 0, or TS_ENOENT when c does not listen to name. */
 int tsd_unlisten(tsd_server *srv, tsd_conn *c, const uint8_t *name, size_t len);
-/* Park a WAIT until the bin changes or timeout_ms passes. 0 or TS_ENOMEM. */
+/*
+ * Park a WAIT until the bin exists with a version above after, or timeout_ms passes. 0;
+ * TS_ETOOMANY (--max-watch); TS_EOOM (--max-memory); TS_ENOMEM.
+ */
 int tsd_wait_add(tsd_server *srv, tsd_conn *c, uint32_t rid, const uint8_t *name, size_t len,
                  uint64_t after, uint32_t timeout_ms);
 /*
- * A bin changed: NOTIFY every listener (after the writer's own reply, which the caller queued
- * first) and answer the waiters the change satisfies.
+ * A bin changed (the store already shows the change): NOTIFY every listener (after the writer's
+ * own reply, which the caller queued first) and answer the waiters the bin's new state satisfies
+ * (see TSD_WAKE_BUDGET: some of both may be served on later loop turns).
  */
 void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_t version,
                        uint32_t n_items, uint8_t event);
@@ -658,6 +691,8 @@ typedef struct tsd_stats {
     uint64_t body_timeouts;  /* connections cut for a frame that stopped arriving */
     uint64_t listeners;
     uint64_t waiters;
+    uint64_t watch_bytes;   /* bytes of subscriptions, waiters and watches (in --max-memory) */
+    uint64_t wake_deferred; /* changes whose wake-up went on over later loop turns */
     uint64_t auth_failures;
     uint64_t hello_timeouts;
     uint64_t notes_coalesced; /* changes folded into a held notification */
@@ -739,6 +774,13 @@ struct tsd_server {
     int exit_code;
     tsd_store store;
     tsd_htab watches;
+    /* Waiters (notify.c): the deadline heap, its timer, the wake queue and its idle handle. */
+    tsd_waiter **wheap;
+    size_t wheap_n, wheap_cap;
+    uint64_t wait_seq;
+    uv_timer_t *wait_timer; /* allocated while waiters exist */
+    uv_idle_t *wake_idle;   /* allocated while watches are queued */
+    tsd_watch *wake_head, *wake_tail;
     tsd_conn *conns; /* accepted, not yet closing */
     size_t n_conns;  /* clients in conns (refused ones on their way out excluded) */
     size_t n_unauth; /* of n_conns, those that have not completed HELLO */

@@ -60,6 +60,8 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "max_frame", srv->cfg.max_frame);
     rc |= put_int(m, "listeners", st->listeners);
     rc |= put_int(m, "waiters", st->waiters);
+    rc |= put_int(m, "watch_bytes", st->watch_bytes);
+    rc |= put_int(m, "wake_deferred", st->wake_deferred);
     for (size_t i = 0; i < TS__ARRAY_SIZE(ops); i++)
         rc |= put_int(m, ops[i].key, st->ops[ops[i].op]);
     rc |= put_int(m, "notifications_sent", st->notifications_sent);

@@ -507,6 +507,87 @@ static void test_wait_on_change(void **state)
     close(b);
 }
 
+/*
+ * One rule for WAIT, checked at once and on every change alike: the bin exists and its version
+ * is greater than after_version. A GET that empties a bin and a DELETE leave no bin (version 0),
+ * so they never answer a waiter, whichever way it is checked; a GET that leaves items does.
+ */
+static void test_wait_removal_rule(void **state)
+{
+    (void)state;
+    int a = tsu_client(&srv);
+    int b = tsu_client(&srv);
+    tsu_frame f;
+    uint64_t got;
+    uint32_t n;
+
+    /* A GET that empties the bin: the pending WAIT stays pending, the next PUT answers it. */
+    uint64_t v = tsu_put_int(a, TS_OP_PUT, "r", 1, NULL);
+    assert_int_equal(tsu_send_wait(b, 1, "r", v, 20000), 0);
+    assert_int_equal(tsh_send(b, TS_OP_PING, 2, NULL, 0), 0);
+    tsu_expect(b, &f, TS_OP_PING, 2, TS_ST_OK);
+    tsu_frame_free(&f);
+    tsu_items it;
+    tsu_get(a, TS_OP_GET, "r", 0, &it);
+    tsu_frame_free(&it.f);
+    assert_int_equal(tsh_send(b, TS_OP_PING, 3, NULL, 0), 0);
+    tsu_expect(b, &f, TS_OP_PING, 3, TS_ST_OK);
+    tsu_frame_free(&f);
+    /* The immediate check agrees: the emptied bin does not satisfy after_version v. */
+    assert_int_equal(tsu_send_wait(b, 4, "r", v, 0), 0);
+    tsu_expect(b, &f, TS_OP_WAIT, 4, TS_ST_TIMEOUT);
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, 0);
+    assert_int_equal(n, 0);
+    tsu_frame_free(&f);
+    uint64_t v2 = tsu_put_int(a, TS_OP_PUT, "r", 2, NULL);
+    tsu_expect(b, &f, TS_OP_WAIT, 1, TS_ST_OK);
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, v2);
+    assert_int_equal(n, 1);
+    tsu_frame_free(&f);
+
+    /* A DELETE: the same, on both paths. */
+    assert_int_equal(tsu_send_wait(b, 5, "r", v2, 20000), 0);
+    assert_int_equal(tsu_send_name(a, TS_OP_DELETE, 6, "r", NULL, 0), 0);
+    tsu_expect(a, &f, TS_OP_DELETE, 6, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_wait(b, 7, "r", v2, 0), 0);
+    tsu_expect(b, &f, TS_OP_WAIT, 7, TS_ST_TIMEOUT);
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, 0);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_stat(a, "waiters"), 1);
+    uint64_t v3 = tsu_put_int(a, TS_OP_APPEND, "r", 3, NULL);
+    tsu_expect(b, &f, TS_OP_WAIT, 5, TS_ST_OK);
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, v3);
+    assert_int_equal(n, 1);
+    tsu_frame_free(&f);
+
+    /* A GET that leaves items is a change of an existing bin: it answers, on both paths. */
+    tsu_put_int(a, TS_OP_APPEND, "r", 4, NULL);
+    uint64_t v4 = tsu_put_int(a, TS_OP_APPEND, "r", 5, NULL);
+    assert_int_equal(tsu_send_wait(b, 8, "r", v4, 20000), 0);
+    tsu_get(a, TS_OP_GET, "r", 1, &it);
+    uint64_t vg = it.version;
+    tsu_frame_free(&it.f);
+    tsu_expect(b, &f, TS_OP_WAIT, 8, TS_ST_OK);
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, vg);
+    assert_int_equal(n, 2);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_wait(b, 9, "r", v4, 0), 0);
+    tsu_expect(b, &f, TS_OP_WAIT, 9, TS_ST_OK);
+    tsu_state(&f, &got, &n);
+    assert_int_equal(got, vg);
+    assert_int_equal(n, 2);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_stat(a, "waiters"), 0);
+    close(a);
+    close(b);
+}
+
 static void test_wait_timeout(void **state)
 {
     (void)state;
@@ -778,6 +859,7 @@ int main(void)
         T(test_wait_immediate),
         T(test_wait_on_change),
         T(test_wait_timeout),
+        T(test_wait_removal_rule),
         T(test_pipelined),
         T(test_stats),
         T(test_unix_socket),

@@ -55,6 +55,13 @@ static int start_few_clients(void **state)
     return tsh_server_start(&srv, args);
 }
 
+static int start_watch_memory(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--max-memory", "512k", NULL};
+    return tsh_server_start(&srv, args);
+}
+
 static int start_few_watches(void **state)
 {
     (void)state;
@@ -280,6 +287,23 @@ static void test_too_many_watches(void **state)
     assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 6, "e", NULL, 0), 0);
     tsu_expect(fd, &f, TS_OP_LISTEN, 6, TS_ST_INVALID);
     tsu_frame_free(&f);
+    /*
+     * At the limit, what needs no new place is still answered: a repeated LISTEN, and a WAIT
+     * whose condition already holds (answered at once, it never counts).
+     */
+    assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 60, "a", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_LISTEN, 60, TS_ST_OK);
+    tsu_frame_free(&f);
+    int w2 = tsu_client(&srv);
+    uint64_t vz = tsu_put_int(w2, TS_OP_PUT, "z", 1, NULL);
+    close(w2);
+    assert_int_equal(tsu_send_wait(fd, 61, "z", vz - 1, 60000), 0);
+    tsu_expect(fd, &f, TS_OP_WAIT, 61, TS_ST_OK);
+    tsu_frame_free(&f);
+    /* A WAIT that would wait, even with timeout 0, is checked first: timeout 0 never counts. */
+    assert_int_equal(tsu_send_wait(fd, 62, "z", vz, 0), 0);
+    tsu_expect(fd, &f, TS_OP_WAIT, 62, TS_ST_TIMEOUT);
+    tsu_frame_free(&f);
     /* Ending a subscription frees a place; the connection still works. */
     assert_int_equal(tsu_send_name(fd, TS_OP_UNLISTEN, 7, "b", NULL, 0), 0);
     tsu_expect(fd, &f, TS_OP_UNLISTEN, 7, TS_ST_OK);
@@ -299,6 +323,171 @@ static void test_too_many_watches(void **state)
     tsu_frame_free(&f);
     close(other);
     close(fd);
+}
+
+#define N_MEM_WAITS 8000
+
+/*
+ * Pending WAITs and subscriptions count against --max-memory (STATS watch_bytes): past the limit
+ * they are refused with OUT_OF_MEMORY, the connection is kept, and closing it returns it all.
+ */
+static void test_waits_count_against_memory(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    int other = tsu_client(&srv);
+    char name[32];
+    for (uint32_t i = 0; i < N_MEM_WAITS; i++) {
+        snprintf(name, sizeof(name), "w%u", i % 64);
+        assert_int_equal(tsu_send_wait(fd, 1 + i, name, 0, 60000), 0);
+    }
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 99999, NULL, 0), 0);
+    /* Only refused WAITs are answered now; the PING comes after them. */
+    tsu_frame f;
+    uint32_t refused = 0;
+    for (uint32_t i = 0; i <= N_MEM_WAITS; i++) {
+        assert_int_equal(tsu_recv(fd, &f), 0);
+        int ping = f.h.opcode == TS_OP_PING;
+        if (!ping) {
+            assert_int_equal(f.h.opcode, TS_OP_WAIT);
+            assert_int_equal(f.h.status, TS_ST_OUT_OF_MEMORY);
+            refused++;
+        }
+        tsu_frame_free(&f);
+        if (ping)
+            break;
+    }
+    assert_true(refused > 0);
+    assert_true(refused < N_MEM_WAITS);
+    assert_int_equal(tsu_stat(other, "waiters"), N_MEM_WAITS - refused);
+    int64_t bytes = tsu_stat(other, "watch_bytes");
+    assert_true(bytes >= (int64_t)(N_MEM_WAITS - refused) * 32);
+    /* A subscription is refused the same way while the waits hold the memory. */
+    assert_int_equal(tsu_send_name(other, TS_OP_LISTEN, 5, "new-bin", NULL, 0), 0);
+    tsu_expect(other, &f, TS_OP_LISTEN, 5, TS_ST_OUT_OF_MEMORY);
+    tsu_frame_free(&f);
+    close(fd);
+    int64_t left = 1;
+    for (int i = 0; i < 300 && left != 0; i++) {
+        usleep(10000);
+        left = tsu_stat(other, "watch_bytes");
+    }
+    assert_int_equal(left, 0);
+    assert_int_equal(tsu_stat(other, "waiters"), 0);
+    assert_int_equal(tsu_send_name(other, TS_OP_LISTEN, 6, "new-bin", NULL, 0), 0);
+    tsu_expect(other, &f, TS_OP_LISTEN, 6, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_true(tsu_stat(other, "watch_bytes") > 0);
+    close(other);
+    tsu_check_healthy(&srv);
+}
+
+#define N_WAKE_CONNS 3
+#define N_WAKE_PER   1000
+
+/*
+ * One change waking more waiters than one loop turn serves: the rest are served on later turns,
+ * each exactly once, each with a state that satisfies it. A DELETE that comes in between leaves
+ * the waiters not yet served pending (a missing bin satisfies nobody) until the next PUT.
+ */
+static void test_wake_many_in_turns(void **state)
+{
+    (void)state;
+    int w[N_WAKE_CONNS];
+    tsu_frame f;
+    for (int k = 0; k < N_WAKE_CONNS; k++) {
+        w[k] = tsu_client(&srv);
+        for (uint32_t i = 0; i < N_WAKE_PER; i++)
+            assert_int_equal(tsu_send_wait(w[k], 1 + i, "hot", 0, 60000), 0);
+        assert_int_equal(tsh_send(w[k], TS_OP_PING, 50000, NULL, 0), 0);
+        tsu_expect(w[k], &f, TS_OP_PING, 50000, TS_ST_OK);
+        tsu_frame_free(&f);
+    }
+    int listener = tsu_client(&srv);
+    assert_int_equal(tsu_send_name(listener, TS_OP_LISTEN, 1, "hot", NULL, 0), 0);
+    tsu_expect(listener, &f, TS_OP_LISTEN, 1, TS_ST_OK);
+    tsu_frame_free(&f);
+    int writer = tsu_client(&srv);
+    assert_int_equal(tsu_stat(writer, "waiters"), N_WAKE_CONNS * N_WAKE_PER);
+
+    /* PUT and DELETE in one write, then a second PUT once both are done. */
+    size_t len;
+    uint8_t *rec = tsu_rec_int(7, &len);
+    assert_int_equal(tsu_send_store(writer, TS_OP_PUT, 1, "hot", rec, len), 0);
+    assert_int_equal(tsu_send_name(writer, TS_OP_DELETE, 2, "hot", NULL, 0), 0);
+    uint64_t v1, vd, v2;
+    uint32_t n;
+    tsu_expect(writer, &f, TS_OP_PUT, 1, TS_ST_OK);
+    tsu_state(&f, &v1, &n);
+    tsu_frame_free(&f);
+    tsu_expect(writer, &f, TS_OP_DELETE, 2, TS_ST_OK);
+    tsu_state(&f, &vd, &n);
+    tsu_frame_free(&f);
+    v2 = tsu_store(writer, TS_OP_PUT, "hot", rec, len, NULL);
+    tsu_rec_free(rec, len);
+
+    static uint8_t seen[N_WAKE_CONNS][N_WAKE_PER + 1];
+    memset(seen, 0, sizeof(seen));
+    for (int k = 0; k < N_WAKE_CONNS; k++) {
+        for (uint32_t i = 0; i < N_WAKE_PER; i++) {
+            assert_int_equal(tsu_recv(w[k], &f), 0);
+            assert_int_equal(f.h.opcode, TS_OP_WAIT);
+            assert_int_equal(f.h.status, TS_ST_OK);
+            assert_true(f.h.request_id >= 1 && f.h.request_id <= N_WAKE_PER);
+            assert_int_equal(seen[k][f.h.request_id], 0);
+            seen[k][f.h.request_id] = 1;
+            uint64_t got;
+            tsu_state(&f, &got, &n);
+            assert_true(got == v1 || got == v2);
+            assert_int_equal(n, 1);
+            tsu_frame_free(&f);
+        }
+        /* Nothing more: the next frame is the reply to this PING. */
+        assert_int_equal(tsh_send(w[k], TS_OP_PING, 50001, NULL, 0), 0);
+        tsu_expect(w[k], &f, TS_OP_PING, 50001, TS_ST_OK);
+        tsu_frame_free(&f);
+    }
+    assert_int_equal(tsu_stat(writer, "waiters"), 0);
+    assert_true(tsu_stat(writer, "wake_deferred") >= 1);
+    /* The listener saw the three changes (or fewer, coalesced) in version order, ending last. */
+    uint64_t last = 0;
+    for (int i = 0; i < 3 && last != v2; i++) {
+        tsu_note note;
+        assert_int_equal(tsu_recv(listener, &f), 0);
+        assert_int_equal(f.h.opcode, TS_OP_NOTIFY);
+        tsu_note_parse(&f, &note);
+        assert_true(note.version > last);
+        assert_true(note.version == v1 || note.version == vd || note.version == v2);
+        last = note.version;
+        tsu_frame_free(&f);
+    }
+    assert_int_equal(last, v2);
+
+    /* Waiters of a connection that closes while a wake-up is under way are skipped safely. */
+    int gone = tsu_client(&srv);
+    for (uint32_t i = 0; i < 3 * N_WAKE_PER; i++)
+        assert_int_equal(tsu_send_wait(gone, 1 + i, "hot2", 0, 60000), 0);
+    assert_int_equal(tsh_send(gone, TS_OP_PING, 50000, NULL, 0), 0);
+    tsu_expect(gone, &f, TS_OP_PING, 50000, TS_ST_OK);
+    tsu_frame_free(&f);
+    rec = tsu_rec_int(8, &len);
+    assert_int_equal(tsu_send_store(writer, TS_OP_PUT, 3, "hot2", rec, len), 0);
+    close(gone);
+    tsu_expect(writer, &f, TS_OP_PUT, 3, TS_ST_OK);
+    tsu_frame_free(&f);
+    tsu_store(writer, TS_OP_PUT, "hot2", rec, len, NULL);
+    tsu_rec_free(rec, len);
+    int64_t left = 1;
+    for (int i = 0; i < 300 && left != 0; i++) {
+        usleep(10000);
+        left = tsu_stat(writer, "waiters");
+    }
+    assert_int_equal(left, 0);
+    for (int k = 0; k < N_WAKE_CONNS; k++)
+        close(w[k]);
+    close(listener);
+    close(writer);
+    tsu_check_healthy(&srv);
 }
 
 static void test_shutdown_with_writes_in_flight(void **state)
@@ -340,6 +529,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_too_many_clients, start_few_clients, stop),
         cmocka_unit_test_setup_teardown(test_too_many_watches, start_few_watches, stop),
         cmocka_unit_test_setup_teardown(test_shutdown_with_writes_in_flight, start_plain, stop),
+        cmocka_unit_test_setup_teardown(test_waits_count_against_memory, start_watch_memory, stop),
+        cmocka_unit_test_setup_teardown(test_wake_many_in_turns, start_plain, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
