@@ -75,10 +75,12 @@
 #define TSD_UPLOAD_STEP ((uint64_t)4 << 20)
 /*
  * Bytes; records (or compressed bodies inflating to) at least this large are decompressed and
- * validated on the thread pool, so one big request does not stall every other client. Above
- * TSD_SLAB_MAX, so only items with a buffer of their own ever leave the loop thread.
+ * validated on the thread pool, so one big request does not stall every other client (inline,
+ * this much costs the loop a few milliseconds at most; the hand-off costs tens of microseconds,
+ * small beside receiving this many bytes). Above TSD_SLAB_MAX, so only items with a buffer of
+ * their own ever leave the loop thread.
  */
-#define TSD_OFFLOOP_MIN ((size_t)1 << 20)
+#define TSD_OFFLOOP_MIN ((size_t)4 << 20)
 #define TSD_DEFAULT_SAVE_INTERVAL 60u    /* s; period of snapshots with --save */
 #define TSD_ACCEPT_PAUSE_MS       1000   /* ms; accepting pauses this long when out of fds */
 #define TSD_RETRY_MS              50     /* ms; retry after an allocation failure */
