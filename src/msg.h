@@ -35,6 +35,8 @@
  *                         ts__msg_list_entry_size, ts__msg_list_entry_encode
  *                   the "which opcode is which" switch -> ts__msg_op_info (request kind)
  *   server/conn.c   tsd_reply_state: body by hand      -> ts__msg_bin_state_encode
+ *                   check_header: "op < HELLO || op > SAVE" -> ts__msg_op_info(op) == NULL or
+ *                         its request == TS_MSG_NONE (NOTIFY)
  *                   format_msg (error messages)        -> ts__msg_error_vformat
  *                   check_header: 4096 for control bodies, TS_MAX_PREAUTH_BODY before HELLO,
  *                         max_frame for PUT/APPEND     -> ts__msg_request_limit
@@ -57,6 +59,15 @@
  *                   reply_apply: the error message     -> ts__msg_error_decode
  *                   the client's request builders (HELLO, name, GET/PEEK, WAIT, PUT head)
  *                                                      -> the matching *_encode
+ *   server/server.h TSD_MAX_CTRL_BODY                  -> TS_MAX_CTRL_BODY (the same 4096)
+ *   src/proto.h     the "Body layouts" comment, TS_HELLO_LZ4, TS_BIN_STATE_SIZE, TS_NOTIFY_FIXED,
+ *                   ts__items_head_size stay as they are; the comment can point here instead.
+ *   tests           tests/integration/test_client_badserver.c and the server attack tests write
+ *                   bodies with ts__put_u*le by hand: the encoders write the valid ones, and
+ *                   a test that needs a malformed body can encode a valid one and then break it.
+ *                   tests/unit/test_proto.c builds the section 15 examples field by field on
+ *                   purpose (it labels each field for the dump); test_msg.c checks the same
+ *                   dumps against this codec.
  *
  * Differences that wiring will make (today's code is laxer than docs/PROTOCOL.md):
  *   - client/reply.c ignores the reserved fields of BIN_STATE, of the HELLO reply and of the LIST
