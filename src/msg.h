@@ -57,8 +57,12 @@
  *   client/client.c dispatch_notify: the ts__rd reads  -> ts__msg_notify_decode
  *                   reply_apply: WAIT's TIMEOUT body   -> ts__msg_reply_kind + bin_state_decode
  *                   reply_apply: the error message     -> ts__msg_error_decode
- *                   the client's request builders (HELLO, name, GET/PEEK, WAIT, PUT head)
- *                                                      -> the matching *_encode
+ *                   send_hello: the HELLO body by hand  -> ts__msg_hello_req_encode (it refuses a
+ *                         token over TS_MAX_TOKEN_LEN, which the server would answer TOO_LARGE)
+ *   client/api.c    req_new: name + extra bytes        -> ts__msg_name_req_encode, and for PUT and
+ *                         APPEND ts__msg_put_head_encode (the record follows with writev)
+ *                   max_items_field (GET, PEEK)        -> ts__msg_get_req_encode
+ *                   wait_req                           -> ts__msg_wait_req_encode
  *   server/server.h TSD_MAX_CTRL_BODY                  -> TS_MAX_CTRL_BODY (the same 4096)
  *   src/proto.h     the "Body layouts" comment, TS_HELLO_LZ4, TS_BIN_STATE_SIZE, TS_NOTIFY_FIXED,
  *                   ts__items_head_size stay as they are; the comment can point here instead.
