@@ -325,3 +325,42 @@ size_t tsh_name_body(uint8_t *out, size_t cap, const char *name, const void *ext
         memcpy(out + 1 + nl, extra, extra_len);
     return 1 + nl + extra_len;
 }
+
+char *tsh_read_source_file(const char *rel, size_t *len)
+{
+    const char *dir = getenv("TS_SOURCE_DIR");
+    if (dir == NULL) {
+        fprintf(stderr, "harness: TS_SOURCE_DIR is not set (ctest sets it to the source tree)\n");
+        return NULL;
+    }
+    char path[4096];
+    int w = snprintf(path, sizeof(path), "%s/%s", dir, rel);
+    if (w < 0 || (size_t)w >= sizeof(path)) {
+        fprintf(stderr, "harness: path too long: %s/%s\n", dir, rel);
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        fprintf(stderr, "harness: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    long size = -1;
+    if (fseek(f, 0, SEEK_END) == 0)
+        size = ftell(f);
+    if (size >= 0 && fseek(f, 0, SEEK_SET) == 0)
+        buf = malloc((size_t)size + 1);
+    if (buf != NULL && fread(buf, 1, (size_t)size, f) != (size_t)size) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf == NULL) {
+        fprintf(stderr, "harness: cannot read %s\n", path);
+        return NULL;
+    }
+    buf[size] = '\0';
+    if (len != NULL)
+        *len = (size_t)size;
+    return buf;
+}

@@ -38,6 +38,14 @@ int tsh_server_alive(tsh_server *s);
 /* Resident set size of the server in KiB, or -1. */
 long tsh_server_rss_kib(tsh_server *s);
 
+/*
+ * Read a file of the source tree ($TS_SOURCE_DIR, which ctest sets) whole, NUL-terminated;
+ * *len (when not NULL) gets its length. NULL, with the reason on stderr, when the variable is
+ * unset or the file cannot be read: tests that check documents fail then, never skip. Free the
+ * result with free().
+ */
+char *tsh_read_source_file(const char *rel, size_t *len);
+
 /* A raw TCP connection to 127.0.0.1:port with 10 s send/receive timeouts, or -1. */
 int tsh_connect_tcp(int port);
 /* A raw unix-socket connection, or -1. */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "compress.h"
+#include "harness.h"
 #include "msg.h"
 #include "record.h"
 
@@ -606,29 +607,6 @@ static void test_error_format(void **state)
 /* Bytes; the largest example frame the document holds, with room to spare. */
 #define DOC_MAX_FRAME 2048
 
-/* Read the whole document, NUL-terminated; NULL when the source tree is not known. */
-static char *read_doc(void)
-{
-    const char *dir = getenv("TS_SOURCE_DIR");
-    if (dir == NULL)
-        return NULL;
-    char path[4096];
-    int w = snprintf(path, sizeof(path), "%s/docs/PROTOCOL.md", dir);
-    assert_true(w > 0 && (size_t)w < sizeof(path));
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long size = ftell(f);
-    assert_true(size > 0);
-    assert_int_equal(fseek(f, 0, SEEK_SET), 0);
-    char *doc = malloc((size_t)size + 1);
-    assert_non_null(doc);
-    assert_int_equal(fread(doc, 1, (size_t)size, f), (size_t)size);
-    doc[size] = '\0';
-    fclose(f);
-    return doc;
-}
-
 static int hex_digit(char c)
 {
     if (c >= '0' && c <= '9')
@@ -673,9 +651,8 @@ static long parse_dump(const char *p, uint8_t *out, size_t cap)
 static void test_protocol_doc_bodies(void **state)
 {
     (void)state;
-    char *doc = read_doc();
-    if (doc == NULL)
-        skip();
+    char *doc = tsh_read_source_file("docs/PROTOCOL.md", NULL);
+    assert_non_null(doc);
     static uint8_t frame[DOC_MAX_FRAME], raw[DOC_MAX_FRAME], again[DOC_MAX_FRAME];
     const char *mark = "<!-- example: ";
     int examples = 0, kinds_seen = 0;

@@ -242,35 +242,72 @@ static void test_builder_errors(void **state)
     assert_int_equal(ts_dtype_size(TS_COMPLEX128), 16);
 }
 
-/* Fail every allocation of an encode and a decode in turn: errors, never crashes or leaks. */
+/*
+ * Fail every allocation of building, encoding and decoding a record in turn. Each run either
+ * fails cleanly at the step whose allocation failed (NULL or TS_ENOMEM, never a crash, a leak or
+ * a half-built result) or, once n is past the last allocation, completes with a decoded record
+ * equal to the original. Both outcomes must be seen: the loop proves that every allocation of
+ * the path was failed once.
+ */
 static void test_allocation_failures(void **state)
 {
     (void)state;
     int64_t shape[1] = {8};
-    for (long n = 1; n < 64; n++) {
+    int failed = 0, completed = 0;
+    for (long n = 1; n < 64 && completed == 0; n++) {
         ts__alloc_fail_after(n);
+        int rc = 0;
         ts_value_t *m = ts_map_new();
-        int rc = m == NULL ? TS_ENOMEM : ts_map_set(m, "t", ts_tensor_alloc(TS_INT32, 1, shape));
+        if (m == NULL) {
+            rc = TS_ENOMEM;
+        } else {
+            ts_value_t *t = ts_tensor_alloc(TS_INT32, 1, shape);
+            if (t != NULL)
+                memset((void *)ts_value_tensor(t)->data, 7, 8 * sizeof(int32_t));
+            /* ts_map_set takes the child, and frees it on failure, NULL included. */
+            rc = ts_map_set(m, "t", t);
+        }
         uint8_t *rec = NULL;
         size_t len = 0;
         if (rc == 0)
             rc = ts__record_encode(m, &rec, &len);
+        ts_value_t *d = NULL;
         if (rc == 0) {
             uint8_t *copy = ts__malloc_aligned(len);
             ts__rbuf *b = copy != NULL ? ts__rbuf_new(copy, len, NULL) : NULL;
             if (b != NULL) {
                 memcpy(copy, rec, len);
-                ts_value_t *d = ts__record_decode(b, 0, len, TS_MAX_DEPTH, TS_MAX_NDIM);
-                ts_value_free(d);
+                d = ts__record_decode(b, 0, len, TS_MAX_DEPTH, TS_MAX_NDIM);
                 ts__rbuf_unref(b);
             } else if (copy != NULL) {
                 ts__free_aligned(copy, len);
             }
+            if (d == NULL)
+                rc = TS_ENOMEM;
             ts__free_aligned(rec, len);
         }
-        ts_value_free(m);
         ts__alloc_fail_after(-1);
+        if (rc == 0) {
+            /* Every allocation succeeded: the decoded record is the one encoded. */
+            const ts_tensor_t *dt = ts_map_get_tensor(d, "t");
+            assert_non_null(dt);
+            assert_int_equal(dt->dtype, TS_INT32);
+            assert_int_equal(dt->ndim, 1);
+            assert_int_equal(dt->shape[0], 8);
+            assert_memory_equal(dt->data, ts_value_tensor(ts_map_get(m, "t"))->data,
+                                8 * sizeof(int32_t));
+            completed++;
+        } else {
+            assert_int_equal(rc, TS_ENOMEM);
+            assert_null(d);
+            failed++;
+        }
+        ts_value_free(d);
+        ts_value_free(m);
     }
+    /* At least the map, the tensor, the encode buffer and the decode each allocate. */
+    assert_true(failed >= 4);
+    assert_int_equal(completed, 1);
 }
 
 /* ----------------------------------------------------------------------------------------------
