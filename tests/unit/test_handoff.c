@@ -14,9 +14,9 @@
 
 #include "handoff.h"
 
-#define WAITERS       37 /* requesters of one chain: an odd count, several tree levels deep */
-#define ROUNDS        50 /* chains posted one after another, to catch a lost wake-up */
-#define ALARM_SECONDS 30 /* a lost wake-up hangs: the alarm turns it into a failure */
+#define WAITERS       21  /* requesters of one chain: an odd count, several tree levels deep */
+#define ROUNDS        8   /* chains posted one after another, to catch a lost wake-up */
+#define ALARM_SECONDS 100 /* a lost wake-up hangs: the alarm turns it into a failure */
 
 typedef struct waiter {
     handoff_sync sync;
