@@ -1053,6 +1053,11 @@ static void discard_done(tsd_conn *c)
 {
     tsd_server *srv = c->srv;
     c->rstate = TSD_RS_HDR;
+    if (c->cur_refused) { /* not memory: snapshots are failing (start_upload) */
+        c->cur_refused = 0;
+        tsd_refuse_write(c, c->cur.opcode, c->cur.request_id);
+        return;
+    }
     srv->stats.oom_rejections++;
     srv->stats.ops[c->cur.opcode]++;
     if (c->cur_alloc_failed) {
@@ -1452,6 +1457,15 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     const uint8_t *body = c->ibuf + c->ipos + TS_HDR_SIZE;
     size_t avail = c->ilen - c->ipos - TS_HDR_SIZE;
     uint64_t blen = h->body_len;
+
+    /* Snapshots are failing (--stop-writes-on-save-error): nothing reserved, body skipped. */
+    if (tsd_writes_refused(srv)) {
+        c->cur = *h;
+        c->ipos += TS_HDR_SIZE;
+        c->cur_refused = 1;
+        start_discard(c, blen);
+        return 0;
+    }
 
     if (h->flags & TS_FLAG_LZ4) {
         if (blen < TS_LZ4_PREFIX + 1) {

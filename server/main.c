@@ -1,10 +1,11 @@
 /*
  * tensord: command-line flags, defaults, and the life of the process (start the loop, run it
- * until SIGINT/SIGTERM, tear everything down, exit 0).
+ * until SIGINT/SIGTERM, tear everything down, exit 0). SIGHUP is ignored.
  *
  * Exit status: 0 after a clean shutdown; 1 when start-up or the final snapshot failed;
- * 2 for bad flags or an unsafe configuration (a non-loopback --host without a token);
- * 3 when the --save snapshot exists but is damaged or unreadable.
+ * 2 for bad flags or an unsafe configuration (a non-loopback --host without a token, a --unix
+ * socket another process answers on, a --save directory that does not exist or a --save file
+ * another tensord holds); 3 when the --save snapshot exists but is damaged or unreadable.
  */
 #include "server.h"
 
@@ -38,6 +39,7 @@ void tsd_config_defaults(tsd_config *cfg)
     cfg->body_timeout_s = TSD_DEFAULT_BODY_TIMEOUT_S;
     cfg->max_unauth = TSD_DEFAULT_MAX_UNAUTH;
     cfg->save_interval_s = TSD_DEFAULT_SAVE_INTERVAL;
+    cfg->stop_writes_on_save_error = 1;
     long pages = sysconf(_SC_PHYS_PAGES);
     long page = sysconf(_SC_PAGE_SIZE);
     if (pages > 0 && page > 0)
@@ -56,8 +58,8 @@ static void usage(FILE *f)
             "  --port N              TCP port (0 = ephemeral)                    [%d]\n"
             "  --host ADDR           address to bind (IPv4 or IPv6)              [%s]\n"
             "                        anything but 127.0.0.0/8 or ::1 needs a token or --insecure\n"
-            "  --unix PATH           also listen on a unix socket (a stale socket file is "
-            "removed)\n"
+            "  --unix PATH           also listen on a unix socket; a stale socket file is\n"
+            "                        removed, one another process answers on is refused\n"
             "  --port-file PATH      once listening, write the TCP port there (atomically)\n"
             "Authentication:\n"
             "  --auth-token-file PATH  shared secret every client must present in HELLO (trailing\n"
@@ -85,16 +87,23 @@ static void usage(FILE *f)
             "                        more are answered INVALID                   [%u]\n"
             "Persistence:\n"
             "  --save PATH           load this snapshot at start, write it on shutdown, on SAVE\n"
-            "                        and periodically (atomic: temporary file, fsync, rename)\n"
+            "                        and periodically (atomic: temporary file, fsync, rename);\n"
+            "                        its directory must exist; PATH.lock keeps a second\n"
+            "                        tensord from using the same PATH\n"
             "  --save-interval N     seconds between snapshots when bins changed, 0 = only\n"
             "                        on SAVE and shutdown                        [%u]\n"
+            "  --stop-writes-on-save-error yes|no  after a failed snapshot, refuse PUT, APPEND,\n"
+            "                        GET and DELETE (SAVE_FAILING) until one succeeds  [yes]\n"
             "Other:\n"
             "  --log-level LEVEL     error | warn | info | debug                  [info]\n"
             "  --help                this text\n"
             "  --version             print the version\n"
-            "BYTES take a k, m or g suffix (powers of 1024). SIGINT or SIGTERM shut down "
-            "cleanly.\n"
-            "Exit status: 0 clean shutdown, 1 failure, 2 bad flags or unsafe configuration,\n"
+            "BYTES take a k, m or g suffix (powers of 1024).\n"
+            "Signals: SIGINT or SIGTERM shut down cleanly (writing the final snapshot with\n"
+            "--save; more of them meanwhile are logged and change nothing). SIGHUP is ignored\n"
+            "(logged), so a closed terminal does not stop tensord.\n"
+            "Exit status: 0 clean shutdown, 1 failure, 2 bad flags or unsafe configuration\n"
+            "(--unix in use, --save directory missing or --save held by another tensord),\n"
             "3 damaged snapshot.\n",
             d.port, d.host, d.hello_timeout_ms, (unsigned long long)d.max_frame,
             (unsigned long long)d.max_memory, d.max_clients, d.max_unauth, d.body_timeout_s,
@@ -180,7 +189,7 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
                                             "--notify-backlog", "--hello-timeout",
                                             "--max-watch",      "--save",
                                             "--save-interval",  "--max-unauth-clients",
-                                            "--body-timeout"};
+                                            "--body-timeout",   "--stop-writes-on-save-error"};
         int is_known = 0;
         for (size_t k = 0; k < TS__ARRAY_SIZE(known); k++)
             is_known |= strcmp(flag, known[k]) == 0;
@@ -246,6 +255,9 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
         } else if (strcmp(flag, "--save") == 0) {
             bad = val[0] == '\0';
             cfg->save_path = val;
+        } else if (strcmp(flag, "--stop-writes-on-save-error") == 0) {
+            bad = strcmp(val, "yes") != 0 && strcmp(val, "no") != 0;
+            cfg->stop_writes_on_save_error = strcmp(val, "yes") == 0;
         } else if (strcmp(flag, "--save-interval") == 0) {
             bad = parse_size(val, &n) != 0 || n > 86400u * 365u;
             cfg->save_interval_s = (uint32_t)n;
@@ -401,6 +413,8 @@ int main(int argc, char **argv)
 
     /* A peer that vanishes mid-write must give EPIPE, not kill the daemon. */
     signal(SIGPIPE, SIG_IGN);
+    /* SIGHUP is ignored, during start-up too (the loop logs it once it runs). */
+    signal(SIGHUP, SIG_IGN);
 
     uv_loop_t loop;
     if (uv_loop_init(&loop) != 0) {
@@ -430,6 +444,9 @@ int main(int argc, char **argv)
             }
         }
     }
+    uv_run(&loop, UV_RUN_DEFAULT);
+    /* The final snapshot is durable now: the signals can be let go (ignored until exit). */
+    tsd_server_release_signals(&srv);
     uv_run(&loop, UV_RUN_DEFAULT);
     /* Everything is closed once the loop runs out; a second pass catches late close callbacks. */
     if (uv_loop_close(&loop) != 0) {

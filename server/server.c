@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/socket.h>
@@ -224,9 +225,25 @@ static void on_listener_io(uv_poll_t *h, int status, int events)
     tsd_server_flush(srv);
 }
 
+/*
+ * SIGINT and SIGTERM start the graceful shutdown. Their handles stay open until the process
+ * exits (tsd_server_release_signals): were they closed while stopping, the default action of a
+ * second signal would end the process in the middle of the final snapshot, losing every change
+ * since the last one. SIGHUP is ignored, as a closed terminal or a stray kill -HUP must not
+ * lose data; it only logs a line.
+ */
 static void on_signal(uv_signal_t *h, int signum)
 {
     tsd_server *srv = h->data;
+    if (signum == SIGHUP) {
+        tsd_log(TSD_LOG_WARN, "SIGHUP ignored (SIGINT or SIGTERM stop tensord)");
+        return;
+    }
+    if (srv->stopping) {
+        tsd_log(TSD_LOG_WARN, "signal %d: a shutdown is already in progress%s", signum,
+                srv->snap_job != NULL ? " (writing the final snapshot)" : "");
+        return;
+    }
     tsd_log(TSD_LOG_INFO, "signal %d: shutting down", signum);
     tsd_server_stop(srv);
 }
@@ -338,6 +355,26 @@ static int listen_tcp(tsd_server *srv)
     return 0;
 }
 
+/*
+ * Whether a server answers on the unix socket at addr: 1 when a connection is accepted or
+ * queued (a full backlog still means a listener), 0 when refused (a stale socket file), or a
+ * negative errno when it cannot be told.
+ */
+static int unix_socket_in_use(const struct sockaddr_un *addr)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int rc = connect(fd, (const struct sockaddr *)addr, sizeof(*addr));
+    int e = rc == 0 ? 0 : errno;
+    close(fd);
+    if (rc == 0 || e == EAGAIN || e == EINPROGRESS)
+        return 1;
+    if (e == ECONNREFUSED)
+        return 0;
+    return -e;
+}
+
 static int listen_unix(tsd_server *srv)
 {
     const char *path = srv->cfg.unix_path;
@@ -351,14 +388,34 @@ static int listen_unix(tsd_server *srv)
     struct stat st;
     if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode)) {
-            tsd_log(TSD_LOG_ERROR, "--unix %s exists and is not a socket", path);
+            tsd_log(TSD_LOG_ERROR, "--unix %s exists and is not a socket: refusing to start", path);
+            srv->exit_code = TSD_EXIT_USAGE;
             return UV_EEXIST;
         }
-        /* A socket file left by a previous run that did not exit cleanly. */
+        /*
+         * Remove only a stale socket, one left by a process that did not exit cleanly: if
+         * anything answers on it, another server owns it and would silently lose its clients.
+         */
+        int in_use = unix_socket_in_use(&addr);
+        if (in_use != 0) {
+            if (in_use > 0)
+                tsd_log(TSD_LOG_ERROR,
+                        "--unix %s is in use: another process is listening on it; refusing to "
+                        "start",
+                        path);
+            else
+                tsd_log(TSD_LOG_ERROR,
+                        "--unix %s: cannot tell whether it is in use (%s); "
+                        "refusing to start",
+                        path, strerror(-in_use));
+            srv->exit_code = TSD_EXIT_USAGE;
+            return UV_EADDRINUSE;
+        }
         if (unlink(path) != 0) {
             tsd_log(TSD_LOG_ERROR, "cannot remove stale socket %s: %s", path, strerror(errno));
             return UV_EEXIST;
         }
+        tsd_log(TSD_LOG_INFO, "removed the stale socket %s", path);
     }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -379,6 +436,7 @@ static int listen_unix(tsd_server *srv)
 int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
 {
     memset(srv, 0, sizeof(*srv));
+    srv->save_lock_fd = -1;
     srv->loop = loop;
     srv->cfg = *cfg;
     srv->exit_code = 1;
@@ -400,6 +458,11 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
 
     if (cfg->save_path != NULL) {
         char err[1024];
+        if (tsd_snapshot_prepare(srv, err, sizeof(err)) != 0) {
+            tsd_log(TSD_LOG_ERROR, "%s", err);
+            srv->exit_code = TSD_EXIT_USAGE;
+            return UV_EINVAL;
+        }
         uint64_t counter = 0;
         int lr = tsd_snapshot_load(&srv->store, cfg->save_path, &counter, err, sizeof(err));
         if (lr < 0) {
@@ -429,9 +492,14 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
 
     uv_signal_init(loop, &srv->sigint);
     uv_signal_init(loop, &srv->sigterm);
-    srv->sigint.data = srv->sigterm.data = srv;
+    uv_signal_init(loop, &srv->sighup);
+    srv->sigint.data = srv->sigterm.data = srv->sighup.data = srv;
     uv_signal_start(&srv->sigint, on_signal, SIGINT);
     uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&srv->sighup, on_signal, SIGHUP);
+    /* Dropping a finished snapshot's references, a slice per loop turn (snapshot.c). */
+    uv_idle_init(loop, &srv->drain_idle);
+    srv->drain_idle.data = srv;
     uv_timer_init(loop, &srv->cron);
     srv->cron.data = srv;
     uv_timer_start(&srv->cron, on_cron, TSD_CRON_MS, TSD_CRON_MS);
@@ -497,8 +565,13 @@ void tsd_server_stop(tsd_server *srv)
     if (had_unix)
         (void)unlink(srv->cfg.unix_path);
     if (srv->handles_init) {
-        uv_close((uv_handle_t *)&srv->sigint, NULL);
-        uv_close((uv_handle_t *)&srv->sigterm, NULL);
+        /*
+         * The signal handles stay open (on_signal says why) but no longer keep the loop
+         * running; tsd_server_release_signals closes them once it has run out.
+         */
+        uv_unref((uv_handle_t *)&srv->sigint);
+        uv_unref((uv_handle_t *)&srv->sigterm);
+        uv_unref((uv_handle_t *)&srv->sighup);
         uv_close((uv_handle_t *)&srv->cron, NULL);
         uv_close((uv_handle_t *)&srv->accept_timer, NULL);
         uv_close((uv_handle_t *)&srv->retry_timer, NULL);
@@ -517,6 +590,30 @@ void tsd_server_stop(tsd_server *srv)
         tsd_server_free_store(srv);
 }
 
+void tsd_server_release_signals(tsd_server *srv)
+{
+    if (!srv->handles_init || srv->signals_released)
+        return;
+    srv->signals_released = 1;
+    /*
+     * Closing a handle restores the default action; block the signals meanwhile and ignore
+     * them from then on, so that nothing ends the process on its way out.
+     */
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    sigset_t set, old;
+    sigemptyset(&set);
+    for (size_t i = 0; i < TS__ARRAY_SIZE(sigs); i++)
+        sigaddset(&set, sigs[i]);
+    pthread_sigmask(SIG_BLOCK, &set, &old);
+    uv_close((uv_handle_t *)&srv->sigint, NULL);
+    uv_close((uv_handle_t *)&srv->sigterm, NULL);
+    uv_close((uv_handle_t *)&srv->sighup, NULL);
+    uv_close((uv_handle_t *)&srv->drain_idle, NULL);
+    for (size_t i = 0; i < TS__ARRAY_SIZE(sigs); i++)
+        signal(sigs[i], SIG_IGN);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 void tsd_server_free(tsd_server *srv)
 {
     ts__free(srv->spare);
@@ -528,5 +625,6 @@ void tsd_server_free(tsd_server *srv)
     }
     tsd_server_free_store(srv);
     tsd_htab_free(&srv->watches);
+    tsd_snapshot_free(srv);
     tsd_pool_drain();
 }

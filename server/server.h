@@ -116,6 +116,7 @@ typedef struct tsd_config {
     uint32_t max_watch;           /* subscriptions + pending WAITs per connection */
     const char *save_path;        /* snapshot file; NULL = no persistence */
     uint32_t save_interval_s;     /* 0 = snapshots only on SAVE and at shutdown */
+    int stop_writes_on_save_error; /* refuse writes while snapshots fail (with save_path) */
     uint32_t body_timeout_s;      /* s without progress inside a frame; 0 = none */
     uint32_t max_unauth;          /* connections that have not completed HELLO */
 } tsd_config;
@@ -458,6 +459,7 @@ typedef struct tsd_conn {
     uint64_t cur_reserved; /* bytes reserved in the store for this upload */
     uint64_t cur_raw_len;  /* TSD_RS_LZ4: announced raw length */
     int cur_alloc_failed;  /* TSD_RS_DISCARD: refused for a failed allocation, not the limit */
+    int cur_refused;       /* TSD_RS_DISCARD: refused because snapshots fail (SAVE_FAILING) */
     uint8_t *bulk_dst;     /* where the next bytes go (RS_ITEM, RS_LZ4) */
     uint64_t bulk_left;    /* bytes of the body still to come */
     uint64_t bulk_total;   /* bytes of the body being received in bulk (item or compressed) */
@@ -703,6 +705,10 @@ typedef struct tsd_stats {
     uint64_t snapshots;
     uint64_t snapshot_failures;
     uint64_t snapshot_last_ms; /* duration of the last snapshot write */
+    uint64_t save_failures_consecutive; /* snapshots failed since the last one that succeeded */
+    uint64_t last_save_time;            /* unix seconds of the last good snapshot; 0 = none */
+    uint64_t writes_refused;            /* writes refused because snapshots were failing */
+    uint64_t snapshot_loop_us; /* time the loop spent taking the last snapshot's references */
 } tsd_stats;
 
 /* Answer a STATS request. */
@@ -737,6 +743,21 @@ void tsd_snapshot_tick(tsd_server *srv);
 void tsd_snapshot_final(tsd_server *srv);
 /* Forget c in the SAVE waiters (its connection is closing). */
 void tsd_snapshot_conn_gone(tsd_server *srv, tsd_conn *c);
+/*
+ * At start, before loading: check that the --save directory exists and lock PATH.lock (held
+ * until tsd_snapshot_free), so that no two daemons write one snapshot. 0, or -1 with a
+ * message in err (the configuration is unusable: exit TSD_EXIT_USAGE).
+ */
+int tsd_snapshot_prepare(tsd_server *srv, char *err, size_t err_cap);
+/* At exit: drop what written snapshots still hold, and release the lock. */
+void tsd_snapshot_free(tsd_server *srv);
+/*
+ * 1 while requests that change data (PUT, APPEND, GET, DELETE) must be refused: the last
+ * snapshot failed and --stop-writes-on-save-error is on. Checked where each write is accepted.
+ */
+int tsd_writes_refused(const tsd_server *srv);
+/* Refuse such a request (SAVE_FAILING, counted in writes_refused). */
+void tsd_refuse_write(tsd_conn *c, uint8_t op, uint32_t rid);
 
 /* ---------------------------------------------------------------------------------------------
  * The server (server.c)
@@ -754,7 +775,7 @@ struct tsd_server {
     tsd_config cfg;
     tsd_listener lis[2]; /* TCP, unix */
     int bound_port;
-    uv_signal_t sigint, sigterm;
+    uv_signal_t sigint, sigterm, sighup;
     uv_timer_t cron;
     uv_timer_t accept_timer; /* resumes accepting after a pause */
     uv_timer_t retry_timer;  /* resumes reading of starved connections */
@@ -772,6 +793,11 @@ struct tsd_server {
     uint64_t saved_version;        /* change counter of the last durable snapshot */
     int have_snapshot;             /* a snapshot file exists (loaded or written) */
     int final_pending;             /* shutdown: write the final snapshot after the running one */
+    int save_failing;              /* the last snapshot failed (and none succeeded since) */
+    int save_lock_fd;              /* PATH.lock, locked for the process's life; -1 = none */
+    tsd_snap_job *draining;        /* written jobs whose references are being dropped */
+    int signals_released;          /* tsd_server_release_signals ran */
+    uv_idle_t drain_idle;          /* drops them a slice per loop turn */
     int store_freed;
     int exit_code;
     tsd_store store;
@@ -803,6 +829,12 @@ struct tsd_server {
 int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg);
 /* Start the graceful shutdown (what SIGINT/SIGTERM do). */
 void tsd_server_stop(tsd_server *srv);
+/*
+ * After the loop has run out: close the signal handles (kept open while stopping, so that a
+ * second signal cannot end the process during the final snapshot) and ignore those signals
+ * until the process exits. Run the loop once more afterwards for the close callbacks.
+ */
+void tsd_server_release_signals(tsd_server *srv);
 /* Free what remains after the loop has run out (store, tables). */
 void tsd_server_free(tsd_server *srv);
 /* The next value of the change counter. */

@@ -2,11 +2,20 @@
  * Snapshots: every bin written to one file, atomically, without stopping the loop.
  *
  * Writing. The loop thread takes a reference on every item (items are immutable and their
- * counts atomic) and copies the bins' names, versions and item lists into a job; a worker
- * thread (uv_queue_work) writes the job to PATH.tmp, fsyncs it, renames it over PATH and
- * fsyncs the directory; the after-work callback, on the loop thread again, drops the
- * references and answers the SAVE requests the snapshot covers. One snapshot is written at a
- * time; requests that arrive meanwhile are answered by the next one.
+ * counts atomic) and copies the bins' names, versions and item lists into a job, in one pass
+ * over the name table in whatever order it holds them; that pass is the whole stall clients
+ * see, so it does as little as it can: names go packed into one buffer, and the sorting by
+ * name is left to the worker. A worker thread (uv_queue_work) sorts the bins, writes the job to
+ * PATH.tmp (created afresh: never through a link, never readable by others), fsyncs it, renames
+ * it over PATH and fsyncs the directory; the after-work callback, on the loop thread again,
+ * answers the SAVE requests the snapshot covers and then drops the references a slice per loop
+ * turn. One snapshot is written at a time; requests that arrive meanwhile are answered by the
+ * next one.
+ *
+ * PATH.lock, locked (flock) from start-up to exit, keeps a second tensord from writing the same
+ * snapshot. After a failed snapshot, and until one succeeds, writes are refused with
+ * SAVE_FAILING when --stop-writes-on-save-error is on (the default): a client then learns that
+ * its changes could not be made durable instead of having them acknowledged.
  *
  * The file (all integers little-endian):
  *   header, 64 bytes:
@@ -33,6 +42,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -43,6 +53,16 @@
 #define SNAP_HDR_SIZE  64
 #define SNAP_END_SIZE  32
 #define SNAP_WBUF      ((size_t)1 << 20) /* bytes; the writer's buffer for small pieces */
+/* Bytes; the longest --save path (with ".lock" or ".tmp" added it still fits the buffers). */
+#define SNAP_PATH_MAX 4000
+#define SNAP_PATH_BUF (SNAP_PATH_MAX + 16)
+/*
+ * Item references dropped per loop turn once a snapshot is written: a million references
+ * dropped at once would stall every client for tens of milliseconds.
+ */
+#define SNAP_UNREF_SLICE 16384
+/* Buckets of the name table fetched ahead while the loop takes a snapshot's references. */
+#define SNAP_PREFETCH 16
 
 /* ---------------------------------------------------------------------------------------------
  * The hash: xxHash64's structure (four lanes of multiply-rotate rounds, a final avalanche), so
@@ -133,27 +153,32 @@ static uint64_t chain(uint64_t acc, uint64_t h)
  */
 
 typedef struct snap_bin {
-    uint8_t name_len;
-    uint8_t name[TS_MAX_NAME_LEN];
+    const uint8_t *name; /* set by the worker: names + name_off */
+    size_t name_off;     /* where its name starts in the job's names */
+    size_t first;        /* index of its first item in the job's items */
     uint64_t version;
     uint32_t n_items;
-    size_t first; /* index of its first item in the job's items */
+    uint8_t name_len;
 } snap_bin;
 
 struct tsd_snap_job {
     uv_work_t req;
     tsd_server *srv;
     uint64_t counter;
-    snap_bin *bins;
+    snap_bin *bins; /* in the name table's order; the worker sorts them by name */
     size_t n_bins;
+    uint8_t *names; /* every bin's name, packed */
+    size_t names_len, names_cap;
     tsd_item **items; /* one reference each, dropped on the loop thread */
     size_t n_items;
+    size_t n_unref; /* references already dropped (after the write) */
     uint64_t bytes;
     tsd_save_waiter *waiters; /* answered when this snapshot is durable */
     int final;
+    struct tsd_snap_job *next_drain;
     /* Set by the worker. */
     int failed;
-    char err[512];
+    char err[SNAP_PATH_BUF + 256];
     uint64_t ms;
 };
 
@@ -236,6 +261,18 @@ static void dir_of(const char *path, char *out, size_t cap)
     out[n] = '\0';
 }
 
+/* By name, bytewise, a shorter name first when one is a prefix of the other. */
+static int snap_bin_cmp(const void *a, const void *b)
+{
+    const snap_bin *x = a;
+    const snap_bin *y = b;
+    size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
+    int r = n > 0 ? memcmp(x->name, y->name, n) : 0;
+    if (r != 0)
+        return r;
+    return (x->name_len > y->name_len) - (x->name_len < y->name_len);
+}
+
 static void job_fail(tsd_snap_job *job, const char *what, const char *file, int e)
 {
     job->failed = 1;
@@ -249,9 +286,15 @@ static void snap_write(uv_work_t *req)
     tsd_snap_job *job = req->data;
     const char *path = job->srv->cfg.save_path;
     uint64_t t0 = ts__now_ns();
-    char tmp[4200], dir[4200];
+    char tmp[SNAP_PATH_BUF], dir[SNAP_PATH_BUF];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     dir_of(path, dir, sizeof(dir));
+
+    /* The file lists bins in name order; sorting here keeps it off the loop. */
+    for (size_t b = 0; b < job->n_bins; b++)
+        job->bins[b].name = job->names + job->bins[b].name_off;
+    if (job->n_bins > 1)
+        qsort(job->bins, job->n_bins, sizeof(*job->bins), snap_bin_cmp);
 
     snap_writer w = {.fd = -1};
     w.buf = ts__malloc(SNAP_WBUF);
@@ -259,7 +302,19 @@ static void snap_write(uv_work_t *req)
         job_fail(job, "allocating a buffer for", tmp, ENOMEM);
         return;
     }
-    w.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    /*
+     * A new file, created here and now: O_EXCL|O_NOFOLLOW never write through a link someone
+     * planted at PATH.tmp (its target would be overwritten, and readable by whoever owns it),
+     * and mode 0600 keeps the data private. A file left there by a crash (only this process
+     * holds the lock, so it is nobody's file in progress) is removed first; unlink removes a
+     * link itself, never its target.
+     */
+    if (unlink(tmp) != 0 && errno != ENOENT) {
+        job_fail(job, "removing the old", tmp, errno);
+        ts__free(w.buf);
+        return;
+    }
+    w.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (w.fd < 0) {
         job_fail(job, "creating", tmp, errno);
         ts__free(w.buf);
@@ -287,7 +342,7 @@ static void snap_write(uv_work_t *req)
     size_t bh_cap = 0;
     for (size_t b = 0; b < job->n_bins && !w.failed; b++) {
         const snap_bin *sb = &job->bins[b];
-        size_t need = 1 + sb->name_len + 16 + (size_t)sb->n_items * 8;
+        size_t need = 1 + (size_t)sb->name_len + 16 + (size_t)sb->n_items * 8;
         if (need > bh_cap) {
             uint8_t *nb = ts__realloc(bh, need);
             if (nb == NULL) {
@@ -369,10 +424,18 @@ static void snap_write(uv_work_t *req)
  * Jobs (loop thread)
  */
 
+/* Drop the job's remaining item references (all of them, or up to max) . 1 when none remain. */
+static int job_unref(tsd_snap_job *job, size_t max)
+{
+    size_t end = job->n_items - job->n_unref > max ? job->n_unref + max : job->n_items;
+    for (; job->n_unref < end; job->n_unref++)
+        tsd_item_unref(job->items[job->n_unref]);
+    return job->n_unref == job->n_items;
+}
+
 static void job_free(tsd_snap_job *job)
 {
-    for (size_t i = 0; i < job->n_items; i++)
-        tsd_item_unref(job->items[i]);
+    (void)job_unref(job, SIZE_MAX);
     tsd_save_waiter *w = job->waiters;
     while (w != NULL) {
         tsd_save_waiter *next = w->next;
@@ -381,10 +444,65 @@ static void job_free(tsd_snap_job *job)
     }
     ts__free(job->items);
     ts__free(job->bins);
+    ts__free(job->names);
     ts__free(job);
 }
 
-/* A job holding references to everything the store holds now; NULL on allocation failure. */
+/* Drop the references of written jobs, a slice per loop turn. */
+static void on_drain(uv_idle_t *h)
+{
+    tsd_server *srv = h->data;
+    size_t budget = SNAP_UNREF_SLICE;
+    while (srv->draining != NULL && budget > 0) {
+        tsd_snap_job *job = srv->draining;
+        size_t before = job->n_unref;
+        int done = job_unref(job, budget);
+        budget -= job->n_unref - before;
+        if (!done)
+            break;
+        srv->draining = job->next_drain;
+        job_free(job);
+    }
+    if (srv->draining == NULL)
+        uv_idle_stop(h);
+}
+
+/* A written job: its references go a slice per loop turn (or at once when there are few). */
+static void job_retire(tsd_server *srv, tsd_snap_job *job)
+{
+    if (job->n_items - job->n_unref <= SNAP_UNREF_SLICE || !srv->handles_init) {
+        job_free(job);
+        return;
+    }
+    job->next_drain = NULL;
+    tsd_snap_job **tail = &srv->draining;
+    while (*tail != NULL)
+        tail = &(*tail)->next_drain;
+    *tail = job;
+    uv_idle_start(&srv->drain_idle, on_drain);
+}
+
+/* Append a bin's name to the job's packed names. 0 or -1 (out of memory). */
+static int job_add_name(tsd_snap_job *job, const uint8_t *name, size_t len)
+{
+    if (job->names_cap - job->names_len < len) {
+        size_t cap = job->names_cap * 2 + len + 4096;
+        uint8_t *nn = ts__realloc(job->names, cap);
+        if (nn == NULL)
+            return -1;
+        job->names = nn;
+        job->names_cap = cap;
+    }
+    memcpy(job->names + job->names_len, name, len);
+    job->names_len += len;
+    return 0;
+}
+
+/*
+ * A job holding references to everything the store holds now; NULL on allocation failure.
+ * This runs on the loop and every client waits for it: one pass over the name table, a few
+ * bytes copied and a reference taken per item, nothing sorted and nothing large allocated.
+ */
 static tsd_snap_job *job_build(tsd_server *srv)
 {
     tsd_snap_job *job = ts__calloc(1, sizeof(*job));
@@ -393,35 +511,48 @@ static tsd_snap_job *job_build(tsd_server *srv)
     job->srv = srv;
     job->req.data = job;
     job->counter = srv->version;
-    tsd_bin **bins = NULL;
-    size_t n = 0;
-    if (tsd_store_sorted(&srv->store, &bins, &n) != 0) {
-        ts__free(job);
-        return NULL;
-    }
-    job->bins = ts__calloc(n > 0 ? n : 1, sizeof(*job->bins));
+    const tsd_htab *tab = &srv->store.bins;
+    size_t n = tab->count;
+    job->bins = ts__malloc((n > 0 ? n : 1) * sizeof(*job->bins));
     job->items =
         ts__malloc((srv->store.n_items > 0 ? srv->store.n_items : 1) * sizeof(*job->items));
     if (job->bins == NULL || job->items == NULL) {
-        ts__free(bins);
         job_free(job);
         return NULL;
     }
-    for (size_t b = 0; b < n; b++) {
-        snap_bin *sb = &job->bins[b];
-        sb->name_len = bins[b]->node.name_len;
-        memcpy(sb->name, bins[b]->node.name, sb->name_len);
-        sb->version = bins[b]->version;
-        sb->n_items = bins[b]->n_items;
-        sb->first = job->n_items;
-        for (tsd_item *it = bins[b]->head; it != NULL; it = it->next) {
-            tsd_item_ref(it);
-            job->items[job->n_items++] = it;
-            job->bytes += tsd_item_len(it);
+    for (size_t k = 0; tab->buckets != NULL && k <= tab->mask; k++) {
+        /*
+         * The pass is bound by memory latency (bin, name, item header: each a cache miss), so
+         * fetch ahead: the bin SNAP_PREFETCH buckets on, and the name and first item of the
+         * one half as far on, which is in cache by now.
+         */
+        if (k + SNAP_PREFETCH <= tab->mask && tab->buckets[k + SNAP_PREFETCH] != NULL)
+            __builtin_prefetch(tab->buckets[k + SNAP_PREFETCH]);
+        if (k + SNAP_PREFETCH / 2 <= tab->mask && tab->buckets[k + SNAP_PREFETCH / 2] != NULL) {
+            const tsd_hnode *ahead = tab->buckets[k + SNAP_PREFETCH / 2];
+            __builtin_prefetch(ahead->name);
+            __builtin_prefetch(((const tsd_bin *)(const void *)ahead)->head, 1);
+        }
+        for (tsd_hnode *node = tab->buckets[k]; node != NULL; node = node->next) {
+            const tsd_bin *bin = (const tsd_bin *)(const void *)node;
+            if (job->n_bins == n || job_add_name(job, node->name, node->name_len) != 0) {
+                job_free(job); /* n_bins == n cannot happen: the table counts its nodes */
+                return NULL;
+            }
+            snap_bin *sb = &job->bins[job->n_bins++];
+            sb->name = NULL;
+            sb->name_off = job->names_len - node->name_len;
+            sb->name_len = node->name_len;
+            sb->version = bin->version;
+            sb->n_items = bin->n_items;
+            sb->first = job->n_items;
+            for (tsd_item *it = bin->head; it != NULL; it = it->next) {
+                tsd_item_ref(it);
+                job->items[job->n_items++] = it;
+                job->bytes += tsd_item_len(it);
+            }
         }
     }
-    job->n_bins = n;
-    ts__free(bins);
     return job;
 }
 
@@ -431,8 +562,10 @@ static void answer(tsd_server *srv, tsd_snap_job *job)
     for (tsd_save_waiter *w = job->waiters; w != NULL; w = w->next) {
         if (w->c == NULL)
             continue;
+        /* The client learns that it failed; the path and the reason go to the log only. */
         if (job->failed)
-            tsd_reply_err(w->c, TS_OP_SAVE, w->rid, TS_ST_INTERNAL, "%s", job->err);
+            tsd_reply_err(w->c, TS_OP_SAVE, w->rid, TS_ST_INTERNAL,
+                          "snapshot failed; see the server log");
         else
             tsd_reply(w->c, TS_OP_SAVE, w->rid, TS_ST_OK, NULL, 0);
     }
@@ -441,17 +574,41 @@ static void answer(tsd_server *srv, tsd_snap_job *job)
 
 static void snap_done(uv_work_t *req, int status);
 
+/* A snapshot failed: count it, and refuse writes from now on when so configured. */
+static void save_failed(tsd_server *srv)
+{
+    srv->stats.snapshot_failures++;
+    srv->stats.save_failures_consecutive++;
+    if (!srv->save_failing && srv->cfg.stop_writes_on_save_error && !srv->stopping)
+        tsd_log(TSD_LOG_ERROR,
+                "refusing writes (PUT, APPEND, GET, DELETE) until a snapshot succeeds "
+                "(--stop-writes-on-save-error yes)");
+    srv->save_failing = 1;
+}
+
+static void save_succeeded(tsd_server *srv)
+{
+    if (srv->save_failing && srv->cfg.stop_writes_on_save_error)
+        tsd_log(TSD_LOG_WARN, "a snapshot succeeded after %llu failed: accepting writes again",
+                (unsigned long long)srv->stats.save_failures_consecutive);
+    srv->save_failing = 0;
+    srv->stats.save_failures_consecutive = 0;
+    srv->stats.last_save_time = (uint64_t)time(NULL);
+}
+
 /*
  * Start a snapshot of the store as it is now, taking over the pending SAVE waiters. 0, or
  * TS_ENOMEM (the waiters are answered with an error).
  */
 static int snap_start(tsd_server *srv, int final)
 {
+    uint64_t t0 = ts__now_ns();
     tsd_snap_job *job = job_build(srv);
+    srv->stats.snapshot_loop_us = (ts__now_ns() - t0) / 1000u;
     if (job == NULL) {
         srv->stats.out_of_memory++;
-        srv->stats.snapshot_failures++;
         tsd_log(TSD_LOG_ERROR, "snapshot: out of memory preparing it");
+        save_failed(srv);
         tsd_save_waiter *w = srv->save_waiters;
         srv->save_waiters = NULL;
         while (w != NULL) {
@@ -473,8 +630,8 @@ static int snap_start(tsd_server *srv, int final)
         job->failed = 1;
         snprintf(job->err, sizeof(job->err), "snapshot: cannot start the writer: %s",
                  uv_strerror(rc));
-        srv->stats.snapshot_failures++;
         tsd_log(TSD_LOG_ERROR, "%s", job->err);
+        save_failed(srv);
         answer(srv, job);
         job_free(job);
         return rc;
@@ -493,11 +650,12 @@ static void snap_done(uv_work_t *req, int status)
         snprintf(job->err, sizeof(job->err), "snapshot: %s", uv_strerror(status));
     }
     if (job->failed) {
-        srv->stats.snapshot_failures++;
         tsd_log(TSD_LOG_ERROR, "%s", job->err);
+        save_failed(srv);
         if (job->final)
             srv->exit_code = 1;
     } else {
+        save_succeeded(srv);
         srv->stats.snapshots++;
         srv->stats.snapshot_last_ms = job->ms;
         srv->have_snapshot = 1;
@@ -509,7 +667,7 @@ static void snap_done(uv_work_t *req, int status)
                 (unsigned long long)job->ms);
     }
     answer(srv, job);
-    job_free(job);
+    job_retire(srv, job);
     if (srv->final_pending) {
         srv->final_pending = 0;
         tsd_snapshot_final(srv);
@@ -581,6 +739,82 @@ void tsd_snapshot_conn_gone(tsd_server *srv, tsd_conn *c)
         for (tsd_save_waiter *w = srv->snap_job->waiters; w != NULL; w = w->next)
             if (w->c == c)
                 w->c = NULL;
+}
+
+int tsd_writes_refused(const tsd_server *srv)
+{
+    return srv->save_failing && srv->cfg.stop_writes_on_save_error && srv->cfg.save_path != NULL;
+}
+
+void tsd_refuse_write(tsd_conn *c, uint8_t op, uint32_t rid)
+{
+    c->srv->stats.writes_refused++;
+    tsd_reply_err(c, op, rid, TS_ST_SAVE_FAILING,
+                  "write refused: the last snapshot failed (see the server log); writes are "
+                  "accepted again once a snapshot succeeds");
+}
+
+int tsd_snapshot_prepare(tsd_server *srv, char *err, size_t err_cap)
+{
+    const char *path = srv->cfg.save_path;
+    if (strlen(path) > SNAP_PATH_MAX) {
+        snprintf(err, err_cap, "--save: the path is longer than %d bytes; refusing to start",
+                 SNAP_PATH_MAX);
+        return -1;
+    }
+    char dir[SNAP_PATH_BUF], lock[SNAP_PATH_BUF];
+    dir_of(path, dir, sizeof(dir));
+    snprintf(lock, sizeof(lock), "%s.lock", path);
+    /* Found now, not at the first snapshot, which may come after hours of acknowledged writes. */
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        snprintf(err, err_cap, "--save %s: the directory %s: %s; refusing to start", path, dir,
+                 strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, err_cap, "--save %s: %s is not a directory; refusing to start", path, dir);
+        return -1;
+    }
+    /*
+     * Two daemons writing one snapshot would each overwrite the other's data. The lock lives on
+     * a file of its own beside the snapshot (the snapshot itself is replaced by rename) and is
+     * held until the process exits; the file is left in place, as removing it would let a
+     * third daemon lock a new file while the second still holds the old one.
+     */
+    int fd = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(err, err_cap, "--save %s: cannot open the lock file %s: %s; refusing to start",
+                 path, lock, strerror(errno));
+        return -1;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        if (e == EWOULDBLOCK)
+            snprintf(err, err_cap,
+                     "--save %s is in use: another tensord holds its lock %s; refusing to start",
+                     path, lock);
+        else
+            snprintf(err, err_cap, "--save %s: cannot lock %s: %s; refusing to start", path, lock,
+                     strerror(e));
+        return -1;
+    }
+    srv->save_lock_fd = fd;
+    return 0;
+}
+
+void tsd_snapshot_free(tsd_server *srv)
+{
+    while (srv->draining != NULL) {
+        tsd_snap_job *job = srv->draining;
+        srv->draining = job->next_drain;
+        job_free(job);
+    }
+    if (srv->save_lock_fd >= 0) {
+        close(srv->save_lock_fd);
+        srv->save_lock_fd = -1;
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------

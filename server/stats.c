@@ -80,6 +80,12 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "snapshot_failures", st->snapshot_failures);
     rc |= put_int(m, "snapshot_last_ms", st->snapshot_last_ms);
     rc |= put_int(m, "saved_version", srv->saved_version);
+    /* Whether writes are being refused because snapshots fail (--stop-writes-on-save-error). */
+    rc |= put_int(m, "last_save_ok", !srv->save_failing);
+    rc |= put_int(m, "last_save_time", st->last_save_time);
+    rc |= put_int(m, "save_failures_consecutive", st->save_failures_consecutive);
+    rc |= put_int(m, "writes_refused", st->writes_refused);
+    rc |= put_int(m, "snapshot_loop_us", st->snapshot_loop_us);
     /* Allocations since start-up ended (the allocation-failure tests size their runs by it). */
     rc |= put_int(m, "allocations", ts__alloc_count() - srv->alloc_base);
     if (rc != 0) {

@@ -58,6 +58,7 @@ static const struct {
     [TS_ST_SHUTTING_DOWN] = {"SHUTTING_DOWN", TS_ESHUTDOWN},
     [TS_ST_NAME_TOO_LONG] = {"NAME_TOO_LONG", TS_ENAMETOOLONG},
     [TS_ST_INVALID] = {"INVALID", TS_EINVAL},
+    [TS_ST_SAVE_FAILING] = {"SAVE_FAILING", TS_ESAVEFAIL},
 };
 
 int ts__status_to_err(uint16_t status)
@@ -103,6 +104,8 @@ uint16_t ts__err_to_status(int err)
         return TS_ST_NAME_TOO_LONG;
     case TS_EINVAL:
         return TS_ST_INVALID;
+    case TS_ESAVEFAIL:
+        return TS_ST_SAVE_FAILING;
     default:
         return TS_ST_INTERNAL;
     }

@@ -65,6 +65,8 @@ enum {
     TS_ST_SHUTTING_DOWN = 15,
     TS_ST_NAME_TOO_LONG = 16,
     TS_ST_INVALID = 17, /* a well-formed request with an invalid argument */
+    /* A write refused because the server's snapshots are failing (--stop-writes-on-save-error). */
+    TS_ST_SAVE_FAILING = 18,
     TS_ST_COUNT_
 };
 

@@ -66,7 +66,8 @@ extern "C" {
     XX(ETORCH, -4012, "libtorch error")                                                            \
     XX(ESCHEMA, -4013, "request does not match the schema")                                        \
     XX(EMODEL, -4014, "model failed")                                                              \
-    XX(ENOTSUP, -4015, "not supported in this build")
+    XX(ENOTSUP, -4015, "not supported in this build")                                             \
+    XX(ESAVEFAIL, -4016, "write refused: the server cannot save snapshots")
 
 typedef enum ts_errno_e {
     TS_OK = 0, /* not an error */

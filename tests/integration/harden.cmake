@@ -9,7 +9,7 @@ else()
   set(ts_harden_env "TS_HARDEN_FUZZ_SECONDS=30")
 endif()
 
-foreach(t auth limits snapshot alloc fuzz conn)
+foreach(t auth limits snapshot daemon alloc fuzz conn)
   set(_timeout 180)
   if(t STREQUAL "alloc")
     set(_timeout 400)

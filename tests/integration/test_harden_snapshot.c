@@ -25,6 +25,11 @@
 
 static tsh_server s;
 static char snap[400], errfile[400], copy[400];
+/* The snapshot directory d (inside the test's directory), for the tests that break it. */
+static char dsub[300], dgone[310];
+
+static uint8_t *read_file(const char *path, size_t *len);
+static void subdir_cleanup(void);
 
 static int kill_leftover(void **state)
 {
@@ -38,9 +43,18 @@ static int kill_leftover(void **state)
         unlink(snap);
         unlink(errfile);
         unlink(copy);
+        if (dsub[0] != '\0') {
+            struct stat st;
+            if (lstat(dsub, &st) == 0 && S_ISREG(st.st_mode)) {
+                unlink(dsub);
+                rename(dgone, dsub);
+            }
+            subdir_cleanup();
+        }
         tsh_server_cleanup(&s);
     }
     memset(&s, 0, sizeof(s));
+    dsub[0] = dgone[0] = '\0';
     return 0;
 }
 
@@ -185,25 +199,228 @@ static void test_save_request(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
 }
 
+static void start_in_subdir(const char *const *extra)
+{
+    assert_int_equal(tsh_server_start(&s, NULL), 0);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    snprintf(dsub, sizeof(dsub), "%s/d", s.dir);
+    snprintf(dgone, sizeof(dgone), "%s/d.gone", s.dir);
+    snprintf(snap, sizeof(snap), "%s/snap", dsub);
+    snprintf(errfile, sizeof(errfile), "%s/stderr", s.dir);
+    snprintf(copy, sizeof(copy), "%s/copy", s.dir);
+    assert_int_equal(mkdir(dsub, 0700), 0);
+    const char *args[16] = {"--save", snap, "--save-interval", "0", NULL};
+    int n = 4;
+    for (int i = 0; extra != NULL && extra[i] != NULL && n < 15; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    assert_int_equal(tsh_server_restart(&s, args), 0);
+}
+
+/*
+ * Make every snapshot fail in a way root cannot bypass: the directory moves away and a plain
+ * file takes its name, so creating the temporary file gives ENOTDIR.
+ */
+static void break_dir(void)
+{
+    assert_int_equal(rename(dsub, dgone), 0);
+    assert_int_equal(th_write_file(dsub, "x", 1), 0);
+}
+
+static void mend_dir(void)
+{
+    assert_int_equal(unlink(dsub), 0);
+    assert_int_equal(rename(dgone, dsub), 0);
+}
+
+/* Remove what start_in_subdir made (the daemon stopped). */
+static void subdir_cleanup(void)
+{
+    char p[450];
+    snprintf(p, sizeof(p), "%s.lock", snap);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s.tmp", snap);
+    unlink(p);
+    unlink(snap);
+    rmdir(dsub);
+}
+
 static void test_save_failure_reported(void **state)
 {
     (void)state;
-    /* A directory that does not exist: tensord starts empty, SAVE says why it failed. */
-    assert_int_equal(tsh_server_start(&s, NULL), 0);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    snprintf(snap, sizeof(snap), "%s/missing-dir/snap", s.dir);
-    assert_int_equal(tsh_server_restart(&s, (const char *const[]){"--save", snap, NULL}), 0);
+    start_in_subdir((const char *const[]){"--stop-writes-on-save-error", "no", NULL});
     int fd = tsu_client(&s);
     tsu_put_int(fd, TS_OP_PUT, "a", 1, NULL);
+    break_dir();
     assert_int_equal(tsh_send(fd, TS_OP_SAVE, 5, NULL, 0), 0);
     tsu_frame f;
     tsu_expect(fd, &f, TS_OP_SAVE, 5, TS_ST_INTERNAL);
-    assert_non_null(memmem(f.body, f.len, "missing-dir", 11));
+    /* The client learns that it failed; where the server keeps its files stays in the log. */
+    assert_non_null(memmem(f.body, f.len, "server log", 10));
+    assert_null(memmem(f.body, f.len, s.dir, strlen(s.dir)));
+    assert_null(memmem(f.body, f.len, "/d/", 3));
     tsu_frame_free(&f);
     /* The daemon carries on; only the clean shutdown reports (exit 1) that nothing is saved. */
     tsu_put_int(fd, TS_OP_PUT, "b", 2, NULL);
     close(fd);
     assert_int_equal(tsh_server_stop(&s), 1);
+    mend_dir();
+    subdir_cleanup();
+}
+
+/* A symbolic link planted where the temporary file goes is never followed. */
+static void test_tmp_symlink_not_followed(void **state)
+{
+    (void)state;
+    start_in_subdir(NULL);
+    char tmp[450];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", snap);
+    assert_int_equal(th_write_file(copy, "precious", 8), 0);
+    assert_int_equal(chmod(copy, 0644), 0);
+    assert_int_equal(symlink(copy, tmp), 0);
+    int fd = tsu_client(&s);
+    tsu_put_int(fd, TS_OP_PUT, "a", 1, NULL);
+    save(fd, 1);
+    /* The link's target is untouched; the snapshot is a private regular file. */
+    size_t n;
+    uint8_t *b = read_file(copy, &n);
+    assert_int_equal(n, 8);
+    assert_memory_equal(b, "precious", 8);
+    ts__free(b);
+    struct stat st;
+    assert_int_equal(stat(copy, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0644);
+    assert_int_equal(lstat(snap, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+    /* A leftover temporary file from a crash is no obstacle either. */
+    unlink(tmp);
+    assert_int_equal(th_write_file(tmp, "leftover", 8), 0);
+    tsu_put_int(fd, TS_OP_PUT, "b", 2, NULL);
+    save(fd, 2);
+    assert_int_equal(lstat(tmp, &st), -1);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    restart_saving(NULL);
+    fd = tsu_client(&s);
+    assert_int_equal(tsu_stat(fd, "bins"), 2);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    subdir_cleanup();
+}
+
+/* A --save directory that does not exist, and a --save file another daemon holds. */
+static void test_save_path_checked_at_start(void **state)
+{
+    (void)state;
+    start_in_subdir(NULL);
+    char missing[450];
+    snprintf(missing, sizeof(missing), "%s/missing-dir/snap", s.dir);
+    const char *a1[] = {"--port", "0", "--save", missing, NULL};
+    int st = th_run_tensord(a1, errfile, 5000 * th_slow());
+    if (st != 2 || !th_file_contains(errfile, "missing-dir")) {
+        print_error("--save in a missing directory: exit %d, want 2 naming it\n", st);
+        fail();
+    }
+    /* The running daemon holds its --save path: a second one refuses it. */
+    const char *a2[] = {"--port", "0", "--save", snap, NULL};
+    st = th_run_tensord(a2, errfile, 5000 * th_slow());
+    if (st != 2 || !th_file_contains(errfile, "in use")) {
+        print_error("a second tensord on the same --save: exit %d, want 2 and \"in use\"\n", st);
+        fail();
+    }
+    /* ... and the first one goes on saving there. */
+    int fd = tsu_client(&s);
+    tsu_put_int(fd, TS_OP_PUT, "a", 1, NULL);
+    save(fd, 1);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    /* Once it is gone, the path is free again. */
+    restart_saving((const char *const[]){"--save-interval", "0", NULL});
+    fd = tsu_client(&s);
+    assert_int_equal(tsu_stat(fd, "bins"), 1);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    subdir_cleanup();
+}
+
+/* Send op (a name body, or a GET) and expect status. */
+static void expect_status(int fd, uint8_t op, const char *name, uint32_t rid, uint16_t status)
+{
+    if (op == TS_OP_PUT || op == TS_OP_APPEND) {
+        size_t len;
+        uint8_t *rec = tsu_rec_int(rid, &len);
+        assert_int_equal(tsu_send_store(fd, op, rid, name, rec, len), 0);
+        tsu_rec_free(rec, len);
+    } else if (op == TS_OP_GET || op == TS_OP_PEEK) {
+        assert_int_equal(tsu_send_get(fd, op, rid, name, 0), 0);
+    } else {
+        assert_int_equal(tsu_send_name(fd, op, rid, name, NULL, 0), 0);
+    }
+    tsu_frame f;
+    tsu_expect(fd, &f, op, rid, status);
+    if (status == TS_ST_SAVE_FAILING)
+        assert_non_null(memmem(f.body, f.len, "snapshot", 8));
+    tsu_frame_free(&f);
+}
+
+static void test_writes_stop_while_saves_fail(void **state)
+{
+    (void)state;
+    start_in_subdir(NULL);
+    int fd = tsu_client(&s);
+    tsu_put_int(fd, TS_OP_PUT, "a", 1, NULL);
+    tsu_put_int(fd, TS_OP_APPEND, "q", 1, NULL);
+    tsu_put_int(fd, TS_OP_APPEND, "q", 2, NULL);
+    save(fd, 1);
+    assert_int_equal(tsu_stat(fd, "last_save_ok"), 1);
+    break_dir();
+    /* Until a snapshot fails, writes go on. */
+    tsu_put_int(fd, TS_OP_PUT, "b", 2, NULL);
+    assert_int_equal(tsh_send(fd, TS_OP_SAVE, 2, NULL, 0), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_SAVE, 2, TS_ST_INTERNAL);
+    tsu_frame_free(&f);
+    /* Now every request that changes data is refused, and says why; reads go on. */
+    expect_status(fd, TS_OP_PUT, "c", 10, TS_ST_SAVE_FAILING);
+    expect_status(fd, TS_OP_APPEND, "q", 11, TS_ST_SAVE_FAILING);
+    expect_status(fd, TS_OP_GET, "q", 12, TS_ST_SAVE_FAILING);
+    expect_status(fd, TS_OP_DELETE, "a", 13, TS_ST_SAVE_FAILING);
+    expect_status(fd, TS_OP_PEEK, "q", 14, TS_ST_OK);
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 15, NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_PING, 15, TS_ST_OK);
+    tsu_frame_free(&f);
+    /* A large refused upload is skipped whole: the connection stays usable. */
+    size_t blen;
+    uint8_t *big = tsu_rec_bytes((size_t)1 << 20, 3, &blen);
+    assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 16, "big", big, blen), 0);
+    tsu_rec_free(big, blen);
+    tsu_expect(fd, &f, TS_OP_PUT, 16, TS_ST_SAVE_FAILING);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_stat(fd, "last_save_ok"), 0);
+    assert_true(tsu_stat(fd, "save_failures_consecutive") >= 1);
+    assert_true(tsu_stat(fd, "writes_refused") >= 5);
+    assert_true(tsu_stat(fd, "last_save_time") > 0);
+    /* The library reports it as its own error. */
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, s.addr, NULL), 0);
+    ts_value_t *v = ts_int_new(5);
+    assert_int_equal(ts_put(c, "lib", v, NULL), TS_ESAVEFAIL);
+    ts_value_free(v);
+    /* The directory comes back: a snapshot succeeds, and writes are accepted again. */
+    mend_dir();
+    save(fd, 20);
+    assert_int_equal(tsu_stat(fd, "last_save_ok"), 1);
+    assert_int_equal(tsu_stat(fd, "save_failures_consecutive"), 0);
+    tsu_put_int(fd, TS_OP_PUT, "c", 3, NULL);
+    v = ts_int_new(6);
+    assert_int_equal(ts_put(c, "lib", v, NULL), 0);
+    ts_value_free(v);
+    ts_client_free(c);
+    expect_status(fd, TS_OP_DELETE, "a", 21, TS_ST_OK);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    subdir_cleanup();
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -391,6 +608,9 @@ int main(void)
         cmocka_unit_test_teardown(test_clean_shutdown_keeps_everything, kill_leftover),
         cmocka_unit_test_teardown(test_save_request, kill_leftover),
         cmocka_unit_test_teardown(test_save_failure_reported, kill_leftover),
+        cmocka_unit_test_teardown(test_tmp_symlink_not_followed, kill_leftover),
+        cmocka_unit_test_teardown(test_save_path_checked_at_start, kill_leftover),
+        cmocka_unit_test_teardown(test_writes_stop_while_saves_fail, kill_leftover),
         cmocka_unit_test_teardown(test_sigkill_under_load, kill_leftover),
         cmocka_unit_test_teardown(test_damaged_snapshots_refused, kill_leftover),
     };

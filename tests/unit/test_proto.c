@@ -196,6 +196,7 @@ static void test_status_table(void **state)
         {15, "SHUTTING_DOWN", TS_ESHUTDOWN},
         {16, "NAME_TOO_LONG", TS_ENAMETOOLONG},
         {17, "INVALID", TS_EINVAL},
+        {18, "SAVE_FAILING", TS_ESAVEFAIL},
     };
     assert_int_equal(TS__ARRAY_SIZE(table), TS_ST_COUNT_);
     for (size_t i = 0; i < TS__ARRAY_SIZE(table); i++) {

@@ -1,0 +1,206 @@
+/*
+ * tensord's process life: signals during the shutdown never cut the final snapshot short;
+ * SIGHUP is ignored (logged) rather than ending the daemon; --unix never takes over a socket
+ * another process still answers on, removes only a stale one, and refuses a path that is not
+ * a socket.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_harden_util.h"
+
+static tsh_server s;
+static char snap[400], errfile[400], other[400];
+
+static int kill_leftover(void **state)
+{
+    (void)state;
+    if (s.pid > 0)
+        tsh_server_kill(&s);
+    if (s.dir[0] != '\0') {
+        char p[450];
+        snprintf(p, sizeof(p), "%s.tmp", snap);
+        unlink(p);
+        snprintf(p, sizeof(p), "%s.lock", snap);
+        unlink(p);
+        unlink(snap);
+        unlink(errfile);
+        unlink(other);
+        tsh_server_cleanup(&s);
+    }
+    memset(&s, 0, sizeof(s));
+    snap[0] = errfile[0] = other[0] = '\0';
+    return 0;
+}
+
+/* Start tensord with --save in its own directory. */
+static void start_saving(void)
+{
+    assert_int_equal(tsh_server_start(&s, NULL), 0);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    snprintf(snap, sizeof(snap), "%s/snap", s.dir);
+    snprintf(errfile, sizeof(errfile), "%s/stderr", s.dir);
+    snprintf(other, sizeof(other), "%s/other.sock", s.dir);
+    assert_int_equal(tsh_server_restart(&s, (const char *const[]){"--save", snap, NULL}), 0);
+}
+
+#define BIG_BINS 48
+#define BIG_LEN  ((size_t)2 << 20) /* bytes per item: the final snapshot takes a moment */
+
+static void test_signals_during_final_snapshot(void **state)
+{
+    (void)state;
+    start_saving();
+    int fd = tsu_client(&s);
+    uint64_t ver[BIG_BINS];
+    for (int i = 0; i < BIG_BINS; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "big%02d", i);
+        size_t len;
+        uint8_t *rec = tsu_rec_bytes(BIG_LEN, (unsigned)i, &len);
+        ver[i] = tsu_store(fd, TS_OP_PUT, name, rec, len, NULL);
+        tsu_rec_free(rec, len);
+    }
+    close(fd);
+    /* SIGTERM starts the shutdown; more SIGTERMs and SIGINTs keep coming while it runs. */
+    assert_int_equal(kill(s.pid, SIGTERM), 0);
+    int st = -1;
+    for (int i = 0; i < 3000; i++) { /* 15 s */
+        if (waitpid(s.pid, &st, WNOHANG) == s.pid) {
+            s.pid = 0;
+            break;
+        }
+        kill(s.pid, i % 2 == 0 ? SIGTERM : SIGINT);
+        th_sleep_ms(5);
+    }
+    if (s.pid != 0)
+        tsh_server_kill(&s);
+    if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+        print_error("tensord ended with wait status 0x%x (%s %d)\n", st,
+                    WIFSIGNALED(st) ? "signal" : "exit",
+                    WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+
+    /* Every acknowledged item is back. */
+    assert_int_equal(tsh_server_restart(&s, (const char *const[]){"--save", snap, NULL}), 0);
+    fd = tsu_client(&s);
+    assert_int_equal(tsu_stat(fd, "bins"), BIG_BINS);
+    for (int i = 0; i < BIG_BINS; i += 7) {
+        char name[16];
+        snprintf(name, sizeof(name), "big%02d", i);
+        tsu_items it;
+        tsu_get(fd, TS_OP_PEEK, name, 0, &it);
+        assert_int_equal(it.n, 1);
+        assert_int_equal(it.version, ver[i]);
+        size_t len;
+        uint8_t *rec = tsu_rec_bytes(BIG_LEN, (unsigned)i, &len);
+        assert_int_equal(it.item_len[0], len);
+        assert_memory_equal(it.item[0], rec, len);
+        tsu_rec_free(rec, len);
+        tsu_frame_free(&it.f);
+    }
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
+static void test_sighup_ignored(void **state)
+{
+    (void)state;
+    start_saving();
+    int fd = tsu_client(&s);
+    uint64_t v = tsu_put_int(fd, TS_OP_PUT, "kept", 42, NULL);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(kill(s.pid, SIGHUP), 0);
+        th_sleep_ms(50);
+    }
+    assert_true(tsh_server_alive(&s));
+    /* The same connection goes on. */
+    tsu_items it;
+    tsu_get(fd, TS_OP_PEEK, "kept", 0, &it);
+    assert_int_equal(it.version, v);
+    tsu_frame_free(&it.f);
+    close(fd);
+    tsu_check_healthy(&s);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_restart(&s, (const char *const[]){"--save", snap, NULL}), 0);
+    fd = tsu_client(&s);
+    tsu_get(fd, TS_OP_PEEK, "kept", 0, &it);
+    assert_int_equal(tsu_item_int(it.item[0], it.item_len[0]), 42);
+    tsu_frame_free(&it.f);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
+static void test_unix_socket_in_use(void **state)
+{
+    (void)state;
+    assert_int_equal(tsh_server_start(&s, NULL), 0);
+    snprintf(errfile, sizeof(errfile), "%s/stderr", s.dir);
+    snprintf(other, sizeof(other), "%s/other.sock", s.dir);
+    int fd = tsh_connect_unix(s.unix_path);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_hello(fd), 0);
+
+    /* A second daemon on the same path refuses to start and leaves the first one's socket. */
+    const char *args[] = {"--port", "0", "--unix", s.unix_path, NULL};
+    int st = th_run_tensord(args, errfile, 5000 * th_slow());
+    if (st != 2 || !th_file_contains(errfile, s.unix_path) ||
+        !th_file_contains(errfile, "in use")) {
+        print_error("second tensord on the same --unix: exit %d, want 2 and \"in use\"\n", st);
+        fail();
+    }
+    struct stat sb;
+    assert_int_equal(lstat(s.unix_path, &sb), 0);
+    assert_true(S_ISSOCK(sb.st_mode));
+    /* The first daemon still serves the old connection and new ones on that path. */
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 7, NULL, 0), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_PING, 7, TS_ST_OK);
+    tsu_frame_free(&f);
+    close(fd);
+    fd = tsh_connect_unix(s.unix_path);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_hello(fd), 0);
+    close(fd);
+
+    /* A path that is not a socket is refused, and left alone. */
+    assert_int_equal(th_write_file(other, "data", 4), 0);
+    const char *args2[] = {"--port", "0", "--unix", other, NULL};
+    st = th_run_tensord(args2, errfile, 5000 * th_slow());
+    assert_int_equal(st, 2);
+    assert_true(th_file_contains(errfile, "not a socket"));
+    assert_int_equal(lstat(other, &sb), 0);
+    assert_true(S_ISREG(sb.st_mode));
+    unlink(other);
+
+    /* A stale socket (its daemon killed) is replaced. */
+    tsh_server_kill(&s);
+    assert_int_equal(lstat(s.unix_path, &sb), 0);
+    assert_int_equal(tsh_server_restart(&s, NULL), 0);
+    fd = tsh_connect_unix(s.unix_path);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_hello(fd), 0);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_signals_during_final_snapshot, kill_leftover),
+        cmocka_unit_test_teardown(test_sighup_ignored, kill_leftover),
+        cmocka_unit_test_teardown(test_unix_socket_in_use, kill_leftover),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
