@@ -7,9 +7,11 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -97,6 +99,48 @@ static int output_has(const char *s)
     fclose(f);
     buf[n] = '\0';
     return strstr(buf, s) != NULL;
+}
+
+/* How many times the last run's output contains s. */
+static int output_count(const char *s)
+{
+    static char buf[65536];
+    FILE *f = fopen(out_path, "r");
+    if (f == NULL)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    int count = 0;
+    for (const char *p = strstr(buf, s); p != NULL; p = strstr(p + 1, s))
+        count++;
+    return count;
+}
+
+/* 1 when the last run's output holds a byte below 0x20 other than newline, or 0x7f. */
+static int output_has_control(void)
+{
+    FILE *f = fopen(out_path, "r");
+    if (f == NULL)
+        return 0;
+    int ch, found = 0;
+    while ((ch = fgetc(f)) != EOF)
+        found |= (ch < 0x20 && ch != '\n') || ch == 0x7f;
+    fclose(f);
+    return found;
+}
+
+/* 1 when dir holds an entry whose name starts with prefix. */
+static int dir_has(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return 0;
+    int found = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        found |= strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return found;
 }
 
 /* tsctl --port PORT args... */
@@ -198,7 +242,7 @@ static void test_tsctl_commands(void **state)
     assert_true(output_has("PONG"));
     assert_int_equal(run((const char *const[]){tsctl, "--unix", srv.unix_path, "ping", NULL}), 0);
     assert_int_equal(TSCTL("put", "b", "[[1,2],[3,4]]"), 0);
-    assert_true(output_has("OK version"));
+    assert_true(output_has("OK change"));
     int64_t shape[1] = {3};
     int64_t iv[3] = {7, 8, 9};
     ts_value_t *t = ts_tensor_new(TS_INT64, 1, shape, iv, TS_BORROW);
@@ -249,8 +293,8 @@ static void test_tsctl_commands(void **state)
     assert_int_equal(ts_put(c, "lb", one, NULL), 0);
     assert_int_equal(ts_append(c, "lb", one, NULL), 0);
     assert_int_equal(reap(ch, 30000), 0);
-    assert_true(output_has("lb put version"));
-    assert_true(output_has("lb append version"));
+    assert_true(output_has("lb put change"));
+    assert_true(output_has("lb append change"));
     ts_value_free(one);
     assert_int_equal(ts_delete(c, "lb", NULL), 0);
     ts_client_free(c);
@@ -268,12 +312,227 @@ static void test_tsctl_commands(void **state)
     unlink(got);
 }
 
+/* get --out takes nothing when the output cannot be written: the items stay in the bin. */
+static void test_tsctl_get_out_keeps_items(void **state)
+{
+    (void)state;
+    char got[300];
+    snprintf(got, sizeof(got), "%s/kept.npy", srv.dir);
+    assert_int_equal(TSCTL("append", "keep", "[1,2,3]"), 0);
+    /* A directory that does not exist: refused before anything is taken. */
+    assert_int_equal(TSCTL("get", "keep", "--out", "/nonexistent-dir/x.npy"), 1);
+    assert_true(output_has("/nonexistent-dir"));
+    assert_int_equal(TSCTL("peek", "keep"), 0);
+    assert_true(output_has("1 item,"));
+    /* A first item without a tensor: nothing to write, nothing taken, no file left behind. */
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    ts_value_t *one = ts_int_new(1);
+    assert_int_equal(ts_put(c, "notensor", one, NULL), 0);
+    ts_value_free(one);
+    assert_int_equal(TSCTL("get", "notensor", "--out", got), 1);
+    assert_true(output_has("no tensor"));
+    assert_int_equal(TSCTL("peek", "notensor"), 0);
+    assert_true(output_has("1 item,"));
+    assert_int_equal(access(got, F_OK), -1);
+    assert_false(dir_has(srv.dir, ".kept.npy"));
+    assert_int_equal(ts_delete(c, "notensor", NULL), 0);
+    ts_client_free(c);
+    /* A writable output: the items are taken and the file holds the first tensor. */
+    assert_int_equal(TSCTL("get", "keep", "--out", got), 0);
+    assert_true(output_has("wrote"));
+    assert_int_equal(TSCTL("peek", "keep"), 4);
+    char err[256];
+    ts_value_t *back;
+    assert_int_equal(ts__npy_read(got, &back, err, sizeof(err)), 0);
+    assert_int_equal(ts_value_tensor(back)->shape[0], 3);
+    ts_value_free(back);
+    assert_false(dir_has(srv.dir, ".kept.npy"));
+    unlink(got);
+}
+
+/* Options: --opt=value, --opt value, short forms, --version, and usage errors that name the
+   offending argument in one line. */
+static void test_tsctl_options(void **state)
+{
+    (void)state;
+    char port_eq[32];
+    snprintf(port_eq, sizeof(port_eq), "--port=%d", srv.port);
+    assert_int_equal(run((const char *const[]){tsctl, port_eq, "ping", NULL}), 0);
+    assert_int_equal(run((const char *const[]){tsctl, "-p", port_arg, "ping", NULL}), 0);
+    assert_int_equal(run((const char *const[]){tsctl, "ping", "--port", port_arg, NULL}), 0);
+    assert_int_equal(TSCTL("put", "opt", "-2.5"), 0); /* a negative literal is no option */
+    assert_int_equal(TSCTL("peek", "opt"), 0);
+    assert_true(output_has("{-2.5}"));
+    assert_int_equal(TSCTL("wait", "opt", "--timeout=100"), 3);
+    assert_int_equal(TSCTL("delete", "opt"), 0);
+
+    assert_int_equal(run((const char *const[]){tsctl, "--version", NULL}), 0);
+    assert_true(output_has(TS_VERSION_STRING));
+    assert_true(output_has("protocol version 1"));
+
+    assert_int_equal(TSCTL("--frob", "ping"), 2);
+    assert_true(output_has("tsctl: unknown option '--frob'; see tsctl --help"));
+    assert_false(output_has("Commands:"));
+    assert_int_equal(TSCTL("frobnicate"), 2);
+    assert_true(output_has("'frobnicate'"));
+    assert_false(output_has("Commands:"));
+    assert_int_equal(run((const char *const[]){tsctl, "ping", "--port", NULL}), 2);
+    assert_true(output_has("'--port'"));
+    assert_int_equal(run((const char *const[]){tsctl, "--port=0", "ping", NULL}), 2);
+    assert_true(output_has("'0'"));
+    assert_int_equal(TSCTL("list", "extra"), 2);
+    assert_true(output_has("'extra'"));
+    assert_int_equal(TSCTL("list", "--out", "x.npy"), 2);
+    assert_true(output_has("'--out'"));
+    assert_int_equal(run((const char *const[]){tsctl, "--help", NULL}), 0);
+    assert_true(output_has("Commands:"));
+}
+
+/* list escapes control characters, backslashes and invalid UTF-8 in bin names. */
+static void test_tsctl_list_escapes(void **state)
+{
+    (void)state;
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    ts_value_t *one = ts_int_new(1);
+    assert_int_equal(ts_put(c, "red\x1b[31mX\x7f", one, NULL), 0);
+    assert_int_equal(ts_put(c, "back\\slash\xff", one, NULL), 0);
+    assert_int_equal(ts_put(c, "caf\xc3\xa9", one, NULL), 0);
+    assert_int_equal(TSCTL("list"), 0);
+    assert_false(output_has_control());
+    assert_true(output_has("red\\x1b[31mX\\x7f"));
+    assert_true(output_has("back\\\\slash\\xff"));
+    assert_true(output_has("caf\xc3\xa9")); /* valid UTF-8 is shown as it is */
+    assert_int_equal(ts_delete(c, "red\x1b[31mX\x7f", NULL), 0);
+    assert_int_equal(ts_delete(c, "back\\slash\xff", NULL), 0);
+    assert_int_equal(ts_delete(c, "caf\xc3\xa9", NULL), 0);
+    ts_value_free(one);
+    ts_client_free(c);
+}
+
+/* A second server for one test, with flags of its own; stopped by aux_teardown even when the
+   test fails. */
+static tsh_server aux;
+static char aux_port[16], token_path[300], wrong_path[300];
+
+static int aux_start(const char *const *args)
+{
+    memset(&aux, 0, sizeof(aux));
+    if (tsh_server_start(&aux, args) != 0)
+        return -1;
+    snprintf(aux_port, sizeof(aux_port), "%d", aux.port);
+    return 0;
+}
+
+static int aux_teardown(void **state)
+{
+    (void)state;
+    int rc = aux.pid > 0 ? tsh_server_stop(&aux) : 0;
+    if (aux.pid > 0)
+        tsh_server_cleanup(&aux);
+    memset(&aux, 0, sizeof(aux));
+    unlink(token_path);
+    unlink(wrong_path);
+    return rc == 0 ? 0 : -1;
+}
+
+static int auth_setup(void **state)
+{
+    (void)state;
+    snprintf(token_path, sizeof(token_path), "%s/token", srv.dir);
+    snprintf(wrong_path, sizeof(wrong_path), "%s/wrong", srv.dir);
+    FILE *f = fopen(token_path, "w");
+    if (f == NULL)
+        return -1;
+    fputs("s3cret\n", f);
+    fclose(f);
+    chmod(token_path, 0600);
+    f = fopen(wrong_path, "w");
+    if (f == NULL)
+        return -1;
+    fputs("nope\n", f);
+    fclose(f);
+    const char *const args[] = {"--auth-token-file", token_path, NULL};
+    return aux_start(args);
+}
+
+static int full_setup(void **state)
+{
+    (void)state;
+    const char *const args[] = {"--max-clients", "1", NULL};
+    return aux_start(args);
+}
+
+/* Token errors: the hint names both ways to give one, and no message is printed twice. */
+static void test_tsctl_auth_errors(void **state)
+{
+    (void)state;
+    unsetenv("TS_AUTH_TOKEN");
+    assert_int_equal(run((const char *const[]){tsctl, "--port", aux_port, "ping", NULL}), 1);
+    assert_true(output_has("TS_AUTH_TOKEN"));
+    assert_true(output_has("--token-file"));
+    assert_int_equal(run((const char *const[]){tsctl, "--port", aux_port, "--token-file",
+                                               wrong_path, "ping", NULL}),
+                     1);
+    assert_int_equal(output_count("authentication failed"), 1);
+    assert_true(output_has(wrong_path));
+    assert_int_equal(run((const char *const[]){tsctl, "--port", aux_port, "--token-file",
+                                               token_path, "ping", NULL}),
+                     0);
+}
+
+/* A server at its client limit closes the connection with TOO_MANY_CLIENTS: tsctl says so. */
+static void test_tsctl_server_reason(void **state)
+{
+    (void)state;
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, aux.addr, NULL), 0);
+    int rc =
+        run((const char *const[]){tsctl, "--port", aux_port, "--timeout", "3000", "ping", NULL});
+    ts_client_free(c);
+    assert_int_equal(rc, 1);
+    assert_true(output_has("too many clients"));
+}
+
+/* stats --watch prints samples with rates, --count of them. */
+static void test_tsctl_stats_watch(void **state)
+{
+    (void)state;
+    assert_int_equal(TSCTL("stats", "--watch", "0.2", "--count", "2"), 0);
+    assert_true(output_has("OPS/S"));
+    assert_int_equal(output_count("\n"), 3); /* a header and two samples */
+    assert_int_equal(TSCTL("stats", "--watch=0", "--count=2"), 2);
+    assert_true(output_has("'0'"));
+}
+
+/* Every example prints its usage on --help (exit 0) and on a bad argument (exit 2). */
+static void test_examples_usage(void **state)
+{
+    (void)state;
+    assert_int_equal(run((const char *const[]){quickstart, "--help", NULL}), 0);
+    assert_true(output_has("usage:"));
+    assert_false(output_has("connecting failed"));
+    assert_int_equal(run((const char *const[]){quickstart, "-h", NULL}), 0);
+    assert_true(output_has("usage:"));
+    assert_int_equal(run((const char *const[]){quickstart, "--frob", NULL}), 2);
+    assert_true(output_has("usage:"));
+    assert_int_equal(run((const char *const[]){quickstart, "a:1", "b:2", NULL}), 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_quickstart),
         cmocka_unit_test(test_npy_and_literals),
         cmocka_unit_test(test_tsctl_commands),
+        cmocka_unit_test(test_tsctl_get_out_keeps_items),
+        cmocka_unit_test(test_tsctl_options),
+        cmocka_unit_test(test_tsctl_list_escapes),
+        cmocka_unit_test_setup_teardown(test_tsctl_auth_errors, auth_setup, aux_teardown),
+        cmocka_unit_test_setup_teardown(test_tsctl_server_reason, full_setup, aux_teardown),
+        cmocka_unit_test(test_tsctl_stats_watch),
+        cmocka_unit_test(test_examples_usage),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -183,7 +183,7 @@ out:
     return rc;
 }
 
-int ts__npy_write(const char *path, const ts_tensor_t *t, char *err, size_t errlen)
+int ts__npy_write_file(FILE *f, const char *name, const ts_tensor_t *t, char *err, size_t errlen)
 {
     const char *descr = ts__npy_descr(t->dtype);
     if (descr == NULL)
@@ -200,20 +200,29 @@ int ts__npy_write(const char *path, const ts_tensor_t *t, char *err, size_t errl
     size_t padded = (total + 63) / 64 * 64;
     size_t hlen = padded - 10;
     uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)hlen, (uint8_t)(hlen >> 8)};
-    FILE *f = fopen(path, "wb");
-    if (f == NULL)
-        return fail(err, errlen, TS_EACCES, "%s: %s", path, strerror(errno));
     int ok = fwrite(pre, 1, 10, f) == 10 && fwrite(dict, 1, (size_t)n, f) == (size_t)n;
     for (size_t i = 10 + (size_t)n; ok && i < padded - 1; i++)
         ok = fputc(' ', f) != EOF;
     ok = ok && fputc('\n', f) != EOF;
     size_t bytes = ts_tensor_nbytes(t);
     ok = ok && (bytes == 0 || fwrite(t->data, 1, bytes, f) == bytes);
-    if (fclose(f) != 0)
-        ok = 0;
+    ok = ok && fflush(f) == 0;
     if (!ok)
-        return fail(err, errlen, TS_EACCES, "%s: write failed", path);
+        return fail(err, errlen, TS_EACCES, "%s: write failed: %s", name, strerror(errno));
     return 0;
+}
+
+int ts__npy_write(const char *path, const ts_tensor_t *t, char *err, size_t errlen)
+{
+    if (ts__npy_descr(t->dtype) == NULL)
+        return fail(err, errlen, TS_ENOTSUP, "NumPy has no dtype for %s", ts_dtype_name(t->dtype));
+    FILE *f = fopen(path, "wb");
+    if (f == NULL)
+        return fail(err, errlen, TS_EACCES, "%s: %s", path, strerror(errno));
+    int rc = ts__npy_write_file(f, path, t, err, errlen);
+    if (fclose(f) != 0 && rc == 0)
+        rc = fail(err, errlen, TS_EACCES, "%s: write failed: %s", path, strerror(errno));
+    return rc;
 }
 
 /* Literal parser state. */

@@ -6,6 +6,7 @@
 #define TS_NPY_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "tensorshare/tensorshare.h"
 
@@ -17,6 +18,12 @@ int ts__npy_read(const char *path, ts_value_t **out, char *err, size_t errlen);
 
 /* Write t to path as a version 1.0 .npy file. 0 or a TS_E* code with a reason in err. */
 int ts__npy_write(const char *path, const ts_tensor_t *t, char *err, size_t errlen);
+
+/*
+ * Write t as a .npy file to the open stream f (flushed, not closed; name only labels errors), so
+ * that a caller can write to a temporary file and rename it. 0 or a TS_E* code with a reason.
+ */
+int ts__npy_write_file(FILE *f, const char *name, const ts_tensor_t *t, char *err, size_t errlen);
 
 /*
  * Parse a literal: a number ("3.5") gives a 0-d float32 tensor, a bracketed list ("[1,2,3]",
