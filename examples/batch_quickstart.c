@@ -93,8 +93,24 @@ static void *worker_main(void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: %s MODEL.pt [HOST:PORT]\n", argv[0]);
+    static const char usage[] =
+        "usage: batch_quickstart MODEL.pt [HOST:PORT]\n"
+        "  MODEL.pt   a TorchScript module taking {x: [N,16], y: [N,16]} (see the top of\n"
+        "             batch_quickstart.c; tests/shim/make_models.cpp builds one, dict.pt)\n"
+        "  HOST:PORT  also serve the model through this tensord, and ask it remotely\n";
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (argc < 2 || argc > 3 || argv[1][0] == '-' || (argc == 3 && argv[2][0] == '-')) {
+        if (argc < 2)
+            fprintf(stderr, "batch_quickstart: MODEL.pt missing\n");
+        else
+            fprintf(stderr, "batch_quickstart: unexpected argument '%s'\n",
+                    argc > 3            ? argv[3]
+                    : argv[1][0] == '-' ? argv[1]
+                                        : argv[2]);
+        fputs(usage, stderr);
         return 2;
     }
     ts_torch_model_t *model = NULL;

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <tensorshare/tensorshare.h>
@@ -122,8 +123,25 @@ static int failed(const char *what, int rc)
     return 1;
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: quickstart [ADDRESS]\n"
+               "  ADDRESS  where tensord listens: HOST:PORT, [V6ADDR]:PORT or unix:PATH\n"
+               "           (default 127.0.0.1:8000)\n"
+               "Exit status: 0 every step worked, 1 a step failed, 2 bad usage.\n");
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+        fprintf(stderr, "quickstart: unexpected argument '%s'\n", argv[argc > 2 ? 2 : 1]);
+        usage(stderr);
+        return 2;
+    }
     const char *address = argc > 1 ? argv[1] : "127.0.0.1:8000";
     ts_client_t *c;
     int rc = ts_client_open(&c, address, NULL);

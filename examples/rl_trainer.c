@@ -45,12 +45,17 @@ static int parse_long(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: rl_trainer [--address HOST:PORT|unix:PATH] [--iterations N] "
-                    "[--batch N] [--prefix P] [--tolerance K|-1] [--wait-s S]\n");
+    fprintf(f, "usage: rl_trainer [--address HOST:PORT|unix:PATH] [--iterations N] "
+               "[--batch N] [--prefix P] [--tolerance K|-1] [--wait-s S]\n");
 }
 
+/* The options parse_args knows, each followed by a value. */
+static const char *const options[] = {"--address", "--prefix",    "--iterations",
+                                      "--batch",   "--tolerance", "--wait-s"};
+
+/* Read the command line into a. Returns -1 to go on, else the exit status (0 after --help). */
 static int parse_args(int argc, char **argv, args_t *a)
 {
     a->address = "127.0.0.1:8000";
@@ -63,6 +68,13 @@ static int parse_args(int argc, char **argv, args_t *a)
     for (int i = 1; i < argc; i++) {
         const char *opt = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        int unknown = 1;
+        for (size_t k = 0; k < sizeof(options) / sizeof(options[0]); k++)
+            unknown &= strcmp(opt, options[k]) != 0;
         int bad = val == NULL;
         if (strcmp(opt, "--address") == 0 && val != NULL)
             a->address = val;
@@ -76,15 +88,19 @@ static int parse_args(int argc, char **argv, args_t *a)
             bad = parse_long(val, -1, INT_MAX, &a->tolerance) != 0;
         else if (strcmp(opt, "--wait-s") == 0 && val != NULL)
             bad = parse_long(val, 1, 86400, &a->wait_s) != 0;
-        else
-            bad = 1;
-        if (bad) {
-            usage();
-            return -1;
+        if (bad || unknown) {
+            if (unknown)
+                fprintf(stderr, "rl_trainer: unknown argument '%s'\n", opt);
+            else if (val == NULL)
+                fprintf(stderr, "rl_trainer: option '%s' needs a value\n", opt);
+            else
+                fprintf(stderr, "rl_trainer: bad value '%s' for %s\n", val, opt);
+            usage(stderr);
+            return 2;
         }
         i++;
     }
-    return 0;
+    return -1;
 }
 
 static void sleep_ms(long ms)
@@ -180,8 +196,9 @@ static double train_step(net_t *net, float (*buf)[N_IN], long rows, double lr)
 int main(int argc, char **argv)
 {
     args_t a;
-    if (parse_args(argc, argv, &a) != 0)
-        return 2;
+    int exit_status = parse_args(argc, argv, &a);
+    if (exit_status >= 0)
+        return exit_status;
 
     ts_client_t *c = NULL;
     int rc = ts_client_open(&c, a.address, NULL);

@@ -38,12 +38,17 @@ static int parse_long(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: rl_worker [--address HOST:PORT|unix:PATH] [--id N] [--rollouts N] "
-                    "[--delay-ms MS] [--prefix P] [--wait-s S]\n");
+    fprintf(f, "usage: rl_worker [--address HOST:PORT|unix:PATH] [--id N] [--rollouts N] "
+               "[--delay-ms MS] [--prefix P] [--wait-s S]\n");
 }
 
+/* The options parse_args knows, each followed by a value. */
+static const char *const options[] = {"--address",  "--prefix",   "--id",
+                                      "--rollouts", "--delay-ms", "--wait-s"};
+
+/* Read the command line into a. Returns -1 to go on, else the exit status (0 after --help). */
 static int parse_args(int argc, char **argv, args_t *a)
 {
     a->address = "127.0.0.1:8000";
@@ -55,6 +60,13 @@ static int parse_args(int argc, char **argv, args_t *a)
     for (int i = 1; i < argc; i++) {
         const char *opt = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        int unknown = 1;
+        for (size_t k = 0; k < sizeof(options) / sizeof(options[0]); k++)
+            unknown &= strcmp(opt, options[k]) != 0;
         int bad = val == NULL;
         if (strcmp(opt, "--address") == 0 && val != NULL)
             a->address = val;
@@ -68,15 +80,19 @@ static int parse_args(int argc, char **argv, args_t *a)
             bad = parse_long(val, 0, 60000, &a->delay_ms) != 0;
         else if (strcmp(opt, "--wait-s") == 0 && val != NULL)
             bad = parse_long(val, 1, 86400, &a->wait_s) != 0;
-        else
-            bad = 1;
-        if (bad) {
-            usage();
-            return -1;
+        if (bad || unknown) {
+            if (unknown)
+                fprintf(stderr, "rl_worker: unknown argument '%s'\n", opt);
+            else if (val == NULL)
+                fprintf(stderr, "rl_worker: option '%s' needs a value\n", opt);
+            else
+                fprintf(stderr, "rl_worker: bad value '%s' for %s\n", val, opt);
+            usage(stderr);
+            return 2;
         }
         i++;
     }
-    return 0;
+    return -1;
 }
 
 /* A small xorshift generator and Box-Muller: standard normal observations, seeded per worker. */
@@ -126,8 +142,9 @@ static void sleep_ms(long ms)
 int main(int argc, char **argv)
 {
     args_t a;
-    if (parse_args(argc, argv, &a) != 0)
-        return 2;
+    int exit_status = parse_args(argc, argv, &a);
+    if (exit_status >= 0)
+        return exit_status;
     rng_state = 0x9E3779B97F4A7C15ull ^ ((unsigned long long)a.id * 0x100000001B3ull);
 
     ts_client_t *c = NULL;
