@@ -254,7 +254,12 @@ static void replica_update(replica *r)
     if (w == NULL || w->gen <= r->gen)
         return;
     r->gen = w->gen;
-    if (w->withdrawn)
+    /*
+     * Released already: its parameters are back with the caller. The latest update is released
+     * before every replica has it only when the batcher is stopping (the replicas loading it
+     * then finished and nobody else was loading it); a replica coming after must skip it.
+     */
+    if (w->withdrawn || w->released)
         return;
     w->users++;
     pthread_mutex_unlock(&b->mu);

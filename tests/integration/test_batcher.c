@@ -35,6 +35,9 @@ static atomic_int g_delay_us;
 static atomic_int g_forwards;
 /* Calls that overlapped another call on the same model (forward or load): must stay 0. */
 static atomic_int g_overlaps;
+/* Weight loads that read parameters already handed back by their release callback. */
+static atomic_int g_loaded_released;
+#define RELEASED_SCALE -12345.0f /* what a poisoning release callback writes into "scale" */
 
 static void sleep_us(long us)
 {
@@ -124,6 +127,8 @@ static int cm_load(ts_model_t *m, const ts_value_t *params, char *err, size_t er
     if (atomic_fetch_add(&c->busy, 1) != 0)
         atomic_fetch_add(&g_overlaps, 1);
     c->scale = *(const float *)s->data;
+    if (c->scale == RELEASED_SCALE)
+        atomic_fetch_add(&g_loaded_released, 1);
     sleep_us(200); /* widen the window in which an overlap would show */
     atomic_fetch_sub(&c->busy, 1);
     return 0;
@@ -790,6 +795,42 @@ static void test_weights_async(void **state)
     assert_int_equal(atomic_load(&g_released), 51);
 }
 
+/*
+ * An update published just before shutdown: the replica that loads it first may release it as
+ * the batcher stops (nobody else is loading it), and a replica coming after must then skip it,
+ * not load parameters the caller has taken back. The release callback poisons the parameters
+ * (and keeps them allocated, so that the check needs no sanitizer); a load that sees the
+ * poison counts.
+ */
+#define SHUTDOWN_ROUNDS 100 /* batchers made and freed; the race needs a few tries to show */
+
+static void poison_release_cb(const ts_value_t *params, void *arg)
+{
+    (void)arg;
+    *(float *)ts_map_get_tensor(params, "scale")->data = RELEASED_SCALE;
+    atomic_fetch_add(&g_released, 1);
+}
+
+static void test_weights_at_shutdown(void **state)
+{
+    (void)state;
+    atomic_store(&g_loaded_released, 0);
+    atomic_store(&g_released, 0);
+    ts_value_t *params[SHUTDOWN_ROUNDS];
+    for (int i = 0; i < SHUTDOWN_ROUNDS; i++) {
+        ts_batcher_t *b = make("cpu:4", 8, 100);
+        params[i] = scale_params(2.0f);
+        assert_int_equal(ts_batcher_set_weights(b, params[i], 2, poison_release_cb, NULL), 0);
+        if (i % 2 == 1)
+            sleep_us(150); /* sometimes while the first replica is still loading */
+        ts_batcher_free(b);
+    }
+    assert_int_equal(atomic_load(&g_released), SHUTDOWN_ROUNDS);
+    for (int i = 0; i < SHUTDOWN_ROUNDS; i++)
+        ts_value_free(params[i]);
+    assert_int_equal(atomic_load(&g_loaded_released), 0);
+}
+
 /* A release callback that takes its time, so that new publishes land while it runs. */
 static void slow_release_cb(const ts_value_t *params, void *arg)
 {
@@ -1186,6 +1227,7 @@ int main(void)
         cmocka_unit_test(test_predict_batch_wakeups),
         cmocka_unit_test(test_weights_midstream),
         cmocka_unit_test(test_weights_async),
+        cmocka_unit_test(test_weights_at_shutdown),
         cmocka_unit_test(test_weights_release_race),
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_deadline_heap),
