@@ -70,7 +70,7 @@ typedef struct ts_rl_options_s {
     /*
      * Bin names. prefix (may be NULL) is prepended to both, so several experiments can share a
      * daemon ("exp1/" gives "exp1/parameters" and "exp1/data"). All strings are copied; a
-     * resulting name longer than 255 bytes gives TS_ENAMETOOLONG.
+     * resulting name longer than TS_MAX_NAME_LEN (255) bytes gives TS_ENAMETOOLONG.
      */
     const char *prefix;     /* default NULL */
     const char *params_bin; /* default "parameters" */
