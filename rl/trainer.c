@@ -1,0 +1,298 @@
+/* The RL trainer (include/tensorshare/rl.h): publishes parameters, collects experience. */
+#include "rl_internal.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * Trainer
+ */
+
+struct ts_rl_trainer_s {
+    ts_client_t *client; /* borrowed */
+    char params_bin[TS_MAX_NAME_LEN + 1];
+    char data_bin[TS_MAX_NAME_LEN + 1];
+    int tolerance;
+
+    /* Serializes publishes so versions reach the daemon in the order they were given. */
+    pthread_mutex_t publish_mu;
+    /* Protects everything below. Never held across a client call. */
+    pthread_mutex_t mu;
+    int64_t version;      /* newest successfully published (or resumed) version */
+    int64_t next_version; /* next number to hand out; failed publishes use numbers up too */
+    ts_rl_trainer_stats_t stats;
+};
+
+struct ts_rl_batch_s {
+    ts_items_t *items; /* owns the memory every entry points into */
+    size_t count;
+    size_t dropped;
+    struct rl_batch_entry {
+        const ts_value_t *data;
+        int64_t version;
+    } e[];
+};
+
+/*
+ * Read the version stored in the parameters bin. Returns 0 with *version (-1 when the bin does
+ * not exist), TS_EBADRECORD when its newest item is not {params, version}, or a client error.
+ */
+static int rl_trainer_read_version(ts_rl_trainer_t *t, int64_t *version)
+{
+    ts_items_t *items = NULL;
+    int rc = ts_peek(t->client, t->params_bin, 0, &items);
+    if (rc == TS_ENOENT) {
+        *version = -1;
+        return 0;
+    }
+    if (rc != 0)
+        return rc;
+    size_t n = ts_items_count(items);
+    const ts_value_t *params;
+    int64_t v = -1;
+    rc = n == 0 ? TS_EBADRECORD : ts__rl_unwrap(ts_items_at(items, n - 1), "params", &params, &v);
+    ts_items_free(items);
+    if (rc == 0)
+        *version = v;
+    return rc;
+}
+
+int ts_rl_trainer_new(ts_rl_trainer_t **out, ts_client_t *c, const ts_rl_options_t *opts)
+{
+    assert(out != NULL && c != NULL);
+    ts_rl_options_t defaults;
+    if (opts == NULL) {
+        ts_rl_options_init(&defaults);
+        opts = &defaults;
+    }
+    if (opts->staleness_tolerance < TS_RL_NO_FILTER)
+        return TS_EINVAL;
+    ts_rl_trainer_t *t = ts__calloc(1, sizeof(*t));
+    if (t == NULL)
+        return TS_ENOMEM;
+    t->client = c;
+    t->tolerance = opts->staleness_tolerance;
+    int rc = ts__rl_bin_name(t->params_bin, opts->prefix, opts->params_bin);
+    if (rc == 0)
+        rc = ts__rl_bin_name(t->data_bin, opts->prefix, opts->data_bin);
+    if (rc != 0) {
+        ts__free(t);
+        return rc;
+    }
+    int64_t resumed = -1;
+    rc = rl_trainer_read_version(t, &resumed);
+    if (rc != 0) {
+        ts__free(t);
+        return rc;
+    }
+    if (pthread_mutex_init(&t->mu, NULL) != 0) {
+        ts__free(t);
+        return TS_ENOMEM;
+    }
+    if (pthread_mutex_init(&t->publish_mu, NULL) != 0) {
+        pthread_mutex_destroy(&t->mu);
+        ts__free(t);
+        return TS_ENOMEM;
+    }
+    t->version = resumed;
+    t->next_version = resumed + 1;
+    t->stats.version = resumed;
+    t->stats.resumed_from = resumed;
+    t->stats.newest_seen = -1;
+    *out = t;
+    return 0;
+}
+
+void ts_rl_trainer_free(ts_rl_trainer_t *t)
+{
+    if (t == NULL)
+        return;
+    pthread_mutex_destroy(&t->publish_mu);
+    pthread_mutex_destroy(&t->mu);
+    ts__free(t);
+}
+
+int ts_rl_trainer_publish(ts_rl_trainer_t *t, const ts_value_t *params, int64_t *version)
+{
+    assert(t != NULL && params != NULL);
+    pthread_mutex_lock(&t->publish_mu);
+    pthread_mutex_lock(&t->mu);
+    /*
+     * Experience tagged with a version above ours means versions went further before (a
+     * daemon restarted without its snapshot lost the parameters bin while workers kept their
+     * numbers); jump past them so workers, which ignore older versions, accept the next one.
+     */
+    int64_t v = t->next_version;
+    if (t->stats.newest_seen >= v)
+        v = t->stats.newest_seen + 1;
+    t->next_version = v + 1;
+    pthread_mutex_unlock(&t->mu);
+
+    int rc = TS_ENOMEM;
+    ts_value_t *rec = ts__rl_wrap("params", params, v);
+    if (rec != NULL) {
+        rc = ts_put(t->client, t->params_bin, rec, NULL);
+        ts_value_free(rec);
+    }
+
+    pthread_mutex_lock(&t->mu);
+    if (rc == 0) {
+        if (v > t->version)
+            t->version = v;
+        t->stats.version = t->version;
+        t->stats.published++;
+    } else {
+        t->stats.publish_failed++;
+    }
+    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&t->publish_mu);
+    if (rc == 0 && version != NULL)
+        *version = v;
+    return rc;
+}
+
+int64_t ts_rl_trainer_version(ts_rl_trainer_t *t)
+{
+    assert(t != NULL);
+    pthread_mutex_lock(&t->mu);
+    int64_t v = t->version;
+    pthread_mutex_unlock(&t->mu);
+    return v;
+}
+
+void ts_rl_trainer_stats(ts_rl_trainer_t *t, ts_rl_trainer_stats_t *out)
+{
+    assert(t != NULL && out != NULL);
+    pthread_mutex_lock(&t->mu);
+    *out = t->stats;
+    pthread_mutex_unlock(&t->mu);
+}
+
+/*
+ * Sort the items of one get into a batch: keep the well-formed, fresh enough ones, count the
+ * rest. Takes ownership of items (they end up in the batch or are freed). Returns 0 with *out
+ * (which may hold 0 items; the caller frees it), or TS_ENOMEM (items freed).
+ */
+static int rl_trainer_filter(ts_rl_trainer_t *t, ts_items_t *items, ts_rl_batch_t **out)
+{
+    size_t n = ts_items_count(items);
+    ts_rl_batch_t *b = ts__malloc(sizeof(*b) + n * sizeof(b->e[0]));
+    if (b == NULL) {
+        ts_items_free(items);
+        return TS_ENOMEM;
+    }
+    b->items = items;
+    b->count = 0;
+    b->dropped = 0;
+
+    pthread_mutex_lock(&t->mu);
+    /* Filtering happens at read time against the newest version, as in the original. */
+    int64_t oldest_ok = INT64_MIN;
+    if (t->tolerance != TS_RL_NO_FILTER && t->version >= 0)
+        oldest_ok = t->version - t->tolerance;
+    size_t stale = 0, malformed = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ts_value_t *data;
+        int64_t v;
+        if (ts__rl_unwrap(ts_items_at(items, i), "data", &data, &v) != 0) {
+            malformed++;
+            continue;
+        }
+        if (v > t->stats.newest_seen)
+            t->stats.newest_seen = v;
+        if (v < oldest_ok) {
+            stale++;
+            continue;
+        }
+        b->e[b->count].data = data;
+        b->e[b->count].version = v;
+        b->count++;
+    }
+    t->stats.dropped_stale += stale;
+    t->stats.dropped_malformed += malformed;
+    t->stats.received += b->count;
+    pthread_mutex_unlock(&t->mu);
+    b->dropped = stale + malformed;
+    *out = b;
+    return 0;
+}
+
+int ts_rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms, ts_rl_batch_t **out)
+{
+    assert(t != NULL && out != NULL);
+    int64_t deadline = ts__rl_deadline(timeout_ms);
+    size_t dropped = 0;
+    for (;;) {
+        ts_items_t *items = NULL;
+        int rc = ts_get(t->client, t->data_bin, max_items, &items);
+        uint32_t remaining = 0;
+        if (rc == 0) {
+            remaining = ts_items_remaining(items);
+            ts_rl_batch_t *b;
+            rc = rl_trainer_filter(t, items, &b);
+            if (rc != 0)
+                return rc;
+            dropped += b->dropped;
+            if (b->count > 0) {
+                b->dropped = dropped;
+                *out = b;
+                return 0;
+            }
+            ts_rl_batch_free(b);
+        } else if (rc != TS_ENOENT) {
+            return rc;
+        }
+
+        if (remaining > 0)
+            continue; /* everything we took was dropped, but more is there already */
+        int64_t left = deadline < 0 ? RL_WAIT_SLICE_MS : deadline - ts__rl_now_ms();
+        if (left <= 0)
+            return TS_ETIMEDOUT;
+        if (left > RL_WAIT_SLICE_MS)
+            left = RL_WAIT_SLICE_MS;
+        /*
+         * The bin is gone once emptied, and a missing bin has version 0, so waiting for a
+         * version above 0 wakes on the first append after our get, including one that slipped
+         * in between the get and this wait (the bin then already exists).
+         */
+        rc = ts_wait(t->client, t->data_bin, 0, (int)left, NULL, NULL);
+        if (rc != 0 && rc != TS_ETIMEDOUT)
+            return rc;
+    }
+}
+
+size_t ts_rl_batch_count(const ts_rl_batch_t *b)
+{
+    assert(b != NULL);
+    return b->count;
+}
+
+const ts_value_t *ts_rl_batch_data(const ts_rl_batch_t *b, size_t i)
+{
+    assert(b != NULL);
+    return i < b->count ? b->e[i].data : NULL;
+}
+
+int64_t ts_rl_batch_version(const ts_rl_batch_t *b, size_t i)
+{
+    assert(b != NULL);
+    return i < b->count ? b->e[i].version : -1;
+}
+
+size_t ts_rl_batch_dropped(const ts_rl_batch_t *b)
+{
+    assert(b != NULL);
+    return b->dropped;
+}
+
+void ts_rl_batch_free(ts_rl_batch_t *b)
+{
+    if (b == NULL)
+        return;
+    ts_items_free(b->items);
+    ts__free(b);
+}
