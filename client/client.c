@@ -25,7 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TS__MAX_REPLY_BODY ((uint64_t)1 << 40) /* bytes; a sanity bound on a reply body */
+/* bytes; the most max_reply_bytes may be set to (keeps the compressed-size arithmetic safe) */
+#define TS__MAX_REPLY_BODY ((uint64_t)1 << 40)
 #define TS__OPEN_GRACE_MS                                                                          \
     2000 /* ms; ts_client_open waits this past the connect timeout for the                         \
             I/O thread's verdict */
@@ -43,6 +44,8 @@ static void req_send(ts_client_t *c, ts__req *r);
 static void req_complete(ts_client_t *c, ts__req *r, int status);
 static void req_finish(ts_client_t *c, ts__req *r, int status);
 static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg);
+static void conn_fail_reason(ts_client_t *c, ts__conn *conn, int err, const char *msg,
+                             int server_reason);
 static void write_handoff(ts_client_t *c, ts__req *r);
 static void start_reading(ts_client_t *c);
 static void fd_set_blocking(ts_client_t *c, int on);
@@ -194,11 +197,18 @@ static void req_complete(ts_client_t *c, ts__req *r, int status)
     req_finish(c, r, status);
 }
 
+/* Give r the message msg (NULL: none) for ts_client_last_error() and callbacks. */
+static void req_set_msg(ts__req *r, const char *msg)
+{
+    if (msg != NULL && r->msg == NULL)
+        r->msg = ts__strndup(msg, strlen(msg)); /* on failure the status alone tells */
+}
+
 /*
- * Fail every in-flight request with err. They are collected first because completing one runs
- * user code that may queue new requests.
+ * Fail every in-flight request with err (and the message msg, or NULL). They are collected first
+ * because completing one runs user code that may queue new requests.
  */
-static void fail_inflight(ts_client_t *c, int err)
+static void fail_inflight(ts_client_t *c, int err, const char *msg)
 {
     ts__req *list = NULL;
     for (size_t i = 0; i < c->inflight.cap; i++) {
@@ -225,6 +235,7 @@ static void fail_inflight(ts_client_t *c, int err)
         ts__req *r = sorted;
         sorted = r->next;
         r->next = NULL;
+        req_set_msg(r, msg);
         req_complete(c, r, err);
     }
 }
@@ -783,12 +794,13 @@ static ts__req *direct_stop(ts_client_t *c)
     return list;
 }
 
-static void direct_fail(ts_client_t *c, ts__req *list, int err)
+static void direct_fail(ts_client_t *c, ts__req *list, int err, const char *msg)
 {
     while (list != NULL) {
         ts__req *r = list;
         list = r->next;
         r->next = NULL;
+        req_set_msg(r, msg);
         req_finish(c, r, err);
     }
 }
@@ -804,6 +816,19 @@ static ts__req *direct_take(ts_client_t *c, uint32_t id)
         r->direct = 0;
     pthread_mutex_unlock(&c->mu);
     return r;
+}
+
+/* 1 when a request waits for the reply with this id (it stays where it is). */
+static int reply_awaited(ts_client_t *c, uint32_t id)
+{
+    if (ts__idmap_get(&c->inflight, id) != NULL)
+        return 1;
+    if (!(id & TS__DIRECT_ID))
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    int found = ts__idmap_get(&c->direct, id) != NULL;
+    pthread_mutex_unlock(&c->mu);
+    return found;
 }
 
 /* The request a reply with this id answers, or NULL (one that timed out, say). */
@@ -914,6 +939,7 @@ static int direct_write_locked(ts_client_t *c, ts__req *r)
     }
     if (sent == total) {
         r->direct = 1;
+        r->rlz4 = c->d_lz4;
         /*
          * When the I/O thread awaits nothing, the caller reads its reply itself too. Not for
          * WAIT and SAVE, whose answers may take long: other replies would wait behind them.
@@ -970,6 +996,28 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 }
 
 /*
+ * Check a reply header against what its opcode and status allow, before its body is read or
+ * allocated (docs/PROTOCOL.md sections 5 and 12): fixed replies have their exact size as bound,
+ * error bodies TS_MAX_ERRMSG, GET, PEEK, LIST and STATS the client's max_reply_bytes. lz4 says
+ * whether the connection agreed on compressed bodies. 0, or TS_EPROTO. No system call, no
+ * allocation: both read paths run it on every frame.
+ */
+static int reply_hdr_check(const ts_client_t *c, const ts__hdr *h, int lz4)
+{
+    if (h->opcode == 0 ? h->status == TS_ST_OK || h->request_id != 0
+                       : h->opcode == TS_OP_NOTIFY && (h->status != 0 || h->request_id != 0))
+        return TS_EPROTO; /* a connection-level error frame, or a notification, out of shape */
+    uint64_t max = ts__reply_max_body(h->opcode, h->status, c->opts.max_reply_bytes);
+    if (h->flags & TS_FLAG_LZ4) {
+        if (!lz4)
+            return TS_EPROTO;
+        /* raw_len, then LZ4's worst case for max bytes (n + n/255 + 16); max <= 2^40. */
+        max = 8 + max + max / 255 + 16;
+    }
+    return h->body_len <= max ? 0 : TS_EPROTO;
+}
+
+/*
  * Deliver a NOTIFY frame to the subscription for its bin. Returns 0, or TS_EPROTO when the body
  * is malformed or reports an event the protocol does not define.
  */
@@ -983,7 +1031,7 @@ static int dispatch_notify(ts_client_t *c, const uint8_t *body, size_t len)
     size_t nl;
     ts__rd_init(&rd, body, len);
     if (ts__rd_u64(&rd, &version) != 0 || ts__rd_u32(&rd, &n) != 0 || ts__rd_u8(&rd, &event) != 0 ||
-        ts__rd_u8(&rd, &flags) != 0 || ts__rd_name(&rd, &name, &nl) != 0)
+        ts__rd_u8(&rd, &flags) != 0 || ts__rd_name(&rd, &name, &nl) != 0 || rd.left != 0)
         return TS_EPROTO;
     /* Events from TS_EV_DISCONNECTED on are the client's own: a server never sends them. */
     if (event == 0 || event >= TS_EV_DISCONNECTED)
@@ -1020,6 +1068,24 @@ static void proto_fail(ts_client_t *c, ts__conn *conn, ts__req *r, const char *m
     req_complete(c, r, TS_EPROTO);
 }
 
+/*
+ * The server's connection-level error frame (opcode 0, request id 0, checked by
+ * reply_hdr_check): it closes the connection for a reason of its own (too many clients, a slow
+ * reader, shutdown...). The connection goes now, and the requests in flight fail with the
+ * status's TS_E* code and the server's message (ts_client_last_error()), not as merely lost.
+ */
+static void server_closing(ts_client_t *c, ts__conn *conn, const ts__hdr *h, const uint8_t *body,
+                           size_t len)
+{
+    int err = ts__status_to_err(h->status);
+    char msg[TS_MAX_ERRMSG + 1];
+    if (len > 0 && !(h->flags & TS_FLAG_LZ4))
+        snprintf(msg, sizeof(msg), "%.*s", (int)len, (const char *)body); /* len <= 1024 */
+    else
+        snprintf(msg, sizeof(msg), "the server closed the connection: %s", ts_strerror(err));
+    conn_fail_reason(c, conn, err, msg, 1);
+}
+
 /* Release a frame body that dispatch owns; a borrowed one lies in the staging buffer. */
 static void body_release(uint8_t *body, size_t len, int owned)
 {
@@ -1039,11 +1105,13 @@ static int reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, 
                        int *malformed)
 {
     *malformed = 0;
+    /* What the reply may hold (reply_hdr_check checked the header against it already). */
+    uint64_t max = ts__reply_max_body(h->opcode, h->status, r->c->opts.max_reply_bytes);
     if (h->flags & TS_FLAG_LZ4) {
         uint64_t raw = 0;
         uint8_t *out = NULL;
         int rc = ts__lz4_raw_len(body, len, &raw);
-        if (rc == 0 && ts__lz4_bound(raw) == 0)
+        if (rc == 0 && (ts__lz4_bound(raw) == 0 || raw > max))
             rc = TS_EPROTO;
         if (rc == 0 && raw > 0 && (out = ts__malloc_aligned(raw)) == NULL)
             rc = TS_ENOMEM;
@@ -1060,25 +1128,34 @@ static int reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, 
         owned = 1;
     }
     int status;
-    if (h->status != TS_ST_OK) {
+    if (len > max) {
+        status = TS_EPROTO;
+        body_release(body, len, owned);
+    } else if (h->status != TS_ST_OK) {
         status = ts__status_to_err(h->status);
         if (r->op == TS_OP_WAIT && h->status == TS_ST_TIMEOUT) {
+            /* WAIT's TIMEOUT carries the bin state, exactly. */
             r->have_state = ts__parse_bin_state(body, len, &r->res) == 0;
+            if (!r->have_state)
+                status = TS_EPROTO;
         } else if (len > 0) {
-            r->msg = ts__strndup((const char *)body, len < TS_MAX_ERRMSG ? len : TS_MAX_ERRMSG);
+            r->msg = ts__strndup((const char *)body, len); /* len <= TS_MAX_ERRMSG */
         }
         body_release(body, len, owned);
-        return status;
-    }
-    if (!ts__reply_keeps_body(r->op)) {
+    } else if (!ts__reply_keeps_body(r->op)) {
         status = ts__reply_parse_view(r, body, len);
         body_release(body, len, owned);
     } else {
-        if (!owned && len > 0) {
-            uint8_t *copy = ts__malloc_aligned(len);
-            if (copy == NULL)
+        if (!owned) {
+            /*
+             * A borrowed body lies in a receive buffer: the parser takes over (and frees) what
+             * it is given, so it gets a copy, or no buffer at all for an empty body.
+             */
+            uint8_t *copy = NULL;
+            if (len > 0 && (copy = ts__malloc_aligned(len)) == NULL)
                 return TS_ENOMEM;
-            memcpy(copy, body, len);
+            if (len > 0)
+                memcpy(copy, body, len);
             body = copy;
         }
         status = ts__reply_parse(r, body, len);
@@ -1103,6 +1180,11 @@ static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *b
         int rc = dispatch_notify(c, body, len);
         body_release(body, len, owned);
         return rc;
+    }
+    if (h->opcode == 0) {
+        server_closing(c, conn, h, body, len);
+        body_release(body, len, owned);
+        return TS_EPROTO; /* the connection is gone already */
     }
     ts__req *r = reply_owner(c, h->request_id);
     if (r == NULL) {
@@ -1145,7 +1227,7 @@ static void process_stage(ts_client_t *c, ts__conn *conn)
             break;
         ts__hdr h;
         if (ts__hdr_decode(conn->stage + pos, TS_MAGIC_REP, &h) != 0 ||
-            h.body_len > TS__MAX_REPLY_BODY) {
+            reply_hdr_check(c, &h, conn->lz4) != 0) {
             conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
             return;
         }
@@ -1157,6 +1239,11 @@ static void process_stage(ts_client_t *c, ts__conn *conn)
             pos += (size_t)h.body_len;
             if (dispatch(c, conn, &h, body, (size_t)h.body_len, 0) != 0)
                 conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
+            continue;
+        }
+        if (h.opcode != TS_OP_NOTIFY && h.opcode != 0 && !reply_awaited(c, h.request_id)) {
+            /* The late answer to a request that timed out: skip it, buffering nothing. */
+            conn->discard = h.body_len;
             continue;
         }
         uint8_t *body = ts__malloc_aligned((size_t)h.body_len);
@@ -1305,6 +1392,17 @@ static void retry_cb(uv_timer_t *t);
  */
 static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg)
 {
+    conn_fail_reason(c, conn, err, msg, 0);
+}
+
+/*
+ * conn_fail, where server_reason says that err and msg are the server's own reason for closing
+ * (its connection-level error frame): the requests in flight then fail with err and carry msg,
+ * instead of the TS_ECONNRESET of a connection that was merely lost.
+ */
+static void conn_fail_reason(ts_client_t *c, ts__conn *conn, int err, const char *msg,
+                             int server_reason)
+{
     if (conn != c->conn || c->state == TS__ST_CLOSED) {
         if (conn != NULL)
             conn_close(conn);
@@ -1321,8 +1419,10 @@ static void conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg)
     atomic_store(&c->connected, 0);
     uv_timer_stop(&c->retry);
     /* After a protocol violation any reply in flight may be the broken one: say so. */
-    fail_inflight(c, err == TS_EPROTO ? TS_EPROTO : TS_ECONNRESET);
-    direct_fail(c, dlist, err == TS_EPROTO ? TS_EPROTO : TS_ECONNRESET);
+    int ferr = server_reason || err == TS_EPROTO ? err : TS_ECONNRESET;
+    const char *fmsg = server_reason ? msg : NULL;
+    fail_inflight(c, ferr, fmsg);
+    direct_fail(c, dlist, ferr, fmsg);
     if (was_ready) {
         /* Collect first: callbacks may unlisten (which unlinks) while we walk. */
         ts__sub *chain = NULL;
@@ -1460,8 +1560,13 @@ static void hello_done(ts_client_t *c, ts__req *r, int status)
     ts__conn *conn = c->conn;
     if (status != 0) {
         char msg[TS_MAX_ERRMSG + 64];
-        snprintf(msg, sizeof(msg), "handshake refused: %s%s%s", ts_strerror(status),
-                 r->msg != NULL ? ": " : "", r->msg != NULL ? r->msg : "");
+        /* The server's message alone when it already begins with what the status says. */
+        const char *what = ts_strerror(status);
+        if (r->msg != NULL && strncmp(r->msg, what, strlen(what)) == 0)
+            snprintf(msg, sizeof(msg), "handshake refused: %s", r->msg);
+        else
+            snprintf(msg, sizeof(msg), "handshake refused: %s%s%s", what,
+                     r->msg != NULL ? ": " : "", r->msg != NULL ? r->msg : "");
         conn_fail(c, conn, status, msg);
         return;
     }
@@ -1884,11 +1989,14 @@ int ts__self_read(ts_client_t *c, ts__req *r)
         read_some(fd, buf, TS_HDR_SIZE, TS__STAGE_SIZE, r->deadline_ns, 0, r->rblock, &why);
     ts__hdr h;
     int mine = got >= TS_HDR_SIZE && ts__hdr_decode(buf, TS_MAGIC_REP, &h) == 0 &&
-               h.opcode == r->op && h.request_id == r->id && h.body_len <= TS__MAX_REPLY_BODY;
+               h.opcode == r->op && h.request_id == r->id && reply_hdr_check(c, &h, r->rlz4) == 0;
     if (!mine) {
         /*
          * Not (all of) our reply: what was read stays for the I/O thread, which reads on; a
-         * reply that is ours reaches r through c->direct as usual.
+         * reply that is ours reaches r through c->direct as usual. So does everything that
+         * breaks the protocol at the header (a malformed header, a body over its reply's bound,
+         * a connection-level error): the I/O thread fails the connection and r with it, exactly
+         * as if it had read the frame itself.
          */
         pthread_mutex_lock(&c->mu);
         int timeout = why == RR_DEADLINE && r->direct;
@@ -2071,8 +2179,8 @@ static void io_shutdown(ts_client_t *c)
         req_finish(c, r, TS_ECANCELED);
     }
     c->waitq_tail = NULL;
-    fail_inflight(c, TS_ECANCELED);
-    direct_fail(c, dlist, TS_ECANCELED);
+    fail_inflight(c, TS_ECANCELED, NULL);
+    direct_fail(c, dlist, TS_ECANCELED, NULL);
     while (subs != NULL) {
         ts__sub *s = subs;
         subs = s->next;
@@ -2186,6 +2294,7 @@ void ts_options_init(ts_options_t *opts)
     opts->reconnect_max_ms = 2000;
     opts->auth_token = NULL;
     opts->compress_min = 0;
+    opts->max_reply_bytes = TS_DEFAULT_MAX_REPLY_BYTES;
 }
 
 /* Split address into host/port or a unix path. 0 or TS_EINVAL. */
@@ -2235,6 +2344,10 @@ static int setup_options(ts_client_t *c, const ts_options_t *opts)
         if (opts->reconnect_max_ms > 0)
             c->opts.reconnect_max_ms = opts->reconnect_max_ms;
         c->opts.compress_min = opts->compress_min;
+        if (opts->max_reply_bytes > 0)
+            c->opts.max_reply_bytes = opts->max_reply_bytes < TS__MAX_REPLY_BODY
+                                          ? opts->max_reply_bytes
+                                          : TS__MAX_REPLY_BODY;
     }
     if (c->opts.reconnect_max_ms < c->opts.reconnect_min_ms)
         c->opts.reconnect_max_ms = c->opts.reconnect_min_ms;

@@ -19,12 +19,20 @@
 
 #define TS__TICK_MS 20 /* ms; how often the I/O thread checks request deadlines */
 #define TS__BLOCK_GRACE_MS                                                                         \
-    500                            /* ms; a blocking caller waits this long past its deadline      \
-                                      for the I/O thread's verdict before abandoning on its own */
-#define TS__STAGE_SIZE (64 << 10)  /* bytes; the receive staging buffer of a connection */
-#define TS__MAX_TOKEN  4092        /* bytes; a HELLO body must fit TS_MAX_PREAUTH_BODY */
-#define TS__DIRECT_ID  0x80000000u /* request ids of direct writes have this bit; others do not */
-#define TS__DIRECT_IOV 64          /* write buffers a direct write may use at most */
+    500                                 /* ms; a blocking caller waits this long past its deadline \
+                                           for the I/O thread's verdict before abandoning on its own */
+#define TS__STAGE_SIZE       (64 << 10) /* bytes; the receive staging buffer of a connection */
+#define TS__MAX_TOKEN        4092       /* bytes; a HELLO body must fit TS_MAX_PREAUTH_BODY */
+#define TS__DIRECT_ID        0x80000000u /* request ids of direct writes have this bit; others do not */
+#define TS__DIRECT_IOV       64          /* write buffers a direct write may use at most */
+#define TS__HELLO_REPLY_SIZE 24          /* bytes; the body of a successful HELLO reply */
+/* bytes; a NOTIFY body: version, n_items, event, flags and a name of up to 255 bytes */
+#define TS__MAX_NOTIFY_BODY (8 + 4 + 1 + 1 + 1 + TS_MAX_NAME_LEN)
+/*
+ * bytes; a STATS reply is a flat map of a few dozen counters (about 1 KiB today): 1 MiB leaves
+ * room for the keys to grow while a broken server cannot make a client buffer more.
+ */
+#define TS__MAX_STATS_REPLY ((uint64_t)1 << 20)
 
 /* A map from request id to request (open addressing, linear probing; id 0 is never used). */
 typedef struct ts__idmap {
@@ -112,6 +120,7 @@ typedef struct ts__req {
     int self_read; /* the caller holds the socket's reading side and reads its own reply */
     int rfd;       /* the socket it reads then */
     int rblock;    /* the socket was in blocking mode then (see fd_blocking) */
+    int rlz4;      /* the connection agreed on lz4 then (a compressed reply is allowed) */
 } ts__req;
 
 /* A subscription (ts_listen). */
@@ -308,7 +317,14 @@ int ts__reply_keeps_body(uint8_t op);
  * in the receive staging buffer). 0, TS_EPROTO or TS_ENOMEM.
  */
 int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len);
-/* Parse a TS_BIN_STATE body into res. 0 or TS_EPROTO. */
+/*
+ * The largest body (after decompression) a reply to op with status may have: the exact size of
+ * the fixed replies, TS_MAX_ERRMSG for error messages, and large (the client's max_reply_bytes)
+ * for the replies that grow with the store (GET, PEEK, LIST; STATS up to TS__MAX_STATS_REPLY).
+ * Opcodes a reply never carries get 0. NOTIFY frames (status 0) get TS__MAX_NOTIFY_BODY.
+ */
+uint64_t ts__reply_max_body(uint8_t op, uint16_t status, uint64_t large);
+/* Parse a TS_BIN_STATE body (exactly TS_BIN_STATE_SIZE bytes) into res. 0 or TS_EPROTO. */
 int ts__parse_bin_state(const uint8_t *body, size_t len, ts_result_t *res);
 /* Free an aligned receive body. */
 void ts__body_free(uint8_t *body, size_t len);

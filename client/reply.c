@@ -25,7 +25,8 @@ int ts__parse_bin_state(const uint8_t *body, size_t len, ts_result_t *res)
     uint64_t version;
     uint32_t n, zero;
     ts__rd_init(&r, body, len);
-    if (ts__rd_u64(&r, &version) != 0 || ts__rd_u32(&r, &n) != 0 || ts__rd_u32(&r, &zero) != 0)
+    if (ts__rd_u64(&r, &version) != 0 || ts__rd_u32(&r, &n) != 0 || ts__rd_u32(&r, &zero) != 0 ||
+        r.left != 0)
         return TS_EPROTO;
     res->version = version;
     res->n_items = n;
@@ -84,6 +85,9 @@ static int parse_items(uint8_t *body, size_t len, ts_items_t **out)
         items->count++;
         off = next;
     }
+    /* The body ends with the padding of its last item (or of the head): nothing may follow. */
+    if (rc == 0 && off != len)
+        rc = TS_EPROTO;
     ts__rbuf_unref(buf); /* the decoded trees keep it alive */
     if (rc != 0) {
         ts_items_free(items);
@@ -117,6 +121,8 @@ static int parse_list(const uint8_t *body, size_t len, ts_bin_list_t **out)
             return TS_EPROTO;
         names += nl + 1;
     }
+    if (scan.left != 0)
+        return TS_EPROTO; /* bytes after the last entry */
     size_t head = sizeof(ts_bin_list_t) + (size_t)n * sizeof(ts_bin_info_t);
     ts_bin_list_t *list = ts__malloc(head + names);
     if (list == NULL)
@@ -217,7 +223,7 @@ int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
         ts__rd_init(&rd, body, len);
         if (ts__rd_u8(&rd, &version) != 0 || ts__rd_u8(&rd, &flags) != 0 ||
             ts__rd_u16(&rd, &z16) != 0 || ts__rd_u32(&rd, &z32) != 0 ||
-            ts__rd_u64(&rd, &max_body) != 0 || ts__rd_u64(&rd, &server_id) != 0 ||
+            ts__rd_u64(&rd, &max_body) != 0 || ts__rd_u64(&rd, &server_id) != 0 || rd.left != 0 ||
             version != TS_PROTO_VERSION) {
             rc = TS_EPROTO;
             break;
@@ -226,10 +232,46 @@ int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
         r->hello_max_body = max_body;
         break;
     }
-    default: /* PING, UNLISTEN, SAVE: nothing to read */
+    case TS_OP_PING:
+    case TS_OP_UNLISTEN:
+    case TS_OP_SAVE:
+        rc = len == 0 ? 0 : TS_EPROTO; /* their bodies are empty */
+        break;
+    default: /* no request of ours has another opcode */
+        rc = TS_EPROTO;
         break;
     }
     return rc;
+}
+
+uint64_t ts__reply_max_body(uint8_t op, uint16_t status, uint64_t large)
+{
+    uint64_t max;
+    if (status != TS_ST_OK) {
+        /* An error body is a message; WAIT's TIMEOUT carries the bin state instead. */
+        max = op == TS_OP_WAIT && status == TS_ST_TIMEOUT ? TS_BIN_STATE_SIZE : TS_MAX_ERRMSG;
+        return max;
+    }
+    switch (op) {
+    case TS_OP_HELLO:
+        return TS__HELLO_REPLY_SIZE;
+    case TS_OP_PUT:
+    case TS_OP_APPEND:
+    case TS_OP_DELETE:
+    case TS_OP_LISTEN:
+    case TS_OP_WAIT:
+        return TS_BIN_STATE_SIZE;
+    case TS_OP_GET:
+    case TS_OP_PEEK:
+    case TS_OP_LIST:
+        return large;
+    case TS_OP_STATS:
+        return large < TS__MAX_STATS_REPLY ? large : TS__MAX_STATS_REPLY;
+    case TS_OP_NOTIFY:
+        return TS__MAX_NOTIFY_BODY;
+    default: /* PING, UNLISTEN, SAVE; and opcodes no reply of ours carries */
+        return 0;
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -310,7 +310,19 @@ typedef struct ts_options_s {
     const char *auth_token; /* copied; NULL: take TS_AUTH_TOKEN from the environment */
     size_t compress_min;    /* lz4-compress frames at least this large (if the server agrees);
                                0 = never; default 0 (see docs/PERFORMANCE.md) */
+    /*
+     * The largest reply body the client accepts, in bytes (after decompression): GET and PEEK
+     * replies (all the items they return together), LIST and STATS. Checked on the reply's
+     * header before anything is buffered; a larger reply fails its request with TS_EPROTO and
+     * closes the connection (fetch large bins in parts with max_items). Replies of other
+     * operations have small fixed bounds of their own. 0 = the default,
+     * TS_DEFAULT_MAX_REPLY_BYTES. Added in 0.2.0.
+     */
+    uint64_t max_reply_bytes;
 } ts_options_t;
+
+/* bytes; the default of ts_options_t.max_reply_bytes: 4 GiB */
+#define TS_DEFAULT_MAX_REPLY_BYTES ((uint64_t)4 << 30)
 
 /* Fill opts with the defaults. */
 TS_EXTERN void ts_options_init(ts_options_t *opts);

@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
-#define FZ_MUTATIONS 2000
+#ifndef FZ_MUTATIONS
+#define FZ_MUTATIONS 2000 /* per corpus file; a target may set fewer (tests/fuzz/CMakeLists.txt) */
+#endif
 #define FZ_MAX_FILES 4096      /* files per directory; corpora here hold a few dozen */
 #define FZ_MAX_INPUT (1 << 20) /* bytes; larger files are skipped */
 #define FZ_GROW      256       /* bytes a mutation may add */

@@ -42,14 +42,29 @@ enum {
     M_LZ4_BAD,      /* an lz4-flagged body that does not decompress */
     M_NOTIFY_BAD,   /* a truncated notification, then a correct answer */
     M_NOTIFY_EVENT, /* a notification with an event the protocol lacks, then a correct answer */
-    M_LONG_ERROR,   /* NOT_FOUND with a 5000-byte message: allowed, the client truncates it */
+    M_LONG_ERROR,   /* NOT_FOUND with a 5000-byte message: above the protocol's 1024 bytes */
     M_HELLO_BAD,    /* HELLO answered with another protocol version */
     /* Correct answers delivered awkwardly (a blocking caller may be reading them itself): */
     M_STRAY_FIRST, /* first an answer to a request id never used, then the right one */
     M_SPLIT,       /* the answer in three pieces, 30 ms apart */
     M_LATE,        /* the answer 400 ms late */
-    M_SLOW_BODY    /* the header, then the body 600 ms later */
+    M_SLOW_BODY,   /* the header, then the body 600 ms later */
+    /* Reply shapes every opcode is checked with (see test_reply_shapes): */
+    M_EMPTY,     /* OK with an empty body */
+    M_CUT,       /* OK with the correct body less its last byte */
+    M_TRAILING,  /* OK with the correct body and 8 bytes more */
+    M_ERR_EMPTY, /* NOT_FOUND without a message */
+    M_ERR_MSG,   /* NOT_FOUND with a message */
+    M_HUGE_OK,   /* OK announcing a 4 GiB body, none of which follows */
+    M_CLOSING    /* a connection-level SLOW_READER frame with a message, then the server closes */
 };
+
+/* bytes; the clients' max_reply_bytes: M_HUGE_OK's 4 GiB are far above it */
+#define MAX_REPLY ((uint64_t)1 << 20)
+
+/* The message of M_ERR_MSG and M_CLOSING. */
+#define ERR_TEXT   "no bin here"
+#define CLOSE_TEXT "you read too slowly (test)"
 
 typedef struct fake {
     int lfd;
@@ -80,42 +95,67 @@ static int send_frame(int fd, uint8_t op, uint16_t status, uint32_t rid, uint8_t
     return len > 0 ? tsh_write_all(fd, body, len) : 0;
 }
 
-/* A correct answer to a request with opcode op. */
-static void answer_good(int fd, uint8_t op, uint32_t rid)
+/*
+ * The correct OK body of a reply to op, in b (at least 64 bytes); returns its length. STATS
+ * needs more room: *rec is then set to an aligned allocation holding the body (free it with
+ * ts__free_aligned(*rec, len)).
+ */
+static size_t good_body(uint8_t op, uint8_t *b, uint8_t **rec)
 {
-    uint8_t b[64];
-    memset(b, 0, sizeof(b));
+    *rec = NULL;
+    memset(b, 0, 64);
     switch (op) {
     case TS_OP_GET:
     case TS_OP_PEEK: /* no items: version 1, the 64-byte padded head */
         ts__put_u64le(b, 1);
-        send_frame(fd, op, TS_ST_OK, rid, 0, b, 64);
-        break;
+        return 64;
     case TS_OP_PUT:
     case TS_OP_APPEND:
     case TS_OP_DELETE:
     case TS_OP_LISTEN:
     case TS_OP_WAIT:
         ts__put_u64le(b, 1);
-        send_frame(fd, op, TS_ST_OK, rid, 0, b, TS_BIN_STATE_SIZE);
-        break;
+        return TS_BIN_STATE_SIZE;
     case TS_OP_LIST: /* no bins */
-        send_frame(fd, op, TS_ST_OK, rid, 0, b, 8);
-        break;
+        return 8;
     case TS_OP_STATS: { /* {"bins": 0} */
         ts_value_t *m = ts_map_new();
-        uint8_t *rec = NULL;
         size_t len = 0;
-        if (ts_map_set(m, "bins", ts_int_new(0)) == 0 && ts__record_encode(m, &rec, &len) == 0)
-            send_frame(fd, op, TS_ST_OK, rid, 0, rec, len);
-        ts__free_aligned(rec, len);
+        if (ts_map_set(m, "bins", ts_int_new(0)) != 0 || ts__record_encode(m, rec, &len) != 0)
+            len = 0;
         ts_value_free(m);
-        break;
+        return len;
     }
     default:
-        send_frame(fd, op, TS_ST_OK, rid, 0, NULL, 0);
-        break;
+        return 0;
     }
+}
+
+/* A correct answer to a request with opcode op. */
+static void answer_good(int fd, uint8_t op, uint32_t rid)
+{
+    uint8_t b[64];
+    uint8_t *rec;
+    size_t len = good_body(op, b, &rec);
+    send_frame(fd, op, TS_ST_OK, rid, 0, rec != NULL ? rec : b, len);
+    ts__free_aligned(rec, len);
+}
+
+/* The correct body changed by mode (M_EMPTY, M_CUT, M_TRAILING). */
+static void answer_shape(int fd, int mode, uint8_t op, uint32_t rid)
+{
+    uint8_t b[64];
+    uint8_t *rec;
+    size_t len = good_body(op, b, &rec);
+    uint8_t *out = malloc(len + 8);
+    if (out == NULL)
+        abort();
+    memcpy(out, rec != NULL ? rec : b, len);
+    memset(out + len, 0, 8);
+    size_t n = mode == M_EMPTY ? 0 : mode == M_CUT ? (len > 0 ? len - 1 : 0) : len + 8;
+    send_frame(fd, op, TS_ST_OK, rid, 0, out, n);
+    free(out);
+    ts__free_aligned(rec, len);
 }
 
 /* A notification for bin "b" with the given body length cut and event. */
@@ -213,6 +253,25 @@ static void answer_bad(int fd, int mode, uint8_t op, uint32_t rid)
         tc_sleep_ms(400);
         answer_good(fd, op, rid);
         break;
+    case M_EMPTY:
+    case M_CUT:
+    case M_TRAILING:
+        answer_shape(fd, mode, op, rid);
+        break;
+    case M_ERR_EMPTY:
+        send_frame(fd, op, TS_ST_NOT_FOUND, rid, 0, NULL, 0);
+        break;
+    case M_ERR_MSG:
+        send_frame(fd, op, TS_ST_NOT_FOUND, rid, 0, ERR_TEXT, strlen(ERR_TEXT));
+        break;
+    case M_HUGE_OK:
+        hdr.body_len = (uint64_t)4 << 30;
+        ts__hdr_encode(&hdr, h);
+        tsh_write_all(fd, h, sizeof(h));
+        break;
+    case M_CLOSING:
+        send_frame(fd, 0, TS_ST_SLOW_READER, 0, 0, CLOSE_TEXT, strlen(CLOSE_TEXT));
+        break;
     default: /* M_LONG_ERROR */ {
         char msg[5000];
         memset(msg, 'e', sizeof(msg));
@@ -254,7 +313,7 @@ static int serve_one(fake *f, int fd)
     else
         answer_bad(fd, mode, hdr.opcode, hdr.request_id);
     atomic_fetch_add(&f->answered, 1);
-    return 0;
+    return mode == M_CLOSING ? -1 : 0; /* M_CLOSING: the server ends the connection */
 }
 
 /* The server thread: one connection at a time (the client holds one). */
@@ -325,6 +384,21 @@ static int wait_for(atomic_int *v, int target)
     return atomic_load(v);
 }
 
+/*
+ * Which read path a test runs on: the state of every test is one of these, and the test sets
+ * TS_CLIENT_DIRECT before it opens its clients (no other client lives then, so no I/O thread
+ * reads the environment meanwhile).
+ */
+static int path_caller = 1; /* a blocking caller may read its own reply (the default) */
+static int path_io = 0;     /* TS_CLIENT_DIRECT=0: the I/O thread reads every reply */
+
+static void use_path(void **state)
+{
+    int caller = *(int *)*state;
+    setenv("TS_CLIENT_DIRECT", caller ? "1" : "0", 1);
+    printf("read path: %s\n", caller ? "caller" : "I/O thread");
+}
+
 static ts_client_t *open_client(fake *f)
 {
     ts_options_t o;
@@ -333,6 +407,7 @@ static ts_client_t *open_client(fake *f)
     o.request_timeout_ms = 10000;
     o.reconnect_min_ms = 10;
     o.reconnect_max_ms = 50;
+    o.max_reply_bytes = MAX_REPLY;
     ts_client_t *c = NULL;
     assert_int_equal(ts_client_open(&c, f->addr, &o), 0);
     return c;
@@ -348,6 +423,12 @@ static int do_op(ts_client_t *c, uint8_t op)
     switch (op) {
     case TS_OP_GET:
         rc = ts_get(c, "b", 0, &items);
+        break;
+    case TS_OP_PEEK:
+        rc = ts_peek(c, "b", 0, &items);
+        break;
+    case TS_OP_WAIT:
+        rc = ts_wait(c, "b", 0, 1000, NULL, NULL);
         break;
     case TS_OP_DELETE:
         rc = ts_delete(c, "b", NULL);
@@ -398,7 +479,7 @@ static void check_bad(fake *f, ts_client_t *c, int mode, uint8_t op)
 
 static void test_malformed_replies(void **state)
 {
-    (void)state;
+    use_path(state);
     fake f;
     fake_start(&f, M_GOOD);
     ts_client_t *c = open_client(&f);
@@ -419,14 +500,69 @@ static void test_malformed_replies(void **state)
     check_bad(&f, c, M_NOTIFY_BAD, TS_OP_PING);
     check_bad(&f, c, M_NOTIFY_EVENT, TS_OP_PING);
 
-    /* A long error message is no violation: truncated, and the connection stays. */
-    int accepts = atomic_load(&f.accepts);
-    atomic_store(&f.mode, M_LONG_ERROR);
-    assert_int_equal(do_op(c, TS_OP_PING), TS_ENOENT);
-    assert_int_equal(strlen(ts_client_last_error()), TS_MAX_ERRMSG);
-    assert_int_equal(do_op(c, TS_OP_PING), 0);
-    assert_int_equal(atomic_load(&f.accepts), accepts);
+    /* An error message longer than the protocol allows (1024 bytes) is malformed too. */
+    check_bad(&f, c, M_LONG_ERROR, TS_OP_PING);
 
+    ts_client_free(c);
+    fake_stop(&f);
+}
+
+/*
+ * Every reply shape for every opcode a blocking call may send: the malformed ones fail the call
+ * with TS_EPROTO and cost the connection; error replies fail it with their status and message
+ * and keep the connection; a server's connection-level error reaches the call with its status
+ * and message. The caller-side and the I/O thread's read path must agree on each.
+ */
+static void test_reply_shapes(void **state)
+{
+    use_path(state);
+    fake f;
+    fake_start(&f, M_GOOD);
+    ts_client_t *c = open_client(&f);
+    static const uint8_t ops[] = {TS_OP_PING,   TS_OP_GET,  TS_OP_PEEK,  TS_OP_PUT,
+                                  TS_OP_DELETE, TS_OP_LIST, TS_OP_STATS, TS_OP_WAIT};
+    static const int modes[] = {M_EMPTY,   M_CUT,     M_TRAILING, M_ERR_EMPTY,
+                                M_ERR_MSG, M_HUGE_OK, M_CLOSING};
+    for (size_t i = 0; i < sizeof(ops); i++) {
+        for (size_t j = 0; j < sizeof(modes) / sizeof(modes[0]); j++) {
+            uint8_t op = ops[i];
+            int mode = modes[j];
+            if (mode == M_CUT && op == TS_OP_PING)
+                continue; /* nothing to cut */
+            /* Two correct calls first, so that the caller-side path has the socket. */
+            assert_int_equal(do_op(c, op), 0);
+            assert_int_equal(do_op(c, op), 0);
+            int accepts = atomic_load(&f.accepts);
+            int closed = atomic_load(&f.client_closed);
+            atomic_store(&f.mode, mode);
+            uint64_t t0 = tc_now_ms();
+            int rc = do_op(c, op);
+            uint64_t took = tc_now_ms() - t0;
+            const char *msg = ts_client_last_error();
+            printf("opcode %d, mode %d: %s (%s) in %llu ms\n", op, mode, ts_err_name(rc), msg,
+                   (unsigned long long)took);
+            /* No shape waits for a deadline (the request timeout is 10 s). */
+            assert_true(took < 5000);
+            if (mode == M_ERR_EMPTY || mode == M_ERR_MSG) {
+                assert_int_equal(rc, TS_ENOENT);
+                assert_string_equal(msg, mode == M_ERR_MSG ? ERR_TEXT : "");
+            } else if (mode == M_CLOSING) {
+                assert_int_equal(rc, TS_ESLOW);
+                assert_non_null(strstr(msg, CLOSE_TEXT));
+                assert_int_equal(wait_for(&f.client_closed, closed + 1), closed + 1);
+            } else if (mode == M_EMPTY && op == TS_OP_PING) {
+                assert_int_equal(rc, 0);
+            } else {
+                assert_int_equal(rc, TS_EPROTO);
+                assert_int_equal(wait_for(&f.client_closed, closed + 1), closed + 1);
+            }
+            /* The next call works, on the same connection unless this one had to go. */
+            assert_int_equal(do_op(c, op), 0);
+            int kept =
+                mode == M_ERR_EMPTY || mode == M_ERR_MSG || (mode == M_EMPTY && op == TS_OP_PING);
+            assert_int_equal(atomic_load(&f.accepts), accepts + (kept ? 0 : 1));
+        }
+    }
     ts_client_free(c);
     fake_stop(&f);
 }
@@ -453,7 +589,7 @@ static void count_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
 /* Pipelined requests around a malformed answer: every callback once, none lost, none twice. */
 static void test_malformed_pipelined(void **state)
 {
-    (void)state;
+    use_path(state);
     fake f;
     fake_start(&f, M_GOOD);
     ts_client_t *c = open_client(&f);
@@ -486,7 +622,7 @@ static void test_malformed_pipelined(void **state)
  */
 static void test_awkward_answers(void **state)
 {
-    (void)state;
+    use_path(state);
     fake f;
     fake_start(&f, M_GOOD);
     ts_options_t o;
@@ -626,7 +762,7 @@ static void *big_put_main(void *arg)
  */
 static void test_abandoned_put_then_free(void **state)
 {
-    (void)state;
+    use_path(state);
     mute m;
     mute_start(&m);
     ts_options_t o;
@@ -654,7 +790,7 @@ static void test_abandoned_put_then_free(void **state)
 /* A handshake with a malformed answer fails ts_client_open with TS_EPROTO. */
 static void test_malformed_hello(void **state)
 {
-    (void)state;
+    use_path(state);
     fake f;
     fake_start(&f, M_HELLO_BAD);
     ts_options_t o;
@@ -674,10 +810,15 @@ static void test_malformed_hello(void **state)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN); /* the fake server may write to a connection the client closed */
+#define BOTH_PATHS(t)                                                                              \
+    cmocka_unit_test_prestate(t, &path_caller), cmocka_unit_test_prestate(t, &path_io)
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_malformed_replies),       cmocka_unit_test(test_malformed_pipelined),
-        cmocka_unit_test(test_malformed_hello),         cmocka_unit_test(test_awkward_answers),
-        cmocka_unit_test(test_abandoned_put_then_free),
+        BOTH_PATHS(test_reply_shapes),
+        BOTH_PATHS(test_malformed_replies),
+        BOTH_PATHS(test_malformed_pipelined),
+        BOTH_PATHS(test_malformed_hello),
+        BOTH_PATHS(test_awkward_answers),
+        cmocka_unit_test_prestate(test_abandoned_put_then_free, &path_caller),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
