@@ -591,6 +591,7 @@ void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_
 
 void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c)
 {
+    tsd_list_conn_gone(srv, c);
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;

@@ -4,6 +4,8 @@
  * request's opcode and id, and then, for changes, notifies listeners and waiters (so the
  * writer's own reply always comes before its notification).
  */
+#include <stdlib.h>
+
 #include "server.h"
 
 /* Room for a printable bin name in messages (255 bytes, each at most 4 bytes of UTF-8). */
@@ -190,7 +192,32 @@ static void op_delete(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
     tsd_notify_change(srv, name, nl, version, 0, TS_NOTE_DELETE);
 }
 
-static void op_list(tsd_conn *c, const ts__hdr *h)
+/* Order LIST entries (wire form: u8 name length, then the name) by name bytes, shorter first. */
+static int ent_cmp(const void *pa, const void *pb)
+{
+    const uint8_t *a = *(const uint8_t *const *)pa;
+    const uint8_t *b = *(const uint8_t *const *)pb;
+    size_t n = a[0] < b[0] ? a[0] : b[0];
+    int r = n > 0 ? memcmp(a + 1, b + 1, n) : 0;
+    if (r != 0)
+        return r;
+    return (a[0] > b[0]) - (a[0] < b[0]);
+}
+
+/* One LIST entry in wire form at p; returns the byte after it. */
+static uint8_t *put_entry(uint8_t *p, const tsd_bin *b)
+{
+    *p++ = b->node.name_len;
+    memcpy(p, b->node.name, b->node.name_len);
+    p += b->node.name_len;
+    ts__put_u32le(p, b->n_items);
+    ts__put_u64le(p + 4, b->bytes);
+    ts__put_u64le(p + 12, b->version);
+    return p + 20;
+}
+
+/* A small LIST: sorted and encoded right away, on the loop. */
+static void list_inline(tsd_conn *c, const ts__hdr *h)
 {
     tsd_server *srv = c->srv;
     tsd_bin **bins;
@@ -209,19 +236,205 @@ static void op_list(tsd_conn *c, const ts__hdr *h)
             ts__put_u32le(p, (uint32_t)n);
             ts__put_u32le(p + 4, 0);
             p += 8;
-            for (size_t i = 0; i < n; i++) {
-                const tsd_bin *b = bins[i];
-                *p++ = b->node.name_len;
-                memcpy(p, b->node.name, b->node.name_len);
-                p += b->node.name_len;
-                ts__put_u32le(p, b->n_items);
-                ts__put_u64le(p + 4, b->bytes);
-                ts__put_u64le(p + 12, b->version);
-                p += 20;
-            }
+            for (size_t i = 0; i < n; i++)
+                p = put_entry(p, bins[i]);
         }
     }
     ts__free(bins);
+}
+
+/*
+ * A large LIST. On the loop, one pass over the bins copies each one's entry in wire form into
+ * one buffer: that is the snapshot the reply shows, taken when the request is handled, so the
+ * connection's later requests take effect after it. A thread-pool worker sorts the entries by
+ * name and writes the body into an item buffer; back on the loop, that buffer is queued as the
+ * reply without a copy. The connection may be gone by then (tsd_list_conn_gone clears job->c),
+ * and the job holds nothing of the store, so it is simply freed. The buffers are item buffers
+ * (the pool's, reused and already mapped when there are some) and count against --max-memory
+ * while the job lives.
+ */
+struct tsd_list_job {
+    uv_work_t req;
+    tsd_server *srv;
+    tsd_conn *c; /* NULL once the connection closed */
+    uint32_t rid;
+    size_t n;
+    tsd_item *ents;  /* the entries, in the order of the hash table */
+    size_t ents_len; /* bytes of ents used */
+    tsd_item *order; /* n offsets of entries in ents, then (worker) pointers, sorted */
+    tsd_item *body;  /* the reply body (worker); body_len bytes, its item length a multiple of 64 */
+    size_t body_len;
+    uint64_t cost; /* bytes reserved in the store */
+    struct tsd_list_job *prev, *next;
+};
+
+static void list_job_free(tsd_server *srv, tsd_list_job *j)
+{
+    if (j->prev != NULL)
+        j->prev->next = j->next;
+    else if (srv->list_jobs == j)
+        srv->list_jobs = j->next;
+    if (j->next != NULL)
+        j->next->prev = j->prev;
+    tsd_store_unreserve(&srv->store, j->cost);
+    tsd_item_unref(j->ents);
+    tsd_item_unref(j->order);
+    tsd_item_unref(j->body);
+    ts__free(j);
+}
+
+/* Thread pool: sort the entries and write the body. Touches only the job's own buffers. */
+static void list_work(uv_work_t *req)
+{
+    tsd_list_job *j = req->data;
+    _Static_assert(sizeof(uintptr_t) == sizeof(const uint8_t *), "offsets become pointers");
+    uintptr_t *off = (uintptr_t *)(void *)tsd_item_data(j->order);
+    const uint8_t **ptrs = (const uint8_t **)(void *)off;
+    const uint8_t *ents = tsd_item_data(j->ents);
+    for (size_t i = 0; i < j->n; i++)
+        ptrs[i] = ents + off[i];
+    qsort(ptrs, j->n, sizeof(*ptrs), ent_cmp);
+    uint8_t *p = tsd_item_data(j->body);
+    ts__put_u32le(p, (uint32_t)j->n);
+    ts__put_u32le(p + 4, 0);
+    p += 8;
+    for (size_t i = 0; i < j->n; i++) {
+        size_t len = 1 + (size_t)ptrs[i][0] + 20;
+        memcpy(p, ptrs[i], len);
+        p += len;
+    }
+}
+
+/*
+ * Loop thread: the body is ready. It goes out as the item (its length a multiple of 64, so no
+ * padding follows) and the last few bytes after it.
+ */
+static void list_done(uv_work_t *req, int status)
+{
+    tsd_list_job *j = req->data;
+    tsd_server *srv = j->srv;
+    tsd_conn *c = j->c;
+    size_t whole = j->body_len / TS__ALIGN * TS__ALIGN, tail = j->body_len - whole;
+    if (c != NULL && status != 0) {
+        tsd_reply_err(c, TS_OP_LIST, j->rid, TS_ST_INTERNAL, "listing bins was canceled");
+    } else if (c != NULL && tsd_out_begin(c, TS_OP_LIST, j->rid) == 0 &&
+               tsd_out_hdr(c, TS_OP_LIST, j->rid, TS_ST_OK, j->body_len) == 0) {
+        const uint8_t *data = tsd_item_data(j->body);
+        tsd_item_set_len(j->body, whole);
+        if (tsd_out_item(c, j->body, 1) == 0 && tail > 0) {
+            uint8_t *p = tsd_out_bytes(c, tail);
+            if (p != NULL)
+                memcpy(p, data + whole, tail);
+        }
+    }
+    list_job_free(srv, j);
+    tsd_server_flush(srv);
+}
+
+void tsd_list_conn_gone(tsd_server *srv, tsd_conn *c)
+{
+    for (tsd_list_job *j = srv->list_jobs; j != NULL; j = j->next)
+        if (j->c == c)
+            j->c = NULL;
+}
+
+/* Append the entries of the chain from hn to j (grown when full). 0 or TS_ENOMEM. */
+static int list_chain(tsd_list_job *j, const tsd_hnode *hn, uintptr_t *off, size_t cap_n)
+{
+    for (; hn != NULL && j->n < cap_n; hn = hn->next) {
+        size_t need = 1 + (size_t)hn->name_len + 20;
+        size_t cap = tsd_item_len(j->ents);
+        if (cap - j->ents_len < need) {
+            tsd_item *bigger = tsd_item_new(cap * 2);
+            if (bigger == NULL)
+                return TS_ENOMEM;
+            memcpy(tsd_item_data(bigger), tsd_item_data(j->ents), j->ents_len);
+            tsd_item_unref(j->ents);
+            j->ents = bigger;
+        }
+        off[j->n++] = j->ents_len;
+        uint8_t *e = tsd_item_data(j->ents);
+        j->ents_len = (size_t)(put_entry(e + j->ents_len, (const tsd_bin *)hn) - e);
+    }
+    return 0;
+}
+
+/*
+ * Copy every bin's entry into j (the loop's part of a large LIST). The bins are reached through
+ * the hash table in bucket order, which is random in memory; the next TSD_LIST_PREFETCH bucket
+ * heads are prefetched so that their cache misses overlap. 0 or TS_ENOMEM.
+ */
+static int list_copy(tsd_server *srv, tsd_list_job *j)
+{
+    const tsd_htab *t = &srv->store.bins;
+    size_t count = t->count;
+    j->order = tsd_item_new(count * sizeof(uintptr_t));
+    j->ents = tsd_item_new(count * TSD_LIST_ENTRY_GUESS);
+    if (j->order == NULL || j->ents == NULL)
+        return TS_ENOMEM;
+    uintptr_t *off = (uintptr_t *)(void *)tsd_item_data(j->order);
+    const tsd_hnode *ring[TSD_LIST_PREFETCH];
+    size_t head = 0, queued = 0;
+    for (size_t i = 0; i <= t->mask; i++) {
+        const tsd_hnode *hn = t->buckets[i];
+        if (hn == NULL)
+            continue;
+        __builtin_prefetch(hn);
+        if (queued < TSD_LIST_PREFETCH) {
+            ring[(head + queued++) % TSD_LIST_PREFETCH] = hn;
+            continue;
+        }
+        if (list_chain(j, ring[head], off, count) != 0)
+            return TS_ENOMEM;
+        ring[head] = hn;
+        head = (head + 1) % TSD_LIST_PREFETCH;
+    }
+    for (size_t k = 0; k < queued; k++)
+        if (list_chain(j, ring[(head + k) % TSD_LIST_PREFETCH], off, count) != 0)
+            return TS_ENOMEM;
+    j->body_len = 8 + j->ents_len;
+    j->body = tsd_item_new_sized(ts__align_up(j->body_len, TS__ALIGN));
+    return j->body != NULL ? 0 : TS_ENOMEM;
+}
+
+static void op_list(tsd_conn *c, const ts__hdr *h)
+{
+    tsd_server *srv = c->srv;
+    if (srv->store.bins.count < TSD_LIST_OFFLOOP_MIN) {
+        list_inline(c, h);
+        return;
+    }
+    tsd_list_job *j = ts__calloc(1, sizeof(*j));
+    if (j == NULL || list_copy(srv, j) != 0) {
+        if (j != NULL)
+            list_job_free(srv, j);
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory listing bins");
+        return;
+    }
+    uint64_t cost =
+        (uint64_t)tsd_item_len(j->ents) + tsd_item_len(j->order) + tsd_item_len(j->body);
+    if (tsd_store_reserve(&srv->store, cost) != 0) {
+        list_job_free(srv, j);
+        srv->stats.oom_rejections++;
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY,
+                      "memory limit reached (--max-memory) listing bins");
+        return;
+    }
+    j->cost = cost;
+    srv->stats.lists_offloop++;
+    j->srv = srv;
+    j->c = c;
+    j->rid = h->request_id;
+    j->req.data = j;
+    j->next = srv->list_jobs;
+    if (j->next != NULL)
+        j->next->prev = j;
+    srv->list_jobs = j;
+    if (uv_queue_work(srv->loop, &j->req, list_work, list_done) != 0) {
+        /* No thread pool: do the work here, late rather than never. */
+        list_work(&j->req);
+        list_done(&j->req, 0);
+    }
 }
 
 static void op_listen(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl)
@@ -303,11 +516,6 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     uint64_t u64 = 0;
 
     srv->stats.ops[h->opcode]++;
-    /* GET and DELETE remove items: refused like PUT/APPEND while snapshots fail. */
-    if ((h->opcode == TS_OP_GET || h->opcode == TS_OP_DELETE) && tsd_writes_refused(srv)) {
-        tsd_refuse_write(c, h->opcode, h->request_id);
-        return;
-    }
     switch (h->opcode) {
     case TS_OP_HELLO:
         op_hello(c, h, &r);

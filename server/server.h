@@ -577,6 +577,17 @@ void tsd_name_printable(const uint8_t *name, size_t len, char *out, size_t cap);
 /* ---------------------------------------------------------------------------------------------
  * Requests (ops.c)
  */
+/*
+ * LIST of at least this many bins is sorted and encoded on the thread pool: one pass on the loop
+ * copies the entries (a few tens of ms for a million bins), the sort and the body (most of the
+ * time) run off the loop. Fewer are answered at once, on the loop.
+ */
+#define TSD_LIST_OFFLOOP_MIN 4096u
+#define TSD_LIST_ENTRY_GUESS 40u /* bytes; first guess of an entry's size (name + 21) */
+#define TSD_LIST_PREFETCH    16u /* bins whose memory is fetched ahead while copying */
+typedef struct tsd_list_job tsd_list_job;
+/* Forget c in the LIST jobs under way (its connection is closing). */
+void tsd_list_conn_gone(tsd_server *srv, tsd_conn *c);
 /* Handle a complete control request (every opcode but PUT/APPEND) whose body is in memory. */
 void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t len);
 /*
@@ -697,6 +708,7 @@ typedef struct tsd_stats {
     uint64_t waiters;
     uint64_t watch_bytes;   /* bytes of subscriptions, waiters and watches (in --max-memory) */
     uint64_t wake_deferred; /* changes whose wake-up went on over later loop turns */
+    uint64_t lists_offloop; /* LISTs sorted and encoded on the thread pool */
     uint64_t auth_failures;
     uint64_t hello_timeouts;
     uint64_t notes_coalesced; /* changes folded into a held notification */
@@ -809,6 +821,7 @@ struct tsd_server {
     uv_timer_t *wait_timer; /* allocated while waiters exist */
     uv_idle_t *wake_idle;   /* allocated while watches are queued */
     tsd_watch *wake_head, *wake_tail;
+    tsd_list_job *list_jobs; /* large LISTs being sorted on the thread pool (ops.c) */
     tsd_conn *conns; /* accepted, not yet closing */
     size_t n_conns;  /* clients in conns (refused ones on their way out excluded) */
     size_t n_unauth; /* of n_conns, those that have not completed HELLO */

@@ -62,6 +62,7 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "waiters", st->waiters);
     rc |= put_int(m, "watch_bytes", st->watch_bytes);
     rc |= put_int(m, "wake_deferred", st->wake_deferred);
+    rc |= put_int(m, "lists_offloop", st->lists_offloop);
     for (size_t i = 0; i < TS__ARRAY_SIZE(ops); i++)
         rc |= put_int(m, ops[i].key, st->ops[ops[i].op]);
     rc |= put_int(m, "notifications_sent", st->notifications_sent);

@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -300,6 +301,94 @@ static void test_list_sorted(void **state)
     assert_int_equal(r.left, 0);
     tsu_frame_free(&f);
     close(fd);
+}
+
+#define N_LIST_BINS 5000
+
+/*
+ * A LIST of many bins is sorted and encoded on the thread pool: the reply is the same (every
+ * bin, sorted by name bytes, its count, bytes and version), requests behind it are answered, and
+ * a connection that closes before its LIST is ready costs nothing.
+ */
+static void test_list_large(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    size_t len;
+    uint8_t *rec = tsu_rec_int(3, &len);
+    char name[32];
+    /* Names in an order unrelated to their sort order; every fifth bin holds two items. */
+    for (uint32_t i = 0; i < N_LIST_BINS; i++) {
+        uint32_t k = (i * 7919u) % N_LIST_BINS;
+        snprintf(name, sizeof(name), "L%u", k);
+        assert_int_equal(tsu_send_store(fd, TS_OP_APPEND, 1, name, rec, len), 0);
+        if (k % 5 == 0)
+            assert_int_equal(tsu_send_store(fd, TS_OP_APPEND, 1, name, rec, len), 0);
+    }
+    tsu_frame f;
+    for (uint32_t i = 0; i < N_LIST_BINS + N_LIST_BINS / 5; i++) {
+        tsu_expect(fd, &f, TS_OP_APPEND, 1, TS_ST_OK);
+        tsu_frame_free(&f);
+    }
+    /* One closes before its LIST is answered. */
+    int gone = tsu_client(&srv);
+    assert_int_equal(tsh_send(gone, TS_OP_LIST, 2, NULL, 0), 0);
+    close(gone);
+    assert_int_equal(tsh_send(fd, TS_OP_LIST, 3, NULL, 0), 0);
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 4, NULL, 0), 0);
+    tsu_frame list = {0};
+    int got_ping = 0;
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(tsu_recv(fd, &f), 0);
+        assert_int_equal(f.h.status, TS_ST_OK);
+        if (f.h.opcode == TS_OP_PING) {
+            got_ping++;
+            tsu_frame_free(&f);
+        } else {
+            assert_int_equal(f.h.opcode, TS_OP_LIST);
+            assert_int_equal(f.h.request_id, 3);
+            list = f;
+        }
+    }
+    assert_int_equal(got_ping, 1);
+    ts__rd r;
+    ts__rd_init(&r, list.body, list.len);
+    uint32_t count = 0, zero = 1;
+    ts__rd_u32(&r, &count);
+    ts__rd_u32(&r, &zero);
+    assert_int_equal(count, N_LIST_BINS);
+    assert_int_equal(zero, 0);
+    const uint8_t *prev = NULL;
+    size_t prev_len = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        const char *nm;
+        size_t nl;
+        uint32_t n;
+        uint64_t bytes, ver;
+        ts__rd_name(&r, &nm, &nl);
+        ts__rd_u32(&r, &n);
+        ts__rd_u64(&r, &bytes);
+        ts__rd_u64(&r, &ver);
+        assert_int_equal(r.err, 0);
+        if (prev != NULL) {
+            size_t m = prev_len < nl ? prev_len : nl;
+            int c = memcmp(prev, nm, m);
+            assert_true(c < 0 || (c == 0 && prev_len < nl));
+        }
+        prev = (const uint8_t *)nm;
+        prev_len = nl;
+        assert_true(nl >= 2 && nm[0] == 'L');
+        uint32_t k = (uint32_t)strtoul(nm + 1, NULL, 10);
+        assert_int_equal(n, k % 5 == 0 ? 2 : 1);
+        assert_int_equal(bytes, (uint64_t)n * len);
+        assert_true(ver > 0);
+    }
+    assert_int_equal(r.left, 0);
+    tsu_frame_free(&list);
+    assert_true(tsu_stat(fd, "lists_offloop") >= 1);
+    tsu_rec_free(rec, len);
+    close(fd);
+    tsu_check_healthy(&srv);
 }
 
 static void test_names_with_spaces_and_empty(void **state)
@@ -845,25 +934,16 @@ static void test_lz4_bodies(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(test_hello),
-        T(test_ping_and_save),
-        T(test_put_replaces),
-        T(test_append_creates_and_extends),
-        T(test_get_removes),
-        T(test_get_max_items),
-        T(test_delete),
-        T(test_list_sorted),
-        T(test_names_with_spaces_and_empty),
-        T(test_notifications),
-        T(test_listen_reports_state),
-        T(test_wait_immediate),
-        T(test_wait_on_change),
-        T(test_wait_timeout),
-        T(test_wait_removal_rule),
-        T(test_pipelined),
-        T(test_stats),
-        T(test_unix_socket),
-        T(test_large_item),
+        T(test_hello),          T(test_ping_and_save),
+        T(test_put_replaces),   T(test_append_creates_and_extends),
+        T(test_get_removes),    T(test_get_max_items),
+        T(test_delete),         T(test_list_sorted),
+        T(test_list_large),     T(test_names_with_spaces_and_empty),
+        T(test_notifications),  T(test_listen_reports_state),
+        T(test_wait_immediate), T(test_wait_on_change),
+        T(test_wait_timeout),   T(test_wait_removal_rule),
+        T(test_pipelined),      T(test_stats),
+        T(test_unix_socket),    T(test_large_item),
         T(test_lz4_bodies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
