@@ -4,12 +4,15 @@
 # sanitizers) in $TS_BENCH_BUILD (default: build), then runs every case once, alternating the
 # systems, and prints the table of docs/PERFORMANCE.md. Flags go to tsbench (see --help there):
 #   --repeats N (default 5), --smoke, --no-redis, --no-pin, --skip putget,small,notify,lz4,memory
+# "bench/run.sh stall [flags]" runs bench_stall instead (the worst PING round trip while one LIST,
+# SAVE, large PUT or mass wake-up runs; see bench/bench_stall.c for its flags).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD=${TS_BENCH_BUILD:-build}
 
-if ! command -v redis-server >/dev/null 2>&1 && [ ! -x /usr/bin/redis-server ]; then
+if [ "${1:-}" != "stall" ] && ! command -v redis-server >/dev/null 2>&1 &&
+    [ ! -x /usr/bin/redis-server ]; then
     echo "bench/run.sh: installing redis-server (the reference the benchmark compares with)"
     sudo=""
     [ "$(id -u)" -ne 0 ] && sudo="sudo"
@@ -28,6 +31,11 @@ fi
 if grep -q "^TS_SANITIZE:STRING=..*" "$BUILD/CMakeCache.txt"; then
     echo "bench/run.sh: $BUILD is a sanitizer build; set TS_BENCH_BUILD to an optimised one" >&2
     exit 1
+fi
+if [ "${1:-}" = "stall" ]; then
+    shift
+    cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target bench_stall tensord
+    exec "$BUILD/bench/bench_stall" --tensord "$BUILD/server/tensord" "$@"
 fi
 cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target tsbench tensord
 
