@@ -216,6 +216,40 @@ static void test_big_lz4_inflated_off_loop(void **state)
     stop_server();
 }
 
+/*
+ * Records large enough to be validated off the loop, pipelined with a PING on one connection:
+ * the replies come back in request order and both records are stored.
+ */
+static void test_offloop_keeps_order(void **state)
+{
+    (void)state;
+    assert_int_equal(tsh_server_start(&s, NULL), 0);
+    int fd = tsu_client(&s);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes((size_t)8 << 20, 5, &len);
+    assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 1, "p", rec, len), 0);
+    assert_int_equal(tsu_send_store(fd, TS_OP_APPEND, 2, "p", rec, len), 0);
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 3, NULL, 0), 0);
+    tsu_frame f;
+    for (uint32_t rid = 1; rid <= 3; rid++) {
+        tsu_expect(fd, &f,
+                   rid == 1   ? TS_OP_PUT
+                   : rid == 2 ? TS_OP_APPEND
+                              : TS_OP_PING,
+                   rid, TS_ST_OK);
+        tsu_frame_free(&f);
+    }
+    tsu_items it;
+    tsu_get(fd, TS_OP_PEEK, "p", 0, &it);
+    assert_int_equal(it.n, 2);
+    assert_int_equal(it.item_len[1], len);
+    assert_memory_equal(it.item[1], rec, len);
+    tsu_frame_free(&it.f);
+    tsu_rec_free(rec, len);
+    close(fd);
+    stop_server();
+}
+
 /* A compressed header declaring raw_len, with the first 8 body bytes; expect TOO_LARGE at once. */
 static void expect_raw_too_large(int fd, uint8_t op, uint64_t raw_len)
 {
@@ -445,6 +479,7 @@ int main(void)
         T(test_partial_uploads_do_not_lock_out),
         T(test_stalled_body_is_cut),
         T(test_big_lz4_inflated_off_loop),
+        T(test_offloop_keeps_order),
         T(test_raw_len_checked_at_header),
         T(test_unauth_flood_leaves_room),
         T(test_bytes_sent),
