@@ -433,6 +433,37 @@ static int listen_unix(tsd_server *srv)
     return 0;
 }
 
+static void pool_noop(uv_work_t *req)
+{
+    (void)req;
+}
+
+static void pool_noop_done(uv_work_t *req, int status)
+{
+    (void)req;
+    (void)status;
+}
+
+/*
+ * Start libuv's thread pool now, with SIGINT, SIGTERM and SIGHUP blocked, so that its threads
+ * inherit that mask and those signals only ever reach the loop thread. At exit the signal
+ * handles are closed (which restores the default action) before the signals are ignored; the
+ * loop thread blocks them meanwhile (tsd_server_release_signals), and so must every other
+ * thread, or one of them could take the default action in that moment.
+ */
+static void pool_start(tsd_server *srv)
+{
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &set, &old);
+    if (uv_queue_work(srv->loop, &srv->pool_warm, pool_noop, pool_noop_done) != 0)
+        tsd_log(TSD_LOG_WARN, "cannot start the thread pool yet");
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
 {
     memset(srv, 0, sizeof(*srv));
@@ -497,6 +528,7 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
     uv_signal_start(&srv->sigint, on_signal, SIGINT);
     uv_signal_start(&srv->sigterm, on_signal, SIGTERM);
     uv_signal_start(&srv->sighup, on_signal, SIGHUP);
+    pool_start(srv);
     /* Dropping a finished snapshot's references, a slice per loop turn (snapshot.c). */
     uv_idle_init(loop, &srv->drain_idle);
     srv->drain_idle.data = srv;

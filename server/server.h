@@ -809,6 +809,8 @@ struct tsd_server {
     int save_lock_fd;              /* PATH.lock, locked for the process's life; -1 = none */
     tsd_snap_job *draining;        /* written jobs whose references are being dropped */
     int signals_released;          /* tsd_server_release_signals ran */
+    size_t snap_names_hint;        /* bytes of bin names in the last snapshot (sizes the next) */
+    uv_work_t pool_warm;           /* starts the thread pool with the exit signals blocked */
     uv_idle_t drain_idle;          /* drops them a slice per loop turn */
     int store_freed;
     int exit_code;

@@ -171,7 +171,8 @@ struct tsd_snap_job {
     size_t names_len, names_cap;
     tsd_item **items; /* one reference each, dropped on the loop thread */
     size_t n_items;
-    size_t n_unref; /* references already dropped (after the write) */
+    size_t bins_cap, items_cap; /* room in bins and items */
+    size_t n_unref;             /* references already dropped (after the write) */
     uint64_t bytes;
     tsd_save_waiter *waiters; /* answered when this snapshot is durable */
     int final;
@@ -498,28 +499,39 @@ static int job_add_name(tsd_snap_job *job, const uint8_t *name, size_t len)
     return 0;
 }
 
-/*
- * A job holding references to everything the store holds now; NULL on allocation failure.
- * This runs on the loop and every client waits for it: one pass over the name table, a few
- * bytes copied and a reference taken per item, nothing sorted and nothing large allocated.
- */
-static tsd_snap_job *job_build(tsd_server *srv)
+/* Make room for n elements of size sz in *arr (capacity *cap). 0 or -1. */
+static int ensure_room(void **arr, size_t *cap, size_t n, size_t sz)
 {
-    tsd_snap_job *job = ts__calloc(1, sizeof(*job));
-    if (job == NULL)
-        return NULL;
-    job->srv = srv;
-    job->req.data = job;
+    if (n <= *cap && *arr != NULL)
+        return 0;
+    size_t want = n > 0 ? n : 1;
+    void *na = ts__realloc(*arr, want * sz);
+    if (na == NULL)
+        return -1;
+    *arr = na;
+    *cap = want;
+    return 0;
+}
+
+/*
+ * Take references to everything the store holds now, into job (its arrays are allocated, or
+ * grown, here when the worker did not prepare them large enough). 0, or -1 on allocation
+ * failure (the references taken so far stay in the job, dropped by job_free).
+ *
+ * This runs on the loop and every client waits for it: one pass over the name table, a few
+ * bytes copied and a reference taken per item, nothing sorted. Fresh memory would cost a page
+ * fault per page on top (more than the pass itself on some machines), so the arrays normally
+ * come from the worker, allocated and touched there (snap_prep).
+ */
+static int job_fill(tsd_server *srv, tsd_snap_job *job)
+{
     job->counter = srv->version;
     const tsd_htab *tab = &srv->store.bins;
     size_t n = tab->count;
-    job->bins = ts__malloc((n > 0 ? n : 1) * sizeof(*job->bins));
-    job->items =
-        ts__malloc((srv->store.n_items > 0 ? srv->store.n_items : 1) * sizeof(*job->items));
-    if (job->bins == NULL || job->items == NULL) {
-        job_free(job);
-        return NULL;
-    }
+    if (ensure_room((void **)&job->bins, &job->bins_cap, n, sizeof(*job->bins)) != 0 ||
+        ensure_room((void **)&job->items, &job->items_cap, (size_t)srv->store.n_items,
+                    sizeof(*job->items)) != 0)
+        return -1;
     for (size_t k = 0; tab->buckets != NULL && k <= tab->mask; k++) {
         /*
          * The pass is bound by memory latency (bin, name, item header: each a cache miss), so
@@ -535,10 +547,9 @@ static tsd_snap_job *job_build(tsd_server *srv)
         }
         for (tsd_hnode *node = tab->buckets[k]; node != NULL; node = node->next) {
             const tsd_bin *bin = (const tsd_bin *)(const void *)node;
-            if (job->n_bins == n || job_add_name(job, node->name, node->name_len) != 0) {
-                job_free(job); /* n_bins == n cannot happen: the table counts its nodes */
-                return NULL;
-            }
+            /* n_bins == n cannot happen: the table counts its nodes. */
+            if (job->n_bins == n || job_add_name(job, node->name, node->name_len) != 0)
+                return -1;
             snap_bin *sb = &job->bins[job->n_bins++];
             sb->name = NULL;
             sb->name_off = job->names_len - node->name_len;
@@ -547,13 +558,16 @@ static tsd_snap_job *job_build(tsd_server *srv)
             sb->n_items = bin->n_items;
             sb->first = job->n_items;
             for (tsd_item *it = bin->head; it != NULL; it = it->next) {
+                if (job->n_items == job->items_cap)
+                    return -1; /* cannot happen: the store counts its items */
                 tsd_item_ref(it);
                 job->items[job->n_items++] = it;
                 job->bytes += tsd_item_len(it);
             }
         }
     }
-    return job;
+    srv->snap_names_hint = job->names_len;
+    return 0;
 }
 
 /* Answer the waiters of a finished job. */
@@ -596,37 +610,47 @@ static void save_succeeded(tsd_server *srv)
     srv->stats.last_save_time = (uint64_t)time(NULL);
 }
 
+/* Preparing a snapshot failed for lack of memory: answer the pending SAVEs. */
+static void snap_fail_oom(tsd_server *srv)
+{
+    srv->stats.out_of_memory++;
+    tsd_log(TSD_LOG_ERROR, "snapshot: out of memory preparing it");
+    save_failed(srv);
+    tsd_save_waiter *w = srv->save_waiters;
+    srv->save_waiters = NULL;
+    while (w != NULL) {
+        tsd_save_waiter *next = w->next;
+        if (w->c != NULL)
+            tsd_reply_err(w->c, TS_OP_SAVE, w->rid, TS_ST_OUT_OF_MEMORY,
+                          "out of memory preparing the snapshot");
+        ts__free(w);
+        w = next;
+    }
+    tsd_server_flush(srv);
+}
+
 /*
- * Start a snapshot of the store as it is now, taking over the pending SAVE waiters. 0, or
- * TS_ENOMEM (the waiters are answered with an error).
+ * Take the snapshot now (the loop pass) and hand it to the writer, with the pending SAVE
+ * waiters. 0, TS_ENOMEM (the waiters are answered with an error, the job freed) or a libuv
+ * code.
  */
-static int snap_start(tsd_server *srv, int final)
+static int snap_take(tsd_server *srv, tsd_snap_job *job, int final)
 {
     uint64_t t0 = ts__now_ns();
-    tsd_snap_job *job = job_build(srv);
+    int rc = job_fill(srv, job);
     srv->stats.snapshot_loop_us = (ts__now_ns() - t0) / 1000u;
-    if (job == NULL) {
-        srv->stats.out_of_memory++;
-        tsd_log(TSD_LOG_ERROR, "snapshot: out of memory preparing it");
-        save_failed(srv);
-        tsd_save_waiter *w = srv->save_waiters;
-        srv->save_waiters = NULL;
-        while (w != NULL) {
-            tsd_save_waiter *next = w->next;
-            if (w->c != NULL)
-                tsd_reply_err(w->c, TS_OP_SAVE, w->rid, TS_ST_OUT_OF_MEMORY,
-                              "out of memory preparing the snapshot");
-            ts__free(w);
-            w = next;
-        }
-        tsd_server_flush(srv);
+    if (rc != 0) {
+        srv->snap_job = NULL;
+        job_free(job);
+        snap_fail_oom(srv);
         return TS_ENOMEM;
     }
     job->final = final;
     job->waiters = srv->save_waiters;
     srv->save_waiters = NULL;
-    int rc = uv_queue_work(srv->loop, &job->req, snap_write, snap_done);
+    rc = uv_queue_work(srv->loop, &job->req, snap_write, snap_done);
     if (rc != 0) {
+        srv->snap_job = NULL;
         job->failed = 1;
         snprintf(job->err, sizeof(job->err), "snapshot: cannot start the writer: %s",
                  uv_strerror(rc));
@@ -638,6 +662,78 @@ static int snap_start(tsd_server *srv, int final)
     }
     srv->snap_job = job;
     return 0;
+}
+
+/*
+ * Worker: allocate the job's arrays a little larger than the store is now and touch every
+ * page, so that the loop pass writes into memory that is already there. On failure the arrays
+ * stay unallocated and the loop allocates them itself.
+ */
+static void snap_prep(uv_work_t *req)
+{
+    tsd_snap_job *job = req->data;
+    job->bins = ts__malloc(job->bins_cap * sizeof(*job->bins));
+    job->items = ts__malloc(job->items_cap * sizeof(*job->items));
+    job->names = ts__malloc(job->names_cap);
+    if (job->bins == NULL || job->items == NULL || job->names == NULL) {
+        ts__free(job->bins);
+        ts__free(job->items);
+        ts__free(job->names);
+        job->bins = NULL;
+        job->items = NULL;
+        job->names = NULL;
+        job->bins_cap = job->items_cap = job->names_cap = 0;
+        return;
+    }
+    memset(job->bins, 0, job->bins_cap * sizeof(*job->bins));
+    memset(job->items, 0, job->items_cap * sizeof(*job->items));
+    memset(job->names, 0, job->names_cap);
+}
+
+static void snap_prepped(uv_work_t *req, int status)
+{
+    tsd_snap_job *job = req->data;
+    tsd_server *srv = job->srv;
+    (void)status; /* never cancelled; a failed preparation left the arrays to the loop */
+    if (snap_take(srv, job, 0) != 0 && srv->final_pending) {
+        /* The shutdown waited for this snapshot, which failed to start: go on with the final. */
+        srv->final_pending = 0;
+        tsd_snapshot_final(srv);
+    }
+}
+
+/* Room for what the store holds now plus an eighth (it may grow until the pass runs). */
+static size_t with_slack(size_t n)
+{
+    return n + n / 8 + 1024;
+}
+
+/*
+ * Start a snapshot of the store, taking over the pending SAVE waiters when it is taken. A
+ * periodic or SAVE snapshot first has its arrays prepared on the worker (snap_prep) and is
+ * taken on the loop turn after; the final one is taken at once, as the store goes right after.
+ * 0, or an error (the waiters are answered with it).
+ */
+static int snap_start(tsd_server *srv, int final)
+{
+    tsd_snap_job *job = ts__calloc(1, sizeof(*job));
+    if (job == NULL) {
+        snap_fail_oom(srv);
+        return TS_ENOMEM;
+    }
+    job->srv = srv;
+    if (!final) {
+        job->bins_cap = with_slack(srv->store.bins.count);
+        job->items_cap = with_slack((size_t)srv->store.n_items);
+        job->names_cap = with_slack(srv->snap_names_hint) + 4096;
+        job->req.data = job;
+        srv->snap_job = job; /* counter 0: no SAVE joins it before it is taken */
+        if (uv_queue_work(srv->loop, &job->req, snap_prep, snap_prepped) == 0)
+            return 0;
+        job->bins_cap = job->items_cap = job->names_cap = 0;
+    }
+    job->req.data = job;
+    return snap_take(srv, job, final);
 }
 
 static void snap_done(uv_work_t *req, int status)
