@@ -10,6 +10,7 @@
 
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -55,11 +56,17 @@ static int close_enough(const ts_value_t *a, const ts_value_t *b, float factor)
     return 1;
 }
 
-/* Start tsinfer with args; returns its pid. */
-static pid_t start_tsinfer(const char *const *args)
+/* Start tsinfer with args, its stdout and stderr going to log (when not NULL); returns its pid. */
+static pid_t start_tsinfer(const char *const *args, const char *log)
 {
     pid_t pid = fork();
     if (pid == 0) {
+        int fd = log != NULL ? open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600) : -1;
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
         execv(args[0], (char *const *)args);
         _exit(127);
     }
@@ -98,7 +105,9 @@ static void test_tsinfer(void **state)
                           ":float32:4", "--max-batch", "16",       "--max-delay-us", "1000",
                           "--device",   "cpu:2",       "--params", "policy/params",  "--threads",
                           "1",          NULL};
-    pid_t pid = start_tsinfer(args);
+    char log[600];
+    snprintf(log, sizeof(log), "%s/tsinfer.log", srv.dir);
+    pid_t pid = start_tsinfer(args, log);
     assert_true(pid > 0);
 
     ts_torch_model_t *local = NULL;
@@ -123,6 +132,18 @@ static void test_tsinfer(void **state)
         ts_value_free(y);
         ts_value_free(x);
     }
+
+    /* Malformed requests: not a map, no reply bin, no input. Each is counted and logged; the
+       predictions below come after them in the bin, so tsinfer has seen them by its exit. */
+    ts_value_t *bad = ts_int_new(7);
+    assert_int_equal(ts_append(c, "policy/requests", bad, NULL), 0);
+    ts_value_free(bad);
+    bad = ts_map_new();
+    assert_int_equal(ts_map_set(bad, "id", ts_int_new(5)), 0);
+    assert_int_equal(ts_append(c, "policy/requests", bad, NULL), 0);
+    assert_int_equal(ts_map_set(bad, "reply", ts_string_new("policy/reply/x", 14)), 0);
+    assert_int_equal(ts_append(c, "policy/requests", bad, NULL), 0);
+    ts_value_free(bad);
 
     /* The trainer publishes weights with out_scale 2 as version 1. */
     ts_value_t *sd = NULL;
@@ -151,6 +172,24 @@ static void test_tsinfer(void **state)
     assert_int_equal(version, 1);
 
     assert_int_equal(stop_tsinfer(pid), 0);
+    static char out[65536];
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    out[fread(out, 1, sizeof(out) - 1, f)] = '\0';
+    fclose(f);
+    if (strstr(out, "3 malformed") == NULL)
+        print_error("tsinfer's output:\n%s\n", out);
+    assert_non_null(strstr(out, "0 failed, 3 malformed"));
+    assert_non_null(strstr(out, "malformed request in policy/requests: not a map"));
+    assert_non_null(strstr(out, "request 5: no 'reply' bin name"));
+    assert_non_null(strstr(out, "request 5: no 'input'"));
+    /* The request that named a reply bin was answered with the reason. */
+    ts_items_t *answer = NULL;
+    assert_int_equal(ts_get(c, "policy/reply/x", 0, &answer), 0);
+    int64_t status = 0;
+    assert_int_equal(ts_map_get_int(ts_items_at(answer, 0), "status", &status), 0);
+    assert_int_equal(status, TS_ESCHEMA);
+    ts_items_free(answer);
     ts_predictor_free(p);
     ts_client_free(c);
     ts_torch_model_free(local);
@@ -170,7 +209,7 @@ static void test_tsinfer_cuda(void **state)
     snprintf(model, sizeof(model), "%s/mlp.pt", dir);
     const char *args[] = {exe,      "--server", "127.0.0.1:1", "--model",  model,    "--name",
                           "policy", "--input",  ":float32:8",  "--device", "cuda:0", NULL};
-    pid_t pid = start_tsinfer(args);
+    pid_t pid = start_tsinfer(args, NULL);
     int st = 0, exited = 0;
     for (int i = 0; i < 3000 && !exited; i++) {
         exited = waitpid(pid, &st, WNOHANG) == pid;

@@ -543,17 +543,17 @@ static void take_sample(const ts_value_t *stats, sample *s)
 static void print_counter(const sample *cur, const sample *prev, int k)
 {
     if (cur->have[k])
-        printf(" %14" PRId64, cur->v[k]);
+        printf(" %12" PRId64, cur->v[k]);
     else
-        printf(" %14s", "-");
+        printf(" %12s", "-");
     if (!watch_rated[k])
         return;
     /* A counter that went down belongs to a restarted server: no rate across the restart. */
     if (prev != NULL && cur->have[k] && prev->have[k] && cur->v[k] >= prev->v[k] &&
         cur->at > prev->at)
-        printf(" %12.1f", (double)(cur->v[k] - prev->v[k]) / (cur->at - prev->at));
+        printf(" %10.1f", (double)(cur->v[k] - prev->v[k]) / (cur->at - prev->at));
     else
-        printf(" %12s", "-");
+        printf(" %10s", "-");
 }
 
 /* Sleep until deadline (monotonic seconds) or an interrupt. */
@@ -569,7 +569,7 @@ static void sleep_until(double deadline)
 static int cmd_stats_watch(ts_client_t *c, double interval, long count)
 {
     catch_interrupts();
-    printf("%9s %14s %12s %14s %12s %14s %12s %14s %14s %14s\n", "TIME_S", "OPS", "OPS/S",
+    printf("%8s %12s %10s %12s %10s %12s %10s %12s %12s %12s\n", "TIME_S", "OPS", "OPS/S",
            "BYTES_IN", "IN/S", "BYTES_OUT", "OUT/S", "CONNECTIONS", "ITEMS", "BYTES");
     fflush(stdout);
     sample prev, cur;
@@ -591,7 +591,7 @@ static int cmd_stats_watch(ts_client_t *c, double interval, long count)
         take_sample(stats, &cur);
         cur.at = now_s();
         ts_value_free(stats);
-        printf("%9.2f", cur.at - start);
+        printf("%8.2f", cur.at - start);
         for (int k = 0; k < W_N; k++)
             print_counter(&cur, have_prev ? &prev : NULL, k);
         printf("\n");
@@ -1067,8 +1067,6 @@ static int parse_args(int argc, char **argv, args_t *a)
     while ((ch = getopt_long(argc, argv, short_opts, long_opts, NULL)) != -1) {
         char *v = unhide(optarg);
         uint64_t n;
-        if (ch != '?' && ch != ':')
-            option_name(argv, optind, ch, name, sizeof(name));
         switch (ch) {
         case 'h':
             fputs(usage_text, stdout);
@@ -1124,10 +1122,16 @@ static int parse_args(int argc, char **argv, args_t *a)
         case ':':
             option_name(argv, optind, optopt, name, sizeof(name));
             return usage_error("option '%s' needs a value", name);
-        default:
+        default: {
+            const char *arg = unhide(argv[optind - 1]);
+            if (strncmp(arg, "--", 2) == 0 && optopt != 0) {
+                option_name(argv, optind, optopt, name, sizeof(name));
+                return usage_error("option '%s' takes no value", name);
+            }
             if (optopt != 0)
                 return usage_error("unknown option '-%c'", optopt);
-            return usage_error("unknown option '%s'", unhide(argv[optind - 1]));
+            return usage_error("unknown option '%s'", arg);
+        }
         }
     }
     if (optind >= argc)
