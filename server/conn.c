@@ -1185,9 +1185,11 @@ static void job_done(uv_work_t *req, int status)
         tsd_item_unref(it);
         tsd_store_unreserve(&srv->store, c->cur_reserved);
         c->cur_reserved = 0;
-        if (c->job.free_after)
+        if (c->job.free_after) {
+            tsd_log(TSD_LOG_DEBUG, "conn %llu (%s): freed once its off-loop work returned",
+                    (unsigned long long)c->id, c->peer);
             conn_free(c);
-        else if (!c->closing)
+        } else if (!c->closing)
             tsd_conn_close(c);
         tsd_server_flush(srv);
         return;
