@@ -516,6 +516,11 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     uint64_t u64 = 0;
 
     srv->stats.ops[h->opcode]++;
+    /* GET and DELETE remove items: refused like PUT/APPEND while snapshots fail. */
+    if ((h->opcode == TS_OP_GET || h->opcode == TS_OP_DELETE) && tsd_writes_refused(srv)) {
+        tsd_refuse_write(c, h->opcode, h->request_id);
+        return;
+    }
     switch (h->opcode) {
     case TS_OP_HELLO:
         op_hello(c, h, &r);
