@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "compress.h"
+#include "harness.h"
 #include "proto.h"
 #include "record.h"
 
@@ -624,29 +625,6 @@ static void test_put_example_bytes(void **state)
     assert_int_equal(ts__record_validate(r.p, r.left, TS_MAX_DEPTH, TS_MAX_NDIM, NULL), 0);
 }
 
-/* Read the whole document, NUL-terminated; NULL when the source tree is not known. */
-static char *read_protocol_doc(void)
-{
-    const char *dir = getenv("TS_SOURCE_DIR");
-    if (dir == NULL)
-        return NULL;
-    char path[4096];
-    int w = snprintf(path, sizeof(path), "%s/docs/PROTOCOL.md", dir);
-    assert_true(w > 0 && (size_t)w < sizeof(path));
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long size = ftell(f);
-    assert_true(size > 0);
-    assert_int_equal(fseek(f, 0, SEEK_SET), 0);
-    char *doc = ts__malloc((size_t)size + 1);
-    assert_non_null(doc);
-    assert_int_equal(fread(doc, 1, (size_t)size, f), (size_t)size);
-    doc[size] = '\0';
-    fclose(f);
-    return doc;
-}
-
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9')
@@ -713,9 +691,8 @@ static long parse_example(const char *doc, const char *name, uint8_t *out, size_
 static void test_protocol_doc_examples(void **state)
 {
     (void)state;
-    char *doc = read_protocol_doc();
-    if (doc == NULL)
-        skip();
+    char *doc = tsh_read_source_file("docs/PROTOCOL.md", NULL);
+    assert_non_null(doc);
     uint8_t bytes[2048];
     for (size_t i = 0; i < TS__ARRAY_SIZE(example_names); i++) {
         const char *name = example_names[i];
@@ -754,7 +731,7 @@ static void test_protocol_doc_examples(void **state)
     for (const char *p = doc; (p = strstr(p, "<!-- example: ")) != NULL; p++)
         markers++;
     assert_int_equal(markers, TS__ARRAY_SIZE(example_names));
-    ts__free(doc);
+    free(doc);
 }
 
 int main(void)
