@@ -100,11 +100,30 @@ static void test_tsinfer(void **state)
 
     tsh_server srv;
     assert_int_equal(tsh_server_start(&srv, NULL), 0);
-    const char *args[] = {exe,          "--server",    srv.addr,   "--model",        model,
-                          "--name",     "policy",      "--input",  ":float32:8",     "--output",
-                          ":float32:4", "--max-batch", "16",       "--max-delay-us", "1000",
-                          "--device",   "cpu:2",       "--params", "policy/params",  "--threads",
-                          "1",          NULL};
+    const char *args[] = {exe,
+                          "--server",
+                          srv.addr,
+                          "--model",
+                          model,
+                          "--name",
+                          "policy",
+                          "--input",
+                          ":float32:8",
+                          "--output",
+                          ":float32:4",
+                          "--max-batch",
+                          "16",
+                          "--max-delay-us",
+                          "1000",
+                          "--device",
+                          "cpu:2",
+                          "--params",
+                          "policy/params",
+                          "--threads",
+                          "1",
+                          "--stats-s",
+                          "1",
+                          NULL};
     char log[600];
     snprintf(log, sizeof(log), "%s/tsinfer.log", srv.dir);
     pid_t pid = start_tsinfer(args, log);
@@ -171,6 +190,7 @@ static void test_tsinfer(void **state)
     }
     assert_int_equal(version, 1);
 
+    sleep_ms(1100); /* at least one periodic statistics line (--stats-s 1) */
     assert_int_equal(stop_tsinfer(pid), 0);
     static char out[65536];
     FILE *f = fopen(log, "r");
@@ -179,6 +199,8 @@ static void test_tsinfer(void **state)
     fclose(f);
     if (strstr(out, "3 malformed") == NULL)
         print_error("tsinfer's output:\n%s\n", out);
+    assert_non_null(strstr(out, "tsinfer: running: "));
+    assert_non_null(strstr(out, "tsinfer: stopped: "));
     assert_non_null(strstr(out, "0 failed, 3 malformed"));
     assert_non_null(strstr(out, "malformed request in policy/requests: not a map"));
     assert_non_null(strstr(out, "request 5: no 'reply' bin name"));

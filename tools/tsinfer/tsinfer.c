@@ -3,7 +3,7 @@
  *
  *   tsinfer --server HOST:PORT --model policy.pt --name policy --input :float32:8
  *           [--output :float32:4] [--max-batch 64] [--max-delay-us 500] [--device cpu:2]
- *           [--params BIN] [--timeout-ms MS] [--threads N]
+ *           [--params BIN] [--timeout-ms MS] [--threads N] [--stats-s S]
  *
  * Remote workers submit to the bin NAME/requests with ts_predictor_* (batcher.h); tsinfer
  * batches their rows on the model's replicas and appends each answer to its requester's reply
@@ -34,6 +34,8 @@
 #define SERVE_RETRY_NS    50000000L /* ns; pause after a failed call, while the client reconnects */
 #define SERVE_GET_BATCHES 4         /* a get takes up to this many max_batch worth of requests */
 #define LOG_BURST         10        /* malformed-request lines printed per window ... */
+#define STATS_MAX_S       86400     /* s; --stats-s: at most a day between statistics lines */
+#define STATS_IDLE_S      3600      /* s; without --stats-s, the signal wait wakes this rarely */
 #define LOG_WINDOW_S      10 /* ... of this many seconds; the rest are counted, then summed up */
 
 static void usage(FILE *f)
@@ -42,12 +44,13 @@ static void usage(FILE *f)
             "usage: tsinfer --server HOST:PORT --model FILE --name NAME --input SCHEMA\n"
             "               [--output SCHEMA] [--max-batch ROWS] [--max-delay-us US]\n"
             "               [--device PLACEMENT] [--params BIN] [--timeout-ms MS]\n"
-            "               [--threads N]\n"
+            "               [--threads N] [--stats-s S]\n"
             "  SCHEMA     comma-separated fields NAME:DTYPE:DIMS, per row (no batch dimension),\n"
             "             e.g. obs.x:float32:4x4,obs.id:int64: ; an empty NAME is a bare tensor\n"
             "             (:float32:8). DIMS is empty for one value per row.\n"
             "  PLACEMENT  cpu, cpu:N, cuda:I, cuda:I*K, cuda*K, cuda/N, comma-separated\n"
             "             (default cpu)\n"
+            "  --stats-s S  print the statistics line every S seconds (default 0: on exit only)\n"
             "On exit tsinfer prints how many requests were answered, failed (the model failed or\n"
             "a deadline passed) and were malformed (not a request record, no reply bin, no input,\n"
             "or an input that does not match --input; each is logged on stderr, at most %d\n"
@@ -347,12 +350,24 @@ static void serve_stop(serve_state *srv, pthread_t th)
     pthread_join(th, NULL);
 }
 
+/* The statistics line, printed every --stats-s seconds and on exit. */
+static void print_stats(const char *when, const ts_batcher_stats_t *st,
+                        unsigned long long malformed)
+{
+    printf("tsinfer: %s: %llu requests answered, %llu failed, %llu malformed, %llu batches, "
+           "%.2f rows per batch\n",
+           when, (unsigned long long)st->requests, (unsigned long long)st->failed, malformed,
+           (unsigned long long)st->batches,
+           st->batches ? (double)st->rows / (double)st->batches : 0.0);
+    fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
     const char *server = NULL, *model = NULL, *name = NULL, *params = NULL;
     const char *device = "cpu";
     char *in_spec = NULL, *out_spec = NULL;
-    long max_batch = 64, delay_us = 500, timeout_ms = 30000, threads = 0;
+    long max_batch = 64, delay_us = 500, timeout_ms = 30000, threads = 0, stats_s = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -383,6 +398,8 @@ int main(int argc, char **argv)
             bad = parse_long(v, 0, 60000000, &delay_us);
         } else if (strcmp(a, "--timeout-ms") == 0) {
             bad = parse_long(v, -1, INT32_MAX, &timeout_ms);
+        } else if (strcmp(a, "--stats-s") == 0) {
+            bad = parse_long(v, 0, STATS_MAX_S, &stats_s);
         } else if (strcmp(a, "--threads") == 0) {
             bad = parse_long(v, 1, 1024, &threads);
         } else {
@@ -481,8 +498,18 @@ int main(int argc, char **argv)
             printf("%s%s", i ? " " : "", ts_batcher_device(b, i));
         printf("], max batch %ld, max delay %ld us\n", max_batch, delay_us);
         fflush(stdout);
-        int sig = 0;
-        sigwait(&sigs, &sig);
+        /* Wait for a signal; with --stats-s, print the counters each time that passes. */
+        for (;;) {
+            struct timespec period = {stats_s > 0 ? stats_s : STATS_IDLE_S, 0};
+            int sig = sigtimedwait(&sigs, NULL, &period);
+            if (sig == SIGINT || sig == SIGTERM)
+                break;
+            if (sig < 0 && errno == EAGAIN && stats_s > 0) {
+                ts_batcher_stats_t now;
+                ts_batcher_stats(b, &now);
+                print_stats("running", &now, atomic_load(&srv.malformed));
+            }
+        }
     }
     if (serving)
         serve_stop(&srv, serve_th);
@@ -492,10 +519,6 @@ int main(int argc, char **argv)
     ts_batcher_free(b);
     ts_client_free(client);
     ts_torch_model_free(proto);
-    printf("tsinfer: stopped: %llu requests answered, %llu failed, %llu malformed, %llu batches, "
-           "%.2f rows per batch\n",
-           (unsigned long long)st.requests, (unsigned long long)st.failed,
-           (unsigned long long)atomic_load(&srv.malformed), (unsigned long long)st.batches,
-           st.batches ? (double)st.rows / (double)st.batches : 0.0);
+    print_stats("stopped", &st, atomic_load(&srv.malformed));
     return rc == 0 ? 0 : 1;
 }
