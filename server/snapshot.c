@@ -61,6 +61,8 @@
  * dropped at once would stall every client for tens of milliseconds.
  */
 #define SNAP_UNREF_SLICE 16384
+/* Bytes per bin name assumed when sizing the first snapshot's name buffer. */
+#define SNAP_NAME_GUESS 16
 /* Buckets of the name table fetched ahead while the loop takes a snapshot's references. */
 #define SNAP_PREFETCH 16
 
@@ -725,7 +727,10 @@ static int snap_start(tsd_server *srv, int final)
     if (!final) {
         job->bins_cap = with_slack(srv->store.bins.count);
         job->items_cap = with_slack((size_t)srv->store.n_items);
-        job->names_cap = with_slack(srv->snap_names_hint) + 4096;
+        /* Names: as many bytes as last time, or a guess of 16 per bin before the first one. */
+        size_t names = srv->snap_names_hint != 0 ? srv->snap_names_hint
+                                                 : srv->store.bins.count * SNAP_NAME_GUESS;
+        job->names_cap = with_slack(names) + 4096;
         job->req.data = job;
         srv->snap_job = job; /* counter 0: no SAVE joins it before it is taken */
         if (uv_queue_work(srv->loop, &job->req, snap_prep, snap_prepped) == 0)
