@@ -414,18 +414,20 @@ nomem:
 static int send_note(tsd_conn *c, const uint8_t *name, size_t len, uint64_t version,
                      uint32_t n_items, uint8_t event, uint8_t flags)
 {
+    size_t size = ts__msg_notify_size(len);
     if (tsd_out_begin(c, TS_OP_NOTIFY, 0) != 0 ||
-        tsd_out_hdr(c, TS_OP_NOTIFY, 0, TS_ST_OK, TS_NOTIFY_FIXED + len) != 0)
+        tsd_out_hdr(c, TS_OP_NOTIFY, 0, TS_ST_OK, size) != 0)
         return -1;
-    uint8_t *p = tsd_out_bytes(c, TS_NOTIFY_FIXED + len);
+    uint8_t *p = tsd_out_bytes(c, size);
     if (p == NULL)
         return -1;
-    ts__put_u64le(p, version);
-    ts__put_u32le(p + 8, n_items);
-    p[12] = event;
-    p[13] = flags;
-    p[14] = (uint8_t)len;
-    memcpy(p + 15, name, len);
+    ts__msg_notify m = {.version = version,
+                        .n_items = n_items,
+                        .event = event,
+                        .flags = flags,
+                        .name = name,
+                        .name_len = len};
+    (void)ts__msg_notify_encode(p, size, &m, &size);
     c->srv->stats.notifications_sent++;
     return 0;
 }
@@ -591,7 +593,6 @@ void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_
 
 void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c)
 {
-    tsd_list_conn_gone(srv, c);
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;

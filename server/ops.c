@@ -1,11 +1,15 @@
 /*
- * Request handlers: one function per opcode. Each parses its body with the bounded reader
- * (a malformed body is a protocol error), acts on the store, queues exactly one reply with the
- * request's opcode and id, and then, for changes, notifies listeners and waiters (so the
- * writer's own reply always comes before its notification).
+ * Request handlers: one function per opcode. tsd_op_dispatch decodes each body with the strict
+ * decoder of src/msg.c (a malformed body is a protocol error) and every reply body is written by
+ * its encoder. PUT and APPEND are not here: conn.c reads their head (ts__msg_put_head_decode) so
+ * that the record lands straight in its item, one copy from the kernel. Each handler acts on the
+ * store, queues exactly one reply with the request's opcode and id, and then, for changes,
+ * notifies listeners and waiters (so the writer's own reply always comes before its
+ * notification).
  */
 #include <stdlib.h>
 
+#include "msg.h"
 #include "server.h"
 
 /* Room for a printable bin name in messages (255 bytes, each at most 4 bytes of UTF-8). */
@@ -33,12 +37,6 @@ int tsd_auth_check(tsd_server *srv, const uint8_t *token, size_t len)
     return diff == 0 ? 0 : TS_EAUTH;
 }
 
-/* 0 when the reader consumed the body exactly, else -1 (short or trailing bytes). */
-static int rd_done(const ts__rd *r)
-{
-    return r->err == 0 && r->left == 0 ? 0 : -1;
-}
-
 static void malformed(tsd_conn *c, const ts__hdr *h)
 {
     tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST, "malformed %s body",
@@ -53,19 +51,12 @@ static void reply_not_found(tsd_conn *c, const ts__hdr *h, const char *what, con
     tsd_reply_err(c, h->opcode, h->request_id, TS_ST_NOT_FOUND, "%s: %s", what, pn);
 }
 
-static void op_hello(tsd_conn *c, const ts__hdr *h, ts__rd *r)
+static void op_hello(tsd_conn *c, const ts__hdr *h, const ts__msg_hello_req *m)
 {
     tsd_server *srv = c->srv;
-    uint8_t max_version = 0, flags = 0;
-    uint16_t tlen = 0;
-    ts__rd_u8(r, &max_version);
-    ts__rd_u8(r, &flags);
-    ts__rd_u16(r, &tlen);
-    const uint8_t *token = ts__rd_bytes(r, tlen);
-    if (rd_done(r) != 0) {
-        malformed(c, h);
-        return;
-    }
+    uint8_t max_version = m->max_version;
+    uint16_t tlen = m->token_len;
+    const uint8_t *token = m->token;
     if (c->helloed) {
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST, "duplicate HELLO");
         return;
@@ -89,15 +80,15 @@ static void op_hello(tsd_conn *c, const ts__hdr *h, ts__rd *r)
         return;
     }
     c->helloed = 1;
-    c->lz4 = (flags & TS_HELLO_LZ4) != 0;
-    uint8_t body[24];
-    body[0] = TS_PROTO_VERSION;
-    body[1] = c->lz4 ? TS_HELLO_LZ4 : 0;
-    ts__put_u16le(body + 2, 0);
-    ts__put_u32le(body + 4, 0);
-    ts__put_u64le(body + 8, srv->cfg.max_frame);
-    ts__put_u64le(body + 16, srv->server_id);
-    tsd_reply(c, h->opcode, h->request_id, TS_ST_OK, body, sizeof(body));
+    c->lz4 = (m->flags & TS_HELLO_LZ4) != 0;
+    ts__msg_hello_rep rep = {.version = TS_PROTO_VERSION,
+                             .flags = c->lz4 ? TS_HELLO_LZ4 : 0,
+                             .max_body = srv->cfg.max_frame,
+                             .server_id = srv->server_id};
+    uint8_t body[TS_MSG_HELLO_REP_SIZE];
+    size_t len;
+    (void)ts__msg_hello_rep_encode(body, sizeof(body), &rep, &len);
+    tsd_reply(c, h->opcode, h->request_id, TS_ST_OK, body, len);
 }
 
 /* GET (remove = 1) and PEEK: the oldest max_items items of a bin as a TS_ITEMS reply. */
@@ -119,7 +110,7 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
     uint64_t body_len = ts__items_head_size(n);
     tsd_item *it = bin->head;
     for (uint32_t i = 0; i < n; i++, it = it->next)
-        body_len += ts__align_up(tsd_item_len(it), TS__ALIGN);
+        body_len += tsd_item_len(it) + ts__msg_items_pad(tsd_item_len(it));
     uint64_t version = remove ? srv->version + 1 : bin->version;
     uint32_t remaining = bin->n_items - (remove ? n : 0);
 
@@ -129,13 +120,11 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
     uint8_t *p = tsd_out_bytes(c, head);
     if (p == NULL)
         return;
-    memset(p, 0, head);
-    ts__put_u64le(p, version);
-    ts__put_u32le(p + 8, n);
-    ts__put_u32le(p + 12, remaining);
+    size_t hlen;
+    (void)ts__msg_items_head_encode(p, head, version, n, remaining, NULL, &hlen);
     it = bin->head;
     for (uint32_t i = 0; i < n; i++, it = it->next)
-        ts__put_u64le(p + 16 + 8 * (size_t)i, tsd_item_len(it));
+        ts__msg_items_set_len(p, i, tsd_item_len(it));
 
     /*
      * The reply holds its own references. Only once it is queued whole do the items leave the
@@ -204,16 +193,17 @@ static int ent_cmp(const void *pa, const void *pb)
     return (a[0] > b[0]) - (a[0] < b[0]);
 }
 
-/* One LIST entry in wire form at p; returns the byte after it. */
+/* One LIST entry in wire form at p (room for ts__msg_list_entry_size); the byte after it. */
 static uint8_t *put_entry(uint8_t *p, const tsd_bin *b)
 {
-    *p++ = b->node.name_len;
-    memcpy(p, b->node.name, b->node.name_len);
-    p += b->node.name_len;
-    ts__put_u32le(p, b->n_items);
-    ts__put_u64le(p + 4, b->bytes);
-    ts__put_u64le(p + 12, b->version);
-    return p + 20;
+    ts__msg_list_entry e = {.name = b->node.name,
+                            .name_len = b->node.name_len,
+                            .n_items = b->n_items,
+                            .bytes = b->bytes,
+                            .version = b->version};
+    size_t len = 0;
+    (void)ts__msg_list_entry_encode(p, ts__msg_list_entry_size(e.name_len), &e, &len);
+    return p + len;
 }
 
 /* A small LIST: sorted and encoded right away, on the loop. */
@@ -226,16 +216,15 @@ static void list_inline(tsd_conn *c, const ts__hdr *h)
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory listing bins");
         return;
     }
-    uint64_t body_len = 8;
+    uint64_t body_len = TS_MSG_LIST_FIXED;
     for (size_t i = 0; i < n; i++)
-        body_len += 1 + (uint64_t)bins[i]->node.name_len + 20;
+        body_len += ts__msg_list_entry_size(bins[i]->node.name_len);
     if (tsd_out_begin(c, h->opcode, h->request_id) == 0 &&
         tsd_out_hdr(c, h->opcode, h->request_id, TS_ST_OK, body_len) == 0) {
         uint8_t *p = tsd_out_bytes(c, (size_t)body_len);
-        if (p != NULL) {
-            ts__put_u32le(p, (uint32_t)n);
-            ts__put_u32le(p + 4, 0);
-            p += 8;
+        size_t hlen;
+        if (p != NULL && ts__msg_list_head_encode(p, (size_t)body_len, (uint32_t)n, &hlen) == 0) {
+            p += hlen;
             for (size_t i = 0; i < n; i++)
                 p = put_entry(p, bins[i]);
         }
@@ -248,15 +237,16 @@ static void list_inline(tsd_conn *c, const ts__hdr *h)
  * one buffer: that is the snapshot the reply shows, taken when the request is handled, so the
  * connection's later requests take effect after it. A thread-pool worker sorts the entries by
  * name and writes the body into an item buffer; back on the loop, that buffer is queued as the
- * reply without a copy. The connection may be gone by then (tsd_list_conn_gone clears job->c),
- * and the job holds nothing of the store, so it is simply freed. The buffers are item buffers
- * (the pool's, reused and already mapped when there are some) and count against --max-memory
- * while the job lives.
+ * reply without a copy. The connection is held meanwhile (tsd_conn_hold): its later requests
+ * wait in its input buffer, so the LIST's reply comes before theirs, and a close does not free
+ * it before list_done, which releases it. The job holds nothing of the store. The buffers are
+ * item buffers (the pool's, reused and already mapped when there are some) and count against
+ * --max-memory while the job lives.
  */
 struct tsd_list_job {
     uv_work_t req;
     tsd_server *srv;
-    tsd_conn *c; /* NULL once the connection closed */
+    tsd_conn *c; /* held until list_done */
     uint32_t rid;
     size_t n;
     tsd_item *ents;  /* the entries, in the order of the hash table */
@@ -265,17 +255,10 @@ struct tsd_list_job {
     tsd_item *body;  /* the reply body (worker); body_len bytes, its item length a multiple of 64 */
     size_t body_len;
     uint64_t cost; /* bytes reserved in the store */
-    struct tsd_list_job *prev, *next;
 };
 
 static void list_job_free(tsd_server *srv, tsd_list_job *j)
 {
-    if (j->prev != NULL)
-        j->prev->next = j->next;
-    else if (srv->list_jobs == j)
-        srv->list_jobs = j->next;
-    if (j->next != NULL)
-        j->next->prev = j->prev;
     tsd_store_unreserve(&srv->store, j->cost);
     tsd_item_unref(j->ents);
     tsd_item_unref(j->order);
@@ -295,11 +278,12 @@ static void list_work(uv_work_t *req)
         ptrs[i] = ents + off[i];
     qsort(ptrs, j->n, sizeof(*ptrs), ent_cmp);
     uint8_t *p = tsd_item_data(j->body);
-    ts__put_u32le(p, (uint32_t)j->n);
-    ts__put_u32le(p + 4, 0);
-    p += 8;
+    size_t hlen = 0;
+    (void)ts__msg_list_head_encode(p, j->body_len, (uint32_t)j->n, &hlen);
+    p += hlen;
+    /* The entries were encoded on the loop (put_entry); only their order changes here. */
     for (size_t i = 0; i < j->n; i++) {
-        size_t len = 1 + (size_t)ptrs[i][0] + 20;
+        size_t len = ts__msg_list_entry_size(ptrs[i][0]);
         memcpy(p, ptrs[i], len);
         p += len;
     }
@@ -307,17 +291,15 @@ static void list_work(uv_work_t *req)
 
 /*
  * Loop thread: the body is ready. It goes out as the item (its length a multiple of 64, so no
- * padding follows) and the last few bytes after it.
+ * padding follows) and the last few bytes after it; a closed connection takes no output.
  */
-static void list_done(uv_work_t *req, int status)
+static void list_reply(tsd_list_job *j, int status)
 {
-    tsd_list_job *j = req->data;
-    tsd_server *srv = j->srv;
     tsd_conn *c = j->c;
     size_t whole = j->body_len / TS__ALIGN * TS__ALIGN, tail = j->body_len - whole;
-    if (c != NULL && status != 0) {
+    if (status != 0) {
         tsd_reply_err(c, TS_OP_LIST, j->rid, TS_ST_INTERNAL, "listing bins was canceled");
-    } else if (c != NULL && tsd_out_begin(c, TS_OP_LIST, j->rid) == 0 &&
+    } else if (tsd_out_begin(c, TS_OP_LIST, j->rid) == 0 &&
                tsd_out_hdr(c, TS_OP_LIST, j->rid, TS_ST_OK, j->body_len) == 0) {
         const uint8_t *data = tsd_item_data(j->body);
         tsd_item_set_len(j->body, whole);
@@ -327,22 +309,25 @@ static void list_done(uv_work_t *req, int status)
                 memcpy(p, data + whole, tail);
         }
     }
-    list_job_free(srv, j);
-    tsd_server_flush(srv);
 }
 
-void tsd_list_conn_gone(tsd_server *srv, tsd_conn *c)
+/* Loop thread: answer, then let the connection go on with the requests queued behind. */
+static void list_done(uv_work_t *req, int status)
 {
-    for (tsd_list_job *j = srv->list_jobs; j != NULL; j = j->next)
-        if (j->c == c)
-            j->c = NULL;
+    tsd_list_job *j = req->data;
+    tsd_server *srv = j->srv;
+    tsd_conn *c = j->c;
+    list_reply(j, status);
+    list_job_free(srv, j);
+    tsd_conn_release(c); /* may free c */
+    tsd_server_flush(srv);
 }
 
 /* Append the entries of the chain from hn to j (grown when full). 0 or TS_ENOMEM. */
 static int list_chain(tsd_list_job *j, const tsd_hnode *hn, uintptr_t *off, size_t cap_n)
 {
     for (; hn != NULL && j->n < cap_n; hn = hn->next) {
-        size_t need = 1 + (size_t)hn->name_len + 20;
+        size_t need = ts__msg_list_entry_size(hn->name_len);
         size_t cap = tsd_item_len(j->ents);
         if (cap - j->ents_len < need) {
             tsd_item *bigger = tsd_item_new(cap * 2);
@@ -392,7 +377,7 @@ static int list_copy(tsd_server *srv, tsd_list_job *j)
     for (size_t k = 0; k < queued; k++)
         if (list_chain(j, ring[(head + k) % TSD_LIST_PREFETCH], off, count) != 0)
             return TS_ENOMEM;
-    j->body_len = 8 + j->ents_len;
+    j->body_len = TS_MSG_LIST_FIXED + j->ents_len;
     j->body = tsd_item_new_sized(ts__align_up(j->body_len, TS__ALIGN));
     return j->body != NULL ? 0 : TS_ENOMEM;
 }
@@ -426,15 +411,14 @@ static void op_list(tsd_conn *c, const ts__hdr *h)
     j->c = c;
     j->rid = h->request_id;
     j->req.data = j;
-    j->next = srv->list_jobs;
-    if (j->next != NULL)
-        j->next->prev = j;
-    srv->list_jobs = j;
     if (uv_queue_work(srv->loop, &j->req, list_work, list_done) != 0) {
-        /* No thread pool: do the work here, late rather than never. */
+        /* No thread pool: do the work here, late rather than never (nothing to hold). */
         list_work(&j->req);
-        list_done(&j->req, 0);
+        list_reply(j, 0);
+        list_job_free(srv, j);
+        return;
     }
+    tsd_conn_hold(c);
 }
 
 static void op_listen(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl)
@@ -508,79 +492,62 @@ static void op_wait(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t n
 void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t len)
 {
     tsd_server *srv = c->srv;
-    ts__rd r;
-    ts__rd_init(&r, body, len);
-    const char *cname = NULL;
-    size_t nl = 0;
-    uint32_t u32 = 0;
-    uint64_t u64 = 0;
-
     srv->stats.ops[h->opcode]++;
     /* GET and DELETE remove items: refused like PUT/APPEND while snapshots fail. */
     if ((h->opcode == TS_OP_GET || h->opcode == TS_OP_DELETE) && tsd_writes_refused(srv)) {
         tsd_refuse_write(c, h->opcode, h->request_id);
         return;
     }
+    /* The codec's strict decoder of this opcode's request (its table picks which). */
+    ts__msg m;
+    int rc = ts__msg_request_decode(h->opcode, body, len, &m);
+    if (rc == TS_EUNKNOWNOP || (rc == 0 && m.kind == TS_MSG_PUT_REQ)) {
+        /* ts__msg_request_check admits only request opcodes; PUT/APPEND never come here. */
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_UNKNOWN_OPCODE, "unknown opcode 0x%02x",
+                      h->opcode);
+        return;
+    }
+    if (rc != 0) {
+        malformed(c, h);
+        return;
+    }
+    const ts__msg_name_req *q = &m.u.name_req;
     switch (h->opcode) {
     case TS_OP_HELLO:
-        op_hello(c, h, &r);
+        op_hello(c, h, &m.u.hello_req);
         return;
     case TS_OP_PING:
+        tsd_reply(c, h->opcode, h->request_id, TS_ST_OK, NULL, 0);
+        return;
     case TS_OP_LIST:
+        op_list(c, h);
+        return;
     case TS_OP_STATS:
+        tsd_stats_reply(c, h);
+        return;
     case TS_OP_SAVE:
-        if (len != 0) {
-            malformed(c, h);
-            return;
-        }
-        if (h->opcode == TS_OP_PING)
-            tsd_reply(c, h->opcode, h->request_id, TS_ST_OK, NULL, 0);
-        else if (h->opcode == TS_OP_LIST)
-            op_list(c, h);
-        else if (h->opcode == TS_OP_STATS)
-            tsd_stats_reply(c, h);
-        else if (srv->cfg.save_path == NULL)
+        if (srv->cfg.save_path == NULL)
             tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID, "snapshots not configured");
         else
             tsd_snapshot_request(srv, c, h->request_id);
         return;
     case TS_OP_GET:
     case TS_OP_PEEK:
-        ts__rd_name(&r, &cname, &nl);
-        ts__rd_u32(&r, &u32);
-        if (rd_done(&r) != 0) {
-            malformed(c, h);
-            return;
-        }
-        op_get(c, h, (const uint8_t *)cname, nl, u32, h->opcode == TS_OP_GET);
+        op_get(c, h, q->name, q->name_len, q->max_items, h->opcode == TS_OP_GET);
         return;
     case TS_OP_DELETE:
+        op_delete(c, h, q->name, q->name_len);
+        return;
     case TS_OP_LISTEN:
+        op_listen(c, h, q->name, q->name_len);
+        return;
     case TS_OP_UNLISTEN:
-        ts__rd_name(&r, &cname, &nl);
-        if (rd_done(&r) != 0) {
-            malformed(c, h);
-            return;
-        }
-        if (h->opcode == TS_OP_DELETE)
-            op_delete(c, h, (const uint8_t *)cname, nl);
-        else if (h->opcode == TS_OP_LISTEN)
-            op_listen(c, h, (const uint8_t *)cname, nl);
-        else
-            op_unlisten(c, h, (const uint8_t *)cname, nl);
+        op_unlisten(c, h, q->name, q->name_len);
         return;
     case TS_OP_WAIT:
-        ts__rd_name(&r, &cname, &nl);
-        ts__rd_u64(&r, &u64);
-        ts__rd_u32(&r, &u32);
-        if (rd_done(&r) != 0) {
-            malformed(c, h);
-            return;
-        }
-        op_wait(c, h, (const uint8_t *)cname, nl, u64, u32);
+        op_wait(c, h, q->name, q->name_len, q->after_version, q->timeout_ms);
         return;
     default:
-        /* check_header admits only known request opcodes; PUT/APPEND never come here. */
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_UNKNOWN_OPCODE, "unknown opcode 0x%02x",
                       h->opcode);
         return;

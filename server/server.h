@@ -4,7 +4,8 @@
  * nothing needs to be. Files:
  *   main.c    flags, defaults, start-up and exit
  *   server.c  listeners (TCP, unix), accept, signals, the periodic cron, shutdown
- *   conn.c    one connection: the read state machine, limits, the output queue
+ *   conn.c    one connection: accept, the read state machine, header limits, uploads, close
+ *   output.c  a connection's output queue: write batches, replies, the slow-reader cut-off
  *   ops.c     the request handlers (one per opcode)
  *   store.c   bins, items, the name hash table, memory accounting
  *   slab.c    size classes for the buffers of small records
@@ -23,6 +24,7 @@
 #include <uv.h>
 
 #include "common.h"
+#include "msg.h"
 #include "proto.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -34,13 +36,11 @@
 #define TSD_DEFAULT_MAX_OUTPUT  ((uint64_t)256 << 20) /* bytes queued per connection, 256 MiB */
 /*
  * Bytes; the per-connection input buffer. It holds headers, names and whole control bodies, so
- * it must exceed TS_HDR_SIZE + TSD_MAX_CTRL_BODY; item bodies bypass it entirely.
+ * it must exceed TS_HDR_SIZE + TS_MAX_CTRL_BODY (msg.h); item bodies bypass it entirely.
  */
-#define TSD_IBUF_SIZE (16 * 1024)
-/* Bytes; the body limit of every request but PUT/APPEND (a name and a few integers). */
-#define TSD_MAX_CTRL_BODY 4096
-#define TSD_WRITE_CHUNK   ((size_t)4 << 20)     /* bytes; largest single uv_buf of a reply */
-#define TSD_MAX_WAIT_MS   (24u * 3600u * 1000u) /* ms; WAIT timeouts are capped at 24 h */
+#define TSD_IBUF_SIZE   (16 * 1024)
+#define TSD_WRITE_CHUNK ((size_t)4 << 20)     /* bytes; largest single uv_buf of a reply */
+#define TSD_MAX_WAIT_MS (24u * 3600u * 1000u) /* ms; WAIT timeouts are capped at 24 h */
 /* ms; a connection closed after an error reply is dropped at the latest after this long. */
 #define TSD_CLOSE_GRACE_MS 5000
 #define TSD_CRON_MS        500 /* ms; period of the housekeeping timer */
@@ -55,8 +55,8 @@
  * timer) that lives until it ends or the connection closes, so without a cap one client could
  * grow the daemon's memory without bound, one request at a time.
  */
-#define TSD_DEFAULT_MAX_WATCH     65536u
-#define TSD_DEFAULT_HELLO_MS      10000u /* ms; a connection must complete HELLO within this */
+#define TSD_DEFAULT_MAX_WATCH 65536u
+#define TSD_DEFAULT_HELLO_MS  10000u /* ms; a connection must complete HELLO within this */
 /*
  * s; a frame whose header or body stops arriving for this long is cut (the connection closes
  * and its upload reservation is returned), so a stalled upload cannot hold memory forever.
@@ -80,10 +80,10 @@
  * small beside receiving this many bytes). Above TSD_SLAB_MAX, so only items with a buffer of
  * their own ever leave the loop thread.
  */
-#define TSD_OFFLOOP_MIN ((size_t)4 << 20)
-#define TSD_DEFAULT_SAVE_INTERVAL 60u    /* s; period of snapshots with --save */
-#define TSD_ACCEPT_PAUSE_MS       1000   /* ms; accepting pauses this long when out of fds */
-#define TSD_RETRY_MS              50     /* ms; retry after an allocation failure */
+#define TSD_OFFLOOP_MIN           ((size_t)4 << 20)
+#define TSD_DEFAULT_SAVE_INTERVAL 60u  /* s; period of snapshots with --save */
+#define TSD_ACCEPT_PAUSE_MS       1000 /* ms; accepting pauses this long when out of fds */
+#define TSD_RETRY_MS              50   /* ms; retry after an allocation failure */
 /* Frames that must go out even when memory is exhausted (see tsd_emerg). */
 #define TSD_EMERG_FRAMES 4
 #define TSD_EMERG_MSG    64 /* bytes of body in an emergency frame */
@@ -91,7 +91,7 @@
 #define TSD_EXIT_USAGE    2 /* bad flags or an unsafe configuration */
 #define TSD_EXIT_SNAPSHOT 3 /* the snapshot named by --save exists but cannot be loaded */
 
-_Static_assert(TSD_IBUF_SIZE > TS_HDR_SIZE + TSD_MAX_CTRL_BODY, "control frames fit the buffer");
+_Static_assert(TSD_IBUF_SIZE > TS_HDR_SIZE + TS_MAX_CTRL_BODY, "control frames fit the buffer");
 _Static_assert(TSD_IBUF_SIZE > TS_HDR_SIZE + TS_MAX_PREAUTH_BODY, "HELLO fits the buffer");
 
 enum { TSD_LOG_ERROR = 0, TSD_LOG_WARN = 1, TSD_LOG_INFO = 2, TSD_LOG_DEBUG = 3 };
@@ -108,17 +108,17 @@ typedef struct tsd_config {
     int log_level;             /* TSD_LOG_* */
     const uint8_t *auth_token; /* the shared secret; NULL: no authentication */
     size_t auth_token_len;
-    int insecure;                 /* allow a non-loopback --host without a token */
-    uint64_t output_soft;         /* bytes; 0 = no soft output limit */
-    uint32_t output_soft_seconds; /* how long output may stay over output_soft */
-    uint64_t notify_backlog;      /* bytes of unwritten output before notifications coalesce */
-    uint32_t hello_timeout_ms;    /* 0 = none */
-    uint32_t max_watch;           /* subscriptions + pending WAITs per connection */
-    const char *save_path;        /* snapshot file; NULL = no persistence */
-    uint32_t save_interval_s;     /* 0 = snapshots only on SAVE and at shutdown */
+    int insecure;                  /* allow a non-loopback --host without a token */
+    uint64_t output_soft;          /* bytes; 0 = no soft output limit */
+    uint32_t output_soft_seconds;  /* how long output may stay over output_soft */
+    uint64_t notify_backlog;       /* bytes of unwritten output before notifications coalesce */
+    uint32_t hello_timeout_ms;     /* 0 = none */
+    uint32_t max_watch;            /* subscriptions + pending WAITs per connection */
+    const char *save_path;         /* snapshot file; NULL = no persistence */
+    uint32_t save_interval_s;      /* 0 = snapshots only on SAVE and at shutdown */
     int stop_writes_on_save_error; /* refuse writes while snapshots fail (with save_path) */
-    uint32_t body_timeout_s;      /* s without progress inside a frame; 0 = none */
-    uint32_t max_unauth;          /* connections that have not completed HELLO */
+    uint32_t body_timeout_s;       /* s without progress inside a frame; 0 = none */
+    uint32_t max_unauth;           /* connections that have not completed HELLO */
 } tsd_config;
 
 /* Fill cfg with the defaults (max_memory: 3/4 of physical memory). */
@@ -366,7 +366,7 @@ void tsd_store_remove(tsd_store *s, tsd_bin *bin);
 int tsd_store_sorted(tsd_store *s, tsd_bin ***out, size_t *n);
 
 /* ---------------------------------------------------------------------------------------------
- * Connections (conn.c)
+ * Connections (conn.c; their output queue is output.c)
  */
 typedef struct tsd_server tsd_server;
 typedef struct tsd_sub tsd_sub;
@@ -406,7 +406,7 @@ enum {
     TSD_RS_ITEM,    /* reading a record straight into an item buffer */
     TSD_RS_LZ4,     /* reading a compressed body into a temporary buffer */
     TSD_RS_DISCARD, /* skipping the body of a refused upload */
-    TSD_RS_WORK,    /* a record is being inflated or validated off the loop; reading paused */
+    TSD_RS_WORK,    /* off-loop work for this request (upload, LIST): reading paused */
     TSD_RS_DEAD     /* reading stopped (error or closing) */
 };
 
@@ -456,26 +456,30 @@ typedef struct tsd_conn {
     tsd_item *cur_item; /* TSD_RS_ITEM; also the lz4 target */
     uint8_t *cur_tmp;   /* TSD_RS_LZ4: compressed body */
     size_t cur_tmp_len;
-    uint64_t cur_reserved; /* bytes reserved in the store for this upload */
-    uint64_t cur_raw_len;  /* TSD_RS_LZ4: announced raw length */
-    int cur_alloc_failed;  /* TSD_RS_DISCARD: refused for a failed allocation, not the limit */
-    int cur_refused;       /* TSD_RS_DISCARD: refused because snapshots fail (SAVE_FAILING) */
-    uint8_t *bulk_dst;     /* where the next bytes go (RS_ITEM, RS_LZ4) */
-    uint64_t bulk_left;    /* bytes of the body still to come */
-    uint64_t bulk_total;   /* bytes of the body being received in bulk (item or compressed) */
+    uint64_t cur_reserved;  /* bytes reserved in the store for this upload */
+    uint64_t cur_raw_len;   /* TSD_RS_LZ4: announced raw length */
+    int cur_alloc_failed;   /* TSD_RS_DISCARD: refused for a failed allocation, not the limit */
+    int cur_refused;        /* TSD_RS_DISCARD: refused because snapshots fail (SAVE_FAILING) */
+    uint8_t *bulk_dst;      /* where the next bytes go (RS_ITEM, RS_LZ4) */
+    uint64_t bulk_left;     /* bytes of the body still to come */
+    uint64_t bulk_total;    /* bytes of the body being received in bulk (item or compressed) */
     uint64_t last_input_ms; /* uv_now of the last bytes read, for the body deadline */
     uint64_t out_mem;       /* bytes of allocations of the write batches queued or in flight */
     /* Off-loop inflation and validation of a large record (TSD_RS_WORK). */
     struct {
         uv_work_t req;
         int busy;
-        int free_after; /* the connection closed meanwhile: free it when the work is back */
         int rc;
         tsd_item *it;
         uint8_t *tmp; /* compressed body (NULL: validation only) */
         size_t tmp_len;
         size_t raw;
     } job;
+
+    /* Held while other work for its current request runs (tsd_conn_hold): input waits. */
+    int held;
+    /* Closed while held or while its off-loop upload work ran: free it when that is back. */
+    int free_after;
 
     /* Output. */
     tsd_wbatch *pend; /* not yet handed to uv_write */
@@ -526,34 +530,44 @@ tsd_conn *tsd_conn_alloc(void);
  * closed.
  */
 void tsd_conn_accept(tsd_server *srv, tsd_conn *c, int fd, int is_unix);
-/* Bytes of output queued on c and not yet taken by the socket. */
-uint64_t tsd_conn_unwritten(tsd_conn *c);
 /*
- * Housekeeping for one connection (cron): the HELLO deadline, the soft output limit, the close
- * deadline of a connection on its way out. now is uv_now.
+ * Housekeeping for one connection (cron): the HELLO deadline, the body deadline, the close
+ * deadline of a connection on its way out, then the output's part (tsd_out_cron). now is uv_now.
  */
 void tsd_conn_cron(tsd_conn *c, uint64_t now);
 /* Resume reading on a connection that was starved of an input buffer. */
 void tsd_conn_resume_read(tsd_conn *c);
 /* Close now (asynchronously freed); safe to call twice. */
 void tsd_conn_close(tsd_conn *c);
-/* Hand the pending batch to uv_write. */
-void tsd_conn_flush(tsd_conn *c);
 /*
- * A protocol error: queue an error reply (status, message), stop reading, close after the reply
- * is written. Counts in stats.
+ * Release whatever an interrupted upload holds: item, temporary buffer, reservation (nothing
+ * while off-loop work owns them; they are released when it returns).
  */
-void tsd_conn_fail(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
+void tsd_conn_drop_upload(tsd_conn *c);
 /*
- * Output. Every reply (op, rid; TS_OP_NOTIFY and 0 for notifications) starts with
- * tsd_out_begin, which applies the output limits: it returns 0 when the reply may be queued, or
- * -1 when the connection takes no more output (the caller drops the reply). tsd_out_bytes
- * returns room for n small bytes in the pending batch (valid until the next tsd_out_* call) or
- * NULL on allocation failure. After a failure the reply's partial bytes are taken back, every
- * later tsd_out_* call of the same reply fails too, and the request gets an error frame instead
- * (a notification gets nothing: the caller holds it for later).
+ * Hold c while work for its current request runs elsewhere (a LIST sorted on the thread pool):
+ * its input is no longer read nor processed, so the replies of its later requests cannot overtake
+ * that request's reply, and a close meanwhile does not free it. Every hold ends with exactly one
+ * tsd_conn_release. Not while off-loop upload work runs (that has its own state).
+ */
+void tsd_conn_hold(tsd_conn *c);
+/*
+ * End the hold: free c when it was closed meanwhile (c must not be used afterwards then), else
+ * process the requests already buffered and read on. Call it after the held request's reply is
+ * queued.
+ */
+void tsd_conn_release(tsd_conn *c);
+
+/* ---------------------------------------------------------------------------------------------
+ * Output (output.c)
+ *
+ * Every reply (op, rid; TS_OP_NOTIFY and 0 for notifications) starts with tsd_out_begin, which
+ * applies the output limits: it returns 0 when the reply may be queued, or -1 when the connection
+ * takes no more output (the caller drops the reply). tsd_out_bytes returns room for n small bytes
+ * in the pending batch (valid until the next tsd_out_* call) or NULL on allocation failure. After
+ * a failure the reply's partial bytes are taken back, every later tsd_out_* call of the same reply
+ * fails too, and the request gets an error frame instead (a notification gets nothing: the caller
+ * holds it for later). Bodies are encoded with src/msg.c into the room tsd_out_bytes gives.
  */
 int tsd_out_begin(tsd_conn *c, uint8_t op, uint32_t rid);
 uint8_t *tsd_out_bytes(tsd_conn *c, size_t n);
@@ -561,15 +575,42 @@ uint8_t *tsd_out_bytes(tsd_conn *c, size_t n);
 int tsd_out_item(tsd_conn *c, tsd_item *it, int ref);
 /* Queue a frame header. */
 int tsd_out_hdr(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t body_len);
-/* A whole reply with a small body. */
+/* A whole reply with a small body (already encoded). */
 void tsd_reply(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const void *body,
                size_t len);
+/* An error reply whose body is the message msg (n bytes, at most TS_MAX_ERRMSG). */
+void tsd_reply_msg(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *msg,
+                   size_t n);
 /* An error reply with a formatted message (the connection stays open). */
 void tsd_reply_err(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 /* A TS_BIN_STATE reply. */
 void tsd_reply_state(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t version,
                      uint32_t n_items);
+/*
+ * A protocol error: queue an error reply (status, message), stop reading, close after the reply
+ * is written. Counts in stats.
+ */
+void tsd_conn_fail(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* Hand the pending batch to uv_write. */
+void tsd_conn_flush(tsd_conn *c);
+/* Bytes of output queued on c and not yet taken by the socket (and their bookkeeping). */
+uint64_t tsd_conn_unwritten(tsd_conn *c);
+/*
+ * Stop serving c: no more requests are read (input is drained and dropped), no more output is
+ * accepted, and it closes once its queued writes are done and the peer has seen our FIN (or at
+ * the grace deadline).
+ */
+void tsd_conn_begin_closing(tsd_conn *c);
+/* A connection on its way out whose output is all written: send FIN, then close. */
+void tsd_conn_maybe_finish(tsd_conn *c);
+/* The output's housekeeping (cron): the soft output limit, held notifications. */
+void tsd_out_cron(tsd_conn *c, uint64_t now);
+/* Drop the batch not yet handed to the socket (closing). */
+void tsd_out_drop_pending(tsd_conn *c);
+/* Free the batches kept for reuse (freeing the connection). */
+void tsd_out_free_cache(tsd_conn *c);
 
 /* Copy a bin name into out (cap bytes incl. NUL) as printable UTF-8 for messages. */
 void tsd_name_printable(const uint8_t *name, size_t len, char *out, size_t cap);
@@ -586,8 +627,6 @@ void tsd_name_printable(const uint8_t *name, size_t len, char *out, size_t cap);
 #define TSD_LIST_ENTRY_GUESS 40u /* bytes; first guess of an entry's size (name + 21) */
 #define TSD_LIST_PREFETCH    16u /* bins whose memory is fetched ahead while copying */
 typedef struct tsd_list_job tsd_list_job;
-/* Forget c in the LIST jobs under way (its connection is closing). */
-void tsd_list_conn_gone(tsd_server *srv, tsd_conn *c);
 /* Handle a complete control request (every opcode but PUT/APPEND) whose body is in memory. */
 void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t len);
 /*
@@ -623,10 +662,10 @@ typedef struct tsd_watch {
     uint64_t n_version;
     uint32_t n_items;
     uint8_t n_event;
-    int in_pass;          /* being visited: not freed even when it has no one left */
-    int queued;           /* in the server's wake queue */
-    tsd_sub *sub_cur;     /* the next listener to visit, NULL when none is left */
-    tsd_waiter *wt_cur;   /* the next waiter to check, NULL when none is left */
+    int in_pass;        /* being visited: not freed even when it has no one left */
+    int queued;         /* in the server's wake queue */
+    tsd_sub *sub_cur;   /* the next listener to visit, NULL when none is left */
+    tsd_waiter *wt_cur; /* the next waiter to check, NULL when none is left */
     struct tsd_watch *qprev, *qnext;
 } tsd_watch;
 
@@ -702,8 +741,8 @@ typedef struct tsd_stats {
     uint64_t rejected_clients;
     uint64_t connections_total;
     uint64_t bytes_received;
-    uint64_t bytes_sent;     /* bytes of frames whose write completed */
-    uint64_t body_timeouts;  /* connections cut for a frame that stopped arriving */
+    uint64_t bytes_sent;    /* bytes of frames whose write completed */
+    uint64_t body_timeouts; /* connections cut for a frame that stopped arriving */
     uint64_t listeners;
     uint64_t waiters;
     uint64_t watch_bytes;   /* bytes of subscriptions, waiters and watches (in --max-memory) */
@@ -716,7 +755,7 @@ typedef struct tsd_stats {
     uint64_t accept_pauses;   /* times accepting paused (out of fds or memory) */
     uint64_t snapshots;
     uint64_t snapshot_failures;
-    uint64_t snapshot_last_ms; /* duration of the last snapshot write */
+    uint64_t snapshot_last_ms;          /* duration of the last snapshot write */
     uint64_t save_failures_consecutive; /* snapshots failed since the last one that succeeded */
     uint64_t last_save_time;            /* unix seconds of the last good snapshot; 0 = none */
     uint64_t writes_refused;            /* writes refused because snapshots were failing */
@@ -823,7 +862,6 @@ struct tsd_server {
     uv_timer_t *wait_timer; /* allocated while waiters exist */
     uv_idle_t *wake_idle;   /* allocated while watches are queued */
     tsd_watch *wake_head, *wake_tail;
-    tsd_list_job *list_jobs; /* large LISTs being sorted on the thread pool (ops.c) */
     tsd_conn *conns; /* accepted, not yet closing */
     size_t n_conns;  /* clients in conns (refused ones on their way out excluded) */
     size_t n_unauth; /* of n_conns, those that have not completed HELLO */

@@ -74,6 +74,83 @@ uint64_t ts__msg_request_limit(uint8_t op, int helloed, uint64_t max_frame)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The request header check
+ */
+
+uint16_t ts__msg_hdr_rule_status(ts__msg_hdr_rule rule)
+{
+    switch (rule) {
+    case TS_HDR_OK:
+        return TS_ST_OK;
+    case TS_HDR_VERSION:
+        return TS_ST_UNSUPPORTED_VERSION;
+    case TS_HDR_PREAUTH_SIZE:
+    case TS_HDR_MAX_FRAME:
+    case TS_HDR_CTRL_SIZE:
+        return TS_ST_TOO_LARGE;
+    case TS_HDR_OPCODE:
+        return TS_ST_UNKNOWN_OPCODE;
+    case TS_HDR_MAGIC:
+    case TS_HDR_FLAGS:
+    case TS_HDR_RESERVED:
+    case TS_HDR_STATUS:
+    case TS_HDR_NOT_HELLO:
+    case TS_HDR_LZ4:
+    default:
+        return TS_ST_BAD_REQUEST;
+    }
+}
+
+/* The first rule p breaks on a connection in state st, in the documented order. */
+static ts__msg_hdr_rule request_rule(const uint8_t *p, const ts__msg_conn_state *st)
+{
+    uint8_t op = p[2], flags = p[3];
+    uint64_t body_len = ts__get_u64le(p + 16);
+    if (p[0] != TS_MAGIC_REQ)
+        return TS_HDR_MAGIC;
+    if (p[1] != TS_PROTO_VERSION)
+        return TS_HDR_VERSION;
+    if ((flags & ~TS_FLAGS_KNOWN) != 0)
+        return TS_HDR_FLAGS;
+    if (ts__get_u16le(p + 6) != 0 || ts__get_u32le(p + 12) != 0)
+        return TS_HDR_RESERVED;
+    if (ts__get_u16le(p + 4) != 0)
+        return TS_HDR_STATUS;
+    if (!st->helloed) {
+        /* The size first: an oversized body is refused before anything else is looked at. */
+        if (body_len > TS_MAX_PREAUTH_BODY)
+            return TS_HDR_PREAUTH_SIZE;
+        if (op != TS_OP_HELLO)
+            return TS_HDR_NOT_HELLO;
+    }
+    if ((flags & TS_FLAG_LZ4) && !st->lz4)
+        return TS_HDR_LZ4;
+    if (body_len > st->max_frame)
+        return TS_HDR_MAX_FRAME;
+    const ts__msg_op *info = ts__msg_op_info(op);
+    if (info == NULL || info->request == TS_MSG_NONE)
+        return TS_HDR_OPCODE;
+    if (!info->upload && body_len > TS_MAX_CTRL_BODY)
+        return TS_HDR_CTRL_SIZE;
+    return TS_HDR_OK;
+}
+
+uint16_t ts__msg_request_check(const uint8_t *p, const ts__msg_conn_state *st, ts__hdr *h,
+                               ts__msg_hdr_rule *rule)
+{
+    ts__msg_hdr_rule r = request_rule(p, st);
+    if (rule != NULL)
+        *rule = r;
+    if (r != TS_HDR_OK)
+        return ts__msg_hdr_rule_status(r);
+    /* Every rule ts__hdr_decode applies was checked above, so it cannot fail here. */
+    int rc = ts__hdr_decode(p, TS_MAGIC_REQ, h);
+    assert(rc == 0);
+    (void)rc;
+    return TS_ST_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Shared pieces
  */
 

@@ -17,8 +17,9 @@
  *
  * Thread: none of these keep state; any thread may call them.
  *
- * What replaces what (the daemon and the client still carry their own copies; wiring them to
- * this file changes only the behaviour listed under "differences"):
+ * What replaces what. tensord is wired: every body it parses or writes goes through this file,
+ * and its request header check is ts__msg_request_check (below). The client rows still describe
+ * its own copies; wiring them changes only the behaviour listed under "differences":
  *
  *   server/ops.c    op_hello: the ts__rd reads         -> ts__msg_hello_req_decode
  *                   op_hello: body[24] filled by hand  -> ts__msg_hello_rep_encode
@@ -34,12 +35,11 @@
  *                   op_list: body_len sum and entries  -> ts__msg_list_head_encode,
  *                         ts__msg_list_entry_size, ts__msg_list_entry_encode
  *                   the "which opcode is which" switch -> ts__msg_op_info (request kind)
- *   server/conn.c   tsd_reply_state: body by hand      -> ts__msg_bin_state_encode
- *                   check_header: "op < HELLO || op > SAVE" -> ts__msg_op_info(op) == NULL or
- *                         its request == TS_MSG_NONE (NOTIFY)
- *                   format_msg (error messages)        -> ts__msg_error_vformat
- *                   check_header: 4096 for control bodies, TS_MAX_PREAUTH_BODY before HELLO,
- *                         max_frame for PUT/APPEND     -> ts__msg_request_limit
+ *   server/output.c tsd_reply_state: body by hand      -> ts__msg_bin_state_encode
+ *                   format_msg (error messages)        -> ts__msg_error_vformat, error bodies
+ *                                                         -> ts__msg_error_encode (tsd_reply_msg)
+ *   server/conn.c   check_header: every rule, in order -> ts__msg_request_check (conn.c only
+ *                         words the message of the rule that decided)
  *                   start_upload: name length checks   -> ts__msg_put_head_decode (TS_EAGAIN =
  *                         read more; it gives name, head_len and rec_len)
  *                   lz4_done: name after inflating     -> ts__msg_put_decode
@@ -63,9 +63,9 @@
  *                         APPEND ts__msg_put_head_encode (the record follows with writev)
  *                   max_items_field (GET, PEEK)        -> ts__msg_get_req_encode
  *                   wait_req                           -> ts__msg_wait_req_encode
- *   server/server.h TSD_MAX_CTRL_BODY                  -> TS_MAX_CTRL_BODY (the same 4096)
- *   src/proto.h     the "Body layouts" comment, TS_HELLO_LZ4, TS_BIN_STATE_SIZE, TS_NOTIFY_FIXED,
- *                   ts__items_head_size stay as they are; the comment can point here instead.
+ *   server/server.h TSD_MAX_CTRL_BODY                  -> TS_MAX_CTRL_BODY (gone)
+ *   src/proto.h     TS_HELLO_LZ4, TS_BIN_STATE_SIZE, TS_NOTIFY_FIXED, ts__items_head_size stay;
+ *                   its "Body layouts" comment points here.
  *   tests           tests/integration/test_client_badserver.c and the server attack tests write
  *                   bodies with ts__put_u*le by hand: the encoders write the valid ones, and
  *                   a test that needs a malformed body can encode a valid one and then break it.
@@ -88,7 +88,8 @@
  *     it does not know. tests/fuzz/fuzz_frame.c refused events outside 1..4 too.
  *   - server/conn.c refuses a PUT/APPEND record shorter than 16 bytes with BAD_RECORD when the
  *     body is raw but with BAD_REQUEST when it came compressed (lz4_done); the head decoders
- *     leave the record to ts__record_validate, so one status (BAD_RECORD) can serve both.
+ *     leave the record to ts__record_validate, so one status (BAD_RECORD) could serve both
+ *     (tensord still answers as before).
  */
 #ifndef TS_MSG_H
 #define TS_MSG_H
@@ -165,6 +166,48 @@ ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status);
  * and APPEND and TS_MAX_CTRL_BODY for the other requests (never more than max_frame).
  */
 uint64_t ts__msg_request_limit(uint8_t op, int helloed, uint64_t max_frame);
+
+/* ---------------------------------------------------------------------------------------------
+ * The request header check (docs/PROTOCOL.md section 5): what a server decides from a request's
+ * 24 header bytes and the state of its connection, before it reads or allocates the body
+ */
+
+/* What the server knows of the connection a header arrives on. */
+typedef struct ts__msg_conn_state {
+    int helloed;        /* HELLO has succeeded on it */
+    int lz4;            /* HELLO granted LZ4 */
+    uint64_t max_frame; /* bytes; the body limit of PUT and APPEND (tensord --max-frame) */
+} ts__msg_conn_state;
+
+/*
+ * The rules a request header can break, in the order they are checked: when a header breaks
+ * several, the first in this order decides the status (section 5 lists the same order).
+ */
+typedef enum ts__msg_hdr_rule {
+    TS_HDR_OK = 0,
+    TS_HDR_MAGIC,        /* magic is not TS_MAGIC_REQ: BAD_REQUEST */
+    TS_HDR_VERSION,      /* version is not TS_PROTO_VERSION: UNSUPPORTED_VERSION */
+    TS_HDR_FLAGS,        /* a flag bit other than TS_FLAG_LZ4: BAD_REQUEST */
+    TS_HDR_RESERVED,     /* a reserved field is not 0: BAD_REQUEST */
+    TS_HDR_STATUS,       /* status is not 0: BAD_REQUEST */
+    TS_HDR_PREAUTH_SIZE, /* before HELLO, body_len > TS_MAX_PREAUTH_BODY: TOO_LARGE */
+    TS_HDR_NOT_HELLO,    /* before HELLO, an opcode other than HELLO: BAD_REQUEST */
+    TS_HDR_LZ4,          /* TS_FLAG_LZ4 although HELLO did not grant it: BAD_REQUEST */
+    TS_HDR_MAX_FRAME,    /* body_len > max_frame (any opcode): TOO_LARGE */
+    TS_HDR_OPCODE,       /* not a request opcode (unknown, or NOTIFY): UNKNOWN_OPCODE */
+    TS_HDR_CTRL_SIZE     /* body_len > TS_MAX_CTRL_BODY, not PUT/APPEND: TOO_LARGE */
+} ts__msg_hdr_rule;
+
+/*
+ * Check a request header p (TS_HDR_SIZE bytes) arriving on a connection in state st. Returns
+ * TS_ST_OK and fills *h when the frame may proceed; otherwise the status to answer (the server
+ * then closes the connection) and *h is untouched. *rule (may be NULL) is the rule that decided,
+ * TS_HDR_OK on success. Pure: the same bytes and state always give the same answer.
+ */
+uint16_t ts__msg_request_check(const uint8_t *p, const ts__msg_conn_state *st, ts__hdr *h,
+                               ts__msg_hdr_rule *rule);
+/* The status a broken rule is answered with (TS_ST_OK for TS_HDR_OK). */
+uint16_t ts__msg_hdr_rule_status(ts__msg_hdr_rule rule);
 
 /* ---------------------------------------------------------------------------------------------
  * Bodies

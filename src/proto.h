@@ -137,27 +137,9 @@ const uint8_t *ts__rd_bytes(ts__rd *r, size_t n);
 int ts__rd_name(ts__rd *r, const char **name, size_t *len);
 
 /*
- * Body layouts (all little-endian; "name" = u8 len + bytes):
- *   HELLO req:   u8 max_version, u8 flags (TS_HELLO_LZ4), u16 token_len, token bytes
- *   HELLO rep:   u8 version, u8 flags, u16 0, u32 0, u64 max_body, u64 server_id
- *   PUT/APPEND:  name, record                       rep: TS_BIN_STATE
- *   GET/PEEK:    name, u32 max_items (0 = all)      rep: TS_ITEMS
- *   DELETE:      name                               rep: TS_BIN_STATE (n = items removed)
- *   LIST:        (empty)                            rep: u32 n, u32 0, n x (name, u32 n_items,
- *                                                        u64 bytes, u64 version)
- *   LISTEN:      name                               rep: TS_BIN_STATE (current state)
- *   UNLISTEN:    name                               rep: empty
- *   WAIT:        name, u64 after_version, u32 timeout_ms
- *                                                   rep: TS_BIN_STATE (status TIMEOUT on timeout)
- *   STATS/PING/SAVE: (empty)                        rep: STATS a record (map of ints); else empty
- *   NOTIFY:      u64 version, u32 n_items, u8 event, u8 flags, name
- *   error reply (status != OK): UTF-8 message, at most TS_MAX_ERRMSG bytes (may be empty), except
- *                WAIT's TIMEOUT which carries TS_BIN_STATE.
- * TS_BIN_STATE: u64 version, u32 n_items, u32 0 (16 bytes)
- * TS_ITEMS:     u64 version, u32 n_items, u32 remaining, n_items x u64 item_len, zero padding to
- *               a multiple of 64, then each item's record followed by zero padding to a multiple
- *               of 64 (so every item starts at a 64-byte aligned body offset; the last is padded
- *               too). body_len = ts__items_head_size(n) + sum of align64(item_len).
+ * Body layouts: every frame body is encoded and decoded by src/msg.h (one encoder and one strict
+ * decoder per body, with the layouts of docs/PROTOCOL.md written there and nowhere else). The
+ * constants below are the few fixed sizes both sides name.
  */
 #define TS_HELLO_LZ4      0x01
 #define TS_BIN_STATE_SIZE 16

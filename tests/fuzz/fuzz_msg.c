@@ -4,6 +4,9 @@
  * that decodes must encode back to the same bytes, the decoder picked by the opcode must agree
  * with the decoder of the body's own kind, and the walks over ITEMS and LIST bodies must stay
  * inside the body. The streaming PUT head must agree with the whole-body decoder at every split.
+ * The last selector drives tensord's request parsing instead: the header check
+ * (ts__msg_request_check) on 24 header bytes and a connection state, then the body decoder of
+ * the opcode it admits, as server/conn.c and server/ops.c call them.
  */
 #include "fuzz.h"
 
@@ -44,7 +47,13 @@ static const struct {
     {0, TS_OP_NOTIFY, TS_ST_OK},
     {0, TS_OP_GET, TS_ST_NOT_FOUND},
     {0, 0, TS_ST_SHUTTING_DOWN},
+    {2, 0, 0}, /* a request header and its body: see request_input */
 };
+
+/* Body limits (bytes) the request mode picks --max-frame from: around the control limit, and big.
+ */
+static const uint64_t max_frames[4] = {TS_MAX_CTRL_BODY - 1, TS_MAX_CTRL_BODY, (uint64_t)1 << 20,
+                                       UINT64_MAX};
 
 static uint8_t again[FZ_MAX_BODY];
 
@@ -163,11 +172,86 @@ static void put_splits(const uint8_t *body, size_t len, int rc)
     }
 }
 
+/*
+ * The request mode: one state byte (bit 0: HELLO done, bit 1: LZ4 granted, bits 2-3: which
+ * max_frames), 24 header bytes, then body bytes. The rule that decides must be the first one
+ * broken in the documented order; what is admitted must fit the limits of its opcode, and its
+ * body (when whole in the input) goes to the decoder tensord uses.
+ */
+static void request_input(const uint8_t *data, size_t size)
+{
+    if (size < 1 + TS_HDR_SIZE)
+        return;
+    ts__msg_conn_state st = {.helloed = data[0] & 1,
+                             .lz4 = (data[0] >> 1) & 1,
+                             .max_frame = max_frames[(data[0] >> 2) & 3]};
+    const uint8_t *p = data + 1;
+    const uint8_t *body = p + TS_HDR_SIZE;
+    size_t avail = size - 1 - TS_HDR_SIZE;
+    ts__hdr h, h2;
+    ts__msg_hdr_rule rule, rule2;
+    uint16_t status = ts__msg_request_check(p, &st, &h, &rule);
+    /* Pure: the same bytes and state give the same answer. */
+    FZ_CHECK(ts__msg_request_check(p, &st, &h2, &rule2) == status && rule2 == rule);
+    FZ_CHECK(status == ts__msg_hdr_rule_status(rule));
+    FZ_CHECK((status == TS_ST_OK) == (rule == TS_HDR_OK));
+    ts__hdr d;
+    int format_ok = ts__hdr_decode(p, TS_MAGIC_REQ, &d) == 0;
+    /* The format rules come first: past them, the header decodes. */
+    if (rule > TS_HDR_RESERVED || rule == TS_HDR_OK)
+        FZ_CHECK(format_ok);
+    if (rule >= TS_HDR_MAGIC && rule <= TS_HDR_RESERVED)
+        FZ_CHECK(!format_ok);
+    if (rule > TS_HDR_STATUS || rule == TS_HDR_OK)
+        FZ_CHECK(d.status == 0);
+    if (rule == TS_HDR_STATUS)
+        FZ_CHECK(d.status != 0);
+    /* Before HELLO, only a small HELLO passes the connection rules. */
+    if (!st.helloed && (rule > TS_HDR_NOT_HELLO || rule == TS_HDR_OK))
+        FZ_CHECK(d.opcode == TS_OP_HELLO && d.body_len <= TS_MAX_PREAUTH_BODY);
+    if (rule == TS_HDR_PREAUTH_SIZE || rule == TS_HDR_NOT_HELLO)
+        FZ_CHECK(!st.helloed);
+    if (rule == TS_HDR_LZ4)
+        FZ_CHECK((d.flags & TS_FLAG_LZ4) && !st.lz4);
+    if (rule == TS_HDR_MAX_FRAME)
+        FZ_CHECK(d.body_len > st.max_frame);
+    if (rule == TS_HDR_OPCODE || rule == TS_HDR_CTRL_SIZE)
+        FZ_CHECK(d.body_len <= st.max_frame);
+    const ts__msg_op *info = format_ok ? ts__msg_op_info(d.opcode) : NULL;
+    if (rule == TS_HDR_OPCODE)
+        FZ_CHECK(info == NULL || info->request == TS_MSG_NONE);
+    if (rule == TS_HDR_CTRL_SIZE)
+        FZ_CHECK(info != NULL && !info->upload && d.body_len > TS_MAX_CTRL_BODY);
+    if (status != TS_ST_OK)
+        return;
+    FZ_CHECK(h.opcode == d.opcode && h.flags == d.flags && h.request_id == d.request_id &&
+             h.body_len == d.body_len && h.status == 0);
+    FZ_CHECK(info != NULL && info->request != TS_MSG_NONE);
+    FZ_CHECK(!(h.flags & TS_FLAG_LZ4) || st.lz4);
+    FZ_CHECK(h.body_len <= ts__msg_request_limit(h.opcode, st.helloed, st.max_frame));
+    /* The body, as tensord reads it: a PUT head as it streams in, the others whole. */
+    if (info->upload) {
+        ts__msg_put_req m;
+        int r = ts__msg_put_head_decode(body, avail, h.body_len, &m);
+        FZ_CHECK(r == 0 || r == TS_EAGAIN || r == TS_EPROTO);
+        if (r == 0)
+            FZ_CHECK(m.head_len <= avail && m.head_len + m.rec_len == h.body_len);
+    } else if (h.body_len <= avail) {
+        ts__msg m;
+        int r = ts__msg_request_decode(h.opcode, body, (size_t)h.body_len, &m);
+        FZ_CHECK(r == 0 || r == TS_EPROTO);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1 || size - 1 > FZ_MAX_BODY)
         return 0;
     size_t which = data[0] % TS__ARRAY_SIZE(pick);
+    if (pick[which].request == 2) {
+        request_input(data + 1, size - 1);
+        return 0;
+    }
     const uint8_t *body = data + 1;
     size_t len = size - 1;
     ts__msg m;

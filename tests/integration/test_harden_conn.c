@@ -279,6 +279,64 @@ static void expect_raw_too_large(int fd, uint8_t op, uint64_t raw_len)
     assert_int_equal(tsh_wait_closed(fd, 5000), 1);
 }
 
+/*
+ * Send one request header (only) on a fresh connection, after HELLO when helloed, and expect the
+ * error status and the connection closed.
+ */
+static void expect_header_status(int helloed, uint8_t version, uint8_t op, uint8_t flags,
+                                 uint16_t reserved, uint64_t body_len, uint16_t status)
+{
+    int fd = helloed ? tsu_client(&s) : tsh_connect_tcp(s.port);
+    assert_true(fd >= 0);
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = version,
+                 .opcode = op,
+                 .flags = flags,
+                 .request_id = 91,
+                 .body_len = body_len};
+    uint8_t frame[TS_HDR_SIZE];
+    ts__hdr_encode(&h, frame);
+    frame[6] = (uint8_t)reserved; /* the u16 reserved field (ts__hdr_encode writes 0) */
+    assert_int_equal(tsh_write_all(fd, frame, sizeof(frame)), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, op, 91, status);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_wait_closed(fd, 5000), 1);
+    close(fd);
+}
+
+/*
+ * A header that breaks several rules is answered with the status of the first rule in the order
+ * of PROTOCOL.md section 5: magic, version, flags, reserved fields, status, the pre-HELLO size,
+ * HELLO first, LZ4 granted, --max-frame, the opcode, the control body limit.
+ */
+static void test_header_rule_precedence(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-frame", "1m", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    const uint64_t big = (uint64_t)2 << 20; /* over --max-frame */
+    const uint8_t v = TS_PROTO_VERSION;
+    /* Version and reserved field both wrong, body too large: the version decides. */
+    expect_header_status(1, v + 1, TS_OP_PING, 0, 1, big, TS_ST_UNSUPPORTED_VERSION);
+    /* Reserved field set and body too large: BAD_REQUEST, not TOO_LARGE. */
+    expect_header_status(1, v, TS_OP_PING, 0, 1, big, TS_ST_BAD_REQUEST);
+    /* Before HELLO, LZ4 not granted and a body over 4096 bytes: the size decides. */
+    expect_header_status(0, v, TS_OP_HELLO, TS_FLAG_LZ4, 0, CTRL_BODY_LIMIT + 1, TS_ST_TOO_LARGE);
+    /* Before HELLO, not HELLO and over 4096 bytes: the size decides. */
+    expect_header_status(0, v, TS_OP_PING, 0, 0, CTRL_BODY_LIMIT + 1, TS_ST_TOO_LARGE);
+    /* LZ4 not granted and over --max-frame: BAD_REQUEST. */
+    expect_header_status(1, v, TS_OP_PUT, TS_FLAG_LZ4, 0, big, TS_ST_BAD_REQUEST);
+    /* An unknown opcode over --max-frame: TOO_LARGE. */
+    expect_header_status(1, v, 0x55, 0, 0, big, TS_ST_TOO_LARGE);
+    /* An unknown opcode over the control body limit, within --max-frame: UNKNOWN_OPCODE. */
+    expect_header_status(1, v, 0x55, 0, 0, CTRL_BODY_LIMIT + 1, TS_ST_UNKNOWN_OPCODE);
+    /* NOTIFY is no request: UNKNOWN_OPCODE. */
+    expect_header_status(1, v, TS_OP_NOTIFY, 0, 0, 0, TS_ST_UNKNOWN_OPCODE);
+    tsu_check_healthy(&s);
+    stop_server();
+}
+
 /* A compressed body's raw length over the limit is TOO_LARGE at the header, for every opcode. */
 static void test_raw_len_checked_at_header(void **state)
 {
@@ -491,6 +549,7 @@ int main(void)
         T(test_big_lz4_inflated_off_loop),
         T(test_offloop_keeps_order),
         T(test_raw_len_checked_at_header),
+        T(test_header_rule_precedence),
         T(test_unauth_flood_leaves_room),
         T(test_bytes_sent),
         T(test_bin_overhead_counted),

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "compress.h"
+#include "msg.h"
 #include "test_server_util.h"
 
 static tsh_server srv;
@@ -385,6 +386,65 @@ static void test_list_large(void **state)
     }
     assert_int_equal(r.left, 0);
     tsu_frame_free(&list);
+    assert_true(tsu_stat(fd, "lists_offloop") >= 1);
+    tsu_rec_free(rec, len);
+    close(fd);
+    tsu_check_healthy(&srv);
+}
+
+/*
+ * A LIST of many bins keeps its place among the connection's replies: requests pipelined behind
+ * it (here a PING, a DELETE of a listed bin and another PING, all sent at once with the LIST) are
+ * answered after it, in order, and the DELETE takes effect after the LIST's snapshot.
+ */
+static void test_list_large_in_order(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    size_t len;
+    uint8_t *rec = tsu_rec_int(5, &len);
+    char name[32];
+    for (uint32_t i = 0; i < N_LIST_BINS; i++) {
+        snprintf(name, sizeof(name), "O%u", i);
+        assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 1, name, rec, len), 0);
+    }
+    tsu_frame f;
+    for (uint32_t i = 0; i < N_LIST_BINS; i++) {
+        tsu_expect(fd, &f, TS_OP_PUT, 1, TS_ST_OK);
+        tsu_frame_free(&f);
+    }
+    /* The four requests in one write, so they arrive together behind the LIST. */
+    uint8_t buf[4 * TS_HDR_SIZE + 16];
+    size_t off = 0;
+    const uint8_t ops[4] = {TS_OP_LIST, TS_OP_PING, TS_OP_DELETE, TS_OP_PING};
+    for (uint32_t i = 0; i < 4; i++) {
+        size_t blen = 0;
+        uint8_t body[8];
+        if (ops[i] == TS_OP_DELETE) {
+            ts__msg_name_req q = {.name = (const uint8_t *)"O7", .name_len = 2};
+            assert_int_equal(ts__msg_name_req_encode(body, sizeof(body), &q, &blen), 0);
+        }
+        ts__hdr h = {.magic = TS_MAGIC_REQ,
+                     .version = TS_PROTO_VERSION,
+                     .opcode = ops[i],
+                     .request_id = 10 + i,
+                     .body_len = blen};
+        ts__hdr_encode(&h, buf + off);
+        memcpy(buf + off + TS_HDR_SIZE, body, blen);
+        off += TS_HDR_SIZE + blen;
+    }
+    assert_int_equal(tsh_write_all(fd, buf, off), 0);
+    tsu_expect(fd, &f, TS_OP_LIST, 10, TS_ST_OK);
+    ts__msg_list l;
+    assert_int_equal(ts__msg_list_decode(f.body, f.len, &l), 0);
+    assert_int_equal(l.n, N_LIST_BINS); /* O7 is still listed: the DELETE came after */
+    tsu_frame_free(&f);
+    tsu_expect(fd, &f, TS_OP_PING, 11, TS_ST_OK);
+    tsu_frame_free(&f);
+    tsu_expect(fd, &f, TS_OP_DELETE, 12, TS_ST_OK);
+    tsu_frame_free(&f);
+    tsu_expect(fd, &f, TS_OP_PING, 13, TS_ST_OK);
+    tsu_frame_free(&f);
     assert_true(tsu_stat(fd, "lists_offloop") >= 1);
     tsu_rec_free(rec, len);
     close(fd);
@@ -934,16 +994,27 @@ static void test_lz4_bodies(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(test_hello),          T(test_ping_and_save),
-        T(test_put_replaces),   T(test_append_creates_and_extends),
-        T(test_get_removes),    T(test_get_max_items),
-        T(test_delete),         T(test_list_sorted),
-        T(test_list_large),     T(test_names_with_spaces_and_empty),
-        T(test_notifications),  T(test_listen_reports_state),
-        T(test_wait_immediate), T(test_wait_on_change),
-        T(test_wait_timeout),   T(test_wait_removal_rule),
-        T(test_pipelined),      T(test_stats),
-        T(test_unix_socket),    T(test_large_item),
+        T(test_hello),
+        T(test_ping_and_save),
+        T(test_put_replaces),
+        T(test_append_creates_and_extends),
+        T(test_get_removes),
+        T(test_get_max_items),
+        T(test_delete),
+        T(test_list_sorted),
+        T(test_list_large),
+        T(test_list_large_in_order),
+        T(test_names_with_spaces_and_empty),
+        T(test_notifications),
+        T(test_listen_reports_state),
+        T(test_wait_immediate),
+        T(test_wait_on_change),
+        T(test_wait_timeout),
+        T(test_wait_removal_rule),
+        T(test_pipelined),
+        T(test_stats),
+        T(test_unix_socket),
+        T(test_large_item),
         T(test_lz4_bodies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
