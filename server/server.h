@@ -11,7 +11,8 @@
  *   slab.c    size classes for the buffers of small records
  *   notify.c  listeners (subscriptions) and waiters
  *   stats.c   counters and the STATS reply
- *   snapshot.c  snapshots: the file format, writing off the loop, loading at start
+ *   snapshot.c  snapshots: the jobs (SAVE, the timer, writing off the loop), loading at start
+ *   snapfile.c  the snapshot file format: checksum, writer, reader (no loop; snapfile.h)
  */
 #ifndef TSD_SERVER_H
 #define TSD_SERVER_H
@@ -777,8 +778,6 @@ typedef struct tsd_save_waiter {
     struct tsd_save_waiter *next;
 } tsd_save_waiter;
 
-/* A 64-bit hash of len bytes (xxHash64-style); the snapshot checksums. */
-uint64_t tsd_hash64(const void *p, size_t len, uint64_t seed);
 /*
  * Load the snapshot at path into the (empty) store. Returns 0 (*counter = the saved change
  * counter), 1 when the file does not exist (nothing loaded), or -1 with a message in err: the

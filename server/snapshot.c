@@ -1,5 +1,7 @@
 /*
- * Snapshots: every bin written to one file, atomically, without stopping the loop.
+ * Snapshots: every bin written to one file, atomically, without stopping the loop. The file
+ * format itself (its layout, checksum, writer and reader) is in snapfile.c; this file runs the
+ * jobs around it.
  *
  * Writing. The loop thread takes a reference on every item (items are immutable and their
  * counts atomic) and copies the bins' names, versions and item lists into a job, in one pass
@@ -17,26 +19,13 @@
  * SAVE_FAILING when --stop-writes-on-save-error is on (the default): a client then learns that
  * its changes could not be made durable instead of having them acknowledged.
  *
- * The file (all integers little-endian):
- *   header, 64 bytes:
- *      0 u8[8] magic "TSDSNAP\0"     8 u32 format (1)        12 u32 0
- *     16 u64 change counter          24 u64 bins             32 u64 items
- *     40 u64 record bytes            48 u64 wall clock, ms   56 u64 hash of bytes 0..55
- *   then per bin, in name order:
- *     u8 name_len, name, u64 version, u32 n_items, u32 0, n_items x u64 item length,
- *     u64 hash of the bin header so far;
- *     then per item: its record bytes, u64 hash of them
- *   trailer, 32 bytes:
- *      0 u8[8] magic "TSDSEND\0"     8 u64 bins              16 u64 items
- *     24 u64 hash of every section hash above, in order, and of bytes 0..23
- * Every byte is covered by a hash, lengths are checked against the file size before anything
- * is allocated, and the file must end right after the trailer. Loading verifies everything
- * into a side list first and links bins into the store only when the whole file is good: a
- * damaged snapshot is reported and never half-loaded.
+ * Loading reads the whole file through snapfile.c's reader into a side list first and links
+ * bins into the store only when every byte of it is good: a damaged snapshot is reported and
+ * never half-loaded.
  */
 #include "server.h"
 
-#include "record.h"
+#include "snapfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -47,12 +36,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SNAP_MAGIC     "TSDSNAP"
-#define SNAP_END_MAGIC "TSDSEND"
-#define SNAP_FORMAT    1
-#define SNAP_HDR_SIZE  64
-#define SNAP_END_SIZE  32
-#define SNAP_WBUF      ((size_t)1 << 20) /* bytes; the writer's buffer for small pieces */
 /* Bytes; the longest --save path (with ".lock" or ".tmp" added it still fits the buffers). */
 #define SNAP_PATH_MAX 4000
 #define SNAP_PATH_BUF (SNAP_PATH_MAX + 16)
@@ -67,107 +50,18 @@
 #define SNAP_PREFETCH 16
 
 /* ---------------------------------------------------------------------------------------------
- * The hash: xxHash64's structure (four lanes of multiply-rotate rounds, a final avalanche), so
- * that checking a multi-gigabyte snapshot costs a fraction of reading it.
- */
-static const uint64_t P1 = 0x9E3779B185EBCA87ull;
-static const uint64_t P2 = 0xC2B2AE3D27D4EB4Full;
-static const uint64_t P3 = 0x165667B19E3779F9ull;
-static const uint64_t P4 = 0x85EBCA77C2B2AE63ull;
-static const uint64_t P5 = 0x27D4EB2F165667C5ull;
-
-static inline uint64_t rotl64(uint64_t x, int r)
-{
-    return (x << r) | (x >> (64 - r));
-}
-
-static inline uint64_t h_round(uint64_t acc, uint64_t in)
-{
-    acc += in * P2;
-    acc = rotl64(acc, 31);
-    return acc * P1;
-}
-
-static inline uint64_t h_merge(uint64_t acc, uint64_t v)
-{
-    acc ^= h_round(0, v);
-    return acc * P1 + P4;
-}
-
-uint64_t tsd_hash64(const void *data, size_t len, uint64_t seed)
-{
-    const uint8_t *p = data;
-    const uint8_t *end = p + len;
-    uint64_t h;
-    if (len >= 32) {
-        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
-        const uint8_t *limit = end - 32;
-        do {
-            v1 = h_round(v1, ts__get_u64le(p));
-            v2 = h_round(v2, ts__get_u64le(p + 8));
-            v3 = h_round(v3, ts__get_u64le(p + 16));
-            v4 = h_round(v4, ts__get_u64le(p + 24));
-            p += 32;
-        } while (p <= limit);
-        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
-        h = h_merge(h, v1);
-        h = h_merge(h, v2);
-        h = h_merge(h, v3);
-        h = h_merge(h, v4);
-    } else {
-        h = seed + P5;
-    }
-    h += (uint64_t)len;
-    while (p + 8 <= end) {
-        h ^= h_round(0, ts__get_u64le(p));
-        h = rotl64(h, 27) * P1 + P4;
-        p += 8;
-    }
-    if (p + 4 <= end) {
-        h ^= (uint64_t)ts__get_u32le(p) * P1;
-        h = rotl64(h, 23) * P2 + P3;
-        p += 4;
-    }
-    while (p < end) {
-        h ^= (uint64_t)(*p) * P5;
-        h = rotl64(h, 11) * P1;
-        p++;
-    }
-    h ^= h >> 33;
-    h *= P2;
-    h ^= h >> 29;
-    h *= P3;
-    h ^= h >> 32;
-    return h;
-}
-
-/* The trailer's running hash: fold one section hash in. */
-static uint64_t chain(uint64_t acc, uint64_t h)
-{
-    uint8_t b[16];
-    ts__put_u64le(b, acc);
-    ts__put_u64le(b + 8, h);
-    return tsd_hash64(b, sizeof(b), 0);
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Writing (worker thread)
  */
-
-typedef struct snap_bin {
-    const uint8_t *name; /* set by the worker: names + name_off */
-    size_t name_off;     /* where its name starts in the job's names */
-    size_t first;        /* index of its first item in the job's items */
-    uint64_t version;
-    uint32_t n_items;
-    uint8_t name_len;
-} snap_bin;
 
 struct tsd_snap_job {
     uv_work_t req;
     tsd_server *srv;
     uint64_t counter;
-    snap_bin *bins; /* in the name table's order; the worker sorts them by name */
+    /*
+     * In the name table's order, their names packed in that order in names (the worker points
+     * each bin at its name, then sorts them by name).
+     */
+    tsd_snapfile_bin *bins;
     size_t n_bins;
     uint8_t *names; /* every bin's name, packed */
     size_t names_len, names_cap;
@@ -184,68 +78,6 @@ struct tsd_snap_job {
     char err[SNAP_PATH_BUF + 256];
     uint64_t ms;
 };
-
-typedef struct snap_writer {
-    int fd;
-    uint8_t *buf;
-    size_t len;
-    int failed;
-    int err_no;
-} snap_writer;
-
-/* Write all bytes, retrying short writes and EINTR. 0 or -1 (errno set). */
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static void w_flush(snap_writer *w)
-{
-    if (w->failed || w->len == 0)
-        return;
-    if (write_all(w->fd, w->buf, w->len) != 0) {
-        w->failed = 1;
-        w->err_no = errno;
-    }
-    w->len = 0;
-}
-
-/* Append bytes: small ones are gathered in the buffer, large ones go straight out. */
-static void w_put(snap_writer *w, const void *p, size_t n)
-{
-    if (w->failed)
-        return;
-    if (w->len + n > SNAP_WBUF) {
-        w_flush(w);
-        if (w->failed)
-            return;
-    }
-    if (n >= SNAP_WBUF / 2) {
-        if (write_all(w->fd, p, n) != 0) {
-            w->failed = 1;
-            w->err_no = errno;
-        }
-        return;
-    }
-    memcpy(w->buf + w->len, p, n);
-    w->len += n;
-}
-
-static void w_u64(snap_writer *w, uint64_t v)
-{
-    uint8_t b[8];
-    ts__put_u64le(b, v);
-    w_put(w, b, 8);
-}
 
 /* The directory part of path ("." when it has none), into out. */
 static void dir_of(const char *path, char *out, size_t cap)
@@ -264,24 +96,21 @@ static void dir_of(const char *path, char *out, size_t cap)
     out[n] = '\0';
 }
 
-/* By name, bytewise, a shorter name first when one is a prefix of the other. */
-static int snap_bin_cmp(const void *a, const void *b)
-{
-    const snap_bin *x = a;
-    const snap_bin *y = b;
-    size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
-    int r = n > 0 ? memcmp(x->name, y->name, n) : 0;
-    if (r != 0)
-        return r;
-    return (x->name_len > y->name_len) - (x->name_len < y->name_len);
-}
-
 static void job_fail(tsd_snap_job *job, const char *what, const char *file, int e)
 {
     job->failed = 1;
     /* A very long path is cut short in the message; that is fine. */
     if (snprintf(job->err, sizeof(job->err), "snapshot: %s %s: %s", what, file, strerror(e)) < 0)
         job->err[0] = '\0';
+}
+
+/* The writer's view of item index: its record. */
+static void job_item(void *arg, size_t index, const uint8_t **data, size_t *len)
+{
+    const tsd_snap_job *job = arg;
+    const tsd_item *it = job->items[index];
+    *data = tsd_item_data(it);
+    *len = tsd_item_len(it);
 }
 
 static void snap_write(uv_work_t *req)
@@ -293,18 +122,14 @@ static void snap_write(uv_work_t *req)
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     dir_of(path, dir, sizeof(dir));
 
-    /* The file lists bins in name order; sorting here keeps it off the loop. */
-    for (size_t b = 0; b < job->n_bins; b++)
-        job->bins[b].name = job->names + job->bins[b].name_off;
-    if (job->n_bins > 1)
-        qsort(job->bins, job->n_bins, sizeof(*job->bins), snap_bin_cmp);
-
-    snap_writer w = {.fd = -1};
-    w.buf = ts__malloc(SNAP_WBUF);
-    if (w.buf == NULL) {
-        job_fail(job, "allocating a buffer for", tmp, ENOMEM);
-        return;
+    /* The names were packed in the bins' order; the file lists bins in name order. */
+    size_t off = 0;
+    for (size_t b = 0; b < job->n_bins; b++) {
+        job->bins[b].name = job->names + off;
+        off += job->bins[b].name_len;
     }
+    tsd_snapfile_sort(job->bins, job->n_bins);
+
     /*
      * A new file, created here and now: O_EXCL|O_NOFOLLOW never write through a link someone
      * planted at PATH.tmp (its target would be overwritten, and readable by whoever owns it),
@@ -314,95 +139,37 @@ static void snap_write(uv_work_t *req)
      */
     if (unlink(tmp) != 0 && errno != ENOENT) {
         job_fail(job, "removing the old", tmp, errno);
-        ts__free(w.buf);
         return;
     }
-    w.fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (w.fd < 0) {
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
         job_fail(job, "creating", tmp, errno);
-        ts__free(w.buf);
         return;
     }
-
-    uint8_t hdr[SNAP_HDR_SIZE];
-    memset(hdr, 0, sizeof(hdr));
-    memcpy(hdr, SNAP_MAGIC, sizeof(SNAP_MAGIC));
-    ts__put_u32le(hdr + 8, SNAP_FORMAT);
-    ts__put_u64le(hdr + 16, job->counter);
-    ts__put_u64le(hdr + 24, job->n_bins);
-    ts__put_u64le(hdr + 32, job->n_items);
-    ts__put_u64le(hdr + 40, job->bytes);
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
-    ts__put_u64le(hdr + 48, (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u);
-    uint64_t h = tsd_hash64(hdr, 56, 0);
-    ts__put_u64le(hdr + 56, h);
-    w_put(&w, hdr, sizeof(hdr));
-    uint64_t acc = chain(0, h);
-
-    /* The bin header's fixed part plus the largest item list, hashed as one piece. */
-    uint8_t *bh = NULL;
-    size_t bh_cap = 0;
-    for (size_t b = 0; b < job->n_bins && !w.failed; b++) {
-        const snap_bin *sb = &job->bins[b];
-        size_t need = 1 + (size_t)sb->name_len + 16 + (size_t)sb->n_items * 8;
-        if (need > bh_cap) {
-            uint8_t *nb = ts__realloc(bh, need);
-            if (nb == NULL) {
-                w.failed = 1;
-                w.err_no = ENOMEM;
-                break;
-            }
-            bh = nb;
-            bh_cap = need;
-        }
-        uint8_t *p = bh;
-        *p++ = sb->name_len;
-        memcpy(p, sb->name, sb->name_len);
-        p += sb->name_len;
-        ts__put_u64le(p, sb->version);
-        ts__put_u32le(p + 8, sb->n_items);
-        ts__put_u32le(p + 12, 0);
-        p += 16;
-        for (uint32_t i = 0; i < sb->n_items; i++, p += 8)
-            ts__put_u64le(p, tsd_item_len(job->items[sb->first + i]));
-        h = tsd_hash64(bh, need, 0);
-        w_put(&w, bh, need);
-        w_u64(&w, h);
-        acc = chain(acc, h);
-        for (uint32_t i = 0; i < sb->n_items; i++) {
-            const tsd_item *it = job->items[sb->first + i];
-            h = tsd_hash64(tsd_item_data(it), tsd_item_len(it), 0);
-            w_put(&w, tsd_item_data(it), tsd_item_len(it));
-            w_u64(&w, h);
-            acc = chain(acc, h);
-        }
-    }
-    ts__free(bh);
-
-    uint8_t end[SNAP_END_SIZE];
-    memcpy(end, SNAP_END_MAGIC, sizeof(SNAP_END_MAGIC));
-    ts__put_u64le(end + 8, job->n_bins);
-    ts__put_u64le(end + 16, job->n_items);
-    ts__put_u64le(end + 24, chain(acc, tsd_hash64(end, 24, 0)));
-    w_put(&w, end, sizeof(end));
-    w_flush(&w);
-    ts__free(w.buf);
-
-    if (w.failed) {
-        job_fail(job, "writing", tmp, w.err_no);
-        close(w.fd);
+    tsd_snapfile_head head = {
+        .counter = job->counter,
+        .n_bins = job->n_bins,
+        .n_items = job->n_items,
+        .bytes = job->bytes,
+        .wall_ms = (uint64_t)now.tv_sec * 1000u + (uint64_t)now.tv_nsec / 1000000u,
+    };
+    int rc = tsd_snapfile_write(fd, &head, job->bins, job_item, job);
+    if (rc != 0) {
+        job_fail(job, "writing", tmp, -rc);
+        close(fd);
         unlink(tmp);
         return;
     }
     /* Durable before it becomes visible: data, then the name, then the directory entry. */
-    if (fsync(w.fd) != 0) {
+    if (fsync(fd) != 0) {
         job_fail(job, "fsync of", tmp, errno);
-        close(w.fd);
+        close(fd);
         unlink(tmp);
         return;
     }
-    if (close(w.fd) != 0) {
+    if (close(fd) != 0) {
         job_fail(job, "closing", tmp, errno);
         unlink(tmp);
         return;
@@ -552,9 +319,8 @@ static int job_fill(tsd_server *srv, tsd_snap_job *job)
             /* n_bins == n cannot happen: the table counts its nodes. */
             if (job->n_bins == n || job_add_name(job, node->name, node->name_len) != 0)
                 return -1;
-            snap_bin *sb = &job->bins[job->n_bins++];
-            sb->name = NULL;
-            sb->name_off = job->names_len - node->name_len;
+            tsd_snapfile_bin *sb = &job->bins[job->n_bins++];
+            sb->name = NULL; /* set by the worker, once the names stop moving */
             sb->name_len = node->name_len;
             sb->version = bin->version;
             sb->n_items = bin->n_items;
@@ -917,164 +683,86 @@ void tsd_snapshot_free(tsd_server *srv)
         srv->save_lock_fd = -1;
     }
 }
-
 /* ---------------------------------------------------------------------------------------------
  * Loading (at start-up, before the loop runs)
  */
 
-typedef struct snap_reader {
-    int fd;
-    const char *path;
-    uint64_t left; /* bytes of the file not yet read */
-    char *err;
-    size_t err_cap;
-} snap_reader;
-
-/* Read exactly n bytes; -1 with a message naming what was being read. */
-static int r_read(snap_reader *r, void *dst, size_t n, const char *what)
-{
-    if (n > r->left) {
-        snprintf(r->err, r->err_cap,
-                 "snapshot %s is truncated: %s needs %zu bytes, only %llu remain", r->path, what, n,
-                 (unsigned long long)r->left);
-        return -1;
-    }
-    uint8_t *p = dst;
-    size_t got = 0;
-    while (got < n) {
-        ssize_t k = read(r->fd, p + got, n - got > ((size_t)1 << 30) ? ((size_t)1 << 30) : n - got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0) {
-            snprintf(r->err, r->err_cap, "snapshot %s: reading %s: %s", r->path, what,
-                     k == 0 ? "unexpected end of file" : strerror(errno));
-            return -1;
-        }
-        got += (size_t)k;
-    }
-    r->left -= n;
-    return 0;
-}
-
-static int bad(snap_reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int bad(snap_reader *r, const char *fmt, ...)
-{
-    char msg[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    snprintf(r->err, r->err_cap, "snapshot %s is damaged: %s", r->path, msg);
-    return -1;
-}
-
-/* A length that points past the end: the file was cut short, or a length was damaged. */
-static int cut(snap_reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int cut(snap_reader *r, const char *fmt, ...)
-{
-    char msg[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    snprintf(r->err, r->err_cap, "snapshot %s is truncated or damaged: %s", r->path, msg);
-    return -1;
-}
-
 /* A bin read from the file, not yet in the store. */
 typedef struct load_bin {
-    uint8_t name_len;
-    uint8_t name[TS_MAX_NAME_LEN];
+    size_t name_off; /* its name in the loader's names */
+    size_t first;    /* index of its first item in the loader's items */
     uint64_t version;
     uint32_t n_items;
-    tsd_item **items;
+    uint8_t name_len;
 } load_bin;
 
-static void load_bins_free(load_bin *lb, size_t n)
+/*
+ * What the reader handed over so far. Every array grows with what the file really holds (the
+ * reader checks each length against the bytes left before it asks), so a file that claims a
+ * million bins in a few bytes costs nothing before it is refused.
+ */
+typedef struct loader {
+    load_bin *bins;
+    size_t n_bins, bins_cap;
+    uint8_t *names;
+    size_t names_len, names_cap;
+    tsd_item **items; /* one reference each until linked into the store */
+    size_t n_items, items_cap;
+} loader;
+
+/* Room for more elements of size sz in *arr (n of *cap in use), at least doubling. 0 or -1. */
+static int grow(void **arr, size_t *cap, size_t n, size_t more, size_t sz)
 {
-    for (size_t b = 0; b < n; b++) {
-        for (uint32_t i = 0; i < lb[b].n_items; i++)
-            tsd_item_unref(lb[b].items[i]);
-        ts__free(lb[b].items);
-    }
-    ts__free(lb);
+    if (*cap - n >= more)
+        return 0;
+    size_t want = *cap * 2 > n + more ? *cap * 2 : n + more + 16;
+    void *na = ts__realloc(*arr, want * sz);
+    if (na == NULL)
+        return -1;
+    *arr = na;
+    *cap = want;
+    return 0;
 }
 
-/* Read and check one bin (header, item lengths, items) into lb. 0 or -1. */
-static int load_bin_read(snap_reader *r, load_bin *lb, size_t index, uint64_t *acc,
-                         uint64_t *items_seen, uint64_t items_total)
+static int load_on_bin(void *arg, const uint8_t *name, size_t name_len, uint64_t version,
+                       uint32_t n_items)
 {
-    uint8_t fixed[1 + TS_MAX_NAME_LEN + 16];
-    char what[64];
-    snprintf(what, sizeof(what), "the header of bin %zu", index);
-    if (r_read(r, fixed, 1, what) != 0)
+    loader *ld = arg;
+    if (grow((void **)&ld->bins, &ld->bins_cap, ld->n_bins, 1, sizeof(*ld->bins)) != 0 ||
+        grow((void **)&ld->names, &ld->names_cap, ld->names_len, name_len, 1) != 0 ||
+        grow((void **)&ld->items, &ld->items_cap, ld->n_items, n_items, sizeof(*ld->items)) != 0)
         return -1;
-    size_t nl = fixed[0];
-    if (r_read(r, fixed + 1, nl + 16, what) != 0)
-        return -1;
-    uint32_t n = ts__get_u32le(fixed + 1 + nl + 8);
-    if (n > items_total - *items_seen || (uint64_t)n * 16 > r->left)
-        return cut(r, "bin %zu claims %u items, more than the rest of the file can hold", index, n);
-    size_t hlen = 1 + nl + 16 + (size_t)n * 8;
-    uint8_t *hb = ts__malloc(hlen);
-    lb->items = ts__calloc(n > 0 ? n : 1, sizeof(*lb->items));
-    if (hb == NULL || lb->items == NULL) {
-        ts__free(hb);
-        snprintf(r->err, r->err_cap, "snapshot %s: out of memory loading it", r->path);
-        return -1;
-    }
-    memcpy(hb, fixed, 1 + nl + 16);
-    uint8_t hash[8];
-    if (r_read(r, hb + 1 + nl + 16, (size_t)n * 8, what) != 0 || r_read(r, hash, 8, what) != 0) {
-        ts__free(hb);
-        return -1;
-    }
-    uint64_t h = tsd_hash64(hb, hlen, 0);
-    if (h != ts__get_u64le(hash)) {
-        ts__free(hb);
-        return bad(r, "checksum mismatch in the header of bin %zu", index);
-    }
-    *acc = chain(*acc, h);
-    lb->name_len = (uint8_t)nl;
-    memcpy(lb->name, hb + 1, nl);
-    lb->version = ts__get_u64le(hb + 1 + nl);
-    char pn[TS_MAX_NAME_LEN * 4 + 1];
-    tsd_name_printable(lb->name, nl, pn, sizeof(pn));
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t len = ts__get_u64le(hb + 1 + nl + 16 + (size_t)i * 8);
-        if (len > r->left || len < TS_REC_HDR_SIZE) {
-            ts__free(hb);
-            return cut(r, "item %u of bin '%s' claims %llu bytes (%llu remain in the file)", i, pn,
-                       (unsigned long long)len, (unsigned long long)r->left);
-        }
-        tsd_item *it = tsd_item_new((size_t)len);
-        if (it == NULL) {
-            ts__free(hb);
-            snprintf(r->err, r->err_cap, "snapshot %s: out of memory loading a %llu-byte item",
-                     r->path, (unsigned long long)len);
-            return -1;
-        }
-        lb->items[lb->n_items++] = it;
-        snprintf(what, sizeof(what), "item %u of bin %zu", i, index);
-        uint8_t *data = tsd_item_data(it);
-        if (r_read(r, data, (size_t)len, what) != 0 || r_read(r, hash, 8, what) != 0) {
-            ts__free(hb);
-            return -1;
-        }
-        h = tsd_hash64(data, (size_t)len, 0);
-        if (h != ts__get_u64le(hash)) {
-            ts__free(hb);
-            return bad(r, "checksum mismatch in item %u of bin '%s'", i, pn);
-        }
-        if (ts__record_validate(data, (size_t)len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0) {
-            ts__free(hb);
-            return bad(r, "item %u of bin '%s' is not a valid record", i, pn);
-        }
-        *acc = chain(*acc, h);
-        (*items_seen)++;
-    }
-    ts__free(hb);
+    load_bin *lb = &ld->bins[ld->n_bins++];
+    lb->name_off = ld->names_len;
+    lb->name_len = (uint8_t)name_len;
+    lb->version = version;
+    lb->n_items = n_items;
+    lb->first = ld->n_items;
+    if (name_len > 0)
+        memcpy(ld->names + ld->names_len, name, name_len);
+    ld->names_len += name_len;
     return 0;
+}
+
+static uint8_t *load_on_item(void *arg, size_t len)
+{
+    loader *ld = arg;
+    /* Room was made for the bin's items when it began. */
+    tsd_item *it = tsd_item_new(len);
+    if (it == NULL)
+        return NULL;
+    ld->items[ld->n_items++] = it;
+    return tsd_item_data(it);
+}
+
+static void loader_free(loader *ld)
+{
+    for (size_t i = 0; i < ld->n_items; i++)
+        if (ld->items[i] != NULL)
+            tsd_item_unref(ld->items[i]);
+    ts__free(ld->items);
+    ts__free(ld->bins);
+    ts__free(ld->names);
 }
 
 int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, char *err,
@@ -1093,86 +781,35 @@ int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, cha
         close(fd);
         return -1;
     }
-    snap_reader r = {
-        .fd = fd, .path = path, .left = (uint64_t)st.st_size, .err = err, .err_cap = err_cap};
-    load_bin *lb = NULL;
-    size_t n_loaded = 0;
+    loader ld = {0};
+    tsd_snapfile_sink sink = {
+        .arg = &ld, .bin = load_on_bin, .item = load_on_item, .name_printable = tsd_name_printable};
+    tsd_snapfile_head head;
     int rc = -1;
-
-    uint8_t hdr[SNAP_HDR_SIZE];
-    if (r_read(&r, hdr, sizeof(hdr), "the file header") != 0)
+    if (tsd_snapfile_read_fd(fd, (uint64_t)st.st_size, path, &sink, &head, err, err_cap) != 0)
         goto out;
-    if (memcmp(hdr, SNAP_MAGIC, sizeof(SNAP_MAGIC)) != 0) {
-        bad(&r, "not a tensord snapshot (bad magic)");
-        goto out;
-    }
-    if (tsd_hash64(hdr, 56, 0) != ts__get_u64le(hdr + 56)) {
-        bad(&r, "checksum mismatch in the file header");
-        goto out;
-    }
-    if (ts__get_u32le(hdr + 8) != SNAP_FORMAT) {
-        snprintf(err, err_cap, "snapshot %s: format %u is not supported (this tensord reads %d)",
-                 path, ts__get_u32le(hdr + 8), SNAP_FORMAT);
-        goto out;
-    }
-    uint64_t saved_counter = ts__get_u64le(hdr + 16);
-    uint64_t n_bins = ts__get_u64le(hdr + 24);
-    uint64_t n_items = ts__get_u64le(hdr + 32);
-    /* Each bin takes at least 25 bytes and each item 8 + 8 + a record header. */
-    if (n_bins > r.left / 25 || n_items > r.left / (16 + TS_REC_HDR_SIZE)) {
-        cut(&r, "the header claims %llu bins and %llu items, more than the file can hold",
-            (unsigned long long)n_bins, (unsigned long long)n_items);
-        goto out;
-    }
-    uint64_t acc = chain(0, ts__get_u64le(hdr + 56));
-    lb = ts__calloc(n_bins > 0 ? (size_t)n_bins : 1, sizeof(*lb));
-    if (lb == NULL) {
-        snprintf(err, err_cap, "snapshot %s: out of memory loading it", path);
-        goto out;
-    }
-    uint64_t items_seen = 0;
-    for (size_t b = 0; b < n_bins; b++) {
-        n_loaded = b + 1;
-        if (load_bin_read(&r, &lb[b], b, &acc, &items_seen, n_items) != 0)
-            goto out;
-    }
-    uint8_t end[SNAP_END_SIZE];
-    if (r_read(&r, end, sizeof(end), "the trailer") != 0)
-        goto out;
-    if (memcmp(end, SNAP_END_MAGIC, sizeof(SNAP_END_MAGIC)) != 0 ||
-        ts__get_u64le(end + 8) != n_bins || ts__get_u64le(end + 16) != n_items ||
-        items_seen != n_items) {
-        bad(&r, "the trailer does not match the contents");
-        goto out;
-    }
-    if (chain(acc, tsd_hash64(end, 24, 0)) != ts__get_u64le(end + 24)) {
-        bad(&r, "checksum mismatch in the trailer");
-        goto out;
-    }
-    if (r.left != 0) {
-        bad(&r, "%llu unexpected bytes after the trailer", (unsigned long long)r.left);
-        goto out;
-    }
     /* Every byte checked: link the bins (names are unique, or the file is damaged). */
-    for (size_t b = 0; b < n_bins; b++) {
-        if (tsd_store_find(store, lb[b].name, lb[b].name_len) != NULL) {
+    for (size_t b = 0; b < ld.n_bins; b++) {
+        const load_bin *lb = &ld.bins[b];
+        const uint8_t *name = ld.names + lb->name_off;
+        if (tsd_store_find(store, name, lb->name_len) != NULL) {
             char pn[TS_MAX_NAME_LEN * 4 + 1];
-            tsd_name_printable(lb[b].name, lb[b].name_len, pn, sizeof(pn));
-            bad(&r, "bin '%s' appears twice", pn);
+            tsd_name_printable(name, lb->name_len, pn, sizeof(pn));
+            snprintf(err, err_cap, "snapshot %s is damaged: bin '%s' appears twice", path, pn);
             goto unwind;
         }
-        for (uint32_t i = 0; i < lb[b].n_items; i++) {
-            tsd_item *it = lb[b].items[i];
+        for (uint32_t i = 0; i < lb->n_items; i++) {
+            tsd_item *it = ld.items[lb->first + i];
             store->reserved += tsd_item_len(it); /* tsd_store_add consumes a reservation */
-            if (tsd_store_add(store, lb[b].name, lb[b].name_len, it, 0, lb[b].version) == NULL) {
+            if (tsd_store_add(store, name, lb->name_len, it, 0, lb->version) == NULL) {
                 store->reserved -= tsd_item_len(it);
                 snprintf(err, err_cap, "snapshot %s: out of memory loading it", path);
                 goto unwind;
             }
-            lb[b].items[i] = NULL;
+            ld.items[lb->first + i] = NULL;
         }
     }
-    *counter = saved_counter;
+    *counter = head.counter;
     rc = 0;
     goto out;
 unwind:
@@ -1180,15 +817,7 @@ unwind:
     tsd_store_free(store);
     (void)tsd_store_init(store, store->max_memory);
 out:
-    if (lb != NULL) {
-        for (size_t b = 0; b < n_loaded; b++) {
-            for (uint32_t i = 0; i < lb[b].n_items; i++)
-                if (lb[b].items[i] != NULL)
-                    tsd_item_unref(lb[b].items[i]);
-            lb[b].n_items = 0;
-        }
-        load_bins_free(lb, n_loaded);
-    }
+    loader_free(&ld);
     close(fd);
     return rc;
 }
