@@ -184,12 +184,16 @@ static void w_flush(snap_writer *w)
     w->len = 0;
 }
 
-/* Append bytes: small ones are gathered in the buffer, large ones go straight out. */
+/*
+ * Append bytes: small ones are gathered in the buffer, large ones go straight out, after what
+ * the buffer holds (a piece of half the buffer or more that still fitted beside it once went
+ * out first, which put a record ahead of its own bin header in the file).
+ */
 static void w_put(snap_writer *w, const void *p, size_t n)
 {
     if (w->err != 0)
         return;
-    if (w->len + n > SNAP_WBUF) {
+    if (n >= SNAP_WBUF / 2 || w->len + n > SNAP_WBUF) {
         w_flush(w);
         if (w->err != 0)
             return;

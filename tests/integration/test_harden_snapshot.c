@@ -152,6 +152,53 @@ static void test_clean_shutdown_keeps_everything(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
 }
 
+/*
+ * Records of half a mebibyte up to one: the snapshot writer gathers small pieces in a 1 MiB
+ * buffer and writes pieces of half that or more straight to the file, which must come after
+ * what the buffer already holds, or the file is out of order and refused at the next start.
+ */
+static void test_records_around_the_write_buffer(void **state)
+{
+    (void)state;
+    static const size_t sizes[] = {(size_t)512 << 10, (size_t)600 << 10, (size_t)1000 << 10,
+                                   (size_t)1 << 20};
+    start_saving(NULL);
+    int fd = tsu_client(&s);
+    tsu_put_int(fd, TS_OP_PUT, "a-small", 5, NULL);
+    uint64_t ver[TS__ARRAY_SIZE(sizes)];
+    for (size_t i = 0; i < TS__ARRAY_SIZE(sizes); i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "b-rec%zu", i);
+        size_t len;
+        uint8_t *rec = tsu_rec_bytes(sizes[i], (unsigned)i + 1, &len);
+        ver[i] = tsu_store(fd, TS_OP_PUT, name, rec, len, NULL);
+        tsu_rec_free(rec, len);
+    }
+    save(fd, 1);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+
+    restart_saving(NULL);
+    fd = tsu_client(&s);
+    assert_int_equal(tsu_stat(fd, "bins"), TS__ARRAY_SIZE(sizes) + 1);
+    for (size_t i = 0; i < TS__ARRAY_SIZE(sizes); i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "b-rec%zu", i);
+        size_t len;
+        uint8_t *rec = tsu_rec_bytes(sizes[i], (unsigned)i + 1, &len);
+        tsu_items it;
+        tsu_get(fd, TS_OP_PEEK, name, 0, &it);
+        assert_int_equal(it.n, 1);
+        assert_int_equal(it.version, ver[i]);
+        assert_int_equal(it.item_len[0], len);
+        assert_memory_equal(it.item[0], rec, len);
+        tsu_frame_free(&it.f);
+        tsu_rec_free(rec, len);
+    }
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
 static void test_save_request(void **state)
 {
     (void)state;
@@ -606,6 +653,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_clean_shutdown_keeps_everything, kill_leftover),
+        cmocka_unit_test_teardown(test_records_around_the_write_buffer, kill_leftover),
         cmocka_unit_test_teardown(test_save_request, kill_leftover),
         cmocka_unit_test_teardown(test_save_failure_reported, kill_leftover),
         cmocka_unit_test_teardown(test_tmp_symlink_not_followed, kill_leftover),
