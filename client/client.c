@@ -1423,6 +1423,22 @@ static void conn_fail_reason(ts_client_t *c, ts__conn *conn, int err, const char
     const char *fmsg = server_reason ? msg : NULL;
     fail_inflight(c, ferr, fmsg);
     direct_fail(c, dlist, ferr, fmsg);
+    if (server_reason) {
+        /*
+         * The server turned the client away (a refused handshake on a reconnection, or its
+         * reason for closing): the calls waiting for a connection learn why now, rather than
+         * at their deadlines.
+         */
+        ts__req *w = c->waitq_head;
+        c->waitq_head = c->waitq_tail = NULL;
+        while (w != NULL) {
+            ts__req *r = w;
+            w = r->next;
+            r->next = NULL;
+            req_set_msg(r, msg);
+            req_finish(c, r, err);
+        }
+    }
     if (was_ready) {
         /* Collect first: callbacks may unlisten (which unlinks) while we walk. */
         ts__sub *chain = NULL;
@@ -1567,7 +1583,10 @@ static void hello_done(ts_client_t *c, ts__req *r, int status)
         else
             snprintf(msg, sizeof(msg), "handshake refused: %s%s%s", what,
                      r->msg != NULL ? ": " : "", r->msg != NULL ? r->msg : "");
-        conn_fail(c, conn, status, msg);
+        /* The server's own verdict (not a lost or broken connection) reaches the callers. */
+        int verdict = status != TS_EPROTO && status != TS_ETIMEDOUT && status != TS_ENOMEM &&
+                      status != TS_ECONNRESET;
+        conn_fail_reason(c, conn, status, msg, verdict);
         return;
     }
     conn->lz4 = (r->hello_flags & TS_HELLO_LZ4) != 0 && c->opts.compress_min > 0;

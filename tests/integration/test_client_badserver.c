@@ -72,11 +72,15 @@ typedef struct fake {
     char addr[64];
     pthread_t thread;
     atomic_int stop;
-    atomic_int mode;          /* for the next request; the server resets it to M_GOOD */
-    atomic_int accepts;       /* connections accepted */
-    atomic_int client_closed; /* connections the client closed */
-    atomic_int answered;      /* requests answered (HELLO excluded) */
+    atomic_int mode;               /* for the next request; the server resets it to M_GOOD */
+    atomic_int accepts;            /* connections accepted */
+    atomic_int client_closed;      /* connections the client closed */
+    atomic_int answered;           /* requests answered (HELLO excluded) */
+    _Atomic uint64_t refuse_until; /* tc_now_ms() before which HELLO gets TOO_MANY_CLIENTS */
 } fake;
+
+/* The message of a refused HELLO. */
+#define REFUSE_TEXT "too many clients (test)"
 
 static int send_frame(int fd, uint8_t op, uint16_t status, uint32_t rid, uint8_t flags,
                       const void *body, size_t len)
@@ -297,6 +301,11 @@ static int serve_one(fake *f, int fd)
     }
     free(body);
     int mode = atomic_load(&f->mode);
+    if (hdr.opcode == TS_OP_HELLO && tc_now_ms() < atomic_load(&f->refuse_until)) {
+        send_frame(fd, TS_OP_HELLO, TS_ST_TOO_MANY_CLIENTS, hdr.request_id, 0, REFUSE_TEXT,
+                   strlen(REFUSE_TEXT));
+        return -1;
+    }
     if (hdr.opcode == TS_OP_HELLO) {
         uint8_t b[24];
         memset(b, 0, sizeof(b));
@@ -355,6 +364,7 @@ static void fake_start(fake *f, int mode)
 {
     memset(f, 0, sizeof(*f));
     atomic_init(&f->mode, mode);
+    atomic_init(&f->refuse_until, 0);
     f->lfd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(f->lfd >= 0);
     struct sockaddr_in a = {.sin_family = AF_INET};
@@ -563,6 +573,36 @@ static void test_reply_shapes(void **state)
             assert_int_equal(atomic_load(&f.accepts), accepts + (kept ? 0 : 1));
         }
     }
+    ts_client_free(c);
+    fake_stop(&f);
+}
+
+/*
+ * The server closes the connection with its reason, then refuses the reconnections for a while:
+ * a call waiting for the connection fails with the refusal's code and message rather than at
+ * its deadline, and once the server takes the client again, calls work.
+ */
+static void test_refused_reconnect(void **state)
+{
+    use_path(state);
+    fake f;
+    fake_start(&f, M_GOOD);
+    ts_client_t *c = open_client(&f);
+    assert_int_equal(do_op(c, TS_OP_PING), 0);
+    assert_int_equal(do_op(c, TS_OP_PING), 0);
+    atomic_store(&f.refuse_until, tc_now_ms() + 1000);
+    atomic_store(&f.mode, M_CLOSING);
+    assert_int_equal(do_op(c, TS_OP_PING), TS_ESLOW);
+    assert_non_null(strstr(ts_client_last_error(), CLOSE_TEXT));
+    uint64_t t0 = tc_now_ms();
+    int rc = do_op(c, TS_OP_PING);
+    printf("while refused: %s (%s) in %llu ms\n", ts_err_name(rc), ts_client_last_error(),
+           (unsigned long long)(tc_now_ms() - t0));
+    assert_int_equal(rc, TS_ETOOMANY);
+    assert_non_null(strstr(ts_client_last_error(), REFUSE_TEXT));
+    assert_null(strstr(ts_client_last_error(), "too many clients: too many clients"));
+    tc_sleep_ms(1100);
+    assert_int_equal(do_op(c, TS_OP_PING), 0);
     ts_client_free(c);
     fake_stop(&f);
 }
@@ -814,6 +854,7 @@ int main(void)
     cmocka_unit_test_prestate(t, &path_caller), cmocka_unit_test_prestate(t, &path_io)
     const struct CMUnitTest tests[] = {
         BOTH_PATHS(test_reply_shapes),
+        BOTH_PATHS(test_refused_reconnect),
         BOTH_PATHS(test_malformed_replies),
         BOTH_PATHS(test_malformed_pipelined),
         BOTH_PATHS(test_malformed_hello),

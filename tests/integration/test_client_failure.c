@@ -542,6 +542,61 @@ static void test_free_while_threads_block(void **state)
     tsh_server_cleanup(&s);
 }
 
+/*
+ * A server that turns a client away says why, and the caller learns it: the status's own code
+ * (not a lost connection) and the server's message, without the same words twice.
+ */
+static void test_server_reasons(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ts-reasons-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char token_file[64];
+    snprintf(token_file, sizeof(token_file), "%s/token", dir);
+    FILE *fp = fopen(token_file, "w");
+    assert_non_null(fp);
+    fputs("the-right-token\n", fp);
+    fclose(fp);
+    const char *args[] = {"--max-clients", "1", "--auth-token-file", token_file, NULL};
+    tsh_server s;
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    ts_options_t o;
+    ts_options_init(&o);
+    o.connect_timeout_ms = 5000;
+    o.auth_token = "the-right-token";
+    ts_client_t *c1 = NULL;
+    assert_int_equal(ts_client_open(&c1, s.addr, &o), 0);
+    assert_int_equal(ts_ping(c1), 0);
+
+    /* The one place is taken. */
+    ts_client_t *c2 = NULL;
+    int rc = ts_client_open(&c2, s.addr, &o);
+    printf("second client: %s: %s\n", ts_err_name(rc), ts_client_last_error());
+    assert_int_equal(rc, TS_ETOOMANY);
+    assert_null(c2);
+    assert_non_null(strstr(ts_client_last_error(), "too many clients (limit 1)"));
+    assert_null(strstr(ts_client_last_error(), "too many clients: too many clients"));
+    ts_client_free(c1);
+
+    /* A wrong token. */
+    o.auth_token = "a-wrong-token";
+    rc = TS_ETIMEDOUT;
+    for (int i = 0; i < 50 && rc != TS_EAUTH; i++) { /* c1's place is freed asynchronously */
+        rc = ts_client_open(&c2, s.addr, &o);
+        if (rc != TS_EAUTH)
+            tc_sleep_ms(20);
+    }
+    printf("wrong token: %s: %s\n", ts_err_name(rc), ts_client_last_error());
+    assert_int_equal(rc, TS_EAUTH);
+    assert_non_null(strstr(ts_client_last_error(), "wrong token"));
+    assert_null(strstr(ts_client_last_error(), "authentication failed: authentication failed"));
+
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
+    unlink(token_file);
+    rmdir(dir);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -552,6 +607,7 @@ int main(void)
         cmocka_unit_test(test_requests_wait_for_reconnect),
         cmocka_unit_test(test_kill_restart_under_load),
         cmocka_unit_test(test_free_while_threads_block),
+        cmocka_unit_test(test_server_reasons),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
