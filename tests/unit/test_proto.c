@@ -508,33 +508,33 @@ static int build_example(const char *name, fb *out)
         fb_items(&b, EX_VERSION + 1, 3, recs, 1);
         fb_frame(out, P, TS_OP_PEEK, 0, 0, 6, &b);
     } else if (strcmp(name, "delete-req") == 0) {
-        fb_name(&b, "log");
+        /* The GET above took the last item of params: the bin no longer exists. */
+        fb_name(&b, "params");
         fb_frame(out, Q, TS_OP_DELETE, 0, 0, 7, &b);
     } else if (strcmp(name, "delete-rep") == 0) {
-        fb_bin_state(&b, EX_VERSION + 3, 3);
+        fb_bin_state(&b, 0, 0);
         fb_frame(out, P, TS_OP_DELETE, 0, 0, 7, &b);
     } else if (strcmp(name, "list-req") == 0) {
         fb_frame(out, Q, TS_OP_LIST, 0, 0, 8, &b);
     } else if (strcmp(name, "list-rep") == 0) {
-        fb_u32(&b, 2, "n");
+        /* Only log is left: three 64-byte records, last changed by the APPEND. */
+        fb_u32(&b, 1, "n");
         fb_u32(&b, 0, "reserved");
         fb_name(&b, "log");
         fb_u32(&b, 3, "n_items");
         fb_u64(&b, 192, "bytes");
         fb_u64(&b, EX_VERSION + 1, "version");
-        fb_name(&b, "params");
-        fb_u32(&b, 1, "n_items");
-        fb_u64(&b, 136, "bytes");
-        fb_u64(&b, EX_VERSION, "version");
         fb_frame(out, P, TS_OP_LIST, 0, 0, 8, &b);
     } else if (strcmp(name, "listen-req") == 0) {
         fb_name(&b, "params");
         fb_frame(out, Q, TS_OP_LISTEN, 0, 0, 9, &b);
     } else if (strcmp(name, "listen-rep") == 0) {
-        fb_bin_state(&b, EX_VERSION, 1);
+        fb_bin_state(&b, 0, 0); /* params does not exist */
         fb_frame(out, P, TS_OP_LISTEN, 0, 0, 9, &b);
     } else if (strcmp(name, "notify") == 0) {
-        fb_u64(&b, EX_VERSION + 4, "version");
+        /* Another client's PUT: the next change after the GET (DELETE of a missing bin took none).
+         */
+        fb_u64(&b, EX_VERSION + 3, "version");
         fb_u32(&b, 1, "n_items");
         fb_u8(&b, TS_NOTE_PUT, "event");
         fb_u8(&b, 0, "flags");
@@ -551,10 +551,10 @@ static int build_example(const char *name, fb *out)
         fb_u32(&b, 5000, "timeout_ms");
         fb_frame(out, Q, TS_OP_WAIT, 0, 0, 11, &b);
     } else if (strcmp(name, "wait-rep") == 0) {
-        fb_bin_state(&b, EX_VERSION + 4, 1);
+        fb_bin_state(&b, EX_VERSION + 3, 1);
         fb_frame(out, P, TS_OP_WAIT, 0, 0, 11, &b);
     } else if (strcmp(name, "wait-rep-timeout") == 0) {
-        fb_bin_state(&b, EX_VERSION, 1);
+        fb_bin_state(&b, 0, 0); /* had nobody created params */
         fb_frame(out, P, TS_OP_WAIT, 0, TS_ST_TIMEOUT, 11, &b);
     } else if (strcmp(name, "stats-req") == 0) {
         fb_frame(out, Q, TS_OP_STATS, 0, 0, 12, &b);
