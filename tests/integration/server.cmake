@@ -11,3 +11,5 @@ ts_add_test(test_server_load SOURCES test_server_load.c LIBS ts_server_testutil
 foreach(t test_server test_server_attack test_server_load)
   add_dependencies(${t} tensord)
 endforeach()
+ts_add_test(test_docs SOURCES test_docs.c LIBS ts_server_testutil LABELS integration server docs TIMEOUT 60)
+add_dependencies(test_docs tensord)

@@ -1,0 +1,403 @@
+/*
+ * The documents against a running tensord: the STATS table of docs/PROTOCOL.md (section 8.12)
+ * lists exactly the keys the server sends, every flag of `tensord --help` appears in the tables
+ * of docs/SAFETY.md with the default the help shows, and the compressed bodies of raw length 0
+ * behave as section 11 says. A document that cannot be read fails the test, never skips it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "compress.h"
+#include "msg.h"
+#include "record.h"
+#include "test_server_util.h"
+
+/* Keys and flags are short; these bound the tables read from the documents and the daemon. */
+#define MAX_KEYS     256
+#define MAX_KEY_LEN  64
+#define MAX_HELP     (64 * 1024) /* bytes of `tensord --help` output read at most */
+#define HELP_WAIT_MS 10000       /* ms; `tensord --help` must be done within this */
+
+static tsh_server srv;
+
+static int start(void **state)
+{
+    (void)state;
+    return tsh_server_start(&srv, NULL);
+}
+
+static int stop(void **state)
+{
+    (void)state;
+    int rc = tsh_server_stop(&srv);
+    tsh_server_cleanup(&srv);
+    return rc == 0 ? 0 : -1;
+}
+
+typedef struct keyset {
+    char k[MAX_KEYS][MAX_KEY_LEN];
+    size_t n;
+} keyset;
+
+static int keyset_has(const keyset *s, const char *k)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (strcmp(s->k[i], k) == 0)
+            return 1;
+    return 0;
+}
+
+static void keyset_add(keyset *s, const char *k, size_t len, const char *where)
+{
+    if (len == 0 || len >= MAX_KEY_LEN || s->n >= MAX_KEYS)
+        fail_msg("%s: key '%.*s' is empty, too long or one too many", where, (int)len, k);
+    char buf[MAX_KEY_LEN];
+    memcpy(buf, k, len);
+    buf[len] = '\0';
+    if (keyset_has(s, buf))
+        fail_msg("%s: key '%s' is listed twice", where, buf);
+    memcpy(s->k[s->n++], buf, len + 1);
+}
+
+/* The section of doc that starts at the heading line head, up to the next heading of any level. */
+static const char *section(const char *doc, const char *head, size_t *len)
+{
+    const char *p = strstr(doc, head);
+    if (p == NULL)
+        fail_msg("docs/PROTOCOL.md has no heading '%s'", head);
+    const char *end = strstr(p + strlen(head), "\n#");
+    *len = end == NULL ? strlen(p) : (size_t)(end - p);
+    return p;
+}
+
+/* The keys of the STATS table: the first cell, in backticks, of every row of section 8.12. */
+static void doc_stats_keys(keyset *out)
+{
+    char *doc = tsh_read_source_file("docs/PROTOCOL.md", NULL);
+    if (doc == NULL)
+        fail_msg("docs/PROTOCOL.md cannot be read");
+    size_t len;
+    const char *sec = section(doc, "### 8.12 STATS", &len);
+    out->n = 0;
+    for (const char *p = sec; p < sec + len;) {
+        const char *eol = memchr(p, '\n', (size_t)(sec + len - p));
+        if (eol == NULL)
+            eol = sec + len;
+        if (strncmp(p, "| `", 3) == 0) {
+            const char *k = p + 3;
+            const char *e = memchr(k, '`', (size_t)(eol - k));
+            if (e == NULL)
+                fail_msg("docs/PROTOCOL.md 8.12: a row with an unclosed key: %.*s", (int)(eol - p),
+                         p);
+            keyset_add(out, k, (size_t)(e - k), "docs/PROTOCOL.md 8.12");
+        }
+        p = eol + 1;
+    }
+    free(doc);
+    if (out->n == 0)
+        fail_msg("docs/PROTOCOL.md 8.12 has no STATS table");
+}
+
+/* The keys of the STATS reply of a running server. */
+static void server_stats_keys(keyset *out)
+{
+    int fd = tsu_client(&srv);
+    assert_int_equal(tsh_send(fd, TS_OP_STATS, 1, NULL, 0), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_STATS, 1, TS_ST_OK);
+    assert_int_equal(ts__record_validate(f.body, f.len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL), 0);
+    uint8_t *copy = ts__malloc_aligned(f.len);
+    assert_non_null(copy);
+    memcpy(copy, f.body, f.len);
+    ts__rbuf *rb = ts__rbuf_new(copy, f.len, NULL);
+    assert_non_null(rb);
+    ts_value_t *root = ts__record_decode(rb, 0, f.len, TS_MAX_DEPTH, TS_MAX_NDIM);
+    ts__rbuf_unref(rb);
+    assert_non_null(root);
+    assert_int_equal(ts_value_type(root), TS_TYPE_MAP);
+    out->n = 0;
+    for (size_t i = 0; i < ts_value_len(root); i++) {
+        const char *k = ts_map_key_at(root, i);
+        int64_t v;
+        assert_non_null(k);
+        /* Every value is an int (section 8.12). */
+        assert_int_equal(ts_value_int(ts_map_value_at(root, i), &v), 0);
+        keyset_add(out, k, strlen(k), "STATS reply");
+    }
+    ts__record_tree_free(root);
+    tsu_frame_free(&f);
+    close(fd);
+}
+
+static void test_stats_table_matches_server(void **state)
+{
+    (void)state;
+    static keyset doc, got;
+    doc_stats_keys(&doc);
+    server_stats_keys(&got);
+    int bad = 0;
+    for (size_t i = 0; i < got.n; i++)
+        if (!keyset_has(&doc, got.k[i])) {
+            print_error("STATS sends '%s', which docs/PROTOCOL.md 8.12 does not list\n", got.k[i]);
+            bad = 1;
+        }
+    for (size_t i = 0; i < doc.n; i++)
+        if (!keyset_has(&got, doc.k[i])) {
+            print_error("docs/PROTOCOL.md 8.12 lists '%s', which STATS does not send\n", doc.k[i]);
+            bad = 1;
+        }
+    assert_int_equal(bad, 0);
+    assert_int_equal(doc.n, got.n);
+}
+
+/* Run `$TS_TENSORD --help` and return its standard output (free it); bounded in time. */
+static char *tensord_help(void)
+{
+    const char *bin = getenv("TS_TENSORD");
+    assert_non_null(bin);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(p[1], STDOUT_FILENO);
+        close(p[0]);
+        close(p[1]);
+        execl(bin, bin, "--help", (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    char *out = malloc(MAX_HELP + 1);
+    assert_non_null(out);
+    size_t n = 0;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        long spent = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+        struct pollfd pf = {.fd = p[0], .events = POLLIN};
+        if (spent >= HELP_WAIT_MS || poll(&pf, 1, (int)(HELP_WAIT_MS - spent)) <= 0)
+            break;
+        ssize_t r = read(p[0], out + n, MAX_HELP - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        if (n == MAX_HELP)
+            break;
+    }
+    close(p[0]);
+    out[n] = '\0';
+    /* Its output is complete; it exits right after (bounded: HELP_WAIT_MS more at most). */
+    int status = 0;
+    pid_t w = 0;
+    for (int i = 0; i < HELP_WAIT_MS && (w = waitpid(pid, &status, WNOHANG)) == 0; i++)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    if (w != pid) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("tensord --help did not finish within %d ms", HELP_WAIT_MS);
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("tensord --help did not exit 0");
+    return out;
+}
+
+/*
+ * The default the help shows for a flag: the last "[...]" of its entry (its own line and the
+ * continuation lines that follow), the part after " = " when there is one ("[1073741824 = 1g]"
+ * is 1g). Empty when the entry shows none.
+ */
+static void help_default(const char *entry, size_t len, char *out, size_t cap)
+{
+    const char *open = NULL, *close_b = NULL;
+    for (const char *p = entry; p < entry + len; p++)
+        if (*p == '[')
+            open = p;
+    out[0] = '\0';
+    if (open == NULL)
+        return;
+    close_b = memchr(open, ']', (size_t)(entry + len - open));
+    assert_non_null(close_b);
+    const char *v = open + 1;
+    for (const char *p = v; p + 3 <= close_b; p++)
+        if (strncmp(p, " = ", 3) == 0)
+            v = p + 3;
+    size_t n = (size_t)(close_b - v);
+    assert_true(n < cap);
+    memcpy(out, v, n);
+    out[n] = '\0';
+}
+
+/*
+ * Check every row of doc whose first cell is `flag` or starts with `flag followed by a space:
+ * its second cell is the help's default (or starts with it, then a space), or "—" when the help
+ * shows none. Returns the number of rows found.
+ */
+static int check_rows(const char *doc, const char *flag, const char *def)
+{
+    char pre[MAX_KEY_LEN + 4];
+    snprintf(pre, sizeof(pre), "| `%s", flag);
+    int rows = 0;
+    for (const char *p = doc; (p = strstr(p, pre)) != NULL; p += strlen(pre)) {
+        if (p != doc && p[-1] != '\n')
+            continue;
+        char after = p[strlen(pre)];
+        if (after != '`' && after != ' ')
+            continue; /* another flag that begins with this one (--output-soft-seconds) */
+        const char *c2 = strstr(p + 1, " | ");
+        const char *eol = strchr(p, '\n');
+        if (c2 == NULL || (eol != NULL && c2 > eol))
+            fail_msg("docs/SAFETY.md: the row of %s has no default cell", flag);
+        c2 += 3;
+        const char *end = strstr(c2, " |");
+        assert_non_null(end);
+        size_t n = (size_t)(end - c2);
+        if (def[0] == '\0') {
+            if (n != strlen("—") || strncmp(c2, "—", n) != 0)
+                fail_msg("docs/SAFETY.md: %s has no default in --help, the doc says '%.*s'", flag,
+                         (int)n, c2);
+        } else {
+            size_t dl = strlen(def);
+            if (n < dl || strncmp(c2, def, dl) != 0 || (n > dl && c2[dl] != ' '))
+                fail_msg("docs/SAFETY.md: %s defaults to '%s' in --help, the doc says '%.*s'", flag,
+                         def, (int)n, c2);
+        }
+        rows++;
+    }
+    return rows;
+}
+
+static void test_every_flag_in_safety_doc(void **state)
+{
+    (void)state;
+    char *help = tensord_help();
+    char *doc = tsh_read_source_file("docs/SAFETY.md", NULL);
+    if (doc == NULL)
+        fail_msg("docs/SAFETY.md cannot be read");
+    int flags = 0, missing = 0;
+    for (const char *p = help; p != NULL && *p != '\0';) {
+        const char *eol = strchr(p, '\n');
+        const char *next = eol == NULL ? NULL : eol + 1;
+        if (strncmp(p, "  --", 4) != 0) {
+            p = next;
+            continue;
+        }
+        /* The entry: this line and the more-indented lines after it. */
+        const char *end = next;
+        while (end != NULL && strncmp(end, "    ", 4) == 0 && strncmp(end, "  --", 4) != 0) {
+            const char *e = strchr(end, '\n');
+            end = e == NULL ? NULL : e + 1;
+        }
+        size_t elen = end == NULL ? strlen(p) : (size_t)(end - p);
+        char flag[MAX_KEY_LEN];
+        size_t fl = strcspn(p + 2, " \n");
+        assert_true(fl < sizeof(flag));
+        memcpy(flag, p + 2, fl);
+        flag[fl] = '\0';
+        char def[MAX_KEY_LEN];
+        help_default(p, elen, def, sizeof(def));
+        if (check_rows(doc, flag, def) == 0) {
+            print_error("docs/SAFETY.md has no table row for %s\n", flag);
+            missing++;
+        }
+        flags++;
+        p = end;
+    }
+    free(doc);
+    free(help);
+    assert_true(flags >= 20);
+    assert_int_equal(missing, 0);
+}
+
+/* HELLO asking for LZ4; the server must grant it. */
+static int lz4_client(void)
+{
+    int fd = tsh_connect_tcp(srv.port);
+    assert_true(fd >= 0);
+    const uint8_t body[4] = {1, TS_HELLO_LZ4, 0, 0};
+    assert_int_equal(tsh_send(fd, TS_OP_HELLO, 1, body, sizeof(body)), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_HELLO, 1, TS_ST_OK);
+    assert_true(f.len >= 2 && (f.body[1] & TS_HELLO_LZ4));
+    tsu_frame_free(&f);
+    return fd;
+}
+
+/* Send a compressed frame: header with flag 0x01, then body as given (raw_len and block). */
+static void send_lz4(int fd, uint8_t op, uint32_t rid, const uint8_t *body, size_t len)
+{
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = op,
+                 .flags = TS_FLAG_LZ4,
+                 .request_id = rid,
+                 .body_len = len};
+    uint8_t hdr[TS_HDR_SIZE];
+    ts__hdr_encode(&h, hdr);
+    assert_int_equal(tsh_write_all(fd, hdr, sizeof(hdr)), 0);
+    assert_int_equal(tsh_write_all(fd, body, len), 0);
+}
+
+/*
+ * Section 11: a compressed body of raw length 0 is the one-byte block 0; it reads as an empty
+ * body (a PING is answered), any other block (here a trailing byte) is malformed, and a PUT
+ * of raw length 0 is too short for a record.
+ */
+static void test_compressed_raw_len_zero(void **state)
+{
+    (void)state;
+    uint8_t body[10] = {0}; /* raw_len 0, then the block */
+    int fd = lz4_client();
+    send_lz4(fd, TS_OP_PING, 2, body, 9);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_PING, 2, TS_ST_OK);
+    assert_int_equal(f.len, 0);
+    tsu_frame_free(&f);
+    /* A block with a byte after its end. */
+    send_lz4(fd, TS_OP_PING, 3, body, 10);
+    tsu_expect(fd, &f, TS_OP_PING, 3, TS_ST_BAD_REQUEST);
+    tsu_frame_free(&f);
+    assert_true(tsh_wait_closed(fd, 5000));
+    close(fd);
+    /* No block at all: a body under 9 bytes. */
+    fd = lz4_client();
+    send_lz4(fd, TS_OP_PING, 4, body, 8);
+    tsu_expect(fd, &f, TS_OP_PING, 4, TS_ST_BAD_REQUEST);
+    tsu_frame_free(&f);
+    assert_true(tsh_wait_closed(fd, 5000));
+    close(fd);
+    /* PUT: raw length 0 cannot hold a name and a record. */
+    fd = lz4_client();
+    send_lz4(fd, TS_OP_PUT, 5, body, 9);
+    tsu_expect(fd, &f, TS_OP_PUT, 5, TS_ST_BAD_REQUEST);
+    tsu_frame_free(&f);
+    assert_true(tsh_wait_closed(fd, 5000));
+    close(fd);
+    tsu_check_healthy(&srv);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_stats_table_matches_server, start, stop),
+        cmocka_unit_test(test_every_flag_in_safety_doc),
+        cmocka_unit_test_setup_teardown(test_compressed_raw_len_zero, start, stop),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
