@@ -82,6 +82,39 @@ TS_EXTERN const char *ts_strerror(int err);
 TS_EXTERN const char *ts_err_name(int err);
 
 /* ---------------------------------------------------------------------------------------------
+ * Error messages
+ *
+ * One channel for every module (client, records, rl.h, batcher.h, torch.h): a thread-local
+ * message, like errno. A public function that fails (returns a negative TS_E* code, or NULL
+ * where its comment says NULL means failure) sets the calling thread's message before it
+ * returns: the server's reason, the libtorch exception's text, the schema mismatch, the bad
+ * argument, or at least ts_strerror() of the code. Before the library calls a callback with a
+ * failure status, it sets the message of the thread that runs the callback, so the callback
+ * reads its reason with ts_last_error() as well. Calls that succeed may leave an old message in
+ * place: read it only right after a failure. Added in 0.2.0. It replaces the per-module
+ * message getters of 0.1, the message field of ts_result_t and the message arguments of
+ * callbacks.
+ */
+
+/* bytes; the longest message ts_last_error() keeps (longer ones are cut). Added in 0.2.0. */
+#define TS_MAX_ERROR_LEN 1023
+
+/*
+ * The calling thread's message for the last failure (see above); "" when none was set. Never
+ * NULL; the string stays valid until the next tensorshare call on this thread. Any thread.
+ * Added in 0.2.0.
+ */
+TS_EXTERN const char *ts_last_error(void);
+
+/*
+ * Set the calling thread's message (copied, cut at TS_MAX_ERROR_LEN bytes; NULL sets ""). For
+ * code that implements a tensorshare interface, such as a batcher model (ts_model_ops_t): a
+ * model that fails sets the reason here before it returns its TS_E* code, and the batcher
+ * hands it on to the requesters' callbacks. Any thread. Added in 0.2.0.
+ */
+TS_EXTERN void ts_set_last_error(const char *message);
+
+/* ---------------------------------------------------------------------------------------------
  * Dtypes. The numbers are the wire codes and never change.
  */
 typedef enum ts_dtype_e {

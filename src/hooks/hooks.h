@@ -1,8 +1,9 @@
 /*
  * The one internal header the modules built on the public API (rl/, batcher/) may include: the
- * allocation hooks, the monotonic clock and condition variables on that clock. Everything else
- * they use is in include/tensorshare/. It lives alone in its folder so that a module's include
- * path can name it without exposing the rest of src/ (common.h, record.h, proto.h).
+ * allocation hooks, the error-message setters, the monotonic clock and condition variables on
+ * that clock. Everything else they use is in include/tensorshare/. It lives alone in its folder so
+ * that a module's include path can name it without exposing the rest of src/ (common.h, record.h,
+ * proto.h).
  *
  * The hooks exist so that all heap memory of the project is counted and can be made to fail
  * (tests fail the N-th allocation); a module allocating with plain malloc would escape them.
@@ -24,6 +25,17 @@ void *ts__realloc(void *p, size_t n);
 void ts__free(void *p);
 /* A NUL-terminated copy of the first n bytes of s (s need not be terminated within n), or NULL. */
 char *ts__strndup(const char *s, size_t n);
+
+/*
+ * The calling thread's ts_last_error() message (src/last_error.c), printf-style; cut at
+ * TS_MAX_ERROR_LEN bytes.
+ */
+void ts__set_errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/*
+ * Set the calling thread's message and return code, for "return ts__fail(TS_EINVAL, ...)" at a
+ * public function's failure. fmt NULL sets ts_strerror(code).
+ */
+int ts__fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Monotonic clock in nanoseconds (CLOCK_MONOTONIC). */
 uint64_t ts__now_ns(void);
