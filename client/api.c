@@ -10,23 +10,6 @@
 #include <errno.h>
 #include <time.h>
 
-/* The server's message for the last failed blocking call of this thread. */
-static _Thread_local char tls_errmsg[TS_MAX_ERRMSG + 1];
-
-void ts__set_last_error(const char *msg, size_t len)
-{
-    if (len > TS_MAX_ERRMSG)
-        len = TS_MAX_ERRMSG;
-    if (msg != NULL && len > 0)
-        memcpy(tls_errmsg, msg, len);
-    tls_errmsg[msg != NULL ? len : 0] = '\0';
-}
-
-const char *ts_client_last_error(void)
-{
-    return tls_errmsg;
-}
-
 /* Deadline timeout_ms from now, in monotonic nanoseconds. */
 static uint64_t deadline_after(int64_t timeout_ms)
 {

@@ -1,6 +1,10 @@
 /*
- * Internals of libtensorshare's client: the request, subscription and connection structures that
- * the public API (api.c), the I/O thread (client.c) and the reply parsers (reply.c) share.
+ * Internals of libtensorshare's client: the request, subscription and connection structures, and
+ * the functions its files call across each other. The files: api.c (the public operations, on
+ * the calling thread), client.c (ownership, deadlines, completion, the inbox, the I/O thread,
+ * open and close), conn.c (connect, handshake, reconnect, resubscribe), send.c (frames and
+ * writes), recv.c (reading and dispatching replies), direct.c (a blocking caller's own write and
+ * read), reply.c (reply bodies into results, through src/msg.c), idmap.c and dlpack.c.
  *
  * Threads: a ts_client_t owns one I/O thread that runs its own libuv loop. Application threads
  * only touch the fields marked "under mu"; everything else belongs to the I/O thread. See
@@ -17,10 +21,13 @@
 #include "proto.h"
 #include "record.h"
 
-#define TS__TICK_MS 20 /* ms; how often the I/O thread checks request deadlines */
-#define TS__BLOCK_GRACE_MS                                                                         \
-    500                                 /* ms; a blocking caller waits this long past its deadline \
-                                           for the I/O thread's verdict before abandoning on its own */
+/* ms; how often the I/O thread checks request deadlines */
+#define TS__TICK_MS 20
+/*
+ * ms; a blocking caller waits this long past its deadline for the I/O thread's verdict before
+ * abandoning the request on its own
+ */
+#define TS__BLOCK_GRACE_MS   500
 #define TS__STAGE_SIZE       (64 << 10) /* bytes; the receive staging buffer of a connection */
 #define TS__MAX_TOKEN        4092       /* bytes; a HELLO body must fit TS_MAX_PREAUTH_BODY */
 #define TS__DIRECT_ID        0x80000000u /* request ids of direct writes have this bit; others do not */
@@ -215,7 +222,7 @@ struct ts_client_s {
     /*
      * Direct writes (all under mu): a blocking caller writes its own frame on the socket while
      * holding mu, when the connection is ready and the I/O thread has nothing being written
-     * (see ts__submit_blocking in client.c).
+     * (see ts__submit_blocking_locked in direct.c).
      */
     int d_ready; /* the connection is ready: d_fd, d_max_body and d_lz4 are valid */
     int d_fd;
@@ -228,7 +235,7 @@ struct ts_client_s {
     /*
      * Who reads the socket (under mu): the I/O thread (TS__RD_IO), nobody (TS__RD_FREE: the
      * I/O thread had nothing to wait for and stopped reading) or one blocking caller reading its
-     * own reply (TS__RD_CALLER). See "Reading replies on the calling thread" in client.c.
+     * own reply (TS__RD_CALLER). See "Reading replies on the calling thread" in direct.c.
      */
     int rd_owner;
     int rd_want; /* the I/O thread waits for a caller to hand the socket back */
@@ -276,10 +283,106 @@ struct ts_client_s {
     ts__req *waitq_tail;
 };
 
-/* client.c: hand a request to the I/O thread. 0, or TS_ECANCELED when the client is closing. */
+/*
+ * client.c: ownership, deadlines, completion, the inbox and the I/O thread.
+ */
+/* Hand a request to the I/O thread. 0, or TS_ECANCELED when the client is closing. */
 int ts__submit(ts_client_t *c, ts__req *r);
 /* The same with mu already held by the caller. */
 int ts__submit_locked(ts_client_t *c, ts__req *r);
+/* 1 when the calling thread is c's I/O thread. */
+int ts__on_io_thread(const ts_client_t *c);
+/* Free a request and whatever results it still holds (any thread, once nobody else holds r). */
+void ts__req_free(ts__req *r);
+void ts__sub_unref(ts__sub *s);
+/*
+ * Complete a request with status (I/O thread): out of the in-flight map, then finished now, or
+ * once its write has called back (libuv may still read the frame's memory until then).
+ */
+void ts__req_complete(ts_client_t *c, ts__req *r, int status);
+/* Deliver a request's result to whoever waits for it, then release it (I/O thread). */
+void ts__req_finish(ts_client_t *c, ts__req *r, int status);
+/* Give r the message msg (NULL: none) for ts_client_last_error() and callbacks. */
+void ts__req_set_msg(ts__req *r, const char *msg);
+/* Fail every in-flight request with err and the message msg (or NULL), oldest first. */
+void ts__fail_inflight(ts_client_t *c, int err, const char *msg);
+/* Queue r until the connection is ready (I/O thread). */
+void ts__append_waitq(ts_client_t *c, ts__req *r);
+/* Make sure the deadline timer runs while requests are waiting or in flight. */
+void ts__ensure_tick(ts_client_t *c);
+/* Deliver a notification-shaped event, or the final callback (once), to a subscription. */
+void ts__sub_event(ts_client_t *c, ts__sub *s, ts_event_t event, int coalesced);
+void ts__sub_final(ts_client_t *c, ts__sub *s, int status);
+/* Reverse a chain built through io_next (to deliver in subscription order). */
+ts__sub *ts__sub_chain_reverse(ts__sub *s);
+/* Close everything: pending requests get TS_ECANCELED, subscriptions their final callback. */
+void ts__io_shutdown(ts_client_t *c);
+
+/*
+ * conn.c: connecting, the handshake, failing and reconnecting (I/O thread).
+ */
+/* Start one connection attempt, bounded by the connect timeout. */
+void ts__start_attempt(ts_client_t *c);
+/*
+ * The connection (or the attempt to make one) failed: fail what is in flight, tell the
+ * subscriptions, and schedule the next attempt. conn may be NULL while resolving.
+ */
+void ts__conn_fail(ts_client_t *c, ts__conn *conn, int err, const char *msg);
+/*
+ * ts__conn_fail, where server_reason says that err and msg are the server's own reason for
+ * closing: the requests in flight then fail with err and carry msg.
+ */
+void ts__conn_fail_reason(ts_client_t *c, ts__conn *conn, int err, const char *msg,
+                          int server_reason);
+/* Close a connection; its memory goes in the close callbacks. */
+void ts__conn_close(ts__conn *conn);
+/* The HELLO request r of the current connection completed with status. */
+void ts__hello_done(ts_client_t *c, ts__req *r, int status);
+/* Split address into host/port or a unix path. 0, TS_EINVAL or TS_ENOMEM. */
+int ts__parse_address(ts_client_t *c, const char *address);
+
+/*
+ * send.c: frames and writes (I/O thread).
+ */
+/* Write r's frame on the current connection (or complete r with the error that prevents it). */
+void ts__req_send(ts_client_t *c, ts__req *r);
+/* Write n requests on the current connection with one uv_write (see send.c). */
+void ts__req_send_batch(ts_client_t *c, ts__req **reqs, size_t n);
+/* Send UNLISTEN for bin and ignore the answer (a listener nobody waits for any more). */
+void ts__send_fire_unlisten(ts_client_t *c, const char *bin, size_t len);
+/* Count a write of the I/O thread in io_writes (under mu), from before uv_write to its end. */
+void ts__io_write_begin(ts_client_t *c);
+void ts__io_write_end(ts_client_t *c);
+/* The callback of a uv_write of one request (w->data is the request). */
+void ts__write_cb(uv_write_t *w, int status);
+/* Number of write buffers r's frame needs, and the buffers themselves (returns their count). */
+size_t ts__req_nbufs(const ts__req *r);
+size_t ts__req_fill_bufs(const ts__req *r, uv_buf_t *bufs);
+
+/*
+ * recv.c: reading and dispatching replies (I/O thread, except where said).
+ */
+void ts__alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+void ts__read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+/* Parse every whole frame in the staging buffer; keep a partial one for the next read. */
+void ts__process_stage(ts_client_t *c, ts__conn *conn);
+/*
+ * Check a reply header against what its opcode and status allow, before its body is read or
+ * allocated; lz4 says whether the connection agreed on compressed bodies. 0 or TS_EPROTO. Any
+ * thread: no system call, no allocation.
+ */
+int ts__reply_hdr_check(const ts_client_t *c, const ts__hdr *h, int lz4);
+/*
+ * Apply the reply frame h with body to r (its status, message and results); with owned, body is
+ * an aligned allocation this takes over, otherwise it is borrowed. Returns the request's status;
+ * *malformed when the frame broke the protocol. Touches nothing but r: any thread.
+ */
+int ts__reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, int owned,
+                    int *malformed);
+
+/*
+ * direct.c: the caller-side fast path of blocking calls, and the I/O thread's side of it.
+ */
 /*
  * Hand over a blocking request (mu held): written on the calling thread when the connection
  * allows it, else submitted like any other. Counts the caller in c->waiters. 0 or TS_ECANCELED.
@@ -296,13 +399,28 @@ enum { TS__SELF_DONE = 0, TS__SELF_WAIT, TS__SELF_TIMEOUT };
  * passed (r was taken back from c->direct and is the caller's to free).
  */
 int ts__self_read(ts_client_t *c, ts__req *r);
-/* 1 when the calling thread is c's I/O thread. */
-int ts__on_io_thread(const ts_client_t *c);
-/* Free a request and whatever results it still holds. */
-void ts__req_free(ts__req *r);
-void ts__sub_unref(ts__sub *s);
+/*
+ * Stop direct writes before the socket closes (I/O thread). Returns the requests direct writes
+ * left waiting, for ts__direct_fail, which fails each with err and msg.
+ */
+ts__req *ts__direct_stop(ts_client_t *c);
+void ts__direct_fail(ts_client_t *c, ts__req *list, int err, const char *msg);
+/* The direct request waiting for the reply with this id, taken out of c->direct; or NULL. */
+ts__req *ts__direct_take(ts_client_t *c, uint32_t id);
+/* Finish a direct write the socket took only part of (I/O thread; io_writes counts it). */
+void ts__write_handoff(ts_client_t *c, ts__req *r);
+/* A caller gave up in the middle of a frame (rd_broken holds why): end the connection. */
+void ts__conn_fail_broken(ts_client_t *c, int why);
+/* The I/O thread reads the socket again (it holds the reading side). */
+void ts__start_reading(ts_client_t *c);
+/* The I/O thread has something to wait for: get the reading side back, now or from the caller. */
+void ts__io_want_read(ts_client_t *c);
+/* Before the loop waits: stop reading when nothing is awaited. */
+void ts__quiet_cb(uv_prepare_t *p);
+/* Put the socket in blocking mode or back (I/O thread; see fd_blocking). */
+void ts__fd_set_blocking(ts_client_t *c, int on);
 
-/* api.c: the per-thread message behind ts_client_last_error() (len bytes of msg, or ""). */
+/* lasterror.c: the per-thread message behind ts_client_last_error() (len bytes of msg, or ""). */
 void ts__set_last_error(const char *msg, size_t len);
 
 /* reply.c: parse a reply body for r (status already OK); takes over body. 0 or TS_EPROTO. */

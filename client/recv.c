@@ -1,0 +1,353 @@
+/*
+ * Reading replies (I/O thread): the staging buffer and the large-body buffers libuv reads into,
+ * the header check every reply passes before its body is read, dispatching a frame to the
+ * request it answers or to the subscription it notifies, and applying a reply to its request
+ * (which a blocking caller reading its own reply does too, see direct.c).
+ */
+#include "internal.h"
+
+#include "compress.h"
+#include "msg.h"
+
+#include <stdio.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * Reading
+ */
+
+void ts__alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    ts__conn *conn = h->data;
+    (void)suggested;
+    if (conn->rstate == TS__RS_BODY) {
+        /* Large bodies are read straight into their own aligned buffer. */
+        buf->base = (char *)conn->body + conn->body_got;
+        buf->len = (size_t)(conn->hdr.body_len - conn->body_got);
+    } else {
+        buf->base = (char *)conn->stage + conn->stage_len;
+        buf->len = TS__STAGE_SIZE - conn->stage_len;
+    }
+}
+
+/* 1 when a request waits for the reply with this id (it stays where it is). */
+static int reply_awaited(ts_client_t *c, uint32_t id)
+{
+    if (ts__idmap_get(&c->inflight, id) != NULL)
+        return 1;
+    if (!(id & TS__DIRECT_ID))
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    int found = ts__idmap_get(&c->direct, id) != NULL;
+    pthread_mutex_unlock(&c->mu);
+    return found;
+}
+
+/* The request a reply with this id answers, or NULL (one that timed out, say). */
+static ts__req *reply_owner(ts_client_t *c, uint32_t id)
+{
+    ts__req *r = ts__idmap_get(&c->inflight, id);
+    return r != NULL ? r : ts__direct_take(c, id);
+}
+
+/*
+ * Check a reply header against what its opcode and status allow, before its body is read or
+ * allocated (docs/PROTOCOL.md sections 5 and 12): fixed replies have their exact size as bound,
+ * error bodies TS_MAX_ERRMSG, GET, PEEK, LIST and STATS the client's max_reply_bytes. lz4 says
+ * whether the connection agreed on compressed bodies. 0, or TS_EPROTO. No system call, no
+ * allocation: both read paths run it on every frame.
+ */
+int ts__reply_hdr_check(const ts_client_t *c, const ts__hdr *h, int lz4)
+{
+    if (h->opcode == 0 ? h->status == TS_ST_OK || h->request_id != 0
+                       : h->opcode == TS_OP_NOTIFY && (h->status != 0 || h->request_id != 0))
+        return TS_EPROTO; /* a connection-level error frame, or a notification, out of shape */
+    uint64_t max = ts__reply_max_body(h->opcode, h->status, c->opts.max_reply_bytes);
+    if (h->flags & TS_FLAG_LZ4) {
+        if (!lz4)
+            return TS_EPROTO;
+        /* raw_len, then LZ4's worst case for max bytes (n + n/255 + 16); max <= 2^40. */
+        max = 8 + max + max / 255 + 16;
+    }
+    return h->body_len <= max ? 0 : TS_EPROTO;
+}
+
+/*
+ * Deliver a NOTIFY frame to the subscription for its bin. Returns 0, or TS_EPROTO when the body
+ * is malformed or reports an event the protocol does not define.
+ */
+static int dispatch_notify(ts_client_t *c, const uint8_t *body, size_t len)
+{
+    ts__rd rd;
+    uint64_t version;
+    uint32_t n;
+    uint8_t event, flags;
+    const char *name;
+    size_t nl;
+    ts__rd_init(&rd, body, len);
+    if (ts__rd_u64(&rd, &version) != 0 || ts__rd_u32(&rd, &n) != 0 || ts__rd_u8(&rd, &event) != 0 ||
+        ts__rd_u8(&rd, &flags) != 0 || ts__rd_name(&rd, &name, &nl) != 0 || rd.left != 0)
+        return TS_EPROTO;
+    /* Events from TS_EV_DISCONNECTED on are the client's own: a server never sends them. */
+    if (event == 0 || event >= TS_EV_DISCONNECTED)
+        return TS_EPROTO;
+    ts__sub *s;
+    pthread_mutex_lock(&c->mu);
+    for (s = c->subs; s != NULL; s = s->next)
+        if (s->live && s->bin_len == nl && memcmp(s->bin, name, nl) == 0)
+            break;
+    if (s != NULL)
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&c->mu);
+    if (s == NULL)
+        return 0; /* unlistened meanwhile, or never ours */
+    s->version = version;
+    s->n_items = n;
+    ts__sub_event(c, s, (ts_event_t)event, (flags & TS_NOTE_FLAG_COALESCED) != 0);
+    ts__sub_unref(s);
+    return 0;
+}
+
+/*
+ * The server broke the protocol in its answer to r: drop the connection first (so r's callback
+ * already sees it down and what it submits waits for the reconnection), then fail r with
+ * TS_EPROTO. The other requests in flight fail with TS_EPROTO too (see ts__conn_fail).
+ */
+static void proto_fail(ts_client_t *c, ts__conn *conn, ts__req *r, const char *msg)
+{
+    if (r->in_map) {
+        ts__idmap_del(&c->inflight, r->id);
+        r->in_map = 0;
+    }
+    ts__conn_fail(c, conn, TS_EPROTO, msg);
+    ts__req_complete(c, r, TS_EPROTO);
+}
+
+/*
+ * The server's connection-level error frame (opcode 0, request id 0, checked by
+ * ts__reply_hdr_check): it closes the connection for a reason of its own (too many clients, a slow
+ * reader, shutdown...). The connection goes now, and the requests in flight fail with the
+ * status's TS_E* code and the server's message (ts_client_last_error()), not as merely lost.
+ */
+static void server_closing(ts_client_t *c, ts__conn *conn, const ts__hdr *h, const uint8_t *body,
+                           size_t len)
+{
+    int err = ts__status_to_err(h->status);
+    char msg[TS_MAX_ERRMSG + 1];
+    if (len > 0 && !(h->flags & TS_FLAG_LZ4))
+        snprintf(msg, sizeof(msg), "%.*s", (int)len, (const char *)body); /* len <= 1024 */
+    else
+        snprintf(msg, sizeof(msg), "the server closed the connection: %s", ts_strerror(err));
+    ts__conn_fail_reason(c, conn, err, msg, 1);
+}
+
+/* Release a frame body that dispatch owns; a borrowed one lies in the staging buffer. */
+static void body_release(uint8_t *body, size_t len, int owned)
+{
+    if (owned)
+        ts__body_free(body, len);
+}
+
+/*
+ * Apply the reply frame h with body to r: its status, message and results. With owned, body is
+ * an aligned allocation that this takes over; otherwise it is borrowed (valid until this
+ * returns) and copied only when the reply keeps it (the decoded tensors of GET, PEEK and STATS
+ * point into their body). Returns the request's status; *malformed is set when the frame broke
+ * the protocol (the connection has to go). Touches nothing but r, so it runs on the I/O thread
+ * and on a blocking caller reading its own reply alike.
+ */
+int ts__reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, int owned,
+                    int *malformed)
+{
+    *malformed = 0;
+    /* What the reply may hold (ts__reply_hdr_check checked the header against it already). */
+    uint64_t max = ts__reply_max_body(h->opcode, h->status, r->c->opts.max_reply_bytes);
+    if (h->flags & TS_FLAG_LZ4) {
+        uint64_t raw = 0;
+        uint8_t *out = NULL;
+        int rc = ts__lz4_raw_len(body, len, &raw);
+        if (rc == 0 && (ts__lz4_bound(raw) == 0 || raw > max))
+            rc = TS_EPROTO;
+        if (rc == 0 && raw > 0 && (out = ts__malloc_aligned(raw)) == NULL)
+            rc = TS_ENOMEM;
+        if (rc == 0)
+            rc = ts__lz4_decompress(body, len, out, raw);
+        body_release(body, len, owned);
+        if (rc != 0) {
+            ts__free_aligned(out, raw);
+            *malformed = rc == TS_EPROTO;
+            return rc;
+        }
+        body = out;
+        len = raw;
+        owned = 1;
+    }
+    int status;
+    if (len > max) {
+        status = TS_EPROTO;
+        body_release(body, len, owned);
+    } else if (h->status != TS_ST_OK) {
+        status = ts__status_to_err(h->status);
+        if (r->op == TS_OP_WAIT && h->status == TS_ST_TIMEOUT) {
+            /* WAIT's TIMEOUT carries the bin state, exactly. */
+            r->have_state = ts__parse_bin_state(body, len, &r->res) == 0;
+            if (!r->have_state)
+                status = TS_EPROTO;
+        } else if (len > 0) {
+            r->msg = ts__strndup((const char *)body, len); /* len <= TS_MAX_ERRMSG */
+        }
+        body_release(body, len, owned);
+    } else if (!ts__reply_keeps_body(r->op)) {
+        status = ts__reply_parse_view(r, body, len);
+        body_release(body, len, owned);
+    } else {
+        if (!owned) {
+            /*
+             * A borrowed body lies in a receive buffer: the parser takes over (and frees) what
+             * it is given, so it gets a copy, or no buffer at all for an empty body.
+             */
+            uint8_t *copy = NULL;
+            if (len > 0 && (copy = ts__malloc_aligned(len)) == NULL)
+                return TS_ENOMEM;
+            if (len > 0)
+                memcpy(copy, body, len);
+            body = copy;
+        }
+        status = ts__reply_parse(r, body, len);
+    }
+    /* A HELLO's own completion drops the connection (ts__hello_done). */
+    *malformed = status == TS_EPROTO && r->kind != TS__K_HELLO;
+    return status;
+}
+
+/*
+ * Handle one complete frame from conn. With owned, body is an aligned allocation that dispatch
+ * takes over; otherwise it is borrowed from the staging buffer (valid until dispatch returns)
+ * and copied only when the reply keeps it (the decoded tensors of GET, PEEK and STATS point
+ * into their body), so that small replies and notifications cost no allocation. Returns 0, or
+ * TS_EPROTO when the frame broke the protocol in a way that ends the connection (already
+ * dropped when a request was concerned; the caller drops it otherwise).
+ */
+static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *body, size_t len,
+                    int owned)
+{
+    if (h->opcode == TS_OP_NOTIFY) {
+        int rc = dispatch_notify(c, body, len);
+        body_release(body, len, owned);
+        return rc;
+    }
+    if (h->opcode == 0) {
+        server_closing(c, conn, h, body, len);
+        body_release(body, len, owned);
+        return TS_EPROTO; /* the connection is gone already */
+    }
+    ts__req *r = reply_owner(c, h->request_id);
+    if (r == NULL) {
+        body_release(body, len, owned); /* the answer to a request that timed out */
+        return 0;
+    }
+    if (r->op != h->opcode) {
+        body_release(body, len, owned);
+        proto_fail(c, conn, r, "the server answered a request with another opcode");
+        return TS_EPROTO;
+    }
+    int malformed = 0;
+    int status = ts__reply_apply(r, h, body, len, owned, &malformed);
+    if (malformed) {
+        proto_fail(c, conn, r,
+                   status == TS_EPROTO && (h->flags & TS_FLAG_LZ4)
+                       ? "malformed compressed reply from the server"
+                       : "malformed reply from the server");
+        return TS_EPROTO;
+    }
+    ts__req_complete(c, r, status);
+    return 0;
+}
+
+/* Parse every whole frame in the staging buffer; keep a partial one for the next read. */
+void ts__process_stage(ts_client_t *c, ts__conn *conn)
+{
+    size_t pos = 0;
+    while (!conn->closing) {
+        size_t avail = conn->stage_len - pos;
+        if (conn->discard > 0) {
+            size_t k = conn->discard < avail ? (size_t)conn->discard : avail;
+            pos += k;
+            conn->discard -= k;
+            if (conn->discard > 0)
+                break;
+            continue;
+        }
+        if (avail < TS_HDR_SIZE)
+            break;
+        ts__hdr h;
+        if (ts__hdr_decode(conn->stage + pos, TS_MAGIC_REP, &h) != 0 ||
+            ts__reply_hdr_check(c, &h, conn->lz4) != 0) {
+            ts__conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
+            return;
+        }
+        pos += TS_HDR_SIZE;
+        avail -= TS_HDR_SIZE;
+        if (h.body_len <= avail) {
+            /* The whole body is here: dispatch reads it in place (see dispatch). */
+            uint8_t *body = h.body_len > 0 ? conn->stage + pos : NULL;
+            pos += (size_t)h.body_len;
+            if (dispatch(c, conn, &h, body, (size_t)h.body_len, 0) != 0)
+                ts__conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
+            continue;
+        }
+        if (h.opcode != TS_OP_NOTIFY && h.opcode != 0 && !reply_awaited(c, h.request_id)) {
+            /* The late answer to a request that timed out: skip it, buffering nothing. */
+            conn->discard = h.body_len;
+            continue;
+        }
+        uint8_t *body = ts__malloc_aligned((size_t)h.body_len);
+        if (body == NULL) {
+            /* No memory for this body: fail its request and skip the bytes. */
+            ts__req *r = h.opcode != TS_OP_NOTIFY ? reply_owner(c, h.request_id) : NULL;
+            if (r != NULL)
+                ts__req_complete(c, r, TS_ENOMEM);
+            conn->discard = h.body_len;
+            continue;
+        }
+        memcpy(body, conn->stage + pos, avail);
+        pos += avail;
+        conn->hdr = h;
+        conn->body = body;
+        conn->body_got = avail;
+        conn->rstate = TS__RS_BODY;
+        break;
+    }
+    if (conn->closing)
+        return;
+    memmove(conn->stage, conn->stage + pos, conn->stage_len - pos);
+    conn->stage_len -= pos;
+}
+
+void ts__read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+{
+    ts__conn *conn = stream->data;
+    ts_client_t *c = conn->c;
+    (void)buf;
+    if (conn->closing || nread == 0)
+        return;
+    if (nread < 0) {
+        ts__conn_fail(c, conn, TS_ECONNRESET,
+                      nread == UV_EOF ? "the server closed the connection"
+                                      : uv_strerror((int)nread));
+        return;
+    }
+    if (conn->rstate == TS__RS_BODY) {
+        conn->body_got += (size_t)nread;
+        if (conn->body_got < conn->hdr.body_len)
+            return;
+        uint8_t *body = conn->body;
+        ts__hdr h = conn->hdr;
+        conn->body = NULL;
+        conn->rstate = TS__RS_HDR;
+        if (dispatch(c, conn, &h, body, (size_t)h.body_len, 1) != 0)
+            ts__conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
+        return;
+    }
+    conn->stage_len += (size_t)nread;
+    ts__process_stage(c, conn);
+}
