@@ -76,8 +76,11 @@ static void keyset_add(keyset *s, const char *k, size_t len, const char *where)
 static const char *section(const char *doc, const char *head, size_t *len)
 {
     const char *p = strstr(doc, head);
-    if (p == NULL)
+    if (p == NULL) {
         fail_msg("docs/PROTOCOL.md has no heading '%s'", head);
+        *len = 0; /* not reached: fail_msg does not return */
+        return doc;
+    }
     const char *end = strstr(p + strlen(head), "\n#");
     *len = end == NULL ? strlen(p) : (size_t)(end - p);
     return p;
