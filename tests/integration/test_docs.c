@@ -12,10 +12,12 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -395,12 +397,110 @@ static void test_compressed_raw_len_zero(void **state)
     tsu_check_healthy(&srv);
 }
 
+/* Send a request with the given body and expect status (and a reply, the connection open). */
+static void expect_status(int fd, uint8_t op, uint32_t rid, const void *body, size_t len,
+                          uint16_t status)
+{
+    assert_int_equal(tsh_send(fd, op, rid, body, len), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, op, rid, status);
+    tsu_frame_free(&f);
+}
+
+/*
+ * PROTOCOL.md 8.13 and section 7: a failed SAVE is INTERNAL with the documented message; while
+ * snapshots fail, PUT, APPEND, GET and DELETE are refused with SAVE_FAILING before anything else
+ * is looked at (a missing bin, a body that would be malformed), the connection stays, reads and
+ * SAVE go on, and a SAVE that succeeds ends it.
+ */
+static void test_save_failing_as_documented(void **state)
+{
+    (void)state;
+    char dsub[300], dgone[310], snap[310];
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    snprintf(dsub, sizeof(dsub), "%s/d", srv.dir);
+    snprintf(dgone, sizeof(dgone), "%s/d.gone", srv.dir);
+    snprintf(snap, sizeof(snap), "%s/snap", dsub);
+    assert_int_equal(mkdir(dsub, 0700), 0);
+    const char *const args[] = {"--save", snap, "--save-interval", "0", NULL};
+    assert_int_equal(tsh_server_restart(&srv, args), 0);
+    int fd = tsu_client(&srv);
+    tsu_put_int(fd, TS_OP_PUT, "a", 1, NULL);
+    expect_status(fd, TS_OP_SAVE, 1, NULL, 0, TS_ST_OK);
+    /* Every snapshot fails now, even for root: the directory's name is a plain file. */
+    assert_int_equal(rename(dsub, dgone), 0);
+    int x = open(dsub, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    assert_true(x >= 0);
+    close(x);
+    tsu_put_int(fd, TS_OP_PUT, "b", 2, NULL);
+    assert_int_equal(tsh_send(fd, TS_OP_SAVE, 2, NULL, 0), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_SAVE, 2, TS_ST_INTERNAL);
+    const char *msg = "snapshot failed; see the server log";
+    assert_int_equal(f.len, strlen(msg));
+    assert_memory_equal(f.body, msg, f.len);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_stat(fd, "last_save_ok"), 0);
+    /* Refused before the bin is looked up, and before the body is decoded. */
+    uint8_t body[64];
+    size_t n = tsh_name_body(body, sizeof(body), "missing", "\0\0\0\0", 4);
+    expect_status(fd, TS_OP_GET, 3, body, n, TS_ST_SAVE_FAILING);
+    expect_status(fd, TS_OP_DELETE, 4, body, n - 4, TS_ST_SAVE_FAILING);
+    expect_status(fd, TS_OP_GET, 5, body, 3, TS_ST_SAVE_FAILING); /* name cut short */
+    expect_status(fd, TS_OP_DELETE, 6, "a", 1, TS_ST_SAVE_FAILING);
+    /* Reads go on, LISTEN and UNLISTEN included. */
+    n = tsh_name_body(body, sizeof(body), "a", "\0\0\0\0", 4);
+    expect_status(fd, TS_OP_PEEK, 7, body, n, TS_ST_OK);
+    expect_status(fd, TS_OP_LIST, 8, NULL, 0, TS_ST_OK);
+    expect_status(fd, TS_OP_LISTEN, 9, body, n - 4, TS_ST_OK);
+    expect_status(fd, TS_OP_UNLISTEN, 10, body, n - 4, TS_ST_OK);
+    assert_true(tsu_stat(fd, "writes_refused") >= 4);
+    /* Mended: a SAVE succeeds and ends the refusals. */
+    assert_int_equal(unlink(dsub), 0);
+    assert_int_equal(rename(dgone, dsub), 0);
+    expect_status(fd, TS_OP_SAVE, 11, NULL, 0, TS_ST_OK);
+    assert_int_equal(tsu_stat(fd, "last_save_ok"), 1);
+    n = tsh_name_body(body, sizeof(body), "missing", "\0\0\0\0", 4);
+    expect_status(fd, TS_OP_GET, 12, body, n, TS_ST_NOT_FOUND);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    char p[330];
+    snprintf(p, sizeof(p), "%s.lock", snap);
+    unlink(p);
+    unlink(snap);
+    rmdir(dsub);
+    tsh_server_cleanup(&srv);
+}
+
+/*
+ * PROTOCOL.md sections 7 and 13: tensord sends no SHUTTING_DOWN. A connection with a WAIT
+ * pending sees the connection end, with no frame, when the server stops.
+ */
+static void test_shutdown_sends_no_frame(void **state)
+{
+    (void)state;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    int fd = tsu_client(&srv);
+    assert_int_equal(tsu_send_wait(fd, 2, "nothing", 0, 60000), 0);
+    /* The WAIT is pending once a later request is answered. */
+    expect_status(fd, TS_OP_PING, 3, NULL, 0, TS_ST_OK);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    uint8_t b;
+    ssize_t r = read(fd, &b, 1);
+    assert_true(r <= 0);
+    close(fd);
+    tsh_server_cleanup(&srv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stats_table_matches_server, start, stop),
         cmocka_unit_test(test_every_flag_in_safety_doc),
         cmocka_unit_test_setup_teardown(test_compressed_raw_len_zero, start, stop),
+        cmocka_unit_test(test_save_failing_as_documented),
+        cmocka_unit_test(test_shutdown_sends_no_frame),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
