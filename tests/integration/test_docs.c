@@ -1,8 +1,10 @@
 /*
  * The documents against a running tensord: the STATS table of docs/PROTOCOL.md (section 8.12)
  * lists exactly the keys the server sends, every flag of `tensord --help` appears in the tables
- * of docs/SAFETY.md with the default the help shows, and the compressed bodies of raw length 0
- * behave as section 11 says. A document that cannot be read fails the test, never skips it.
+ * of docs/SAFETY.md with the default the help shows, the fixed numbers the documents quote are
+ * the server's constants, and behaviours the documents promise (compressed bodies of raw length
+ * 0, a failed SAVE and SAVE_FAILING, shutdown) are what tensord does. A document that cannot be
+ * read fails the test, never skips it.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -493,11 +495,66 @@ static void test_shutdown_sends_no_frame(void **state)
     tsh_server_cleanup(&srv);
 }
 
+/* The value of "#define NAME value" in a source file (decimal, an unsigned suffix allowed). */
+static unsigned long define_value(const char *file, const char *name)
+{
+    char *src = tsh_read_source_file(file, NULL);
+    if (src == NULL)
+        fail_msg("%s cannot be read", file);
+    char pat[96];
+    snprintf(pat, sizeof(pat), "#define %s ", name);
+    const char *p = strstr(src, pat);
+    if (p == NULL)
+        fail_msg("%s has no %s", file, name);
+    p += strlen(pat);
+    while (*p == ' ')
+        p++;
+    char *end;
+    unsigned long v = strtoul(p, &end, 10);
+    if (end == p)
+        fail_msg("%s: %s is not a decimal number", file, name);
+    free(src);
+    return v;
+}
+
+/* doc holds text (formatted with the constant's value). */
+static void doc_says(const char *doc_file, const char *text)
+{
+    char *doc = tsh_read_source_file(doc_file, NULL);
+    if (doc == NULL)
+        fail_msg("%s cannot be read", doc_file);
+    int found = strstr(doc, text) != NULL;
+    free(doc);
+    if (!found)
+        fail_msg("%s does not say \"%s\"", doc_file, text);
+}
+
+/* The fixed numbers the documents quote are the server's constants. */
+static void test_documented_constants(void **state)
+{
+    (void)state;
+    char t[160];
+    unsigned long grace = define_value("server/server.h", "TSD_CLOSE_GRACE_MS");
+    snprintf(t, sizeof(t), "`TSD_CLOSE_GRACE_MS` = %lu ms", grace);
+    doc_says("docs/PROTOCOL.md", t);
+    snprintf(t, sizeof(t), "%lu s (`TSD_CLOSE_GRACE_MS`, %lu ms)", grace / 1000, grace);
+    doc_says("docs/PROTOCOL.md", t);
+    snprintf(t, sizeof(t), "at most %lu s (`TSD_CLOSE_GRACE_MS`)", grace / 1000);
+    doc_says("docs/SAFETY.md", t);
+    unsigned long cron = define_value("server/server.h", "TSD_CRON_MS");
+    snprintf(t, sizeof(t), "housekeeping timer that runs every %lu ms", cron);
+    doc_says("docs/PROTOCOL.md", t);
+    unsigned long wake = define_value("server/server.h", "TSD_WAKE_BUDGET");
+    snprintf(t, sizeof(t), "| wake-ups | %lu per loop turn (fixed) |", wake);
+    doc_says("docs/SAFETY.md", t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stats_table_matches_server, start, stop),
         cmocka_unit_test(test_every_flag_in_safety_doc),
+        cmocka_unit_test(test_documented_constants),
         cmocka_unit_test_setup_teardown(test_compressed_raw_len_zero, start, stop),
         cmocka_unit_test(test_save_failing_as_documented),
         cmocka_unit_test(test_shutdown_sends_no_frame),
