@@ -380,11 +380,13 @@ static void raise_nofile(const tsd_config *cfg)
             (void)getrlimit(RLIMIT_NOFILE, &rl);
         }
     }
-    if (rl.rlim_cur != RLIM_INFINITY && (uint64_t)cfg->max_clients + 64 > rl.rlim_cur)
+    /* Connections before and after HELLO are limited separately, so both take descriptors. */
+    uint64_t need = (uint64_t)cfg->max_clients + cfg->max_unauth + 64;
+    if (rl.rlim_cur != RLIM_INFINITY && need > rl.rlim_cur)
         tsd_log(TSD_LOG_WARN,
-                "the file descriptor limit (%llu) is below --max-clients (%u) + 64: accepting "
-                "will pause when it runs out",
-                (unsigned long long)rl.rlim_cur, cfg->max_clients);
+                "the file descriptor limit (%llu) is below --max-clients (%u) + "
+                "--max-unauth-clients (%u) + 64: accepting will pause when it runs out",
+                (unsigned long long)rl.rlim_cur, cfg->max_clients, cfg->max_unauth);
 }
 
 int main(int argc, char **argv)
