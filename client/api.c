@@ -6,6 +6,7 @@
 #include "internal.h"
 
 #include "compress.h"
+#include "msg.h"
 
 #include <errno.h>
 #include <time.h>
@@ -17,16 +18,21 @@ static uint64_t deadline_after(int64_t timeout_ms)
 }
 
 /*
- * A new request for op on bin (NULL for requests without a bin), with extra fixed body bytes
- * after the name. Returns NULL and *rc on failure.
+ * A new request for op on bin (NULL for requests without a bin), its body encoded by the codec
+ * from the name and the fields of args that op's body has (NULL: none). Returns NULL and *rc on
+ * failure.
  */
-static ts__req *req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, const void *extra,
-                        size_t extra_len, int *rc)
+static ts__req *req_new(ts_client_t *c, int kind, uint8_t op, const char *bin,
+                        const ts__msg_name_req *args, int *rc)
 {
-    size_t nl = 0;
+    ts__msg_name_req m;
+    memset(&m, 0, sizeof(m));
+    if (args != NULL)
+        m = *args;
     if (bin != NULL) {
-        nl = strlen(bin);
-        if (nl > TS_MAX_NAME_LEN) {
+        m.name = (const uint8_t *)bin;
+        m.name_len = strlen(bin);
+        if (m.name_len > TS_MAX_NAME_LEN) {
             *rc = TS_ENAMETOOLONG;
             return NULL;
         }
@@ -39,16 +45,11 @@ static ts__req *req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, c
     r->c = c;
     r->kind = kind;
     r->op = op;
-    uint8_t *b = r->small + TS_HDR_SIZE;
-    if (bin != NULL) {
-        b[0] = (uint8_t)nl;
-        memcpy(b + 1, bin, nl);
-        r->small_len = 1 + nl;
+    *rc = ts__req_body(r, &m);
+    if (*rc != 0) {
+        ts__free(r);
+        return NULL;
     }
-    if (extra_len > 0)
-        memcpy(b + r->small_len, extra, extra_len);
-    r->small_len += extra_len;
-    r->body_len = r->small_len;
     r->deadline_ns = deadline_after(c->opts.request_timeout_ms);
     if (kind == TS__K_BLOCK) {
         pthread_cond_init(&r->cond, &c->condattr);
@@ -285,7 +286,7 @@ static int store_op(ts_client_t *c, uint8_t op, const char *bin, const ts_value_
         return rc;
     if (bin == NULL || item == NULL)
         return TS_EINVAL;
-    ts__req *r = req_new(c, TS__K_BLOCK, op, bin, NULL, 0, &rc);
+    ts__req *r = req_new(c, TS__K_BLOCK, op, bin, NULL, &rc);
     if (r == NULL)
         return rc;
     /* The call waits, so the tensors are sent straight from the caller's memory. */
@@ -314,26 +315,29 @@ int ts_append(ts_client_t *c, const char *bin, const ts_value_t *item, uint64_t 
     return store_op(c, TS_OP_APPEND, bin, item, version);
 }
 
-/* The fixed part of GET and PEEK: u32 max_items (0 = all). */
-static void max_items_field(size_t max_items, uint8_t out[4])
+/* The arguments of GET and PEEK: max_items (0 = all), at most what the u32 field carries. */
+static ts__msg_name_req max_items_args(size_t max_items)
 {
-    ts__put_u32le(out, max_items > UINT32_MAX ? UINT32_MAX : (uint32_t)max_items);
+    ts__msg_name_req m;
+    memset(&m, 0, sizeof(m));
+    m.max_items = max_items > UINT32_MAX ? UINT32_MAX : (uint32_t)max_items;
+    return m;
 }
 
 /*
- * Run a blocking request without a record: op on bin (NULL for none) with extra argument bytes.
+ * Run a blocking request without a record: op on bin (NULL for none) with the arguments args.
  * args_ok is the caller's own argument check, made after the call checks like everywhere else.
  * Returns 0 with *done the completed request (free it with ts__req_free), or an error.
  */
 static int simple_blocking(ts_client_t *c, int args_ok, uint8_t op, const char *bin,
-                           const void *extra, size_t extra_len, ts__req **done)
+                           const ts__msg_name_req *args, ts__req **done)
 {
     int rc = check_call(c, 1);
     if (rc != 0)
         return rc;
     if (!args_ok)
         return TS_EINVAL;
-    ts__req *r = req_new(c, TS__K_BLOCK, op, bin, extra, extra_len, &rc);
+    ts__req *r = req_new(c, TS__K_BLOCK, op, bin, args, &rc);
     if (r == NULL)
         return rc;
     return run_blocking(c, r, done);
@@ -341,10 +345,9 @@ static int simple_blocking(ts_client_t *c, int args_ok, uint8_t op, const char *
 
 static int fetch_op(ts_client_t *c, uint8_t op, const char *bin, size_t max_items, ts_items_t **out)
 {
-    uint8_t extra[4];
-    max_items_field(max_items, extra);
+    ts__msg_name_req args = max_items_args(max_items);
     ts__req *done;
-    int rc = simple_blocking(c, bin != NULL && out != NULL, op, bin, extra, sizeof(extra), &done);
+    int rc = simple_blocking(c, bin != NULL && out != NULL, op, bin, &args, &done);
     if (rc == 0) {
         *out = done->res.items;
         done->res.items = NULL;
@@ -366,7 +369,7 @@ int ts_peek(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out)
 int ts_delete(ts_client_t *c, const char *bin, uint32_t *n_removed)
 {
     ts__req *done;
-    int rc = simple_blocking(c, bin != NULL, TS_OP_DELETE, bin, NULL, 0, &done);
+    int rc = simple_blocking(c, bin != NULL, TS_OP_DELETE, bin, NULL, &done);
     if (rc == 0) {
         if (n_removed != NULL)
             *n_removed = done->res.n_items;
@@ -378,7 +381,7 @@ int ts_delete(ts_client_t *c, const char *bin, uint32_t *n_removed)
 int ts_list(ts_client_t *c, ts_bin_list_t **out)
 {
     ts__req *done;
-    int rc = simple_blocking(c, out != NULL, TS_OP_LIST, NULL, NULL, 0, &done);
+    int rc = simple_blocking(c, out != NULL, TS_OP_LIST, NULL, NULL, &done);
     if (rc == 0) {
         *out = done->res.bins;
         done->res.bins = NULL;
@@ -387,16 +390,17 @@ int ts_list(ts_client_t *c, ts_bin_list_t **out)
     return rc;
 }
 
-/* A WAIT request: name, u64 after_version, u32 timeout_ms; its deadline leaves a margin. */
+/* A WAIT request for bin after after_version; its deadline leaves a margin. */
 static ts__req *wait_req(ts_client_t *c, int kind, const char *bin, uint64_t after_version,
                          int timeout_ms, int *rc)
 {
     if (timeout_ms <= 0)
         timeout_ms = c->opts.request_timeout_ms;
-    uint8_t extra[12];
-    ts__put_u64le(extra, after_version);
-    ts__put_u32le(extra + 8, (uint32_t)timeout_ms);
-    ts__req *r = req_new(c, kind, TS_OP_WAIT, bin, extra, sizeof(extra), rc);
+    ts__msg_name_req args;
+    memset(&args, 0, sizeof(args));
+    args.after_version = after_version;
+    args.timeout_ms = (uint32_t)timeout_ms;
+    ts__req *r = req_new(c, kind, TS_OP_WAIT, bin, &args, rc);
     if (r == NULL)
         return NULL;
     /* The server answers at timeout_ms; the usual request timeout is the margin for that. */
@@ -430,7 +434,7 @@ int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout
 int ts_stats(ts_client_t *c, ts_value_t **out)
 {
     ts__req *done;
-    int rc = simple_blocking(c, out != NULL, TS_OP_STATS, NULL, NULL, 0, &done);
+    int rc = simple_blocking(c, out != NULL, TS_OP_STATS, NULL, NULL, &done);
     if (rc == 0) {
         *out = done->res.value;
         done->res.value = NULL;
@@ -442,7 +446,7 @@ int ts_stats(ts_client_t *c, ts_value_t **out)
 int ts_ping(ts_client_t *c)
 {
     ts__req *done;
-    int rc = simple_blocking(c, 1, TS_OP_PING, NULL, NULL, 0, &done);
+    int rc = simple_blocking(c, 1, TS_OP_PING, NULL, NULL, &done);
     if (rc == 0)
         ts__req_free(done);
     return rc;
@@ -451,7 +455,7 @@ int ts_ping(ts_client_t *c)
 int ts_save(ts_client_t *c)
 {
     ts__req *done;
-    int rc = simple_blocking(c, 1, TS_OP_SAVE, NULL, NULL, 0, &done);
+    int rc = simple_blocking(c, 1, TS_OP_SAVE, NULL, NULL, &done);
     if (rc == 0)
         ts__req_free(done);
     return rc;
@@ -469,7 +473,7 @@ static int store_async(ts_client_t *c, uint8_t op, const char *bin, const ts_val
         return rc;
     if (bin == NULL || item == NULL)
         return TS_EINVAL;
-    ts__req *r = req_new(c, TS__K_ASYNC, op, bin, NULL, 0, &rc);
+    ts__req *r = req_new(c, TS__K_ASYNC, op, bin, NULL, &rc);
     if (r == NULL)
         return rc;
     rc = attach_record(c, r, item, flags);
@@ -492,13 +496,13 @@ int ts_append_async(ts_client_t *c, const char *bin, const ts_value_t *item, uns
     return store_async(c, TS_OP_APPEND, bin, item, flags, cb, arg);
 }
 
-static int simple_async(ts_client_t *c, uint8_t op, const char *bin, const void *extra,
-                        size_t extra_len, ts_result_cb cb, void *arg)
+static int simple_async(ts_client_t *c, uint8_t op, const char *bin, const ts__msg_name_req *args,
+                        ts_result_cb cb, void *arg)
 {
     int rc = check_call(c, 0);
     if (rc != 0)
         return rc;
-    ts__req *r = req_new(c, TS__K_ASYNC, op, bin, extra, extra_len, &rc);
+    ts__req *r = req_new(c, TS__K_ASYNC, op, bin, args, &rc);
     if (r == NULL)
         return rc;
     return run_async(c, r, cb, arg);
@@ -508,40 +512,38 @@ int ts_get_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_cb
 {
     if (bin == NULL)
         return TS_EINVAL;
-    uint8_t extra[4];
-    max_items_field(max_items, extra);
-    return simple_async(c, TS_OP_GET, bin, extra, sizeof(extra), cb, arg);
+    ts__msg_name_req args = max_items_args(max_items);
+    return simple_async(c, TS_OP_GET, bin, &args, cb, arg);
 }
 
 int ts_peek_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_cb cb, void *arg)
 {
     if (bin == NULL)
         return TS_EINVAL;
-    uint8_t extra[4];
-    max_items_field(max_items, extra);
-    return simple_async(c, TS_OP_PEEK, bin, extra, sizeof(extra), cb, arg);
+    ts__msg_name_req args = max_items_args(max_items);
+    return simple_async(c, TS_OP_PEEK, bin, &args, cb, arg);
 }
 
 int ts_delete_async(ts_client_t *c, const char *bin, ts_result_cb cb, void *arg)
 {
     if (bin == NULL)
         return TS_EINVAL;
-    return simple_async(c, TS_OP_DELETE, bin, NULL, 0, cb, arg);
+    return simple_async(c, TS_OP_DELETE, bin, NULL, cb, arg);
 }
 
 int ts_list_async(ts_client_t *c, ts_result_cb cb, void *arg)
 {
-    return simple_async(c, TS_OP_LIST, NULL, NULL, 0, cb, arg);
+    return simple_async(c, TS_OP_LIST, NULL, NULL, cb, arg);
 }
 
 int ts_stats_async(ts_client_t *c, ts_result_cb cb, void *arg)
 {
-    return simple_async(c, TS_OP_STATS, NULL, NULL, 0, cb, arg);
+    return simple_async(c, TS_OP_STATS, NULL, NULL, cb, arg);
 }
 
 int ts_ping_async(ts_client_t *c, ts_result_cb cb, void *arg)
 {
-    return simple_async(c, TS_OP_PING, NULL, NULL, 0, cb, arg);
+    return simple_async(c, TS_OP_PING, NULL, NULL, cb, arg);
 }
 
 int ts_wait_async(ts_client_t *c, const char *bin, uint64_t after_version, int timeout_ms,
@@ -569,7 +571,7 @@ int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg)
         return rc;
     if (bin == NULL || cb == NULL)
         return TS_EINVAL;
-    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_LISTEN, bin, NULL, 0, &rc);
+    ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_LISTEN, bin, NULL, &rc);
     if (r == NULL)
         return rc;
     ts__sub *s = ts__calloc(1, sizeof(*s));
@@ -617,7 +619,7 @@ int ts_unlisten(ts_client_t *c, const char *bin)
         return rc;
     if (bin == NULL)
         return TS_EINVAL;
-    ts__req *r = req_new(c, TS__K_UNLISTEN, TS_OP_UNLISTEN, bin, NULL, 0, &rc);
+    ts__req *r = req_new(c, TS__K_UNLISTEN, TS_OP_UNLISTEN, bin, NULL, &rc);
     if (r == NULL)
         return rc;
     r->deadline_ns = 0;

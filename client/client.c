@@ -11,6 +11,8 @@
  */
 #include "internal.h"
 
+#include "msg.h"
+
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -672,7 +674,7 @@ static int setup_options(ts_client_t *c, const ts_options_t *opts)
         opts != NULL && opts->auth_token != NULL ? opts->auth_token : getenv("TS_AUTH_TOKEN");
     if (token != NULL && token[0] != '\0') {
         c->token_len = strlen(token);
-        if (c->token_len > TS__MAX_TOKEN)
+        if (c->token_len > TS_MAX_TOKEN_LEN)
             return TS_EINVAL;
         c->token = ts__strndup(token, c->token_len);
         if (c->token == NULL)

@@ -210,10 +210,8 @@ static void resubscribe(ts_client_t *c)
         r->c = c;
         r->kind = TS__K_RESUB;
         r->op = TS_OP_LISTEN;
-        r->small[TS_HDR_SIZE] = (uint8_t)s->bin_len;
-        memcpy(r->small + TS_HDR_SIZE + 1, s->bin, s->bin_len);
-        r->small_len = 1 + s->bin_len;
-        r->body_len = r->small_len;
+        ts__msg_name_req m = {.name = (const uint8_t *)s->bin, .name_len = s->bin_len};
+        ts__req_body(r, &m); /* cannot fail: ts_listen took a name the encoder takes */
         atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
         r->sub = s;
         r->next = list;
@@ -328,22 +326,30 @@ static void send_hello(ts_client_t *c, ts__conn *conn)
     r->c = c;
     r->kind = TS__K_HELLO;
     r->op = TS_OP_HELLO;
-    uint8_t *b = r->small + TS_HDR_SIZE;
-    b[0] = TS_PROTO_VERSION;
-    b[1] = c->opts.compress_min > 0 ? TS_HELLO_LZ4 : 0;
-    ts__put_u16le(b + 2, (uint16_t)c->token_len);
-    r->small_len = 4;
-    if (c->token_len > 0) {
-        r->flat = ts__malloc_aligned(c->token_len);
-        if (r->flat == NULL) {
-            ts__req_free(r);
-            ts__conn_fail(c, conn, TS_ENOMEM, "out of memory");
-            return;
-        }
-        memcpy(r->flat, c->token, c->token_len);
-        r->flat_len = r->flat_cap = c->token_len;
+    ts__msg_hello_req m = {.max_version = TS_PROTO_VERSION,
+                           .flags = c->opts.compress_min > 0 ? TS_HELLO_LZ4 : 0,
+                           .token_len = (uint16_t)c->token_len, /* <= TS_MAX_TOKEN_LEN */
+                           .token = (const uint8_t *)c->token};
+    /* The body goes in the frame's small buffer when it fits, else in a buffer of its own. */
+    size_t need = ts__msg_hello_req_size(c->token_len);
+    uint8_t *out = r->small + TS_HDR_SIZE;
+    size_t cap = sizeof(r->small) - TS_HDR_SIZE;
+    if (need > cap) {
+        out = r->flat = ts__malloc_aligned(need);
+        cap = r->flat_cap = need;
     }
-    r->body_len = r->small_len + r->flat_len;
+    size_t len = 0;
+    int rc = out == NULL ? TS_ENOMEM : ts__msg_hello_req_encode(out, cap, &m, &len);
+    if (rc != 0) { /* setup_options refused a longer token, so only memory can be missing */
+        ts__req_free(r);
+        ts__conn_fail(c, conn, rc, "out of memory");
+        return;
+    }
+    if (r->flat != NULL)
+        r->flat_len = len;
+    else
+        r->small_len = len;
+    r->body_len = len;
     c->state = TS__ST_HELLO;
     ts__req_send(c, r);
 }

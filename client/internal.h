@@ -18,6 +18,7 @@
 
 #include <uv.h>
 
+#include "msg.h"
 #include "proto.h"
 #include "record.h"
 
@@ -27,19 +28,10 @@
  * ms; a blocking caller waits this long past its deadline for the I/O thread's verdict before
  * abandoning the request on its own
  */
-#define TS__BLOCK_GRACE_MS   500
-#define TS__STAGE_SIZE       (64 << 10) /* bytes; the receive staging buffer of a connection */
-#define TS__MAX_TOKEN        4092       /* bytes; a HELLO body must fit TS_MAX_PREAUTH_BODY */
-#define TS__DIRECT_ID        0x80000000u /* request ids of direct writes have this bit; others do not */
-#define TS__DIRECT_IOV       64          /* write buffers a direct write may use at most */
-#define TS__HELLO_REPLY_SIZE 24          /* bytes; the body of a successful HELLO reply */
-/* bytes; a NOTIFY body: version, n_items, event, flags and a name of up to 255 bytes */
-#define TS__MAX_NOTIFY_BODY (8 + 4 + 1 + 1 + 1 + TS_MAX_NAME_LEN)
-/*
- * bytes; a STATS reply is a flat map of a few dozen counters (about 1 KiB today): 1 MiB leaves
- * room for the keys to grow while a broken server cannot make a client buffer more.
- */
-#define TS__MAX_STATS_REPLY ((uint64_t)1 << 20)
+#define TS__BLOCK_GRACE_MS 500
+#define TS__STAGE_SIZE     (64 << 10) /* bytes; the receive staging buffer of a connection */
+#define TS__DIRECT_ID      0x80000000u /* request ids of direct writes have this bit; others do not */
+#define TS__DIRECT_IOV     64          /* write buffers a direct write may use at most */
 
 /* A map from request id to request (open addressing, linear probing; id 0 is never used). */
 typedef struct ts__idmap {
@@ -348,6 +340,12 @@ int ts__parse_address(ts_client_t *c, const char *address);
 void ts__req_send(ts_client_t *c, ts__req *r);
 /* Write n requests on the current connection with one uv_write (see send.c). */
 void ts__req_send_batch(ts_client_t *c, ts__req **reqs, size_t n);
+/*
+ * Encode r's body (r->op set) into its small buffer through the codec: nothing for the empty
+ * requests, the name and the fields of m that op's layout has, the head of PUT and APPEND (the
+ * record follows from its own buffers). 0, or the encoder's error (TS_ENAMETOOLONG). Any thread.
+ */
+int ts__req_body(ts__req *r, const ts__msg_name_req *m);
 /* Send UNLISTEN for bin and ignore the answer (a listener nobody waits for any more). */
 void ts__send_fire_unlisten(ts_client_t *c, const char *bin, size_t len);
 /* Count a write of the I/O thread in io_writes (under mu), from before uv_write to its end. */
@@ -436,14 +434,10 @@ int ts__reply_keeps_body(uint8_t op);
  */
 int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len);
 /*
- * The largest body (after decompression) a reply to op with status may have: the exact size of
- * the fixed replies, TS_MAX_ERRMSG for error messages, and large (the client's max_reply_bytes)
- * for the replies that grow with the store (GET, PEEK, LIST; STATS up to TS__MAX_STATS_REPLY).
- * Opcodes a reply never carries get 0. NOTIFY frames (status 0) get TS__MAX_NOTIFY_BODY.
+ * Parse a bin state body into r->res (version, n_items) and set r->have_state: the OK reply of
+ * PUT, APPEND, DELETE, LISTEN and WAIT, and WAIT's TIMEOUT. 0 or TS_EPROTO.
  */
-uint64_t ts__reply_max_body(uint8_t op, uint16_t status, uint64_t large);
-/* Parse a TS_BIN_STATE body (exactly TS_BIN_STATE_SIZE bytes) into res. 0 or TS_EPROTO. */
-int ts__parse_bin_state(const uint8_t *body, size_t len, ts_result_t *res);
+int ts__reply_bin_state(ts__req *r, const uint8_t *body, size_t len);
 /* Free an aligned receive body. */
 void ts__body_free(uint8_t *body, size_t len);
 

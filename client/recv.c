@@ -51,8 +51,9 @@ static ts__req *reply_owner(ts_client_t *c, uint32_t id)
 
 /*
  * Check a reply header against what its opcode and status allow, before its body is read or
- * allocated (docs/PROTOCOL.md sections 5 and 12): fixed replies have their exact size as bound,
- * error bodies TS_MAX_ERRMSG, GET, PEEK, LIST and STATS the client's max_reply_bytes. lz4 says
+ * allocated (docs/PROTOCOL.md sections 5 and 12), with the codec's bound for its body
+ * (ts__msg_reply_limit: the exact size of fixed replies, TS_MAX_ERRMSG for error bodies, the
+ * client's max_reply_bytes for GET, PEEK, LIST and STATS). lz4 says
  * whether the connection agreed on compressed bodies. 0, or TS_EPROTO. No system call, no
  * allocation: both read paths run it on every frame.
  */
@@ -61,7 +62,7 @@ int ts__reply_hdr_check(const ts_client_t *c, const ts__hdr *h, int lz4)
     if (h->opcode == 0 ? h->status == TS_ST_OK || h->request_id != 0
                        : h->opcode == TS_OP_NOTIFY && (h->status != 0 || h->request_id != 0))
         return TS_EPROTO; /* a connection-level error frame, or a notification, out of shape */
-    uint64_t max = ts__reply_max_body(h->opcode, h->status, c->opts.max_reply_bytes);
+    uint64_t max = ts__msg_reply_limit(h->opcode, h->status, c->opts.max_reply_bytes);
     if (h->flags & TS_FLAG_LZ4) {
         if (!lz4)
             return TS_EPROTO;
@@ -73,36 +74,29 @@ int ts__reply_hdr_check(const ts_client_t *c, const ts__hdr *h, int lz4)
 
 /*
  * Deliver a NOTIFY frame to the subscription for its bin. Returns 0, or TS_EPROTO when the body
- * is malformed or reports an event the protocol does not define.
+ * is malformed. A notification whose event the client does not know (PROTOCOL.md 8.14: a client
+ * MUST ignore it) is dropped and the connection kept.
  */
 static int dispatch_notify(ts_client_t *c, const uint8_t *body, size_t len)
 {
-    ts__rd rd;
-    uint64_t version;
-    uint32_t n;
-    uint8_t event, flags;
-    const char *name;
-    size_t nl;
-    ts__rd_init(&rd, body, len);
-    if (ts__rd_u64(&rd, &version) != 0 || ts__rd_u32(&rd, &n) != 0 || ts__rd_u8(&rd, &event) != 0 ||
-        ts__rd_u8(&rd, &flags) != 0 || ts__rd_name(&rd, &name, &nl) != 0 || rd.left != 0)
+    ts__msg_notify m;
+    if (ts__msg_notify_decode(body, len, &m) != 0)
         return TS_EPROTO;
-    /* Events from TS_EV_DISCONNECTED on are the client's own: a server never sends them. */
-    if (event == 0 || event >= TS_EV_DISCONNECTED)
-        return TS_EPROTO;
+    if (m.event < TS_NOTE_PUT || m.event > TS_NOTE_DELETE)
+        return 0;
     ts__sub *s;
     pthread_mutex_lock(&c->mu);
     for (s = c->subs; s != NULL; s = s->next)
-        if (s->live && s->bin_len == nl && memcmp(s->bin, name, nl) == 0)
+        if (s->live && s->bin_len == m.name_len && memcmp(s->bin, m.name, m.name_len) == 0)
             break;
     if (s != NULL)
         atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
     pthread_mutex_unlock(&c->mu);
     if (s == NULL)
         return 0; /* unlistened meanwhile, or never ours */
-    s->version = version;
-    s->n_items = n;
-    ts__sub_event(c, s, (ts_event_t)event, (flags & TS_NOTE_FLAG_COALESCED) != 0);
+    s->version = m.version;
+    s->n_items = m.n_items;
+    ts__sub_event(c, s, (ts_event_t)m.event, (m.flags & TS_NOTE_FLAG_COALESCED) != 0);
     ts__sub_unref(s);
     return 0;
 }
@@ -133,8 +127,9 @@ static void server_closing(ts_client_t *c, ts__conn *conn, const ts__hdr *h, con
 {
     int err = ts__status_to_err(h->status);
     char msg[TS_MAX_ERRMSG + 1];
-    if (len > 0 && !(h->flags & TS_FLAG_LZ4))
-        snprintf(msg, sizeof(msg), "%.*s", (int)len, (const char *)body); /* len <= 1024 */
+    ts__msg_error e;
+    if (!(h->flags & TS_FLAG_LZ4) && ts__msg_error_decode(body, len, &e) == 0 && e.len > 0)
+        snprintf(msg, sizeof(msg), "%.*s", (int)e.len, e.msg); /* e.len <= TS_MAX_ERRMSG */
     else
         snprintf(msg, sizeof(msg), "the server closed the connection: %s", ts_strerror(err));
     ts__conn_fail_reason(c, conn, err, msg, 1);
@@ -160,7 +155,7 @@ int ts__reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, int
 {
     *malformed = 0;
     /* What the reply may hold (ts__reply_hdr_check checked the header against it already). */
-    uint64_t max = ts__reply_max_body(h->opcode, h->status, r->c->opts.max_reply_bytes);
+    uint64_t max = ts__msg_reply_limit(h->opcode, h->status, r->c->opts.max_reply_bytes);
     if (h->flags & TS_FLAG_LZ4) {
         uint64_t raw = 0;
         uint8_t *out = NULL;
@@ -187,13 +182,15 @@ int ts__reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, int
         body_release(body, len, owned);
     } else if (h->status != TS_ST_OK) {
         status = ts__status_to_err(h->status);
-        if (r->op == TS_OP_WAIT && h->status == TS_ST_TIMEOUT) {
+        ts__msg_error e;
+        if (ts__msg_reply_kind(h->opcode, h->status) == TS_MSG_BIN_STATE) {
             /* WAIT's TIMEOUT carries the bin state, exactly. */
-            r->have_state = ts__parse_bin_state(body, len, &r->res) == 0;
-            if (!r->have_state)
+            if (ts__reply_bin_state(r, body, len) != 0)
                 status = TS_EPROTO;
-        } else if (len > 0) {
-            r->msg = ts__strndup((const char *)body, len); /* len <= TS_MAX_ERRMSG */
+        } else if (ts__msg_error_decode(body, len, &e) != 0) {
+            status = TS_EPROTO;
+        } else if (e.len > 0) {
+            r->msg = ts__strndup(e.msg, e.len); /* on failure the status alone tells */
         }
         body_release(body, len, owned);
     } else if (!ts__reply_keeps_body(r->op)) {

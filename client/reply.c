@@ -1,8 +1,12 @@
 /*
- * Reply parsing (I/O thread) and the objects replies produce: ts_items_t and ts_bin_list_t.
- * Every length read from the wire is checked against the body before it is used.
+ * Reply bodies into results (on the I/O thread, or on a blocking caller reading its own reply),
+ * and the objects replies produce: ts_items_t and ts_bin_list_t. Every body layout is decoded by
+ * src/msg.c's strict decoders (which check every length against the body before it is used);
+ * this file only turns decoded bodies into results.
  */
 #include "internal.h"
+
+#include "msg.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -19,17 +23,15 @@ void ts__body_free(uint8_t *body, size_t len)
     ts__free_aligned(body, len);
 }
 
-int ts__parse_bin_state(const uint8_t *body, size_t len, ts_result_t *res)
+/* A bin state body into res (PUT, APPEND, DELETE, LISTEN and WAIT, WAIT's TIMEOUT too). */
+int ts__reply_bin_state(ts__req *r, const uint8_t *body, size_t len)
 {
-    ts__rd r;
-    uint64_t version;
-    uint32_t n, zero;
-    ts__rd_init(&r, body, len);
-    if (ts__rd_u64(&r, &version) != 0 || ts__rd_u32(&r, &n) != 0 || ts__rd_u32(&r, &zero) != 0 ||
-        r.left != 0)
+    ts__msg_bin_state m;
+    if (ts__msg_bin_state_decode(body, len, &m) != 0)
         return TS_EPROTO;
-    res->version = version;
-    res->n_items = n;
+    r->res.version = m.version;
+    r->res.n_items = m.n_items;
+    r->have_state = 1;
     return 0;
 }
 
@@ -39,21 +41,13 @@ int ts__parse_bin_state(const uint8_t *body, size_t len, ts_result_t *res)
  */
 static int parse_items(uint8_t *body, size_t len, ts_items_t **out)
 {
-    ts__rd r;
-    uint64_t version;
-    uint32_t n, remaining;
-    ts__rd_init(&r, body, len);
-    if (ts__rd_u64(&r, &version) != 0 || ts__rd_u32(&r, &n) != 0 ||
-        ts__rd_u32(&r, &remaining) != 0) {
+    ts__msg_items m;
+    if (ts__msg_items_decode(body, len, &m) != 0) {
         ts__body_free(body, len);
         return TS_EPROTO;
     }
-    /* Each item needs at least its 8-byte length: bound n before allocating. */
-    if ((uint64_t)n > (len - 16) / 8 || ts__items_head_size(n) > len) {
-        ts__body_free(body, len);
-        return TS_EPROTO;
-    }
-    ts_items_t *items = ts__calloc(1, sizeof(*items) + (size_t)n * sizeof(ts_value_t *));
+    /* The decoder found every item's length inside the body: n_items is bounded by len / 8. */
+    ts_items_t *items = ts__calloc(1, sizeof(*items) + (size_t)m.n_items * sizeof(ts_value_t *));
     ts__rbuf *buf = ts__rbuf_new(body, len, NULL);
     if (items == NULL || buf == NULL) {
         ts__free(items);
@@ -61,33 +55,22 @@ static int parse_items(uint8_t *body, size_t len, ts_items_t **out)
         ts__body_free(body, len);
         return TS_ENOMEM;
     }
-    items->version = version;
-    items->remaining = remaining;
+    items->version = m.version;
+    items->remaining = m.remaining;
     int rc = 0;
-    uint64_t off = ts__items_head_size(n);
-    for (uint32_t i = 0; i < n && rc == 0; i++) {
-        uint64_t item_len = ts__get_u64le(body + 16 + 8 * (size_t)i);
-        uint64_t end, next;
-        if (__builtin_add_overflow(off, item_len, &end) || end > len ||
-            ts__align_up_checked(end, TS__ALIGN, &next) != 0 || next > len) {
-            rc = TS_EPROTO;
-            break;
-        }
-        items->items[i] =
-            ts__record_decode(buf, (size_t)off, (size_t)item_len, TS_MAX_DEPTH, TS_MAX_NDIM);
-        if (items->items[i] == NULL) {
-            rc = ts__record_validate(body + off, (size_t)item_len, TS_MAX_DEPTH, TS_MAX_NDIM,
-                                     NULL) == 0
+    ts__msg_items_iter it;
+    size_t off, rec_len;
+    ts__msg_items_iter_init(&m, &it);
+    while (rc == 0 && ts__msg_items_next(&m, &it, &off, &rec_len)) {
+        ts_value_t *v = ts__record_decode(buf, off, rec_len, TS_MAX_DEPTH, TS_MAX_NDIM);
+        if (v == NULL) {
+            rc = ts__record_validate(body + off, rec_len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) == 0
                      ? TS_ENOMEM
                      : TS_EPROTO;
             break;
         }
-        items->count++;
-        off = next;
+        items->items[items->count++] = v;
     }
-    /* The body ends with the padding of its last item (or of the head): nothing may follow. */
-    if (rc == 0 && off != len)
-        rc = TS_EPROTO;
     ts__rbuf_unref(buf); /* the decoded trees keep it alive */
     if (rc != 0) {
         ts_items_free(items);
@@ -105,46 +88,34 @@ static int cmp_bins(const void *a, const void *b)
 /* Parse a LIST body into one allocation (list, entries, names). 0, TS_EPROTO or TS_ENOMEM. */
 static int parse_list(const uint8_t *body, size_t len, ts_bin_list_t **out)
 {
-    enum { ENTRY_MIN = 1 + 4 + 8 + 8 }; /* bytes of an entry with an empty name */
-    ts__rd r;
-    uint32_t n, zero;
-    ts__rd_init(&r, body, len);
-    if (ts__rd_u32(&r, &n) != 0 || ts__rd_u32(&r, &zero) != 0 || (uint64_t)n * ENTRY_MIN > r.left)
+    ts__msg_list m;
+    if (ts__msg_list_decode(body, len, &m) != 0)
         return TS_EPROTO;
-    /* First pass: check every entry and add up the name bytes. */
-    ts__rd scan = r;
+    /* First pass: add up the name bytes (the decoder checked every entry). */
+    ts__msg_list_iter it = {0, 0};
+    ts__msg_list_entry e;
     size_t names = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        const char *name;
-        size_t nl;
-        if (ts__rd_name(&scan, &name, &nl) != 0 || ts__rd_bytes(&scan, 20) == NULL)
-            return TS_EPROTO;
-        names += nl + 1;
-    }
-    if (scan.left != 0)
-        return TS_EPROTO; /* bytes after the last entry */
-    size_t head = sizeof(ts_bin_list_t) + (size_t)n * sizeof(ts_bin_info_t);
+    while (ts__msg_list_next(&m, &it, &e))
+        names += e.name_len + 1;
+    size_t head = sizeof(ts_bin_list_t) + (size_t)m.n * sizeof(ts_bin_info_t);
     ts_bin_list_t *list = ts__malloc(head + names);
     if (list == NULL)
         return TS_ENOMEM;
-    list->count = n;
+    list->count = m.n;
     list->bins = (ts_bin_info_t *)(list + 1);
     char *strs = (char *)list + head;
-    for (uint32_t i = 0; i < n; i++) {
-        const char *name;
-        size_t nl;
-        ts__rd_name(&r, &name, &nl);
-        memcpy(strs, name, nl);
-        strs[nl] = '\0';
-        ts_bin_info_t *b = &list->bins[i];
+    it = (ts__msg_list_iter){0, 0};
+    for (ts_bin_info_t *b = list->bins; ts__msg_list_next(&m, &it, &e); b++) {
+        memcpy(strs, e.name, e.name_len);
+        strs[e.name_len] = '\0';
         b->name = strs;
-        strs += nl + 1;
-        ts__rd_u32(&r, &b->n_items);
-        ts__rd_u64(&r, &b->bytes);
-        ts__rd_u64(&r, &b->version);
+        strs += e.name_len + 1;
+        b->n_items = e.n_items;
+        b->bytes = e.bytes;
+        b->version = e.version;
     }
-    if (n > 1)
-        qsort(list->bins, n, sizeof(ts_bin_info_t), cmp_bins);
+    if (m.n > 1)
+        qsort(list->bins, m.n, sizeof(ts_bin_info_t), cmp_bins);
     *out = list;
     return 0;
 }
@@ -152,7 +123,7 @@ static int parse_list(const uint8_t *body, size_t len, ts_bin_list_t **out)
 /* Decode a STATS body (a record) into a value tree. Takes over body. */
 static int parse_stats(uint8_t *body, size_t len, ts_value_t **out)
 {
-    if (len < TS_REC_HDR_SIZE) { /* no record; an empty body has no buffer at all */
+    if (ts__msg_record_decode(body, len) != 0) { /* an empty body has no buffer at all */
         ts__body_free(body, len);
         return TS_EPROTO;
     }
@@ -174,22 +145,22 @@ static int parse_stats(uint8_t *body, size_t len, ts_value_t **out)
 
 int ts__reply_keeps_body(uint8_t op)
 {
-    return op == TS_OP_GET || op == TS_OP_PEEK || op == TS_OP_STATS;
+    ts__msg_kind k = ts__msg_reply_kind(op, TS_ST_OK);
+    return k == TS_MSG_ITEMS || k == TS_MSG_RECORD;
 }
 
 int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
 {
     int rc;
-    switch (r->op) {
-    case TS_OP_GET:
-    case TS_OP_PEEK:
+    switch (ts__msg_reply_kind(r->op, TS_ST_OK)) {
+    case TS_MSG_ITEMS:
         rc = parse_items(body, len, &r->res.items);
         if (rc == 0) {
             r->res.version = r->res.items->version;
             r->res.n_items = r->res.items->remaining;
         }
         return rc;
-    case TS_OP_STATS:
+    case TS_MSG_RECORD:
         return parse_stats(body, len, &r->res.value);
     default:
         rc = ts__reply_parse_view(r, body, len);
@@ -201,76 +172,23 @@ int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
 int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
 {
     assert(!ts__reply_keeps_body(r->op));
-    int rc = 0;
-    switch (r->op) {
-    case TS_OP_LIST:
-        rc = parse_list(body, len, &r->res.bins);
-        break;
-    case TS_OP_PUT:
-    case TS_OP_APPEND:
-    case TS_OP_DELETE:
-    case TS_OP_LISTEN:
-    case TS_OP_WAIT:
-        rc = ts__parse_bin_state(body, len, &r->res);
-        r->have_state = rc == 0;
-        break;
-    case TS_OP_HELLO: {
-        ts__rd rd;
-        uint8_t version = 0, flags = 0;
-        uint16_t z16;
-        uint32_t z32;
-        uint64_t max_body = 0, server_id;
-        ts__rd_init(&rd, body, len);
-        if (ts__rd_u8(&rd, &version) != 0 || ts__rd_u8(&rd, &flags) != 0 ||
-            ts__rd_u16(&rd, &z16) != 0 || ts__rd_u32(&rd, &z32) != 0 ||
-            ts__rd_u64(&rd, &max_body) != 0 || ts__rd_u64(&rd, &server_id) != 0 || rd.left != 0 ||
-            version != TS_PROTO_VERSION) {
-            rc = TS_EPROTO;
-            break;
-        }
-        r->hello_flags = flags;
-        r->hello_max_body = max_body;
-        break;
-    }
-    case TS_OP_PING:
-    case TS_OP_UNLISTEN:
-    case TS_OP_SAVE:
-        rc = len == 0 ? 0 : TS_EPROTO; /* their bodies are empty */
-        break;
-    default: /* no request of ours has another opcode */
-        rc = TS_EPROTO;
-        break;
-    }
-    return rc;
-}
-
-uint64_t ts__reply_max_body(uint8_t op, uint16_t status, uint64_t large)
-{
-    uint64_t max;
-    if (status != TS_ST_OK) {
-        /* An error body is a message; WAIT's TIMEOUT carries the bin state instead. */
-        max = op == TS_OP_WAIT && status == TS_ST_TIMEOUT ? TS_BIN_STATE_SIZE : TS_MAX_ERRMSG;
-        return max;
-    }
-    switch (op) {
-    case TS_OP_HELLO:
-        return TS__HELLO_REPLY_SIZE;
-    case TS_OP_PUT:
-    case TS_OP_APPEND:
-    case TS_OP_DELETE:
-    case TS_OP_LISTEN:
-    case TS_OP_WAIT:
-        return TS_BIN_STATE_SIZE;
-    case TS_OP_GET:
-    case TS_OP_PEEK:
-    case TS_OP_LIST:
-        return large;
-    case TS_OP_STATS:
-        return large < TS__MAX_STATS_REPLY ? large : TS__MAX_STATS_REPLY;
-    case TS_OP_NOTIFY:
-        return TS__MAX_NOTIFY_BODY;
-    default: /* PING, UNLISTEN, SAVE; and opcodes no reply of ours carries */
+    switch (ts__msg_reply_kind(r->op, TS_ST_OK)) {
+    case TS_MSG_LIST_REP:
+        return parse_list(body, len, &r->res.bins);
+    case TS_MSG_BIN_STATE:
+        return ts__reply_bin_state(r, body, len);
+    case TS_MSG_HELLO_REP: {
+        ts__msg_hello_rep m;
+        if (ts__msg_hello_rep_decode(body, len, &m) != 0 || m.version != TS_PROTO_VERSION)
+            return TS_EPROTO;
+        r->hello_flags = m.flags;
+        r->hello_max_body = m.max_body;
         return 0;
+    }
+    case TS_MSG_EMPTY:
+        return ts__msg_empty_decode(body, len);
+    default: /* no request of ours has another opcode */
+        return TS_EPROTO;
     }
 }
 

@@ -82,6 +82,40 @@ static int inflate_body(ts__req *r)
     return 0;
 }
 
+int ts__req_body(ts__req *r, const ts__msg_name_req *m)
+{
+    const ts__msg_op *info = ts__msg_op_info(r->op);
+    uint8_t *out = r->small + TS_HDR_SIZE;
+    size_t cap = sizeof(r->small) - TS_HDR_SIZE;
+    size_t len = 0;
+    int rc;
+    switch (info != NULL ? (ts__msg_kind)info->request : TS_MSG_NONE) {
+    case TS_MSG_EMPTY:
+        rc = 0;
+        break;
+    case TS_MSG_NAME_REQ:
+        rc = ts__msg_name_req_encode(out, cap, m, &len);
+        break;
+    case TS_MSG_GET_REQ:
+        rc = ts__msg_get_req_encode(out, cap, m, &len);
+        break;
+    case TS_MSG_WAIT_REQ:
+        rc = ts__msg_wait_req_encode(out, cap, m, &len);
+        break;
+    case TS_MSG_PUT_REQ: /* the head; the record follows from its own buffers */
+        rc = ts__msg_put_head_encode(out, cap, m->name, m->name_len, &len);
+        break;
+    default: /* HELLO has its own body (see conn.c); nothing else is a request */
+        rc = TS_EINVAL;
+        break;
+    }
+    if (rc != 0)
+        return rc;
+    r->small_len = len;
+    r->body_len = len;
+    return 0;
+}
+
 /* A write buffer; built by hand because uv_buf_init takes an unsigned int length. */
 static uv_buf_t mkbuf(const void *p, size_t len)
 {
@@ -311,10 +345,7 @@ void ts__send_fire_unlisten(ts_client_t *c, const char *bin, size_t len)
     r->c = c;
     r->kind = TS__K_FIRE;
     r->op = TS_OP_UNLISTEN;
-    r->small[TS_HDR_SIZE] = (uint8_t)len;
-    memcpy(r->small + TS_HDR_SIZE + 1, bin, len);
-    r->small_len = 1 + len;
-    r->body_len = r->small_len;
-    if (ts__submit(c, r) != 0)
+    ts__msg_name_req m = {.name = (const uint8_t *)bin, .name_len = len};
+    if (ts__req_body(r, &m) != 0 || ts__submit(c, r) != 0)
         ts__req_free(r);
 }

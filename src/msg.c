@@ -61,6 +61,27 @@ ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status)
     return info != NULL ? (ts__msg_kind)info->reply : TS_MSG_NONE;
 }
 
+uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large)
+{
+    switch (ts__msg_reply_kind(op, status)) {
+    case TS_MSG_HELLO_REP:
+        return TS_MSG_HELLO_REP_SIZE;
+    case TS_MSG_BIN_STATE:
+        return TS_BIN_STATE_SIZE;
+    case TS_MSG_ITEMS:
+    case TS_MSG_LIST_REP:
+        return large;
+    case TS_MSG_RECORD:
+        return large < TS_MSG_MAX_STATS_REPLY ? large : TS_MSG_MAX_STATS_REPLY;
+    case TS_MSG_NOTIFY:
+        return TS_MSG_MAX_NOTIFY;
+    case TS_MSG_ERROR:
+        return TS_MAX_ERRMSG;
+    default: /* empty bodies, and frames no reply carries */
+        return 0;
+    }
+}
+
 uint64_t ts__msg_request_limit(uint8_t op, int helloed, uint64_t max_frame)
 {
     uint64_t limit;

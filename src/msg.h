@@ -17,9 +17,10 @@
  *
  * Thread: none of these keep state; any thread may call them.
  *
- * What replaces what. tensord is wired: every body it parses or writes goes through this file,
- * and its request header check is ts__msg_request_check (below). The client rows still describe
- * its own copies; wiring them changes only the behaviour listed under "differences":
+ * What replaces what. tensord and the client are wired: every body either parses or writes goes
+ * through this file, tensord's request header check is ts__msg_request_check and the client's
+ * reply bounds come from ts__msg_reply_limit (below). The rows say what each call replaced; the
+ * list after them, what wiring changed:
  *
  *   server/ops.c    op_hello: the ts__rd reads         -> ts__msg_hello_req_decode
  *                   op_hello: body[24] filled by hand  -> ts__msg_hello_rep_encode
@@ -45,7 +46,7 @@
  *                   lz4_done: name after inflating     -> ts__msg_put_decode
  *   server/notify.c send_note: body by hand            -> ts__msg_notify_size and
  *                         ts__msg_notify_encode (TS_NOTIFY_FIXED stays the fixed part)
- *   client/reply.c  ts__parse_bin_state                -> ts__msg_bin_state_decode
+ *   client/reply.c  ts__parse_bin_state                -> ts__msg_bin_state_decode (ts__reply_bin_state)
  *                   parse_items: head and offsets      -> ts__msg_items_decode, then
  *                         ts__msg_items_next for each record (records still validated by
  *                         ts__record_decode)
@@ -54,13 +55,18 @@
  *                   ts__reply_parse_view HELLO         -> ts__msg_hello_rep_decode
  *                   ts__reply_parse_view PING/UNLISTEN/SAVE -> ts__msg_empty_decode
  *                   the PUT/APPEND/DELETE/LISTEN/WAIT case list -> ts__msg_reply_kind
- *   client/client.c dispatch_notify: the ts__rd reads  -> ts__msg_notify_decode
+ *                   ts__reply_max_body (its own table) -> ts__msg_reply_limit
+ *   client/recv.c   dispatch_notify: the ts__rd reads  -> ts__msg_notify_decode
  *                   reply_apply: WAIT's TIMEOUT body   -> ts__msg_reply_kind + bin_state_decode
- *                   reply_apply: the error message     -> ts__msg_error_decode
- *                   send_hello: the HELLO body by hand  -> ts__msg_hello_req_encode (it refuses a
+ *                   reply_apply, server_closing: the error message -> ts__msg_error_decode
+ *   client/conn.c   send_hello: the HELLO body by hand  -> ts__msg_hello_req_encode (it refuses a
  *                         token over TS_MAX_TOKEN_LEN, which the server would answer TOO_LARGE)
- *   client/api.c    req_new: name + extra bytes        -> ts__msg_name_req_encode, and for PUT and
- *                         APPEND ts__msg_put_head_encode (the record follows with writev)
+ *                   resubscribe: the LISTEN body       -> ts__req_body (client/send.c), which
+ *                         picks the encoder from the opcode table
+ *   client/send.c   send_fire_unlisten: UNLISTEN body  -> ts__req_body
+ *   client/api.c    req_new: name + extra bytes        -> ts__req_body: ts__msg_name_req_encode,
+ *                         and for PUT and APPEND ts__msg_put_head_encode (the record follows
+ *                         with writev)
  *                   max_items_field (GET, PEEK)        -> ts__msg_get_req_encode
  *                   wait_req                           -> ts__msg_wait_req_encode
  *   server/server.h TSD_MAX_CTRL_BODY                  -> TS_MAX_CTRL_BODY (gone)
@@ -73,7 +79,7 @@
  *                   purpose (it labels each field for the dump); test_msg.c checks the same
  *                   dumps against this codec.
  *
- * Differences that wiring will make (today's code is laxer than docs/PROTOCOL.md):
+ * Differences that wiring made (the code before it was laxer than docs/PROTOCOL.md):
  *   - client/reply.c ignores the reserved fields of BIN_STATE, of the HELLO reply and of the LIST
  *     head, and accepts bytes after a BIN_STATE, a HELLO reply and the last LIST entry; the
  *     decoders refuse all of that (TS_EPROTO: the client drops the connection).
@@ -82,10 +88,11 @@
  *   - The client accepts any body on PING, UNLISTEN and SAVE replies; the decoders ask for none.
  *   - The client cuts an error message over TS_MAX_ERRMSG bytes short; ts__msg_error_decode
  *     refuses it (section 12 allows either).
- *   - client/client.c dispatch_notify ignores bytes after the name (now refused) and refuses
- *     an event of 0 or >= 100, while section 8.14 says a client MUST ignore an event it does not
- *     know: ts__msg_notify_decode accepts any event and any flags, and the caller drops events
- *     it does not know. tests/fuzz/fuzz_frame.c refused events outside 1..4 too.
+ *   - The client's dispatch_notify ignored bytes after the name (now refused) and refused an
+ *     event of 0 or >= 100, while section 8.14 says a client MUST ignore an event it does not
+ *     know: ts__msg_notify_decode accepts any event and any flags, and dispatch_notify
+ *     (client/recv.c) drops every event but PUT, APPEND, GET and DELETE and keeps the
+ *     connection. tests/fuzz/fuzz_frame.c refused events outside 1..4 too.
  *   - server/conn.c refuses a PUT/APPEND record shorter than 16 bytes with BAD_RECORD when the
  *     body is raw but with BAD_REQUEST when it came compressed (lz4_done); the head decoders
  *     leave the record to ts__record_validate, so one status (BAD_RECORD) could serve both
@@ -159,6 +166,25 @@ const ts__msg_op *ts__msg_op_info(uint8_t op);
  * belong to no request). NOTIFY gives TS_MSG_NOTIFY with status 0 and TS_MSG_NONE otherwise.
  */
 ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status);
+
+/*
+ * bytes; the largest STATS reply a client takes: a flat map of a few dozen counters is about
+ * 1 KiB today, so 1 MiB leaves room for the keys to grow while a broken server cannot make a
+ * client buffer more.
+ */
+#define TS_MSG_MAX_STATS_REPLY ((uint64_t)1 << 20)
+/* bytes; the largest NOTIFY body: the fixed part and a name of TS_MAX_NAME_LEN bytes */
+#define TS_MSG_MAX_NOTIFY (TS_NOTIFY_FIXED + TS_MAX_NAME_LEN)
+
+/*
+ * The largest body (bytes, after decompression) a reply to op with status may have, from the
+ * kind ts__msg_reply_kind gives: the exact size of the fixed bodies (HELLO, BIN_STATE), 0 for
+ * empty ones and for frames no reply carries, TS_MAX_ERRMSG for error messages,
+ * TS_MSG_MAX_NOTIFY for NOTIFY, and large (a client's max_reply_bytes) for the bodies that grow
+ * with the store (ITEMS, LIST; a STATS record up to TS_MSG_MAX_STATS_REPLY as well). A receiver
+ * checks a reply's header against it before it reads or allocates the body.
+ */
+uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large);
 
 /*
  * The largest request body (bytes, after decompression) a server accepts for op: before HELLO

@@ -1,10 +1,11 @@
 /*
- * Fuzz target: the client's reply decoder (client/reply.c), which turns the body of a successful
- * reply into results: items decoded in place (GET, PEEK), bin lists (LIST), stats records, bin
- * states and the HELLO answer. The first input byte picks the opcode the reply answers; the rest
- * is the body, handed over in a 64-byte aligned buffer exactly as the I/O thread does. A parse
- * must either fail with TS_EPROTO (or TS_ENOMEM) and leave no results, or succeed with results
- * whose every pointer stays inside what it owns; the walk below touches all of them.
+ * Fuzz target: the client's reply decoder (client/reply.c over src/msg.c's decoders), which
+ * turns the body of a successful reply into results: items decoded in place (GET, PEEK), bin lists
+ * (LIST), stats records, bin states and the HELLO answer. The first input byte picks the opcode the
+ * reply answers; the rest is the body, handed over in a 64-byte aligned buffer exactly as the I/O
+ * thread does. A parse must either fail with TS_EPROTO (or TS_ENOMEM) and leave no results, or
+ * succeed with results whose every pointer stays inside what it owns; the walk below touches all of
+ * them.
  */
 #include "fuzz.h"
 
@@ -141,7 +142,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ts__req r;
     memset(&r, 0, sizeof(r));
     r.op = op;
-    /* The parser takes the body over in every case. */
+    /* The parser takes the body over in every case; the input stays for the codec's verdict. */
+    const uint8_t *body_copy = len > 0 ? data + 1 : NULL;
     int rc = ts__reply_parse(&r, body, len);
     FZ_CHECK(rc == 0 || rc == TS_EPROTO || rc == TS_ENOMEM);
     if (rc == 0)
@@ -151,11 +153,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* A failed parse leaves no results behind (bin states may be half read: unused). */
         FZ_CHECK(r.res.items == NULL && r.res.bins == NULL && r.res.value == NULL);
 
-    /* A bin state parsed on its own (WAIT's TIMEOUT answer) reads only its 16 bytes. */
-    ts_result_t st;
+    /* The parser decodes through the codec: what it accepts, the codec's decoder accepts. */
+    ts__msg m;
+    if (rc == 0)
+        FZ_CHECK(ts__msg_reply_decode(op, TS_ST_OK, body_copy, len, &m) == 0);
+
+    /* A bin state parsed on its own (WAIT's TIMEOUT answer) is exactly its 16 bytes. */
+    ts__req st;
     memset(&st, 0, sizeof(st));
-    if (ts__parse_bin_state(data + 1, len, &st) == 0)
-        FZ_CHECK(len >= TS_BIN_STATE_SIZE);
+    if (ts__reply_bin_state(&st, data + 1, len) == 0)
+        FZ_CHECK(len == TS_BIN_STATE_SIZE && st.have_state);
 
     ts_items_free(r.res.items);
     ts_bin_list_free(r.res.bins);

@@ -41,7 +41,7 @@ enum {
     M_STATS_BAD,    /* STATS that is not a record */
     M_LZ4_BAD,      /* an lz4-flagged body that does not decompress */
     M_NOTIFY_BAD,   /* a truncated notification, then a correct answer */
-    M_NOTIFY_EVENT, /* a notification with an event the protocol lacks, then a correct answer */
+    M_NOTIFY_EVENT, /* notifications with events the protocol lacks, a PUT one, a correct answer */
     M_LONG_ERROR,   /* NOT_FOUND with a 5000-byte message: above the protocol's 1024 bytes */
     M_HELLO_BAD,    /* HELLO answered with another protocol version */
     /* Correct answers delivered awkwardly (a blocking caller may be reading them itself): */
@@ -230,10 +230,16 @@ static void answer_bad(int fd, int mode, uint8_t op, uint32_t rid)
         break;
     case M_NOTIFY_BAD:
     case M_NOTIFY_EVENT:
-        if (mode == M_NOTIFY_BAD)
+        if (mode == M_NOTIFY_BAD) {
             send_notify(fd, 3, TS_NOTE_PUT);
-        else
-            send_notify(fd, 0, 0x65);
+        } else {
+            /* Unknown to the client (0, inside and past the server's range): all ignored. */
+            static const uint8_t unknown[] = {0,  7, 99, TS_EV_DISCONNECTED, TS_EV_RESUBSCRIBED,
+                                              255};
+            for (size_t i = 0; i < sizeof(unknown); i++)
+                send_notify(fd, 0, unknown[i]);
+            send_notify(fd, 0, TS_NOTE_PUT);
+        }
         answer_good(fd, op, rid);
         break;
     case M_STRAY_FIRST:
@@ -508,11 +514,57 @@ static void test_malformed_replies(void **state)
     check_bad(&f, c, M_STATS_BAD, TS_OP_STATS);
     check_bad(&f, c, M_LZ4_BAD, TS_OP_PING);
     check_bad(&f, c, M_NOTIFY_BAD, TS_OP_PING);
-    check_bad(&f, c, M_NOTIFY_EVENT, TS_OP_PING);
 
     /* An error message longer than the protocol allows (1024 bytes) is malformed too. */
     check_bad(&f, c, M_LONG_ERROR, TS_OP_PING);
 
+    ts_client_free(c);
+    fake_stop(&f);
+}
+
+/* Counts the notifications a subscription gets, and remembers the last event. */
+typedef struct notes {
+    atomic_int n;
+    atomic_int last_event;
+} notes;
+
+static void note_cb(ts_client_t *c, int status, const ts_notification_t *n, void *arg)
+{
+    notes *k = arg;
+    (void)c;
+    if (status != 0 || n == NULL)
+        return;
+    atomic_store(&k->last_event, (int)n->event);
+    atomic_fetch_add(&k->n, 1);
+}
+
+/*
+ * PROTOCOL.md 8.14: a client ignores a NOTIFY event it does not know. Notifications with
+ * unknown events for a bin it listens to reach no callback and cost no connection; the known
+ * one that follows them is delivered, and the call answered after them succeeds.
+ */
+static void test_unknown_notify_event(void **state)
+{
+    use_path(state);
+    fake f;
+    fake_start(&f, M_GOOD);
+    ts_client_t *c = open_client(&f);
+    notes k;
+    atomic_init(&k.n, 0);
+    atomic_init(&k.last_event, 0);
+    assert_int_equal(ts_listen(c, "b", note_cb, &k), 0);
+    int accepts = atomic_load(&f.accepts);
+    int closed = atomic_load(&f.client_closed);
+    atomic_store(&f.mode, M_NOTIFY_EVENT);
+    assert_int_equal(do_op(c, TS_OP_PING), 0);
+    assert_int_equal(wait_for(&k.n, 1), 1);
+    assert_int_equal(atomic_load(&k.last_event), TS_EV_PUT);
+    /* Still the same connection, and still working. */
+    assert_int_equal(do_op(c, TS_OP_PING), 0);
+    assert_int_equal(atomic_load(&f.accepts), accepts);
+    assert_int_equal(atomic_load(&f.client_closed), closed);
+    assert_int_equal(atomic_load(&k.n), 1);
+    assert_int_equal(ts_unlisten(c, "b"), 0);
     ts_client_free(c);
     fake_stop(&f);
 }
@@ -856,6 +908,7 @@ int main(void)
         BOTH_PATHS(test_reply_shapes),
         BOTH_PATHS(test_refused_reconnect),
         BOTH_PATHS(test_malformed_replies),
+        BOTH_PATHS(test_unknown_notify_event),
         BOTH_PATHS(test_malformed_pipelined),
         BOTH_PATHS(test_malformed_hello),
         BOTH_PATHS(test_awkward_answers),
