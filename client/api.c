@@ -51,10 +51,8 @@ static ts__req *req_new(ts_client_t *c, int kind, uint8_t op, const char *bin,
         return NULL;
     }
     r->deadline_ns = deadline_after(c->opts.request_timeout_ms);
-    if (kind == TS__K_BLOCK) {
+    if (kind == TS__K_BLOCK) /* ts__req_free destroys it for this kind */
         pthread_cond_init(&r->cond, &c->condattr);
-        r->has_cond = 1;
-    }
     return r;
 }
 
@@ -146,7 +144,7 @@ static void leave_client_locked(ts_client_t *c)
  * and free, except when the wait gave up (TS_ETIMEDOUT with *gone = 1): r then belongs to the
  * I/O thread, which frees it once it is done with it.
  */
-static int wait_done(ts_client_t *c, ts__req *r, int *gone)
+static int wait_done(ts_client_t *c, ts__req *r, int self_read, int *gone)
 {
     *gone = 0;
     uint64_t until = r->deadline_ns + (uint64_t)TS__BLOCK_GRACE_MS * 1000000u;
@@ -154,7 +152,7 @@ static int wait_done(ts_client_t *c, ts__req *r, int *gone)
     struct timespec dl = {(time_t)(r->deadline_ns / 1000000000u),
                           (long)(r->deadline_ns % 1000000000u)};
     ts__sub *drop = NULL;
-    if (r->self_read && ts__self_read(c, r) == TS__SELF_TIMEOUT) {
+    if (self_read && ts__self_read(c, r) == TS__SELF_TIMEOUT) {
         pthread_mutex_lock(&c->mu);
         leave_client_locked(c);
         pthread_mutex_unlock(&c->mu);
@@ -162,17 +160,16 @@ static int wait_done(ts_client_t *c, ts__req *r, int *gone)
         return TS_ETIMEDOUT; /* r is the caller's again */
     }
     pthread_mutex_lock(&c->mu);
-    while (!r->done) {
+    while (r->bstate != TS__B_DONE) {
         /*
-         * A request the caller wrote itself (r->direct) waits for its reply in c->direct, where
-         * no deadline timer sees it: at its deadline the caller takes it back and gives up.
+         * A request the caller wrote itself (TS__B_DIRECT) waits for its reply in c->direct,
+         * where no deadline timer sees it: at its deadline the caller takes it back and gives up.
          */
-        int direct = r->direct;
-        if (pthread_cond_timedwait(&r->cond, &c->mu, direct ? &dl : &ts) != ETIMEDOUT || r->done)
+        int direct = r->bstate == TS__B_DIRECT;
+        if (pthread_cond_timedwait(&r->cond, &c->mu, direct ? &dl : &ts) != ETIMEDOUT ||
+            r->bstate == TS__B_DONE)
             continue;
-        if (r->direct) {
-            ts__idmap_del(&c->direct, r->id);
-            r->direct = 0;
+        if (ts__direct_withdraw_locked(c, r)) {
             leave_client_locked(c);
             pthread_mutex_unlock(&c->mu);
             ts__set_last_error(NULL, 0);
@@ -182,12 +179,12 @@ static int wait_done(ts_client_t *c, ts__req *r, int *gone)
             break;
         /* The I/O thread took it meanwhile (its reply, or a lost connection): wait for that. */
     }
-    if (!r->done) {
+    if (r->bstate != TS__B_DONE) {
         /*
          * The I/O thread did not answer in time (a callback holds it up). Give the request up;
          * if the I/O thread is writing our memory right now, wait for that write to end.
          */
-        r->abandoned = 1;
+        r->bstate = TS__B_ABANDONED_WAIT;
         if (r->sub != NULL && r->sub->linked) {
             for (ts__sub **p = &c->subs; *p != NULL; p = &(*p)->next) {
                 if (*p == r->sub) {
@@ -199,14 +196,15 @@ static int wait_done(ts_client_t *c, ts__req *r, int *gone)
             drop = r->sub;
         }
         /*
-         * While wwait is set the I/O thread does not free r: a completion meanwhile sets done
-         * and leaves r to us; otherwise r is the I/O thread's once we let go of mu.
+         * In TS__B_ABANDONED_WAIT the I/O thread does not free r: a completion meanwhile makes
+         * it TS__B_DONE and leaves it to us; otherwise r is the I/O thread's (TS__B_ABANDONED)
+         * once we let go of mu.
          */
-        r->wwait = 1;
-        while (r->wbusy && r->borrowed && !r->done)
+        while (r->wbusy && r->borrowed && r->bstate != TS__B_DONE)
             pthread_cond_wait(&r->cond, &c->mu);
-        r->wwait = 0;
-        *gone = !r->done;
+        if (r->bstate != TS__B_DONE)
+            r->bstate = TS__B_ABANDONED;
+        *gone = r->bstate != TS__B_DONE;
         leave_client_locked(c);
         pthread_mutex_unlock(&c->mu);
         ts__sub_unref(drop);
@@ -225,10 +223,12 @@ static int block_on(ts_client_t *c, ts__req *r, int *gone)
     *gone = 0;
     pthread_mutex_lock(&c->mu);
     int rc = ts__submit_blocking_locked(c, r);
+    /* Read under mu: once the I/O thread has r, it may move bstate at any time. */
+    int self_read = r->bstate == TS__B_SELF_READ;
     pthread_mutex_unlock(&c->mu);
     if (rc != 0)
         return rc;
-    return wait_done(c, r, gone);
+    return wait_done(c, r, self_read, gone);
 }
 
 /* Check the arguments every operation shares. */
@@ -605,7 +605,7 @@ int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg)
     pthread_mutex_unlock(&c->mu);
 
     int gone;
-    rc = wait_done(c, r, &gone);
+    rc = wait_done(c, r, 0, &gone); /* a LISTEN is never written directly */
     /* A failed LISTEN unlinked the subscription on the I/O thread (or in block_on). */
     if (!gone)
         ts__req_free(r);

@@ -60,7 +60,7 @@ void ts__req_free(ts__req *r)
     ts_bin_list_free(r->res.bins);
     ts_value_free(r->res.value);
     ts__sub_unref(r->sub);
-    if (r->has_cond)
+    if (r->kind == TS__K_BLOCK)
         pthread_cond_destroy(&r->cond);
     ts__free(r);
 }
@@ -144,7 +144,7 @@ static int req_abandoned(ts_client_t *c, ts__req *r)
     if (r->kind != TS__K_BLOCK)
         return 0;
     pthread_mutex_lock(&c->mu);
-    int a = r->abandoned;
+    int a = ts__req_abandoned_locked(r);
     pthread_mutex_unlock(&c->mu);
     return a;
 }
@@ -159,9 +159,9 @@ void ts__req_complete(ts_client_t *c, ts__req *r, int status)
         ts__idmap_del(&c->inflight, r->id);
         r->in_map = 0;
     }
-    if (r->wpending) {
+    if (r->wstate != TS__W_NONE) {
         r->status = status;
-        r->finish_on_write = 1;
+        r->wstate = TS__W_FINISH_CB;
         return;
     }
     ts__req_finish(c, r, status);
@@ -257,7 +257,7 @@ static void tick_cb(uv_timer_t *t)
             if (r == NULL)
                 continue;
             /* A frame still being written cannot be withdrawn: the connection has to go. */
-            cut |= r->wpending;
+            cut |= r->wstate != TS__W_NONE;
             ts__req_complete(c, r, TS_ETIMEDOUT);
         }
         if (k < TS__ARRAY_SIZE(ids))
@@ -288,7 +288,7 @@ static void finish_blocking(ts_client_t *c, ts__req *r, int status)
     pthread_mutex_lock(&c->mu);
     r->wbusy = 0;
     if (s != NULL) {
-        if (status == 0 && !r->abandoned && !c->closing) {
+        if (status == 0 && !ts__req_abandoned_locked(r) && !c->closing) {
             s->live = 1;
             s->on_conn = 1;
             s->version = r->res.version;
@@ -307,11 +307,11 @@ static void finish_blocking(ts_client_t *c, ts__req *r, int status)
             }
         }
     }
-    /* An abandoned request is ours to free, unless its caller still waits on it (wwait). */
-    int ours = r->abandoned && !r->wwait;
+    /* An abandoned request is ours to free, unless its caller still waits on it. */
+    int ours = r->bstate == TS__B_ABANDONED;
     if (!ours) {
         r->status = status;
-        r->done = 1;
+        r->bstate = TS__B_DONE;
         pthread_cond_signal(&r->cond);
     }
     pthread_mutex_unlock(&c->mu);

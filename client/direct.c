@@ -2,9 +2,11 @@
  * The caller-side fast path of blocking calls: a blocking caller writes its own frame on the
  * socket and, when the I/O thread awaits nothing, reads its own reply, with no thread crossing.
  *
- * One entry and one exit for the caller: ts__submit_blocking_locked (write directly, or hand the
- * request to the I/O thread) and ts__direct_wait (read the reply on this thread, or wait for the
- * I/O thread's verdict, and take the request back at its deadline). The rest is the I/O thread's
+ * The caller enters through ts__submit_blocking_locked (write directly, or hand the request to
+ * the I/O thread) and leaves through ts__self_read (read its own reply, when it was given the
+ * reading side) or ts__direct_withdraw_locked (take the request back at its deadline); api.c's
+ * wait_done calls nothing else here, and touches neither c->direct nor the socket. The rest is
+ * the I/O thread's
  * side of the same hand-over: stopping direct writes before a socket closes, finishing a frame
  * the socket took only in part, giving the reading side away when nothing is awaited and taking
  * it back. The rules (who may touch what, under mu) are in docs/THREADING.md.
@@ -70,7 +72,7 @@ ts__req *ts__direct_stop(ts_client_t *c)
         if (c->direct.keys[i] == 0)
             continue;
         ts__req *r = c->direct.vals[i];
-        r->direct = 0;
+        r->bstate = TS__B_QUEUED; /* the I/O thread fails it (ts__direct_fail) */
         r->next = list;
         list = r;
     }
@@ -98,9 +100,18 @@ ts__req *ts__direct_take(ts_client_t *c, uint32_t id)
     pthread_mutex_lock(&c->mu);
     ts__req *r = ts__idmap_del(&c->direct, id);
     if (r != NULL)
-        r->direct = 0;
+        r->bstate = TS__B_QUEUED; /* the I/O thread completes it */
     pthread_mutex_unlock(&c->mu);
     return r;
+}
+
+int ts__direct_withdraw_locked(ts_client_t *c, ts__req *r)
+{
+    if (r->bstate != TS__B_DIRECT)
+        return 0; /* the I/O thread took it meanwhile (its reply, or a lost connection) */
+    ts__idmap_del(&c->direct, r->id);
+    r->bstate = TS__B_WITHDRAWN;
+    return 1;
 }
 
 /*
@@ -136,11 +147,11 @@ void ts__write_handoff(ts_client_t *c, ts__req *r)
     bufs[i].base += skip;
     bufs[i].len -= skip;
     r->w.data = r;
-    r->wpending = 1;
+    r->wstate = TS__W_PENDING;
     int rc = uv_write(&r->w, &conn->u.stream, bufs + i, (unsigned)(n - i), ts__write_cb);
     if (rc != 0) {
         ts__io_write_end(c);
-        r->wpending = 0;
+        r->wstate = TS__W_NONE;
         ts__req_complete(c, r, TS_ECONNRESET);
         ts__conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
         return;
@@ -203,7 +214,7 @@ static int direct_write_locked(ts_client_t *c, ts__req *r)
         iov[first].iov_len -= left;
     }
     if (sent == total) {
-        r->direct = 1;
+        r->bstate = TS__B_DIRECT;
         r->rlz4 = c->d_lz4;
         /*
          * When the I/O thread awaits nothing, the caller reads its reply itself too. Not for
@@ -211,7 +222,7 @@ static int direct_write_locked(ts_client_t *c, ts__req *r)
          */
         if (c->rd_owner == TS__RD_FREE && r->op != TS_OP_WAIT && r->op != TS_OP_SAVE) {
             c->rd_owner = TS__RD_CALLER;
-            r->self_read = 1;
+            r->bstate = TS__B_SELF_READ;
             r->rfd = c->d_fd;
             r->rblock = c->fd_blocking;
         } else if (c->rd_owner == TS__RD_FREE) {
@@ -489,13 +500,12 @@ int ts__self_read(ts_client_t *c, ts__req *r)
          * as if it had read the frame itself.
          */
         pthread_mutex_lock(&c->mu);
-        int timeout = why == RR_DEADLINE && r->direct;
-        if (timeout) {
+        /* Nobody else moves r while this thread holds the reading side: it is in c->direct. */
+        int timeout = why == RR_DEADLINE;
+        if (timeout)
             ts__idmap_del(&c->direct, r->id);
-            r->direct = 0;
-        }
+        r->bstate = timeout ? TS__B_WITHDRAWN : TS__B_DIRECT;
         c->pb_len = got;
-        r->self_read = 0;
         release_reading_locked(c);
         pthread_mutex_unlock(&c->mu);
         return timeout ? TS__SELF_TIMEOUT : TS__SELF_WAIT;
@@ -532,8 +542,6 @@ int ts__self_read(ts_client_t *c, ts__req *r)
     pthread_mutex_lock(&c->mu);
     /* Ours since the header was read: nobody else takes a request out of c->direct meanwhile. */
     ts__idmap_del(&c->direct, r->id);
-    r->direct = 0;
-    r->self_read = 0;
     if (cut && c->closing)
         status = TS_ECANCELED; /* ts_client_free shut the socket under us */
     if (cut || malformed) {
@@ -548,7 +556,7 @@ int ts__self_read(ts_client_t *c, ts__req *r)
     }
     release_reading_locked(c);
     r->status = status;
-    r->done = 1;
+    r->bstate = TS__B_DONE;
     pthread_mutex_unlock(&c->mu);
     return TS__SELF_DONE;
 }

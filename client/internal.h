@@ -90,10 +90,9 @@ typedef struct ts__req {
 
     /* I/O thread state. */
     uv_write_t w;
-    ts__conn *conn;      /* the connection it was written to */
-    int in_map;          /* registered in the in-flight map under id */
-    int wpending;        /* uv_write has not called back yet */
-    int finish_on_write; /* completed while the write was pending: finish in the write cb */
+    ts__conn *conn; /* the connection it was written to */
+    int in_map;     /* registered in the in-flight map under id */
+    int wstate;     /* TS__W_*: where its uv_write is */
     int status;
 
     /* Results (filled by the reply parser). */
@@ -108,19 +107,47 @@ typedef struct ts__req {
     void *arg;
     ts__sub *sub; /* LISTEN, RESUB and UNLISTEN: the subscription (a reference) */
 
-    /* Blocking callers (under mu, except has_cond). */
-    int has_cond;
+    /*
+     * Blocking callers (kind TS__K_BLOCK, which alone has cond). bstate and wbusy under mu; the
+     * transitions are in docs/THREADING.md ("A blocking request's states").
+     */
     pthread_cond_t cond;
-    int done;
-    int abandoned;
-    int wwait; /* the caller that abandoned r waits for its write to end: r is not freed under it */
-    int wbusy; /* the I/O thread may be reading the caller's memory */
-    int direct;    /* written by the caller itself, waiting in c->direct for its reply */
-    int self_read; /* the caller holds the socket's reading side and reads its own reply */
-    int rfd;       /* the socket it reads then */
-    int rblock;    /* the socket was in blocking mode then (see fd_blocking) */
-    int rlz4;      /* the connection agreed on lz4 then (a compressed reply is allowed) */
+    int bstate; /* TS__B_*: who holds the request and whether it is finished */
+    int wbusy;  /* the I/O thread may be reading the caller's memory (independent of bstate) */
+    /* What a caller reading its own reply (TS__B_SELF_READ) needs, copied when it wrote. */
+    int rfd;    /* the socket */
+    int rblock; /* the socket was in blocking mode (see fd_blocking) */
+    int rlz4;   /* the connection agreed on lz4 (a compressed reply is allowed) */
 } ts__req;
+
+/* Where a request's write is (ts__req.wstate; I/O thread only). */
+enum {
+    TS__W_NONE = 0, /* no uv_write holds its frame */
+    TS__W_PENDING,  /* uv_write has not called back yet: libuv may read the frame */
+    TS__W_FINISH_CB /* completed meanwhile: the write callback finishes it */
+};
+
+/*
+ * A blocking request's state (ts__req.bstate, under mu). Who moves it from which state to which
+ * is the table in docs/THREADING.md; in short: the caller sets DIRECT or SELF_READ when it wrote
+ * the frame itself, WITHDRAWN, ABANDONED_WAIT and ABANDONED when it gives up, and DONE when it
+ * read its own reply; the I/O thread sets QUEUED when it takes a direct request over and DONE
+ * when it completes one that the caller still waits for.
+ */
+enum {
+    TS__B_QUEUED = 0,     /* the I/O thread's: inbox, wait queue, in flight, or handed off */
+    TS__B_DIRECT,         /* written by the caller, waiting in c->direct; the I/O thread reads */
+    TS__B_SELF_READ,      /* written by the caller, which holds the reading side for the reply */
+    TS__B_DONE,           /* finished: status and results are the caller's, who frees it */
+    TS__B_WITHDRAWN,      /* taken back out of c->direct at its deadline: the caller frees it */
+    TS__B_ABANDONED_WAIT, /* given up, the caller waits for wbusy to clear: never freed under it */
+    TS__B_ABANDONED       /* given up: the I/O thread frees it when it completes */
+};
+/* 1 when the caller gave r up (mu held). */
+static inline int ts__req_abandoned_locked(const ts__req *r)
+{
+    return r->bstate == TS__B_ABANDONED || r->bstate == TS__B_ABANDONED_WAIT;
+}
 
 /* A subscription (ts_listen). */
 struct ts__sub {
@@ -397,6 +424,12 @@ enum { TS__SELF_DONE = 0, TS__SELF_WAIT, TS__SELF_TIMEOUT };
  * passed (r was taken back from c->direct and is the caller's to free).
  */
 int ts__self_read(ts_client_t *c, ts__req *r);
+/*
+ * At its deadline, a caller takes its request back out of c->direct (mu held): 1 when r was
+ * waiting there (it is TS__B_WITHDRAWN now, the caller's to free; a late reply finds nothing),
+ * 0 when the I/O thread had taken it over already.
+ */
+int ts__direct_withdraw_locked(ts_client_t *c, ts__req *r);
 /*
  * Stop direct writes before the socket closes (I/O thread). Returns the requests direct writes
  * left waiting, for ts__direct_fail, which fails each with err and msg.

@@ -38,15 +38,16 @@ void ts__io_write_end(ts_client_t *c)
 /* A request's frame has been written (or the write failed): release it to the completion. */
 static void write_done(ts_client_t *c, ts__req *r)
 {
-    r->wpending = 0;
+    int finish = r->wstate == TS__W_FINISH_CB;
+    r->wstate = TS__W_NONE;
     if (r->kind == TS__K_BLOCK) {
         pthread_mutex_lock(&c->mu);
         r->wbusy = 0;
-        if (r->abandoned)
+        if (ts__req_abandoned_locked(r))
             pthread_cond_broadcast(&r->cond);
         pthread_mutex_unlock(&c->mu);
     }
-    if (r->finish_on_write)
+    if (finish)
         ts__req_finish(c, r, r->status); /* r is gone after this */
 }
 
@@ -151,7 +152,7 @@ static int req_prepare(ts_client_t *c, ts__req *r)
     }
     if (r->kind == TS__K_BLOCK) {
         pthread_mutex_lock(&c->mu);
-        int abandoned = r->abandoned;
+        int abandoned = ts__req_abandoned_locked(r);
         if (!abandoned)
             r->wbusy = 1;
         pthread_mutex_unlock(&c->mu);
@@ -225,7 +226,7 @@ void ts__req_send(ts_client_t *c, ts__req *r)
     }
     size_t n = ts__req_fill_bufs(r, bufs);
     r->w.data = r;
-    r->wpending = 1;
+    r->wstate = TS__W_PENDING;
     ts__io_write_begin(c);
     /* libuv copies the buffer array; the memory it points to stays ours until ts__write_cb. */
     int rc = uv_write(&r->w, &conn->u.stream, bufs, (unsigned)n, ts__write_cb);
@@ -233,7 +234,7 @@ void ts__req_send(ts_client_t *c, ts__req *r)
         ts__free(bufs);
     if (rc != 0) {
         ts__io_write_end(c);
-        r->wpending = 0;
+        r->wstate = TS__W_NONE;
         ts__req_complete(c, r, TS_ECONNRESET);
         ts__conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
         return;
@@ -304,7 +305,7 @@ void ts__req_send_batch(ts_client_t *c, ts__req **reqs, size_t n)
     if (bufs != NULL) {
         size_t k = 0;
         for (size_t i = 0; i < b->n; i++) {
-            b->reqs[i]->wpending = 1;
+            b->reqs[i]->wstate = TS__W_PENDING;
             k += ts__req_fill_bufs(b->reqs[i], bufs + k);
         }
         b->w.data = b;
@@ -319,7 +320,7 @@ void ts__req_send_batch(ts_client_t *c, ts__req **reqs, size_t n)
     if (rc != 0) {
         ts__conn *conn = b->conn;
         for (size_t i = 0; i < b->n; i++) {
-            b->reqs[i]->wpending = 0;
+            b->reqs[i]->wstate = TS__W_NONE;
             ts__req_complete(c, b->reqs[i], rc == UV_ENOMEM ? TS_ENOMEM : TS_ECONNRESET);
         }
         ts__free(b);
