@@ -210,6 +210,17 @@ void ts__fail_inflight(ts_client_t *c, int err, const char *msg)
     }
 }
 
+void ts__fail_list(ts_client_t *c, ts__req *list, int err, const char *msg)
+{
+    while (list != NULL) {
+        ts__req *r = list;
+        list = r->next;
+        r->next = NULL;
+        ts__req_set_msg(r, msg);
+        ts__req_finish(c, r, err);
+    }
+}
+
 static void tick_cb(uv_timer_t *t)
 {
     ts_client_t *c = t->data;
@@ -531,7 +542,7 @@ void ts__io_shutdown(ts_client_t *c)
     }
     c->waitq_tail = NULL;
     ts__fail_inflight(c, TS_ECANCELED, NULL);
-    ts__direct_fail(c, dlist, TS_ECANCELED, NULL);
+    ts__fail_list(c, dlist, TS_ECANCELED, NULL);
     while (subs != NULL) {
         ts__sub *s = subs;
         subs = s->next;

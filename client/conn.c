@@ -144,7 +144,7 @@ void ts__conn_fail_reason(ts_client_t *c, ts__conn *conn, int err, const char *m
     int ferr = server_reason || err == TS_EPROTO ? err : TS_ECONNRESET;
     const char *fmsg = server_reason ? msg : NULL;
     ts__fail_inflight(c, ferr, fmsg);
-    ts__direct_fail(c, dlist, ferr, fmsg);
+    ts__fail_list(c, dlist, ferr, fmsg);
     if (server_reason) {
         /*
          * The server turned the client away (a refused handshake on a reconnection, or its
@@ -153,13 +153,7 @@ void ts__conn_fail_reason(ts_client_t *c, ts__conn *conn, int err, const char *m
          */
         ts__req *w = c->waitq_head;
         c->waitq_head = c->waitq_tail = NULL;
-        while (w != NULL) {
-            ts__req *r = w;
-            w = r->next;
-            r->next = NULL;
-            ts__req_set_msg(r, msg);
-            ts__req_finish(c, r, err);
-        }
+        ts__fail_list(c, w, err, msg);
     }
     if (was_ready) {
         /* Collect first: callbacks may unlisten (which unlinks) while we walk. */
@@ -364,13 +358,8 @@ static void connect_cb(uv_connect_t *req, int status)
         ts__conn_fail(c, conn, map_connect_err(status), uv_strerror(status));
         return;
     }
-    int rc = uv_read_start(&conn->u.stream, ts__alloc_cb, ts__read_cb);
-    if (rc != 0) {
-        ts__conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
-        return;
-    }
-    c->reading = 1;
-    send_hello(c, conn);
+    if (ts__read_start(c, conn) == 0)
+        send_hello(c, conn);
 }
 
 /* Connect a new TCP handle to addr. */

@@ -43,7 +43,7 @@
 
 /*
  * Stop direct writes before the socket closes (the descriptor must not be written after it is
- * closed and perhaps reused). Returns the requests direct writes left waiting, for ts__direct_fail.
+ * closed and perhaps reused). Returns the requests direct writes left waiting, for ts__fail_list.
  */
 ts__req *ts__direct_stop(ts_client_t *c)
 {
@@ -72,24 +72,13 @@ ts__req *ts__direct_stop(ts_client_t *c)
         if (c->direct.keys[i] == 0)
             continue;
         ts__req *r = c->direct.vals[i];
-        r->bstate = TS__B_QUEUED; /* the I/O thread fails it (ts__direct_fail) */
+        r->bstate = TS__B_QUEUED; /* the I/O thread fails it (ts__fail_list) */
         r->next = list;
         list = r;
     }
     ts__idmap_free(&c->direct);
     pthread_mutex_unlock(&c->mu);
     return list;
-}
-
-void ts__direct_fail(ts_client_t *c, ts__req *list, int err, const char *msg)
-{
-    while (list != NULL) {
-        ts__req *r = list;
-        list = r->next;
-        r->next = NULL;
-        ts__req_set_msg(r, msg);
-        ts__req_finish(c, r, err);
-    }
 }
 
 /* The direct request waiting for the reply with this id, taken out of c->direct; or NULL. */
@@ -146,17 +135,7 @@ void ts__write_handoff(ts_client_t *c, ts__req *r)
     }
     bufs[i].base += skip;
     bufs[i].len -= skip;
-    r->w.data = r;
-    r->wstate = TS__W_PENDING;
-    int rc = uv_write(&r->w, &conn->u.stream, bufs + i, (unsigned)(n - i), ts__write_cb);
-    if (rc != 0) {
-        ts__io_write_end(c);
-        r->wstate = TS__W_NONE;
-        ts__req_complete(c, r, TS_ECONNRESET);
-        ts__conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
-        return;
-    }
-    ts__ensure_tick(c);
+    ts__req_write(c, conn, r, bufs + i, n - i);
 }
 
 /* Write r's frame on the socket from the calling thread (mu held). 1 when r is on its way. */
@@ -172,14 +151,7 @@ static int direct_write_locked(ts_client_t *c, ts__req *r)
     } while (ts__idmap_get(&c->direct, id) != NULL);
     if (ts__idmap_put(&c->direct, id, r) != 0)
         return 0;
-    r->id = id;
-    ts__hdr h = {.magic = TS_MAGIC_REQ,
-                 .version = TS_PROTO_VERSION,
-                 .opcode = r->op,
-                 .flags = r->hflags,
-                 .request_id = id,
-                 .body_len = r->body_len};
-    ts__hdr_encode(&h, r->small);
+    ts__req_header(r, id);
 
     uv_buf_t bufs[TS__DIRECT_IOV];
     struct iovec iov[TS__DIRECT_IOV];
@@ -302,12 +274,8 @@ void ts__start_reading(ts_client_t *c)
         ts__conn_fail_broken(c, broken);
         return;
     }
-    int rc = uv_read_start(&conn->u.stream, ts__alloc_cb, ts__read_cb);
-    if (rc != 0) {
-        ts__conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
+    if (ts__read_start(c, conn) != 0)
         return;
-    }
-    c->reading = 1;
     if (n > 0) {
         conn->stage_len += n;
         ts__process_stage(c, conn);

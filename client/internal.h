@@ -323,6 +323,8 @@ void ts__req_complete(ts_client_t *c, ts__req *r, int status);
 void ts__req_finish(ts_client_t *c, ts__req *r, int status);
 /* Give r the message msg (NULL: none) for ts_client_last_error() and callbacks. */
 void ts__req_set_msg(ts__req *r, const char *msg);
+/* Finish every request of a list linked through next with err and the message msg (or NULL). */
+void ts__fail_list(ts_client_t *c, ts__req *list, int err, const char *msg);
 /* Fail every in-flight request with err and the message msg (or NULL), oldest first. */
 void ts__fail_inflight(ts_client_t *c, int err, const char *msg);
 /* Queue r until the connection is ready (I/O thread). */
@@ -378,8 +380,15 @@ void ts__send_fire_unlisten(ts_client_t *c, const char *bin, size_t len);
 /* Count a write of the I/O thread in io_writes (under mu), from before uv_write to its end. */
 void ts__io_write_begin(ts_client_t *c);
 void ts__io_write_end(ts_client_t *c);
+/*
+ * Start the uv_write of r's frame from bufs on conn (io_writes counts it already); when libuv
+ * refuses, r completes with TS_ECONNRESET and the connection fails.
+ */
+void ts__req_write(ts_client_t *c, ts__conn *conn, ts__req *r, const uv_buf_t *bufs, size_t n);
 /* The callback of a uv_write of one request (w->data is the request). */
 void ts__write_cb(uv_write_t *w, int status);
+/* Set r's request id and write its frame header into r->small. */
+void ts__req_header(ts__req *r, uint32_t id);
 /* Number of write buffers r's frame needs, and the buffers themselves (returns their count). */
 size_t ts__req_nbufs(const ts__req *r);
 size_t ts__req_fill_bufs(const ts__req *r, uv_buf_t *bufs);
@@ -387,8 +396,8 @@ size_t ts__req_fill_bufs(const ts__req *r, uv_buf_t *bufs);
 /*
  * recv.c: reading and dispatching replies (I/O thread, except where said).
  */
-void ts__alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
-void ts__read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+/* Start reading conn into its staging buffer: 0, or -1 when the connection failed instead. */
+int ts__read_start(ts_client_t *c, ts__conn *conn);
 /* Parse every whole frame in the staging buffer; keep a partial one for the next read. */
 void ts__process_stage(ts_client_t *c, ts__conn *conn);
 /*
@@ -432,10 +441,9 @@ int ts__self_read(ts_client_t *c, ts__req *r);
 int ts__direct_withdraw_locked(ts_client_t *c, ts__req *r);
 /*
  * Stop direct writes before the socket closes (I/O thread). Returns the requests direct writes
- * left waiting, for ts__direct_fail, which fails each with err and msg.
+ * left waiting, for ts__fail_list.
  */
 ts__req *ts__direct_stop(ts_client_t *c);
-void ts__direct_fail(ts_client_t *c, ts__req *list, int err, const char *msg);
 /* The direct request waiting for the reply with this id, taken out of c->direct; or NULL. */
 ts__req *ts__direct_take(ts_client_t *c, uint32_t id);
 /* Finish a direct write the socket took only part of (I/O thread; io_writes counts it). */

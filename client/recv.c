@@ -15,7 +15,7 @@
  * Reading
  */
 
-void ts__alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     ts__conn *conn = h->data;
     (void)suggested;
@@ -320,7 +320,7 @@ void ts__process_stage(ts_client_t *c, ts__conn *conn)
     conn->stage_len -= pos;
 }
 
-void ts__read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
+static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 {
     ts__conn *conn = stream->data;
     ts_client_t *c = conn->c;
@@ -347,4 +347,15 @@ void ts__read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     }
     conn->stage_len += (size_t)nread;
     ts__process_stage(c, conn);
+}
+
+int ts__read_start(ts_client_t *c, ts__conn *conn)
+{
+    int rc = uv_read_start(&conn->u.stream, alloc_cb, read_cb);
+    if (rc != 0) {
+        ts__conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
+        return -1;
+    }
+    c->reading = 1;
+    return 0;
 }

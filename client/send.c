@@ -169,9 +169,14 @@ static int req_prepare(ts_client_t *c, ts__req *r)
         ts__req_finish(c, r, TS_ENOMEM);
         return -1;
     }
-    r->id = id;
     r->in_map = 1;
+    ts__req_header(r, id);
+    return 0;
+}
 
+void ts__req_header(ts__req *r, uint32_t id)
+{
+    r->id = id;
     ts__hdr h = {.magic = TS_MAGIC_REQ,
                  .version = TS_PROTO_VERSION,
                  .opcode = r->op,
@@ -179,7 +184,6 @@ static int req_prepare(ts_client_t *c, ts__req *r)
                  .request_id = id,
                  .body_len = r->body_len};
     ts__hdr_encode(&h, r->small);
-    return 0;
 }
 
 /* Number of write buffers r's frame needs. */
@@ -225,13 +229,18 @@ void ts__req_send(ts_client_t *c, ts__req *r)
         }
     }
     size_t n = ts__req_fill_bufs(r, bufs);
-    r->w.data = r;
-    r->wstate = TS__W_PENDING;
     ts__io_write_begin(c);
-    /* libuv copies the buffer array; the memory it points to stays ours until ts__write_cb. */
-    int rc = uv_write(&r->w, &conn->u.stream, bufs, (unsigned)n, ts__write_cb);
+    ts__req_write(c, conn, r, bufs, n);
     if (bufs != local)
         ts__free(bufs);
+}
+
+void ts__req_write(ts_client_t *c, ts__conn *conn, ts__req *r, const uv_buf_t *bufs, size_t n)
+{
+    r->w.data = r;
+    r->wstate = TS__W_PENDING;
+    /* libuv copies the buffer array; the memory it points to stays ours until ts__write_cb. */
+    int rc = uv_write(&r->w, &conn->u.stream, bufs, (unsigned)n, ts__write_cb);
     if (rc != 0) {
         ts__io_write_end(c);
         r->wstate = TS__W_NONE;
