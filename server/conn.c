@@ -383,13 +383,14 @@ static void discard_done(tsd_conn *c)
 {
     tsd_server *srv = c->srv;
     c->rstate = TSD_RS_HDR;
+    /* Counted as GET and DELETE are: a refused request whose body has arrived. */
+    srv->stats.ops[c->cur.opcode]++;
     if (c->cur_refused) { /* not memory: snapshots are failing (start_upload) */
         c->cur_refused = 0;
         tsd_refuse_write(c, c->cur.opcode, c->cur.request_id);
         return;
     }
     srv->stats.oom_rejections++;
-    srv->stats.ops[c->cur.opcode]++;
     if (c->cur_alloc_failed) {
         c->cur_alloc_failed = 0;
         tsd_reply_err(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY,
@@ -456,8 +457,18 @@ static void fail_bad_record(tsd_conn *c, size_t len)
                   "the %zu-byte record failed validation", len);
 }
 
+/*
+ * A PUT/APPEND record shorter than a record header: BAD_RECORD, whether its body came raw or
+ * compressed (a body too short for its name is BAD_REQUEST, also either way).
+ */
+static void fail_short_record(tsd_conn *c, uint8_t op, uint32_t rid, uint64_t rlen)
+{
+    tsd_conn_fail(c, op, rid, TS_ST_BAD_RECORD,
+                  "record of %llu bytes is shorter than a record header", (unsigned long long)rlen);
+}
+
 /* Results of off-loop work (job.rc). */
-enum { JOB_OK = 0, JOB_BAD_LZ4, JOB_SHORT, JOB_BAD_RECORD };
+enum { JOB_OK = 0, JOB_BAD_LZ4, JOB_SHORT, JOB_SHORT_RECORD, JOB_BAD_RECORD };
 
 /*
  * Thread pool: inflate the compressed body (when there is one), move the record to the start
@@ -476,8 +487,13 @@ static void job_work(uv_work_t *req)
             return;
         }
         ts__msg_put_req m;
-        if (ts__msg_put_decode(data, raw, &m) != 0 || m.rec_len < TS_REC_HDR_SIZE) {
+        if (ts__msg_put_decode(data, raw, &m) != 0) {
             c->job.rc = JOB_SHORT;
+            return;
+        }
+        if (m.rec_len < TS_REC_HDR_SIZE) {
+            c->job.rc = JOB_SHORT_RECORD;
+            c->job.raw = (size_t)m.rec_len; /* the record's length, for job_done's message */
             return;
         }
         /* cur_name is not touched on the loop thread while the job is busy. */
@@ -535,8 +551,12 @@ static void job_done(uv_work_t *req, int status)
         break;
     case JOB_SHORT:
         tsd_item_unref(it);
-        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "%s body too short for its name and record",
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "%s body shorter than its name",
                       ts__op_name(op));
+        break;
+    case JOB_SHORT_RECORD:
+        tsd_item_unref(it);
+        fail_short_record(c, op, rid, c->job.raw);
         break;
     default:
         fail_bad_record(c, tsd_item_len(it));
@@ -670,10 +690,15 @@ static void lz4_done(tsd_conn *c)
         return;
     }
     ts__msg_put_req m;
-    if (ts__msg_put_decode(data, raw, &m) != 0 || m.rec_len < TS_REC_HDR_SIZE) {
+    if (ts__msg_put_decode(data, raw, &m) != 0) {
         tsd_item_unref(it);
-        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "%s body too short for its name and record",
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "%s body shorter than its name",
                       ts__op_name(op));
+        return;
+    }
+    if (m.rec_len < TS_REC_HDR_SIZE) {
+        tsd_item_unref(it);
+        fail_short_record(c, op, rid, m.rec_len);
         return;
     }
     memcpy(c->cur_name, m.name, m.name_len);
@@ -870,9 +895,13 @@ static int start_upload_lz4(tsd_conn *c, const ts__hdr *h)
     uint64_t raw = ts__get_u64le(body);
     if (check_raw_len(c, h, raw) != 0)
         return 0;
-    if (raw < 1 + TS_REC_HDR_SIZE) {
-        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST,
-                      "%s body too short for a record", ts__op_name(h->opcode));
+    /*
+     * A body without a name, as for a raw one. A record too short for its header is known only
+     * once the name's length is (after inflating): then BAD_RECORD, as for a raw body.
+     */
+    if (raw < 1) {
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST, "%s body without a name",
+                      ts__op_name(h->opcode));
         return 0;
     }
     /*
@@ -941,9 +970,7 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     }
     uint64_t rlen = m.rec_len;
     if (rlen < TS_REC_HDR_SIZE) {
-        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_RECORD,
-                      "record of %llu bytes is shorter than a record header",
-                      (unsigned long long)rlen);
+        fail_short_record(c, h->opcode, h->request_id, rlen);
         return 0;
     }
     c->cur = *h;

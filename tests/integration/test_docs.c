@@ -451,6 +451,28 @@ static void test_save_failing_as_documented(void **state)
     expect_status(fd, TS_OP_DELETE, 4, body, n - 4, TS_ST_SAVE_FAILING);
     expect_status(fd, TS_OP_GET, 5, body, 3, TS_ST_SAVE_FAILING); /* name cut short */
     expect_status(fd, TS_OP_DELETE, 6, "a", 1, TS_ST_SAVE_FAILING);
+    /*
+     * PROTOCOL.md 8.12: a request refused with SAVE_FAILING counts in its ops_ key, PUT and
+     * APPEND as GET and DELETE (their bodies are read and dropped).
+     */
+    int64_t ops[4];
+    const char *const keys[4] = {"ops_put", "ops_append", "ops_get", "ops_delete"};
+    for (int i = 0; i < 4; i++)
+        ops[i] = tsu_stat(fd, keys[i]);
+    size_t rlen;
+    uint8_t *rec = tsu_rec_int(3, &rlen);
+    assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 21, "c", rec, rlen), 0);
+    tsu_expect(fd, &f, TS_OP_PUT, 21, TS_ST_SAVE_FAILING);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_store(fd, TS_OP_APPEND, 22, "c", rec, rlen), 0);
+    tsu_expect(fd, &f, TS_OP_APPEND, 22, TS_ST_SAVE_FAILING);
+    tsu_frame_free(&f);
+    tsu_rec_free(rec, rlen);
+    expect_status(fd, TS_OP_GET, 23, body, n, TS_ST_SAVE_FAILING);
+    expect_status(fd, TS_OP_DELETE, 24, body, n - 4, TS_ST_SAVE_FAILING);
+    for (int i = 0; i < 4; i++)
+        if (tsu_stat(fd, keys[i]) != ops[i] + 1)
+            fail_msg("%s did not count the request refused with SAVE_FAILING", keys[i]);
     /* Reads go on, LISTEN and UNLISTEN included. */
     n = tsh_name_body(body, sizeof(body), "a", "\0\0\0\0", 4);
     expect_status(fd, TS_OP_PEEK, 7, body, n, TS_ST_OK);

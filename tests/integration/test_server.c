@@ -994,6 +994,72 @@ static void test_lz4_bodies(void **state)
     tsu_check_healthy(&srv);
 }
 
+/* A compressed body of src (n <= 269 bytes) as one LZ4 block of literals only; its length. */
+static size_t lz4_literals(const uint8_t *src, size_t n, uint8_t *out)
+{
+    size_t o = 0;
+    ts__put_u64le(out, n);
+    o += 8;
+    if (n < 15) {
+        out[o++] = (uint8_t)(n << 4);
+    } else {
+        out[o++] = 0xF0;
+        out[o++] = (uint8_t)(n - 15);
+    }
+    memcpy(out + o, src, n);
+    return o + n;
+}
+
+/* A PUT of body (blen bytes), raw or compressed, on a new connection: status, then the close. */
+static void put_refused(int lz4, const uint8_t *body, size_t blen, uint16_t status)
+{
+    int fd = tsh_connect_tcp(srv.port);
+    assert_true(fd >= 0);
+    uint8_t hello[4] = {1, TS_HELLO_LZ4, 0, 0};
+    tsu_frame f;
+    assert_int_equal(tsh_send(fd, TS_OP_HELLO, 1, hello, sizeof(hello)), 0);
+    tsu_expect(fd, &f, TS_OP_HELLO, 1, TS_ST_OK);
+    tsu_frame_free(&f);
+    uint8_t frame[TS_HDR_SIZE + 8 + 2 + 64];
+    size_t n = blen;
+    if (lz4)
+        n = lz4_literals(body, blen, frame + TS_HDR_SIZE);
+    else
+        memcpy(frame + TS_HDR_SIZE, body, blen);
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = TS_OP_PUT,
+                 .flags = lz4 ? TS_FLAG_LZ4 : 0,
+                 .request_id = 2,
+                 .body_len = n};
+    ts__hdr_encode(&h, frame);
+    assert_int_equal(tsh_write_all(fd, frame, TS_HDR_SIZE + n), 0);
+    tsu_expect_error_close(fd, status);
+    close(fd);
+}
+
+/*
+ * A record shorter than its 16-byte header is BAD_RECORD whether the body came raw or
+ * compressed; a name longer than the body, or no name at all, is BAD_REQUEST either way.
+ */
+static void test_short_record(void **state)
+{
+    (void)state;
+    uint8_t body[2 + 15];
+    memset(body, 0, sizeof(body));
+    body[0] = 1;
+    body[1] = 's';
+    for (size_t rl = 0; rl < 16; rl += 5) {
+        put_refused(0, body, 2 + rl, TS_ST_BAD_RECORD);
+        put_refused(1, body, 2 + rl, TS_ST_BAD_RECORD);
+    }
+    const uint8_t longname[3] = {5, 'a', 'b'};
+    put_refused(0, longname, sizeof(longname), TS_ST_BAD_REQUEST);
+    put_refused(1, longname, sizeof(longname), TS_ST_BAD_REQUEST);
+    put_refused(1, longname, 0, TS_ST_BAD_REQUEST);
+    tsu_check_healthy(&srv);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, start, stop)
 
 int main(void)
@@ -1021,6 +1087,7 @@ int main(void)
         T(test_unix_socket),
         T(test_large_item),
         T(test_lz4_bodies),
+        T(test_short_record),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
