@@ -25,6 +25,19 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 static void process_input(tsd_conn *c);
 static void start_discard(tsd_conn *c, uint64_t left);
 
+/*
+ * Start reading again (after a pause, or to drain a connection on its way out). Reading that is
+ * on already is fine, and so is a peer that has closed its side (nothing is left to read). 0, or
+ * a libuv code.
+ */
+static int read_on(tsd_conn *c)
+{
+    if (c->eof)
+        return 0;
+    int rc = uv_read_start(&c->h.stream, on_alloc, on_read);
+    return rc == UV_EALREADY ? 0 : rc;
+}
+
 void tsd_conn_cron(tsd_conn *c, uint64_t now)
 {
     tsd_server *srv = c->srv;
@@ -281,7 +294,7 @@ void tsd_conn_resume_read(tsd_conn *c)
 {
     if (c->closing)
         return;
-    if (uv_read_start(&c->h.stream, on_alloc, on_read) != 0)
+    if (read_on(c) != 0)
         tsd_conn_close(c);
 }
 
@@ -527,7 +540,11 @@ static void job_done(uv_work_t *req, int status)
         tsd_store_unreserve(&srv->store, c->job.tmp_len);
         c->cur_reserved -= c->job.tmp_len;
     }
-    if (c->closing || status != 0) {
+    /*
+     * Closed, canceled, or tensord is stopping: the request was answered SHUTTING_DOWN already
+     * (tsd_conn_stop), and the store may be gone, so the record is dropped, never stored.
+     */
+    if (c->closing || status != 0 || srv->stopping) {
         tsd_item_unref(it);
         tsd_store_unreserve(&srv->store, c->cur_reserved);
         c->cur_reserved = 0;
@@ -535,8 +552,9 @@ static void job_done(uv_work_t *req, int status)
             tsd_log(TSD_LOG_DEBUG, "conn %llu (%s): freed once its off-loop work returned",
                     (unsigned long long)c->id, c->peer);
             conn_free(c);
-        } else if (!c->closing)
+        } else if (!c->closing && !srv->stopping) {
             tsd_conn_close(c);
+        }
         tsd_server_flush(srv);
         return;
     }
@@ -567,8 +585,7 @@ static void job_done(uv_work_t *req, int status)
     if (c->rstate == TSD_RS_HDR)
         process_input(c);
     c->last_input_ms = uv_now(srv->loop);
-    if (!c->closing && c->rstate != TSD_RS_WORK &&
-        uv_read_start(&c->h.stream, on_alloc, on_read) != 0)
+    if (!c->closing && c->rstate != TSD_RS_WORK && read_on(c) != 0)
         tsd_conn_close(c);
     tsd_server_flush(srv);
 }
@@ -597,10 +614,12 @@ static int job_start(tsd_conn *c, tsd_item *it, uint8_t *tmp, size_t tmp_len, si
     return 0;
 }
 
-void tsd_conn_hold(tsd_conn *c)
+void tsd_conn_hold(tsd_conn *c, uint8_t op, uint32_t rid)
 {
     /* Like off-loop upload work: process_input stops at TSD_RS_WORK and nothing more is read. */
     c->held = 1;
+    c->held_op = op;
+    c->held_rid = rid;
     if (c->rstate == TSD_RS_HDR)
         c->rstate = TSD_RS_WORK;
     uv_read_stop(&c->h.stream);
@@ -623,8 +642,7 @@ void tsd_conn_release(tsd_conn *c)
     if (c->rstate == TSD_RS_HDR)
         process_input(c);
     c->last_input_ms = uv_now(c->srv->loop);
-    if (!c->closing && c->rstate != TSD_RS_WORK &&
-        uv_read_start(&c->h.stream, on_alloc, on_read) != 0)
+    if (!c->closing && c->rstate != TSD_RS_WORK && read_on(c) != 0)
         tsd_conn_close(c);
 }
 
@@ -1098,4 +1116,73 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     process_input(c);
     tsd_server_flush(srv);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Stopping
+ */
+
+/* Answer the request (op, rid) SHUTTING_DOWN: it was not carried out and never will be. */
+static void reply_shutting_down(tsd_conn *c, uint8_t op, uint32_t rid)
+{
+    tsd_reply_msg(c, op, rid, TS_ST_SHUTTING_DOWN, TSD_SHUTDOWN_MSG, sizeof(TSD_SHUTDOWN_MSG) - 1);
+}
+
+/*
+ * Answer SHUTTING_DOWN the requests whose frames are whole in the input buffer (behind a held
+ * request or off-loop work), in order; stop at the first that is not whole or whose header
+ * breaks a rule (it would have closed the connection). Returns how many were answered.
+ */
+static size_t answer_buffered(tsd_conn *c)
+{
+    size_t n = 0;
+    if (c->ibuf == NULL)
+        return 0;
+    ts__msg_conn_state st = {
+        .helloed = c->helloed, .lz4 = c->lz4, .max_frame = c->srv->cfg.max_frame};
+    while (c->ilen - c->ipos >= TS_HDR_SIZE) {
+        ts__hdr h;
+        ts__msg_hdr_rule rule;
+        if (ts__msg_request_check(c->ibuf + c->ipos, &st, &h, &rule) != TS_ST_OK ||
+            c->ilen - c->ipos - TS_HDR_SIZE < h.body_len)
+            break;
+        c->ipos += TS_HDR_SIZE + (size_t)h.body_len;
+        reply_shutting_down(c, h.opcode, h.request_id);
+        n++;
+    }
+    return n;
+}
+
+size_t tsd_conn_stop(tsd_conn *c)
+{
+    tsd_server *srv = c->srv;
+    if (c->closing)
+        return 0;
+    if (c->close_after_flush) {
+        /* Told why it closes already: its waiters and subscriptions just go. */
+        tsd_notify_conn_gone(srv, c);
+        return 0;
+    }
+    /* WAITs set aside first: their replies may come in any order (PROTOCOL.md section 6). */
+    size_t n = tsd_notify_conn_stop(srv, c);
+    /* The request being served, when its reply is still to come. */
+    if (c->held) {
+        reply_shutting_down(c, c->held_op, c->held_rid);
+        n++;
+    } else if (c->job.busy || c->rstate == TSD_RS_ITEM || c->rstate == TSD_RS_LZ4 ||
+               c->rstate == TSD_RS_DISCARD) {
+        /* An upload: its record is dropped (off-loop work drops it when it returns). */
+        reply_shutting_down(c, c->cur.opcode, c->cur.request_id);
+        tsd_conn_drop_upload(c);
+        c->cur_refused = 0;
+        c->cur_alloc_failed = 0;
+        n++;
+    }
+    n += answer_buffered(c);
+    tsd_conn_closing_frame(c, TS_ST_SHUTTING_DOWN, TSD_SHUTDOWN_MSG);
+    /* Read on and drop what it still sends, so that closing does not reset the connection. */
+    if (read_on(c) != 0)
+        tsd_log(TSD_LOG_DEBUG, "conn %llu (%s): cannot drain its input while stopping",
+                (unsigned long long)c->id, c->peer);
+    return n;
 }

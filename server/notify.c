@@ -602,6 +602,25 @@ void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c)
         timer_rearm(srv);
 }
 
+size_t tsd_notify_conn_stop(tsd_server *srv, tsd_conn *c)
+{
+    size_t n = 0;
+    while (c->subs != NULL)
+        sub_drop(srv, c->subs);
+    int had = c->waiters != NULL;
+    while (c->waiters != NULL) {
+        tsd_waiter *wt = c->waiters;
+        /* The error body of section 5, not a bin state: the wait ended without an answer. */
+        tsd_reply_msg(c, TS_OP_WAIT, wt->rid, TS_ST_SHUTTING_DOWN, TSD_SHUTDOWN_MSG,
+                      sizeof(TSD_SHUTDOWN_MSG) - 1);
+        waiter_drop(srv, wt);
+        n++;
+    }
+    if (had)
+        timer_rearm(srv);
+    return n;
+}
+
 size_t tsd_notify_n_waiters(const tsd_server *srv)
 {
     return (size_t)srv->stats.waiters;

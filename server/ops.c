@@ -418,7 +418,7 @@ static void op_list(tsd_conn *c, const ts__hdr *h)
         list_job_free(srv, j);
         return;
     }
-    tsd_conn_hold(c);
+    tsd_conn_hold(c, h->opcode, h->request_id);
 }
 
 static void op_listen(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl)

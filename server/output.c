@@ -688,6 +688,16 @@ void tsd_out_free_cache(tsd_conn *c)
     }
 }
 
+void tsd_conn_closing_frame(tsd_conn *c, uint16_t status, const char *msg)
+{
+    size_t n = strlen(msg);
+    tsd_reply_msg(c, 0, 0, status, msg, n);
+    /* A connection-level frame is not sent by out_abort: it goes through an emergency slot. */
+    if (c->mk.failed)
+        (void)emerg_send(c, 0, 0, status, msg, n);
+    tsd_conn_begin_closing(c);
+}
+
 void tsd_conn_fail(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const char *fmt, ...)
 {
     if (c->closing)

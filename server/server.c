@@ -86,6 +86,15 @@ void tsd_server_link_conn(tsd_server *srv, tsd_conn *c)
     srv->n_conns++;
 }
 
+/* The shutdown's grace timer is no longer needed: close it (once). */
+static void stop_timer_close(tsd_server *srv)
+{
+    if (!srv->stop_timer_open)
+        return;
+    srv->stop_timer_open = 0;
+    uv_close((uv_handle_t *)&srv->stop_timer, NULL);
+}
+
 void tsd_server_unlink_conn(tsd_server *srv, tsd_conn *c)
 {
     if (c->prev != NULL)
@@ -99,6 +108,9 @@ void tsd_server_unlink_conn(tsd_server *srv, tsd_conn *c)
     c->prev = c->next = NULL;
     if (!c->uncounted)
         srv->n_conns--;
+    /* Stopping, and the last connection is closed: nothing is left for the grace to end. */
+    if (srv->stopping && srv->conns == NULL)
+        stop_timer_close(srv);
 }
 
 void tsd_server_conn_freed(tsd_server *srv)
@@ -541,6 +553,9 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
     srv->retry_timer.data = srv;
     uv_timer_init(loop, &srv->save_timer);
     srv->save_timer.data = srv;
+    uv_timer_init(loop, &srv->stop_timer);
+    srv->stop_timer.data = srv;
+    srv->stop_timer_open = 1;
     srv->handles_init = 1;
     if (cfg->save_path != NULL && cfg->save_interval_s > 0)
         uv_timer_start(&srv->save_timer, on_save_timer, (uint64_t)cfg->save_interval_s * 1000u,
@@ -582,6 +597,24 @@ void tsd_server_free_store(tsd_server *srv)
     tsd_store_free(&srv->store);
 }
 
+/*
+ * The shutdown's grace is over: the connections still open (a client that neither read its
+ * last frames nor closed) are closed now; what they did not read is lost with them.
+ */
+static void on_stop_grace(uv_timer_t *t)
+{
+    tsd_server *srv = t->data;
+    size_t n = 0;
+    while (srv->conns != NULL) {
+        tsd_conn_close(srv->conns);
+        n++;
+    }
+    if (n > 0)
+        tsd_log(TSD_LOG_INFO, "closed %zu connections still open %d ms after the shutdown began", n,
+                TSD_CLOSE_GRACE_MS);
+    stop_timer_close(srv);
+}
+
 void tsd_server_stop(tsd_server *srv)
 {
     if (srv->stopping)
@@ -609,9 +642,36 @@ void tsd_server_stop(tsd_server *srv)
         uv_close((uv_handle_t *)&srv->retry_timer, NULL);
         uv_close((uv_handle_t *)&srv->save_timer, NULL);
     }
-    while (srv->conns != NULL)
-        tsd_conn_close(srv->conns);
-    srv->starved = NULL;
+    /* Connections waiting for an input buffer drain their input from now on instead. */
+    while (srv->starved != NULL) {
+        tsd_conn *c = srv->starved;
+        srv->starved = c->starved_next;
+        c->starved_next = NULL;
+        c->starved = 0;
+    }
+    /*
+     * Every request still waiting for its reply is answered SHUTTING_DOWN (SAVEs first, then
+     * each connection's), every connection gets the connection-level SHUTTING_DOWN frame after
+     * its replies, and each closes once it has read them and closed its side, or when the grace
+     * ends. The final snapshot is written meanwhile: a slow reader never delays it.
+     */
+    size_t answered = tsd_snapshot_stop(srv), told = 0;
+    if (srv->stop_timer_open && srv->conns != NULL)
+        uv_timer_start(&srv->stop_timer, on_stop_grace, TSD_CLOSE_GRACE_MS, 0);
+    for (tsd_conn *c = srv->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        if (!c->close_after_flush)
+            told++;
+        answered += tsd_conn_stop(c);
+    }
+    tsd_server_flush(srv);
+    if (srv->conns == NULL)
+        stop_timer_close(srv);
+    if (told > 0 || answered > 0)
+        tsd_log(TSD_LOG_INFO,
+                "told %zu connections that tensord is shutting down (%zu requests "
+                "answered SHUTTING_DOWN)",
+                told, answered);
     /*
      * The bins go now, or once the final snapshot holds its references; items still being
      * written are freed by their write callbacks.
@@ -641,6 +701,7 @@ void tsd_server_release_signals(tsd_server *srv)
     uv_close((uv_handle_t *)&srv->sigterm, NULL);
     uv_close((uv_handle_t *)&srv->sighup, NULL);
     uv_close((uv_handle_t *)&srv->drain_idle, NULL);
+    stop_timer_close(srv);
     for (size_t i = 0; i < TS__ARRAY_SIZE(sigs); i++)
         signal(sigs[i], SIG_IGN);
     pthread_sigmask(SIG_SETMASK, &old, NULL);

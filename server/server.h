@@ -42,10 +42,19 @@
 #define TSD_IBUF_SIZE   (16 * 1024)
 #define TSD_WRITE_CHUNK ((size_t)4 << 20)     /* bytes; largest single uv_buf of a reply */
 #define TSD_MAX_WAIT_MS (24u * 3600u * 1000u) /* ms; WAIT timeouts are capped at 24 h */
-/* ms; a connection closed after an error reply is dropped at the latest after this long. */
+/*
+ * ms; a connection closed after an error reply is dropped at the latest after this long. It is
+ * also the shutdown's grace: when tensord stops, every connection is told SHUTTING_DOWN and
+ * those that have not read their last frames and closed within this long are closed.
+ */
 #define TSD_CLOSE_GRACE_MS 5000
-#define TSD_CRON_MS        500 /* ms; period of the housekeeping timer */
-#define TSD_BATCH_CACHE    2   /* write batches kept per connection for reuse */
+/*
+ * The message of SHUTTING_DOWN frames: short enough for an emergency frame (TSD_EMERG_MSG), so
+ * that even without memory every waiting request and connection is told.
+ */
+#define TSD_SHUTDOWN_MSG "tensord is shutting down"
+#define TSD_CRON_MS      500 /* ms; period of the housekeeping timer */
+#define TSD_BATCH_CACHE  2   /* write batches kept per connection for reuse */
 /* Bytes; per-connection soft output limit, held for TSD_DEFAULT_OUTPUT_SOFT_S seconds. */
 #define TSD_DEFAULT_OUTPUT_SOFT   ((uint64_t)64 << 20)
 #define TSD_DEFAULT_OUTPUT_SOFT_S 60u
@@ -479,6 +488,8 @@ typedef struct tsd_conn {
 
     /* Held while other work for its current request runs (tsd_conn_hold): input waits. */
     int held;
+    uint8_t held_op; /* the held request, answered SHUTTING_DOWN when tensord stops */
+    uint32_t held_rid;
     /* Closed while held or while its off-loop upload work ran: free it when that is back. */
     int free_after;
 
@@ -546,12 +557,14 @@ void tsd_conn_close(tsd_conn *c);
  */
 void tsd_conn_drop_upload(tsd_conn *c);
 /*
- * Hold c while work for its current request runs elsewhere (a LIST sorted on the thread pool):
- * its input is no longer read nor processed, so the replies of its later requests cannot overtake
- * that request's reply, and a close meanwhile does not free it. Every hold ends with exactly one
- * tsd_conn_release. Not while off-loop upload work runs (that has its own state).
+ * Hold c while work for its current request (op, rid) runs elsewhere (a LIST sorted on the
+ * thread pool): its input is no longer read nor processed, so the replies of its later requests
+ * cannot overtake that request's reply, and a close meanwhile does not free it. Every hold ends
+ * with exactly one tsd_conn_release. Not while off-loop upload work runs (that has its own
+ * state). A held request still unanswered when tensord stops gets SHUTTING_DOWN (the work's own
+ * reply is then dropped: no more output is accepted).
  */
-void tsd_conn_hold(tsd_conn *c);
+void tsd_conn_hold(tsd_conn *c, uint8_t op, uint32_t rid);
 /*
  * End the hold: free c when it was closed meanwhile (c must not be used afterwards then), else
  * process the requests already buffered and read on. Call it after the held request's reply is
@@ -606,6 +619,21 @@ uint64_t tsd_conn_unwritten(tsd_conn *c);
 void tsd_conn_begin_closing(tsd_conn *c);
 /* A connection on its way out whose output is all written: send FIN, then close. */
 void tsd_conn_maybe_finish(tsd_conn *c);
+/*
+ * Tell c, with a connection-level frame (opcode 0, request id 0) of status and msg, that it is
+ * closing, and begin closing it. The frame goes out even without memory (an emergency slot).
+ */
+void tsd_conn_closing_frame(tsd_conn *c, uint16_t status, const char *msg);
+/*
+ * tensord is stopping: answer SHUTTING_DOWN every request of c still waiting for its reply (its
+ * pending WAITs, the request being served when its reply is still to come: a held LIST, an
+ * upload being received, skipped or inflated off the loop; then the requests complete in its
+ * input buffer behind it), drop its subscriptions, send the connection-level SHUTTING_DOWN frame
+ * and begin closing (reading on, to drop what it still sends). A connection already on its way
+ * out (told why after an error) only loses its subscriptions and waiters. Returns the number of
+ * requests answered.
+ */
+size_t tsd_conn_stop(tsd_conn *c);
 /* The output's housekeeping (cron): the soft output limit, held notifications. */
 void tsd_out_cron(tsd_conn *c, uint64_t now);
 /* Drop the batch not yet handed to the socket (closing). */
@@ -726,6 +754,11 @@ void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_
                        uint32_t n_items, uint8_t event);
 /* Drop every subscription and waiter of a closing connection. */
 void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c);
+/*
+ * tensord is stopping: answer each pending WAIT of c with SHUTTING_DOWN, then drop its waiters
+ * and subscriptions. Returns the number of WAITs answered.
+ */
+size_t tsd_notify_conn_stop(tsd_server *srv, tsd_conn *c);
 /* Send the notifications c holds back, as far as its output backlog allows. */
 void tsd_notify_release_held(tsd_server *srv, tsd_conn *c);
 size_t tsd_notify_n_waiters(const tsd_server *srv);
@@ -794,6 +827,12 @@ void tsd_snapshot_final(tsd_server *srv);
 /* Forget c in the SAVE waiters (its connection is closing). */
 void tsd_snapshot_conn_gone(tsd_server *srv, tsd_conn *c);
 /*
+ * tensord is stopping: answer every SAVE not yet answered with SHUTTING_DOWN (the final snapshot
+ * is written after the connections are told, so no SAVE can be confirmed by it) and forget them.
+ * Returns the number answered.
+ */
+size_t tsd_snapshot_stop(tsd_server *srv);
+/*
  * At start, before loading: check that the --save directory exists and lock PATH.lock (held
  * until tsd_snapshot_free), so that no two daemons write one snapshot. 0, or -1 with a
  * message in err (the configuration is unusable: exit TSD_EXIT_USAGE).
@@ -830,6 +869,8 @@ struct tsd_server {
     uv_timer_t accept_timer; /* resumes accepting after a pause */
     uv_timer_t retry_timer;  /* resumes reading of starved connections */
     uv_timer_t save_timer;   /* periodic snapshots */
+    uv_timer_t stop_timer;   /* shutdown: closes what is left after TSD_CLOSE_GRACE_MS */
+    int stop_timer_open;     /* stop_timer is initialized and not yet closed */
     int handles_init;        /* the timers and signals above exist */
     int accept_paused;
     int fd_exhausted;         /* in an out-of-fds episode (logged once) */
@@ -879,7 +920,12 @@ struct tsd_server {
  * 0 or a negative libuv/TS_E* code (srv->exit_code says which exit status fits).
  */
 int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg);
-/* Start the graceful shutdown (what SIGINT/SIGTERM do). */
+/*
+ * Start the graceful shutdown (what SIGINT/SIGTERM do): stop accepting and reading requests,
+ * answer every request still waiting with SHUTTING_DOWN and tell every connection so
+ * (tsd_conn_stop), write the final snapshot meanwhile, and close each connection once it has
+ * read its last frames and closed, or after TSD_CLOSE_GRACE_MS.
+ */
 void tsd_server_stop(tsd_server *srv);
 /*
  * After the loop has run out: close the signal handles (kept open while stopping, so that a

@@ -608,6 +608,35 @@ void tsd_snapshot_conn_gone(tsd_server *srv, tsd_conn *c)
                 w->c = NULL;
 }
 
+size_t tsd_snapshot_stop(tsd_server *srv)
+{
+    size_t n = 0;
+    tsd_save_waiter *w = srv->save_waiters;
+    srv->save_waiters = NULL;
+    while (w != NULL) {
+        tsd_save_waiter *next = w->next;
+        if (w->c != NULL) {
+            tsd_reply_msg(w->c, TS_OP_SAVE, w->rid, TS_ST_SHUTTING_DOWN, TSD_SHUTDOWN_MSG,
+                          sizeof(TSD_SHUTDOWN_MSG) - 1);
+            n++;
+        }
+        ts__free(w);
+        w = next;
+    }
+    /* The snapshot being written answers nobody now (answer skips a waiter without c). */
+    if (srv->snap_job != NULL) {
+        for (w = srv->snap_job->waiters; w != NULL; w = w->next) {
+            if (w->c == NULL)
+                continue;
+            tsd_reply_msg(w->c, TS_OP_SAVE, w->rid, TS_ST_SHUTTING_DOWN, TSD_SHUTDOWN_MSG,
+                          sizeof(TSD_SHUTDOWN_MSG) - 1);
+            w->c = NULL;
+            n++;
+        }
+    }
+    return n;
+}
+
 int tsd_writes_refused(const tsd_server *srv)
 {
     return srv->save_failing && srv->cfg.stop_writes_on_save_error && srv->cfg.save_path != NULL;

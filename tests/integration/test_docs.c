@@ -3,8 +3,8 @@
  * lists exactly the keys the server sends, every flag of `tensord --help` appears in the tables
  * of docs/SAFETY.md with the default the help shows, the fixed numbers the documents quote are
  * the server's constants, and behaviours the documents promise (compressed bodies of raw length
- * 0, a failed SAVE and SAVE_FAILING, shutdown) are what tensord does. A document that cannot be
- * read fails the test, never skips it.
+ * 0, a failed SAVE and SAVE_FAILING, SHUTTING_DOWN at shutdown) are what tensord does. A document
+ * that cannot be read fails the test, never skips it.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -498,10 +498,11 @@ static void test_save_failing_as_documented(void **state)
 }
 
 /*
- * PROTOCOL.md sections 7 and 13: tensord sends no SHUTTING_DOWN. A connection with a WAIT
- * pending sees the connection end, with no frame, when the server stops.
+ * PROTOCOL.md sections 5, 7 and 13: when tensord stops, a pending WAIT is answered SHUTTING_DOWN
+ * (an error message as body), then the connection-level SHUTTING_DOWN frame (opcode 0, request
+ * id 0) comes, then the end of the stream; tensord exits 0.
  */
-static void test_shutdown_sends_no_frame(void **state)
+static void test_shutdown_sends_shutting_down(void **state)
 {
     (void)state;
     assert_int_equal(tsh_server_start(&srv, NULL), 0);
@@ -509,11 +510,20 @@ static void test_shutdown_sends_no_frame(void **state)
     assert_int_equal(tsu_send_wait(fd, 2, "nothing", 0, 60000), 0);
     /* The WAIT is pending once a later request is answered. */
     expect_status(fd, TS_OP_PING, 3, NULL, 0, TS_ST_OK);
-    assert_int_equal(tsh_server_stop(&srv), 0);
-    uint8_t b;
-    ssize_t r = read(fd, &b, 1);
-    assert_true(r <= 0);
+    assert_int_equal(kill(srv.pid, SIGTERM), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_WAIT, 2, TS_ST_SHUTTING_DOWN);
+    ts__msg_error e;
+    assert_int_equal(ts__msg_error_decode(f.body, f.len, &e), 0);
+    assert_true(e.len > 0);
+    tsu_frame_free(&f);
+    tsu_expect(fd, &f, 0, 0, TS_ST_SHUTTING_DOWN);
+    assert_int_equal(ts__msg_error_decode(f.body, f.len, &e), 0);
+    assert_true(e.len > 0);
+    tsu_frame_free(&f);
+    assert_true(tsh_wait_closed(fd, 10000));
     close(fd);
+    assert_int_equal(tsh_server_stop(&srv), 0);
     tsh_server_cleanup(&srv);
 }
 
@@ -563,6 +573,12 @@ static void test_documented_constants(void **state)
     doc_says("docs/PROTOCOL.md", t);
     snprintf(t, sizeof(t), "at most %lu s (`TSD_CLOSE_GRACE_MS`)", grace / 1000);
     doc_says("docs/SAFETY.md", t);
+    /* The shutdown's grace is the same constant. */
+    snprintf(t, sizeof(t), "`TSD_CLOSE_GRACE_MS` (%lu s) after the stop began", grace / 1000);
+    doc_says("docs/PROTOCOL.md", t);
+    snprintf(t, sizeof(t), "at the latest %lu s (`TSD_CLOSE_GRACE_MS`) after the stop began",
+             grace / 1000);
+    doc_says("docs/SAFETY.md", t);
     unsigned long cron = define_value("server/server.h", "TSD_CRON_MS");
     snprintf(t, sizeof(t), "housekeeping timer that runs every %lu ms", cron);
     doc_says("docs/PROTOCOL.md", t);
@@ -579,7 +595,7 @@ int main(void)
         cmocka_unit_test(test_documented_constants),
         cmocka_unit_test_setup_teardown(test_compressed_raw_len_zero, start, stop),
         cmocka_unit_test(test_save_failing_as_documented),
-        cmocka_unit_test(test_shutdown_sends_no_frame),
+        cmocka_unit_test(test_shutdown_sends_shutting_down),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

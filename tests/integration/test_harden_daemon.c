@@ -1,5 +1,7 @@
 /*
- * tensord's process life: signals during the shutdown never cut the final snapshot short;
+ * tensord's process life: signals during the shutdown never cut the final snapshot short, and
+ * every request still waiting is answered SHUTTING_DOWN (the C client's ts_wait reports
+ * TS_ESHUTDOWN);
  * SIGHUP is ignored (logged) rather than ending the daemon; --unix never takes over a socket
  * another process still answers on, removes only a stale one, and refuses a path that is not
  * a socket.
@@ -11,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tensorshare/tensorshare.h"
 #include "test_harden_util.h"
 
 static tsh_server s;
@@ -114,6 +118,88 @@ static void test_signals_during_final_snapshot(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
 }
 
+/* A ts_wait that blocks until the daemon stops; its result. */
+typedef struct stop_waiter {
+    ts_client_t *c;
+    int rc;
+} stop_waiter;
+
+static void *wait_thread(void *arg)
+{
+    stop_waiter *w = arg;
+    w->rc = ts_wait(w->c, "never", 0, 60000, NULL, NULL);
+    return NULL;
+}
+
+/*
+ * SIGTERM while a C client waits in ts_wait and a SAVE of a large store is under way: ts_wait
+ * returns TS_ESHUTDOWN, the SAVE gets exactly one reply (SHUTTING_DOWN, or OK when it was done
+ * first), the raw connection then sees the connection-level SHUTTING_DOWN frame before its end,
+ * tensord exits 0, and every acknowledged write is in the final snapshot.
+ */
+static void test_stop_answers_waiting_requests(void **state)
+{
+    (void)state;
+    start_saving();
+    int fd = tsu_client(&s);
+    uint64_t ver[BIG_BINS];
+    for (int i = 0; i < BIG_BINS; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "big%02d", i);
+        size_t len;
+        uint8_t *rec = tsu_rec_bytes(BIG_LEN, (unsigned)i, &len);
+        ver[i] = tsu_store(fd, TS_OP_PUT, name, rec, len, NULL);
+        tsu_rec_free(rec, len);
+    }
+    ts_options_t o;
+    ts_options_init(&o);
+    o.connect_timeout_ms = 3000;
+    stop_waiter w = {.rc = 1};
+    assert_int_equal(ts_client_open(&w.c, s.addr, &o), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, wait_thread, &w), 0);
+    int64_t waiters = 0;
+    for (int i = 0; i < 500 && waiters == 0; i++) {
+        waiters = tsu_stat(fd, "waiters");
+        if (waiters == 0)
+            th_sleep_ms(10);
+    }
+    assert_int_equal(waiters, 1);
+    assert_int_equal(tsh_send(fd, TS_OP_SAVE, 9, NULL, 0), 0);
+    assert_int_equal(kill(s.pid, SIGTERM), 0);
+    tsu_frame f;
+    assert_int_equal(tsu_recv(fd, &f), 0);
+    assert_int_equal(f.h.opcode, TS_OP_SAVE);
+    assert_int_equal(f.h.request_id, 9);
+    assert_true(f.h.status == TS_ST_SHUTTING_DOWN || f.h.status == TS_ST_OK);
+    tsu_frame_free(&f);
+    tsu_expect(fd, &f, 0, 0, TS_ST_SHUTTING_DOWN);
+    tsu_frame_free(&f);
+    assert_true(tsh_wait_closed(fd, 10000 * th_slow()));
+    close(fd);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    if (w.rc != TS_ESHUTDOWN)
+        print_error("ts_wait returned %d (%s), want TS_ESHUTDOWN\n", w.rc, ts_strerror(w.rc));
+    assert_int_equal(w.rc, TS_ESHUTDOWN);
+    ts_client_free(w.c);
+    assert_int_equal(tsh_server_stop(&s), 0);
+
+    assert_int_equal(tsh_server_restart(&s, (const char *const[]){"--save", snap, NULL}), 0);
+    fd = tsu_client(&s);
+    assert_int_equal(tsu_stat(fd, "bins"), BIG_BINS);
+    for (int i = 0; i < BIG_BINS; i += 11) {
+        char name[16];
+        snprintf(name, sizeof(name), "big%02d", i);
+        tsu_items it;
+        tsu_get(fd, TS_OP_PEEK, name, 0, &it);
+        assert_int_equal(it.n, 1);
+        assert_int_equal(it.version, ver[i]);
+        tsu_frame_free(&it.f);
+    }
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
 static void test_sighup_ignored(void **state)
 {
     (void)state;
@@ -199,6 +285,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_signals_during_final_snapshot, kill_leftover),
+        cmocka_unit_test_teardown(test_stop_answers_waiting_requests, kill_leftover),
         cmocka_unit_test_teardown(test_sighup_ignored, kill_leftover),
         cmocka_unit_test_teardown(test_unix_socket_in_use, kill_leftover),
     };

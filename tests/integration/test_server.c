@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -1060,6 +1061,84 @@ static void test_short_record(void **state)
     tsu_check_healthy(&srv);
 }
 
+/* The end of a connection at shutdown: the connection-level SHUTTING_DOWN frame, then EOF. */
+static void expect_conn_shutdown(int fd)
+{
+    tsu_frame f;
+    tsu_expect(fd, &f, 0, 0, TS_ST_SHUTTING_DOWN);
+    ts__msg_error e;
+    assert_int_equal(ts__msg_error_decode(f.body, f.len, &e), 0);
+    assert_true(e.len > 0);
+    tsu_frame_free(&f);
+    assert_true(tsh_wait_closed(fd, 10000));
+}
+
+#define STOP_UPLOAD_LEN ((size_t)64 << 10) /* bytes of the record whose body is cut short */
+
+/*
+ * SIGTERM: every request still waiting for its reply gets SHUTTING_DOWN (a pending WAIT, a PUT
+ * whose body is still arriving), then every connection, one before HELLO included, gets the
+ * connection-level SHUTTING_DOWN frame (opcode 0, request id 0) before its end; the daemon then
+ * exits cleanly (the teardown checks that).
+ */
+static void test_stop_answers_pending(void **state)
+{
+    (void)state;
+    int waiter = tsu_client(&srv);
+    assert_int_equal(tsu_send_wait(waiter, 2, "never", 0, 60000), 0);
+    tsu_frame f;
+    assert_int_equal(tsh_send(waiter, TS_OP_PING, 3, NULL, 0), 0);
+    tsu_expect(waiter, &f, TS_OP_PING, 3, TS_ST_OK); /* the WAIT is pending now */
+    tsu_frame_free(&f);
+    int idle = tsu_client(&srv);
+    int fresh = tsh_connect_tcp(srv.port);
+    assert_true(fresh >= 0);
+
+    /* A PUT whose header, name and half its record are in; the rest never comes. */
+    int upl = tsu_client(&srv);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes(STOP_UPLOAD_LEN, 1, &len);
+    uint8_t head[TS_HDR_SIZE + 8];
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = TS_OP_PUT,
+                 .request_id = 7,
+                 .body_len = 1 + 4 + len};
+    ts__hdr_encode(&h, head);
+    memcpy(head + TS_HDR_SIZE,
+           "\x04"
+           "half",
+           5);
+    assert_int_equal(tsh_write_all(upl, head, TS_HDR_SIZE + 5), 0);
+    assert_int_equal(tsh_write_all(upl, rec, len / 2), 0);
+    tsu_rec_free(rec, len);
+    /* The upload has begun once its reservation shows. */
+    int64_t reserved = 0;
+    for (int i = 0; i < 500 && reserved < (int64_t)len; i++) {
+        reserved = tsu_stat(idle, "bytes_reserved");
+        if (reserved < (int64_t)len)
+            usleep(10000);
+    }
+    assert_true(reserved >= (int64_t)len);
+
+    assert_int_equal(kill(srv.pid, SIGTERM), 0);
+    tsu_expect(waiter, &f, TS_OP_WAIT, 2, TS_ST_SHUTTING_DOWN);
+    ts__msg_error e;
+    assert_int_equal(ts__msg_error_decode(f.body, f.len, &e), 0);
+    assert_true(e.len > 0);
+    tsu_frame_free(&f);
+    expect_conn_shutdown(waiter);
+    tsu_expect(upl, &f, TS_OP_PUT, 7, TS_ST_SHUTTING_DOWN);
+    tsu_frame_free(&f);
+    expect_conn_shutdown(upl);
+    expect_conn_shutdown(idle);
+    expect_conn_shutdown(fresh);
+    close(waiter);
+    close(upl);
+    close(idle);
+    close(fresh);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, start, stop)
 
 int main(void)
@@ -1088,6 +1167,7 @@ int main(void)
         T(test_large_item),
         T(test_lz4_bodies),
         T(test_short_record),
+        T(test_stop_answers_pending),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
