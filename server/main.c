@@ -107,9 +107,9 @@ static void usage(FILE *f)
             "3 damaged snapshot.\n",
             d.port, d.host, d.hello_timeout_ms, (unsigned long long)d.max_frame,
             (unsigned long long)d.max_memory, d.max_clients, d.max_unauth, d.body_timeout_s,
-            (unsigned long long)d.max_output,
-            (unsigned long long)d.output_soft, d.output_soft_seconds,
-            (unsigned long long)d.notify_backlog, d.max_watch, d.save_interval_s);
+            (unsigned long long)d.max_output, (unsigned long long)d.output_soft,
+            d.output_soft_seconds, (unsigned long long)d.notify_backlog, d.max_watch,
+            d.save_interval_s);
 }
 
 /* Parse a decimal number with an optional k/m/g suffix. 0 or -1. */
