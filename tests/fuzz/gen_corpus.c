@@ -589,6 +589,62 @@ static void msg_bodies(void)
     seed_msg("conn_error", 25, &b);
 }
 
+/*
+ * Inputs for fuzz_msg's request selector (26, the last entry of its pick table): a state byte
+ * (bit 0: HELLO done, bit 1: LZ4 granted, bits 2-3: which --max-frame), 24 header bytes, then
+ * the body. body_len is the header's (the body given may be shorter, or absent).
+ */
+#define MSG_REQUEST_SELECTOR 26
+
+static void seed_request(const char *name, uint8_t state, uint8_t op, uint8_t flags,
+                         uint64_t body_len, gbuf *body)
+{
+    gbuf f = {0};
+    uint8_t sel[2] = {MSG_REQUEST_SELECTOR, state};
+    put(&f, sel, sizeof(sel));
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = op,
+                 .flags = flags,
+                 .request_id = 1,
+                 .body_len = body_len};
+    ts__hdr_encode(&h, room(&f, TS_HDR_SIZE));
+    f.n += TS_HDR_SIZE;
+    put(&f, body->p, body->n);
+    write_seed("fuzz_msg", name, f.p, f.n);
+    ts__free(f.p);
+    ts__free(body->p);
+    *body = (gbuf){0};
+}
+
+/* Requests as tensord's header check sees them: admitted ones of each kind, and a few refused. */
+static void msg_requests(void)
+{
+    const uint8_t before_hello = 0, helloed = 1, lz4 = 3, big = 2 << 2;
+    const char *unused;
+    gbuf b = {0};
+
+    body_hello_req(&b, 1, TS_HELLO_LZ4, "secret");
+    seed_request("req_hello", before_hello, TS_OP_HELLO, 0, b.n, &b);
+    seed_request("req_ping_before_hello", before_hello, TS_OP_PING, 0, 0, &b);
+    body_put_head(&b, "params");
+    put_record(&b, make_record(0, &unused));
+    seed_request("req_put", helloed | big, TS_OP_PUT, 0, b.n, &b);
+    body_put_head(&b, "log");
+    seed_request("req_append_head", helloed | big, TS_OP_APPEND, 0, b.n + 4096, &b);
+    body_get(&b, "params", 0);
+    seed_request("req_get", helloed, TS_OP_GET, 0, b.n, &b);
+    body_wait(&b, "params", 1764115200000001ull, 5000);
+    seed_request("req_wait", helloed, TS_OP_WAIT, 0, b.n, &b);
+    /* A compressed PING of raw length 0: the prefix, then the one block of nothing. */
+    put_zeros(&b, TS_LZ4_PREFIX + 1);
+    seed_request("req_ping_lz4", lz4, TS_OP_PING, TS_FLAG_LZ4, b.n, &b);
+    seed_request("req_lz4_not_granted", helloed, TS_OP_LIST, TS_FLAG_LZ4, 0, &b);
+    seed_request("req_ctrl_too_large", helloed | big, TS_OP_STATS, 0, TS_MAX_CTRL_BODY + 1, &b);
+    seed_request("req_over_max_frame", helloed, TS_OP_PUT, 0, (uint64_t)1 << 40, &b);
+    seed_request("req_notify_opcode", helloed, TS_OP_NOTIFY, 0, 0, &b);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -601,5 +657,6 @@ int main(int argc, char **argv)
     lz4_bodies();
     replies();
     msg_bodies();
+    msg_requests();
     return 0;
 }
