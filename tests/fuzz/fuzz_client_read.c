@@ -95,17 +95,19 @@ static void serve(int fd, const uint8_t *data, size_t size, int flags)
     ts__hdr h;
     if (read_request(fd, &h) != 0 || h.opcode != TS_OP_HELLO)
         return;
-    uint8_t hb[TS_HDR_SIZE + 24];
-    memset(hb, 0, sizeof(hb));
+    uint8_t hb[TS_HDR_SIZE + TS_MSG_HELLO_REP_SIZE];
     ts__hdr rh = {.magic = TS_MAGIC_REP,
                   .version = TS_PROTO_VERSION,
                   .opcode = TS_OP_HELLO,
                   .request_id = h.request_id,
-                  .body_len = 24};
+                  .body_len = TS_MSG_HELLO_REP_SIZE};
     ts__hdr_encode(&rh, hb);
-    hb[TS_HDR_SIZE] = TS_PROTO_VERSION;
-    hb[TS_HDR_SIZE + 1] = (flags & 0x20) ? TS_HELLO_LZ4 : 0;
-    ts__put_u64le(hb + TS_HDR_SIZE + 8, 1u << 20);
+    ts__msg_hello_rep rep = {.version = TS_PROTO_VERSION,
+                             .flags = (flags & 0x20) ? TS_HELLO_LZ4 : 0,
+                             .max_body = 1u << 20};
+    size_t n;
+    if (ts__msg_hello_rep_encode(hb + TS_HDR_SIZE, TS_MSG_HELLO_REP_SIZE, &rep, &n) != 0)
+        abort();
     if (write_all(fd, hb, sizeof(hb)) != 0 || read_request(fd, &h) != 0)
         return;
     uint8_t *out = malloc(size > 0 ? size : 1);
