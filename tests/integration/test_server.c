@@ -1139,6 +1139,61 @@ static void test_stop_answers_pending(void **state)
     close(fresh);
 }
 
+/*
+ * SIGTERM while a large LIST is being sorted off the loop with a PING queued behind it: each gets
+ * exactly one reply, in order (OK when it was done before the stop, else SHUTTING_DOWN), then the
+ * connection-level SHUTTING_DOWN frame and the end of the stream.
+ */
+static void test_stop_answers_held_list(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    int other = tsu_client(&srv);
+    size_t len;
+    uint8_t *rec = tsu_rec_int(5, &len);
+    char name[32];
+    for (uint32_t i = 0; i < N_LIST_BINS; i++) {
+        snprintf(name, sizeof(name), "S%u", i);
+        assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 1, name, rec, len), 0);
+    }
+    tsu_rec_free(rec, len);
+    tsu_frame f;
+    for (uint32_t i = 0; i < N_LIST_BINS; i++) {
+        tsu_expect(fd, &f, TS_OP_PUT, 1, TS_ST_OK);
+        tsu_frame_free(&f);
+    }
+    uint8_t buf[2 * TS_HDR_SIZE];
+    const uint8_t ops[2] = {TS_OP_LIST, TS_OP_PING};
+    for (uint32_t i = 0; i < 2; i++) {
+        ts__hdr h = {.magic = TS_MAGIC_REQ,
+                     .version = TS_PROTO_VERSION,
+                     .opcode = ops[i],
+                     .request_id = 30 + i};
+        ts__hdr_encode(&h, buf + i * TS_HDR_SIZE);
+    }
+    assert_int_equal(tsh_write_all(fd, buf, sizeof(buf)), 0);
+    /* The LIST has been read once it is counted. */
+    int64_t lists = 0;
+    for (int i = 0; i < 500 && lists == 0; i++) {
+        lists = tsu_stat(other, "lists_offloop");
+        if (lists == 0)
+            usleep(2000);
+    }
+    assert_int_equal(lists, 1);
+    assert_int_equal(kill(srv.pid, SIGTERM), 0);
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_int_equal(tsu_recv(fd, &f), 0);
+        assert_int_equal(f.h.opcode, ops[i]);
+        assert_int_equal(f.h.request_id, 30 + i);
+        assert_true(f.h.status == TS_ST_OK || f.h.status == TS_ST_SHUTTING_DOWN);
+        tsu_frame_free(&f);
+    }
+    expect_conn_shutdown(fd);
+    expect_conn_shutdown(other);
+    close(fd);
+    close(other);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, start, stop)
 
 int main(void)
@@ -1168,6 +1223,7 @@ int main(void)
         T(test_lz4_bodies),
         T(test_short_record),
         T(test_stop_answers_pending),
+        T(test_stop_answers_held_list),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
