@@ -114,7 +114,6 @@ static int attach_record(ts_client_t *c, ts__req *r, const ts_value_t *item, uns
         return 0;
     }
     r->enc = e;
-    r->has_enc = 1;
     r->borrowed = 1;
     r->body_len = body_len;
     return 0;

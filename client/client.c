@@ -51,7 +51,7 @@ void ts__req_free(ts__req *r)
 {
     if (r == NULL)
         return;
-    if (r->has_enc)
+    if (r->enc.head != NULL)
         ts__enc_free(&r->enc);
     if (r->flat != NULL)
         ts__free_aligned(r->flat, r->flat_cap);

@@ -84,8 +84,8 @@ typedef struct ts__req {
     uint8_t *flat;    /* ts__malloc_aligned body tail (copied record, lz4 body, token) */
     size_t flat_len;
     size_t flat_cap; /* the allocation size of flat */
-    ts__enc enc;     /* the record plan when the tensors are sent from caller memory */
-    int has_enc;
+    /* The record plan when the tensors are sent from caller memory (enc.head != NULL then). */
+    ts__enc enc;
     uint64_t body_len;
 
     /* I/O thread state. */

@@ -189,7 +189,7 @@ void ts__req_header(ts__req *r, uint32_t id)
 /* Number of write buffers r's frame needs. */
 size_t ts__req_nbufs(const ts__req *r)
 {
-    return 1 + (r->flat != NULL ? 1 : 0) + (r->has_enc ? 1 + 2 * r->enc.nsegs : 0);
+    return 1 + (r->flat != NULL ? 1 : 0) + (r->enc.head != NULL ? 1 + 2 * r->enc.nsegs : 0);
 }
 
 /* Header + fixed part, then either one flat buffer or the plan's head and segments. */
@@ -199,7 +199,7 @@ size_t ts__req_fill_bufs(const ts__req *r, uv_buf_t *bufs)
     bufs[n++] = mkbuf(r->small, TS_HDR_SIZE + r->small_len);
     if (r->flat != NULL && r->flat_len > 0)
         bufs[n++] = mkbuf(r->flat, r->flat_len);
-    if (r->has_enc) {
+    if (r->enc.head != NULL) {
         bufs[n++] = mkbuf(r->enc.head, r->enc.head_len);
         for (size_t i = 0; i < r->enc.nsegs; i++) {
             const ts__seg *s = &r->enc.segs[i];
