@@ -26,6 +26,8 @@
 #define TS__RECV_CACHE_BYTES ((size_t)512 << 20)
 /* requests gathered into one write at most (see ts__req_send_batch) */
 #define TS__SEND_BATCH 64
+/* expired requests the deadline timer collects per pass over the in-flight map */
+#define TS__TICK_BATCH 64
 
 /* The client whose I/O thread this is (NULL on application threads). */
 static _Thread_local ts_client_t *tls_io_client;
@@ -254,7 +256,7 @@ static void tick_cb(uv_timer_t *t)
      */
     int cut = 0;
     for (;;) {
-        uint32_t ids[64];
+        uint32_t ids[TS__TICK_BATCH];
         size_t k = 0;
         for (size_t i = 0; i < c->inflight.cap && k < TS__ARRAY_SIZE(ids); i++) {
             if (c->inflight.keys[i] == 0)

@@ -11,6 +11,9 @@
 
 #include <stdio.h>
 
+/* write buffers a write keeps on the stack; a frame or batch needing more allocates its array */
+#define TS__LOCAL_BUFS 64
+
 /* ---------------------------------------------------------------------------------------------
  * Writing
  */
@@ -218,7 +221,7 @@ void ts__req_send(ts_client_t *c, ts__req *r)
     if (req_prepare(c, r) != 0)
         return;
     ts__conn *conn = c->conn;
-    uv_buf_t local[32];
+    uv_buf_t local[TS__LOCAL_BUFS];
     size_t nbufs = ts__req_nbufs(r);
     uv_buf_t *bufs = local;
     if (nbufs > TS__ARRAY_SIZE(local)) {
@@ -308,7 +311,7 @@ void ts__req_send_batch(ts_client_t *c, ts__req **reqs, size_t n)
         ts__free(b);
         return;
     }
-    uv_buf_t local[64];
+    uv_buf_t local[TS__LOCAL_BUFS];
     uv_buf_t *bufs = nbufs > TS__ARRAY_SIZE(local) ? ts__malloc(nbufs * sizeof(*bufs)) : local;
     int rc = UV_ENOMEM;
     if (bufs != NULL) {
