@@ -21,27 +21,23 @@
 #include <stdio.h>
 #include <string.h>
 
-static _Thread_local char tls_err[TS__BERR_LEN];
 /* Set on batcher threads, so that a blocking call from a callback fails instead of hanging. */
 static _Thread_local int tls_in_batcher;
 /*
  * The batcher whose batch's answers this replica thread is handing out, or NULL. A request
  * submitted from one of those callbacks needs no wake-up: the replica looks at the queue as soon
- * as the callbacks are over (see ts_batcher_submit).
+ * as the callbacks are over (see ts_batcher_predict_async).
  */
 static _Thread_local const ts_batcher_t *tls_answering;
 
 void ts__batcher_set_err(const char *fmt, ...)
 {
+    char msg[TS__BERR_LEN];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tls_err, sizeof(tls_err), fmt, ap);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-}
-
-const char *ts_batcher_last_error(void)
-{
-    return tls_err;
+    ts_set_last_error(msg);
 }
 
 int ts__batcher_on_own_thread(void)
@@ -188,11 +184,16 @@ static void req_free(batch_request *r)
     ts__free(r);
 }
 
-/* Answer a request that no thread references any more (called without the lock). */
+/*
+ * Answer a request that no thread references any more (called without the lock). A failure's
+ * message goes to ts_last_error() on this thread, where the callback reads it.
+ */
 static void answer(ts_batcher_t *b, batch_request *r, int status, ts_value_t *output,
                    int64_t version, const char *msg)
 {
-    r->cb(b, status, output, version, status != 0 ? msg : NULL, r->arg);
+    if (status != 0)
+        ts_set_last_error(msg != NULL && msg[0] != '\0' ? msg : ts_strerror(status));
+    r->cb(b, status, output, version, r->arg);
     req_free(r);
 }
 
@@ -263,10 +264,11 @@ static void replica_update(replica *r)
         return;
     w->users++;
     pthread_mutex_unlock(&b->mu);
-    char err[TS__BERR_LEN] = "";
-    int rc = r->model->ops->load_weights != NULL
-                 ? r->model->ops->load_weights(r->model, w->params, err, sizeof(err))
-                 : TS_ENOTSUP;
+    /* A model reports why it failed in ts_last_error(); an empty one means it did not say. */
+    ts_set_last_error(NULL);
+    int rc = r->model->ops->load_weights != NULL ? r->model->ops->load_weights(r->model, w->params)
+                                                 : TS_ENOTSUP;
+    const char *err = ts_last_error();
     pthread_mutex_lock(&b->mu);
     w->users--;
     w->done++;
@@ -326,19 +328,30 @@ static int publish(ts_batcher_t *b, const ts_value_t *params, int64_t version,
     return 0;
 }
 
-int ts_batcher_set_weights(ts_batcher_t *b, const ts_value_t *params, int64_t version,
-                           ts_weights_release_cb release, void *arg)
+int ts_batcher_load_weights_async(ts_batcher_t *b, const ts_value_t *params, int64_t version,
+                                  ts_weights_release_cb release, void *arg)
 {
     if (b == NULL || params == NULL)
-        return TS_EINVAL;
-    return publish(b, params, version, release, arg, NULL);
+        return ts__fail(TS_EINVAL, "a weight update needs a batcher and parameters");
+    int rc = publish(b, params, version, release, arg, NULL);
+    if (rc != 0)
+        ts__batcher_set_err("%s",
+                            rc == TS_ECANCELED ? "the batcher is shutting down" : ts_strerror(rc));
+    return rc;
 }
 
 int ts_batcher_load_weights(ts_batcher_t *b, const ts_value_t *params, int64_t version,
                             int timeout_ms)
 {
     if (b == NULL || params == NULL)
-        return TS_EINVAL;
+        return ts__fail(TS_EINVAL, "a weight update needs a batcher and parameters");
+    if (timeout_ms == TS_TIMEOUT_DEFAULT)
+        timeout_ms = b->timeout_ms;
+    if (timeout_ms == 0 || (timeout_ms < 0 && timeout_ms != TS_TIMEOUT_INFINITE))
+        return ts__fail(TS_EINVAL,
+                        "timeout_ms %d: loading weights needs a positive timeout, "
+                        "TS_TIMEOUT_DEFAULT or TS_TIMEOUT_INFINITE",
+                        timeout_ms);
     if (tls_in_batcher) {
         ts__batcher_set_err("ts_batcher_load_weights called from a batcher callback");
         return TS_EDEADLK;
@@ -346,13 +359,15 @@ int ts_batcher_load_weights(ts_batcher_t *b, const ts_value_t *params, int64_t v
     weight_waiter wt;
     memset(&wt, 0, sizeof(wt));
     if (ts__cond_init_monotonic(&wt.cv) != 0)
-        return TS_ENOMEM;
+        return ts__fail(TS_ENOMEM, NULL);
     int rc = publish(b, params, version, NULL, NULL, &wt);
     if (rc != 0) {
         pthread_cond_destroy(&wt.cv);
+        ts__batcher_set_err("%s",
+                            rc == TS_ECANCELED ? "the batcher is shutting down" : ts_strerror(rc));
         return rc;
     }
-    uint64_t deadline = timeout_ms >= 0 ? ts__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
+    uint64_t deadline = timeout_ms > 0 ? ts__now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
     pthread_mutex_lock(&b->mu);
     int timed_out = 0;
     while (!wt.finished) {
@@ -551,8 +566,9 @@ static void run_batch(replica *r, int n, int64_t version)
         input = r->batch;
     }
     ts_value_t *out = NULL;
-    char err[TS__BERR_LEN] = "";
-    int rc = r->model->ops->forward(r->model, input, rows, &out, err, sizeof(err));
+    ts_set_last_error(NULL);
+    int rc = r->model->ops->forward(r->model, input, rows, &out);
+    const char *err = ts_last_error();
     if (rc != 0) {
         snprintf(msg, sizeof(msg), "model failed on %s: %.200s", r->device,
                  err[0] ? err : ts_strerror(rc));
@@ -687,7 +703,7 @@ static void *timer_main(void *arg)
 /* ---------------------------------------------------------------------------------------------
  * Creation and shutdown
  */
-void ts_batcher_config_init(ts_batcher_config_t *cfg)
+void ts_batcher_options_init(ts_batcher_options_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->max_batch = TS__DEFAULT_MAX_BATCH;
@@ -749,18 +765,24 @@ static void destroy(ts_batcher_t *b)
     ts__free(b);
 }
 
-int ts_batcher_new(ts_batcher_t **out, const ts_batcher_config_t *cfg)
+int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *cfg)
 {
-    tls_err[0] = '\0';
+    ts_set_last_error(NULL);
     if (out == NULL || cfg == NULL || cfg->create == NULL || cfg->max_batch < 1 ||
         cfg->max_delay_us < 0 || cfg->n_inputs < 1) {
-        ts__batcher_set_err(
-            "configuration needs a model factory, an input schema and max_batch >= 1");
+        ts__batcher_set_err("options need a model factory, an input schema and max_batch >= 1");
+        return TS_EINVAL;
+    }
+    if (cfg->timeout_ms <= 0 && cfg->timeout_ms != TS_TIMEOUT_INFINITE &&
+        cfg->timeout_ms != TS_TIMEOUT_DEFAULT) {
+        ts__batcher_set_err("timeout_ms must be positive, TS_TIMEOUT_DEFAULT or "
+                            "TS_TIMEOUT_INFINITE (got %d)",
+                            cfg->timeout_ms);
         return TS_EINVAL;
     }
     char(*devs)[TS__DEVICE_LEN] = ts__calloc(TS__MAX_REPLICAS, TS__DEVICE_LEN);
     if (devs == NULL)
-        return TS_ENOMEM;
+        return ts__fail(TS_ENOMEM, NULL);
     int n_rep = 0;
     int rc = ts__placement_parse(cfg->placement, cfg->cuda_devices, devs, &n_rep);
     if (rc != 0) {
@@ -770,7 +792,7 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_config_t *cfg)
     ts_batcher_t *b = ts__calloc(1, sizeof(*b));
     if (b == NULL) {
         ts__free(devs);
-        return TS_ENOMEM;
+        return ts__fail(TS_ENOMEM, NULL);
     }
     pthread_mutex_init(&b->mu, NULL);
     ts__cond_init_monotonic(&b->work_cv);
@@ -779,7 +801,8 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_config_t *cfg)
     b->timer_at = UINT64_MAX;
     b->max_batch = cfg->max_batch;
     b->max_delay_ns = (uint64_t)cfg->max_delay_us * 1000u;
-    b->timeout_ms = cfg->timeout_ms;
+    b->timeout_ms =
+        cfg->timeout_ms == TS_TIMEOUT_DEFAULT ? TS__DEFAULT_TIMEOUT_MS : cfg->timeout_ms;
     b->max_queued = cfg->max_queued > 0 ? cfg->max_queued : TS__DEFAULT_MAX_QUEUED;
     b->st.max_batch = (uint32_t)cfg->max_batch;
     rc = ts__schema_copy(cfg->inputs, cfg->n_inputs, "input", &b->in);
@@ -808,8 +831,12 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_config_t *cfg)
         }
         char err[TS__BERR_LEN] = "";
         ts_model_t *m = NULL;
-        rc = cfg->create(cfg->create_arg, r->device, i, &m, err, sizeof(err));
-        if (rc == 0 && (m == NULL || m->ops == NULL || m->ops->forward == NULL))
+        /* The factory says why it failed in ts_last_error() (empty: it did not say). */
+        ts_set_last_error(NULL);
+        rc = cfg->create(r->device, i, &m, cfg->create_arg);
+        if (rc != 0)
+            snprintf(err, sizeof(err), "%s", ts_last_error());
+        else if (m == NULL || m->ops == NULL || m->ops->forward == NULL)
             rc = TS_EINVAL, snprintf(err, sizeof(err), "the factory returned no usable model");
         if (rc != 0) {
             ts__batcher_set_err("model for replica %d on %s: %s", i, r->device,
@@ -832,7 +859,7 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_config_t *cfg)
             b->timer_started = 1;
     }
     if (rc != 0) {
-        if (rc == TS_ENOMEM && tls_err[0] == '\0')
+        if (rc == TS_ENOMEM && ts_last_error()[0] == '\0')
             ts__batcher_set_err("out of memory");
         stop_threads(b);
         destroy(b);
@@ -877,21 +904,28 @@ void ts_batcher_stats(ts_batcher_t *b, ts_batcher_stats_t *out)
 /* ---------------------------------------------------------------------------------------------
  * Submitting
  */
-int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, int timeout_ms,
-                      ts_predict_cb cb, void *arg)
+int ts_batcher_predict_async(ts_batcher_t *b, const ts_value_t *input, unsigned flags,
+                             int timeout_ms, ts_predict_cb cb, void *arg)
 {
     if (b == NULL || input == NULL || cb == NULL) {
-        ts__batcher_set_err("submit needs a batcher, an input and a callback");
+        ts__batcher_set_err("a prediction needs a batcher, an input and a callback");
+        return TS_EINVAL;
+    }
+    if (timeout_ms == 0 ||
+        (timeout_ms < 0 && timeout_ms != TS_TIMEOUT_INFINITE && timeout_ms != TS_TIMEOUT_DEFAULT)) {
+        ts__batcher_set_err("timeout_ms %d: a prediction needs a positive timeout, "
+                            "TS_TIMEOUT_DEFAULT or TS_TIMEOUT_INFINITE",
+                            timeout_ms);
         return TS_EINVAL;
     }
     batch_request *r = ts__calloc(1, sizeof(*r) + (size_t)b->n_in * sizeof(r->leaf[0]));
     if (r == NULL)
-        return TS_ENOMEM;
+        return ts__fail(TS_ENOMEM, NULL);
     if (flags & TS_COPY) {
         r->owned = ts_value_clone(input);
         if (r->owned == NULL) {
             ts__free(r);
-            return TS_ENOMEM;
+            return ts__fail(TS_ENOMEM, NULL);
         }
         input = r->owned;
     }
@@ -907,7 +941,7 @@ int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, 
         req_free(r);
         return rc;
     }
-    int t = timeout_ms != 0 ? timeout_ms : b->timeout_ms;
+    int t = timeout_ms == TS_TIMEOUT_DEFAULT ? b->timeout_ms : timeout_ms;
     r->arrival_ns = ts__now_ns();
     r->deadline_ns = t > 0 ? r->arrival_ns + (uint64_t)t * 1000000u : 0;
     pthread_mutex_lock(&b->mu);
@@ -923,7 +957,7 @@ int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags, 
         if (heap_push(b, r) != 0) {
             pthread_mutex_unlock(&b->mu);
             req_free(r);
-            return TS_ENOMEM;
+            return ts__fail(TS_ENOMEM, NULL);
         }
         /*
          * Wake the timer only for a deadline earlier than the one it sleeps until: with one
@@ -974,15 +1008,16 @@ typedef struct blocking_predict {
 } blocking_predict;
 
 static void blocking_predict_cb(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
-                                const char *message, void *arg)
+                                void *arg)
 {
     (void)b;
     blocking_predict *s = arg;
     s->status = status;
     s->output = output;
     s->version = version;
-    if (message != NULL)
-        snprintf(s->msg, sizeof(s->msg), "%s", message);
+    /* The failure's message is this (batcher) thread's; the waiting caller sets it on its own. */
+    if (status != 0)
+        snprintf(s->msg, sizeof(s->msg), "%s", ts_last_error());
     ts__handoff_post(&s->sync);
 }
 
@@ -996,8 +1031,8 @@ int ts_batcher_predict(ts_batcher_t *b, const ts_value_t *input, int timeout_ms,
     blocking_predict s;
     s.msg[0] = '\0';
     if (ts__handoff_init(&s.sync) != 0)
-        return TS_ENOMEM;
-    int rc = ts_batcher_submit(b, input, 0, timeout_ms, blocking_predict_cb, &s);
+        return ts__fail(TS_ENOMEM, NULL);
+    int rc = ts_batcher_predict_async(b, input, 0, timeout_ms, blocking_predict_cb, &s);
     /* The timer thread answers at the deadline, and shutdown cancels: this wait ends. */
     if (rc == 0)
         ts__handoff_wait(&s.sync);

@@ -22,7 +22,7 @@
 
 #include "hooks.h"
 
-#define TS__BERR_LEN           256   /* bytes; error messages kept per thread and per answer */
+#define TS__BERR_LEN           256 /* bytes; error messages the batcher formats and keeps per answer */
 #define TS__MAX_REPLICAS       256   /* replicas per batcher; a sanity bound on placement */
 #define TS__DEVICE_LEN         32    /* bytes; "cuda:NNN" and room to spare */
 #define TS__DEFAULT_MAX_BATCH  64    /* rows */
@@ -30,7 +30,7 @@
 #define TS__DEFAULT_TIMEOUT_MS 30000 /* milliseconds, the client's request timeout */
 #define TS__DEFAULT_MAX_QUEUED 65536 /* requests */
 
-/* Set the calling thread's ts_batcher_last_error() message. */
+/* Set the calling thread's ts_last_error() message, printf-style (cut at TS__BERR_LEN). */
 void ts__batcher_set_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Nonzero on the batcher's own threads, where a blocking call would wait for itself. */
 int ts__batcher_on_own_thread(void);

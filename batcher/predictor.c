@@ -15,7 +15,7 @@ typedef struct pending_prediction {
     struct pending_prediction *next;
     int64_t id;
     uint64_t deadline_ns; /* 0: none */
-    ts_remote_cb cb;
+    ts_predictor_cb cb;
     void *arg;
 } pending_prediction;
 
@@ -70,8 +70,10 @@ static void deliver(ts_predictor_t *p, const ts_value_t *rec)
     } else if (ts_value_string(ts_map_get(rec, "error"), &msg, &len) != 0) {
         msg = NULL;
     }
-    r->cb(p, (int)status, out, version, status != 0 ? (msg ? msg : ts_strerror((int)status)) : NULL,
-          r->arg);
+    /* A failure's message is set on this thread, where the callback reads it. */
+    if (status != 0)
+        ts_set_last_error(msg != NULL ? msg : ts_strerror((int)status));
+    r->cb(p, (int)status, out, version, r->arg);
     ts__free(r);
 }
 
@@ -91,7 +93,8 @@ static void expire(ts_predictor_t *p, uint64_t t, int status, const char *msg)
         pthread_mutex_unlock(&p->mu);
         if (r == NULL)
             return;
-        r->cb(p, status, NULL, 0, msg, r->arg);
+        ts_set_last_error(msg);
+        r->cb(p, status, NULL, 0, r->arg);
         ts__free(r);
     }
 }
@@ -146,7 +149,7 @@ int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *nam
     }
     ts_predictor_t *p = ts__calloc(1, sizeof(*p));
     if (p == NULL)
-        return TS_ENOMEM;
+        return ts__fail(TS_ENOMEM, NULL);
     p->client = client;
     snprintf(p->req_bin, sizeof(p->req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
     /* A reply bin name nobody else picks: time, address and a process-wide counter, mixed. */
@@ -166,7 +169,7 @@ int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *nam
         pthread_cond_destroy(&p->cv);
         pthread_mutex_destroy(&p->mu);
         ts__free(p);
-        return TS_ENOMEM;
+        return ts__fail(TS_ENOMEM, "cannot start the receiver thread");
     }
     *out = p;
     return 0;
@@ -215,7 +218,8 @@ static void request_sent(ts_client_t *c, int status, ts_result_t *res, void *arg
         /* On the client's I/O thread: a blocking predict from this callback must fail. */
         int was = tls_in_predictor;
         tls_in_predictor = 1;
-        r->cb(p, status, NULL, 0, "sending the request failed", r->arg);
+        ts__set_errorf("sending the request failed: %s", ts_strerror(status));
+        r->cb(p, status, NULL, 0, r->arg);
         tls_in_predictor = was;
         ts__free(r);
     }
@@ -226,12 +230,21 @@ static void request_sent(ts_client_t *c, int status, ts_result_t *res, void *arg
     ts__free(s);
 }
 
-int ts_predictor_submit(ts_predictor_t *p, const ts_value_t *input, int timeout_ms, ts_remote_cb cb,
-                        void *arg)
+int ts_predictor_predict_async(ts_predictor_t *p, const ts_value_t *input, int timeout_ms,
+                               ts_predictor_cb cb, void *arg)
 {
     if (p == NULL || input == NULL || cb == NULL)
-        return TS_EINVAL;
-    int t = timeout_ms != 0 ? timeout_ms : TS__DEFAULT_TIMEOUT_MS;
+        return ts__fail(TS_EINVAL, "a prediction needs a predictor, an input and a callback");
+    if (timeout_ms == 0 ||
+        (timeout_ms < 0 && timeout_ms != TS_TIMEOUT_INFINITE && timeout_ms != TS_TIMEOUT_DEFAULT))
+        return ts__fail(TS_EINVAL,
+                        "timeout_ms %d: a prediction needs a positive timeout, "
+                        "TS_TIMEOUT_DEFAULT or TS_TIMEOUT_INFINITE",
+                        timeout_ms);
+    /* The request record carries the deadline to the server: -1 there means none. */
+    int t = timeout_ms == TS_TIMEOUT_DEFAULT    ? TS_PREDICTOR_DEFAULT_TIMEOUT_MS
+            : timeout_ms == TS_TIMEOUT_INFINITE ? -1
+                                                : timeout_ms;
     pending_prediction *r = ts__calloc(1, sizeof(*r));
     sent_request *s = ts__calloc(1, sizeof(*s));
     ts_value_t *rec = ts_map_new();
@@ -239,7 +252,7 @@ int ts_predictor_submit(ts_predictor_t *p, const ts_value_t *input, int timeout_
         ts__free(r);
         ts__free(s);
         ts_value_free(rec);
-        return TS_ENOMEM;
+        return ts__fail(TS_ENOMEM, NULL);
     }
     pthread_mutex_lock(&p->mu);
     int64_t id = p->next_id++;
@@ -255,7 +268,7 @@ int ts_predictor_submit(ts_predictor_t *p, const ts_value_t *input, int timeout_
         ts__free(r);
         ts__free(s);
         ts_value_free(rec);
-        return rc;
+        return ts__fail(rc, "building the request failed: %s", ts_strerror(rc));
     }
     r->id = id;
     r->deadline_ns = t > 0 ? ts__now_ns() + (uint64_t)t * 1000000u : 0;
@@ -294,8 +307,7 @@ typedef struct blocking_prediction {
     char msg[TS__BERR_LEN];
 } blocking_prediction;
 
-static void psync_cb(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
-                     const char *message, void *arg)
+static void psync_cb(ts_predictor_t *p, int status, ts_value_t *output, int64_t version, void *arg)
 {
     (void)p;
     blocking_prediction *s = arg;
@@ -303,7 +315,8 @@ static void psync_cb(ts_predictor_t *p, int status, ts_value_t *output, int64_t 
     s->status = status;
     s->output = output;
     s->version = version;
-    snprintf(s->msg, sizeof(s->msg), "%s", message != NULL ? message : "");
+    /* The message is this thread's; the waiting caller sets it on its own thread. */
+    snprintf(s->msg, sizeof(s->msg), "%s", status != 0 ? ts_last_error() : "");
     s->done = 1;
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(s->mu);
@@ -320,8 +333,8 @@ int ts_predictor_predict(ts_predictor_t *p, const ts_value_t *input, int timeout
     memset(&s, 0, sizeof(s));
     s.mu = &p->mu;
     if (ts__cond_init_monotonic(&s.cv) != 0)
-        return TS_ENOMEM;
-    int rc = ts_predictor_submit(p, input, timeout_ms, psync_cb, &s);
+        return ts__fail(TS_ENOMEM, NULL);
+    int rc = ts_predictor_predict_async(p, input, timeout_ms, psync_cb, &s);
     if (rc == 0) {
         /* The receiver thread answers at the deadline at the latest; free cancels. */
         pthread_mutex_lock(&p->mu);

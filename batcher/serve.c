@@ -79,12 +79,12 @@ static void send_reply(ts_client_t *client, const char *bin, int64_t id, int sta
         ts_value_free(rec);
 }
 
-static void remote_done(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
-                        const char *message, void *arg)
+static void remote_done(ts_batcher_t *b, int status, ts_value_t *output, int64_t version, void *arg)
 {
     (void)b;
     remote_request *r = arg;
-    send_reply(r->client, r->reply, r->id, status, output, version, message);
+    send_reply(r->client, r->reply, r->id, status, output, version,
+               status != 0 ? ts_last_error() : NULL);
     ritems_unref(r->items);
     ts__free(r);
 }
@@ -112,11 +112,16 @@ static void dispatch_one(remote_server *rem, shared_items *items, const ts_value
     r->id = id;
     memcpy(r->reply, reply, reply_len);
     atomic_fetch_add(&items->refs, 1);
-    int t = timeout_ms > INT32_MAX ? INT32_MAX : timeout_ms < 0 ? -1 : (int)timeout_ms;
-    int rc = input != NULL ? ts_batcher_submit(rem->b, input, 0, t, remote_done, r) : TS_ESCHEMA;
+    /* The record's timeout_ms: milliseconds; 0 or absent: the batcher's default; < 0: none. */
+    int t = timeout_ms > INT32_MAX ? INT32_MAX
+            : timeout_ms < 0       ? TS_TIMEOUT_INFINITE
+            : timeout_ms == 0      ? TS_TIMEOUT_DEFAULT
+                                   : (int)timeout_ms;
+    int rc =
+        input != NULL ? ts_batcher_predict_async(rem->b, input, 0, t, remote_done, r) : TS_ESCHEMA;
     if (rc != 0) {
         send_reply(rem->client, r->reply, id, rc, NULL, 0,
-                   input != NULL ? ts_batcher_last_error() : "the request has no input");
+                   input != NULL ? ts_last_error() : "the request has no input");
         ritems_unref(items);
         ts__free(r);
     }
@@ -203,7 +208,7 @@ static void *follow_main(void *arg)
         const ts_value_t *params = rec != NULL ? ts_map_get(rec, "params") : NULL;
         int64_t version = 0;
         if (params == NULL || ts_map_get_int(rec, "version", &version) != 0 ||
-            ts_batcher_set_weights(rem->b, params, version, params_release, items) != 0)
+            ts_batcher_load_weights_async(rem->b, params, version, params_release, items) != 0)
             ts_items_free(items);
     }
     return NULL;

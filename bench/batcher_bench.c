@@ -22,7 +22,7 @@
  *     single    the batcher with max_batch 1: one forward per request.
  *     batched   the batcher with --max-batch and --max-delay-us.
  *   async     the requesters are small state machines, not threads: each submits one request
- *             with ts_batcher_submit, and its completion callback checks the answer and
+ *             with ts_batcher_predict_async, and its completion callback checks the answer and
  *             submits its next request (how actors stepped by an event loop, or the slots of a
  *             vectorized environment, use the batcher). No thread wakes per request.
  *     async-direct   as many threads as there are CPUs, each with its own copy of the model,
@@ -192,7 +192,7 @@ static void actor_finish(actor *a)
 }
 
 static void actor_answer(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
-                         const char *message, void *arg);
+                         void *arg);
 
 /* Submit the actor's next request at time now, or finish it. */
 static void actor_step(actor *a, uint64_t now)
@@ -203,18 +203,17 @@ static void actor_step(actor *a, uint64_t now)
     }
     a->sent++;
     a->t0 = now;
-    if (ts_batcher_submit(a->run->b, a->in, 0, 60000, actor_answer, a) != 0) {
+    if (ts_batcher_predict_async(a->run->b, a->in, 0, 60000, actor_answer, a) != 0) {
         a->failures += a->run->o->requests - a->sent + 1;
         actor_finish(a);
     }
 }
 
 static void actor_answer(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
-                         const char *message, void *arg)
+                         void *arg)
 {
     (void)b;
     (void)version;
-    (void)message;
     actor *a = arg;
     uint64_t now = now_ns(); /* the answer's arrival and the next request's submission */
     a->lat_ns[a->sent - 1] = now - a->t0;
@@ -392,7 +391,7 @@ static int clone_warm(ts_torch_model_t **out, ts_torch_model_t *proto)
 {
     *out = NULL;
     if (ts_torch_clone(out, proto, "cpu") != 0) {
-        fprintf(stderr, "batcher_bench: clone: %s\n", ts_torch_last_error());
+        fprintf(stderr, "batcher_bench: clone: %s\n", ts_last_error());
         return -1;
     }
     float row[IN_COLS];
@@ -479,10 +478,9 @@ static int warm_up(ts_model_t *m, int max_batch)
     for (int i = 0; i < 3 && rc == 0; i++) {
         int64_t shape[2] = {sizes[i], IN_COLS};
         ts_value_t *in = ts_tensor_alloc(TS_FLOAT32, 2, shape);
-        char err[64];
         for (int k = 0; k < WARM_UP_RUNS && rc == 0; k++) {
             ts_value_t *out = NULL;
-            rc = in != NULL ? m->ops->forward(m, in, sizes[i], &out, err, sizeof(err)) : TS_ENOMEM;
+            rc = in != NULL ? m->ops->forward(m, in, sizes[i], &out) : TS_ENOMEM;
             ts_value_free(out);
         }
         ts_value_free(in);
@@ -491,13 +489,12 @@ static int warm_up(ts_model_t *m, int max_batch)
 }
 
 /* The batcher's model factory: a copy of the prototype, warmed up. */
-static int warm_create(void *arg, const char *device, int replica, ts_model_t **out, char *err,
-                       size_t errlen)
+static int warm_create(const char *device, int replica, ts_model_t **out, void *arg)
 {
     const opts *o = g_opts;
-    int rc = ts_torch_model_create(arg, device, replica, out, err, errlen);
+    int rc = ts_torch_model_create(device, replica, out, arg);
     if (rc == 0 && (rc = warm_up(*out, o->max_batch)) != 0)
-        snprintf(err, errlen, "warm-up forward failed");
+        ts_set_last_error("warm-up forward failed");
     return rc;
 }
 
@@ -517,8 +514,8 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
     }
     ts_field_t in = {"", TS_FLOAT32, 1, {IN_COLS}};
     ts_field_t out = {"", TS_FLOAT32, 1, {OUT_COLS}};
-    ts_batcher_config_t cfg;
-    ts_batcher_config_init(&cfg);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
     cfg.inputs = &in;
     cfg.n_inputs = 1;
     cfg.outputs = &out;
@@ -532,7 +529,7 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
     ts_batcher_t *b = NULL;
     int rc = ts_batcher_new(&b, &cfg);
     if (rc != 0) {
-        fprintf(stderr, "batcher_bench: %s: %s\n", ts_strerror(rc), ts_batcher_last_error());
+        fprintf(stderr, "batcher_bench: %s: %s\n", ts_strerror(rc), ts_last_error());
         return -1;
     }
     char name[64];
@@ -739,7 +736,7 @@ int main(int argc, char **argv)
     ts_torch_model_t *proto = NULL;
     int rc = ts_torch_load_file(&proto, o.model, "cpu");
     if (rc != 0) {
-        fprintf(stderr, "batcher_bench: %s: %s\n", o.model, ts_torch_last_error());
+        fprintf(stderr, "batcher_bench: %s: %s\n", o.model, ts_last_error());
         return 1;
     }
     /* The expected answers: the model on each distinct row alone. */

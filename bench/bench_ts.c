@@ -21,15 +21,15 @@ static ts_client_t *open_client(const bench_target *t, int use_unix, size_t comp
         snprintf(addr, sizeof(addr), "unix:%s", t->unix_path);
     else
         snprintf(addr, sizeof(addr), "127.0.0.1:%d", t->port);
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.compress_min = compress_min;
     o.request_timeout_ms = 120000;
     ts_client_t *c = NULL;
     int rc = ts_client_open(&c, addr, &o);
     if (rc != 0) {
         fprintf(stderr, "tsbench: connecting to %s: %s (%s)\n", addr, ts_strerror(rc),
-                ts_client_last_error());
+                ts_last_error());
         return NULL;
     }
     return c;
@@ -81,7 +81,7 @@ bench_result ts_bench_putget(const bench_target *t, int use_unix, size_t size, i
 out:
     if (!res.ok)
         fprintf(stderr, "tsbench: tensord put/get of %zu bytes failed: %s\n", size,
-                ts_client_last_error());
+                ts_last_error());
     ts_value_free(v);
     ts_client_free(c);
     bench_free(src);

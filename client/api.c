@@ -33,13 +33,14 @@ static ts__req *req_new(ts_client_t *c, int kind, uint8_t op, const char *bin,
         m.name = (const uint8_t *)bin;
         m.name_len = strlen(bin);
         if (m.name_len > TS_MAX_NAME_LEN) {
-            *rc = TS_ENAMETOOLONG;
+            *rc = ts__fail(TS_ENAMETOOLONG, "bin name of %zu bytes (at most %d)", m.name_len,
+                           TS_MAX_NAME_LEN);
             return NULL;
         }
     }
     ts__req *r = ts__calloc(1, sizeof(*r));
     if (r == NULL) {
-        *rc = TS_ENOMEM;
+        *rc = ts__fail(TS_ENOMEM, NULL);
         return NULL;
     }
     r->c = c;
@@ -48,6 +49,7 @@ static ts__req *req_new(ts_client_t *c, int kind, uint8_t op, const char *bin,
     *rc = ts__req_body(r, &m);
     if (*rc != 0) {
         ts__free(r);
+        ts__fail(*rc, NULL);
         return NULL;
     }
     r->deadline_ns = deadline_after(c->opts.request_timeout_ms);
@@ -119,14 +121,19 @@ static int attach_record(ts_client_t *c, ts__req *r, const ts_value_t *item, uns
     return 0;
 }
 
-/* The message of a finished request for ts_client_last_error(). */
+/* The message of a finished request for ts_last_error(): the server's, or the code's. */
 static void keep_message(const ts__req *r)
 {
     if (r->msg != NULL)
         ts__set_last_error(r->msg, strlen(r->msg));
+    else if (r->status < 0)
+        ts_set_last_error(ts_strerror(r->status));
     else
         ts__set_last_error(NULL, 0);
 }
+
+/* What ts_last_error() says when a blocking call gives up waiting for its reply. */
+#define NO_REPLY_MSG "no reply within the request timeout"
 
 /*
  * A blocking caller is done with c (mu held): after mu is released, c is never touched again,
@@ -155,7 +162,7 @@ static int wait_done(ts_client_t *c, ts__req *r, int self_read, int *gone)
         pthread_mutex_lock(&c->mu);
         leave_client_locked(c);
         pthread_mutex_unlock(&c->mu);
-        ts__set_last_error(NULL, 0);
+        ts_set_last_error(NO_REPLY_MSG);
         return TS_ETIMEDOUT; /* r is the caller's again */
     }
     pthread_mutex_lock(&c->mu);
@@ -171,7 +178,7 @@ static int wait_done(ts_client_t *c, ts__req *r, int self_read, int *gone)
         if (ts__direct_withdraw_locked(c, r)) {
             leave_client_locked(c);
             pthread_mutex_unlock(&c->mu);
-            ts__set_last_error(NULL, 0);
+            ts_set_last_error(NO_REPLY_MSG);
             return TS_ETIMEDOUT; /* a late reply finds no request and is dropped */
         }
         if (!direct)
@@ -207,7 +214,7 @@ static int wait_done(ts_client_t *c, ts__req *r, int self_read, int *gone)
         leave_client_locked(c);
         pthread_mutex_unlock(&c->mu);
         ts__sub_unref(drop);
-        ts__set_last_error(NULL, 0);
+        ts_set_last_error(NO_REPLY_MSG);
         return TS_ETIMEDOUT;
     }
     leave_client_locked(c);
@@ -226,19 +233,21 @@ static int block_on(ts_client_t *c, ts__req *r, int *gone)
     int self_read = r->bstate == TS__B_SELF_READ;
     pthread_mutex_unlock(&c->mu);
     if (rc != 0)
-        return rc;
+        return ts__fail(rc, NULL);
     return wait_done(c, r, self_read, gone);
 }
 
-/* Check the arguments every operation shares. */
+/*
+ * Check the arguments every operation shares, and clear the thread's message (a failure below
+ * sets its own).
+ */
 static int check_call(ts_client_t *c, int blocking)
 {
     if (c == NULL)
-        return TS_EINVAL;
+        return ts__fail(TS_EINVAL, "no client");
     if (blocking && ts__on_io_thread(c))
-        return TS_EDEADLK;
-    if (blocking)
-        ts__set_last_error(NULL, 0);
+        return ts__fail(TS_EDEADLK, "blocking call made from a client callback");
+    ts__set_last_error(NULL, 0);
     return 0;
 }
 
@@ -268,8 +277,10 @@ static int run_async(ts_client_t *c, ts__req *r, ts_result_cb cb, void *arg)
     r->cb = cb;
     r->arg = arg;
     int rc = ts__submit(c, r);
-    if (rc != 0)
+    if (rc != 0) {
         ts__req_free(r);
+        ts__fail(rc, NULL);
+    }
     return rc;
 }
 
@@ -292,7 +303,7 @@ static int store_op(ts_client_t *c, uint8_t op, const char *bin, const ts_value_
     rc = attach_record(c, r, item, TS_BORROW);
     if (rc != 0) {
         ts__req_free(r);
-        return rc;
+        return ts__fail(rc, "the item cannot be encoded: %s", ts_strerror(rc));
     }
     ts__req *done;
     rc = run_blocking(c, r, &done);
@@ -389,21 +400,38 @@ int ts_list(ts_client_t *c, ts_bin_list_t **out)
     return rc;
 }
 
-/* A WAIT request for bin after after_version; its deadline leaves a margin. */
+/*
+ * A WAIT request for bin after after_version; its deadline leaves a margin. timeout_ms follows
+ * tensorshare.h "Timeouts": TS_TIMEOUT_DEFAULT is the request timeout, 0 is sent as 0 (the
+ * server checks once and answers at once), and TS_TIMEOUT_INFINITE as the largest u32, which
+ * the server caps (tensord: 24 hours) and then answers TIMEOUT.
+ */
 static ts__req *wait_req(ts_client_t *c, int kind, const char *bin, uint64_t after_version,
                          int timeout_ms, int *rc)
 {
-    if (timeout_ms <= 0)
-        timeout_ms = c->opts.request_timeout_ms;
+    uint32_t wire_ms;
+    if (timeout_ms == TS_TIMEOUT_DEFAULT) {
+        wire_ms = (uint32_t)c->opts.request_timeout_ms;
+    } else if (timeout_ms == TS_TIMEOUT_INFINITE) {
+        wire_ms = UINT32_MAX;
+    } else if (timeout_ms >= 0) {
+        wire_ms = (uint32_t)timeout_ms;
+    } else {
+        *rc = ts__fail(TS_EINVAL,
+                       "timeout_ms %d: expected milliseconds >= 0, TS_TIMEOUT_DEFAULT or "
+                       "TS_TIMEOUT_INFINITE",
+                       timeout_ms);
+        return NULL;
+    }
     ts__msg_name_req args;
     memset(&args, 0, sizeof(args));
     args.after_version = after_version;
-    args.timeout_ms = (uint32_t)timeout_ms;
+    args.timeout_ms = wire_ms;
     ts__req *r = req_new(c, kind, TS_OP_WAIT, bin, &args, rc);
     if (r == NULL)
         return NULL;
-    /* The server answers at timeout_ms; the usual request timeout is the margin for that. */
-    r->deadline_ns = deadline_after((int64_t)timeout_ms + c->opts.request_timeout_ms);
+    /* The server answers at wire_ms; the usual request timeout is the margin for that. */
+    r->deadline_ns = deadline_after((int64_t)wire_ms + c->opts.request_timeout_ms);
     return r;
 }
 
@@ -478,7 +506,7 @@ static int store_async(ts_client_t *c, uint8_t op, const char *bin, const ts_val
     rc = attach_record(c, r, item, flags);
     if (rc != 0) {
         ts__req_free(r);
-        return rc;
+        return ts__fail(rc, "the item cannot be encoded: %s", ts_strerror(rc));
     }
     return run_async(c, r, cb, arg);
 }
@@ -577,7 +605,7 @@ int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg)
     if (s == NULL || (s->bin = ts__strndup(bin, strlen(bin))) == NULL) {
         ts__free(s);
         ts__req_free(r);
-        return TS_ENOMEM;
+        return ts__fail(TS_ENOMEM, NULL);
     }
     s->bin_len = strlen(bin);
     s->cb = cb;
@@ -594,7 +622,10 @@ int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg)
         pthread_mutex_unlock(&c->mu);
         atomic_store(&s->refs, 1);
         ts__req_free(r);
-        return rc;
+        return ts__fail(rc,
+                        rc == TS_EINVAL ? "this client already listens to '%s'"
+                                        : "the client is closing (%s)",
+                        bin);
     }
     s->linked = 1;
     s->next = c->subs;

@@ -112,6 +112,8 @@ void ts__sub_final(ts_client_t *c, ts__sub *s, int status)
     if (s->final_done)
         return;
     s->final_done = 1;
+    /* The final call always carries a failure; its reason is in ts_last_error(). */
+    ts_set_last_error(ts_strerror(status));
     s->cb(c, status, NULL, s->arg);
 }
 
@@ -169,7 +171,7 @@ void ts__req_complete(ts_client_t *c, ts__req *r, int status)
     ts__req_finish(c, r, status);
 }
 
-/* Give r the message msg (NULL: none) for ts_client_last_error() and callbacks. */
+/* Give r the message msg (NULL: none) for ts_last_error() in blocking calls and callbacks. */
 void ts__req_set_msg(ts__req *r, const char *msg)
 {
     if (msg != NULL && r->msg == NULL)
@@ -379,8 +381,10 @@ void ts__req_finish(ts_client_t *c, ts__req *r, int status)
     switch (r->kind) {
     case TS__K_ASYNC: {
         ts_result_t res = r->res;
-        res.message = r->msg;
         memset(&r->res, 0, sizeof(r->res));
+        /* A failure's message is read by the callback with ts_last_error() on this thread. */
+        if (status < 0)
+            ts_set_last_error(r->msg != NULL ? r->msg : ts_strerror(status));
         if (r->cb != NULL)
             r->cb(c, status, &res, r->arg);
         ts_items_free(res.items);
@@ -649,7 +653,7 @@ int ts__submit(ts_client_t *c, ts__req *r)
  * Opening and closing
  */
 
-void ts_options_init(ts_options_t *opts)
+void ts_client_options_init(ts_client_options_t *opts)
 {
     memset(opts, 0, sizeof(*opts));
     opts->connect_timeout_ms = 5000;
@@ -661,15 +665,33 @@ void ts_options_init(ts_options_t *opts)
     opts->max_reply_bytes = TS_DEFAULT_MAX_REPLY_BYTES;
 }
 
-/* Copy opts with defaults for unset fields. */
-static int setup_options(ts_client_t *c, const ts_options_t *opts)
+/*
+ * A timeout option: positive milliseconds, or TS_TIMEOUT_DEFAULT for the default already in
+ * *out. 0 or TS_EINVAL (0 and TS_TIMEOUT_INFINITE are refused: every request needs a deadline).
+ */
+static int option_timeout(int value, const char *name, int *out)
 {
-    ts_options_init(&c->opts);
+    if (value == TS_TIMEOUT_DEFAULT)
+        return 0;
+    if (value <= 0)
+        return ts__fail(TS_EINVAL, "%s %d: expected positive milliseconds or TS_TIMEOUT_DEFAULT",
+                        name, value);
+    *out = value;
+    return 0;
+}
+
+/* Copy opts with defaults for unset fields. */
+static int setup_options(ts_client_t *c, const ts_client_options_t *opts)
+{
+    ts_client_options_init(&c->opts);
     if (opts != NULL) {
-        if (opts->connect_timeout_ms > 0)
-            c->opts.connect_timeout_ms = opts->connect_timeout_ms;
-        if (opts->request_timeout_ms > 0)
-            c->opts.request_timeout_ms = opts->request_timeout_ms;
+        int rc = option_timeout(opts->connect_timeout_ms, "connect_timeout_ms",
+                                &c->opts.connect_timeout_ms);
+        if (rc == 0)
+            rc = option_timeout(opts->request_timeout_ms, "request_timeout_ms",
+                                &c->opts.request_timeout_ms);
+        if (rc != 0)
+            return rc;
         if (opts->reconnect_min_ms > 0)
             c->opts.reconnect_min_ms = opts->reconnect_min_ms;
         if (opts->reconnect_max_ms > 0)
@@ -688,7 +710,7 @@ static int setup_options(ts_client_t *c, const ts_options_t *opts)
     if (token != NULL && token[0] != '\0') {
         c->token_len = strlen(token);
         if (c->token_len > TS_MAX_TOKEN_LEN)
-            return TS_EINVAL;
+            return ts__fail(TS_EINVAL, "auth token longer than %d bytes", TS_MAX_TOKEN_LEN);
         c->token = ts__strndup(token, c->token_len);
         if (c->token == NULL)
             return TS_ENOMEM;
@@ -716,10 +738,10 @@ static int setup_loop(ts_client_t *c)
     return 0;
 }
 
-int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *opts)
+int ts_client_open(ts_client_t **out, const char *address, const ts_client_options_t *opts)
 {
     if (out == NULL || address == NULL)
-        return TS_EINVAL;
+        return ts__fail(TS_EINVAL, "ts_client_open needs an address");
     ts__set_last_error(NULL, 0);
     /*
      * Large received bodies are released into a small process-wide cache, so that pulling the
@@ -728,10 +750,13 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *o
     ts__alloc_cache_enable(TS__RECV_CACHE_BYTES);
     ts_client_t *c = ts__calloc(1, sizeof(*c));
     if (c == NULL)
-        return TS_ENOMEM;
+        return ts__fail(TS_ENOMEM, NULL);
     int rc = (c->address = ts__strndup(address, strlen(address))) == NULL ? TS_ENOMEM : 0;
-    if (rc == 0)
+    if (rc == 0) {
         rc = ts__parse_address(c, address);
+        if (rc == TS_EINVAL)
+            ts__set_errorf("malformed address '%s'", address);
+    }
     if (rc == 0)
         rc = setup_options(c, opts);
     if (rc != 0) {
@@ -740,8 +765,16 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *o
         ts__free(c->unix_path);
         ts__free(c->token);
         ts__free(c);
+        if (ts_last_error()[0] == '\0')
+            ts_set_last_error(ts_strerror(rc));
         return rc;
     }
+    /*
+     * The benchmark switch TS_CLIENT_DIRECT=0 (docs/PERFORMANCE.md) is read here once, not on
+     * every reconnect (see direct_allowed).
+     */
+    const char *direct = getenv("TS_CLIENT_DIRECT");
+    c->direct_allowed = direct == NULL || strcmp(direct, "0") != 0;
     pthread_mutex_init(&c->mu, NULL);
     pthread_condattr_init(&c->condattr);
     pthread_condattr_setclock(&c->condattr, CLOCK_MONOTONIC);
@@ -755,7 +788,7 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *o
     c->state = TS__ST_IDLE;
     if (setup_loop(c) != 0) {
         client_destroy(c);
-        return TS_ENOMEM;
+        return ts__fail(TS_ENOMEM, "cannot set up the client's event loop");
     }
     uv_async_send(&c->async); /* the first thing the I/O thread does is connect */
     if (pthread_create(&c->thread, NULL, io_main, c) != 0) {
@@ -767,7 +800,7 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *o
         uv_run(&c->loop, UV_RUN_DEFAULT);
         uv_loop_close(&c->loop);
         client_destroy(c);
-        return TS_EAGAIN;
+        return ts__fail(TS_EAGAIN, "cannot start the client's I/O thread");
     }
 
     uint64_t until =
@@ -793,6 +826,8 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *o
         pthread_join(c->thread, NULL);
         client_destroy(c);
         ts__set_last_error(msg, strnlen(msg, sizeof(msg)));
+        if (msg[0] == '\0')
+            ts_set_last_error(ts_strerror(rc));
         return rc;
     }
     *out = c;

@@ -12,13 +12,6 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-/* 1 when the environment variable name is set to "0" (a switch that is on by default). */
-static int getenv_off(const char *name)
-{
-    const char *v = getenv(name);
-    return v != NULL && strcmp(v, "0") == 0;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Connections
  */
@@ -265,7 +258,7 @@ static void go_ready(ts_client_t *c)
     }
     uv_os_fd_t fd;
     ts__conn *conn = c->conn;
-    if (c->state == TS__ST_READY && !getenv_off("TS_CLIENT_DIRECT") &&
+    if (c->state == TS__ST_READY && c->direct_allowed &&
         uv_fileno(&conn->u.handle, &fd) == 0) {
         /* The hang-up watcher lets the I/O thread stop reading while nothing is awaited. */
         int dup_fd = c->pb != NULL ? dup(fd) : -1;

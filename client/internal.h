@@ -218,7 +218,13 @@ struct ts_client_s {
     char *host;
     int port;
     char *unix_path; /* non-NULL for a unix socket */
-    ts_options_t opts;
+    ts_client_options_t opts;
+    /*
+     * 0 when TS_CLIENT_DIRECT=0 was in the environment at ts_client_open: blocking calls then
+     * never write or read on the caller's thread (a benchmark switch, docs/PERFORMANCE.md). Read
+     * once, so that reconnects do not call getenv, which is not thread-safe against setenv.
+     */
+    int direct_allowed;
     char *token;
     size_t token_len;
     pthread_t thread;
@@ -321,7 +327,7 @@ void ts__sub_unref(ts__sub *s);
 void ts__req_complete(ts_client_t *c, ts__req *r, int status);
 /* Deliver a request's result to whoever waits for it, then release it (I/O thread). */
 void ts__req_finish(ts_client_t *c, ts__req *r, int status);
-/* Give r the message msg (NULL: none) for ts_client_last_error() and callbacks. */
+/* Give r the message msg (NULL: none) for ts_last_error() in blocking calls and callbacks. */
 void ts__req_set_msg(ts__req *r, const char *msg);
 /* Finish every request of a list linked through next with err and the message msg (or NULL). */
 void ts__fail_list(ts_client_t *c, ts__req *list, int err, const char *msg);
@@ -459,7 +465,7 @@ void ts__quiet_cb(uv_prepare_t *p);
 /* Put the socket in blocking mode or back (I/O thread; see fd_blocking). */
 void ts__fd_set_blocking(ts_client_t *c, int on);
 
-/* lasterror.c: the per-thread message behind ts_client_last_error() (len bytes of msg, or ""). */
+/* lasterror.c: set the thread's ts_last_error() to len bytes of msg (NULL: ""). */
 void ts__set_last_error(const char *msg, size_t len);
 
 /* reply.c: parse a reply body for r (status already OK); takes over body. 0 or TS_EPROTO. */

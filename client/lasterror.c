@@ -1,23 +1,21 @@
 /*
- * The per-thread message of the last failed call (ts_client_last_error): its one owner. api.c
- * sets it from a finished request, client.c from a failed ts_client_open; neither reaches into
- * the other for it.
+ * The client's way into the one per-thread message of every module (ts_last_error,
+ * src/last_error.c): api.c sets it from a finished request, client.c from a failed
+ * ts_client_open, recv.c before a callback with a failure status.
  */
 #include "internal.h"
 
-/* The server's message for the last failed blocking call of this thread. */
-static _Thread_local char tls_errmsg[TS_MAX_ERRMSG + 1];
-
 void ts__set_last_error(const char *msg, size_t len)
 {
-    if (len > TS_MAX_ERRMSG)
-        len = TS_MAX_ERRMSG;
-    if (msg != NULL && len > 0)
-        memcpy(tls_errmsg, msg, len);
-    tls_errmsg[msg != NULL ? len : 0] = '\0';
-}
-
-const char *ts_client_last_error(void)
-{
-    return tls_errmsg;
+    /* len bytes of msg, which need not be terminated there (a server message is at most
+     * TS_MAX_ERRMSG bytes, below TS_MAX_ERROR_LEN). */
+    char buf[TS_MAX_ERROR_LEN + 1];
+    if (msg == NULL)
+        len = 0;
+    if (len > TS_MAX_ERROR_LEN)
+        len = TS_MAX_ERROR_LEN;
+    if (len > 0)
+        memcpy(buf, msg, len);
+    buf[len] = '\0';
+    ts_set_last_error(buf);
 }

@@ -120,7 +120,7 @@ static void proto_fail(ts_client_t *c, ts__conn *conn, ts__req *r, const char *m
  * The server's connection-level error frame (opcode 0, request id 0, checked by
  * ts__reply_hdr_check): it closes the connection for a reason of its own (too many clients, a slow
  * reader, shutdown...). The connection goes now, and the requests in flight fail with the
- * status's TS_E* code and the server's message (ts_client_last_error()), not as merely lost.
+ * status's TS_E* code and the server's message (ts_last_error()), not as merely lost.
  */
 static void server_closing(ts_client_t *c, ts__conn *conn, const ts__hdr *h, const uint8_t *body,
                            size_t len)

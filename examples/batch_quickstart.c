@@ -77,14 +77,14 @@ static void *worker_main(void *arg)
     ts_value_t *in = make_input(w->id);
     ts_value_t *out = NULL;
     int64_t version = 0;
-    int rc = ts_batcher_predict(w->b, in, 0, &out, &version);
+    int rc = ts_batcher_predict(w->b, in, TS_TIMEOUT_DEFAULT, &out, &version);
     w->rc = rc;
     if (rc == 0) {
         char who[32];
         snprintf(who, sizeof(who), "worker %d", w->id);
         print_output(who, out, version);
     } else {
-        fprintf(stderr, "worker %d: %s (%s)\n", w->id, ts_strerror(rc), ts_batcher_last_error());
+        fprintf(stderr, "worker %d: %s (%s)\n", w->id, ts_strerror(rc), ts_last_error());
     }
     ts_value_free(out);
     ts_value_free(in);
@@ -116,12 +116,12 @@ int main(int argc, char **argv)
     ts_torch_model_t *model = NULL;
     int rc = ts_torch_load_file(&model, argv[1], "cpu");
     if (rc != 0) {
-        fprintf(stderr, "loading %s: %s\n", argv[1], ts_torch_last_error());
+        fprintf(stderr, "loading %s: %s\n", argv[1], ts_last_error());
         return 1;
     }
 
-    ts_batcher_config_t cfg;
-    ts_batcher_config_init(&cfg);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
     cfg.inputs = input_schema;
     cfg.n_inputs = 2;
     cfg.outputs = output_schema;
@@ -136,7 +136,7 @@ int main(int argc, char **argv)
     ts_batcher_t *b = NULL;
     rc = ts_batcher_new(&b, &cfg);
     if (rc != 0) {
-        fprintf(stderr, "batcher: %s\n", ts_batcher_last_error());
+        fprintf(stderr, "batcher: %s\n", ts_last_error());
         ts_torch_model_free(model);
         return 1;
     }
@@ -176,7 +176,7 @@ int main(int argc, char **argv)
             ts_value_free(in);
         }
         if (rc != 0)
-            fprintf(stderr, "remote: %s (%s)\n", ts_strerror(rc), ts_batcher_last_error());
+            fprintf(stderr, "remote: %s (%s)\n", ts_strerror(rc), ts_last_error());
         ts_predictor_free(p);
         ts_batcher_stop_remote(b);
         ts_client_free(worker_side);

@@ -118,8 +118,7 @@ static void sleep_ms(int ms)
 /* Report a failed call and give the exit status. */
 static int failed(const char *what, int rc)
 {
-    fprintf(stderr, "quickstart: %s failed: %s %s\n", what, ts_strerror(rc),
-            ts_client_last_error());
+    fprintf(stderr, "quickstart: %s failed: %s %s\n", what, ts_strerror(rc), ts_last_error());
     return 1;
 }
 

@@ -27,7 +27,31 @@ void ts_rl_options_init(ts_rl_options_t *opts)
     opts->staleness_tolerance = 0;
     opts->max_in_flight = RL_DEFAULT_IN_FLIGHT;
     opts->max_in_flight_bytes = RL_DEFAULT_IN_FLIGHT_BYTES;
-    opts->add_timeout_ms = RL_DEFAULT_ADD_TIMEOUT_MS;
+    opts->timeout_ms = RL_DEFAULT_TIMEOUT_MS;
+}
+
+int ts__rl_timeout(int timeout_ms, int dflt, int *out)
+{
+    if (timeout_ms == TS_TIMEOUT_DEFAULT)
+        timeout_ms = dflt;
+    if (timeout_ms == TS_TIMEOUT_INFINITE) {
+        *out = -1;
+        return 0;
+    }
+    if (timeout_ms < 0)
+        return ts__fail(TS_EINVAL,
+                        "timeout_ms %d: expected milliseconds >= 0, TS_TIMEOUT_DEFAULT or "
+                        "TS_TIMEOUT_INFINITE",
+                        timeout_ms);
+    *out = timeout_ms;
+    return 0;
+}
+
+int ts__rl_done(int rc, const char *what)
+{
+    if (rc < 0 && ts_last_error()[0] == '\0')
+        ts__set_errorf("%s: %s", what, ts_strerror(rc));
+    return rc;
 }
 
 /*

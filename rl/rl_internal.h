@@ -20,7 +20,7 @@
 
 #define RL_DEFAULT_IN_FLIGHT       16u
 #define RL_DEFAULT_IN_FLIGHT_BYTES ((size_t)64 << 20)
-#define RL_DEFAULT_ADD_TIMEOUT_MS  30000
+#define RL_DEFAULT_TIMEOUT_MS      30000 /* ms; what TS_TIMEOUT_DEFAULT means by default */
 
 /*
  * Write prefix + name into out (TS_MAX_NAME_LEN + 1 bytes). Returns 0, TS_EINVAL for an empty
@@ -33,6 +33,18 @@ int64_t ts__rl_now_ms(void);
 int ts__rl_cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *mu, int64_t deadline_ms);
 /* The deadline for a timeout in ms: -1 for "no limit" (timeout_ms < 0). */
 int64_t ts__rl_deadline(int timeout_ms);
+/*
+ * Resolve a public timeout parameter (tensorshare.h "Timeouts") against dflt, the options'
+ * timeout_ms (already resolved): *out is then >= 0 milliseconds or -1 for no limit. 0, or
+ * TS_EINVAL with the message set.
+ */
+int ts__rl_timeout(int timeout_ms, int dflt, int *out);
+/*
+ * The end of a public RL call that cleared the thread's message on entry: a failure that set
+ * no message of its own (a client call sets the server's) gets "what: ts_strerror(rc)".
+ * Returns rc.
+ */
+int ts__rl_done(int rc, const char *what);
 /*
  * Build {key: <borrowed view of payload>, "version": version}, the record layout of both bins.
  * Returns NULL on allocation failure (or when payload cannot be wrapped).

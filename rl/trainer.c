@@ -17,6 +17,7 @@ struct ts_rl_trainer_s {
     char params_bin[TS_MAX_NAME_LEN + 1];
     char data_bin[TS_MAX_NAME_LEN + 1];
     int tolerance;
+    int timeout_ms; /* what TS_TIMEOUT_DEFAULT means; >= 0 ms or -1 for no limit */
 
     /* Serializes publishes so versions reach the daemon in the order they were given. */
     pthread_mutex_t publish_mu;
@@ -56,12 +57,15 @@ static int rl_trainer_read_version(ts_rl_trainer_t *t, int64_t *version)
     int64_t v = -1;
     rc = n == 0 ? TS_EBADRECORD : ts__rl_unwrap(ts_items_at(items, n - 1), "params", &params, &v);
     ts_items_free(items);
+    if (rc == TS_EBADRECORD)
+        ts__set_errorf("the parameters bin '%s' holds something other than {params, version}",
+                       t->params_bin);
     if (rc == 0)
         *version = v;
     return rc;
 }
 
-int ts_rl_trainer_new(ts_rl_trainer_t **out, ts_client_t *c, const ts_rl_options_t *opts)
+static int rl_trainer_new(ts_rl_trainer_t **out, ts_client_t *c, const ts_rl_options_t *opts)
 {
     assert(out != NULL && c != NULL);
     ts_rl_options_t defaults;
@@ -70,18 +74,24 @@ int ts_rl_trainer_new(ts_rl_trainer_t **out, ts_client_t *c, const ts_rl_options
         opts = &defaults;
     }
     if (opts->staleness_tolerance < TS_RL_NO_FILTER)
-        return TS_EINVAL;
+        return ts__fail(TS_EINVAL, "staleness_tolerance %d: expected >= 0 or TS_RL_NO_FILTER",
+                        opts->staleness_tolerance);
+    int timeout_ms;
+    int rc = ts__rl_timeout(opts->timeout_ms, RL_DEFAULT_TIMEOUT_MS, &timeout_ms);
+    if (rc != 0)
+        return rc;
     ts_rl_trainer_t *t = ts__calloc(1, sizeof(*t));
     if (t == NULL)
         return TS_ENOMEM;
     t->client = c;
     t->tolerance = opts->staleness_tolerance;
-    int rc = ts__rl_bin_name(t->params_bin, opts->prefix, opts->params_bin);
+    t->timeout_ms = timeout_ms;
+    rc = ts__rl_bin_name(t->params_bin, opts->prefix, opts->params_bin);
     if (rc == 0)
         rc = ts__rl_bin_name(t->data_bin, opts->prefix, opts->data_bin);
     if (rc != 0) {
         ts__free(t);
-        return rc;
+        return ts__fail(rc, "bin names: prefix plus name must be 1..%d bytes", TS_MAX_NAME_LEN);
     }
     int64_t resumed = -1;
     rc = rl_trainer_read_version(t, &resumed);
@@ -107,6 +117,12 @@ int ts_rl_trainer_new(ts_rl_trainer_t **out, ts_client_t *c, const ts_rl_options
     return 0;
 }
 
+int ts_rl_trainer_new(ts_rl_trainer_t **out, ts_client_t *c, const ts_rl_options_t *opts)
+{
+    ts_set_last_error(NULL);
+    return ts__rl_done(rl_trainer_new(out, c, opts), "ts_rl_trainer_new");
+}
+
 void ts_rl_trainer_free(ts_rl_trainer_t *t)
 {
     if (t == NULL)
@@ -119,6 +135,7 @@ void ts_rl_trainer_free(ts_rl_trainer_t *t)
 int ts_rl_trainer_publish(ts_rl_trainer_t *t, const ts_value_t *params, int64_t *version)
 {
     assert(t != NULL && params != NULL);
+    ts_set_last_error(NULL);
     pthread_mutex_lock(&t->publish_mu);
     pthread_mutex_lock(&t->mu);
     /*
@@ -152,7 +169,7 @@ int ts_rl_trainer_publish(ts_rl_trainer_t *t, const ts_value_t *params, int64_t 
     pthread_mutex_unlock(&t->publish_mu);
     if (rc == 0 && version != NULL)
         *version = v;
-    return rc;
+    return ts__rl_done(rc, "ts_rl_trainer_publish");
 }
 
 int64_t ts_rl_trainer_version(ts_rl_trainer_t *t)
@@ -221,14 +238,17 @@ static int rl_trainer_filter(ts_rl_trainer_t *t, ts_items_t *items, ts_rl_batch_
     return 0;
 }
 
-int ts_rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms, ts_rl_batch_t **out)
+static int rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms,
+                              ts_rl_batch_t **out)
 {
-    assert(t != NULL && out != NULL);
+    int rc = ts__rl_timeout(timeout_ms, t->timeout_ms, &timeout_ms);
+    if (rc != 0)
+        return rc;
     int64_t deadline = ts__rl_deadline(timeout_ms);
     size_t dropped = 0;
     for (;;) {
         ts_items_t *items = NULL;
-        int rc = ts_get(t->client, t->data_bin, max_items, &items);
+        rc = ts_get(t->client, t->data_bin, max_items, &items);
         uint32_t remaining = 0;
         if (rc == 0) {
             remaining = ts_items_remaining(items);
@@ -263,6 +283,16 @@ int ts_rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms, 
         if (rc != 0 && rc != TS_ETIMEDOUT)
             return rc;
     }
+}
+
+int ts_rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms, ts_rl_batch_t **out)
+{
+    assert(t != NULL && out != NULL);
+    ts_set_last_error(NULL);
+    int rc = rl_trainer_collect(t, max_items, timeout_ms, out);
+    if (rc == TS_ETIMEDOUT)
+        ts__set_errorf("no experience kept in '%s' within the timeout", t->data_bin);
+    return ts__rl_done(rc, "ts_rl_trainer_collect");
 }
 
 size_t ts_rl_batch_count(const ts_rl_batch_t *b)

@@ -75,7 +75,7 @@ struct ts_rl_worker_s {
     char data_bin[TS_MAX_NAME_LEN + 1];
     unsigned max_in_flight;
     size_t max_in_flight_bytes;
-    int add_timeout_ms;
+    int timeout_ms; /* what TS_TIMEOUT_DEFAULT means; >= 0 ms or -1 for no limit */
     ts_rl_event_cb on_event;
     void *event_arg;
     rl_sub_t *sub;
@@ -117,10 +117,25 @@ static int rl_on_io_thread(const ts_rl_worker_t *w)
     return w->io_known && pthread_equal(w->io_thread, pthread_self());
 }
 
+/*
+ * Report an event. A failure's message goes to ts_last_error() on this thread first, where the
+ * callback reads it (tensorshare.h "Error messages").
+ */
 static void rl_emit(ts_rl_worker_t *w, ts_rl_event_t ev, int status, int64_t version)
 {
-    if (w->on_event != NULL)
-        w->on_event(w, ev, status, version, w->event_arg);
+    if (w->on_event == NULL)
+        return;
+    if (ev == TS_RL_EV_PARAMS_BAD)
+        ts__set_errorf("the parameters bin '%s' holds something other than {params, version}",
+                       w->params_bin);
+    else if (ev == TS_RL_EV_DISCONNECTED)
+        ts__set_errorf("the connection to tensord was lost");
+    else if (status < 0)
+        ts__set_errorf("%s: %s",
+                       ev == TS_RL_EV_ADD_FAILED ? "an experience item was not stored"
+                                                 : "reading the parameters bin failed",
+                       ts_strerror(status));
+    w->on_event(w, status, ev, version, w->event_arg);
 }
 
 /*
@@ -303,28 +318,31 @@ static void rl_notify_cb(ts_client_t *c, int status, const ts_notification_t *n,
     pthread_mutex_unlock(&sub->mu);
 }
 
-int ts_rl_worker_new(ts_rl_worker_t **out, ts_client_t *c, const ts_rl_options_t *opts)
+static int rl_worker_new(ts_rl_worker_t **out, ts_client_t *c, const ts_rl_options_t *opts)
 {
-    assert(out != NULL && c != NULL);
     ts_rl_options_t defaults;
     if (opts == NULL) {
         ts_rl_options_init(&defaults);
         opts = &defaults;
     }
+    int timeout_ms;
+    int rc = ts__rl_timeout(opts->timeout_ms, RL_DEFAULT_TIMEOUT_MS, &timeout_ms);
+    if (rc != 0)
+        return rc;
     ts_rl_worker_t *w = ts__calloc(1, sizeof(*w));
     if (w == NULL)
         return TS_ENOMEM;
     w->client = c;
-    int rc = ts__rl_bin_name(w->params_bin, opts->prefix, opts->params_bin);
+    rc = ts__rl_bin_name(w->params_bin, opts->prefix, opts->params_bin);
     if (rc == 0)
         rc = ts__rl_bin_name(w->data_bin, opts->prefix, opts->data_bin);
     if (rc != 0) {
         ts__free(w);
-        return rc;
+        return ts__fail(rc, "bin names: prefix plus name must be 1..%d bytes", TS_MAX_NAME_LEN);
     }
     w->max_in_flight = opts->max_in_flight > 0 ? opts->max_in_flight : 1;
     w->max_in_flight_bytes = opts->max_in_flight_bytes;
-    w->add_timeout_ms = opts->add_timeout_ms;
+    w->timeout_ms = timeout_ms;
     w->on_event = opts->on_event;
     w->event_arg = opts->event_arg;
     w->retrieved = -1;
@@ -376,11 +394,21 @@ int ts_rl_worker_new(ts_rl_worker_t **out, ts_client_t *c, const ts_rl_options_t
     if (rc == 0)
         rl_install(w, items);
     else if (rc != TS_ENOENT) {
+        char msg[TS_MAX_ERROR_LEN + 1];
+        snprintf(msg, sizeof(msg), "%s", ts_last_error()); /* the free below may replace it */
         ts_rl_worker_free(w);
+        ts_set_last_error(msg);
         return rc;
     }
     *out = w;
     return 0;
+}
+
+int ts_rl_worker_new(ts_rl_worker_t **out, ts_client_t *c, const ts_rl_options_t *opts)
+{
+    assert(out != NULL && c != NULL);
+    ts_set_last_error(NULL);
+    return ts__rl_done(rl_worker_new(out, c, opts), "ts_rl_worker_new");
 }
 
 void ts_rl_worker_free(ts_rl_worker_t *w)
@@ -388,7 +416,7 @@ void ts_rl_worker_free(ts_rl_worker_t *w)
     if (w == NULL)
         return;
     /* Leave the adds a bounded time to be answered; their callbacks point at w. */
-    (void)ts_rl_worker_flush(w, w->add_timeout_ms > 0 ? w->add_timeout_ms : 0);
+    (void)ts_rl_worker_flush(w, w->timeout_ms);
 
     pthread_mutex_lock(&w->mu);
     assert(!rl_on_io_thread(w));
@@ -423,7 +451,7 @@ int ts_rl_worker_params(ts_rl_worker_t *w, ts_rl_params_t **out)
     ts_rl_params_t *p = w->current;
     if (p == NULL) {
         pthread_mutex_unlock(&w->mu);
-        return TS_ENOENT;
+        return ts__fail(TS_ENOENT, "no parameters have been published to '%s' yet", w->params_bin);
     }
     ts_rl_params_retain(p);
     w->retrieved = p->version;
@@ -436,22 +464,25 @@ int ts_rl_worker_params(ts_rl_worker_t *w, ts_rl_params_t **out)
 int ts_rl_worker_await(ts_rl_worker_t *w, int timeout_ms, ts_rl_params_t **out)
 {
     assert(w != NULL && out != NULL);
+    int rc = ts__rl_timeout(timeout_ms, w->timeout_ms, &timeout_ms);
+    if (rc != 0)
+        return rc;
     int64_t deadline = ts__rl_deadline(timeout_ms);
     pthread_mutex_lock(&w->mu);
     /* The check and the wait are under one lock, so no update can slip between them. */
     while (w->current == NULL || w->current->version <= w->retrieved) {
         if (timeout_ms == 0) {
             pthread_mutex_unlock(&w->mu);
-            return TS_ETIMEDOUT;
+            return ts__fail(TS_ETIMEDOUT, "no newer parameters");
         }
         if (rl_on_io_thread(w)) {
             pthread_mutex_unlock(&w->mu);
-            return TS_EDEADLK;
+            return ts__fail(TS_EDEADLK, "ts_rl_worker_await called from a client callback");
         }
         if (ts__rl_cond_wait_until(&w->cond, &w->mu, deadline) == ETIMEDOUT &&
             (w->current == NULL || w->current->version <= w->retrieved)) {
             pthread_mutex_unlock(&w->mu);
-            return TS_ETIMEDOUT;
+            return ts__fail(TS_ETIMEDOUT, "no newer parameters within the timeout");
         }
     }
     ts_rl_params_t *p = ts_rl_params_retain(w->current);
@@ -498,9 +529,8 @@ static int rl_has_room(const ts_rl_worker_t *w, size_t bytes)
     return w->bytes_in_flight + bytes <= w->max_in_flight_bytes;
 }
 
-int ts_rl_worker_add(ts_rl_worker_t *w, const ts_value_t *data, unsigned flags)
+static int rl_worker_add(ts_rl_worker_t *w, const ts_value_t *data, unsigned flags)
 {
-    assert(w != NULL && data != NULL);
     rl_add_t *a = ts__malloc(sizeof(*a));
     if (a == NULL)
         return TS_ENOMEM;
@@ -525,12 +555,12 @@ int ts_rl_worker_add(ts_rl_worker_t *w, const ts_value_t *data, unsigned flags)
         return TS_EMSGSIZE;
     }
 
-    int64_t deadline = ts__rl_deadline(w->add_timeout_ms);
+    int64_t deadline = ts__rl_deadline(w->timeout_ms);
     int rc = 0, reserved = 0;
     pthread_mutex_lock(&w->mu);
     while (!rl_has_room(w, a->bytes)) {
         if (flags & TS_RL_NONBLOCK) {
-            rc = TS_EAGAIN;
+            rc = ts__fail(TS_EAGAIN, "max_in_flight adds are in flight already");
             break;
         }
         if (rl_on_io_thread(w)) {
@@ -569,12 +599,21 @@ int ts_rl_worker_add(ts_rl_worker_t *w, const ts_value_t *data, unsigned flags)
     return rc;
 }
 
+int ts_rl_worker_add(ts_rl_worker_t *w, const ts_value_t *data, unsigned flags)
+{
+    assert(w != NULL && data != NULL);
+    ts_set_last_error(NULL);
+    return ts__rl_done(rl_worker_add(w, data, flags), "ts_rl_worker_add");
+}
+
 int ts_rl_worker_flush(ts_rl_worker_t *w, int timeout_ms)
 {
     assert(w != NULL);
+    int rc = ts__rl_timeout(timeout_ms, w->timeout_ms, &timeout_ms);
+    if (rc != 0)
+        return rc;
     int64_t deadline = ts__rl_deadline(timeout_ms);
     pthread_mutex_lock(&w->mu);
-    int rc = 0;
     while (w->stats.in_flight > 0) {
         if (timeout_ms == 0 || rl_on_io_thread(w)) {
             rc = timeout_ms == 0 ? TS_ETIMEDOUT : TS_EDEADLK;
@@ -591,6 +630,12 @@ int ts_rl_worker_flush(ts_rl_worker_t *w, int timeout_ms)
         w->first_error = 0;
     }
     pthread_mutex_unlock(&w->mu);
+    if (rc == TS_ETIMEDOUT)
+        ts__set_errorf("adds still in flight after the timeout");
+    else if (rc == TS_EDEADLK)
+        ts__set_errorf("ts_rl_worker_flush called from a client callback");
+    else if (rc != 0)
+        ts__set_errorf("an experience item was not stored: %s", ts_strerror(rc));
     return rc;
 }
 

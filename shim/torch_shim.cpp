@@ -29,7 +29,14 @@
 namespace
 {
 
-thread_local std::string tls_error;
+/*
+ * Set the calling thread's ts_last_error() (tensorshare.h: the one message channel of every
+ * module). ts_set_last_error copies at most TS_MAX_ERROR_LEN bytes and never throws.
+ */
+void set_error(const char *s) noexcept
+{
+    ts_set_last_error(s);
+}
 
 /* An error we raise ourselves, with its TS_E* code. */
 struct ts_error : std::exception {
@@ -64,43 +71,36 @@ std::string summarize(const char *what)
 
 /*
  * Run f, turning exceptions into codes: bad_alloc gives TS_ENOMEM, ts_error its code, anything
- * else TS_ETORCH; the message goes to tls_error. c10::Error is asked for its message without the
- * (long) C++ backtrace.
+ * else TS_ETORCH; the message goes to ts_last_error(). c10::Error is asked for its message without
+ * the (long) C++ backtrace.
  */
 template <class F> int guarded(F &&f) noexcept
 {
     try {
-        tls_error.clear();
+        set_error(nullptr);
         return f();
     } catch (const std::bad_alloc &) {
-        try {
-            tls_error = "out of memory";
-        } catch (...) {
-        }
+        set_error("out of memory");
         return TS_ENOMEM;
     } catch (const ts_error &e) {
-        try {
-            tls_error = e.msg;
-        } catch (...) {
-        }
+        set_error(e.msg.c_str());
         return e.code;
     } catch (const c10::Error &e) {
         try {
-            tls_error = summarize(e.what_without_backtrace());
+            set_error(summarize(e.what_without_backtrace()).c_str());
         } catch (...) {
+            set_error(e.what_without_backtrace());
         }
         return TS_ETORCH;
     } catch (const std::exception &e) {
         try {
-            tls_error = summarize(e.what());
+            set_error(summarize(e.what()).c_str());
         } catch (...) {
+            set_error(e.what());
         }
         return TS_ETORCH;
     } catch (...) {
-        try {
-            tls_error = "unknown C++ exception";
-        } catch (...) {
-        }
+        set_error("unknown C++ exception");
         return TS_ETORCH;
     }
 }
@@ -156,9 +156,8 @@ c10::Device parse_device(const char *name)
 }
 
 /* The batcher's model operations (defined at the end). */
-int op_forward(ts_model_t *mm, const ts_value_t *input, int64_t rows, ts_value_t **output,
-               char *err, size_t errlen);
-int op_load(ts_model_t *mm, const ts_value_t *params, char *err, size_t errlen);
+int op_forward(ts_model_t *mm, const ts_value_t *input, int64_t rows, ts_value_t **output);
+int op_load(ts_model_t *mm, const ts_value_t *params);
 void op_free(ts_model_t *mm);
 
 const ts_model_ops_t torch_ops = {op_forward, op_load, op_free};
@@ -616,38 +615,24 @@ ts_value_t *export_state(ts_torch_model_t *m)
     return map.release();
 }
 
-/* Copy a message into a C buffer. */
-void put_err(char *err, size_t errlen, const std::string &s)
-{
-    if (err != nullptr && errlen > 0)
-        std::snprintf(err, errlen, "%s", s.c_str());
-}
-
-/* The batcher's model operations. */
-int op_forward(ts_model_t *mm, const ts_value_t *input, int64_t rows, ts_value_t **output,
-               char *err, size_t errlen)
+/* The batcher's model operations; a failure's message is in ts_last_error() (guarded). */
+int op_forward(ts_model_t *mm, const ts_value_t *input, int64_t rows, ts_value_t **output)
 {
     (void)rows;
     auto *m = static_cast<ts_torch_model_t *>(mm->data);
-    int rc = guarded([&]() -> int {
+    return guarded([&]() -> int {
         *output = forward(m, input, nullptr, nullptr);
         return 0;
     });
-    if (rc != 0)
-        put_err(err, errlen, tls_error);
-    return rc;
 }
 
-int op_load(ts_model_t *mm, const ts_value_t *params, char *err, size_t errlen)
+int op_load(ts_model_t *mm, const ts_value_t *params)
 {
     auto *m = static_cast<ts_torch_model_t *>(mm->data);
-    int rc = guarded([&]() -> int {
+    return guarded([&]() -> int {
         load_state(m, params, 0);
         return 0;
     });
-    if (rc != 0)
-        put_err(err, errlen, tls_error);
-    return rc;
 }
 
 void op_free(ts_model_t *mm)
@@ -661,11 +646,6 @@ void op_free(ts_model_t *mm)
  * The C API
  */
 extern "C" {
-
-const char *ts_torch_last_error(void)
-{
-    return tls_error.c_str();
-}
 
 int ts_torch_load_file(ts_torch_model_t **out, const char *path, const char *device)
 {
@@ -788,16 +768,14 @@ void ts_torch_set_num_threads(int n)
     });
 }
 
-int ts_torch_model_create(void *prototype, const char *device, int replica, ts_model_t **out,
-                          char *err, size_t errlen)
+int ts_torch_model_create(const char *device, int replica, ts_model_t **out, void *prototype)
 {
     (void)replica;
     ts_torch_model_t *m = nullptr;
+    /* ts_torch_clone leaves its message in ts_last_error(), where the batcher reads it. */
     int rc = ts_torch_clone(&m, static_cast<const ts_torch_model_t *>(prototype), device);
-    if (rc != 0) {
-        put_err(err, errlen, tls_error);
+    if (rc != 0)
         return rc;
-    }
     *out = &m->base;
     return 0;
 }

@@ -30,32 +30,36 @@ extern "C" {
 #endif
 
 /* ---------------------------------------------------------------------------------------------
- * The model interface
+ * The model interface Added in 0.1.0.
  */
 typedef struct ts_model_s ts_model_t;
 
+/* The operations of a model, called by the batcher. Added in 0.1.0. */
 typedef struct ts_model_ops_s {
     /*
      * Run one batch. input is a value tree that matches the batcher's input schema, every tensor
      * with a leading batch dimension of rows (borrowed for the call). On success, store a tree
      * you own in *output (transferred to the batcher) whose tensors all have the leading
-     * dimension rows; on failure return a TS_E* code and may write a NUL-terminated message into
-     * err (errlen bytes). Called on the replica's thread only, never concurrently with another
-     * call on the same model.
+     * dimension rows; on failure return a TS_E* code and set the reason with ts_set_last_error()
+     * (the batcher hands it to the requesters' callbacks through ts_last_error()). Called on the
+     * replica's thread only, never concurrently with another call on the same model.
      */
-    int (*forward)(ts_model_t *m, const ts_value_t *input, int64_t rows, ts_value_t **output,
-                   char *err, size_t errlen);
+    int (*forward)(ts_model_t *m, const ts_value_t *input, int64_t rows, ts_value_t **output);
     /*
      * Load new weights (a state dict: a map of name to tensor, nested maps allowed) borrowed for
      * the call. Called on the replica's thread between two forwards, never during one. May be
-     * NULL when the model has no weights to load (updates then fail with TS_ENOTSUP).
+     * NULL when the model has no weights to load (updates then fail with TS_ENOTSUP). A failure
+     * returns a TS_E* code with its reason set by ts_set_last_error(), as for forward.
      */
-    int (*load_weights)(ts_model_t *m, const ts_value_t *params, char *err, size_t errlen);
+    int (*load_weights)(ts_model_t *m, const ts_value_t *params);
     /* Free the model. Called once, on the thread that frees the batcher. */
     void (*free)(ts_model_t *m);
 } ts_model_ops_t;
 
-/* Embed this as the first member of your model struct (like a libuv handle). */
+/*
+ * Embed this as the first member of your model struct (like a libuv handle). Added in 0.1.0.
+ * Changed in 0.2.0: forward and load_weights lost their err and errlen parameters.
+ */
 struct ts_model_s {
     const ts_model_ops_t *ops;
     void *data; /* for the implementation; the batcher never reads it */
@@ -63,22 +67,22 @@ struct ts_model_s {
 
 /*
  * Create one replica's model for device ("cpu" or "cuda:N"); replica numbers count from 0.
- * Called by ts_batcher_new on its caller's thread, once per replica. On failure return a TS_E*
- * code and may write a NUL-terminated message into err (errlen bytes); ts_batcher_new then
- * frees the replicas already made and fails with that code.
+ * Called by ts_batcher_new on its caller's thread, once per replica; arg is the options'
+ * create_arg. On failure return a TS_E* code with its reason set by ts_set_last_error();
+ * ts_batcher_new then frees the replicas already made and fails with that code and message.
+ * Added in 0.1.0. Changed in 0.2.0: arg comes last; err and errlen are gone.
  */
-typedef int (*ts_model_create_cb)(void *arg, const char *device, int replica, ts_model_t **out,
-                                  char *err, size_t errlen);
+typedef int (*ts_model_create_cb)(const char *device, int replica, ts_model_t **out, void *arg);
 
 /* ---------------------------------------------------------------------------------------------
- * Configuration
+ * Options
  */
 
 /*
  * One tensor of a schema. name is a dotted path into nested maps ("obs.image" is the tensor
  * under key "image" of the map under key "obs"); the empty name means the whole value is this
  * one tensor (a schema with a single unnamed field takes and returns bare tensors). shape is
- * per row: it leaves out the batch dimension.
+ * per row: it leaves out the batch dimension. Added in 0.1.0.
  */
 typedef struct ts_field_s {
     const char *name;
@@ -87,9 +91,14 @@ typedef struct ts_field_s {
     int64_t shape[TS_MAX_NDIM];
 } ts_field_t;
 
-#define TS_BATCHER_MAX_FIELDS 64 /* tensors per schema; a request is checked leaf by leaf */
+/* tensors per schema; a request is checked leaf by leaf. Added in 0.1.0. */
+#define TS_BATCHER_MAX_FIELDS 64
 
-typedef struct ts_batcher_config_s {
+/*
+ * The batcher's options; fill with ts_batcher_options_init, then change fields. Added in 0.2.0.
+ * It replaces ts_batcher_config_t.
+ */
+typedef struct ts_batcher_options_s {
     const ts_field_t *inputs; /* input schema (copied by ts_batcher_new) */
     int n_inputs;
     /*
@@ -109,109 +118,132 @@ typedef struct ts_batcher_config_s {
      * e.g. "cuda:0,cuda:1" places one replica on each of two GPUs.
      */
     const char *placement;
-    int cuda_devices;  /* visible CUDA devices, for the cuda, cuda*K and cuda/N forms */
-    int timeout_ms;    /* default request deadline when a call passes 0; default 30000; <0 none */
-    size_t max_queued; /* requests waiting at most; further submits get TS_EAGAIN; default 65536 */
+    int cuda_devices; /* visible CUDA devices, for the cuda, cuda*K and cuda/N forms */
+    /*
+     * What TS_TIMEOUT_DEFAULT means for this batcher's predictions and blocking weight loads:
+     * positive milliseconds, or TS_TIMEOUT_INFINITE for no deadline (0 gives TS_EINVAL at
+     * ts_batcher_new); default 30000.
+     */
+    int timeout_ms;
+    size_t max_queued; /* requests waiting at most; further ones get TS_EAGAIN; default 65536 */
     int64_t version;   /* weight version the models start with; default 0 */
     ts_model_create_cb create; /* required */
-    void *create_arg;
-} ts_batcher_config_t;
+    void *create_arg;          /* passed to create; never read by the batcher */
+} ts_batcher_options_t;
 
-/* Fill cfg with the defaults (no schema, no model). */
-TS_EXTERN void ts_batcher_config_init(ts_batcher_config_t *cfg);
+/*
+ * Fill opts with the defaults (no schema, no model). Added in 0.2.0. It replaces
+ * ts_batcher_config_init.
+ */
+TS_EXTERN void ts_batcher_options_init(ts_batcher_options_t *opts);
 
 /* ---------------------------------------------------------------------------------------------
- * The batcher
+ * The batcher Added in 0.1.0.
  */
 typedef struct ts_batcher_s ts_batcher_t;
 
 /*
- * Create the models (through cfg->create, on this thread) and start the replica threads.
- * Returns 0 and *out, or TS_EINVAL (bad schema or placement), TS_ENOTSUP (a cuda placement with
- * no CUDA device), TS_ENOMEM, or the model factory's error. ts_batcher_last_error() then tells
- * why. Added in 0.1.0.
+ * Create the models (through opts->create, on this thread) and start the replica threads.
+ * Returns 0 and *out, or TS_EINVAL (bad schema, placement or timeout), TS_ENOTSUP (a cuda
+ * placement with no CUDA device), TS_ENOMEM, or the model factory's error. ts_last_error() then
+ * tells why. Added in 0.1.0.
  */
-TS_EXTERN int ts_batcher_new(ts_batcher_t **out, const ts_batcher_config_t *cfg);
+TS_EXTERN int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *opts);
 
 /*
  * Stop: serving and following end, pending requests complete with TS_ECANCELED, each replica
  * finishes (and answers) the batch it is running, the threads end and the models are freed.
  * Must not be called from a batcher callback, nor while another thread is still inside a call
- * on b. NULL is a no-op.
+ * on b. NULL is a no-op. Added in 0.1.0.
  */
 TS_EXTERN void ts_batcher_free(ts_batcher_t *b);
 
-/* Number of replicas, and the device of replica i ("cpu", "cuda:1"; NULL when out of range). */
+/*
+ * Number of replicas, and the device of replica i ("cpu", "cuda:1"; NULL when out of range).
+ * Added in 0.1.0.
+ */
 TS_EXTERN int ts_batcher_replicas(const ts_batcher_t *b);
 TS_EXTERN const char *ts_batcher_device(const ts_batcher_t *b, int i);
 
 /*
  * Completion of a prediction, called exactly once, on a batcher thread (a replica's, the timer's,
- * or the one in ts_batcher_free), never from inside the submit call. status is 0, or TS_ESCHEMA,
- * TS_EMODEL, TS_ETIMEDOUT, TS_ECANCELED. On success output holds exactly the request's rows
- * (transferred: free it with ts_value_free) and version is the weight version that computed
- * it; message (valid during the call, may be NULL) tells why a request failed. Keep the callback
- * short: it runs on the thread that serves the next batch.
+ * or the one in ts_batcher_free), never from inside ts_batcher_predict_async. status is 0, or
+ * TS_ESCHEMA, TS_EMODEL, TS_ETIMEDOUT, TS_ECANCELED, with its reason in ts_last_error(). On
+ * success output holds exactly the request's rows (transferred: free it with ts_value_free) and
+ * version is the weight version that computed it. Keep the callback short: it runs on the
+ * thread that serves the next batch.
  *
- * The callback may submit the requester's next request (ts_batcher_submit, not the blocking
- * calls). A request submitted from a callback on a replica's thread wakes no other replica: that
+ * The callback may submit the requester's next request (ts_batcher_predict_async, not the
+ * blocking calls). A request submitted from a callback on a replica's thread wakes no other
+ * replica: that
  * replica takes the queue again as soon as its batch's callbacks return, so a closed loop of
  * asynchronous requesters costs no thread wake-up per request (see docs/BATCHER.md).
+ * Added in 0.1.0. Changed in 0.2.0: the message parameter is gone (use ts_last_error()).
  */
 typedef void (*ts_predict_cb)(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
-                              const char *message, void *arg);
+                              void *arg);
 
 /*
  * Queue a request. input is a value tree matching the input schema, every tensor with the same
  * leading row count (1..max_batch). input is retained (read by a replica thread) until the
- * callback is called, unless flags has TS_COPY (then it is copied now). timeout_ms: 0 for the
- * configured default, <0 for no deadline. A request that does not match the schema fails here
- * with TS_ESCHEMA and the callback is never called; TS_EAGAIN when the queue is full,
- * TS_ECANCELED after shutdown began.
+ * callback is called, unless flags has TS_COPY (then it is copied now). timeout_ms is the
+ * request's deadline: positive milliseconds, TS_TIMEOUT_DEFAULT for the options' timeout_ms, or
+ * TS_TIMEOUT_INFINITE for none; 0 gives TS_EINVAL (a prediction cannot be answered without
+ * waiting). A request that does not match the schema fails here with TS_ESCHEMA and the
+ * callback is never called; TS_EAGAIN when the queue is full, TS_ECANCELED after shutdown
+ * began. Added in 0.2.0. It replaces ts_batcher_submit.
  */
-TS_EXTERN int ts_batcher_submit(ts_batcher_t *b, const ts_value_t *input, unsigned flags,
-                                int timeout_ms, ts_predict_cb cb, void *arg);
+TS_EXTERN int ts_batcher_predict_async(ts_batcher_t *b, const ts_value_t *input, unsigned flags,
+                                       int timeout_ms, ts_predict_cb cb, void *arg);
 
 /*
  * Blocking prediction: input is borrowed for the call; on success *output (yours) holds the
- * request's rows and *version (may be NULL) the weight version. Returns the status the callback
- * would get. Must not be called from a batcher callback.
+ * request's rows and *version (may be NULL) the weight version. timeout_ms as for
+ * ts_batcher_predict_async. Returns the status the callback would get. Must not be called from
+ * a batcher callback. Added in 0.1.0.
  */
 TS_EXTERN int ts_batcher_predict(ts_batcher_t *b, const ts_value_t *input, int timeout_ms,
                                  ts_value_t **output, int64_t *version);
-
-/* The message of the last failed batcher call on this thread, or "". */
-TS_EXTERN const char *ts_batcher_last_error(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Weight updates. Every replica loads new weights between two forwards, never during one, and
  * every answer carries the version it was computed with.
  */
 
-/* Called once the batcher no longer reads params (on a batcher thread or the caller's). */
+/*
+ * Called once the batcher no longer reads params (on a batcher thread or the caller's).
+ * Added in 0.1.0.
+ */
 typedef void (*ts_weights_release_cb)(const ts_value_t *params, void *arg);
 
 /*
  * Publish new weights without waiting. params (a state dict) is retained until release (may be
  * NULL) is called: after every replica has loaded it, or a newer update replaced it, or the
  * batcher is freed. Replicas that fail to load it keep their previous weights and version.
+ * Added in 0.2.0. It replaces ts_batcher_set_weights.
  */
-TS_EXTERN int ts_batcher_set_weights(ts_batcher_t *b, const ts_value_t *params, int64_t version,
-                                     ts_weights_release_cb release, void *arg);
+TS_EXTERN int ts_batcher_load_weights_async(ts_batcher_t *b, const ts_value_t *params,
+                                            int64_t version, ts_weights_release_cb release,
+                                            void *arg);
 
 /*
  * Publish new weights and wait until every replica has loaded them (params borrowed for the
- * call). Returns 0, the first load error of a replica (its message in ts_batcher_last_error()),
- * or TS_ETIMEDOUT after timeout_ms (<0: no limit); on timeout the update is withdrawn from the
- * replicas that had not started loading it.
+ * call). timeout_ms: positive milliseconds, TS_TIMEOUT_DEFAULT for the options' timeout_ms, or
+ * TS_TIMEOUT_INFINITE; 0 gives TS_EINVAL (loading cannot finish without waiting). Returns 0,
+ * the first load error of a replica (its message in ts_last_error()), or TS_ETIMEDOUT; on
+ * timeout the update is withdrawn from the replicas that had not started loading it.
+ * Added in 0.1.0.
  */
 TS_EXTERN int ts_batcher_load_weights(ts_batcher_t *b, const ts_value_t *params, int64_t version,
                                       int timeout_ms);
 
-/* The weight version of each replica is reported here: the smallest and the largest. */
+/*
+ * The weight version of each replica is reported here: the smallest and the largest.
+ * Added in 0.1.0.
+ */
 TS_EXTERN void ts_batcher_versions(ts_batcher_t *b, int64_t *min_version, int64_t *max_version);
 
-/* Counters since creation. */
+/* Counters since creation. Added in 0.1.0. */
 typedef struct ts_batcher_stats_s {
     uint64_t requests;     /* answered with status 0 */
     uint64_t failed;       /* answered with an error (schema errors at submit excluded) */
@@ -223,6 +255,7 @@ typedef struct ts_batcher_stats_s {
     uint32_t max_batch;
 } ts_batcher_stats_t;
 
+/* Copy the counters into *out, a consistent snapshot. Added in 0.1.0. */
 TS_EXTERN void ts_batcher_stats(ts_batcher_t *b, ts_batcher_stats_t *out);
 
 /* ---------------------------------------------------------------------------------------------
@@ -236,7 +269,7 @@ TS_EXTERN void ts_batcher_stats(ts_batcher_t *b, ts_batcher_stats_t *out);
  *                  {id: int, status: int (0 or TS_E*), version: int, output: <tree> (status 0),
  *                   error: string (status != 0)}
  * Parameters (ts_batcher_follow_weights): a bin whose last item is {params: <state dict>,
- * version: int}, as an RL trainer publishes it with ts_put.
+ * version: int}, as an RL trainer publishes it with ts_put. Added in 0.1.0.
  */
 #define TS_BATCHER_REQ_SUFFIX "/requests"
 
@@ -245,49 +278,66 @@ TS_EXTERN void ts_batcher_stats(ts_batcher_t *b, ts_batcher_stats_t *out);
  * groups (ts_get with max_items, ts_wait between), submits them, and appends each answer to its
  * requester's reply bin. client is borrowed and must outlive the batcher (or
  * ts_batcher_stop_remote). Requests that do not match the schema are answered with TS_ESCHEMA.
- * One name per batcher; TS_EINVAL when already serving.
+ * One name per batcher; TS_EINVAL when already serving. Added in 0.1.0.
  */
 TS_EXTERN int ts_batcher_serve(ts_batcher_t *b, ts_client_t *client, const char *name);
 
 /*
  * Follow a parameters bin: a thread waits for new items in bin and publishes each new
- * {params, version} to the replicas (as ts_batcher_set_weights). client as for serve.
+ * {params, version} to the replicas (as ts_batcher_load_weights_async). client as for serve.
+ * Added in 0.1.0.
  */
 TS_EXTERN int ts_batcher_follow_weights(ts_batcher_t *b, ts_client_t *client, const char *bin);
 
-/* Stop serving and following (waits for those threads, at most about a wait period). */
+/*
+ * Stop serving and following (waits for those threads, at most about a wait period).
+ * Added in 0.1.0.
+ */
 TS_EXTERN void ts_batcher_stop_remote(ts_batcher_t *b);
 
-/* The remote side: a predictor talks to a served batcher through a tensord. */
+/* The remote side: a predictor talks to a served batcher through a tensord. Added in 0.1.0. */
 typedef struct ts_predictor_s ts_predictor_t;
 
 /*
  * Open a predictor for the model served as name. client is borrowed and must outlive the
  * predictor. It owns a reply bin (deleted when the predictor is freed) and one receiver thread.
+ * Added in 0.1.0.
  */
 TS_EXTERN int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *name);
-/* Outstanding requests complete with TS_ECANCELED; the reply bin is deleted. NULL is a no-op. */
+/*
+ * Outstanding requests complete with TS_ECANCELED; the reply bin is deleted. NULL is a no-op.
+ * Added in 0.1.0.
+ */
 TS_EXTERN void ts_predictor_free(ts_predictor_t *p);
 
 /*
  * Completion of a remote prediction, called exactly once, never from inside the call that
  * queued it: on the predictor's receiver thread (answers and deadlines), on the client's I/O
  * thread (when sending the request failed), or in ts_predictor_free (TS_ECANCELED). Same
- * meaning as ts_predict_cb; output is transferred. Blocking predictor calls made from it fail
- * with TS_EDEADLK.
+ * meaning as ts_predict_cb (a failure's reason in ts_last_error()); output is transferred.
+ * Blocking predictor calls made from it fail with TS_EDEADLK. Added in 0.2.0. It replaces
+ * ts_remote_cb, which also had a message parameter.
  */
-typedef void (*ts_remote_cb)(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
-                             const char *message, void *arg);
+typedef void (*ts_predictor_cb)(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
+                                void *arg);
+
+/*
+ * ms; what TS_TIMEOUT_DEFAULT means for a predictor: the client's default request timeout
+ * Added in 0.1.0.
+ */
+#define TS_PREDICTOR_DEFAULT_TIMEOUT_MS 30000 /* Added in 0.2.0. */
 
 /*
  * Send a request (input borrowed for the call: it is encoded and sent before this returns).
- * timeout_ms: 0 for 30 s, <0 for none. The callback gets TS_ETIMEDOUT when no answer came in
- * time; the server also drops the request if it is still queued there that long after the
- * server took it from the request bin. Any number may be outstanding.
+ * timeout_ms: positive milliseconds, TS_TIMEOUT_DEFAULT for TS_PREDICTOR_DEFAULT_TIMEOUT_MS, or
+ * TS_TIMEOUT_INFINITE for none; 0 gives TS_EINVAL. The callback gets TS_ETIMEDOUT when no answer
+ * came in time; the server also drops the request if it is still queued there that long after
+ * the server took it from the request bin. Any number may be outstanding.
+ * Added in 0.2.0. It replaces ts_predictor_submit.
  */
-TS_EXTERN int ts_predictor_submit(ts_predictor_t *p, const ts_value_t *input, int timeout_ms,
-                                  ts_remote_cb cb, void *arg);
-/* Blocking form; *output is yours, *version may be NULL. */
+TS_EXTERN int ts_predictor_predict_async(ts_predictor_t *p, const ts_value_t *input, int timeout_ms,
+                                         ts_predictor_cb cb, void *arg);
+/* Blocking form; *output is yours, *version may be NULL. Added in 0.1.0. */
 TS_EXTERN int ts_predictor_predict(ts_predictor_t *p, const ts_value_t *input, int timeout_ms,
                                    ts_value_t **output, int64_t *version);
 

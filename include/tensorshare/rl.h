@@ -21,8 +21,10 @@
  * may be shared by several threads. Blocking functions must not be called from client callbacks
  * (nor from the worker's event callback): they return TS_EDEADLK there.
  *
- * Conventions are those of tensorshare.h: 0 or a negative TS_E* code, out-parameters written
- * only on success, borrowed pointer parameters, _free(NULL) is a no-op.
+ * Conventions are those of tensorshare.h: 0 or a negative TS_E* code with its reason in
+ * ts_last_error(), out-parameters written only on success, borrowed pointer parameters,
+ * _free(NULL) is a no-op, and timeouts as described there (TS_TIMEOUT_DEFAULT is the options'
+ * timeout_ms).
  */
 #ifndef TENSORSHARE_RL_H
 #define TENSORSHARE_RL_H
@@ -36,16 +38,17 @@
 extern "C" {
 #endif
 
-/* staleness_tolerance value that keeps every item, however old its parameters. */
+/* staleness_tolerance value that keeps every item, however old its parameters. Added in 0.1.0. */
 #define TS_RL_NO_FILTER (-1)
 
-/* Flag for ts_rl_worker_add: fail with TS_EAGAIN instead of waiting for room. */
+/* Flag for ts_rl_worker_add: fail with TS_EAGAIN instead of waiting for room. Added in 0.1.0. */
 #define TS_RL_NONBLOCK 0x100u
 
+/* The trainer and the worker (opaque). Added in 0.1.0. */
 typedef struct ts_rl_trainer_s ts_rl_trainer_t;
 typedef struct ts_rl_worker_s ts_rl_worker_t;
 
-/* What a worker's event callback reports. */
+/* What a worker's event callback reports. Added in 0.1.0. */
 typedef enum ts_rl_event_e {
     TS_RL_EV_PARAMS = 1,        /* newer parameters arrived; version is theirs */
     TS_RL_EV_DISCONNECTED = 2,  /* the connection to tensord was lost; workers keep the last
@@ -60,12 +63,17 @@ typedef enum ts_rl_event_e {
 /*
  * A worker's event callback. Runs on the client's I/O thread (TS_RL_EV_PARAMS also on the thread
  * in ts_rl_worker_new), possibly with a worker lock held: it must return quickly, must not block
- * and must not free the worker. status is 0 or a TS_E* code; version is the parameter version
- * the event concerns (-1 when none).
+ * and must not free the worker. status is 0 or a TS_E* code (its reason in ts_last_error());
+ * version is the parameter version the event concerns (-1 when none). Added in 0.1.0.
+ * Changed in 0.2.0: status comes before event.
  */
-typedef void (*ts_rl_event_cb)(ts_rl_worker_t *w, ts_rl_event_t event, int status, int64_t version,
+typedef void (*ts_rl_event_cb)(ts_rl_worker_t *w, int status, ts_rl_event_t event, int64_t version,
                                void *arg);
 
+/*
+ * Options of the trainer and the worker; fill with ts_rl_options_init, then change fields.
+ * Added in 0.1.0.
+ */
 typedef struct ts_rl_options_s {
     /*
      * Bin names. prefix (may be NULL) is prepended to both, so several experiments can share a
@@ -92,7 +100,13 @@ typedef struct ts_rl_options_s {
      */
     unsigned max_in_flight;
     size_t max_in_flight_bytes;
-    int add_timeout_ms; /* worker: longest wait for room in ts_rl_worker_add; default 30000 */
+    /*
+     * What TS_TIMEOUT_DEFAULT means for the trainer's and worker's calls, and the longest wait
+     * for room in ts_rl_worker_add and for the adds in flight in ts_rl_worker_free: positive
+     * milliseconds, 0 (do not wait) or TS_TIMEOUT_INFINITE; default 30000. Added in 0.2.0. It
+     * replaces add_timeout_ms.
+     */
+    int timeout_ms;
 
     ts_rl_event_cb on_event; /* worker: optional */
     void *event_arg;         /* passed to on_event; never read by the library */
@@ -127,15 +141,16 @@ TS_EXTERN int ts_rl_trainer_publish(ts_rl_trainer_t *t, const ts_value_t *params
 /* The newest version this trainer published or resumed from, -1 when none. Added in 0.1.0. */
 TS_EXTERN int64_t ts_rl_trainer_version(ts_rl_trainer_t *t);
 
-/* Experience taken from the data bin by one collect call. */
+/* Experience taken from the data bin by one collect call. Added in 0.1.0. */
 typedef struct ts_rl_batch_s ts_rl_batch_t;
 
 /*
  * Take the experience workers added: at most max_items items (0 = all there are), oldest first,
  * removing them from the data bin. Items older than the staleness tolerance allows, and items
  * that are not {data, version}, are dropped and counted (ts_rl_trainer_stats).
- * When nothing is kept, waits for new items up to timeout_ms (0: do not wait; < 0: no limit),
- * woken by the daemon (no polling). Returns 0 with at least one item in *out (yours to free), or
+ * When nothing is kept, waits for new items up to timeout_ms (0: do not wait;
+ * TS_TIMEOUT_DEFAULT: the options' timeout_ms; TS_TIMEOUT_INFINITE: no limit), woken by the
+ * daemon (no polling). Returns 0 with at least one item in *out (yours to free), or
  * TS_ETIMEDOUT when no item was kept in time, or a client error (for instance TS_ECONNRESET
  * while the daemon restarts; calling again after the client reconnected works).
  * Added in 0.1.0.
@@ -143,16 +158,23 @@ typedef struct ts_rl_batch_s ts_rl_batch_t;
 TS_EXTERN int ts_rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms,
                                     ts_rl_batch_t **out);
 
-/* Items in a batch (at least 1). */
+/* Items in a batch (at least 1). Added in 0.1.0. */
 TS_EXTERN size_t ts_rl_batch_count(const ts_rl_batch_t *b);
-/* The i-th item's data record, valid until ts_rl_batch_free; NULL when out of range. */
+/*
+ * The i-th item's data record, valid until ts_rl_batch_free; NULL when out of range.
+ * Added in 0.1.0.
+ */
 TS_EXTERN const ts_value_t *ts_rl_batch_data(const ts_rl_batch_t *b, size_t i);
-/* The parameter version the i-th item was produced with (-1: before any), or -1 out of range. */
+/*
+ * The parameter version the i-th item was produced with (-1: before any), or -1 out of range.
+ * Added in 0.1.0.
+ */
 TS_EXTERN int64_t ts_rl_batch_version(const ts_rl_batch_t *b, size_t i);
-/* Items this collect call dropped (stale or malformed) on its way to the batch. */
+/* Items this collect call dropped (stale or malformed) on its way to the batch. Added in 0.1.0. */
 TS_EXTERN size_t ts_rl_batch_dropped(const ts_rl_batch_t *b);
 TS_EXTERN void ts_rl_batch_free(ts_rl_batch_t *b);
 
+/* A trainer's counters (ts_rl_trainer_stats). Added in 0.1.0. */
 typedef struct ts_rl_trainer_stats_s {
     int64_t version;            /* newest published (or resumed from) version, -1 when none */
     int64_t resumed_from;       /* version found in the parameters bin at start, -1 when none */
@@ -171,15 +193,18 @@ TS_EXTERN void ts_rl_trainer_stats(ts_rl_trainer_t *t, ts_rl_trainer_stats_t *ou
  * Worker
  */
 
-/* A refcounted, read-only snapshot of published parameters. */
+/* A refcounted, read-only snapshot of published parameters. Added in 0.1.0. */
 typedef struct ts_rl_params_s ts_rl_params_t;
 
-/* The parameters record as published (typically a map of named tensors). */
+/* The parameters record as published (typically a map of named tensors). Added in 0.1.0. */
 TS_EXTERN const ts_value_t *ts_rl_params_value(const ts_rl_params_t *p);
 TS_EXTERN int64_t ts_rl_params_version(const ts_rl_params_t *p);
-/* Take one more reference (for another thread); returns p. */
+/* Take one more reference (for another thread); returns p. Added in 0.1.0. */
 TS_EXTERN ts_rl_params_t *ts_rl_params_retain(ts_rl_params_t *p);
-/* Drop a reference; the last one frees the snapshot. NULL is a no-op. Any thread. */
+/*
+ * Drop a reference; the last one frees the snapshot. NULL is a no-op. Any thread.
+ * Added in 0.1.0.
+ */
 TS_EXTERN void ts_rl_params_release(ts_rl_params_t *p);
 
 /*
@@ -192,7 +217,7 @@ TS_EXTERN void ts_rl_params_release(ts_rl_params_t *p);
 TS_EXTERN int ts_rl_worker_new(ts_rl_worker_t **out, ts_client_t *c, const ts_rl_options_t *opts);
 
 /*
- * Waits for the adds in flight (up to add_timeout_ms), ends the subscription and frees the
+ * Waits for the adds in flight (up to the options' timeout_ms), ends the subscription and frees the
  * worker. Parameter snapshots handed out stay valid until released. Must not be called from a
  * client or event callback. NULL is a no-op. Added in 0.1.0.
  */
@@ -206,8 +231,9 @@ TS_EXTERN void ts_rl_worker_free(ts_rl_worker_t *w);
 TS_EXTERN int ts_rl_worker_params(ts_rl_worker_t *w, ts_rl_params_t **out);
 
 /*
- * Wait until parameters newer than the last retrieved ones are held, up to timeout_ms (< 0: no
- * limit, 0: do not wait). Returns 0 with a reference in *out (marked as retrieved), or
+ * Wait until parameters newer than the last retrieved ones are held, up to timeout_ms (0: do not
+ * wait; TS_TIMEOUT_DEFAULT: the options' timeout_ms; TS_TIMEOUT_INFINITE: no limit). Returns 0
+ * with a reference in *out (marked as retrieved), or
  * TS_ETIMEDOUT when nothing newer arrived: a timeout is never mistaken for an update.
  * TS_EDEADLK from a callback. Added in 0.1.0.
  */
@@ -217,7 +243,7 @@ TS_EXTERN int ts_rl_worker_await(ts_rl_worker_t *w, int timeout_ms, ts_rl_params
  * Send one experience item, {data, version} with the version last retrieved (-1 before any),
  * without waiting for the daemon. data is borrowed: with flags TS_COPY its memory is copied
  * during the call; with TS_BORROW it must stay valid until ts_rl_worker_flush returns. When
- * max_in_flight items or bytes are already in flight, waits for room up to add_timeout_ms
+ * max_in_flight items or bytes are already in flight, waits for room up to the options' timeout_ms
  * (TS_ETIMEDOUT), or returns TS_EAGAIN at once with TS_RL_NONBLOCK. A failure found later, when
  * the daemon answers, is counted, reported to on_event and returned by ts_rl_worker_flush.
  * Added in 0.1.0.
@@ -225,12 +251,14 @@ TS_EXTERN int ts_rl_worker_await(ts_rl_worker_t *w, int timeout_ms, ts_rl_params
 TS_EXTERN int ts_rl_worker_add(ts_rl_worker_t *w, const ts_value_t *data, unsigned flags);
 
 /*
- * Wait until every add in flight has been answered, up to timeout_ms (< 0: no limit). Returns
+ * Wait until every add in flight has been answered, up to timeout_ms (0: do not wait;
+ * TS_TIMEOUT_DEFAULT: the options' timeout_ms; TS_TIMEOUT_INFINITE: no limit). Returns
  * the first error of an add that failed since the previous flush (clearing it), 0 when all
  * succeeded, or TS_ETIMEDOUT when adds are still in flight. Added in 0.1.0.
  */
 TS_EXTERN int ts_rl_worker_flush(ts_rl_worker_t *w, int timeout_ms);
 
+/* A worker's counters (ts_rl_worker_stats). Added in 0.1.0. */
 typedef struct ts_rl_worker_stats_s {
     int64_t version;           /* newest parameters held, -1 when none */
     int64_t retrieved_version; /* version last retrieved (what adds are tagged with), or -1 */

@@ -4,14 +4,30 @@
  * This header is the whole public C API of libtensorshare: errors, dtypes, records (trees of
  * named tensors and scalars) and the client. Everything is C11 and usable from C++.
  *
- * Conventions (they hold for every function below unless its comment says otherwise):
+ * Conventions (they hold for every function below, and for rl.h, batcher.h and torch.h, unless a
+ * function's comment says otherwise; docs/DESIGN.md "API conventions" records why):
  * - Functions that can fail return int: 0 on success, a negative TS_E* code on failure.
  *   Out-parameters are written only on success.
+ * - Error messages: a failing call also leaves a message for the calling thread in
+ *   ts_last_error(), and a callback called with a failure status finds its message there too
+ *   (see "Error messages" below). There is no other message channel.
  * - If a function that takes a callback returns an error, the callback is never called.
+ * - Callbacks take the object first, then the status, then the results, and void *arg last; the
+ *   library never reads arg. Each callback type names the thread it runs on.
+ * - Blocking and asynchronous forms: ts_<object>_<verb> blocks until the result is there;
+ *   ts_<object>_<verb>_async queues the work and reports through a callback (ts_put and
+ *   ts_put_async, ts_batcher_predict and ts_batcher_predict_async).
+ * - Timeouts: every timeout parameter is an int of milliseconds with one meaning, the
+ *   TS_TIMEOUT_* rules below.
+ * - Option structs are ts_<object>_options_t, filled with the defaults by
+ *   ts_<object>_options_init before the caller changes fields.
  * - Pointer parameters are borrowed for the duration of the call; strings are copied.
  * - Objects freed with a _free function accept NULL (a no-op).
  * - Nothing here is thread-safe except the client (ts_client_t) functions, which may be called
  *   from any thread, and record functions on distinct records.
+ * - Every declaration says in which version it appeared ("Added in 0.1.0."). While the major
+ *   version is 0, a minor release may change the API and the ABI (the soname stays
+ *   libtensorshare.so.0); compare TS_VERSION_HEX when you build against several.
  */
 #ifndef TENSORSHARE_H
 #define TENSORSHARE_H
@@ -35,7 +51,7 @@ extern "C" {
  * Errors
  *
  * Codes that match an errno are its negation; the others live in -4000..-4099. The table is
- * append-only: a code never changes its number or meaning.
+ * append-only: a code never changes its number or meaning. Added in 0.1.0.
  */
 #define TS_ERRNO_MAP(XX)                                                                           \
     XX(ENOMEM, -12, "out of memory (local allocation failed)")                                     \
@@ -66,9 +82,10 @@ extern "C" {
     XX(ETORCH, -4012, "libtorch error")                                                            \
     XX(ESCHEMA, -4013, "request does not match the schema")                                        \
     XX(EMODEL, -4014, "model failed")                                                              \
-    XX(ENOTSUP, -4015, "not supported in this build")                                             \
+    XX(ENOTSUP, -4015, "not supported in this build")                                              \
     XX(ESAVEFAIL, -4016, "write refused: the server cannot save snapshots")
 
+/* The codes of TS_ERRNO_MAP as an enum (TS_ENOMEM, ...). Added in 0.1.0. */
 typedef enum ts_errno_e {
     TS_OK = 0, /* not an error */
 #define TS__ERR_ENUM(name, value, msg) TS_##name = (value),
@@ -76,22 +93,30 @@ typedef enum ts_errno_e {
 #undef TS__ERR_ENUM
 } ts_errno_t;
 
-/* A static, human-readable message for an error code ("unknown error" for unknown codes). */
+/*
+ * A static, human-readable message for an error code ("unknown error" for unknown codes).
+ * Added in 0.1.0.
+ */
 TS_EXTERN const char *ts_strerror(int err);
-/* The code's name without the prefix, e.g. "ETIMEDOUT" ("UNKNOWN" for unknown codes). */
+/*
+ * The code's name without the prefix, e.g. "ETIMEDOUT" ("UNKNOWN" for unknown codes).
+ * Added in 0.1.0.
+ */
 TS_EXTERN const char *ts_err_name(int err);
 
 /* ---------------------------------------------------------------------------------------------
  * Error messages
  *
- * One channel for every module (client, records, rl.h, batcher.h, torch.h): a thread-local
- * message, like errno. A public function that fails (returns a negative TS_E* code, or NULL
- * where its comment says NULL means failure) sets the calling thread's message before it
- * returns: the server's reason, the libtorch exception's text, the schema mismatch, the bad
- * argument, or at least ts_strerror() of the code. Before the library calls a callback with a
- * failure status, it sets the message of the thread that runs the callback, so the callback
- * reads its reason with ts_last_error() as well. Calls that succeed may leave an old message in
- * place: read it only right after a failure. Added in 0.2.0. It replaces the per-module
+ * One channel for every module (the client, rl.h, batcher.h, torch.h): a thread-local message,
+ * like errno. A public function that fails with a negative TS_E* code sets the calling thread's
+ * message before it returns: the server's reason, the libtorch exception's text, the schema
+ * mismatch, the bad argument, or at least ts_strerror() of the code. Before the library calls a
+ * callback with a failure status, it sets the message of the thread that runs the callback, so
+ * the callback reads its reason with ts_last_error() as well. Calls that succeed may leave an
+ * old message in place: read it only right after a failure. The one exception are the record
+ * functions of this header (values, items, dtypes, tensors; dlpack.h): they are called in inner
+ * loops, their failures (a missing key, another type, no memory) are fully said by their code
+ * and comment, and they leave the message alone. Added in 0.2.0. It replaces the per-module
  * message getters of 0.1, the message field of ts_result_t and the message arguments of
  * callbacks.
  */
@@ -115,7 +140,27 @@ TS_EXTERN const char *ts_last_error(void);
 TS_EXTERN void ts_set_last_error(const char *message);
 
 /* ---------------------------------------------------------------------------------------------
- * Dtypes. The numbers are the wire codes and never change.
+ * Timeouts
+ *
+ * Every timeout parameter of every public function (int timeout_ms) takes one of:
+ * - a positive number: milliseconds;
+ * - 0: do not wait: check once and return (TS_ETIMEDOUT when the result is not there yet);
+ * - TS_TIMEOUT_DEFAULT: the configured default of the object the call is on (the client's
+ *   request_timeout_ms, the batcher's timeout_ms, the RL options' timeout_ms, ...; each
+ *   function says which);
+ * - TS_TIMEOUT_INFINITE: no limit, accepted only where a function says so (ts_wait and
+ *   ts_wait_async, where the server caps the wait: tensord answers TIMEOUT after 24 hours; the
+ *   batcher's predictions and weight loads; the RL trainer's and worker's waits).
+ * A function that cannot honour 0 (a prediction cannot be answered without waiting) says so and
+ * fails with TS_EINVAL; any other negative value is TS_EINVAL too. Option fields that hold a
+ * timeout (ts_client_options_t, ts_batcher_options_t, ts_rl_options_t) say which of these they
+ * accept. The same convention as nng's NNG_DURATION_*.
+ */
+#define TS_TIMEOUT_INFINITE (-1) /* no limit, where accepted. Added in 0.2.0. */
+#define TS_TIMEOUT_DEFAULT  (-2) /* the object's configured timeout. Added in 0.2.0. */
+
+/* ---------------------------------------------------------------------------------------------
+ * Dtypes. The numbers are the wire codes and never change. Added in 0.1.0.
  */
 typedef enum ts_dtype_e {
     TS_DTYPE_INVALID = 0,
@@ -133,28 +178,29 @@ typedef enum ts_dtype_e {
     TS_COMPLEX128 = 12
 } ts_dtype_t;
 
-#define TS_MAX_NDIM 8 /* dimensions; a u8 on the wire, 8 covers every common model */
+/* dimensions; a u8 on the wire, 8 covers every common model. Added in 0.1.0. */
+#define TS_MAX_NDIM 8
 
-/* Size of one element in bytes, 0 for an unknown dtype. */
 /*
- * Protocol limits a program checks before it asks (added in 0.2.0; the values never shrink within
- * a major version). TS_MAX_NAME_LEN: bytes of a bin name, which travels with a u8 length; a longer
+ * Protocol limits a program checks before it asks (the values never shrink within a major
+ * version). TS_MAX_NAME_LEN: bytes of a bin name, which travels with a u8 length; a longer
  * name gives TS_ENAMETOOLONG. TS_MAX_DEPTH: nesting levels of a record (a map in a map is depth 2),
  * bounded so that the decoders' recursion stays small; a daemon may be configured lower, never
- * higher.
+ * higher. Added in 0.2.0.
  */
 #define TS_MAX_NAME_LEN 255 /* bytes; u8 length on the wire */
 #define TS_MAX_DEPTH    32  /* record nesting levels; bounds the decoders' recursion */
 
+/* Size of one element in bytes, 0 for an unknown dtype. Added in 0.1.0. */
 TS_EXTERN size_t ts_dtype_size(ts_dtype_t dtype);
-/* Short name ("float32", "bfloat16", ...), or NULL for an unknown dtype. */
+/* Short name ("float32", "bfloat16", ...), or NULL for an unknown dtype. Added in 0.1.0. */
 TS_EXTERN const char *ts_dtype_name(ts_dtype_t dtype);
-/* The dtype for a name as returned by ts_dtype_name, or TS_DTYPE_INVALID. */
+/* The dtype for a name as returned by ts_dtype_name, or TS_DTYPE_INVALID. Added in 0.1.0. */
 TS_EXTERN ts_dtype_t ts_dtype_from_name(const char *name);
 
 /*
  * A tensor descriptor, shaped like DLPack's DLTensor. Tensors are always dense and row-major
- * (C-contiguous); data is 64-byte aligned when it comes from tensorshare.
+ * (C-contiguous); data is 64-byte aligned when it comes from tensorshare. Added in 0.1.0.
  */
 typedef struct ts_tensor_s {
     void *data;
@@ -163,9 +209,9 @@ typedef struct ts_tensor_s {
     int64_t shape[TS_MAX_NDIM];
 } ts_tensor_t;
 
-/* Number of elements (1 for ndim 0). */
+/* Number of elements (1 for ndim 0). Added in 0.1.0. */
 TS_EXTERN int64_t ts_tensor_numel(const ts_tensor_t *t);
-/* Size of the data in bytes. */
+/* Size of the data in bytes. Added in 0.1.0. */
 TS_EXTERN size_t ts_tensor_nbytes(const ts_tensor_t *t);
 
 /* ---------------------------------------------------------------------------------------------
@@ -178,7 +224,7 @@ TS_EXTERN size_t ts_tensor_nbytes(const ts_tensor_t *t);
  *
  * Values you build are owned by you until added to a container (ownership then transfers to the
  * container) or freed with ts_value_free. Values received from a server live inside one buffer
- * and are read-only; they stay valid until the object that returned them is freed.
+ * and are read-only; they stay valid until the object that returned them is freed. Added in 0.1.0.
  */
 typedef enum ts_type_e {
     TS_TYPE_MAP = 1,
@@ -190,30 +236,38 @@ typedef enum ts_type_e {
     TS_TYPE_BYTES = 7
 } ts_type_t;
 
+/* A value of a record (opaque). Added in 0.1.0. */
 typedef struct ts_value_s ts_value_t;
 
-/* Flags for values that wrap caller memory. */
+/* Flags for values that wrap caller memory. Added in 0.1.0. */
 #define TS_BORROW 0u /* keep a pointer; the memory must outlive the value (default) */
 #define TS_COPY   1u /* copy the memory now into a 64-byte aligned buffer the value owns */
 
+/* An empty map or list, an int, a double; NULL on allocation failure. Added in 0.1.0. */
 TS_EXTERN ts_value_t *ts_map_new(void);
 TS_EXTERN ts_value_t *ts_list_new(void);
 TS_EXTERN ts_value_t *ts_int_new(int64_t v);
 TS_EXTERN ts_value_t *ts_float_new(double v);
-/* A string value; s is copied (it need not be NUL-free: len bytes are taken). */
+/* A string value; s is copied (it need not be NUL-free: len bytes are taken). Added in 0.1.0. */
 TS_EXTERN ts_value_t *ts_string_new(const char *s, size_t len);
-/* A byte string; with TS_BORROW, data must stay valid while the value (or a put of it) uses it. */
+/*
+ * A byte string; with TS_BORROW, data must stay valid while the value (or a put of it) uses it.
+ * Added in 0.1.0.
+ */
 TS_EXTERN ts_value_t *ts_bytes_new(const void *data, size_t len, unsigned flags);
 /*
  * A tensor value over caller memory (data may be NULL only when the tensor has 0 elements).
  * With TS_BORROW the memory must stay valid while the value is used, including until a put's
  * callback; with TS_COPY it is copied now. Returns NULL on bad arguments or allocation failure.
+ * Added in 0.1.0.
  */
 TS_EXTERN ts_value_t *ts_tensor_new(ts_dtype_t dtype, int ndim, const int64_t *shape,
                                     const void *data, unsigned flags);
-/* A tensor value owning fresh zeroed, 64-byte aligned memory; fill it via ts_value_tensor(). */
+/*
+ * A tensor value owning fresh zeroed, 64-byte aligned memory; fill it via ts_value_tensor().
+ * Added in 0.1.0.
+ */
 TS_EXTERN ts_value_t *ts_tensor_alloc(ts_dtype_t dtype, int ndim, const int64_t *shape);
-
 /*
  * A tensor value over memory that someone else owns and that must stay valid until
  * release(owner) is called. release (may be NULL) is called exactly once, from the thread that
@@ -233,46 +287,61 @@ TS_EXTERN ts_value_t *ts_tensor_new_external(ts_dtype_t dtype, int ndim, const i
  * against readers of v. Added in 0.2.0.
  */
 TS_EXTERN int ts_value_tensor_set_rows(ts_value_t *v, int64_t rows);
+
 /*
  * Add to containers. The child's ownership transfers to the container on success; on failure
  * the child is freed as well, so calls can be nested without leaks:
  *   ts_map_set(m, "w", ts_tensor_new(...)).
  * ts_map_set replaces the value under an existing key. A NULL child gives TS_ENOMEM (it is what
- * a failed constructor returns).
+ * a failed constructor returns). Added in 0.1.0.
  */
 TS_EXTERN int ts_map_set(ts_value_t *map, const char *key, ts_value_t *child);
 TS_EXTERN int ts_list_push(ts_value_t *list, ts_value_t *child);
 
-/* Free a value you own, with all its children. Never call it on a received value. */
+/*
+ * Free a value you own, with all its children. Never call it on a received value.
+ * Added in 0.1.0.
+ */
 TS_EXTERN void ts_value_free(ts_value_t *v);
 
-/* Reading. These work on built and received values alike. */
+/* Reading. These work on built and received values alike. Added in 0.1.0. */
 TS_EXTERN ts_type_t ts_value_type(const ts_value_t *v);
-/* Number of entries of a map or list, 0 for other types. */
+/* Number of entries of a map or list, 0 for other types. Added in 0.1.0. */
 TS_EXTERN size_t ts_value_len(const ts_value_t *v);
-/* A map's value for key, or NULL if v is not a map or has no such key. */
+/* A map's value for key, or NULL if v is not a map or has no such key. Added in 0.1.0. */
 TS_EXTERN const ts_value_t *ts_map_get(const ts_value_t *map, const char *key);
-/* The i-th key (NUL-terminated) and value of a map, or NULL when out of range. */
+/* The i-th key (NUL-terminated) and value of a map, or NULL when out of range. Added in 0.1.0. */
 TS_EXTERN const char *ts_map_key_at(const ts_value_t *map, size_t i);
 TS_EXTERN const ts_value_t *ts_map_value_at(const ts_value_t *map, size_t i);
-/* The i-th element of a list, or NULL when out of range. */
+/* The i-th element of a list, or NULL when out of range. Added in 0.1.0. */
 TS_EXTERN const ts_value_t *ts_list_at(const ts_value_t *list, size_t i);
-/* The tensor of a tensor value (its data is writable for values you own), or NULL. */
+/*
+ * The tensor of a tensor value (its data is writable for values you own), or NULL.
+ * Added in 0.1.0.
+ */
 TS_EXTERN const ts_tensor_t *ts_value_tensor(const ts_value_t *v);
-/* Scalars: TS_ETYPE when v has another type. ts_value_float also accepts an int. */
+/* Scalars: TS_ETYPE when v has another type. ts_value_float also accepts an int. Added in 0.1.0. */
 TS_EXTERN int ts_value_int(const ts_value_t *v, int64_t *out);
 TS_EXTERN int ts_value_float(const ts_value_t *v, double *out);
-/* Strings and bytes: a pointer into the value (strings are NUL-terminated) and the length. */
+/*
+ * Strings and bytes: a pointer into the value (strings are NUL-terminated) and the length.
+ * Added in 0.1.0.
+ */
 TS_EXTERN int ts_value_string(const ts_value_t *v, const char **s, size_t *len);
 TS_EXTERN int ts_value_bytes(const ts_value_t *v, const void **data, size_t *len);
 
-/* Shortcuts for the common map lookups; TS_ENOENT when the key is missing, TS_ETYPE on type. */
+/*
+ * Shortcuts for the common map lookups; TS_ENOENT when the key is missing, TS_ETYPE on type.
+ * Added in 0.1.0.
+ */
 TS_EXTERN int ts_map_get_int(const ts_value_t *map, const char *key, int64_t *out);
 TS_EXTERN const ts_tensor_t *ts_map_get_tensor(const ts_value_t *map, const char *key);
 
-/* A deep copy of any value (received or built) that you own; tensor data is copied. */
+/*
+ * A deep copy of any value (received or built) that you own; tensor data is copied.
+ * Added in 0.1.0.
+ */
 TS_EXTERN ts_value_t *ts_value_clone(const ts_value_t *v);
-
 /*
  * A tree of v's shape that you own whose tensors and byte strings point at v's memory instead of
  * copying it (TS_BORROW); maps, lists, scalars and strings are new nodes. v (and, for a received
@@ -282,28 +351,32 @@ TS_EXTERN ts_value_t *ts_value_clone(const ts_value_t *v);
  * allocation failure, or when v is nested deeper than TS_MAX_DEPTH. Added in 0.2.0.
  */
 TS_EXTERN ts_value_t *ts_value_borrow(const ts_value_t *v);
+
 /*
  * Encoded size in bytes of v as a record (what a put sends and a server stores), or 0 when v
- * cannot be encoded (too deep, more than the limits allow).
+ * cannot be encoded (too deep, more than the limits allow). Added in 0.1.0.
  */
 TS_EXTERN size_t ts_value_encoded_size(const ts_value_t *v);
 
 /* ---------------------------------------------------------------------------------------------
- * Items returned by get and peek
+ * Items returned by get and peek. Added in 0.1.0.
  */
 typedef struct ts_items_s ts_items_t;
 
-/* Number of items (records) returned. */
+/* Number of items (records) returned. Added in 0.1.0. */
 TS_EXTERN size_t ts_items_count(const ts_items_t *items);
-/* The i-th item (oldest first), valid until ts_items_free, or NULL when out of range. */
+/*
+ * The i-th item (oldest first), valid until ts_items_free, or NULL when out of range.
+ * Added in 0.1.0.
+ */
 TS_EXTERN const ts_value_t *ts_items_at(const ts_items_t *items, size_t i);
-/* The bin's version after the operation. */
+/* The bin's version after the operation. Added in 0.1.0. */
 TS_EXTERN uint64_t ts_items_version(const ts_items_t *items);
-/* Items still in the bin after the operation (0 after a get of everything). */
+/* Items still in the bin after the operation (0 after a get of everything). Added in 0.1.0. */
 TS_EXTERN uint32_t ts_items_remaining(const ts_items_t *items);
 TS_EXTERN void ts_items_free(ts_items_t *items);
 
-/* One entry of a list reply. */
+/* One entry of a list reply. Added in 0.1.0. */
 typedef struct ts_bin_info_s {
     const char *name; /* NUL-terminated; valid until ts_bin_list_free */
     uint32_t n_items;
@@ -311,11 +384,13 @@ typedef struct ts_bin_info_s {
     uint64_t version; /* version of the bin's last change */
 } ts_bin_info_t;
 
+/* A list reply: count entries. Added in 0.1.0. */
 typedef struct ts_bin_list_s {
     size_t count;
     ts_bin_info_t *bins; /* sorted by name */
 } ts_bin_list_t;
 
+/* Free a list reply. NULL is a no-op. Added in 0.1.0. */
 TS_EXTERN void ts_bin_list_free(ts_bin_list_t *list);
 
 /* ---------------------------------------------------------------------------------------------
@@ -323,21 +398,29 @@ TS_EXTERN void ts_bin_list_free(ts_bin_list_t *list);
  *
  * A ts_client_t holds one connection to a tensord and one I/O thread. Every ts_ client function
  * is thread-safe: any number of threads may share one client, and their requests pipeline on one
- * connection. A blocking call writes its request from the calling thread when nothing else is
- * being written, and reads its own reply there too when the client awaits nothing else, so a
- * single thread making blocking calls pays no thread hand-off (TS_CLIENT_DIRECT=0 in the
- * environment turns this off). Callbacks run on the client's I/O thread; a blocking call made from
- * inside a callback returns TS_EDEADLK instead of deadlocking. If the connection drops, requests in
+ * connection. Callbacks run on the client's I/O thread; a blocking call made from inside a
+ * callback returns TS_EDEADLK instead of deadlocking. If the connection drops, requests in
  * flight fail with TS_ECONNRESET, the client reconnects on its own with backoff, and
  * subscriptions are re-established. A server that breaks the protocol (a malformed frame) is
  * treated the same way, except that the requests in flight fail with TS_EPROTO. See
- * docs/THREADING.md.
+ * docs/THREADING.md. Added in 0.1.0.
  */
 typedef struct ts_client_s ts_client_t;
 
-typedef struct ts_options_s {
+/*
+ * The client's options; fill with ts_client_options_init, then change fields. The timeouts
+ * are positive milliseconds, or TS_TIMEOUT_DEFAULT for the built-in default; 0 and
+ * TS_TIMEOUT_INFINITE give TS_EINVAL at ts_client_open (a request without a deadline could hang
+ * its caller forever on a dead server).
+ * Added in 0.2.0. It replaces ts_options_t.
+ */
+typedef struct ts_client_options_s {
     int connect_timeout_ms; /* first connection and each reconnect attempt; default 5000 */
-    int request_timeout_ms; /* default timeout of blocking calls and async requests; 30000 */
+    /*
+     * What TS_TIMEOUT_DEFAULT means for this client: the limit of every blocking call and
+     * asynchronous request, and of a wait's reply beyond its own timeout; default 30000.
+     */
+    int request_timeout_ms;
     int reconnect_min_ms;   /* first backoff after a lost connection; default 50 */
     int reconnect_max_ms;   /* backoff doubles up to this; default 2000 */
     const char *auth_token; /* copied; NULL: take TS_AUTH_TOKEN from the environment */
@@ -352,23 +435,24 @@ typedef struct ts_options_s {
      * TS_DEFAULT_MAX_REPLY_BYTES. Added in 0.2.0.
      */
     uint64_t max_reply_bytes;
-} ts_options_t;
+} ts_client_options_t;
 
-/* bytes; the default of ts_options_t.max_reply_bytes: 4 GiB */
+/* bytes; the default of ts_client_options_t.max_reply_bytes: 4 GiB. Added in 0.2.0. */
 #define TS_DEFAULT_MAX_REPLY_BYTES ((uint64_t)4 << 30)
 
-/* Fill opts with the defaults. */
-TS_EXTERN void ts_options_init(ts_options_t *opts);
+/* Fill opts with the defaults. Added in 0.2.0. It replaces ts_options_init. */
+TS_EXTERN void ts_client_options_init(ts_client_options_t *opts);
 
 /*
  * Connect to a tensord. address is "host:port", "[v6addr]:port", "tcp://host:port",
  * "unix:/path" or "unix:///path". opts may be NULL for the defaults. Blocks until connected and
  * the handshake is done, or the connect timeout passes (TS_ETIMEDOUT). A refused connection
  * fails at once (TS_ECONNREFUSED; also for a missing unix socket), an unresolvable host gives
- * TS_ENOTCONN, a malformed address TS_EINVAL; ts_client_last_error() then says why.
+ * TS_ENOTCONN, a malformed address or timeout option TS_EINVAL; ts_last_error() then says why.
  * Added in 0.1.0.
  */
-TS_EXTERN int ts_client_open(ts_client_t **out, const char *address, const ts_options_t *opts);
+TS_EXTERN int ts_client_open(ts_client_t **out, const char *address,
+                             const ts_client_options_t *opts);
 
 /*
  * Close the client: pending requests complete with TS_ECANCELED, subscriptions get their final
@@ -376,82 +460,93 @@ TS_EXTERN int ts_client_open(ts_client_t **out, const char *address, const ts_op
  * calls on c meanwhile: those calls return TS_ECANCELED, and c is freed only after the last of
  * them has returned. No call on c may start once ts_client_free has been called, except from
  * the callbacks it runs. May be called from a callback (the client is then freed once the
- * callback returns). NULL is a no-op.
+ * callback returns). NULL is a no-op. Added in 0.1.0.
  */
 TS_EXTERN void ts_client_free(ts_client_t *c);
 
-/* 1 when the client currently holds a live, handshaken connection, else 0. */
+/* 1 when the client currently holds a live, handshaken connection, else 0. Added in 0.1.0. */
 TS_EXTERN int ts_client_connected(ts_client_t *c);
 
-/* Result of an operation, passed to asynchronous callbacks. */
+/*
+ * Result of an operation, passed to asynchronous callbacks. A failed operation's message (the
+ * server's reason) is in ts_last_error() during the callback. Added in 0.1.0.
+ * Changed in 0.2.0: the message field is gone.
+ */
 typedef struct ts_result_s {
     uint64_t version;    /* the bin's version after the operation (0 for list, stats, ping) */
     uint32_t n_items;    /* items in the bin after the operation; for delete, items removed */
     ts_items_t *items;   /* get and peek: set to NULL to keep them, else freed after the cb */
     ts_bin_list_t *bins; /* list: set to NULL to keep it, else freed after the callback */
     ts_value_t *value;   /* stats: a map; set to NULL to keep it, else freed after the cb */
-    const char *message; /* the server's error message, or NULL; valid during the callback */
 } ts_result_t;
 
 /*
  * Completion callback of every asynchronous call. Called exactly once, on the client's I/O
- * thread, never from inside the call that queued the request. status is 0 or a TS_E* code.
+ * thread, never from inside the call that queued the request. status is 0 or a TS_E* code (its
+ * message in ts_last_error()). Added in 0.1.0.
  */
 typedef void (*ts_result_cb)(ts_client_t *c, int status, ts_result_t *res, void *arg);
 
 /*
  * Blocking operations. Each waits at most the client's request timeout (TS_ETIMEDOUT), returns
- * TS_EDEADLK when called from a client callback, and stores the server's error message where
- * ts_client_last_error() can read it on this thread.
+ * TS_EDEADLK when called from a client callback, and on failure leaves the server's message (or
+ * the local reason) in ts_last_error().
  *
  * put replaces the bin's content with one item; append adds one item (creating the bin). The
  * item's tensor memory is read during the call only. version (may be NULL) receives the bin's
- * new version.
+ * new version. Added in 0.1.0.
  */
 TS_EXTERN int ts_put(ts_client_t *c, const char *bin, const ts_value_t *item, uint64_t *version);
 TS_EXTERN int ts_append(ts_client_t *c, const char *bin, const ts_value_t *item, uint64_t *version);
 /*
  * get returns the oldest max_items items (0 = all) and removes them; the bin disappears when
  * empty. peek returns them and keeps them. A missing bin is TS_ENOENT. *out is yours to free.
+ * Added in 0.1.0.
  */
 TS_EXTERN int ts_get(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out);
 TS_EXTERN int ts_peek(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out);
-/* Remove a bin. A missing bin is not an error (n_removed = 0). n_removed may be NULL. */
+/*
+ * Remove a bin. A missing bin is not an error (n_removed = 0). n_removed may be NULL.
+ * Added in 0.1.0.
+ */
 TS_EXTERN int ts_delete(ts_client_t *c, const char *bin, uint32_t *n_removed);
-/* Every bin with its item count, bytes and version. *out is yours (ts_bin_list_free). */
+/*
+ * Every bin with its item count, bytes and version. *out is yours (ts_bin_list_free).
+ * Added in 0.1.0.
+ */
 TS_EXTERN int ts_list(ts_client_t *c, ts_bin_list_t **out);
 /*
  * Wait until the bin's version is greater than after_version (a missing bin has version 0), at
- * most timeout_ms (<= 0: the request timeout). Returns 0 with the version and item count, or
- * TS_ETIMEDOUT (then *version and *n_items hold the current state, when the server answered).
- * version and n_items may be NULL. The wait may be longer than the request timeout.
+ * most timeout_ms (see "Timeouts": TS_TIMEOUT_DEFAULT is the client's request timeout; 0 asks
+ * the server once and never waits; TS_TIMEOUT_INFINITE waits as long as the server allows:
+ * tensord caps a wait at 24 hours). Returns 0 with the version and item count, or TS_ETIMEDOUT
+ * (then *version and *n_items hold the current state, when the server answered). version and
+ * n_items may be NULL. The wait may be longer than the request timeout: the reply is awaited
+ * for timeout_ms plus the request timeout. Added in 0.1.0.
  */
 TS_EXTERN int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout_ms,
                       uint64_t *version, uint32_t *n_items);
-/* Server statistics as a map of ints (uptime_s, connections, bins, items, bytes, ...). */
+/*
+ * Server statistics as a map of ints (uptime_s, connections, bins, items, bytes, ...).
+ * Added in 0.1.0.
+ */
 TS_EXTERN int ts_stats(ts_client_t *c, ts_value_t **out);
-/* A round trip to the server. */
+/* A round trip to the server. Added in 0.1.0. */
 TS_EXTERN int ts_ping(ts_client_t *c);
 /*
  * Ask the server for a snapshot and wait until it is durable on the server's disk (tensord
  * started with --save; otherwise TS_EINVAL with the server's message). Bounded by the request
- * timeout. Added in 0.1.
+ * timeout. Added in 0.1.0.
  */
 TS_EXTERN int ts_save(ts_client_t *c);
-
-/*
- * The server's message for the last blocking call on this thread if it failed, else "" (each
- * blocking call resets it). After a failed ts_client_open, the reason connecting failed.
- */
-TS_EXTERN const char *ts_client_last_error(void);
 
 /*
  * Asynchronous forms: the callback is called exactly once (see ts_result_cb); cb may be NULL
  * when the result does not matter. For put and append, the item's metadata is encoded during
  * the call, and its tensor and bytes memory is retained (read by the I/O thread) until the
- * callback unless flags has TS_COPY. timeout_ms <= 0 means the client's request timeout. A
- * request made while the connection is down waits for the reconnection until its deadline (the
- * request timeout; for wait, its own timeout plus the request timeout).
+ * callback unless flags has TS_COPY. ts_wait_async's timeout_ms is ts_wait's. A request made
+ * while the connection is down waits for the reconnection until its deadline (the request
+ * timeout; for wait, its own timeout plus the request timeout). Added in 0.1.0.
  */
 TS_EXTERN int ts_put_async(ts_client_t *c, const char *bin, const ts_value_t *item, unsigned flags,
                            ts_result_cb cb, void *arg);
@@ -468,7 +563,7 @@ TS_EXTERN int ts_wait_async(ts_client_t *c, const char *bin, uint64_t after_vers
 TS_EXTERN int ts_stats_async(ts_client_t *c, ts_result_cb cb, void *arg);
 TS_EXTERN int ts_ping_async(ts_client_t *c, ts_result_cb cb, void *arg);
 
-/* What a notification reports. The numbers match the wire's. */
+/* What a notification reports. The numbers match the wire's. Added in 0.1.0. */
 typedef enum ts_event_e {
     TS_EV_PUT = 1,
     TS_EV_APPEND = 2,
@@ -478,6 +573,7 @@ typedef enum ts_event_e {
     TS_EV_RESUBSCRIBED = 101  /* listening again after a reconnect: re-read the bin */
 } ts_event_t;
 
+/* One change of a subscribed bin, passed to ts_notify_cb. Added in 0.1.0. */
 typedef struct ts_notification_s {
     const char *bin; /* NUL-terminated, valid during the callback */
     ts_event_t event;
@@ -489,7 +585,8 @@ typedef struct ts_notification_s {
 /*
  * Called on the I/O thread: 0..N times with status 0 (one per change, in order), then exactly
  * once with status < 0 (TS_ECANCELED after ts_unlisten or ts_client_free, or the error that
- * made listen fail) and n == NULL, after which the library never touches arg again.
+ * made listen fail, its message in ts_last_error()) and n == NULL, after which the library
+ * never touches arg again. Added in 0.1.0.
  */
 typedef void (*ts_notify_cb)(ts_client_t *c, int status, const ts_notification_t *n, void *arg);
 
@@ -499,12 +596,12 @@ typedef void (*ts_notify_cb)(ts_client_t *c, int status, const ts_notification_t
  * delivered. One subscription per bin per client; listening again to the same bin gives
  * TS_EINVAL. Subscriptions survive reconnects (TS_EV_DISCONNECTED, then TS_EV_RESUBSCRIBED);
  * if the server refuses one after a reconnect, its final call carries that error. When
- * ts_listen itself fails, cb is never called.
+ * ts_listen itself fails, cb is never called. Added in 0.1.0.
  */
 TS_EXTERN int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg);
 /*
  * End a subscription; its callback gets its final TS_ECANCELED call (later, on the I/O thread).
- * Does not block, so it may be called from any callback. TS_ENOENT if none.
+ * Does not block, so it may be called from any callback. TS_ENOENT if none. Added in 0.1.0.
  */
 TS_EXTERN int ts_unlisten(ts_client_t *c, const char *bin);
 

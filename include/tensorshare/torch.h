@@ -14,8 +14,8 @@
  *
  * Errors: every function returns 0 or a negative TS_E* code; no C++ exception crosses into C.
  * TS_ETORCH means libtorch raised an error, TS_ENOMEM that an allocation failed; the message is
- * in ts_torch_last_error() on the calling thread. A model may be used from one thread at a time;
- * distinct models are independent.
+ * in ts_last_error() on the calling thread (tensorshare.h). A model may be used from one thread at
+ * a time; distinct models are independent.
  */
 #ifndef TENSORSHARE_TORCH_H
 #define TENSORSHARE_TORCH_H
@@ -27,6 +27,7 @@
 extern "C" {
 #endif
 
+/* A TorchScript model (opaque). Added in 0.1.0. */
 typedef struct ts_torch_model_s ts_torch_model_t;
 
 /*
@@ -40,62 +41,68 @@ typedef struct ts_torch_model_s ts_torch_model_t;
 TS_EXTERN int ts_torch_load_file(ts_torch_model_t **out, const char *path, const char *device);
 TS_EXTERN int ts_torch_load_bytes(ts_torch_model_t **out, const void *data, size_t len,
                                   const char *device);
-/* A deep copy of m (weights included) on device (NULL: m's device). */
+/* A deep copy of m (weights included) on device (NULL: m's device). Added in 0.1.0. */
 TS_EXTERN int ts_torch_clone(ts_torch_model_t **out, const ts_torch_model_t *m, const char *device);
-/* Free a model. NULL is a no-op. */
+/* Free a model. NULL is a no-op. Added in 0.1.0. */
 TS_EXTERN void ts_torch_model_free(ts_torch_model_t *m);
-/* The model's device, e.g. "cpu" or "cuda:0" (valid while m lives). */
+/* The model's device, e.g. "cpu" or "cuda:0" (valid while m lives). Added in 0.1.0. */
 TS_EXTERN const char *ts_torch_model_device(const ts_torch_model_t *m);
 
 /*
  * Run forward on input (a record or any value; borrowed). CPU tensors of input are handed to
  * libtorch without copying; for a CUDA model they go through pinned staging buffers. *output is
  * a new value you own (tensor data copied to CPU memory). The model must not keep references to
- * its input after forward returns (use ts_torch_forward_retained when it may).
+ * its input after forward returns (use ts_torch_forward_retained when it may). Added in 0.1.0.
  */
 TS_EXTERN int ts_torch_forward(ts_torch_model_t *m, const ts_value_t *input, ts_value_t **output);
 /*
  * As ts_torch_forward, but input is retained until release(arg) is called: when libtorch drops
  * the last tensor that wraps input's memory. That is normally before this function returns,
  * later only when the model kept such a tensor (in an attribute, say). release is called exactly
- * once, even when this function fails.
+ * once, even when this function fails. Added in 0.1.0.
  */
 TS_EXTERN int ts_torch_forward_retained(ts_torch_model_t *m, const ts_value_t *input,
                                         void (*release)(void *arg), void *arg, ts_value_t **output);
 
-#define TS_TORCH_NONSTRICT 1u /* load_state_dict: ignore missing and unexpected names */
+/* load_state_dict: ignore missing and unexpected names. Added in 0.1.0. */
+#define TS_TORCH_NONSTRICT 1u
 
 /*
  * Load a state dict into the model's parameters and buffers: a map of dotted names to tensors
  * ({"fc1.weight": ..., ...}), nested maps allowed ({"fc1": {"weight": ...}} means the same), as
  * an RL trainer publishes it. Everything is checked before anything is copied: names missing
  * from the dict, names the model lacks (unless TS_TORCH_NONSTRICT) and shape mismatches give
- * TS_EINVAL with every offending name in ts_torch_last_error(), and the model is unchanged.
+ * TS_EINVAL with every offending name in ts_last_error(), and the model is unchanged.
  * dtypes convert as in Tensor.copy_. Never call it during a forward on the same model.
+ * Added in 0.1.0.
  */
 TS_EXTERN int ts_torch_load_state_dict(ts_torch_model_t *m, const ts_value_t *state_dict,
                                        unsigned flags);
-/* Export the parameters and buffers as a flat map of dotted names to (CPU copies of) tensors. */
+/*
+ * Export the parameters and buffers as a flat map of dotted names to (CPU copies of) tensors.
+ * Added in 0.1.0.
+ */
 TS_EXTERN int ts_torch_state_dict(ts_torch_model_t *m, ts_value_t **out);
 
-/* Number of CUDA devices libtorch sees (0 on CPU-only builds). */
+/* Number of CUDA devices libtorch sees (0 on CPU-only builds). Added in 0.1.0. */
 TS_EXTERN int ts_torch_cuda_device_count(void);
-/* Threads libtorch uses inside one CPU operator (process-wide; n < 1 is ignored). */
+/*
+ * Threads libtorch uses inside one CPU operator (process-wide; n < 1 is ignored).
+ * Added in 0.1.0.
+ */
 TS_EXTERN void ts_torch_set_num_threads(int n);
-
-/* The message of the last failed ts_torch call on this thread, or "". */
-TS_EXTERN const char *ts_torch_last_error(void);
 
 /*
  * The batcher's model factory for TorchScript (a ts_model_create_cb): prototype is a
  * ts_torch_model_t (borrowed; it must outlive ts_batcher_new), and every replica gets its own
  * copy on its device. The replicas run forward in inference mode and load weights with
  * ts_torch_load_state_dict (strict).
- *   cfg.create = ts_torch_model_create; cfg.create_arg = model;
- *   cfg.cuda_devices = ts_torch_cuda_device_count();
+ *   opts.create = ts_torch_model_create; opts.create_arg = model;
+ *   opts.cuda_devices = ts_torch_cuda_device_count();
+ * Added in 0.1.0. Changed in 0.2.0: prototype comes last (the order of ts_model_create_cb).
  */
-TS_EXTERN int ts_torch_model_create(void *prototype, const char *device, int replica,
-                                    ts_model_t **out, char *err, size_t errlen);
+TS_EXTERN int ts_torch_model_create(const char *device, int replica, ts_model_t **out,
+                                    void *prototype);
 
 #ifdef __cplusplus
 }

@@ -256,8 +256,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int served = srv.served;
     pthread_mutex_unlock(&srv.mu);
 
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.connect_timeout_ms = FZC_IO_MS;
     o.request_timeout_ms = FZC_REQUEST_MS;
     o.reconnect_min_ms = 60000; /* no second connection during the input */

@@ -45,32 +45,27 @@ static void sleep_us(long us)
     nanosleep(&ts, NULL);
 }
 
-static int cm_forward_body(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out,
-                           char *err, size_t errlen);
-static int cm_run(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out, char *err,
-                  size_t errlen);
+static int cm_forward_body(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out);
+static int cm_run(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out);
 
-static int cm_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out,
-                      char *err, size_t errlen)
+static int cm_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
 {
     cmodel *c = (cmodel *)m;
     atomic_fetch_add(&g_forwards, 1);
-    int rc = cm_forward_body(c, in, rows, out, err, errlen);
+    int rc = cm_forward_body(c, in, rows, out);
     return rc;
 }
 
-static int cm_forward_body(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out,
-                           char *err, size_t errlen)
+static int cm_forward_body(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out)
 {
     if (atomic_fetch_add(&c->busy, 1) != 0)
         atomic_fetch_add(&g_overlaps, 1);
-    int rc = cm_run(c, in, rows, out, err, errlen);
+    int rc = cm_run(c, in, rows, out);
     atomic_fetch_sub(&c->busy, 1);
     return rc;
 }
 
-static int cm_run(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out, char *err,
-                  size_t errlen)
+static int cm_run(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **out)
 {
     int d = atomic_load(&g_delay_us);
     if (d > 0)
@@ -79,13 +74,13 @@ static int cm_run(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **ou
     const ts_tensor_t *x = ts_map_get_tensor(obs, "x");
     const ts_tensor_t *id = ts_map_get_tensor(obs, "id");
     if (x == NULL || id == NULL || x->shape[0] != rows || id->shape[0] != rows) {
-        snprintf(err, errlen, "bad batch");
+        ts_set_last_error("bad batch");
         return TS_EINVAL;
     }
     const float *xs = x->data;
     for (int64_t i = 0; i < rows * 4; i++) {
         if (isnan(xs[i])) {
-            snprintf(err, errlen, "NaN in the input");
+            ts_set_last_error("NaN in the input");
             return TS_EINVAL;
         }
     }
@@ -116,11 +111,11 @@ static int cm_run(cmodel *c, const ts_value_t *in, int64_t rows, ts_value_t **ou
     return 0;
 }
 
-static int cm_load(ts_model_t *m, const ts_value_t *params, char *err, size_t errlen)
+static int cm_load(ts_model_t *m, const ts_value_t *params)
 {
     const ts_tensor_t *s = ts_map_get_tensor(params, "scale");
     if (s == NULL || s->dtype != TS_FLOAT32 || ts_tensor_numel(s) != 1) {
-        snprintf(err, errlen, "missing or bad 'scale'");
+        ts_set_last_error("missing or bad 'scale'");
         return TS_EINVAL;
     }
     cmodel *c = (cmodel *)m;
@@ -143,13 +138,12 @@ static const ts_model_ops_t cm_ops = {cm_forward, cm_load, cm_free};
 
 static atomic_int g_created;
 
-static int cm_create(void *arg, const char *device, int replica, ts_model_t **out, char *err,
-                     size_t errlen)
+static int cm_create(const char *device, int replica, ts_model_t **out, void *arg)
 {
     (void)arg;
     (void)replica;
     if (strncmp(device, "cpu", 3) != 0) {
-        snprintf(err, errlen, "device %s: this model runs on CPU only", device);
+        ts__set_errorf("device %s: this model runs on CPU only", device);
         return TS_ENOTSUP;
     }
     cmodel *c = ts__calloc(1, sizeof(*c));
@@ -174,8 +168,8 @@ static const ts_field_t out_schema[] = {
 
 static ts_batcher_t *make(const char *placement, int max_batch, int64_t delay_us)
 {
-    ts_batcher_config_t cfg;
-    ts_batcher_config_init(&cfg);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
     cfg.inputs = in_schema;
     cfg.n_inputs = 2;
     cfg.outputs = out_schema;
@@ -187,7 +181,7 @@ static ts_batcher_t *make(const char *placement, int max_batch, int64_t delay_us
     ts_batcher_t *b = NULL;
     int rc = ts_batcher_new(&b, &cfg);
     if (rc != 0)
-        print_error("ts_batcher_new: %s (%s)\n", ts_strerror(rc), ts_batcher_last_error());
+        print_error("ts_batcher_new: %s (%s)\n", ts_strerror(rc), ts_last_error());
     assert_int_equal(rc, 0);
     return b;
 }
@@ -242,7 +236,7 @@ static void test_single(void **state)
     ts_value_t *in = request(3, 100);
     ts_value_t *out = NULL;
     int64_t version = -1;
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, &version), 0);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, &version), 0);
     assert_int_equal(version, 0);
     assert_true(check_answer(out, 3, 100, 1.0f));
     ts_value_free(out);
@@ -350,8 +344,7 @@ typedef struct actx {
     ts_value_t *in;
 } actx;
 
-static void async_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, const char *msg,
-                     void *arg)
+static void async_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
 {
     (void)b;
     (void)version;
@@ -362,9 +355,9 @@ static void async_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t versi
     pthread_mutex_lock(&c->mu);
     if (good)
         c->ok++;
-    else if (status == TS_ECANCELED && msg != NULL)
+    else if (status == TS_ECANCELED && ts_last_error()[0] != '\0')
         c->canceled++;
-    else if (status == TS_ETIMEDOUT && msg != NULL)
+    else if (status == TS_ETIMEDOUT && ts_last_error()[0] != '\0')
         c->timedout++;
     else
         c->other++;
@@ -408,7 +401,9 @@ static void test_async(void **state)
         ctx[i].in = request(ctx[i].rows, ctx[i].base);
         /* Half retained (borrowed until the callback), half copied and freed at once. */
         unsigned flags = (i % 2) ? TS_COPY : 0;
-        assert_int_equal(ts_batcher_submit(b, ctx[i].in, flags, 0, async_cb, &ctx[i]), 0);
+        assert_int_equal(
+            ts_batcher_predict_async(b, ctx[i].in, flags, TS_TIMEOUT_DEFAULT, async_cb, &ctx[i]),
+            0);
         if (flags & TS_COPY) {
             ts_value_free(ctx[i].in);
             ctx[i].in = NULL;
@@ -436,7 +431,7 @@ static void test_queue_delay(void **state)
     ts_batcher_t *b = make("cpu", 8, 300000); /* 300 ms */
     ts_value_t *in = request(1, 0), *out = NULL;
     uint64_t t0 = ts__now_ns();
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), 0);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), 0);
     double ms = elapsed_ms(t0);
     print_message("    lone request answered after %.1f ms (max_delay 300 ms)\n", ms);
     assert_true(ms >= 290.0);
@@ -450,7 +445,7 @@ static void test_queue_delay(void **state)
     b = make("cpu", 8, 20000000); /* 20 s */
     in = request(8, 0);
     t0 = ts__now_ns();
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), 0);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), 0);
     ms = elapsed_ms(t0);
     assert_true(ms < 10000.0);
     assert_true(check_answer(out, 8, 0, 1.0f));
@@ -462,7 +457,7 @@ static void test_queue_delay(void **state)
     b = make("cpu", 8, 0);
     in = request(2, 7);
     t0 = ts__now_ns();
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), 0);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), 0);
     assert_true(elapsed_ms(t0) < 5000.0);
     ts_value_free(out);
     ts_value_free(in);
@@ -481,7 +476,8 @@ static void test_never_split(void **state)
     actx a[3] = {{&c, 3, 0, 1.0f, NULL}, {&c, 4, 1000, 1.0f, NULL}, {&c, 5, 2000, 1.0f, NULL}};
     for (int i = 0; i < 3; i++) {
         a[i].in = request(a[i].rows, a[i].base);
-        assert_int_equal(ts_batcher_submit(b, a[i].in, 0, 0, async_cb, &a[i]), 0);
+        assert_int_equal(
+            ts_batcher_predict_async(b, a[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &a[i]), 0);
     }
     assert_true(acount_wait(&c, 3));
     assert_int_equal(c.ok, 3);
@@ -501,46 +497,47 @@ static void test_schema_errors(void **state)
     ts_value_t *out = NULL;
     /* Missing field. */
     ts_value_t *in = ts_map_new();
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
-    assert_non_null(strstr(ts_batcher_last_error(), "obs.x"));
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
+    assert_non_null(strstr(ts_last_error(), "obs.x"));
     ts_value_free(in);
     /* Wrong dtype. */
     in = request(2, 0);
     ts_value_t *obs = (ts_value_t *)ts_map_get(in, "obs");
     int64_t s2[2] = {2, 4};
     assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT64, 2, s2)), 0);
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
-    assert_non_null(strstr(ts_batcher_last_error(), "float64"));
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
+    assert_non_null(strstr(ts_last_error(), "float64"));
     /* Wrong per-row shape. */
     int64_t s3[2] = {2, 5};
     assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT32, 2, s3)), 0);
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
     /* Row counts that disagree between fields. */
     int64_t s4[2] = {3, 4};
     assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT32, 2, s4)), 0);
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
     ts_value_free(in);
     /* An extra entry. */
     in = request(2, 0);
     assert_int_equal(ts_map_set(in, "extra", ts_int_new(1)), 0);
-    assert_int_equal(ts_batcher_submit(b, in, 0, 0, async_cb, NULL), TS_ESCHEMA);
+    assert_int_equal(ts_batcher_predict_async(b, in, 0, TS_TIMEOUT_DEFAULT, async_cb, NULL),
+                     TS_ESCHEMA);
     ts_value_free(in);
     /* More rows than max_batch: a request is never split, so it can never run. */
     in = request(9, 0);
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
     ts_value_free(in);
     /* Zero rows. */
     in = request(0, 0);
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
     ts_value_free(in);
     /* A bare tensor where a map is expected. */
     int64_t s5[2] = {1, 4};
     in = ts_tensor_alloc(TS_FLOAT32, 2, s5);
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_ESCHEMA);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
     ts_value_free(in);
     /* The batcher still serves good requests, and nothing was counted as a failure. */
     in = request(2, 5);
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), 0);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), 0);
     assert_true(check_answer(out, 2, 5, 1.0f));
     ts_value_free(out);
     ts_value_free(in);
@@ -564,7 +561,8 @@ static void test_model_failure(void **state)
     float *x1 = ts_value_tensor(ts_map_get(ts_map_get(a[1].in, "obs"), "x"))->data;
     x1[3] = NAN;
     for (int i = 0; i < 3; i++)
-        assert_int_equal(ts_batcher_submit(b, a[i].in, 0, 0, async_cb, &a[i]), 0);
+        assert_int_equal(
+            ts_batcher_predict_async(b, a[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &a[i]), 0);
     assert_true(acount_wait(&c, 3));
     /* All three were one batch: all fail. */
     assert_int_equal(c.other, 3);
@@ -574,10 +572,10 @@ static void test_model_failure(void **state)
     ts_value_t *in = request(6, 1), *out = NULL; /* a full batch: no waiting for the delay */
     float *x = ts_value_tensor(ts_map_get(ts_map_get(in, "obs"), "x"))->data;
     x[0] = NAN;
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_EMODEL);
-    assert_non_null(strstr(ts_batcher_last_error(), "NaN"));
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_EMODEL);
+    assert_non_null(strstr(ts_last_error(), "NaN"));
     x[0] = 1.0f;
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), 0);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), 0);
     ts_value_free(out);
     ts_value_free(in);
     ts_batcher_stats_t st;
@@ -646,7 +644,8 @@ static void test_predict_batch_wakeups(void **state)
     start_pthr(&p[1], &th[1], b, 600100);
     for (int i = 0; i < 2; i++) {
         a[i].in = request(1, a[i].base);
-        assert_int_equal(ts_batcher_submit(b, a[i].in, 0, 0, async_cb, &a[i]), 0);
+        assert_int_equal(
+            ts_batcher_predict_async(b, a[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &a[i]), 0);
     }
     for (int i = 0; i < 2; i++) {
         pthread_join(th[i], NULL);
@@ -750,7 +749,7 @@ static void test_weights_midstream(void **state)
     /* A bad update is reported with the replica's message; the old weights stay. */
     ts_value_t *bad = ts_map_new();
     assert_int_equal(ts_batcher_load_weights(b, bad, 21, 20000), TS_EINVAL);
-    assert_non_null(strstr(ts_batcher_last_error(), "scale"));
+    assert_non_null(strstr(ts_last_error(), "scale"));
     ts_value_free(bad);
     int64_t lo, hi;
     ts_batcher_versions(b, &lo, &hi);
@@ -774,7 +773,8 @@ static void test_weights_async(void **state)
     atomic_store(&g_released, 0);
     ts_batcher_t *b = make("cpu:3", 8, 100);
     for (int v = 1; v <= 50; v++)
-        assert_int_equal(ts_batcher_set_weights(b, scale_params((float)v), v, release_cb, NULL), 0);
+        assert_int_equal(
+            ts_batcher_load_weights_async(b, scale_params((float)v), v, release_cb, NULL), 0);
     /* Superseded updates are released without being loaded; the last one reaches everyone. */
     int64_t lo = 0;
     for (int i = 0; i < 1000 && lo != 50; i++) {
@@ -784,13 +784,14 @@ static void test_weights_async(void **state)
     assert_int_equal(lo, 50);
     ts_value_t *in = request(1, 3), *out = NULL;
     int64_t v;
-    assert_int_equal(ts_batcher_predict(b, in, 0, &out, &v), 0);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, &v), 0);
     assert_int_equal(v, 50);
     assert_true(check_answer(out, 1, 3, 50.0f));
     ts_value_free(out);
     ts_value_free(in);
     /* One pending update stays unreleased until freed. */
-    assert_int_equal(ts_batcher_set_weights(b, scale_params(51.0f), 51, release_cb, NULL), 0);
+    assert_int_equal(ts_batcher_load_weights_async(b, scale_params(51.0f), 51, release_cb, NULL),
+                     0);
     ts_batcher_free(b);
     assert_int_equal(atomic_load(&g_released), 51);
 }
@@ -820,7 +821,8 @@ static void test_weights_at_shutdown(void **state)
     for (int i = 0; i < SHUTDOWN_ROUNDS; i++) {
         ts_batcher_t *b = make("cpu:4", 8, 100);
         params[i] = scale_params(2.0f);
-        assert_int_equal(ts_batcher_set_weights(b, params[i], 2, poison_release_cb, NULL), 0);
+        assert_int_equal(ts_batcher_load_weights_async(b, params[i], 2, poison_release_cb, NULL),
+                         0);
         if (i % 2 == 1)
             sleep_us(150); /* sometimes while the first replica is still loading */
         ts_batcher_free(b);
@@ -853,7 +855,7 @@ static void test_weights_release_race(void **state)
     enum { N = 150 };
     for (int v = 1; v <= N; v++) {
         assert_int_equal(
-            ts_batcher_set_weights(b, scale_params((float)v), v, slow_release_cb, NULL), 0);
+            ts_batcher_load_weights_async(b, scale_params((float)v), v, slow_release_cb, NULL), 0);
         sleep_us((v % 5) * 300); /* land before, during and after the loads and releases */
     }
     int64_t lo = 0;
@@ -877,7 +879,8 @@ static void test_deadline(void **state)
     actx a[2] = {{&c, 1, 0, 1.0f, NULL}, {&c, 1, 10, 1.0f, NULL}};
     a[0].in = request(1, 0);
     a[1].in = request(1, 10);
-    assert_int_equal(ts_batcher_submit(b, a[0].in, 0, 0, async_cb, &a[0]), 0);
+    assert_int_equal(ts_batcher_predict_async(b, a[0].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &a[0]),
+                     0);
     sleep_us(50000); /* let the replica take the first one */
     uint64_t t0 = ts__now_ns();
     ts_value_t *out = NULL;
@@ -904,12 +907,10 @@ typedef struct dslot {
     int status, good;
 } dslot;
 
-static void dslot_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, const char *msg,
-                     void *arg)
+static void dslot_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
 {
     (void)b;
     (void)version;
-    (void)msg;
     dslot *d = arg;
     d->status = status;
     d->good = status == 0 && check_answer(out, 1, d->base, 1.0f);
@@ -934,11 +935,12 @@ static void test_deadline_heap(void **state)
         d[i].in = request(1, d[i].base);
     }
     /* The first keeps the replica busy while the others queue. */
-    assert_int_equal(ts_batcher_submit(b, d[N].in, 0, 0, dslot_cb, &d[N]), 0);
+    assert_int_equal(ts_batcher_predict_async(b, d[N].in, 0, TS_TIMEOUT_DEFAULT, dslot_cb, &d[N]),
+                     0);
     sleep_us(10000);
     for (int i = 0; i < N; i++) {
         int timeout_ms = i % 2 == 0 ? 125 : 20000;
-        assert_int_equal(ts_batcher_submit(b, d[i].in, 0, timeout_ms, dslot_cb, &d[i]), 0);
+        assert_int_equal(ts_batcher_predict_async(b, d[i].in, 0, timeout_ms, dslot_cb, &d[i]), 0);
     }
     assert_true(acount_wait(&c, N + 1));
     atomic_store(&g_delay_us, 0);
@@ -970,18 +972,16 @@ typedef struct loop_actor {
     int bad;
 } loop_actor;
 
-static void loop_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, const char *msg,
-                    void *arg)
+static void loop_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
 {
     (void)version;
-    (void)msg;
     loop_actor *a = arg;
     if (status != 0 || !check_answer(out, 1, a->base, 1.0f))
         a->bad++;
     ts_value_free(out);
     if (a->left > 0) {
         a->left--;
-        if (ts_batcher_submit(b, a->in, 0, 0, loop_cb, a) == 0)
+        if (ts_batcher_predict_async(b, a->in, 0, TS_TIMEOUT_DEFAULT, loop_cb, a) == 0)
             return;
         a->bad++;
     }
@@ -1001,7 +1001,8 @@ static void run_loop(ts_batcher_t *b, int n_actors, int n_requests)
         la[i].in = request(1, la[i].base);
     }
     for (int i = 0; i < n_actors; i++)
-        assert_int_equal(ts_batcher_submit(b, la[i].in, 0, 0, loop_cb, &la[i]), 0);
+        assert_int_equal(
+            ts_batcher_predict_async(b, la[i].in, 0, TS_TIMEOUT_DEFAULT, loop_cb, &la[i]), 0);
     assert_true(acount_wait(&c, n_actors));
     for (int i = 0; i < n_actors; i++) {
         assert_int_equal(la[i].bad, 0);
@@ -1048,7 +1049,9 @@ static void test_shutdown(void **state)
     for (int i = 0; i < N; i++) {
         ctx[i] = (actx){&c, 1, (int64_t)i * 10, 1.0f, NULL};
         ctx[i].in = request(1, ctx[i].base);
-        assert_int_equal(ts_batcher_submit(b, ctx[i].in, TS_COPY, -1, async_cb, &ctx[i]), 0);
+        assert_int_equal(
+            ts_batcher_predict_async(b, ctx[i].in, TS_COPY, TS_TIMEOUT_INFINITE, async_cb, &ctx[i]),
+            0);
         ts_value_free(ctx[i].in);
     }
     sleep_us(30000);
@@ -1070,8 +1073,8 @@ static void test_placement(void **state)
     assert_null(ts_batcher_device(b, 4));
     ts_batcher_free(b);
 
-    ts_batcher_config_t cfg;
-    ts_batcher_config_init(&cfg);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
     cfg.inputs = in_schema;
     cfg.n_inputs = 2;
     cfg.create = cm_create;
@@ -1079,19 +1082,19 @@ static void test_placement(void **state)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         cfg.placement = bad[i];
         assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
-        assert_non_null(strstr(ts_batcher_last_error(), "placement"));
+        assert_non_null(strstr(ts_last_error(), "placement"));
     }
     /* No CUDA device: the forms that need the device count fail clearly. */
     cfg.placement = "cuda*2";
     assert_int_equal(ts_batcher_new(&b, &cfg), TS_ENOTSUP);
-    assert_non_null(strstr(ts_batcher_last_error(), "no CUDA device"));
+    assert_non_null(strstr(ts_last_error(), "no CUDA device"));
     cfg.placement = "cuda/4";
     assert_int_equal(ts_batcher_new(&b, &cfg), TS_ENOTSUP);
     /* An explicit device goes to the factory, which refuses it here, with its message. */
     atomic_store(&g_created, 0);
     cfg.placement = "cpu,cuda:0";
     assert_int_equal(ts_batcher_new(&b, &cfg), TS_ENOTSUP);
-    assert_non_null(strstr(ts_batcher_last_error(), "cuda:0"));
+    assert_non_null(strstr(ts_last_error(), "cuda:0"));
     assert_int_equal(atomic_load(&g_created), 1); /* the CPU one was made, then freed */
     /* With devices to spread over, the factory sees each one in order. */
     cfg.cuda_devices = 2;
@@ -1114,12 +1117,9 @@ static void test_placement(void **state)
 }
 
 /* A model over bare tensors, without an output schema: y = 2x for a [rows, 3] float64 input. */
-static int bare_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out,
-                        char *err, size_t errlen)
+static int bare_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
 {
     (void)m;
-    (void)err;
-    (void)errlen;
     const ts_tensor_t *t = ts_value_tensor(in);
     ts_value_t *o = ts_tensor_new(TS_FLOAT64, 2, t->shape, t->data, TS_COPY);
     if (o == NULL)
@@ -1136,14 +1136,11 @@ static int bare_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_va
 
 static const ts_model_ops_t bare_ops = {bare_forward, NULL, cm_free};
 
-static int bare_create(void *arg, const char *device, int replica, ts_model_t **out, char *err,
-                       size_t errlen)
+static int bare_create(const char *device, int replica, ts_model_t **out, void *arg)
 {
     (void)arg;
     (void)device;
     (void)replica;
-    (void)err;
-    (void)errlen;
     cmodel *c = ts__calloc(1, sizeof(*c));
     if (c == NULL)
         return TS_ENOMEM;
@@ -1157,12 +1154,10 @@ typedef struct bctx {
     int i;
 } bctx;
 
-static void bare_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, const char *msg,
-                    void *arg)
+static void bare_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
 {
     (void)b;
     (void)version;
-    (void)msg;
     bctx *x = arg;
     int good = status == 0 && ts_value_type(out) == TS_TYPE_LIST && ts_value_len(out) == 2;
     if (good) {
@@ -1184,8 +1179,8 @@ static void test_bare_tensor(void **state)
 {
     (void)state;
     const ts_field_t in[] = {{"", TS_FLOAT64, 1, {3}}};
-    ts_batcher_config_t cfg;
-    ts_batcher_config_init(&cfg);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
     cfg.inputs = in;
     cfg.n_inputs = 1;
     cfg.max_batch = 8;
@@ -1204,13 +1199,88 @@ static void test_bare_tensor(void **state)
         int64_t shape[2] = {2, 3};
         ts_value_t *v = ts_tensor_new(TS_FLOAT64, 2, shape, data, TS_BORROW);
         x[i] = (bctx){&c, i};
-        assert_int_equal(ts_batcher_submit(b, v, TS_COPY, 0, bare_cb, &x[i]), 0);
+        assert_int_equal(
+            ts_batcher_predict_async(b, v, TS_COPY, TS_TIMEOUT_DEFAULT, bare_cb, &x[i]), 0);
         ts_value_free(v);
     }
     uint64_t t0 = ts__now_ns();
     assert_true(acount_wait(&c, 4));
     assert_true(elapsed_ms(t0) < 15000.0);
     assert_int_equal(c.ok, 4);
+    ts_batcher_free(b);
+}
+
+/* A failed prediction's callback: its status and the message it finds in ts_last_error(). */
+typedef struct failed_answer {
+    atomic_int done;
+    int status;
+    char message[TS_MAX_ERROR_LEN + 1];
+} failed_answer;
+
+static void failed_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
+{
+    (void)b;
+    (void)version;
+    failed_answer *f = arg;
+    ts_value_free(out);
+    f->status = status;
+    snprintf(f->message, sizeof(f->message), "%s", ts_last_error());
+    atomic_store(&f->done, 1);
+}
+
+/*
+ * The timeout convention (tensorshare.h "Timeouts") and the one message channel: 0 is refused
+ * by calls that cannot answer without waiting, TS_TIMEOUT_DEFAULT is the options' timeout_ms,
+ * and a model's ts_set_last_error() reaches the requester's callback through ts_last_error().
+ */
+static void test_timeouts_and_messages(void **state)
+{
+    (void)state;
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
+    cfg.inputs = in_schema;
+    cfg.n_inputs = 2;
+    cfg.create = cm_create;
+    ts_batcher_t *b = NULL;
+    cfg.timeout_ms = 0;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "timeout_ms"));
+    cfg.timeout_ms = -7;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    cfg.timeout_ms = TS_TIMEOUT_INFINITE;
+    assert_int_equal(ts_batcher_new(&b, &cfg), 0);
+    ts_batcher_free(b);
+    cfg.timeout_ms = TS_TIMEOUT_DEFAULT;
+    assert_int_equal(ts_batcher_new(&b, &cfg), 0);
+
+    ts_value_t *in = request(2, 0), *out = NULL;
+    ts_set_last_error(NULL);
+    assert_int_equal(ts_batcher_predict(b, in, 0, &out, NULL), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "timeout_ms"));
+    assert_int_equal(ts_batcher_predict_async(b, in, 0, 0, failed_cb, NULL), TS_EINVAL);
+    assert_int_equal(ts_batcher_predict_async(b, in, 0, -3, failed_cb, NULL), TS_EINVAL);
+    assert_int_equal(ts_batcher_load_weights(b, in, 1, 0), TS_EINVAL);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_INFINITE, &out, NULL), 0);
+    ts_value_free(out);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), 0);
+    ts_value_free(out);
+
+    /* The model's own message, set with ts_set_last_error, in the callback and after predict. */
+    float *x = ts_value_tensor(ts_map_get(ts_map_get(in, "obs"), "x"))->data;
+    x[0] = NAN;
+    failed_answer f;
+    memset(&f, 0, sizeof(f));
+    atomic_init(&f.done, 0);
+    assert_int_equal(ts_batcher_predict_async(b, in, 0, 20000, failed_cb, &f), 0);
+    for (int i = 0; i < 20000 && !atomic_load(&f.done); i++)
+        sleep_us(1000); /* at most 20 s */
+    assert_int_equal(atomic_load(&f.done), 1);
+    assert_int_equal(f.status, TS_EMODEL);
+    assert_non_null(strstr(f.message, "NaN in the input"));
+    ts_set_last_error(NULL);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_EMODEL);
+    assert_non_null(strstr(ts_last_error(), "NaN in the input"));
+    ts_value_free(in);
     ts_batcher_free(b);
 }
 
@@ -1235,6 +1305,7 @@ int main(void)
         cmocka_unit_test(test_shutdown),
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_bare_tensor),
+        cmocka_unit_test(test_timeouts_and_messages),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (atomic_load(&g_overlaps) != 0) {

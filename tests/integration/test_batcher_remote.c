@@ -34,11 +34,8 @@ static void sleep_us(long us)
     nanosleep(&ts, NULL);
 }
 
-static int sm_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out,
-                      char *err, size_t errlen)
+static int sm_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
 {
-    (void)err;
-    (void)errlen;
     if (atomic_load(&g_delay_us) > 0)
         sleep_us(atomic_load(&g_delay_us));
     const ts_tensor_t *x = ts_map_get_tensor(in, "x");
@@ -60,11 +57,11 @@ static int sm_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_valu
     return 0;
 }
 
-static int sm_load(ts_model_t *m, const ts_value_t *params, char *err, size_t errlen)
+static int sm_load(ts_model_t *m, const ts_value_t *params)
 {
     const ts_tensor_t *s = ts_map_get_tensor(params, "scale");
     if (s == NULL || s->dtype != TS_FLOAT32) {
-        snprintf(err, errlen, "no scale");
+        ts_set_last_error("no scale");
         return TS_EINVAL;
     }
     ((smodel *)m)->scale = *(const float *)s->data;
@@ -78,14 +75,11 @@ static void sm_free(ts_model_t *m)
 
 static const ts_model_ops_t sm_ops = {sm_forward, sm_load, sm_free};
 
-static int sm_create(void *arg, const char *device, int replica, ts_model_t **out, char *err,
-                     size_t errlen)
+static int sm_create(const char *device, int replica, ts_model_t **out, void *arg)
 {
     (void)arg;
     (void)device;
     (void)replica;
-    (void)err;
-    (void)errlen;
     smodel *m = ts__calloc(1, sizeof(*m));
     if (m == NULL)
         return TS_ENOMEM;
@@ -113,8 +107,8 @@ static int setup(void **state)
     if (ts_client_open(&w.serve_client, w.srv.addr, NULL) != 0 ||
         ts_client_open(&w.client, w.srv.addr, NULL) != 0)
         return -1;
-    ts_batcher_config_t cfg;
-    ts_batcher_config_init(&cfg);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
     cfg.inputs = schema;
     cfg.n_inputs = 1;
     cfg.max_batch = 32;
@@ -181,8 +175,7 @@ static void *worker_main(void *arg)
         int64_t version = -1;
         int rc = ts_predictor_predict(p, in, 20000, &out, &version);
         if (rc != 0 || version != 0 || !check(out, rows, base, 1.0f)) {
-            print_error("worker %d: rc %s (%s)\n", k->index, ts_err_name(rc),
-                        ts_batcher_last_error());
+            print_error("worker %d: rc %s (%s)\n", k->index, ts_err_name(rc), ts_last_error());
             k->ok = 0;
         }
         ts_value_free(out);
@@ -222,12 +215,10 @@ typedef struct actx {
     float scale;
 } actx;
 
-static void remote_cb(ts_predictor_t *p, int status, ts_value_t *out, int64_t version,
-                      const char *msg, void *arg)
+static void remote_cb(ts_predictor_t *p, int status, ts_value_t *out, int64_t version, void *arg)
 {
     (void)p;
     (void)version;
-    (void)msg;
     actx *a = arg;
     int good = status == 0 && check(out, a->rows, a->base, a->scale);
     ts_value_free(out);
@@ -265,7 +256,7 @@ static void test_remote_async(void **state)
     for (int i = 0; i < N; i++) {
         a[i] = (actx){&c, 1 + i % 3, (int64_t)i * 10, 1.0f};
         ts_value_t *in = request(a[i].rows, a[i].base);
-        assert_int_equal(ts_predictor_submit(p, in, 20000, remote_cb, &a[i]), 0);
+        assert_int_equal(ts_predictor_predict_async(p, in, 20000, remote_cb, &a[i]), 0);
         ts_value_free(in); /* borrowed for the call only */
     }
     assert_true(wait_done(&c, N, 30000));
@@ -282,7 +273,7 @@ static void test_remote_schema_error(void **state)
     ts_value_t *in = ts_map_new(), *out = NULL;
     assert_int_equal(ts_map_set(in, "x", ts_tensor_alloc(TS_FLOAT32, 2, shape)), 0);
     assert_int_equal(ts_predictor_predict(p, in, 20000, &out, NULL), TS_ESCHEMA);
-    assert_non_null(strstr(ts_batcher_last_error(), "shape"));
+    assert_non_null(strstr(ts_last_error(), "shape"));
     ts_value_free(in);
     /* The predictor keeps working. */
     in = request(2, 1);
@@ -353,7 +344,8 @@ static void test_predictor_free_cancels(void **state)
     for (int i = 0; i < 5; i++) {
         a[i] = (actx){&c, 1, 0, 1.0f};
         ts_value_t *in = request(1, 0);
-        assert_int_equal(ts_predictor_submit(p, in, -1, remote_cb, &a[i]), 0);
+        assert_int_equal(ts_predictor_predict_async(p, in, TS_TIMEOUT_INFINITE, remote_cb, &a[i]),
+                         0);
         ts_value_free(in);
     }
     ts_predictor_free(p);
@@ -366,8 +358,8 @@ static void test_predictor_free_cancels(void **state)
 static void test_remote_shutdown(void **state)
 {
     world *w = *state;
-    ts_batcher_config_t cfg;
-    ts_batcher_config_init(&cfg);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
     cfg.inputs = schema;
     cfg.n_inputs = 1;
     cfg.max_batch = 1;
@@ -386,7 +378,7 @@ static void test_remote_shutdown(void **state)
     for (int i = 0; i < 10; i++) {
         a[i] = (actx){&c, 1, i, 1.0f};
         ts_value_t *in = request(1, i);
-        assert_int_equal(ts_predictor_submit(p, in, 30000, remote_cb, &a[i]), 0);
+        assert_int_equal(ts_predictor_predict_async(p, in, 30000, remote_cb, &a[i]), 0);
         ts_value_free(in);
     }
     /* Wait until the server holds them (the first is in a forward), then stop it. */

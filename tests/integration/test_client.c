@@ -74,7 +74,7 @@ static void slot_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
     res->bins = NULL;
     s->value = res->value;
     res->value = NULL;
-    snprintf(s->message, sizeof(s->message), "%s", res->message != NULL ? res->message : "");
+    snprintf(s->message, sizeof(s->message), "%s", status < 0 ? ts_last_error() : "");
     s->on_caller_thread = inside_call;
     pthread_mutex_unlock(&s->done.mu);
     tc_latch_add(&s->done, 1);
@@ -183,11 +183,11 @@ static void test_put_replaces_append_adds(void **state)
     items = NULL;
     assert_int_equal(ts_get(cl, "sem/a", 0, &items), TS_ENOENT);
     assert_null(items);
-    assert_true(strlen(ts_client_last_error()) > 0);
+    assert_true(strlen(ts_last_error()) > 0);
     assert_int_equal(ts_peek(cl, "sem/a", 0, &items), TS_ENOENT);
     /* A successful call clears the message. */
     assert_int_equal(ts_ping(cl), 0);
-    assert_string_equal(ts_client_last_error(), "");
+    assert_string_equal(ts_last_error(), "");
 
     /* An append to a missing bin creates it. */
     assert_int_equal(ts_append(cl, "sem/new", a, NULL), 0);
@@ -553,8 +553,8 @@ static void test_wait(void **state)
 static void test_wait_longer_than_request_timeout(void **state)
 {
     (void)state;
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.request_timeout_ms = 300;
     ts_client_t *c;
     assert_int_equal(ts_client_open(&c, srv.addr, &o), 0);
@@ -570,6 +570,70 @@ static void test_wait_longer_than_request_timeout(void **state)
     assert_int_equal(ts_wait_async(c, "wait/long", 0, 800, slot_cb, &s), 0);
     assert_int_equal(slot_wait(&s), TS_ETIMEDOUT);
     slot_free(&s);
+    ts_client_free(c);
+}
+
+/*
+ * The one timeout convention (tensorshare.h "Timeouts") on WAIT: 0 asks once and never waits,
+ * TS_TIMEOUT_DEFAULT is the request timeout, other negative values are refused, and the option
+ * fields refuse 0. In 0.1, 0 meant the request timeout, so the first wait below took that long.
+ */
+static void test_wait_timeout_convention(void **state)
+{
+    (void)state;
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.request_timeout_ms = 3000;
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, srv.addr, &o), 0);
+
+    /* 0: checked once (a bin that does not exist has version 0, so nothing is newer). */
+    uint64_t v = 7;
+    uint64_t t0 = tc_now_ms();
+    assert_int_equal(ts_wait(c, "wait/conv", 0, 0, &v, NULL), TS_ETIMEDOUT);
+    assert_true(tc_now_ms() - t0 < 1500);
+    assert_int_equal(v, 0);
+    assert_true(strlen(ts_last_error()) > 0);
+    slot s;
+    slot_init(&s);
+    t0 = tc_now_ms();
+    assert_int_equal(ts_wait_async(c, "wait/conv", 0, 0, slot_cb, &s), 0);
+    assert_int_equal(slot_wait(&s), TS_ETIMEDOUT);
+    assert_true(tc_now_ms() - t0 < 1500);
+    assert_true(strlen(s.message) > 0); /* set on the I/O thread before the callback */
+    slot_free(&s);
+
+    /* 0 when the condition already holds: answered at once with the state. */
+    uint64_t put_v = 0;
+    ts_value_t *it = ts_int_new(1);
+    assert_int_equal(ts_put(c, "wait/conv", it, &put_v), 0);
+    ts_value_free(it);
+    assert_int_equal(ts_wait(c, "wait/conv", 0, 0, &v, NULL), 0);
+    assert_int_equal(v, put_v);
+
+    /* TS_TIMEOUT_DEFAULT: the client's request timeout (3 s here). */
+    t0 = tc_now_ms();
+    assert_int_equal(ts_wait(c, "wait/conv", put_v, TS_TIMEOUT_DEFAULT, &v, NULL), TS_ETIMEDOUT);
+    uint64_t el = tc_now_ms() - t0;
+    assert_true(el >= 2500 && el < 6000);
+
+    /* Any other negative value is refused, with a message. */
+    assert_int_equal(ts_wait(c, "wait/conv", 0, -5, NULL, NULL), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "timeout_ms"));
+    assert_int_equal(ts_wait_async(c, "wait/conv", 0, -3, slot_cb, NULL), TS_EINVAL);
+    assert_int_equal(ts_delete(c, "wait/conv", NULL), 0);
+    ts_client_free(c);
+
+    /* Option fields: positive or TS_TIMEOUT_DEFAULT; 0 and TS_TIMEOUT_INFINITE are refused. */
+    ts_client_options_init(&o);
+    o.request_timeout_ms = 0;
+    assert_int_equal(ts_client_open(&c, srv.addr, &o), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "request_timeout_ms"));
+    o.request_timeout_ms = TS_TIMEOUT_INFINITE;
+    assert_int_equal(ts_client_open(&c, srv.addr, &o), TS_EINVAL);
+    o.request_timeout_ms = TS_TIMEOUT_DEFAULT;
+    o.connect_timeout_ms = TS_TIMEOUT_DEFAULT;
+    assert_int_equal(ts_client_open(&c, srv.addr, &o), 0);
     ts_client_free(c);
 }
 
@@ -865,8 +929,8 @@ static int64_t stat_of(const char *key)
 static void test_lz4(void **state)
 {
     (void)state;
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.compress_min = 4096;
     ts_client_t *c;
     assert_int_equal(ts_client_open(&c, srv.addr, &o), 0);
@@ -1006,6 +1070,7 @@ int main(void)
         cmocka_unit_test(test_async_put_borrow_and_copy),
         cmocka_unit_test(test_wait),
         cmocka_unit_test(test_wait_longer_than_request_timeout),
+        cmocka_unit_test(test_wait_timeout_convention),
         cmocka_unit_test(test_listen_sees_every_change),
         cmocka_unit_test(test_listen_other_client),
         cmocka_unit_test(test_blocking_call_in_callback_is_edeadlk),

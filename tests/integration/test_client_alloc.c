@@ -51,7 +51,7 @@ static void check_rc(pass *p, const char *what, int rc)
     if (rc == 0)
         return;
     if (strcmp(ts_err_name(rc), "UNKNOWN") == 0 || rc == TS_ETIMEDOUT) {
-        printf("%s: unexpected %d (%s), %s\n", what, rc, ts_err_name(rc), ts_client_last_error());
+        printf("%s: unexpected %d (%s), %s\n", what, rc, ts_err_name(rc), ts_last_error());
         fail();
     }
     p->failed++;
@@ -83,8 +83,8 @@ static void note_cb(ts_client_t *c, int status, const ts_notification_t *n, void
 /* One pass of the sequence; items built by the caller (before failures are armed). */
 static void run_pass(pass *p, const ts_value_t *item)
 {
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.connect_timeout_ms = 5000;
     o.request_timeout_ms = 15000;
     ts_client_t *c = NULL;

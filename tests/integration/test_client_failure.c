@@ -40,18 +40,18 @@ static void test_connect_refused(void **state)
     assert_true(port > 0);
     char addr[64];
     snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.connect_timeout_ms = 3000;
     ts_client_t *c = NULL;
     uint64_t t0 = tc_now_ms();
     assert_int_equal(ts_client_open(&c, addr, &o), TS_ECONNREFUSED);
     uint64_t el = tc_now_ms() - t0;
     printf("connect to a closed port failed in %llu ms: %s\n", (unsigned long long)el,
-           ts_client_last_error());
+           ts_last_error());
     assert_null(c);
     assert_true(el < 3000);
-    assert_non_null(strstr(ts_client_last_error(), addr));
+    assert_non_null(strstr(ts_last_error(), addr));
     assert_int_equal(ts_client_open(&c, "unix:/nonexistent/tensord.sock", &o), TS_ECONNREFUSED);
     assert_int_equal(ts_client_open(&c, "no-such-host.invalid:8000", &o), TS_ENOTCONN);
 }
@@ -69,8 +69,8 @@ static void test_connect_timeout(void **state)
     assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
     char addr[64];
     snprintf(addr, sizeof(addr), "127.0.0.1:%d", ntohs(a.sin_port));
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.connect_timeout_ms = 300;
     ts_client_t *c = NULL;
     uint64_t t0 = tc_now_ms();
@@ -87,8 +87,8 @@ static void test_request_timeouts_and_late_replies(void **state)
     (void)state;
     tsh_server s;
     assert_int_equal(tsh_server_start(&s, NULL), 0);
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.request_timeout_ms = 400;
     ts_client_t *c;
     assert_int_equal(ts_client_open(&c, s.addr, &o), 0);
@@ -153,8 +153,8 @@ static void test_requests_wait_for_reconnect(void **state)
     (void)state;
     tsh_server s;
     assert_int_equal(tsh_server_start(&s, NULL), 0);
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.request_timeout_ms = 15000;
     o.reconnect_min_ms = 20;
     o.reconnect_max_ms = 200;
@@ -362,8 +362,8 @@ static void test_kill_restart_under_load(void **state)
     (void)state;
     tsh_server s;
     assert_int_equal(tsh_server_start(&s, NULL), 0);
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.request_timeout_ms = 10000;
     o.reconnect_min_ms = 50;
     o.reconnect_max_ms = 500;
@@ -488,8 +488,8 @@ static void test_free_while_threads_block(void **state)
     (void)state;
     tsh_server s;
     assert_int_equal(tsh_server_start(&s, NULL), 0);
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.request_timeout_ms = 60000;
     for (int round = 0; round < 2; round++) {
         ts_client_t *c;
@@ -560,8 +560,8 @@ static void test_server_reasons(void **state)
     const char *args[] = {"--max-clients", "1", "--auth-token-file", token_file, NULL};
     tsh_server s;
     assert_int_equal(tsh_server_start(&s, args), 0);
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.connect_timeout_ms = 5000;
     o.auth_token = "the-right-token";
     ts_client_t *c1 = NULL;
@@ -571,11 +571,11 @@ static void test_server_reasons(void **state)
     /* The one place is taken. */
     ts_client_t *c2 = NULL;
     int rc = ts_client_open(&c2, s.addr, &o);
-    printf("second client: %s: %s\n", ts_err_name(rc), ts_client_last_error());
+    printf("second client: %s: %s\n", ts_err_name(rc), ts_last_error());
     assert_int_equal(rc, TS_ETOOMANY);
     assert_null(c2);
-    assert_non_null(strstr(ts_client_last_error(), "too many clients (limit 1)"));
-    assert_null(strstr(ts_client_last_error(), "too many clients: too many clients"));
+    assert_non_null(strstr(ts_last_error(), "too many clients (limit 1)"));
+    assert_null(strstr(ts_last_error(), "too many clients: too many clients"));
     ts_client_free(c1);
 
     /* A wrong token. */
@@ -586,10 +586,10 @@ static void test_server_reasons(void **state)
         if (rc != TS_EAUTH)
             tc_sleep_ms(20);
     }
-    printf("wrong token: %s: %s\n", ts_err_name(rc), ts_client_last_error());
+    printf("wrong token: %s: %s\n", ts_err_name(rc), ts_last_error());
     assert_int_equal(rc, TS_EAUTH);
-    assert_non_null(strstr(ts_client_last_error(), "wrong token"));
-    assert_null(strstr(ts_client_last_error(), "authentication failed: authentication failed"));
+    assert_non_null(strstr(ts_last_error(), "wrong token"));
+    assert_null(strstr(ts_last_error(), "authentication failed: authentication failed"));
 
     assert_int_equal(tsh_server_stop(&s), 0);
     tsh_server_cleanup(&s);

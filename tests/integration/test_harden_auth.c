@@ -147,8 +147,8 @@ static void test_token_file(void **state)
     check_token_cases(&s);
 
     /* The library client: the option, then the environment variable, then a wrong token. */
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.auth_token = TOKEN;
     o.connect_timeout_ms = 3000;
     ts_client_t *c;

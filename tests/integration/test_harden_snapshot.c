@@ -495,8 +495,8 @@ static void test_sigkill_under_load(void **state)
     (void)state;
     static const char *const extra[] = {"--save-interval", "1", NULL};
     start_saving(extra);
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.request_timeout_ms = 10000;
     o.reconnect_max_ms = 200;
     ts_client_t *c;

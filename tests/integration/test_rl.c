@@ -256,6 +256,50 @@ static void test_resume_and_never_backwards(void **state)
     assert_int_equal(ts_put(f->tc, "parameters", junk, NULL), 0);
     ts_value_free(junk);
     assert_int_equal(ts_rl_trainer_new(&t, f->tc, NULL), TS_EBADRECORD);
+    /* The one message channel says why (the RL helpers had none before 0.2). */
+    assert_non_null(strstr(ts_last_error(), "parameters"));
+    assert_non_null(strstr(ts_last_error(), "{params, version}"));
+}
+
+/*
+ * The timeout convention (tensorshare.h "Timeouts"): TS_TIMEOUT_DEFAULT is the options'
+ * timeout_ms, 0 checks once, other negative values are refused with a message.
+ */
+static void test_timeout_convention(void **state)
+{
+    fixture *f = *state;
+    ts_rl_options_t o;
+    ts_rl_options_init(&o);
+    o.timeout_ms = 300;
+    ts_rl_trainer_t *t = NULL;
+    assert_int_equal(ts_rl_trainer_new(&t, f->tc, &o), 0);
+    ts_rl_worker_t *w = NULL;
+    assert_int_equal(ts_rl_worker_new(&w, f->wc, &o), 0);
+    ts_rl_batch_t *b = NULL;
+    int64_t t0 = now_ms();
+    assert_int_equal(ts_rl_trainer_collect(t, 0, TS_TIMEOUT_DEFAULT, &b), TS_ETIMEDOUT);
+    int64_t el = now_ms() - t0;
+    assert_true(el >= 250 && el < 5000);
+    assert_true(strlen(ts_last_error()) > 0);
+    ts_rl_params_t *p = NULL;
+    t0 = now_ms();
+    assert_int_equal(ts_rl_worker_await(w, TS_TIMEOUT_DEFAULT, &p), TS_ETIMEDOUT);
+    el = now_ms() - t0;
+    assert_true(el >= 250 && el < 5000);
+    assert_int_equal(ts_rl_worker_await(w, 0, &p), TS_ETIMEDOUT);
+    assert_int_equal(ts_rl_worker_flush(w, TS_TIMEOUT_DEFAULT), 0);
+
+    assert_int_equal(ts_rl_trainer_collect(t, 0, -5, &b), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "timeout_ms"));
+    assert_int_equal(ts_rl_worker_await(w, -5, &p), TS_EINVAL);
+    assert_int_equal(ts_rl_worker_flush(w, -5), TS_EINVAL);
+    ts_rl_worker_free(w);
+    ts_rl_trainer_free(t);
+
+    o.timeout_ms = -5;
+    assert_int_equal(ts_rl_trainer_new(&t, f->tc, &o), TS_EINVAL);
+    assert_int_equal(ts_rl_worker_new(&w, f->wc, &o), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "timeout_ms"));
 }
 
 static void test_filter_and_collect(void **state)
@@ -494,7 +538,7 @@ static void test_backpressure(void **state)
     ts_rl_options_t o;
     ts_rl_options_init(&o);
     o.max_in_flight = 2;
-    o.add_timeout_ms = 200;
+    o.timeout_ms = 200;
     o.staleness_tolerance = TS_RL_NO_FILTER;
     ts_rl_worker_t *w = NULL;
     assert_int_equal(ts_rl_worker_new(&w, f->wc, &o), 0);
@@ -538,7 +582,7 @@ typedef struct events {
     atomic_int params, disconnected, resubscribed, add_failed, params_failed;
 } events;
 
-static void on_event(ts_rl_worker_t *w, ts_rl_event_t ev, int status, int64_t version, void *arg)
+static void on_event(ts_rl_worker_t *w, int status, ts_rl_event_t ev, int64_t version, void *arg)
 {
     (void)w;
     (void)status;
@@ -680,6 +724,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_collect_wakes_on_add, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefixes_separate_experiments, setup, teardown),
         cmocka_unit_test_setup_teardown(test_backpressure, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_timeout_convention, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_restart, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

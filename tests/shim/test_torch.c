@@ -35,7 +35,7 @@ static ts_torch_model_t *load(const char *name)
     ts_torch_model_t *m = NULL;
     int rc = ts_torch_load_file(&m, model_path(name), "cpu");
     if (rc != 0)
-        print_error("load %s: %s: %s\n", name, ts_strerror(rc), ts_torch_last_error());
+        print_error("load %s: %s: %s\n", name, ts_strerror(rc), ts_last_error());
     assert_int_equal(rc, 0);
     return m;
 }
@@ -131,7 +131,7 @@ static void test_mlp_forward(void **state)
 
     /* Garbage bytes are a libtorch error, with a message. */
     assert_int_equal(ts_torch_load_bytes(&m2, "not a model", 11, "cpu"), TS_ETORCH);
-    assert_true(strlen(ts_torch_last_error()) > 0);
+    assert_true(strlen(ts_last_error()) > 0);
     assert_int_equal(ts_torch_load_file(&m2, model_path("missing.pt"), "cpu"), TS_ENOENT);
 
     ts_value_free(x);
@@ -145,7 +145,7 @@ static void check_cuda_forward(void)
     ts_torch_model_t *cpu = load("mlp.pt"), *gpu = NULL;
     int rc = ts_torch_load_file(&gpu, model_path("mlp.pt"), "cuda:0");
     if (rc != 0)
-        print_error("cuda:0: %s\n", ts_torch_last_error());
+        print_error("cuda:0: %s\n", ts_last_error());
     assert_int_equal(rc, 0);
     assert_string_equal(ts_torch_model_device(gpu), "cuda:0");
     ts_value_t *x = ftensor(5, 8, 3), *a = NULL, *b = NULL;
@@ -173,8 +173,8 @@ static void test_devices(void **state)
     if (gpus == 0) {
         /* Debian's libtorch is CPU-only: a CUDA device is a clear error. */
         assert_int_equal(ts_torch_load_file(&m, model_path("mlp.pt"), "cuda:0"), TS_ENOTSUP);
-        assert_non_null(strstr(ts_torch_last_error(), "CUDA is not available"));
-        assert_non_null(strstr(ts_torch_last_error(), "cuda:0"));
+        assert_non_null(strstr(ts_last_error(), "CUDA is not available"));
+        assert_non_null(strstr(ts_last_error(), "cuda:0"));
         assert_int_equal(ts_torch_load_file(&m, model_path("mlp.pt"), "cuda"), TS_ENOTSUP);
     } else {
         check_cuda_forward();
@@ -222,7 +222,7 @@ static void test_dict_model(void **state)
     bad = ts_list_new();
     assert_int_equal(ts_list_push(bad, ftensor(1, 16, 1)), 0);
     assert_int_equal(ts_torch_forward(m, bad, &out), TS_ETORCH);
-    assert_true(strlen(ts_torch_last_error()) > 0);
+    assert_true(strlen(ts_last_error()) > 0);
     ts_value_free(bad);
     ts_value_free(in);
     ts_torch_model_free(m);
@@ -243,7 +243,7 @@ static void test_raising(void **state)
     y = NULL;
     assert_int_equal(ts_torch_forward(m, x, &y), TS_ETORCH);
     assert_null(y);
-    assert_non_null(strstr(ts_torch_last_error(), "negative input"));
+    assert_non_null(strstr(ts_last_error(), "negative input"));
     /* The model keeps working after the exception. */
     d[2] = 2.0f;
     assert_int_equal(ts_torch_forward(m, x, &y), 0);
@@ -417,7 +417,7 @@ static void test_state_dict(void **state)
                 ts_map_set(fewer, ts_map_key_at(bad, i), ts_value_clone(ts_map_value_at(bad, i))),
                 0);
     assert_int_equal(ts_torch_load_state_dict(m, fewer, 0), TS_EINVAL);
-    const char *msg = ts_torch_last_error();
+    const char *msg = ts_last_error();
     print_message("    %s\n", msg);
     assert_non_null(strstr(msg, "missing: fc2.bias"));
     assert_non_null(strstr(msg, "unexpected: fc3.weight"));
@@ -427,7 +427,7 @@ static void test_state_dict(void **state)
     ts_value_free(y);
     /* Non-strict ignores the names but not the shapes. */
     assert_int_equal(ts_torch_load_state_dict(m, fewer, TS_TORCH_NONSTRICT), TS_EINVAL);
-    assert_null(strstr(ts_torch_last_error(), "missing"));
+    assert_null(strstr(ts_last_error(), "missing"));
     assert_int_equal(ts_map_set(fewer, "fc1.weight", ts_value_clone(ts_map_get(sd, "fc1.weight"))),
                      0);
     assert_int_equal(ts_torch_load_state_dict(m, fewer, TS_TORCH_NONSTRICT), 0);
@@ -440,7 +440,7 @@ static void test_state_dict(void **state)
     ts_value_t *notensor = ts_map_new();
     assert_int_equal(ts_map_set(notensor, "fc1.weight", ts_int_new(3)), 0);
     assert_int_equal(ts_torch_load_state_dict(m, notensor, TS_TORCH_NONSTRICT), TS_EINVAL);
-    assert_non_null(strstr(ts_torch_last_error(), "fc1.weight"));
+    assert_non_null(strstr(ts_last_error(), "fc1.weight"));
     /* float64 weights convert. */
     ts_value_t *f64 = ts_map_new();
     double d2[4] = {1, 1, 1, 1};
@@ -466,8 +466,8 @@ static const ts_field_t mlp_out[] = {{"", TS_FLOAT32, 1, {4}}};
 static ts_batcher_t *mlp_batcher(ts_torch_model_t *proto, const char *placement, int max_batch,
                                  int64_t delay_us, int *rc_out)
 {
-    ts_batcher_config_t cfg;
-    ts_batcher_config_init(&cfg);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
     cfg.inputs = mlp_in;
     cfg.n_inputs = 1;
     cfg.outputs = mlp_out;
@@ -551,7 +551,7 @@ static void test_batcher_torch(void **state)
     assert_int_equal(ts_batcher_load_weights(b, sd, 7, 30000), 0);
     ts_value_t *x = ftensor(2, 8, 9), *y = NULL, *want = NULL;
     int64_t version = 0;
-    assert_int_equal(ts_batcher_predict(b, x, 0, &y, &version), 0);
+    assert_int_equal(ts_batcher_predict(b, x, TS_TIMEOUT_DEFAULT, &y, &version), 0);
     assert_int_equal(version, 7);
     assert_int_equal(ts_torch_forward(ref, x, &want), 0);
     float w3[8];
@@ -564,7 +564,7 @@ static void test_batcher_torch(void **state)
     ts_value_t *bad = ts_map_new();
     assert_int_equal(ts_map_set(bad, "fc9.weight", ftensor(1, 1, 0)), 0);
     assert_int_equal(ts_batcher_load_weights(b, bad, 8, 30000), TS_EINVAL);
-    assert_non_null(strstr(ts_batcher_last_error(), "fc9.weight"));
+    assert_non_null(strstr(ts_last_error(), "fc9.weight"));
     int64_t lo, hi;
     ts_batcher_versions(b, &lo, &hi);
     assert_int_equal(lo, 7);
@@ -583,8 +583,8 @@ static void test_batcher_model_error(void **state)
     (void)state;
     ts_torch_model_t *proto = load("raising.pt");
     const ts_field_t f[] = {{"", TS_FLOAT32, 1, {3}}};
-    ts_batcher_config_t cfg;
-    ts_batcher_config_init(&cfg);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
     cfg.inputs = f;
     cfg.n_inputs = 1;
     cfg.max_batch = 4;
@@ -596,10 +596,10 @@ static void test_batcher_model_error(void **state)
     ts_value_t *x = ftensor(1, 3, 0), *y = NULL;
     float *d = (float *)fdata(x);
     d[0] = d[1] = d[2] = -1.0f;
-    assert_int_equal(ts_batcher_predict(b, x, 0, &y, NULL), TS_EMODEL);
-    assert_non_null(strstr(ts_batcher_last_error(), "negative input"));
+    assert_int_equal(ts_batcher_predict(b, x, TS_TIMEOUT_DEFAULT, &y, NULL), TS_EMODEL);
+    assert_non_null(strstr(ts_last_error(), "negative input"));
     d[0] = d[1] = d[2] = 1.0f;
-    assert_int_equal(ts_batcher_predict(b, x, 0, &y, NULL), 0);
+    assert_int_equal(ts_batcher_predict(b, x, TS_TIMEOUT_DEFAULT, &y, NULL), 0);
     assert_true(fdata(y)[1] == 2.0f);
     ts_value_free(y);
     ts_value_free(x);
@@ -618,8 +618,8 @@ static void test_batcher_cuda(void **state)
         ts_batcher_t *b = mlp_batcher(proto, "cuda:0", 8, 100, &rc);
         assert_null(b);
         assert_int_equal(rc, TS_ENOTSUP);
-        print_message("    %s\n", ts_batcher_last_error());
-        assert_non_null(strstr(ts_batcher_last_error(), "CUDA is not available"));
+        print_message("    %s\n", ts_last_error());
+        assert_non_null(strstr(ts_last_error(), "CUDA is not available"));
         b = mlp_batcher(proto, "cuda*2", 8, 100, &rc);
         assert_int_equal(rc, TS_ENOTSUP);
     } else {

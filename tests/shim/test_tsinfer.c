@@ -142,7 +142,7 @@ static void test_tsinfer(void **state)
         int64_t version = -1;
         int rc = ts_predictor_predict(p, x, 60000, &y, &version);
         if (rc != 0)
-            print_error("predict: %s: %s\n", ts_strerror(rc), ts_batcher_last_error());
+            print_error("predict: %s: %s\n", ts_strerror(rc), ts_last_error());
         assert_int_equal(rc, 0);
         assert_int_equal(version, 0);
         assert_int_equal(ts_torch_forward(local, x, &want), 0);

@@ -142,7 +142,7 @@ static void drop_repeats(const char *msg, char *out, size_t cap)
 static int report(const char *what, int rc)
 {
     char detail[1024];
-    drop_repeats(ts_client_last_error(), detail, sizeof(detail));
+    drop_repeats(ts_last_error(), detail, sizeof(detail));
     const char *text = ts_strerror(rc);
     if (detail[0] == '\0')
         fprintf(stderr, "tsctl: %s: %s (%s)\n", what, text, ts_err_name(rc));
@@ -1189,8 +1189,8 @@ int main(int argc, char **argv)
         snprintf(address, sizeof(address), "[%s]:%ld", a.host, a.port);
     else
         snprintf(address, sizeof(address), "%s:%ld", a.host, a.port);
-    ts_options_t opts;
-    ts_options_init(&opts);
+    ts_client_options_t opts;
+    ts_client_options_init(&opts);
     if (a.timeout_ms > 0)
         opts.request_timeout_ms = a.timeout_ms;
     static char token[4096];

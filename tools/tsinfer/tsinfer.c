@@ -195,12 +195,12 @@ static void send_reply(ts_client_t *c, const char *bin, int64_t id, int status, 
         ts_value_free(rec);
 }
 
-static void on_answer(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
-                      const char *message, void *arg)
+static void on_answer(ts_batcher_t *b, int status, ts_value_t *output, int64_t version, void *arg)
 {
     (void)b;
     request *r = arg;
-    send_reply(r->srv->client, r->reply, r->id, status, output, version, message);
+    send_reply(r->srv->client, r->reply, r->id, status, output, version,
+               status != 0 ? ts_last_error() : NULL);
     shared_unref(r->si);
     free(r);
 }
@@ -277,10 +277,14 @@ static void dispatch(serve_state *srv, shared_items *si, const ts_value_t *rec)
     r->id = id;
     memcpy(r->reply, bin, reply_len + 1);
     atomic_fetch_add(&si->refs, 1);
-    int t = timeout_ms > INT32_MAX ? INT32_MAX : timeout_ms < 0 ? -1 : (int)timeout_ms;
-    int rc = ts_batcher_submit(srv->b, input, 0, t, on_answer, r);
+    /* The record's timeout_ms: milliseconds; 0 or absent: the batcher's default; < 0: none. */
+    int t = timeout_ms > INT32_MAX ? INT32_MAX
+            : timeout_ms < 0       ? TS_TIMEOUT_INFINITE
+            : timeout_ms == 0      ? TS_TIMEOUT_DEFAULT
+                                   : (int)timeout_ms;
+    int rc = ts_batcher_predict_async(srv->b, input, 0, t, on_answer, r);
     if (rc != 0) {
-        const char *why = ts_batcher_last_error();
+        const char *why = ts_last_error();
         if (rc == TS_ESCHEMA)
             malformed(srv, "request %lld: %s", (long long)id, why);
         send_reply(srv->client, bin, id, rc, NULL, 0, why[0] != '\0' ? why : NULL);
@@ -435,11 +439,11 @@ int main(int argc, char **argv)
     int rc = ts_torch_load_file(&proto, model, "cpu");
     if (rc != 0) {
         /* The shim's message says what failed (ts_strerror's text for TS_ENOENT is about bins). */
-        fprintf(stderr, "tsinfer: loading %s: %s\n", model, ts_torch_last_error());
+        fprintf(stderr, "tsinfer: loading %s: %s\n", model, ts_last_error());
         return 1;
     }
-    ts_batcher_config_t cfg;
-    ts_batcher_config_init(&cfg);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
     cfg.inputs = in;
     cfg.n_inputs = n_in;
     cfg.outputs = n_out > 0 ? out : NULL;
@@ -454,7 +458,7 @@ int main(int argc, char **argv)
     ts_batcher_t *b = NULL;
     rc = ts_batcher_new(&b, &cfg);
     if (rc != 0) {
-        fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_batcher_last_error());
+        fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_last_error());
         ts_torch_model_free(proto);
         return 1;
     }
@@ -462,7 +466,7 @@ int main(int argc, char **argv)
     rc = ts_client_open(&client, server, NULL);
     if (rc != 0) {
         fprintf(stderr, "tsinfer: connecting to %s: %s (%s)\n", server, ts_strerror(rc),
-                ts_client_last_error());
+                ts_last_error());
         ts_batcher_free(b);
         ts_torch_model_free(proto);
         return 1;
@@ -489,7 +493,7 @@ int main(int argc, char **argv)
     if (rc == 0 && params != NULL) {
         rc = ts_batcher_follow_weights(b, client, params);
         if (rc != 0)
-            fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_batcher_last_error());
+            fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_last_error());
     }
     if (rc == 0) {
         printf("tsinfer: serving %s%s on %s with %d replica(s) [", name, TS_BATCHER_REQ_SUFFIX,
