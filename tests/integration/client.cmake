@@ -12,6 +12,13 @@ add_test(NAME test_client_exports
   COMMAND sh ${PROJECT_SOURCE_DIR}/tests/install/check_exports.sh $<TARGET_FILE:tensorshare>)
 set_tests_properties(test_client_exports PROPERTIES LABELS "client" TIMEOUT 60)
 
+# The installed headers keep the conventions a compiler cannot check: a version on every
+# declaration, version.h at the project version, no removed names (docs/DESIGN.md).
+add_test(NAME test_client_headers
+  COMMAND sh ${PROJECT_SOURCE_DIR}/tests/install/check_headers.sh ${PROJECT_SOURCE_DIR}/include
+    ${PROJECT_VERSION})
+set_tests_properties(test_client_headers PROPERTIES LABELS "client" TIMEOUT 60)
+
 # Install into a temporary prefix and build the quickstart outside the tree against it.
 if(TARGET tensord)
   set(_ts_san_flags "")
