@@ -151,8 +151,8 @@ static void test_stop_answers_waiting_requests(void **state)
         ver[i] = tsu_store(fd, TS_OP_PUT, name, rec, len, NULL);
         tsu_rec_free(rec, len);
     }
-    ts_options_t o;
-    ts_options_init(&o);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
     o.connect_timeout_ms = 3000;
     stop_waiter w = {.rc = 1};
     assert_int_equal(ts_client_open(&w.c, s.addr, &o), 0);
