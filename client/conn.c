@@ -258,8 +258,7 @@ static void go_ready(ts_client_t *c)
     }
     uv_os_fd_t fd;
     ts__conn *conn = c->conn;
-    if (c->state == TS__ST_READY && c->direct_allowed &&
-        uv_fileno(&conn->u.handle, &fd) == 0) {
+    if (c->state == TS__ST_READY && c->direct_allowed && uv_fileno(&conn->u.handle, &fd) == 0) {
         /* The hang-up watcher lets the I/O thread stop reading while nothing is awaited. */
         int dup_fd = c->pb != NULL ? dup(fd) : -1;
         if (dup_fd >= 0 && uv_poll_init(&c->loop, &conn->hup, dup_fd) == 0) {
