@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,6 +27,8 @@
 
 static tsh_server s;
 static char snap[400], errfile[400], other[400];
+/* Where start_saving's daemon writes its log (its stderr). */
+static char logfile[400];
 
 static int kill_leftover(void **state)
 {
@@ -41,10 +44,11 @@ static int kill_leftover(void **state)
         unlink(snap);
         unlink(errfile);
         unlink(other);
+        unlink(logfile);
         tsh_server_cleanup(&s);
     }
     memset(&s, 0, sizeof(s));
-    snap[0] = errfile[0] = other[0] = '\0';
+    snap[0] = errfile[0] = other[0] = logfile[0] = '\0';
     return 0;
 }
 
@@ -56,7 +60,22 @@ static void start_saving(void)
     snprintf(snap, sizeof(snap), "%s/snap", s.dir);
     snprintf(errfile, sizeof(errfile), "%s/stderr", s.dir);
     snprintf(other, sizeof(other), "%s/other.sock", s.dir);
-    assert_int_equal(tsh_server_restart(&s, (const char *const[]){"--save", snap, NULL}), 0);
+    snprintf(logfile, sizeof(logfile), "%s/tensord.log", s.dir);
+    /*
+     * The harness lets the daemon inherit this process's stderr: point that at logfile just
+     * while the daemon is forked, so that the tests can read what it logs.
+     */
+    fflush(stderr);
+    int saved = dup(2);
+    assert_true(saved >= 0);
+    int lfd = open(logfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    assert_true(lfd >= 0);
+    assert_int_equal(dup2(lfd, 2), 2);
+    close(lfd);
+    int rc = tsh_server_restart(&s, (const char *const[]){"--save", snap, NULL});
+    assert_int_equal(dup2(saved, 2), 2);
+    close(saved);
+    assert_int_equal(rc, 0);
 }
 
 #define BIG_BINS 48
@@ -211,6 +230,8 @@ static void test_sighup_ignored(void **state)
         th_sleep_ms(50);
     }
     assert_true(tsh_server_alive(&s));
+    /* Each one is logged, so that an operator sees why the daemon did not stop. */
+    assert_true(th_file_contains(logfile, "SIGHUP ignored"));
     /* The same connection goes on. */
     tsu_items it;
     tsu_get(fd, TS_OP_PEEK, "kept", 0, &it);

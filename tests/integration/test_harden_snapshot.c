@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,6 +27,8 @@
 
 static tsh_server s;
 static char snap[400], errfile[400], copy[400];
+/* Where start_in_subdir's daemon writes its log (its stderr). */
+static char logfile[400];
 /* The snapshot directory d (inside the test's directory), for the tests that break it. */
 static char dsub[300], dgone[310];
 
@@ -43,6 +47,7 @@ static int kill_leftover(void **state)
         unlink(snap);
         unlink(errfile);
         unlink(copy);
+        unlink(logfile);
         if (dsub[0] != '\0') {
             struct stat st;
             if (lstat(dsub, &st) == 0 && S_ISREG(st.st_mode)) {
@@ -54,7 +59,7 @@ static int kill_leftover(void **state)
         tsh_server_cleanup(&s);
     }
     memset(&s, 0, sizeof(s));
-    dsub[0] = dgone[0] = '\0';
+    dsub[0] = dgone[0] = logfile[0] = '\0';
     return 0;
 }
 
@@ -255,13 +260,28 @@ static void start_in_subdir(const char *const *extra)
     snprintf(snap, sizeof(snap), "%s/snap", dsub);
     snprintf(errfile, sizeof(errfile), "%s/stderr", s.dir);
     snprintf(copy, sizeof(copy), "%s/copy", s.dir);
+    snprintf(logfile, sizeof(logfile), "%s/tensord.log", s.dir);
     assert_int_equal(mkdir(dsub, 0700), 0);
     const char *args[16] = {"--save", snap, "--save-interval", "0", NULL};
     int n = 4;
     for (int i = 0; extra != NULL && extra[i] != NULL && n < 15; i++)
         args[n++] = extra[i];
     args[n] = NULL;
-    assert_int_equal(tsh_server_restart(&s, args), 0);
+    /*
+     * The harness lets the daemon inherit this process's stderr: point that at logfile just
+     * while the daemon is forked, so that the tests can read what it logs.
+     */
+    fflush(stderr);
+    int saved = dup(2);
+    assert_true(saved >= 0);
+    int lfd = open(logfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    assert_true(lfd >= 0);
+    assert_int_equal(dup2(lfd, 2), 2);
+    close(lfd);
+    int rc = tsh_server_restart(&s, args);
+    assert_int_equal(dup2(saved, 2), 2);
+    close(saved);
+    assert_int_equal(rc, 0);
 }
 
 /*
@@ -311,6 +331,12 @@ static void test_save_failure_reported(void **state)
     tsu_put_int(fd, TS_OP_PUT, "b", 2, NULL);
     close(fd);
     assert_int_equal(tsh_server_stop(&s), 1);
+    /* The operator's log names the file and the reason (the directory is now a plain file). */
+    if (!th_file_contains(logfile, snap) || !th_file_contains(logfile, strerror(ENOTDIR))) {
+        print_error("tensord's log %s does not name %s and \"%s\"\n", logfile, snap,
+                    strerror(ENOTDIR));
+        fail();
+    }
     mend_dir();
     subdir_cleanup();
 }
