@@ -75,7 +75,7 @@
  *   tests           tests/integration/test_client_badserver.c and the server attack tests write
  *                   bodies with ts__put_u*le by hand: the encoders write the valid ones, and
  *                   a test that needs a malformed body can encode a valid one and then break it.
- *                   tests/unit/test_proto.c builds the section 15 examples field by field on
+ *                   tests/unit/core/test_proto.c builds the section 15 examples field by field on
  *                   purpose (it labels each field for the dump); test_msg.c checks the same
  *                   dumps against this codec.
  *
