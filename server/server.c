@@ -10,10 +10,12 @@
 #include "server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -387,6 +389,62 @@ static int unix_socket_in_use(const struct sockaddr_un *addr)
     return -e;
 }
 
+/* How long start-up waits for another daemon's check-and-bind in the same directory, in ms. */
+#define UNIX_DIR_LOCK_WAIT_MS 5000
+/* The pause between two tries for that lock, in ms. */
+#define UNIX_DIR_LOCK_RETRY_MS 10
+
+/*
+ * Lock (flock, exclusive) the directory that holds the --unix socket for the few system calls
+ * from the probe to listen(): two daemons started at the same moment on one path could
+ * otherwise both find the socket stale, both remove it and both bind, and the first would
+ * silently lose its clients. Once one listens, the other's probe (under the lock) sees it.
+ * The directory, not a file beside the socket, so that nothing is left behind. Returns the
+ * locked directory's fd, or a libuv error (logged, srv->exit_code set).
+ */
+static int lock_unix_dir(tsd_server *srv, const char *path)
+{
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL) {
+        memcpy(dir, ".", 2);
+    } else if (slash == path) {
+        memcpy(dir, "/", 2);
+    } else {
+        size_t n = (size_t)(slash - path); /* below sizeof(dir): listen_unix checked path */
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+    }
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        tsd_log(TSD_LOG_ERROR,
+                "--unix %s: cannot open its directory %s to lock it: %s; "
+                "refusing to start",
+                path, dir, strerror(e));
+        srv->exit_code = TSD_EXIT_USAGE;
+        return -e;
+    }
+    for (int waited = 0;; waited += UNIX_DIR_LOCK_RETRY_MS) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+            return fd;
+        int e = errno;
+        if ((e != EWOULDBLOCK && e != EINTR) || waited >= UNIX_DIR_LOCK_WAIT_MS) {
+            tsd_log(TSD_LOG_ERROR,
+                    "--unix %s: cannot lock its directory %s: %s; refusing to "
+                    "start",
+                    path, dir, e == EWOULDBLOCK ? "held by another process" : strerror(e));
+            close(fd);
+            srv->exit_code = TSD_EXIT_USAGE;
+            return e == EWOULDBLOCK ? UV_EBUSY : -e;
+        }
+        struct timespec ts = {0, UNIX_DIR_LOCK_RETRY_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int listen_unix_locked(tsd_server *srv, const struct sockaddr_un *addr);
+
 static int listen_unix(tsd_server *srv)
 {
     const char *path = srv->cfg.unix_path;
@@ -397,6 +455,19 @@ static int listen_unix(tsd_server *srv)
         return UV_ENAMETOOLONG;
     }
     memcpy(addr.sun_path, path, strlen(path) + 1);
+    int dfd = lock_unix_dir(srv, path);
+    if (dfd < 0)
+        return dfd;
+    int rc = listen_unix_locked(srv, &addr);
+    close(dfd); /* releases the lock: the socket listens now, or start-up fails */
+    return rc;
+}
+
+/* The probe, the removal of a stale socket, bind and listen, under the directory's lock. */
+static int listen_unix_locked(tsd_server *srv, const struct sockaddr_un *paddr)
+{
+    const char *path = srv->cfg.unix_path;
+    struct sockaddr_un addr = *paddr;
     struct stat st;
     if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode)) {

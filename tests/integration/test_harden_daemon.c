@@ -18,7 +18,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -249,6 +251,108 @@ static void test_sighup_ignored(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
 }
 
+/* Rounds of the two-daemon race: each has a stale socket to remove, the widest window. */
+#define RACE_ROUNDS 8
+
+/*
+ * Fork a tensord on --unix path with its stderr in errpath; it blocks on gate until the parent
+ * closes the gate's write end (the child closes its own copy), so that both daemons of a round
+ * start at the same instant.
+ */
+static pid_t spawn_gated(const char *path, const char *errpath, const int gate[2])
+{
+    const char *bin = getenv("TS_TENSORD");
+    assert_non_null(bin);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(errpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 2);
+            close(fd);
+        }
+        close(gate[1]);
+        char c;
+        while (read(gate[0], &c, 1) > 0) {
+        }
+        execl(bin, bin, "--port", "0", "--unix", path, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Leave a socket file at path that nothing listens on, as a killed daemon does. */
+static void make_stale_socket(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    assert_true(strlen(path) < sizeof(a.sun_path));
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    close(fd);
+}
+
+/*
+ * Two daemons started at the same instant on one --unix path: exactly one runs and serves on
+ * it, the other refuses (exit 2, "in use"). Without the lock both could find the stale socket,
+ * both remove it and both bind, and the first would silently lose its clients.
+ */
+static void race_round(const char *path, const char *err0, const char *err1)
+{
+    unlink(path);
+    make_stale_socket(path);
+    int gate[2];
+    assert_int_equal(pipe(gate), 0);
+    pid_t pid[2] = {spawn_gated(path, err0, gate), spawn_gated(path, err1, gate)};
+    close(gate[0]);
+    close(gate[1]);
+    int exited[2] = {0, 0}, status[2] = {-1, -1};
+    /* The loser exits within moments; the winner keeps running until stopped. */
+    uint64_t end = th_now_ms() + 5000u * (unsigned)th_slow();
+    while (!exited[0] && !exited[1] && th_now_ms() < end) {
+        for (int i = 0; i < 2; i++) {
+            int st;
+            if (!exited[i] && waitpid(pid[i], &st, WNOHANG) == pid[i]) {
+                exited[i] = 1;
+                status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            }
+        }
+        th_sleep_ms(10);
+    }
+    /* Give the other one time to exit too, if it is going to. */
+    th_sleep_ms(300);
+    for (int i = 0; i < 2; i++) {
+        int st;
+        if (!exited[i] && waitpid(pid[i], &st, WNOHANG) == pid[i]) {
+            exited[i] = 1;
+            status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        }
+    }
+    int ok = exited[0] + exited[1] == 1;
+    int winner = exited[0] ? 1 : 0;
+    if (ok) {
+        const char *lerr = winner == 0 ? err1 : err0;
+        ok = status[1 - winner] == 2 && th_file_contains(lerr, "in use");
+        int fd = tsh_connect_unix(path);
+        ok = ok && fd >= 0 && tsh_hello(fd) == 0;
+        if (fd >= 0)
+            close(fd);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!exited[i]) {
+            kill(pid[i], SIGKILL);
+            waitpid(pid[i], NULL, 0);
+        }
+    }
+    if (!ok) {
+        print_error("two tensord on one --unix: exited %d/%d (status %d/%d); want exactly one "
+                    "running and serving, the other exit 2 \"in use\"\n",
+                    exited[0], exited[1], status[0], status[1]);
+        fail();
+    }
+}
+
 static void test_unix_socket_in_use(void **state)
 {
     (void)state;
@@ -300,6 +404,16 @@ static void test_unix_socket_in_use(void **state)
     assert_int_equal(tsh_hello(fd), 0);
     close(fd);
     assert_int_equal(tsh_server_stop(&s), 0);
+
+    /* Two daemons started at the same instant on one path (other.sock): exactly one runs. */
+    char err1[450], lock[450];
+    snprintf(err1, sizeof(err1), "%s.1", errfile);
+    snprintf(lock, sizeof(lock), "%s.lock", other);
+    for (int r = 0; r < RACE_ROUNDS; r++)
+        race_round(other, errfile, err1);
+    unlink(other);
+    unlink(lock);
+    unlink(err1);
 }
 
 int main(void)
