@@ -6,6 +6,7 @@
  */
 #include "batcher_internal.h"
 
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,6 +21,7 @@ struct remote_server {
     pthread_t serve_th, follow_th;
     int serving, following;
     atomic_int stop;
+    ts_batcher_serve_options_t opts; /* copied at ts_batcher_serve_with */
 };
 
 /* The items of one ts_get, shared by the requests decoded from them. */
@@ -89,39 +91,91 @@ static void remote_done(ts_batcher_t *b, int status, ts_value_t *output, int64_t
     ts__free(r);
 }
 
-/* Decode one request record and submit it; answer at once when it cannot be submitted. */
+/*
+ * Count a malformed request (one refused before it reached the engine) and report it to the
+ * serve options' on_malformed with the reason in ts_last_error(). Serve thread only.
+ */
+static void malformed(remote_server *rem, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void malformed(remote_server *rem, const char *fmt, ...)
+{
+    pthread_mutex_lock(&rem->b->mu);
+    rem->b->st.malformed++;
+    pthread_mutex_unlock(&rem->b->mu);
+    if (rem->opts.on_malformed == NULL)
+        return;
+    char why[TS__BERR_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    ts__batcher_set_err("%s", why);
+    rem->opts.on_malformed(rem->b, TS_ESCHEMA, rem->opts.on_malformed_arg);
+}
+
+/*
+ * Check one request record and submit it; answer at once when it cannot be submitted. A record
+ * that is not a request (not a map, no integer id, no reply bin name, no input, an input that
+ * does not match the schema) is malformed: counted, reported, and answered with TS_ESCHEMA when
+ * it names a reply bin and an id.
+ */
 static void dispatch_one(remote_server *rem, shared_items *items, const ts_value_t *rec)
 {
+    /* An empty map is the wake-up a stopping server of the same name appends: no request. */
+    if (ts_value_type(rec) == TS_TYPE_MAP && ts_value_len(rec) == 0)
+        return;
+    if (ts_value_type(rec) != TS_TYPE_MAP) {
+        malformed(rem, "not a map");
+        return;
+    }
     int64_t id = 0, timeout_ms = 0;
     const char *reply = NULL;
     size_t reply_len = 0;
-    if (ts_map_get_int(rec, "id", &id) != 0 ||
-        ts_value_string(ts_map_get(rec, "reply"), &reply, &reply_len) != 0 || reply_len == 0 ||
-        reply_len > TS_MAX_NAME_LEN)
+    if (ts_map_get_int(rec, "id", &id) != 0) {
+        malformed(rem, "no integer 'id'");
+        return;
+    }
+    if (ts_value_string(ts_map_get(rec, "reply"), &reply, &reply_len) != 0 || reply_len == 0 ||
+        reply_len > TS_MAX_NAME_LEN || memchr(reply, '\0', reply_len) != NULL) {
+        malformed(rem, "request %lld: no 'reply' bin name (a string of 1 to %d bytes)",
+                  (long long)id, TS_MAX_NAME_LEN);
         return; /* nobody to answer */
-    if (ts_map_get(rec, "timeout_ms") != NULL)
-        ts_map_get_int(rec, "timeout_ms", &timeout_ms);
+    }
+    char bin[TS_MAX_NAME_LEN + 1];
+    memcpy(bin, reply, reply_len);
+    bin[reply_len] = '\0';
+    if (ts_map_get(rec, "timeout_ms") != NULL &&
+        ts_map_get_int(rec, "timeout_ms", &timeout_ms) != 0)
+        timeout_ms = 0; /* not an integer: the batcher's default */
     const ts_value_t *input = ts_map_get(rec, "input");
+    if (input == NULL) {
+        malformed(rem, "request %lld: no 'input'", (long long)id);
+        send_reply(rem->client, bin, id, TS_ESCHEMA, NULL, 0, "the request has no input");
+        return;
+    }
     remote_request *r = ts__calloc(1, sizeof(*r));
     if (r == NULL) {
-        send_reply(rem->client, reply, id, TS_ENOMEM, NULL, 0, "out of memory");
+        send_reply(rem->client, bin, id, TS_ENOMEM, NULL, 0, "out of memory");
         return;
     }
     r->client = rem->client;
     r->items = items;
     r->id = id;
-    memcpy(r->reply, reply, reply_len);
+    memcpy(r->reply, bin, reply_len + 1);
     atomic_fetch_add(&items->refs, 1);
     /* The record's timeout_ms: milliseconds; 0 or absent: the batcher's default; < 0: none. */
     int t = timeout_ms > INT32_MAX ? INT32_MAX
             : timeout_ms < 0       ? TS_TIMEOUT_INFINITE
             : timeout_ms == 0      ? TS_TIMEOUT_DEFAULT
                                    : (int)timeout_ms;
-    int rc =
-        input != NULL ? ts_batcher_predict_async(rem->b, input, 0, t, remote_done, r) : TS_ESCHEMA;
+    int rc = ts_batcher_predict_async(rem->b, input, 0, t, remote_done, r);
     if (rc != 0) {
-        send_reply(rem->client, r->reply, id, rc, NULL, 0,
-                   input != NULL ? ts_last_error() : "the request has no input");
+        /* Copied: reporting a malformed request sets this thread's message again. */
+        char why[TS__BERR_LEN];
+        snprintf(why, sizeof(why), "%s", ts_last_error());
+        if (rc == TS_ESCHEMA)
+            malformed(rem, "request %lld: %s", (long long)id, why);
+        send_reply(rem->client, bin, id, rc, NULL, 0, why[0] != '\0' ? why : NULL);
         ritems_unref(items);
         ts__free(r);
     }
@@ -231,7 +285,18 @@ static remote_server *remote_get(ts_batcher_t *b, ts_client_t *client)
     return b->remote->client == client ? b->remote : NULL;
 }
 
+void ts_batcher_serve_options_init(ts_batcher_serve_options_t *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+}
+
 int ts_batcher_serve(ts_batcher_t *b, ts_client_t *client, const char *name)
+{
+    return ts_batcher_serve_with(b, client, name, NULL);
+}
+
+int ts_batcher_serve_with(ts_batcher_t *b, ts_client_t *client, const char *name,
+                          const ts_batcher_serve_options_t *opts)
 {
     if (b == NULL || client == NULL || name == NULL || name[0] == '\0' ||
         strlen(name) + strlen(TS_BATCHER_REQ_SUFFIX) > TS_MAX_NAME_LEN) {
@@ -244,6 +309,10 @@ int ts_batcher_serve(ts_batcher_t *b, ts_client_t *client, const char *name)
     int rc = rem == NULL ? TS_EINVAL : rem->serving ? TS_EINVAL : 0;
     if (rc == 0) {
         snprintf(rem->req_bin, sizeof(rem->req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
+        if (opts != NULL)
+            rem->opts = *opts;
+        else
+            ts_batcher_serve_options_init(&rem->opts);
         if (pthread_create(&rem->serve_th, NULL, serve_main, rem) != 0)
             rc = TS_ENOMEM;
         else
@@ -288,8 +357,8 @@ static void remote_stop(ts_batcher_t *b)
         return;
     atomic_store(&rem->stop, 1);
     if (rem->serving) {
-        /* Wake the serve thread from its ts_wait: a request without a reply bin is dropped by
-           every server of the name. */
+        /* Wake the serve thread from its ts_wait: every server of the name skips an empty map
+           without counting it as malformed. */
         ts_value_t *wake = ts_map_new();
         if (wake != NULL)
             ts_append(rem->client, rem->req_bin, wake, NULL);

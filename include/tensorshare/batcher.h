@@ -253,6 +253,12 @@ typedef struct ts_batcher_stats_s {
     uint64_t weight_loads; /* successful weight loads, over all replicas */
     uint32_t queued;       /* requests waiting now */
     uint32_t max_batch;
+    /*
+     * Records taken from NAME/requests by ts_batcher_serve that were not requests (not a map,
+     * no integer id, no reply bin name, no input, or an input that does not match the schema);
+     * the empty map a stopping server appends to wake the others is not counted. Added in 0.2.0.
+     */
+    uint64_t malformed;
 } ts_batcher_stats_t;
 
 /* Copy the counters into *out, a consistent snapshot. Added in 0.1.0. */
@@ -277,10 +283,41 @@ TS_EXTERN void ts_batcher_stats(ts_batcher_t *b, ts_batcher_stats_t *out);
  * Serve the batcher on tensord under name: a thread takes requests from NAME/requests in
  * groups (ts_get with max_items, ts_wait between), submits them, and appends each answer to its
  * requester's reply bin. client is borrowed and must outlive the batcher (or
- * ts_batcher_stop_remote). Requests that do not match the schema are answered with TS_ESCHEMA.
+ * ts_batcher_stop_remote). Malformed requests (see ts_batcher_stats_t.malformed) are counted
+ * and, when they name an id and a reply bin, answered with TS_ESCHEMA; the others are dropped.
  * One name per batcher; TS_EINVAL when already serving. Added in 0.1.0.
+ * Changed in 0.2.0: malformed requests are counted and answered.
  */
 TS_EXTERN int ts_batcher_serve(ts_batcher_t *b, ts_client_t *client, const char *name);
+
+/*
+ * A malformed request was taken from NAME/requests (see ts_batcher_stats_t.malformed). status
+ * is TS_ESCHEMA; ts_last_error() says what was wrong ("not a map", "request 5: no 'input'"). The
+ * batcher has already counted it and, when it named an id and a reply bin, answered it with
+ * TS_ESCHEMA and that reason; it logs nothing itself. Called on the serve thread, one call at a
+ * time; keep it short (the serve thread takes no requests meanwhile), and do not call
+ * ts_batcher_stop_remote or ts_batcher_free from it. Added in 0.2.0.
+ */
+typedef void (*ts_batcher_malformed_cb)(ts_batcher_t *b, int status, void *arg);
+
+/*
+ * The serving options; fill with ts_batcher_serve_options_init, then change fields.
+ * Added in 0.2.0.
+ */
+typedef struct ts_batcher_serve_options_s {
+    ts_batcher_malformed_cb on_malformed; /* may be NULL (the default): only counted */
+    void *on_malformed_arg;               /* passed to on_malformed; never read by the batcher */
+} ts_batcher_serve_options_t;
+
+/* Fill opts with the defaults (no callback). Added in 0.2.0. */
+TS_EXTERN void ts_batcher_serve_options_init(ts_batcher_serve_options_t *opts);
+
+/*
+ * ts_batcher_serve with options (copied; NULL for the defaults): ts_batcher_serve(b, client,
+ * name) is ts_batcher_serve_with(b, client, name, NULL). Same errors. Added in 0.2.0.
+ */
+TS_EXTERN int ts_batcher_serve_with(ts_batcher_t *b, ts_client_t *client, const char *name,
+                                    const ts_batcher_serve_options_t *opts);
 
 /*
  * Follow a parameters bin: a thread waits for new items in bin and publishes each new

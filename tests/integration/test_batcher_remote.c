@@ -1,7 +1,8 @@
 /*
  * The batcher through a real tensord: remote predictors (blocking and asynchronous) against a
  * served batcher, schema errors answered remotely, weights followed from a parameters bin,
- * deadlines when nobody serves, and cancellation at shutdown.
+ * deadlines when nobody serves, cancellation at shutdown, and malformed requests counted and
+ * reported.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -354,10 +355,9 @@ static void test_predictor_free_cancels(void **state)
     ts_delete(w->client, "nobody2/requests", NULL);
 }
 
-/* A batcher shut down with remote requests queued answers them with TS_ECANCELED. */
-static void test_remote_shutdown(void **state)
+/* A second batcher on the same model, one row per forward and no batching delay. */
+static ts_batcher_t *one_row_batcher(void)
 {
-    world *w = *state;
     ts_batcher_options_t cfg;
     ts_batcher_options_init(&cfg);
     cfg.inputs = schema;
@@ -367,6 +367,14 @@ static void test_remote_shutdown(void **state)
     cfg.create = sm_create;
     ts_batcher_t *b = NULL;
     assert_int_equal(ts_batcher_new(&b, &cfg), 0);
+    return b;
+}
+
+/* A batcher shut down with remote requests queued answers them with TS_ECANCELED. */
+static void test_remote_shutdown(void **state)
+{
+    world *w = *state;
+    ts_batcher_t *b = one_row_batcher();
     assert_int_equal(ts_batcher_serve(b, w->serve_client, "slow"), 0);
     atomic_store(&g_delay_us, 100000);
     ts_predictor_t *p = NULL;
@@ -397,13 +405,95 @@ static void test_remote_shutdown(void **state)
     ts_predictor_free(p);
 }
 
+/* What the malformed-request callback saw. */
+typedef struct mal_log {
+    pthread_mutex_t mu;
+    int calls;
+    int status;
+    char last[3][256];
+} mal_log;
+
+static void on_malformed(ts_batcher_t *b, int status, void *arg)
+{
+    (void)b;
+    mal_log *m = arg;
+    pthread_mutex_lock(&m->mu);
+    if (m->calls < 3)
+        snprintf(m->last[m->calls], sizeof(m->last[0]), "%s", ts_last_error());
+    m->calls++;
+    m->status = status;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/*
+ * Three malformed requests (not a map, no reply bin, no input) are counted in the serving
+ * statistics and reported to on_malformed with their reasons; the one that names a reply bin is
+ * answered with TS_ESCHEMA.
+ */
+static void test_remote_malformed(void **state)
+{
+    world *w = *state;
+    ts_batcher_t *b = one_row_batcher();
+    static mal_log m;
+    memset(&m, 0, sizeof(m));
+    pthread_mutex_init(&m.mu, NULL);
+    ts_batcher_serve_options_t so;
+    ts_batcher_serve_options_init(&so);
+    so.on_malformed = on_malformed;
+    so.on_malformed_arg = &m;
+    assert_int_equal(ts_batcher_serve_with(b, w->serve_client, "bad", &so), 0);
+
+    ts_value_t *bad = ts_int_new(7);
+    assert_int_equal(ts_append(w->client, "bad/requests", bad, NULL), 0);
+    ts_value_free(bad);
+    bad = ts_map_new();
+    assert_int_equal(ts_map_set(bad, "id", ts_int_new(5)), 0);
+    assert_int_equal(ts_append(w->client, "bad/requests", bad, NULL), 0);
+    assert_int_equal(ts_map_set(bad, "reply", ts_string_new("bad/reply/x", 11)), 0);
+    assert_int_equal(ts_append(w->client, "bad/requests", bad, NULL), 0);
+    ts_value_free(bad);
+
+    ts_batcher_stats_t st;
+    memset(&st, 0, sizeof(st));
+    for (int i = 0; i < 1000; i++) {
+        ts_batcher_stats(b, &st);
+        if (st.malformed >= 3)
+            break;
+        sleep_us(10000);
+    }
+    assert_int_equal(st.malformed, 3);
+    ts_items_t *answer = NULL;
+    int rc = TS_ENOENT;
+    for (int i = 0; i < 1000 && rc == TS_ENOENT; i++) {
+        rc = ts_get(w->client, "bad/reply/x", 0, &answer);
+        if (rc == TS_ENOENT)
+            sleep_us(10000);
+    }
+    assert_int_equal(rc, 0);
+    int64_t status = 0, id = 0;
+    assert_int_equal(ts_map_get_int(ts_items_at(answer, 0), "status", &status), 0);
+    assert_int_equal(ts_map_get_int(ts_items_at(answer, 0), "id", &id), 0);
+    assert_int_equal(status, TS_ESCHEMA);
+    assert_int_equal(id, 5);
+    ts_items_free(answer);
+    ts_batcher_free(b);
+
+    /* ts_batcher_free joined the serve thread: every call has returned. */
+    assert_int_equal(m.calls, 3);
+    assert_int_equal(m.status, TS_ESCHEMA);
+    assert_string_equal(m.last[0], "not a map");
+    assert_non_null(strstr(m.last[1], "request 5: no 'reply' bin name"));
+    assert_string_equal(m.last[2], "request 5: no 'input'");
+    pthread_mutex_destroy(&m.mu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_remote_blocking),     cmocka_unit_test(test_remote_async),
         cmocka_unit_test(test_remote_schema_error), cmocka_unit_test(test_remote_weights),
         cmocka_unit_test(test_remote_deadline),     cmocka_unit_test(test_predictor_free_cancels),
-        cmocka_unit_test(test_remote_shutdown),
+        cmocka_unit_test(test_remote_shutdown),     cmocka_unit_test(test_remote_malformed),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
