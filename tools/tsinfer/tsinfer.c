@@ -10,16 +10,14 @@
  * bin. With --params it loads every {params, version} a trainer puts into BIN, between forwards.
  * SIGINT or SIGTERM stop it: pending requests are answered with TS_ECANCELED.
  *
- * tsinfer takes the requests itself (rather than with ts_batcher_serve) so that it can tell a
- * malformed request apart: one that is not a request record, names no reply bin, has no input or
- * an input that does not match the schema. Each is counted, logged (at most LOG_BURST lines per
- * LOG_WINDOW_S seconds) and, where it names a reply bin, answered with TS_ESCHEMA.
+ * ts_batcher_serve_with takes the requests; it counts each malformed request (not a request
+ * record, no reply bin, no input, or an input that does not match the schema), answers it with
+ * TS_ESCHEMA where it names a reply bin, and reports it to on_malformed, which logs it here (at
+ * most LOG_BURST lines per LOG_WINDOW_S seconds).
  */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,13 +28,10 @@
 #include "tensorshare/tensorshare.h"
 #include "tensorshare/torch.h"
 
-#define SERVE_WAIT_MS     200 /* ms; the serve thread waits this long, then checks whether to stop */
-#define SERVE_RETRY_NS    50000000L /* ns; pause after a failed call, while the client reconnects */
-#define SERVE_GET_BATCHES 4         /* a get takes up to this many max_batch worth of requests */
-#define LOG_BURST         10        /* malformed-request lines printed per window ... */
-#define STATS_MAX_S       86400     /* s; --stats-s: at most a day between statistics lines */
-#define STATS_IDLE_S      3600      /* s; without --stats-s, the signal wait wakes this rarely */
-#define LOG_WINDOW_S      10 /* ... of this many seconds; the rest are counted, then summed up */
+#define LOG_BURST    10    /* malformed-request lines printed per window ... */
+#define STATS_MAX_S  86400 /* s; --stats-s: at most a day between statistics lines */
+#define STATS_IDLE_S 3600  /* s; without --stats-s, the signal wait wakes this rarely */
+#define LOG_WINDOW_S 10    /* ... of this many seconds; the rest are counted, then summed up */
 
 static void usage(FILE *f)
 {
@@ -124,244 +119,45 @@ static int parse_schema(char *buf, ts_field_t *fields)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Taking requests from NAME/requests (the record layout is in batcher.h)
+ * Logging malformed requests, which ts_batcher_serve counts, answers and reports to on_malformed
  */
-typedef struct serve_state {
-    ts_batcher_t *b;
-    ts_client_t *client;
+typedef struct log_state {
     char req_bin[TS_MAX_NAME_LEN + 1];
-    size_t max_items;
-    atomic_int stop;
-    atomic_ullong malformed; /* requests refused before reaching the model */
-    /* Log rate limit; used by the serve thread only. */
+    /* Log rate limit; used on the serve thread only (on_malformed is never called concurrently). */
     time_t window_start;
     unsigned logged, suppressed;
-} serve_state;
+} log_state;
 
-/* The items of one get, kept until the last request decoded from them is answered. */
-typedef struct shared_items {
-    atomic_int refs;
-    ts_items_t *items;
-} shared_items;
-
-static void shared_unref(shared_items *si)
-{
-    if (atomic_fetch_sub(&si->refs, 1) == 1) {
-        ts_items_free(si->items);
-        free(si);
-    }
-}
-
-/* One request in the batcher. */
-typedef struct request {
-    serve_state *srv;
-    shared_items *si;
-    int64_t id;
-    char reply[TS_MAX_NAME_LEN + 1];
-} request;
-
-static void reply_sent(ts_client_t *c, int status, ts_result_t *res, void *arg)
-{
-    (void)c;
-    (void)status;
-    (void)res;
-    ts_value_free(arg);
-}
-
-/*
- * Append {id, status, version, output | error} to a reply bin; output is taken over. A reply
- * that cannot be sent is dropped: the requester's own deadline covers it.
- */
-static void send_reply(ts_client_t *c, const char *bin, int64_t id, int status, ts_value_t *output,
-                       int64_t version, const char *msg)
-{
-    ts_value_t *rec = ts_map_new();
-    int rc = rec != NULL ? 0 : TS_ENOMEM;
-    if (rc == 0)
-        rc = ts_map_set(rec, "id", ts_int_new(id));
-    if (rc == 0)
-        rc = ts_map_set(rec, "status", ts_int_new(status));
-    if (rc == 0)
-        rc = ts_map_set(rec, "version", ts_int_new(version));
-    if (rc == 0 && status == 0) {
-        rc = ts_map_set(rec, "output", output);
-        output = NULL;
-    } else if (rc == 0) {
-        const char *m = msg != NULL ? msg : ts_strerror(status);
-        rc = ts_map_set(rec, "error", ts_string_new(m, strlen(m)));
-    }
-    ts_value_free(output);
-    if (rc != 0 || ts_append_async(c, bin, rec, 0, reply_sent, rec) != 0)
-        ts_value_free(rec);
-}
-
-static void on_answer(ts_batcher_t *b, int status, ts_value_t *output, int64_t version, void *arg)
+/* Log a malformed request (its reason in ts_last_error()), at most LOG_BURST lines per
+   LOG_WINDOW_S seconds; the lines left out are counted and summed up when the window ends. */
+static void on_malformed(ts_batcher_t *b, int status, void *arg)
 {
     (void)b;
-    request *r = arg;
-    send_reply(r->srv->client, r->reply, r->id, status, output, version,
-               status != 0 ? ts_last_error() : NULL);
-    shared_unref(r->si);
-    free(r);
-}
-
-/* Count a malformed request and log it, at most LOG_BURST lines per LOG_WINDOW_S seconds. */
-static void malformed(serve_state *srv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void malformed(serve_state *srv, const char *fmt, ...)
-{
-    atomic_fetch_add(&srv->malformed, 1);
+    (void)status;
+    log_state *ls = arg;
     time_t now = time(NULL);
-    if (now - srv->window_start >= LOG_WINDOW_S) {
-        if (srv->suppressed > 0)
-            fprintf(stderr, "tsinfer: %u more malformed requests were not shown\n",
-                    srv->suppressed);
-        srv->window_start = now;
-        srv->logged = 0;
-        srv->suppressed = 0;
+    if (now - ls->window_start >= LOG_WINDOW_S) {
+        if (ls->suppressed > 0)
+            fprintf(stderr, "tsinfer: %u more malformed requests were not shown\n", ls->suppressed);
+        ls->window_start = now;
+        ls->logged = 0;
+        ls->suppressed = 0;
     }
-    if (srv->logged >= LOG_BURST) {
-        srv->suppressed++;
+    if (ls->logged >= LOG_BURST) {
+        ls->suppressed++;
         return;
     }
-    srv->logged++;
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "tsinfer: malformed request in %s: ", srv->req_bin);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-/* Check one request record and submit it; answer at once when it cannot be submitted. */
-static void dispatch(serve_state *srv, shared_items *si, const ts_value_t *rec)
-{
-    /* An empty map is the wake-up a stopping server of the same name appends: no request. */
-    if (ts_value_type(rec) == TS_TYPE_MAP && ts_value_len(rec) == 0)
-        return;
-    if (ts_value_type(rec) != TS_TYPE_MAP) {
-        malformed(srv, "not a map");
-        return;
-    }
-    int64_t id = 0, timeout_ms = 0;
-    const char *reply = NULL;
-    size_t reply_len = 0;
-    if (ts_map_get_int(rec, "id", &id) != 0) {
-        malformed(srv, "no integer 'id'");
-        return;
-    }
-    if (ts_value_string(ts_map_get(rec, "reply"), &reply, &reply_len) != 0 || reply_len == 0 ||
-        reply_len > TS_MAX_NAME_LEN || memchr(reply, '\0', reply_len) != NULL) {
-        malformed(srv, "request %lld: no 'reply' bin name (a string of 1 to %d bytes)",
-                  (long long)id, TS_MAX_NAME_LEN);
-        return;
-    }
-    char bin[TS_MAX_NAME_LEN + 1];
-    memcpy(bin, reply, reply_len);
-    bin[reply_len] = '\0';
-    if (ts_map_get(rec, "timeout_ms") != NULL &&
-        ts_map_get_int(rec, "timeout_ms", &timeout_ms) != 0)
-        timeout_ms = 0; /* not an integer: the configured default */
-    const ts_value_t *input = ts_map_get(rec, "input");
-    if (input == NULL) {
-        malformed(srv, "request %lld: no 'input'", (long long)id);
-        send_reply(srv->client, bin, id, TS_ESCHEMA, NULL, 0, "the request has no input");
-        return;
-    }
-    request *r = calloc(1, sizeof(*r));
-    if (r == NULL) {
-        send_reply(srv->client, bin, id, TS_ENOMEM, NULL, 0, "out of memory");
-        return;
-    }
-    r->srv = srv;
-    r->si = si;
-    r->id = id;
-    memcpy(r->reply, bin, reply_len + 1);
-    atomic_fetch_add(&si->refs, 1);
-    /* The record's timeout_ms: milliseconds; 0 or absent: the batcher's default; < 0: none. */
-    int t = timeout_ms > INT32_MAX ? INT32_MAX
-            : timeout_ms < 0       ? TS_TIMEOUT_INFINITE
-            : timeout_ms == 0      ? TS_TIMEOUT_DEFAULT
-                                   : (int)timeout_ms;
-    int rc = ts_batcher_predict_async(srv->b, input, 0, t, on_answer, r);
-    if (rc != 0) {
-        const char *why = ts_last_error();
-        if (rc == TS_ESCHEMA)
-            malformed(srv, "request %lld: %s", (long long)id, why);
-        send_reply(srv->client, bin, id, rc, NULL, 0, why[0] != '\0' ? why : NULL);
-        shared_unref(si);
-        free(r);
-    }
-}
-
-static void pause_retry(void)
-{
-    struct timespec ts = {0, SERVE_RETRY_NS};
-    nanosleep(&ts, NULL);
-}
-
-static void *serve_main(void *arg)
-{
-    serve_state *srv = arg;
-    uint64_t after = 0; /* the requests bin's change counter last seen */
-    int more = 0;
-    while (!atomic_load(&srv->stop)) {
-        uint64_t v = 0;
-        if (!more) {
-            int rc = ts_wait(srv->client, srv->req_bin, after, SERVE_WAIT_MS, &v, NULL);
-            if (rc == TS_ETIMEDOUT)
-                continue;
-            if (rc != 0) {
-                pause_retry();
-                continue;
-            }
-        }
-        ts_items_t *items = NULL;
-        int rc = ts_get(srv->client, srv->req_bin, srv->max_items, &items);
-        more = 0;
-        if (rc == TS_ENOENT) {
-            after = v > after ? v : after; /* another server took them */
-            continue;
-        }
-        if (rc != 0) {
-            pause_retry();
-            continue;
-        }
-        after = ts_items_version(items);
-        more = ts_items_remaining(items) > 0;
-        shared_items *si = malloc(sizeof(*si));
-        if (si == NULL) {
-            ts_items_free(items);
-            pause_retry();
-            continue;
-        }
-        atomic_init(&si->refs, 1);
-        si->items = items;
-        for (size_t i = 0; i < ts_items_count(items); i++)
-            dispatch(srv, si, ts_items_at(items, i));
-        shared_unref(si);
-    }
-    return NULL;
-}
-
-/* Stop the serve thread: wake it from its wait with the empty map every server skips. */
-static void serve_stop(serve_state *srv, pthread_t th)
-{
-    atomic_store(&srv->stop, 1);
-    ts_value_t *wake = ts_map_new();
-    if (wake != NULL)
-        ts_append(srv->client, srv->req_bin, wake, NULL);
-    ts_value_free(wake);
-    pthread_join(th, NULL);
+    ls->logged++;
+    fprintf(stderr, "tsinfer: malformed request in %s: %s\n", ls->req_bin, ts_last_error());
 }
 
 /* The statistics line, printed every --stats-s seconds and on exit. */
-static void print_stats(const char *when, const ts_batcher_stats_t *st,
-                        unsigned long long malformed)
+static void print_stats(const char *when, const ts_batcher_stats_t *st)
 {
     printf("tsinfer: %s: %llu requests answered, %llu failed, %llu malformed, %llu batches, "
            "%.2f rows per batch\n",
-           when, (unsigned long long)st->requests, (unsigned long long)st->failed, malformed,
-           (unsigned long long)st->batches,
+           when, (unsigned long long)st->requests, (unsigned long long)st->failed,
+           (unsigned long long)st->malformed, (unsigned long long)st->batches,
            st->batches ? (double)st->rows / (double)st->batches : 0.0);
     fflush(stdout);
 }
@@ -471,24 +267,20 @@ int main(int argc, char **argv)
         ts_torch_model_free(proto);
         return 1;
     }
-    static serve_state srv;
-    srv.b = b;
-    srv.client = client;
-    srv.max_items = (size_t)max_batch * SERVE_GET_BATCHES;
-    atomic_init(&srv.stop, 0);
-    atomic_init(&srv.malformed, 0);
-    pthread_t serve_th;
-    int serving = 0;
+    static log_state logs;
+    ts_batcher_serve_options_t so;
+    ts_batcher_serve_options_init(&so);
+    so.on_malformed = on_malformed;
+    so.on_malformed_arg = &logs;
     if (strlen(name) + strlen(TS_BATCHER_REQ_SUFFIX) > TS_MAX_NAME_LEN) {
         fprintf(stderr, "tsinfer: --name %s: at most %d bytes\n", name,
                 (int)(TS_MAX_NAME_LEN - strlen(TS_BATCHER_REQ_SUFFIX)));
         rc = TS_ENAMETOOLONG;
     } else {
-        snprintf(srv.req_bin, sizeof(srv.req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
-        rc = pthread_create(&serve_th, NULL, serve_main, &srv) == 0 ? 0 : TS_ENOMEM;
-        serving = rc == 0;
+        snprintf(logs.req_bin, sizeof(logs.req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
+        rc = ts_batcher_serve_with(b, client, name, &so);
         if (rc != 0)
-            fprintf(stderr, "tsinfer: cannot start the serving thread\n");
+            fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_last_error());
     }
     if (rc == 0 && params != NULL) {
         rc = ts_batcher_follow_weights(b, client, params);
@@ -511,18 +303,16 @@ int main(int argc, char **argv)
             if (sig < 0 && errno == EAGAIN && stats_s > 0) {
                 ts_batcher_stats_t now;
                 ts_batcher_stats(b, &now);
-                print_stats("running", &now, atomic_load(&srv.malformed));
+                print_stats("running", &now);
             }
         }
     }
-    if (serving)
-        serve_stop(&srv, serve_th);
     ts_batcher_stop_remote(b);
     ts_batcher_stats_t st;
     ts_batcher_stats(b, &st);
     ts_batcher_free(b);
     ts_client_free(client);
     ts_torch_model_free(proto);
-    print_stats("stopped", &st, atomic_load(&srv.malformed));
+    print_stats("stopped", &st);
     return rc == 0 ? 0 : 1;
 }
