@@ -56,11 +56,27 @@ enum {
     M_ERR_EMPTY, /* NOT_FOUND without a message */
     M_ERR_MSG,   /* NOT_FOUND with a message */
     M_HUGE_OK,   /* OK announcing a 4 GiB body, none of which follows */
+    M_BIG_OK,    /* OK announcing BIG_OK_LEN (PING: BIG_OK_PING_LEN), none of which follows */
     M_CLOSING    /* a connection-level SLOW_READER frame with a message, then the server closes */
 };
 
 /* bytes; the clients' max_reply_bytes: M_HUGE_OK's 4 GiB are far above it */
 #define MAX_REPLY ((uint64_t)1 << 20)
+
+/*
+ * bytes; M_BIG_OK's announcements: above what a bin-state reply (16 bytes) or a PING reply
+ * (empty) can hold, below MAX_REPLY, so that only the per-opcode header check
+ * (ts__msg_reply_limit) can refuse them before the request's deadline.
+ */
+#define BIG_OK_LEN      ((uint64_t)64 << 10)
+#define BIG_OK_PING_LEN ((uint64_t)1 << 10)
+
+/*
+ * The bit the client sets in the request id of a frame a blocking caller wrote itself
+ * (TS__DIRECT_ID in client/internal.h). Only such a request can have its reply read by the
+ * caller; whether the caller or the I/O thread then read it is not visible from here.
+ */
+#define DIRECT_ID_BIT 0x80000000u
 
 /* The message of M_ERR_MSG and M_CLOSING. */
 #define ERR_TEXT   "no bin here"
@@ -76,6 +92,7 @@ typedef struct fake {
     atomic_int accepts;            /* connections accepted */
     atomic_int client_closed;      /* connections the client closed */
     atomic_int answered;           /* requests answered (HELLO excluded) */
+    atomic_int direct;             /* of those, requests with DIRECT_ID_BIT in their id */
     _Atomic uint64_t refuse_until; /* tc_now_ms() before which HELLO gets TOO_MANY_CLIENTS */
 } fake;
 
@@ -279,6 +296,11 @@ static void answer_bad(int fd, int mode, uint8_t op, uint32_t rid)
         ts__hdr_encode(&hdr, h);
         tsh_write_all(fd, h, sizeof(h));
         break;
+    case M_BIG_OK:
+        hdr.body_len = op == TS_OP_PING ? BIG_OK_PING_LEN : BIG_OK_LEN;
+        ts__hdr_encode(&hdr, h);
+        tsh_write_all(fd, h, sizeof(h));
+        break;
     case M_CLOSING:
         send_frame(fd, 0, TS_ST_SLOW_READER, 0, 0, CLOSE_TEXT, strlen(CLOSE_TEXT));
         break;
@@ -323,6 +345,8 @@ static int serve_one(fake *f, int fd)
         return 0;
     }
     atomic_store(&f->mode, M_GOOD);
+    if (hdr.request_id & DIRECT_ID_BIT)
+        atomic_fetch_add(&f->direct, 1);
     if (mode == M_GOOD || mode == M_HELLO_BAD)
         answer_good(fd, hdr.opcode, hdr.request_id);
     else
@@ -584,18 +608,31 @@ static void test_reply_shapes(void **state)
     static const uint8_t ops[] = {TS_OP_PING,   TS_OP_GET,  TS_OP_PEEK,  TS_OP_PUT,
                                   TS_OP_DELETE, TS_OP_LIST, TS_OP_STATS, TS_OP_WAIT};
     static const int modes[] = {M_EMPTY,   M_CUT,     M_TRAILING, M_ERR_EMPTY,
-                                M_ERR_MSG, M_HUGE_OK, M_CLOSING};
+                                M_ERR_MSG, M_HUGE_OK, M_BIG_OK,   M_CLOSING};
+    int caller = *(int *)*state;
     for (size_t i = 0; i < sizeof(ops); i++) {
         for (size_t j = 0; j < sizeof(modes) / sizeof(modes[0]); j++) {
             uint8_t op = ops[i];
             int mode = modes[j];
             if (mode == M_CUT && op == TS_OP_PING)
                 continue; /* nothing to cut */
-            /* Two correct calls first, so that the caller-side path has the socket. */
+            /*
+             * Replies of variable length (items, bins, a STATS record) may be as long as
+             * MAX_REPLY: M_BIG_OK's announcement is legal for them, and the call would wait
+             * for the body until its deadline.
+             */
+            if (mode == M_BIG_OK && op != TS_OP_PING && op != TS_OP_PUT && op != TS_OP_DELETE &&
+                op != TS_OP_WAIT)
+                continue;
+            /*
+             * Two correct calls first, so that the caller-side path has the socket (on the
+             * caller path; the fake server's direct count below checks what it can of that).
+             */
             assert_int_equal(do_op(c, op), 0);
             assert_int_equal(do_op(c, op), 0);
             int accepts = atomic_load(&f.accepts);
             int closed = atomic_load(&f.client_closed);
+            int direct = atomic_load(&f.direct);
             atomic_store(&f.mode, mode);
             uint64_t t0 = tc_now_ms();
             int rc = do_op(c, op);
@@ -605,6 +642,15 @@ static void test_reply_shapes(void **state)
                    (unsigned long long)took);
             /* No shape waits for a deadline (the request timeout is 10 s). */
             assert_true(took < 5000);
+            /*
+             * The caller wrote this request itself on the caller path, never on the other:
+             * the precondition of the caller reading its own reply (who really read it is
+             * client-internal state this test does not see).
+             */
+            assert_int_equal(atomic_load(&f.direct) - direct, caller ? 1 : 0);
+            /* An announcement above the opcode's limit fails at the header, not the deadline. */
+            if (mode == M_BIG_OK)
+                assert_true(took < 2000);
             if (mode == M_ERR_EMPTY || mode == M_ERR_MSG) {
                 assert_int_equal(rc, TS_ENOENT);
                 /* An error reply without a message leaves the code's own text. */
