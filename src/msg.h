@@ -17,86 +17,14 @@
  *
  * Thread: none of these keep state; any thread may call them.
  *
- * What replaces what. tensord and the client are wired: every body either parses or writes goes
- * through this file, tensord's request header check is ts__msg_request_check and the client's
- * reply bounds come from ts__msg_reply_limit (below). The rows say what each call replaced; the
- * list after them, what wiring changed:
- *
- *   server/ops.c    op_hello: the ts__rd reads         -> ts__msg_hello_req_decode
- *                   op_hello: body[24] filled by hand  -> ts__msg_hello_rep_encode
- *                   tsd_op_dispatch, PING/LIST/STATS/SAVE "len != 0"
- *                                                      -> ts__msg_empty_decode
- *                   tsd_op_dispatch, GET/PEEK name+u32 -> ts__msg_get_req_decode
- *                   tsd_op_dispatch, DELETE/LISTEN/UNLISTEN name
- *                                                      -> ts__msg_name_req_decode
- *                   tsd_op_dispatch, WAIT              -> ts__msg_wait_req_decode
- *                   rd_done()                          -> gone (every decoder checks the end)
- *                   op_get: the ITEMS head by hand     -> ts__msg_items_size (body_len, with
- *                         the item lengths) and ts__msg_items_head_encode + ..._set_len
- *                   op_list: body_len sum and entries  -> ts__msg_list_head_encode,
- *                         ts__msg_list_entry_size, ts__msg_list_entry_encode
- *                   the "which opcode is which" switch -> ts__msg_op_info (request kind)
- *   server/output.c tsd_reply_state: body by hand      -> ts__msg_bin_state_encode
- *                   format_msg (error messages)        -> ts__msg_error_vformat, error bodies
- *                                                         -> ts__msg_error_encode (tsd_reply_msg)
- *   server/conn.c   check_header: every rule, in order -> ts__msg_request_check (conn.c only
- *                         words the message of the rule that decided)
- *                   start_upload: name length checks   -> ts__msg_put_head_decode (TS_EAGAIN =
- *                         read more; it gives name, head_len and rec_len)
- *                   lz4_done: name after inflating     -> ts__msg_put_decode
- *   server/notify.c send_note: body by hand            -> ts__msg_notify_size and
- *                         ts__msg_notify_encode (TS_NOTIFY_FIXED stays the fixed part)
- *   client/reply.c  ts__parse_bin_state                -> ts__msg_bin_state_decode (ts__reply_bin_state)
- *                   parse_items: head and offsets      -> ts__msg_items_decode, then
- *                         ts__msg_items_next for each record (records still validated by
- *                         ts__record_decode)
- *                   parse_list: both passes            -> ts__msg_list_decode + ts__msg_list_next
- *                   parse_stats: length < 16           -> ts__msg_record_decode
- *                   ts__reply_parse_view HELLO         -> ts__msg_hello_rep_decode
- *                   ts__reply_parse_view PING/UNLISTEN/SAVE -> ts__msg_empty_decode
- *                   the PUT/APPEND/DELETE/LISTEN/WAIT case list -> ts__msg_reply_kind
- *                   ts__reply_max_body (its own table) -> ts__msg_reply_limit
- *   client/recv.c   dispatch_notify: the ts__rd reads  -> ts__msg_notify_decode
- *                   reply_apply: WAIT's TIMEOUT body   -> ts__msg_reply_kind + bin_state_decode
- *                   reply_apply, server_closing: the error message -> ts__msg_error_decode
- *   client/conn.c   send_hello: the HELLO body by hand  -> ts__msg_hello_req_encode (it refuses a
- *                         token over TS_MAX_TOKEN_LEN, which the server would answer TOO_LARGE)
- *                   resubscribe: the LISTEN body       -> ts__req_body (client/send.c), which
- *                         picks the encoder from the opcode table
- *   client/send.c   send_fire_unlisten: UNLISTEN body  -> ts__req_body
- *   client/api.c    req_new: name + extra bytes        -> ts__req_body: ts__msg_name_req_encode,
- *                         and for PUT and APPEND ts__msg_put_head_encode (the record follows
- *                         with writev)
- *                   max_items_field (GET, PEEK)        -> ts__msg_get_req_encode
- *                   wait_req                           -> ts__msg_wait_req_encode
- *   server/server.h TSD_MAX_CTRL_BODY                  -> TS_MAX_CTRL_BODY (gone)
- *   src/proto.h     TS_HELLO_LZ4, TS_BIN_STATE_SIZE, TS_NOTIFY_FIXED, ts__items_head_size stay;
- *                   its "Body layouts" comment points here.
- *   tests           tests/integration/test_client_badserver.c and the server attack tests write
- *                   bodies with ts__put_u*le by hand: the encoders write the valid ones, and
- *                   a test that needs a malformed body can encode a valid one and then break it.
- *                   tests/unit/core/test_proto.c builds the section 15 examples field by field on
- *                   purpose (it labels each field for the dump); test_msg.c checks the same
- *                   dumps against this codec.
- *
- * Differences that wiring made (the code before it was laxer than docs/PROTOCOL.md):
- *   - client/reply.c ignores the reserved fields of BIN_STATE, of the HELLO reply and of the LIST
- *     head, and accepts bytes after a BIN_STATE, a HELLO reply and the last LIST entry; the
- *     decoders refuse all of that (TS_EPROTO: the client drops the connection).
- *   - client/reply.c does not check the zero padding of an ITEMS body, nor that the body ends
- *     with the padding of the last record; ts__msg_items_decode does.
- *   - The client accepts any body on PING, UNLISTEN and SAVE replies; the decoders ask for none.
- *   - The client cuts an error message over TS_MAX_ERRMSG bytes short; ts__msg_error_decode
- *     refuses it (section 12 allows either).
- *   - The client's dispatch_notify ignored bytes after the name (now refused) and refused an
- *     event of 0 or >= 100, while section 8.14 says a client MUST ignore an event it does not
- *     know: ts__msg_notify_decode accepts any event and any flags, and dispatch_notify
- *     (client/recv.c) drops every event but PUT, APPEND, GET and DELETE and keeps the
- *     connection. tests/fuzz/fuzz_frame.c refused events outside 1..4 too.
- *   - server/conn.c refuses a PUT/APPEND record shorter than 16 bytes with BAD_RECORD when the
- *     body is raw but with BAD_REQUEST when it came compressed (lz4_done); the head decoders
- *     leave the record to ts__record_validate, so one status (BAD_RECORD) could serve both
- *     (tensord still answers as before).
+ * Who uses it: tensord parses every request body and writes every reply and notification body
+ * through it (server/conn.c, ops.c, output.c, notify.c), and its request header check is
+ * ts__msg_request_check; the client builds every request body (client/send.c ts__req_body,
+ * client/conn.c for HELLO) and parses every reply body (client/reply.c, recv.c) through it, with
+ * the per-opcode reply bounds of ts__msg_reply_limit. The fuzz targets (fuzz_msg, fuzz_frame,
+ * fuzz_reply, fuzz_client_read), the corpus generator and test_msg call the same functions.
+ * tests/unit/core/test_proto.c builds the section 15 examples field by field on purpose (it
+ * labels each field for the dump): an independent check of the same dumps.
  */
 #ifndef TS_MSG_H
 #define TS_MSG_H

@@ -13,7 +13,9 @@
 #include <sys/stat.h>
 
 #ifndef FZ_MUTATIONS
-#define FZ_MUTATIONS 2000 /* per corpus file; a target may set fewer (tests/fuzz/CMakeLists.txt) */
+#define FZ_MUTATIONS                                                                               \
+    2000 /* per corpus file; a target may set fewer (tests/fuzz/CMakeLists.txt)                    \
+          */
 #endif
 #define FZ_MAX_FILES 4096      /* files per directory; corpora here hold a few dozen */
 #define FZ_MAX_INPUT (1 << 20) /* bytes; larger files are skipped */
