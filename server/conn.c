@@ -410,6 +410,17 @@ static void discard_done(tsd_conn *c)
                       "tensord is out of memory: the item buffer could not be allocated");
         return;
     }
+    if (c->cur_capped) {
+        c->cur_capped = 0;
+        char cmsg[TS_MAX_ERRMSG];
+        snprintf(cmsg, sizeof(cmsg),
+                 "memory limit for uploads in progress reached: %llu bytes reserved by unfinished "
+                 "uploads, at most 1/%u of %llu; retry when they finish",
+                 (unsigned long long)srv->store.reserved, TSD_UPLOAD_SHARE_DIV,
+                 (unsigned long long)srv->store.max_memory);
+        tsd_reply_msg(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY, cmsg, strlen(cmsg));
+        return;
+    }
     char msg[TS_MAX_ERRMSG];
     oom_message(srv, c->cur_raw_len, msg, sizeof(msg));
     tsd_reply_msg(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY, msg, strlen(msg));
@@ -438,13 +449,16 @@ static int reserve_ahead(tsd_conn *c)
     if (c->bulk_left == 0)
         return 0;
     uint64_t ahead = c->cur_reserved - bulk_got(c);
-    if (ahead >= c->bulk_left || ahead >= TSD_UPLOAD_STEP / 2)
+    if (ahead >= c->bulk_left || ahead >= c->cur_step / 2)
         return 0;
     uint64_t more = c->bulk_total - c->cur_reserved;
-    if (more > TSD_UPLOAD_STEP)
-        more = TSD_UPLOAD_STEP;
+    if (more > c->cur_step)
+        more = c->cur_step;
     if (tsd_store_reserve(&c->srv->store, more) == 0) {
         c->cur_reserved += more;
+        /* The steps grow only as bytes arrive: a trickling body stays at its first small step. */
+        if (c->cur_step < TSD_UPLOAD_STEP)
+            c->cur_step *= 2;
         return 0;
     }
     uint64_t left = c->bulk_left;
@@ -855,10 +869,24 @@ static void control_frame(tsd_conn *c, const ts__hdr *h, const uint8_t *body)
  */
 static int reserve_first(tsd_conn *c, uint64_t total)
 {
+    tsd_store *st = &c->srv->store;
     c->bulk_total = total;
     c->cur_reserved = 0;
-    uint64_t first = total < TSD_UPLOAD_STEP ? total : TSD_UPLOAD_STEP;
-    if (tsd_store_reserve(&c->srv->store, first) != 0) {
+    c->cur_step = TSD_UPLOAD_FIRST;
+    uint64_t first = total < TSD_UPLOAD_FIRST ? total : TSD_UPLOAD_FIRST;
+    /*
+     * Uploads in progress share at most a part of the limit, so that unfinished (perhaps
+     * trickling) bodies cannot keep out uploads that arrive whole; finished items may use the rest.
+     * The share is checked at the header only, and only while other uploads hold some: one upload
+     * alone may still grow to the whole limit.
+     */
+    if (st->max_memory != 0 && st->reserved != 0 &&
+        st->reserved + first > st->max_memory / TSD_UPLOAD_SHARE_DIV) {
+        c->cur_capped = 1;
+        start_discard(c, total);
+        return -1;
+    }
+    if (tsd_store_reserve(st, first) != 0) {
         start_discard(c, total);
         return -1;
     }
@@ -1176,6 +1204,7 @@ size_t tsd_conn_stop(tsd_conn *c)
         tsd_conn_drop_upload(c);
         c->cur_refused = 0;
         c->cur_alloc_failed = 0;
+        c->cur_capped = 0;
         n++;
     }
     n += answer_buffered(c);

@@ -84,6 +84,18 @@
  */
 #define TSD_UPLOAD_STEP ((uint64_t)4 << 20)
 /*
+ * Bytes an upload reserves when its header is in, before any body byte; each later step doubles
+ * up to TSD_UPLOAD_STEP as bytes arrive. A client that sends a header and then trickles its body
+ * holds only this much, so trickling connections cannot take the whole limit in 4 MiB pieces.
+ */
+#define TSD_UPLOAD_FIRST ((uint64_t)64 << 10)
+/*
+ * Divisor of --max-memory: uploads in progress may reserve at most max_memory / this in all. A new
+ * upload's header past it is answered OUT_OF_MEMORY, so unfinished uploads cannot lock out
+ * writers whose items would fit.
+ */
+#define TSD_UPLOAD_SHARE_DIV 2u
+/*
  * Bytes; records (or compressed bodies inflating to) at least this large are decompressed and
  * validated on the thread pool, so one big request does not stall every other client (inline,
  * this much costs the loop a few milliseconds at most; the hand-off costs tens of microseconds,
@@ -466,13 +478,15 @@ typedef struct tsd_conn {
     tsd_item *cur_item; /* TSD_RS_ITEM; also the lz4 target */
     uint8_t *cur_tmp;   /* TSD_RS_LZ4: compressed body */
     size_t cur_tmp_len;
-    uint64_t cur_reserved;  /* bytes reserved in the store for this upload */
-    uint64_t cur_raw_len;   /* TSD_RS_LZ4: announced raw length */
-    int cur_alloc_failed;   /* TSD_RS_DISCARD: refused for a failed allocation, not the limit */
-    int cur_refused;        /* TSD_RS_DISCARD: refused because snapshots fail (SAVE_FAILING) */
-    uint8_t *bulk_dst;      /* where the next bytes go (RS_ITEM, RS_LZ4) */
-    uint64_t bulk_left;     /* bytes of the body still to come */
-    uint64_t bulk_total;    /* bytes of the body being received in bulk (item or compressed) */
+    uint64_t cur_reserved; /* bytes reserved in the store for this upload */
+    uint64_t cur_step;     /* bytes the next reservation step of this upload may take */
+    int cur_capped;       /* TSD_RS_DISCARD: refused because uploads in progress hold their share */
+    uint64_t cur_raw_len; /* TSD_RS_LZ4: announced raw length */
+    int cur_alloc_failed; /* TSD_RS_DISCARD: refused for a failed allocation, not the limit */
+    int cur_refused;      /* TSD_RS_DISCARD: refused because snapshots fail (SAVE_FAILING) */
+    uint8_t *bulk_dst;    /* where the next bytes go (RS_ITEM, RS_LZ4) */
+    uint64_t bulk_left;   /* bytes of the body still to come */
+    uint64_t bulk_total;  /* bytes of the body being received in bulk (item or compressed) */
     uint64_t last_input_ms; /* uv_now of the last bytes read, for the body deadline */
     uint64_t out_mem;       /* bytes of allocations of the write batches queued or in flight */
     /* Off-loop inflation and validation of a large record (TSD_RS_WORK). */

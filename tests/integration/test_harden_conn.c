@@ -434,6 +434,71 @@ static void test_bytes_sent(void **state)
     stop_server();
 }
 
+/*
+ * Trickling uploads: many connections send a PUT header and a few body bytes, then stall. Each
+ * holds only the small first reservation step, so another client's whole PUT of a few MiB still
+ * fits under a small --max-memory (with a 4 MiB first step, eight of them took all 32 MiB). Past
+ * the share of the limit that unfinished uploads may hold, a new upload is refused and told so.
+ */
+#define TRICKLERS 64
+static void test_trickling_uploads_leave_room(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-memory", "16777216", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    size_t big_len;
+    uint8_t *big = tsu_rec_bytes((size_t)16 << 20, 3, &big_len);
+    static const char tname[] = "t";
+    uint8_t frame[TS_HDR_SIZE + 1 + sizeof(tname) + 64];
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = TS_OP_PUT,
+                 .request_id = 1,
+                 .body_len = 1 + strlen(tname) + big_len};
+    ts__hdr_encode(&h, frame);
+    size_t off = TS_HDR_SIZE;
+    frame[off++] = (uint8_t)strlen(tname);
+    memcpy(frame + off, tname, strlen(tname));
+    off += strlen(tname);
+    memcpy(frame + off, big, 64);
+    off += 64;
+    int fds[TRICKLERS];
+    for (int i = 0; i < TRICKLERS; i++) {
+        fds[i] = tsu_client(&s);
+        assert_int_equal(tsh_write_all(fds[i], frame, off), 0);
+    }
+    int other = tsu_client(&s);
+    /* A STATS round trip after the headers: the server has taken them all. */
+    int64_t reserved = tsu_stat(other, "bytes_reserved");
+    assert_true(reserved > 0);
+    assert_true(reserved <= (int64_t)TRICKLERS * (64 << 10));
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes((size_t)4 << 20, 4, &len);
+    assert_int_equal(tsu_send_store(other, TS_OP_PUT, 2, "w", rec, len), 0);
+    tsu_frame f;
+    tsu_expect(other, &f, TS_OP_PUT, 2, TS_ST_OK);
+    tsu_frame_free(&f);
+    /* Past half the limit in unfinished uploads, a new upload is refused, and says why. */
+    int more[TRICKLERS * 4];
+    for (int i = 0; i < TRICKLERS * 4; i++) {
+        more[i] = tsu_client(&s);
+        assert_int_equal(tsh_write_all(more[i], frame, off), 0);
+    }
+    assert_true(tsu_stat(other, "bytes_reserved") <= (16 << 20));
+    assert_int_equal(tsu_send_store(other, TS_OP_PUT, 3, "x", rec, 1000), 0);
+    tsu_expect(other, &f, TS_OP_PUT, 3, TS_ST_OUT_OF_MEMORY);
+    assert_non_null(memmem(f.body, f.len, "uploads in progress", 19));
+    tsu_frame_free(&f);
+    for (int i = 0; i < TRICKLERS * 4; i++)
+        close(more[i]);
+    for (int i = 0; i < TRICKLERS; i++)
+        close(fds[i]);
+    close(other);
+    tsu_rec_free(rec, len);
+    tsu_rec_free(big, big_len);
+    stop_server();
+}
+
 /* Bins' overhead counts against --max-memory and shows in STATS. */
 static void test_bin_overhead_counted(void **state)
 {
@@ -543,15 +608,11 @@ static void test_queued_output_counted(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        T(test_partial_uploads_do_not_lock_out),
-        T(test_stalled_body_is_cut),
-        T(test_big_lz4_inflated_off_loop),
-        T(test_offloop_keeps_order),
-        T(test_raw_len_checked_at_header),
-        T(test_header_rule_precedence),
-        T(test_unauth_flood_leaves_room),
-        T(test_bytes_sent),
-        T(test_bin_overhead_counted),
+        T(test_partial_uploads_do_not_lock_out), T(test_stalled_body_is_cut),
+        T(test_big_lz4_inflated_off_loop),       T(test_offloop_keeps_order),
+        T(test_raw_len_checked_at_header),       T(test_header_rule_precedence),
+        T(test_unauth_flood_leaves_room),        T(test_bytes_sent),
+        T(test_trickling_uploads_leave_room),    T(test_bin_overhead_counted),
         T(test_queued_output_counted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
