@@ -166,12 +166,27 @@ void tsd_log_set_level(int level);
  * its own. Larger records have a buffer of their own (see the pool below) and a tsd_item_own,
  * which starts with the header. Use the accessors below for the record and its length.
  */
+struct tsd_store;
 typedef struct tsd_item {
-    atomic_uint refs;
-    uint16_t slot;         /* index in its slab, or TSD_ITEM_OWN: a buffer of its own */
-    uint16_t slen;         /* record length of a slab item (at most TSD_SLAB_MAX) */
-    struct tsd_item *next; /* the next (newer) item of its bin, while linked */
+    atomic_uint refs; /* the count, plus TSD_ITEM_ORPHANED once the store has let go of it */
+    uint16_t slot;    /* index in its slab, or TSD_ITEM_OWN: a buffer of its own */
+    uint16_t slen;    /* record length of a slab item (at most TSD_SLAB_MAX) */
+    /*
+     * An item is in at most one bin and, once unlinked, in none, so the pointer serves both: the
+     * next item while linked, and the store whose orphaned_bytes count it while orphaned.
+     */
+    union {
+        struct tsd_item *next;       /* the next (newer) item of its bin, while linked */
+        struct tsd_store *orphan_of; /* while TSD_ITEM_ORPHANED is set */
+    };
 } tsd_item;
+
+/*
+ * The top bit of refs: the store dropped the item while other references (a queued reply, a
+ * snapshot) still held it, so its bytes are counted in the store's orphaned_bytes until the last
+ * reference goes. Counts never come near it (one reference per queued reply or snapshot).
+ */
+#define TSD_ITEM_ORPHANED 0x80000000u
 
 #define TSD_ITEM_OWN UINT16_MAX
 
@@ -349,9 +364,14 @@ typedef struct tsd_store {
     uint64_t overhead;
     uint64_t output;
     uint64_t conns;
+    /*
+     * Record bytes of items the store no longer holds but that other references (queued GET/PEEK
+     * replies, snapshots) keep alive: dead items a slow reader would otherwise pin uncounted.
+     */
+    uint64_t orphaned_bytes;
 } tsd_store;
 
-/* Every byte counted against max_memory: held + reserved + overhead + output + conns. */
+/* Every byte counted against max_memory: held + reserved + overhead + output + conns + orphaned. */
 uint64_t tsd_store_used(const tsd_store *s);
 /*
  * Seed the name hash with a 16-byte key (tsd_store_init seeds it from getrandom once per process;

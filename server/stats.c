@@ -47,6 +47,7 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "overhead_bytes", srv->store.overhead);
     rc |= put_int(m, "output_bytes", srv->store.output);
     rc |= put_int(m, "connection_bytes", srv->store.conns);
+    rc |= put_int(m, "orphaned_bytes", srv->store.orphaned_bytes);
     rc |= put_int(m, "connections_unauth", srv->n_unauth);
     rc |= put_int(m, "max_memory", srv->store.max_memory);
     /* Small records live in slabs (server/slab.c): their own footprint. */

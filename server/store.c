@@ -154,8 +154,14 @@ void tsd_item_unref(tsd_item *it)
 {
     if (it == NULL)
         return;
-    if (atomic_fetch_sub_explicit(&it->refs, 1, memory_order_acq_rel) != 1)
+    unsigned old = atomic_fetch_sub_explicit(&it->refs, 1, memory_order_acq_rel);
+    if ((old & ~TSD_ITEM_ORPHANED) != 1)
         return;
+    if (old & TSD_ITEM_ORPHANED) {
+        tsd_store *s = it->orphan_of;
+        s->orphaned_bytes -= tsd_item_len(it);
+        it->next = NULL;
+    }
     if (it->slot != TSD_ITEM_OWN) {
         tsd_slab_free(it);
         return;
@@ -368,11 +374,29 @@ static uint64_t item_overhead(const tsd_item *it)
 
 uint64_t tsd_store_used(const tsd_store *s)
 {
-    return s->held + s->reserved + s->overhead + s->output + s->conns;
+    return s->held + s->reserved + s->overhead + s->output + s->conns + s->orphaned_bytes;
 }
 
-/* Unref every item of bin and free it (the bin must already be unlinked). */
-static void bin_destroy(tsd_store *s, tsd_bin *b)
+/*
+ * The store lets go of an unlinked item while someone else may still hold it (a queued reply or
+ * a snapshot). When others do, its bytes stay in memory until the last of them goes, so count
+ * them in orphaned_bytes until then (tsd_item_unref). Loop thread: references are only dropped
+ * there, so a count above one cannot fall to one meanwhile.
+ */
+static void item_release(tsd_store *s, tsd_item *it)
+{
+    if (atomic_load_explicit(&it->refs, memory_order_acquire) > 1) {
+        it->orphan_of = s;
+        atomic_fetch_or_explicit(&it->refs, TSD_ITEM_ORPHANED, memory_order_acq_rel);
+        s->orphaned_bytes += tsd_item_len(it);
+    }
+}
+
+/*
+ * Unref every item of bin and free it (the bin must already be unlinked). count_orphans is 0 only
+ * when the store itself goes: items still referenced then must not point at it.
+ */
+static void bin_destroy(tsd_store *s, tsd_bin *b, int count_orphans)
 {
     tsd_item *it = b->head;
     while (it != NULL) {
@@ -381,6 +405,8 @@ static void bin_destroy(tsd_store *s, tsd_bin *b)
         s->held -= tsd_item_len(it);
         s->overhead -= item_overhead(it);
         s->n_items--;
+        if (count_orphans)
+            item_release(s, it);
         tsd_item_unref(it);
         it = next;
     }
@@ -396,7 +422,7 @@ void tsd_store_free(tsd_store *s)
         tsd_hnode *n = s->bins.buckets[i];
         while (n != NULL) {
             tsd_hnode *next = n->next;
-            bin_destroy(s, (tsd_bin *)n);
+            bin_destroy(s, (tsd_bin *)n, 0);
             n = next;
         }
         s->bins.buckets[i] = NULL;
@@ -460,6 +486,7 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
             s->held -= tsd_item_len(it);
             s->overhead -= item_overhead(it);
             s->n_items--;
+            item_release(s, it);
             tsd_item_unref(it);
             it = next;
         }
@@ -497,13 +524,15 @@ tsd_item *tsd_store_pop(tsd_store *s, tsd_bin *b)
     s->held -= tsd_item_len(it);
     s->overhead -= item_overhead(it);
     s->n_items--;
+    /* The caller's reference is the store's; any other one keeps the item alive beyond it. */
+    item_release(s, it);
     return it;
 }
 
 void tsd_store_remove(tsd_store *s, tsd_bin *b)
 {
     tsd_htab_remove(&s->bins, &b->node);
-    bin_destroy(s, b);
+    bin_destroy(s, b, 1);
 }
 
 /* Order bins by name bytes; a name sorts before any longer name it prefixes. */

@@ -3,7 +3,8 @@
  * arrive, cut at --body-timeout), a big compressed upload inflated off the loop while others are
  * served, compressed bodies whose raw length is over a limit (TOO_LARGE at the header, every
  * opcode), a flood of connections before HELLO (--max-unauth-clients), and the memory counted
- * against --max-memory besides item bytes (bins, queued output), with STATS.
+ * against --max-memory besides item bytes (bins, queued output, items replaced while a reply
+ * still sends them), with STATS.
  */
 #define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
@@ -603,6 +604,52 @@ static void test_queued_output_counted(void **state)
     stop_server();
 }
 
+/*
+ * A queued PEEK reply keeps the item it sends; when a PUT replaces that item meanwhile, its bytes
+ * stay counted against --max-memory (orphaned_bytes) until the reply is gone.
+ */
+static void test_orphaned_reply_counted(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-output", "64m", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    int fd = tsu_client(&s);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes((size_t)8 << 20, 7, &len);
+    tsu_store(fd, TS_OP_PUT, "big", rec, len, NULL);
+    tsu_rec_free(rec, len);
+    /* A reader that asks for the item and then reads nothing: the reply stays queued. */
+    int rd = tsu_client(&s);
+    int sz = 4096;
+    setsockopt(rd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof(sz));
+    assert_int_equal(tsu_send_get(rd, TS_OP_PEEK, 9, "big", 1), 0);
+    int64_t out = 0;
+    for (int i = 0; i < 300 && out < (4 << 20); i++) {
+        out = tsu_stat(fd, "output_bytes");
+        if (out < (4 << 20))
+            th_sleep_ms(10);
+    }
+    int64_t used_before = tsu_stat(fd, "used_memory");
+    uint8_t *small = tsu_rec_int(1, &len);
+    tsu_store(fd, TS_OP_PUT, "big", small, len, NULL);
+    tsu_rec_free(small, len);
+    int64_t orphaned = tsu_stat(fd, "orphaned_bytes");
+    int64_t used = tsu_stat(fd, "used_memory");
+    assert_true(orphaned >= (int64_t)8 << 20);
+    assert_true(used >= tsu_stat(fd, "bytes") + orphaned);
+    /* Once the reader goes, its reply and the replaced item are freed. */
+    close(rd);
+    for (int i = 0; i < 300 && orphaned != 0; i++) {
+        orphaned = tsu_stat(fd, "orphaned_bytes");
+        if (orphaned != 0)
+            th_sleep_ms(10);
+    }
+    assert_int_equal(orphaned, 0);
+    assert_true(tsu_stat(fd, "used_memory") < used_before - (7 << 20));
+    close(fd);
+    stop_server();
+}
+
 #define T(f) cmocka_unit_test_teardown(f, kill_leftover)
 
 int main(void)
@@ -613,7 +660,7 @@ int main(void)
         T(test_raw_len_checked_at_header),       T(test_header_rule_precedence),
         T(test_unauth_flood_leaves_room),        T(test_bytes_sent),
         T(test_trickling_uploads_leave_room),    T(test_bin_overhead_counted),
-        T(test_queued_output_counted),
+        T(test_queued_output_counted),           T(test_orphaned_reply_counted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
