@@ -44,8 +44,10 @@
  * "submitted" when the same requester's previous answer came back, so it includes the wait for
  * the other requesters served before it.
  */
+#define _GNU_SOURCE /* sched_setaffinity */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -64,15 +66,18 @@
 #define MAX_WORKERS  256        /* async-direct threads */
 #define MAX_SAMPLES  (1u << 21) /* latencies kept per run: threads x requests at most */
 #define MAX_REPEATS  15
-#define N_ROWS       7 /* distinct request rows: requester i sends row i % N_ROWS */
-#define IN_COLS      8
-#define OUT_COLS     4
-#define WARM_UP_RUNS 3 /* forwards per size before measuring */
+#define N_ROWS       7     /* distinct request rows: requester i sends row i % N_ROWS */
+#define MAX_COLS     65536 /* input or output width of a row, at most (--mlp) */
+#define MAX_WIDTHS   16    /* layers of --mlp + 1 */
+#define WARM_UP_RUNS 3     /* forwards per size before measuring */
 
 /* Static storage: a benchmark needs no allocator of its own. */
 static uint64_t g_lat[MAX_SAMPLES];
-static float g_expect[N_ROWS][OUT_COLS]; /* the model's answer for each row, one at a time */
-static const struct opts *g_opts;        /* for the model factory */
+static int g_in = 8, g_out = 4;          /* row widths: tests/shim's mlp.pt, or --mlp */
+static float g_rows[N_ROWS][MAX_COLS];   /* the distinct request rows (read-only when running) */
+static float g_expect[N_ROWS][MAX_COLS]; /* the model's answer for each row, one at a time */
+static float g_tol_abs = 1e-5f, g_tol_rel = 1e-4f; /* answer check; wider for big models */
+static const struct opts *g_opts;                  /* for the model factory */
 
 static uint64_t now_ns(void)
 {
@@ -95,15 +100,43 @@ typedef struct opts {
     const char *server;
     const char *tensord;
     const char *modes;
+    const char *mlp; /* --mlp widths, or NULL */
+    int pin;         /* serving threads on cpu0, requesters on cpu1 */
 } opts;
 
-/* The input row of requester i (borrowing buf, IN_COLS floats), or NULL. */
-static ts_value_t *make_row(int i, float *buf)
+/* The CPU of each role when pinning (bench/run.sh's: servers cpu0, clients cpu1). */
+#define SERVER_CPU 0
+#define CLIENT_CPU 1
+
+static int g_pin; /* --pin given and at least two CPUs */
+/* The role the calling thread was pinned to (-1: none yet; see pinned_forward). */
+static _Thread_local int tls_cpu = -1;
+
+/* Pin the calling thread to cpu when pinning (sched_setaffinity(0) is this thread on Linux). */
+static void pin_self(int cpu)
 {
-    for (int k = 0; k < IN_COLS; k++)
-        buf[k] = (float)(i % N_ROWS) * 0.1f + (float)k * 0.01f;
-    int64_t shape[2] = {1, IN_COLS};
-    return ts_tensor_new(TS_FLOAT32, 2, shape, buf, TS_BORROW);
+    if (!g_pin || tls_cpu == cpu)
+        return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    (void)sched_setaffinity(0, sizeof(set), &set);
+    tls_cpu = cpu;
+}
+
+/* Fill the distinct request rows (before any requester runs). */
+static void fill_rows(void)
+{
+    for (int i = 0; i < N_ROWS; i++)
+        for (int k = 0; k < g_in; k++)
+            g_rows[i][k] = (float)i * 0.1f + (float)(k % 97) * 0.01f;
+}
+
+/* The input row of requester i (borrowing g_rows: requests only read it), or NULL. */
+static ts_value_t *make_row(int i)
+{
+    int64_t shape[2] = {1, g_in};
+    return ts_tensor_new(TS_FLOAT32, 2, shape, g_rows[i % N_ROWS], TS_BORROW);
 }
 
 static float absf(float x)
@@ -111,16 +144,16 @@ static float absf(float x)
     return x < 0 ? -x : x;
 }
 
-/* 1 when out is requester i's expected [1, OUT_COLS] answer (a batch may round differently). */
+/* 1 when out is requester i's expected [1, g_out] answer (a batch may round differently). */
 static int answer_ok(const ts_value_t *out, int i)
 {
     const ts_tensor_t *t = out != NULL ? ts_value_tensor(out) : NULL;
     if (t == NULL || t->dtype != TS_FLOAT32 || t->ndim != 2 || t->shape[0] != 1 ||
-        t->shape[1] != OUT_COLS)
+        t->shape[1] != g_out)
         return 0;
     const float *got = t->data, *want = g_expect[i % N_ROWS];
-    for (int k = 0; k < OUT_COLS; k++)
-        if (absf(got[k] - want[k]) > 1e-5f + 1e-4f * absf(want[k]))
+    for (int k = 0; k < g_out; k++)
+        if (absf(got[k] - want[k]) > g_tol_abs + g_tol_rel * absf(want[k]))
             return 0;
     return 1;
 }
@@ -141,8 +174,8 @@ typedef struct req_thread {
 static void *requester(void *arg)
 {
     req_thread *t = arg;
-    float row[IN_COLS];
-    ts_value_t *in = make_row(t->index, row);
+    pin_self(CLIENT_CPU);
+    ts_value_t *in = make_row(t->index);
     for (int i = 0; i < t->o->requests; i++) {
         ts_value_t *out = NULL;
         uint64_t t0 = now_ns();
@@ -174,7 +207,6 @@ typedef struct async_run {
 struct actor {
     async_run *run;
     ts_value_t *in; /* its row, read by the batcher between a submit and its answer */
-    float row[IN_COLS];
     int index;
     int sent; /* requests submitted */
     uint64_t t0;
@@ -234,8 +266,8 @@ static int run_actors(const opts *o, ts_batcher_t *b, uint64_t *lat)
     pthread_mutex_init(&r.mu, NULL);
     pthread_cond_init(&r.cv, NULL);
     for (int i = 0; i < o->threads; i++) {
-        act[i] = (actor){&r, NULL, {0}, i, 0, 0, lat + (size_t)i * (size_t)o->requests, 0};
-        act[i].in = make_row(i, act[i].row);
+        act[i] = (actor){&r, NULL, i, 0, 0, lat + (size_t)i * (size_t)o->requests, 0};
+        act[i].in = make_row(i);
     }
     for (int i = 0; i < o->threads; i++)
         actor_step(&act[i], now_ns());
@@ -267,7 +299,6 @@ typedef struct direct_worker {
 typedef struct direct_actor {
     _Alignas(64) uint64_t since; /* its request's submission: its previous answer */
     ts_value_t *in;
-    float row[IN_COLS];
 } direct_actor;
 
 static direct_actor g_dact[MAX_THREADS];
@@ -276,8 +307,9 @@ static void *direct_worker_main(void *arg)
 {
     direct_worker *w = arg;
     const opts *o = w->o;
+    pin_self(SERVER_CPU); /* these threads do the serving: the replicas' CPU */
     for (int i = w->first; i < o->threads; i += w->step) {
-        g_dact[i].in = make_row(i, g_dact[i].row);
+        g_dact[i].in = make_row(i);
         g_dact[i].since = w->start;
     }
     for (int k = 0; k < o->requests; k++) {
@@ -300,7 +332,7 @@ static void *direct_worker_main(void *arg)
 /* ---------------------------------------------------------------------------------------------
  * Measurements
  */
-typedef enum kind { K_DIRECT, K_BLOCKING, K_ASYNC_DIRECT, K_ASYNC, K_REMOTE } kind;
+typedef enum kind { K_LIMIT, K_DIRECT, K_BLOCKING, K_ASYNC_DIRECT, K_ASYNC, K_REMOTE } kind;
 
 typedef struct result {
     double rate, cpu_us, p50_us, p99_us, fill; /* cpu_us: process CPU time per request */
@@ -364,7 +396,9 @@ static double median(double *v, int n)
 
 static void describe(const opts *o, const mcase *c, char *buf, size_t len)
 {
-    if (c->k == K_DIRECT)
+    if (c->k == K_LIMIT)
+        snprintf(buf, len, "full %d-row forwards", o->max_batch);
+    else if (c->k == K_DIRECT)
         snprintf(buf, len, "direct, own model");
     else if (c->k == K_ASYNC_DIRECT)
         snprintf(buf, len, "direct, thread per CPU");
@@ -394,8 +428,7 @@ static int clone_warm(ts_torch_model_t **out, ts_torch_model_t *proto)
         fprintf(stderr, "batcher_bench: clone: %s\n", ts_last_error());
         return -1;
     }
-    float row[IN_COLS];
-    ts_value_t *in = make_row(0, row);
+    ts_value_t *in = make_row(0);
     int rc = in != NULL ? 0 : TS_ENOMEM;
     for (int k = 0; k < WARM_UP_RUNS && rc == 0; k++) {
         ts_value_t *o = NULL;
@@ -413,6 +446,8 @@ static int run_threads(const opts *o, ts_torch_model_t *proto, ts_batcher_t *b,
     static req_thread t[MAX_THREADS];
     static pthread_t th[MAX_THREADS];
     int failures = 0, started = 0;
+    /* Predictors' receiver threads are the clients' side: they inherit the client CPU. */
+    pin_self(CLIENT_CPU);
     for (int i = 0; i < o->threads; i++) {
         t[i] = (req_thread){o, b, NULL, NULL, i, g_lat + (size_t)i * (size_t)o->requests, 0};
         if (proto != NULL && clone_warm(&t[i].own, proto) != 0)
@@ -423,8 +458,11 @@ static int run_threads(const opts *o, ts_torch_model_t *proto, ts_batcher_t *b,
         }
     }
     span_start(sp);
+    /* The requester threads inherit the client CPU; the main thread goes back to serving. */
+    pin_self(CLIENT_CPU);
     for (; failures == 0 && started < o->threads; started++)
         pthread_create(&th[started], NULL, requester, &t[started]);
+    pin_self(SERVER_CPU);
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
     span_stop(sp);
@@ -441,7 +479,7 @@ static int run_async_direct(const opts *o, ts_torch_model_t *proto, span *sp)
 {
     static direct_worker w[MAX_WORKERS];
     static pthread_t th[MAX_WORKERS];
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    long cpus = g_pin ? 1 : sysconf(_SC_NPROCESSORS_ONLN); /* pinned: the server CPU only */
     int n = cpus < 1 ? 1 : cpus > MAX_WORKERS ? MAX_WORKERS : (int)cpus;
     if (n > o->threads)
         n = o->threads;
@@ -476,7 +514,7 @@ static int warm_up(ts_model_t *m, int max_batch)
     int64_t sizes[3] = {1, 2, max_batch};
     int rc = 0;
     for (int i = 0; i < 3 && rc == 0; i++) {
-        int64_t shape[2] = {sizes[i], IN_COLS};
+        int64_t shape[2] = {sizes[i], g_in};
         ts_value_t *in = ts_tensor_alloc(TS_FLOAT32, 2, shape);
         for (int k = 0; k < WARM_UP_RUNS && rc == 0; k++) {
             ts_value_t *out = NULL;
@@ -498,6 +536,135 @@ static int warm_create(const char *device, int replica, ts_model_t **out, void *
     return rc;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The limit: what the replicas can do with no batcher at all
+ */
+
+/* A model that is never run: ts_batcher_new with it only expands the placement into devices. */
+static int stub_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
+{
+    (void)m, (void)in, (void)rows, (void)out;
+    return TS_ENOTSUP;
+}
+
+static void stub_free(ts_model_t *m)
+{
+    (void)m;
+}
+
+static const ts_model_ops_t stub_ops = {stub_forward, NULL, stub_free};
+static ts_model_t g_stub = {&stub_ops, NULL};
+
+static int stub_create(const char *device, int replica, ts_model_t **out, void *arg)
+{
+    (void)device, (void)replica, (void)arg;
+    *out = &g_stub;
+    return 0;
+}
+
+/* One replica of the limit row: its model, its batch buffer and its share of the batches. */
+typedef struct limit_worker {
+    ts_model_t *model;
+    ts_value_t *batch; /* max_batch rows of g_in floats, as the batcher's batch buffer */
+    int batches, max_batch;
+    uint64_t *lat; /* per batch */
+    int failures;
+} limit_worker;
+
+/*
+ * Back-to-back forwards of full batches: each batch first copies its rows one request at a time
+ * into the batch buffer (the batcher's input copy); the model's forward then does whatever it
+ * does with its input and output (for a CUDA model: pinned staging, the host-to-device copy and
+ * the copy of the output back to host memory, as under the batcher).
+ */
+static void *limit_main(void *arg)
+{
+    limit_worker *w = arg;
+    float *dst = (float *)ts_value_tensor(w->batch)->data;
+    size_t row_bytes = (size_t)g_in * sizeof(float);
+    for (int k = 0; k < w->batches; k++) {
+        uint64_t t0 = now_ns();
+        for (int i = 0; i < w->max_batch; i++)
+            memcpy(dst + (size_t)i * (size_t)g_in, g_rows[i % N_ROWS], row_bytes);
+        ts_value_t *out = NULL;
+        int rc = w->model->ops->forward(w->model, w->batch, w->max_batch, &out);
+        const ts_tensor_t *t = rc == 0 && out != NULL ? ts_value_tensor(out) : NULL;
+        if (t == NULL || t->ndim != 2 || t->shape[0] != w->max_batch || t->shape[1] != g_out)
+            w->failures++;
+        ts_value_free(out);
+        w->lat[k] = now_ns() - t0;
+    }
+    return NULL;
+}
+
+/*
+ * The limit row: one thread per replica of --placement (the same devices, models made and warmed
+ * up by the same factory) runs full max_batch batches back to back, as many rows in all as the
+ * other modes' requests. Its "requests" are rows; its latencies are per batch. 0 or -1.
+ */
+static int run_limit(const opts *o, ts_torch_model_t *proto, result *res)
+{
+    ts_field_t in = {"", TS_FLOAT32, 1, {g_in}};
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
+    cfg.inputs = &in;
+    cfg.n_inputs = 1;
+    cfg.placement = o->placement;
+    cfg.cuda_devices = ts_torch_cuda_device_count();
+    cfg.create = stub_create;
+    ts_batcher_t *devs = NULL;
+    if (ts_batcher_new(&devs, &cfg) != 0) {
+        fprintf(stderr, "batcher_bench: limit: %s\n", ts_last_error());
+        return -1;
+    }
+    static limit_worker w[MAX_WORKERS];
+    static pthread_t th[MAX_WORKERS];
+    int n = ts_batcher_replicas(devs);
+    n = n > MAX_WORKERS ? MAX_WORKERS : n;
+    uint64_t rows = (uint64_t)o->threads * (uint64_t)o->requests;
+    uint64_t total = (rows + (uint64_t)o->max_batch - 1) / (uint64_t)o->max_batch;
+    int per = (int)((total + (uint64_t)n - 1) / (uint64_t)n);
+    if (per < 1)
+        per = 1;
+    int failures = 0, made = 0;
+    for (; made < n && failures == 0; made++) {
+        int64_t shape[2] = {o->max_batch, g_in};
+        w[made] = (limit_worker){NULL,         ts_tensor_alloc(TS_FLOAT32, 2, shape), per,
+                                 o->max_batch, g_lat + (size_t)made * (size_t)per,    0};
+        if (w[made].batch == NULL || (size_t)(made + 1) * (size_t)per > MAX_SAMPLES ||
+            warm_create(ts_batcher_device(devs, made), made, &w[made].model, proto) != 0) {
+            fprintf(stderr, "batcher_bench: limit: replica %d: %s\n", made, ts_last_error());
+            failures++;
+        }
+    }
+    ts_batcher_free(devs);
+    span sp;
+    span_start(&sp);
+    int started = 0;
+    for (; failures == 0 && started < n; started++)
+        pthread_create(&th[started], NULL, limit_main, &w[started]);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    span_stop(&sp);
+    for (int i = 0; i < made; i++) {
+        failures += w[i].failures;
+        if (w[i].model != NULL)
+            w[i].model->ops->free(w[i].model);
+        ts_value_free(w[i].batch);
+    }
+    if (failures != 0)
+        return -1;
+    size_t nb = (size_t)n * (size_t)per;
+    qsort(g_lat, nb, sizeof(*g_lat), cmp_u64);
+    double done = (double)nb * (double)o->max_batch;
+    res->rate = done / sp.secs;
+    res->cpu_us = sp.cpu_secs * 1e6 / done;
+    res->p50_us = (double)g_lat[nb / 2] / 1e3;
+    res->p99_us = (double)g_lat[nb * 99 / 100] / 1e3;
+    res->fill = o->max_batch;
+    return 0;
+}
+
 /* One measurement of one mode: a fresh batcher where it needs one. 0 or -1. */
 static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_client_t **clients,
                    ts_client_t *serve_client, result *res)
@@ -505,6 +672,8 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
     static int serial;
     span sp = {0, 0, 0, 0};
     int failures;
+    if (c->k == K_LIMIT)
+        return run_limit(o, proto, res);
     if (c->k == K_DIRECT || c->k == K_ASYNC_DIRECT) {
         failures = c->k == K_DIRECT ? run_threads(o, proto, NULL, NULL, NULL, &sp)
                                     : run_async_direct(o, proto, &sp);
@@ -512,8 +681,8 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
             finish_result(o, &sp, 1.0, res);
         return failures == 0 ? 0 : -1;
     }
-    ts_field_t in = {"", TS_FLOAT32, 1, {IN_COLS}};
-    ts_field_t out = {"", TS_FLOAT32, 1, {OUT_COLS}};
+    ts_field_t in = {"", TS_FLOAT32, 1, {g_in}};
+    ts_field_t out = {"", TS_FLOAT32, 1, {g_out}};
     ts_batcher_options_t cfg;
     ts_batcher_options_init(&cfg);
     cfg.inputs = &in;
@@ -635,6 +804,7 @@ static pid_t spawn_tensord(const char *exe, char *dir, size_t dirlen, char *addr
     snprintf(port_file, sizeof(port_file), "%s/port", dir);
     pid_t pid = fork();
     if (pid == 0) {
+        /* The child inherits the server CPU from the main thread when pinning. */
         execl(exe, exe, "--port", "0", "--port-file", port_file, (char *)NULL);
         _exit(127);
     }
@@ -657,6 +827,72 @@ static pid_t spawn_tensord(const char *exe, char *dir, size_t dirlen, char *addr
     return -1;
 }
 
+/*
+ * Build an MLP of the given widths ("8,2048,2048,2048,4") with tests/shim's make_models: the one
+ * named by TS_MAKE_MODELS, or the one of this build tree (../tests/shim/make_models from this
+ * program). Fills dir (a fresh temporary directory) and path (the model in it), and sets g_in,
+ * g_out and, for wide layers, a looser answer check. 0 or -1.
+ */
+static int make_mlp(const char *widths, char *dir, size_t dirlen, char *path, size_t pathlen)
+{
+    int w[MAX_WIDTHS], n = 0, widest = 0, bad = 0;
+    const char *p = widths;
+    while (!bad && *p != '\0') {
+        char *end;
+        long v = strtol(p, &end, 10);
+        bad = end == p || v < 1 || v > MAX_COLS || (*end != ',' && *end != '\0') ||
+              n == MAX_WIDTHS || (*end == ',' && end[1] == '\0');
+        if (!bad) {
+            w[n++] = (int)v;
+            widest = v > widest ? (int)v : widest;
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
+    if (bad || n < 2) {
+        fprintf(stderr, "batcher_bench: --mlp wants 2 to %d widths like 8,2048,2048,2048,4\n",
+                MAX_WIDTHS);
+        return -1;
+    }
+    char maker[600];
+    const char *env = getenv("TS_MAKE_MODELS");
+    if (env != NULL) {
+        snprintf(maker, sizeof(maker), "%s", env);
+    } else {
+        char self[512];
+        ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        self[len > 0 ? len : 0] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash != NULL)
+            *slash = '\0';
+        snprintf(maker, sizeof(maker), "%s/../tests/shim/make_models", self);
+    }
+    snprintf(dir, dirlen, "/tmp/tsbench-mlp.XXXXXX");
+    if (mkdtemp(dir) == NULL)
+        return -1;
+    snprintf(path, pathlen, "%s/mlp.pt", dir);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(maker, maker, "--mlp", widths, path, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "batcher_bench: %s --mlp failed (set TS_MAKE_MODELS to make_models)\n",
+                maker);
+        rmdir(dir);
+        dir[0] = '\0';
+        return -1;
+    }
+    g_in = w[0];
+    g_out = w[n - 1];
+    if (widest > 64) {
+        /* Sums over wide layers round differently in a batch than alone. */
+        g_tol_abs = 1e-4f;
+        g_tol_rel = 1e-3f;
+    }
+    return 0;
+}
+
 static int parse_int(const char *s, int lo, int hi, int *out)
 {
     char *end;
@@ -670,7 +906,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 64, 200, 64, 8, 3, 500, "cpu:2", NULL, NULL, NULL};
+    opts o = {NULL, 64, 200, 64, 8, 3, 500, "cpu:2", NULL, NULL, NULL, NULL, 0};
     int smoke = 0, delay = 500;
     char model_buf[600];
     for (int i = 1; i < argc; i++) {
@@ -679,8 +915,13 @@ int main(int argc, char **argv)
         if (strcmp(a, "--smoke") == 0) {
             smoke = 1;
             takes = 0;
+        } else if (strcmp(a, "--pin") == 0) {
+            o.pin = 1;
+            takes = 0;
         } else if (strcmp(a, "--model") == 0) {
             o.model = v;
+        } else if (strcmp(a, "--mlp") == 0) {
+            o.mlp = v;
         } else if (strcmp(a, "--placement") == 0) {
             o.placement = v;
         } else if (strcmp(a, "--server") == 0) {
@@ -723,6 +964,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "batcher_bench: threads x requests must stay below %u\n", MAX_SAMPLES);
         return 2;
     }
+    char mlp_dir[64] = "";
+    if (o.mlp != NULL) {
+        if (make_mlp(o.mlp, mlp_dir, sizeof(mlp_dir), model_buf, sizeof(model_buf)) != 0)
+            return 1;
+        o.model = model_buf;
+    }
     if (o.model == NULL && getenv("TS_MODELS_DIR") != NULL) {
         snprintf(model_buf, sizeof(model_buf), "%s/mlp.pt", getenv("TS_MODELS_DIR"));
         o.model = model_buf;
@@ -732,6 +979,10 @@ int main(int argc, char **argv)
         return 2;
     }
     g_opts = &o;
+    g_pin = o.pin && sysconf(_SC_NPROCESSORS_ONLN) >= 2;
+    /* The main thread creates the serving threads (replicas, tensord, serving): they inherit. */
+    pin_self(SERVER_CPU);
+    fill_rows();
     ts_torch_set_num_threads(1); /* replicas are the parallelism; see docs/BATCHER.md */
     ts_torch_model_t *proto = NULL;
     int rc = ts_torch_load_file(&proto, o.model, "cpu");
@@ -741,12 +992,12 @@ int main(int argc, char **argv)
     }
     /* The expected answers: the model on each distinct row alone. */
     for (int i = 0; i < N_ROWS && rc == 0; i++) {
-        float row[IN_COLS];
-        ts_value_t *in = make_row(i, row), *out = NULL;
+        ts_value_t *in = make_row(i), *out = NULL;
         rc = ts_torch_forward(proto, in, &out);
         const ts_tensor_t *t = rc == 0 ? ts_value_tensor(out) : NULL;
-        if (t != NULL && t->dtype == TS_FLOAT32 && ts_tensor_nbytes(t) == sizeof(g_expect[i]))
-            memcpy(g_expect[i], t->data, sizeof(g_expect[i]));
+        if (t != NULL && t->dtype == TS_FLOAT32 && t->ndim == 2 && t->shape[0] == 1 &&
+            t->shape[1] == g_out)
+            memcpy(g_expect[i], t->data, (size_t)g_out * sizeof(float));
         else
             rc = rc != 0 ? rc : TS_EINVAL;
         ts_value_free(in);
@@ -754,7 +1005,7 @@ int main(int argc, char **argv)
     }
     if (rc != 0) {
         fprintf(stderr, "batcher_bench: %s does not map [1, %d] float32 to [1, %d]\n", o.model,
-                IN_COLS, OUT_COLS);
+                g_in, g_out);
         ts_torch_model_free(proto);
         return 1;
     }
@@ -774,8 +1025,10 @@ int main(int argc, char **argv)
     ts_client_t *serve = NULL, *clients[MAX_CLIENTS] = {NULL};
     if (o.server != NULL) {
         rc = ts_client_open(&serve, o.server, NULL);
+        pin_self(CLIENT_CPU); /* the requesters' connections: their I/O threads */
         for (int i = 0; rc == 0 && i < o.clients; i++)
             rc = ts_client_open(&clients[i], o.server, NULL);
+        pin_self(SERVER_CPU);
         if (rc != 0) {
             fprintf(stderr, "batcher_bench: connecting to %s: %s\n", o.server, ts_strerror(rc));
             failed = 1;
@@ -783,6 +1036,7 @@ int main(int argc, char **argv)
     }
 
     static mcase cases[] = {
+        {.token = "limit", .group = "limit", .k = K_LIMIT, .batched = 1},
         {.token = "direct", .group = "blocking", .k = K_DIRECT, .batched = 0},
         {.token = "single", .group = "blocking", .k = K_BLOCKING, .batched = 0},
         {.token = "batched", .group = "blocking", .k = K_BLOCKING, .batched = 1},
@@ -833,14 +1087,28 @@ int main(int argc, char **argv)
     }
     /* Each batched mode against its own unbatched references, then the async one against every
        unbatched in-process mode (a 64-thread program gets a bigger share of a busy machine). */
-    const mcase *blocking_refs[] = {&cases[0], &cases[1]};
-    const mcase *async_refs[] = {&cases[3], &cases[4]};
-    const mcase *all_refs[] = {&cases[0], &cases[1], &cases[3], &cases[4]};
-    const mcase *remote_refs[] = {&cases[6]};
-    print_ratio("blocking", "blocking mode", &cases[2], blocking_refs, 2);
-    print_ratio("async", "async mode", &cases[5], async_refs, 2);
-    print_ratio("async", "in-process mode", &cases[5], all_refs, 4);
-    print_ratio("remote", "remote mode", &cases[7], remote_refs, 1);
+    const mcase *blocking_refs[] = {&cases[1], &cases[2]};
+    const mcase *async_refs[] = {&cases[4], &cases[5]};
+    const mcase *all_refs[] = {&cases[1], &cases[2], &cases[4], &cases[5]};
+    const mcase *remote_refs[] = {&cases[7]};
+    print_ratio("blocking", "blocking mode", &cases[3], blocking_refs, 2);
+    print_ratio("async", "async mode", &cases[6], async_refs, 2);
+    print_ratio("async", "in-process mode", &cases[6], all_refs, 4);
+    print_ratio("remote", "remote mode", &cases[8], remote_refs, 1);
+    /* Every batched mode against the limit row: the same replicas with no batcher. */
+    if (cases[0].n > 0) {
+        double limit = medians(&cases[0]).rate;
+        const mcase *batched[] = {&cases[3], &cases[6], &cases[8]};
+        for (int i = 0; i < 3; i++) {
+            if (batched[i]->n == 0)
+                continue;
+            result m = medians(batched[i]);
+            printf("%-8s  batched %.0f req/s = %.2fx the limit (%.0f rows/s, full %d-row "
+                   "forwards on %s)\n",
+                   batched[i]->group, m.rate, limit > 0 ? m.rate / limit : 0.0, limit, o.max_batch,
+                   o.placement);
+        }
+    }
 
     for (int i = 0; i < o.clients; i++)
         ts_client_free(clients[i]);
@@ -854,5 +1122,9 @@ int main(int argc, char **argv)
         rmdir(dir);
     }
     ts_torch_model_free(proto);
+    if (mlp_dir[0] != '\0') {
+        unlink(model_buf);
+        rmdir(mlp_dir);
+    }
     return failed ? 1 : 0;
 }

@@ -7,12 +7,18 @@
  *   identity.pt Dict[str, Tensor] -> the same dict
  *   listy.pt    List[Tensor] -> (x0 + x1, [2 x0], len, 1.5, "ok", True)
  *   keeper.pt   x -> x + 1, keeping x in an attribute until the next call
+ *
+ * "make_models --mlp 8,2048,2048,2048,4 FILE" saves one MLP of those widths instead (ReLU between
+ * the layers, float32, seed 0): batcher_bench builds its big model this way.
  */
 #include <torch/script.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace
 {
@@ -99,12 +105,65 @@ def forward(self, x: Tensor) -> Tensor:
     return m;
 }
 
+/*
+ * x [N, widths[0]] -> [N, widths.back()]: linear layers l0, l1, ... with a ReLU after each but
+ * the last, unrolled in the TorchScript source (a ModuleList cannot be defined from C++).
+ */
+torch::jit::Module mlp_of(const std::vector<int64_t> &widths)
+{
+    torch::jit::Module m(c10::QualifiedName("__torch__.BenchMLP"));
+    std::string body = "def forward(self, x: Tensor) -> Tensor:\n";
+    for (size_t i = 0; i + 1 < widths.size(); i++) {
+        std::string name = "l" + std::to_string(i);
+        m.register_module(
+            name, linear("Linear" + std::to_string(widths[i]) + "x" + std::to_string(widths[i + 1]),
+                         widths[i], widths[i + 1]));
+        body += "    x = self." + name + ".forward(x)\n";
+        if (i + 2 < widths.size())
+            body += "    x = torch.relu(x)\n";
+    }
+    body += "    return x\n";
+    m.define(body);
+    return m;
+}
+
+/* "8,2048,4" -> {8, 2048, 4}; at least two widths, each 1 to 1 << 20. Empty on error. */
+std::vector<int64_t> parse_widths(const char *s)
+{
+    std::vector<int64_t> w;
+    std::stringstream in(s);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+        char *end = nullptr;
+        long long v = std::strtoll(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || v < 1 || v > (1 << 20))
+            return {};
+        w.push_back(v);
+    }
+    return w.size() >= 2 ? w : std::vector<int64_t>{};
+}
+
 } // namespace
 
 int main(int argc, char **argv)
 {
+    if (argc == 4 && std::string(argv[1]) == "--mlp") {
+        std::vector<int64_t> widths = parse_widths(argv[2]);
+        if (widths.empty()) {
+            std::fprintf(stderr, "make_models: --mlp wants widths like 8,2048,2048,2048,4\n");
+            return 2;
+        }
+        try {
+            torch::manual_seed(0);
+            mlp_of(widths).save(argv[3]);
+        } catch (const std::exception &e) {
+            std::fprintf(stderr, "make_models: %s\n", e.what());
+            return 1;
+        }
+        return 0;
+    }
     if (argc != 2) {
-        std::fprintf(stderr, "usage: %s OUTDIR\n", argv[0]);
+        std::fprintf(stderr, "usage: %s OUTDIR | %s --mlp W0,W1,...,WN FILE\n", argv[0], argv[0]);
         return 2;
     }
     std::string dir = argv[1];
