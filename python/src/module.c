@@ -1,0 +1,300 @@
+/*
+ * module.c: the tensorshare._tensorshare module: its state, the exception classes and the
+ * mapping of TS_E* codes onto them, fork detection, the GIL helpers for library threads, and
+ * the init function that registers every type (the Client here, the RL and predictor bindings
+ * through tsp_rl_init and tsp_predictor_init).
+ */
+#include "tsp.h"
+
+#include <pthread.h>
+#include <string.h>
+
+tsp_state_t tsp_state;
+
+volatile unsigned long tsp_fork_generation;
+
+/* Runs in the child after fork(): every Client opened before belongs to the parent. */
+static void on_fork_child(void)
+{
+    tsp_fork_generation++;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Exceptions
+ */
+
+/* One exception class: its name in the module, its bases besides Error, and its doc. */
+typedef struct exc_def {
+    const char *name;
+    PyObject **slot;
+    PyObject **parent; /* a tensorshare class to derive from instead of Error, or NULL */
+    PyObject *builtin; /* the builtin base, or NULL */
+    const char *doc;
+} exc_def;
+
+/* Makes one class with bases (parent or Error, builtin); 0 or -1. */
+static int make_exception(PyObject *module, const exc_def *d)
+{
+    PyObject *first = d->parent != NULL ? *d->parent : tsp_state.Error;
+    PyObject *bases =
+        d->builtin != NULL ? PyTuple_Pack(2, first, d->builtin) : PyTuple_Pack(1, first);
+    if (bases == NULL)
+        return -1;
+    char qualname[96];
+    snprintf(qualname, sizeof(qualname), "tensorshare.%s", d->name);
+    PyObject *cls = PyErr_NewExceptionWithDoc(qualname, d->doc, bases, NULL);
+    Py_DECREF(bases);
+    if (cls == NULL)
+        return -1;
+    *d->slot = cls;
+    Py_INCREF(cls);
+    if (PyModule_AddObject(module, d->name, cls) < 0) {
+        Py_DECREF(cls);
+        return -1;
+    }
+    return 0;
+}
+
+/* Creates Error and every subclass, and adds them to the module; 0 or -1. */
+static int init_exceptions(PyObject *module)
+{
+    tsp_state.Error = PyErr_NewExceptionWithDoc(
+        "tensorshare.Error",
+        "Base class of every tensorshare error. Attributes: code (the TS_E* number, negative; 0 "
+        "for an error found before anything was sent), name (such as 'ETIMEDOUT'; '' for "
+        "code 0) and message (the server's or the local reason).",
+        PyExc_Exception, NULL);
+    if (tsp_state.Error == NULL)
+        return -1;
+    Py_INCREF(tsp_state.Error);
+    if (PyModule_AddObject(module, "Error", tsp_state.Error) < 0) {
+        Py_DECREF(tsp_state.Error);
+        return -1;
+    }
+    const exc_def defs[] = {
+        {"TimeoutError", &tsp_state.TimeoutError, NULL, PyExc_TimeoutError,
+         "The operation did not complete in time (ETIMEDOUT)."},
+        {"ConnectionError", &tsp_state.ConnectionError, NULL, PyExc_ConnectionError,
+         "No usable connection to tensord (ENOTCONN, ESLOW, ESHUTDOWN, ETOOMANY, EPROTO, "
+         "EVERSION), or a Client used after os.fork()."},
+        {"ConnectionResetError", &tsp_state.ConnectionResetError, &tsp_state.ConnectionError,
+         PyExc_ConnectionResetError,
+         "The connection was lost while the request was in flight (ECONNRESET)."},
+        {"ConnectionRefusedError", &tsp_state.ConnectionRefusedError, &tsp_state.ConnectionError,
+         PyExc_ConnectionRefusedError, "tensord refused the connection (ECONNREFUSED)."},
+        {"BinNotFoundError", &tsp_state.BinNotFoundError, NULL, PyExc_KeyError,
+         "The bin does not exist (ENOENT)."},
+        {"RecordError", &tsp_state.RecordError, NULL, PyExc_ValueError,
+         "A value cannot be sent as a record (refused before anything was sent), or the "
+         "server found a record malformed (EBADRECORD, ETYPE, ESCHEMA)."},
+        {"InvalidArgumentError", &tsp_state.InvalidArgumentError, NULL, PyExc_ValueError,
+         "An argument was refused (EINVAL, ENAMETOOLONG, EMSGSIZE)."},
+        {"AuthenticationError", &tsp_state.AuthenticationError, NULL, PyExc_PermissionError,
+         "The token was missing or wrong (EAUTH, EACCES)."},
+        {"CancelledError", &tsp_state.CancelledError, NULL, NULL,
+         "The client was closed (ECANCELED)."},
+        {"DeadlockError", &tsp_state.DeadlockError, NULL, PyExc_RuntimeError,
+         "A blocking call was made from a callback on the client's I/O thread (EDEADLK): use "
+         "the *_async form there."},
+        {"ServerError", &tsp_state.ServerError, NULL, NULL,
+         "The server could not do it (EOOM, ESERVER, ESAVEFAIL, EUNKNOWNOP, EWRONGSHARD)."},
+    };
+    for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++)
+        if (make_exception(module, &defs[i]) < 0)
+            return -1;
+    return 0;
+}
+
+PyObject *tsp_exception_class(int status)
+{
+    switch (status) {
+    case TS_ETIMEDOUT:
+        return tsp_state.TimeoutError;
+    case TS_ECONNRESET:
+        return tsp_state.ConnectionResetError;
+    case TS_ECONNREFUSED:
+        return tsp_state.ConnectionRefusedError;
+    case TS_ENOTCONN:
+    case TS_ESLOW:
+    case TS_ESHUTDOWN:
+    case TS_ETOOMANY:
+    case TS_EPROTO:
+    case TS_EVERSION:
+        return tsp_state.ConnectionError;
+    case TS_ENOENT:
+        return tsp_state.BinNotFoundError;
+    case TS_EBADRECORD:
+    case TS_ETYPE:
+    case TS_ESCHEMA:
+        return tsp_state.RecordError;
+    case TS_EINVAL:
+    case TS_ENAMETOOLONG:
+    case TS_EMSGSIZE:
+        return tsp_state.InvalidArgumentError;
+    case TS_EACCES:
+    case TS_EAUTH:
+        return tsp_state.AuthenticationError;
+    case TS_ECANCELED:
+        return tsp_state.CancelledError;
+    case TS_EDEADLK:
+        return tsp_state.DeadlockError;
+    case TS_EOOM:
+    case TS_ESERVER:
+    case TS_ESAVEFAIL:
+    case TS_EUNKNOWNOP:
+    case TS_EWRONGSHARD:
+        return tsp_state.ServerError;
+    case TS_ENOMEM:
+        return tsp_state.Error;
+    default:
+        return tsp_state.Error;
+    }
+}
+
+PyObject *tsp_exception_new(int status, const char *message)
+{
+    if (message == NULL || message[0] == '\0')
+        message = status != 0 ? ts_strerror(status) : "error";
+    PyObject *msg = PyUnicode_DecodeUTF8(message, (Py_ssize_t)strlen(message), "replace");
+    if (msg == NULL)
+        return NULL;
+    PyObject *exc = PyObject_CallOneArg(tsp_exception_class(status), msg);
+    if (exc == NULL) {
+        Py_DECREF(msg);
+        return NULL;
+    }
+    PyObject *code = PyLong_FromLong(status);
+    PyObject *name = PyUnicode_FromString(status != 0 ? ts_err_name(status) : "");
+    int bad = code == NULL || name == NULL || PyObject_SetAttrString(exc, "code", code) < 0 ||
+              PyObject_SetAttrString(exc, "name", name) < 0 ||
+              PyObject_SetAttrString(exc, "message", msg) < 0;
+    Py_XDECREF(code);
+    Py_XDECREF(name);
+    Py_DECREF(msg);
+    if (bad) {
+        Py_DECREF(exc);
+        return NULL;
+    }
+    return exc;
+}
+
+PyObject *tsp_raise_msg(int status, const char *message)
+{
+    if (status == TS_ENOMEM && (message == NULL || message[0] == '\0'))
+        return PyErr_NoMemory();
+    PyObject *exc = tsp_exception_new(status, message);
+    if (exc == NULL)
+        return NULL;
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+PyObject *tsp_raise(int status)
+{
+    return tsp_raise_msg(status, ts_last_error());
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Library threads calling into Python
+ */
+
+/* Whether the interpreter has started finalizing (a private API before Python 3.13). */
+static int finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+int tsp_gil_acquire(PyGILState_STATE *state)
+{
+    /*
+     * A thread that takes the GIL while the interpreter finalizes is ended on the spot (or
+     * hangs), which would take a library thread down in the middle of its work: check first.
+     * The check can race with the start of finalization; atexit closes every client before
+     * finalization begins, so callbacks do not arrive there in a clean shutdown.
+     */
+    if (finalizing())
+        return 0;
+    *state = PyGILState_Ensure();
+    return 1;
+}
+
+void tsp_gil_release(PyGILState_STATE state)
+{
+    PyGILState_Release(state);
+}
+
+void tsp_report_callback_error(const char *what, PyObject *callable)
+{
+    if (!PyErr_Occurred())
+        return;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyErr_FormatUnraisable("Exception ignored in %s %R", what, callable);
+#else
+    /* sys.unraisablehook prints "Exception ignored in: <obj>"; name the callable. */
+    (void)what;
+    PyErr_WriteUnraisable(callable);
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The module
+ */
+
+int tsp_client_type_init(PyObject *module);
+int tsp_view_type_init(PyObject *module);
+int tsp_convert_init(PyObject *module);
+
+static PyObject *mod_strerror(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long code = PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(ts_strerror((int)code));
+}
+
+static PyMethodDef module_methods[] = {
+    {"strerror", mod_strerror, METH_O, "strerror(code) -> str: the message of a TS_E* code."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "tensorshare._tensorshare",
+    .m_doc = "The C core of the tensorshare package (import tensorshare instead).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__tensorshare(void);
+
+PyMODINIT_FUNC PyInit__tensorshare(void)
+{
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    tsp_state.module = m;
+    static int fork_hooked;
+    if (!fork_hooked) {
+        fork_hooked = 1;
+        pthread_atfork(NULL, NULL, on_fork_child);
+    }
+    if (init_exceptions(m) < 0 || tsp_view_type_init(m) < 0 || tsp_convert_init(m) < 0 ||
+        tsp_client_type_init(m) < 0 || tsp_rl_init(m) < 0 || tsp_predictor_init(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "MAX_NDIM", TS_MAX_NDIM) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_DEPTH", TS_MAX_DEPTH) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_NAME_LEN", TS_MAX_NAME_LEN) < 0 ||
+        PyModule_AddStringConstant(m, "__version__", TS_VERSION_STRING) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

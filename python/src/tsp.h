@@ -1,0 +1,266 @@
+/*
+ * tsp.h: the internal header of the tensorshare Python extension (tensorshare._tensorshare).
+ *
+ * The extension is C over the public libtensorshare API only. This header is what every file of
+ * the extension shares: the module state (exception classes, types), the conversions between
+ * Python objects and ts_value_t records in both directions (with the zero-copy view machinery),
+ * raising the exception for a TS_E* status, and how a binding reaches the ts_client_t of a
+ * tensorshare.Client.
+ *
+ * Files: module.c (module init, exceptions, fork and exit handling), convert.c (Python <->
+ * records), view.c (zero-copy views of received tensors), client.c (the Client type), rl.c and
+ * predictor.c (the RL and predictor bindings, initialised by tsp_rl_init / tsp_predictor_init).
+ *
+ * Rules that hold for every function below unless its comment says otherwise:
+ * - The caller holds the GIL.
+ * - A function returning int returns 0, or -1 with a Python exception set; one returning a
+ *   pointer returns NULL with an exception set.
+ * - The extension has one module state (a static struct): it supports one interpreter per
+ *   process (no subinterpreters).
+ *
+ * The Python-level API of tensorshare.Client that the bindings and the pure-Python layers
+ * (compat.py, rl.py, predictor.py) may rely on:
+ *   Client(address="127.0.0.1:8000", *, token=None, token_file=None, timeout=None,
+ *          connect_timeout=None, tensor_type=None)          timeouts in seconds (float)
+ *   put(bin, value) -> int version          append(bin, value) -> int version
+ *   get(bin, max_items=0, *, tensor_type=None) -> list of records (oldest first)
+ *   peek(bin, max_items=0, *, tensor_type=None) -> list of records
+ *   delete(bin) -> int n_removed            list() -> {name: BinInfo(n_items, bytes, version)}
+ *   wait(bin, after_version=0, timeout=None) -> (version, n_items); None waits as long as the
+ *       server allows; raises tensorshare.TimeoutError on timeout
+ *   stats() -> dict                         ping() -> None          save() -> None
+ *   listen(bin, callback) -> None: callback(Notification) on the client's I/O thread, where
+ *       Notification is a named tuple (bin, event, version, n_items, coalesced, error); event is
+ *       "put" | "append" | "get" | "delete" | "disconnected" | "resubscribed" | "error" (the
+ *       subscription ended on an error, which is in .error; it is the last call)
+ *   unlisten(bin) -> None
+ *   put_async, append_async, get_async, peek_async, delete_async, list_async, wait_async,
+ *       stats_async, ping_async: same arguments, return a concurrent.futures.Future (already
+ *       running: it cannot be cancelled) completed on the I/O thread
+ *   close(), closed (property), connected (property), __enter__/__exit__
+ * Records: dict (str keys) / list / tuple (sent as a list) / int / float / str / bytes, and
+ * tensors: torch.Tensor, numpy.ndarray (and numpy scalars, sent as 0-d tensors), or any object
+ * with __dlpack__. bool is an int. Received tensors are torch tensors or numpy arrays
+ * (tensor_type "torch" | "numpy"; the default is "torch" when torch can be imported).
+ */
+#ifndef TSP_H
+#define TSP_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+
+#include <tensorshare/tensorshare.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * Module state
+ */
+
+/* How received tensors are handed to Python. */
+typedef enum tsp_tensor_type_e {
+    TSP_TENSOR_DEFAULT = 0, /* the client's setting (only as an argument; never stored) */
+    TSP_TENSOR_TORCH = 1,   /* torch.Tensor through DLPack */
+    TSP_TENSOR_NUMPY = 2    /* numpy.ndarray (read-only) through the buffer protocol */
+} tsp_tensor_type_t;
+
+/*
+ * The exception classes (new references owned by the module state, created at module init).
+ * Every one derives from Error, which carries .code (the TS_E* int, 0 for errors found locally
+ * before anything was sent), .name ("ETIMEDOUT") and .message (the server's or the local
+ * reason); the builtin base makes except clauses that know nothing of tensorshare work.
+ */
+typedef struct tsp_state_s {
+    PyObject *module;                 /* borrowed: the module lives as long as the process */
+    PyObject *Error;                  /* tensorshare.Error(Exception) */
+    PyObject *TimeoutError;           /* (Error, builtins.TimeoutError): ETIMEDOUT */
+    PyObject *ConnectionError;        /* (Error, builtins.ConnectionError): ENOTCONN, ESLOW,
+                                         ESHUTDOWN, ETOOMANY, EPROTO, EVERSION */
+    PyObject *ConnectionResetError;   /* (ConnectionError, builtins.ConnectionResetError) */
+    PyObject *ConnectionRefusedError; /* (ConnectionError, builtins.ConnectionRefusedError) */
+    PyObject *BinNotFoundError;       /* (Error, KeyError): ENOENT, a missing bin */
+    PyObject *RecordError;            /* (Error, ValueError): EBADRECORD, ETYPE, ESCHEMA, and
+                                         records refused before sending */
+    PyObject *InvalidArgumentError;   /* (Error, ValueError): EINVAL, ENAMETOOLONG, EMSGSIZE */
+    PyObject *AuthenticationError;    /* (Error, PermissionError): EACCES, EAUTH */
+    PyObject *CancelledError;         /* (Error): ECANCELED (the client was closed) */
+    PyObject *DeadlockError;          /* (Error, RuntimeError): EDEADLK (blocking call made from
+                                         a callback on the client's I/O thread) */
+    PyObject *ServerError;            /* (Error): EOOM, ESERVER, ESAVEFAIL, EUNKNOWNOP,
+                                         EWRONGSHARD */
+    PyTypeObject *ClientType;         /* tensorshare.Client */
+    PyTypeObject *ViewType;           /* the owner of a received tensor's memory (view.c) */
+    PyObject *BinInfoType;            /* named tuple (n_items, bytes, version) */
+    PyObject *NotificationType;       /* named tuple, see above */
+} tsp_state_t;
+
+extern tsp_state_t tsp_state;
+
+/*
+ * Defined by rl.c and predictor.c: add their types and functions to the module. Called once
+ * from the module's init, after everything in this header is ready. 0, or -1 with an exception.
+ */
+int tsp_rl_init(PyObject *module);
+int tsp_predictor_init(PyObject *module);
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors
+ */
+
+/*
+ * Raise the exception for status (a TS_E* code < 0) with ts_last_error() as its message, or
+ * ts_strerror(status) when that is empty. Call it right after the failing ts_ call, on the same
+ * thread (the message is thread-local; releasing and retaking the GIL around the call is fine).
+ * Returns NULL, for `return tsp_raise(rc);`.
+ */
+PyObject *tsp_raise(int status);
+/* As tsp_raise, with the message given (NULL: ts_strerror(status)). */
+PyObject *tsp_raise_msg(int status, const char *message);
+/*
+ * The exception instance for status and message (not raised), for futures and callbacks; a new
+ * reference, or NULL with an exception set.
+ */
+PyObject *tsp_exception_new(int status, const char *message);
+/* The class for a status (borrowed; Error for codes without a class of their own). */
+PyObject *tsp_exception_class(int status);
+
+/* ---------------------------------------------------------------------------------------------
+ * Python -> record (sending)
+ *
+ * The record borrows the memory of the caller's tensors (no copy): tsp_send_t keeps the Python
+ * objects that own that memory alive in pins (a DLPack capsule for torch and __dlpack__
+ * objects, a memoryview for buffer-protocol objects such as numpy arrays, a contiguous copy of a
+ * non-contiguous input). Strings and byte strings are copied into the record (TS_COPY), so the
+ * record does not depend on objects another thread could replace in a dict meanwhile.
+ *
+ * Refused with RecordError (a ValueError): unsupported dtypes (uint16/32/64, float128, object,
+ * datetime, structured, big-endian), more than TS_MAX_NDIM dimensions, nesting deeper than
+ * TS_MAX_DEPTH (also catches self-referencing containers), non-str dict keys or keys with NUL,
+ * ints outside int64, None and any other type, CUDA (or other non-CPU) tensors: they are not
+ * copied to the host behind the caller's back; the message says to call .cpu() first.
+ * Non-contiguous tensors are made contiguous (one copy, pinned until the send is done).
+ */
+typedef struct tsp_send_s {
+    ts_value_t *value; /* the record; owned; NULL after tsp_send_clear */
+    PyObject *pins;    /* a list of the objects whose memory value borrows, or NULL */
+} tsp_send_t;
+
+/*
+ * Convert obj into s->value (s is overwritten). The record and its pins stay valid until
+ * tsp_send_clear. Keep s alive until the library no longer reads the memory: the return of a
+ * blocking call, or the callback of an asynchronous one (where the callback, on the I/O thread,
+ * takes the GIL and calls tsp_send_clear).
+ */
+int tsp_send_init(tsp_send_t *s, PyObject *obj);
+/*
+ * Free the record and release the pins. Idempotent. The GIL must be held (the pins are Python
+ * objects); the record itself may be freed by tsp_send_clear only.
+ */
+void tsp_send_clear(tsp_send_t *s);
+/*
+ * The recursive conversion behind tsp_send_init, for bindings that build a record of their own
+ * around a Python value: a new value (owned by the caller), whose borrowed memory's owners are
+ * appended to pins (a list). depth is the nesting level of obj (1 for a root).
+ */
+ts_value_t *tsp_value_from_py(PyObject *obj, PyObject *pins, int depth);
+
+/* ---------------------------------------------------------------------------------------------
+ * Record -> Python (receiving)
+ *
+ * Tensors become views of the memory they were received in, never copies: a torch tensor made
+ * with torch's from_dlpack over a DLManagedTensor, or a read-only numpy array over a View object
+ * (buffer protocol). Each tensor holds its own reference on the receive buffer (through
+ * ts_value_to_dlpack), so the buffer lives exactly as long as some view of it does: freeing the
+ * ts_items_t (or closing the client) right after the conversion is fine. Views release their
+ * reference from whatever thread drops them, without needing the GIL. bool tensors reach torch
+ * as uint8 and are reinterpreted (torch 1.13's DLPack import has no bool); bfloat16 reaches
+ * numpy as the structured dtype tensorshare.numpy_bfloat16 (numpy has no bfloat16), which a put
+ * accepts back as bfloat16. ints, floats, strings and byte strings are copied into Python
+ * objects (strings are decoded as UTF-8 with surrogateescape).
+ */
+
+/* Parse a tensor_type argument: None -> dflt, "torch", "numpy"; else ValueError. */
+int tsp_tensor_type_from_py(PyObject *obj, tsp_tensor_type_t dflt, tsp_tensor_type_t *out);
+/* The process-wide default ("torch" when torch can be imported, else "numpy"), decided once. */
+tsp_tensor_type_t tsp_tensor_type_default(void);
+
+/*
+ * Keeps memory that views point into alive, for values that do not hold a reference on a
+ * receive buffer themselves (values a binding built, such as a batcher's output, or values
+ * owned by another library object). Reference counted with atomics: any thread may drop a
+ * reference without the GIL, so release must not need the GIL either.
+ */
+typedef struct tsp_owner_s tsp_owner_t;
+
+/* An owner with one reference that calls release(arg) when the last one goes; NULL: no memory. */
+tsp_owner_t *tsp_owner_new(void (*release)(void *arg), void *arg);
+/* Drop a reference (NULL is a no-op). Any thread, with or without the GIL. */
+void tsp_owner_unref(tsp_owner_t *o);
+
+/*
+ * A received value (a record, or any value inside one) as a Python object: dict, list, int,
+ * float, str, bytes, or a tensor view. tt must not be TSP_TENSOR_DEFAULT.
+ */
+PyObject *tsp_value_to_py(const ts_value_t *v, tsp_tensor_type_t tt);
+/*
+ * As tsp_value_to_py, for any value: every tensor view takes a reference on owner (may be NULL
+ * for received values, which hold their receive buffer themselves). The caller keeps its own
+ * reference and drops it when it is done with v.
+ */
+PyObject *tsp_value_to_py_ex(const ts_value_t *v, tsp_tensor_type_t tt, tsp_owner_t *owner);
+/*
+ * Take a value the caller owns (built, or transferred by the library, such as a batcher output)
+ * and return it as Python objects; v is freed with ts_value_free once the last view of its
+ * memory is gone (at once when it has no tensors, and on failure).
+ */
+PyObject *tsp_value_to_py_owned(ts_value_t *v, tsp_tensor_type_t tt);
+/* The items of a get or peek as a list of records; items stays the caller's to free. */
+PyObject *tsp_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt);
+
+/* ---------------------------------------------------------------------------------------------
+ * The Client
+ */
+
+/*
+ * Enter a call on a tensorshare.Client: returns its ts_client_t, and counts the caller as a
+ * user of it until tsp_client_leave. While any user is counted, close() only marks the Client
+ * closed, and the last tsp_client_leave frees the ts_client_t; so the handle stays valid
+ * between enter and leave even if another thread closes the Client meanwhile (the blocking call
+ * then runs to its own end: bounded by the request timeout). Release the GIL around blocking ts_
+ * calls made in between (Py_BEGIN_ALLOW_THREADS). NULL with an exception: obj is not a Client
+ * (TypeError), the Client is closed (tensorshare.CancelledError) or was opened by the parent of
+ * a fork (tensorshare.ConnectionError).
+ *
+ * An object that uses the client for its whole life (an RL worker, a predictor) enters once
+ * when it is created and leaves when it is closed, keeping a reference to the Client object
+ * too; closing the Client then takes effect when the last such object is closed.
+ */
+ts_client_t *tsp_client_enter(PyObject *obj);
+/* Pair of tsp_client_enter (with the GIL held; may release it while freeing the client). */
+void tsp_client_leave(PyObject *obj);
+/* The tensor_type a Client hands received tensors in (TSP_TENSOR_TORCH or _NUMPY). */
+tsp_tensor_type_t tsp_client_tensor_type(PyObject *obj);
+
+/*
+ * Run Python code from a library callback on a thread the interpreter did not start (the
+ * client's I/O thread, a batcher or predictor thread): take the GIL, or return 0 without it
+ * when the interpreter is finalizing (the callback must then drop its work without touching
+ * Python objects: it leaks them rather than crash). Returns 1 with the GIL taken; pair with
+ * tsp_gil_release(state).
+ */
+int tsp_gil_acquire(PyGILState_STATE *state);
+void tsp_gil_release(PyGILState_STATE state);
+/*
+ * Report an exception raised by a user callback (the current exception) without losing it or
+ * letting it escape: sys.unraisablehook with a message naming what was called. Clears it.
+ */
+void tsp_report_callback_error(const char *what, PyObject *callable);
+
+/*
+ * Counts the fork() calls this process descends from (incremented in the child): an object that
+ * records it when it is created and finds another value later is being used in a child process,
+ * where the library threads it relies on do not exist (raise ConnectionError, never touch them).
+ */
+extern volatile unsigned long tsp_fork_generation;
+
+#endif /* TSP_H */
