@@ -153,12 +153,17 @@ PyObject *tsp_exception_class(int status)
 
 PyObject *tsp_exception_new(int status, const char *message)
 {
+    return tsp_exception_make(tsp_exception_class(status), status, message);
+}
+
+PyObject *tsp_exception_make(PyObject *cls, int status, const char *message)
+{
     if (message == NULL || message[0] == '\0')
         message = status != 0 ? ts_strerror(status) : "error";
     PyObject *msg = PyUnicode_DecodeUTF8(message, (Py_ssize_t)strlen(message), "replace");
     if (msg == NULL)
         return NULL;
-    PyObject *exc = PyObject_CallOneArg(tsp_exception_class(status), msg);
+    PyObject *exc = PyObject_CallOneArg(cls, msg);
     if (exc == NULL) {
         Py_DECREF(msg);
         return NULL;

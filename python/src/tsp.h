@@ -121,6 +121,8 @@ PyObject *tsp_raise_msg(int status, const char *message);
  * reference, or NULL with an exception set.
  */
 PyObject *tsp_exception_new(int status, const char *message);
+/* As tsp_exception_new, of class cls (one of tsp_state's; status 0: found locally). */
+PyObject *tsp_exception_make(PyObject *cls, int status, const char *message);
 /* The class for a status (borrowed; Error for codes without a class of their own). */
 PyObject *tsp_exception_class(int status);
 

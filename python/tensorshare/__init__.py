@@ -28,3 +28,23 @@ from ._tensorshare import (  # noqa: F401
     TimeoutError,
     __version__,
 )
+
+__all__ = [
+    "Client", "BinInfo", "Notification", "Error", "TimeoutError", "ConnectionError",
+    "ConnectionResetError", "ConnectionRefusedError", "BinNotFoundError", "RecordError",
+    "InvalidArgumentError", "AuthenticationError", "CancelledError", "DeadlockError",
+    "ServerError", "numpy_bfloat16", "MAX_NDIM", "MAX_DEPTH", "MAX_NAME_LEN", "__version__",
+]
+
+
+def __getattr__(name):
+    # numpy has no bfloat16: received bfloat16 tensors become arrays of this structured dtype
+    # (the raw 16 bits in a field named "bfloat16"), which put() sends back as bfloat16. Made on
+    # first use so that importing tensorshare does not import numpy.
+    if name == "numpy_bfloat16":
+        import numpy
+
+        dt = numpy.dtype([("bfloat16", "<u2")])
+        globals()["numpy_bfloat16"] = dt
+        return dt
+    raise AttributeError("module 'tensorshare' has no attribute %r" % name)
