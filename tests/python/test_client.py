@@ -1,0 +1,409 @@
+"""tensorshare.Client against a real tensord: operations, errors, threads, futures, listen,
+reconnect, fork and interpreter shutdown."""
+import builtins
+import os
+import queue
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+import tensorshare
+
+# seconds; the most any single wait in these tests may take before the test fails
+PATIENCE_S = 10.0
+
+
+def test_operations(client):
+    v1 = client.put("a", torch.ones(2))
+    v2 = client.append("a", {"x": 1})
+    assert v2 > v1 > 0
+    assert [type(x) for x in client.peek("a")] == [torch.Tensor, dict]
+    info = client.list()["a"]
+    assert isinstance(info, tensorshare.BinInfo)
+    assert info.n_items == 2 and info.version == v2 and info.bytes > 0
+    assert client.get("a", 1)[0].tolist() == [1.0, 1.0]
+    assert client.get("a", max_items=5) == [{"x": 1}]
+    assert "a" not in client.list()
+    assert client.delete("missing") == 0
+    client.append("b", 1)
+    client.append("b", 2)
+    assert client.delete("b") == 2
+    assert client.ping() is None
+    assert client.stats()["connections"] >= 1
+    assert client.connected and not client.closed
+    v = client.put("c", 1)
+    assert client.wait("c", 0, timeout=0) == (v, 1)
+
+
+def test_missing_bin_is_key_error(client):
+    with pytest.raises(KeyError) as info:
+        client.get("nothing")
+    e = info.value
+    assert isinstance(e, tensorshare.BinNotFoundError) and isinstance(e, tensorshare.Error)
+    assert e.code == -2 and e.name == "ENOENT" and "nothing" in e.message
+    with pytest.raises(tensorshare.BinNotFoundError):
+        client.peek("nothing")
+
+
+def test_wait_times_out_with_timeout_error(client):
+    t0 = time.monotonic()
+    with pytest.raises(builtins.TimeoutError) as info:
+        client.wait("quiet", 0, timeout=0.2)
+    assert isinstance(info.value, tensorshare.TimeoutError)
+    assert info.value.code == -110
+    assert 0.15 < time.monotonic() - t0 < PATIENCE_S
+
+
+def test_wait_returns_on_change(client, tensord):
+    v = client.put("w", 1)
+    box = []
+    th = threading.Thread(target=lambda: box.append(client.wait("w", v, timeout=PATIENCE_S)))
+    th.start()
+    time.sleep(0.05)
+    with tensorshare.Client(tensord.address) as other:
+        v2 = other.append("w", 2)
+    th.join(PATIENCE_S)
+    assert box == [(v2, 2)]
+
+
+def test_connection_refused():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    with pytest.raises(builtins.ConnectionRefusedError) as info:
+        tensorshare.Client("127.0.0.1:%d" % port, connect_timeout=2)
+    assert isinstance(info.value, tensorshare.ConnectionError)
+
+
+def test_bad_arguments(client):
+    with pytest.raises(TypeError):
+        client.put(1, 2)
+    with pytest.raises(TypeError):
+        client.put("a")
+    with pytest.raises(TypeError):
+        client.get("a", nonsense=1)
+    with pytest.raises(ValueError):
+        client.get("a", -1)
+    with pytest.raises(tensorshare.InvalidArgumentError) as info:
+        client.put("x" * 300, 1)
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(ValueError):
+        client.wait("a", 0, timeout=-1)
+    assert client.put(bin="kw", value=3) > 0
+    assert client.get(bin="kw", max_items=1, tensor_type="numpy") == [3]
+
+
+def test_unix_socket_address(tensord):
+    for address in (tensord.unix_path, tensord.unix_address):
+        with tensorshare.Client(address) as c:
+            c.put("u", 1)
+            assert c.get("u") == [1]
+
+
+def test_token(start_tensord, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    d = start_tensord("--auth-token-file", str(token_file))
+    with tensorshare.Client(d.address, token="s3cret") as c:
+        c.ping()
+    with tensorshare.Client(d.address, token_file=str(token_file)) as c:
+        c.ping()
+    with pytest.raises(PermissionError) as info:
+        tensorshare.Client(d.address, token="wrong")
+    assert isinstance(info.value, tensorshare.AuthenticationError)
+
+
+def test_close_and_context_manager(tensord):
+    with tensorshare.Client(tensord.address) as c:
+        c.ping()
+    assert c.closed and not c.connected
+    with pytest.raises(tensorshare.CancelledError):
+        c.ping()
+    with pytest.raises(tensorshare.CancelledError):
+        c.put_async("a", 1)
+    c.close()  # idempotent
+    assert "closed" in repr(c)
+
+
+def test_other_threads_run_while_one_waits(client, tensord):
+    """wait() releases the GIL: a pure-Python loop in another thread keeps counting."""
+    done = threading.Event()
+    result = []
+
+    def waiter():
+        try:
+            result.append(client.wait("idle", 0, timeout=1.0))
+        except tensorshare.TimeoutError:
+            result.append("timeout")
+        done.set()
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    count = 0
+    t0 = time.monotonic()
+    while not done.is_set() and time.monotonic() - t0 < PATIENCE_S:
+        count += 1
+    th.join(PATIENCE_S)
+    assert result == ["timeout"]
+    assert count > 10000  # the loop ran during the wait, not only before or after it
+
+
+def test_blocking_calls_from_many_threads(client):
+    errors = []
+
+    def worker(i):
+        try:
+            for j in range(50):
+                client.append("mt", {"i": i, "j": j, "t": torch.full((16,), i)})
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(PATIENCE_S)
+    assert not errors
+    items = client.get("mt")
+    assert len(items) == 200
+    for i in range(4):
+        assert [x["j"] for x in items if x["i"] == i] == list(range(50))
+
+
+def test_close_interrupts_a_waiting_thread(tensord):
+    c = tensorshare.Client(tensord.address)
+    box = []
+
+    def waiter():
+        try:
+            c.wait("never", 0)  # no timeout: as long as the server allows
+        except Exception as e:
+            box.append(e)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    c.close()
+    th.join(PATIENCE_S)
+    assert not th.is_alive()
+    assert len(box) == 1 and isinstance(box[0], tensorshare.CancelledError)
+    assert time.monotonic() - t0 < 5
+
+
+def test_futures(client):
+    import concurrent.futures as cf
+
+    f = client.put_async("f", torch.arange(5))
+    assert isinstance(f, cf.Future)
+    v = f.result(PATIENCE_S)
+    assert isinstance(v, int) and v > 0
+    futs = [client.append_async("f", i) for i in range(20)]
+    assert [x.result(PATIENCE_S) for x in futs] == sorted(x.result() for x in futs)
+    assert len(client.peek_async("f").result(PATIENCE_S)) == 21
+    assert "f" in client.list_async().result(PATIENCE_S)
+    assert client.stats_async().result(PATIENCE_S)["bins"] >= 1
+    assert client.ping_async().result(PATIENCE_S) is None
+    w = client.wait_async("f", 0, timeout=1).result(PATIENCE_S)
+    assert w[1] == 21
+    items = client.get_async("f", 1, tensor_type="numpy").result(PATIENCE_S)
+    assert items[0].tolist() == [0, 1, 2, 3, 4]
+    assert client.delete_async("f").result(PATIENCE_S) == 20
+    bad = client.get_async("f")
+    with pytest.raises(tensorshare.BinNotFoundError):
+        bad.result(PATIENCE_S)
+    with pytest.raises(tensorshare.RecordError):
+        client.put_async("f", {"x": None})  # refused at once, nothing queued
+    done = threading.Event()
+    client.ping_async().add_done_callback(lambda _f: done.set())
+    assert done.wait(PATIENCE_S)
+
+
+def test_async_put_keeps_its_tensor(client):
+    """The tensor's memory is read by the I/O thread: the put must hold it even if the caller
+    drops every reference at once."""
+    futs = [client.append_async("keep", torch.full((1 << 16,), i, dtype=torch.int32))
+            for i in range(8)]
+    for f in futs:
+        f.result(PATIENCE_S)
+    items = client.get("keep")
+    assert [int(t[0]) for t in items] == list(range(8))
+    assert all(bool((t == i).all()) for i, t in enumerate(items))
+
+
+def collect(q, n, timeout=PATIENCE_S):
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        try:
+            out.append(q.get(timeout=0.05))
+        except queue.Empty:
+            pass
+    return out
+
+
+def test_listen_callbacks_in_order(client, tensord):
+    q = queue.Queue()
+    client.listen("l", q.put)
+    with tensorshare.Client(tensord.address) as other:
+        for i in range(20):
+            other.append("l", i)
+        other.get("l", 5)
+        other.delete("l")
+    notes = collect(q, 22)
+    assert [n.event for n in notes] == ["append"] * 20 + ["get", "delete"]
+    assert [n.n_items for n in notes] == list(range(1, 21)) + [15, 0]
+    versions = [n.version for n in notes]
+    assert versions == sorted(versions)
+    assert all(isinstance(n, tensorshare.Notification) and n.bin == "l" for n in notes)
+    client.unlisten("l")
+    with pytest.raises(tensorshare.BinNotFoundError):
+        client.unlisten("l")
+
+
+def test_callback_exception_is_reported_and_later_callbacks_run(client, monkeypatch):
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    q = queue.Queue()
+
+    def cb(n):
+        q.put(n.n_items)
+        if n.n_items == 1:
+            raise RuntimeError("boom in callback")
+
+    client.listen("e", cb)
+    for i in range(3):
+        client.append("e", i)
+    assert collect(q, 3) == [1, 2, 3]
+    deadline = time.monotonic() + PATIENCE_S
+    while not reported and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(reported) == 1
+    assert isinstance(reported[0].exc_value, RuntimeError)
+    assert "boom" in str(reported[0].exc_value)
+
+
+def test_blocking_call_in_callback_is_deadlock_error(client):
+    q = queue.Queue()
+
+    def cb(n):
+        try:
+            client.ping()
+            q.put("no error")
+        except tensorshare.DeadlockError as e:
+            q.put(e)
+        client.ping_async()  # the asynchronous forms are fine there
+
+    client.listen("d", cb)
+    client.put("d", 1)
+    [e] = collect(q, 1)
+    assert isinstance(e, tensorshare.DeadlockError) and isinstance(e, RuntimeError)
+
+
+def test_reconnect_after_restart(tensord):
+    c = tensorshare.Client(tensord.address, timeout=5)
+    q = queue.Queue()
+    c.listen("r", q.put)
+    c.put("r", 1)
+    assert collect(q, 1)[0].event == "put"
+    tensord.restart()
+    deadline = time.monotonic() + PATIENCE_S
+    while True:
+        try:
+            c.put("r", 2)
+            break
+        except tensorshare.ConnectionError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    events = [n.event for n in collect(q, 3)]
+    assert events[:2] == ["disconnected", "resubscribed"]
+    assert c.get("r") == [2]
+    c.close()
+
+
+def test_fork_child_gets_a_clear_error(client, tensord):
+    client.put("fk", 1)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        code = 1
+        try:
+            os.close(r)
+            try:
+                client.ping()
+                msg = b"no error"
+            except tensorshare.ConnectionError as e:
+                msg = b"ok " + str(e).encode()
+            with tensorshare.Client(tensord.address) as own:
+                own.append("fk", 2)
+            os.write(w, msg)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    deadline = time.monotonic() + PATIENCE_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the child hung")
+        time.sleep(0.01)
+    msg = os.read(r, 4096)
+    os.close(r)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert msg.startswith(b"ok ") and b"fork" in msg
+    assert client.get("fk") == [1, 2]  # the parent's connection is intact
+
+
+SHUTDOWN_SCRIPT = textwrap.dedent("""
+    import sys, threading, time
+    sys.path.insert(0, sys.argv[2]) if sys.argv[2] else None
+    import tensorshare, torch
+    addr = sys.argv[1]
+    c = tensorshare.Client(addr)
+    seen = []
+    c.listen("s", lambda n: seen.append(n))
+    w = tensorshare.Client(addr)
+    def writer():
+        while True:  # keeps notifications coming while the interpreter exits
+            try:
+                w.append("s", torch.ones(4))
+            except tensorshare.Error:
+                return
+    threading.Thread(target=writer, daemon=True).start()
+    waiter = tensorshare.Client(addr)
+    def wait_forever():
+        try:
+            waiter.wait("never", 0)
+        except tensorshare.CancelledError:
+            pass  # atexit closed the client
+    threading.Thread(target=wait_forever, daemon=True).start()
+    fut = c.wait_async("never2", 0)
+    deadline = time.monotonic() + 10
+    while len(seen) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("seen", len(seen), flush=True)
+""")
+
+
+def test_shutdown_with_live_listener_exits_promptly(tensord):
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", SHUTDOWN_SCRIPT, tensord.address,
+                        os.environ.get("TS_PYTHONPATH", "")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("seen ")
+    assert int(p.stdout.split()[1]) >= 5
+    assert "Traceback" not in p.stderr
+    assert time.monotonic() - t0 < 30
