@@ -1,17 +1,440 @@
-/* tensorshare Python module: remote predictions through tensord (Predictor)
- * over batcher.h's predictor API.
+/*
+ * predictor.c: remote predictions through tensord for Python (batcher.h's predictor API):
+ * tensorshare._tensorshare._Predictor, which python/tensorshare/predictor.py subclasses into
+ * tensorshare.Predictor.
  *
- * This file registers the predictor type on the module. The first version
- * registers nothing yet, so that the module links while the bindings are
- * written; the declaration below matches the one in tsp.h. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+ * A predictor enters its tensorshare.Client for its whole life (tsp_client_enter), owns a reply
+ * bin on tensord and one receiver thread (the library's). predict() blocks with the GIL
+ * released; predict_async() returns a concurrent.futures.Future completed on the receiver
+ * thread (or the client's I/O thread when sending failed, or in close() with CancelledError).
+ * Outputs are handed out as views of the answer's memory (no copy), which lives until the last
+ * view of it goes.
+ */
+#include "tsp.h"
 
-int tsp_predictor_init(PyObject *module);
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+
+#include <tensorshare/batcher.h>
+
+/* The concurrent.futures.Future class, imported once at init (a new reference kept forever). */
+static PyObject *future_class;
+
+/*
+ * A timeout argument in seconds: None gives TS_TIMEOUT_DEFAULT (TS_PREDICTOR_DEFAULT_TIMEOUT_MS),
+ * inf TS_TIMEOUT_INFINITE, a positive number its milliseconds rounded up. 0 or negative is a
+ * ValueError: a prediction cannot be answered without waiting. 0 or -1.
+ */
+static int predict_timeout(PyObject *obj, int *out)
+{
+    if (obj == NULL || obj == Py_None) {
+        *out = TS_TIMEOUT_DEFAULT;
+        return 0;
+    }
+    double s = PyFloat_AsDouble(obj);
+    if (s == -1.0 && PyErr_Occurred())
+        return -1;
+    if (isnan(s) || s <= 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "timeout must be None (the default, 30 s), inf or a number of seconds > 0");
+        return -1;
+    }
+    double ms = ceil(s * 1000.0);
+    *out = isinf(s) || ms >= (double)INT_MAX ? TS_TIMEOUT_INFINITE : (int)ms;
+    return 0;
+}
+
+typedef struct predictor_object {
+    PyObject_HEAD PyObject *client; /* the tensorshare.Client, entered while open */
+    ts_predictor_t *p;              /* NULL once freed */
+    PyObject *name;                 /* the served model's name (str) */
+    int users;                      /* calls running on p (counted with the GIL held) */
+    int closing;                    /* close() was called; the last user frees p */
+    unsigned long fork_generation;  /* tsp_fork_generation when opened */
+    tsp_tensor_type_t tensor_type;  /* how output tensors are handed out */
+} predictor_object;
+
+/* Free the predictor (GIL released: outstanding futures complete with CancelledError). */
+static void predictor_free(predictor_object *self)
+{
+    ts_predictor_t *p = self->p;
+    self->p = NULL;
+    if (p != NULL && self->fork_generation == tsp_fork_generation) {
+        PyThreadState *nogil = PyEval_SaveThread();
+        ts_predictor_free(p);
+        PyEval_RestoreThread(nogil);
+    }
+    if (self->client != NULL) {
+        if (p != NULL)
+            tsp_client_leave(self->client);
+        Py_CLEAR(self->client);
+    }
+}
+
+static ts_predictor_t *predictor_enter(predictor_object *self)
+{
+    if (self->p == NULL || self->closing) {
+        tsp_raise_msg(TS_ECANCELED, self->closing ? "the Predictor is closed"
+                                                  : "the Predictor is not initialised");
+        return NULL;
+    }
+    if (self->fork_generation != tsp_fork_generation) {
+        PyErr_SetString(tsp_state.ConnectionError,
+                        "this Predictor was opened before os.fork(): open a new one in the child");
+        return NULL;
+    }
+    self->users++;
+    return self->p;
+}
+
+static void predictor_leave(predictor_object *self)
+{
+    if (--self->users == 0 && self->closing)
+        predictor_free(self);
+}
+
+static int predictor_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
+{
+    predictor_object *self = (predictor_object *)self_obj;
+    static char *kwlist[] = {"client", "name", "tensor_type", NULL};
+    PyObject *client, *name, *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OU|$O", kwlist, &client, &name, &tt_obj))
+        return -1;
+    if (self->p != NULL || self->closing) {
+        PyErr_SetString(PyExc_RuntimeError, "Predictor.__init__ called twice");
+        return -1;
+    }
+    const char *cname = PyUnicode_AsUTF8(name);
+    if (cname == NULL)
+        return -1;
+    ts_client_t *c = tsp_client_enter(client);
+    if (c == NULL)
+        return -1;
+    tsp_tensor_type_t tt;
+    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0) {
+        tsp_client_leave(client);
+        return -1;
+    }
+    ts_predictor_t *p = NULL;
+    PyThreadState *nogil = PyEval_SaveThread();
+    int rc = ts_predictor_open(&p, c, cname);
+    PyEval_RestoreThread(nogil);
+    if (rc != 0) {
+        tsp_raise(rc);
+        tsp_client_leave(client);
+        return -1;
+    }
+    Py_INCREF(client);
+    Py_INCREF(name);
+    self->client = client;
+    self->name = name;
+    self->p = p;
+    self->fork_generation = tsp_fork_generation;
+    self->tensor_type = tt;
+    return 0;
+}
+
+/* The answer as Python: output, or (output, version) when asked for; takes output over. */
+static PyObject *answer_to_py(ts_value_t *output, int64_t version, tsp_tensor_type_t tt,
+                              int with_version)
+{
+    PyObject *out = tsp_value_to_py_owned(output, tt);
+    if (out == NULL || !with_version)
+        return out;
+    PyObject *res = Py_BuildValue("(OL)", out, (long long)version);
+    Py_DECREF(out);
+    return res;
+}
+
+static PyObject *predictor_predict(PyObject *self_obj, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"input", "timeout", "return_version", NULL};
+    PyObject *input, *timeout_obj = Py_None;
+    int with_version = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O$p", kwlist, &input, &timeout_obj,
+                                     &with_version))
+        return NULL;
+    int timeout_ms;
+    if (predict_timeout(timeout_obj, &timeout_ms) < 0)
+        return NULL;
+    predictor_object *self = (predictor_object *)self_obj;
+    ts_predictor_t *p = predictor_enter(self);
+    if (p == NULL)
+        return NULL;
+    tsp_send_t s;
+    if (tsp_send_init(&s, input) < 0) {
+        predictor_leave(self);
+        return NULL;
+    }
+    ts_value_t *output = NULL;
+    int64_t version = -1;
+    PyThreadState *nogil = PyEval_SaveThread();
+    int rc = ts_predictor_predict(p, s.value, timeout_ms, &output, &version);
+    PyEval_RestoreThread(nogil);
+    PyObject *res =
+        rc == 0 ? answer_to_py(output, version, self->tensor_type, with_version) : tsp_raise(rc);
+    tsp_send_clear(&s);
+    predictor_leave(self);
+    return res;
+}
+
+/* One outstanding asynchronous prediction. */
+typedef struct predict_req {
+    PyObject *future; /* owned */
+    tsp_tensor_type_t tensor_type;
+    int with_version;
+} predict_req;
+
+/* Complete fut with a result (steals res) or, when res is NULL, with the current exception. */
+static void future_complete(PyObject *fut, PyObject *res)
+{
+    PyObject *r;
+    if (res != NULL) {
+        r = PyObject_CallMethod(fut, "set_result", "O", res);
+        Py_DECREF(res);
+    } else {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (value == NULL) {
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            return;
+        }
+        if (tb != NULL)
+            PyException_SetTraceback(value, tb);
+        r = PyObject_CallMethod(fut, "set_exception", "O", value);
+        Py_XDECREF(type);
+        Py_DECREF(value);
+        Py_XDECREF(tb);
+    }
+    /* set_result runs the future's done-callbacks: their errors are reported there. */
+    if (r == NULL)
+        tsp_report_callback_error("Predictor future", fut);
+    Py_XDECREF(r);
+}
+
+/* ts_predictor_cb: on the receiver thread, the client's I/O thread, or in ts_predictor_free. */
+static void on_prediction(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
+                          void *arg)
+{
+    (void)p;
+    predict_req *req = arg;
+    char msg[TS_MAX_ERROR_LEN + 1];
+    snprintf(msg, sizeof(msg), "%s", status != 0 ? ts_last_error() : "");
+    PyGILState_STATE g;
+    if (!tsp_gil_acquire(&g)) {
+        /* The interpreter is finalizing: drop the answer, leak the Python objects. */
+        ts_value_free(output);
+        return;
+    }
+    if (status == 0) {
+        PyObject *res = answer_to_py(output, version, req->tensor_type, req->with_version);
+        future_complete(req->future, res);
+    } else {
+        ts_value_free(output);
+        PyObject *exc = tsp_exception_new(status, msg[0] ? msg : NULL);
+        if (exc != NULL) {
+            PyObject *r = PyObject_CallMethod(req->future, "set_exception", "O", exc);
+            if (r == NULL)
+                tsp_report_callback_error("Predictor future", req->future);
+            Py_XDECREF(r);
+            Py_DECREF(exc);
+        } else {
+            future_complete(req->future, NULL);
+        }
+    }
+    Py_DECREF(req->future);
+    PyMem_Free(req);
+    tsp_gil_release(g);
+}
+
+static PyObject *predictor_predict_async(PyObject *self_obj, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"input", "timeout", "return_version", NULL};
+    PyObject *input, *timeout_obj = Py_None;
+    int with_version = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O$p", kwlist, &input, &timeout_obj,
+                                     &with_version))
+        return NULL;
+    int timeout_ms;
+    if (predict_timeout(timeout_obj, &timeout_ms) < 0)
+        return NULL;
+    predictor_object *self = (predictor_object *)self_obj;
+    ts_predictor_t *p = predictor_enter(self);
+    if (p == NULL)
+        return NULL;
+    PyObject *fut = NULL;
+    predict_req *req = NULL;
+    tsp_send_t s;
+    if (tsp_send_init(&s, input) < 0)
+        goto fail;
+    fut = PyObject_CallNoArgs(future_class);
+    if (fut == NULL)
+        goto fail_send;
+    /* Running from the start: a request on its way cannot be withdrawn. */
+    PyObject *r = PyObject_CallMethod(fut, "set_running_or_notify_cancel", NULL);
+    if (r == NULL)
+        goto fail_send;
+    Py_DECREF(r);
+    req = PyMem_Malloc(sizeof(*req));
+    if (req == NULL) {
+        PyErr_NoMemory();
+        goto fail_send;
+    }
+    Py_INCREF(fut);
+    req->future = fut;
+    req->tensor_type = self->tensor_type;
+    req->with_version = with_version;
+    /* The input is encoded and sent before this returns: its memory is not needed after it. */
+    PyThreadState *nogil = PyEval_SaveThread();
+    int rc = ts_predictor_predict_async(p, s.value, timeout_ms, on_prediction, req);
+    PyEval_RestoreThread(nogil);
+    tsp_send_clear(&s);
+    if (rc != 0) {
+        /* The callback is never called when the call fails. */
+        Py_DECREF(req->future);
+        PyMem_Free(req);
+        tsp_raise(rc);
+        Py_DECREF(fut);
+        predictor_leave(self);
+        return NULL;
+    }
+    predictor_leave(self);
+    return fut;
+
+fail_send:
+    tsp_send_clear(&s);
+fail:
+    Py_XDECREF(fut);
+    predictor_leave(self);
+    return NULL;
+}
+
+static PyObject *predictor_close(PyObject *self_obj, PyObject *unused)
+{
+    (void)unused;
+    predictor_object *self = (predictor_object *)self_obj;
+    if (!self->closing) {
+        self->closing = 1;
+        if (self->users == 0)
+            predictor_free(self);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *predictor_enter_method(PyObject *self_obj, PyObject *unused)
+{
+    (void)unused;
+    predictor_object *self = (predictor_object *)self_obj;
+    if (self->p == NULL || self->closing)
+        return tsp_raise_msg(TS_ECANCELED, "the Predictor is closed");
+    Py_INCREF(self_obj);
+    return self_obj;
+}
+
+static PyObject *predictor_exit_method(PyObject *self_obj, PyObject *args)
+{
+    (void)args;
+    PyObject *r = predictor_close(self_obj, NULL);
+    Py_XDECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *predictor_get_name(PyObject *self_obj, void *closure)
+{
+    (void)closure;
+    predictor_object *self = (predictor_object *)self_obj;
+    if (self->name == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(self->name);
+    return self->name;
+}
+
+static PyObject *predictor_get_closed(PyObject *self_obj, void *closure)
+{
+    (void)closure;
+    predictor_object *self = (predictor_object *)self_obj;
+    return PyBool_FromLong(self->p == NULL || self->closing);
+}
+
+static PyObject *predictor_get_client(PyObject *self_obj, void *closure)
+{
+    (void)closure;
+    predictor_object *self = (predictor_object *)self_obj;
+    if (self->client == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(self->client);
+    return self->client;
+}
+
+static void predictor_dealloc(PyObject *self_obj)
+{
+    predictor_object *self = (predictor_object *)self_obj;
+    PyObject_GC_UnTrack(self_obj);
+    self->closing = 1;
+    predictor_free(self);
+    Py_CLEAR(self->name);
+    Py_TYPE(self_obj)->tp_free(self_obj);
+}
+
+static int predictor_traverse(PyObject *self_obj, visitproc visit, void *arg)
+{
+    Py_VISIT(((predictor_object *)self_obj)->client);
+    return 0;
+}
+
+static PyMethodDef predictor_methods[] = {
+    {"predict", (PyCFunction)(void (*)(void))predictor_predict, METH_VARARGS | METH_KEYWORDS,
+     "predict(input, timeout=None, *, return_version=False)\n\nSend input (a record matching the "
+     "served model's input schema) and wait for the answer: the output record, or (output, "
+     "version) with return_version. timeout in seconds (None: 30 s; inf: no limit)."},
+    {"predict_async", (PyCFunction)(void (*)(void))predictor_predict_async,
+     METH_VARARGS | METH_KEYWORDS,
+     "predict_async(input, timeout=None, *, return_version=False) -> concurrent.futures.Future\n\n"
+     "As predict, without waiting: the Future completes on the predictor's receiver thread."},
+    {"close", predictor_close, METH_NOARGS,
+     "close(): outstanding predictions fail with CancelledError; the reply bin is deleted"},
+    {"__enter__", predictor_enter_method, METH_NOARGS, NULL},
+    {"__exit__", predictor_exit_method, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef predictor_getset[] = {
+    {"name", predictor_get_name, NULL, "the served model's name", NULL},
+    {"closed", predictor_get_closed, NULL, "True after close()", NULL},
+    {"client", predictor_get_client, NULL, "the tensorshare.Client (None after close)", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject predictor_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tensorshare._tensorshare._Predictor",
+    .tp_basicsize = sizeof(predictor_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A remote predictor of batcher.h (see tensorshare.Predictor).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = predictor_init,
+    .tp_dealloc = predictor_dealloc,
+    .tp_traverse = predictor_traverse,
+    .tp_methods = predictor_methods,
+    .tp_getset = predictor_getset,
+};
 
 int tsp_predictor_init(PyObject *module)
 {
-    /* Nothing is registered yet: the predictor type comes with the bindings. */
-    (void)module;
-    return 0;
+    PyObject *futures = PyImport_ImportModule("concurrent.futures");
+    if (futures == NULL)
+        return -1;
+    future_class = PyObject_GetAttrString(futures, "Future");
+    Py_DECREF(futures);
+    if (future_class == NULL)
+        return -1;
+    if (PyType_Ready(&predictor_type) < 0)
+        return -1;
+    Py_INCREF(&predictor_type);
+    if (PyModule_AddObject(module, "_Predictor", (PyObject *)&predictor_type) < 0) {
+        Py_DECREF(&predictor_type);
+        return -1;
+    }
+    return PyModule_AddIntConstant(module, "PREDICTOR_DEFAULT_TIMEOUT_MS",
+                                   TS_PREDICTOR_DEFAULT_TIMEOUT_MS);
 }

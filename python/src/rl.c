@@ -1,16 +1,919 @@
-/* tensorshare Python module: the RL helpers (RLTrainer, RLWorker) over rl.h.
+/*
+ * rl.c: the RL helpers of rl.h for Python: tensorshare._tensorshare._RLTrainer and _RLWorker,
+ * which python/tensorshare/rl.py subclasses into tensorshare.RLTrainer and RLWorker (adding the
+ * Batch and Params named tuples). Both sit on a tensorshare.Client, entered for their whole
+ * life (tsp_client_enter), so closing the Client takes effect once they are closed.
  *
- * This file registers the RL types on the module. The first version registers
- * nothing yet, so that the module links while the bindings are written; the
- * declaration below matches the one in tsp.h. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+ * Threads: every blocking call releases the GIL. A long or unlimited wait (collect, await) is
+ * cut into slices of TSP_RL_SLICE_MS so that Ctrl-C (a signal handled between two slices) can
+ * interrupt it. Several Python threads may share one trainer or worker: calls count themselves
+ * as users, and close() frees the C object only when the last user has left, so a close from
+ * another thread never frees it under a running call.
+ *
+ * The worker's on_event callback runs on the client's I/O thread (or in the constructor's
+ * thread) with the GIL taken, while rl.c's worker may hold its lock: calling the worker's own
+ * methods from it would deadlock, so they raise DeadlockError there.
+ */
+#include "tsp.h"
 
-int tsp_rl_init(PyObject *module);
+#include <limits.h>
+#include <math.h>
+#include <time.h>
+
+#include <tensorshare/rl.h>
+
+/* ms; the longest piece of a wait before signals are checked (Ctrl-C stays responsive). */
+#define TSP_RL_SLICE_MS 250
+
+/* ---------------------------------------------------------------------------------------------
+ * Shared helpers
+ */
+
+/*
+ * A timeout argument in seconds: None gives none_ms, a number >= 0 its milliseconds (rounded
+ * up, so a positive timeout never becomes "do not wait"), inf TS_TIMEOUT_INFINITE. 0 or -1.
+ */
+static int timeout_from_py(PyObject *obj, int none_ms, int *out)
+{
+    if (obj == NULL || obj == Py_None) {
+        *out = none_ms;
+        return 0;
+    }
+    double s = PyFloat_AsDouble(obj);
+    if (s == -1.0 && PyErr_Occurred())
+        return -1;
+    if (isnan(s) || s < 0) {
+        PyErr_SetString(PyExc_ValueError, "timeout must be None or a number of seconds >= 0");
+        return -1;
+    }
+    double ms = ceil(s * 1000.0);
+    *out = isinf(s) || ms >= (double)INT_MAX ? TS_TIMEOUT_INFINITE : (int)ms;
+    return 0;
+}
+
+/* Monotonic milliseconds. */
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A string option: None leaves *out NULL, a str gives its UTF-8 (valid while obj lives). */
+static int opt_str(PyObject *obj, const char *what, const char **out)
+{
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    if (!PyUnicode_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a str or None", what);
+        return -1;
+    }
+    *out = PyUnicode_AsUTF8(obj);
+    return *out == NULL ? -1 : 0;
+}
+
+/* The options shared by the trainer and the worker, from keyword arguments. */
+typedef struct rl_kw {
+    PyObject *prefix, *params_bin, *data_bin, *timeout;
+} rl_kw;
+
+static int fill_options(ts_rl_options_t *o, const rl_kw *kw)
+{
+    ts_rl_options_init(o);
+    if (opt_str(kw->prefix, "prefix", &o->prefix) < 0 ||
+        opt_str(kw->params_bin, "params_bin", &o->params_bin) < 0 ||
+        opt_str(kw->data_bin, "data_bin", &o->data_bin) < 0)
+        return -1;
+    if (o->params_bin == NULL)
+        o->params_bin = "parameters";
+    if (o->data_bin == NULL)
+        o->data_bin = "data";
+    int ms;
+    if (timeout_from_py(kw->timeout, 30000, &ms) < 0)
+        return -1;
+    if (ms == 0) {
+        PyErr_SetString(PyExc_ValueError, "timeout must be positive (or None or inf)");
+        return -1;
+    }
+    o->timeout_ms = ms;
+    return 0;
+}
+
+/* What the trainer and the worker have in common: the Client and the call accounting. */
+typedef struct rl_base {
+    PyObject_HEAD PyObject *client; /* the tensorshare.Client, entered while open */
+    void *handle;                   /* ts_rl_trainer_t or ts_rl_worker_t; NULL once freed */
+    int users;                      /* calls running on handle (counted with the GIL held) */
+    int closing;                    /* close() was called; the last user frees handle */
+    unsigned long fork_generation;  /* tsp_fork_generation when created */
+    tsp_tensor_type_t tensor_type;  /* how received tensors are handed out */
+    void (*free_handle)(void *h);   /* ts_rl_trainer_free or ts_rl_worker_free */
+    const char *what;               /* "RLTrainer" or "RLWorker", for messages */
+} rl_base;
+
+/* Free the C object (GIL released: a worker waits for its adds and runs event callbacks). */
+static void base_free(rl_base *b)
+{
+    void *h = b->handle;
+    b->handle = NULL;
+    if (h != NULL && b->fork_generation == tsp_fork_generation) {
+        PyThreadState *nogil = PyEval_SaveThread();
+        b->free_handle(h);
+        PyEval_RestoreThread(nogil);
+    }
+    /* In a child after fork the library's threads are gone: the object is left as it is. */
+    if (b->client != NULL) {
+        if (h != NULL)
+            tsp_client_leave(b->client);
+        Py_CLEAR(b->client);
+    }
+}
+
+/* Start a call: the handle, or NULL with an exception (closed, or used after fork). */
+static void *base_enter(rl_base *b)
+{
+    if (b->handle == NULL || b->closing) {
+        tsp_raise_msg(TS_ECANCELED, b->closing ? "closed" : "not initialised");
+        return NULL;
+    }
+    if (b->fork_generation != tsp_fork_generation) {
+        PyErr_Format(tsp_state.ConnectionError,
+                     "this %s was created before os.fork(): create a new one in the child",
+                     b->what);
+        return NULL;
+    }
+    b->users++;
+    return b->handle;
+}
+
+static void base_leave(rl_base *b)
+{
+    if (--b->users == 0 && b->closing)
+        base_free(b);
+}
+
+static void base_close(rl_base *b)
+{
+    if (b->closing)
+        return;
+    b->closing = 1;
+    if (b->users == 0)
+        base_free(b);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * RLTrainer
+ */
+
+typedef struct trainer_object {
+    rl_base base;
+} trainer_object;
+
+static void trainer_free_handle(void *h)
+{
+    ts_rl_trainer_free(h);
+}
+
+static int trainer_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
+{
+    trainer_object *self = (trainer_object *)self_obj;
+    static char *kwlist[] = {
+        "client",  "prefix",      "params_bin", "data_bin", "staleness_tolerance",
+        "timeout", "tensor_type", NULL};
+    PyObject *client;
+    rl_kw kw = {NULL, NULL, NULL, NULL};
+    int tolerance = 0;
+    PyObject *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOOiOO", kwlist, &client, &kw.prefix,
+                                     &kw.params_bin, &kw.data_bin, &tolerance, &kw.timeout,
+                                     &tt_obj))
+        return -1;
+    if (self->base.handle != NULL || self->base.closing) {
+        PyErr_SetString(PyExc_RuntimeError, "RLTrainer.__init__ called twice");
+        return -1;
+    }
+    ts_rl_options_t o;
+    if (fill_options(&o, &kw) < 0)
+        return -1;
+    if (tolerance < TS_RL_NO_FILTER) {
+        PyErr_SetString(PyExc_ValueError,
+                        "staleness_tolerance must be >= 0, or NO_FILTER (-1) to keep everything");
+        return -1;
+    }
+    o.staleness_tolerance = tolerance;
+    ts_client_t *c = tsp_client_enter(client);
+    if (c == NULL)
+        return -1;
+    tsp_tensor_type_t tt;
+    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0) {
+        tsp_client_leave(client);
+        return -1;
+    }
+    ts_rl_trainer_t *t = NULL;
+    int rc;
+    PyThreadState *nogil = PyEval_SaveThread();
+    rc = ts_rl_trainer_new(&t, c, &o);
+    PyEval_RestoreThread(nogil);
+    if (rc != 0) {
+        tsp_raise(rc);
+        tsp_client_leave(client);
+        return -1;
+    }
+    Py_INCREF(client);
+    self->base.client = client;
+    self->base.handle = t;
+    self->base.fork_generation = tsp_fork_generation;
+    self->base.tensor_type = tt;
+    self->base.free_handle = trainer_free_handle;
+    self->base.what = "RLTrainer";
+    return 0;
+}
+
+static PyObject *trainer_publish(PyObject *self_obj, PyObject *params)
+{
+    rl_base *b = (rl_base *)self_obj;
+    ts_rl_trainer_t *t = base_enter(b);
+    if (t == NULL)
+        return NULL;
+    tsp_send_t s;
+    if (tsp_send_init(&s, params) < 0) {
+        base_leave(b);
+        return NULL;
+    }
+    int64_t version = -1;
+    int rc;
+    PyThreadState *nogil = PyEval_SaveThread();
+    rc = ts_rl_trainer_publish(t, s.value, &version);
+    PyEval_RestoreThread(nogil);
+    PyObject *res = rc == 0 ? PyLong_FromLongLong(version) : tsp_raise(rc);
+    tsp_send_clear(&s);
+    base_leave(b);
+    return res;
+}
+
+static void batch_release(void *arg)
+{
+    ts_rl_batch_free(arg);
+}
+
+/* (data list, versions list, dropped) of a batch, which this takes over. */
+static PyObject *batch_to_py(ts_rl_batch_t *batch, tsp_tensor_type_t tt)
+{
+    tsp_owner_t *owner = tsp_owner_new(batch_release, batch);
+    if (owner == NULL) {
+        ts_rl_batch_free(batch);
+        return PyErr_NoMemory();
+    }
+    size_t n = ts_rl_batch_count(batch);
+    PyObject *data = PyList_New((Py_ssize_t)n);
+    PyObject *versions = PyList_New((Py_ssize_t)n);
+    PyObject *res = NULL;
+    if (data == NULL || versions == NULL)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *d = tsp_value_to_py_ex(ts_rl_batch_data(batch, i), tt, owner);
+        PyObject *v = d != NULL ? PyLong_FromLongLong(ts_rl_batch_version(batch, i)) : NULL;
+        if (v == NULL) {
+            Py_XDECREF(d);
+            goto out;
+        }
+        PyList_SET_ITEM(data, (Py_ssize_t)i, d);
+        PyList_SET_ITEM(versions, (Py_ssize_t)i, v);
+    }
+    res = Py_BuildValue("(OOn)", data, versions, (Py_ssize_t)ts_rl_batch_dropped(batch));
+out:
+    Py_XDECREF(data);
+    Py_XDECREF(versions);
+    /* The views hold their own references: the batch goes when the last of them does. */
+    tsp_owner_unref(owner);
+    return res;
+}
+
+static PyObject *trainer_collect(PyObject *self_obj, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"max_items", "timeout", NULL};
+    Py_ssize_t max_items = 0;
+    PyObject *timeout_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nO", kwlist, &max_items, &timeout_obj))
+        return NULL;
+    if (max_items < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_items must be >= 0 (0: every item)");
+        return NULL;
+    }
+    int timeout_ms;
+    if (timeout_from_py(timeout_obj, TS_TIMEOUT_INFINITE, &timeout_ms) < 0)
+        return NULL;
+    rl_base *b = (rl_base *)self_obj;
+    ts_rl_trainer_t *t = base_enter(b);
+    if (t == NULL)
+        return NULL;
+    int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+    ts_rl_batch_t *batch = NULL;
+    int rc;
+    for (;;) {
+        int slice = timeout_ms;
+        if (timeout_ms == TS_TIMEOUT_INFINITE) {
+            slice = TSP_RL_SLICE_MS;
+        } else if (timeout_ms > 0) {
+            int64_t left = deadline - now_ms();
+            slice = left <= 0 ? 0 : left > TSP_RL_SLICE_MS ? TSP_RL_SLICE_MS : (int)left;
+        }
+        PyThreadState *nogil = PyEval_SaveThread();
+        rc = ts_rl_trainer_collect(t, (size_t)max_items, slice, &batch);
+        PyEval_RestoreThread(nogil);
+        if (rc != TS_ETIMEDOUT || slice == 0)
+            break;
+        if (timeout_ms != TS_TIMEOUT_INFINITE && now_ms() >= deadline)
+            break;
+        if (PyErr_CheckSignals() < 0) {
+            base_leave(b);
+            return NULL;
+        }
+    }
+    PyObject *res = rc == 0 ? batch_to_py(batch, b->tensor_type) : tsp_raise(rc);
+    base_leave(b);
+    return res;
+}
+
+static PyObject *trainer_get_version(PyObject *self_obj, void *closure)
+{
+    (void)closure;
+    rl_base *b = (rl_base *)self_obj;
+    ts_rl_trainer_t *t = base_enter(b);
+    if (t == NULL)
+        return NULL;
+    int64_t v;
+    PyThreadState *nogil = PyEval_SaveThread();
+    v = ts_rl_trainer_version(t);
+    PyEval_RestoreThread(nogil);
+    base_leave(b);
+    return PyLong_FromLongLong(v);
+}
+
+static PyObject *trainer_stats(PyObject *self_obj, PyObject *unused)
+{
+    (void)unused;
+    rl_base *b = (rl_base *)self_obj;
+    ts_rl_trainer_t *t = base_enter(b);
+    if (t == NULL)
+        return NULL;
+    ts_rl_trainer_stats_t st;
+    PyThreadState *nogil = PyEval_SaveThread();
+    ts_rl_trainer_stats(t, &st);
+    PyEval_RestoreThread(nogil);
+    base_leave(b);
+    return Py_BuildValue("{sLsLsLsKsKsKsKsK}", "version", (long long)st.version, "resumed_from",
+                         (long long)st.resumed_from, "newest_seen", (long long)st.newest_seen,
+                         "published", (unsigned long long)st.published, "publish_failed",
+                         (unsigned long long)st.publish_failed, "received",
+                         (unsigned long long)st.received, "dropped_stale",
+                         (unsigned long long)st.dropped_stale, "dropped_malformed",
+                         (unsigned long long)st.dropped_malformed);
+}
+
+static PyObject *base_close_method(PyObject *self_obj, PyObject *unused)
+{
+    (void)unused;
+    base_close((rl_base *)self_obj);
+    Py_RETURN_NONE;
+}
+
+static PyObject *base_enter_method(PyObject *self_obj, PyObject *unused)
+{
+    (void)unused;
+    rl_base *b = (rl_base *)self_obj;
+    if (b->handle == NULL || b->closing)
+        return tsp_raise_msg(TS_ECANCELED, "closed");
+    Py_INCREF(self_obj);
+    return self_obj;
+}
+
+static PyObject *base_exit_method(PyObject *self_obj, PyObject *args)
+{
+    (void)args;
+    base_close((rl_base *)self_obj);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *base_get_closed(PyObject *self_obj, void *closure)
+{
+    (void)closure;
+    rl_base *b = (rl_base *)self_obj;
+    return PyBool_FromLong(b->handle == NULL || b->closing);
+}
+
+static PyObject *base_get_client(PyObject *self_obj, void *closure)
+{
+    (void)closure;
+    rl_base *b = (rl_base *)self_obj;
+    if (b->client == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(b->client);
+    return b->client;
+}
+
+static void base_dealloc(PyObject *self_obj)
+{
+    rl_base *b = (rl_base *)self_obj;
+    PyObject_GC_UnTrack(self_obj);
+    b->closing = 1;
+    base_free(b);
+    Py_TYPE(self_obj)->tp_free(self_obj);
+}
+
+static int base_traverse(PyObject *self_obj, visitproc visit, void *arg)
+{
+    Py_VISIT(((rl_base *)self_obj)->client);
+    return 0;
+}
+
+static PyMethodDef trainer_methods[] = {
+    {"publish", trainer_publish, METH_O,
+     "publish(params) -> int\n\nPublish params (a record, typically a state dict) as the next "
+     "version and return it once tensord holds it. The tensors are sent from their memory."},
+    {"collect", (PyCFunction)(void (*)(void))trainer_collect, METH_VARARGS | METH_KEYWORDS,
+     "collect(max_items=0, timeout=None) -> (data, versions, dropped)\n\nTake up to max_items "
+     "experience items (0: all), oldest first, after the staleness filter; wait up to timeout "
+     "seconds (None: no limit, 0: do not wait) for one. TimeoutError when none was kept."},
+    {"stats", trainer_stats, METH_NOARGS, "stats() -> dict of the trainer's counters"},
+    {"close", base_close_method, METH_NOARGS, "close(): free the trainer (idempotent)"},
+    {"__enter__", base_enter_method, METH_NOARGS, NULL},
+    {"__exit__", base_exit_method, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef trainer_getset[] = {
+    {"version", trainer_get_version, NULL,
+     "the newest version published or resumed from, -1 when none", NULL},
+    {"closed", base_get_closed, NULL, "True after close()", NULL},
+    {"client", base_get_client, NULL, "the tensorshare.Client (None after close)", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject trainer_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tensorshare._tensorshare._RLTrainer",
+    .tp_basicsize = sizeof(trainer_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The RL trainer of rl.h (see tensorshare.RLTrainer).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = trainer_init,
+    .tp_dealloc = base_dealloc,
+    .tp_traverse = base_traverse,
+    .tp_methods = trainer_methods,
+    .tp_getset = trainer_getset,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * RLWorker
+ */
+
+typedef struct worker_object {
+    rl_base base;
+    PyObject *on_event;         /* callable or NULL; read by the event callback */
+    unsigned long event_thread; /* thread running on_event now, 0 when none */
+    PyObject *borrowed;         /* list of capsules of copy=False adds still in flight */
+} worker_object;
+
+static void worker_free_handle(void *h)
+{
+    ts_rl_worker_free(h);
+}
+
+static const char *event_name(ts_rl_event_t ev)
+{
+    switch (ev) {
+    case TS_RL_EV_PARAMS:
+        return "params";
+    case TS_RL_EV_DISCONNECTED:
+        return "disconnected";
+    case TS_RL_EV_RESUBSCRIBED:
+        return "resubscribed";
+    case TS_RL_EV_ADD_FAILED:
+        return "add_failed";
+    case TS_RL_EV_PARAMS_FAILED:
+        return "params_failed";
+    case TS_RL_EV_PARAMS_BAD:
+        return "params_bad";
+    }
+    return "unknown";
+}
+
+/*
+ * rl.h's event callback: on_event(event, version, error) with the GIL taken. error is None or
+ * the tensorshare.Error for status.
+ */
+static void on_worker_event(ts_rl_worker_t *w, int status, ts_rl_event_t event, int64_t version,
+                            void *arg)
+{
+    (void)w;
+    worker_object *self = arg;
+    /* The reason is thread-local: read it before any Python code runs on this thread. */
+    char msg[TS_MAX_ERROR_LEN + 1];
+    snprintf(msg, sizeof(msg), "%s", status != 0 ? ts_last_error() : "");
+    PyGILState_STATE g;
+    if (!tsp_gil_acquire(&g))
+        return;
+    PyObject *cb = self->on_event;
+    if (cb != NULL) {
+        Py_INCREF(cb);
+        PyObject *err = status != 0 ? tsp_exception_new(status, msg[0] ? msg : NULL) : Py_None;
+        if (err == Py_None)
+            Py_INCREF(err);
+        PyObject *res = NULL;
+        if (err != NULL) {
+            unsigned long prev = self->event_thread;
+            self->event_thread = PyThread_get_thread_ident();
+            res = PyObject_CallFunction(cb, "sLO", event_name(event), (long long)version, err);
+            self->event_thread = prev;
+            Py_DECREF(err);
+        }
+        if (res == NULL)
+            tsp_report_callback_error("RLWorker on_event", cb);
+        Py_XDECREF(res);
+        Py_DECREF(cb);
+    }
+    tsp_gil_release(g);
+}
+
+/* base_enter, refusing calls from inside on_event (the worker's lock may be held there). */
+static ts_rl_worker_t *worker_enter(worker_object *self)
+{
+    if (self->event_thread != 0 && self->event_thread == PyThread_get_thread_ident()) {
+        tsp_raise_msg(TS_EDEADLK, "RLWorker methods cannot be called from its on_event callback");
+        return NULL;
+    }
+    return base_enter(&self->base);
+}
+
+static int worker_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
+{
+    worker_object *self = (worker_object *)self_obj;
+    static char *kwlist[] = {
+        "client",  "prefix",   "params_bin",  "data_bin", "max_in_flight", "max_in_flight_bytes",
+        "timeout", "on_event", "tensor_type", NULL};
+    PyObject *client;
+    rl_kw kw = {NULL, NULL, NULL, NULL};
+    unsigned int max_in_flight = 16;
+    Py_ssize_t max_bytes = (Py_ssize_t)64 << 20;
+    PyObject *on_event = Py_None, *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOOInOOO", kwlist, &client, &kw.prefix,
+                                     &kw.params_bin, &kw.data_bin, &max_in_flight, &max_bytes,
+                                     &kw.timeout, &on_event, &tt_obj))
+        return -1;
+    if (self->base.handle != NULL || self->base.closing) {
+        PyErr_SetString(PyExc_RuntimeError, "RLWorker.__init__ called twice");
+        return -1;
+    }
+    if (on_event != Py_None && !PyCallable_Check(on_event)) {
+        PyErr_SetString(PyExc_TypeError, "on_event must be callable or None");
+        return -1;
+    }
+    if (max_in_flight == 0 || max_bytes <= 0) {
+        PyErr_SetString(PyExc_ValueError, "max_in_flight and max_in_flight_bytes must be > 0");
+        return -1;
+    }
+    ts_rl_options_t o;
+    if (fill_options(&o, &kw) < 0)
+        return -1;
+    o.max_in_flight = max_in_flight;
+    o.max_in_flight_bytes = (size_t)max_bytes;
+    if (on_event != Py_None) {
+        Py_INCREF(on_event);
+        self->on_event = on_event;
+        o.on_event = on_worker_event;
+        o.event_arg = self;
+    }
+    self->borrowed = PyList_New(0);
+    if (self->borrowed == NULL)
+        return -1;
+    ts_client_t *c = tsp_client_enter(client);
+    if (c == NULL)
+        return -1;
+    tsp_tensor_type_t tt;
+    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0) {
+        tsp_client_leave(client);
+        return -1;
+    }
+    ts_rl_worker_t *w = NULL;
+    int rc;
+    PyThreadState *nogil = PyEval_SaveThread();
+    rc = ts_rl_worker_new(&w, c, &o);
+    PyEval_RestoreThread(nogil);
+    if (rc != 0) {
+        tsp_raise(rc);
+        tsp_client_leave(client);
+        return -1;
+    }
+    Py_INCREF(client);
+    self->base.client = client;
+    self->base.handle = w;
+    self->base.fork_generation = tsp_fork_generation;
+    self->base.tensor_type = tt;
+    self->base.free_handle = worker_free_handle;
+    self->base.what = "RLWorker";
+    return 0;
+}
+
+static void params_release(void *arg)
+{
+    ts_rl_params_release(arg);
+}
+
+/* (value, version) of a parameters snapshot, whose reference this takes over. */
+static PyObject *params_to_py(ts_rl_params_t *p, tsp_tensor_type_t tt)
+{
+    int64_t version = ts_rl_params_version(p);
+    tsp_owner_t *owner = tsp_owner_new(params_release, p);
+    if (owner == NULL) {
+        ts_rl_params_release(p);
+        return PyErr_NoMemory();
+    }
+    PyObject *value = tsp_value_to_py_ex(ts_rl_params_value(p), tt, owner);
+    tsp_owner_unref(owner);
+    if (value == NULL)
+        return NULL;
+    PyObject *res = Py_BuildValue("(OL)", value, (long long)version);
+    Py_DECREF(value);
+    return res;
+}
+
+static PyObject *worker_params(PyObject *self_obj, PyObject *unused)
+{
+    (void)unused;
+    worker_object *self = (worker_object *)self_obj;
+    ts_rl_worker_t *w = worker_enter(self);
+    if (w == NULL)
+        return NULL;
+    ts_rl_params_t *p = NULL;
+    int rc;
+    PyThreadState *nogil = PyEval_SaveThread();
+    rc = ts_rl_worker_params(w, &p);
+    PyEval_RestoreThread(nogil);
+    PyObject *res;
+    if (rc == TS_ENOENT) {
+        Py_INCREF(Py_None);
+        res = Py_None;
+    } else {
+        res = rc == 0 ? params_to_py(p, self->base.tensor_type) : tsp_raise(rc);
+    }
+    base_leave(&self->base);
+    return res;
+}
+
+static PyObject *worker_await(PyObject *self_obj, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"timeout", NULL};
+    PyObject *timeout_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O", kwlist, &timeout_obj))
+        return NULL;
+    int timeout_ms;
+    if (timeout_from_py(timeout_obj, TS_TIMEOUT_INFINITE, &timeout_ms) < 0)
+        return NULL;
+    worker_object *self = (worker_object *)self_obj;
+    ts_rl_worker_t *w = worker_enter(self);
+    if (w == NULL)
+        return NULL;
+    int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+    ts_rl_params_t *p = NULL;
+    int rc;
+    for (;;) {
+        int slice = timeout_ms;
+        if (timeout_ms == TS_TIMEOUT_INFINITE) {
+            slice = TSP_RL_SLICE_MS;
+        } else if (timeout_ms > 0) {
+            int64_t left = deadline - now_ms();
+            slice = left <= 0 ? 0 : left > TSP_RL_SLICE_MS ? TSP_RL_SLICE_MS : (int)left;
+        }
+        PyThreadState *nogil = PyEval_SaveThread();
+        rc = ts_rl_worker_await(w, slice, &p);
+        PyEval_RestoreThread(nogil);
+        if (rc != TS_ETIMEDOUT || slice == 0)
+            break;
+        if (timeout_ms != TS_TIMEOUT_INFINITE && now_ms() >= deadline)
+            break;
+        if (PyErr_CheckSignals() < 0) {
+            base_leave(&self->base);
+            return NULL;
+        }
+    }
+    PyObject *res = rc == 0 ? params_to_py(p, self->base.tensor_type) : tsp_raise(rc);
+    base_leave(&self->base);
+    return res;
+}
+
+/* A copy=False add's record and pins, kept until a flush finds nothing in flight. */
+static void send_capsule_free(PyObject *capsule)
+{
+    tsp_send_t *s = PyCapsule_GetPointer(capsule, "tensorshare.rl.send");
+    if (s != NULL) {
+        tsp_send_clear(s);
+        PyMem_Free(s);
+    }
+}
+
+static PyObject *worker_add(PyObject *self_obj, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"data", "copy", "block", NULL};
+    PyObject *data;
+    int copy = 1, block = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$pp", kwlist, &data, &copy, &block))
+        return NULL;
+    worker_object *self = (worker_object *)self_obj;
+    ts_rl_worker_t *w = worker_enter(self);
+    if (w == NULL)
+        return NULL;
+    tsp_send_t *s = PyMem_Malloc(sizeof(*s));
+    if (s == NULL) {
+        base_leave(&self->base);
+        return PyErr_NoMemory();
+    }
+    if (tsp_send_init(s, data) < 0) {
+        PyMem_Free(s);
+        base_leave(&self->base);
+        return NULL;
+    }
+    unsigned flags = (copy ? TS_COPY : TS_BORROW) | (block ? 0u : TS_RL_NONBLOCK);
+    int rc;
+    PyThreadState *nogil = PyEval_SaveThread();
+    rc = ts_rl_worker_add(w, s->value, flags);
+    PyEval_RestoreThread(nogil);
+    PyObject *res = NULL;
+    if (rc != 0) {
+        tsp_raise(rc);
+        tsp_send_clear(s);
+        PyMem_Free(s);
+    } else if (copy) {
+        tsp_send_clear(s);
+        PyMem_Free(s);
+        res = Py_None;
+    } else {
+        /* The library reads the memory until the add is answered: keep it until a flush. */
+        PyObject *cap = PyCapsule_New(s, "tensorshare.rl.send", send_capsule_free);
+        if (cap == NULL) {
+            /* Cannot keep it safely: leak rather than free memory the library still reads. */
+            base_leave(&self->base);
+            return NULL;
+        }
+        res = PyList_Append(self->borrowed, cap) == 0 ? Py_None : NULL;
+        Py_DECREF(cap);
+    }
+    Py_XINCREF(res);
+    base_leave(&self->base);
+    return res;
+}
+
+static PyObject *worker_flush(PyObject *self_obj, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"timeout", NULL};
+    PyObject *timeout_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O", kwlist, &timeout_obj))
+        return NULL;
+    int timeout_ms;
+    if (timeout_from_py(timeout_obj, TS_TIMEOUT_DEFAULT, &timeout_ms) < 0)
+        return NULL;
+    worker_object *self = (worker_object *)self_obj;
+    ts_rl_worker_t *w = worker_enter(self);
+    if (w == NULL)
+        return NULL;
+    int rc;
+    ts_rl_worker_stats_t st;
+    PyThreadState *nogil = PyEval_SaveThread();
+    rc = ts_rl_worker_flush(w, timeout_ms);
+    ts_rl_worker_stats(w, &st);
+    PyEval_RestoreThread(nogil);
+    if (st.in_flight == 0 && PyList_GET_SIZE(self->borrowed) > 0) {
+        /* Every add was answered: the library reads none of the borrowed memory any more. */
+        if (PyList_SetSlice(self->borrowed, 0, PyList_GET_SIZE(self->borrowed), NULL) < 0) {
+            base_leave(&self->base);
+            return NULL;
+        }
+    }
+    base_leave(&self->base);
+    if (rc != 0)
+        return tsp_raise(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *worker_stats(PyObject *self_obj, PyObject *unused)
+{
+    (void)unused;
+    worker_object *self = (worker_object *)self_obj;
+    ts_rl_worker_t *w = worker_enter(self);
+    if (w == NULL)
+        return NULL;
+    ts_rl_worker_stats_t st;
+    PyThreadState *nogil = PyEval_SaveThread();
+    ts_rl_worker_stats(w, &st);
+    PyEval_RestoreThread(nogil);
+    base_leave(&self->base);
+    return Py_BuildValue(
+        "{sLsLsKsKsKsKsKsIsKsKsO}", "version", (long long)st.version, "retrieved_version",
+        (long long)st.retrieved_version, "updates", (unsigned long long)st.updates, "ignored_older",
+        (unsigned long long)st.ignored_older, "params_failed", (unsigned long long)st.params_failed,
+        "added", (unsigned long long)st.added, "add_failed", (unsigned long long)st.add_failed,
+        "in_flight", st.in_flight, "disconnects", (unsigned long long)st.disconnects,
+        "resubscribes", (unsigned long long)st.resubscribes, "connected",
+        st.connected ? Py_True : Py_False);
+}
+
+static PyObject *worker_close(PyObject *self_obj, PyObject *unused)
+{
+    (void)unused;
+    worker_object *self = (worker_object *)self_obj;
+    if (self->event_thread != 0 && self->event_thread == PyThread_get_thread_ident())
+        return tsp_raise_msg(TS_EDEADLK, "RLWorker.close() cannot be called from on_event");
+    base_close(&self->base);
+    if (self->base.handle == NULL && self->borrowed != NULL)
+        (void)PyList_SetSlice(self->borrowed, 0, PyList_GET_SIZE(self->borrowed), NULL);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *worker_exit_method(PyObject *self_obj, PyObject *args)
+{
+    (void)args;
+    PyObject *r = worker_close(self_obj, NULL);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static void worker_dealloc(PyObject *self_obj)
+{
+    worker_object *self = (worker_object *)self_obj;
+    PyObject_GC_UnTrack(self_obj);
+    self->base.closing = 1;
+    base_free(&self->base);
+    /* In a child after fork the library may still hold the memory: leak it then. */
+    if (self->base.fork_generation == tsp_fork_generation)
+        Py_CLEAR(self->borrowed);
+    Py_CLEAR(self->on_event);
+    Py_TYPE(self_obj)->tp_free(self_obj);
+}
+
+static int worker_traverse(PyObject *self_obj, visitproc visit, void *arg)
+{
+    worker_object *self = (worker_object *)self_obj;
+    Py_VISIT(self->on_event);
+    Py_VISIT(self->borrowed);
+    return base_traverse(self_obj, visit, arg);
+}
+
+static PyMethodDef worker_methods[] = {
+    {"params", worker_params, METH_NOARGS,
+     "params() -> (value, version) or None\n\nThe newest parameters, answered locally; marks "
+     "their version as retrieved (later adds are tagged with it). None before any publish."},
+    {"await_params", (PyCFunction)(void (*)(void))worker_await, METH_VARARGS | METH_KEYWORDS,
+     "await_params(timeout=None) -> (value, version)\n\nWait up to timeout seconds (None: no "
+     "limit) for parameters newer than the last retrieved; TimeoutError when none came."},
+    {"add", (PyCFunction)(void (*)(void))worker_add, METH_VARARGS | METH_KEYWORDS,
+     "add(data, *, copy=True, block=True)\n\nSend {data, version} without waiting for tensord."},
+    {"flush", (PyCFunction)(void (*)(void))worker_flush, METH_VARARGS | METH_KEYWORDS,
+     "flush(timeout=None)\n\nWait until every add was answered; raise the first failure."},
+    {"stats", worker_stats, METH_NOARGS, "stats() -> dict of the worker's counters"},
+    {"close", worker_close, METH_NOARGS, "close(): wait for the adds in flight, free the worker"},
+    {"__enter__", base_enter_method, METH_NOARGS, NULL},
+    {"__exit__", worker_exit_method, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef worker_getset[] = {
+    {"closed", base_get_closed, NULL, "True after close()", NULL},
+    {"client", base_get_client, NULL, "the tensorshare.Client (None after close)", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject worker_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tensorshare._tensorshare._RLWorker",
+    .tp_basicsize = sizeof(worker_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The RL worker of rl.h (see tensorshare.RLWorker).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = worker_init,
+    .tp_dealloc = worker_dealloc,
+    .tp_traverse = worker_traverse,
+    .tp_methods = worker_methods,
+    .tp_getset = worker_getset,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Registration
+ */
+
+static int add_type(PyObject *module, PyTypeObject *type, const char *name)
+{
+    if (PyType_Ready(type) < 0)
+        return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
 
 int tsp_rl_init(PyObject *module)
 {
-    /* Nothing is registered yet: the RL types come with the bindings. */
-    (void)module;
-    return 0;
+    if (add_type(module, &trainer_type, "_RLTrainer") < 0 ||
+        add_type(module, &worker_type, "_RLWorker") < 0)
+        return -1;
+    return PyModule_AddIntConstant(module, "RL_NO_FILTER", TS_RL_NO_FILTER);
 }
