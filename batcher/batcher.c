@@ -155,9 +155,35 @@ static void heap_remove_many(ts_batcher_t *b, batch_request **rs, int n)
         heap_down(b, i);
 }
 
+/*
+ * Queue a request behind every request of its priority level and the more urgent ones, ahead of
+ * the less urgent ones. Lock held.
+ */
+static void enqueue(ts_batcher_t *b, batch_request *r)
+{
+    batch_request *after = NULL;
+    for (int p = r->prio; p >= 0 && after == NULL; p--)
+        after = b->tails[p];
+    r->prev = after;
+    r->next = after != NULL ? after->next : b->head;
+    if (r->next != NULL)
+        r->next->prev = r;
+    else
+        b->tail = r;
+    if (after != NULL)
+        after->next = r;
+    else
+        b->head = r;
+    b->tails[r->prio] = r;
+    b->queued++;
+    b->queued_rows += r->rows;
+}
+
 /* Unlink a request from the queue, leaving the heap alone. Lock held. */
 static void unlink_queued(ts_batcher_t *b, batch_request *r)
 {
+    if (b->tails[r->prio] == r)
+        b->tails[r->prio] = r->prev != NULL && r->prev->prio == r->prio ? r->prev : NULL;
     if (r->prev != NULL)
         r->prev->next = r->next;
     else
@@ -486,49 +512,90 @@ static ts_value_t *slice(const ts_value_t *v, int64_t off, int64_t rows, shared_
  * Replicas
  */
 
-/*
- * Rows that the queue's head and the requests after it, in order, bring to a batch.
- * *more is set when the next request does not fit (the batch cannot grow). Lock held.
- */
-static int64_t fit_rows(const ts_batcher_t *b, int *more_blocked)
+/* What the queue's head and the requests after it, in order, bring to a batch (fit_rows). */
+typedef struct batch_fit {
+    int64_t rows;      /* rows of the requests that fit in max_batch */
+    int blocked;       /* the next request does not fit: the batch cannot grow */
+    int64_t preferred; /* the most of those rows that end on a preferred size, or 0 */
+    uint64_t oldest;   /* the earliest arrival among those requests */
+} batch_fit;
+
+static int is_preferred(const ts_batcher_t *b, int64_t rows)
 {
-    int64_t rows = 0;
-    *more_blocked = 0;
+    for (int i = 0; i < b->n_preferred; i++)
+        if (b->preferred[i] == rows)
+            return 1;
+    return 0;
+}
+
+/* Walk the queue's head and the requests after it, in order, while they fit. Lock held. */
+static batch_fit fit_rows(const ts_batcher_t *b)
+{
+    batch_fit f = {0, 0, 0, UINT64_MAX};
     for (const batch_request *r = b->head; r != NULL; r = r->next) {
-        if (rows + r->rows > b->max_batch) {
-            *more_blocked = 1;
+        if (f.rows + r->rows > b->max_batch) {
+            f.blocked = 1;
             break;
         }
-        rows += r->rows;
+        f.rows += r->rows;
+        if (r->arrival_ns < f.oldest)
+            f.oldest = r->arrival_ns;
+        if (b->n_preferred > 0 && is_preferred(b, f.rows))
+            f.preferred = f.rows;
     }
-    return rows;
+    return f;
 }
 
 /*
  * Gather one batch into r->picked following the batching rule. Returns the number of requests
  * picked (0 when stopping or the queue emptied). Lock held; may wait on collect_cv.
+ *
+ * A partial batch waits only while it can still grow and more rows can be expected soon, that is
+ * while some requester answered by a batch has not submitted again yet (b->returning > 0): a
+ * requester waiting for its answer, or one that went away, cannot add rows, and a closed loop
+ * of requesters comes back as soon as its answers are out. When every requester the batcher
+ * knows of is already waiting (queued or in a batch), or after a lone request to an idle
+ * batcher, the batch runs at once. It still waits min_delay_ns after its oldest request, never
+ * past max_delay_ns; a batch that waited out max_delay_ns shows that the missing requesters are
+ * not coming back soon, and the count starts again from zero.
  */
 static int gather(replica *r)
 {
     ts_batcher_t *b = r->b;
+    int64_t take;
     for (;;) {
         if (b->stopping || b->head == NULL)
             return 0;
-        int blocked;
-        int64_t rows = fit_rows(b, &blocked);
-        if (blocked || rows >= b->max_batch)
+        batch_fit f = fit_rows(b);
+        take = f.rows;
+        if (f.blocked || f.rows >= b->max_batch)
             break;
-        uint64_t flush_at = b->head->arrival_ns + b->max_delay_ns;
-        if (ts__now_ns() >= flush_at)
+        if (f.preferred > 0) {
+            take = f.preferred;
             break;
+        }
+        uint64_t now = ts__now_ns();
+        uint64_t flush_at = f.oldest + b->max_delay_ns;
+        if (now >= flush_at) {
+            b->returning = 0;
+            break;
+        }
+        if (b->returning == 0) {
+            uint64_t min_at = f.oldest + b->min_delay_ns;
+            if (now >= min_at)
+                break;
+            flush_at = min_at < flush_at ? min_at : flush_at;
+        }
         struct timespec ts = ts__abs_timespec(flush_at);
         pthread_cond_timedwait(&b->collect_cv, &b->mu, &ts);
     }
     int n = 0;
     int64_t rows = 0;
-    while (b->head != NULL && rows + b->head->rows <= b->max_batch) {
+    uint64_t now = ts__now_ns();
+    while (b->head != NULL && rows + b->head->rows <= take) {
         batch_request *q = b->head;
         rows += q->rows;
+        r->st.queue_ns += now - q->arrival_ns;
         unlink_queued(b, q);
         r->picked[n++] = q;
     }
@@ -536,14 +603,25 @@ static int gather(replica *r)
     return n;
 }
 
-/* Run one batch and answer its requests. No lock held. */
-static void run_batch(replica *r, int n, int64_t version)
+/* Histogram bucket of a batch of rows rows: 0 for 1, k for 2^(k-1)+1 .. 2^k. */
+static int size_bucket(int64_t rows)
+{
+    int k = rows <= 1 ? 0 : 64 - __builtin_clzll((unsigned long long)(rows - 1));
+    return k < TS_BATCHER_HIST_BUCKETS ? k : TS_BATCHER_HIST_BUCKETS - 1;
+}
+
+/*
+ * Run one batch and answer its requests. Returns the time spent answering (slicing the output and
+ * the callbacks), in ns. No lock held.
+ */
+static uint64_t run_batch(replica *r, int n, int64_t version)
 {
     ts_batcher_t *b = r->b;
     char msg[TS__BERR_LEN] = "";
     int64_t rows = 0;
     for (int i = 0; i < n; i++)
         rows += r->picked[i]->rows;
+    uint64_t t0 = ts__now_ns();
     const ts_value_t *input;
     if (n == 1) {
         /* A lone request is its own batch: no copy. */
@@ -565,6 +643,7 @@ static void run_batch(replica *r, int n, int64_t version)
             ts_value_tensor_set_rows(r->batch_leaf[f], rows);
         input = r->batch;
     }
+    uint64_t t1 = ts__now_ns();
     ts_value_t *out = NULL;
     ts_set_last_error(NULL);
     int rc = r->model->ops->forward(r->model, input, rows, &out);
@@ -587,6 +666,7 @@ static void run_batch(replica *r, int n, int64_t version)
             rc = TS_EMODEL;
         }
     }
+    uint64_t t2 = ts__now_ns();
     pthread_mutex_lock(&b->mu);
     b->st.batches++;
     b->st.rows += (uint64_t)rows;
@@ -596,23 +676,30 @@ static void run_batch(replica *r, int n, int64_t version)
         b->st.requests += (uint64_t)n;
     else
         b->st.failed += (uint64_t)n;
+    b->returning += (size_t)n;
+    r->st.batches++;
+    r->st.rows += (uint64_t)rows;
+    r->st.requests += (uint64_t)n;
+    r->st.input_ns += t1 - t0;
+    r->st.compute_ns += t2 - t1;
+    r->st.batch_sizes[size_bucket(rows)]++;
     pthread_mutex_unlock(&b->mu);
 
     if (rc != 0) {
         for (int i = 0; i < n; i++)
             answer(b, r->picked[i], rc, NULL, version, msg);
-        return;
+        return ts__now_ns() - t2;
     }
     if (n == 1) {
         answer(b, r->picked[0], 0, out, version, NULL);
-        return;
+        return ts__now_ns() - t2;
     }
     shared_output *s = ts__malloc(sizeof(*s));
     if (s == NULL) {
         ts_value_free(out);
         for (int i = 0; i < n; i++)
             answer(b, r->picked[i], TS_ENOMEM, NULL, version, "out of memory");
-        return;
+        return ts__now_ns() - t2;
     }
     atomic_init(&s->refs, 1);
     s->tree = out;
@@ -627,6 +714,7 @@ static void run_batch(replica *r, int n, int64_t version)
             answer(b, q, 0, mine, version, NULL);
     }
     shared_unref(s);
+    return ts__now_ns() - t2;
 }
 
 static void *replica_main(void *arg)
@@ -659,10 +747,11 @@ static void *replica_main(void *arg)
         handoff_chain chain;
         ts__handoff_chain_begin(&chain);
         tls_answering = b;
-        run_batch(r, n, version);
+        uint64_t out_ns = run_batch(r, n, version);
         tls_answering = NULL;
         ts__handoff_chain_end(&chain);
         pthread_mutex_lock(&b->mu);
+        r->st.output_ns += out_ns;
     }
     pthread_mutex_unlock(&b->mu);
     return NULL;
@@ -675,6 +764,16 @@ static void *timer_main(void *arg)
     tls_in_batcher = 1;
     pthread_mutex_lock(&b->mu);
     while (!b->stopping) {
+        if (b->cancelled != NULL) {
+            /* Cancelled requests are answered here, never inside ts_batcher_cancel. */
+            batch_request *c = b->cancelled;
+            b->cancelled = c->next;
+            c->next = NULL;
+            pthread_mutex_unlock(&b->mu);
+            answer(b, c, TS_ECANCELED, NULL, 0, "the request was cancelled");
+            pthread_mutex_lock(&b->mu);
+            continue;
+        }
         if (b->heap_len == 0) {
             b->timer_at = UINT64_MAX;
             pthread_cond_wait(&b->timer_cv, &b->mu);
@@ -690,6 +789,7 @@ static void *timer_main(void *arg)
         }
         unqueue(b, r);
         b->st.failed++;
+        b->st.timed_out++;
         if (b->collecting)
             pthread_cond_signal(&b->collect_cv);
         pthread_mutex_unlock(&b->mu);
@@ -711,6 +811,14 @@ void ts_batcher_options_init(ts_batcher_options_t *cfg)
     cfg->placement = "cpu";
     cfg->timeout_ms = TS__DEFAULT_TIMEOUT_MS;
     cfg->max_queued = TS__DEFAULT_MAX_QUEUED;
+    cfg->priority_levels = 1;
+}
+
+void ts_predict_options_init(ts_predict_options_t *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+    opts->timeout_ms = TS_TIMEOUT_DEFAULT;
+    opts->priority = -1;
 }
 
 static void stop_threads(ts_batcher_t *b)
@@ -731,10 +839,16 @@ static void stop_threads(ts_batcher_t *b)
 static void destroy(ts_batcher_t *b)
 {
     /* Cancel what is still queued; every thread is gone, so no lock is needed. */
+    while (b->cancelled != NULL) {
+        batch_request *r = b->cancelled;
+        b->cancelled = r->next;
+        answer(b, r, TS_ECANCELED, NULL, 0, "the request was cancelled");
+    }
     while (b->head != NULL) {
         batch_request *r = b->head;
         unqueue(b, r);
         b->st.failed++;
+        b->st.cancelled++;
         answer(b, r, TS_ECANCELED, NULL, 0, "the batcher is shutting down");
     }
     weight_update *w = b->wt;
@@ -773,6 +887,24 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *cfg)
         ts__batcher_set_err("options need a model factory, an input schema and max_batch >= 1");
         return TS_EINVAL;
     }
+    int levels = cfg->priority_levels > 0 ? cfg->priority_levels : 1;
+    if (cfg->min_delay_us < 0 || cfg->min_delay_us > cfg->max_delay_us ||
+        levels > TS_BATCHER_MAX_PRIORITIES || cfg->default_priority < 0 ||
+        cfg->default_priority >= levels || cfg->n_preferred < 0 ||
+        cfg->n_preferred > TS_BATCHER_MAX_PREFERRED ||
+        (cfg->n_preferred > 0 && cfg->preferred_batch == NULL)) {
+        ts__batcher_set_err("options: min_delay_us must be 0..max_delay_us, priority_levels "
+                            "1..%d with default_priority below it, n_preferred 0..%d",
+                            TS_BATCHER_MAX_PRIORITIES, TS_BATCHER_MAX_PREFERRED);
+        return TS_EINVAL;
+    }
+    for (int i = 0; i < cfg->n_preferred; i++) {
+        if (cfg->preferred_batch[i] < 1 || cfg->preferred_batch[i] > cfg->max_batch) {
+            ts__batcher_set_err("preferred batch size %d is not within 1..max_batch (%d)",
+                                cfg->preferred_batch[i], cfg->max_batch);
+            return TS_EINVAL;
+        }
+    }
     if (cfg->timeout_ms <= 0 && cfg->timeout_ms != TS_TIMEOUT_INFINITE &&
         cfg->timeout_ms != TS_TIMEOUT_DEFAULT) {
         ts__batcher_set_err("timeout_ms must be positive, TS_TIMEOUT_DEFAULT or "
@@ -801,6 +933,23 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *cfg)
     b->timer_at = UINT64_MAX;
     b->max_batch = cfg->max_batch;
     b->max_delay_ns = (uint64_t)cfg->max_delay_us * 1000u;
+    b->min_delay_ns = (uint64_t)cfg->min_delay_us * 1000u;
+    b->levels = levels;
+    b->default_prio = cfg->default_priority;
+    b->next_id = 1;
+    /* Ascending, duplicates dropped (insertion sort of at most TS_BATCHER_MAX_PREFERRED). */
+    for (int i = 0; i < cfg->n_preferred; i++) {
+        int64_t v = cfg->preferred_batch[i];
+        int j = b->n_preferred;
+        if (is_preferred(b, v))
+            continue;
+        while (j > 0 && b->preferred[j - 1] > v) {
+            b->preferred[j] = b->preferred[j - 1];
+            j--;
+        }
+        b->preferred[j] = v;
+        b->n_preferred++;
+    }
     b->timeout_ms =
         cfg->timeout_ms == TS_TIMEOUT_DEFAULT ? TS__DEFAULT_TIMEOUT_MS : cfg->timeout_ms;
     b->max_queued = cfg->max_queued > 0 ? cfg->max_queued : TS__DEFAULT_MAX_QUEUED;
@@ -901,12 +1050,42 @@ void ts_batcher_stats(ts_batcher_t *b, ts_batcher_stats_t *out)
     pthread_mutex_unlock(&b->mu);
 }
 
+int ts_batcher_replica_stats(ts_batcher_t *b, int i, ts_batcher_replica_stats_t *out)
+{
+    if (b == NULL || out == NULL || i < 0 || i >= b->n_rep) {
+        ts__batcher_set_err("replica %d: out of range", i);
+        return TS_EINVAL;
+    }
+    pthread_mutex_lock(&b->mu);
+    *out = b->rep[i].st;
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Submitting
  */
 int ts_batcher_predict_async(ts_batcher_t *b, const ts_value_t *input, unsigned flags,
                              int timeout_ms, ts_predict_cb cb, void *arg)
 {
+    ts_predict_options_t po;
+    ts_predict_options_init(&po);
+    po.flags = flags;
+    po.timeout_ms = timeout_ms;
+    return ts_batcher_predict_async_with(b, input, &po, cb, arg, NULL);
+}
+
+int ts_batcher_predict_async_with(ts_batcher_t *b, const ts_value_t *input,
+                                  const ts_predict_options_t *opts, ts_predict_cb cb, void *arg,
+                                  uint64_t *id)
+{
+    ts_predict_options_t defaults;
+    if (opts == NULL) {
+        ts_predict_options_init(&defaults);
+        opts = &defaults;
+    }
+    unsigned flags = opts->flags;
+    int timeout_ms = opts->timeout_ms;
     if (b == NULL || input == NULL || cb == NULL) {
         ts__batcher_set_err("a prediction needs a batcher, an input and a callback");
         return TS_EINVAL;
@@ -916,6 +1095,11 @@ int ts_batcher_predict_async(ts_batcher_t *b, const ts_value_t *input, unsigned 
         ts__batcher_set_err("timeout_ms %d: a prediction needs a positive timeout, "
                             "TS_TIMEOUT_DEFAULT or TS_TIMEOUT_INFINITE",
                             timeout_ms);
+        return TS_EINVAL;
+    }
+    if (opts->priority >= b->levels || opts->priority < -1) {
+        ts__batcher_set_err("priority %d: this batcher has levels 0..%d (or -1 for the default)",
+                            opts->priority, b->levels - 1);
         return TS_EINVAL;
     }
     batch_request *r = ts__calloc(1, sizeof(*r) + (size_t)b->n_in * sizeof(r->leaf[0]));
@@ -933,6 +1117,7 @@ int ts_batcher_predict_async(ts_batcher_t *b, const ts_value_t *input, unsigned 
     r->cb = cb;
     r->arg = arg;
     r->heap_idx = SIZE_MAX;
+    r->prio = opts->priority >= 0 ? opts->priority : b->default_prio;
     char msg[TS__BERR_LEN];
     int rc =
         ts__schema_check(b->in, b->n_in, input, b->max_batch, &r->rows, r->leaf, msg, sizeof(msg));
@@ -947,6 +1132,8 @@ int ts_batcher_predict_async(ts_batcher_t *b, const ts_value_t *input, unsigned 
     pthread_mutex_lock(&b->mu);
     if (b->stopping || b->queued >= b->max_queued) {
         rc = b->stopping ? TS_ECANCELED : TS_EAGAIN;
+        if (!b->stopping)
+            b->st.rejected++;
         pthread_mutex_unlock(&b->mu);
         ts__batcher_set_err("%s",
                             b->stopping ? "the batcher is shutting down" : "the queue is full");
@@ -968,14 +1155,13 @@ int ts_batcher_predict_async(ts_batcher_t *b, const ts_value_t *input, unsigned 
             pthread_cond_signal(&b->timer_cv);
         }
     }
-    r->prev = b->tail;
-    if (b->tail != NULL)
-        b->tail->next = r;
-    else
-        b->head = r;
-    b->tail = r;
-    b->queued++;
-    b->queued_rows += r->rows;
+    enqueue(b, r);
+    r->id = b->next_id++;
+    if (id != NULL)
+        *id = r->id;
+    b->st.submitted++;
+    if (b->returning > 0)
+        b->returning--;
     /*
      * The gathering replica sleeps until its delay ends or the batch cannot grow; waking it
      * for every arrival would cost a context switch per request. The queue's rows reach
@@ -989,11 +1175,38 @@ int ts_batcher_predict_async(ts_batcher_t *b, const ts_value_t *input, unsigned 
      * woken, and idle replicas are not woken one by one to gather a few rows each.
      */
     if (b->collecting) {
-        if (b->queued_rows >= b->max_batch)
+        /* ... nor while more rows can be expected: see gather() for when they cannot. */
+        if (b->queued_rows >= b->max_batch || b->returning == 0 ||
+            (b->n_preferred > 0 && is_preferred(b, b->queued_rows)))
             pthread_cond_signal(&b->collect_cv);
     } else if (tls_answering != b) {
         pthread_cond_signal(&b->work_cv);
     }
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+int ts_batcher_cancel(ts_batcher_t *b, uint64_t id)
+{
+    pthread_mutex_lock(&b->mu);
+    batch_request *r = b->head;
+    while (r != NULL && r->id != id)
+        r = r->next;
+    if (r == NULL || id == 0) {
+        pthread_mutex_unlock(&b->mu);
+        ts__batcher_set_err("request %llu is not queued (in a batch, answered or unknown)",
+                            (unsigned long long)id);
+        return TS_ENOENT;
+    }
+    unqueue(b, r);
+    b->st.failed++;
+    b->st.cancelled++;
+    /* The timer thread answers it (pushed on the front: the order of cancellations is free). */
+    r->next = b->cancelled;
+    b->cancelled = r;
+    pthread_cond_signal(&b->timer_cv);
+    if (b->collecting)
+        pthread_cond_signal(&b->collect_cv);
     pthread_mutex_unlock(&b->mu);
     return 0;
 }

@@ -107,6 +107,8 @@ typedef struct batch_request {
     int64_t rows;
     uint64_t arrival_ns;
     uint64_t deadline_ns; /* 0: none */
+    uint64_t id;          /* for ts_batcher_cancel */
+    int prio;             /* priority level, 0 most urgent */
     size_t heap_idx;      /* position in the deadline heap, or SIZE_MAX */
     ts_predict_cb cb;
     void *arg;
@@ -148,11 +150,12 @@ typedef struct replica {
     ts_model_t *model;
     pthread_t thread;
     int started;
-    uint64_t gen;            /* generation of the last weight update handled */
-    int64_t version;         /* weights in the model now */
-    ts_value_t *batch;       /* max_batch rows of every input field */
-    ts_value_t **batch_leaf; /* per field: the tensor value inside batch */
-    batch_request **picked;  /* the requests of the current batch */
+    uint64_t gen;                  /* generation of the last weight update handled */
+    int64_t version;               /* weights in the model now */
+    ts_value_t *batch;             /* max_batch rows of every input field */
+    ts_value_t **batch_leaf;       /* per field: the tensor value inside batch */
+    batch_request **picked;        /* the requests of the current batch */
+    ts_batcher_replica_stats_t st; /* under the batcher's lock */
 } replica;
 
 /* The remote serving state (serve.c), opaque to the engine. */
@@ -173,7 +176,23 @@ struct ts_batcher_s {
     size_t max_queued;
     replica *rep;
     int n_rep;
-    batch_request *head, *tail; /* FIFO queue */
+    /*
+     * The queue: one list in batch order, by priority level (0 first), then arrival. tails[p] is
+     * the last request of level p, or NULL when the level has none.
+     */
+    batch_request *head, *tail;
+    batch_request *tails[TS_BATCHER_MAX_PRIORITIES];
+    int levels, default_prio;
+    int64_t preferred[TS_BATCHER_MAX_PREFERRED]; /* ascending */
+    int n_preferred;
+    uint64_t min_delay_ns;
+    /*
+     * Requesters answered by batches that have not submitted again since (each submit takes
+     * one off; zero when a batch waited out max_delay): see gather().
+     */
+    size_t returning;
+    batch_request *cancelled; /* cancelled requests the timer thread answers (linked by next) */
+    uint64_t next_id;
     size_t queued;
     int64_t queued_rows;  /* rows of the queued requests */
     batch_request **heap; /* min-heap on deadline_ns */

@@ -10,12 +10,16 @@
  * The libtorch shim (tensorshare/torch.h) provides the TorchScript implementation; any C code
  * can provide another.
  *
- * Batching rule (like Triton's dynamic batcher): an idle replica takes the oldest queued request,
- * then keeps adding the following queued requests, in order, while they fit in max_batch rows.
- * It waits for more rows up to max_delay_us after the oldest request's arrival, and runs at once
- * when the batch is full or the next queued request does not fit. A request is never split over
- * two batches. While one replica is gathering a batch, the other idle replicas wait for it to
- * finish gathering, so that one batch fills before the next starts.
+ * Batching rule (like Triton's dynamic batcher): an idle replica takes the first queued request
+ * (the most urgent priority level first, then in arrival order), then keeps adding the following
+ * queued requests, in order, while they fit in max_batch rows. It runs at once when the batch is
+ * full, when the next queued request does not fit, when the rows reach a preferred batch size,
+ * or when no further request can be expected soon: every requester the batcher knows of is
+ * already waiting (queued or in a batch), or the replica found the queue empty after its last
+ * batch. Otherwise it waits for more rows, up to max_delay_us after the oldest request's
+ * arrival. A request is never split over two batches. While one replica is gathering a batch,
+ * the other idle replicas wait for it to finish gathering, so that one batch fills before the
+ * next starts. docs/BATCHER.md has the details and the measurements behind the defaults.
  *
  * Threads: each replica runs on its own thread; a timer thread enforces request deadlines.
  * Every function here is thread-safe unless its comment says otherwise.
@@ -107,8 +111,12 @@ typedef struct ts_batcher_options_s {
      */
     const ts_field_t *outputs;
     int n_outputs;
-    int max_batch;        /* rows per forward; default 64 */
-    int64_t max_delay_us; /* wait for more rows after the oldest request; default 500 */
+    int max_batch; /* rows per forward; default 64 */
+    /*
+     * Wait at most this long for more rows after the oldest request's arrival, while the batch
+     * can still grow and more requests can be expected (see the batching rule); default 500.
+     */
+    int64_t max_delay_us;
     /*
      * Where replicas run, a comma-separated list (default "cpu"):
      *   cpu        one replica on a CPU thread;   cpu:N   N replicas on CPU threads
@@ -129,7 +137,33 @@ typedef struct ts_batcher_options_s {
     int64_t version;   /* weight version the models start with; default 0 */
     ts_model_create_cb create; /* required */
     void *create_arg;          /* passed to create; never read by the batcher */
+    /*
+     * Hold a partial batch at least this long after its oldest request's arrival, even when no
+     * further request is expected (a full batch, or one whose next request does not fit, still
+     * runs at once); at most max_delay_us; default 0. Added in 0.3.0.
+     */
+    int64_t min_delay_us;
+    /*
+     * Preferred batch sizes in rows (copied; 1..max_batch each; n_preferred at most
+     * TS_BATCHER_MAX_PREFERRED): as soon as the queued requests, in order, add up to one of them,
+     * a batch of the largest such size runs without waiting. Default none. Added in 0.3.0.
+     */
+    const int *preferred_batch;
+    int n_preferred;
+    /*
+     * Priority levels (1..TS_BATCHER_MAX_PRIORITIES; default 1). Level 0 is the most urgent: a
+     * batch takes every queued request of level 0 before any of level 1, and so on; within a
+     * level, arrival order. default_priority is the level of requests that name none
+     * (ts_predict_options_t.priority < 0, and every ts_batcher_predict_async); default 0.
+     * Added in 0.3.0.
+     */
+    int priority_levels;
+    int default_priority;
 } ts_batcher_options_t;
+
+/* The most preferred batch sizes and priority levels a batcher takes. Added in 0.3.0. */
+#define TS_BATCHER_MAX_PREFERRED  16
+#define TS_BATCHER_MAX_PRIORITIES 16
 
 /*
  * Fill opts with the defaults (no schema, no model). Added in 0.2.0. It replaces
@@ -197,6 +231,38 @@ TS_EXTERN int ts_batcher_predict_async(ts_batcher_t *b, const ts_value_t *input,
                                        int timeout_ms, ts_predict_cb cb, void *arg);
 
 /*
+ * The options of one request; fill with ts_predict_options_init, then change fields.
+ * Added in 0.3.0.
+ */
+typedef struct ts_predict_options_s {
+    unsigned flags; /* TS_COPY, as for ts_batcher_predict_async; default 0 */
+    int timeout_ms; /* as for ts_batcher_predict_async; default TS_TIMEOUT_DEFAULT */
+    int priority;   /* 0..priority_levels-1 (0 most urgent), or -1 (default) for default_priority */
+} ts_predict_options_t;
+
+/* Fill opts with the defaults. Added in 0.3.0. */
+TS_EXTERN void ts_predict_options_init(ts_predict_options_t *opts);
+
+/*
+ * ts_batcher_predict_async with options (NULL: the defaults) and the request's id in *id (may be
+ * NULL; unique within the batcher, never 0) for ts_batcher_cancel. Same errors, and TS_EINVAL
+ * for a priority past the batcher's levels. The bounded queue (opts.max_queued) answers at once:
+ * a request that finds it full fails here with TS_EAGAIN and the callback is never called.
+ * Added in 0.3.0.
+ */
+TS_EXTERN int ts_batcher_predict_async_with(ts_batcher_t *b, const ts_value_t *input,
+                                            const ts_predict_options_t *opts, ts_predict_cb cb,
+                                            void *arg, uint64_t *id);
+
+/*
+ * Cancel a queued request: 0 when it was still queued (its callback then gets TS_ECANCELED, on
+ * the batcher's timer thread, never inside this call); TS_ENOENT when it is not queued (already
+ * in a batch, answered, or unknown; a request in a forward gets that forward's answer). Costs a
+ * walk of the queue. Added in 0.3.0.
+ */
+TS_EXTERN int ts_batcher_cancel(ts_batcher_t *b, uint64_t id);
+
+/*
  * Blocking prediction: input is borrowed for the call; on success *output (yours) holds the
  * request's rows and *version (may be NULL) the weight version. timeout_ms as for
  * ts_batcher_predict_async. Returns the status the callback would get. Must not be called from
@@ -259,10 +325,48 @@ typedef struct ts_batcher_stats_s {
      * the empty map a stopping server appends to wake the others is not counted. Added in 0.2.0.
      */
     uint64_t malformed;
+    /*
+     * Requests accepted (at submit, before any answer). Every accepted request is answered once:
+     * submitted = requests + failed + queued + those in a running batch. Added in 0.3.0.
+     */
+    uint64_t submitted;
+    uint64_t timed_out; /* of failed: deadline passed while queued. Added in 0.3.0. */
+    uint64_t cancelled; /* of failed: ts_batcher_cancel or shutdown. Added in 0.3.0. */
+    uint64_t rejected;  /* refused at submit because the queue was full. Added in 0.3.0. */
 } ts_batcher_stats_t;
 
 /* Copy the counters into *out, a consistent snapshot. Added in 0.1.0. */
 TS_EXTERN void ts_batcher_stats(ts_batcher_t *b, ts_batcher_stats_t *out);
+
+/* Buckets of the batch-size histogram: 1, 2, 3-4, 5-8, ..., 32769-65536 rows. Added in 0.3.0. */
+#define TS_BATCHER_HIST_BUCKETS 17
+
+/*
+ * One replica's counters since creation (Triton's split of a request's time). Times are sums in
+ * nanoseconds; divide by the counts for means. Added in 0.3.0.
+ */
+typedef struct ts_batcher_replica_stats_s {
+    uint64_t batches;  /* forwards run */
+    uint64_t rows;     /* rows in them */
+    uint64_t requests; /* requests in them (answered or failed by the forward) */
+    uint64_t queue_ns; /* over those requests: from submit until a batch took the request */
+    /* over batches: copying the requests' rows into the batch buffer (the input copy) */
+    uint64_t input_ns;
+    /*
+     * over batches: the model's forward and the output check; for a libtorch model on a GPU
+     * this includes its own copies to and from the device
+     */
+    uint64_t compute_ns;
+    uint64_t output_ns; /* over batches: slicing the output and calling the callbacks */
+    /* batches by size: bucket 0 has 1 row, bucket k (k >= 1) 2^(k-1)+1 to 2^k rows */
+    uint64_t batch_sizes[TS_BATCHER_HIST_BUCKETS];
+} ts_batcher_replica_stats_t;
+
+/*
+ * Copy replica i's counters into *out (a consistent snapshot). 0, or TS_EINVAL when i is out
+ * of range. Added in 0.3.0.
+ */
+TS_EXTERN int ts_batcher_replica_stats(ts_batcher_t *b, int i, ts_batcher_replica_stats_t *out);
 
 /* ---------------------------------------------------------------------------------------------
  * Remote use through tensord

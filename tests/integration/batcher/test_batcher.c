@@ -166,6 +166,43 @@ static const ts_field_t out_schema[] = {
     {"batch", TS_INT64, 0, {0}},
 };
 
+/* The options of make(): the test schema, no model delay, one priority level. */
+static void test_options(ts_batcher_options_t *cfg, const char *placement, int max_batch,
+                         int64_t delay_us)
+{
+    ts_batcher_options_init(cfg);
+    cfg->inputs = in_schema;
+    cfg->n_inputs = 2;
+    cfg->outputs = out_schema;
+    cfg->n_outputs = 3;
+    cfg->max_batch = max_batch;
+    cfg->max_delay_us = delay_us;
+    cfg->placement = placement;
+    cfg->create = cm_create;
+}
+
+static ts_batcher_t *make_with(const ts_batcher_options_t *cfg)
+{
+    ts_batcher_t *b = NULL;
+    int rc = ts_batcher_new(&b, cfg);
+    if (rc != 0)
+        print_error("ts_batcher_new: %s (%s)\n", ts_strerror(rc), ts_last_error());
+    assert_int_equal(rc, 0);
+    return b;
+}
+
+/*
+ * A batcher that holds every partial batch for the whole delay (min_delay_us = max_delay_us),
+ * for tests that need a batch to run only when it is full or its delay has passed.
+ */
+static ts_batcher_t *make_held(const char *placement, int max_batch, int64_t delay_us)
+{
+    ts_batcher_options_t cfg;
+    test_options(&cfg, placement, max_batch, delay_us);
+    cfg.min_delay_us = delay_us;
+    return make_with(&cfg);
+}
+
 static ts_batcher_t *make(const char *placement, int max_batch, int64_t delay_us)
 {
     ts_batcher_options_t cfg;
@@ -424,11 +461,14 @@ static double elapsed_ms(uint64_t t0)
     return (double)(ts__now_ns() - t0) / 1e6;
 }
 
-/* A lone request waits about max_delay for company, then runs; a full batch runs at once. */
+/*
+ * A lone request held by min_delay waits about max_delay for company, then runs; without
+ * min_delay it runs at once (no further request can be expected); a full batch runs at once.
+ */
 static void test_queue_delay(void **state)
 {
     (void)state;
-    ts_batcher_t *b = make("cpu", 8, 300000); /* 300 ms */
+    ts_batcher_t *b = make_held("cpu", 8, 300000); /* 300 ms */
     ts_value_t *in = request(1, 0), *out = NULL;
     uint64_t t0 = ts__now_ns();
     assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), 0);
@@ -451,6 +491,19 @@ static void test_queue_delay(void **state)
     assert_true(check_answer(out, 8, 0, 1.0f));
     ts_value_free(out);
     ts_value_free(in);
+    ts_batcher_free(b);
+
+    /* The default rule: a lone request to an idle replica does not wait out a 20 s delay. */
+    b = make("cpu", 8, 20000000);
+    for (int i = 0; i < 3; i++) {
+        in = request(1, 40 + i);
+        t0 = ts__now_ns();
+        assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), 0);
+        assert_true(elapsed_ms(t0) < 10000.0);
+        assert_true(check_answer(out, 1, 40 + i, 1.0f));
+        ts_value_free(out);
+        ts_value_free(in);
+    }
     ts_batcher_free(b);
 
     /* max_delay 0: a lone request runs at once. */
@@ -618,7 +671,7 @@ static void test_predict_batch_wakeups(void **state)
 {
     (void)state;
     /* max_batch 4 and a 20 s delay: a batch runs exactly when its fourth row arrives. */
-    ts_batcher_t *b = make("cpu", 4, 20000000);
+    ts_batcher_t *b = make_held("cpu", 4, 20000000);
     enum { T = 4, ROUNDS = 20 };
     pthread_t th[T];
     pthr p[T];
@@ -1013,9 +1066,9 @@ static void run_loop(ts_batcher_t *b, int n_actors, int n_requests)
 static void test_closed_loop(void **state)
 {
     (void)state;
-    /* The delay is 20 s, so a batch only runs full: every batch must hold all 32 actors. */
+    /* The delay is 20 s and held, so a batch only runs full: every batch holds all 32 actors. */
     enum { A = 32, R = 50 };
-    ts_batcher_t *b = make("cpu:2", A, 20000000);
+    ts_batcher_t *b = make_held("cpu:2", A, 20000000);
     run_loop(b, A, R);
     ts_batcher_stats_t st;
     ts_batcher_stats(b, &st);
@@ -1024,8 +1077,8 @@ static void test_closed_loop(void **state)
     assert_int_equal(st.full_batches, R);
     ts_batcher_free(b);
 
-    /* One actor never fills a batch: each request waits out the 2 ms delay, then runs. */
-    b = make("cpu:2", 8, 2000);
+    /* One actor never fills a batch: held, each request waits out the 2 ms delay, then runs. */
+    b = make_held("cpu:2", 8, 2000);
     uint64_t t0 = ts__now_ns();
     run_loop(b, 1, 20);
     double ms = elapsed_ms(t0);
@@ -1033,6 +1086,348 @@ static void test_closed_loop(void **state)
     assert_true(ms >= 36.0 && ms < 10000.0);
     ts_batcher_stats(b, &st);
     assert_int_equal(st.requests, 20);
+    ts_batcher_free(b);
+
+    /*
+     * The default rule with a 20 s delay and max_batch above the actors: every actor the
+     * batcher knows of is waiting once a batch's callbacks have resubmitted, so no batch waits
+     * for the delay (50 rounds would take 1000 s).
+     */
+    b = make("cpu:2", 64, 20000000);
+    t0 = ts__now_ns();
+    run_loop(b, A, R);
+    ts_batcher_free(b);
+    /* (A fresh batcher: the 31 actors that stopped would cost the next batch one delay.) */
+    b = make("cpu:2", 64, 20000000);
+    run_loop(b, 1, 20);
+    ms = elapsed_ms(t0);
+    print_message("    %d + 20 requests from callbacks, 20 s delay, answered in %.1f ms\n", A * R,
+                  ms);
+    assert_true(ms < 15000.0);
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.requests, 20);
+    ts_batcher_free(b);
+}
+
+/* Blocking requester threads, each predicting in a loop until told to stop. */
+typedef struct loop_thread {
+    ts_batcher_t *b;
+    int64_t base;
+    atomic_int *answered, *stop;
+    int bad;
+} loop_thread;
+
+static void *loop_thread_main(void *arg)
+{
+    loop_thread *t = arg;
+    ts_value_t *in = request(1, t->base);
+    while (!atomic_load(t->stop)) {
+        ts_value_t *out = NULL;
+        int rc = ts_batcher_predict(t->b, in, 60000, &out, NULL);
+        if (rc != 0 || !check_answer(out, 1, t->base, 1.0f))
+            t->bad++;
+        else
+            atomic_fetch_add(t->answered, 1);
+        ts_value_free(out);
+    }
+    ts_value_free(in);
+    return NULL;
+}
+
+/*
+ * Blocking requesters never wait out the delay when all of them are already waiting: 8 threads,
+ * max_batch 64 (never full) and a 20 s delay get 240 answers in far less than one delay. (The
+ * threads only stop afterwards: a requester that goes away costs the next batch one delay, and
+ * the test then fills that batch itself.)
+ */
+static void test_never_wait_for_nothing(void **state)
+{
+    (void)state;
+    enum { T = 8, N = 240 };
+    for (int rep = 0; rep < 2; rep++) {
+        ts_batcher_t *b = make(rep == 0 ? "cpu" : "cpu:2", 64, 20000000);
+        pthread_t th[T];
+        loop_thread lt[T];
+        atomic_int answered, stop;
+        atomic_init(&answered, 0);
+        atomic_init(&stop, 0);
+        uint64_t t0 = ts__now_ns();
+        for (int i = 0; i < T; i++) {
+            lt[i] = (loop_thread){b, (int64_t)i * 100, &answered, &stop, 0};
+            assert_int_equal(pthread_create(&th[i], NULL, loop_thread_main, &lt[i]), 0);
+        }
+        for (int i = 0; i < 15000 && atomic_load(&answered) < N; i++)
+            sleep_us(1000);
+        double ms = elapsed_ms(t0);
+        int got = atomic_load(&answered);
+        atomic_store(&stop, 1);
+        /* Fill whatever batch the stopping threads leave behind, so that it runs at once. */
+        acount c;
+        acount_init(&c);
+        static actx fill[64];
+        for (int i = 0; i < 64; i++) {
+            fill[i] = (actx){&c, 1, 500000 + i * 10, 1.0f, request(1, 500000 + i * 10)};
+            assert_int_equal(
+                ts_batcher_predict_async(b, fill[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &fill[i]),
+                0);
+        }
+        for (int i = 0; i < T; i++) {
+            pthread_join(th[i], NULL);
+            assert_int_equal(lt[i].bad, 0);
+        }
+        assert_true(acount_wait(&c, 64));
+        assert_int_equal(c.ok, 64);
+        for (int i = 0; i < 64; i++)
+            ts_value_free(fill[i].in);
+        ts_batcher_stats_t st;
+        ts_batcher_stats(b, &st);
+        print_message("    %d blocking requesters on %s: %d answers in %.1f ms, %.1f rows per "
+                      "forward\n",
+                      T, rep == 0 ? "cpu" : "cpu:2", got, ms, (double)st.rows / (double)st.batches);
+        assert_true(got >= N);
+        assert_true(ms < 15000.0);
+        ts_batcher_free(b);
+    }
+}
+
+/* The replica is kept busy by a first request while the test queues others behind it. */
+static void busy_start(ts_batcher_t *b, actx *blocker, acount *c, int delay_us)
+{
+    atomic_store(&g_delay_us, delay_us);
+    *blocker = (actx){c, 1, 999000, 1.0f, request(1, 999000)};
+    assert_int_equal(
+        ts_batcher_predict_async(b, blocker->in, 0, TS_TIMEOUT_DEFAULT, async_cb, blocker), 0);
+    /* Wait until the replica has taken it: the queue is empty again. */
+    ts_batcher_stats_t st;
+    for (int i = 0; i < 2000; i++) {
+        ts_batcher_stats(b, &st);
+        if (st.queued == 0)
+            break;
+        sleep_us(1000);
+    }
+    sleep_us(5000);
+}
+
+/* The order in which callbacks ran (prio_cb). */
+static atomic_int g_order;
+
+typedef struct pslot {
+    acount *c;
+    ts_value_t *in;
+    int64_t base;
+    int prio, status, good, order, calls;
+} pslot;
+
+static void pslot_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
+{
+    (void)b;
+    (void)version;
+    pslot *p = arg;
+    p->status = status;
+    p->good = status == 0 && check_answer(out, 1, p->base, 1.0f);
+    p->order = atomic_fetch_add(&g_order, 1);
+    ts_value_free(out);
+    pthread_mutex_lock(&p->c->mu);
+    p->calls++;
+    p->c->done++;
+    pthread_cond_broadcast(&p->c->cv);
+    pthread_mutex_unlock(&p->c->mu);
+}
+
+/* Under load (the replica busy, a queue behind it), every urgent request is served first. */
+static void test_priorities(void **state)
+{
+    (void)state;
+    ts_batcher_options_t cfg;
+    test_options(&cfg, "cpu", 2, 0);
+    cfg.priority_levels = 3;
+    cfg.default_priority = 1;
+    ts_batcher_t *b = make_with(&cfg);
+    acount c, cb;
+    acount_init(&c);
+    acount_init(&cb);
+    actx blocker;
+    busy_start(b, &blocker, &cb, 100000);
+    atomic_store(&g_delay_us, 2000);
+    atomic_store(&g_order, 0);
+    enum { N = 12 };
+    pslot p[N];
+    for (int i = 0; i < N; i++) {
+        /* Least urgent first, then the default level, then the most urgent. */
+        int prio = i < 4 ? 2 : i < 8 ? -1 : 0;
+        p[i] = (pslot){&c, request(1, (int64_t)i * 10), (int64_t)i * 10, prio, -1, 0, -1, 0};
+        ts_predict_options_t po;
+        ts_predict_options_init(&po);
+        po.priority = prio;
+        assert_int_equal(ts_batcher_predict_async_with(b, p[i].in, &po, pslot_cb, &p[i], NULL), 0);
+    }
+    ts_predict_options_t bad;
+    ts_predict_options_init(&bad);
+    bad.priority = 3;
+    assert_int_equal(ts_batcher_predict_async_with(b, p[0].in, &bad, pslot_cb, &p[0], NULL),
+                     TS_EINVAL);
+    assert_true(acount_wait(&c, N));
+    assert_true(acount_wait(&cb, 1));
+    for (int i = 0; i < N; i++) {
+        assert_true(p[i].good);
+        assert_int_equal(p[i].calls, 1);
+    }
+    /* Ranks 0-3 the urgent ones (8..11), then the default level (4..7), then the rest. */
+    for (int i = 0; i < N; i++) {
+        int want_lo = i >= 8 ? 0 : i >= 4 ? 4 : 8;
+        assert_true(p[i].order >= want_lo && p[i].order < want_lo + 4);
+        ts_value_free(p[i].in);
+    }
+    atomic_store(&g_delay_us, 0);
+    ts_value_free(blocker.in);
+    ts_batcher_free(b);
+}
+
+/*
+ * A full queue answers at once (TS_EAGAIN at submit, no callback); a request whose deadline
+ * passes in the queue gets TS_ETIMEDOUT once and never an answer later; a cancelled request gets
+ * TS_ECANCELED once; a request in a forward cannot be cancelled. The counters add up.
+ */
+static void test_queue_limits_cancel_timeout(void **state)
+{
+    (void)state;
+    ts_batcher_options_t cfg;
+    test_options(&cfg, "cpu", 1, 0);
+    cfg.max_queued = 4;
+    ts_batcher_t *b = make_with(&cfg);
+    acount c, cb;
+    acount_init(&c);
+    acount_init(&cb);
+    actx blocker;
+    busy_start(b, &blocker, &cb, 300000);
+    pslot p[5];
+    uint64_t id[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        p[i] = (pslot){&c, request(1, (int64_t)i * 10), (int64_t)i * 10, 0, -1, 0, -1, 0};
+        ts_predict_options_t po;
+        ts_predict_options_init(&po);
+        po.timeout_ms = i == 1 ? 50 : 20000;
+        uint64_t t0 = ts__now_ns();
+        int rc = ts_batcher_predict_async_with(b, p[i].in, &po, pslot_cb, &p[i], &id[i]);
+        if (i < 4) {
+            assert_int_equal(rc, 0);
+            assert_true(id[i] != 0);
+        } else {
+            /* The fifth finds the queue full: refused at once, with no wait for room. */
+            assert_int_equal(rc, TS_EAGAIN);
+            assert_true(elapsed_ms(t0) < 1000.0);
+        }
+    }
+    assert_int_equal(ts_batcher_cancel(b, id[2]), 0);
+    assert_int_equal(ts_batcher_cancel(b, id[2]), TS_ENOENT);
+    assert_int_equal(ts_batcher_cancel(b, 0), TS_ENOENT);
+    assert_int_equal(ts_batcher_cancel(b, 987654321), TS_ENOENT);
+    assert_true(acount_wait(&c, 4));
+    assert_true(acount_wait(&cb, 1));
+    atomic_store(&g_delay_us, 0);
+    sleep_us(20000); /* any late second answer would show in calls */
+    assert_int_equal(p[0].status, 0);
+    assert_int_equal(p[1].status, TS_ETIMEDOUT);
+    assert_int_equal(p[2].status, TS_ECANCELED);
+    assert_int_equal(p[3].status, 0);
+    assert_int_equal(p[4].calls, 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(p[i].calls, 1);
+    /* Answered requests are no longer queued: cancelling them finds nothing. */
+    assert_int_equal(ts_batcher_cancel(b, id[0]), TS_ENOENT);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.submitted, 5); /* the blocker and four */
+    assert_int_equal(st.submitted, st.requests + st.failed);
+    assert_int_equal(st.requests, 3);
+    assert_int_equal(st.failed, 2);
+    assert_int_equal(st.timed_out, 1);
+    assert_int_equal(st.cancelled, 1);
+    assert_int_equal(st.rejected, 1);
+    assert_int_equal(st.queued, 0);
+    for (int i = 0; i < 5; i++)
+        ts_value_free(p[i].in);
+    ts_value_free(blocker.in);
+    ts_batcher_free(b);
+}
+
+/*
+ * Preferred batch sizes run at once although partial batches are held; the per-replica
+ * counters add up to the batcher's.
+ */
+static void test_preferred_and_replica_stats(void **state)
+{
+    (void)state;
+    ts_batcher_options_t cfg;
+    test_options(&cfg, "cpu", 8, 20000000);
+    cfg.min_delay_us = 20000000;
+    int pref[2] = {4, 3};
+    cfg.preferred_batch = pref;
+    cfg.n_preferred = 2;
+    ts_batcher_t *b = make_with(&cfg);
+    acount c;
+    acount_init(&c);
+    actx a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (actx){&c, 1, (int64_t)i * 10, 1.0f, request(1, (int64_t)i * 10)};
+        assert_int_equal(
+            ts_batcher_predict_async(b, a[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &a[i]), 0);
+    }
+    /* Four single rows reach the preferred size 4 (the size 3 on the way did not hold them). */
+    assert_true(acount_wait(&c, 4));
+    assert_int_equal(c.ok, 4);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.batches, 1);
+    assert_int_equal(st.rows, 4);
+    for (int i = 0; i < 4; i++)
+        ts_value_free(a[i].in);
+    ts_batcher_free(b);
+
+    /* Invalid preferred sizes and delays are refused. */
+    pref[0] = 9;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    cfg.n_preferred = 0;
+    cfg.min_delay_us = 30000000;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+
+    /* Per replica: batches, rows, requests and the histogram add up to the totals. */
+    b = make("cpu:2", 16, 200);
+    enum { N = 300 };
+    static actx m[N];
+    acount c2;
+    acount_init(&c2);
+    for (int i = 0; i < N; i++) {
+        m[i] = (actx){&c2, 1 + i % 3, (int64_t)i * 10, 1.0f, NULL};
+        m[i].in = request(m[i].rows, m[i].base);
+        assert_int_equal(
+            ts_batcher_predict_async(b, m[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &m[i]), 0);
+    }
+    assert_true(acount_wait(&c2, N));
+    assert_int_equal(c2.ok, N);
+    ts_batcher_stats(b, &st);
+    uint64_t batches = 0, rows = 0, reqs = 0, hist = 0;
+    for (int i = 0; i < ts_batcher_replicas(b); i++) {
+        ts_batcher_replica_stats_t rs;
+        assert_int_equal(ts_batcher_replica_stats(b, i, &rs), 0);
+        batches += rs.batches;
+        rows += rs.rows;
+        reqs += rs.requests;
+        for (int k = 0; k < TS_BATCHER_HIST_BUCKETS; k++)
+            hist += rs.batch_sizes[k];
+        if (rs.batches > 0)
+            assert_true(rs.compute_ns > 0);
+    }
+    ts_batcher_replica_stats_t none;
+    assert_int_equal(ts_batcher_replica_stats(b, 2, &none), TS_EINVAL);
+    assert_int_equal(batches, st.batches);
+    assert_int_equal(hist, st.batches);
+    assert_int_equal(rows, st.rows);
+    assert_int_equal(reqs, N);
+    assert_int_equal(st.submitted, N);
+    assert_int_equal(st.requests, N);
+    for (int i = 0; i < N; i++)
+        ts_value_free(m[i].in);
     ts_batcher_free(b);
 }
 
@@ -1184,7 +1579,8 @@ static void test_bare_tensor(void **state)
     cfg.inputs = in;
     cfg.n_inputs = 1;
     cfg.max_batch = 8;
-    cfg.max_delay_us = 20000000; /* the fourth request fills the batch long before this */
+    cfg.max_delay_us = 20000000;         /* the fourth request fills the batch long before this */
+    cfg.min_delay_us = cfg.max_delay_us; /* held: the first request waits for the others */
     cfg.create = bare_create;
     ts_batcher_t *b = NULL;
     assert_int_equal(ts_batcher_new(&b, &cfg), 0);
@@ -1302,6 +1698,10 @@ int main(void)
         cmocka_unit_test(test_deadline),
         cmocka_unit_test(test_deadline_heap),
         cmocka_unit_test(test_closed_loop),
+        cmocka_unit_test(test_never_wait_for_nothing),
+        cmocka_unit_test(test_priorities),
+        cmocka_unit_test(test_queue_limits_cancel_timeout),
+        cmocka_unit_test(test_preferred_and_replica_stats),
         cmocka_unit_test(test_shutdown),
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_bare_tensor),
