@@ -407,3 +407,41 @@ def test_shutdown_with_live_listener_exits_promptly(tensord):
     assert int(p.stdout.split()[1]) >= 5
     assert "Traceback" not in p.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_close_from_a_callback(tensord):
+    c = tensorshare.Client(tensord.address)
+    q = queue.Queue()
+
+    def cb(n):
+        c.close()  # frees the client once this callback returns
+        q.put(n.event)
+
+    c.listen("cc", cb)
+    with tensorshare.Client(tensord.address) as other:
+        other.put("cc", 1)
+        assert collect(q, 1) == ["put"]
+        deadline = time.monotonic() + PATIENCE_S
+        while not c.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c.closed
+        with pytest.raises(tensorshare.CancelledError):
+            c.ping()
+        other.put("cc", 2)  # nobody listens any more; nothing may crash
+        other.ping()
+
+
+def test_dropped_client_with_listener_and_futures(tensord):
+    import gc
+    import weakref
+
+    c = tensorshare.Client(tensord.address)
+    q = queue.Queue()
+    c.listen("gc", q.put)
+    fut = c.wait_async("gc-never", 0)
+    ref = weakref.ref(c)
+    del c
+    gc.collect()
+    assert ref() is None
+    with pytest.raises(tensorshare.CancelledError):
+        fut.result(PATIENCE_S)
