@@ -10,16 +10,21 @@
 #include "tensorshare/torch.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <new>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unordered_map>
@@ -118,6 +123,15 @@ struct ts_torch_model_s {
     torch::jit::Module module;
     c10::Device device;
     std::string device_name;
+    /*
+     * A CUDA model's own stream (from libtorch's pool, made on first use): copies and kernels of
+     * two models on one GPU (two replicas, "cuda:0*2") overlap instead of queueing on the
+     * device's one default stream. Unset on CPU.
+     */
+    std::optional<c10::Stream> stream;
+    /* ts_torch_set_autocast: the reduced dtype forwards run in, or kFloat for none. */
+    c10::ScalarType autocast = c10::kFloat;
+    c10::ScalarType out_dtype = c10::kFloat; /* what autocast outputs are cast back to */
 
     ts_torch_model_s(torch::jit::Module m, c10::Device d)
         : base{}, module(std::move(m)), device(d), device_name(d.str())
@@ -162,13 +176,103 @@ void op_free(ts_model_t *mm);
 
 const ts_model_ops_t torch_ops = {op_forward, op_load, op_free};
 
+/* Set TS_TORCH_STREAMS=0 to run CUDA models on the device's current stream instead. */
+bool streams_enabled()
+{
+    const char *e = std::getenv("TS_TORCH_STREAMS");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+}
+
+/*
+ * Wait for the work queued on the device's current stream: a module moved or a state dict copied
+ * to the GPU from pageable memory may still be in flight there, and a model's own stream
+ * (created non-blocking) does not wait for it.
+ */
+void sync_current_stream(c10::Device d)
+{
+    if (!d.is_cuda())
+        return;
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    impl.getStream(d).synchronize();
+}
+
 ts_torch_model_t *wrap_module(torch::jit::Module m, c10::Device d)
 {
     m.eval();
+    sync_current_stream(d);
     auto *tm = new ts_torch_model_s(std::move(m), d);
     tm->base.ops = &torch_ops;
+    for (const auto &p : tm->module.parameters(true)) {
+        if (p.is_floating_point()) {
+            tm->out_dtype = p.scalar_type();
+            break;
+        }
+    }
     return tm;
 }
+
+/* The model's stream as the current one for the scope (CUDA models only). */
+struct model_stream {
+    std::optional<c10::StreamGuard> guard;
+    explicit model_stream(ts_torch_model_t *m)
+    {
+        if (!m->device.is_cuda() || !streams_enabled())
+            return;
+        if (!m->stream) {
+            c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+            m->stream = impl.getStreamFromGlobalPool(m->device);
+        }
+        guard.emplace(*m->stream);
+    }
+};
+
+/*
+ * Autocast for the scope, as torch.autocast(device_type, dtype) does in Python: the thread's
+ * autocast state for the model's device type is saved, set and restored.
+ */
+struct autocast_scope {
+    bool on = false, cpu = false, was_enabled = false;
+    c10::ScalarType was_dtype = c10::kFloat;
+    explicit autocast_scope(const ts_torch_model_t *m)
+    {
+        if (m->autocast == c10::kFloat)
+            return;
+        cpu = m->device.is_cpu();
+        if (cpu && m->autocast == c10::kHalf)
+            throw ts_error(TS_ENOTSUP,
+                           "autocast to float16 runs on CUDA only (use bfloat16 on CPU)");
+        on = true;
+        if (cpu) {
+            was_enabled = at::autocast::is_cpu_enabled();
+            was_dtype = at::autocast::get_autocast_cpu_dtype();
+            at::autocast::set_autocast_cpu_dtype(m->autocast);
+            at::autocast::set_cpu_enabled(true);
+        } else {
+            was_enabled = at::autocast::is_enabled();
+            was_dtype = at::autocast::get_autocast_gpu_dtype();
+            at::autocast::set_autocast_gpu_dtype(m->autocast);
+            at::autocast::set_enabled(true);
+        }
+        at::autocast::increment_nesting();
+    }
+    ~autocast_scope()
+    {
+        if (!on)
+            return;
+        /* The casts of the weights are cached while autocast is on: drop them when it ends. */
+        if (at::autocast::decrement_nesting() == 0)
+            at::autocast::clear_cache();
+        if (cpu) {
+            at::autocast::set_cpu_enabled(was_enabled);
+            at::autocast::set_autocast_cpu_dtype(was_dtype);
+        } else {
+            at::autocast::set_enabled(was_enabled);
+            at::autocast::set_autocast_gpu_dtype(was_dtype);
+        }
+    }
+    autocast_scope(const autocast_scope &) = delete;
+    autocast_scope &operator=(const autocast_scope &) = delete;
+};
 
 /* ---------------------------------------------------------------------------------------------
  * dtypes
@@ -397,9 +501,26 @@ struct value_ptr {
     }
 };
 
-ts_value_t *tensor_value(const at::Tensor &src)
+/*
+ * The output's dtype under autocast: a tensor in the reduced dtype goes back to the model's own
+ * floating dtype (kFloat: no autocast, nothing to cast). Set for the conversion of one output.
+ */
+thread_local c10::ScalarType tls_cast_from = c10::kFloat;
+thread_local c10::ScalarType tls_cast_to = c10::kFloat;
+
+ts_value_t *tensor_value(const at::Tensor &in)
 {
-    at::Tensor t = src.to(c10::kCPU).contiguous();
+    at::Tensor src = in;
+    if (tls_cast_from != c10::kFloat && src.scalar_type() == tls_cast_from)
+        src = src.to(tls_cast_to);
+    at::Tensor t;
+    if (src.is_cuda()) {
+        /* Page-locked memory makes the device-to-host copy a direct DMA on the current stream. */
+        t = torch::empty(src.sizes(), src.options().device(c10::kCPU).pinned_memory(true));
+        t.copy_(src);
+    } else {
+        t = src.to(c10::kCPU).contiguous();
+    }
     if (t.dim() > TS_MAX_NDIM)
         throw ts_error(TS_ENOTSUP, "an output tensor has " + std::to_string(t.dim()) +
                                        " dimensions, more than " + std::to_string(TS_MAX_NDIM));
@@ -476,13 +597,26 @@ ts_value_t *forward(ts_torch_model_t *m, const ts_value_t *input, void (*release
     }
     keep->release = release;
     keep->arg = arg;
+    struct cast_reset {
+        ~cast_reset()
+        {
+            tls_cast_from = c10::kFloat;
+        }
+    } reset;
     try {
         c10::InferenceMode inference;
+        model_stream stream(m);
         to_ctx ctx{m->device, keep};
         std::vector<c10::IValue> args;
         args.push_back(to_ivalue(input, ctx, 0));
-        c10::IValue out = m->module.forward(std::move(args));
+        c10::IValue out;
+        {
+            autocast_scope amp(m);
+            out = m->module.forward(std::move(args));
+        }
         args.clear();
+        tls_cast_from = m->autocast;
+        tls_cast_to = m->out_dtype;
         ts_value_t *v = from_ivalue(out, 0);
         keep->unref();
         return v;
@@ -593,6 +727,7 @@ void load_state(ts_torch_model_t *m, const ts_value_t *sd, unsigned flags)
     if (!msg.empty())
         throw ts_error(TS_EINVAL, "state dict does not match the model: " + msg);
     torch::NoGradGuard no_grad;
+    model_stream stream(m);
     for (auto &c : copies) {
         const ts_tensor_t *t = c.second;
         std::vector<int64_t> sizes(t->shape, t->shape + t->ndim);
@@ -602,6 +737,11 @@ void load_state(ts_torch_model_t *m, const ts_value_t *sd, unsigned flags)
         at::Tensor src = torch::from_blob(t->data, sizes, opts);
         c.first->copy_(src);
     }
+    /* The caller may free the state dict as soon as this returns: the copies must be done. */
+    if (m->stream)
+        m->stream->synchronize();
+    else
+        sync_current_stream(m->device);
 }
 
 ts_value_t *export_state(ts_torch_model_t *m)
@@ -683,7 +823,14 @@ int ts_torch_clone(ts_torch_model_t **out, const ts_torch_model_t *src, const ch
         c10::Device d = device != nullptr ? parse_device(device) : src->device;
         torch::jit::Module mod = src->module.clone();
         mod.to(d);
-        *out = wrap_module(std::move(mod), d);
+        ts_torch_model_t *m = wrap_module(std::move(mod), d);
+        m->autocast = src->autocast;
+        if (m->autocast == c10::kHalf && d.is_cpu()) {
+            delete m;
+            throw ts_error(TS_ENOTSUP,
+                           "autocast to float16 runs on CUDA only (use bfloat16 on CPU)");
+        }
+        *out = m;
         return 0;
     });
 }
@@ -744,6 +891,22 @@ int ts_torch_state_dict(ts_torch_model_t *m, ts_value_t **out)
         if (m == nullptr || out == nullptr)
             throw ts_error(TS_EINVAL, "ts_torch_state_dict: missing argument");
         *out = export_state(m);
+        return 0;
+    });
+}
+
+int ts_torch_set_autocast(ts_torch_model_t *m, ts_dtype_t dtype)
+{
+    TS_TORCH_GUARD({
+        if (m == nullptr)
+            throw ts_error(TS_EINVAL, "ts_torch_set_autocast: no model");
+        if (dtype == TS_FLOAT32) {
+            m->autocast = c10::kFloat;
+            return 0;
+        }
+        if (dtype != TS_FLOAT16 && dtype != TS_BFLOAT16)
+            throw ts_error(TS_EINVAL, "autocast runs in float16 or bfloat16 (float32: off)");
+        m->autocast = to_scalar(dtype);
         return 0;
     });
 }

@@ -50,7 +50,10 @@ TS_EXTERN const char *ts_torch_model_device(const ts_torch_model_t *m);
 
 /*
  * Run forward on input (a record or any value; borrowed). CPU tensors of input are handed to
- * libtorch without copying; for a CUDA model they go through pinned staging buffers. *output is
+ * libtorch without copying; for a CUDA model they go through pinned staging buffers, and the
+ * copies and kernels run on the model's own CUDA stream (from libtorch's pool; set the
+ * environment variable TS_TORCH_STREAMS=0 to use the device's current stream instead), so that
+ * two models on one GPU overlap. *output is
  * a new value you own (tensor data copied to CPU memory). The model must not keep references to
  * its input after forward returns (use ts_torch_forward_retained when it may). Added in 0.1.0.
  */
@@ -83,6 +86,19 @@ TS_EXTERN int ts_torch_load_state_dict(ts_torch_model_t *m, const ts_value_t *st
  * Added in 0.1.0.
  */
 TS_EXTERN int ts_torch_state_dict(ts_torch_model_t *m, ts_value_t **out);
+
+/*
+ * Mixed precision (like torch.autocast): forwards of m, and of every copy made from it afterwards
+ * (ts_torch_clone, the batcher's replicas through ts_torch_model_create), run under autocast to
+ * dtype: TS_FLOAT16 (CUDA models only: a CPU model then fails its forwards and clones to the CPU
+ * with TS_ENOTSUP) or TS_BFLOAT16 (CUDA, and CPU); TS_FLOAT32 turns it off. Output tensors that
+ * come out in that dtype are converted back to the model's own floating dtype (its first
+ * floating parameter's, float32 for most models), so answers keep the dtype the model has
+ * without autocast; they differ from float32 answers by the reduced precision (about 1e-2
+ * relative for bfloat16, 1e-3 for float16). Not thread-safe against forwards of m. 0, or
+ * TS_EINVAL for another dtype. Added in 0.3.0.
+ */
+TS_EXTERN int ts_torch_set_autocast(ts_torch_model_t *m, ts_dtype_t dtype);
 
 /* Number of CUDA devices libtorch sees (0 on CPU-only builds). Added in 0.1.0. */
 TS_EXTERN int ts_torch_cuda_device_count(void);

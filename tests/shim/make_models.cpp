@@ -7,6 +7,8 @@
  *   identity.pt Dict[str, Tensor] -> the same dict
  *   listy.pt    List[Tensor] -> (x0 + x1, [2 x0], len, 1.5, "ok", True)
  *   keeper.pt   x -> x + 1, keeping x in an attribute until the next call
+ *   plain.pt    x [N,8] -> [N,4]: l1(relu(l0(x))), 64 wide, ending on a linear layer (autocast
+ *               makes its output reduced-precision, which the shim converts back)
  *
  * "make_models --mlp 8,2048,2048,2048,4 FILE" saves one MLP of those widths instead (ReLU between
  * the layers, float32, seed 0): batcher_bench builds its big model this way.
@@ -176,6 +178,7 @@ int main(int argc, char **argv)
         identity().save(dir + "/identity.pt");
         listy().save(dir + "/listy.pt");
         keeper().save(dir + "/keeper.pt");
+        mlp_of({8, 64, 4}).save(dir + "/plain.pt");
     } catch (const c10::Error &e) {
         std::fprintf(stderr, "make_models: %s\n", e.what_without_backtrace());
         return 1;

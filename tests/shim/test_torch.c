@@ -664,6 +664,102 @@ static void test_batcher_cuda(void **state)
     ts_torch_model_free(proto);
 }
 
+/* Largest |a - b| over n floats, and largest |b|. */
+static void max_diff(const float *a, const float *b, size_t n, double *diff, double *scale)
+{
+    *diff = 0;
+    *scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        *diff = d > *diff ? d : *diff;
+        *scale = fabs((double)b[i]) > *scale ? fabs((double)b[i]) : *scale;
+    }
+}
+
+/*
+ * The documented tolerance of autocast answers against float32 ones (torch.h): bfloat16 keeps
+ * 8 bits of mantissa, about 1e-2 relative; it is applied to the largest output.
+ */
+#define AMP_TOL 3e-2
+
+/*
+ * Mixed precision: forwards under bfloat16 autocast on CPU (float16 on CUDA when there is a GPU)
+ * answer in float32, close to the float32 answers but not equal to them (the autocast ran); the
+ * batcher's replicas inherit the setting from the prototype, and batched answers equal unbatched
+ * ones within the same tolerance.
+ */
+static void test_autocast(void **state)
+{
+    (void)state;
+    ts_torch_model_t *f32 = load("plain.pt");
+    ts_torch_model_t *amp = NULL;
+    assert_int_equal(ts_torch_clone(&amp, f32, NULL), 0);
+    assert_int_equal(ts_torch_set_autocast(amp, TS_INT32), TS_EINVAL);
+    assert_int_equal(ts_torch_set_autocast(amp, TS_BFLOAT16), 0);
+    ts_value_t *x = ftensor(16, 8, 3), *y = NULL, *want = NULL;
+    assert_int_equal(ts_torch_forward(amp, x, &y), 0);
+    assert_int_equal(ts_torch_forward(f32, x, &want), 0);
+    assert_int_equal(ts_value_tensor(y)->dtype, TS_FLOAT32);
+    double diff, scale;
+    max_diff(fdata(y), fdata(want), 64, &diff, &scale);
+    print_message("    bfloat16 autocast on cpu: largest difference %.3g (largest output %.3g)\n",
+                  diff, scale);
+    assert_true(diff > 0);
+    assert_true(diff <= AMP_TOL * (scale > 1 ? scale : 1));
+    ts_value_free(y);
+
+    /* The batcher's replicas are copies of amp: they run under autocast too. */
+    const ts_field_t in[] = {{"", TS_FLOAT32, 1, {8}}};
+    const ts_field_t out[] = {{"", TS_FLOAT32, 1, {4}}};
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
+    cfg.inputs = in;
+    cfg.n_inputs = 1;
+    cfg.outputs = out;
+    cfg.n_outputs = 1;
+    cfg.max_batch = 16;
+    cfg.max_delay_us = 1000;
+    cfg.placement = "cpu:2";
+    cfg.create = ts_torch_model_create;
+    cfg.create_arg = amp;
+    ts_batcher_t *b = NULL;
+    assert_int_equal(ts_batcher_new(&b, &cfg), 0);
+    for (int r = 0; r < 16; r++) {
+        int64_t shape[2] = {1, 8};
+        ts_value_t *row = ts_tensor_new(TS_FLOAT32, 2, shape, (float *)fdata(x) + r * 8, TS_BORROW);
+        assert_int_equal(ts_batcher_predict(b, row, 30000, &y, NULL), 0);
+        max_diff(fdata(y), fdata(want) + r * 4, 4, &diff, &scale);
+        assert_true(diff <= AMP_TOL * (scale > 1 ? scale : 1));
+        ts_value_free(y);
+        ts_value_free(row);
+    }
+    ts_batcher_free(b);
+
+    /* float16 autocast is CUDA's: a CPU model refuses to run with it. */
+    assert_int_equal(ts_torch_set_autocast(amp, TS_FLOAT16), 0);
+    assert_int_equal(ts_torch_forward(amp, x, &y), TS_ENOTSUP);
+    if (ts_torch_cuda_device_count() > 0) {
+        ts_torch_model_t *gpu = NULL;
+        assert_int_equal(ts_torch_clone(&gpu, amp, "cuda:0"), 0);
+        assert_int_equal(ts_torch_forward(gpu, x, &y), 0);
+        assert_int_equal(ts_value_tensor(y)->dtype, TS_FLOAT32);
+        max_diff(fdata(y), fdata(want), 64, &diff, &scale);
+        print_message("    float16 autocast on cuda:0: largest difference %.3g\n", diff);
+        assert_true(diff <= AMP_TOL * (scale > 1 ? scale : 1));
+        ts_value_free(y);
+        ts_torch_model_free(gpu);
+    }
+    assert_int_equal(ts_torch_set_autocast(amp, TS_FLOAT32), 0);
+    assert_int_equal(ts_torch_forward(amp, x, &y), 0);
+    max_diff(fdata(y), fdata(want), 64, &diff, &scale);
+    assert_true(diff <= 1e-5 * (scale > 1 ? scale : 1));
+    ts_value_free(y);
+    ts_value_free(want);
+    ts_value_free(x);
+    ts_torch_model_free(amp);
+    ts_torch_model_free(f32);
+}
+
 int main(void)
 {
     const char *dir = getenv("TS_MODELS_DIR");
@@ -679,7 +775,7 @@ int main(void)
         cmocka_unit_test(test_dtypes),        cmocka_unit_test(test_lists_and_scalars),
         cmocka_unit_test(test_retained),      cmocka_unit_test(test_state_dict),
         cmocka_unit_test(test_batcher_torch), cmocka_unit_test(test_batcher_model_error),
-        cmocka_unit_test(test_batcher_cuda),
+        cmocka_unit_test(test_batcher_cuda),  cmocka_unit_test(test_autocast),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
