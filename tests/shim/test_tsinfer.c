@@ -202,6 +202,10 @@ static void test_tsinfer(void **state)
     assert_non_null(strstr(out, "tsinfer: running: "));
     assert_non_null(strstr(out, "tsinfer: stopped: "));
     assert_non_null(strstr(out, "0 failed, 3 malformed"));
+    /* Per replica: the time split and the batch sizes (Triton's statistics). */
+    assert_non_null(strstr(out, "tsinfer:   replica 0 (cpu): "));
+    assert_non_null(strstr(out, "us per request, input "));
+    assert_non_null(strstr(out, " submitted, 0 timed out, 0 cancelled, 0 refused"));
     assert_non_null(strstr(out, "malformed request in policy/requests: not a map"));
     assert_non_null(strstr(out, "request 5: no 'reply' bin name"));
     assert_non_null(strstr(out, "request 5: no 'input'"));

@@ -4,6 +4,7 @@
  *   tsinfer --server HOST:PORT --model policy.pt --name policy --input :float32:8
  *           [--output :float32:4] [--max-batch 64] [--max-delay-us 500] [--device cpu:2]
  *           [--params BIN] [--timeout-ms MS] [--threads N] [--stats-s S]
+ *           [--min-delay-us US] [--preferred ROWS,...] [--amp bfloat16|float16]
  *
  * Remote workers submit to the bin NAME/requests with ts_predictor_* (batcher.h); tsinfer
  * batches their rows on the model's replicas and appends each answer to its requester's reply
@@ -39,13 +40,19 @@ static void usage(FILE *f)
             "usage: tsinfer --server HOST:PORT --model FILE --name NAME --input SCHEMA\n"
             "               [--output SCHEMA] [--max-batch ROWS] [--max-delay-us US]\n"
             "               [--device PLACEMENT] [--params BIN] [--timeout-ms MS]\n"
-            "               [--threads N] [--stats-s S]\n"
+            "               [--threads N] [--stats-s S] [--min-delay-us US]\n"
+            "               [--preferred ROWS,...] [--amp bfloat16|float16]\n"
             "  SCHEMA     comma-separated fields NAME:DTYPE:DIMS, per row (no batch dimension),\n"
             "             e.g. obs.x:float32:4x4,obs.id:int64: ; an empty NAME is a bare tensor\n"
             "             (:float32:8). DIMS is empty for one value per row.\n"
             "  PLACEMENT  cpu, cpu:N, cuda:I, cuda:I*K, cuda*K, cuda/N, comma-separated\n"
             "             (default cpu)\n"
-            "  --stats-s S  print the statistics line every S seconds (default 0: on exit only)\n"
+            "  --stats-s S  print the statistics every S seconds (default 0: on exit only): one\n"
+            "             line for the batcher, then one per replica with its mean queue, input\n"
+            "             copy, compute and output times and its batch sizes\n"
+            "  --min-delay-us US  hold a partial batch at least this long (default 0)\n"
+            "  --preferred ROWS,...  batch sizes that run as soon as the queue reaches them\n"
+            "  --amp DTYPE  run the replicas under autocast (bfloat16; float16 on CUDA only)\n"
             "On exit tsinfer prints how many requests were answered, failed (the model failed or\n"
             "a deadline passed) and were malformed (not a request record, no reply bin, no input,\n"
             "or an input that does not match --input; each is logged on stderr, at most %d\n"
@@ -151,15 +158,70 @@ static void on_malformed(ts_batcher_t *b, int status, void *arg)
     fprintf(stderr, "tsinfer: malformed request in %s: %s\n", ls->req_bin, ts_last_error());
 }
 
-/* The statistics line, printed every --stats-s seconds and on exit. */
-static void print_stats(const char *when, const ts_batcher_stats_t *st)
+/* Mean of a sum of nanoseconds over n, in microseconds (0 when n is 0). */
+static double mean_us(uint64_t sum_ns, uint64_t n)
 {
+    return n > 0 ? (double)sum_ns / (double)n / 1e3 : 0.0;
+}
+
+/*
+ * The statistics, printed every --stats-s seconds and on exit: the batcher's line, then one line
+ * per replica (Triton's split of the time: queue per request; input copy, compute and output per
+ * batch; then the batch sizes, bucket by bucket, the empty ones left out).
+ */
+static void print_stats(const char *when, ts_batcher_t *b)
+{
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
     printf("tsinfer: %s: %llu requests answered, %llu failed, %llu malformed, %llu batches, "
            "%.2f rows per batch\n",
-           when, (unsigned long long)st->requests, (unsigned long long)st->failed,
-           (unsigned long long)st->malformed, (unsigned long long)st->batches,
-           st->batches ? (double)st->rows / (double)st->batches : 0.0);
+           when, (unsigned long long)st.requests, (unsigned long long)st.failed,
+           (unsigned long long)st.malformed, (unsigned long long)st.batches,
+           st.batches ? (double)st.rows / (double)st.batches : 0.0);
+    printf("tsinfer: %s: %llu submitted, %llu timed out, %llu cancelled, %llu refused (queue "
+           "full)\n",
+           when, (unsigned long long)st.submitted, (unsigned long long)st.timed_out,
+           (unsigned long long)st.cancelled, (unsigned long long)st.rejected);
+    for (int i = 0; i < ts_batcher_replicas(b); i++) {
+        ts_batcher_replica_stats_t rs;
+        if (ts_batcher_replica_stats(b, i, &rs) != 0)
+            continue;
+        printf("tsinfer:   replica %d (%s): %llu batches, %llu rows, queue %.1f us per request, "
+               "input %.1f us, compute %.1f us, output %.1f us per batch; sizes",
+               i, ts_batcher_device(b, i), (unsigned long long)rs.batches,
+               (unsigned long long)rs.rows, mean_us(rs.queue_ns, rs.requests),
+               mean_us(rs.input_ns, rs.batches), mean_us(rs.compute_ns, rs.batches),
+               mean_us(rs.output_ns, rs.batches));
+        for (int k = 0; k < TS_BATCHER_HIST_BUCKETS; k++) {
+            if (rs.batch_sizes[k] == 0)
+                continue;
+            long hi = 1L << k, lo = k == 0 ? 1 : (1L << (k - 1)) + 1;
+            if (lo == hi)
+                printf(" %ld:%llu", hi, (unsigned long long)rs.batch_sizes[k]);
+            else
+                printf(" %ld-%ld:%llu", lo, hi, (unsigned long long)rs.batch_sizes[k]);
+        }
+        printf("\n");
+    }
     fflush(stdout);
+}
+
+/* "4,8,16" into sizes (at most TS_BATCHER_MAX_PREFERRED, each 1..max_batch). The count or -1. */
+static int parse_sizes(const char *s, long max_batch, int *sizes)
+{
+    int n = 0;
+    const char *p = s;
+    while (*p != '\0') {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno != 0 || v < 1 || v > max_batch || n == TS_BATCHER_MAX_PREFERRED ||
+            (*end != ',' && *end != '\0'))
+            return -1;
+        sizes[n++] = (int)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return n;
 }
 
 int main(int argc, char **argv)
@@ -168,6 +230,8 @@ int main(int argc, char **argv)
     const char *device = "cpu";
     char *in_spec = NULL, *out_spec = NULL;
     long max_batch = 64, delay_us = 500, timeout_ms = 30000, threads = 0, stats_s = 0;
+    long min_delay_us = 0;
+    const char *preferred = NULL, *amp = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -196,6 +260,13 @@ int main(int argc, char **argv)
             bad = parse_long(v, 1, 1 << 20, &max_batch);
         } else if (strcmp(a, "--max-delay-us") == 0) {
             bad = parse_long(v, 0, 60000000, &delay_us);
+        } else if (strcmp(a, "--min-delay-us") == 0) {
+            bad = parse_long(v, 0, 60000000, &min_delay_us);
+        } else if (strcmp(a, "--preferred") == 0) {
+            preferred = v;
+        } else if (strcmp(a, "--amp") == 0) {
+            amp = v;
+            bad = strcmp(v, "bfloat16") != 0 && strcmp(v, "float16") != 0;
         } else if (strcmp(a, "--timeout-ms") == 0) {
             bad = parse_long(v, -1, INT32_MAX, &timeout_ms);
         } else if (strcmp(a, "--stats-s") == 0) {
@@ -238,8 +309,27 @@ int main(int argc, char **argv)
         fprintf(stderr, "tsinfer: loading %s: %s\n", model, ts_last_error());
         return 1;
     }
+    if (amp != NULL) {
+        rc = ts_torch_set_autocast(proto, strcmp(amp, "float16") == 0 ? TS_FLOAT16 : TS_BFLOAT16);
+        if (rc != 0) {
+            fprintf(stderr, "tsinfer: --amp %s: %s\n", amp, ts_last_error());
+            ts_torch_model_free(proto);
+            return 1;
+        }
+    }
+    int sizes[TS_BATCHER_MAX_PREFERRED];
+    int n_sizes = preferred != NULL ? parse_sizes(preferred, max_batch, sizes) : 0;
+    if (n_sizes < 0) {
+        fprintf(stderr, "tsinfer: --preferred %s: up to %d sizes of 1..%ld rows\n", preferred,
+                TS_BATCHER_MAX_PREFERRED, max_batch);
+        ts_torch_model_free(proto);
+        return 2;
+    }
     ts_batcher_options_t cfg;
     ts_batcher_options_init(&cfg);
+    cfg.min_delay_us = min_delay_us;
+    cfg.preferred_batch = sizes;
+    cfg.n_preferred = n_sizes;
     cfg.inputs = in;
     cfg.n_inputs = n_in;
     cfg.outputs = n_out > 0 ? out : NULL;
@@ -300,19 +390,15 @@ int main(int argc, char **argv)
             int sig = sigtimedwait(&sigs, NULL, &period);
             if (sig == SIGINT || sig == SIGTERM)
                 break;
-            if (sig < 0 && errno == EAGAIN && stats_s > 0) {
-                ts_batcher_stats_t now;
-                ts_batcher_stats(b, &now);
-                print_stats("running", &now);
-            }
+            if (sig < 0 && errno == EAGAIN && stats_s > 0)
+                print_stats("running", b);
         }
     }
     ts_batcher_stop_remote(b);
-    ts_batcher_stats_t st;
-    ts_batcher_stats(b, &st);
+    /* Before the batcher goes: requests still queued are cancelled by ts_batcher_free. */
+    print_stats("stopped", b);
     ts_batcher_free(b);
     ts_client_free(client);
     ts_torch_model_free(proto);
-    print_stats("stopped", &st);
     return rc == 0 ? 0 : 1;
 }
