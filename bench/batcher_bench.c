@@ -1,16 +1,29 @@
 /*
- * batcher_bench: many concurrent single-row requesters on a small TorchScript MLP on CPU, with
- * dynamic batching versus one forward per request, in process and through tensord. Reports
- * throughput, p50/p99 latency and the average batch fill, and the batched rate relative to the
- * best unbatched rate of the same kind of requester.
+ * batcher_bench: many concurrent single-row requesters on a TorchScript MLP, with dynamic
+ * batching versus one forward per request, in process and through tensord, and the limit: the
+ * same replicas running full batches back to back with no batcher. Reports throughput, p50/p99
+ * latency and the average batch fill, each batched rate relative to the best unbatched rate of
+ * the same kind of requester, and each batched rate as a fraction of the limit.
  *
- *   batcher_bench --model mlp.pt [--threads 64] [--requests 200] [--placement cpu:2]
- *                 [--max-batch 64] [--max-delay-us 500] [--repeats 3]
+ *   batcher_bench [--model mlp.pt | --mlp 8,2048,2048,2048,4] [--threads 64] [--requests 200]
+ *                 [--placement cpu:2] [--max-batch 64] [--max-delay-us 500]
+ *                 [--min-delay-us 0] [--amp bfloat16|float16] [--repeats 3] [--pin]
  *                 [--tensord PATH | --server ADDR] [--clients 8] [--modes LIST] [--smoke]
  *
- * The model takes a bare [rows, 8] float32 tensor and returns [rows, 4] (tests/shim's mlp.pt;
- * TS_MODELS_DIR is used when --model is not given). --threads is the number of requesters.
- * Every answer is checked against the model's own answer for that requester's row.
+ * The model takes a bare [rows, IN] float32 tensor and returns [rows, OUT]: tests/shim's mlp.pt
+ * (8 -> 32 -> 4; TS_MODELS_DIR is used when neither --model nor --mlp is given), any such file,
+ * or with --mlp an MLP of the given widths that tests/shim's make_models builds on the spot
+ * (TS_MAKE_MODELS names it; by default ../tests/shim/make_models from this program). --threads
+ * is the number of requesters. Every answer is checked against the model's own answer for that
+ * requester's row (float32; with --amp the replicas run under autocast and the check allows
+ * autocast's precision). --pin puts the serving side (replicas, tensord, the serve thread) on
+ * cpu0 and the requesters on cpu1, as bench/run.sh does.
+ *
+ *   limit     one thread per replica of --placement (the same devices, models made the same way)
+ *             runs full --max-batch forwards back to back, copying each batch's rows into a
+ *             batch buffer as the batcher does (for a CUDA model the shim's pinned staging and
+ *             copies to and from the device are in the forward, as under the batcher); its
+ *             rate is rows per second.
  *
  * Two kinds of requester, each with its batched rows and its own unbatched references, all
  * measured in the same run:
@@ -31,8 +44,9 @@
  *     async-single   the batcher with max_batch 1 serves the async requesters.
  *     async          the batcher with --max-batch and --max-delay-us.
  *
- * --modes picks among those (comma-separated; default all six); "remote" adds the blocking
- * single and batched rows through tensord: --tensord starts a private tensord on a free port,
+ * --modes picks among those and limit (comma-separated; default all seven); "remote" adds the
+ * blocking single and batched rows through tensord: --tensord starts a private tensord on a free
+ * port,
  * --server uses a running one (either implies "remote"). Each repeat runs every selected mode
  * once, in forward order on even repeats and in reverse on odd ones; the summary shows medians
  * over the repeats, and each batched mode's median rate against the better of its two
@@ -102,6 +116,8 @@ typedef struct opts {
     const char *modes;
     const char *mlp; /* --mlp widths, or NULL */
     int pin;         /* serving threads on cpu0, requesters on cpu1 */
+    long min_delay_us;
+    const char *amp; /* --amp bfloat16|float16, or NULL */
 } opts;
 
 /* The CPU of each role when pinning (bench/run.sh's: servers cpu0, clients cpu1). */
@@ -404,6 +420,8 @@ static void describe(const opts *o, const mcase *c, char *buf, size_t len)
         snprintf(buf, len, "direct, thread per CPU");
     else if (!c->batched)
         snprintf(buf, len, "one forward/request");
+    else if (o->min_delay_us > 0)
+        snprintf(buf, len, "max %d, %ld-%ld us", o->max_batch, o->min_delay_us, o->delay_us);
     else
         snprintf(buf, len, "max %d, %ld us", o->max_batch, o->delay_us);
 }
@@ -691,6 +709,7 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
     cfg.n_outputs = 1;
     cfg.max_batch = c->batched ? o->max_batch : 1;
     cfg.max_delay_us = c->batched ? o->delay_us : 0;
+    cfg.min_delay_us = c->batched ? o->min_delay_us : 0;
     cfg.placement = o->placement;
     cfg.cuda_devices = ts_torch_cuda_device_count();
     cfg.create = warm_create;
@@ -906,7 +925,8 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 64, 200, 64, 8, 3, 500, "cpu:2", NULL, NULL, NULL, NULL, 0};
+    opts o = {NULL, 64, 200, 64, 8, 3, 500, "cpu:2", NULL, NULL, NULL, NULL, 0, 0, NULL};
+    int min_delay = 0;
     int smoke = 0, delay = 500;
     char model_buf[600];
     for (int i = 1; i < argc; i++) {
@@ -922,6 +942,11 @@ int main(int argc, char **argv)
             o.model = v;
         } else if (strcmp(a, "--mlp") == 0) {
             o.mlp = v;
+        } else if (strcmp(a, "--amp") == 0) {
+            o.amp = v;
+            bad = strcmp(v, "bfloat16") != 0 && strcmp(v, "float16") != 0;
+        } else if (strcmp(a, "--min-delay-us") == 0) {
+            bad = parse_int(v, 0, 10000000, &min_delay);
         } else if (strcmp(a, "--placement") == 0) {
             o.placement = v;
         } else if (strcmp(a, "--server") == 0) {
@@ -955,6 +980,7 @@ int main(int argc, char **argv)
         i += takes;
     }
     o.delay_us = delay;
+    o.min_delay_us = min_delay;
     if (smoke) {
         o.requests = 3;
         o.clients = 2;
@@ -1010,6 +1036,17 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    if (o.amp != NULL) {
+        /* The expected answers stay float32: the check is widened to autocast's precision. */
+        rc = ts_torch_set_autocast(proto, strcmp(o.amp, "float16") == 0 ? TS_FLOAT16 : TS_BFLOAT16);
+        if (rc != 0) {
+            fprintf(stderr, "batcher_bench: --amp %s: %s\n", o.amp, ts_last_error());
+            ts_torch_model_free(proto);
+            return 1;
+        }
+        g_tol_abs = 3e-2f;
+        g_tol_rel = 3e-2f;
+    }
     int failed = 0;
     char dir[64] = "", addr[64];
     pid_t td = -1;
