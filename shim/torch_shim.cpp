@@ -15,6 +15,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <cstdio>
@@ -227,6 +228,46 @@ struct model_stream {
 };
 
 /*
+ * The thread's autocast switch and dtype for a device type. libtorch 2.4 replaced the per-device
+ * functions (set_cpu_enabled, set_autocast_gpu_dtype, ...) with ones that take the device type,
+ * and deprecated the old ones.
+ */
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+bool autocast_enabled(bool cpu)
+{
+    return at::autocast::is_autocast_enabled(cpu ? at::kCPU : at::kCUDA);
+}
+void autocast_set(bool cpu, bool enabled, c10::ScalarType dtype)
+{
+    at::autocast::set_autocast_dtype(cpu ? at::kCPU : at::kCUDA, dtype);
+    at::autocast::set_autocast_enabled(cpu ? at::kCPU : at::kCUDA, enabled);
+}
+c10::ScalarType autocast_dtype(bool cpu)
+{
+    return at::autocast::get_autocast_dtype(cpu ? at::kCPU : at::kCUDA);
+}
+#else
+bool autocast_enabled(bool cpu)
+{
+    return cpu ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+void autocast_set(bool cpu, bool enabled, c10::ScalarType dtype)
+{
+    if (cpu) {
+        at::autocast::set_autocast_cpu_dtype(dtype);
+        at::autocast::set_cpu_enabled(enabled);
+    } else {
+        at::autocast::set_autocast_gpu_dtype(dtype);
+        at::autocast::set_enabled(enabled);
+    }
+}
+c10::ScalarType autocast_dtype(bool cpu)
+{
+    return cpu ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+}
+#endif
+
+/*
  * Autocast for the scope, as torch.autocast(device_type, dtype) does in Python: the thread's
  * autocast state for the model's device type is saved, set and restored.
  */
@@ -242,17 +283,9 @@ struct autocast_scope {
             throw ts_error(TS_ENOTSUP,
                            "autocast to float16 runs on CUDA only (use bfloat16 on CPU)");
         on = true;
-        if (cpu) {
-            was_enabled = at::autocast::is_cpu_enabled();
-            was_dtype = at::autocast::get_autocast_cpu_dtype();
-            at::autocast::set_autocast_cpu_dtype(m->autocast);
-            at::autocast::set_cpu_enabled(true);
-        } else {
-            was_enabled = at::autocast::is_enabled();
-            was_dtype = at::autocast::get_autocast_gpu_dtype();
-            at::autocast::set_autocast_gpu_dtype(m->autocast);
-            at::autocast::set_enabled(true);
-        }
+        was_enabled = autocast_enabled(cpu);
+        was_dtype = autocast_dtype(cpu);
+        autocast_set(cpu, true, m->autocast);
         at::autocast::increment_nesting();
     }
     ~autocast_scope()
@@ -262,13 +295,7 @@ struct autocast_scope {
         /* The casts of the weights are cached while autocast is on: drop them when it ends. */
         if (at::autocast::decrement_nesting() == 0)
             at::autocast::clear_cache();
-        if (cpu) {
-            at::autocast::set_cpu_enabled(was_enabled);
-            at::autocast::set_autocast_cpu_dtype(was_dtype);
-        } else {
-            at::autocast::set_enabled(was_enabled);
-            at::autocast::set_autocast_gpu_dtype(was_dtype);
-        }
+        autocast_set(cpu, was_enabled, was_dtype);
     }
     autocast_scope(const autocast_scope &) = delete;
     autocast_scope &operator=(const autocast_scope &) = delete;
