@@ -375,10 +375,15 @@ SHUTDOWN_SCRIPT = textwrap.dedent("""
     seen = []
     c.listen("s", lambda n: seen.append(n))
     w = tensorshare.Client(addr)
+    # Made once: a daemon thread that creates or frees torch tensors while the interpreter
+    # exits can abort the process in torch 1.13 itself (its deallocation releases and retakes
+    # the GIL inside C++ code, where Python 3.11 ends the thread), tensorshare or not.
+    t = torch.ones(4)
     def writer():
         while True:  # keeps notifications coming while the interpreter exits
             try:
-                w.append("s", torch.ones(4))
+                w.append("s", t)
+                c.append("s2", t)  # a client that is in use while atexit closes it
             except tensorshare.Error:
                 return
     threading.Thread(target=writer, daemon=True).start()
