@@ -1,0 +1,227 @@
+"""tensorshare.RLTrainer and RLWorker (rl.h from Python).
+
+The trainer runs in the test's process and the workers in processes of their own
+(rl_worker_proc.py), as in a real setup; the other tests check the API's semantics in one
+process: versions, the staleness filter, timeouts told apart from updates, borrowed adds,
+on_event, and closing.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensorshare
+from tensorshare.rl import NO_FILTER, Batch, Params, RLTrainer, RLWorker
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# seconds; the longest any wait of these tests may take (bounded; CI has 2 cores)
+WAIT_S = 30.0
+
+
+def _env():
+    env = dict(os.environ)
+    pkg = os.environ.get("TS_PYTHONPATH")
+    if pkg:
+        env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _collect_n(trainer, n):
+    """Collect until n items arrived (bounded by WAIT_S); returns the items."""
+    got = []
+    deadline = time.monotonic() + WAIT_S
+    while len(got) < n:
+        left = deadline - time.monotonic()
+        assert left > 0, "only %d of %d items arrived" % (len(got), n)
+        try:
+            got += trainer.collect(0, timeout=min(left, 1.0))
+        except tensorshare.TimeoutError:
+            pass
+    return got
+
+
+def test_trainer_and_worker_processes(tensord, client):
+    """Two worker processes: experience comes back tagged with the version each worker used."""
+    workers, items = 2, 5
+    trainer = RLTrainer(client, prefix="t/", tensor_type="numpy")
+    assert trainer.publish({"w": np.full(4, 10.0, dtype=np.float32)}) == 0
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "rl_worker_proc.py"),
+                               tensord.address, str(i), str(items)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), text=True)
+             for i in range(workers)]
+    try:
+        first = _collect_n(trainer, workers * items)
+        assert len(first) == workers * items
+        assert {v for _, v in first} == {0}
+        seen = {(d["worker"], d["seq"]) for d, _ in first}
+        assert seen == {(w, s) for w in range(workers) for s in range(items)}
+        for d, _ in first:
+            assert np.array_equal(d["x"], np.full(4, 10.0 + d["seq"], dtype=np.float32))
+        assert trainer.publish({"w": np.full(4, 20.0, dtype=np.float32)}) == 1
+        second = _collect_n(trainer, workers * items)
+        assert {v for _, v in second} == {1}
+        assert all(d["x"][0] == 20.0 + d["seq"] for d, _ in second)
+        for p in procs:
+            out, err = p.communicate(timeout=WAIT_S)
+            assert p.returncode == 0, err
+            stats = json.loads(out.strip().splitlines()[-1])
+            assert stats["added"] == 2 * items and stats["add_failed"] == 0
+            assert stats["retrieved_version"] == 1
+        st = trainer.stats()
+        assert st["received"] == 2 * workers * items and st["dropped_stale"] == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        trainer.close()
+
+
+def test_versions_resume_and_the_staleness_filter(client):
+    trainer = RLTrainer(client)
+    assert trainer.version == -1
+    worker = RLWorker(client)
+    assert worker.params() is None
+    assert trainer.publish({"w": np.zeros(2, dtype=np.float32)}) == 0
+    p = worker.await_params(timeout=WAIT_S)
+    assert isinstance(p, Params) and p.version == 0
+    worker.add(np.ones(3, dtype=np.float32))  # tagged 0
+    worker.flush(timeout=WAIT_S)
+    assert trainer.publish({"w": np.ones(2, dtype=np.float32)}) == 1
+    worker.add(np.ones(3, dtype=np.float32))  # still tagged 0: 1 not retrieved yet
+    worker.flush(timeout=WAIT_S)
+    with pytest.raises(tensorshare.TimeoutError):
+        trainer.collect(timeout=0.2)  # both items are stale for tolerance 0
+    assert trainer.stats()["dropped_stale"] == 2
+    trainer.close()
+    # A new trainer resumes after the stored version; tolerance 1 keeps version - 1.
+    trainer = RLTrainer(client, staleness_tolerance=1)
+    assert trainer.version == 1
+    worker.add(np.full(3, 7, dtype=np.float32))  # tagged 0
+    worker.flush(timeout=WAIT_S)
+    assert trainer.publish({"w": np.ones(2, dtype=np.float32)}) == 2
+    with pytest.raises(tensorshare.TimeoutError):
+        trainer.collect(timeout=0.2)  # 0 < 2 - 1
+    p = worker.params()
+    assert p.version == 2
+    worker.add({"r": np.full(3, 8, dtype=np.float32)})
+    worker.flush(timeout=WAIT_S)
+    batch = trainer.collect(timeout=WAIT_S)
+    assert isinstance(batch, Batch) and batch.versions == [2]
+    assert np.array_equal(np.asarray(batch.data[0]["r"]), np.full(3, 8, dtype=np.float32))
+    worker.close()
+    trainer.close()
+    # NO_FILTER keeps everything.
+    trainer = RLTrainer(client, staleness_tolerance=NO_FILTER)
+    with RLWorker(client) as w2:
+        w2.add(np.zeros(1, dtype=np.float32))  # tagged -1: never retrieved
+        w2.flush(timeout=WAIT_S)
+    assert trainer.collect(timeout=WAIT_S).versions == [-1]
+    trainer.close()
+
+
+def test_await_times_out_instead_of_returning_old_params(client):
+    trainer = RLTrainer(client)
+    worker = RLWorker(client)
+    trainer.publish({"w": np.zeros(1, dtype=np.float32)})
+    worker.await_params(timeout=WAIT_S)
+    t0 = time.monotonic()
+    with pytest.raises(tensorshare.TimeoutError):
+        worker.await_params(timeout=0.2)
+    assert time.monotonic() - t0 < WAIT_S
+    with pytest.raises(tensorshare.TimeoutError):
+        worker.await_params(timeout=0)
+    # An await blocked in another thread (GIL released) wakes on a publish.
+    got = []
+    t = threading.Thread(target=lambda: got.append(worker.await_params(timeout=WAIT_S)))
+    t.start()
+    time.sleep(0.1)
+    trainer.publish({"w": np.ones(1, dtype=np.float32)})
+    t.join(WAIT_S)
+    assert got and got[0].version == 1
+    with pytest.raises(ValueError):
+        worker.await_params(timeout=-1)
+    worker.close()
+    trainer.close()
+
+
+def test_params_views_outlive_the_worker(client):
+    trainer = RLTrainer(client)
+    worker = RLWorker(client, tensor_type="numpy")
+    trainer.publish({"w": np.arange(1000, dtype=np.float32)})
+    p = worker.await_params(timeout=WAIT_S)
+    worker.close()
+    trainer.close()
+    assert p.value["w"][999] == 999.0  # the snapshot lives as long as its views
+    assert not p.value["w"].flags.writeable
+
+
+def test_borrowed_adds_and_nonblocking_adds(client):
+    trainer = RLTrainer(client, staleness_tolerance=NO_FILTER)
+    worker = RLWorker(client, max_in_flight=1)
+    data = [np.full(256, i, dtype=np.float32) for i in range(20)]
+    for d in data:
+        worker.add(d, copy=False)  # sent from d's memory; kept referenced until flush
+    worker.flush(timeout=WAIT_S)
+    got = _collect_n(trainer, 20)
+    assert [float(np.asarray(d)[0]) for d, _ in got] == [float(i) for i in range(20)]
+    # block=False refuses at once (EAGAIN) while max_in_flight adds are on their way.
+    refused = 0
+    for _ in range(50):
+        try:
+            worker.add(np.zeros(1 << 16, dtype=np.float32), block=False)
+        except tensorshare.Error as e:
+            assert e.name == "EAGAIN"
+            refused += 1
+    worker.flush(timeout=WAIT_S)
+    assert refused > 0
+    worker.close()
+    trainer.close()
+
+
+def test_on_event_runs_on_the_io_thread_and_cannot_reenter(client):
+    trainer = RLTrainer(client)
+    events = []
+    errors = []
+    done = threading.Event()
+
+    def on_event(event, version, error):
+        events.append((event, version, error))
+        try:
+            worker.params()
+        except tensorshare.DeadlockError as e:
+            errors.append(e)
+        done.set()
+
+    worker = RLWorker(client, on_event=on_event)
+    trainer.publish({"w": np.zeros(1, dtype=np.float32)})
+    assert done.wait(WAIT_S)
+    assert ("params", 0, None) in events
+    assert errors and isinstance(errors[0], tensorshare.DeadlockError)
+    worker.close()
+    trainer.close()
+
+
+def test_close_and_client_lifetime(tensord):
+    c = tensorshare.Client(tensord.address, timeout=10)
+    worker = RLWorker(c)
+    trainer = RLTrainer(c)
+    c.close()  # takes effect once the trainer and the worker are closed
+    trainer.publish({"w": np.zeros(1, dtype=np.float32)})
+    assert worker.await_params(timeout=WAIT_S).version == 0
+    worker.close()
+    worker.close()  # idempotent
+    with pytest.raises(tensorshare.CancelledError):
+        worker.params()
+    with trainer:
+        pass
+    assert trainer.closed and trainer.client is None
+    with pytest.raises(tensorshare.CancelledError):
+        trainer.publish({"w": np.zeros(1, dtype=np.float32)})
+    with pytest.raises(tensorshare.CancelledError):
+        RLTrainer(c)
