@@ -1,8 +1,15 @@
 /*
  * Requesting predictions from a batcher served through tensord (ts_predictor_*): a request is
- * appended to NAME/requests with the name of this predictor's own reply bin, and a receiving
- * thread takes the answers from that bin and hands each to its pending request. Built on the
- * public client API only.
+ * appended to NAME/requests with the name of this predictor's own reply bin, and the answers
+ * are taken from that bin and handed to their pending requests. Built on the public client API
+ * only.
+ *
+ * The answers are received by a chain of asynchronous calls on the client's I/O thread: a WAIT
+ * on the reply bin whose callback issues the GET, whose callback delivers the answers and issues
+ * the next WAIT. Receiving on the I/O thread costs no thread switch between the WAIT's reply,
+ * the GET and the delivery (a receiving thread that made the two calls blocking was woken twice
+ * per answer). When a call of the chain fails (the connection is down), the predictor's thread
+ * restarts the chain after a pause, since the I/O thread must not sleep.
  */
 #include "batcher_internal.h"
 
@@ -30,6 +37,12 @@ struct ts_predictor_s {
     int appends_inflight;
     atomic_int stop;
     pthread_t th;
+    /* The receiving chain (under mu): running, or broken and waiting for the thread. */
+    int chain_running;
+    int chain_broken;
+    uint64_t after;           /* the reply bin's version the next WAIT waits past */
+    uint64_t seen;            /* the version the last WAIT reported */
+    pthread_cond_t keeper_cv; /* chain_broken set, or stop */
 };
 
 static _Thread_local int tls_in_predictor;
@@ -99,43 +112,142 @@ static void expire(ts_predictor_t *p, uint64_t t, int status, const char *msg)
     }
 }
 
+/* The WAIT's time limit: TS__REMOTE_WAIT_MS, or less to the nearest deadline. Lock held. */
+static int wait_ms_locked(ts_predictor_t *p)
+{
+    int wait_ms = TS__REMOTE_WAIT_MS;
+    uint64_t t = ts__now_ns();
+    for (const pending_prediction *r = p->pending; r != NULL; r = r->next) {
+        if (r->deadline_ns != 0) {
+            uint64_t left = r->deadline_ns > t ? (r->deadline_ns - t) / 1000000u + 1 : 0;
+            if (left < (uint64_t)wait_ms)
+                wait_ms = (int)left;
+        }
+    }
+    /* 0 would only ask once; a deadline just past is expired when this WAIT returns. */
+    return wait_ms > 0 ? wait_ms : 1;
+}
+
+static void chain_wait_done(ts_client_t *c, int status, ts_result_t *res, void *arg);
+static void chain_get_done(ts_client_t *c, int status, ts_result_t *res, void *arg);
+
+/* The chain ends (stopping) or breaks (a call failed): tell the predictor's thread. */
+static void chain_stop(ts_predictor_t *p, int broken)
+{
+    pthread_mutex_lock(&p->mu);
+    p->chain_running = 0;
+    p->chain_broken = broken && !atomic_load(&p->stop);
+    pthread_cond_broadcast(&p->keeper_cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Issue the chain's next WAIT (any thread). */
+static void chain_arm(ts_predictor_t *p)
+{
+    if (atomic_load(&p->stop)) {
+        chain_stop(p, 0);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    int wait_ms = wait_ms_locked(p);
+    uint64_t after = p->after;
+    pthread_mutex_unlock(&p->mu);
+    if (ts_wait_async(p->client, p->reply_bin, after, wait_ms, chain_wait_done, p) != 0)
+        chain_stop(p, 1);
+}
+
+/* Expire overdue requests on the I/O thread, where a blocking predict must fail. */
+static void chain_expire(ts_predictor_t *p)
+{
+    int was = tls_in_predictor;
+    tls_in_predictor = 1;
+    expire(p, ts__now_ns(), TS_ETIMEDOUT, "no answer before the deadline");
+    tls_in_predictor = was;
+}
+
+static void chain_wait_done(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    ts_predictor_t *p = arg;
+    chain_expire(p);
+    if (atomic_load(&p->stop)) {
+        chain_stop(p, 0);
+        return;
+    }
+    if (status == TS_ETIMEDOUT) {
+        chain_arm(p);
+        return;
+    }
+    if (status != 0) {
+        chain_stop(p, 1);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->seen = res->version;
+    pthread_mutex_unlock(&p->mu);
+    if (ts_get_async(c, p->reply_bin, 0, chain_get_done, p) != 0)
+        chain_stop(p, 1);
+}
+
+static void chain_get_done(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    ts_predictor_t *p = arg;
+    if (status != 0 && status != TS_ENOENT) {
+        chain_stop(p, 1);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    if (status == TS_ENOENT)
+        p->after = p->seen; /* another GET took them (only the wake-up item of free) */
+    else
+        p->after = ts_items_version(res->items);
+    pthread_mutex_unlock(&p->mu);
+    if (status == 0) {
+        int was = tls_in_predictor;
+        tls_in_predictor = 1;
+        for (size_t i = 0; i < ts_items_count(res->items); i++)
+            deliver(p, ts_items_at(res->items, i));
+        tls_in_predictor = was;
+    }
+    chain_expire(p);
+    chain_arm(p);
+}
+
+/*
+ * The predictor's thread: starts the receiving chain, restarts it after a pause when one of its
+ * calls failed, and ends with the predictor. The chain's callbacks do the receiving.
+ */
 static void *receive_main(void *arg)
 {
     ts_predictor_t *p = arg;
     tls_in_predictor = 1;
-    uint64_t after = 0;
-    while (!atomic_load(&p->stop)) {
-        int wait_ms = TS__REMOTE_WAIT_MS;
-        pthread_mutex_lock(&p->mu);
-        uint64_t t = ts__now_ns();
-        for (const pending_prediction *r = p->pending; r != NULL; r = r->next) {
-            if (r->deadline_ns != 0) {
-                uint64_t left = r->deadline_ns > t ? (r->deadline_ns - t) / 1000000u + 1 : 0;
-                if (left < (uint64_t)wait_ms)
-                    wait_ms = (int)left;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        if (atomic_load(&p->stop))
+            break;
+        if (!p->chain_running) {
+            if (p->chain_broken) {
+                /* The connection is down: wait before asking again, without the lock. */
+                pthread_mutex_unlock(&p->mu);
+                expire(p, ts__now_ns(), TS_ETIMEDOUT, "no answer before the deadline");
+                ts__remote_pause(TS__REMOTE_RETRY_NS);
+                pthread_mutex_lock(&p->mu);
+                if (atomic_load(&p->stop))
+                    break;
             }
-        }
-        pthread_mutex_unlock(&p->mu);
-        uint64_t v = 0;
-        int rc = ts_wait(p->client, p->reply_bin, after, wait_ms, &v, NULL);
-        expire(p, ts__now_ns(), TS_ETIMEDOUT, "no answer before the deadline");
-        if (rc == TS_ETIMEDOUT)
-            continue;
-        if (rc != 0) {
-            ts__remote_pause(TS__REMOTE_RETRY_NS);
+            p->chain_broken = 0;
+            p->chain_running = 1;
+            pthread_mutex_unlock(&p->mu);
+            chain_arm(p);
+            pthread_mutex_lock(&p->mu);
             continue;
         }
-        ts_items_t *items = NULL;
-        rc = ts_get(p->client, p->reply_bin, 0, &items);
-        if (rc != 0) {
-            after = rc == TS_ENOENT ? v : after;
-            continue;
-        }
-        after = ts_items_version(items);
-        for (size_t i = 0; i < ts_items_count(items); i++)
-            deliver(p, ts_items_at(items, i));
-        ts_items_free(items);
+        pthread_cond_wait(&p->keeper_cv, &p->mu);
     }
+    /* The chain sees stop at its next callback (ts_predictor_free wakes its WAIT). */
+    while (p->chain_running)
+        pthread_cond_wait(&p->keeper_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -163,9 +275,11 @@ int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *nam
     snprintf(p->reply_bin, sizeof(p->reply_bin), "%s/reply/%016llx", name, (unsigned long long)x);
     pthread_mutex_init(&p->mu, NULL);
     ts__cond_init_monotonic(&p->cv);
+    pthread_cond_init(&p->keeper_cv, NULL);
     p->next_id = 1;
     atomic_init(&p->stop, 0);
     if (pthread_create(&p->th, NULL, receive_main, p) != 0) {
+        pthread_cond_destroy(&p->keeper_cv);
         pthread_cond_destroy(&p->cv);
         pthread_mutex_destroy(&p->mu);
         ts__free(p);
@@ -180,6 +294,9 @@ void ts_predictor_free(ts_predictor_t *p)
     if (p == NULL)
         return;
     atomic_store(&p->stop, 1);
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->keeper_cv);
+    pthread_mutex_unlock(&p->mu);
     /* Wake the receiver from its ts_wait: an item without a pending id is ignored. */
     ts_value_t *wake = ts_map_new();
     if (wake != NULL && ts_map_set(wake, "id", ts_int_new(0)) == 0)
@@ -193,6 +310,7 @@ void ts_predictor_free(ts_predictor_t *p)
     pthread_mutex_unlock(&p->mu);
     expire(p, UINT64_MAX, TS_ECANCELED, "the predictor was freed");
     ts_delete(p->client, p->reply_bin, NULL);
+    pthread_cond_destroy(&p->keeper_cv);
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
     ts__free(p);

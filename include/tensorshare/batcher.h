@@ -441,8 +441,9 @@ typedef struct ts_predictor_s ts_predictor_t;
 
 /*
  * Open a predictor for the model served as name. client is borrowed and must outlive the
- * predictor. It owns a reply bin (deleted when the predictor is freed) and one receiver thread.
- * Added in 0.1.0.
+ * predictor. It owns a reply bin (deleted when the predictor is freed) and one thread, which
+ * restarts the receiving of answers (done on the client's I/O thread) when the connection comes
+ * back. Added in 0.1.0.
  */
 TS_EXTERN int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *name);
 /*
@@ -453,11 +454,14 @@ TS_EXTERN void ts_predictor_free(ts_predictor_t *p);
 
 /*
  * Completion of a remote prediction, called exactly once, never from inside the call that
- * queued it: on the predictor's receiver thread (answers and deadlines), on the client's I/O
- * thread (when sending the request failed), or in ts_predictor_free (TS_ECANCELED). Same
- * meaning as ts_predict_cb (a failure's reason in ts_last_error()); output is transferred.
- * Blocking predictor calls made from it fail with TS_EDEADLK. Added in 0.2.0. It replaces
- * ts_remote_cb, which also had a message parameter.
+ * queued it: on the client's I/O thread (answers, deadlines, and a request that could not be
+ * sent; so blocking calls on that client fail there with TS_EDEADLK, as in any client
+ * callback), on the predictor's thread (deadlines while the connection is down), or in
+ * ts_predictor_free (TS_ECANCELED). Same meaning as ts_predict_cb (a failure's reason in
+ * ts_last_error()); output is transferred. Blocking predictor calls made from it fail with
+ * TS_EDEADLK. Keep it short: the client's other replies wait for it. Added in 0.2.0. It
+ * replaces ts_remote_cb, which also had a message parameter. Changed in 0.3.0: answers come on
+ * the client's I/O thread (they came on the predictor's thread).
  */
 typedef void (*ts_predictor_cb)(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
                                 void *arg);

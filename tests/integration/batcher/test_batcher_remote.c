@@ -355,6 +355,53 @@ static void test_predictor_free_cancels(void **state)
     ts_delete(w->client, "nobody2/requests", NULL);
 }
 
+/*
+ * tensord restarts under a served batcher and a predictor: the predictor's receiving chain
+ * breaks, is restarted by its thread, and predictions are answered again once both clients
+ * have reconnected; freeing afterwards works.
+ */
+static void test_remote_survives_restart(void **state)
+{
+    (void)state;
+    tsh_server srv;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    ts_client_t *sc = NULL, *wc = NULL;
+    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
+    assert_int_equal(ts_client_open(&wc, srv.addr, NULL), 0);
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
+    cfg.inputs = schema;
+    cfg.n_inputs = 1;
+    cfg.max_batch = 8;
+    cfg.max_delay_us = 1000;
+    cfg.create = sm_create;
+    ts_batcher_t *b = NULL;
+    assert_int_equal(ts_batcher_new(&b, &cfg), 0);
+    assert_int_equal(ts_batcher_serve(b, sc, "restart"), 0);
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, wc, "restart"), 0);
+    ts_value_t *in = request(1, 40), *out = NULL;
+    assert_int_equal(ts_predictor_predict(p, in, 10000, &out, NULL), 0);
+    ts_value_free(out);
+    tsh_server_kill(&srv);
+    assert_int_equal(tsh_server_restart(&srv, NULL), 0);
+    /* The reply bin went with the old server: the chain waits on the new one's. */
+    int rc = -1;
+    for (int i = 0; i < 40 && rc != 0; i++) {
+        out = NULL;
+        rc = ts_predictor_predict(p, in, 500, &out, NULL);
+        ts_value_free(out);
+    }
+    assert_int_equal(rc, 0);
+    ts_value_free(in);
+    ts_predictor_free(p);
+    ts_batcher_free(b);
+    ts_client_free(wc);
+    ts_client_free(sc);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
+}
+
 /* A second batcher on the same model, one row per forward and no batching delay. */
 static ts_batcher_t *one_row_batcher(void)
 {
@@ -490,10 +537,15 @@ static void test_remote_malformed(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_remote_blocking),     cmocka_unit_test(test_remote_async),
-        cmocka_unit_test(test_remote_schema_error), cmocka_unit_test(test_remote_weights),
-        cmocka_unit_test(test_remote_deadline),     cmocka_unit_test(test_predictor_free_cancels),
-        cmocka_unit_test(test_remote_shutdown),     cmocka_unit_test(test_remote_malformed),
+        cmocka_unit_test(test_remote_blocking),
+        cmocka_unit_test(test_remote_async),
+        cmocka_unit_test(test_remote_schema_error),
+        cmocka_unit_test(test_remote_weights),
+        cmocka_unit_test(test_remote_deadline),
+        cmocka_unit_test(test_predictor_free_cancels),
+        cmocka_unit_test(test_remote_shutdown),
+        cmocka_unit_test(test_remote_malformed),
+        cmocka_unit_test(test_remote_survives_restart),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
