@@ -191,7 +191,7 @@ static void future_complete(PyObject *fut, PyObject *res)
 {
     PyObject *r;
     if (res != NULL) {
-        r = PyObject_CallMethod(fut, "set_result", "O", res);
+        r = PyObject_CallMethod(fut, "set_result", "(O)", res);
         Py_DECREF(res);
     } else {
         PyObject *type, *value, *tb;
@@ -204,7 +204,7 @@ static void future_complete(PyObject *fut, PyObject *res)
         }
         if (tb != NULL)
             PyException_SetTraceback(value, tb);
-        r = PyObject_CallMethod(fut, "set_exception", "O", value);
+        r = PyObject_CallMethod(fut, "set_exception", "(O)", value);
         Py_XDECREF(type);
         Py_DECREF(value);
         Py_XDECREF(tb);
@@ -236,7 +236,7 @@ static void on_prediction(ts_predictor_t *p, int status, ts_value_t *output, int
         ts_value_free(output);
         PyObject *exc = tsp_exception_new(status, msg[0] ? msg : NULL);
         if (exc != NULL) {
-            PyObject *r = PyObject_CallMethod(req->future, "set_exception", "O", exc);
+            PyObject *r = PyObject_CallMethod(req->future, "set_exception", "(O)", exc);
             if (r == NULL)
                 tsp_report_callback_error("Predictor future", req->future);
             Py_XDECREF(r);

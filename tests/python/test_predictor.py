@@ -1,0 +1,155 @@
+"""tensorshare.Predictor: remote predictions through tensord.
+
+A TorchScript MLP made here with torch.jit is served by tsinfer (built only when libtorch is:
+the tests that need it skip otherwise, saying so); the answers must equal the same model's
+forward run locally. The tests without a model server (timeouts, closing, bad arguments) always
+run.
+"""
+import os
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+import tensorshare
+from tensorshare.predictor import Predictor
+
+# seconds; the longest any wait of these tests may take (bounded; CI has 2 cores)
+WAIT_S = 30.0
+IN, OUT = 8, 4  # the model's features per row in and out
+
+
+def tsinfer_path():
+    path = os.environ.get("TS_TSINFER")
+    if not path and os.environ.get("TS_BUILD_DIR"):
+        path = os.path.join(os.environ["TS_BUILD_DIR"], "bin", "tsinfer")
+    return path if path and os.access(path, os.X_OK) else None
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    torch = pytest.importorskip("torch", reason="torch is needed to make the TorchScript model")
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(IN, 16), torch.nn.Tanh(), torch.nn.Linear(16, OUT))
+    net.eval()
+    path = str(tmp_path_factory.mktemp("models") / "mlp.pt")
+    torch.jit.script(net).save(path)
+    return net, path
+
+
+@pytest.fixture
+def served(tensord, model, tmp_path):
+    """tsinfer serving the model as "policy" on tensord; stopped by PID after the test."""
+    exe = tsinfer_path()
+    if exe is None:
+        pytest.skip("tsinfer is not built (it needs libtorch: a TS_WITH_TORCH build); set "
+                    "TS_TSINFER or TS_BUILD_DIR")
+    log = open(tmp_path / "tsinfer.log", "wb")
+    proc = subprocess.Popen([exe, "--server", tensord.address, "--model", model[1], "--name",
+                             "policy", "--input", ":float32:%d" % IN, "--output",
+                             ":float32:%d" % OUT, "--max-batch", "16", "--max-delay-us", "500",
+                             "--device", "cpu", "--threads", "1"], stdout=log, stderr=log)
+    yield model[0]
+    proc.terminate()
+    try:
+        proc.wait(WAIT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+def _local(net, x):
+    import torch
+
+    with torch.no_grad():
+        return net(torch.as_tensor(np.asarray(x))).numpy()
+
+
+def test_predict_equals_local_forward(served, client):
+    net = served
+    rng = np.random.default_rng(1)
+    with Predictor(client, "policy") as p:
+        # Requests sent before tsinfer took the queue are answered once it does.
+        for rows in (1, 3, 16):
+            x = rng.standard_normal((rows, IN), dtype=np.float32)
+            y = p.predict(x, timeout=WAIT_S)
+            assert np.asarray(y).shape == (rows, OUT)
+            np.testing.assert_allclose(np.asarray(y), _local(net, x), rtol=1e-5, atol=1e-6)
+        y, version = p.predict(x, timeout=WAIT_S, return_version=True)
+        assert version == 0
+        np.testing.assert_allclose(np.asarray(y), _local(net, x), rtol=1e-5, atol=1e-6)
+
+
+def test_predict_async_many_in_flight(served, client):
+    net = served
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal((1 + i % 4, IN), dtype=np.float32) for i in range(40)]
+    with Predictor(client, "policy", tensor_type="numpy") as p:
+        futs = [p.predict_async(x, timeout=WAIT_S, return_version=True) for x in xs]
+        for x, f in zip(xs, futs):
+            y, version = f.result(WAIT_S)
+            assert isinstance(y, np.ndarray) and version == 0
+            np.testing.assert_allclose(y, _local(net, x), rtol=1e-5, atol=1e-6)
+
+
+def test_predict_from_threads(served, client):
+    """Blocking predictions from several threads at once (the GIL is released while waiting)."""
+    net = served
+    errors = []
+
+    def run(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            with Predictor(client, "policy") as p:
+                for _ in range(10):
+                    x = rng.standard_normal((1, IN), dtype=np.float32)
+                    np.testing.assert_allclose(np.asarray(p.predict(x, timeout=WAIT_S)),
+                                               _local(net, x), rtol=1e-5, atol=1e-6)
+        except Exception as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert not errors, errors
+
+
+def test_input_that_does_not_match_the_schema(served, client):
+    with Predictor(client, "policy") as p:
+        p.predict(np.zeros((1, IN), dtype=np.float32), timeout=WAIT_S)  # the server is up
+        with pytest.raises(tensorshare.RecordError) as e:
+            p.predict(np.zeros((1, IN + 1), dtype=np.float32), timeout=WAIT_S)
+        assert e.value.name == "ESCHEMA"
+
+
+def test_timeout_without_a_server(client):
+    with Predictor(client, "nobody") as p:
+        with pytest.raises(tensorshare.TimeoutError):
+            p.predict(np.zeros((1, IN), dtype=np.float32), timeout=0.2)
+        f = p.predict_async(np.zeros((1, IN), dtype=np.float32), timeout=0.2)
+        with pytest.raises(tensorshare.TimeoutError):
+            f.result(WAIT_S)
+        with pytest.raises(ValueError):
+            p.predict(np.zeros((1, IN), dtype=np.float32), timeout=0)
+        with pytest.raises(tensorshare.RecordError):
+            p.predict(object())
+
+
+def test_close_cancels_outstanding_predictions(client):
+    p = Predictor(client, "nobody")
+    futs = [p.predict_async(np.zeros((1, IN), dtype=np.float32), timeout=WAIT_S)
+            for _ in range(3)]
+    p.close()
+    for f in futs:
+        with pytest.raises(tensorshare.CancelledError):
+            f.result(WAIT_S)
+    p.close()  # idempotent
+    assert p.closed
+    with pytest.raises(tensorshare.CancelledError):
+        p.predict(np.zeros((1, IN), dtype=np.float32))
+    # The reply bin was deleted with the predictor.
+    assert not [b for b in client.list() if b.startswith("nobody/reply/")]
