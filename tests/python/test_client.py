@@ -450,3 +450,41 @@ def test_dropped_client_with_listener_and_futures(tensord):
     assert ref() is None
     with pytest.raises(tensorshare.CancelledError):
         fut.result(PATIENCE_S)
+
+
+def test_big_put_and_get_release_the_gil(client):
+    big = torch.ones(32 << 20, dtype=torch.uint8)  # 32 MiB
+    done = threading.Event()
+    out = []
+
+    def mover():
+        for _ in range(3):
+            client.put("big", big)
+            out.append(client.get("big")[0])
+        done.set()
+
+    th = threading.Thread(target=mover)
+    th.start()
+    count = 0
+    t0 = time.monotonic()
+    while not done.is_set() and time.monotonic() - t0 < 60:
+        count += 1
+    th.join(PATIENCE_S)
+    assert len(out) == 3 and all(t.shape == big.shape and int(t[-1]) == 1 for t in out)
+    assert count > 1000
+
+
+def test_save(start_tensord, tmp_path):
+    d = start_tensord("--save", str(tmp_path / "snap.tsd"))
+    with tensorshare.Client(d.address) as c:
+        c.put("p", torch.arange(3))
+        c.save()
+    d.restart()
+    with tensorshare.Client(d.address) as c:
+        assert c.get("p")[0].tolist() == [0, 1, 2]
+
+
+def test_save_without_snapshot_path(client):
+    with pytest.raises(tensorshare.InvalidArgumentError) as info:
+        client.save()
+    assert info.value.message
