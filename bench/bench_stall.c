@@ -8,7 +8,10 @@
  * temporary directory, fills N small bins (1M by default), and then, for each case, runs one
  * heavy operation on one connection while a second connection sends PINGs one after the other.
  * It prints the worst PING round trip seen during the operation (the stall) and how long the
- * operation itself took. The cases:
+ * operation itself took; for LIST and SAVE also what tensord itself reports (STATS): the longest
+ * loop turn spent walking views since start (view_turn_max_us), how many turns the walk took
+ * (view_turns_last) and, for SAVE, the loop time of the whole walk (snapshot_loop_us). The
+ * cases:
  *   list      one LIST of every bin
  *   save      one SAVE (a snapshot of every bin)
  *   validate  one PUT of a record holding one M MiB tensor (512 by default)
@@ -133,6 +136,50 @@ static void request(int fd, uint8_t op, uint32_t rid, const void *body, size_t l
                 ts__status_name(h.status));
         die("unexpected reply");
     }
+}
+
+/* The server's STATS counter key (-1 when it has none). */
+static long long server_stat(int fd, const char *key)
+{
+    uint8_t req[TS_HDR_SIZE];
+    size_t off = 0;
+    frame(req, &off, TS_OP_STATS, 99, NULL, 0, NULL, 0);
+    send_all(fd, req, off);
+    ts__hdr h;
+    uint8_t *body = NULL;
+    recv_reply(fd, &h, &body);
+    long long v = -1;
+    size_t len = (size_t)h.body_len;
+    /* The decoder reads from an aligned buffer, which the rbuf owns and frees. */
+    uint8_t *copy = h.status == TS_ST_OK && len > 0 ? ts__malloc_aligned(len) : NULL;
+    ts__rbuf *rb = NULL;
+    if (copy != NULL) {
+        memcpy(copy, body, len);
+        rb = ts__rbuf_new(copy, len, NULL);
+        if (rb == NULL)
+            ts__free_aligned(copy, len);
+    }
+    ts_value_t *root = rb != NULL ? ts__record_decode(rb, 0, len, TS_MAX_DEPTH, TS_MAX_NDIM) : NULL;
+    int64_t x;
+    if (root != NULL && ts_map_get_int(root, key, &x) == 0)
+        v = (long long)x;
+    if (root != NULL)
+        ts__record_tree_free(root);
+    if (rb != NULL)
+        ts__rbuf_unref(rb);
+    free(body);
+    return v;
+}
+
+/* What tensord says of the views it walked: the longest loop turn and the last walk's turns. */
+static void report_views(int fd, int save)
+{
+    printf("          tensord: longest loop turn walking views %lld us, last walk %lld turns",
+           server_stat(fd, "view_turn_max_us"), server_stat(fd, "view_turns_last"));
+    if (save)
+        printf(", snapshot walk %lld us of loop time in all", server_stat(fd, "snapshot_loop_us"));
+    printf("\n");
+    fflush(stdout);
 }
 
 static int hello(int fd)
@@ -267,6 +314,7 @@ static void case_list(int fd)
         die("LIST did not list every bin");
     free(body);
     report("list", op, worst);
+    report_views(fd, 0);
 }
 
 static void case_save(int fd)
@@ -276,6 +324,7 @@ static void case_save(int fd)
     request(fd, TS_OP_SAVE, 8, NULL, 0, TS_ST_OK);
     double op = (bench_now() - t0) * 1e3;
     report("save", op, pinger_stop());
+    report_views(fd, 1);
 }
 
 static void case_validate(int fd)

@@ -233,26 +233,37 @@ static void list_inline(tsd_conn *c, const ts__hdr *h)
 }
 
 /*
- * A large LIST. On the loop, one pass over the bins copies each one's entry in wire form into
- * one buffer: that is the snapshot the reply shows, taken when the request is handled, so the
- * connection's later requests take effect after it. A thread-pool worker sorts the entries by
- * name and writes the body into an item buffer; back on the loop, that buffer is queued as the
- * reply without a copy. The connection is held meanwhile (tsd_conn_hold): its later requests
- * wait in its input buffer, so the LIST's reply comes before theirs, and a close does not free
- * it before list_done, which releases it. The job holds nothing of the store. The buffers are
- * item buffers (the pool's, reused and already mapped when there are some) and count against
- * --max-memory while the job lives.
+ * A large LIST. Its view of the store (view.c) is taken when the request is handled: the
+ * connection's later requests take effect after it, other clients' requests go on between the
+ * chunks of its walk, and it still shows every bin as it was at that moment. Each bin's entry is
+ * copied in wire form into chunks as the walk (or a change ahead of it) hands the bin over.
+ * Once the walk is over, a thread-pool worker sorts the entries by name and writes the body
+ * into an item buffer; back on the loop, that buffer is queued as the reply without a copy. The
+ * connection is held from the start (tsd_conn_hold): its later requests wait in its input
+ * buffer, so the LIST's reply comes before theirs, and a close does not free it before the job
+ * ends, which releases it (a close meanwhile ends the walk at the next bin). The job holds
+ * nothing of the store. Every buffer counts against --max-memory while the job lives.
  */
+#define TSD_LIST_CHUNK ((size_t)256 << 10) /* bytes of entries per chunk */
+
+typedef struct list_chunk {
+    struct list_chunk *next;
+    size_t used;
+    uint8_t data[];
+} list_chunk;
+
 struct tsd_list_job {
+    tsd_pass pass; /* first: the view being walked */
     uv_work_t req;
     tsd_server *srv;
-    tsd_conn *c; /* held until list_done */
+    tsd_conn *c; /* held while the job lives (when held is set) */
+    int held;
     uint32_t rid;
-    size_t n;
-    tsd_item *ents;  /* the entries, in the order of the hash table */
-    size_t ents_len; /* bytes of ents used */
-    tsd_item *order; /* n offsets of entries in ents, then (worker) pointers, sorted */
-    tsd_item *body;  /* the reply body (worker); body_len bytes, its item length a multiple of 64 */
+    size_t n, cap_n;    /* entries copied; the bins of the view */
+    list_chunk *chunks; /* the entries, newest chunk first */
+    size_t ents_len;    /* bytes of entries in all */
+    tsd_item *order;    /* cap_n pointers to the entries (the worker sorts them) */
+    tsd_item *body; /* the reply body (worker); body_len bytes, its item length a multiple of 64 */
     size_t body_len;
     uint64_t cost; /* bytes reserved in the store */
 };
@@ -260,22 +271,30 @@ struct tsd_list_job {
 static void list_job_free(tsd_server *srv, tsd_list_job *j)
 {
     tsd_store_unreserve(&srv->store, j->cost);
-    tsd_item_unref(j->ents);
+    while (j->chunks != NULL) {
+        list_chunk *k = j->chunks;
+        j->chunks = k->next;
+        ts__free(k);
+    }
     tsd_item_unref(j->order);
     tsd_item_unref(j->body);
     ts__free(j);
+}
+
+/* Reserve more bytes for j against --max-memory. 0 or TS_EOOM. */
+static int list_reserve(tsd_server *srv, tsd_list_job *j, uint64_t more)
+{
+    if (tsd_store_reserve(&srv->store, more) != 0)
+        return TS_EOOM;
+    j->cost += more;
+    return 0;
 }
 
 /* Thread pool: sort the entries and write the body. Touches only the job's own buffers. */
 static void list_work(uv_work_t *req)
 {
     tsd_list_job *j = req->data;
-    _Static_assert(sizeof(uintptr_t) == sizeof(const uint8_t *), "offsets become pointers");
-    uintptr_t *off = (uintptr_t *)(void *)tsd_item_data(j->order);
-    const uint8_t **ptrs = (const uint8_t **)(void *)off;
-    const uint8_t *ents = tsd_item_data(j->ents);
-    for (size_t i = 0; i < j->n; i++)
-        ptrs[i] = ents + off[i];
+    const uint8_t **ptrs = (const uint8_t **)(void *)tsd_item_data(j->order);
     qsort(ptrs, j->n, sizeof(*ptrs), ent_cmp);
     uint8_t *p = tsd_item_data(j->body);
     size_t hlen = 0;
@@ -286,6 +305,12 @@ static void list_work(uv_work_t *req)
         size_t len = ts__msg_list_entry_size(ptrs[i][0]);
         memcpy(p, ptrs[i], len);
         p += len;
+    }
+    /* Freed here, off the loop: returning tens of megabytes to the system takes milliseconds. */
+    while (j->chunks != NULL) {
+        list_chunk *k = j->chunks;
+        j->chunks = k->next;
+        ts__free(k);
     }
 }
 
@@ -311,114 +336,156 @@ static void list_reply(tsd_list_job *j, int status)
     }
 }
 
-/* Loop thread: answer, then let the connection go on with the requests queued behind. */
-static void list_done(uv_work_t *req, int status)
+/* Free the job and let its connection go on with the requests queued behind the LIST. */
+static void list_end(tsd_server *srv, tsd_list_job *j)
 {
-    tsd_list_job *j = req->data;
-    tsd_server *srv = j->srv;
     tsd_conn *c = j->c;
-    list_reply(j, status);
+    int held = j->held;
     list_job_free(srv, j);
+    if (!held)
+        return;          /* still inside the LIST's own dispatch, which flushes */
     tsd_conn_release(c); /* may free c */
     tsd_server_flush(srv);
 }
 
-/* Append the entries of the chain from hn to j (grown when full). 0 or TS_ENOMEM. */
-static int list_chain(tsd_list_job *j, const tsd_hnode *hn, uintptr_t *off, size_t cap_n)
+/* Loop thread: the worker is done: answer, then end the job. */
+static void list_done(uv_work_t *req, int status)
 {
-    for (; hn != NULL && j->n < cap_n; hn = hn->next) {
-        size_t need = ts__msg_list_entry_size(hn->name_len);
-        size_t cap = tsd_item_len(j->ents);
-        if (cap - j->ents_len < need) {
-            tsd_item *bigger = tsd_item_new(cap * 2);
-            if (bigger == NULL)
-                return TS_ENOMEM;
-            memcpy(tsd_item_data(bigger), tsd_item_data(j->ents), j->ents_len);
-            tsd_item_unref(j->ents);
-            j->ents = bigger;
-        }
-        off[j->n++] = j->ents_len;
-        uint8_t *e = tsd_item_data(j->ents);
-        j->ents_len = (size_t)(put_entry(e + j->ents_len, (const tsd_bin *)hn) - e);
+    tsd_list_job *j = req->data;
+    list_reply(j, status);
+    list_end(j->srv, j);
+}
+
+/*
+ * The view's emit (view.c, or a change ahead of the walk): copy bin's entry into the job. 0;
+ * TS_ECANCELED when the connection is closing (nobody would read the reply); TS_EOOM when a new
+ * chunk would pass --max-memory; TS_ENOMEM.
+ */
+static int list_emit(tsd_pass *p, const tsd_bin *b)
+{
+    tsd_list_job *j = (tsd_list_job *)(void *)p;
+    if (j->c->closing)
+        return TS_ECANCELED;
+    if (j->n == j->cap_n)
+        return TS_ENOMEM; /* cannot happen: the view holds exactly the bins counted at its start */
+    size_t need = ts__msg_list_entry_size(b->node.name_len);
+    list_chunk *k = j->chunks;
+    if (k == NULL || TSD_LIST_CHUNK - k->used < need) {
+        if (list_reserve(j->srv, j, sizeof(*k) + TSD_LIST_CHUNK) != 0)
+            return TS_EOOM;
+        k = ts__malloc(sizeof(*k) + TSD_LIST_CHUNK);
+        if (k == NULL)
+            return TS_ENOMEM;
+        k->used = 0;
+        k->next = j->chunks;
+        j->chunks = k;
     }
+    const uint8_t **ptrs = (const uint8_t **)(void *)tsd_item_data(j->order);
+    ptrs[j->n++] = k->data + k->used;
+    k->used = (size_t)(put_entry(k->data + k->used, b) - k->data);
+    j->ents_len += need;
     return 0;
 }
 
 /*
- * Copy every bin's entry into j (the loop's part of a large LIST). The bins are reached through
- * the hash table in bucket order, which is random in memory; the next TSD_LIST_PREFETCH bucket
- * heads are prefetched so that their cache misses overlap. 0 or TS_ENOMEM.
+ * The view is complete (status 0) or ended early: hand the sort to the thread pool, or answer
+ * the error. j->held tells whether the connection is held already (a walk over several turns).
  */
-static int list_copy(tsd_server *srv, tsd_list_job *j)
+static void list_walked(tsd_list_job *j, int status)
 {
-    const tsd_htab *t = &srv->store.bins;
-    size_t count = t->count;
-    j->order = tsd_item_new(count * sizeof(uintptr_t));
-    j->ents = tsd_item_new(count * TSD_LIST_ENTRY_GUESS);
-    if (j->order == NULL || j->ents == NULL)
-        return TS_ENOMEM;
-    uintptr_t *off = (uintptr_t *)(void *)tsd_item_data(j->order);
-    const tsd_hnode *ring[TSD_LIST_PREFETCH];
-    size_t head = 0, queued = 0;
-    for (size_t i = 0; i <= t->mask; i++) {
-        const tsd_hnode *hn = t->buckets[i];
-        if (hn == NULL)
-            continue;
-        __builtin_prefetch(hn);
-        if (queued < TSD_LIST_PREFETCH) {
-            ring[(head + queued++) % TSD_LIST_PREFETCH] = hn;
-            continue;
+    tsd_server *srv = j->srv;
+    tsd_conn *c = j->c;
+    if (status == 0 && c->closing)
+        status = TS_ECANCELED;
+    if (status == 0) {
+        j->body_len = TS_MSG_LIST_FIXED + j->ents_len;
+        size_t cap = ts__align_up(j->body_len, TS__ALIGN);
+        status = list_reserve(srv, j, cap);
+        if (status == 0) {
+            j->body = tsd_item_new_sized(cap);
+            if (j->body == NULL)
+                status = TS_ENOMEM;
         }
-        if (list_chain(j, ring[head], off, count) != 0)
-            return TS_ENOMEM;
-        ring[head] = hn;
-        head = (head + 1) % TSD_LIST_PREFETCH;
     }
-    for (size_t k = 0; k < queued; k++)
-        if (list_chain(j, ring[(head + k) % TSD_LIST_PREFETCH], off, count) != 0)
-            return TS_ENOMEM;
-    j->body_len = TS_MSG_LIST_FIXED + j->ents_len;
-    j->body = tsd_item_new_sized(ts__align_up(j->body_len, TS__ALIGN));
-    return j->body != NULL ? 0 : TS_ENOMEM;
+    if (status == TS_EOOM) {
+        srv->stats.oom_rejections++;
+        tsd_reply_err(c, TS_OP_LIST, j->rid, TS_ST_OUT_OF_MEMORY,
+                      "memory limit reached (--max-memory) listing bins");
+    } else if (status == TS_ENOMEM) {
+        srv->stats.out_of_memory++;
+        tsd_reply_err(c, TS_OP_LIST, j->rid, TS_ST_INTERNAL, "out of memory listing bins");
+    } else if (status != 0) {
+        /* The connection is closing, or tensord is stopping (the request was answered). */
+        tsd_reply_err(c, TS_OP_LIST, j->rid, TS_ST_INTERNAL, "listing bins was canceled");
+    }
+    if (status != 0) {
+        list_end(srv, j);
+        return;
+    }
+    j->req.data = j;
+    if (uv_queue_work(srv->loop, &j->req, list_work, list_done) != 0) {
+        /* No thread pool: do the work here, late rather than never. */
+        list_work(&j->req);
+        list_reply(j, 0);
+        list_end(srv, j);
+        return;
+    }
+    if (!j->held) {
+        j->held = 1;
+        tsd_conn_hold(c, TS_OP_LIST, j->rid);
+    }
+}
+
+/* The view's done (view.c): its walk over several loop turns is over. */
+static void list_view_done(tsd_pass *p, int status)
+{
+    list_walked((tsd_list_job *)(void *)p, status);
 }
 
 static void op_list(tsd_conn *c, const ts__hdr *h)
 {
     tsd_server *srv = c->srv;
-    if (srv->store.bins.count < TSD_LIST_OFFLOOP_MIN) {
+    size_t count = srv->store.bins.count;
+    if (count < TSD_LIST_OFFLOOP_MIN) {
         list_inline(c, h);
         return;
     }
     tsd_list_job *j = ts__calloc(1, sizeof(*j));
-    if (j == NULL || list_copy(srv, j) != 0) {
+    if (j != NULL) {
+        j->srv = srv;
+        j->c = c;
+        j->rid = h->request_id;
+        j->cap_n = count;
+    }
+    int rc = j == NULL ? TS_ENOMEM : list_reserve(srv, j, count * sizeof(uint8_t *));
+    if (rc == 0) {
+        j->order = tsd_item_new(count * sizeof(uint8_t *));
+        if (j->order == NULL)
+            rc = TS_ENOMEM;
+    }
+    if (rc != 0) {
         if (j != NULL)
             list_job_free(srv, j);
-        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory listing bins");
+        if (rc == TS_EOOM) {
+            srv->stats.oom_rejections++;
+            tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY,
+                          "memory limit reached (--max-memory) listing bins");
+        } else {
+            tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL,
+                          "out of memory listing bins");
+        }
         return;
     }
-    uint64_t cost =
-        (uint64_t)tsd_item_len(j->ents) + tsd_item_len(j->order) + tsd_item_len(j->body);
-    if (tsd_store_reserve(&srv->store, cost) != 0) {
-        list_job_free(srv, j);
-        srv->stats.oom_rejections++;
-        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY,
-                      "memory limit reached (--max-memory) listing bins");
-        return;
-    }
-    j->cost = cost;
     srv->stats.lists_offloop++;
-    j->srv = srv;
-    j->c = c;
-    j->rid = h->request_id;
-    j->req.data = j;
-    if (uv_queue_work(srv->loop, &j->req, list_work, list_done) != 0) {
-        /* No thread pool: do the work here, late rather than never (nothing to hold). */
-        list_work(&j->req);
-        list_reply(j, 0);
-        list_job_free(srv, j);
+    j->pass.emit = list_emit;
+    j->pass.done = list_view_done;
+    if (tsd_view_start(srv, &j->pass) == 0) {
+        /* Walked over the next loop turns: the connection waits for it. */
+        j->held = 1;
+        tsd_conn_hold(c, h->opcode, h->request_id);
         return;
     }
-    tsd_conn_hold(c, h->opcode, h->request_id);
+    list_walked(j, j->pass.err);
 }
 
 static void op_listen(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl)

@@ -7,7 +7,8 @@
  *   conn.c    one connection: accept, the read state machine, header limits, uploads, close
  *   output.c  a connection's output queue: write batches, replies, the slow-reader cut-off
  *   ops.c     the request handlers (one per opcode)
- *   store.c   bins, items, the name hash table, memory accounting
+ *   store.c   bins, items, the name hash table, memory accounting, point-in-time passes
+ *   view.c    views: passes over the store walked a chunk of bins per loop turn (LIST, SAVE)
  *   slab.c    size classes for the buffers of small records
  *   notify.c  listeners (subscriptions) and waiters
  *   stats.c   counters and the STATS reply
@@ -340,6 +341,12 @@ typedef struct tsd_bin {
     tsd_item *head; /* oldest */
     tsd_item *tail; /* newest */
     uint32_t n_items;
+    /*
+     * The newest pass this bin is no part of, or has been handed to already (the store's
+     * pass_gen when it was created or last captured): passes with a greater gen still need it.
+     * It fills what was padding, so it costs nothing.
+     */
+    uint32_t view_mark;
     uint64_t bytes;   /* record bytes of the items */
     uint64_t version; /* change counter value of the bin's last change */
 } tsd_bin;
@@ -369,6 +376,12 @@ typedef struct tsd_store {
      * replies, snapshots) keep alive: dead items a slow reader would otherwise pin uncounted.
      */
     uint64_t orphaned_bytes;
+    uint64_t name_bytes; /* bytes of every bin's name (sizes a snapshot's name buffer exactly) */
+    /* Point-in-time passes being walked (see tsd_pass below). */
+    struct tsd_pass *passes;
+    size_t n_passes;
+    uint32_t pass_gen; /* gen of the newest pass begun */
+    uint64_t captures; /* bins handed to a pass ahead of a change (STATS view_captures) */
 } tsd_store;
 
 /* Every byte counted against max_memory: held + reserved + overhead + output + conns + orphaned. */
@@ -406,6 +419,69 @@ void tsd_store_remove(tsd_store *s, tsd_bin *bin);
  * Every bin, sorted by name, into a new array (*out, ts__free it); TS_ENOMEM. *n is the count.
  */
 int tsd_store_sorted(tsd_store *s, tsd_bin ***out, size_t *n);
+
+/*
+ * Point-in-time passes (store.c). A pass hands its owner (emit) every bin that existed when it
+ * began, exactly once and with the bin's state of that moment, while the store keeps changing
+ * between the steps of its walk. The walk visits buckets in the order of their bit-reversed
+ * index, which the table's doubling never disturbs: cur, in the space of bit-reversed hashes,
+ * divides the bins walked (below it) from those still ahead, whatever the table's size. A bin
+ * about to change (PUT, APPEND, GET, DELETE, replaced or removed) that a pass still needs and
+ * has not walked yet is emitted first (captured: item references and counters, no bytes); bins
+ * created after the pass began carry its gen in view_mark and are skipped. Loop thread only.
+ */
+#define TSD_PASS_END ((uint64_t)1 << 32) /* cur once the walk is over */
+typedef struct tsd_pass tsd_pass;
+struct tsd_pass {
+    /*
+     * Set by the owner. emit takes bin as it is now (borrowed: copy or reference what it keeps)
+     * and returns 0, or an error that ends the pass (err). done (view.c) is called once on the
+     * loop thread when a walked view ends: status 0, the first error of emit, or TS_ECANCELED
+     * when the store was freed.
+     */
+    int (*emit)(tsd_pass *p, const tsd_bin *bin);
+    void (*done)(tsd_pass *p, int status);
+    /* The store's and the walker's. */
+    tsd_pass *prev, *next; /* in the store's passes */
+    uint32_t gen;
+    int err;
+    uint64_t cur;
+    uint64_t emitted; /* bins handed over */
+    uint32_t turns;   /* loop turns of its walk */
+    uint64_t loop_ns; /* loop time of its walk */
+};
+/*
+ * Begin p now (emit set; the rest is set here) and link it into the store's passes. 0, or
+ * TS_EAGAIN when the 2^32 gens are used up while other passes run (walk it whole at once with
+ * tsd_store_pass_run instead).
+ */
+int tsd_store_pass_begin(tsd_store *s, tsd_pass *p);
+/*
+ * Walk p on, visiting at most about *budget buckets and bins (*budget is lowered by what was
+ * done). 1 when the walk is over (or p->err is set, or the store was freed), else 0.
+ */
+int tsd_store_pass_step(tsd_store *s, tsd_pass *p, size_t *budget);
+/* Unlink p from the store's passes (after its walk is over, or to abandon it). */
+void tsd_store_pass_end(tsd_store *s, tsd_pass *p);
+/* Walk a pass whole, now, without linking it: every bin. Returns p->err. */
+int tsd_store_pass_run(tsd_store *s, tsd_pass *p);
+
+/*
+ * Views (view.c): passes walked by the loop, at most TSD_VIEW_CHUNK buckets and bins per loop
+ * turn in all (shared by the views in turn) and no longer than TSD_VIEW_TURN_US (checked every
+ * TSD_VIEW_SLICE), so that a LIST or SAVE of any size holds up the other clients for about a
+ * millisecond at a time, however many bins there are.
+ */
+#define TSD_VIEW_CHUNK   4096u /* buckets and bins walked per loop turn, at most */
+#define TSD_VIEW_SLICE   512u  /* buckets and bins walked between two looks at the clock */
+#define TSD_VIEW_TURN_US 1000u /* us; a turn's walking stops at the first slice past this */
+struct tsd_server;
+/*
+ * Start walking p (emit and done set). 0: its walk goes on over the next loop turns and
+ * p->done is called when it ends. 1: it was walked whole at once (no loop handle could be had,
+ * or the gens were used up) and done is NOT called: p->err tells how it went.
+ */
+int tsd_view_start(struct tsd_server *srv, tsd_pass *p);
 
 /* ---------------------------------------------------------------------------------------------
  * Connections (conn.c; their output queue is output.c)
@@ -682,13 +758,11 @@ void tsd_name_printable(const uint8_t *name, size_t len, char *out, size_t cap);
  * Requests (ops.c)
  */
 /*
- * LIST of at least this many bins is sorted and encoded on the thread pool: one pass on the loop
- * copies the entries (a few tens of ms for a million bins), the sort and the body (most of the
- * time) run off the loop. Fewer are answered at once, on the loop.
+ * LIST of at least this many bins takes a view (view.c): the loop copies the entries a chunk
+ * per turn, and the sort and the body (most of the time) run on the thread pool. Fewer are
+ * answered at once, on the loop (at most this many entries: well under a millisecond).
  */
 #define TSD_LIST_OFFLOOP_MIN 4096u
-#define TSD_LIST_ENTRY_GUESS 40u /* bytes; first guess of an entry's size (name + 21) */
-#define TSD_LIST_PREFETCH    16u /* bins whose memory is fetched ahead while copying */
 typedef struct tsd_list_job tsd_list_job;
 /* Handle a complete control request (every opcode but PUT/APPEND) whose body is in memory. */
 void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t len);
@@ -827,7 +901,10 @@ typedef struct tsd_stats {
     uint64_t save_failures_consecutive; /* snapshots failed since the last one that succeeded */
     uint64_t last_save_time;            /* unix seconds of the last good snapshot; 0 = none */
     uint64_t writes_refused;            /* writes refused because snapshots were failing */
-    uint64_t snapshot_loop_us; /* time the loop spent taking the last snapshot's references */
+    uint64_t snapshot_loop_us;          /* loop time of the last snapshot's walk, all its turns */
+    uint64_t view_passes;               /* views begun (LISTs of many bins, snapshots) */
+    uint64_t view_turns_last;           /* loop turns the last finished view's walk took */
+    uint64_t view_turn_max_us;          /* the longest one loop turn spent walking views */
 } tsd_stats;
 
 /* Answer a STATS request. */
@@ -922,7 +999,7 @@ struct tsd_server {
     int save_lock_fd;              /* PATH.lock, locked for the process's life; -1 = none */
     tsd_snap_job *draining;        /* written jobs whose references are being dropped */
     int signals_released;          /* tsd_server_release_signals ran */
-    size_t snap_names_hint;        /* bytes of bin names in the last snapshot (sizes the next) */
+    uv_idle_t *view_idle;          /* walks the views a chunk per loop turn, while any exist */
     uv_work_t pool_warm;           /* starts the thread pool with the exit signals blocked */
     uv_idle_t drain_idle;          /* drops them a slice per loop turn */
     int store_freed;

@@ -3,13 +3,17 @@
  * format itself (its layout, checksum, writer and reader) is in snapfile.c; this file runs the
  * jobs around it.
  *
- * Writing. The loop thread takes a reference on every item (items are immutable and their
- * counts atomic) and copies the bins' names, versions and item lists into a job, in one pass
- * over the name table in whatever order it holds them; that pass is the whole stall clients
- * see, so it does as little as it can: names go packed into one buffer, and the sorting by
- * name is left to the worker. A worker thread (uv_queue_work) sorts the bins, writes the job to
- * PATH.tmp (created afresh: never through a link, never readable by others), fsyncs it, renames
- * it over PATH and fsyncs the directory; the after-work callback, on the loop thread again,
+ * Writing. The snapshot is a view of the store (view.c) taken at one moment: the change counter
+ * and the SAVEs waiting then go with it, and the loop walks the bins a chunk per turn, taking
+ * a reference on every item (items are immutable and their counts atomic) and copying each
+ * bin's name, version and item list into the job; a bin about to change before the walk reached
+ * it is handed over first, as it was. So clients wait at most one chunk for it, and the file
+ * still holds exactly the state of that moment. The walk does as little as it can: names go
+ * packed into one buffer sized exactly beforehand, and the sorting by name is left to the
+ * worker. The final snapshot at shutdown is walked whole at once (the store is freed right
+ * after it, and nobody is served any more). A worker thread (uv_queue_work) sorts the bins, writes
+ * the job to PATH.tmp (created afresh: never through a link, never readable by others), fsyncs it,
+ * renames it over PATH and fsyncs the directory; the after-work callback, on the loop thread again,
  * answers the SAVE requests the snapshot covers and then drops the references a slice per loop
  * turn. One snapshot is written at a time; requests that arrive meanwhile are answered by the
  * next one.
@@ -44,16 +48,13 @@
  * dropped at once would stall every client for tens of milliseconds.
  */
 #define SNAP_UNREF_SLICE 16384
-/* Bytes per bin name assumed when sizing the first snapshot's name buffer. */
-#define SNAP_NAME_GUESS 16
-/* Buckets of the name table fetched ahead while the loop takes a snapshot's references. */
-#define SNAP_PREFETCH 16
 
 /* ---------------------------------------------------------------------------------------------
  * Writing (worker thread)
  */
 
 struct tsd_snap_job {
+    tsd_pass pass; /* first: the view being walked */
     uv_work_t req;
     tsd_server *srv;
     uint64_t counter;
@@ -113,9 +114,25 @@ static void job_item(void *arg, size_t index, const uint8_t **data, size_t *len)
     *len = tsd_item_len(it);
 }
 
+static void snap_write_file(tsd_snap_job *job);
+
+/*
+ * Worker: write the file, then free the bins and their names (the loop needs only the item
+ * references from now on): returning tens of megabytes to the system takes milliseconds, which
+ * the loop would otherwise spend.
+ */
 static void snap_write(uv_work_t *req)
 {
     tsd_snap_job *job = req->data;
+    snap_write_file(job);
+    ts__free(job->bins);
+    ts__free(job->names);
+    job->bins = NULL;
+    job->names = NULL;
+}
+
+static void snap_write_file(tsd_snap_job *job)
+{
     const char *path = job->srv->cfg.save_path;
     uint64_t t0 = ts__now_ns();
     char tmp[SNAP_PATH_BUF], dir[SNAP_PATH_BUF];
@@ -252,22 +269,6 @@ static void job_retire(tsd_server *srv, tsd_snap_job *job)
     uv_idle_start(&srv->drain_idle, on_drain);
 }
 
-/* Append a bin's name to the job's packed names. 0 or -1 (out of memory). */
-static int job_add_name(tsd_snap_job *job, const uint8_t *name, size_t len)
-{
-    if (job->names_cap - job->names_len < len) {
-        size_t cap = job->names_cap * 2 + len + 4096;
-        uint8_t *nn = ts__realloc(job->names, cap);
-        if (nn == NULL)
-            return -1;
-        job->names = nn;
-        job->names_cap = cap;
-    }
-    memcpy(job->names + job->names_len, name, len);
-    job->names_len += len;
-    return 0;
-}
-
 /* Make room for n elements of size sz in *arr (capacity *cap). 0 or -1. */
 static int ensure_room(void **arr, size_t *cap, size_t n, size_t sz)
 {
@@ -283,58 +284,31 @@ static int ensure_room(void **arr, size_t *cap, size_t n, size_t sz)
 }
 
 /*
- * Take references to everything the store holds now, into job (its arrays are allocated, or
- * grown, here when the worker did not prepare them large enough). 0, or -1 on allocation
- * failure (the references taken so far stay in the job, dropped by job_free).
- *
- * This runs on the loop and every client waits for it: one pass over the name table, a few
- * bytes copied and a reference taken per item, nothing sorted. Fresh memory would cost a page
- * fault per page on top (more than the pass itself on some machines), so the arrays normally
- * come from the worker, allocated and touched there (snap_prep).
+ * The view's emit (view.c, or a change ahead of the walk): take bin as it is now into the job,
+ * a reference per item. 0, or TS_ENOMEM when the job's arrays are full, which cannot happen:
+ * snap_take sized them to the view (the bins, items and name bytes of the store at its start).
  */
-static int job_fill(tsd_server *srv, tsd_snap_job *job)
+static int snap_emit(tsd_pass *p, const tsd_bin *bin)
 {
-    job->counter = srv->version;
-    const tsd_htab *tab = &srv->store.bins;
-    size_t n = tab->count;
-    if (ensure_room((void **)&job->bins, &job->bins_cap, n, sizeof(*job->bins)) != 0 ||
-        ensure_room((void **)&job->items, &job->items_cap, (size_t)srv->store.n_items,
-                    sizeof(*job->items)) != 0)
-        return -1;
-    for (size_t k = 0; tab->buckets != NULL && k <= tab->mask; k++) {
-        /*
-         * The pass is bound by memory latency (bin, name, item header: each a cache miss), so
-         * fetch ahead: the bin SNAP_PREFETCH buckets on, and the name and first item of the
-         * one half as far on, which is in cache by now.
-         */
-        if (k + SNAP_PREFETCH <= tab->mask && tab->buckets[k + SNAP_PREFETCH] != NULL)
-            __builtin_prefetch(tab->buckets[k + SNAP_PREFETCH]);
-        if (k + SNAP_PREFETCH / 2 <= tab->mask && tab->buckets[k + SNAP_PREFETCH / 2] != NULL) {
-            const tsd_hnode *ahead = tab->buckets[k + SNAP_PREFETCH / 2];
-            __builtin_prefetch(ahead->name);
-            __builtin_prefetch(((const tsd_bin *)(const void *)ahead)->head, 1);
-        }
-        for (tsd_hnode *node = tab->buckets[k]; node != NULL; node = node->next) {
-            const tsd_bin *bin = (const tsd_bin *)(const void *)node;
-            /* n_bins == n cannot happen: the table counts its nodes. */
-            if (job->n_bins == n || job_add_name(job, node->name, node->name_len) != 0)
-                return -1;
-            tsd_snapfile_bin *sb = &job->bins[job->n_bins++];
-            sb->name = NULL; /* set by the worker, once the names stop moving */
-            sb->name_len = node->name_len;
-            sb->version = bin->version;
-            sb->n_items = bin->n_items;
-            sb->first = job->n_items;
-            for (tsd_item *it = bin->head; it != NULL; it = it->next) {
-                if (job->n_items == job->items_cap)
-                    return -1; /* cannot happen: the store counts its items */
-                tsd_item_ref(it);
-                job->items[job->n_items++] = it;
-                job->bytes += tsd_item_len(it);
-            }
-        }
+    tsd_snap_job *job = (tsd_snap_job *)(void *)p;
+    size_t nl = bin->node.name_len;
+    if (job->n_bins == job->bins_cap || job->names_cap - job->names_len < nl ||
+        job->items_cap - job->n_items < bin->n_items)
+        return TS_ENOMEM;
+    if (nl > 0)
+        memcpy(job->names + job->names_len, bin->node.name, nl);
+    job->names_len += nl;
+    tsd_snapfile_bin *sb = &job->bins[job->n_bins++];
+    sb->name = NULL; /* set by the worker, once the names stop moving */
+    sb->name_len = bin->node.name_len;
+    sb->version = bin->version;
+    sb->n_items = bin->n_items;
+    sb->first = job->n_items;
+    for (tsd_item *it = bin->head; it != NULL; it = it->next) {
+        tsd_item_ref(it);
+        job->items[job->n_items++] = it;
+        job->bytes += tsd_item_len(it);
     }
-    srv->snap_names_hint = job->names_len;
     return 0;
 }
 
@@ -397,26 +371,92 @@ static void snap_fail_oom(tsd_server *srv)
     tsd_server_flush(srv);
 }
 
+static void snap_walked(tsd_server *srv, tsd_snap_job *job, int status);
+
+/* The view's done (view.c): the walk over several loop turns is over. */
+static void snap_view_done(tsd_pass *p, int status)
+{
+    tsd_snap_job *job = (tsd_snap_job *)(void *)p;
+    tsd_server *srv = job->srv;
+    int final_waits = srv->final_pending;
+    snap_walked(srv, job, status);
+    if (srv->snap_job == NULL && final_waits && srv->final_pending) {
+        /* The shutdown waited for this snapshot, which failed: go on with the final one. */
+        srv->final_pending = 0;
+        tsd_snapshot_final(srv);
+    }
+}
+
 /*
- * Take the snapshot now (the loop pass) and hand it to the writer, with the pending SAVE
- * waiters. 0, TS_ENOMEM (the waiters are answered with an error, the job freed) or a libuv
- * code.
+ * Take the snapshot now: this moment's change counter and the pending SAVE waiters go with it,
+ * and its view begins (walked over the next loop turns; the final one at once). 0 (the job is
+ * srv->snap_job until written), or TS_ENOMEM (the waiters are answered with an error, the job
+ * freed) or a libuv code.
  */
 static int snap_take(tsd_server *srv, tsd_snap_job *job, int final)
 {
-    uint64_t t0 = ts__now_ns();
-    int rc = job_fill(srv, job);
-    srv->stats.snapshot_loop_us = (ts__now_ns() - t0) / 1000u;
-    if (rc != 0) {
-        srv->snap_job = NULL;
-        job_free(job);
-        snap_fail_oom(srv);
-        return TS_ENOMEM;
-    }
+    tsd_store *st = &srv->store;
+    job->counter = srv->version;
     job->final = final;
     job->waiters = srv->save_waiters;
     srv->save_waiters = NULL;
-    rc = uv_queue_work(srv->loop, &job->req, snap_write, snap_done);
+    srv->snap_job = job;
+    /* The view holds exactly what the store holds now: size the arrays to it. */
+    if (ensure_room((void **)&job->bins, &job->bins_cap, st->bins.count, sizeof(*job->bins)) != 0 ||
+        ensure_room((void **)&job->items, &job->items_cap, (size_t)st->n_items,
+                    sizeof(*job->items)) != 0 ||
+        ensure_room((void **)&job->names, &job->names_cap, (size_t)st->name_bytes, 1) != 0) {
+        snap_walked(srv, job, TS_ENOMEM);
+        return TS_ENOMEM;
+    }
+    job->pass.emit = snap_emit;
+    job->pass.done = snap_view_done;
+    if (final) {
+        uint64_t t0 = ts__now_ns();
+        srv->stats.view_passes++;
+        int rc = tsd_store_pass_run(st, &job->pass);
+        job->pass.loop_ns = ts__now_ns() - t0;
+        snap_walked(srv, job, rc);
+        return srv->snap_job == job ? 0 : TS_ENOMEM;
+    }
+    if (tsd_view_start(srv, &job->pass) == 0)
+        return 0;
+    snap_walked(srv, job, job->pass.err);
+    return srv->snap_job == job ? 0 : TS_ENOMEM;
+}
+
+/*
+ * The view is complete (status 0): hand the job to the writer. Or it failed: answer its
+ * waiters and drop what it took.
+ */
+static void snap_walked(tsd_server *srv, tsd_snap_job *job, int status)
+{
+    srv->stats.snapshot_loop_us = job->pass.loop_ns / 1000u;
+    if (status == TS_ECANCELED) {
+        /* The store went first (a stop without a final snapshot): there is nothing to write. */
+        srv->snap_job = NULL;
+        job->failed = 1;
+        snprintf(job->err, sizeof(job->err), "snapshot: canceled, tensord is stopping");
+        tsd_log(TSD_LOG_ERROR, "%s", job->err);
+        save_failed(srv);
+        answer(srv, job);
+        job_retire(srv, job);
+        return;
+    }
+    if (status != 0) {
+        srv->snap_job = NULL;
+        /* The waiters it took go back, to be answered with the error. */
+        tsd_save_waiter **tail = &job->waiters;
+        while (*tail != NULL)
+            tail = &(*tail)->next;
+        *tail = srv->save_waiters;
+        srv->save_waiters = job->waiters;
+        job->waiters = NULL;
+        job_retire(srv, job);
+        snap_fail_oom(srv);
+        return;
+    }
+    int rc = uv_queue_work(srv->loop, &job->req, snap_write, snap_done);
     if (rc != 0) {
         srv->snap_job = NULL;
         job->failed = 1;
@@ -425,11 +465,8 @@ static int snap_take(tsd_server *srv, tsd_snap_job *job, int final)
         tsd_log(TSD_LOG_ERROR, "%s", job->err);
         save_failed(srv);
         answer(srv, job);
-        job_free(job);
-        return rc;
+        job_retire(srv, job);
     }
-    srv->snap_job = job;
-    return 0;
 }
 
 /*
@@ -463,7 +500,7 @@ static void snap_prepped(uv_work_t *req, int status)
     tsd_snap_job *job = req->data;
     tsd_server *srv = job->srv;
     (void)status; /* never cancelled; a failed preparation left the arrays to the loop */
-    if (snap_take(srv, job, 0) != 0 && srv->final_pending) {
+    if (snap_take(srv, job, 0) != 0 && srv->snap_job == NULL && srv->final_pending) {
         /* The shutdown waited for this snapshot, which failed to start: go on with the final. */
         srv->final_pending = 0;
         tsd_snapshot_final(srv);
@@ -493,10 +530,7 @@ static int snap_start(tsd_server *srv, int final)
     if (!final) {
         job->bins_cap = with_slack(srv->store.bins.count);
         job->items_cap = with_slack((size_t)srv->store.n_items);
-        /* Names: as many bytes as last time, or a guess of 16 per bin before the first one. */
-        size_t names = srv->snap_names_hint != 0 ? srv->snap_names_hint
-                                                 : srv->store.bins.count * SNAP_NAME_GUESS;
-        job->names_cap = with_slack(names) + 4096;
+        job->names_cap = with_slack((size_t)srv->store.name_bytes);
         job->req.data = job;
         srv->snap_job = job; /* counter 0: no SAVE joins it before it is taken */
         if (uv_queue_work(srv->loop, &job->req, snap_prep, snap_prepped) == 0)

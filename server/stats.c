@@ -88,6 +88,12 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "save_failures_consecutive", st->save_failures_consecutive);
     rc |= put_int(m, "writes_refused", st->writes_refused);
     rc |= put_int(m, "snapshot_loop_us", st->snapshot_loop_us);
+    /* Views (LISTs of many bins, snapshots) walked a chunk per loop turn (view.c). */
+    rc |= put_int(m, "view_passes", st->view_passes);
+    rc |= put_int(m, "view_active", srv->store.n_passes);
+    rc |= put_int(m, "view_captures", srv->store.captures);
+    rc |= put_int(m, "view_turns_last", st->view_turns_last);
+    rc |= put_int(m, "view_turn_max_us", st->view_turn_max_us);
     /* Allocations since start-up ended (the allocation-failure tests size their runs by it). */
     rc |= put_int(m, "allocations", ts__alloc_count() - srv->alloc_base);
     if (rc != 0) {

@@ -332,6 +332,8 @@ void tsd_htab_remove(tsd_htab *t, tsd_hnode *n)
  * Bins
  */
 
+static void pass_capture(tsd_store *s, tsd_bin *b);
+
 int tsd_store_init(tsd_store *s, uint64_t max_memory)
 {
     hash_seed_once();
@@ -411,6 +413,7 @@ static void bin_destroy(tsd_store *s, tsd_bin *b, int count_orphans)
         it = next;
     }
     s->overhead -= bin_cost(b->node.name_len);
+    s->name_bytes -= b->node.name_len;
     ts__free(b);
 }
 
@@ -418,6 +421,10 @@ void tsd_store_free(tsd_store *s)
 {
     if (s->bins.buckets == NULL)
         return;
+    /* Passes still walking end with the store; their owners learn it at their next step. */
+    for (tsd_pass *p = s->passes; p != NULL; p = p->next)
+        if (p->err == 0)
+            p->err = TS_ECANCELED;
     for (size_t i = 0; i <= s->bins.mask; i++) {
         tsd_hnode *n = s->bins.buckets[i];
         while (n != NULL) {
@@ -476,9 +483,15 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
         b = bin_new(name, len);
         if (b == NULL)
             return NULL;
+        /* Passes begun so far did not see it, so none of them shows it. */
+        b->view_mark = s->pass_gen;
         tsd_htab_insert(&s->bins, &b->node);
         s->overhead += bin_cost(len);
-    } else if (replace) {
+        s->name_bytes += len;
+    } else {
+        pass_capture(s, b);
+    }
+    if (replace) {
         tsd_item *it = b->head;
         while (it != NULL) {
             tsd_item *next = it->next;
@@ -515,6 +528,7 @@ tsd_item *tsd_store_pop(tsd_store *s, tsd_bin *b)
     tsd_item *it = b->head;
     if (it == NULL)
         return NULL;
+    pass_capture(s, b);
     b->head = it->next;
     if (b->head == NULL)
         b->tail = NULL;
@@ -531,8 +545,170 @@ tsd_item *tsd_store_pop(tsd_store *s, tsd_bin *b)
 
 void tsd_store_remove(tsd_store *s, tsd_bin *b)
 {
+    pass_capture(s, b);
     tsd_htab_remove(&s->bins, &b->node);
     bin_destroy(s, b, 1);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Point-in-time passes
+ *
+ * A pass needs each bin that existed when it began, once, in that moment's state. Two facts
+ * decide what to do with a bin b for a pass p, with no per-pass state in the bin:
+ *   - b->view_mark < p->gen: p still needs b. A bin created while p runs gets the newest gen
+ *     (so p, and every older pass, skip it); a bin handed to the passes ahead of a change gets
+ *     it too (so no pass takes it twice). Passes begun later have greater gens and need it.
+ *   - rev32(b->hash) < p->cur: p's walk is past b. The walk takes whole buckets in the order of
+ *     their bit-reversed index. With 2^k buckets, bucket i holds the hashes whose bit-reversed
+ *     value begins with the k bits of i reversed, so walking that order is walking the
+ *     bit-reversed hashes upwards, and cur (a multiple of 2^(32-k)) is the first one not yet
+ *     walked. Doubling the table (the only way it ever changes: it never shrinks) splits each
+ *     bucket into two whose hashes stay on the same side of cur, so the test stays exact.
+ * A change to b that p still needs and has not walked yet therefore hands b to p first
+ * (pass_capture); the walk hands p every other bin it still needs.
+ */
+
+/* The 32 bits of x in reverse order. */
+static inline uint32_t rev32(uint32_t x)
+{
+    x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1);
+    x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+    x = ((x >> 4) & 0x0f0f0f0fu) | ((x & 0x0f0f0f0fu) << 4);
+    x = ((x >> 8) & 0x00ff00ffu) | ((x & 0x00ff00ffu) << 8);
+    return (x >> 16) | (x << 16);
+}
+
+/*
+ * b is about to change or go: hand it, as it is now, to every pass that still needs it and has
+ * not walked it yet, then mark it as taken by them all. Costs nothing without passes.
+ */
+static void pass_capture(tsd_store *s, tsd_bin *b)
+{
+    if (s->passes == NULL || b->view_mark == s->pass_gen)
+        return;
+    uint32_t key = rev32(b->node.hash);
+    for (tsd_pass *p = s->passes; p != NULL; p = p->next) {
+        if (p->err != 0 || b->view_mark >= p->gen || key < p->cur)
+            continue;
+        int rc = p->emit(p, b);
+        if (rc != 0) {
+            p->err = rc;
+            continue;
+        }
+        p->emitted++;
+        s->captures++;
+    }
+    b->view_mark = s->pass_gen;
+}
+
+int tsd_store_pass_begin(tsd_store *s, tsd_pass *p)
+{
+    if (s->pass_gen == UINT32_MAX) {
+        if (s->passes != NULL)
+            return TS_EAGAIN;
+        /*
+         * Every gen has been used (after 2^32 passes): with no pass running, no mark means
+         * anything any more, so they all start again from 0 (one walk of the table).
+         */
+        for (size_t i = 0; s->bins.buckets != NULL && i <= s->bins.mask; i++)
+            for (tsd_hnode *h = s->bins.buckets[i]; h != NULL; h = h->next)
+                ((tsd_bin *)h)->view_mark = 0;
+        s->pass_gen = 0;
+    }
+    p->gen = ++s->pass_gen;
+    p->cur = 0;
+    p->err = 0;
+    p->emitted = 0;
+    p->turns = 0;
+    p->loop_ns = 0;
+    p->prev = NULL;
+    p->next = s->passes;
+    if (s->passes != NULL)
+        s->passes->prev = p;
+    s->passes = p;
+    s->n_passes++;
+    return 0;
+}
+
+void tsd_store_pass_end(tsd_store *s, tsd_pass *p)
+{
+    if (p->prev != NULL)
+        p->prev->next = p->next;
+    else
+        s->passes = p->next;
+    if (p->next != NULL)
+        p->next->prev = p->prev;
+    p->prev = p->next = NULL;
+    s->n_passes--;
+}
+
+/* Buckets ahead of the walk whose memory is fetched early (the walk is bound by cache misses). */
+#define TSD_PASS_PREFETCH 16u
+
+int tsd_store_pass_step(tsd_store *s, tsd_pass *p, size_t *budget)
+{
+    const tsd_htab *t = &s->bins;
+    if (p->err != 0 || t->buckets == NULL) {
+        p->cur = TSD_PASS_END;
+        return 1;
+    }
+    /* One bucket in the bit-reversed space: 2^32 / 2^k. */
+    const uint64_t step = TSD_PASS_END / ((uint64_t)t->mask + 1);
+    size_t left = *budget;
+    while (p->cur < TSD_PASS_END && left > 0) {
+        /*
+         * Buckets are visited far apart in memory: fetch the bucket slot TSD_PASS_PREFETCH
+         * buckets on, the bin half as far on (its slot is in cache by now), and the first item
+         * of the bin a quarter as far on.
+         */
+        uint64_t far = p->cur + TSD_PASS_PREFETCH * step;
+        if (far < TSD_PASS_END)
+            __builtin_prefetch(&t->buckets[rev32((uint32_t)far)]);
+        uint64_t mid = p->cur + TSD_PASS_PREFETCH / 2 * step;
+        if (mid < TSD_PASS_END && t->buckets[rev32((uint32_t)mid)] != NULL)
+            __builtin_prefetch(t->buckets[rev32((uint32_t)mid)]);
+        uint64_t near = p->cur + TSD_PASS_PREFETCH / 4 * step;
+        if (near < TSD_PASS_END && t->buckets[rev32((uint32_t)near)] != NULL)
+            __builtin_prefetch(((const tsd_bin *)t->buckets[rev32((uint32_t)near)])->head);
+        left--;
+        for (tsd_hnode *h = t->buckets[rev32((uint32_t)p->cur)]; h != NULL; h = h->next) {
+            const tsd_bin *b = (const tsd_bin *)h;
+            if (left > 0)
+                left--;
+            if (b->view_mark >= p->gen)
+                continue;
+            int rc = p->emit(p, b);
+            if (rc != 0) {
+                p->err = rc;
+                *budget = left;
+                p->cur = TSD_PASS_END;
+                return 1;
+            }
+            p->emitted++;
+        }
+        p->cur += step;
+    }
+    *budget = left;
+    return p->cur >= TSD_PASS_END;
+}
+
+int tsd_store_pass_run(tsd_store *s, tsd_pass *p)
+{
+    p->err = 0;
+    p->emitted = 0;
+    for (size_t i = 0; s->bins.buckets != NULL && i <= s->bins.mask; i++) {
+        if (i + TSD_PASS_PREFETCH <= s->bins.mask && s->bins.buckets[i + TSD_PASS_PREFETCH])
+            __builtin_prefetch(s->bins.buckets[i + TSD_PASS_PREFETCH]);
+        for (tsd_hnode *h = s->bins.buckets[i]; h != NULL; h = h->next) {
+            int rc = p->emit(p, (const tsd_bin *)h);
+            if (rc != 0) {
+                p->err = rc;
+                return rc;
+            }
+            p->emitted++;
+        }
+    }
+    return 0;
 }
 
 /* Order bins by name bytes; a name sorts before any longer name it prefixes. */
