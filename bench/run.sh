@@ -6,6 +6,8 @@
 #   --repeats N (default 5), --smoke, --no-redis, --no-pin, --skip putget,small,notify,lz4,memory
 # "bench/run.sh stall [flags]" runs bench_stall instead (the worst PING round trip while one LIST,
 # SAVE, large PUT or mass wake-up runs; see bench/bench_stall.c for its flags).
+# "bench/run.sh python [flags]" runs bench/python_bench.py: the Python package against the C client
+# and redis-py (--repeats N, --smoke, --no-redis, --no-pin, --raw).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +38,28 @@ if [ "${1:-}" = "stall" ]; then
     shift
     cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target bench_stall tensord
     exec "$BUILD/bench/bench_stall" --tensord "$BUILD/server/tensord" "$@"
+fi
+if [ "${1:-}" = "python" ]; then
+    # The Python package against the C client and redis-py (bench/python_bench.py), with the
+    # interpreter the extension was built for.
+    shift
+    py=$(sed -n 's/^TS_PYTHON:FILEPATH=//p' "$BUILD/CMakeCache.txt")
+    py=${py:-python3}
+    if ! "$py" -c 'import redis, hiredis' 2>/dev/null; then
+        echo "bench/run.sh: installing python3-redis and python3-hiredis (the Python reference)"
+        sudo=""
+        [ "$(id -u)" -ne 0 ] && sudo="sudo"
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+            python3-redis python3-hiredis
+    fi
+    cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target tensord tsrounds \
+        tsp_extension
+    prio=()
+    if nice -n -20 true 2>/dev/null; then
+        prio=(nice -n -20)
+    fi
+    PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" exec "${prio[@]}" "$py" \
+        bench/python_bench.py --build "$BUILD" "$@"
 fi
 cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target tsbench tensord
 
