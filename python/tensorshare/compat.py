@@ -17,8 +17,9 @@ and where the behaviour differs. In short:
 - put and append report OK once tensord has stored the item (the original reported OK once the
   bytes were sent, and never saw a failure after that).
 - Values are tensorshare records: torch tensors, NumPy arrays, dicts with str keys, lists,
-  tuples, ints, floats, str, bytes and None, nested. Arbitrary picklable objects are refused
-  (the callback gets ERR with the ValueError): tensord never unpickles anything.
+  tuples (received as lists), ints, bools (received as ints), floats, str and bytes, nested.
+  Anything else (None, arbitrary picklable objects) is refused: the callback gets ERR with the
+  RecordError. Nothing is pickled, and tensord never unpickles anything.
 - A bin holds items. get/peek give the item itself when the bin holds one, and the list of its
   items otherwise; the original's quirk that an append to a bin holding a list extends that
   list is not reproduced (put(b, [1, 2]); append(b, 3) gives [[1, 2], 3]).
