@@ -80,8 +80,8 @@ static ts_predictor_t *predictor_enter(predictor_object *self)
         return NULL;
     }
     if (self->fork_generation != tsp_fork_generation) {
-        PyErr_SetString(tsp_state.ConnectionError,
-                        "this Predictor was opened before os.fork(): open a new one in the child");
+        tsp_raise_msg(TS_ENOTCONN,
+                      "this Predictor was opened before os.fork(): open a new one in the child");
         return NULL;
     }
     self->users++;

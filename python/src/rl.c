@@ -17,6 +17,7 @@
 #include "tsp.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <math.h>
 #include <time.h>
 
@@ -133,13 +134,17 @@ static void base_free(rl_base *b)
 static void *base_enter(rl_base *b)
 {
     if (b->handle == NULL || b->closing) {
-        tsp_raise_msg(TS_ECANCELED, b->closing ? "closed" : "not initialised");
+        char msg[64];
+        snprintf(msg, sizeof(msg), "the %s is %s", b->what != NULL ? b->what : "object",
+                 b->closing ? "closed" : "not initialised");
+        tsp_raise_msg(TS_ECANCELED, msg);
         return NULL;
     }
     if (b->fork_generation != tsp_fork_generation) {
-        PyErr_Format(tsp_state.ConnectionError,
-                     "this %s was created before os.fork(): create a new one in the child",
-                     b->what);
+        char msg[128];
+        snprintf(msg, sizeof(msg),
+                 "this %s was created before os.fork(): create a new one in the child", b->what);
+        tsp_raise_msg(TS_ENOTCONN, msg);
         return NULL;
     }
     b->users++;
@@ -188,6 +193,7 @@ static int trainer_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
                                      &kw.params_bin, &kw.data_bin, &tolerance, &kw.timeout,
                                      &tt_obj))
         return -1;
+    self->base.what = "RLTrainer";
     if (self->base.handle != NULL || self->base.closing) {
         PyErr_SetString(PyExc_RuntimeError, "RLTrainer.__init__ called twice");
         return -1;
@@ -558,6 +564,7 @@ static int worker_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
                                      &kw.params_bin, &kw.data_bin, &max_in_flight, &max_bytes,
                                      &kw.timeout, &on_event, &tt_obj))
         return -1;
+    self->base.what = "RLWorker";
     if (self->base.handle != NULL || self->base.closing) {
         PyErr_SetString(PyExc_RuntimeError, "RLWorker.__init__ called twice");
         return -1;

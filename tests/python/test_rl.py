@@ -225,3 +225,33 @@ def test_close_and_client_lifetime(tensord):
         trainer.publish({"w": np.zeros(1, dtype=np.float32)})
     with pytest.raises(tensorshare.CancelledError):
         RLTrainer(c)
+
+
+def test_used_after_fork_raises_connection_error(client):
+    """A child process cannot use the parent's trainer or worker (the library threads are the
+    parent's): every call raises ConnectionError there, and nothing of the parent's is freed."""
+    trainer = RLTrainer(client)
+    worker = RLWorker(client)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            try:
+                trainer.publish({"w": np.zeros(1, dtype=np.float32)})
+            except tensorshare.ConnectionError as e:
+                if e.name == "ENOTCONN":
+                    code = 0
+            try:
+                worker.params()
+                code = 1
+            except tensorshare.ConnectionError:
+                pass
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    # The parent's objects still work.
+    assert trainer.publish({"w": np.zeros(1, dtype=np.float32)}) == 0
+    assert worker.await_params(timeout=WAIT_S).version == 0
+    worker.close()
+    trainer.close()
