@@ -700,6 +700,28 @@ static PyObject *client_wait(PyObject *obj, PyObject *const *args, Py_ssize_t na
     ts_client_t *c = enter(self);
     if (c == NULL)
         return NULL;
+    /*
+     * Ask once without waiting first: it answers at once when the bin has moved on already
+     * (and for timeout 0), and it is how a call from a callback on this client's I/O thread
+     * learns that it would wait for itself (TS_EDEADLK), which the condition variable below
+     * could not tell.
+     */
+    uint64_t now_version = 0;
+    uint32_t now_items = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = ts_wait(c, bin, (uint64_t)after, 0, &now_version, &now_items);
+    Py_END_ALLOW_THREADS if (rc != TS_ETIMEDOUT || timeout_ms == 0)
+    {
+        PyObject *r = rc == 0 ? Py_BuildValue("(KI)", (unsigned long long)now_version,
+                                              (unsigned int)now_items)
+                              : tsp_raise(rc);
+        leave(self);
+        return r;
+    }
+    if (check_usable(self) < 0) { /* closed by another thread meanwhile */
+        leave(self);
+        return NULL;
+    }
     wait_ctx *w = calloc(1, sizeof(*w));
     if (w == NULL) {
         leave(self);
@@ -708,7 +730,7 @@ static PyObject *client_wait(PyObject *obj, PyObject *const *args, Py_ssize_t na
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->refs = 2;
-    int rc = ts_wait_async(c, bin, (uint64_t)after, timeout_ms, wait_cb, w);
+    rc = ts_wait_async(c, bin, (uint64_t)after, timeout_ms, wait_cb, w);
     if (rc != 0) {
         tsp_raise(rc);
         leave(self);

@@ -192,9 +192,14 @@ static ts_value_t *tensor_from_torch(PyObject *obj, PyObject *pins)
         int retry = 0;
         ts_value_t *v = tensor_from_capsule(capsule, is_bool, pins, &retry);
         Py_DECREF(capsule);
-        if (v != NULL || !retry || attempt == 1) {
+        if (v != NULL || !retry) {
             Py_DECREF(obj);
             return v;
+        }
+        if (attempt == 1) {
+            record_error("%s.contiguous() returned a tensor that is not contiguous",
+                         Py_TYPE(obj)->tp_name);
+            goto fail;
         }
         /* Not contiguous: one copy, pinned like the original would have been. */
         PyObject *c = PyObject_CallMethodNoArgs(obj, cv.s_contiguous);

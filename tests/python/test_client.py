@@ -488,3 +488,21 @@ def test_save_without_snapshot_path(client):
     with pytest.raises(tensorshare.InvalidArgumentError) as info:
         client.save()
     assert info.value.message
+
+
+def test_wait_in_a_callback_is_deadlock_error(client):
+    q = queue.Queue()
+    v = client.put("wd", 1)
+
+    def cb(n):
+        try:
+            client.wait("wd", n.version, timeout=1)
+            q.put("no error")
+        except tensorshare.DeadlockError as e:
+            q.put(e)
+
+    client.listen("wd", cb)
+    client.put("wd", 2)
+    [e] = collect(q, 1)
+    assert isinstance(e, tensorshare.DeadlockError)
+    assert client.wait("wd", v, timeout=1)[0] > v  # answered at once: it moved on already
