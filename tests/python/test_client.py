@@ -506,3 +506,35 @@ def test_wait_in_a_callback_is_deadlock_error(client):
     [e] = collect(q, 1)
     assert isinstance(e, tensorshare.DeadlockError)
     assert client.wait("wd", v, timeout=1)[0] > v  # answered at once: it moved on already
+
+
+FORK_EXIT_SCRIPT = textwrap.dedent("""
+    import os, sys
+    import tensorshare
+    c = tensorshare.Client(sys.argv[1])
+    c.listen("fx", lambda n: None)
+    f = c.wait_async("fx-never", 0)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            c.put("fx", 1)
+            sys.exit(3)
+        except tensorshare.ConnectionError:
+            pass
+        try:
+            c.close()  # leaves the parent's connection alone
+        except tensorshare.Error:
+            sys.exit(4)
+        sys.exit(0)  # a normal exit: atexit and finalization with the parent's client around
+    _, status = os.waitpid(pid, 0)
+    c.put("fx", 2)
+    print("child", os.waitstatus_to_exitcode(status), "parent", c.get("fx"), flush=True)
+""")
+
+
+def test_fork_child_exits_normally(tensord):
+    p = subprocess.run([sys.executable, "-c", FORK_EXIT_SCRIPT, tensord.address],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=os.environ.get("TS_PYTHONPATH", "")))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "child 0 parent [2]"
