@@ -508,6 +508,105 @@ static ts_value_t *slice(const ts_value_t *v, int64_t off, int64_t rows, shared_
     }
 }
 
+/* Answer n requests with their rows of out, the first starting at row off. No lock held. */
+static void answer_rows(ts_batcher_t *b, batch_request **reqs, int n, int64_t off,
+                        const ts_value_t *out, shared_output *s, int64_t version)
+{
+    for (int i = 0; i < n; i++) {
+        batch_request *q = reqs[i];
+        ts_value_t *mine = slice(out, off, q->rows, s);
+        off += q->rows;
+        if (mine == NULL)
+            answer(b, q, TS_ENOMEM, NULL, version, "out of memory");
+        else
+            answer(b, q, 0, mine, version, NULL);
+    }
+}
+
+/* The parts of one batch still being answered by helpers; the replica waits for 0. */
+typedef struct answer_join {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int left;
+} answer_join;
+
+/*
+ * An answer helper (opts.answer_threads): answers parts of large batches that replicas post.
+ * Like a replica's thread, a request submitted from a callback here wakes no replica: the
+ * replica whose batch this is takes the queue again once every part is answered.
+ */
+static void *answerer_main(void *arg)
+{
+    ts_batcher_t *b = arg;
+    tls_in_batcher = 1;
+    tls_answering = b;
+    pthread_mutex_lock(&b->ans_mu);
+    for (;;) {
+        while (b->ans_head == NULL && !b->ans_stop)
+            pthread_cond_wait(&b->ans_cv, &b->ans_mu);
+        if (b->ans_head == NULL)
+            break;
+        answer_part *p = b->ans_head;
+        b->ans_head = p->next;
+        pthread_mutex_unlock(&b->ans_mu);
+        answer_rows(b, p->reqs, p->n, p->off, p->out, p->shared, p->version);
+        answer_join *j = p->join;
+        pthread_mutex_lock(&j->mu);
+        if (--j->left == 0)
+            pthread_cond_signal(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        pthread_mutex_lock(&b->ans_mu);
+    }
+    pthread_mutex_unlock(&b->ans_mu);
+    return NULL;
+}
+
+/*
+ * Answer a batch's n requests from out, in parts: the replica answers the first part, the
+ * helpers the others, all at once, and the replica returns when every part is answered (its
+ * picked array is reused by its next batch). Parts hold at least TS_BATCHER_SPLIT_ANSWERS
+ * requests. No lock held.
+ */
+static void answer_split(ts_batcher_t *b, replica *r, int n, const ts_value_t *out,
+                         shared_output *s, int64_t version)
+{
+    int parts = n / TS_BATCHER_SPLIT_ANSWERS;
+    if (parts > b->n_answerers + 1)
+        parts = b->n_answerers + 1;
+    if (parts < 2) {
+        answer_rows(b, r->picked, n, 0, out, s, version);
+        return;
+    }
+    answer_part part[TS_BATCHER_MAX_ANSWER_THREADS + 1];
+    answer_join j;
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_cond_init(&j.cv, NULL);
+    j.left = parts - 1;
+    int first = 0;
+    int64_t off = 0;
+    for (int k = 0; k < parts; k++) {
+        int count = n / parts + (k < n % parts);
+        part[k] = (answer_part){NULL, r->picked + first, count, off, out, s, version, &j};
+        for (int i = first; i < first + count; i++)
+            off += r->picked[i]->rows;
+        first += count;
+    }
+    pthread_mutex_lock(&b->ans_mu);
+    for (int k = parts - 1; k >= 1; k--) {
+        part[k].next = b->ans_head;
+        b->ans_head = &part[k];
+    }
+    pthread_cond_broadcast(&b->ans_cv);
+    pthread_mutex_unlock(&b->ans_mu);
+    answer_rows(b, part[0].reqs, part[0].n, part[0].off, out, s, version);
+    pthread_mutex_lock(&j.mu);
+    while (j.left > 0)
+        pthread_cond_wait(&j.cv, &j.mu);
+    pthread_mutex_unlock(&j.mu);
+    pthread_cond_destroy(&j.cv);
+    pthread_mutex_destroy(&j.mu);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Replicas
  */
@@ -555,14 +654,19 @@ static batch_fit fit_rows(const ts_batcher_t *b)
  * requester waiting for its answer, or one that went away, cannot add rows, and a closed loop
  * of requesters comes back as soon as its answers are out. When every requester the batcher
  * knows of is already waiting (queued or in a batch), or after a lone request to an idle
- * batcher, the batch runs at once. It still waits min_delay_ns after its oldest request, never
- * past max_delay_ns; a batch that waited out max_delay_ns shows that the missing requesters are
- * not coming back soon, and the count starts again from zero.
+ * batcher, the batch runs at once. Nor does it wait for them longer than a forward takes
+ * (b->forward_ns, from when this replica started gathering): requesters that come back later
+ * lose less by running in the next batch than the batch would lose by waiting (remote
+ * requesters, a tensord round trip away, come back much later than a small forward takes, and
+ * this is what keeps batching from slowing them down). It still waits min_delay_ns after its
+ * oldest request, never past max_delay_ns; a batch that waited out max_delay_ns shows that the
+ * missing requesters are not coming back soon, and the count starts again from zero.
  */
 static int gather(replica *r)
 {
     ts_batcher_t *b = r->b;
     int64_t take;
+    uint64_t began = ts__now_ns();
     for (;;) {
         if (b->stopping || b->head == NULL)
             return 0;
@@ -580,11 +684,17 @@ static int gather(replica *r)
             b->returning = 0;
             break;
         }
+        uint64_t min_at = f.oldest + b->min_delay_ns;
         if (b->returning == 0) {
-            uint64_t min_at = f.oldest + b->min_delay_ns;
             if (now >= min_at)
                 break;
             flush_at = min_at < flush_at ? min_at : flush_at;
+        } else {
+            uint64_t hold_at = began + b->forward_ns;
+            hold_at = hold_at > min_at ? hold_at : min_at;
+            if (now >= hold_at)
+                break;
+            flush_at = hold_at < flush_at ? hold_at : flush_at;
         }
         struct timespec ts = ts__abs_timespec(flush_at);
         pthread_cond_timedwait(&b->collect_cv, &b->mu, &ts);
@@ -677,6 +787,9 @@ static uint64_t run_batch(replica *r, int n, int64_t version)
     else
         b->st.failed += (uint64_t)n;
     b->returning += (size_t)n;
+    /* A moving average over about eight forwards, of any replica. */
+    uint64_t took = t2 - t1;
+    b->forward_ns = b->forward_ns == 0 ? took : (b->forward_ns * 7 + took) / 8;
     r->st.batches++;
     r->st.rows += (uint64_t)rows;
     r->st.requests += (uint64_t)n;
@@ -703,16 +816,7 @@ static uint64_t run_batch(replica *r, int n, int64_t version)
     }
     atomic_init(&s->refs, 1);
     s->tree = out;
-    int64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        batch_request *q = r->picked[i];
-        ts_value_t *mine = slice(out, off, q->rows, s);
-        off += q->rows;
-        if (mine == NULL)
-            answer(b, q, TS_ENOMEM, NULL, version, "out of memory");
-        else
-            answer(b, q, 0, mine, version, NULL);
-    }
+    answer_split(b, r, n, out, s, version);
     shared_unref(s);
     return ts__now_ns() - t2;
 }
@@ -834,6 +938,13 @@ static void stop_threads(ts_batcher_t *b)
             pthread_join(b->rep[i].thread, NULL);
     if (b->timer_started)
         pthread_join(b->timer, NULL);
+    /* The helpers last: a replica finishing its batch may still wait for them. */
+    pthread_mutex_lock(&b->ans_mu);
+    b->ans_stop = 1;
+    pthread_cond_broadcast(&b->ans_cv);
+    pthread_mutex_unlock(&b->ans_mu);
+    for (int i = 0; i < b->n_answerers; i++)
+        pthread_join(b->answerers[i], NULL);
 }
 
 static void destroy(ts_batcher_t *b)
@@ -869,6 +980,9 @@ static void destroy(ts_batcher_t *b)
         ts__free(r->picked);
     }
     ts__free(b->rep);
+    ts__free(b->answerers);
+    pthread_cond_destroy(&b->ans_cv);
+    pthread_mutex_destroy(&b->ans_mu);
     ts__free(b->heap);
     ts__schema_free(b->in, b->n_in);
     ts__schema_free(b->out, b->n_out);
@@ -891,11 +1005,14 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *cfg)
     if (cfg->min_delay_us < 0 || cfg->min_delay_us > cfg->max_delay_us ||
         levels > TS_BATCHER_MAX_PRIORITIES || cfg->default_priority < 0 ||
         cfg->default_priority >= levels || cfg->n_preferred < 0 ||
-        cfg->n_preferred > TS_BATCHER_MAX_PREFERRED ||
+        cfg->n_preferred > TS_BATCHER_MAX_PREFERRED || cfg->answer_threads < 0 ||
+        cfg->answer_threads > TS_BATCHER_MAX_ANSWER_THREADS ||
         (cfg->n_preferred > 0 && cfg->preferred_batch == NULL)) {
         ts__batcher_set_err("options: min_delay_us must be 0..max_delay_us, priority_levels "
-                            "1..%d with default_priority below it, n_preferred 0..%d",
-                            TS_BATCHER_MAX_PRIORITIES, TS_BATCHER_MAX_PREFERRED);
+                            "1..%d with default_priority below it, n_preferred 0..%d, "
+                            "answer_threads 0..%d",
+                            TS_BATCHER_MAX_PRIORITIES, TS_BATCHER_MAX_PREFERRED,
+                            TS_BATCHER_MAX_ANSWER_THREADS);
         return TS_EINVAL;
     }
     for (int i = 0; i < cfg->n_preferred; i++) {
@@ -927,6 +1044,8 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *cfg)
         return ts__fail(TS_ENOMEM, NULL);
     }
     pthread_mutex_init(&b->mu, NULL);
+    pthread_mutex_init(&b->ans_mu, NULL);
+    pthread_cond_init(&b->ans_cv, NULL);
     ts__cond_init_monotonic(&b->work_cv);
     ts__cond_init_monotonic(&b->collect_cv);
     ts__cond_init_monotonic(&b->timer_cv);
@@ -1006,6 +1125,16 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *cfg)
             rc = TS_ENOMEM;
         else
             b->timer_started = 1;
+    }
+    if (rc == 0 && cfg->answer_threads > 0) {
+        b->answerers = ts__calloc((size_t)cfg->answer_threads, sizeof(*b->answerers));
+        rc = b->answerers != NULL ? 0 : TS_ENOMEM;
+        for (int i = 0; rc == 0 && i < cfg->answer_threads; i++) {
+            if (pthread_create(&b->answerers[i], NULL, answerer_main, b) != 0)
+                rc = TS_ENOMEM;
+            else
+                b->n_answerers = i + 1;
+        }
     }
     if (rc != 0) {
         if (rc == TS_ENOMEM && ts_last_error()[0] == '\0')

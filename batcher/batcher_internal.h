@@ -158,6 +158,18 @@ typedef struct replica {
     ts_batcher_replica_stats_t st; /* under the batcher's lock */
 } replica;
 
+/* A part of a batch's answers given to the helper threads (answer_threads). */
+typedef struct answer_part {
+    struct answer_part *next;
+    batch_request **reqs;
+    int n;
+    int64_t off; /* the first request's first row in the batch output */
+    const ts_value_t *out;
+    struct shared_output *shared;
+    int64_t version;
+    struct answer_join *join; /* counts the parts still being answered */
+} answer_part;
+
 /* The remote serving state (serve.c), opaque to the engine. */
 typedef struct remote_server remote_server;
 
@@ -191,6 +203,14 @@ struct ts_batcher_s {
      * one off; zero when a batch waited out max_delay): see gather().
      */
     size_t returning;
+    uint64_t forward_ns; /* a forward's duration, a moving average (see gather()) */
+    /* The answer helpers (opts.answer_threads): their own lock, queue of parts and threads. */
+    pthread_mutex_t ans_mu;
+    pthread_cond_t ans_cv;
+    answer_part *ans_head;
+    int ans_stop;
+    int n_answerers;
+    pthread_t *answerers;
     batch_request *cancelled; /* cancelled requests the timer thread answers (linked by next) */
     uint64_t next_id;
     size_t queued;

@@ -159,11 +159,25 @@ typedef struct ts_batcher_options_s {
      */
     int priority_levels;
     int default_priority;
+    /*
+     * Threads that help a replica hand out a large batch's answers (slicing the output and
+     * calling the callbacks, which usually submit the requesters' next requests): with 0 (the
+     * default) each replica answers its batches alone; with N, a batch of at least
+     * TS_BATCHER_SPLIT_ANSWERS requests is cut into parts answered by the replica and up to N
+     * helpers at once (shared by the replicas), so that a fast device does not wait for one
+     * thread to call a thousand callbacks. Callbacks then also run on those helper threads.
+     * At most TS_BATCHER_MAX_ANSWER_THREADS. Added in 0.3.0.
+     */
+    int answer_threads;
 } ts_batcher_options_t;
 
 /* The most preferred batch sizes and priority levels a batcher takes. Added in 0.3.0. */
 #define TS_BATCHER_MAX_PREFERRED  16
 #define TS_BATCHER_MAX_PRIORITIES 16
+/* answer_threads: at most this many helpers. Added in 0.3.0. */
+#define TS_BATCHER_MAX_ANSWER_THREADS 64
+/* requests; a batch's answers are split into parts of at least this many. Added in 0.3.0. */
+#define TS_BATCHER_SPLIT_ANSWERS 64
 
 /*
  * Fill opts with the defaults (no schema, no model). Added in 0.2.0. It replaces

@@ -1046,7 +1046,8 @@ static void loop_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t versio
 
 static void run_loop(ts_batcher_t *b, int n_actors, int n_requests)
 {
-    static loop_actor la[64];
+    static loop_actor la[256];
+    assert_true(n_actors <= 256);
     acount c;
     acount_init(&c);
     for (int i = 0; i < n_actors; i++) {
@@ -1106,6 +1107,53 @@ static void test_closed_loop(void **state)
     assert_true(ms < 15000.0);
     ts_batcher_stats(b, &st);
     assert_int_equal(st.requests, 20);
+    ts_batcher_free(b);
+}
+
+/*
+ * answer_threads: large batches are answered in parts by helper threads. Each answer still
+ * holds exactly its rows; requesters that submit again from callbacks running on the helpers
+ * still come back as full batches (the replica takes the queue once every part is answered).
+ */
+static void test_answer_threads(void **state)
+{
+    (void)state;
+    ts_batcher_options_t cfg;
+    test_options(&cfg, "cpu:2", 256, 20000000);
+    cfg.min_delay_us = cfg.max_delay_us; /* batches run only when full */
+    cfg.answer_threads = 3;
+    ts_batcher_t *b = make_with(&cfg);
+    enum { A = 256, R = 20 };
+    run_loop(b, A, R);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.requests, A * R);
+    assert_int_equal(st.batches, R);
+    assert_int_equal(st.full_batches, R);
+    ts_batcher_free(b);
+
+    /* Mixed row counts from outside the batcher, split answers checked row by row. */
+    cfg.min_delay_us = 0;
+    cfg.max_delay_us = 1000;
+    cfg.answer_threads = 2;
+    b = make_with(&cfg);
+    enum { N = 600 };
+    static actx ctx[N];
+    acount c;
+    acount_init(&c);
+    for (int i = 0; i < N; i++) {
+        ctx[i] = (actx){&c, 1 + i % 3, (int64_t)i * 10, 1.0f, NULL};
+        ctx[i].in = request(ctx[i].rows, ctx[i].base);
+        assert_int_equal(
+            ts_batcher_predict_async(b, ctx[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &ctx[i]), 0);
+    }
+    assert_true(acount_wait(&c, N));
+    assert_int_equal(c.ok, N);
+    for (int i = 0; i < N; i++)
+        ts_value_free(ctx[i].in);
+    cfg.answer_threads = TS_BATCHER_MAX_ANSWER_THREADS + 1;
+    ts_batcher_t *bad = NULL;
+    assert_int_equal(ts_batcher_new(&bad, &cfg), TS_EINVAL);
     ts_batcher_free(b);
 }
 
@@ -1699,6 +1747,7 @@ int main(void)
         cmocka_unit_test(test_deadline_heap),
         cmocka_unit_test(test_closed_loop),
         cmocka_unit_test(test_never_wait_for_nothing),
+        cmocka_unit_test(test_answer_threads),
         cmocka_unit_test(test_priorities),
         cmocka_unit_test(test_queue_limits_cancel_timeout),
         cmocka_unit_test(test_preferred_and_replica_stats),
