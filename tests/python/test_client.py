@@ -538,3 +538,35 @@ def test_fork_child_exits_normally(tensord):
                        env=dict(os.environ, PYTHONPATH=os.environ.get("TS_PYTHONPATH", "")))
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "child 0 parent [2]"
+
+
+def test_close_while_other_threads_are_inside_calls(tensord):
+    c = tensorshare.Client(tensord.address)
+    big = torch.ones(8 << 20, dtype=torch.uint8)
+    outcomes = []
+    started = threading.Barrier(4)
+
+    def worker():
+        started.wait(PATIENCE_S)
+        for _ in range(200):
+            try:
+                c.put("cw", big)
+                c.peek("cw")
+            except tensorshare.CancelledError:
+                outcomes.append("cancelled")
+                return
+        outcomes.append("finished")
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for th in threads:
+        th.start()
+    started.wait(PATIENCE_S)
+    time.sleep(0.05)
+    c.close()
+    for th in threads:
+        th.join(PATIENCE_S)
+    assert not any(th.is_alive() for th in threads)
+    assert outcomes.count("cancelled") == 3
+    assert c.closed
+    with tensorshare.Client(tensord.address) as other:
+        other.ping()
