@@ -7,7 +7,8 @@
  *
  *   batcher_bench [--model mlp.pt | --mlp 8,2048,2048,2048,4] [--threads 64] [--requests 200]
  *                 [--placement cpu:2] [--max-batch 64] [--max-delay-us 500]
- *                 [--min-delay-us 0] [--amp bfloat16|float16] [--repeats 3] [--pin]
+ *                 [--min-delay-us 0] [--amp bfloat16|float16] [--answer-threads 0]
+ *                 [--repeats 3] [--pin]
  *                 [--tensord PATH | --server ADDR] [--clients 8] [--modes LIST] [--smoke]
  *
  * The model takes a bare [rows, IN] float32 tensor and returns [rows, OUT]: tests/shim's mlp.pt
@@ -75,7 +76,7 @@
 #include "tensorshare/tensorshare.h"
 #include "tensorshare/torch.h"
 
-#define MAX_THREADS  1024
+#define MAX_THREADS  4096
 #define MAX_CLIENTS  64
 #define MAX_WORKERS  256        /* async-direct threads */
 #define MAX_SAMPLES  (1u << 21) /* latencies kept per run: threads x requests at most */
@@ -117,7 +118,8 @@ typedef struct opts {
     const char *mlp; /* --mlp widths, or NULL */
     int pin;         /* serving threads on cpu0, requesters on cpu1 */
     long min_delay_us;
-    const char *amp; /* --amp bfloat16|float16, or NULL */
+    const char *amp;    /* --amp bfloat16|float16, or NULL */
+    int answer_threads; /* the batcher's answer_threads */
 } opts;
 
 /* The CPU of each role when pinning (bench/run.sh's: servers cpu0, clients cpu1). */
@@ -710,6 +712,7 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
     cfg.max_batch = c->batched ? o->max_batch : 1;
     cfg.max_delay_us = c->batched ? o->delay_us : 0;
     cfg.min_delay_us = c->batched ? o->min_delay_us : 0;
+    cfg.answer_threads = o->answer_threads;
     cfg.placement = o->placement;
     cfg.cuda_devices = ts_torch_cuda_device_count();
     cfg.create = warm_create;
@@ -925,7 +928,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 64, 200, 64, 8, 3, 500, "cpu:2", NULL, NULL, NULL, NULL, 0, 0, NULL};
+    opts o = {NULL, 64, 200, 64, 8, 3, 500, "cpu:2", NULL, NULL, NULL, NULL, 0, 0, NULL, 0};
     int min_delay = 0;
     int smoke = 0, delay = 500;
     char model_buf[600];
@@ -945,6 +948,8 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--amp") == 0) {
             o.amp = v;
             bad = strcmp(v, "bfloat16") != 0 && strcmp(v, "float16") != 0;
+        } else if (strcmp(a, "--answer-threads") == 0) {
+            bad = parse_int(v, 0, TS_BATCHER_MAX_ANSWER_THREADS, &o.answer_threads);
         } else if (strcmp(a, "--min-delay-us") == 0) {
             bad = parse_int(v, 0, 10000000, &min_delay);
         } else if (strcmp(a, "--placement") == 0) {

@@ -2,8 +2,9 @@
 # GPU checks of the libtorch shim and the batcher: build against a CUDA-enabled libtorch and run
 # the torch-labelled tests (they exercise cuda:0 when a GPU is visible: placements, weights,
 # autocast in float16, each model on its own stream), then batcher_bench's limit and ratio rows
-# with the big MLP (8 -> 2048 x 3 -> 4, float32) on cuda:0 at max batch 256 and 1024, one
-# replica and two (two batches in flight on the GPU), and the small MLP on cpu next to cuda:0.
+# with the big MLP (8 -> 2048 x 3 -> 4, float32) on cuda:0 at max batch 256 and 1024: one
+# replica, with answer helper threads, two replicas (two batches in flight on the GPU) with and
+# without per-model streams, float16 autocast; and the small MLP on cuda:0.
 # Not part of the CI suite (CI machines have no GPU, and Debian's libtorch is CPU-only). Takes
 # about 6 minutes on one H100 with 16 cores; every step has its own time limit, and a step that
 # fails or runs out of time marks the run failed without stopping the others.
@@ -76,22 +77,23 @@ if [ -x "$TS_MAKE_MODELS" ] && "$TS_MAKE_MODELS" "$models" >/dev/null 2>&1 && [ 
         --modes limit,async,batched
     run_bench "${big[@]}" --placement cuda:0 --max-batch 1024 --threads 1024 --requests 500 \
         --modes limit,async,batched
+    # The same with 8 threads helping to hand out the answers of each batch.
+    run_bench "${big[@]}" --placement cuda:0 --max-batch 1024 --threads 1024 --requests 500 \
+        --modes limit,async --answer-threads 8
     # Two replicas on the one GPU (two batches in flight, each on its own stream), and the same
     # without the per-model streams.
     run_bench "${big[@]}" --placement 'cuda:0*2' --max-batch 1024 --threads 1024 --requests 500 \
         --modes limit,async
     TS_TORCH_STREAMS=0 run_bench "${big[@]}" --placement 'cuda:0*2' --max-batch 1024 \
         --threads 1024 --requests 500 --modes limit,async
-    run_bench "${big[@]}" --placement 'cuda:0*2' --max-batch 256 --threads 512 --requests 1000 \
-        --modes limit,async
+    run_bench "${big[@]}" --placement 'cuda:0*2' --max-batch 1024 --threads 2048 --requests 250 \
+        --modes limit,async --answer-threads 8
     # Mixed precision: float16 autocast at max batch 1024.
     run_bench "${big[@]}" --amp float16 --placement cuda:0 --max-batch 1024 --threads 1024 \
         --requests 500 --modes limit,async
-    # The small MLP, every mode, on cpu:4 and cuda:0.
-    for placement in cpu:4 cuda:0; do
-        run_bench --model "$models/mlp.pt" --placement "$placement" --threads 64 --requests 300 \
-            --repeats 3
-    done
+    # The small MLP on cuda:0 (the direct modes, 64 copies of the model on the CPU, left out).
+    run_bench --model "$models/mlp.pt" --placement cuda:0 --threads 64 --requests 300 \
+        --repeats 3 --modes limit,single,batched,async-single,async
     cat "$OUT/summary.txt"
 else
     echo "model generator not found; skipped the benchmark"
