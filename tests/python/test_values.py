@@ -252,3 +252,41 @@ def test_cuda_tensor_refused(client):
         client.put("c", torch.ones(3, device="cuda"))
     with pytest.raises(tensorshare.BinNotFoundError):
         client.peek("c")
+
+
+
+NO_COPY_SCRIPT = """
+import gc, resource, sys
+import numpy as np, torch
+import tensorshare
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+kind, size = sys.argv[2], 96 << 20
+c = tensorshare.Client(sys.argv[1])
+big = torch.ones(size, dtype=torch.uint8) if kind == "torch" else np.ones(size, dtype=np.uint8)
+gc.collect()
+p0 = peak()
+c.put("big", {"t": big})
+p1 = peak()
+[r] = c.get("big", tensor_type=kind)
+p2 = peak()
+assert int(r["t"][-1]) == 1 and r["t"].shape[0] == size
+print(size, p1 - p0, p2 - p1)
+"""
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_big_put_and_get_make_no_copies(tensord, kind):
+    """A put reads the caller's memory in place, and a get's tensors are views of the one
+    receive buffer: the peak memory of a fresh process grows by the received bytes once."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.environ.get("TS_PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", NO_COPY_SCRIPT, tensord.address, kind],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    size, put_growth, get_growth = map(int, p.stdout.split())
+    assert put_growth < size // 4
+    # One receive buffer of size bytes; a copy into torch or numpy memory would double it.
+    assert get_growth < size + size // 2
