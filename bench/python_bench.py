@@ -21,7 +21,9 @@ process and the C programs pinned to cpu1, as bench/tsbench.c does:
   Python package is its time per call minus the C client's.
 
 Every case alternates the systems (Python first on even repeats, the references first on odd
-ones), and the table shows medians over the repeats.
+ones), and the table shows medians over the repeats: wall time (what the targets are about) and
+the client process's CPU time per round or call (all its threads: time.process_time, and
+tsrounds' own figure), which other load on a shared machine disturbs far less than wall time.
 """
 import argparse
 import ctypes
@@ -160,10 +162,10 @@ class CClient:
 
         try:
             one()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(iters):
                 one()
-            return (time.perf_counter() - t0) / iters
+            return (time.perf_counter() - t0) / iters, (time.process_time() - c0) / iters
         finally:
             lib.ts_value_free(v)
 
@@ -185,28 +187,30 @@ def py_putget(client, value, kind, iters, check):
     first = one()
     check(first)
     del first
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(iters):
         one()
-    return (time.perf_counter() - t0) / iters
+    return (time.perf_counter() - t0) / iters, (time.process_time() - c0) / iters
 
 
 def py_small(client, value, secs):
-    """Calls per second (a put or a get is one call) through tensorshare.Client, blocking."""
+    """(calls per second, client CPU seconds per call) through tensorshare.Client, blocking; a
+    put or a get is one call."""
     put, get = client.put, client.get
     n = 0
     end = time.perf_counter() + secs
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     while time.perf_counter() < end:
         for _ in range(50):
             put("pybench:s", value)
             get("pybench:s", tensor_type="numpy")
         n += 100
-    return n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0), (time.process_time() - c0) / n
 
 
 def redis_small(r, secs):
-    """Calls per second of redis-py (SET then GET of 64 bytes), blocking."""
+    """(calls per second, client CPU seconds per call) of redis-py (SET then GET of 64 bytes),
+    blocking."""
     payload = os.urandom(64)
     r.set("pybench:s", payload)
     if r.get("pybench:s") != payload:
@@ -214,28 +218,31 @@ def redis_small(r, secs):
     s, g = r.set, r.get
     n = 0
     end = time.perf_counter() + secs
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     while time.perf_counter() < end:
         for _ in range(50):
             s("pybench:s", payload)
             g("pybench:s")
         n += 100
-    return n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0), (time.process_time() - c0) / n
 
 
 def c_small(tsrounds, address, rounds, pinning):
-    """Calls per second of the C client (tsrounds blocking: ts_put then ts_get of 64 B)."""
+    """(calls per second, client CPU seconds per call) of the C client (tsrounds blocking:
+    ts_put then ts_get of 64 B, its own process)."""
     preexec = (lambda: pin(1, True)) if pinning else None
     out = subprocess.run([tsrounds, address, str(rounds), "blocking"], capture_output=True,
                          text=True, timeout=600, preexec_fn=preexec)
-    m = re.search(r"([0-9]+) rounds, ([0-9.]+) s wall", out.stdout)
+    m = re.search(r"([0-9]+) rounds, ([0-9.]+) s wall, client cpu ([0-9.]+) us per round",
+                  out.stdout)
     if out.returncode != 0 or m is None:
         raise RuntimeError("tsrounds failed: " + out.stdout + out.stderr)
-    return 2 * int(m.group(1)) / float(m.group(2))
+    return 2 * int(m.group(1)) / float(m.group(2)), float(m.group(3)) / 2 * 1e-6
 
 
 def alternate(repeats, first, second):
-    """Run first() and second() repeats times, alternating who goes first; both medians."""
+    """Run first() and second() repeats times, alternating who goes first. Each returns
+    (figure, cpu); returns the medians (fa, ca, fb, cb) and the raw runs."""
     a, b = [], []
     for r in range(repeats):
         if r % 2 == 0:
@@ -244,7 +251,11 @@ def alternate(repeats, first, second):
         else:
             b.append(second())
             a.append(first())
-    return statistics.median(a), statistics.median(b), a, b
+
+    def med(runs, i):
+        return statistics.median(x[i] for x in runs)
+
+    return (med(a, 0), med(a, 1), med(b, 0), med(b, 1)), a, b
 
 
 def main():
@@ -306,12 +317,11 @@ def main():
         py = tensorshare.Client(address)
         cc = CClient(libts, address)
 
-        lines.append("| case | Python | C client | Python / C | target |")
-        lines.append("|---|---|---|---|---|")
-        sizes = [(64 << 10, 20)] if args.smoke else [(1 << 20, 200, 1.2), (64 << 20, 8, 1.1)]
-        for entry in sizes:
-            size, iters = entry[0], entry[1]
-            target = entry[2] if len(entry) > 2 else None
+        lines.append("| case | Python | C client | Python / C | target | client CPU per round, "
+                     "Python / C |")
+        lines.append("|---|---|---|---|---|---|")
+        sizes = [(64 << 10, 20, None)] if args.smoke else [(1 << 20, 200, 1.2), (64 << 20, 8, 1.1)]
+        for size, iters, target in sizes:
             src = np.random.default_rng(5).standard_normal(size // 4, dtype=np.float32)
             kinds = [("numpy", src)]
             if torch is not None:
@@ -322,49 +332,55 @@ def main():
                     if got.shape != src.shape or not np.array_equal(got[-4:], src[-4:]):
                         raise RuntimeError("python: the item came back changed")
 
-                p, c, pa, ca = alternate(args.repeats,
-                                         lambda: py_putget(py, value, kind, iters, check),
-                                         lambda: cc.putget(src, size, iters))
+                (p, pc, c, cc_cpu), pa, ca = alternate(
+                    args.repeats, lambda: py_putget(py, value, kind, iters, check),
+                    lambda: cc.putget(src, size, iters))
                 if args.raw:
                     print("raw: %s %d B python %s c %s" % (kind, size, pa, ca))
                 name = "%d MiB" % (size >> 20) if size >= 1 << 20 else "%d KiB" % (size >> 10)
-                lines.append("| put+get %s float32, tcp (%s) | %.3f ms | %.3f ms | %.2fx | %s |" %
-                             (name, kind, p * 1e3, c * 1e3, p / c,
-                              "-" if target is None else
-                              ("%s <= %.1fx" % ("pass" if p / c <= target else "MISS", target))))
+                verdict = "-" if target is None else "%s <= %.1fx" % (
+                    "pass" if p / c <= target else "MISS", target)
+                lines.append("| put+get %s float32, tcp (%s) | %.3f ms | %.3f ms | %.2fx | %s | "
+                             "%.0f / %.0f us (%.2fx) |" % (name, kind, p * 1e3, c * 1e3, p / c,
+                                                           verdict, pc * 1e6, cc_cpu * 1e6,
+                                                           pc / cc_cpu))
         lines.append("")
 
         secs = 0.3 if args.smoke else 1.5
         small = np.zeros(16, dtype=np.float32)  # 64 bytes
         py_small(py, small, 0.05)  # warm-up
-        c_rate = c_small(tsrounds, address, 200, pinning)
+        c_rate = c_small(tsrounds, address, 200, pinning)[0]
         c_rounds = max(200, int(c_rate * secs / 2))
-        p, c, pa, ca = alternate(args.repeats, lambda: py_small(py, small, secs),
-                                 lambda: c_small(tsrounds, address, c_rounds, pinning))
+        (p, pc, c, c_cpu), pa, ca = alternate(
+            args.repeats, lambda: py_small(py, small, secs),
+            lambda: c_small(tsrounds, address, c_rounds, pinning))
         if args.raw:
             print("raw: small python %s c %s" % (pa, ca))
         lines.append("| 64 B put/get, 1 client, blocking, tcp | Python | reference | "
-                     "Python vs reference | target |")
-        lines.append("|---|---|---|---|---|")
-        overhead = (1.0 / p - 1.0 / c) * 1e6
-        lines.append("| vs the C client (tsrounds) | %.0f calls/s | %.0f calls/s | %.2fx | - |" %
-                     (p, c, p / c))
+                     "Python vs reference | target | client CPU per call, Python / reference |")
+        lines.append("|---|---|---|---|---|---|")
+        lines.append("| vs the C client (tsrounds) | %.0f calls/s | %.0f calls/s | %.2fx | - | "
+                     "%.1f / %.1f us |" % (p, c, p / c, pc * 1e6, c_cpu * 1e6))
+        overhead_wall = (1.0 / p - 1.0 / c) * 1e6
+        overhead_cpu = (pc - c_cpu) * 1e6
         if redis is not None:
             r = redis.Redis(host="127.0.0.1", port=rd_port)
             parser = getattr(redis.connection, "DefaultParser", type(None)).__name__
             redis_small(r, 0.05)
-            p2, rr, pa, ra = alternate(args.repeats, lambda: py_small(py, small, secs),
-                                       lambda: redis_small(r, secs))
+            (p2, pc2, rr, rc), pa, ra = alternate(args.repeats,
+                                                  lambda: py_small(py, small, secs),
+                                                  lambda: redis_small(r, secs))
             if args.raw:
                 print("raw: small python %s redis %s" % (pa, ra))
-            lines.append("| vs redis-py %s (%s) | %.0f calls/s | %.0f calls/s | %.2fx | %s >= 1.0x |"
-                         % (redis.__version__, parser, p2, rr, p2 / rr,
-                            "pass" if p2 >= rr else "MISS"))
+            lines.append("| vs redis-py %s (%s) | %.0f calls/s | %.0f calls/s | %.2fx | %s "
+                         ">= 1.0x | %.1f / %.1f us |" % (redis.__version__, parser, p2, rr,
+                                                          p2 / rr, "pass" if p2 >= rr else "MISS",
+                                                          pc2 * 1e6, rc * 1e6))
             r.close()
         lines.append("")
         lines.append("Per-call overhead of the Python package over the C client (64 B put or get,"
-                     " blocking): %.1f us (%.1f us per call against %.1f us)." %
-                     (overhead, 1e6 / p, 1e6 / c))
+                     " blocking): %.1f us of wall time (%.1f us per call against %.1f us), %.1f us"
+                     " of client CPU time." % (overhead_wall, 1e6 / p, 1e6 / c, overhead_cpu))
         cc.close()
         py.close()
     finally:
