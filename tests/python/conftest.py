@@ -17,12 +17,14 @@ Fixtures:
 - tensord: a started Tensord (below) on 127.0.0.1, an ephemeral port and a unix socket in a
   temporary folder; stopped (by PID) after the test. .address is "127.0.0.1:PORT",
   .unix_address is "unix:PATH"; .restart() stops it and starts a new one on the same port and
-  socket (for reconnect tests); .stop() and .start() do one half each.
+  socket (for reconnect tests); .stop() and .start() do one half each. Its temporary folder
+  (socket, port file, tensord.log) is removed after the test.
 - client: a tensorshare.Client connected to tensord, closed after the test.
 - start_tensord: a factory, start_tensord(*extra_flags) -> Tensord, for daemons with flags of
   their own (each is stopped after the test).
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,6 +130,7 @@ def start_tensord():
     yield start
     for d in started:
         d.stop()
+        shutil.rmtree(d.dir, ignore_errors=True)
 
 
 @pytest.fixture
