@@ -29,14 +29,15 @@
 #include "test_server_util.h"
 
 /*
- * Bins filled before each test: a walk takes several loop turns. Just under a power of two, so
- * that the name table (one bucket per bin at most) has 32768 buckets and doubles once 768 more
- * bins exist: the creator below makes that happen while a view is being walked.
+ * Bins filled before each test: a walk takes several loop turns. A power of two, so that the
+ * name table (one bucket per bin at most) is full with 32768 buckets and doubles at the next new
+ * bin. The writers change only these names (they delete bins and create them again, so there
+ * are never more), and the creator, started once a view has begun, adds new ones: the table
+ * then doubles while that view is being walked.
  */
-#define V_BINS     32000u
-#define V_NEW      2000u            /* more names the writers may create while views run */
-#define V_CREATE   40000u           /* names only the creator makes, one after the other */
-#define V_RANDOM   (V_BINS + V_NEW) /* the writers pick among the first V_RANDOM names */
+#define V_BINS     32768u
+#define V_CREATE   40000u /* names only the creator makes, one after the other */
+#define V_RANDOM   V_BINS /* the writers pick among the first V_RANDOM names */
 #define V_NAMES    (V_RANDOM + V_CREATE)
 #define V_WRITERS  2       /* writer connections */
 #define V_WINDOW   256u    /* requests a writer may keep in flight */
@@ -251,31 +252,51 @@ static void writer_init(writer *w, unsigned id, atomic_int *stop, int shutdown_o
     w->window = V_WIN_RAND;
 }
 
-static void writers_start(writer *ws, atomic_int *stop, int shutdown_ok)
+/*
+ * Connect the writers, and the creator (ws[V_WRITERS], which PUTs new names one after the other,
+ * many in flight) when asked; writers_go starts the writers, creator_go the creator.
+ */
+static void writers_prepare(writer *ws, atomic_int *stop, int shutdown_ok, int creator)
 {
     atomic_store(stop, 0);
-    for (unsigned i = 0; i < V_WRITERS; i++) {
+    for (unsigned i = 0; i < V_WRITERS; i++)
         writer_init(&ws[i], i, stop, shutdown_ok);
-        assert_int_equal(pthread_create(&ws[i].thr, NULL, writer_main, &ws[i]), 0);
+    if (creator) {
+        writer *w = &ws[V_WRITERS];
+        writer_init(w, V_WRITERS, stop, shutdown_ok);
+        w->window = V_WINDOW;
+        w->create_next = V_RANDOM;
+        w->create_end = V_NAMES;
     }
 }
 
-/*
- * The creator (ws[V_WRITERS]): connected now, started by creator_go right after a view was
- * requested, so that the name table doubles while that view is walked.
- */
-static void creator_prepare(writer *ws, atomic_int *stop)
+/* Start the writers prepared (not the creator). */
+static void writers_go(writer *ws)
 {
-    writer *w = &ws[V_WRITERS];
-    writer_init(w, V_WRITERS, stop, 0);
-    w->window = V_WINDOW;
-    w->create_next = V_RANDOM;
-    w->create_end = V_NAMES;
+    for (unsigned i = 0; i < V_WRITERS; i++)
+        assert_int_equal(pthread_create(&ws[i].thr, NULL, writer_main, &ws[i]), 0);
 }
 
 static void creator_go(writer *ws)
 {
     assert_int_equal(pthread_create(&ws[V_WRITERS].thr, NULL, writer_main, &ws[V_WRITERS]), 0);
+}
+
+static void writers_start(writer *ws, atomic_int *stop, int shutdown_ok)
+{
+    writers_prepare(ws, stop, shutdown_ok, 0);
+    writers_go(ws);
+}
+
+/* Wait until STATS view_passes reaches want: that many views have begun (bounded). */
+static void wait_passes(int fd, int64_t want)
+{
+    int64_t now = tsu_stat(fd, "view_passes");
+    for (int i = 0; i < V_POLL_MAX && now < want; i++) {
+        usleep(500);
+        now = tsu_stat(fd, "view_passes");
+    }
+    assert_true(now >= want);
 }
 
 /* Stop the writers (and the creator when there is one), check them, move their logs to all. */
@@ -585,13 +606,16 @@ static void wait_no_views(int fd)
  */
 
 /*
- * LISTs while two writers change bins: each LIST is a point in time of their history, and at
- * least one saw a change of a bin its walk had not reached yet.
+ * LISTs while two writers change bins and a third creates new ones: each LIST is a point in
+ * time of their history, and at least one saw a change of a bin its walk had not reached yet.
+ * The writers start once the LIST's view has begun, so the name table doubles during its walk
+ * (the fill left it full).
  */
 static void test_list_point_in_time(void **state)
 {
     (void)state;
     int fd = tsu_client(&srv);
+    int other = tsu_client(&srv);
     evlog all = {0};
     fill(fd, &all);
     vent *v = malloc(V_NAMES * sizeof(*v));
@@ -600,14 +624,16 @@ static void test_list_point_in_time(void **state)
     for (int round = 0; round < V_ROUNDS && captures == 0; round++) {
         writer ws[V_WRITERS + 1];
         atomic_int stop_flag;
-        writers_start(ws, &stop_flag, 0);
-        if (round == 0)
-            creator_prepare(ws, &stop_flag);
+        writers_prepare(ws, &stop_flag, 0, round == 0);
+        writers_go(ws);
         usleep(20000);
         uint32_t rid = 100 + (uint32_t)round;
+        int64_t passes = tsu_stat(other, "view_passes");
         assert_int_equal(tsh_send(fd, TS_OP_LIST, rid, NULL, 0), 0);
-        if (round == 0)
+        if (round == 0) {
+            wait_passes(other, passes + 1);
             creator_go(ws);
+        }
         tsu_frame f;
         tsu_expect(fd, &f, TS_OP_LIST, rid, TS_ST_OK);
         size_t n = parse_list(&f, v);
@@ -627,6 +653,7 @@ static void test_list_point_in_time(void **state)
     free(v);
     free(all.e);
     close(fd);
+    close(other);
 }
 
 /*
@@ -648,11 +675,14 @@ static void test_save_and_lists_overlap(void **state)
     assert_true(v1 != NULL && v2 != NULL);
     writer ws[V_WRITERS + 1];
     atomic_int stop_flag;
-    writers_start(ws, &stop_flag, 0);
-    creator_prepare(ws, &stop_flag);
+    writers_prepare(ws, &stop_flag, 0, 1);
+    writers_go(ws);
     usleep(20000);
+    int64_t passes = tsu_stat(l2, "view_passes");
     assert_int_equal(tsh_send(l1, TS_OP_LIST, 1, NULL, 0), 0);
     assert_int_equal(tsh_send(fd, TS_OP_SAVE, 2, NULL, 0), 0);
+    /* Both views have begun (the SAVE's once a worker prepared its arrays): now the creator. */
+    wait_passes(l2, passes + 2);
     creator_go(ws);
     assert_int_equal(tsh_send(l2, TS_OP_LIST, 3, NULL, 0), 0);
     tsu_frame f;
