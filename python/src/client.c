@@ -481,7 +481,7 @@ static PyObject *get_impl(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     tsp_client *self = (tsp_client *)obj;
     tsp_tensor_type_t tt;
-    if (tsp_tensor_type_from_py(a[2], self->tt, &tt) < 0)
+    if (tsp_tensor_type_from_py(a[2], self->tt, &tt) < 0 || tsp_tensor_type_ready(tt) < 0)
         return NULL;
     ts_client_t *c = enter(self);
     if (c == NULL)
@@ -938,7 +938,8 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
     unsigned long long after = 0;
     int timeout_ms = TS_TIMEOUT_INFINITE;
     if ((op == OP_GET || op == OP_PEEK) && (size_arg(a[1], "max_items", &max_items) < 0 ||
-                                            tsp_tensor_type_from_py(a[2], ctx->tt, &ctx->tt) < 0))
+                                            tsp_tensor_type_from_py(a[2], ctx->tt, &ctx->tt) < 0 ||
+                                            tsp_tensor_type_ready(ctx->tt) < 0))
         goto fail;
     if (op == OP_STATS && tsp_tensor_type_from_py(a[0], ctx->tt, &ctx->tt) < 0)
         goto fail;

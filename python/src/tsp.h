@@ -185,6 +185,12 @@ ts_value_t *tsp_value_from_py(PyObject *obj, PyObject *pins, int depth);
 int tsp_tensor_type_from_py(PyObject *obj, tsp_tensor_type_t dflt, tsp_tensor_type_t *out);
 /* The process-wide default ("torch" when torch can be imported, else "numpy"), decided once. */
 tsp_tensor_type_t tsp_tensor_type_default(void);
+/*
+ * Import what tensors of type tt need (torch, or numpy) if that was not done yet: 0, or -1
+ * with the ImportError. Call it before an operation that takes items out of a bin (get), so
+ * that a missing module fails the call before anything is removed.
+ */
+int tsp_tensor_type_ready(tsp_tensor_type_t tt);
 
 /*
  * Keeps memory that views point into alive, for values that do not hold a reference on a

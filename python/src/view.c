@@ -335,6 +335,13 @@ static PyObject *export_to_numpy(tsp_export *e)
     return b;
 }
 
+int tsp_tensor_type_ready(tsp_tensor_type_t tt)
+{
+    if (tt == TSP_TENSOR_DEFAULT)
+        tt = tsp_tensor_type_default();
+    return tt == TSP_TENSOR_NUMPY ? numpy_ready() : torch_ready();
+}
+
 PyObject *tsp_tensor_to_py(const ts_value_t *v, tsp_tensor_type_t tt, tsp_owner_t *owner);
 PyObject *tsp_tensor_to_py(const ts_value_t *v, tsp_tensor_type_t tt, tsp_owner_t *owner)
 {

@@ -290,3 +290,31 @@ def test_big_put_and_get_make_no_copies(tensord, kind):
     assert put_growth < size // 4
     # One receive buffer of size bytes; a copy into torch or numpy memory would double it.
     assert get_growth < size + size // 2
+
+
+MISSING_NUMPY_SCRIPT = """
+import sys
+sys.modules["numpy"] = None  # import numpy now raises ImportError
+import tensorshare
+c = tensorshare.Client(sys.argv[1], tensor_type="numpy")
+c.put("a", {"m": memoryview(bytes(range(8))).cast("B", (2, 4))})  # no numpy needed to send
+for get in (lambda: c.get("a"), lambda: c.get_async("a").result(10)):
+    try:
+        get()
+        print("no error")
+    except ImportError:
+        pass
+print(c.list()["a"].n_items)
+"""
+
+
+def test_get_without_the_tensor_module_takes_nothing(tensord):
+    """A get whose tensors cannot be made (numpy missing) fails before it removes anything."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.environ.get("TS_PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", MISSING_NUMPY_SCRIPT, tensord.address],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["1"]
