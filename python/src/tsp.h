@@ -7,8 +7,10 @@
  * raising the exception for a TS_E* status, and how a binding reaches the ts_client_t of a
  * tensorshare.Client.
  *
- * Files: module.c (module init, exceptions, fork and exit handling), convert.c (Python <->
- * records), view.c (zero-copy views of received tensors), client.c (the Client type), rl.c and
+ * Files: module.c (module init, exceptions, fork detection), convert.c (Python <-> records),
+ * view.c (zero-copy views of received tensors), client.c (the Client type, and closing every
+ * Client at exit: its atexit handler is registered before tsp_rl_init runs, so handlers the
+ * bindings register run before it), rl.c and
  * predictor.c (the RL and predictor bindings, initialised by tsp_rl_init / tsp_predictor_init).
  *
  * Rules that hold for every function below unless its comment says otherwise:
@@ -38,9 +40,10 @@
  *       stats_async, ping_async: same arguments, return a concurrent.futures.Future (already
  *       running: it cannot be cancelled) completed on the I/O thread
  *   close(), closed (property), connected (property), __enter__/__exit__
- * Records: dict (str keys) / list / tuple (sent as a list) / int / float / str / bytes, and
- * tensors: torch.Tensor, numpy.ndarray (and numpy scalars, sent as 0-d tensors), or any object
- * with __dlpack__. bool is an int. Received tensors are torch tensors or numpy arrays
+ * Records: dict (str keys) / list / tuple (sent as a list) / int / float / str / bytes
+ * (bytearray too), and tensors: torch.Tensor, numpy.ndarray (and numpy scalars, sent as 0-d
+ * tensors), any other buffer-protocol object (memoryview, array.array), or any object with
+ * __dlpack__. bool is an int. Received tensors are torch tensors or numpy arrays
  * (tensor_type "torch" | "numpy"; the default is "torch" when torch can be imported).
  */
 #ifndef TSP_H
