@@ -18,7 +18,9 @@
  * is the number of requesters. Every answer is checked against the model's own answer for that
  * requester's row (float32; with --amp the replicas run under autocast and the check allows
  * autocast's precision). --pin puts the serving side (replicas, tensord, the serve thread) on
- * cpu0 and the requesters on cpu1, as bench/run.sh does.
+ * cpu0 and the requesters on cpu1, as bench/run.sh does. TS_BENCH_SIZES=1 in the environment
+ * prints each batched run's batch-size histogram per replica (ts_batcher_replica_stats) on
+ * stderr.
  *
  *   limit     one thread per replica of --placement (the same devices, models made the same way)
  *             runs full --max-batch forwards back to back, copying each batch's rows into a
@@ -739,6 +741,20 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
     }
     ts_batcher_stats_t st;
     ts_batcher_stats(b, &st);
+    if (getenv("TS_BENCH_SIZES") != NULL) {
+        /* The batch sizes of every replica (ts_batcher_replica_stats), on stderr. */
+        for (int i = 0; i < ts_batcher_replicas(b); i++) {
+            ts_batcher_replica_stats_t rs;
+            if (ts_batcher_replica_stats(b, i, &rs) != 0)
+                continue;
+            fprintf(stderr, "%s replica %d: %llu batches, sizes", c->token, i,
+                    (unsigned long long)rs.batches);
+            for (int k = 0; k < TS_BATCHER_HIST_BUCKETS; k++)
+                if (rs.batch_sizes[k] > 0)
+                    fprintf(stderr, " <=%ld:%llu", 1L << k, (unsigned long long)rs.batch_sizes[k]);
+            fprintf(stderr, "\n");
+        }
+    }
     ts_batcher_free(b);
     if (failures != 0)
         return -1;
