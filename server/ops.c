@@ -244,7 +244,11 @@ static void list_inline(tsd_conn *c, const ts__hdr *h)
  * ends, which releases it (a close meanwhile ends the walk at the next bin). The job holds
  * nothing of the store. Every buffer counts against --max-memory while the job lives.
  */
-#define TSD_LIST_CHUNK ((size_t)256 << 10) /* bytes of entries per chunk */
+/*
+ * Bytes of entries per chunk. Chunks never move (the sort points at the entries in place, so
+ * nothing is copied as the list grows), and a fresh chunk costs the loop at most 64 page faults.
+ */
+#define TSD_LIST_CHUNK ((size_t)256 << 10)
 
 typedef struct list_chunk {
     struct list_chunk *next;

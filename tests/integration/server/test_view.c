@@ -45,7 +45,7 @@
 #define V_MAX_OPS  400000u /* requests per writer at most (they normally stop much earlier) */
 #define V_ROUNDS   6       /* views taken until one saw a change before its walk got there */
 #define V_FILL_WIN 1024u   /* PUTs in flight while filling or checking */
-#define V_POLL_MAX 2000    /* STATS polls (2 ms apart) while waiting for the daemon */
+#define V_POLL_MAX 2000    /* STATS polls (at most 2 ms apart) while waiting */
 
 enum { EV_PUT, EV_APPEND, EV_GET, EV_DELETE };
 
