@@ -255,3 +255,11 @@ def test_used_after_fork_raises_connection_error(client):
     assert worker.await_params(timeout=WAIT_S).version == 0
     worker.close()
     trainer.close()
+
+
+def test_forked_child_exits_normally_with_the_parents_objects(tensord):
+    """rl_fork_proc.py: a child that exits normally (atexit, finalization) with the parent's
+    trainer, worker and predictor around neither hangs nor crashes, and the parent's still work."""
+    out = subprocess.run([sys.executable, os.path.join(HERE, "rl_fork_proc.py"), tensord.address],
+                         env=_env(), capture_output=True, text=True, timeout=WAIT_S * 2)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
