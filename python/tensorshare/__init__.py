@@ -28,12 +28,15 @@ from ._tensorshare import (  # noqa: F401
     TimeoutError,
     __version__,
 )
+from .predictor import Predictor  # noqa: E402,F401
+from .rl import NO_FILTER, Batch, Params, RLTrainer, RLWorker  # noqa: E402,F401
 
 __all__ = [
     "Client", "BinInfo", "Notification", "Error", "TimeoutError", "ConnectionError",
     "ConnectionResetError", "ConnectionRefusedError", "BinNotFoundError", "RecordError",
     "InvalidArgumentError", "AuthenticationError", "CancelledError", "DeadlockError",
     "ServerError", "numpy_bfloat16", "MAX_NDIM", "MAX_DEPTH", "MAX_NAME_LEN", "__version__",
+    "RLTrainer", "RLWorker", "Params", "Batch", "NO_FILTER", "Predictor",
 ]
 
 

@@ -104,3 +104,10 @@ class Client:
     def close(self) -> None: ...
     def __enter__(self) -> "Client": ...
     def __exit__(self, *exc: object) -> Literal[False]: ...
+
+from .predictor import Predictor as Predictor
+from .rl import NO_FILTER as NO_FILTER
+from .rl import Batch as Batch
+from .rl import Params as Params
+from .rl import RLTrainer as RLTrainer
+from .rl import RLWorker as RLWorker
