@@ -3,6 +3,13 @@
  * taken from NAME/requests and answered into each requester's reply bin; weight updates are
  * followed from a parameters bin. Built on the public client API only, like a user program; the
  * engine learns of it only through ts_batcher_s.remote and remote_stop.
+ *
+ * Requests are taken by a chain of asynchronous calls on the serving client's I/O thread: a
+ * WAIT on NAME/requests whose callback issues the GET, whose callback submits the requests to
+ * the batcher and issues the next GET (when items remain) or WAIT. No thread is woken between
+ * the WAIT's reply, the GET and the submits (a serve thread making the two calls blocking was
+ * woken twice per group of requests). The serve thread only starts the chain and restarts it,
+ * after a pause, when a call failed (the connection is down).
  */
 #include "batcher_internal.h"
 
@@ -22,6 +29,11 @@ struct remote_server {
     int serving, following;
     atomic_int stop;
     ts_batcher_serve_options_t opts; /* copied at ts_batcher_serve_with */
+    /* The taking chain, under mu: running, or broken and waiting for the serve thread. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* chain_running became 0, or stop */
+    int chain_running, chain_broken;
+    uint64_t after, seen; /* the WAIT's version, and the version it last reported */
 };
 
 /* The items of one ts_get, shared by the requests decoded from them. */
@@ -181,48 +193,126 @@ static void dispatch_one(remote_server *rem, shared_items *items, const ts_value
     }
 }
 
+static void take_wait_done(ts_client_t *c, int status, ts_result_t *res, void *arg);
+static void take_get_done(ts_client_t *c, int status, ts_result_t *res, void *arg);
+
+/* The chain ends (stopping) or breaks (a call failed): tell the serve thread. */
+static void take_stop(remote_server *rem, int broken)
+{
+    pthread_mutex_lock(&rem->mu);
+    rem->chain_running = 0;
+    rem->chain_broken = broken && !atomic_load(&rem->stop);
+    pthread_cond_broadcast(&rem->cv);
+    pthread_mutex_unlock(&rem->mu);
+}
+
+/* The chain's next call: a GET when items remain in the bin, else a WAIT (any thread). */
+static void take_next(remote_server *rem, int more)
+{
+    if (atomic_load(&rem->stop)) {
+        take_stop(rem, 0);
+        return;
+    }
+    int rc;
+    if (more) {
+        size_t max_items = (size_t)rem->b->max_batch * TS__GET_BATCHES;
+        rc = ts_get_async(rem->client, rem->req_bin, max_items, take_get_done, rem);
+    } else {
+        pthread_mutex_lock(&rem->mu);
+        uint64_t after = rem->after;
+        pthread_mutex_unlock(&rem->mu);
+        rc = ts_wait_async(rem->client, rem->req_bin, after, TS__REMOTE_WAIT_MS, take_wait_done,
+                           rem);
+    }
+    if (rc != 0)
+        take_stop(rem, 1);
+}
+
+static void take_wait_done(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    remote_server *rem = arg;
+    if (status == TS_ETIMEDOUT || status != 0) {
+        if (status == TS_ETIMEDOUT)
+            take_next(rem, 0);
+        else
+            take_stop(rem, 1);
+        return;
+    }
+    pthread_mutex_lock(&rem->mu);
+    rem->seen = res->version;
+    pthread_mutex_unlock(&rem->mu);
+    take_next(rem, 1);
+}
+
+static void take_get_done(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    remote_server *rem = arg;
+    if (status == TS_ENOENT) {
+        /* Another server took them. */
+        pthread_mutex_lock(&rem->mu);
+        rem->after = rem->seen > rem->after ? rem->seen : rem->after;
+        pthread_mutex_unlock(&rem->mu);
+        take_next(rem, 0);
+        return;
+    }
+    if (status != 0) {
+        take_stop(rem, 1);
+        return;
+    }
+    ts_items_t *items = res->items;
+    res->items = NULL; /* kept: the requests borrow their inputs from it */
+    pthread_mutex_lock(&rem->mu);
+    rem->after = ts_items_version(items);
+    pthread_mutex_unlock(&rem->mu);
+    int more = ts_items_remaining(items) > 0;
+    shared_items *ri = ts__malloc(sizeof(*ri));
+    if (ri == NULL) {
+        ts_items_free(items);
+        take_stop(rem, 1);
+        return;
+    }
+    atomic_init(&ri->refs, 1);
+    ri->items = items;
+    for (size_t i = 0; i < ts_items_count(items); i++)
+        dispatch_one(rem, ri, ts_items_at(items, i));
+    ritems_unref(ri);
+    take_next(rem, more);
+}
+
+/*
+ * The serve thread: starts the taking chain, restarts it after a pause when one of its calls
+ * failed, and ends with serving; the chain's callbacks do the taking and submitting.
+ */
 static void *serve_main(void *arg)
 {
     remote_server *rem = arg;
-    size_t max_items = (size_t)rem->b->max_batch * TS__GET_BATCHES;
-    uint64_t after = 0;
-    int more = 0;
-    while (!atomic_load(&rem->stop)) {
-        uint64_t v = 0;
-        if (!more) {
-            int rc = ts_wait(rem->client, rem->req_bin, after, TS__REMOTE_WAIT_MS, &v, NULL);
-            if (rc == TS_ETIMEDOUT)
-                continue;
-            if (rc != 0) {
+    pthread_mutex_lock(&rem->mu);
+    for (;;) {
+        if (atomic_load(&rem->stop))
+            break;
+        if (!rem->chain_running) {
+            if (rem->chain_broken) {
+                pthread_mutex_unlock(&rem->mu);
                 ts__remote_pause(TS__REMOTE_RETRY_NS);
-                continue;
+                pthread_mutex_lock(&rem->mu);
+                if (atomic_load(&rem->stop))
+                    break;
             }
-        }
-        ts_items_t *items = NULL;
-        int rc = ts_get(rem->client, rem->req_bin, max_items, &items);
-        more = 0;
-        if (rc == TS_ENOENT) {
-            after = v > after ? v : after; /* another server took them */
+            rem->chain_broken = 0;
+            rem->chain_running = 1;
+            pthread_mutex_unlock(&rem->mu);
+            take_next(rem, 0);
+            pthread_mutex_lock(&rem->mu);
             continue;
         }
-        if (rc != 0) {
-            ts__remote_pause(TS__REMOTE_RETRY_NS);
-            continue;
-        }
-        after = ts_items_version(items);
-        more = ts_items_remaining(items) > 0;
-        shared_items *ri = ts__malloc(sizeof(*ri));
-        if (ri == NULL) {
-            ts_items_free(items);
-            ts__remote_pause(TS__REMOTE_RETRY_NS);
-            continue;
-        }
-        atomic_init(&ri->refs, 1);
-        ri->items = items;
-        for (size_t i = 0; i < ts_items_count(items); i++)
-            dispatch_one(rem, ri, ts_items_at(items, i));
-        ritems_unref(ri);
+        pthread_cond_wait(&rem->cv, &rem->mu);
     }
+    /* The chain sees stop at its next callback (remote_stop wakes its WAIT). */
+    while (rem->chain_running)
+        pthread_cond_wait(&rem->cv, &rem->mu);
+    pthread_mutex_unlock(&rem->mu);
     return NULL;
 }
 
@@ -281,6 +371,8 @@ static remote_server *remote_get(ts_batcher_t *b, ts_client_t *client)
         b->remote->client = client;
         b->remote_stop = remote_stop;
         atomic_init(&b->remote->stop, 0);
+        pthread_mutex_init(&b->remote->mu, NULL);
+        pthread_cond_init(&b->remote->cv, NULL);
     }
     return b->remote->client == client ? b->remote : NULL;
 }
@@ -356,9 +448,12 @@ static void remote_stop(ts_batcher_t *b)
     if (rem == NULL)
         return;
     atomic_store(&rem->stop, 1);
+    pthread_mutex_lock(&rem->mu);
+    pthread_cond_broadcast(&rem->cv);
+    pthread_mutex_unlock(&rem->mu);
     if (rem->serving) {
-        /* Wake the serve thread from its ts_wait: every server of the name skips an empty map
-           without counting it as malformed. */
+        /* Wake the taking chain's WAIT: every server of the name skips an empty map without
+           counting it as malformed. */
         ts_value_t *wake = ts_map_new();
         if (wake != NULL)
             ts_append(rem->client, rem->req_bin, wake, NULL);
@@ -367,6 +462,8 @@ static void remote_stop(ts_batcher_t *b)
     }
     if (rem->following)
         pthread_join(rem->follow_th, NULL);
+    pthread_cond_destroy(&rem->cv);
+    pthread_mutex_destroy(&rem->mu);
     ts__free(rem);
 }
 

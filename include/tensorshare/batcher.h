@@ -398,8 +398,9 @@ TS_EXTERN int ts_batcher_replica_stats(ts_batcher_t *b, int i, ts_batcher_replic
 #define TS_BATCHER_REQ_SUFFIX "/requests"
 
 /*
- * Serve the batcher on tensord under name: a thread takes requests from NAME/requests in
- * groups (ts_get with max_items, ts_wait between), submits them, and appends each answer to its
+ * Serve the batcher on tensord under name: requests are taken from NAME/requests in groups
+ * (GET with max_items, WAIT between, chained on the client's I/O thread; a thread restarts the
+ * chain when the connection comes back), submitted, and each answer is appended to its
  * requester's reply bin. client is borrowed and must outlive the batcher (or
  * ts_batcher_stop_remote). Malformed requests (see ts_batcher_stats_t.malformed) are counted
  * and, when they name an id and a reply bin, answered with TS_ESCHEMA; the others are dropped.
@@ -412,9 +413,11 @@ TS_EXTERN int ts_batcher_serve(ts_batcher_t *b, ts_client_t *client, const char 
  * A malformed request was taken from NAME/requests (see ts_batcher_stats_t.malformed). status
  * is TS_ESCHEMA; ts_last_error() says what was wrong ("not a map", "request 5: no 'input'"). The
  * batcher has already counted it and, when it named an id and a reply bin, answered it with
- * TS_ESCHEMA and that reason; it logs nothing itself. Called on the serve thread, one call at a
- * time; keep it short (the serve thread takes no requests meanwhile), and do not call
- * ts_batcher_stop_remote or ts_batcher_free from it. Added in 0.2.0.
+ * TS_ESCHEMA and that reason; it logs nothing itself. Called on the serving client's I/O thread,
+ * one call at a time; keep it short (no requests are taken meanwhile), make no blocking calls
+ * on that client from it (they fail with TS_EDEADLK), and do not call ts_batcher_stop_remote
+ * or ts_batcher_free from it. Added in 0.2.0. Changed in 0.3.0: it was called on the serve
+ * thread.
  */
 typedef void (*ts_batcher_malformed_cb)(ts_batcher_t *b, int status, void *arg);
 
