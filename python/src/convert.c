@@ -20,7 +20,9 @@ static struct {
     PyObject *torch_bool;       /* torch.bool */
     PyObject *torch_uint8;      /* torch.uint8 */
     PyObject *np_contiguous;    /* numpy.ascontiguousarray, once numpy has been imported */
+    int torch_resolve;          /* torch.Tensor has resolve_conj and resolve_neg (1.10+) */
     PyObject *s_dtype, *s_view, *s_contiguous, *s_dlpack, *s_dlpack_device; /* names */
+    PyObject *s_resolve_conj, *s_resolve_neg, *s_layout, *s_device;         /* names */
 } cv;
 
 /* Raise RecordError (code 0: found before sending) with a formatted message; returns NULL. */
@@ -36,6 +38,64 @@ static void *record_error(const char *fmt, ...)
         PyErr_SetObject(tsp_state.RecordError, exc);
         Py_DECREF(exc);
     }
+    return NULL;
+}
+
+/*
+ * Turn the exception an exporter raised while the value obj was converted (torch or numpy
+ * refusing a tensor they cannot export: sparse, meta, quantized, datetime64; a __dlpack__ object
+ * failing) into a RecordError naming obj's type, with the original as its __cause__: a value
+ * that cannot be sent is a RecordError whoever found it. MemoryError, RecordError and what is
+ * not an Exception (KeyboardInterrupt) pass through unchanged. Returns NULL.
+ */
+static void *export_error(PyObject *obj)
+{
+    PyObject *type, *val, *tb;
+    PyErr_Fetch(&type, &val, &tb);
+    if (type == NULL)
+        return NULL;
+    if (!PyErr_GivenExceptionMatches(type, PyExc_Exception) ||
+        PyErr_GivenExceptionMatches(type, PyExc_MemoryError) ||
+        PyErr_GivenExceptionMatches(type, tsp_state.RecordError)) {
+        PyErr_Restore(type, val, tb);
+        return NULL;
+    }
+    PyErr_NormalizeException(&type, &val, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(val, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    /* A torch tensor's layout and device say most about why (torch's messages are long). */
+    PyObject *detail = NULL;
+    if (cv.torch_tensor != NULL && PyObject_TypeCheck(obj, cv.torch_tensor)) {
+        PyObject *layout = PyObject_GetAttr(obj, cv.s_layout);
+        PyObject *device = PyObject_GetAttr(obj, cv.s_device);
+        if (layout != NULL && device != NULL)
+            detail = PyUnicode_FromFormat(" (layout %S, device %S)", layout, device);
+        Py_XDECREF(layout);
+        Py_XDECREF(device);
+        if (detail == NULL)
+            PyErr_Clear();
+    }
+    PyObject *msg = val != NULL ? PyObject_Str(val) : NULL;
+    const char *m = msg != NULL ? PyUnicode_AsUTF8(msg) : NULL;
+    const char *d = detail != NULL ? PyUnicode_AsUTF8(detail) : NULL;
+    if (m == NULL || d == NULL)
+        PyErr_Clear();
+    /* The first line of the exporter's message: the whole of it stays in __cause__. */
+    int first_line = m != NULL ? (int)strcspn(m, "\n") : 0;
+    record_error("a %s%s cannot be sent: %.*s", Py_TYPE(obj)->tp_name, d != NULL ? d : "",
+                 first_line, m != NULL ? m : "");
+    Py_XDECREF(msg);
+    Py_XDECREF(detail);
+    PyObject *rt, *rv, *rtb;
+    PyErr_Fetch(&rt, &rv, &rtb);
+    PyErr_NormalizeException(&rt, &rv, &rtb);
+    if (rv != NULL && val != NULL)
+        PyException_SetCause(rv, val); /* steals val */
+    else
+        Py_XDECREF(val);
+    PyErr_Restore(rt, rv, rtb);
     return NULL;
 }
 
@@ -63,6 +123,8 @@ static void torch_lookup(void)
         Py_XDECREF(u8);
         return;
     }
+    cv.torch_resolve =
+        PyObject_HasAttr(tensor, cv.s_resolve_conj) && PyObject_HasAttr(tensor, cv.s_resolve_neg);
     cv.torch_to_dlpack = to;
     cv.torch_bool = b;
     cv.torch_uint8 = u8;
@@ -114,11 +176,18 @@ static ts_dtype_t dtype_from_dl(DLDataType d)
     }
 }
 
-/* Whether a DLPack tensor is dense and row-major (size-1 dimensions may have any stride). */
+/*
+ * Whether a DLPack tensor is dense and row-major (size-1 dimensions may have any stride). A
+ * tensor without elements has no memory to lay out: torch exports such tensors with made-up
+ * strides (and its .contiguous() keeps them), so they count as compact whatever their strides.
+ */
 static int dl_compact(const DLTensor *d)
 {
     if (d->strides == NULL)
         return 1;
+    for (int i = 0; i < d->ndim; i++)
+        if (d->shape[i] == 0)
+            return 1;
     int64_t expect = 1;
     for (int i = d->ndim - 1; i >= 0; i--) {
         if (d->shape[i] != 1 && d->strides[i] != expect)
@@ -168,9 +237,26 @@ static ts_value_t *tensor_from_capsule(PyObject *capsule, int is_bool, PyObject 
 }
 
 /* A torch.Tensor (or subclass) as a tensor value over its memory. */
-static ts_value_t *tensor_from_torch(PyObject *obj, PyObject *pins)
+static ts_value_t *tensor_from_torch(PyObject *orig, PyObject *pins)
 {
+    PyObject *obj = orig;
     Py_INCREF(obj);
+    if (cv.torch_resolve) {
+        /*
+         * torch keeps .conj() of a complex tensor, and the negation of the imaginary part of
+         * one, as flags over unchanged memory, and its DLPack export hands out that memory as
+         * it is: resolve them first (each returns the tensor itself unless its flag is set, and
+         * makes one copy when it is), or the values sent would not be the tensor's.
+         */
+        PyObject *r = PyObject_CallMethodNoArgs(obj, cv.s_resolve_conj);
+        if (r == NULL)
+            goto fail;
+        Py_SETREF(obj, r);
+        r = PyObject_CallMethodNoArgs(obj, cv.s_resolve_neg);
+        if (r == NULL)
+            goto fail;
+        Py_SETREF(obj, r);
+    }
     for (int attempt = 0; attempt < 2; attempt++) {
         PyObject *dtype = PyObject_GetAttr(obj, cv.s_dtype);
         if (dtype == NULL)
@@ -194,7 +280,7 @@ static ts_value_t *tensor_from_torch(PyObject *obj, PyObject *pins)
         Py_DECREF(capsule);
         if (v != NULL || !retry) {
             Py_DECREF(obj);
-            return v;
+            return v != NULL ? v : export_error(orig);
         }
         if (attempt == 1) {
             record_error("%s.contiguous() returned a tensor that is not contiguous",
@@ -209,7 +295,7 @@ static ts_value_t *tensor_from_torch(PyObject *obj, PyObject *pins)
     }
 fail:
     Py_DECREF(obj);
-    return NULL;
+    return export_error(orig);
 }
 
 /* An object with __dlpack__ (not torch): its CPU tensor over its memory. */
@@ -217,19 +303,19 @@ static ts_value_t *tensor_from_dlpack_obj(PyObject *obj, PyObject *pins)
 {
     PyObject *dev = PyObject_CallMethodNoArgs(obj, cv.s_dlpack_device);
     if (dev == NULL)
-        return NULL;
+        return export_error(obj);
     int type = 0, id = 0;
     int ok = PyArg_ParseTuple(dev, "ii", &type, &id);
     Py_DECREF(dev);
     if (!ok)
-        return NULL;
+        return export_error(obj);
     if (type != kDLCPU && type != kDLCUDAHost)
         return record_error("tensors on a device (DLPack device type %d) are not copied to "
                             "the host implicitly: copy it to the CPU first",
                             type);
     PyObject *capsule = PyObject_CallMethodNoArgs(obj, cv.s_dlpack);
     if (capsule == NULL)
-        return NULL;
+        return export_error(obj);
     int retry = 0;
     ts_value_t *v = tensor_from_capsule(capsule, 0, pins, &retry);
     Py_DECREF(capsule);
@@ -254,8 +340,17 @@ static ts_dtype_t dtype_from_format(const char *f, Py_ssize_t itemsize)
         return itemsize == 1 ? TS_UINT8 : TS_DTYPE_INVALID;
     if (*f == '<' || *f == '@' || *f == '=')
         f++;
-    if (strncmp(f, "T{", 2) == 0)
-        return strstr(f, ":bfloat16:") != NULL && itemsize == 2 ? TS_BFLOAT16 : TS_DTYPE_INVALID;
+    /*
+     * tensorshare.numpy_bfloat16 exactly (one little-endian u2 field named bfloat16); any other
+     * structured dtype, one with such a field among others or of another type included, is
+     * refused.
+     */
+    if (f[0] == 'T')
+        return itemsize == 2 &&
+                       (strcmp(f, "T{H:bfloat16:}") == 0 || strcmp(f, "T{<H:bfloat16:}") == 0 ||
+                        strcmp(f, "T{=H:bfloat16:}") == 0)
+                   ? TS_BFLOAT16
+                   : TS_DTYPE_INVALID;
     if (f[0] == 'Z') {
         if ((f[1] == 'f' && f[2] == '\0' && itemsize == 8) ||
             (f[1] == 'd' && f[2] == '\0' && itemsize == 16))
@@ -295,7 +390,7 @@ static ts_value_t *tensor_from_buffer(PyObject *obj, PyObject *pins)
 {
     PyObject *mv = PyMemoryView_FromObject(obj);
     if (mv == NULL)
-        return NULL;
+        return export_error(obj); /* numpy exports no datetime64 or timedelta64 */
     const Py_buffer *b = PyMemoryView_GET_BUFFER(mv);
     if (!PyBuffer_IsContiguous(b, 'C') || b->suboffsets != NULL) {
         /* Not contiguous: numpy makes the one copy; other exporters must do it themselves. */
@@ -308,11 +403,11 @@ static ts_value_t *tensor_from_buffer(PyObject *obj, PyObject *pins)
         PyObject *c = PyObject_CallOneArg(contiguous, obj);
         Py_DECREF(mv);
         if (c == NULL)
-            return NULL;
+            return export_error(obj);
         mv = PyMemoryView_FromObject(c);
         Py_DECREF(c);
         if (mv == NULL)
-            return NULL;
+            return export_error(obj);
         b = PyMemoryView_GET_BUFFER(mv);
     }
     ts_value_t *v = NULL;
@@ -395,17 +490,24 @@ ts_value_t *tsp_value_from_py(PyObject *obj, PyObject *pins, int depth)
                 ts_value_free(m);
                 return record_error("a dict key with a NUL character");
             }
-            /* The child may run Python code (torch), which could change the dict: hold both. */
+            /*
+             * The child may run Python code (torch, a __dlpack__ method) that changes the dict
+             * and drops its references to k and val: hold both until the entry is added (key
+             * points into k, or into tmp).
+             */
+            Py_INCREF(k);
             Py_INCREF(val);
             ts_value_t *child = tsp_value_from_py(val, pins, depth + 1);
             Py_DECREF(val);
             if (child == NULL) {
                 Py_XDECREF(tmp);
+                Py_DECREF(k);
                 ts_value_free(m);
                 return NULL;
             }
             int rc = ts_map_set(m, key, child);
             Py_XDECREF(tmp);
+            Py_DECREF(k);
             if (rc != 0) {
                 ts_value_free(m);
                 return tsp_raise_msg(rc, "cannot add a map entry"), NULL;
@@ -676,8 +778,13 @@ int tsp_convert_init(PyObject *module)
     cv.s_contiguous = PyUnicode_InternFromString("contiguous");
     cv.s_dlpack = PyUnicode_InternFromString("__dlpack__");
     cv.s_dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
+    cv.s_resolve_conj = PyUnicode_InternFromString("resolve_conj");
+    cv.s_resolve_neg = PyUnicode_InternFromString("resolve_neg");
+    cv.s_layout = PyUnicode_InternFromString("layout");
+    cv.s_device = PyUnicode_InternFromString("device");
     if (cv.s_dtype == NULL || cv.s_view == NULL || cv.s_contiguous == NULL || cv.s_dlpack == NULL ||
-        cv.s_dlpack_device == NULL)
+        cv.s_dlpack_device == NULL || cv.s_resolve_conj == NULL || cv.s_resolve_neg == NULL ||
+        cv.s_layout == NULL || cv.s_device == NULL)
         return -1;
     return 0;
 }
