@@ -189,6 +189,23 @@ static int bind(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObjec
     return 0;
 }
 
+/*
+ * The UTF-8 of a str argument that the library takes as a C string (valid while the str lives),
+ * refusing NUL characters, which would silently cut it short; NULL with a ValueError.
+ */
+static const char *c_string_arg(PyObject *s, const char *what)
+{
+    Py_ssize_t len;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &len);
+    if (u == NULL)
+        return NULL;
+    if ((size_t)len != strlen(u)) {
+        PyErr_Format(PyExc_ValueError, "%s cannot contain NUL characters", what);
+        return NULL;
+    }
+    return u;
+}
+
 /* The UTF-8 of a bin name (valid while the str lives); NULL with an exception. */
 static const char *bin_name(PyObject *obj)
 {
@@ -318,7 +335,7 @@ static int client_init(PyObject *obj, PyObject *args, PyObject *kwargs)
             PyErr_SetString(PyExc_TypeError, "token must be a str");
             return -1;
         }
-        opts.auth_token = PyUnicode_AsUTF8(token);
+        opts.auth_token = c_string_arg(token, "a token");
         if (opts.auth_token == NULL)
             return -1;
     } else if (token_file != Py_None) {
@@ -338,7 +355,7 @@ static int client_init(PyObject *obj, PyObject *args, PyObject *kwargs)
     }
     if (addr == NULL)
         return -1;
-    const char *a = PyUnicode_AsUTF8(addr);
+    const char *a = c_string_arg(addr, "an address");
     if (a == NULL) {
         Py_DECREF(addr);
         return -1;
