@@ -509,7 +509,7 @@ static PyObject *get_impl(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
         peek ? ts_peek(c, bin, max_items, &items) : ts_get(c, bin, max_items, &items);
     Py_END_ALLOW_THREADS PyObject *r;
     if (rc == 0) {
-        r = tsp_items_to_py(items, tt);
+        r = peek ? tsp_items_to_py(items, tt) : tsp_taken_items_to_py(items, tt);
         ts_items_free(items);
     } else {
         r = tsp_raise(rc);
@@ -846,6 +846,7 @@ static PyObject *async_result(async_ctx *a, ts_result_t *res)
     case OP_APPEND:
         return PyLong_FromUnsignedLongLong(res->version);
     case OP_GET:
+        return tsp_taken_items_to_py(res->items, a->tt);
     case OP_PEEK:
         return tsp_items_to_py(res->items, a->tt);
     case OP_DELETE:

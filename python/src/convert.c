@@ -731,6 +731,54 @@ PyObject *tsp_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt)
     return l;
 }
 
+PyObject *tsp_taken_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt)
+{
+    if (tt == TSP_TENSOR_DEFAULT)
+        tt = tsp_tensor_type_default();
+    PyObject *r = tsp_items_to_py(items, tt);
+    if (r != NULL)
+        return r;
+    PyObject *type, *val, *tb;
+    PyErr_Fetch(&type, &val, &tb);
+    PyErr_NormalizeException(&type, &val, &tb);
+    if (val == NULL) {
+        PyErr_Restore(type, val, tb);
+        return NULL;
+    }
+    /*
+     * The items are out of the bin already: convert each one on its own, so that one that
+     * cannot be made loses only itself, and hand them over on the exception.
+     */
+    size_t n = ts_items_count(items), lost = 0;
+    PyObject *all = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; all != NULL && i < n; i++) {
+        PyObject *x = tsp_value_to_py(ts_items_at(items, i), tt);
+        if (x == NULL) {
+            PyErr_Clear();
+            x = Py_None;
+            Py_INCREF(x);
+            lost++;
+        }
+        PyList_SET_ITEM(all, (Py_ssize_t)i, x);
+    }
+    if (all == NULL || PyObject_SetAttrString(val, "items", all) < 0) {
+        PyErr_Clear(); /* no memory even for that: the original exception goes on alone */
+    } else {
+        PyObject *note = PyUnicode_FromFormat(
+            "tensorshare: the get took %zu items out of the bin; they are in this exception's "
+            ".items, oldest first (None for the %zu that could not be converted)",
+            n, lost);
+        PyObject *added = note != NULL ? PyObject_CallMethod(val, "add_note", "O", note) : NULL;
+        Py_XDECREF(added);
+        Py_XDECREF(note);
+        if (added == NULL)
+            PyErr_Clear(); /* add_note is new in Python 3.11: .items is the promise */
+    }
+    Py_XDECREF(all);
+    PyErr_Restore(type, val, tb);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Tensor types
  */

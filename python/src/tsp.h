@@ -227,6 +227,13 @@ PyObject *tsp_value_to_py_ex(const ts_value_t *v, tsp_tensor_type_t tt, tsp_owne
 PyObject *tsp_value_to_py_owned(ts_value_t *v, tsp_tensor_type_t tt);
 /* The items of a get or peek as a list of records; items stays the caller's to free. */
 PyObject *tsp_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt);
+/*
+ * As tsp_items_to_py, for items that were taken out of their bin (a get): nothing may be lost
+ * silently. When a conversion fails, the exception raised is the first failure's, with the
+ * attribute items: the list of every item taken, oldest first, each converted on its own (None
+ * for those that could not be; None is never a record), and a note (Python 3.11+) saying so.
+ */
+PyObject *tsp_taken_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt);
 
 /* ---------------------------------------------------------------------------------------------
  * The Client

@@ -1,5 +1,7 @@
 """tensorshare.Client at the edges: arguments with NUL characters, and what a get that took
 items out of a bin does when their conversion fails."""
+import threading
+
 import pytest
 import torch
 
@@ -11,3 +13,78 @@ def test_nul_in_token_or_address_is_refused(tensord):
         tensorshare.Client(tensord.address, token="s3cret\0ignored")
     with pytest.raises(ValueError):
         tensorshare.Client(tensord.address + "\0junk")
+
+
+class RefuseViews:
+    """A torch function mode under which Tensor.view raises: received bool tensors (uint8 bytes
+    viewed as bool) then cannot be made, after a get has taken them out of the bin."""
+
+    def __init__(self):
+        from torch.overrides import TorchFunctionMode
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if func is torch.Tensor.view:
+                    raise RuntimeError("no views today")
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+    def __enter__(self):
+        return self.mode.__enter__()
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def on_io_thread(client, fn):
+    """Runs fn on the client's I/O thread (torch function modes are per thread), from the
+    completion of a future that completes there half a second later."""
+    done = threading.Event()
+
+    def run(_future):
+        fn()
+        done.set()
+
+    client.wait_async("io-thread-never", 0, timeout=0.5).add_done_callback(run)
+    assert done.wait(10)
+
+
+def fill(client, name):
+    client.append(name, {"n": 1})
+    client.append(name, {"n": 2, "flags": torch.tensor([True, False])})
+    client.append(name, {"n": 3, "t": torch.arange(3)})
+
+
+@pytest.mark.parametrize("form", ["blocking", "future"])
+def test_get_whose_conversion_fails_hands_over_what_it_took(client, form):
+    """A get takes the items out of the bin before they are converted: when a conversion fails,
+    the exception carries every item it took (None where one could not be made), in order."""
+    fill(client, "g")
+    refuse = RefuseViews()
+    if form == "blocking":
+        with refuse:
+            with pytest.raises(RuntimeError, match="no views today") as info:
+                client.get("g")
+    else:  # converted on the I/O thread: the mode must be active there
+        on_io_thread(client, refuse.__enter__)
+        try:
+            with pytest.raises(RuntimeError, match="no views today") as info:
+                client.get_async("g").result(10)
+        finally:
+            on_io_thread(client, lambda: refuse.__exit__(None, None, None))
+    items = info.value.items
+    assert len(items) == 3 and items[1] is None
+    assert items[0] == {"n": 1}
+    assert items[2]["n"] == 3 and items[2]["t"].tolist() == [0, 1, 2]
+    assert any("took 3 items" in note for note in info.value.__notes__)
+    assert "g" not in client.list()  # they are out of the bin, as the exception says
+
+
+def test_peek_whose_conversion_fails_leaves_the_bin_alone(client):
+    fill(client, "p")
+    with RefuseViews():
+        with pytest.raises(RuntimeError, match="no views today"):
+            client.peek("p")
+    assert client.list()["p"].n_items == 3
+    assert [x["n"] for x in client.get("p")] == [1, 2, 3]
