@@ -140,13 +140,13 @@ typedef struct ts_batcher_options_s {
     /*
      * Hold a partial batch at least this long after its oldest request's arrival, even when no
      * further request is expected (a full batch, or one whose next request does not fit, still
-     * runs at once); at most max_delay_us; default 0. Added in 0.3.0.
+     * runs at once); at most max_delay_us; default 0. Added in 0.2.0.
      */
     int64_t min_delay_us;
     /*
      * Preferred batch sizes in rows (copied; 1..max_batch each; n_preferred at most
      * TS_BATCHER_MAX_PREFERRED): as soon as the queued requests, in order, add up to one of them,
-     * a batch of the largest such size runs without waiting. Default none. Added in 0.3.0.
+     * a batch of the largest such size runs without waiting. Default none. Added in 0.2.0.
      */
     const int *preferred_batch;
     int n_preferred;
@@ -155,7 +155,7 @@ typedef struct ts_batcher_options_s {
      * batch takes every queued request of level 0 before any of level 1, and so on; within a
      * level, arrival order. default_priority is the level of requests that name none
      * (ts_predict_options_t.priority < 0, and every ts_batcher_predict_async); default 0.
-     * Added in 0.3.0.
+     * Added in 0.2.0.
      */
     int priority_levels;
     int default_priority;
@@ -166,17 +166,17 @@ typedef struct ts_batcher_options_s {
      * TS_BATCHER_SPLIT_ANSWERS requests is cut into parts answered by the replica and up to N
      * helpers at once (shared by the replicas), so that a fast device does not wait for one
      * thread to call a thousand callbacks. Callbacks then also run on those helper threads.
-     * At most TS_BATCHER_MAX_ANSWER_THREADS. Added in 0.3.0.
+     * At most TS_BATCHER_MAX_ANSWER_THREADS. Added in 0.2.0.
      */
     int answer_threads;
 } ts_batcher_options_t;
 
-/* The most preferred batch sizes and priority levels a batcher takes. Added in 0.3.0. */
+/* The most preferred batch sizes and priority levels a batcher takes. Added in 0.2.0. */
 #define TS_BATCHER_MAX_PREFERRED  16
 #define TS_BATCHER_MAX_PRIORITIES 16
-/* answer_threads: at most this many helpers. Added in 0.3.0. */
+/* answer_threads: at most this many helpers. Added in 0.2.0. */
 #define TS_BATCHER_MAX_ANSWER_THREADS 64
-/* requests; a batch's answers are split into parts of at least this many. Added in 0.3.0. */
+/* requests; a batch's answers are split into parts of at least this many. Added in 0.2.0. */
 #define TS_BATCHER_SPLIT_ANSWERS 64
 
 /*
@@ -246,7 +246,7 @@ TS_EXTERN int ts_batcher_predict_async(ts_batcher_t *b, const ts_value_t *input,
 
 /*
  * The options of one request; fill with ts_predict_options_init, then change fields.
- * Added in 0.3.0.
+ * Added in 0.2.0.
  */
 typedef struct ts_predict_options_s {
     unsigned flags; /* TS_COPY, as for ts_batcher_predict_async; default 0 */
@@ -254,7 +254,7 @@ typedef struct ts_predict_options_s {
     int priority;   /* 0..priority_levels-1 (0 most urgent), or -1 (default) for default_priority */
 } ts_predict_options_t;
 
-/* Fill opts with the defaults. Added in 0.3.0. */
+/* Fill opts with the defaults. Added in 0.2.0. */
 TS_EXTERN void ts_predict_options_init(ts_predict_options_t *opts);
 
 /*
@@ -262,7 +262,7 @@ TS_EXTERN void ts_predict_options_init(ts_predict_options_t *opts);
  * NULL; unique within the batcher, never 0) for ts_batcher_cancel. Same errors, and TS_EINVAL
  * for a priority past the batcher's levels. The bounded queue (opts.max_queued) answers at once:
  * a request that finds it full fails here with TS_EAGAIN and the callback is never called.
- * Added in 0.3.0.
+ * Added in 0.2.0.
  */
 TS_EXTERN int ts_batcher_predict_async_with(ts_batcher_t *b, const ts_value_t *input,
                                             const ts_predict_options_t *opts, ts_predict_cb cb,
@@ -272,7 +272,7 @@ TS_EXTERN int ts_batcher_predict_async_with(ts_batcher_t *b, const ts_value_t *i
  * Cancel a queued request: 0 when it was still queued (its callback then gets TS_ECANCELED, on
  * the batcher's timer thread, never inside this call); TS_ENOENT when it is not queued (already
  * in a batch, answered, or unknown; a request in a forward gets that forward's answer). Costs a
- * walk of the queue. Added in 0.3.0.
+ * walk of the queue. Added in 0.2.0.
  */
 TS_EXTERN int ts_batcher_cancel(ts_batcher_t *b, uint64_t id);
 
@@ -341,23 +341,23 @@ typedef struct ts_batcher_stats_s {
     uint64_t malformed;
     /*
      * Requests accepted (at submit, before any answer). Every accepted request is answered once:
-     * submitted = requests + failed + queued + those in a running batch. Added in 0.3.0.
+     * submitted = requests + failed + queued + those in a running batch. Added in 0.2.0.
      */
     uint64_t submitted;
-    uint64_t timed_out; /* of failed: deadline passed while queued. Added in 0.3.0. */
-    uint64_t cancelled; /* of failed: ts_batcher_cancel or shutdown. Added in 0.3.0. */
-    uint64_t rejected;  /* refused at submit because the queue was full. Added in 0.3.0. */
+    uint64_t timed_out; /* of failed: deadline passed while queued. Added in 0.2.0. */
+    uint64_t cancelled; /* of failed: ts_batcher_cancel or shutdown. Added in 0.2.0. */
+    uint64_t rejected;  /* refused at submit because the queue was full. Added in 0.2.0. */
 } ts_batcher_stats_t;
 
 /* Copy the counters into *out, a consistent snapshot. Added in 0.1.0. */
 TS_EXTERN void ts_batcher_stats(ts_batcher_t *b, ts_batcher_stats_t *out);
 
-/* Buckets of the batch-size histogram: 1, 2, 3-4, 5-8, ..., 32769-65536 rows. Added in 0.3.0. */
+/* Buckets of the batch-size histogram: 1, 2, 3-4, 5-8, ..., 32769-65536 rows. Added in 0.2.0. */
 #define TS_BATCHER_HIST_BUCKETS 17
 
 /*
  * One replica's counters since creation (Triton's split of a request's time). Times are sums in
- * nanoseconds; divide by the counts for means. Added in 0.3.0.
+ * nanoseconds; divide by the counts for means. Added in 0.2.0.
  */
 typedef struct ts_batcher_replica_stats_s {
     uint64_t batches;  /* forwards run */
@@ -378,7 +378,7 @@ typedef struct ts_batcher_replica_stats_s {
 
 /*
  * Copy replica i's counters into *out (a consistent snapshot). 0, or TS_EINVAL when i is out
- * of range. Added in 0.3.0.
+ * of range. Added in 0.2.0.
  */
 TS_EXTERN int ts_batcher_replica_stats(ts_batcher_t *b, int i, ts_batcher_replica_stats_t *out);
 
@@ -416,7 +416,7 @@ TS_EXTERN int ts_batcher_serve(ts_batcher_t *b, ts_client_t *client, const char 
  * TS_ESCHEMA and that reason; it logs nothing itself. Called on the serving client's I/O thread,
  * one call at a time; keep it short (no requests are taken meanwhile), make no blocking calls
  * on that client from it (they fail with TS_EDEADLK), and do not call ts_batcher_stop_remote
- * or ts_batcher_free from it. Added in 0.2.0. Changed in 0.3.0: it was called on the serve
+ * or ts_batcher_free from it. Added in 0.2.0. Changed in 0.2.0: it was called on the serve
  * thread.
  */
 typedef void (*ts_batcher_malformed_cb)(ts_batcher_t *b, int status, void *arg);
@@ -477,7 +477,7 @@ TS_EXTERN void ts_predictor_free(ts_predictor_t *p);
  * ts_predictor_free (TS_ECANCELED). Same meaning as ts_predict_cb (a failure's reason in
  * ts_last_error()); output is transferred. Blocking predictor calls made from it fail with
  * TS_EDEADLK. Keep it short: the client's other replies wait for it. Added in 0.2.0. It
- * replaces ts_remote_cb, which also had a message parameter. Changed in 0.3.0: answers come on
+ * replaces ts_remote_cb, which also had a message parameter. Changed in 0.2.0: answers come on
  * the client's I/O thread (they came on the predictor's thread).
  */
 typedef void (*ts_predictor_cb)(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,

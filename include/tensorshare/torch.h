@@ -96,7 +96,7 @@ TS_EXTERN int ts_torch_state_dict(ts_torch_model_t *m, ts_value_t **out);
  * floating parameter's, float32 for most models), so answers keep the dtype the model has
  * without autocast; they differ from float32 answers by the reduced precision (about 1e-2
  * relative for bfloat16, 1e-3 for float16). Not thread-safe against forwards of m. 0, or
- * TS_EINVAL for another dtype. Added in 0.3.0.
+ * TS_EINVAL for another dtype. Added in 0.2.0.
  */
 TS_EXTERN int ts_torch_set_autocast(ts_torch_model_t *m, ts_dtype_t dtype);
 
