@@ -16,9 +16,10 @@ process and the C programs pinned to cpu1, as bench/tsbench.c does:
   The C rounds are driven through ctypes (two foreign calls per round, about a microsecond in
   all, which makes the C side look slower by that much: under 1 % of a 1 MiB round).
 - small operations: 64 B put then get, one client, blocking, through tensorshare.Client, against
-  the C client (bench/tsrounds ADDRESS N blocking, its own process) and against redis-py with
-  the hiredis parser (SET then GET of 64 bytes) on redis-server. The per-call overhead of the
-  Python package is its time per call minus the C client's.
+  the C client (bench/tsrounds ADDRESS N blocking, its own process; and ts_put/ts_get called
+  from this process through ctypes, which shares the process's conditions), and against
+  redis-py with the hiredis parser (SET then GET of 64 bytes) on redis-server. The per-call
+  overhead of the Python package is its time per call minus the C client's.
 
 Every case alternates the systems (Python first on even repeats, the references first on odd
 ones), and the table shows medians over the repeats: wall time (what the targets are about) and
@@ -166,6 +167,30 @@ class CClient:
             for _ in range(iters):
                 one()
             return (time.perf_counter() - t0) / iters, (time.process_time() - c0) / iters
+        finally:
+            lib.ts_value_free(v)
+
+    def small(self, buf, secs):
+        """(calls per second, CPU seconds per call): ts_put then ts_get of 64 B, blocking, called
+        from this process through ctypes (each foreign call costs about half a microsecond)."""
+        lib = self.lib
+        shape = (ctypes.c_int64 * 1)(16)
+        v = lib.ts_tensor_new(TS_FLOAT32, 1, shape, ctypes.c_void_p(buf.ctypes.data), TS_BORROW)
+        items = ctypes.c_void_p()
+        put, get, free, c = lib.ts_put, lib.ts_get, lib.ts_items_free, self.c
+        bin_name = b"pybench:s"
+        ref = ctypes.byref(items)
+        n = 0
+        try:
+            end = time.perf_counter() + secs
+            t0, c0 = time.perf_counter(), time.process_time()
+            while time.perf_counter() < end:
+                for _ in range(50):
+                    if put(c, bin_name, v, None) != 0 or get(c, bin_name, 0, ref) != 0:
+                        raise RuntimeError("C client: " + lib.ts_last_error().decode())
+                    free(items)
+                n += 100
+            return n / (time.perf_counter() - t0), (time.process_time() - c0) / n
         finally:
             lib.ts_value_free(v)
 
@@ -359,10 +384,17 @@ def main():
         lines.append("| 64 B put/get, 1 client, blocking, tcp | Python | reference | "
                      "Python vs reference | target | client CPU per call, Python / reference |")
         lines.append("|---|---|---|---|---|---|")
-        lines.append("| vs the C client (tsrounds) | %.0f calls/s | %.0f calls/s | %.2fx | - | "
-                     "%.1f / %.1f us |" % (p, c, p / c, pc * 1e6, c_cpu * 1e6))
+        lines.append("| vs the C client (tsrounds, its own process) | %.0f calls/s | %.0f calls/s |"
+                     " %.2fx | - | %.1f / %.1f us |" % (p, c, p / c, pc * 1e6, c_cpu * 1e6))
         overhead_wall = (1.0 / p - 1.0 / c) * 1e6
         overhead_cpu = (pc - c_cpu) * 1e6
+        (p3, pc3, c3, cc3), pa, ca = alternate(args.repeats, lambda: py_small(py, small, secs),
+                                               lambda: cc.small(small, secs))
+        if args.raw:
+            print("raw: small python %s c in-process %s" % (pa, ca))
+        lines.append("| vs the C client (this process, through ctypes) | %.0f calls/s | %.0f "
+                     "calls/s | %.2fx | - | %.1f / %.1f us |" % (p3, c3, p3 / c3, pc3 * 1e6,
+                                                                  cc3 * 1e6))
         if redis is not None:
             r = redis.Redis(host="127.0.0.1", port=rd_port)
             parser = getattr(redis.connection, "DefaultParser", type(None)).__name__
@@ -379,8 +411,11 @@ def main():
             r.close()
         lines.append("")
         lines.append("Per-call overhead of the Python package over the C client (64 B put or get,"
-                     " blocking): %.1f us of wall time (%.1f us per call against %.1f us), %.1f us"
-                     " of client CPU time." % (overhead_wall, 1e6 / p, 1e6 / c, overhead_cpu))
+                     " blocking): against tsrounds %.1f us of wall time (%.1f us per call against "
+                     "%.1f us) and %.1f us of client CPU time; against the C calls made from this "
+                     "process %.1f us of wall time and %.1f us of CPU time." %
+                     (overhead_wall, 1e6 / p, 1e6 / c, overhead_cpu, (1.0 / p3 - 1.0 / c3) * 1e6,
+                      (pc3 - cc3) * 1e6))
         cc.close()
         py.close()
     finally:
