@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 
-from . import Client
+from . import Client, numpy_bfloat16
 
 __all__ = ["TensorShare", "RLTrainer", "RLWorker", "run_server"]
 
@@ -51,7 +51,10 @@ def _to_torch(obj):
     if isinstance(obj, torch.Tensor):
         return obj
     if isinstance(obj, np.ndarray):
-        return torch.from_numpy(obj) if obj.dtype != np.uint16 else torch.from_numpy(obj.copy())
+        if obj.dtype == numpy_bfloat16:
+            # The raw 16 bits of each bfloat16, reinterpreted (no copy).
+            return torch.from_numpy(obj.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(obj)
     if isinstance(obj, dict):
         return {k: _to_torch(v) for k, v in obj.items()}
     if isinstance(obj, list):
