@@ -323,7 +323,7 @@ static ts_value_t *tensor_from_dlpack_obj(PyObject *obj, PyObject *pins)
         return record_error("a non-contiguous DLPack tensor of type %s: make it contiguous "
                             "first",
                             Py_TYPE(obj)->tp_name);
-    return v;
+    return v != NULL ? v : export_error(obj); /* not a DLPack capsule, or one used already */
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -119,3 +119,28 @@ def test_dict_changed_during_its_conversion(tensord):
                         tensord.address], capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "True"
+
+
+class NotACapsule:
+    """A __dlpack__ that hands back something other than an unused DLPack capsule."""
+
+    def __init__(self, what):
+        self.what = what
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, stream=None):
+        if self.what == "used":
+            capsule = np.arange(3).__dlpack__()
+            torch.utils.dlpack.from_dlpack(capsule)  # consumes it: renamed "used_dltensor"
+            return capsule
+        return 42
+
+
+@pytest.mark.parametrize("what", ["int", "used"])
+def test_bad_dlpack_exports_are_record_errors(client, what):
+    client.put("keep", 1)
+    with pytest.raises(tensorshare.RecordError, match="NotACapsule"):
+        client.put("keep", {"t": NotACapsule(what)})
+    assert client.peek("keep") == [1]
