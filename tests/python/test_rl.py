@@ -263,3 +263,35 @@ def test_forked_child_exits_normally_with_the_parents_objects(tensord):
     out = subprocess.run([sys.executable, os.path.join(HERE, "rl_fork_proc.py"), tensord.address],
                          env=_env(), capture_output=True, text=True, timeout=WAIT_S * 2)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+
+
+class _Alarm(Exception):
+    pass
+
+
+def test_unlimited_waits_let_signal_handlers_run(client):
+    """collect() and await_params() with no timeout wait in slices, so a signal handler (Ctrl-C's
+    KeyboardInterrupt, here SIGALRM's) interrupts them instead of waiting for data."""
+    import signal
+
+    def on_alarm(signum, frame):
+        raise _Alarm()
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        trainer = RLTrainer(client)
+        worker = RLWorker(client)
+        for wait in (lambda: trainer.collect(), lambda: worker.await_params()):
+            t0 = time.monotonic()
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(_Alarm):
+                wait()
+            assert time.monotonic() - t0 < 5.0
+        # Both still work after the interruption.
+        trainer.publish({"w": np.zeros(1, dtype=np.float32)})
+        assert worker.await_params(timeout=WAIT_S).version == 0
+        worker.close()
+        trainer.close()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
