@@ -36,6 +36,8 @@ if [ $# -ge 1 ]; then
     # The .pc files name /usr/lib/...: make the libraries findable by the linker there too.
     export LIBRARY_PATH=$multi
     export CPATH=$dep/usr/include
+    # find_path (dlpack/dlpack.h) searches the prefix path, not CPATH.
+    export CMAKE_PREFIX_PATH=$dep/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
 fi
 
 nvidia-smi -L || true

@@ -27,6 +27,7 @@ if [ $# -ge 1 ]; then
     [ -x "$dep/usr/bin/pkg-config" ] || ln -sf pkgconf "$dep/usr/bin/pkg-config"
     export LIBRARY_PATH=$multi
     export CPATH=$dep/usr/include
+    export CMAKE_PREFIX_PATH=$dep/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
 fi
 
 py=$(command -v python3)
