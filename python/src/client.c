@@ -231,13 +231,42 @@ static int size_arg(PyObject *obj, const char *what, size_t *out)
     if (obj == NULL || obj == Py_None)
         return 0;
     Py_ssize_t n = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
-    if (n == -1 && PyErr_Occurred())
-        return -1;
+    if (n == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            n = -1; /* out of range: the message below */
+        } else {
+            return -1;
+        }
+    }
     if (n < 0) {
-        PyErr_Format(PyExc_ValueError, "%s must be >= 0", what);
+        PyErr_Format(PyExc_ValueError, "%s must be an int from 0 to %zd, not %R", what,
+                     PY_SSIZE_T_MAX, obj);
         return -1;
     }
     *out = (size_t)n;
+    return 0;
+}
+
+/* A version argument (None or absent: 0), an int from 0 to 2**64-1; -1 with an exception. */
+static int version_arg(PyObject *obj, unsigned long long *out)
+{
+    *out = 0;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "a version is an int, not %s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "a version is an int from 0 to 2**64-1, not %R", obj);
+        return -1;
+    }
+    *out = v;
     return 0;
 }
 
@@ -705,11 +734,8 @@ static PyObject *client_wait(PyObject *obj, PyObject *const *args, Py_ssize_t na
     if (bin == NULL)
         return NULL;
     unsigned long long after = 0;
-    if (a[1] != NULL && a[1] != Py_None) {
-        after = PyLong_AsUnsignedLongLong(a[1]);
-        if (after == (unsigned long long)-1 && PyErr_Occurred())
-            return NULL;
-    }
+    if (version_arg(a[1], &after) < 0)
+        return NULL;
     int timeout_ms;
     if (timeout_arg(a[2], TS_TIMEOUT_INFINITE, &timeout_ms) < 0)
         return NULL;
@@ -962,11 +988,8 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
     if (op == OP_STATS && tsp_tensor_type_from_py(a[0], ctx->tt, &ctx->tt) < 0)
         goto fail;
     if (op == OP_WAIT) {
-        if (a[1] != NULL && a[1] != Py_None) {
-            after = PyLong_AsUnsignedLongLong(a[1]);
-            if (after == (unsigned long long)-1 && PyErr_Occurred())
-                goto fail;
-        }
+        if (version_arg(a[1], &after) < 0)
+            goto fail;
         if (timeout_arg(a[2], TS_TIMEOUT_INFINITE, &timeout_ms) < 0)
             goto fail;
     }

@@ -88,3 +88,16 @@ def test_peek_whose_conversion_fails_leaves_the_bin_alone(client):
             client.peek("p")
     assert client.list()["p"].n_items == 3
     assert [x["n"] for x in client.get("p")] == [1, 2, 3]
+
+
+def test_out_of_range_counts_and_versions_are_value_errors(client):
+    """Bad values are ValueError (not OverflowError), for the blocking and the future forms."""
+    client.put("r", 1)
+    for call in (lambda: client.wait("r", -1, timeout=0), lambda: client.wait_async("r", -1),
+                 lambda: client.wait("r", 2**64, timeout=0),
+                 lambda: client.get("r", 2**64), lambda: client.peek_async("r", -5)):
+        with pytest.raises(ValueError):
+            call()
+    with pytest.raises(TypeError):
+        client.wait("r", 1.5, timeout=0)
+    assert client.peek("r") == [1]
