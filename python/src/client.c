@@ -837,8 +837,73 @@ typedef struct async_ctx {
     PyObject *future;
     enum async_op op;
     tsp_tensor_type_t tt;
-    tsp_send_t send; /* put and append: the record and its pins, until the callback */
+    tsp_send_t send;               /* put and append: the record and its pins, until the callback */
+    struct async_ctx *prev, *next; /* in pending_async while queued, under the GIL */
 } async_ctx;
+
+/*
+ * Every request queued and not completed yet, so that a child process after fork() can fail the
+ * futures that the parent's I/O thread (absent in the child) would have completed. Under the
+ * GIL.
+ */
+static async_ctx *pending_async;
+
+static void pending_link(async_ctx *a)
+{
+    a->prev = NULL;
+    a->next = pending_async;
+    if (pending_async != NULL)
+        pending_async->prev = a;
+    pending_async = a;
+}
+
+static void pending_unlink(async_ctx *a)
+{
+    if (a->prev != NULL)
+        a->prev->next = a->next;
+    else if (pending_async == a)
+        pending_async = a->next;
+    if (a->next != NULL)
+        a->next->prev = a->prev;
+    a->prev = a->next = NULL;
+}
+
+/*
+ * In a child process after fork() (called by the package's os.register_at_fork hook): takes every
+ * pending request off the list and returns [(future, ConnectionError), ...] for the hook to
+ * complete. The requests themselves belong to the parent's library state: they are left alone
+ * (never freed here), like the parent's ts_client_t.
+ */
+static PyObject *take_pending_futures(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    while (pending_async != NULL) {
+        async_ctx *a = pending_async;
+        pending_unlink(a);
+        PyObject *f = a->future;
+        a->future = NULL;
+        if (f == NULL)
+            continue;
+        PyObject *exc = tsp_exception_make(
+            tsp_state.ConnectionError, TS_ENOTCONN,
+            "this request was made in the parent process before os.fork(): its result exists "
+            "only there (open a new Client in the child)");
+        PyObject *pair = exc != NULL ? PyTuple_Pack(2, f, exc) : NULL;
+        Py_XDECREF(exc);
+        Py_DECREF(f);
+        if (pair == NULL || PyList_Append(out, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(pair);
+    }
+    return out;
+}
 
 static PyObject *new_future(void)
 {
@@ -903,6 +968,7 @@ static void async_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
     PyGILState_STATE g;
     if (!tsp_gil_acquire(&g))
         return; /* finalizing: the future and the pins are left as they are */
+    pending_unlink(a);
     PyObject *value = status == 0 ? async_result(a, res) : tsp_exception_new(status, msg);
     PyObject *r = NULL;
     if (value != NULL) {
@@ -1007,6 +1073,7 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
         goto fail;
     }
     /* Queued with the GIL held: these calls never block and never call back from inside. */
+    pending_link(ctx);
     switch (op) {
     case OP_PUT:
         rc = ts_put_async(c, bin, ctx->send.value, TS_BORROW, async_cb, ctx);
@@ -1037,6 +1104,7 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
         break;
     }
     if (rc != 0) {
+        pending_unlink(ctx);
         tsp_raise(rc);
         tsp_send_clear(&ctx->send);
         Py_DECREF(ctx->future);
@@ -1383,6 +1451,8 @@ static PyStructSequence_Desc notification_desc = {
 
 static PyMethodDef client_module_methods[] = {
     {"_close_all", close_all, METH_NOARGS, "Close every open Client (registered with atexit)."},
+    {"_take_pending_futures", take_pending_futures, METH_NOARGS,
+     "In a child after os.fork(): [(future, exception)] of the requests the parent had queued."},
     {NULL, NULL, 0, NULL},
 };
 

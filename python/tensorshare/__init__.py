@@ -7,6 +7,8 @@
 
 See README.md ("From Python") and docs/PYTHON.md.
 """
+import os as _os
+
 from ._tensorshare import (  # noqa: F401
     MAX_DEPTH,
     MAX_NAME_LEN,
@@ -28,6 +30,30 @@ from ._tensorshare import (  # noqa: F401
     TimeoutError,
     __version__,
 )
+from . import _tensorshare  # noqa: E402
+
+
+def _fail_the_parents_futures():
+    # In a child process after os.fork(): the futures of requests that were in flight belong to
+    # the parent, whose I/O thread (the only one that completes them) does not exist here, so
+    # their result() would wait forever. They fail with ConnectionError instead. The parent's
+    # threads are gone too: one of them may have held a future's lock at the fork, and the
+    # waiters and done-callbacks registered before the fork are the parent's, not to be run
+    # here: each future gets a fresh lock and drops them before it completes.
+    import threading
+
+    for future, exc in _tensorshare._take_pending_futures():
+        future._condition = threading.Condition()
+        future._waiters = []
+        future._done_callbacks = []
+        try:
+            future.set_exception(exc)
+        except Exception:  # noqa: BLE001 - a future of another shape: leave it as it is
+            pass
+
+
+_os.register_at_fork(after_in_child=_fail_the_parents_futures)
+
 from .predictor import Predictor  # noqa: E402,F401
 from .rl import NO_FILTER, Batch, Params, RLTrainer, RLWorker  # noqa: E402,F401
 

@@ -101,3 +101,45 @@ def test_out_of_range_counts_and_versions_are_value_errors(client):
     with pytest.raises(TypeError):
         client.wait("r", 1.5, timeout=0)
     assert client.peek("r") == [1]
+
+
+FORK_FUTURE_SCRIPT = """
+import os, sys, time
+import tensorshare
+c = tensorshare.Client(sys.argv[1])
+pending = c.wait_async("never", 0)  # still pending when the process forks
+done = c.ping_async()
+done.result(10)
+pid = os.fork()
+if pid == 0:
+    code = 0
+    t0 = time.monotonic()
+    try:
+        pending.result(5)
+        code = 3
+    except tensorshare.ConnectionError as e:
+        code = 0 if "fork" in str(e) and time.monotonic() - t0 < 4 else 4
+    except BaseException:
+        code = 5  # concurrent.futures.TimeoutError: it would have waited forever
+    os._exit(code if done.result(0) is None else 6)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), "parent pending", pending.done(), flush=True)
+c.close()
+print("after close", type(pending.exception(10)).__name__, flush=True)
+"""
+
+
+def test_a_parents_pending_future_fails_in_the_child(tensord):
+    """A future still pending when the process forks is completed in the child with
+    ConnectionError (the parent's I/O thread, which would complete it, does not exist there);
+    the parent's future is untouched."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.environ.get("TS_PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", FORK_FUTURE_SCRIPT, tensord.address],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["child", "0", "parent", "pending", "False", "after", "close",
+                                "CancelledError"]
