@@ -12,7 +12,9 @@
  * ts_client_t; close() marks the client closed and the last user to leave frees the
  * ts_client_t (with the GIL released: freeing joins the I/O thread, whose final callbacks take
  * the GIL). A child process after fork() never touches the parent's ts_client_t: every method
- * raises ConnectionError there and the handle is left alone (leaked, on purpose).
+ * raises ConnectionError there and the handle is left alone (leaked, on purpose); the futures of
+ * requests pending at the fork are failed there by the package's at-fork hook
+ * (tensorshare/__init__.py), through _take_pending_futures.
  */
 #include "tsp.h"
 
@@ -310,10 +312,17 @@ static int read_token_file(PyObject *path, char *buf, size_t cap)
     }
     size_t n = fread(buf, 1, cap - 1, f);
     int bad = ferror(f);
+    /* Whether anything is left: a longer token would be cut short, never to match. */
+    int longer = !bad && n == cap - 1 && fgetc(f) != EOF;
     fclose(f);
     Py_DECREF(bytes);
     if (bad) {
         PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path);
+        return -1;
+    }
+    if (longer) {
+        PyErr_Format(PyExc_ValueError, "the token file %R is longer than %d bytes", path,
+                     (int)(cap - 1));
         return -1;
     }
     while (n > 0 &&

@@ -143,3 +143,11 @@ def test_a_parents_pending_future_fails_in_the_child(tensord):
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["child", "0", "parent", "pending", "False", "after", "close",
                                 "CancelledError"]
+
+
+def test_token_file_too_long_is_refused(tensord, tmp_path):
+    """A token file longer than the client reads is refused, not cut short silently."""
+    path = tmp_path / "token"
+    path.write_text("t" * 5000 + "\n")
+    with pytest.raises(ValueError, match="token"):
+        tensorshare.Client(tensord.address, token_file=str(path))
