@@ -151,3 +151,58 @@ def test_token_file_too_long_is_refused(tensord, tmp_path):
     path.write_text("t" * 5000 + "\n")
     with pytest.raises(ValueError, match="token"):
         tensorshare.Client(tensord.address, token_file=str(path))
+
+
+def test_calls_leak_no_python_objects(client):
+    """Every path through the extension (results, errors, futures, refused records, listeners)
+    gives back the Python objects it made: the traced blocks do not grow with the calls."""
+    import gc
+    import tracemalloc
+
+    import numpy as np
+
+    from tensorshare import _tensorshare
+
+    rec = {"a": np.arange(64, dtype=np.float32), "b": np.zeros((2, 3), np.int8)[:, ::2],
+           "s": "text", "y": b"bytes", "l": [1, 2.5, (3,)],
+           "bf": np.zeros(2, tensorshare.numpy_bfloat16)}
+
+    def round_trip(i):
+        client.put("leak", rec)
+        client.append("leak", rec)
+        client.peek("leak", tensor_type="numpy")
+        client.get("leak", 1, tensor_type="numpy")
+        client.put_async("leak", rec).result(10)
+        client.get_async("leak", tensor_type="numpy").result(10)
+        for bad in (lambda: client.get("leak-missing"), lambda: client.put("x", {"n": None}),
+                    lambda: client.put("x", {1: 2}), lambda: client.wait("x", -1),
+                    lambda: client.peek_async("leak-missing").result(10)):
+            try:
+                bad()
+            except (tensorshare.Error, ValueError):
+                pass
+        client.put("leak-w", i)
+        client.wait("leak-w", 0, timeout=0)
+        client.list()
+        client.stats()
+        client.listen("leak-l", lambda n: None)
+        client.unlisten("leak-l")
+
+    for i in range(50):  # warm up caches (imports, interned names, numpy's dtype caches)
+        round_trip(i)
+    gc.collect()
+    views = _tensorshare._live_views()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        rounds = 300
+        for i in range(rounds):
+            round_trip(i)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    # A reference leaked on any path leaks at least one block per round; caches settle below.
+    grown = sum(s.count_diff for s in after.compare_to(before, "filename") if s.count_diff > 0)
+    assert grown < rounds, [str(s) for s in after.compare_to(before, "traceback")[:3]]
+    assert _tensorshare._live_views() == views
