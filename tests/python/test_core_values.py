@@ -144,3 +144,18 @@ def test_bad_dlpack_exports_are_record_errors(client, what):
     with pytest.raises(tensorshare.RecordError, match="NotACapsule"):
         client.put("keep", {"t": NotACapsule(what)})
     assert client.peek("keep") == [1]
+
+
+def test_huge_broadcast_views_are_refused_without_being_sent(client):
+    """A stride-0 view claims 2**60 bytes that do not exist: making it contiguous fails (no
+    allocator gives that much, whatever the overcommit setting) with a clear exception, and
+    nothing reaches the server."""
+    huge = 1 << 60
+    a = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=(huge,), strides=(0,))
+    t = torch.zeros(1, dtype=torch.uint8).expand(huge)
+    client.put("keep", 1)
+    for value in (a, t, {"nested": [a]}):
+        with pytest.raises((MemoryError, tensorshare.RecordError)):
+            client.put("keep", value)
+    assert client.peek("keep") == [1]
+    assert list(client.list()) == ["keep"]
