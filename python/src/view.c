@@ -163,6 +163,21 @@ static int view_getbuffer(PyObject *self, Py_buffer *b, int flags)
         return -1;
     }
     const DLTensor *d = &v->e->mt.dl_tensor;
+    if ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS) {
+        /*
+         * The memory is C-ordered: it is Fortran-ordered too only with at most one dimension
+         * > 1, or with no element at all.
+         */
+        int big = 0;
+        for (int i = 0; i < d->ndim; i++)
+            big += v->shape[i] > 1;
+        if (big > 1 && v->len > 0) {
+            PyErr_SetString(PyExc_BufferError,
+                            "received tensors are C-contiguous, not Fortran-contiguous");
+            b->obj = NULL;
+            return -1;
+        }
+    }
     b->buf = (char *)d->data + d->byte_offset;
     b->obj = self;
     Py_INCREF(self);

@@ -159,3 +159,39 @@ def test_huge_broadcast_views_are_refused_without_being_sent(client):
             client.put("keep", value)
     assert client.peek("keep") == [1]
     assert list(client.list()) == ["keep"]
+
+
+def test_received_numpy_memory_refuses_a_fortran_order_request(client):
+    """The memory of a received array is C-ordered: a consumer asking for Fortran order through
+    the buffer protocol gets BufferError, not C-ordered memory it would read transposed."""
+    import ctypes
+
+    client.put("f", np.arange(6, dtype=np.int32).reshape(2, 3))
+    [a] = client.get("f", tensor_type="numpy")
+    owner = a.base
+    while not type(owner).__name__ == "View":
+        owner = owner.obj if isinstance(owner, memoryview) else owner.base
+
+    class Buffer(ctypes.Structure):
+        _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
+                    ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
+                    ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                    ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p),
+                    ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
+                    ("internal", ctypes.c_void_p)]
+
+    get = ctypes.pythonapi.PyObject_GetBuffer
+    get.argtypes = [ctypes.py_object, ctypes.POINTER(Buffer), ctypes.c_int]
+    release = ctypes.pythonapi.PyBuffer_Release
+    release.argtypes = [ctypes.POINTER(Buffer)]
+    strides_nd = 0x0010 | 0x0008  # PyBUF_STRIDES (with PyBUF_ND)
+    for contiguity, ok in ((0x0020, True), (0x0080, True), (0x0040, False)):  # C, ANY, F
+        b = Buffer()
+        if ok:
+            assert get(owner, ctypes.byref(b), contiguity | strides_nd) == 0
+            assert b.ndim == 2
+            release(ctypes.byref(b))
+        else:
+            with pytest.raises(BufferError):
+                get(owner, ctypes.byref(b), contiguity | strides_nd)
+    del a, owner
