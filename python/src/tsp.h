@@ -139,11 +139,16 @@ PyObject *tsp_exception_class(int status);
  * record does not depend on objects another thread could replace in a dict meanwhile.
  *
  * Refused with RecordError (a ValueError): unsupported dtypes (uint16/32/64, float128, object,
- * datetime, structured, big-endian), more than TS_MAX_NDIM dimensions, nesting deeper than
- * TS_MAX_DEPTH (also catches self-referencing containers), non-str dict keys or keys with NUL,
- * ints outside int64, None and any other type, CUDA (or other non-CPU) tensors: they are not
- * copied to the host behind the caller's back; the message says to call .cpu() first.
- * Non-contiguous tensors are made contiguous (one copy, pinned until the send is done).
+ * datetime, structured other than tensorshare.numpy_bfloat16 exactly, big-endian), more than
+ * TS_MAX_NDIM dimensions, nesting deeper than TS_MAX_DEPTH with the leaves counted (also
+ * catches self-referencing containers), non-str dict keys or keys with NUL, ints outside int64,
+ * None and any other type, CUDA (or other non-CPU) tensors: they are not copied to the host
+ * behind the caller's back; the message says to call .cpu() first. A tensor its exporter
+ * refuses (sparse, meta, quantized torch tensors; a failing __dlpack__) is a RecordError with
+ * the exporter's exception as __cause__ (MemoryError stays a MemoryError).
+ * Non-contiguous tensors are made contiguous (one copy, pinned until the send is done), and so
+ * are torch tensors whose conjugation or negation is a lazy flag (resolved: the values sent are
+ * the tensor's).
  */
 typedef struct tsp_send_s {
     ts_value_t *value; /* the record; owned; NULL after tsp_send_clear */
