@@ -17,8 +17,9 @@
 #include "tsp.h"
 
 #include <limits.h>
-#include <stdio.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include <tensorshare/rl.h>
@@ -257,19 +258,94 @@ static PyObject *trainer_publish(PyObject *self_obj, PyObject *params)
     return res;
 }
 
-static void batch_release(void *arg)
+/*
+ * What keeps a collected batch's memory alive while views of it exist. It is made before the
+ * collect takes anything out of the data bin (with no batch yet), so that no allocation the
+ * conversion needs can fail between taking the items and handing them out. Plain malloc: the
+ * last view may release it on any thread, without the GIL.
+ */
+typedef struct batch_slot {
+    ts_rl_batch_t *batch; /* NULL until the collect returned one */
+} batch_slot;
+
+static void batch_slot_release(void *arg)
 {
-    ts_rl_batch_free(arg);
+    batch_slot *slot = arg;
+    ts_rl_batch_free(slot->batch);
+    free(slot);
 }
 
-/* (data list, versions list, dropped) of a batch, which this takes over. */
-static PyObject *batch_to_py(ts_rl_batch_t *batch, tsp_tensor_type_t tt)
+/* A new owner for the batch a collect will put into *slot_out; NULL with MemoryError. */
+static tsp_owner_t *batch_owner_new(batch_slot **slot_out)
 {
-    tsp_owner_t *owner = tsp_owner_new(batch_release, batch);
+    batch_slot *slot = malloc(sizeof(*slot));
+    tsp_owner_t *owner = slot != NULL ? tsp_owner_new(batch_slot_release, slot) : NULL;
     if (owner == NULL) {
-        ts_rl_batch_free(batch);
-        return PyErr_NoMemory();
+        free(slot);
+        PyErr_NoMemory();
+        return NULL;
     }
+    slot->batch = NULL;
+    *slot_out = slot;
+    return owner;
+}
+
+/*
+ * After the conversion of a collected batch failed (the current exception): the items are out
+ * of the data bin already, so nothing may be lost silently. Convert each item on its own and
+ * hand them over on the exception as .items, oldest first: a (data, version) pair per item, as
+ * in a Batch, or None for one that could not be made (None is never a record). When even the
+ * list cannot be made the exception goes on alone.
+ */
+static void batch_hand_over(const ts_rl_batch_t *batch, tsp_tensor_type_t tt, tsp_owner_t *owner)
+{
+    PyObject *type, *val, *tb;
+    PyErr_Fetch(&type, &val, &tb);
+    PyErr_NormalizeException(&type, &val, &tb);
+    if (val == NULL) {
+        PyErr_Restore(type, val, tb);
+        return;
+    }
+    size_t n = ts_rl_batch_count(batch), lost = 0;
+    PyObject *all = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; all != NULL && i < n; i++) {
+        PyObject *d = tsp_value_to_py_ex(ts_rl_batch_data(batch, i), tt, owner);
+        PyObject *v = d != NULL ? PyLong_FromLongLong(ts_rl_batch_version(batch, i)) : NULL;
+        PyObject *pair = v != NULL ? PyTuple_Pack(2, d, v) : NULL;
+        Py_XDECREF(d);
+        Py_XDECREF(v);
+        if (pair == NULL) {
+            PyErr_Clear();
+            pair = Py_None;
+            Py_INCREF(pair);
+            lost++;
+        }
+        PyList_SET_ITEM(all, (Py_ssize_t)i, pair);
+    }
+    if (all == NULL || PyObject_SetAttrString(val, "items", all) < 0) {
+        PyErr_Clear();
+    } else {
+        PyObject *note = PyUnicode_FromFormat(
+            "tensorshare: the collect took %zu items out of the data bin; they are in this "
+            "exception's .items, oldest first, as (data, version) pairs (None for the %zu that "
+            "could not be converted)",
+            n, lost);
+        PyObject *added = note != NULL ? PyObject_CallMethod(val, "add_note", "O", note) : NULL;
+        Py_XDECREF(added);
+        Py_XDECREF(note);
+        if (added == NULL)
+            PyErr_Clear(); /* add_note is new in Python 3.11: .items is the promise */
+    }
+    Py_XDECREF(all);
+    PyErr_Restore(type, val, tb);
+}
+
+/*
+ * (data list, versions list, dropped) of a collected batch, whose memory owner keeps (the
+ * caller's reference stays the caller's). On failure the exception carries the items taken.
+ */
+static PyObject *batch_to_py(const ts_rl_batch_t *batch, tsp_tensor_type_t tt, tsp_owner_t *owner)
+{
     size_t n = ts_rl_batch_count(batch);
     PyObject *data = PyList_New((Py_ssize_t)n);
     PyObject *versions = PyList_New((Py_ssize_t)n);
@@ -290,8 +366,8 @@ static PyObject *batch_to_py(ts_rl_batch_t *batch, tsp_tensor_type_t tt)
 out:
     Py_XDECREF(data);
     Py_XDECREF(versions);
-    /* The views hold their own references: the batch goes when the last of them does. */
-    tsp_owner_unref(owner);
+    if (res == NULL)
+        batch_hand_over(batch, tt, owner);
     return res;
 }
 
@@ -313,6 +389,16 @@ static PyObject *trainer_collect(PyObject *self_obj, PyObject *args, PyObject *k
     ts_rl_trainer_t *t = base_enter(b);
     if (t == NULL)
         return NULL;
+    /*
+     * What the conversion needs that can fail on its own (the tensor type's module, the memory
+     * owner) is made before anything is taken out of the data bin: a failure then takes nothing.
+     */
+    batch_slot *slot = NULL;
+    tsp_owner_t *owner = NULL;
+    if (tsp_tensor_type_ready(b->tensor_type) < 0 || (owner = batch_owner_new(&slot)) == NULL) {
+        base_leave(b);
+        return NULL;
+    }
     int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
     ts_rl_batch_t *batch = NULL;
     int rc;
@@ -332,11 +418,20 @@ static PyObject *trainer_collect(PyObject *self_obj, PyObject *args, PyObject *k
         if (timeout_ms != TS_TIMEOUT_INFINITE && now_ms() >= deadline)
             break;
         if (PyErr_CheckSignals() < 0) {
+            tsp_owner_unref(owner);
             base_leave(b);
             return NULL;
         }
     }
-    PyObject *res = rc == 0 ? batch_to_py(batch, b->tensor_type) : tsp_raise(rc);
+    PyObject *res;
+    if (rc == 0) {
+        slot->batch = batch;
+        res = batch_to_py(batch, b->tensor_type, owner);
+    } else {
+        res = tsp_raise(rc);
+    }
+    /* The views hold their own references: the batch goes when the last of them does. */
+    tsp_owner_unref(owner);
     base_leave(b);
     return res;
 }
@@ -440,7 +535,9 @@ static PyMethodDef trainer_methods[] = {
     {"collect", (PyCFunction)(void (*)(void))trainer_collect, METH_VARARGS | METH_KEYWORDS,
      "collect(max_items=0, timeout=None) -> (data, versions, dropped)\n\nTake up to max_items "
      "experience items (0: all), oldest first, after the staleness filter; wait up to timeout "
-     "seconds (None: no limit, 0: do not wait) for one. TimeoutError when none was kept."},
+     "seconds (None: no limit, 0: do not wait) for one. TimeoutError when none was kept. When "
+     "the items taken cannot all be converted, the exception carries them in .items: "
+     "(data, version) pairs, None for those that could not be made."},
     {"stats", trainer_stats, METH_NOARGS, "stats() -> dict of the trainer's counters"},
     {"close", base_close_method, METH_NOARGS, "close(): free the trainer (idempotent)"},
     {"__enter__", base_enter_method, METH_NOARGS, NULL},

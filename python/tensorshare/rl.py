@@ -67,6 +67,10 @@ class RLTrainer(_RLTrainer):
     the version once tensord holds it. The tensors are sent from their memory, not copied.
     collect(max_items=0, timeout=None) -> Batch: take up to max_items items (0: all there are),
     oldest first, waiting up to timeout seconds for one to be kept (TimeoutError otherwise).
+    When the items it took out of the bin cannot all be turned into Python objects (no memory,
+    a torch function mode that raises), the converter's exception is raised with .items: every
+    item taken, oldest first, as a (data, version) pair, or None for one that could not be made.
+    A tensor_type whose module cannot be imported fails before anything is taken.
     version: the newest version published or resumed from (-1: none). stats() -> dict.
     close() (also on leaving a with block) frees the trainer; it is idempotent.
     """

@@ -295,3 +295,79 @@ def test_unlimited_waits_let_signal_handlers_run(client):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+class _RefuseViews:
+    """A torch function mode under which Tensor.view raises: a collected bool tensor (uint8 bytes
+    viewed as bool) then cannot be made, after the collect took the items out of the data bin."""
+
+    def __init__(self):
+        torch = pytest.importorskip("torch")
+        from torch.overrides import TorchFunctionMode
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if func is torch.Tensor.view:
+                    raise RuntimeError("no views today")
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+    def __enter__(self):
+        return self.mode.__enter__()
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def test_collect_whose_conversion_fails_hands_over_what_it_took(client):
+    """collect() takes the items out of the data bin before they are converted: when a
+    conversion fails, the exception carries every item it took, oldest first, as (data, version)
+    pairs, None where one could not be made; the trainer keeps working."""
+    torch = pytest.importorskip("torch")
+    refuse = _RefuseViews()  # made first: it imports torch.overrides
+    trainer = RLTrainer(client, staleness_tolerance=NO_FILTER, tensor_type="torch")
+    client.append("data", {"data": {"n": 1}, "version": 4})
+    client.append("data", {"data": {"n": 2, "flags": torch.tensor([True, False])}, "version": 5})
+    client.append("data", {"data": {"n": 3, "t": torch.arange(3)}, "version": 6})
+    with refuse:
+        with pytest.raises(RuntimeError, match="no views today") as info:
+            trainer.collect(timeout=WAIT_S)
+    items = info.value.items
+    assert len(items) == 3 and items[1] is None
+    assert items[0] == ({"n": 1}, 4)
+    assert items[2][0]["n"] == 3 and items[2][0]["t"].tolist() == [0, 1, 2] and items[2][1] == 6
+    if hasattr(info.value, "__notes__"):  # Python 3.11+
+        assert any("took 3 items" in note for note in info.value.__notes__)
+    assert "data" not in client.list()  # they are out of the bin, as the exception says
+    client.append("data", {"data": {"n": 4}, "version": 7})
+    batch = trainer.collect(timeout=WAIT_S)
+    assert batch.data == [{"n": 4}] and batch.versions == [7]
+    trainer.close()
+
+
+COLLECT_WITHOUT_NUMPY = """
+import sys
+sys.modules["numpy"] = None  # import numpy fails in this process
+import tensorshare
+from tensorshare.rl import NO_FILTER, RLTrainer
+c = tensorshare.Client(sys.argv[1], tensor_type="numpy")
+trainer = RLTrainer(c, staleness_tolerance=NO_FILTER)
+c.append("data", {"data": {"x": memoryview(b"abcd")}, "version": 0})
+try:
+    trainer.collect(timeout=10)
+    print("collected")
+except ImportError:
+    print("ImportError", c.list()["data"].n_items if "data" in c.list() else 0)
+trainer.close()
+c.close()
+"""
+
+
+def test_collect_that_cannot_make_tensors_takes_nothing(tensord):
+    """A tensor_type whose module cannot be imported fails collect() before anything is taken
+    out of the data bin."""
+    p = subprocess.run([sys.executable, "-c", COLLECT_WITHOUT_NUMPY, tensord.address],
+                       capture_output=True, text=True, timeout=WAIT_S * 2, env=_env())
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["ImportError", "1"], p.stdout + p.stderr
