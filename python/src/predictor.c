@@ -8,7 +8,8 @@
  * released; predict_async() returns a concurrent.futures.Future completed on the receiver
  * thread (or the client's I/O thread when sending failed, or in close() with CancelledError).
  * Outputs are handed out as views of the answer's memory (no copy), which lives until the last
- * view of it goes.
+ * view of it goes. In a child process after fork() the futures still outstanding at the fork
+ * fail with ConnectionError (predictor.py's fork hook, over _take_pending_predictions).
  */
 #include "tsp.h"
 
@@ -181,10 +182,75 @@ static PyObject *predictor_predict(PyObject *self_obj, PyObject *args, PyObject 
 
 /* One outstanding asynchronous prediction. */
 typedef struct predict_req {
-    PyObject *future; /* owned */
+    PyObject *future; /* owned; NULL once handed to a child's fork hook */
     tsp_tensor_type_t tensor_type;
     int with_version;
+    struct predict_req *prev, *next; /* in pending_reqs while outstanding, under the GIL */
 } predict_req;
+
+/*
+ * Every asynchronous prediction requested and not answered yet, so that a child process after
+ * fork() can fail the futures that the parent's receiver thread (absent in the child) would have
+ * completed. Under the GIL.
+ */
+static predict_req *pending_reqs;
+
+static void pending_link(predict_req *req)
+{
+    req->prev = NULL;
+    req->next = pending_reqs;
+    if (pending_reqs != NULL)
+        pending_reqs->prev = req;
+    pending_reqs = req;
+}
+
+static void pending_unlink(predict_req *req)
+{
+    if (req->prev != NULL)
+        req->prev->next = req->next;
+    else if (pending_reqs == req)
+        pending_reqs = req->next;
+    if (req->next != NULL)
+        req->next->prev = req->prev;
+    req->prev = req->next = NULL;
+}
+
+/*
+ * In a child process after fork() (called by predictor.py's os.register_at_fork hook): takes
+ * every outstanding prediction off the list and returns [(future, ConnectionError), ...] for the
+ * hook to complete. The requests themselves belong to the parent's predictors (the library holds
+ * them as callback arguments): they are left alone, never freed here.
+ */
+static PyObject *take_pending_predictions(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    while (pending_reqs != NULL) {
+        predict_req *req = pending_reqs;
+        pending_unlink(req);
+        PyObject *f = req->future;
+        req->future = NULL;
+        if (f == NULL)
+            continue;
+        PyObject *exc = tsp_exception_make(
+            tsp_state.ConnectionError, TS_ENOTCONN,
+            "this prediction was requested in the parent process before os.fork(): its answer "
+            "goes there only (open a new Predictor in the child)");
+        PyObject *pair = exc != NULL ? PyTuple_Pack(2, f, exc) : NULL;
+        Py_XDECREF(exc);
+        Py_DECREF(f);
+        if (pair == NULL || PyList_Append(out, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(pair);
+    }
+    return out;
+}
 
 /* Complete fut with a result (steals res) or, when res is NULL, with the current exception. */
 static void future_complete(PyObject *fut, PyObject *res)
@@ -229,6 +295,7 @@ static void on_prediction(ts_predictor_t *p, int status, ts_value_t *output, int
         ts_value_free(output);
         return;
     }
+    pending_unlink(req);
     if (status == 0) {
         PyObject *res = answer_to_py(output, version, req->tensor_type, req->with_version);
         future_complete(req->future, res);
@@ -287,6 +354,8 @@ static PyObject *predictor_predict_async(PyObject *self_obj, PyObject *args, PyO
     req->future = fut;
     req->tensor_type = self->tensor_type;
     req->with_version = with_version;
+    /* Linked before the GIL is released: the answer may come before the call returns. */
+    pending_link(req);
     /* The input is encoded and sent before this returns: its memory is not needed after it. */
     PyThreadState *nogil = PyEval_SaveThread();
     int rc = ts_predictor_predict_async(p, s.value, timeout_ms, on_prediction, req);
@@ -294,6 +363,7 @@ static PyObject *predictor_predict_async(PyObject *self_obj, PyObject *args, PyO
     tsp_send_clear(&s);
     if (rc != 0) {
         /* The callback is never called when the call fails. */
+        pending_unlink(req);
         Py_DECREF(req->future);
         PyMem_Free(req);
         tsp_raise(rc);
@@ -419,8 +489,16 @@ static PyTypeObject predictor_type = {
     .tp_getset = predictor_getset,
 };
 
+static PyMethodDef predictor_module_methods[] = {
+    {"_take_pending_predictions", take_pending_predictions, METH_NOARGS,
+     "In a child after os.fork(): [(future, exception)] of the predictions the parent awaited."},
+    {NULL, NULL, 0, NULL},
+};
+
 int tsp_predictor_init(PyObject *module)
 {
+    if (PyModule_AddFunctions(module, predictor_module_methods) < 0)
+        return -1;
     PyObject *futures = PyImport_ImportModule("concurrent.futures");
     if (futures == NULL)
         return -1;

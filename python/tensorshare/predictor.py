@@ -9,12 +9,35 @@ ts_batcher_serve) batches the requests of every predictor with the others':
         y, version = p.predict(x, return_version=True)     # the weight version that answered
         fut = p.predict_async(x)                           # concurrent.futures.Future
 """
-from ._tensorshare import PREDICTOR_DEFAULT_TIMEOUT_MS, _Predictor
+import os as _os
+import threading as _threading
+
+from ._tensorshare import PREDICTOR_DEFAULT_TIMEOUT_MS, _Predictor, _take_pending_predictions
 
 __all__ = ["Predictor", "DEFAULT_TIMEOUT_S"]
 
 #: seconds; what timeout=None means for a prediction.
 DEFAULT_TIMEOUT_S = PREDICTOR_DEFAULT_TIMEOUT_MS / 1000.0
+
+
+def _fail_the_parents_predictions():
+    # In a child process after os.fork(): the futures of predict_async calls still outstanding
+    # belong to the parent, whose receiver threads (the only ones that complete them) do not
+    # exist here, so their result() would wait forever. They fail with ConnectionError instead.
+    # A parent's thread may have held a future's lock at the fork, and the waiters and
+    # done-callbacks registered before it are the parent's, not to be run here: each future gets
+    # a fresh lock and drops them before it completes.
+    for future, exc in _take_pending_predictions():
+        future._condition = _threading.Condition()
+        future._waiters = []
+        future._done_callbacks = []
+        try:
+            future.set_exception(exc)
+        except Exception:  # noqa: BLE001 - a future of another shape: leave it as it is
+            pass
+
+
+_os.register_at_fork(after_in_child=_fail_the_parents_predictions)
 
 
 class Predictor(_Predictor):
@@ -37,5 +60,7 @@ class Predictor(_Predictor):
     the same without waiting; the Future completes on the predictor's receiver thread (its
     done-callbacks run there, with the GIL).
     close() (also on leaving a with block): outstanding predictions fail with CancelledError and
-    the reply bin is deleted; idempotent.
+    the reply bin is deleted; idempotent. In a child process after os.fork() the predictor
+    cannot be used (ConnectionError), and the futures outstanding at the fork fail there with
+    ConnectionError (without running the callbacks added before it); the parent's are untouched.
     """

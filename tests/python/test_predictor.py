@@ -153,3 +153,50 @@ def test_close_cancels_outstanding_predictions(client):
         p.predict(np.zeros((1, IN), dtype=np.float32))
     # The reply bin was deleted with the predictor.
     assert not [b for b in client.list() if b.startswith("nobody/reply/")]
+
+
+FORK_PREDICTION_SCRIPT = """
+import os, sys, time
+import numpy as np
+import tensorshare
+from tensorshare.predictor import Predictor
+c = tensorshare.Client(sys.argv[1])
+p = Predictor(c, "nobody")
+pending = p.predict_async(np.zeros((1, 8), dtype=np.float32), timeout=60)
+ran = []
+pending.add_done_callback(lambda f: ran.append(f))  # the parent's: not run in the child
+pid = os.fork()
+if pid == 0:
+    code = 0
+    t0 = time.monotonic()
+    try:
+        pending.result(5)
+        code = 3
+    except tensorshare.ConnectionError as e:
+        code = 0 if "fork" in str(e) and time.monotonic() - t0 < 4 else 4
+    except BaseException:
+        code = 5  # concurrent.futures.TimeoutError: it would have waited forever
+    os._exit(code if not ran else 6)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status), "parent pending", pending.done(), flush=True)
+p.close()
+print("after close", type(pending.exception(10)).__name__, len(ran), flush=True)
+c.close()
+"""
+
+
+def test_a_parents_pending_prediction_fails_in_the_child(tensord):
+    """A prediction still pending when the process forks fails in the child with
+    ConnectionError (the parent's receiver thread, which would complete it, does not exist
+    there) without running the parent's done-callbacks; the parent's future is untouched."""
+    import sys
+
+    env = dict(os.environ)
+    pkg = os.environ.get("TS_PYTHONPATH")
+    if pkg:
+        env["PYTHONPATH"] = pkg + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-c", FORK_PREDICTION_SCRIPT, tensord.address],
+                       capture_output=True, text=True, timeout=WAIT_S * 2, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["child", "0", "parent", "pending", "False", "after", "close",
+                                "CancelledError", "1"], p.stdout + p.stderr
