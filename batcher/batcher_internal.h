@@ -17,6 +17,7 @@
 #include "tensorshare/batcher.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +30,13 @@
 #define TS__DEFAULT_DELAY_US   500   /* microseconds, Triton's usual order of magnitude */
 #define TS__DEFAULT_TIMEOUT_MS 30000 /* milliseconds, the client's request timeout */
 #define TS__DEFAULT_MAX_QUEUED 65536 /* requests */
+/*
+ * requests; the most freed request records an answering thread keeps for its next submits, as
+ * a multiple of max_batch (a closed loop resubmits one batch's worth), and at most
+ * TS__REQ_CACHE_MAX (about 0.5 MiB of records per answering thread with one input field).
+ */
+#define TS__REQ_CACHE_BATCHES 2
+#define TS__REQ_CACHE_MAX     4096
 
 /* Set the calling thread's ts_last_error() message, printf-style (cut at TS__BERR_LEN). */
 void ts__batcher_set_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -109,11 +117,31 @@ typedef struct batch_request {
     uint64_t deadline_ns; /* 0: none */
     uint64_t id;          /* for ts_batcher_cancel */
     int prio;             /* priority level, 0 most urgent */
+    int fail;             /* on the timer's list: TS_ETIMEDOUT, else cancelled */
     size_t heap_idx;      /* position in the deadline heap, or SIZE_MAX */
     ts_predict_cb cb;
     void *arg;
     const ts_tensor_t *leaf[]; /* one per input field */
 } batch_request;
+
+/*
+ * What a thread that calls a batcher's callbacks (a replica's, an answer helper's) keeps for
+ * the requests those callbacks submit (see ts_batcher_predict_async_with): they are collected
+ * here, without the batcher's lock, and queued together under one acquisition of it when the
+ * thread has finished its callbacks (answer_ctx_flush). The list has a lock of its own, taken
+ * only by its thread and by ts_batcher_cancel (which takes the batcher's lock first), so that
+ * a request waiting here can still be cancelled. The free list is touched by its thread alone.
+ */
+typedef struct answer_ctx {
+    struct ts_batcher_s *b;
+    int active;                 /* its thread is calling callbacks now */
+    uint64_t now_ns;            /* when it began calling them (the submits' arrival) */
+    pthread_mutex_t mu;         /* guards head, tail and n */
+    batch_request *head, *tail; /* submitted from callbacks, not queued yet (prev/next) */
+    size_t n;
+    batch_request *free_list; /* freed records for the next submits (linked by next) */
+    size_t n_free, max_free;
+} answer_ctx;
 
 /* A published weight update. */
 typedef struct weight_update {
@@ -156,6 +184,7 @@ typedef struct replica {
     ts_value_t **batch_leaf;       /* per field: the tensor value inside batch */
     batch_request **picked;        /* the requests of the current batch */
     ts_batcher_replica_stats_t st; /* under the batcher's lock */
+    answer_ctx ctx;                /* the requests its callbacks submit */
 } replica;
 
 /* A part of a batch's answers given to the helper threads (answer_threads). */
@@ -211,8 +240,18 @@ struct ts_batcher_s {
     int ans_stop;
     int n_answerers;
     pthread_t *answerers;
+    answer_ctx *answerer_ctx; /* one per helper */
+    int n_answerer_ctx;       /* initialized ones */
     batch_request *cancelled; /* cancelled requests the timer thread answers (linked by next) */
-    uint64_t next_id;
+    _Atomic uint64_t next_id;
+    /*
+     * Requests waiting in answering threads' lists (answer_ctx), and the queue's length as last
+     * published under the lock: a submit from a callback checks max_queued against both
+     * without the lock. stop_flag mirrors stopping for it.
+     */
+    atomic_size_t pending;
+    atomic_size_t queued_hint;
+    atomic_int stop_flag;
     size_t queued;
     int64_t queued_rows;  /* rows of the queued requests */
     batch_request **heap; /* min-heap on deadline_ns */

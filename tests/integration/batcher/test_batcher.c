@@ -1400,6 +1400,148 @@ static void test_queue_limits_cancel_timeout(void **state)
 }
 
 /*
+ * Requests submitted from a callback while its replica answers a batch wait in that thread's
+ * own list until the batch's callbacks are over, then join the queue together. They can still
+ * be cancelled, from the same callback or from another thread, and a deadline that passes
+ * while they wait there still times them out: each is answered exactly once.
+ */
+typedef struct child_run {
+    ts_batcher_t *b;
+    pslot kids[4];
+    uint64_t ids[4];
+    int rcs[4], cancel_rc;
+    atomic_int submitted; /* set once the callback has submitted (for the cancelling thread) */
+    atomic_int cancelled_by_main;
+} child_run;
+
+static void parent_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
+{
+    (void)status;
+    (void)version;
+    child_run *cr = arg;
+    ts_value_free(out);
+    for (int i = 0; i < 4; i++) {
+        ts_predict_options_t po;
+        ts_predict_options_init(&po);
+        po.timeout_ms = i == 0 ? 20 : 20000; /* the first times out while the callback sleeps */
+        cr->rcs[i] = ts_batcher_predict_async_with(b, cr->kids[i].in, &po, pslot_cb, &cr->kids[i],
+                                                   &cr->ids[i]);
+    }
+    /* Cancelled from this very callback, before the batch's answering is over. */
+    cr->cancel_rc = ts_batcher_cancel(b, cr->ids[1]);
+    atomic_store(&cr->submitted, 1);
+    /* Meanwhile the main thread cancels the third, and the first's deadline passes. */
+    for (int i = 0; i < 500 && !atomic_load(&cr->cancelled_by_main); i++)
+        sleep_us(1000);
+    sleep_us(40000);
+}
+
+static void test_callback_submits_cancel_timeout(void **state)
+{
+    (void)state;
+    for (int helpers = 0; helpers < 2; helpers++) {
+        ts_batcher_options_t cfg;
+        test_options(&cfg, "cpu", 8, 0);
+        cfg.answer_threads = helpers;
+        ts_batcher_t *b = make_with(&cfg);
+        static child_run cr;
+        memset(&cr, 0, sizeof(cr));
+        cr.b = b;
+        acount c;
+        acount_init(&c);
+        for (int i = 0; i < 4; i++)
+            cr.kids[i] = (pslot){&c, request(1, 100 + i * 10), 100 + i * 10, 0, -1, 0, -1, 0};
+        ts_value_t *in = request(1, 0);
+        assert_int_equal(ts_batcher_predict_async(b, in, 0, TS_TIMEOUT_DEFAULT, parent_cb, &cr), 0);
+        for (int i = 0; i < 3000 && !atomic_load(&cr.submitted); i++)
+            sleep_us(1000);
+        assert_true(atomic_load(&cr.submitted));
+        /* The third is still waiting in the replica's list: cancelling it finds it. */
+        assert_int_equal(ts_batcher_cancel(b, cr.ids[2]), 0);
+        atomic_store(&cr.cancelled_by_main, 1);
+        assert_true(acount_wait(&c, 4));
+        sleep_us(20000); /* any late second answer would show in calls */
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(cr.rcs[i], 0);
+            assert_int_equal(cr.kids[i].calls, 1);
+        }
+        assert_int_equal(cr.cancel_rc, 0);
+        assert_int_equal(cr.kids[0].status, TS_ETIMEDOUT);
+        assert_int_equal(cr.kids[1].status, TS_ECANCELED);
+        assert_int_equal(cr.kids[2].status, TS_ECANCELED);
+        assert_int_equal(cr.kids[3].status, 0);
+        assert_true(cr.kids[3].good);
+        assert_int_equal(ts_batcher_cancel(b, cr.ids[3]), TS_ENOENT);
+        ts_batcher_stats_t st;
+        ts_batcher_stats(b, &st);
+        assert_int_equal(st.submitted, 5);
+        assert_int_equal(st.submitted, st.requests + st.failed);
+        assert_int_equal(st.timed_out, 1);
+        assert_int_equal(st.cancelled, 2);
+        assert_int_equal(st.queued, 0);
+        ts_batcher_free(b);
+        ts_value_free(in);
+        for (int i = 0; i < 4; i++)
+            ts_value_free(cr.kids[i].in);
+    }
+}
+
+/*
+ * A batcher freed while a closed loop of requesters runs, their callbacks on the replicas and
+ * on answer helpers submitting again: every accepted request is answered exactly once (its rows
+ * or TS_ECANCELED), and nothing is answered after ts_batcher_free returns.
+ */
+typedef struct stop_actor {
+    ts_value_t *in;
+    int64_t base;
+    atomic_int accepted, answered, bad;
+} stop_actor;
+
+static void stop_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
+{
+    (void)version;
+    stop_actor *a = arg;
+    if (status == 0 ? !check_answer(out, 1, a->base, 1.0f) : status != TS_ECANCELED)
+        atomic_fetch_add(&a->bad, 1);
+    ts_value_free(out);
+    atomic_fetch_add(&a->answered, 1);
+    if (status == 0 && ts_batcher_predict_async(b, a->in, 0, TS_TIMEOUT_DEFAULT, stop_cb, a) == 0)
+        atomic_fetch_add(&a->accepted, 1);
+}
+
+static void test_free_while_answering(void **state)
+{
+    (void)state;
+    enum { A = 200 };
+    static stop_actor act[A];
+    for (int round = 0; round < 6; round++) {
+        ts_batcher_options_t cfg;
+        test_options(&cfg, round % 2 ? "cpu:2" : "cpu", 128, 500);
+        cfg.answer_threads = round / 2; /* 0, 1 and 2 helpers */
+        ts_batcher_t *b = make_with(&cfg);
+        for (int i = 0; i < A; i++) {
+            act[i].base = (int64_t)i * 10;
+            act[i].in = request(1, act[i].base);
+            atomic_init(&act[i].accepted, 1);
+            atomic_init(&act[i].answered, 0);
+            atomic_init(&act[i].bad, 0);
+            assert_int_equal(
+                ts_batcher_predict_async(b, act[i].in, 0, TS_TIMEOUT_DEFAULT, stop_cb, &act[i]), 0);
+        }
+        sleep_us(5000 + round * 3000);
+        ts_batcher_free(b);
+        int total = 0;
+        for (int i = 0; i < A; i++) {
+            assert_int_equal(atomic_load(&act[i].bad), 0);
+            assert_int_equal(atomic_load(&act[i].answered), atomic_load(&act[i].accepted));
+            total += atomic_load(&act[i].answered);
+            ts_value_free(act[i].in);
+        }
+        print_message("    round %d: %d answers before and at the free\n", round, total);
+    }
+}
+
+/*
  * Preferred batch sizes run at once although partial batches are held; the per-replica
  * counters add up to the batcher's.
  */
@@ -1748,6 +1890,8 @@ int main(void)
         cmocka_unit_test(test_closed_loop),
         cmocka_unit_test(test_never_wait_for_nothing),
         cmocka_unit_test(test_answer_threads),
+        cmocka_unit_test(test_callback_submits_cancel_timeout),
+        cmocka_unit_test(test_free_while_answering),
         cmocka_unit_test(test_priorities),
         cmocka_unit_test(test_queue_limits_cancel_timeout),
         cmocka_unit_test(test_preferred_and_replica_stats),
