@@ -327,6 +327,7 @@ def test_collect_whose_conversion_fails_hands_over_what_it_took(client):
     torch = pytest.importorskip("torch")
     refuse = _RefuseViews()  # made first: it imports torch.overrides
     trainer = RLTrainer(client, staleness_tolerance=NO_FILTER, tensor_type="torch")
+    live_views = tensorshare._tensorshare._live_views()
     client.append("data", {"data": {"n": 1}, "version": 4})
     client.append("data", {"data": {"n": 2, "flags": torch.tensor([True, False])}, "version": 5})
     client.append("data", {"data": {"n": 3, "t": torch.arange(3)}, "version": 6})
@@ -340,6 +341,8 @@ def test_collect_whose_conversion_fails_hands_over_what_it_took(client):
     if hasattr(info.value, "__notes__"):  # Python 3.11+
         assert any("took 3 items" in note for note in info.value.__notes__)
     assert "data" not in client.list()  # they are out of the bin, as the exception says
+    del items, info
+    assert tensorshare._tensorshare._live_views() == live_views  # nothing of the batch leaked
     client.append("data", {"data": {"n": 4}, "version": 7})
     batch = trainer.collect(timeout=WAIT_S)
     assert batch.data == [{"n": 4}] and batch.versions == [7]
