@@ -13,6 +13,7 @@
  */
 #include "batcher_internal.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -42,8 +43,21 @@ struct ts_predictor_s {
     int chain_broken;
     uint64_t after;           /* the reply bin's version the next WAIT waits past */
     uint64_t seen;            /* the version the last WAIT reported */
-    pthread_cond_t keeper_cv; /* chain_broken set, or stop */
+    pthread_cond_t keeper_cv; /* chain_broken set, stop, or an earlier deadline (monotonic) */
+    /*
+     * The monotonic time (ns) the predictor's thread sleeps until while the chain runs: the
+     * nearest deadline, for requests whose chain call waits for a lost connection to come back
+     * (the client holds it until the connection returns or its own, longer, deadline).
+     */
+    uint64_t keeper_until;
 };
+
+/*
+ * ns; the predictor's thread sleeps at most this long while the chain runs. Requests whose
+ * deadline comes sooner wake it (a signal per request would be a wake-up per request); a nap
+ * that ends with nothing due costs one wake-up a second.
+ */
+#define TS__KEEPER_NAP_NS 1000000000u
 
 static _Thread_local int tls_in_predictor;
 
@@ -242,7 +256,21 @@ static void *receive_main(void *arg)
             pthread_mutex_lock(&p->mu);
             continue;
         }
-        pthread_cond_wait(&p->keeper_cv, &p->mu);
+        /*
+         * While the chain runs, its WAIT is bounded by the nearest deadline; but a call made
+         * while the connection is down waits for the reconnection, so this thread fails the
+         * requests whose deadline passes meanwhile.
+         */
+        uint64_t until = ts__now_ns() + TS__KEEPER_NAP_NS;
+        for (const pending_prediction *r = p->pending; r != NULL; r = r->next)
+            if (r->deadline_ns != 0 && r->deadline_ns < until)
+                until = r->deadline_ns;
+        p->keeper_until = until;
+        if (ts__cond_wait_until(&p->keeper_cv, &p->mu, until) == ETIMEDOUT) {
+            pthread_mutex_unlock(&p->mu);
+            expire(p, ts__now_ns(), TS_ETIMEDOUT, "no answer before the deadline");
+            pthread_mutex_lock(&p->mu);
+        }
     }
     /* The chain sees stop at its next callback (ts_predictor_free wakes its WAIT). */
     while (p->chain_running)
@@ -275,7 +303,8 @@ int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *nam
     snprintf(p->reply_bin, sizeof(p->reply_bin), "%s/reply/%016llx", name, (unsigned long long)x);
     pthread_mutex_init(&p->mu, NULL);
     ts__cond_init_monotonic(&p->cv);
-    pthread_cond_init(&p->keeper_cv, NULL);
+    ts__cond_init_monotonic(&p->keeper_cv);
+    p->keeper_until = UINT64_MAX;
     p->next_id = 1;
     atomic_init(&p->stop, 0);
     if (pthread_create(&p->th, NULL, receive_main, p) != 0) {
@@ -398,6 +427,10 @@ int ts_predictor_predict_async(ts_predictor_t *p, const ts_value_t *input, int t
     r->next = p->pending;
     p->pending = r;
     p->appends_inflight++;
+    if (r->deadline_ns != 0 && r->deadline_ns < p->keeper_until) {
+        p->keeper_until = r->deadline_ns; /* the thread recomputes it when woken */
+        pthread_cond_signal(&p->keeper_cv);
+    }
     pthread_mutex_unlock(&p->mu);
     /* TS_COPY: the request is encoded and its tensors copied now, so input stays borrowed. */
     rc = ts_append_async(p->client, p->req_bin, rec, TS_COPY, request_sent, s);

@@ -23,6 +23,7 @@
 struct remote_server {
     ts_batcher_t *b;
     ts_client_t *client;
+    struct answer_sender *sender; /* one reference */
     char req_bin[TS_MAX_NAME_LEN + 1];
     char params_bin[TS_MAX_NAME_LEN + 1];
     pthread_t serve_th, follow_th;
@@ -50,13 +51,45 @@ static void ritems_unref(shared_items *r)
     }
 }
 
-/* One remote request in the batcher. */
-typedef struct remote_request {
+/*
+ * The answers of one serving client on their way to tensord. At most one thread other than the
+ * client's I/O thread hands answers to the client at a time: while an answer appended from a
+ * replica's thread is in flight, the answers that follow it are queued here, and the completion
+ * callback of an append (on the I/O thread) hands every queued answer over at once. Appends made
+ * on the I/O thread are written together before its loop next waits, so the answers of a batch
+ * leave in one write, and the replica wakes the I/O thread about once per batch instead of once
+ * per answer (on a shared core each wake-up can preempt the replica). Refcounted: the server,
+ * and every request from its submit until its answer's append completed, hold a reference; the
+ * answers of requests still queued in the batcher may come after the server has stopped.
+ */
+typedef struct answer_sender {
+    pthread_mutex_t mu;
     ts_client_t *client;
+    struct remote_request *head, *tail; /* queued answers, oldest first */
+    int inflight;                       /* appends handed to the client, callback not yet run */
+    int refs;
+} answer_sender;
+
+/* One remote request in the batcher, then its answer on its way to the reply bin. */
+typedef struct remote_request {
+    struct remote_request *next; /* the sender's queue */
+    answer_sender *sender;
     shared_items *items;
+    ts_value_t *rec; /* the answer record (with the output views it holds) */
     int64_t id;
     char reply[TS_MAX_NAME_LEN + 1];
 } remote_request;
+
+static void sender_unref(answer_sender *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int last = --s->refs == 0;
+    pthread_mutex_unlock(&s->mu);
+    if (last) {
+        pthread_mutex_destroy(&s->mu);
+        ts__free(s);
+    }
+}
 
 static void reply_sent(ts_client_t *c, int status, ts_result_t *res, void *arg)
 {
@@ -67,11 +100,11 @@ static void reply_sent(ts_client_t *c, int status, ts_result_t *res, void *arg)
 }
 
 /*
- * Append {id, status, version, output | error} to a reply bin. output is taken over. Failures
- * to send are dropped: the requester's own deadline covers them.
+ * The answer record {id, status, version, output | error}; output is taken over. NULL when out
+ * of memory.
  */
-static void send_reply(ts_client_t *client, const char *bin, int64_t id, int status,
-                       ts_value_t *output, int64_t version, const char *msg)
+static ts_value_t *reply_record(int64_t id, int status, ts_value_t *output, int64_t version,
+                                const char *msg)
 {
     ts_value_t *rec = ts_map_new();
     int rc = rec != NULL ? 0 : TS_ENOMEM;
@@ -89,18 +122,113 @@ static void send_reply(ts_client_t *client, const char *bin, int64_t id, int sta
         rc = ts_map_set(rec, "error", ts_string_new(m, strlen(m)));
     }
     ts_value_free(output);
-    if (rc != 0 || ts_append_async(client, bin, rec, 0, reply_sent, rec) != 0)
+    if (rc != 0) {
         ts_value_free(rec);
+        return NULL;
+    }
+    return rec;
+}
+
+/*
+ * Append an answer to a reply bin at once (the answers of requests refused at dispatch, on the
+ * I/O thread). Failures to send are dropped: the requester's own deadline covers them.
+ */
+static void send_reply(ts_client_t *client, const char *bin, int64_t id, int status,
+                       ts_value_t *output, int64_t version, const char *msg)
+{
+    ts_value_t *rec = reply_record(id, status, output, version, msg);
+    if (rec != NULL && ts_append_async(client, bin, rec, 0, reply_sent, rec) != 0)
+        ts_value_free(rec);
+}
+
+static void answer_sent(ts_client_t *c, int status, ts_result_t *res, void *arg);
+
+/*
+ * One append of the sender finished (r's, sent or failed): free r, and return the answers queued
+ * meanwhile, oldest first, now counted in flight, for the caller to send.
+ */
+static remote_request *answer_finished(remote_request *r)
+{
+    answer_sender *s = r->sender;
+    ts_value_free(r->rec);
+    ts__free(r);
+    pthread_mutex_lock(&s->mu);
+    s->inflight--;
+    remote_request *list = s->head;
+    for (remote_request *q = list; q != NULL; q = q->next)
+        s->inflight++;
+    s->head = s->tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    sender_unref(s); /* r's reference */
+    return list;
+}
+
+/*
+ * Hand queued answers (counted in flight) to the client, in order. An append the client refuses
+ * (it is closing) is dropped like a failed one; the requester's deadline covers it.
+ */
+static void answers_send(answer_sender *s, remote_request *list)
+{
+    while (list != NULL) {
+        remote_request *q = list;
+        list = q->next;
+        if (ts_append_async(s->client, q->reply, q->rec, 0, answer_sent, q) != 0) {
+            remote_request *more = answer_finished(q);
+            if (more != NULL) {
+                /* Queued meanwhile: they go after the ones already taken. */
+                remote_request *t = more;
+                while (t->next != NULL)
+                    t = t->next;
+                t->next = list;
+                list = more;
+            }
+        }
+    }
+}
+
+/* An answer's append completed (I/O thread): send what queued up behind it, in one write. */
+static void answer_sent(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)status; /* a failed answer is dropped: the requester's deadline covers it */
+    (void)res;
+    remote_request *r = arg;
+    answer_sender *s = r->sender;
+    /* The list holds references; s stays alive while answers_send uses it. */
+    pthread_mutex_lock(&s->mu);
+    s->refs++;
+    pthread_mutex_unlock(&s->mu);
+    answers_send(s, answer_finished(r));
+    sender_unref(s);
 }
 
 static void remote_done(ts_batcher_t *b, int status, ts_value_t *output, int64_t version, void *arg)
 {
     (void)b;
     remote_request *r = arg;
-    send_reply(r->client, r->reply, r->id, status, output, version,
-               status != 0 ? ts_last_error() : NULL);
+    answer_sender *s = r->sender;
     ritems_unref(r->items);
-    ts__free(r);
+    r->items = NULL;
+    r->rec = reply_record(r->id, status, output, version, status != 0 ? ts_last_error() : NULL);
+    r->next = NULL;
+    int oom = r->rec == NULL;
+    pthread_mutex_lock(&s->mu);
+    s->refs++; /* this call's own, while it may still use s */
+    int now = oom || s->inflight == 0;
+    if (now)
+        s->inflight++;
+    else if (s->tail != NULL)
+        s->tail->next = r;
+    else
+        s->head = r;
+    if (!now)
+        s->tail = r; /* from here on r may be sent and freed by the I/O thread */
+    pthread_mutex_unlock(&s->mu);
+    if (oom)
+        answers_send(s, answer_finished(r)); /* nothing to send: the requester's deadline */
+    else if (now)
+        answers_send(s, r);
+    sender_unref(s);
 }
 
 /*
@@ -170,7 +298,10 @@ static void dispatch_one(remote_server *rem, shared_items *items, const ts_value
         send_reply(rem->client, bin, id, TS_ENOMEM, NULL, 0, "out of memory");
         return;
     }
-    r->client = rem->client;
+    r->sender = rem->sender;
+    pthread_mutex_lock(&rem->sender->mu);
+    rem->sender->refs++;
+    pthread_mutex_unlock(&rem->sender->mu);
     r->items = items;
     r->id = id;
     memcpy(r->reply, bin, reply_len + 1);
@@ -190,6 +321,7 @@ static void dispatch_one(remote_server *rem, shared_items *items, const ts_value
         send_reply(rem->client, bin, id, rc, NULL, 0, why[0] != '\0' ? why : NULL);
         ritems_unref(items);
         ts__free(r);
+        sender_unref(rem->sender);
     }
 }
 
@@ -364,9 +496,18 @@ static void remote_stop(ts_batcher_t *b);
 static remote_server *remote_get(ts_batcher_t *b, ts_client_t *client)
 {
     if (b->remote == NULL) {
-        b->remote = ts__calloc(1, sizeof(*b->remote));
-        if (b->remote == NULL)
+        remote_server *rem = ts__calloc(1, sizeof(*rem));
+        answer_sender *snd = ts__calloc(1, sizeof(*snd));
+        if (rem == NULL || snd == NULL) {
+            ts__free(rem);
+            ts__free(snd);
             return NULL;
+        }
+        pthread_mutex_init(&snd->mu, NULL);
+        snd->client = client;
+        snd->refs = 1;
+        rem->sender = snd;
+        b->remote = rem;
         b->remote->b = b;
         b->remote->client = client;
         b->remote_stop = remote_stop;
@@ -464,6 +605,7 @@ static void remote_stop(ts_batcher_t *b)
         pthread_join(rem->follow_th, NULL);
     pthread_cond_destroy(&rem->cv);
     pthread_mutex_destroy(&rem->mu);
+    sender_unref(rem->sender); /* answers still to come keep it */
     ts__free(rem);
 }
 
