@@ -136,7 +136,7 @@ typedef struct answer_ctx {
     struct ts_batcher_s *b;
     int active;                 /* its thread is calling callbacks now */
     uint64_t now_ns;            /* when it began calling them (the submits' arrival) */
-    pthread_mutex_t mu;         /* guards head, tail and n */
+    atomic_flag lock;           /* guards head, tail and n (a spin lock: see ctx_lock) */
     batch_request *head, *tail; /* submitted from callbacks, not queued yet (prev/next) */
     size_t n;
     batch_request *free_list; /* freed records for the next submits (linked by next) */

@@ -521,9 +521,10 @@ static void test_queue_delay(void **state)
 static void test_never_split(void **state)
 {
     (void)state;
-    /* The long delay keeps the first two together however slow this machine is: the third
-       request does not fit, which closes the first batch at once; the third waits alone. */
-    ts_batcher_t *b = make("cpu", 8, 1000000);
+    /* The held delay keeps the first two together however slow this machine is (a lone first
+       request to an idle batcher would otherwise run at once, before the second arrives): the
+       third request does not fit, which closes the first batch at once; the third waits alone. */
+    ts_batcher_t *b = make_held("cpu", 8, 300000);
     acount c;
     acount_init(&c);
     actx a[3] = {{&c, 3, 0, 1.0f, NULL}, {&c, 4, 1000, 1.0f, NULL}, {&c, 5, 2000, 1.0f, NULL}};
@@ -604,8 +605,9 @@ static void test_schema_errors(void **state)
 static void test_model_failure(void **state)
 {
     (void)state;
-    /* Three requests of 2 rows fill max_batch 6: one batch, however slow the submits. */
-    ts_batcher_t *b = make("cpu", 6, 20000000);
+    /* Three requests of 2 rows fill max_batch 6: one batch, however slow the submits (the held
+       delay keeps a lone first request from running at once). */
+    ts_batcher_t *b = make_held("cpu", 6, 20000000);
     acount c;
     acount_init(&c);
     actx a[3] = {{&c, 2, 0, 1.0f, NULL}, {&c, 2, 100, 1.0f, NULL}, {&c, 2, 200, 1.0f, NULL}};
