@@ -20,7 +20,8 @@
  * autocast's precision). --pin puts the serving side (replicas, tensord, the serve thread) on
  * cpu0 and the requesters on cpu1, as bench/run.sh does. TS_BENCH_SIZES=1 in the environment
  * prints each batched run's batch-size histogram per replica (ts_batcher_replica_stats) on
- * stderr.
+ * stderr, with the time per batch of the input copy, the forward and the answers (slicing the
+ * output and the callbacks, which resubmit).
  *
  *   limit     one thread per replica of --placement (the same devices, models made the same way)
  *             runs full --max-batch forwards back to back, copying each batch's rows into a
@@ -752,7 +753,11 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
             for (int k = 0; k < TS_BATCHER_HIST_BUCKETS; k++)
                 if (rs.batch_sizes[k] > 0)
                     fprintf(stderr, " <=%ld:%llu", 1L << k, (unsigned long long)rs.batch_sizes[k]);
-            fprintf(stderr, "\n");
+            /* Where a batch's time went: the input copy, the forward, the answers. */
+            double nb = rs.batches > 0 ? (double)rs.batches : 1.0;
+            fprintf(stderr, "; us per batch: copy %.1f, forward %.1f, answers %.1f\n",
+                    (double)rs.input_ns / nb / 1e3, (double)rs.compute_ns / nb / 1e3,
+                    (double)rs.output_ns / nb / 1e3);
         }
     }
     ts_batcher_free(b);

@@ -3,8 +3,8 @@
 # the torch-labelled tests (they exercise cuda:0 when a GPU is visible: placements, weights,
 # autocast in float16, each model on its own stream), then batcher_bench's limit and ratio rows
 # with the big MLP (8 -> 2048 x 3 -> 4, float32) on cuda:0 at max batch 256 and 1024: one
-# replica, with answer helper threads, two replicas (two batches in flight on the GPU) with and
-# without per-model streams, float16 autocast; and the small MLP on cuda:0.
+# replica, with 8 and 2 answer helper threads, two replicas (two batches in flight on the GPU)
+# with and without per-model streams, float16 autocast; and the small MLP on cuda:0.
 # Not part of the CI suite (CI machines have no GPU, and Debian's libtorch is CPU-only). Takes
 # about 6 minutes on one H100 with 16 cores; every step has its own time limit, and a step that
 # fails or runs out of time marks the run failed without stopping the others.
@@ -68,8 +68,11 @@ run_bench() {
     timeout 90 "$bench" "$@" >>"$OUT/bench-gpu.log" 2>&1 || { echo "   (failed or timed out)" >>"$OUT/summary.txt"; status=1; }
     # The medians and ratios of the run just made (after its last header line).
     awk '/^== batcher_bench/ {buf=""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$OUT/bench-gpu.log" |
-        grep -E "median|the limit|x the best" >>"$OUT/summary.txt" || true
+        grep -E "median|the limit|x the best|us per batch" >>"$OUT/summary.txt" || true
 }
+# Each batched run also prints, per replica, its batch sizes and the time per batch of the input
+# copy, the forward and the answers (ts_batcher_replica_stats): where a batch's time goes.
+export TS_BENCH_SIZES=1
 : >"$OUT/summary.txt"
 if [ -x "$TS_MAKE_MODELS" ] && "$TS_MAKE_MODELS" "$models" >/dev/null 2>&1 && [ -f "$models/mlp.pt" ]; then
     big=(--mlp 8,2048,2048,2048,4 --repeats 3)
@@ -82,6 +85,8 @@ if [ -x "$TS_MAKE_MODELS" ] && "$TS_MAKE_MODELS" "$models" >/dev/null 2>&1 && [ 
     # The same with 8 threads helping to hand out the answers of each batch.
     run_bench "${big[@]}" --placement cuda:0 --max-batch 1024 --threads 1024 --requests 500 \
         --modes limit,async --answer-threads 8
+    run_bench "${big[@]}" --placement cuda:0 --max-batch 1024 --threads 1024 --requests 500 \
+        --modes async --answer-threads 2
     # Two replicas on the one GPU (two batches in flight, each on its own stream), and the same
     # without the per-model streams.
     run_bench "${big[@]}" --placement 'cuda:0*2' --max-batch 1024 --threads 1024 --requests 500 \
