@@ -441,12 +441,18 @@ struct tsd_pass {
      */
     int (*emit)(tsd_pass *p, const tsd_bin *bin);
     void (*done)(tsd_pass *p, int status);
+    /*
+     * Budget units an emitted bin costs per item on top of its one unit: 1 when emit visits
+     * every item (a snapshot takes a reference on each), 0 when it does not (LIST).
+     */
+    uint32_t per_item;
     /* The store's and the walker's. */
     tsd_pass *prev, *next; /* in the store's passes */
     uint32_t gen;
     int err;
     uint64_t cur;
     uint64_t emitted; /* bins handed over */
+    uint64_t work;    /* budget units its walk has used: buckets, bins and items (per_item) */
     uint32_t turns;   /* loop turns of its walk */
     uint64_t loop_ns; /* loop time of its walk */
 };
@@ -457,8 +463,10 @@ struct tsd_pass {
  */
 int tsd_store_pass_begin(tsd_store *s, tsd_pass *p);
 /*
- * Walk p on, visiting at most about *budget buckets and bins (*budget is lowered by what was
- * done). 1 when the walk is over (or p->err is set, or the store was freed), else 0.
+ * Walk p on while less than *budget units are used: a unit per bucket and per bin, and per_item
+ * units per item of each bin emitted. A bin is walked whole, so the last one may take the walk
+ * past *budget. *budget is lowered by what was used (to 0 at most) and p->work raised by all of
+ * it. 1 when the walk is over (or p->err is set, or the store was freed), else 0.
  */
 int tsd_store_pass_step(tsd_store *s, tsd_pass *p, size_t *budget);
 /* Unlink p from the store's passes (after its walk is over, or to abandon it). */
@@ -467,13 +475,15 @@ void tsd_store_pass_end(tsd_store *s, tsd_pass *p);
 int tsd_store_pass_run(tsd_store *s, tsd_pass *p);
 
 /*
- * Views (view.c): passes walked by the loop, at most TSD_VIEW_CHUNK buckets and bins per loop
- * turn in all (shared by the views in turn) and no longer than TSD_VIEW_TURN_US (checked every
- * TSD_VIEW_SLICE), so that a LIST or SAVE of any size holds up the other clients for about a
- * millisecond at a time, however many bins there are.
+ * Views (view.c): passes walked by the loop, TSD_VIEW_CHUNK units (buckets, bins and, for a
+ * snapshot, items) per loop turn in all (shared by the views in turn) and no longer than
+ * TSD_VIEW_TURN_US (checked every TSD_VIEW_SLICE units), so that a LIST or SAVE of any size
+ * holds up the other clients for about a millisecond at a time, however many bins and items
+ * there are. A bin is walked (or captured) whole: one bin of very many items costs a snapshot
+ * one step of that many references.
  */
-#define TSD_VIEW_CHUNK   4096u /* buckets and bins walked per loop turn, at most */
-#define TSD_VIEW_SLICE   512u  /* buckets and bins walked between two looks at the clock */
+#define TSD_VIEW_CHUNK   4096u /* units walked per loop turn (the bin that passes it finishes) */
+#define TSD_VIEW_SLICE   512u  /* units walked between two looks at the clock */
 #define TSD_VIEW_TURN_US 1000u /* us; a turn's walking stops at the first slice past this */
 struct tsd_server;
 /*

@@ -411,9 +411,11 @@ static int snap_take(tsd_server *srv, tsd_snap_job *job, int final)
     }
     job->pass.emit = snap_emit;
     job->pass.done = snap_view_done;
+    job->pass.per_item = 1; /* snap_emit takes a reference per item */
     if (final) {
         uint64_t t0 = ts__now_ns();
         srv->stats.view_passes++;
+        srv->stats.view_turns_last = 1;
         int rc = tsd_store_pass_run(st, &job->pass);
         job->pass.loop_ns = ts__now_ns() - t0;
         snap_walked(srv, job, rc);

@@ -619,6 +619,7 @@ int tsd_store_pass_begin(tsd_store *s, tsd_pass *p)
     p->cur = 0;
     p->err = 0;
     p->emitted = 0;
+    p->work = 0;
     p->turns = 0;
     p->loop_ns = 0;
     p->prev = NULL;
@@ -654,8 +655,10 @@ int tsd_store_pass_step(tsd_store *s, tsd_pass *p, size_t *budget)
     }
     /* One bucket in the bit-reversed space: 2^32 / 2^k. */
     const uint64_t step = TSD_PASS_END / ((uint64_t)t->mask + 1);
-    size_t left = *budget;
-    while (p->cur < TSD_PASS_END && left > 0) {
+    const uint64_t limit = *budget;
+    uint64_t used = 0;
+    int over = 0;
+    while (p->cur < TSD_PASS_END && used < limit) {
         /*
          * Buckets are visited far apart in memory: fetch the bucket slot TSD_PASS_PREFETCH
          * buckets on, the bin half as far on (its slot is in cache by now), and the first item
@@ -670,25 +673,29 @@ int tsd_store_pass_step(tsd_store *s, tsd_pass *p, size_t *budget)
         uint64_t near = p->cur + TSD_PASS_PREFETCH / 4 * step;
         if (near < TSD_PASS_END && t->buckets[rev32((uint32_t)near)] != NULL)
             __builtin_prefetch(((const tsd_bin *)t->buckets[rev32((uint32_t)near)])->head);
-        left--;
+        used++;
         for (tsd_hnode *h = t->buckets[rev32((uint32_t)p->cur)]; h != NULL; h = h->next) {
             const tsd_bin *b = (const tsd_bin *)h;
-            if (left > 0)
-                left--;
+            used++;
             if (b->view_mark >= p->gen)
                 continue;
+            /* A snapshot's emit visits every item: they are its work, not the bin alone. */
+            used += (uint64_t)p->per_item * b->n_items;
             int rc = p->emit(p, b);
             if (rc != 0) {
                 p->err = rc;
-                *budget = left;
                 p->cur = TSD_PASS_END;
-                return 1;
+                over = 1;
+                break;
             }
             p->emitted++;
         }
+        if (over)
+            break;
         p->cur += step;
     }
-    *budget = left;
+    *budget = used >= limit ? 0 : (size_t)(limit - used);
+    p->work += used;
     return p->cur >= TSD_PASS_END;
 }
 

@@ -19,10 +19,10 @@ static void idle_closed(uv_handle_t *h)
 
 /*
  * One loop turn: walk the views on with one budget between them, the first in line first, in
- * slices of TSD_VIEW_SLICE, until TSD_VIEW_CHUNK buckets and bins are walked or TSD_VIEW_TURN_US
- * have passed (a slow or busy machine walks less per turn, never longer). A view whose walk is
- * over leaves the line and hears of it (done); one that used up the budget goes to the back of
- * the line, so that with several views each gets its turn.
+ * slices of TSD_VIEW_SLICE, until TSD_VIEW_CHUNK units (buckets, bins, a snapshot's items) are
+ * used or TSD_VIEW_TURN_US have passed (a slow or busy machine walks less per turn, never
+ * longer). A view whose walk is over leaves the line and hears of it (done); one that used up
+ * the budget goes to the back of the line, so that with several views each gets its turn.
  */
 static void on_view_idle(uv_idle_t *h)
 {
@@ -37,9 +37,11 @@ static void on_view_idle(uv_idle_t *h)
         int over = 0;
         while (!over && budget > 0 && t < end) {
             size_t slice = budget < TSD_VIEW_SLICE ? budget : TSD_VIEW_SLICE;
-            size_t left = slice;
-            over = tsd_store_pass_step(s, p, &left);
-            budget -= slice - left;
+            uint64_t before = p->work;
+            over = tsd_store_pass_step(s, p, &slice);
+            /* What the step used, which the last bin may take past the slice. */
+            uint64_t used = p->work - before;
+            budget = used >= budget ? 0 : budget - (size_t)used;
             t = ts__now_ns();
         }
         p->turns++;

@@ -882,6 +882,46 @@ static void test_view_memory_returns(void **state)
     tsu_check_healthy(&srv);
 }
 
+/*
+ * A snapshot's walk takes a reference per item, so its turns are measured in items too: a store
+ * of a few bins holding many items each is walked over several loop turns (about one bin per
+ * turn here, each bin holding as many items as one turn's budget), not all at once. The SAVE
+ * still holds every item.
+ */
+#define V_HEAVY_BINS  8u    /* bins of the item-heavy store */
+#define V_HEAVY_ITEMS 4096u /* items in each (one loop turn's budget of the walk) */
+
+static void test_save_turns_count_items(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    uint8_t rec[256];
+    char name[16];
+    tsu_frame f;
+    for (uint32_t b = 0; b < V_HEAVY_BINS; b++) {
+        bin_name(b, name, sizeof(name));
+        for (uint32_t i = 0; i < V_HEAVY_ITEMS; i += V_FILL_WIN) {
+            for (uint32_t k = i; k < i + V_FILL_WIN; k++)
+                assert_int_equal(
+                    tsu_send_store(fd, TS_OP_APPEND, k + 1, name, rec_of(rec, k), tmpl_len), 0);
+            for (uint32_t k = i; k < i + V_FILL_WIN; k++) {
+                tsu_expect(fd, &f, TS_OP_APPEND, k + 1, TS_ST_OK);
+                tsu_frame_free(&f);
+            }
+        }
+    }
+    assert_int_equal(tsh_send(fd, TS_OP_SAVE, 1, NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_SAVE, 1, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_true(tsu_stat(fd, "view_turns_last") >= (int64_t)V_HEAVY_BINS);
+    close(fd);
+    tsh_server_kill(&srv);
+    restart_from_snapshot();
+    fd = tsu_client(&srv);
+    assert_int_equal(tsu_stat(fd, "items"), (int64_t)(V_HEAVY_BINS * V_HEAVY_ITEMS));
+    close(fd);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, start, stop)
 
 int main(void)
@@ -894,7 +934,7 @@ int main(void)
     tsu_rec_free(other, other_len);
     const struct CMUnitTest tests[] = {
         T(test_list_point_in_time), T(test_save_and_lists_overlap), T(test_close_mid_list),
-        T(test_shutdown_mid_pass),  T(test_view_memory_returns),
+        T(test_shutdown_mid_pass),  T(test_view_memory_returns),    T(test_save_turns_count_items),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     tsu_rec_free(tmpl, tmpl_len);

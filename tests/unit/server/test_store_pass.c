@@ -418,13 +418,53 @@ static void test_store_freed_under_pass(void **state)
     rec_clear(&r);
 }
 
+/*
+ * A pass whose emit visits every item (per_item 1, a snapshot) counts them against its budget:
+ * a step stops at the first bucket whose bins use the budget up, and a bin is never split.
+ */
+static void test_budget_counts_items(void **state)
+{
+    (void)state;
+    tsd_store s;
+    assert_int_equal(tsd_store_init(&s, 0), 0);
+    for (uint32_t i = 0; i < 8; i++)
+        for (uint32_t k = 0; k < 100; k++)
+            put(&s, i, 0, 8);
+    rec r;
+    rec_begin(&s, &r);
+    r.pass.per_item = 1;
+    uint64_t steps = 0;
+    for (int over = 0; !over; steps++) {
+        size_t budget = 50;
+        uint64_t before = r.pass.emitted, work = r.pass.work;
+        over = tsd_store_pass_step(&s, &r.pass, &budget);
+        if (r.pass.emitted > before) {
+            assert_int_equal(budget, 0);
+            assert_true(r.pass.work - work >= 101);
+        }
+    }
+    /* One step per bucket holding bins at least (a bucket's bins are walked together). */
+    uint64_t filled = 0;
+    for (size_t i = 0; i <= s.bins.mask; i++)
+        filled += s.bins.buckets[i] != NULL;
+    assert_true(filled >= 2);
+    assert_true(steps >= filled);
+    rec_finish(&s, &r);
+    /* Without per_item the same budget walks several bins a step. */
+    rec_begin(&s, &r);
+    size_t budget = 64 + 8;
+    assert_int_equal(tsd_store_pass_step(&s, &r.pass, &budget), 1);
+    assert_int_equal(r.pass.emitted, 8);
+    rec_finish(&s, &r);
+    tsd_store_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_passes_random),
-        cmocka_unit_test(test_doubling_at_every_cursor),
-        cmocka_unit_test(test_pass_counter_wraps),
-        cmocka_unit_test(test_store_freed_under_pass),
+        cmocka_unit_test(test_passes_random),       cmocka_unit_test(test_doubling_at_every_cursor),
+        cmocka_unit_test(test_pass_counter_wraps),  cmocka_unit_test(test_store_freed_under_pass),
+        cmocka_unit_test(test_budget_counts_items),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
