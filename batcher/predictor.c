@@ -5,11 +5,11 @@
  * only.
  *
  * The answers are received by a chain of asynchronous calls on the client's I/O thread: a WAIT
- * on the reply bin whose callback issues the GET, whose callback delivers the answers and issues
- * the next WAIT. Receiving on the I/O thread costs no thread switch between the WAIT's reply,
- * the GET and the delivery (a receiving thread that made the two calls blocking was woken twice
- * per answer). When a call of the chain fails (the connection is down), the predictor's thread
- * restarts the chain after a pause, since the I/O thread must not sleep.
+ * on the reply bin whose callback issues the GET and, right behind it, the next WAIT; the GET's
+ * callback delivers the answers. Receiving on the I/O thread costs no thread switch between the
+ * WAIT's reply, the GET and the delivery (a receiving thread that made the two calls blocking was
+ * woken twice per answer). When a call of the chain fails (the connection is down), the predictor's
+ * thread restarts the chain after a pause, since the I/O thread must not sleep.
  */
 #include "batcher_internal.h"
 
@@ -32,17 +32,17 @@ struct ts_predictor_s {
     char req_bin[TS_MAX_NAME_LEN + 1];
     char reply_bin[TS_MAX_NAME_LEN + 1];
     pthread_mutex_t mu;
-    pthread_cond_t cv; /* appends_inflight reached 0 */
+    pthread_cond_t cv; /* appends_inflight and gets_inflight reached 0 */
     pending_prediction *pending;
     int64_t next_id;
     int appends_inflight;
+    int gets_inflight; /* GETs of the chain whose callback has not finished */
     atomic_int stop;
     pthread_t th;
     /* The receiving chain (under mu): running, or broken and waiting for the thread. */
     int chain_running;
     int chain_broken;
     uint64_t after;           /* the reply bin's version the next WAIT waits past */
-    uint64_t seen;            /* the version the last WAIT reported */
     pthread_cond_t keeper_cv; /* chain_broken set, stop, or an earlier deadline (monotonic) */
     /*
      * The monotonic time (ns) the predictor's thread sleeps until while the chain runs: the
@@ -142,6 +142,15 @@ static int wait_ms_locked(ts_predictor_t *p)
     return wait_ms > 0 ? wait_ms : 1;
 }
 
+/* A GET of the chain completed: ts_predictor_free waits for the last one. */
+static void get_finished(ts_predictor_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    if (--p->gets_inflight == 0 && p->appends_inflight == 0)
+        pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
 static void chain_wait_done(ts_client_t *c, int status, ts_result_t *res, void *arg);
 static void chain_get_done(ts_client_t *c, int status, ts_result_t *res, void *arg);
 
@@ -195,36 +204,42 @@ static void chain_wait_done(ts_client_t *c, int status, ts_result_t *res, void *
         chain_stop(p, 1);
         return;
     }
+    /*
+     * Take the answers, and wait for the next ones at once: the GET and the next WAIT leave in
+     * one write (both are issued on the I/O thread), and the WAIT is at the server before the
+     * GET's reply is read. The GET takes every item, so the bin is gone when the WAIT arrives
+     * behind it (requests of a connection take effect in order) and the WAIT answers the next
+     * answer's append; one appended in between makes it answer at once.
+     */
     pthread_mutex_lock(&p->mu);
-    p->seen = res->version;
+    p->after = res->version;
+    p->gets_inflight++;
     pthread_mutex_unlock(&p->mu);
-    if (ts_get_async(c, p->reply_bin, 0, chain_get_done, p) != 0)
+    if (ts_get_async(c, p->reply_bin, 0, chain_get_done, p) != 0) {
+        get_finished(p);
         chain_stop(p, 1);
+        return;
+    }
+    chain_arm(p);
 }
 
 static void chain_get_done(ts_client_t *c, int status, ts_result_t *res, void *arg)
 {
     (void)c;
     ts_predictor_t *p = arg;
-    if (status != 0 && status != TS_ENOENT) {
-        chain_stop(p, 1);
-        return;
-    }
-    pthread_mutex_lock(&p->mu);
-    if (status == TS_ENOENT)
-        p->after = p->seen; /* another GET took them (only the wake-up item of free) */
-    else
-        p->after = ts_items_version(res->items);
-    pthread_mutex_unlock(&p->mu);
+    /*
+     * A failed GET needs nothing more: the WAIT behind it fails too when the connection went,
+     * and TS_ENOENT means that nothing was left to take (only the wake-up item of free).
+     */
     if (status == 0) {
         int was = tls_in_predictor;
         tls_in_predictor = 1;
         for (size_t i = 0; i < ts_items_count(res->items); i++)
             deliver(p, ts_items_at(res->items, i));
         tls_in_predictor = was;
+        chain_expire(p);
     }
-    chain_expire(p);
-    chain_arm(p);
+    get_finished(p); /* the last use of p */
 }
 
 /*
@@ -334,7 +349,7 @@ void ts_predictor_free(ts_predictor_t *p)
     pthread_join(p->th, NULL);
     /* Appends still in flight call back into p: wait for them (bounded by the client). */
     pthread_mutex_lock(&p->mu);
-    while (p->appends_inflight > 0)
+    while (p->appends_inflight > 0 || p->gets_inflight > 0)
         pthread_cond_wait(&p->cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
     expire(p, UINT64_MAX, TS_ECANCELED, "the predictor was freed");
@@ -371,7 +386,7 @@ static void request_sent(ts_client_t *c, int status, ts_result_t *res, void *arg
         ts__free(r);
     }
     pthread_mutex_lock(&p->mu);
-    if (--p->appends_inflight == 0)
+    if (--p->appends_inflight == 0 && p->gets_inflight == 0)
         pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     ts__free(s);
