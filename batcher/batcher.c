@@ -263,6 +263,28 @@ static void ctx_unlock(answer_ctx *c)
     atomic_flag_clear_explicit(&c->lock, memory_order_release);
 }
 
+/*
+ * Room under max_queued for one more request submitted from c's callbacks: a unit of c's
+ * credit, or a block of TS__PENDING_BLOCK units added to b->pending at once (so that submits
+ * share no counter per request; units are given back as the requests are queued or cancelled,
+ * and the unused ones stay reserved for the next batch). 1, or 0 when the queue is too near its
+ * bound for a block (the submit then takes the lock and counts exactly).
+ */
+static int ctx_reserve(ts_batcher_t *b, answer_ctx *c)
+{
+    if (c->credit > 0)
+        return 1;
+    size_t waiting =
+        atomic_fetch_add_explicit(&b->pending, TS__PENDING_BLOCK, memory_order_relaxed);
+    if (waiting + TS__PENDING_BLOCK + atomic_load_explicit(&b->queued_hint, memory_order_relaxed) >
+        b->max_queued) {
+        atomic_fetch_sub_explicit(&b->pending, TS__PENDING_BLOCK, memory_order_relaxed);
+        return 0;
+    }
+    c->credit = TS__PENDING_BLOCK;
+    return 1;
+}
+
 /* 0 or TS_ENOMEM. */
 static int answer_ctx_init(answer_ctx *c, ts_batcher_t *b)
 {
@@ -1497,27 +1519,29 @@ int ts_batcher_predict_async_with(ts_batcher_t *b, const ts_value_t *input,
      * queue bound counts these requests too; near it, or when stopping, the submit takes the
      * lock as any other.
      */
-    if (c != NULL) {
-        size_t waiting = atomic_fetch_add_explicit(&b->pending, 1, memory_order_relaxed);
-        if (!atomic_load_explicit(&b->stop_flag, memory_order_relaxed) &&
-            waiting + atomic_load_explicit(&b->queued_hint, memory_order_relaxed) < b->max_queued) {
-            r->id = atomic_fetch_add_explicit(&b->next_id, 1, memory_order_relaxed);
-            if (id != NULL)
-                *id = r->id;
-            r->heap_idx = SIZE_MAX;
-            r->next = NULL;
-            ctx_lock(c);
-            r->prev = c->tail;
-            if (c->tail != NULL)
-                c->tail->next = r;
-            else
-                c->head = r;
-            c->tail = r;
-            c->n++;
-            ctx_unlock(c);
-            return 0;
+    if (c != NULL && !atomic_load_explicit(&b->stop_flag, memory_order_relaxed) &&
+        ctx_reserve(b, c)) {
+        c->credit--;
+        /* Ids come from a block of the thread's own: no shared counter per request. */
+        if (c->id_next == c->id_end) {
+            c->id_next = atomic_fetch_add_explicit(&b->next_id, TS__ID_BLOCK, memory_order_relaxed);
+            c->id_end = c->id_next + TS__ID_BLOCK;
         }
-        atomic_fetch_sub_explicit(&b->pending, 1, memory_order_relaxed);
+        r->id = c->id_next++;
+        if (id != NULL)
+            *id = r->id;
+        r->heap_idx = SIZE_MAX;
+        r->next = NULL;
+        ctx_lock(c);
+        r->prev = c->tail;
+        if (c->tail != NULL)
+            c->tail->next = r;
+        else
+            c->head = r;
+        c->tail = r;
+        c->n++;
+        ctx_unlock(c);
+        return 0;
     }
     pthread_mutex_lock(&b->mu);
     if (b->stopping ||

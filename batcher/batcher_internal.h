@@ -37,6 +37,10 @@
  */
 #define TS__REQ_CACHE_BATCHES 2
 #define TS__REQ_CACHE_MAX     4096
+/* request ids an answering thread takes from the batcher's counter at a time */
+#define TS__ID_BLOCK 256
+/* requests; room under max_queued an answering thread reserves at a time (ctx_reserve) */
+#define TS__PENDING_BLOCK 64
 
 /* Set the calling thread's ts_last_error() message, printf-style (cut at TS__BERR_LEN). */
 void ts__batcher_set_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -141,6 +145,8 @@ typedef struct answer_ctx {
     size_t n;
     batch_request *free_list; /* freed records for the next submits (linked by next) */
     size_t n_free, max_free;
+    uint64_t id_next, id_end; /* the ids it gives its submits: [id_next, id_end) */
+    size_t credit;            /* units of b->pending reserved and not used yet (ctx_reserve) */
 } answer_ctx;
 
 /* A published weight update. */
@@ -245,9 +251,10 @@ struct ts_batcher_s {
     batch_request *cancelled; /* cancelled requests the timer thread answers (linked by next) */
     _Atomic uint64_t next_id;
     /*
-     * Requests waiting in answering threads' lists (answer_ctx), and the queue's length as last
-     * published under the lock: a submit from a callback checks max_queued against both
-     * without the lock. stop_flag mirrors stopping for it.
+     * Requests waiting in answering threads' lists (answer_ctx) plus the room those threads
+     * reserved for more (ctx_reserve), and the queue's length as last published under the
+     * lock: a submit from a callback checks max_queued against both without the lock.
+     * stop_flag mirrors stopping for it.
      */
     atomic_size_t pending;
     atomic_size_t queued_hint;
