@@ -726,7 +726,8 @@ typedef struct vsub {
     ts_batcher_t *b;
     int index;
     atomic_int *stop;
-    int ok, n;
+    int ok;
+    atomic_int n;
     int64_t last_version;
     int versions_seen;
 } vsub;
@@ -751,7 +752,7 @@ static void *vsub_main(void *arg)
         if (v != s->last_version)
             s->versions_seen++;
         s->last_version = v;
-        s->n++;
+        atomic_fetch_add(&s->n, 1);
         ts_value_free(out);
         ts_value_free(in);
     }
@@ -775,6 +776,7 @@ static void test_weights_midstream(void **state)
     pthread_t th[8];
     for (int i = 0; i < 8; i++) {
         s[i] = (vsub){b, i, &stop, 0, 0, 0, 0};
+        atomic_init(&s[i].n, 0);
         assert_int_equal(pthread_create(&th[i], NULL, vsub_main, &s[i]), 0);
     }
     for (int v = 1; v <= 20; v++) {
@@ -787,14 +789,24 @@ static void test_weights_midstream(void **state)
         assert_int_equal(lo, v);
         assert_int_equal(hi, v);
     }
-    sleep_us(5000);
+    /* Every requester is answered at least twice more (by version 20), however busy the
+       machine: a fixed pause let a starved thread stop with an older last answer. */
+    int seen[8];
+    for (int i = 0; i < 8; i++)
+        seen[i] = atomic_load(&s[i].n);
+    for (int i = 0, waited = 0; i < 8 && waited < 10000; waited++) {
+        if (atomic_load(&s[i].n) >= seen[i] + 2)
+            i++;
+        else
+            sleep_us(1000);
+    }
     atomic_store(&stop, 1);
     int total = 0;
     for (int i = 0; i < 8; i++) {
         pthread_join(th[i], NULL);
         assert_true(s[i].ok);
         assert_int_equal(s[i].last_version, 20);
-        total += s[i].n;
+        total += atomic_load(&s[i].n);
     }
     print_message("    %d answers over 20 weight versions\n", total);
     ts_batcher_stats_t st;
@@ -1489,6 +1501,74 @@ static void test_callback_submits_cancel_timeout(void **state)
 }
 
 /*
+ * The queue bound counts requests that callbacks submit while their batch is being answered
+ * (waiting in the answering thread's list, not queued yet): of 150 submitted from one callback
+ * to a batcher bounded at 100, exactly 100 are accepted and the rest refused at once with
+ * TS_EAGAIN; each accepted one is answered once.
+ */
+typedef struct flood {
+    acount c;
+    pslot kids[150];
+    int accepted, refused, other;
+} flood;
+
+static void flood_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
+{
+    (void)status;
+    (void)version;
+    flood *f = arg;
+    ts_value_free(out);
+    for (int i = 0; i < 150; i++) {
+        int rc = ts_batcher_predict_async(b, f->kids[i].in, 0, TS_TIMEOUT_DEFAULT, pslot_cb,
+                                          &f->kids[i]);
+        if (rc == 0)
+            f->accepted++;
+        else if (rc == TS_EAGAIN)
+            f->refused++;
+        else
+            f->other++;
+    }
+}
+
+static void test_callback_submits_queue_bound(void **state)
+{
+    (void)state;
+    ts_batcher_options_t cfg;
+    test_options(&cfg, "cpu", 8, 0);
+    cfg.max_queued = 100;
+    ts_batcher_t *b = make_with(&cfg);
+    static flood f;
+    memset(&f, 0, sizeof(f));
+    acount_init(&f.c);
+    for (int i = 0; i < 150; i++)
+        f.kids[i] = (pslot){&f.c, request(1, (int64_t)i * 10), (int64_t)i * 10, 0, -1, 0, -1, 0};
+    ts_value_t *in = request(1, 5);
+    assert_int_equal(ts_batcher_predict_async(b, in, 0, TS_TIMEOUT_DEFAULT, flood_cb, &f), 0);
+    assert_true(acount_wait(&f.c, 100));
+    sleep_us(20000); /* any late or second answer would show in calls */
+    assert_int_equal(f.accepted, 100);
+    assert_int_equal(f.refused, 50);
+    assert_int_equal(f.other, 0);
+    int answered = 0;
+    for (int i = 0; i < 150; i++) {
+        assert_true(f.kids[i].calls <= 1);
+        answered += f.kids[i].calls;
+        if (f.kids[i].calls == 1)
+            assert_true(f.kids[i].good);
+    }
+    assert_int_equal(answered, 100);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.submitted, 101);
+    assert_int_equal(st.rejected, 50);
+    assert_int_equal(st.submitted, st.requests + st.failed);
+    ts_batcher_free(b);
+    ts_value_free(in);
+    for (int i = 0; i < 150; i++)
+        ts_value_free(f.kids[i].in);
+}
+
+/*
  * A batcher freed while a closed loop of requesters runs, their callbacks on the replicas and
  * on answer helpers submitting again: every accepted request is answered exactly once (its rows
  * or TS_ECANCELED), and nothing is answered after ts_batcher_free returns.
@@ -1893,6 +1973,7 @@ int main(void)
         cmocka_unit_test(test_never_wait_for_nothing),
         cmocka_unit_test(test_answer_threads),
         cmocka_unit_test(test_callback_submits_cancel_timeout),
+        cmocka_unit_test(test_callback_submits_queue_bound),
         cmocka_unit_test(test_free_while_answering),
         cmocka_unit_test(test_priorities),
         cmocka_unit_test(test_queue_limits_cancel_timeout),
