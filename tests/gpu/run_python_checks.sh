@@ -41,7 +41,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTS_WITH_TORCH=OFF -DTS_BUILD
 cmake --build "$build" -j "$(nproc)" --target tensord tsp_extension >>"$OUT/python-build.log" 2>&1 ||
     { tail -60 "$OUT/python-build.log"; exit 1; }
 
-export TS_TENSORD=$build/server/tensord TS_PYTHONPATH=$PWD/$build/python TS_BUILD_DIR=$PWD/$build
+export TS_TENSORD=$PWD/$build/server/tensord TS_PYTHONPATH=$PWD/$build/python TS_BUILD_DIR=$PWD/$build
 export PYTHONDONTWRITEBYTECODE=1
 status=0
 (cd tests/python && timeout 300 "$py" -m pytest -q -p no:cacheprovider .) \
@@ -75,14 +75,14 @@ assert "gpu" not in [b.name if hasattr(b, "name") else b for b in c.list()], "th
 for dt in dtypes:
     src = (torch.rand(3, 5, 7, device="cuda") * 100).to(dt)
     c.put("t", src.cpu())
-    got = c.get("t")
+    [got] = c.get("t")
     back = got.cuda()
     assert back.dtype == dt and torch.equal(back.cpu(), src.cpu()), dt
     print("ok", dt)
 # Pinned host memory is a CPU tensor as far as the client is concerned.
 pinned = torch.arange(1 << 20, dtype=torch.float32).pin_memory()
 c.put("p", pinned)
-assert torch.equal(c.get("p").cuda().cpu(), pinned)
+assert torch.equal(c.get("p")[0].cuda().cpu(), pinned)
 print("pinned ok")
 c.close()
 print("python cuda checks passed")
