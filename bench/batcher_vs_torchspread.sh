@@ -21,6 +21,14 @@ REQUESTS=${REQUESTS:-300}
 MAX_BATCH=${MAX_BATCH:-64}
 [ -n "${TORCHSPREAD_DIR:-}" ] || { echo "set TORCHSPREAD_DIR to a Torch Spread checkout" >&2; exit 2; }
 PY=${PYTHON:-/usr/bin/python3}
+# Torch Spread's own imports, from Debian packages when they are missing.
+if ! "$PY" -c 'import zmq, lz4, msgpack, torch' 2>/dev/null; then
+    sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+        python3-zmq python3-lz4 python3-msgpack python3-torch
+fi
 bench=$BUILD/bench/batcher_bench
 models=$(mktemp -d /tmp/ts-vs-spread.XXXXXX)
 trap 'rm -rf "$models"' EXIT
