@@ -843,64 +843,48 @@ enum async_op {
 };
 
 typedef struct async_ctx {
-    PyObject *future;
+    tsp_pending pend; /* the future, and the link in pending_async while queued */
     enum async_op op;
     tsp_tensor_type_t tt;
-    tsp_send_t send;               /* put and append: the record and its pins, until the callback */
-    struct async_ctx *prev, *next; /* in pending_async while queued, under the GIL */
+    tsp_send_t send; /* put and append: the record and its pins, until the callback */
 } async_ctx;
 
-/*
- * Every request queued and not completed yet, so that a child process after fork() can fail the
- * futures that the parent's I/O thread (absent in the child) would have completed. Under the
- * GIL.
- */
-static async_ctx *pending_async;
+/* Every request queued and not completed yet (see tsp_pending). Under the GIL. */
+static tsp_pending *pending_async;
 
-static void pending_link(async_ctx *a)
+void tsp_pending_link(tsp_pending **head, tsp_pending *p)
 {
-    a->prev = NULL;
-    a->next = pending_async;
-    if (pending_async != NULL)
-        pending_async->prev = a;
-    pending_async = a;
+    p->prev = NULL;
+    p->next = *head;
+    if (*head != NULL)
+        (*head)->prev = p;
+    *head = p;
 }
 
-static void pending_unlink(async_ctx *a)
+void tsp_pending_unlink(tsp_pending **head, tsp_pending *p)
 {
-    if (a->prev != NULL)
-        a->prev->next = a->next;
-    else if (pending_async == a)
-        pending_async = a->next;
-    if (a->next != NULL)
-        a->next->prev = a->prev;
-    a->prev = a->next = NULL;
+    if (p->prev != NULL)
+        p->prev->next = p->next;
+    else if (*head == p)
+        *head = p->next;
+    if (p->next != NULL)
+        p->next->prev = p->prev;
+    p->prev = p->next = NULL;
 }
 
-/*
- * In a child process after fork() (called by the package's os.register_at_fork hook): takes every
- * pending request off the list and returns [(future, ConnectionError), ...] for the hook to
- * complete. The requests themselves belong to the parent's library state: they are left alone
- * (never freed here), like the parent's ts_client_t.
- */
-static PyObject *take_pending_futures(PyObject *module, PyObject *unused)
+PyObject *tsp_pending_take(tsp_pending **head, const char *message)
 {
-    (void)module;
-    (void)unused;
     PyObject *out = PyList_New(0);
     if (out == NULL)
         return NULL;
-    while (pending_async != NULL) {
-        async_ctx *a = pending_async;
-        pending_unlink(a);
-        PyObject *f = a->future;
-        a->future = NULL;
+    while (*head != NULL) {
+        tsp_pending *p = *head;
+        tsp_pending_unlink(head, p);
+        PyObject *f = p->future;
+        p->future = NULL;
         if (f == NULL)
             continue;
-        PyObject *exc = tsp_exception_make(
-            tsp_state.ConnectionError, TS_ENOTCONN,
-            "this request was made in the parent process before os.fork(): its result exists "
-            "only there (open a new Client in the child)");
+        PyObject *exc = tsp_exception_make(tsp_state.ConnectionError, TS_ENOTCONN, message);
         PyObject *pair = exc != NULL ? PyTuple_Pack(2, f, exc) : NULL;
         Py_XDECREF(exc);
         Py_DECREF(f);
@@ -912,6 +896,16 @@ static PyObject *take_pending_futures(PyObject *module, PyObject *unused)
         Py_DECREF(pair);
     }
     return out;
+}
+
+/* In a child process after fork() (the package's os.register_at_fork hook). */
+static PyObject *take_pending_futures(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return tsp_pending_take(&pending_async,
+                            "this request was made in the parent process before os.fork(): its "
+                            "result exists only there (open a new Client in the child)");
 }
 
 static PyObject *new_future(void)
@@ -977,12 +971,12 @@ static void async_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
     PyGILState_STATE g;
     if (!tsp_gil_acquire(&g))
         return; /* finalizing: the future and the pins are left as they are */
-    pending_unlink(a);
+    tsp_pending_unlink(&pending_async, &a->pend);
     PyObject *value = status == 0 ? async_result(a, res) : tsp_exception_new(status, msg);
     PyObject *r = NULL;
     if (value != NULL) {
         PyObject *meth = status == 0 ? s_set_result : s_set_exception;
-        r = PyObject_CallMethodOneArg(a->future, meth, value);
+        r = PyObject_CallMethodOneArg(a->pend.future, meth, value);
         Py_DECREF(value);
     } else {
         /* The result could not be built: the future gets that exception instead. */
@@ -990,16 +984,16 @@ static void async_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
         PyErr_Fetch(&type, &val, &tb);
         PyErr_NormalizeException(&type, &val, &tb);
         if (val != NULL)
-            r = PyObject_CallMethodOneArg(a->future, s_set_exception, val);
+            r = PyObject_CallMethodOneArg(a->pend.future, s_set_exception, val);
         Py_XDECREF(type);
         Py_XDECREF(val);
         Py_XDECREF(tb);
     }
     if (r == NULL)
-        tsp_report_callback_error("a tensorshare future's completion", a->future);
+        tsp_report_callback_error("a tensorshare future's completion", a->pend.future);
     Py_XDECREF(r);
     tsp_send_clear(&a->send);
-    Py_DECREF(a->future);
+    Py_DECREF(a->pend.future);
     free(a);
     tsp_gil_release(g);
 }
@@ -1075,14 +1069,14 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
         leave(self);
         goto fail;
     }
-    ctx->future = new_future();
-    if (ctx->future == NULL) {
+    ctx->pend.future = new_future();
+    if (ctx->pend.future == NULL) {
         tsp_send_clear(&ctx->send);
         leave(self);
         goto fail;
     }
     /* Queued with the GIL held: these calls never block and never call back from inside. */
-    pending_link(ctx);
+    tsp_pending_link(&pending_async, &ctx->pend);
     switch (op) {
     case OP_PUT:
         rc = ts_put_async(c, bin, ctx->send.value, TS_BORROW, async_cb, ctx);
@@ -1113,14 +1107,14 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
         break;
     }
     if (rc != 0) {
-        pending_unlink(ctx);
+        tsp_pending_unlink(&pending_async, &ctx->pend);
         tsp_raise(rc);
         tsp_send_clear(&ctx->send);
-        Py_DECREF(ctx->future);
+        Py_DECREF(ctx->pend.future);
         leave(self);
         goto fail;
     }
-    PyObject *f = ctx->future;
+    PyObject *f = ctx->pend.future;
     Py_INCREF(f); /* the callback keeps the context's reference */
     leave(self);
     return f;

@@ -182,74 +182,23 @@ static PyObject *predictor_predict(PyObject *self_obj, PyObject *args, PyObject 
 
 /* One outstanding asynchronous prediction. */
 typedef struct predict_req {
-    PyObject *future; /* owned; NULL once handed to a child's fork hook */
+    tsp_pending pend; /* the future, and the link in pending_reqs while outstanding */
     tsp_tensor_type_t tensor_type;
     int with_version;
-    struct predict_req *prev, *next; /* in pending_reqs while outstanding, under the GIL */
 } predict_req;
 
-/*
- * Every asynchronous prediction requested and not answered yet, so that a child process after
- * fork() can fail the futures that the parent's receiver thread (absent in the child) would have
- * completed. Under the GIL.
- */
-static predict_req *pending_reqs;
+/* Every asynchronous prediction requested and not answered yet (see tsp_pending). Under the GIL. */
+static tsp_pending *pending_reqs;
 
-static void pending_link(predict_req *req)
-{
-    req->prev = NULL;
-    req->next = pending_reqs;
-    if (pending_reqs != NULL)
-        pending_reqs->prev = req;
-    pending_reqs = req;
-}
-
-static void pending_unlink(predict_req *req)
-{
-    if (req->prev != NULL)
-        req->prev->next = req->next;
-    else if (pending_reqs == req)
-        pending_reqs = req->next;
-    if (req->next != NULL)
-        req->next->prev = req->prev;
-    req->prev = req->next = NULL;
-}
-
-/*
- * In a child process after fork() (called by predictor.py's os.register_at_fork hook): takes
- * every outstanding prediction off the list and returns [(future, ConnectionError), ...] for the
- * hook to complete. The requests themselves belong to the parent's predictors (the library holds
- * them as callback arguments): they are left alone, never freed here.
- */
+/* In a child process after fork() (predictor.py's os.register_at_fork hook). */
 static PyObject *take_pending_predictions(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
-        return NULL;
-    while (pending_reqs != NULL) {
-        predict_req *req = pending_reqs;
-        pending_unlink(req);
-        PyObject *f = req->future;
-        req->future = NULL;
-        if (f == NULL)
-            continue;
-        PyObject *exc = tsp_exception_make(
-            tsp_state.ConnectionError, TS_ENOTCONN,
-            "this prediction was requested in the parent process before os.fork(): its answer "
-            "goes there only (open a new Predictor in the child)");
-        PyObject *pair = exc != NULL ? PyTuple_Pack(2, f, exc) : NULL;
-        Py_XDECREF(exc);
-        Py_DECREF(f);
-        if (pair == NULL || PyList_Append(out, pair) < 0) {
-            Py_XDECREF(pair);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(pair);
-    }
-    return out;
+    return tsp_pending_take(&pending_reqs,
+                            "this prediction was requested in the parent process before "
+                            "os.fork(): its answer goes there only (open a new Predictor in the "
+                            "child)");
 }
 
 /* Complete fut with a result (steals res) or, when res is NULL, with the current exception. */
@@ -295,24 +244,24 @@ static void on_prediction(ts_predictor_t *p, int status, ts_value_t *output, int
         ts_value_free(output);
         return;
     }
-    pending_unlink(req);
+    tsp_pending_unlink(&pending_reqs, &req->pend);
     if (status == 0) {
         PyObject *res = answer_to_py(output, version, req->tensor_type, req->with_version);
-        future_complete(req->future, res);
+        future_complete(req->pend.future, res);
     } else {
         ts_value_free(output);
         PyObject *exc = tsp_exception_new(status, msg[0] ? msg : NULL);
         if (exc != NULL) {
-            PyObject *r = PyObject_CallMethod(req->future, "set_exception", "(O)", exc);
+            PyObject *r = PyObject_CallMethod(req->pend.future, "set_exception", "(O)", exc);
             if (r == NULL)
-                tsp_report_callback_error("Predictor future", req->future);
+                tsp_report_callback_error("Predictor future", req->pend.future);
             Py_XDECREF(r);
             Py_DECREF(exc);
         } else {
-            future_complete(req->future, NULL);
+            future_complete(req->pend.future, NULL);
         }
     }
-    Py_DECREF(req->future);
+    Py_DECREF(req->pend.future);
     PyMem_Free(req);
     tsp_gil_release(g);
 }
@@ -351,11 +300,11 @@ static PyObject *predictor_predict_async(PyObject *self_obj, PyObject *args, PyO
         goto fail_send;
     }
     Py_INCREF(fut);
-    req->future = fut;
+    req->pend.future = fut;
     req->tensor_type = self->tensor_type;
     req->with_version = with_version;
     /* Linked before the GIL is released: the answer may come before the call returns. */
-    pending_link(req);
+    tsp_pending_link(&pending_reqs, &req->pend);
     /* The input is encoded and sent before this returns: its memory is not needed after it. */
     PyThreadState *nogil = PyEval_SaveThread();
     int rc = ts_predictor_predict_async(p, s.value, timeout_ms, on_prediction, req);
@@ -363,8 +312,8 @@ static PyObject *predictor_predict_async(PyObject *self_obj, PyObject *args, PyO
     tsp_send_clear(&s);
     if (rc != 0) {
         /* The callback is never called when the call fails. */
-        pending_unlink(req);
-        Py_DECREF(req->future);
+        tsp_pending_unlink(&pending_reqs, &req->pend);
+        Py_DECREF(req->pend.future);
         PyMem_Free(req);
         tsp_raise(rc);
         Py_DECREF(fut);

@@ -286,4 +286,25 @@ void tsp_report_callback_error(const char *what, PyObject *callable);
  */
 extern volatile unsigned long tsp_fork_generation;
 
+/*
+ * A request whose concurrent.futures.Future a library thread completes, linked (under the GIL)
+ * in a list of the outstanding ones while it is in flight, so that a child process after fork(),
+ * where those threads do not exist, can fail the futures instead of leaving them pending forever.
+ * Embedded in each binding's request as its member pend (client.c).
+ */
+typedef struct tsp_pending {
+    PyObject *future; /* owned; NULL once handed to a child's fork hook */
+    struct tsp_pending *prev, *next;
+} tsp_pending;
+
+/* Link p at the head of *head / unlink it (a no-op when it is not linked). Under the GIL. */
+void tsp_pending_link(tsp_pending **head, tsp_pending *p);
+void tsp_pending_unlink(tsp_pending **head, tsp_pending *p);
+/*
+ * In a child after fork(): take every request off *head and return [(future, ConnectionError
+ * carrying message), ...] for the package's fork hook to complete. The requests belong to the
+ * parent's library state and are left alone (never freed here).
+ */
+PyObject *tsp_pending_take(tsp_pending **head, const char *message);
+
 #endif /* TSP_H */
