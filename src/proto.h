@@ -42,7 +42,15 @@ enum {
     TS_OP_WAIT = 0x0B,
     TS_OP_STATS = 0x0C,
     TS_OP_SAVE = 0x0D,
-    TS_OP_NOTIFY = 0x80 /* server to client only */
+    TS_OP_GET_REF = 0x0E,     /* GET, large items as file descriptors (unix sockets only) */
+    TS_OP_PEEK_REF = 0x0F,    /* PEEK, large items as file descriptors (unix sockets only) */
+    TS_OP_PUT_FD = 0x10,      /* PUT of a record held in a memfd sent with the request */
+    TS_OP_APPEND_FD = 0x11,   /* APPEND of a record held in a memfd sent with the request */
+    TS_OP_TENSOR_BIN = 0x12,  /* create a preallocated tensor bin */
+    TS_OP_READ_ROWS = 0x13,   /* rows [start, end) of a tensor in an item */
+    TS_OP_GATHER_ROWS = 0x14, /* rows of a tensor in an item, by an index list */
+    TS_OP_WRITE_ROWS = 0x15,  /* write rows in place into a tensor bin */
+    TS_OP_NOTIFY = 0x80       /* server to client only */
 };
 
 /* Wire status codes (u16, append-only); the client maps them to TS_E* codes. */
@@ -71,7 +79,13 @@ enum {
 };
 
 /* Notification event codes (the same numbers as ts_event_t). */
-enum { TS_NOTE_PUT = 1, TS_NOTE_APPEND = 2, TS_NOTE_GET = 3, TS_NOTE_DELETE = 4 };
+enum {
+    TS_NOTE_PUT = 1,
+    TS_NOTE_APPEND = 2,
+    TS_NOTE_GET = 3,
+    TS_NOTE_DELETE = 4,
+    TS_NOTE_ROWS = 5 /* rows written in place into a tensor bin */
+};
 #define TS_NOTE_FLAG_COALESCED 0x01
 
 /*
@@ -142,6 +156,7 @@ int ts__rd_name(ts__rd *r, const char **name, size_t *len);
  * constants below are the few fixed sizes both sides name.
  */
 #define TS_HELLO_LZ4      0x01
+#define TS_HELLO_FDS      0x02 /* the connection carries file descriptors (unix sockets) */
 #define TS_BIN_STATE_SIZE 16
 #define TS_NOTIFY_FIXED   15 /* bytes before the name in a NOTIFY body */
 
