@@ -38,6 +38,7 @@ void tsd_config_defaults(tsd_config *cfg)
     cfg->hello_timeout_ms = TSD_DEFAULT_HELLO_MS;
     cfg->body_timeout_s = TSD_DEFAULT_BODY_TIMEOUT_S;
     cfg->max_unauth = TSD_DEFAULT_MAX_UNAUTH;
+    cfg->shm_min = TSD_DEFAULT_SHM_MIN;
     cfg->save_interval_s = TSD_DEFAULT_SAVE_INTERVAL;
     cfg->stop_writes_on_save_error = 1;
     long pages = sysconf(_SC_PHYS_PAGES);
@@ -84,7 +85,19 @@ static void usage(FILE *f)
             "  --notify-backlog BYTES  unwritten output above which a listener's notifications\n"
             "                        are coalesced, one per bin                  [%llu = 1m]\n"
             "  --max-watch N         subscriptions plus pending WAITs per connection;\n"
-            "                        more are answered INVALID                   [%u]\n"
+            "                        more are answered INVALID                   [%u]\n",
+            d.port, d.host, d.hello_timeout_ms, (unsigned long long)d.max_frame,
+            (unsigned long long)d.max_memory, d.max_clients, d.max_unauth, d.body_timeout_s,
+            (unsigned long long)d.max_output, (unsigned long long)d.output_soft,
+            d.output_soft_seconds, (unsigned long long)d.notify_backlog, d.max_watch);
+    /* In pieces: ISO C compilers need not take string literals over 4095 bytes. */
+    fprintf(f,
+            "Same host (unix sockets):\n"
+            "  --shm-min BYTES       uploads at least this large are received into a memfd\n"
+            "                        GET_REF hands out as a descriptor, 0 = never [%llu = 1m]\n"
+            "  --no-fds              refuse descriptors on unix sockets (no GET_REF/PUT_FD)\n",
+            (unsigned long long)d.shm_min);
+    fprintf(f,
             "Persistence:\n"
             "  --save PATH           load this snapshot at start, write it on shutdown, on SAVE\n"
             "                        and periodically (atomic: temporary file, fsync, rename);\n"
@@ -105,10 +118,6 @@ static void usage(FILE *f)
             "Exit status: 0 clean shutdown, 1 failure, 2 bad flags or unsafe configuration\n"
             "(--unix in use, --save directory missing or --save held by another tensord),\n"
             "3 damaged snapshot.\n",
-            d.port, d.host, d.hello_timeout_ms, (unsigned long long)d.max_frame,
-            (unsigned long long)d.max_memory, d.max_clients, d.max_unauth, d.body_timeout_s,
-            (unsigned long long)d.max_output, (unsigned long long)d.output_soft,
-            d.output_soft_seconds, (unsigned long long)d.notify_backlog, d.max_watch,
             d.save_interval_s);
 }
 
@@ -180,6 +189,10 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
             cfg->insecure = 1;
             continue;
         }
+        if (strcmp(flag, "--no-fds") == 0 && val == NULL) {
+            cfg->no_fds = 1;
+            continue;
+        }
         static const char *const known[] = {"--port",           "--host",
                                             "--unix",           "--port-file",
                                             "--max-frame",      "--max-memory",
@@ -189,7 +202,8 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
                                             "--notify-backlog", "--hello-timeout",
                                             "--max-watch",      "--save",
                                             "--save-interval",  "--max-unauth-clients",
-                                            "--body-timeout",   "--stop-writes-on-save-error"};
+                                            "--body-timeout",   "--stop-writes-on-save-error",
+                                            "--shm-min"};
         int is_known = 0;
         for (size_t k = 0; k < TS__ARRAY_SIZE(known); k++)
             is_known |= strcmp(flag, known[k]) == 0;
@@ -230,6 +244,9 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
         } else if (strcmp(flag, "--body-timeout") == 0) {
             bad = parse_size(val, &n) != 0 || n > 86400u;
             cfg->body_timeout_s = (uint32_t)n;
+        } else if (strcmp(flag, "--shm-min") == 0) {
+            bad = parse_size(val, &n) != 0;
+            cfg->shm_min = n;
         } else if (strcmp(flag, "--max-output") == 0) {
             bad = parse_size(val, &n) != 0;
             cfg->max_output = n;

@@ -564,6 +564,7 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
     if (uv_random(NULL, NULL, &srv->server_id, sizeof(srv->server_id), 0, NULL) != 0)
         srv->server_id = srv->version ^ ((uint64_t)getpid() << 32);
 
+    tsd_shm_init(srv);
     int rc = tsd_store_init(&srv->store, cfg->max_memory);
     if (rc == 0)
         rc = tsd_htab_init(&srv->watches);

@@ -142,6 +142,8 @@ typedef struct tsd_config {
     int stop_writes_on_save_error; /* refuse writes while snapshots fail (with save_path) */
     uint32_t body_timeout_s;       /* s without progress inside a frame; 0 = none */
     uint32_t max_unauth;           /* connections that have not completed HELLO */
+    uint64_t shm_min;              /* bytes; uploads this large land in a memfd; 0 = never */
+    int no_fds;                    /* refuse HELLO FDS (no descriptors on unix sockets) */
 } tsd_config;
 
 /* Fill cfg with the defaults (max_memory: 3/4 of physical memory). */
@@ -191,13 +193,40 @@ typedef struct tsd_item {
 
 #define TSD_ITEM_OWN UINT16_MAX
 
-/* An item with a buffer of its own (records over TSD_SLAB_MAX bytes). */
+/*
+ * Where the record of an item with a buffer of its own lives (tsd_item_own.backing). Heap and
+ * server memfd buffers belong to store.c and shm.c; a client memfd (PUT_FD) is mapped read-only
+ * by shm.c; a data-dir file belongs to datadir.c, which store.c tells when the item goes
+ * (tsd_datadir_drop).
+ */
+enum {
+    TSD_BACK_HEAP = 0, /* an anonymous buffer (the pool) */
+    TSD_BACK_MEMFD,    /* a memfd the server made and maps read-write (uploads, tensor bins) */
+    TSD_BACK_CLIENT,   /* a sealed memfd a client sent with PUT_FD, mapped read-only */
+    TSD_BACK_FILE      /* a --data-dir file (datadir.c) */
+};
+
+/* An item with a buffer of its own (records over TSD_SLAB_MAX bytes, and every shared one). */
 typedef struct tsd_item_own {
     tsd_item it;
-    uint8_t *data;    /* record bytes; 64-byte aligned */
-    size_t len;       /* record length */
-    size_t alloc_len; /* what buf_get returned, for buf_put */
+    uint8_t *data;     /* record bytes; 64-byte aligned (page-aligned when in a file) */
+    size_t len;        /* record length */
+    size_t alloc_len;  /* heap: what buf_get returned, for buf_put; else the bytes mapped */
+    uint8_t backing;   /* TSD_BACK_* */
+    uint8_t handed;    /* its descriptor has been sent to a client (a memfd is sealed then) */
+    uint8_t live;      /* a tensor bin's item: its bytes change in place (GET_REF flag LIVE) */
+    uint8_t counted;   /* holds one of the fd budget's places (shm.c) */
+    int fd;            /* memfd and client backings: the descriptor; -1 when none is held */
+    uint64_t file_off; /* offset of the record in its file (0 in a memfd, 4096 in data-dir) */
+    uint64_t file_len; /* bytes of the file a client may map (>= file_off + len) */
+    void *ext;         /* datadir.c's own state of a file item */
 } tsd_item_own;
+
+/* The own item it (it->slot == TSD_ITEM_OWN), or NULL for a slab item. */
+static inline tsd_item_own *tsd_item_as_own(tsd_item *it)
+{
+    return it->slot == TSD_ITEM_OWN ? (tsd_item_own *)(void *)it : NULL;
+}
 
 /*
  * One slab: nslots slots of size bytes at base (one mapping), and their item headers. Slots
@@ -311,6 +340,86 @@ void tsd_slab_stats_get(tsd_slab_stats *st);
 void tsd_pool_drain(void);
 /* Bytes currently pooled. */
 uint64_t tsd_pool_bytes(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Shared memory (shm.c): items held in memfds, descriptors handed to clients (GET_REF) and taken
+ * from them (PUT_FD). Loop thread only, like the pool; the state is the process's.
+ */
+typedef struct tsd_server tsd_server;
+/* Bytes; uploads at least this large land in a memfd by default (--shm-min, 0 = never). */
+#define TSD_DEFAULT_SHM_MIN ((uint64_t)1 << 20)
+/*
+ * Descriptors a connection may have received and not yet claimed by a frame: a client passes one
+ * per PUT_FD, so a few cover any pipeline while a flood of strays cannot eat the fd table.
+ */
+#define TSD_MAX_PENDING_FDS 16u
+/*
+ * Descriptors kept out of the items' budget besides one per --max-clients connection: listeners,
+ * the loop's own, snapshot files, data-dir files opened to be sent, log and standard streams.
+ */
+#define TSD_FD_RESERVE 256u
+/* Server memfds kept for reuse (never handed out), and their bytes at most. */
+#define TSD_SHM_POOL_MAX_BUFS  8
+#define TSD_SHM_POOL_MAX_BYTES ((uint64_t)512 << 20)
+/* Seals of a memfd handed to a client: its size is fixed and nobody can write it any more
+ * through a new mapping or write(2); the server's own writable mapping stays (tensor bins). */
+#define TSD_SHM_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
+
+typedef struct tsd_shm_stats {
+    uint64_t items;        /* items whose record is in a memfd or a client's memfd */
+    uint64_t bytes;        /* their record bytes */
+    uint64_t fds_held;     /* descriptors held by items */
+    uint64_t fds_budget;   /* at most this many (0: memfd items are off) */
+    uint64_t fds_sent;     /* descriptors sent in GET_REF/PEEK_REF replies */
+    uint64_t fds_received; /* descriptors received on unix connections */
+    uint64_t fds_pending;  /* received and not yet claimed by a frame, all connections */
+    uint64_t puts_fd;      /* PUT_FD/APPEND_FD stored */
+    uint64_t pool_bytes;   /* bytes of memfds kept for reuse */
+} tsd_shm_stats;
+
+/*
+ * At start: remember the server (for data-dir items), raise RLIMIT_NOFILE's soft limit to its
+ * hard limit and size the fd budget (the limit less --max-clients less TSD_FD_RESERVE).
+ */
+void tsd_shm_init(tsd_server *srv);
+/*
+ * A new item of len record bytes (len >= 1) in a fresh or recycled memfd mapped read-write,
+ * one reference, or NULL: memfd items are off (--shm-min 0), the fd budget is spent, or a
+ * system call failed (the caller then uses the heap). The record is at offset 0 of the file;
+ * the bytes are zero only when the memfd is fresh (tsd_shm_item_new_zero for zeroed ones).
+ * Loop thread only. Tensor bins (rows.c) write into tsd_item_data() for the item's life: the
+ * descriptor handed out is sealed with TSD_SHM_SEALS, which leaves that mapping writable.
+ */
+tsd_item *tsd_shm_item_new(tsd_server *srv, size_t len);
+/* The same, zero-filled (never recycled: a fresh memfd reads as zeros). */
+tsd_item *tsd_shm_item_new_zero(tsd_server *srv, size_t len);
+/* An upload of len bytes: a memfd item when len >= --shm-min (and memfds are on), else NULL. */
+tsd_item *tsd_shm_upload_item(tsd_server *srv, size_t len);
+/*
+ * How it goes in a GET_REF reply: 1 by descriptor (*fd to send; *owned: the caller closes it
+ * once sent; *off and *file_len as the entry says), 0 inline. A memfd is sealed the first time
+ * it is handed out. Never fails: an item that cannot be sent by descriptor goes inline.
+ */
+int tsd_shm_ref(tsd_item *it, int *fd, int *owned, uint64_t *off, uint64_t *file_len);
+/*
+ * Take a client's memfd for PUT_FD: seal it (F_SEAL_SHRINK|GROW|WRITE|SEAL), check it holds
+ * rec_len bytes, map it read-only. 0 and *out (one reference; its alloc_len is the file size
+ * rounded up to pages, what it counts against --max-memory); fd is taken then (kept for GET_REF,
+ * or closed when the fd budget is spent). On failure fd stays the caller's: -EBUSY when it is
+ * still mapped writable somewhere; -EINVAL when it is not a memfd that can be sealed; -ERANGE
+ * when rec_len is 0 or past its end; TS_ENOMEM.
+ */
+int tsd_shm_adopt(tsd_server *srv, int fd, uint64_t rec_len, tsd_item **out);
+/* Release the backing of an own item that is not on the heap (last reference; store.c). */
+void tsd_shm_release(tsd_item_own *own);
+/* A zeroed own-item struct with one reference, backing heap, fd -1 (datadir.c fills it). */
+tsd_item_own *tsd_item_own_new(void);
+void tsd_shm_stats_get(tsd_shm_stats *st);
+/* Count descriptors sent, and received descriptors pending (+1 / -1) across connections. */
+void tsd_shm_count_sent(uint64_t n);
+void tsd_shm_count_pending(int delta, int received);
+/* Close the recycled memfds (at exit). */
+void tsd_shm_drain(void);
 
 /* A node of a name-keyed hash table; embedded first in bins and watches. */
 typedef struct tsd_hnode {
@@ -885,7 +994,7 @@ size_t tsd_notify_n_waiters(const tsd_server *srv);
  * Statistics (stats.c)
  */
 typedef struct tsd_stats {
-    uint64_t ops[TS_OP_SAVE + 1]; /* requests handled, by opcode */
+    uint64_t ops[TS_OP_WRITE_ROWS + 1]; /* requests handled, by opcode */
     uint64_t notifications_sent;
     uint64_t protocol_errors;
     uint64_t oom_rejections;

@@ -75,6 +75,7 @@ static void buf_put(uint8_t *b, size_t alloc_len)
 void tsd_pool_drain(void)
 {
     tsd_slab_drain();
+    tsd_shm_drain();
     for (size_t i = 0; i < pool.n; i++)
         ts__free_aligned(pool.buf[i], pool.len[i]);
     pool.n = 0;
@@ -118,9 +119,10 @@ tsd_item *tsd_item_new_sized(size_t len)
             return NULL;
         it->slen = (uint16_t)len;
     } else {
-        tsd_item_own *own = ts__malloc(sizeof(*own));
+        tsd_item_own *own = ts__calloc(1, sizeof(*own));
         if (own == NULL)
             return NULL;
+        own->fd = -1;
         size_t alloc_len = alloc_size(len);
         own->data = buf_get(alloc_len);
         if (own->data == NULL) {
@@ -167,6 +169,10 @@ void tsd_item_unref(tsd_item *it)
         return;
     }
     tsd_item_own *own = (tsd_item_own *)(void *)it;
+    if (own->backing != TSD_BACK_HEAP) {
+        tsd_shm_release(own); /* memfds and files (shm.c) */
+        return;
+    }
     buf_put(own->data, own->alloc_len);
     ts__free(own);
 }

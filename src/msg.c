@@ -35,6 +35,10 @@ static const ts__msg_op ops[] = {
     {TS_OP_WAIT, TS_MSG_WAIT_REQ, TS_MSG_BIN_STATE, 0, 0},
     {TS_OP_STATS, TS_MSG_EMPTY, TS_MSG_RECORD, 0, 0},
     {TS_OP_SAVE, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0},
+    {TS_OP_GET_REF, TS_MSG_GET_REQ, TS_MSG_REF_ITEMS, 0, 1},
+    {TS_OP_PEEK_REF, TS_MSG_GET_REQ, TS_MSG_REF_ITEMS, 0, 0},
+    {TS_OP_PUT_FD, TS_MSG_PUT_FD_REQ, TS_MSG_BIN_STATE, 0, 1},
+    {TS_OP_APPEND_FD, TS_MSG_PUT_FD_REQ, TS_MSG_BIN_STATE, 0, 1},
     {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
 };
 
@@ -69,6 +73,7 @@ uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large)
     case TS_MSG_BIN_STATE:
         return TS_BIN_STATE_SIZE;
     case TS_MSG_ITEMS:
+    case TS_MSG_REF_ITEMS:
     case TS_MSG_LIST_REP:
         return large;
     case TS_MSG_RECORD:
@@ -841,6 +846,12 @@ static int decode_kind(ts__msg_kind kind, const uint8_t *body, size_t len, ts__m
     case TS_MSG_ERROR:
         rc = ts__msg_error_decode(body, len, &d.u.error);
         break;
+    case TS_MSG_REF_ITEMS:
+        rc = ts__msg_ref_decode(body, len, &d.u.ref_items);
+        break;
+    case TS_MSG_PUT_FD_REQ:
+        rc = ts__msg_put_fd_req_decode(body, len, &d.u.put_fd);
+        break;
     case TS_MSG_NONE:
     default:
         return TS_EUNKNOWNOP;
@@ -906,6 +917,18 @@ static int list_encode_again(const ts__msg_list *l, uint8_t *out, size_t cap, si
     return rc;
 }
 
+/* Re-encode a decoded REF_ITEMS body from its entries and the inline records it points to. */
+static int ref_encode_again(const ts__msg_ref_items *r, uint8_t *out, size_t cap, size_t *len)
+{
+    ts__msg_ref_entry e[TS_MAX_REF_ITEMS];
+    const uint8_t *recs[TS_MAX_REF_ITEMS];
+    for (uint32_t i = 0; i < r->n_items; i++) {
+        ts__msg_ref_entry_get(r, i, &e[i]);
+        recs[i] = e[i].where == TS_REF_INLINE ? r->body + e[i].offset : NULL;
+    }
+    return ts__msg_ref_encode(out, cap, r->version, r->remaining, r->n_items, e, recs, len);
+}
+
 int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
 {
     switch (m->kind) {
@@ -936,6 +959,10 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
         return ts__msg_notify_encode(out, cap, &m->u.notify, len);
     case TS_MSG_ERROR:
         return ts__msg_error_encode(out, cap, m->u.error.msg, m->u.error.len, len);
+    case TS_MSG_REF_ITEMS:
+        return ref_encode_again(&m->u.ref_items, out, cap, len);
+    case TS_MSG_PUT_FD_REQ:
+        return ts__msg_put_fd_req_encode(out, cap, &m->u.put_fd, len);
     case TS_MSG_NONE:
     default:
         return TS_EINVAL;

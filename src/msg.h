@@ -70,7 +70,9 @@ typedef enum ts__msg_kind {
     TS_MSG_LIST_REP,  /* the LIST reply */
     TS_MSG_RECORD,    /* one record filling the body (the STATS reply) */
     TS_MSG_NOTIFY,    /* the NOTIFY body */
-    TS_MSG_ERROR      /* an error message of at most TS_MAX_ERRMSG bytes */
+    TS_MSG_ERROR,      /* an error message of at most TS_MAX_ERRMSG bytes */
+    TS_MSG_REF_ITEMS,  /* the reply of GET_REF and PEEK_REF (msg_ref.c) */
+    TS_MSG_PUT_FD_REQ, /* name, u64 record_len (PUT_FD, APPEND_FD; one descriptor attached) */
 } ts__msg_kind;
 
 /* What one opcode carries (section 8's table). */
@@ -351,6 +353,85 @@ typedef struct ts__msg_error {
 int ts__msg_error_decode(const uint8_t *body, size_t len, ts__msg_error *m);
 
 /* ---------------------------------------------------------------------------------------------
+ * By reference (msg_ref.c): the REF_ITEMS reply of GET_REF/PEEK_REF and the PUT_FD/APPEND_FD
+ * request (docs/PROTOCOL.md section 8, the 0x0E-0x11 entries)
+ *
+ * REF_ITEMS: u64 version, u32 n_items, u32 remaining, u32 n_fds, u32 reserved 0; n_items
+ * entries of TS_MSG_REF_ENTRY bytes (u8 where, u8 flags, u16 0, u32 0, u64 offset, u64 length,
+ * u64 file_len); zeros up to ts__msg_ref_head_size(n_items); then the inline records in entry
+ * order, each followed by zeros up to a multiple of 64. Entries with where = TS_REF_FD name
+ * bytes [offset, offset + length) of a file of file_len bytes received as a descriptor: the
+ * i-th such entry uses the i-th descriptor of the frame (SCM_RIGHTS).
+ */
+#define TS_MAX_REF_ITEMS  64u   /* items per REF_ITEMS reply (and descriptors per frame) */
+#define TS_MSG_REF_FIXED  24    /* bytes before the entries */
+#define TS_MSG_REF_ENTRY  32    /* bytes per entry */
+#define TS_REF_INLINE     0     /* where: the record is in the body */
+#define TS_REF_FD         1     /* where: the record is in a descriptor */
+#define TS_REF_LIVE       0x01u /* flags: a tensor bin's item, changed in place by row writes */
+#define TS_REF_FILE_ALIGN 4096u /* bytes; descriptor offsets are multiples of this */
+#define TS_MSG_PUT_FD_FIXED 8   /* the u64 record_len after the name */
+
+typedef struct ts__msg_ref_entry {
+    uint8_t where;     /* TS_REF_INLINE or TS_REF_FD */
+    uint8_t flags;     /* TS_REF_LIVE */
+    uint64_t offset;   /* inline: body offset (multiple of 64); fd: file offset (of 4096) */
+    uint64_t length;   /* record bytes */
+    uint64_t file_len; /* fd: bytes of the file that may be mapped; inline: 0 */
+} ts__msg_ref_entry;
+
+typedef struct ts__msg_ref_items {
+    uint64_t version;
+    uint32_t n_items;
+    uint32_t remaining;
+    uint32_t n_fds;
+    const uint8_t *body; /* the whole body, borrowed */
+    size_t len;
+} ts__msg_ref_items;
+
+/* The head size for n entries: fixed part, entries, zeros to a multiple of 64. */
+uint64_t ts__msg_ref_head_size(uint32_t n);
+/*
+ * The body size for n entries (*size); only inline entries' lengths count beyond the head.
+ * TS_EINVAL for n over TS_MAX_REF_ITEMS or a where other than inline/fd; TS_EMSGSIZE when it
+ * does not fit 64 bits.
+ */
+int ts__msg_ref_size(uint32_t n, const ts__msg_ref_entry *e, uint64_t *size);
+/*
+ * Write the head: fixed fields, the n entries as given (inline offsets are set here, in entry
+ * order from the head's end; n_fds is counted here), zeros. ts__msg_ref_head_size(n) bytes.
+ * The inline records follow, each padded with ts__msg_items_pad(length) zeros. The entries'
+ * offsets are written back into e. TS_EINVAL: n over TS_MAX_REF_ITEMS, an unknown where or
+ * flag, an fd entry whose offset is not a multiple of TS_REF_FILE_ALIGN or whose
+ * offset + length passes file_len.
+ */
+int ts__msg_ref_head_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t remaining,
+                            uint32_t n, ts__msg_ref_entry *e, size_t *len);
+/* The whole body: recs[i] holds the record of each inline entry i (others ignored). */
+int ts__msg_ref_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t remaining, uint32_t n,
+                       ts__msg_ref_entry *e, const uint8_t *const *recs, size_t *len);
+/*
+ * Strict decode: n_items at most TS_MAX_REF_ITEMS, reserved fields and padding zero, known where
+ * and flags, n_fds = the fd entries, inline records laid out in entry order right after the head,
+ * fd entries with aligned offsets inside file_len, nothing after the last record.
+ */
+int ts__msg_ref_decode(const uint8_t *body, size_t len, ts__msg_ref_items *m);
+/* Entry i (< m->n_items) of a decoded body; inline records are at m->body + e->offset. */
+void ts__msg_ref_entry_get(const ts__msg_ref_items *m, uint32_t i, ts__msg_ref_entry *e);
+
+/* PUT_FD and APPEND_FD: name, u64 record_len. */
+typedef struct ts__msg_put_fd_req {
+    const uint8_t *name; /* borrowed */
+    size_t name_len;
+    uint64_t rec_len; /* bytes [0, rec_len) of the attached memfd hold the record */
+} ts__msg_put_fd_req;
+size_t ts__msg_put_fd_req_size(size_t name_len);
+int ts__msg_put_fd_req_encode(uint8_t *out, size_t cap, const ts__msg_put_fd_req *m, size_t *len);
+int ts__msg_put_fd_req_decode(const uint8_t *body, size_t len, ts__msg_put_fd_req *m);
+/* Descriptors a request of op carries: 1 for PUT_FD and APPEND_FD, else 0. */
+unsigned ts__msg_request_fds(uint8_t op);
+
+/* ---------------------------------------------------------------------------------------------
  * Decoding by opcode: the table above picks the decoder
  */
 typedef struct ts__msg {
@@ -365,6 +446,8 @@ typedef struct ts__msg {
         ts__msg_list list;
         ts__msg_notify notify;
         ts__msg_error error;
+        ts__msg_ref_items ref_items;
+        ts__msg_put_fd_req put_fd;
     } u;
 } ts__msg;
 
