@@ -570,10 +570,12 @@ static void client_destroy(ts_client_t *c)
      * Threads still blocked in calls on c have had their requests completed (TS_ECANCELED);
      * wait until the last of them has stopped touching c (see wait_done).
      */
+    ts__lane_cancel(c); /* a by-reference call blocked on the lane returns now */
     pthread_mutex_lock(&c->mu);
     while (c->waiters > 0)
         pthread_cond_wait(&c->open_cond, &c->mu);
     pthread_mutex_unlock(&c->mu);
+    ts__lane_destroy(c);
     ts__idmap_free(&c->inflight);
     ts__idmap_free(&c->direct);
     ts__free(c->pb);
@@ -780,6 +782,7 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_client_optio
     pthread_condattr_setclock(&c->condattr, CLOCK_MONOTONIC);
     pthread_cond_init(&c->open_cond, &c->condattr);
     pthread_cond_init(&c->rd_cond, NULL);
+    ts__lane_init(c);
     c->backoff_ms = c->opts.reconnect_min_ms;
     c->next_id = 1;
     c->d_next_id = 1;

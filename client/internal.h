@@ -33,6 +33,18 @@
 #define TS__DIRECT_ID      0x80000000u /* request ids of direct writes have this bit; others do not */
 #define TS__DIRECT_IOV     64          /* write buffers a direct write may use at most */
 
+/*
+ * The items of a get or peek (reply.c builds them from ITEMS bodies, shm.c from by-reference
+ * replies); ts_items_free frees each tree, which releases its buffer (a receive body or a
+ * mapping).
+ */
+struct ts_items_s {
+    size_t count;
+    uint64_t version;
+    uint32_t remaining;
+    ts_value_t *items[]; /* decoded trees; each holds a reference on the receive buffer */
+};
+
 /* A map from request id to request (open addressing, linear probing; id 0 is never used). */
 typedef struct ts__idmap {
     uint32_t *keys; /* 0 = free slot */
@@ -212,6 +224,25 @@ enum {
     TS__ST_CLOSED
 };
 
+/*
+ * The descriptor lane (shm.c): a second unix connection that only the by-reference calls use,
+ * one call at a time under mu, with blocking-style I/O on the calling thread (sendmsg/recvmsg
+ * with SCM_RIGHTS and poll deadlines). The I/O thread never touches it.
+ */
+typedef struct ts__lane {
+    pthread_mutex_t mu; /* held by a by-reference call from its first to its last lane I/O */
+    int fd;             /* under mu; -1 while closed */
+    /*
+     * An eventfd that ts_client_free signals so that a call blocked in poll on the lane returns
+     * TS_ECANCELED at once; -1 when it could not be made (such a call then ends at its deadline).
+     * Set at open, read-only afterwards.
+     */
+    int wake_fd;
+    uint32_t next_id;       /* under mu */
+    uint64_t max_body;      /* under mu; the server's body limit from the lane's HELLO */
+    uint64_t no_fds_until;  /* under mu; monotonic ns: the server refused descriptors, copy */
+} ts__lane;
+
 struct ts_client_s {
     /* Set by ts_client_open, then read-only. */
     char *address; /* as given, for messages */
@@ -228,6 +259,8 @@ struct ts_client_s {
     char *token;
     size_t token_len;
     pthread_t thread;
+
+    ts__lane lane; /* the by-reference calls' own connection (shm.c) */
 
     /* Shared with application threads. */
     pthread_mutex_t mu;
@@ -464,6 +497,14 @@ void ts__io_want_read(ts_client_t *c);
 void ts__quiet_cb(uv_prepare_t *p);
 /* Put the socket in blocking mode or back (I/O thread; see fd_blocking). */
 void ts__fd_set_blocking(ts_client_t *c, int on);
+
+/*
+ * shm.c: the descriptor lane. init at ts_client_open (after mu is made); cancel when the client
+ * is being freed, before waiting for blocking callers; destroy when nobody uses the client.
+ */
+void ts__lane_init(ts_client_t *c);
+void ts__lane_cancel(ts_client_t *c);
+void ts__lane_destroy(ts_client_t *c);
 
 /* lasterror.c: set the thread's ts_last_error() to len bytes of msg (NULL: ""). */
 void ts__set_last_error(const char *msg, size_t len);

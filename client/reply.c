@@ -11,13 +11,6 @@
 #include <assert.h>
 #include <stdlib.h>
 
-struct ts_items_s {
-    size_t count;
-    uint64_t version;
-    uint32_t remaining;
-    ts_value_t *items[]; /* decoded trees; each holds a reference on the receive buffer */
-};
-
 void ts__body_free(uint8_t *body, size_t len)
 {
     ts__free_aligned(body, len);

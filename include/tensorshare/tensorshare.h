@@ -605,6 +605,101 @@ TS_EXTERN int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *
  */
 TS_EXTERN int ts_unlisten(ts_client_t *c, const char *bin);
 
+/* ---------------------------------------------------------------------------------------------
+ * Same-host zero copy (unix sockets)
+ *
+ * A client connected to "unix:/path" may exchange items by reference: the server hands large
+ * items over as file descriptors that the client maps read-only (no copy of the data through the
+ * socket), and the client hands the server a shared buffer (a memfd) that it filled in place,
+ * which the server seals and keeps without copying. The descriptors travel on a second unix
+ * connection of the client (its "descriptor lane"), opened on first use and only by the calls of
+ * this section; the client's main connection is not involved. The lane is reopened after an
+ * error and closed by ts_client_free. Over TCP, or when the server does not grant descriptors
+ * (started with shared memory off, or older than 0.3), every call of this section falls back to
+ * its copying form (ts_get, ts_peek, ts_put, ts_append) with the same results. By reference is
+ * never the default: a program asks for it per call. See docs/DESIGN.md "Same-host zero copy".
+ * Added in 0.3.0.
+ */
+
+/* items; the most one by-reference get or peek returns (the rest stay). Added in 0.3.0. */
+#define TS_REF_MAX_ITEMS 64
+
+/*
+ * ts_get and ts_peek by reference: the items come back as a ts_items_t like theirs, but the
+ * records of large items (those the server holds in shared memory or in its data directory)
+ * are read-only mappings of the server's files instead of copies received through the socket;
+ * small items arrive inline. Each mapped record is validated like any received record. The
+ * tensors' data is read-only (writing it faults); it stays valid until ts_items_free, also after
+ * the item has left the bin or the server has ended. Items of a tensor bin are mapped shared:
+ * their data changes in place when the bin's rows are written. At most TS_REF_MAX_ITEMS items
+ * per call (max_items 0 or above it means TS_REF_MAX_ITEMS); ts_items_remaining tells the rest.
+ * Over TCP or without descriptors from the server these are ts_get and ts_peek (max_items as
+ * given). Blocking (the client's request timeout; TS_EDEADLK from a client callback); calls of
+ * several threads on one client take turns on the lane. Errors: those of ts_get, plus TS_EPROTO
+ * when the server's reply or a descriptor it sent is malformed (the lane is then closed and
+ * every descriptor received closed), TS_ECANCELED when the client is freed meanwhile. *out is
+ * yours (ts_items_free unmaps). Any thread. Added in 0.3.0.
+ */
+TS_EXTERN int ts_get_ref(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out);
+TS_EXTERN int ts_peek_ref(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out);
+
+/*
+ * A shared buffer: one record, encoded in a memfd of this process, whose tensors the program
+ * writes in place before handing the whole buffer to the server (a put or append without
+ * copying the data through the socket). Life: ts_shared_new, fill the tensors, ts_shared_put or
+ * ts_shared_append (once), ts_shared_free. Not thread-safe: one thread at a time per buffer.
+ * Added in 0.3.0.
+ */
+typedef struct ts_shared_s ts_shared_t;
+
+/*
+ * A tensor value without memory, for layouts: it gives ts_shared_new a dtype and a shape only.
+ * Its data reads as zeros (a read-only mapping that uses no memory until read); you own it like
+ * any built value. NULL on bad arguments or when the address space is exhausted. Any thread.
+ * Added in 0.3.0.
+ */
+TS_EXTERN ts_value_t *ts_tensor_spec_new(ts_dtype_t dtype, int ndim, const int64_t *shape);
+
+/*
+ * A shared buffer holding the record of layout, a value tree you build (and keep: it is only
+ * read during the call). Tensors in layout give their dtype and shape; their data is NOT read
+ * (the buffer's tensors start as zeros): build them with ts_tensor_spec_new. Every other value
+ * (ints, floats, strings, byte strings, keys) is copied. 0 and *out (yours: ts_shared_free), or
+ * TS_EINVAL (NULL arguments, a layout beyond the protocol's limits), TS_ENOMEM, TS_ENOTSUP (no
+ * memfd on this system). Any thread. Added in 0.3.0.
+ */
+TS_EXTERN int ts_shared_new(const ts_value_t *layout, ts_shared_t **out);
+/*
+ * The buffer's record as a read-only tree of layout's shape whose tensors' data lies in the
+ * buffer and is writable in place: (void *)ts_value_tensor(ts_map_get(v, "x"))->data. Valid until
+ * the buffer is committed or freed. NULL once a commit has succeeded (or after a failed commit
+ * that the server had already sealed): the buffer is then the server's. Added in 0.3.0.
+ */
+TS_EXTERN const ts_value_t *ts_shared_value(const ts_shared_t *sh);
+/* Bytes of the encoded record (what the server stores). Added in 0.3.0. */
+TS_EXTERN size_t ts_shared_size(const ts_shared_t *sh);
+/*
+ * Commit the buffer as the bin's only item (put) or as a new item (append). The writable mapping
+ * is withdrawn first: from then on the buffer's tensors are inaccessible, and a write through a
+ * pointer taken before faults (SIGSEGV) instead of changing what the server stores; on a unix
+ * socket the memfd itself is sent (the server seals it and keeps it without a copy), over TCP
+ * or without descriptors from the server the record is sent as ts_put does. version (may be
+ * NULL) gets the bin's new version. On success ts_shared_value is NULL and a second commit is
+ * TS_EINVAL. On failure the error is ts_put's (TS_EINVAL "shared buffer is still mapped
+ * writable" when another process, such as a forked child, still maps it): when the server had
+ * not sealed the memfd, the buffer is writable again and may be committed again; when it had,
+ * it may only be committed again, unchanged. Blocking, any thread (one at a time per buffer).
+ * Added in 0.3.0.
+ */
+TS_EXTERN int ts_shared_put(ts_client_t *c, const char *bin, ts_shared_t *sh, uint64_t *version);
+TS_EXTERN int ts_shared_append(ts_client_t *c, const char *bin, ts_shared_t *sh,
+                               uint64_t *version);
+/*
+ * Free the buffer: its mapping and this process's descriptor (a committed item stays on the
+ * server). The tree of ts_shared_value goes with it. NULL is a no-op. Added in 0.3.0.
+ */
+TS_EXTERN void ts_shared_free(ts_shared_t *sh);
+
 #ifdef __cplusplus
 }
 #endif
