@@ -12,6 +12,7 @@
  * thread restarts the chain after a pause, since the I/O thread must not sleep.
  */
 #include "batcher_internal.h"
+#include "shmq.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -50,6 +51,17 @@ struct ts_predictor_s {
      * (the client holds it until the connection returns or its own, longer, deadline).
      */
     uint64_t keeper_until;
+    /*
+     * Same-host slots (shmq.c): attached at open when the server advertises them here; the
+     * slot is claimed and released by the predictor's thread, which holds its owner lock
+     * (robust: it must be held by a thread that lives as long as the claim). shm_state, under
+     * mu: 0 claiming, 1 claimed, -1 none. shm_mu lets one blocking caller at a time use it.
+     */
+    shm_client *shm;
+    int shm_state;
+    int shm_reclaimed;
+    pthread_mutex_t shm_mu;
+    atomic_uint_fast64_t n_shm, n_relayed, n_oversize;
 };
 
 /*
@@ -250,7 +262,13 @@ static void *receive_main(void *arg)
 {
     ts_predictor_t *p = arg;
     tls_in_predictor = 1;
+    int claimed = 0, reclaimed = 0;
+    if (p->shm != NULL)
+        claimed = ts__shm_claim(p->shm, &reclaimed) == 0;
     pthread_mutex_lock(&p->mu);
+    p->shm_state = claimed ? 1 : -1;
+    p->shm_reclaimed = reclaimed;
+    pthread_cond_broadcast(&p->cv);
     for (;;) {
         if (atomic_load(&p->stop))
             break;
@@ -291,11 +309,31 @@ static void *receive_main(void *arg)
     while (p->chain_running)
         pthread_cond_wait(&p->keeper_cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
+    if (claimed)
+        ts__shm_release(p->shm); /* on the thread that holds it */
     return NULL;
+}
+
+void ts_predictor_options_init(ts_predictor_options_t *opts)
+{
+    memset(opts, 0, sizeof(*opts));
+    opts->transport = TS_PREDICTOR_AUTO;
 }
 
 int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *name)
 {
+    return ts_predictor_open_with(out, client, name, NULL);
+}
+
+int ts_predictor_open_with(ts_predictor_t **out, ts_client_t *client, const char *name,
+                           const ts_predictor_options_t *opts)
+{
+    int transport = opts != NULL ? opts->transport : TS_PREDICTOR_AUTO;
+    if (transport != TS_PREDICTOR_AUTO && transport != TS_PREDICTOR_RELAY &&
+        transport != TS_PREDICTOR_SHM) {
+        ts__batcher_set_err("transport %d: not a ts_predictor_transport_t", transport);
+        return TS_EINVAL;
+    }
     /* Room for "NAME/reply/" + 16 hex digits, and for "NAME/requests". */
     if (out == NULL || client == NULL || name == NULL || name[0] == '\0' ||
         strlen(name) + 7 + 16 > TS_MAX_NAME_LEN) {
@@ -322,15 +360,61 @@ int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *nam
     p->keeper_until = UINT64_MAX;
     p->next_id = 1;
     atomic_init(&p->stop, 0);
+    atomic_init(&p->n_shm, 0);
+    atomic_init(&p->n_relayed, 0);
+    atomic_init(&p->n_oversize, 0);
+    pthread_mutex_init(&p->shm_mu, NULL);
+    if (transport != TS_PREDICTOR_RELAY) {
+        int rc = ts__shm_attach(client, name, &p->shm);
+        if (rc != 0 && transport == TS_PREDICTOR_SHM) {
+            char why[TS__BERR_LEN];
+            snprintf(why, sizeof(why), "%s", ts_last_error());
+            pthread_mutex_destroy(&p->shm_mu);
+            pthread_cond_destroy(&p->keeper_cv);
+            pthread_cond_destroy(&p->cv);
+            pthread_mutex_destroy(&p->mu);
+            ts__free(p);
+            ts__batcher_set_err("no shared-memory slot: %s", why);
+            return TS_ENOTSUP;
+        }
+    }
     if (pthread_create(&p->th, NULL, receive_main, p) != 0) {
+        ts__shm_detach(p->shm);
+        pthread_mutex_destroy(&p->shm_mu);
         pthread_cond_destroy(&p->keeper_cv);
         pthread_cond_destroy(&p->cv);
         pthread_mutex_destroy(&p->mu);
         ts__free(p);
         return ts__fail(TS_ENOMEM, "cannot start the receiver thread");
     }
+    /* The thread claims the slot (it holds the claim): wait for the outcome. */
+    pthread_mutex_lock(&p->mu);
+    while (p->shm != NULL && p->shm_state == 0)
+        pthread_cond_wait(&p->cv, &p->mu);
+    int have_slot = p->shm_state == 1;
+    pthread_mutex_unlock(&p->mu);
+    if (transport == TS_PREDICTOR_SHM && !have_slot) {
+        ts_predictor_free(p);
+        ts__batcher_set_err("no shared-memory slot: every slot is taken");
+        return TS_ENOTSUP;
+    }
     *out = p;
     return 0;
+}
+
+void ts_predictor_stats(ts_predictor_t *p, ts_predictor_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->shm = atomic_load(&p->n_shm);
+    out->relayed = atomic_load(&p->n_relayed);
+    out->oversize = atomic_load(&p->n_oversize);
+    pthread_mutex_lock(&p->mu);
+    int slot = p->shm_state == 1;
+    out->reclaimed = (uint64_t)p->shm_reclaimed;
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_lock(&p->shm_mu);
+    out->transport = slot && !ts__shm_gone(p->shm) ? TS_PREDICTOR_SHM : TS_PREDICTOR_RELAY;
+    pthread_mutex_unlock(&p->shm_mu);
 }
 
 void ts_predictor_free(ts_predictor_t *p)
@@ -354,6 +438,8 @@ void ts_predictor_free(ts_predictor_t *p)
     pthread_mutex_unlock(&p->mu);
     expire(p, UINT64_MAX, TS_ECANCELED, "the predictor was freed");
     ts_delete(p->client, p->reply_bin, NULL);
+    ts__shm_detach(p->shm); /* the thread released the slot */
+    pthread_mutex_destroy(&p->shm_mu);
     pthread_cond_destroy(&p->keeper_cv);
     pthread_cond_destroy(&p->cv);
     pthread_mutex_destroy(&p->mu);
@@ -450,6 +536,8 @@ int ts_predictor_predict_async(ts_predictor_t *p, const ts_value_t *input, int t
     /* TS_COPY: the request is encoded and its tensors copied now, so input stays borrowed. */
     rc = ts_append_async(p->client, p->req_bin, rec, TS_COPY, request_sent, s);
     ts_value_free(rec);
+    if (rc == 0)
+        atomic_fetch_add(&p->n_relayed, 1);
     if (rc != 0) {
         pthread_mutex_lock(&p->mu);
         pending_prediction *mine = pend_take(p, id);
@@ -494,6 +582,34 @@ int ts_predictor_predict(ts_predictor_t *p, const ts_value_t *input, int timeout
     if (tls_in_predictor || ts__batcher_on_own_thread()) {
         ts__batcher_set_err("ts_predictor_predict called from a callback");
         return TS_EDEADLK;
+    }
+    /*
+     * The same-host slot first: one blocking caller at a time (others relay); an input the slot
+     * cannot take, and a request the closed slots never took, go through the relay.
+     */
+    if (p->shm != NULL && pthread_mutex_trylock(&p->shm_mu) == 0) {
+        int sent = 0, rc = TS_ECONNRESET;
+        pthread_mutex_lock(&p->mu);
+        int slot = p->shm_state == 1;
+        pthread_mutex_unlock(&p->mu);
+        if (slot && !ts__shm_gone(p->shm)) {
+            if (timeout_ms == 0 || (timeout_ms < 0 && timeout_ms != TS_TIMEOUT_INFINITE &&
+                                    timeout_ms != TS_TIMEOUT_DEFAULT)) {
+                pthread_mutex_unlock(&p->shm_mu);
+                return ts__fail(TS_EINVAL,
+                                "timeout_ms %d: a prediction needs a positive timeout, "
+                                "TS_TIMEOUT_DEFAULT or TS_TIMEOUT_INFINITE",
+                                timeout_ms);
+            }
+            rc = ts__shm_predict(p->shm, input, timeout_ms, output, version, &sent);
+        }
+        pthread_mutex_unlock(&p->shm_mu);
+        if (sent) {
+            atomic_fetch_add(&p->n_shm, 1);
+            return rc;
+        }
+        if (rc == TS_EMSGSIZE)
+            atomic_fetch_add(&p->n_oversize, 1);
     }
     blocking_prediction s;
     memset(&s, 0, sizeof(s));

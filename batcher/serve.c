@@ -12,6 +12,7 @@
  * after a pause, when a call failed (the connection is down).
  */
 #include "batcher_internal.h"
+#include "shmq.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -35,6 +36,7 @@ struct remote_server {
     pthread_cond_t cv; /* chain_running became 0, or stop */
     int chain_running, chain_broken;
     uint64_t after, seen; /* the WAIT's version, and the version it last reported */
+    shm_server *shm;      /* same-host slots (ts_batcher_serve_shm), or NULL */
 };
 
 /* The items of one ts_get, shared by the requests decoded from them. */
@@ -580,6 +582,45 @@ int ts_batcher_follow_weights(ts_batcher_t *b, ts_client_t *client, const char *
     return rc;
 }
 
+int ts_batcher_serve_shm(ts_batcher_t *b, ts_client_t *client, const char *name,
+                         const ts_batcher_shm_options_t *opts)
+{
+    if (b == NULL || client == NULL || name == NULL || name[0] == '\0' ||
+        strlen(name) + strlen(TS_BATCHER_REQ_SUFFIX) > TS_MAX_NAME_LEN) {
+        ts__batcher_set_err("serve_shm needs a client and a name of at most %d bytes",
+                            (int)(TS_MAX_NAME_LEN - strlen(TS_BATCHER_REQ_SUFFIX)));
+        return TS_EINVAL;
+    }
+    pthread_mutex_lock(&b->mu);
+    remote_server *rem = remote_get(b, client);
+    int rc = rem == NULL || rem->shm != NULL ? TS_EINVAL : 0;
+    pthread_mutex_unlock(&b->mu);
+    if (rc != 0) {
+        ts__batcher_set_err("already offering slots, or another client is in use");
+        return rc;
+    }
+    /*
+     * Made without the batcher's lock (it puts the descriptor through the client); two callers
+     * at once on one batcher are the caller's race, reported by the check below.
+     */
+    shm_server *s = NULL;
+    rc = ts__shm_serve_start(b, client, name, opts, &s);
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&b->mu);
+    rem = b->remote;
+    int ok = rem != NULL && rem->shm == NULL;
+    if (ok)
+        rem->shm = s;
+    pthread_mutex_unlock(&b->mu);
+    if (!ok) {
+        ts__shm_serve_stop(s);
+        ts__batcher_set_err("already offering slots, or serving stopped meanwhile");
+        return TS_EINVAL;
+    }
+    return 0;
+}
+
 static void remote_stop(ts_batcher_t *b)
 {
     pthread_mutex_lock(&b->mu);
@@ -588,6 +629,8 @@ static void remote_stop(ts_batcher_t *b)
     pthread_mutex_unlock(&b->mu);
     if (rem == NULL)
         return;
+    /* The slots close first: their requesters relay from now on, while the relay still runs. */
+    ts__shm_serve_stop(rem->shm);
     atomic_store(&rem->stop, 1);
     pthread_mutex_lock(&rem->mu);
     pthread_cond_broadcast(&rem->cv);

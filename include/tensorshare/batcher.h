@@ -453,6 +453,62 @@ TS_EXTERN int ts_batcher_follow_weights(ts_batcher_t *b, ts_client_t *client, co
  */
 TS_EXTERN void ts_batcher_stop_remote(ts_batcher_t *b);
 
+/* ---------------------------------------------------------------------------------------------
+ * Same-host serving through shared memory. Added in 0.3.0.
+ *
+ * A serving process can also offer shared-memory slots to requesters on its own host: one slot
+ * per requester, with a request area (the requester writes its input tensors there), an answer
+ * area (the server writes the output there), sequence numbers and futex wake-ups both ways. The
+ * server creates a POSIX shared-memory object (/dev/shm, mode 0600, a random name) and
+ * advertises it with a small record in the bin NAME/shm of the tensord it serves through:
+ * {path, token, pid, boot_id, slots, request_bytes, answer_bytes}. A predictor opened on NAME
+ * reads that record at open and uses the slots when its host's boot id is the same and it can
+ * open the object and find the same token in it (so it is on the same host, in the same /dev/shm
+ * and allowed to); otherwise, and whenever a slot cannot be used, it relays through the bins as
+ * before. docs/BATCHER.md ("Same host: shared-memory slots") has the protocol.
+ */
+#define TS_BATCHER_SHM_SUFFIX        "/shm" /* the descriptor bin: NAME/shm. Added in 0.3.0. */
+#define TS_BATCHER_SHM_DEFAULT_SLOTS 64     /* slots, when the options name none. Added in 0.3.0. */
+/* slots per serving process at most: the serving thread scans them all. Added in 0.3.0. */
+#define TS_BATCHER_SHM_MAX_SLOTS 1024
+/* bytes; one request or answer area at most (64 MiB): bigger requests relay. Added in 0.3.0. */
+#define TS_BATCHER_SHM_MAX_AREA ((size_t)64 << 20)
+
+/* The same-host options; fill with ts_batcher_shm_options_init. Added in 0.3.0. */
+typedef struct ts_batcher_shm_options_s {
+    /* requesters served through slots at once (1..TS_BATCHER_SHM_MAX_SLOTS); default 64 */
+    int slots;
+    /*
+     * Bytes of each slot's request and answer areas (0: the default; at most
+     * TS_BATCHER_SHM_MAX_AREA). The default request area holds a request of max_batch rows of
+     * the input schema; the default answer area holds max_batch rows of the output schema, or,
+     * without one, as much as the request area and at least 64 KiB. An input that does not fit
+     * goes through the relay; an answer that does not fit is answered TS_EMSGSIZE.
+     */
+    size_t request_bytes;
+    size_t answer_bytes;
+} ts_batcher_shm_options_t;
+
+/* Fill opts with the defaults. Added in 0.3.0. */
+TS_EXTERN void ts_batcher_shm_options_init(ts_batcher_shm_options_t *opts);
+
+/*
+ * Offer shared-memory slots to same-host predictors of name (opts copied; NULL for the
+ * defaults). Creates the shared-memory object, starts one thread that takes requests from the
+ * slots and submits them (answers are written into the slots by the threads that answer them),
+ * and puts the descriptor record into NAME/shm through client (a blocking call, on this thread).
+ * Use it beside ts_batcher_serve with the same client and name: predictors on other hosts, or
+ * that find no free slot, relay through NAME/requests. A requester that dies mid-request
+ * never blocks the server: its slot is taken over by the next predictor that finds its owner
+ * dead (the answer to its last request is discarded). ts_batcher_stop_remote and
+ * ts_batcher_free close the slots (predictors waiting get the answers still to come, then use
+ * the relay), delete NAME/shm and remove the object's name. Returns 0; TS_EINVAL (bad
+ * arguments or options, already offering slots, or another client than serve's); TS_ENOMEM;
+ * the error of shm_open, mmap or ts_put (ts_last_error() says which). Added in 0.3.0.
+ */
+TS_EXTERN int ts_batcher_serve_shm(ts_batcher_t *b, ts_client_t *client, const char *name,
+                                   const ts_batcher_shm_options_t *opts);
+
 /* The remote side: a predictor talks to a served batcher through a tensord. Added in 0.1.0. */
 typedef struct ts_predictor_s ts_predictor_t;
 
@@ -463,6 +519,53 @@ typedef struct ts_predictor_s ts_predictor_t;
  * back. Added in 0.1.0.
  */
 TS_EXTERN int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *name);
+/* How a predictor reaches its server (ts_predictor_options_t.transport). Added in 0.3.0. */
+typedef enum ts_predictor_transport_e {
+    /* shared-memory slots when the server advertises them on this host, else the relay */
+    TS_PREDICTOR_AUTO = 0,
+    TS_PREDICTOR_RELAY = 1, /* always through the bins on tensord */
+    /* slots or fail: ts_predictor_open_with gives TS_ENOTSUP when no slot can be had */
+    TS_PREDICTOR_SHM = 2
+} ts_predictor_transport_t;
+
+/* The predictor's options; fill with ts_predictor_options_init. Added in 0.3.0. */
+typedef struct ts_predictor_options_s {
+    int transport; /* a ts_predictor_transport_t; default TS_PREDICTOR_AUTO */
+} ts_predictor_options_t;
+
+/* Fill opts with the defaults. Added in 0.3.0. */
+TS_EXTERN void ts_predictor_options_init(ts_predictor_options_t *opts);
+
+/*
+ * ts_predictor_open with options (NULL: the defaults; ts_predictor_open is this with NULL).
+ * With TS_PREDICTOR_AUTO, the predictor reads NAME/shm once, here (a blocking call on client),
+ * and when the server advertises slots on this host it takes one: its blocking
+ * ts_predictor_predict calls then go through the slot, one at a time (a second thread calling
+ * at once, an input larger than the request area, and every ts_predictor_predict_async relay
+ * through the bins). When the slot's server stops or dies, the request in the slot gets its
+ * answer, or TS_ECONNRESET when the server died (within about TS_PREDICTOR_SHM_CHECK_MS), or
+ * TS_ETIMEDOUT at its deadline, and the predictor relays from then on. Same errors as
+ * ts_predictor_open, and TS_ENOTSUP for TS_PREDICTOR_SHM without a usable slot.
+ * Added in 0.3.0.
+ */
+TS_EXTERN int ts_predictor_open_with(ts_predictor_t **out, ts_client_t *client, const char *name,
+                                     const ts_predictor_options_t *opts);
+
+/* ms; a predictor waiting in a slot checks this often that its server lives. Added in 0.3.0. */
+#define TS_PREDICTOR_SHM_CHECK_MS 20
+
+/* A predictor's counters. Added in 0.3.0. */
+typedef struct ts_predictor_stats_s {
+    uint64_t shm;       /* requests sent through the shared-memory slot */
+    uint64_t relayed;   /* requests sent through the bins */
+    uint64_t oversize;  /* of relayed: inputs larger than the slot's request area */
+    int transport;      /* TS_PREDICTOR_SHM while it holds a usable slot, else RELAY */
+    uint64_t reclaimed; /* 1 when its slot was taken over from a requester that died */
+} ts_predictor_stats_t;
+
+/* Copy p's counters into *out. Thread-safe. Added in 0.3.0. */
+TS_EXTERN void ts_predictor_stats(ts_predictor_t *p, ts_predictor_stats_t *out);
+
 /*
  * Outstanding requests complete with TS_ECANCELED; the reply bin is deleted. NULL is a no-op.
  * Added in 0.1.0.

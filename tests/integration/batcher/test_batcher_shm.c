@@ -1,0 +1,599 @@
+/*
+ * The batcher's same-host slots (ts_batcher_serve_shm) against a real tensord: requesters in
+ * other processes answered through the slots; a requester killed mid-request whose slot the
+ * next one takes over while the server goes on; a server killed mid-request (its requester
+ * fails at once with TS_ECONNRESET, then relays); a server that stops cleanly (requesters relay
+ * to the next server); inputs larger than the request area relayed, answers larger than the
+ * answer area refused; the forced transports.
+ *
+ * Children are forked before the process starts any thread (the batcher's, a client's) and wait
+ * on a pipe; every wait is bounded and every child is reaped or killed by its pid.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "harness.h"
+#include "tensorshare/batcher.h"
+
+/* ms; the most any child or step of these tests is waited for */
+#define WAIT_MS 20000
+
+/* The model: {x: float32[3]} -> {y: float32[3] = x * 2}. */
+static atomic_int g_delay_us;
+
+static void sleep_us(long us)
+{
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int sm_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
+{
+    (void)m;
+    if (atomic_load(&g_delay_us) > 0)
+        sleep_us(atomic_load(&g_delay_us));
+    const ts_tensor_t *x = ts_map_get_tensor(in, "x");
+    ts_value_t *y = ts_tensor_new(TS_FLOAT32, 2, x->shape, x->data, TS_COPY);
+    ts_value_t *o = ts_map_new();
+    if (y == NULL || o == NULL || ts_map_set(o, "y", y) != 0) {
+        ts_value_free(o);
+        return TS_ENOMEM;
+    }
+    float *d = ts_value_tensor(ts_map_get(o, "y"))->data;
+    for (int64_t i = 0; i < rows * 3; i++)
+        d[i] *= 2.0f;
+    *out = o;
+    return 0;
+}
+
+static void sm_free(ts_model_t *m)
+{
+    ts__free(m);
+}
+
+static const ts_model_ops_t sm_ops = {sm_forward, NULL, sm_free};
+
+static int sm_create(const char *device, int replica, ts_model_t **out, void *arg)
+{
+    (void)arg;
+    (void)device;
+    (void)replica;
+    ts_model_t *m = ts__calloc(1, sizeof(*m));
+    if (m == NULL)
+        return TS_ENOMEM;
+    m->ops = &sm_ops;
+    *out = m;
+    return 0;
+}
+
+static const ts_field_t schema[] = {{"x", TS_FLOAT32, 1, {3}}};
+
+static ts_batcher_t *new_batcher(int max_batch)
+{
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
+    cfg.inputs = schema;
+    cfg.n_inputs = 1;
+    cfg.max_batch = max_batch;
+    cfg.max_delay_us = 2000;
+    cfg.placement = "cpu:2";
+    cfg.create = sm_create;
+    ts_batcher_t *b = NULL;
+    return ts_batcher_new(&b, &cfg) == 0 ? b : NULL;
+}
+
+static ts_value_t *request(int64_t rows, int64_t base)
+{
+    int64_t shape[2] = {rows, 3};
+    ts_value_t *x = ts_tensor_alloc(TS_FLOAT32, 2, shape);
+    float *d = ts_value_tensor(x)->data;
+    for (int64_t i = 0; i < rows * 3; i++)
+        d[i] = (float)(base + i);
+    ts_value_t *m = ts_map_new();
+    ts_map_set(m, "x", x);
+    return m;
+}
+
+static int check(const ts_value_t *out, int64_t rows, int64_t base)
+{
+    const ts_tensor_t *y = ts_map_get_tensor(out, "y");
+    if (y == NULL || y->ndim != 2 || y->shape[0] != rows || y->shape[1] != 3)
+        return 0;
+    for (int64_t i = 0; i < rows * 3; i++)
+        if (((const float *)y->data)[i] != (float)(base + i) * 2.0f)
+            return 0;
+    return 1;
+}
+
+/* One prediction of rows rows; 1 when it was answered right. */
+static int predict_ok(ts_predictor_t *p, int64_t rows, int64_t base, int timeout_ms)
+{
+    ts_value_t *in = request(rows, base), *out = NULL;
+    int rc = ts_predictor_predict(p, in, timeout_ms, &out, NULL);
+    int ok = rc == 0 && check(out, rows, base);
+    if (!ok)
+        fprintf(stderr, "predict %lld rows: %s (%s)\n", (long long)rows, ts_err_name(rc),
+                ts_last_error());
+    ts_value_free(out);
+    ts_value_free(in);
+    return ok;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Child processes: each waits for a byte on its pipe, runs, and exits with 0 on success.
+ */
+typedef struct child {
+    pid_t pid;
+    int to;   /* parent -> child */
+    int from; /* child -> parent */
+} child;
+
+typedef int (*child_fn)(const char *addr, int index, int in, int out);
+
+static int spawn(child *c, child_fn fn, const char *addr, int index)
+{
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0)
+        return -1;
+    fflush(NULL);
+    c->pid = fork();
+    if (c->pid < 0)
+        return -1;
+    if (c->pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        _exit(fn(addr, index, down[0], up[1]));
+    }
+    close(down[0]);
+    close(up[1]);
+    c->to = down[1];
+    c->from = up[0];
+    return 0;
+}
+
+static void put_byte(int fd, char b)
+{
+    while (write(fd, &b, 1) < 0 && errno == EINTR) {
+    }
+}
+
+/* A byte from fd within ms, or 0 (timeout, end of file). */
+static char get_byte(int fd, int ms)
+{
+    struct pollfd pf = {fd, POLLIN, 0};
+    char b = 0;
+    if (poll(&pf, 1, ms) == 1 && read(fd, &b, 1) == 1)
+        return b;
+    return 0;
+}
+
+/* Wait for the child (at most WAIT_MS, then kill it): its exit code, or -1. */
+static int reap(child *c)
+{
+    int status = 0;
+    for (uint64_t until = now_ms() + WAIT_MS; now_ms() < until;) {
+        pid_t r = waitpid(c->pid, &status, WNOHANG);
+        if (r == c->pid) {
+            close(c->to);
+            close(c->from);
+            return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        }
+        sleep_us(5000);
+    }
+    kill(c->pid, SIGKILL);
+    waitpid(c->pid, &status, 0);
+    close(c->to);
+    close(c->from);
+    return -1;
+}
+
+/* Open a client and a predictor in a child: 0, or an exit code. */
+static int child_open(const char *addr, int transport, ts_client_t **c, ts_predictor_t **p)
+{
+    if (ts_client_open(c, addr, NULL) != 0)
+        return 10;
+    ts_predictor_options_t po;
+    ts_predictor_options_init(&po);
+    po.transport = transport;
+    int rc = ts_predictor_open_with(p, *c, "policy", &po);
+    if (rc != 0) {
+        fprintf(stderr, "open: %s (%s)\n", ts_err_name(rc), ts_last_error());
+        return 11;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Requesters in several processes
+ */
+enum { PROC_REQUESTS = 40 };
+
+static int requester_main(const char *addr, int index, int in, int out)
+{
+    (void)out;
+    if (get_byte(in, WAIT_MS) != 'g')
+        return 2;
+    ts_client_t *c = NULL;
+    ts_predictor_t *p = NULL;
+    int rc = child_open(addr, TS_PREDICTOR_AUTO, &c, &p);
+    ts_predictor_stats_t st;
+    if (rc == 0) {
+        ts_predictor_stats(p, &st);
+        if (st.transport != TS_PREDICTOR_SHM)
+            rc = 12;
+    }
+    for (int i = 0; rc == 0 && i < PROC_REQUESTS; i++)
+        if (!predict_ok(p, 1 + (index + i) % 4, index * 10000 + i * 10, WAIT_MS))
+            rc = 13;
+    if (rc == 0) {
+        ts_predictor_stats(p, &st);
+        if (st.shm != PROC_REQUESTS || st.relayed != 0)
+            rc = 14;
+    }
+    ts_predictor_free(p);
+    ts_client_free(c);
+    return rc;
+}
+
+static void test_shm_processes(void **state)
+{
+    (void)state;
+    tsh_server srv;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    enum { N = 4 };
+    child k[N];
+    for (int i = 0; i < N; i++)
+        assert_int_equal(spawn(&k[i], requester_main, srv.addr, i), 0);
+    ts_client_t *sc = NULL;
+    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
+    ts_batcher_t *b = new_batcher(32);
+    assert_non_null(b);
+    assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
+    assert_int_equal(ts_batcher_serve_shm(b, sc, "policy", NULL), 0);
+    /* One name offers slots once. */
+    assert_int_equal(ts_batcher_serve_shm(b, sc, "policy", NULL), TS_EINVAL);
+    for (int i = 0; i < N; i++)
+        put_byte(k[i].to, 'g');
+    for (int i = 0; i < N; i++)
+        assert_int_equal(reap(&k[i]), 0);
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.requests, N * PROC_REQUESTS);
+    ts_batcher_free(b);
+    /* Stopping withdrew the descriptor. */
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek(sc, "policy/shm", 0, &items), TS_ENOENT);
+    ts_client_free(sc);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * A requester killed mid-request
+ */
+static int victim_main(const char *addr, int index, int in, int out)
+{
+    (void)index;
+    ts_client_t *c = NULL;
+    ts_predictor_t *p = NULL;
+    if (get_byte(in, WAIT_MS) != 'g')
+        return 2;
+    int rc = child_open(addr, TS_PREDICTOR_SHM, &c, &p);
+    if (rc != 0)
+        return rc;
+    put_byte(out, 'r');
+    if (get_byte(in, WAIT_MS) != 'g')
+        return 3;
+    predict_ok(p, 2, 0, WAIT_MS); /* killed while it waits */
+    return 4;
+}
+
+static int reuser_main(const char *addr, int index, int in, int out)
+{
+    (void)index;
+    (void)out;
+    if (get_byte(in, WAIT_MS) != 'g')
+        return 2;
+    ts_client_t *c = NULL;
+    ts_predictor_t *p = NULL;
+    /* The only slot was the victim's: SHM succeeds only by taking it over. */
+    int rc = child_open(addr, TS_PREDICTOR_SHM, &c, &p);
+    ts_predictor_stats_t st;
+    if (rc == 0) {
+        ts_predictor_stats(p, &st);
+        if (st.reclaimed != 1)
+            rc = 12;
+    }
+    for (int i = 0; rc == 0 && i < 20; i++)
+        if (!predict_ok(p, 1 + i % 3, 500 + i, WAIT_MS))
+            rc = 13;
+    if (rc == 0) {
+        ts_predictor_stats(p, &st);
+        if (st.shm != 20 || st.relayed != 0)
+            rc = 14;
+    }
+    ts_predictor_free(p);
+    ts_client_free(c);
+    return rc;
+}
+
+static void test_shm_requester_killed(void **state)
+{
+    (void)state;
+    tsh_server srv;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    child victim, reuser;
+    assert_int_equal(spawn(&victim, victim_main, srv.addr, 0), 0);
+    assert_int_equal(spawn(&reuser, reuser_main, srv.addr, 1), 0);
+    ts_client_t *sc = NULL;
+    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
+    ts_batcher_t *b = new_batcher(32);
+    assert_non_null(b);
+    ts_batcher_shm_options_t so;
+    ts_batcher_shm_options_init(&so);
+    so.slots = 1;
+    assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
+    assert_int_equal(ts_batcher_serve_shm(b, sc, "policy", &so), 0);
+    put_byte(victim.to, 'g');
+    assert_int_equal(get_byte(victim.from, WAIT_MS), 'r');
+    /* Its request will sit in a slow forward when it dies. */
+    atomic_store(&g_delay_us, 300000);
+    put_byte(victim.to, 'g');
+    ts_batcher_stats_t st;
+    uint64_t until = now_ms() + WAIT_MS;
+    do {
+        sleep_us(2000);
+        ts_batcher_stats(b, &st);
+    } while (st.submitted < 1 && now_ms() < until);
+    assert_int_equal(st.submitted, 1);
+    kill(victim.pid, SIGKILL);
+    assert_int_equal(reap(&victim), -1);
+    atomic_store(&g_delay_us, 0);
+    put_byte(reuser.to, 'g');
+    assert_int_equal(reap(&reuser), 0);
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.requests, 21); /* the victim's too, answered into the slot */
+    ts_batcher_free(b);
+    ts_client_free(sc);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * A server killed mid-request, and one that stops cleanly
+ */
+static int server_main(const char *addr, int index, int in, int out)
+{
+    (void)index;
+    ts_client_t *sc = NULL;
+    if (ts_client_open(&sc, addr, NULL) != 0)
+        return 10;
+    atomic_store(&g_delay_us, 5000000); /* every forward outlives the test's kill */
+    ts_batcher_t *b = new_batcher(32);
+    if (b == NULL || ts_batcher_serve(b, sc, "policy") != 0 ||
+        ts_batcher_serve_shm(b, sc, "policy", NULL) != 0)
+        return 11;
+    put_byte(out, 'r');
+    get_byte(in, WAIT_MS); /* killed meanwhile */
+    return 12;
+}
+
+typedef struct killer {
+    pid_t pid;
+    int after_ms;
+} killer;
+
+static void *killer_main(void *arg)
+{
+    killer *k = arg;
+    sleep_us((long)k->after_ms * 1000);
+    kill(k->pid, SIGKILL);
+    return NULL;
+}
+
+static void test_shm_server_killed(void **state)
+{
+    (void)state;
+    tsh_server srv;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    child server;
+    assert_int_equal(spawn(&server, server_main, srv.addr, 0), 0);
+    assert_int_equal(get_byte(server.from, WAIT_MS), 'r');
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, c, "policy"), 0);
+    ts_predictor_stats_t st;
+    ts_predictor_stats(p, &st);
+    assert_int_equal(st.transport, TS_PREDICTOR_SHM);
+    killer k = {server.pid, 300};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, killer_main, &k), 0);
+    enum { TIMEOUT_MS = 10000 };
+    uint64_t t0 = now_ms();
+    ts_value_t *in = request(1, 0), *out = NULL;
+    int rc = ts_predictor_predict(p, in, TIMEOUT_MS, &out, NULL);
+    uint64_t took = now_ms() - t0;
+    pthread_join(th, NULL);
+    assert_int_equal(rc, TS_ECONNRESET);
+    assert_non_null(strstr(ts_last_error(), "died"));
+    assert_true(took < TIMEOUT_MS);
+    /* From now on the relay, where nobody serves: the request's own deadline. */
+    ts_predictor_stats(p, &st);
+    assert_int_equal(st.transport, TS_PREDICTOR_RELAY);
+    rc = ts_predictor_predict(p, in, 300, &out, NULL);
+    assert_int_equal(rc, TS_ETIMEDOUT);
+    ts_predictor_stats(p, &st);
+    assert_int_equal(st.shm, 1);
+    assert_int_equal(st.relayed, 1);
+    ts_value_free(in);
+    assert_int_equal(reap(&server), -1);
+    /* A killed server leaves its object's name behind: remove it by the descriptor's path. */
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek(c, "policy/shm", 0, &items), 0);
+    const char *path = NULL;
+    size_t len = 0;
+    assert_int_equal(ts_value_string(ts_map_get(ts_items_at(items, 0), "path"), &path, &len), 0);
+    assert_int_equal(shm_unlink(path), 0);
+    ts_items_free(items);
+    ts_predictor_free(p);
+    ts_client_free(c);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
+}
+
+static int stopper_main(const char *addr, int index, int in, int out)
+{
+    (void)index;
+    if (get_byte(in, WAIT_MS) != 'g')
+        return 2;
+    ts_client_t *c = NULL;
+    ts_predictor_t *p = NULL;
+    int rc = child_open(addr, TS_PREDICTOR_AUTO, &c, &p);
+    for (int i = 0; rc == 0 && i < 5; i++)
+        if (!predict_ok(p, 1, i, WAIT_MS))
+            rc = 13;
+    put_byte(out, 's');
+    if (rc == 0 && get_byte(in, WAIT_MS) != 'g')
+        rc = 3;
+    for (int i = 0; rc == 0 && i < 5; i++)
+        if (!predict_ok(p, 2, 100 + i, WAIT_MS))
+            rc = 15;
+    ts_predictor_stats_t st;
+    if (rc == 0) {
+        ts_predictor_stats(p, &st);
+        if (st.shm != 5 || st.relayed != 5 || st.transport != TS_PREDICTOR_RELAY)
+            rc = 14;
+    }
+    ts_predictor_free(p);
+    ts_client_free(c);
+    return rc;
+}
+
+static void test_shm_server_stops(void **state)
+{
+    (void)state;
+    tsh_server srv;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    child q;
+    assert_int_equal(spawn(&q, stopper_main, srv.addr, 0), 0);
+    ts_client_t *sc = NULL;
+    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
+    ts_batcher_t *b = new_batcher(32);
+    assert_non_null(b);
+    assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
+    assert_int_equal(ts_batcher_serve_shm(b, sc, "policy", NULL), 0);
+    put_byte(q.to, 'g');
+    assert_int_equal(get_byte(q.from, WAIT_MS), 's');
+    ts_batcher_free(b);
+    /* The next server relays only: the requester falls back to it. */
+    b = new_batcher(32);
+    assert_non_null(b);
+    assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
+    put_byte(q.to, 'g');
+    assert_int_equal(reap(&q), 0);
+    ts_batcher_free(b);
+    ts_client_free(sc);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Sizes and transports (requester and server in this process: the same host too)
+ */
+static void test_shm_sizes_and_transports(void **state)
+{
+    (void)state;
+    tsh_server srv;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    ts_client_t *sc = NULL, *c = NULL;
+    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
+    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    ts_predictor_t *p = NULL;
+    ts_predictor_options_t po;
+    ts_predictor_options_init(&po);
+    po.transport = TS_PREDICTOR_SHM;
+    /* Nobody offers slots yet. */
+    assert_int_equal(ts_predictor_open_with(&p, c, "policy", &po), TS_ENOTSUP);
+    ts_batcher_t *b = new_batcher(2048);
+    assert_non_null(b);
+    ts_batcher_shm_options_t so;
+    ts_batcher_shm_options_init(&so);
+    so.request_bytes = 8192; /* about 600 rows of x */
+    so.answer_bytes = 4096;  /* about 300 rows of y */
+    assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
+    assert_int_equal(ts_batcher_serve_shm(b, sc, "policy", &so), 0);
+    assert_int_equal(ts_predictor_open(&p, c, "policy"), 0);
+    ts_predictor_stats_t st;
+    assert_true(predict_ok(p, 1, 7, WAIT_MS));
+    assert_true(predict_ok(p, 1000, 0, WAIT_MS)); /* 12 000 bytes: relayed */
+    ts_predictor_stats(p, &st);
+    assert_int_equal(st.shm, 1);
+    assert_int_equal(st.relayed, 1);
+    assert_int_equal(st.oversize, 1);
+    assert_int_equal(st.transport, TS_PREDICTOR_SHM);
+    /* Fits the request area, not the answer area: refused with a clear error. */
+    ts_value_t *in = request(400, 0), *out = NULL;
+    assert_int_equal(ts_predictor_predict(p, in, WAIT_MS, &out, NULL), TS_EMSGSIZE);
+    assert_non_null(strstr(ts_last_error(), "answer area"));
+    ts_value_free(in);
+    /* A schema error comes back through the slot as through the relay. */
+    in = ts_map_new();
+    ts_map_set(in, "z", ts_int_new(1));
+    assert_int_equal(ts_predictor_predict(p, in, WAIT_MS, &out, NULL), TS_ESCHEMA);
+    ts_value_free(in);
+    assert_true(predict_ok(p, 3, 70, WAIT_MS)); /* the slot still works */
+    ts_predictor_free(p);
+    /* Forced relay. */
+    po.transport = TS_PREDICTOR_RELAY;
+    assert_int_equal(ts_predictor_open_with(&p, c, "policy", &po), 0);
+    assert_true(predict_ok(p, 2, 9, WAIT_MS));
+    ts_predictor_stats(p, &st);
+    assert_int_equal(st.shm, 0);
+    assert_int_equal(st.relayed, 1);
+    assert_int_equal(st.transport, TS_PREDICTOR_RELAY);
+    ts_predictor_free(p);
+    po.transport = 7;
+    assert_int_equal(ts_predictor_open_with(&p, c, "policy", &po), TS_EINVAL);
+    ts_batcher_free(b);
+    ts_client_free(c);
+    ts_client_free(sc);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shm_processes),
+        cmocka_unit_test(test_shm_requester_killed),
+        cmocka_unit_test(test_shm_server_killed),
+        cmocka_unit_test(test_shm_server_stops),
+        cmocka_unit_test(test_shm_sizes_and_transports),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
