@@ -5,7 +5,8 @@
  * Exit status: 0 after a clean shutdown; 1 when start-up or the final snapshot failed;
  * 2 for bad flags or an unsafe configuration (a non-loopback --host without a token, a --unix
  * socket another process answers on, a --save directory that does not exist or a --save file
- * another tensord holds); 3 when the --save snapshot exists but is damaged or unreadable.
+ * another tensord holds, a --data-dir that cannot be made or that another tensord holds,
+ * --data-dir with --save); 3 when the --save snapshot exists but is damaged or unreadable.
  */
 #include "server.h"
 
@@ -41,6 +42,7 @@ void tsd_config_defaults(tsd_config *cfg)
     cfg->shm_min = TSD_DEFAULT_SHM_MIN;
     cfg->save_interval_s = TSD_DEFAULT_SAVE_INTERVAL;
     cfg->stop_writes_on_save_error = 1;
+    cfg->max_disk = TSD_MAX_DISK_DEFAULT;
     long pages = sysconf(_SC_PHYS_PAGES);
     long page = sysconf(_SC_PAGE_SIZE);
     if (pages > 0 && page > 0)
@@ -107,6 +109,13 @@ static void usage(FILE *f)
             "                        on SAVE and shutdown                        [%u]\n"
             "  --stop-writes-on-save-error yes|no  after a failed snapshot, refuse PUT, APPEND,\n"
             "                        GET and DELETE (SAVE_FAILING) until one succeeds  [yes]\n"
+            "  --data-dir DIR        keep items in memory-mapped files DIR/<id>.tsi (created\n"
+            "                        0700 when missing; DIR/LOCK keeps a second tensord out):\n"
+            "                        bins survive restarts and a kill, may exceed RAM, and\n"
+            "                        count against --max-disk, not --max-memory; not with --save\n"
+            "  --data-min BYTES      items smaller than this stay in memory (lost at exit) [0]\n"
+            "  --max-disk BYTES      bytes of files at most; a write past it is refused\n"
+            "                        OUT_OF_MEMORY, 0 = unlimited    [3/4 of the free space]\n"
             "Other:\n"
             "  --log-level LEVEL     error | warn | info | debug                  [info]\n"
             "  --help                this text\n"
@@ -116,7 +125,8 @@ static void usage(FILE *f)
             "--save; more of them meanwhile are logged and change nothing). SIGHUP is ignored\n"
             "(logged), so a closed terminal does not stop tensord.\n"
             "Exit status: 0 clean shutdown, 1 failure, 2 bad flags or unsafe configuration\n"
-            "(--unix in use, --save directory missing or --save held by another tensord),\n"
+            "(--unix in use, --save directory missing or --save held by another tensord,\n"
+            "--data-dir unusable or held by another tensord, --data-dir with --save),\n"
             "3 damaged snapshot.\n",
             d.save_interval_s);
 }
@@ -203,6 +213,8 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
                                             "--max-watch",      "--save",
                                             "--save-interval",  "--max-unauth-clients",
                                             "--body-timeout",   "--stop-writes-on-save-error",
+                                            "--data-dir",       "--data-min",
+                                            "--max-disk",
                                             "--shm-min"};
         int is_known = 0;
         for (size_t k = 0; k < TS__ARRAY_SIZE(known); k++)
@@ -275,6 +287,16 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
         } else if (strcmp(flag, "--stop-writes-on-save-error") == 0) {
             bad = strcmp(val, "yes") != 0 && strcmp(val, "no") != 0;
             cfg->stop_writes_on_save_error = strcmp(val, "yes") == 0;
+        } else if (strcmp(flag, "--data-dir") == 0) {
+            bad = val[0] == '\0';
+            cfg->data_dir = val;
+        } else if (strcmp(flag, "--data-min") == 0) {
+            bad = parse_size(val, &n) != 0;
+            cfg->data_min = n;
+        } else if (strcmp(flag, "--max-disk") == 0) {
+            /* UINT64_MAX stands for the default (a share of the free space). */
+            bad = parse_size(val, &n) != 0 || n == TSD_MAX_DISK_DEFAULT;
+            cfg->max_disk = n;
         } else if (strcmp(flag, "--save-interval") == 0) {
             bad = parse_size(val, &n) != 0 || n > 86400u * 365u;
             cfg->save_interval_s = (uint32_t)n;
@@ -286,6 +308,14 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
             fprintf(stderr, "tensord: bad value for %s: '%s'\n", flag, val);
             return -1;
         }
+    }
+    /*
+     * Both would persist the same bins two ways, and a snapshot loaded over the data directory's
+     * files (or the reverse) would duplicate or resurrect items.
+     */
+    if (cfg->data_dir != NULL && cfg->save_path != NULL) {
+        fprintf(stderr, "tensord: --data-dir and --save cannot be used together (see --help)\n");
+        return -1;
     }
     return 0;
 }

@@ -51,6 +51,17 @@ static void reply_not_found(tsd_conn *c, const ts__hdr *h, const char *what, con
     tsd_reply_err(c, h->opcode, h->request_id, TS_ST_NOT_FOUND, "%s: %s", what, pn);
 }
 
+/* A request that would replace or take a tensor bin's item (rows.c): INVALID. */
+static void reply_tensor_bin(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl)
+{
+    char pn[TSD_NAME_MSG_CAP];
+    tsd_name_printable(name, nl, pn, sizeof(pn));
+    tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
+                  "%s on tensor bin %s: its rows are written with WRITE_ROWS and read with PEEK "
+                  "or the row reads; DELETE it to reuse the name",
+                  ts__op_name(h->opcode), pn);
+}
+
 static void op_hello(tsd_conn *c, const ts__hdr *h, const ts__msg_hello_req *m)
 {
     tsd_server *srv = c->srv;
@@ -99,6 +110,10 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
     tsd_bin *bin = tsd_store_find(&srv->store, name, nl);
     if (bin == NULL) {
         reply_not_found(c, h, "no such bin", name, nl);
+        return;
+    }
+    if (remove && tsd_bin_is_tensor(bin)) {
+        reply_tensor_bin(c, h, name, nl);
         return;
     }
     /* A connection that takes no more output changes nothing: the items would be lost. */
@@ -152,6 +167,12 @@ void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nam
     tsd_server *srv = c->srv;
     int replace = h->opcode == TS_OP_PUT;
     srv->stats.ops[h->opcode]++;
+    if (tsd_bin_is_tensor(tsd_store_find(&srv->store, name, name_len))) {
+        tsd_store_unreserve(&srv->store, tsd_item_len(item));
+        tsd_item_unref(item);
+        reply_tensor_bin(c, h, name, name_len);
+        return;
+    }
     uint64_t version = tsd_server_next_version(srv);
     tsd_bin *bin = tsd_store_add(&srv->store, name, name_len, item, replace, version);
     if (bin == NULL) {
@@ -565,7 +586,8 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     tsd_server *srv = c->srv;
     srv->stats.ops[h->opcode]++;
     /* GET and DELETE remove items: refused like PUT/APPEND while snapshots fail. */
-    if ((h->opcode == TS_OP_GET || h->opcode == TS_OP_DELETE) && tsd_writes_refused(srv)) {
+    if ((h->opcode == TS_OP_GET || h->opcode == TS_OP_DELETE || h->opcode == TS_OP_TENSOR_BIN) &&
+        tsd_writes_refused(srv)) {
         tsd_refuse_write(c, h->opcode, h->request_id);
         return;
     }
@@ -617,6 +639,10 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
         return;
     case TS_OP_WAIT:
         op_wait(c, h, q->name, q->name_len, q->after_version, q->timeout_ms);
+        return;
+    case TS_OP_TENSOR_BIN:
+    case TS_OP_READ_ROWS:
+        tsd_rows_dispatch(c, h, &m); /* rows.c */
         return;
     default:
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_UNKNOWN_OPCODE, "unknown opcode 0x%02x",

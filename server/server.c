@@ -604,6 +604,10 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
         }
         srv->saved_version = srv->version;
     }
+    /* The data directory's files hold the bins (exclusive with --save: main.c). */
+    rc = tsd_datadir_start(srv);
+    if (rc != 0)
+        return rc;
 
     uv_signal_init(loop, &srv->sigint);
     uv_signal_init(loop, &srv->sigterm);
@@ -789,6 +793,7 @@ void tsd_server_free(tsd_server *srv)
         ts__free(w);
     }
     tsd_server_free_store(srv);
+    tsd_datadir_free(srv);
     tsd_htab_free(&srv->watches);
     tsd_snapshot_free(srv);
     tsd_pool_drain();

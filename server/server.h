@@ -142,6 +142,9 @@ typedef struct tsd_config {
     int stop_writes_on_save_error; /* refuse writes while snapshots fail (with save_path) */
     uint32_t body_timeout_s;       /* s without progress inside a frame; 0 = none */
     uint32_t max_unauth;           /* connections that have not completed HELLO */
+    const char *data_dir;          /* --data-dir; NULL = items live in memory only */
+    uint64_t data_min;             /* bytes; smaller items stay in memory with --data-dir */
+    uint64_t max_disk;             /* bytes of --data-dir files; 0 = unlimited */
     uint64_t shm_min;              /* bytes; uploads this large land in a memfd; 0 = never */
     int no_fds;                    /* refuse HELLO FDS (no descriptors on unix sockets) */
 } tsd_config;
@@ -420,6 +423,66 @@ void tsd_shm_count_sent(uint64_t n);
 void tsd_shm_count_pending(int delta, int received);
 /* Close the recycled memfds (at exit). */
 void tsd_shm_drain(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * The data directory (datadir.c): items in memory-mapped files DIR/<id>.tsi (--data-dir), which
+ * survive restarts and count against --max-disk instead of --max-memory. Loop thread only.
+ */
+#define TSD_DATADIR_HDR     4096 /* bytes; the file header, then the record (page-aligned) */
+#define TSD_DATADIR_FORMAT  1    /* the header's format version; start-up reads only this one */
+#define TSD_DATADIR_TENSOR  0x01u /* commit flag: the item of a tensor bin (restored as one) */
+#define TSD_DATADIR_REPLACE 0x02u /* commit flag: it replaced its bin's content (PUT, PUT_FD) */
+/* cfg.max_disk: 3/4 of the file system's free space at start plus what the files hold. */
+#define TSD_MAX_DISK_DEFAULT UINT64_MAX
+typedef struct tsd_server tsd_server;
+typedef struct tsd_datadir tsd_datadir;
+/*
+ * At start (tsd_server_init, store ready): create DIR (0700) when missing, lock DIR/LOCK, load
+ * every file (a damaged one is logged, renamed to <id>.tsi.damaged and skipped) and rebuild the
+ * bins in sequence order (bin version = its newest item's sequence number; the change counter
+ * continues above them). 0; else srv->exit_code says how to exit (TSD_EXIT_USAGE: unusable or
+ * locked directory).
+ */
+int tsd_datadir_start(tsd_server *srv);
+/* At exit, after the store is freed: unlock and free (files stay). */
+void tsd_datadir_free(tsd_server *srv);
+/*
+ * An upload (or tensor bin) of len record bytes is about to be received. 1: not for the data dir
+ * (none configured, or len < --data-min): use the heap or a memfd. 0: *out is a TSD_BACK_FILE
+ * own item with one reference whose len bytes at tsd_item_data() are writable (the file's
+ * page cache; zero-filled); tsd_item_set_len may lower its length before the commit. <0
+ * (TS_EOOM: --max-disk, or the file could not be made; TS_ENOMEM): refuse the write with
+ * OUT_OF_MEMORY and the message of tsd_datadir_refusal; nothing is held.
+ */
+int tsd_datadir_alloc(tsd_server *srv, size_t len, tsd_item **out);
+/* The message for a refused alloc (rc) of len bytes, NUL-terminated in buf (cap bytes). */
+void tsd_datadir_refusal(const tsd_server *srv, int rc, size_t len, char *buf, size_t cap);
+/*
+ * The item (a TSD_BACK_FILE one) was just stored into bin by tsd_store_add with the version
+ * srv->version: write its header (sequence number = that version, flags TSD_DATADIR_*), so it
+ * is loaded at the next start. Call it right after tsd_store_add succeeded. No-op (0) for other items. Returns 0.
+ */
+int tsd_datadir_commit(tsd_server *srv, tsd_item *it, const uint8_t *bin, size_t bin_len,
+                       unsigned flags);
+/*
+ * The store let go of it (replaced by a PUT, taken by GET, bin deleted; not the store's freeing
+ * at shutdown): its file is renamed to <id>.gone at once, so it never comes back after a
+ * restart, and removed with the last reference. No-op for other items; srv may be NULL.
+ */
+void tsd_datadir_drop(tsd_server *srv, tsd_item *it);
+/* The last reference of a TSD_BACK_FILE item went: unmap it and free own (store.c/shm.c). */
+void tsd_datadir_release(tsd_item_own *own);
+/* A fresh O_RDONLY descriptor of the item's file (dropped or not), or a negative errno. */
+int tsd_datadir_open_ro(tsd_server *srv, const tsd_item *it);
+typedef struct tsd_datadir_stats {
+    uint64_t disk_bytes; /* bytes of the files (whole pages), counted against max_disk */
+    uint64_t files;      /* files in existence, items not yet released */
+    uint64_t max_disk;   /* 0 = unlimited */
+    uint64_t loaded;     /* items loaded at start */
+    uint64_t damaged;    /* files refused at start */
+    uint64_t refused;    /* uploads refused (--max-disk, or the file could not be made) */
+} tsd_datadir_stats;
+void tsd_datadir_stats_get(const tsd_server *srv, tsd_datadir_stats *st);
 
 /* A node of a name-keyed hash table; embedded first in bins and watches. */
 typedef struct tsd_hnode {
@@ -1143,6 +1206,7 @@ struct tsd_server {
     uint64_t start_ns;
     tsd_stats stats;
     int stopping;
+    tsd_datadir *datadir; /* --data-dir state (datadir.c), or NULL */
 };
 
 /*

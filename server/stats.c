@@ -24,6 +24,10 @@ static ts_value_t *build(tsd_server *srv)
         {"ops_delete", TS_OP_DELETE},     {"ops_list", TS_OP_LIST}, {"ops_listen", TS_OP_LISTEN},
         {"ops_unlisten", TS_OP_UNLISTEN}, {"ops_wait", TS_OP_WAIT}, {"ops_stats", TS_OP_STATS},
         {"ops_save", TS_OP_SAVE},
+        {"ops_tensor_bin", TS_OP_TENSOR_BIN},
+        {"ops_read_rows", TS_OP_READ_ROWS},
+        {"ops_gather_rows", TS_OP_GATHER_ROWS},
+        {"ops_write_rows", TS_OP_WRITE_ROWS},
     };
     ts_value_t *m = ts_map_new();
     if (m == NULL)
