@@ -672,3 +672,27 @@ int ts_unlisten(ts_client_t *c, const char *bin)
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * The request machinery for the other operation files (rows.c); see internal.h.
+ */
+
+int ts__api_check_call(ts_client_t *c, int blocking)
+{
+    return check_call(c, blocking);
+}
+
+ts__req *ts__api_req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, int *rc)
+{
+    return req_new(c, kind, op, bin, NULL, rc);
+}
+
+int ts__api_run_blocking(ts_client_t *c, ts__req *r, ts__req **out)
+{
+    return run_blocking(c, r, out);
+}
+
+int ts__api_run_async(ts_client_t *c, ts__req *r, ts_result_cb cb, void *arg)
+{
+    return run_async(c, r, cb, arg);
+}

@@ -506,6 +506,18 @@ void ts__lane_init(ts_client_t *c);
 void ts__lane_cancel(ts_client_t *c);
 void ts__lane_destroy(ts_client_t *c);
 
+/*
+ * api.c's request machinery, for operation files beside it (rows.c): the call checks of every
+ * operation (TS_EDEADLK for a blocking call on the I/O thread); a request for op on bin whose
+ * body ts__req_body encodes with no arguments (NULL and *rc on failure, its message set); running
+ * a blocking request to the end (0 with *out the completed request, which the caller frees); and
+ * submitting an asynchronous one (on failure r is freed and cb never called).
+ */
+int ts__api_check_call(ts_client_t *c, int blocking);
+ts__req *ts__api_req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, int *rc);
+int ts__api_run_blocking(ts_client_t *c, ts__req *r, ts__req **out);
+int ts__api_run_async(ts_client_t *c, ts__req *r, ts_result_cb cb, void *arg);
+
 /* lasterror.c: set the thread's ts_last_error() to len bytes of msg (NULL: ""). */
 void ts__set_last_error(const char *msg, size_t len);
 

@@ -82,7 +82,7 @@ static int dispatch_notify(ts_client_t *c, const uint8_t *body, size_t len)
     ts__msg_notify m;
     if (ts__msg_notify_decode(body, len, &m) != 0)
         return TS_EPROTO;
-    if (m.event < TS_NOTE_PUT || m.event > TS_NOTE_DELETE)
+    if (m.event < TS_NOTE_PUT || m.event > TS_NOTE_ROWS)
         return 0;
     ts__sub *s;
     pthread_mutex_lock(&c->mu);

@@ -296,6 +296,7 @@ static void rl_notify_cb(ts_client_t *c, int status, const ts_notification_t *n,
         switch (n->event) {
         case TS_EV_PUT:
         case TS_EV_APPEND:
+        case TS_EV_ROWS: /* a tensor bin's rows changed in place: read it again too */
             rl_request_peek(w);
             break;
         case TS_EV_RESUBSCRIBED:

@@ -475,7 +475,10 @@ static void item_store(tsd_conn *c, tsd_item *it)
     size_t len = tsd_item_len(it);
     tsd_store_unreserve(&c->srv->store, c->cur_reserved - len);
     c->cur_reserved = 0;
-    tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
+    if (c->cur.opcode == TS_OP_GATHER_ROWS || c->cur.opcode == TS_OP_WRITE_ROWS)
+        tsd_rows_upload(c, &c->cur, c->cur_name, c->cur_name_len, it); /* rows.c */
+    else
+        tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
 }
 
 static void fail_bad_record(tsd_conn *c, size_t len)
@@ -764,8 +767,7 @@ static void bulk_received(tsd_conn *c, size_t n)
  */
 static int check_raw_len(tsd_conn *c, const ts__hdr *h, uint64_t raw)
 {
-    int upload = h->opcode == TS_OP_PUT || h->opcode == TS_OP_APPEND;
-    uint64_t limit = upload ? c->srv->cfg.max_frame : TS_MAX_CTRL_BODY;
+    uint64_t limit = ts__msg_op_info(h->opcode)->upload ? c->srv->cfg.max_frame : TS_MAX_CTRL_BODY;
     if (raw > TS_LZ4_MAX_RAW) {
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_TOO_LARGE,
                       "raw body of %llu bytes exceeds the largest lz4 input (%llu bytes)",
@@ -993,7 +995,7 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     uint64_t blen = h->body_len;
 
     /* Snapshots are failing (--stop-writes-on-save-error): nothing reserved, body skipped. */
-    if (tsd_writes_refused(srv)) {
+    if (tsd_writes_refused(srv) && ts__msg_op_info(h->opcode)->changes) {
         c->cur = *h;
         c->ipos += TS_HDR_SIZE;
         c->cur_refused = 1;
@@ -1050,7 +1052,8 @@ static void process_input(tsd_conn *c)
         ts__hdr h;
         if (check_header(c, c->ibuf + c->ipos, &h) != 0)
             break;
-        if (h.opcode == TS_OP_PUT || h.opcode == TS_OP_APPEND) {
+        /* PUT, APPEND and the row uploads (GATHER_ROWS, WRITE_ROWS): name, then a record. */
+        if (ts__msg_op_info(h.opcode)->upload) {
             if (start_upload(c, &h) != 0)
                 break;
             continue;

@@ -7,6 +7,7 @@
  *   conn.c    one connection: accept, the read state machine, header limits, uploads, close
  *   output.c  a connection's output queue: write batches, replies, the slow-reader cut-off
  *   ops.c     the request handlers (one per opcode)
+ *   rows.c    tensor bins and row access (TENSOR_BIN, READ_ROWS, GATHER_ROWS, WRITE_ROWS)
  *   store.c   bins, items, the name hash table, memory accounting, point-in-time passes
  *   view.c    views: passes over the store walked a chunk of bins per loop turn (LIST, SAVE)
  *   slab.c    size classes for the buffers of small records
@@ -588,6 +589,11 @@ tsd_item *tsd_store_pop(tsd_store *s, tsd_bin *bin);
 /* Remove a bin with its items (unlink and free). */
 void tsd_store_remove(tsd_store *s, tsd_bin *bin);
 /*
+ * bin is about to change in place (a tensor bin's WRITE_ROWS): hand it as it is now to the
+ * passes that still need it (see the passes below).
+ */
+void tsd_store_touch(tsd_store *s, tsd_bin *bin);
+/*
  * Every bin, sorted by name, into a new array (*out, ts__free it); TS_ENOMEM. *n is the count.
  */
 int tsd_store_sorted(tsd_store *s, tsd_bin ***out, size_t *n);
@@ -1000,6 +1006,29 @@ struct tsd_sub {
      */
     uint32_t held;
     uint64_t h_version;
+/* ---------------------------------------------------------------------------------------------
+ * Tensor bins and rows (rows.c)
+ */
+/* Dimensions of a tensor bin's tensor: 1 (a tensor of rows needs one) to the record format's 8. */
+#define TSD_TENSOR_BIN_MAX_NDIM TS_MAX_NDIM
+/*
+ * Indexes of one GATHER_ROWS (4 Mi, a 32 MiB index tensor). Each is a row copied on the loop
+ * thread, so the bound keeps one request's loop time in the tens of milliseconds for small rows;
+ * the reply's bytes are bounded by --max-memory besides.
+ */
+#define TSD_MAX_GATHER_ROWS ((uint64_t)1 << 22)
+/* 1 when b is a tensor bin: its one item is live (made by TENSOR_BIN, written in place). */
+int tsd_bin_is_tensor(const tsd_bin *b);
+/* Handle TENSOR_BIN or READ_ROWS (m decoded by tsd_op_dispatch). */
+void tsd_rows_dispatch(tsd_conn *c, const ts__hdr *h, const ts__msg *m);
+/*
+ * Finish a GATHER_ROWS or WRITE_ROWS whose record has been received and validated into item, as
+ * tsd_op_store does for PUT: the reference and the store reservation of tsd_item_len(item) are
+ * the callee's, which answers the request and releases both.
+ */
+void tsd_rows_upload(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t name_len,
+                     tsd_item *item);
+
     uint32_t h_n_items;
     uint8_t h_event;
     tsd_sub *hprev, *hnext; /* in the connection's held list */

@@ -556,6 +556,11 @@ void tsd_store_remove(tsd_store *s, tsd_bin *b)
     bin_destroy(s, b, 1);
 }
 
+void tsd_store_touch(tsd_store *s, tsd_bin *b)
+{
+    pass_capture(s, b);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Point-in-time passes
  *

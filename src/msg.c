@@ -39,6 +39,10 @@ static const ts__msg_op ops[] = {
     {TS_OP_PEEK_REF, TS_MSG_GET_REQ, TS_MSG_REF_ITEMS, 0, 0},
     {TS_OP_PUT_FD, TS_MSG_PUT_FD_REQ, TS_MSG_BIN_STATE, 0, 1},
     {TS_OP_APPEND_FD, TS_MSG_PUT_FD_REQ, TS_MSG_BIN_STATE, 0, 1},
+    {TS_OP_TENSOR_BIN, TS_MSG_TENSOR_BIN_REQ, TS_MSG_BIN_STATE, 0, 1},
+    {TS_OP_READ_ROWS, TS_MSG_READ_ROWS_REQ, TS_MSG_ITEMS, 0, 0},
+    {TS_OP_GATHER_ROWS, TS_MSG_PUT_REQ, TS_MSG_ITEMS, 1, 0},
+    {TS_OP_WRITE_ROWS, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
     {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
 };
 
@@ -90,9 +94,10 @@ uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large)
 uint64_t ts__msg_request_limit(uint8_t op, int helloed, uint64_t max_frame)
 {
     uint64_t limit;
+    const ts__msg_op *info = ts__msg_op_info(op);
     if (!helloed)
         limit = TS_MAX_PREAUTH_BODY;
-    else if (op == TS_OP_PUT || op == TS_OP_APPEND)
+    else if (info != NULL && info->upload) /* PUT, APPEND, GATHER_ROWS, WRITE_ROWS */
         limit = max_frame;
     else
         limit = TS_MAX_CTRL_BODY;
@@ -852,6 +857,12 @@ static int decode_kind(ts__msg_kind kind, const uint8_t *body, size_t len, ts__m
     case TS_MSG_PUT_FD_REQ:
         rc = ts__msg_put_fd_req_decode(body, len, &d.u.put_fd);
         break;
+    case TS_MSG_TENSOR_BIN_REQ:
+        rc = ts__msg_tensor_bin_req_decode(body, len, &d.u.tensor_bin);
+        break;
+    case TS_MSG_READ_ROWS_REQ:
+        rc = ts__msg_read_rows_req_decode(body, len, &d.u.read_rows);
+        break;
     case TS_MSG_NONE:
     default:
         return TS_EUNKNOWNOP;
@@ -963,6 +974,10 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
         return ref_encode_again(&m->u.ref_items, out, cap, len);
     case TS_MSG_PUT_FD_REQ:
         return ts__msg_put_fd_req_encode(out, cap, &m->u.put_fd, len);
+    case TS_MSG_TENSOR_BIN_REQ:
+        return ts__msg_tensor_bin_req_encode(out, cap, &m->u.tensor_bin, len);
+    case TS_MSG_READ_ROWS_REQ:
+        return ts__msg_read_rows_req_encode(out, cap, &m->u.read_rows, len);
     case TS_MSG_NONE:
     default:
         return TS_EINVAL;

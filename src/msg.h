@@ -70,9 +70,11 @@ typedef enum ts__msg_kind {
     TS_MSG_LIST_REP,  /* the LIST reply */
     TS_MSG_RECORD,    /* one record filling the body (the STATS reply) */
     TS_MSG_NOTIFY,    /* the NOTIFY body */
-    TS_MSG_ERROR,      /* an error message of at most TS_MAX_ERRMSG bytes */
-    TS_MSG_REF_ITEMS,  /* the reply of GET_REF and PEEK_REF (msg_ref.c) */
+    TS_MSG_ERROR,     /* an error message of at most TS_MAX_ERRMSG bytes */
+    TS_MSG_REF_ITEMS, /* the reply of GET_REF and PEEK_REF (msg_ref.c) */
     TS_MSG_PUT_FD_REQ, /* name, u64 record_len (PUT_FD, APPEND_FD; one descriptor attached) */
+    TS_MSG_TENSOR_BIN_REQ, /* name, dtype, ndim, dims (TENSOR_BIN; msg_rows.c) */
+    TS_MSG_READ_ROWS_REQ   /* name, item, key, start, end (READ_ROWS; msg_rows.c) */
 } ts__msg_kind;
 
 /* What one opcode carries (section 8's table). */
@@ -432,6 +434,70 @@ int ts__msg_put_fd_req_decode(const uint8_t *body, size_t len, ts__msg_put_fd_re
 unsigned ts__msg_request_fds(uint8_t op);
 
 /* ---------------------------------------------------------------------------------------------
+ * Tensor bins and rows (msg_rows.c): the TENSOR_BIN and READ_ROWS requests, and records whose
+ * root is one tensor (docs/PROTOCOL.md 8.19 to 8.22). GATHER_ROWS and WRITE_ROWS bodies are a
+ * name and a record, as PUT's (TS_MSG_PUT_REQ, received like an upload).
+ */
+#define TS_MSG_TENSOR_BIN_FIXED 4 /* u8 dtype, u8 ndim, u16 reserved after the name */
+#define TS_MSG_READ_ROWS_FIXED  22 /* i32 item, u16 key_len, u64 start, u64 end */
+/*
+ * Bytes; the longest READ_ROWS key. A map key may be longer (u16), but a READ_ROWS body must fit
+ * the control body limit with a name of TS_MAX_NAME_LEN bytes, and 1024 leaves room to spare.
+ */
+#define TS_MSG_MAX_ROWS_KEY 1024
+
+/*
+ * TENSOR_BIN: name, u8 dtype, u8 ndim, u16 reserved 0, ndim x u64 dim. The decoder takes any
+ * ndim whose dims the body holds exactly (the server answers INVALID outside 1..TS_MAX_NDIM) and
+ * keeps the first TS_MAX_NDIM dims; the encoder refuses ndim over TS_MAX_NDIM (TS_EINVAL).
+ */
+typedef struct ts__msg_tensor_bin_req {
+    const uint8_t *name; /* borrowed */
+    size_t name_len;
+    uint8_t dtype;
+    uint8_t ndim;
+    uint64_t dims[TS_MAX_NDIM];
+} ts__msg_tensor_bin_req;
+size_t ts__msg_tensor_bin_req_size(size_t name_len, unsigned ndim);
+int ts__msg_tensor_bin_req_encode(uint8_t *out, size_t cap, const ts__msg_tensor_bin_req *m,
+                                  size_t *len);
+int ts__msg_tensor_bin_req_decode(const uint8_t *body, size_t len, ts__msg_tensor_bin_req *m);
+
+/*
+ * READ_ROWS: name, i32 item (0 = oldest, -1 = newest), u16 key_len, key (empty: the root is the
+ * tensor), u64 start, u64 end. A key over TS_MSG_MAX_ROWS_KEY bytes is malformed (decoder) or
+ * TS_EINVAL (encoder).
+ */
+typedef struct ts__msg_read_rows_req {
+    const uint8_t *name; /* borrowed */
+    size_t name_len;
+    int32_t item;
+    const uint8_t *key; /* borrowed; NULL when key_len is 0 */
+    size_t key_len;
+    uint64_t start;
+    uint64_t end;
+} ts__msg_read_rows_req;
+size_t ts__msg_read_rows_req_size(size_t name_len, size_t key_len);
+int ts__msg_read_rows_req_encode(uint8_t *out, size_t cap, const ts__msg_read_rows_req *m,
+                                 size_t *len);
+int ts__msg_read_rows_req_decode(const uint8_t *body, size_t len, ts__msg_read_rows_req *m);
+
+/*
+ * A record whose root is one tensor (dtype, ndim dims), laid out canonically: the 16-byte
+ * header, the tensor's meta, zeros up to ts__rows_rec_head_size(ndim) (the data area, a multiple
+ * of 64), then the data. ts__rows_tensor_bytes: the data bytes, multiplied as record rule 10
+ * does (TS_EINVAL: unknown dtype or ndim over TS_MAX_NDIM; TS_EMSGSIZE: a dim over 2^63 - 1 or
+ * an overflow). ts__rows_rec_size: the whole record (also TS_EMSGSIZE past size_t).
+ * ts__rows_rec_head_write writes the head (ts__rows_rec_head_size bytes) for data_len bytes of
+ * data; the caller writes the data after it.
+ */
+int ts__rows_tensor_bytes(uint8_t dtype, unsigned ndim, const uint64_t *dims, uint64_t *bytes);
+size_t ts__rows_rec_head_size(unsigned ndim);
+int ts__rows_rec_size(uint8_t dtype, unsigned ndim, const uint64_t *dims, uint64_t *size);
+void ts__rows_rec_head_write(uint8_t *out, uint8_t dtype, unsigned ndim, const uint64_t *dims,
+                             uint64_t data_len);
+
+/* ---------------------------------------------------------------------------------------------
  * Decoding by opcode: the table above picks the decoder
  */
 typedef struct ts__msg {
@@ -448,6 +514,8 @@ typedef struct ts__msg {
         ts__msg_error error;
         ts__msg_ref_items ref_items;
         ts__msg_put_fd_req put_fd;
+        ts__msg_tensor_bin_req tensor_bin;
+        ts__msg_read_rows_req read_rows;
     } u;
 } ts__msg;
 

@@ -147,6 +147,22 @@ const char *ts__op_name(uint8_t op)
         return "STATS";
     case TS_OP_SAVE:
         return "SAVE";
+    case TS_OP_GET_REF:
+        return "GET_REF";
+    case TS_OP_PEEK_REF:
+        return "PEEK_REF";
+    case TS_OP_PUT_FD:
+        return "PUT_FD";
+    case TS_OP_APPEND_FD:
+        return "APPEND_FD";
+    case TS_OP_TENSOR_BIN:
+        return "TENSOR_BIN";
+    case TS_OP_READ_ROWS:
+        return "READ_ROWS";
+    case TS_OP_GATHER_ROWS:
+        return "GATHER_ROWS";
+    case TS_OP_WRITE_ROWS:
+        return "WRITE_ROWS";
     case TS_OP_NOTIFY:
         return "NOTIFY";
     default:

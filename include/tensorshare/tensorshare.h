@@ -569,6 +569,7 @@ typedef enum ts_event_e {
     TS_EV_APPEND = 2,
     TS_EV_GET = 3,
     TS_EV_DELETE = 4,
+    TS_EV_ROWS = 5, /* rows written in place into a tensor bin (Added in 0.3.0) */
     TS_EV_DISCONNECTED = 100, /* connection lost; changes may be missed until RESUBSCRIBED */
     TS_EV_RESUBSCRIBED = 101  /* listening again after a reconnect: re-read the bin */
 } ts_event_t;
@@ -699,6 +700,58 @@ TS_EXTERN int ts_shared_append(ts_client_t *c, const char *bin, ts_shared_t *sh,
  * server). The tree of ts_shared_value goes with it. NULL is a no-op. Added in 0.3.0.
  */
 TS_EXTERN void ts_shared_free(ts_shared_t *sh);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensor bins and rows
+ *
+ * A tensor bin holds one preallocated tensor (a record whose root is the tensor) that is written
+ * in place, a range of rows at a time, and read by rows: an embedding table, a replay buffer, a
+ * parameter shard that many workers update and read in parts. ts_tensor_bin_create makes it
+ * zero-filled; ts_rows_write writes rows [start, start + k) in place (the bin's version moves on,
+ * listeners get TS_EV_ROWS, waits are answered); ts_rows_read and ts_rows_gather return copies of
+ * rows, taken when the server handles the request. ts_peek returns the whole tensor, and
+ * ts_peek_ref maps it shared on the same host (its data then changes as rows are written). A
+ * tensor bin refuses put, append and get (TS_EINVAL): delete it to reuse its name. The row reads
+ * also work on any bin's items: the item's root tensor, or a tensor under a key of its root map.
+ * Every call here is blocking (the client's request timeout, TS_EDEADLK from a client callback,
+ * any thread) and leaves the server's reason in ts_last_error() on failure. docs/PROTOCOL.md
+ * 8.19 to 8.22 has the rules. Added in 0.3.0.
+ */
+
+/*
+ * Create bin as a tensor bin of dtype and shape (ndim 1 to TS_MAX_NDIM, every dim >= 0),
+ * zero-filled. version (may be NULL) gets the bin's version. Errors: TS_EINVAL (bad arguments,
+ * the bin exists, a shape too large for a record), TS_EOOM (over the server's --max-memory).
+ * Added in 0.3.0.
+ */
+TS_EXTERN int ts_tensor_bin_create(ts_client_t *c, const char *bin, ts_dtype_t dtype, int ndim,
+                                   const int64_t *shape, uint64_t *version);
+/*
+ * Rows [start, end) of a tensor of the bin's item number item (0 = the oldest, -1 = the newest;
+ * a tensor bin's one item is 0 or -1): the item's root tensor when key is NULL or "", else the
+ * tensor under key in its root map. *out holds one item whose root is a tensor of shape
+ * [end - start, shape[1..]] (yours: ts_items_free; its version is the bin's). Errors: TS_ENOENT
+ * (no such bin or key), TS_EINVAL (no such item, not a tensor, a tensor of 0 dimensions, rows
+ * out of range, a key over 1024 bytes), TS_EOOM. Added in 0.3.0.
+ */
+TS_EXTERN int ts_rows_read(ts_client_t *c, const char *bin, int item, const char *key,
+                           int64_t start, int64_t end, ts_items_t **out);
+/*
+ * The rows index[0..n) of the same tensor, in that order (repeats allowed; each 0 <= index[i] <
+ * the tensor's rows; n at most 4194304): *out holds one item whose root is a tensor of shape
+ * [n, shape[1..]]. Errors as ts_rows_read's (an index out of range: TS_EINVAL). Added in 0.3.0.
+ */
+TS_EXTERN int ts_rows_gather(ts_client_t *c, const char *bin, int item, const char *key,
+                             const int64_t *index, size_t n, ts_items_t **out);
+/*
+ * Write rows (a tensor of the bin's dtype and shape [k, shape[1..]], k >= 0; its memory is read
+ * during the call only) into the tensor bin at rows [start, start + k), in place. version (may be
+ * NULL) gets the bin's new version. Errors: TS_ENOENT (no such bin), TS_EINVAL (not a tensor bin,
+ * another dtype or shape, rows out of range), TS_ESAVEFAIL. Writes of several clients into
+ * disjoint rows all land; into the same rows, the last the server handles wins. Added in 0.3.0.
+ */
+TS_EXTERN int ts_rows_write(ts_client_t *c, const char *bin, int64_t start,
+                            const ts_value_t *rows, uint64_t *version);
 
 #ifdef __cplusplus
 }

@@ -1164,6 +1164,8 @@ static const char *event_name(ts_event_t e)
     case TS_EV_RESUBSCRIBED:
         return "resubscribed";
     default:
+    case TS_EV_ROWS:
+        return "rows";
         return "unknown";
     }
 }

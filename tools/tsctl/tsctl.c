@@ -916,6 +916,8 @@ static const char *event_name(ts_event_t e)
         return "get";
     case TS_EV_DELETE:
         return "delete";
+    case TS_EV_ROWS:
+        return "rows";
     case TS_EV_DISCONNECTED:
         return "disconnected";
     case TS_EV_RESUBSCRIBED:

@@ -1,0 +1,200 @@
+/*
+ * Tensor bins and rows (tensorshare.h "Tensor bins and rows"): TENSOR_BIN and READ_ROWS, whose
+ * bodies are encoded here into the request's flat buffer, and GATHER_ROWS and WRITE_ROWS, whose
+ * bodies are a name and a record, sent like a PUT's (the record's tensors straight from the
+ * caller's memory: every call here blocks until its reply). Replies are parsed by reply.c by
+ * their kind (ITEMS for the row reads, a bin state otherwise).
+ */
+#include "internal.h"
+
+#include "msg.h"
+
+/*
+ * A blocking request for op whose whole body is the len bytes that encode writes into a fresh
+ * buffer of that size (ctx is encode's). NULL and *rc on failure (the message set).
+ */
+static ts__req *flat_req(ts_client_t *c, uint8_t op, size_t len,
+                         int (*encode)(uint8_t *out, size_t cap, const void *ctx, size_t *len),
+                         const void *ctx, int *rc)
+{
+    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, rc);
+    if (r == NULL)
+        return NULL;
+    r->op = op;
+    r->flat = ts__malloc_aligned(len);
+    if (r->flat == NULL) {
+        ts__req_free(r);
+        *rc = ts__fail(TS_ENOMEM, NULL);
+        return NULL;
+    }
+    r->flat_cap = len;
+    size_t n = 0;
+    *rc = encode(r->flat, len, ctx, &n);
+    if (*rc != 0) {
+        ts__req_free(r);
+        ts__fail(*rc, NULL);
+        return NULL;
+    }
+    r->flat_len = n;
+    r->small_len = 0;
+    r->body_len = n;
+    return r;
+}
+
+static int enc_tensor_bin(uint8_t *out, size_t cap, const void *ctx, size_t *len)
+{
+    return ts__msg_tensor_bin_req_encode(out, cap, ctx, len);
+}
+
+static int enc_read_rows(uint8_t *out, size_t cap, const void *ctx, size_t *len)
+{
+    return ts__msg_read_rows_req_encode(out, cap, ctx, len);
+}
+
+/*
+ * A blocking GATHER_ROWS or WRITE_ROWS on bin whose record is root (only read here: its tensors
+ * are sent from their memory, which must stay valid until the call returns). NULL and *rc.
+ */
+static ts__req *record_req(ts_client_t *c, uint8_t op, const char *bin, const ts_value_t *root,
+                           int *rc)
+{
+    /* PUT's body head is a name, the head of these requests too. */
+    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PUT, bin, rc);
+    if (r == NULL)
+        return NULL;
+    r->op = op;
+    ts__enc e;
+    *rc = ts__record_plan(root, &e);
+    if (*rc != 0) {
+        ts__req_free(r);
+        ts__fail(*rc, "the %s request cannot be encoded: %s", ts__op_name(op), ts_strerror(*rc));
+        return NULL;
+    }
+    r->enc = e;
+    r->borrowed = 1;
+    r->body_len = r->small_len + e.total;
+    return r;
+}
+
+/* Run r to its end; on success hand back its items (*items) or its version (*version). */
+static int finish(ts_client_t *c, ts__req *r, ts_items_t **items, uint64_t *version)
+{
+    ts__req *done;
+    int rc = ts__api_run_blocking(c, r, &done);
+    if (rc != 0)
+        return rc;
+    if (items != NULL) {
+        *items = done->res.items;
+        done->res.items = NULL;
+    }
+    if (version != NULL)
+        *version = done->res.version;
+    ts__req_free(done);
+    return 0;
+}
+
+int ts_tensor_bin_create(ts_client_t *c, const char *bin, ts_dtype_t dtype, int ndim,
+                         const int64_t *shape, uint64_t *version)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL || ndim < 1 || ndim > TS_MAX_NDIM || shape == NULL || ts_dtype_size(dtype) == 0)
+        return ts__fail(TS_EINVAL, "a tensor bin needs a name, a known dtype and 1 to %d dims",
+                        TS_MAX_NDIM);
+    ts__msg_tensor_bin_req m = {.name = (const uint8_t *)bin,
+                                .name_len = strlen(bin),
+                                .dtype = (uint8_t)dtype,
+                                .ndim = (uint8_t)ndim};
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return ts__fail(TS_EINVAL, "dim %d is negative", i);
+        m.dims[i] = (uint64_t)shape[i];
+    }
+    if (m.name_len > TS_MAX_NAME_LEN)
+        return ts__fail(TS_ENAMETOOLONG, "bin name of %zu bytes (at most %d)", m.name_len,
+                        TS_MAX_NAME_LEN);
+    ts__req *r = flat_req(c, TS_OP_TENSOR_BIN, ts__msg_tensor_bin_req_size(m.name_len, m.ndim),
+                          enc_tensor_bin, &m, &rc);
+    if (r == NULL)
+        return rc;
+    return finish(c, r, NULL, version);
+}
+
+int ts_rows_read(ts_client_t *c, const char *bin, int item, const char *key, int64_t start,
+                 int64_t end, ts_items_t **out)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL || out == NULL || start < 0 || end < start)
+        return ts__fail(TS_EINVAL, "rows [%lld, %lld) of a bin", (long long)start, (long long)end);
+    ts__msg_read_rows_req m = {.name = (const uint8_t *)bin,
+                               .name_len = strlen(bin),
+                               .item = (int32_t)item,
+                               .key = (const uint8_t *)key,
+                               .key_len = key != NULL ? strlen(key) : 0,
+                               .start = (uint64_t)start,
+                               .end = (uint64_t)end};
+    if (m.name_len > TS_MAX_NAME_LEN)
+        return ts__fail(TS_ENAMETOOLONG, "bin name of %zu bytes (at most %d)", m.name_len,
+                        TS_MAX_NAME_LEN);
+    if (m.key_len > TS_MSG_MAX_ROWS_KEY)
+        return ts__fail(TS_EINVAL, "key of %zu bytes (at most %d)", m.key_len, TS_MSG_MAX_ROWS_KEY);
+    ts__req *r = flat_req(c, TS_OP_READ_ROWS, ts__msg_read_rows_req_size(m.name_len, m.key_len),
+                          enc_read_rows, &m, &rc);
+    if (r == NULL)
+        return rc;
+    return finish(c, r, out, NULL);
+}
+
+int ts_rows_gather(ts_client_t *c, const char *bin, int item, const char *key, const int64_t *index,
+                   size_t n, ts_items_t **out)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL || out == NULL || (index == NULL && n > 0) || n > (size_t)INT64_MAX)
+        return ts__fail(TS_EINVAL, "a gather needs a bin, an index array and an output");
+    ts_value_t *m = ts_map_new();
+    int64_t len = (int64_t)n;
+    rc = m == NULL ? TS_ENOMEM : 0;
+    if (rc == 0 && item != 0)
+        rc = ts_map_set(m, "item", ts_int_new(item));
+    if (rc == 0 && key != NULL && key[0] != '\0')
+        rc = ts_map_set(m, "key", ts_string_new(key, strlen(key)));
+    if (rc == 0)
+        rc = ts_map_set(m, "index", ts_tensor_new(TS_INT64, 1, &len, index, TS_BORROW));
+    if (rc != 0) {
+        ts_value_free(m);
+        return ts__fail(rc, NULL);
+    }
+    ts__req *r = record_req(c, TS_OP_GATHER_ROWS, bin, m, &rc);
+    ts_value_free(m); /* the plan keeps the meta; the index is read from the caller's memory */
+    if (r == NULL)
+        return rc;
+    return finish(c, r, out, NULL);
+}
+
+int ts_rows_write(ts_client_t *c, const char *bin, int64_t start, const ts_value_t *rows,
+                  uint64_t *version)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (bin == NULL || rows == NULL || ts_value_type(rows) != TS_TYPE_TENSOR || start < 0)
+        return ts__fail(TS_EINVAL, "a row write needs a bin, a start >= 0 and a tensor of rows");
+    ts_value_t *m = ts_map_new();
+    rc = m == NULL ? TS_ENOMEM : ts_map_set(m, "start", ts_int_new(start));
+    if (rc == 0)
+        rc = ts_map_set(m, "rows", ts_value_borrow(rows));
+    if (rc != 0) {
+        ts_value_free(m);
+        return ts__fail(rc, NULL);
+    }
+    ts__req *r = record_req(c, TS_OP_WRITE_ROWS, bin, m, &rc);
+    ts_value_free(m); /* the rows are read from their own memory until the call returns */
+    if (r == NULL)
+        return rc;
+    return finish(c, r, NULL, version);
+}
