@@ -17,6 +17,7 @@
 #include "msg.h"
 #include "record.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -118,6 +119,94 @@ static void on_close(uv_handle_t *h)
     conn_free(c);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Received descriptors
+ */
+
+static void scratch_closed(uv_handle_t *h)
+{
+    ts__free(h);
+}
+
+/*
+ * Move the descriptors libuv received with the last read into c's queue (oldest first). A
+ * connection without FDS granted keeps none: they are closed at once. Past
+ * TSD_MAX_PENDING_FDS unclaimed ones the connection fails (BAD_REQUEST). 0, or -1 when c failed.
+ */
+static int take_fds(tsd_conn *c)
+{
+    if (!c->is_unix)
+        return 0;
+    int failed = 0;
+    while (uv_pipe_pending_count(&c->h.pipe) > 0) {
+        /*
+         * libuv hands a received descriptor over only through uv_accept into a handle; a
+         * scratch pipe takes it, and a duplicate outlives the scratch (closing it closes the
+         * original).
+         */
+        uv_pipe_t *scratch = ts__malloc(sizeof(*scratch));
+        int fd = -1;
+        if (scratch != NULL && uv_pipe_init(c->srv->loop, scratch, 0) == 0) {
+            uv_os_fd_t got;
+            if (uv_accept(&c->h.stream, (uv_stream_t *)scratch) == 0 &&
+                uv_fileno((uv_handle_t *)scratch, &got) == 0)
+                fd = fcntl(got, F_DUPFD_CLOEXEC, 3);
+            uv_close((uv_handle_t *)scratch, scratch_closed);
+        } else {
+            ts__free(scratch);
+            /* No memory for the scratch handle: the descriptor stays queued in libuv. */
+            failed = 1;
+            break;
+        }
+        if (fd < 0)
+            continue;
+        if (!c->fds_ok || c->n_fds_in >= TSD_MAX_PENDING_FDS || c->closing ||
+            c->rstate == TSD_RS_DEAD) {
+            (void)close(fd);
+            if (c->fds_ok && c->n_fds_in >= TSD_MAX_PENDING_FDS && !c->out_blocked)
+                failed = 2;
+            continue;
+        }
+        c->fds_in[c->n_fds_in++] = fd;
+        tsd_shm_count_pending(1, 1);
+    }
+    if (failed == 2) {
+        tsd_conn_fail(c, 0, 0, TS_ST_BAD_REQUEST,
+                      "more than %u descriptors received and not claimed by a frame",
+                      TSD_MAX_PENDING_FDS);
+        return -1;
+    }
+    if (failed == 1) {
+        c->srv->stats.out_of_memory++;
+        tsd_conn_fail(c, 0, 0, TS_ST_INTERNAL, "out of memory receiving descriptors");
+        return -1;
+    }
+    return 0;
+}
+
+/* Take the oldest received descriptor for the frame being handled; -1 when none is queued. */
+static int fds_claim(tsd_conn *c)
+{
+    if (c->n_fds_in == 0)
+        return -1;
+    int fd = c->fds_in[0];
+    c->n_fds_in--;
+    memmove(c->fds_in, c->fds_in + 1, c->n_fds_in * sizeof(c->fds_in[0]));
+    tsd_shm_count_pending(-1, 0);
+    return fd;
+}
+
+/* Close every descriptor c still holds (received ones not claimed, one claimed and unused). */
+static void fds_close_all(tsd_conn *c)
+{
+    while (c->n_fds_in > 0)
+        (void)close(fds_claim(c));
+    if (c->claimed_fd >= 0) {
+        (void)close(c->claimed_fd);
+        c->claimed_fd = -1;
+    }
+}
+
 void tsd_conn_close(tsd_conn *c)
 {
     if (c->closing)
@@ -139,6 +228,7 @@ void tsd_conn_close(tsd_conn *c)
     }
     tsd_conn_drop_upload(c);
     tsd_out_drop_pending(c);
+    fds_close_all(c);
     if (c->dirty) {
         for (tsd_conn **p = &srv->dirty; *p != NULL; p = &(*p)->dirty_next) {
             if (*p == c) {
@@ -240,7 +330,12 @@ void tsd_conn_accept(tsd_server *srv, tsd_conn *c, int fd, int is_unix)
     c->last_input_ms = c->accepted_ms;
     snprintf(c->peer, sizeof(c->peer), "%s", is_unix ? "unix" : "?");
     srv->store.conns += sizeof(*c);
-    int rc = is_unix ? uv_pipe_init(srv->loop, &c->h.pipe, 0) : uv_tcp_init(srv->loop, &c->h.tcp);
+    c->claimed_fd = -1;
+    /*
+     * Unix sockets are libuv ipc pipes, so that descriptors a client sends (SCM_RIGHTS, HELLO
+     * FDS) are received and queued by libuv instead of being lost (take_fds collects them).
+     */
+    int rc = is_unix ? uv_pipe_init(srv->loop, &c->h.pipe, 1) : uv_tcp_init(srv->loop, &c->h.tcp);
     if (rc == 0)
         rc = is_unix ? uv_pipe_open(&c->h.pipe, fd) : uv_tcp_open(&c->h.tcp, fd);
     c->h.handle.data = c;
@@ -663,6 +758,20 @@ void tsd_conn_release(tsd_conn *c)
         tsd_conn_close(c);
 }
 
+/*
+ * The buffer an upload of len bytes (a record, or a compressed body's inflated size) is received
+ * into: PUT and APPEND records of at least --shm-min bytes go to a memfd, so that GET_REF can
+ * hand them out without a copy; the rest (and any upload when no memfd can be had) to the heap.
+ * The caller may lower the length afterwards (tsd_item_set_len).
+ */
+static tsd_item *upload_item(tsd_conn *c, size_t len)
+{
+    tsd_item *it = NULL;
+    if (c->cur.opcode == TS_OP_PUT || c->cur.opcode == TS_OP_APPEND)
+        it = tsd_shm_upload_item(c->srv, len);
+    return it != NULL ? it : tsd_item_new_sized(len);
+}
+
 /* A record has fully arrived in c->cur_item: validate it once and hand it to the store. */
 static void item_done(tsd_conn *c)
 {
@@ -699,7 +808,7 @@ static void lz4_done(tsd_conn *c)
         return;
     }
     c->cur_reserved += raw;
-    tsd_item *it = tsd_item_new_sized(raw);
+    tsd_item *it = upload_item(c, raw);
     if (it == NULL) {
         tsd_conn_drop_upload(c);
         srv->stats.oom_rejections++;
@@ -1033,7 +1142,7 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     c->cur_raw_len = rlen;
     if (reserve_first(c, rlen) != 0)
         return 0;
-    c->cur_item = tsd_item_new((size_t)rlen);
+    c->cur_item = upload_item(c, (size_t)rlen);
     if (c->cur_item == NULL) {
         bulk_alloc_failed(c, rlen);
         return 0;
@@ -1082,7 +1191,30 @@ static void process_input(tsd_conn *c)
                           "too many clients (limit %u)", c->srv->cfg.max_clients);
             break;
         }
+        /* The by-reference requests need descriptors both ways: only with HELLO FDS. */
+        unsigned nfds = ts__msg_request_fds(h.opcode);
+        if ((nfds > 0 || h.opcode == TS_OP_GET_REF || h.opcode == TS_OP_PEEK_REF) && !c->fds_ok) {
+            tsd_conn_fail(c, h.opcode, h.request_id, TS_ST_BAD_REQUEST,
+                          "%s on a connection without descriptors (HELLO flag FDS, unix "
+                          "sockets only)",
+                          ts__op_name(h.opcode));
+            break;
+        }
+        if (nfds > 0) {
+            /* The descriptor came with the frame's bytes, so it is queued by now. */
+            c->claimed_fd = fds_claim(c);
+            if (c->claimed_fd < 0) {
+                tsd_conn_fail(c, h.opcode, h.request_id, TS_ST_BAD_REQUEST,
+                              "%s frame without its descriptor", ts__op_name(h.opcode));
+                break;
+            }
+        }
         control_frame(c, &h, body);
+        if (c->claimed_fd >= 0) {
+            /* The handler did not take it (an error reply): it is closed, not kept. */
+            (void)close(c->claimed_fd);
+            c->claimed_fd = -1;
+        }
         if (c->unauth && c->helloed) {
             c->unauth = 0;
             c->srv->n_unauth--;
@@ -1122,6 +1254,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         } else {
             tsd_conn_close(c);
         }
+        tsd_server_flush(srv);
+        return;
+    }
+    if (c->is_unix && take_fds(c) != 0) {
         tsd_server_flush(srv);
         return;
     }

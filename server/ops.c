@@ -7,9 +7,12 @@
  * notifies listeners and waiters (so the writer's own reply always comes before its
  * notification).
  */
+#include <errno.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "msg.h"
+#include "record.h"
 #include "server.h"
 
 /* Room for a printable bin name in messages (255 bytes, each at most 4 bytes of UTF-8). */
@@ -92,10 +95,13 @@ static void op_hello(tsd_conn *c, const ts__hdr *h, const ts__msg_hello_req *m)
     }
     c->helloed = 1;
     c->lz4 = (m->flags & TS_HELLO_LZ4) != 0;
-    ts__msg_hello_rep rep = {.version = TS_PROTO_VERSION,
-                             .flags = c->lz4 ? TS_HELLO_LZ4 : 0,
-                             .max_body = srv->cfg.max_frame,
-                             .server_id = srv->server_id};
+    /* Descriptors travel only on unix sockets (SCM_RIGHTS), and not with --no-fds. */
+    c->fds_ok = (m->flags & TS_HELLO_FDS) != 0 && c->is_unix && !srv->cfg.no_fds;
+    ts__msg_hello_rep rep = {
+        .version = TS_PROTO_VERSION,
+        .flags = (uint8_t)((c->lz4 ? TS_HELLO_LZ4 : 0) | (c->fds_ok ? TS_HELLO_FDS : 0)),
+        .max_body = srv->cfg.max_frame,
+        .server_id = srv->server_id};
     uint8_t body[TS_MSG_HELLO_REP_SIZE];
     size_t len;
     (void)ts__msg_hello_rep_encode(body, sizeof(body), &rep, &len);
@@ -165,7 +171,7 @@ void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nam
                   tsd_item *item)
 {
     tsd_server *srv = c->srv;
-    int replace = h->opcode == TS_OP_PUT;
+    int replace = h->opcode == TS_OP_PUT || h->opcode == TS_OP_PUT_FD;
     srv->stats.ops[h->opcode]++;
     if (tsd_bin_is_tensor(tsd_store_find(&srv->store, name, name_len))) {
         tsd_store_unreserve(&srv->store, tsd_item_len(item));
@@ -581,12 +587,172 @@ static void op_wait(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t n
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory waiting");
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * By reference (unix connections with HELLO FDS): GET_REF, PEEK_REF, PUT_FD, APPEND_FD
+ */
+
+/*
+ * GET_REF (remove = 1) and PEEK_REF: as GET and PEEK, at most TS_MAX_REF_ITEMS items, each in a
+ * REF_ITEMS entry: by descriptor when it lives in a memfd or a data-dir file, else inline.
+ */
+static void op_get_ref(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl,
+                       uint32_t max_items, int remove)
+{
+    tsd_server *srv = c->srv;
+    tsd_bin *bin = tsd_store_find(&srv->store, name, nl);
+    if (bin == NULL) {
+        reply_not_found(c, h, "no such bin", name, nl);
+        return;
+    }
+    int live = tsd_bin_is_tensor(bin);
+    if (remove && live) {
+        reply_tensor_bin(c, h, name, nl);
+        return;
+    }
+    /* The reply starts a batch of its own, so its descriptors go with its first byte. */
+    tsd_out_cut(c);
+    if (tsd_out_begin(c, h->opcode, h->request_id) != 0)
+        return;
+    uint32_t n = bin->n_items;
+    uint32_t cap = max_items == 0 || max_items > TS_MAX_REF_ITEMS ? TS_MAX_REF_ITEMS : max_items;
+    if (n > cap)
+        n = cap;
+    ts__msg_ref_entry e[TS_MAX_REF_ITEMS];
+    int fds[TS_MAX_REF_ITEMS];
+    int owned[TS_MAX_REF_ITEMS];
+    uint32_t nfds = 0;
+    tsd_item *it = bin->head;
+    for (uint32_t i = 0; i < n; i++, it = it->next) {
+        memset(&e[i], 0, sizeof(e[i]));
+        e[i].length = tsd_item_len(it);
+        e[i].flags = live ? TS_REF_LIVE : 0;
+        if (tsd_shm_ref(it, &fds[nfds], &owned[nfds], &e[i].offset, &e[i].file_len)) {
+            e[i].where = TS_REF_FD;
+            nfds++;
+        } else {
+            e[i].where = TS_REF_INLINE;
+        }
+    }
+    uint64_t version = remove ? srv->version + 1 : bin->version;
+    uint32_t remaining = bin->n_items - (remove ? n : 0);
+    uint64_t body_len = 0;
+    uint32_t attached = 0;
+    (void)ts__msg_ref_size(n, e, &body_len);
+    size_t head = (size_t)ts__msg_ref_head_size(n);
+    uint8_t *p = NULL;
+    if (tsd_out_hdr(c, h->opcode, h->request_id, TS_ST_OK, body_len) == 0)
+        p = tsd_out_bytes(c, head);
+    size_t hlen;
+    if (p == NULL || ts__msg_ref_head_encode(p, head, version, remaining, n, e, &hlen) != 0)
+        goto fail;
+    for (; attached < nfds; attached++)
+        if (tsd_out_fd(c, fds[attached], owned[attached]) != 0) {
+            attached++; /* tsd_out_fd closed it */
+            goto fail;
+        }
+    /*
+     * The reply holds its own references: inline records by their bytes, the others so that a
+     * descriptor the item owns stays open until it is sent.
+     */
+    it = bin->head;
+    for (uint32_t i = 0; i < n && it != NULL; i++, it = it->next) {
+        int rc = e[i].where == TS_REF_INLINE ? tsd_out_item(c, it, 1) : tsd_out_hold(c, it);
+        if (rc != 0)
+            return;
+    }
+    if (!remove)
+        return;
+    version = tsd_server_next_version(srv);
+    for (uint32_t i = 0; i < n; i++)
+        tsd_item_unref(tsd_store_pop(&srv->store, bin));
+    if (bin->n_items == 0)
+        tsd_store_remove(&srv->store, bin);
+    else
+        bin->version = version;
+    tsd_notify_change(srv, name, nl, version, remaining, TS_NOTE_GET);
+    return;
+fail:
+    /* The reply was taken back (out of memory): close the descriptors not yet attached. */
+    for (uint32_t i = attached; i < nfds; i++)
+        if (owned[i])
+            (void)close(fds[i]);
+}
+
+/*
+ * PUT_FD (replace) and APPEND_FD: the record is bytes [0, rec_len) of the memfd that came with
+ * the frame (c->claimed_fd). It is sealed, counted, mapped read-only, validated and stored
+ * without a copy.
+ */
+static void op_put_fd(tsd_conn *c, const ts__hdr *h, const ts__msg_put_fd_req *m)
+{
+    tsd_server *srv = c->srv;
+    int fd = c->claimed_fd;
+    c->claimed_fd = -1;
+    if (tsd_writes_refused(srv)) {
+        (void)close(fd);
+        tsd_refuse_write(c, h->opcode, h->request_id);
+        return;
+    }
+    if (m->rec_len < TS_REC_HDR_SIZE) {
+        (void)close(fd);
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_RECORD,
+                      "record of %llu bytes is shorter than a record header (%d bytes)",
+                      (unsigned long long)m->rec_len, TS_REC_HDR_SIZE);
+        return;
+    }
+    tsd_item *it = NULL;
+    int rc = tsd_shm_adopt(srv, fd, m->rec_len, &it);
+    if (rc != 0) {
+        (void)close(fd);
+        if (rc == -EBUSY)
+            tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
+                          "shared buffer is still mapped writable");
+        else if (rc == -ERANGE)
+            tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
+                          "record_len %llu is 0 or past the end of the shared buffer",
+                          (unsigned long long)m->rec_len);
+        else if (rc == TS_ENOMEM)
+            tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY,
+                          "tensord is out of memory mapping the shared buffer");
+        else
+            tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
+                          "descriptor is not a sealable memfd");
+        return;
+    }
+    /* The whole file counts (rounded up to pages), as the server's own buffer would. */
+    uint64_t cost = ((tsd_item_own *)(void *)it)->alloc_len;
+    if (tsd_store_reserve(&srv->store, cost) != 0) {
+        tsd_item_unref(it);
+        srv->stats.oom_rejections++;
+        const tsd_store *st = &srv->store;
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY,
+                      "memory limit reached: %llu of %llu bytes used; the shared buffer needs "
+                      "%llu more",
+                      (unsigned long long)tsd_store_used(st), (unsigned long long)st->max_memory,
+                      (unsigned long long)cost);
+        return;
+    }
+    size_t len = tsd_item_len(it);
+    if (ts__record_validate(tsd_item_data(it), len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0) {
+        tsd_store_unreserve(&srv->store, cost);
+        tsd_item_unref(it);
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_RECORD,
+                      "the %zu-byte record failed validation", len);
+        return;
+    }
+    /* The store takes the record's reservation; the rest of the file counts as overhead. */
+    tsd_store_unreserve(&srv->store, cost - len);
+    srv->stats.ops[h->opcode]--; /* tsd_op_store counts it again */
+    tsd_op_store(c, h, m->name, m->name_len, it);
+}
+
 void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t len)
 {
     tsd_server *srv = c->srv;
     srv->stats.ops[h->opcode]++;
     /* GET and DELETE remove items: refused like PUT/APPEND while snapshots fail. */
-    if ((h->opcode == TS_OP_GET || h->opcode == TS_OP_DELETE || h->opcode == TS_OP_TENSOR_BIN) &&
+    if ((h->opcode == TS_OP_GET || h->opcode == TS_OP_DELETE || h->opcode == TS_OP_TENSOR_BIN ||
+         h->opcode == TS_OP_GET_REF) &&
         tsd_writes_refused(srv)) {
         tsd_refuse_write(c, h->opcode, h->request_id);
         return;
@@ -639,6 +805,14 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
         return;
     case TS_OP_WAIT:
         op_wait(c, h, q->name, q->name_len, q->after_version, q->timeout_ms);
+        return;
+    case TS_OP_GET_REF:
+    case TS_OP_PEEK_REF:
+        op_get_ref(c, h, q->name, q->name_len, q->max_items, h->opcode == TS_OP_GET_REF);
+        return;
+    case TS_OP_PUT_FD:
+    case TS_OP_APPEND_FD:
+        op_put_fd(c, h, &m.u.put_fd);
         return;
     case TS_OP_TENSOR_BIN:
     case TS_OP_READ_ROWS:

@@ -13,9 +13,14 @@
 
 #include "msg.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 static void write_pending(tsd_conn *c);
+static void fdq_drain(tsd_conn *c);
 
 /* Write the header of a reply (or notification) frame at p (TS_HDR_SIZE bytes). */
 static void put_reply_hdr(uint8_t *p, uint8_t op, uint32_t rid, uint16_t status, uint64_t body_len)
@@ -28,6 +33,9 @@ static void put_reply_hdr(uint8_t *p, uint8_t op, uint32_t rid, uint16_t status,
                  .body_len = body_len};
     ts__hdr_encode(&h, p);
 }
+
+/* uv_bufs a descriptor batch's sendmsg takes at once (the rest follows through libuv). */
+#define TSD_SENDMSG_IOV 64
 
 /* Bytes; the first capacity of a batch's buffer of small bytes (it doubles as needed). */
 #define TSD_SMALL_MIN 256
@@ -65,9 +73,19 @@ static void batch_free(tsd_conn *c, tsd_wbatch *b)
     ts__free(b);
 }
 
+/* Close the descriptors from the first keep on that the batch owns, and forget them. */
+static void batch_drop_fds(tsd_wbatch *b, uint32_t keep)
+{
+    for (uint32_t i = keep; i < b->nfds; i++)
+        if (b->fd_owned[i])
+            (void)close(b->fds[i]);
+    b->nfds = keep;
+}
+
 /* Drop the batch's item references and keep it for reuse (or free it). */
 static void batch_release(tsd_conn *c, tsd_wbatch *b)
 {
+    batch_drop_fds(b, 0);
     for (size_t i = 0; i < b->nitems; i++)
         tsd_item_unref(b->items[i]);
     b->nitems = 0;
@@ -158,6 +176,11 @@ static void on_emerg_write(uv_write_t *req, int status)
         tsd_conn_close(c);
         return;
     }
+    if (c->fdq_head != NULL && c->writes_in_flight == 0) {
+        fdq_drain(c);
+        if (c->closing)
+            return;
+    }
     tsd_conn_maybe_finish(c);
 }
 
@@ -178,6 +201,12 @@ static int emerg_send(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, co
     if (e == NULL)
         return -1;
     write_pending(c);
+    /*
+     * Frames waiting behind a descriptor frame cannot be overtaken; an emergency frame cannot
+     * wait with them (it has no batch), so there is no room for it (the caller closes).
+     */
+    if (c->fdq_head != NULL)
+        return -1;
     if (c->closing || (c->close_deadline == 0 && c->close_after_flush))
         return -1; /* the write failed: the peer is gone */
     if (len > TSD_EMERG_MSG)
@@ -212,6 +241,7 @@ static void out_mark(tsd_conn *c, uint8_t op, uint32_t rid)
         c->mk.nitems = b->nitems;
         c->mk.nbufs = b->nbufs;
         c->mk.bytes = b->bytes;
+        c->mk.nfds = b->nfds;
     }
 }
 
@@ -245,6 +275,7 @@ static void out_abort(tsd_conn *c)
                 b->segs[b->nsegs - 1].len = c->mk.last_len;
             b->nbufs = c->mk.nbufs;
             b->bytes = c->mk.bytes;
+            batch_drop_fds(b, c->mk.nfds);
         }
     }
     if (!c->mk.active || c->mk.op == TS_OP_NOTIFY || c->mk.op == 0)
@@ -373,6 +404,23 @@ int tsd_out_item(tsd_conn *c, tsd_item *it, int ref)
     return 0;
 }
 
+int tsd_out_hold(tsd_conn *c, tsd_item *it)
+{
+    tsd_item_ref(it);
+    tsd_wbatch *b = c->mk.failed ? NULL : pending(c);
+    if (b == NULL ||
+        grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(*b->items)) != 0) {
+        if (b != NULL)
+            batch_account(c, b);
+        tsd_item_unref(it);
+        out_abort(c);
+        return -1;
+    }
+    b->items[b->nitems++] = it;
+    batch_account(c, b);
+    return 0;
+}
+
 int tsd_out_hdr(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t body_len)
 {
     c->mk.status = status;
@@ -427,7 +475,7 @@ static void cut_off_slow_reader(tsd_conn *c, uint64_t queued, int soft)
  */
 uint64_t tsd_conn_unwritten(tsd_conn *c)
 {
-    uint64_t q = uv_stream_get_write_queue_size(&c->h.stream) + c->out_mem;
+    uint64_t q = uv_stream_get_write_queue_size(&c->h.stream) + c->out_mem + c->fdq_bytes;
     if (c->pend != NULL)
         q += c->pend->bytes;
     return q;
@@ -554,7 +602,8 @@ static void on_shutdown(uv_shutdown_t *req, int status)
  */
 void tsd_conn_maybe_finish(tsd_conn *c)
 {
-    if (c->closing || !c->close_after_flush || c->writes_in_flight > 0 || c->pend != NULL)
+    if (c->closing || !c->close_after_flush || c->writes_in_flight > 0 || c->pend != NULL ||
+        c->fdq_head != NULL)
         return;
     if (c->eof && (c->shut_done || c->close_deadline == 0)) {
         tsd_conn_close(c);
@@ -582,12 +631,191 @@ static void on_write(uv_write_t *req, int status)
         tsd_conn_close(c);
         return;
     }
+    if (c->fdq_head != NULL && c->writes_in_flight == 0) {
+        /* The frames before a descriptor frame are out: it may go now. */
+        fdq_drain(c);
+        if (c->closing)
+            return;
+    }
     if (c->held_head != NULL && !c->out_blocked) {
         /* The backlog shrank: held notifications may go now. */
         tsd_notify_release_held(c->srv, c);
         tsd_server_flush(c->srv);
         return;
     }
+    tsd_conn_maybe_finish(c);
+}
+
+/*
+ * Send b's bytes with its descriptors in one sendmsg (SCM_RIGHTS on the first byte), without
+ * waiting: libuv's write queue is empty (the caller checked), so nothing can be overtaken. The
+ * bytes sent (the rest goes through libuv as usual), UV_EAGAIN when the socket took nothing, or
+ * a negative errno.
+ */
+static ssize_t send_with_fds(tsd_conn *c, tsd_wbatch *b, const uv_buf_t *bufs, size_t k)
+{
+    uv_os_fd_t sock;
+    if (uv_fileno(&c->h.handle, &sock) != 0)
+        return UV_EBADF;
+    struct iovec iov[TSD_SENDMSG_IOV];
+    size_t n = k < TSD_SENDMSG_IOV ? k : TSD_SENDMSG_IOV;
+    for (size_t i = 0; i < n; i++) {
+        iov[i].iov_base = bufs[i].base;
+        iov[i].iov_len = bufs[i].len;
+    }
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int) * TS_MAX_REF_ITEMS)];
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct msghdr msg = {0};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * b->nfds);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * b->nfds);
+    memcpy(CMSG_DATA(cm), b->fds, sizeof(int) * b->nfds);
+    ssize_t r;
+    do
+        r = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK ? UV_EAGAIN : -errno;
+    return r;
+}
+
+/* Put b (its uv_bufs built) at the end of c's queue of batches waiting for a descriptor frame. */
+static void fdq_push(tsd_conn *c, tsd_wbatch *b)
+{
+    b->fdq_next = NULL;
+    if (c->fdq_tail != NULL)
+        c->fdq_tail->fdq_next = b;
+    else
+        c->fdq_head = b;
+    c->fdq_tail = b;
+    c->fdq_bytes += b->bytes;
+}
+
+static tsd_wbatch *fdq_pop(tsd_conn *c)
+{
+    tsd_wbatch *b = c->fdq_head;
+    c->fdq_head = b->fdq_next;
+    if (c->fdq_head == NULL)
+        c->fdq_tail = NULL;
+    b->fdq_next = NULL;
+    c->fdq_bytes -= b->bytes;
+    return b;
+}
+
+/* The write failed: drop b and close c without grace (the peer is gone). */
+static void batch_failed(tsd_conn *c, tsd_wbatch *b, int rc)
+{
+    tsd_log(TSD_LOG_DEBUG, "conn %llu: write: %s", (unsigned long long)c->id, uv_strerror(rc));
+    batch_release(c, b);
+    tsd_conn_begin_closing(c);
+    c->close_deadline = 0; /* The peer is gone: no grace. */
+}
+
+/*
+ * Write b, whose uv_bufs are built (b->nk of them), now that nothing waits before it in fdq.
+ * 0 when it was written or handed to libuv; 1 when it must wait (it went to the head of fdq:
+ * a descriptor batch behind earlier writes, or one whose socket was full); -1 on failure (the
+ * connection is closing).
+ */
+static int batch_go(tsd_conn *c, tsd_wbatch *b, int at_head)
+{
+    uv_buf_t *bufs = b->bufs;
+    size_t k = b->nk;
+    int rc = 0;
+    if (c->writes_in_flight == 0) {
+        /*
+         * Nothing queued: write now. Small replies usually go out whole, which spares libuv's
+         * write request (a poll registration and a deferred callback) per reply.
+         */
+        ssize_t n;
+        if (b->nfds > 0) {
+            n = send_with_fds(c, b, bufs, k);
+            if (n == UV_EAGAIN) {
+                if (at_head) {
+                    b->fdq_next = c->fdq_head;
+                    c->fdq_head = b;
+                    if (c->fdq_tail == NULL)
+                        c->fdq_tail = b;
+                    c->fdq_bytes += b->bytes;
+                } else {
+                    fdq_push(c, b);
+                }
+                tsd_server_fd_blocked(c->srv, c);
+                return 1;
+            }
+            if (n >= 0) {
+                tsd_shm_count_sent(b->nfds);
+                batch_drop_fds(b, 0); /* the kernel holds its own references now */
+            }
+        } else {
+            n = uv_try_write(&c->h.stream, bufs, (unsigned int)k);
+        }
+        if (n < 0 && n != UV_EAGAIN)
+            rc = (int)n;
+        for (size_t left = n > 0 ? (size_t)n : 0; left > 0 && k > 0;) {
+            if (left >= bufs->len) {
+                left -= bufs->len;
+                bufs++;
+                k--;
+            } else {
+                bufs->base += left;
+                bufs->len -= left;
+                left = 0;
+            }
+        }
+        if (rc == 0 && k == 0) {
+            c->srv->stats.bytes_sent += b->bytes;
+            batch_release(c, b);
+            return 0;
+        }
+    } else if (b->nfds > 0) {
+        /* Earlier writes are still queued in libuv: wait for them (on_write drains fdq). */
+        if (at_head) {
+            b->fdq_next = c->fdq_head;
+            c->fdq_head = b;
+            if (c->fdq_tail == NULL)
+                c->fdq_tail = b;
+            c->fdq_bytes += b->bytes;
+        } else {
+            fdq_push(c, b);
+        }
+        return 1;
+    }
+    if (rc == 0) {
+        b->req.data = b;
+        rc = uv_write(&b->req, &c->h.stream, bufs, (unsigned int)k, on_write);
+    }
+    if (rc != 0) {
+        batch_failed(c, b, rc);
+        return -1;
+    }
+    c->writes_in_flight++;
+    return 0;
+}
+
+/* Write the batches waiting in fdq, in order, as far as the socket and libuv's queue allow. */
+static void fdq_drain(tsd_conn *c)
+{
+    while (c->fdq_head != NULL && !c->closing && c->writes_in_flight == 0) {
+        tsd_wbatch *b = fdq_pop(c);
+        if (batch_go(c, b, 1) != 0)
+            return;
+    }
+}
+
+void tsd_out_fd_retry(tsd_conn *c)
+{
+    if (c->closing)
+        return;
+    fdq_drain(c);
     tsd_conn_maybe_finish(c);
 }
 
@@ -606,59 +834,49 @@ static void write_pending(tsd_conn *c)
      * Build the uv_buf array, cutting long runs of small bytes to the write chunk too. Its
      * room was made as the batch grew (add_seg), so nothing is allocated here.
      */
-    int rc = UV_ENOMEM;
-    if (b->nbufs <= b->bufs_cap) {
-        size_t k = 0;
-        for (size_t i = 0; i < b->nsegs; i++) {
-            const uint8_t *p = b->segs[i].ptr != NULL ? b->segs[i].ptr : b->small + b->segs[i].off;
-            size_t left = b->segs[i].len;
-            while (left > 0) {
-                size_t n = left < TSD_WRITE_CHUNK ? left : TSD_WRITE_CHUNK;
-                b->bufs[k++] = uv_buf_init((char *)p, (unsigned int)n);
-                p += n;
-                left -= n;
-            }
-        }
-        uv_buf_t *bufs = b->bufs;
-        rc = 0;
-        if (c->writes_in_flight == 0) {
-            /*
-             * Nothing queued: write now. Small replies usually go out whole, which spares
-             * libuv's write request (a poll registration and a deferred callback) per reply.
-             */
-            int n = uv_try_write(&c->h.stream, bufs, (unsigned int)k);
-            if (n < 0 && n != UV_EAGAIN)
-                rc = n;
-            for (size_t left = n > 0 ? (size_t)n : 0; left > 0 && k > 0;) {
-                if (left >= bufs->len) {
-                    left -= bufs->len;
-                    bufs++;
-                    k--;
-                } else {
-                    bufs->base += left;
-                    bufs->len -= left;
-                    left = 0;
-                }
-            }
-            if (rc == 0 && k == 0) {
-                c->srv->stats.bytes_sent += b->bytes;
-                batch_release(c, b);
-                return;
-            }
-        }
-        if (rc == 0) {
-            b->req.data = b;
-            rc = uv_write(&b->req, &c->h.stream, bufs, (unsigned int)k, on_write);
-        }
-    }
-    if (rc != 0) {
-        tsd_log(TSD_LOG_DEBUG, "conn %llu: write: %s", (unsigned long long)c->id, uv_strerror(rc));
-        batch_release(c, b);
-        tsd_conn_begin_closing(c);
-        c->close_deadline = 0; /* The peer is gone: no grace. */
+    if (b->nbufs > b->bufs_cap) {
+        batch_failed(c, b, UV_ENOMEM);
         return;
     }
-    c->writes_in_flight++;
+    size_t k = 0;
+    for (size_t i = 0; i < b->nsegs; i++) {
+        const uint8_t *p = b->segs[i].ptr != NULL ? b->segs[i].ptr : b->small + b->segs[i].off;
+        size_t left = b->segs[i].len;
+        while (left > 0) {
+            size_t n = left < TSD_WRITE_CHUNK ? left : TSD_WRITE_CHUNK;
+            b->bufs[k++] = uv_buf_init((char *)p, (unsigned int)n);
+            p += n;
+            left -= n;
+        }
+    }
+    b->nk = k;
+    if (c->fdq_head != NULL) {
+        /* A descriptor frame waits: everything after it waits too, in order. */
+        fdq_push(c, b);
+        return;
+    }
+    (void)batch_go(c, b, 0);
+}
+
+void tsd_out_cut(tsd_conn *c)
+{
+    if (c->pend != NULL && c->pend->bytes > 0)
+        write_pending(c);
+}
+
+int tsd_out_fd(tsd_conn *c, int fd, int owned)
+{
+    tsd_wbatch *b = c->mk.failed ? NULL : pending(c);
+    if (b == NULL || b->nfds >= TS_MAX_REF_ITEMS) {
+        if (owned)
+            (void)close(fd);
+        out_abort(c);
+        return -1;
+    }
+    b->fds[b->nfds] = fd;
+    b->fd_owned[b->nfds] = (uint8_t)(owned != 0);
+    b->nfds++;
+    return 0;
 }
 
 void tsd_conn_flush(tsd_conn *c)
@@ -676,6 +894,9 @@ void tsd_out_drop_pending(tsd_conn *c)
         batch_release(c, c->pend);
         c->pend = NULL;
     }
+    while (c->fdq_head != NULL)
+        batch_release(c, fdq_pop(c));
+    tsd_server_fd_unblock(c->srv, c);
 }
 
 /* Free the batches kept for reuse (the connection is being freed). */

@@ -134,6 +134,54 @@ void tsd_server_starve(tsd_server *srv, tsd_conn *c)
         uv_timer_start(&srv->retry_timer, on_retry, TSD_RETRY_MS, 0);
 }
 
+static void on_fd_retry(uv_timer_t *t);
+
+void tsd_server_fd_blocked(tsd_server *srv, tsd_conn *c)
+{
+    if (c->fd_blocked)
+        return;
+    c->fd_blocked = 1;
+    c->fd_blocked_next = srv->fd_blocked;
+    srv->fd_blocked = c;
+    if (srv->handles_init && !uv_is_active((uv_handle_t *)&srv->fd_timer))
+        uv_timer_start(&srv->fd_timer, on_fd_retry, TSD_FD_RETRY_MS, 0);
+}
+
+void tsd_server_fd_unblock(tsd_server *srv, tsd_conn *c)
+{
+    if (!c->fd_blocked)
+        return;
+    for (tsd_conn **p = &srv->fd_blocked; *p != NULL; p = &(*p)->fd_blocked_next) {
+        if (*p == c) {
+            *p = c->fd_blocked_next;
+            break;
+        }
+    }
+    c->fd_blocked = 0;
+    c->fd_blocked_next = NULL;
+    if (srv->fd_blocked == NULL && srv->handles_init)
+        uv_timer_stop(&srv->fd_timer);
+}
+
+/*
+ * Descriptor frames that met a full socket are tried again (a full socket gives no other sign
+ * that would reach us: libuv watches it only while its own write queue holds something).
+ */
+static void on_fd_retry(uv_timer_t *t)
+{
+    tsd_server *srv = t->data;
+    tsd_conn *c = srv->fd_blocked;
+    srv->fd_blocked = NULL;
+    while (c != NULL) {
+        tsd_conn *next = c->fd_blocked_next;
+        c->fd_blocked_next = NULL;
+        c->fd_blocked = 0;
+        tsd_out_fd_retry(c);
+        c = next;
+    }
+    tsd_server_flush(srv);
+}
+
 /* Starved connections get another chance to allocate their input buffer. */
 static void on_retry(uv_timer_t *t)
 {
@@ -627,6 +675,8 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
     srv->accept_timer.data = srv;
     uv_timer_init(loop, &srv->retry_timer);
     srv->retry_timer.data = srv;
+    uv_timer_init(loop, &srv->fd_timer);
+    srv->fd_timer.data = srv;
     uv_timer_init(loop, &srv->save_timer);
     srv->save_timer.data = srv;
     uv_timer_init(loop, &srv->stop_timer);
@@ -777,6 +827,7 @@ void tsd_server_release_signals(tsd_server *srv)
     uv_close((uv_handle_t *)&srv->sigterm, NULL);
     uv_close((uv_handle_t *)&srv->sighup, NULL);
     uv_close((uv_handle_t *)&srv->drain_idle, NULL);
+    uv_close((uv_handle_t *)&srv->fd_timer, NULL);
     stop_timer_close(srv);
     for (size_t i = 0; i < TS__ARRAY_SIZE(sigs); i++)
         signal(sigs[i], SIG_IGN);

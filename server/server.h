@@ -371,7 +371,7 @@ typedef struct tsd_server tsd_server;
 
 typedef struct tsd_shm_stats {
     uint64_t items;        /* items whose record is in a memfd or a client's memfd */
-    uint64_t bytes;        /* their record bytes */
+    uint64_t bytes;        /* bytes of their files (memfd sizes, page-rounded) */
     uint64_t fds_held;     /* descriptors held by items */
     uint64_t fds_budget;   /* at most this many (0: memfd items are off) */
     uint64_t fds_sent;     /* descriptors sent in GET_REF/PEEK_REF replies */
@@ -705,6 +705,15 @@ typedef struct tsd_wbatch {
     uint64_t bytes;
     uint64_t cost; /* bytes of its allocations, as counted in out_mem and store.output */
     struct tsd_wbatch *next_free;
+    /*
+     * Descriptors sent with the batch's first byte (the first frame of the batch is the reply
+     * that carries them: see tsd_out_cut). owned ones are closed once sent or dropped.
+     */
+    uint32_t nfds;
+    int fds[TS_MAX_REF_ITEMS];
+    uint8_t fd_owned[TS_MAX_REF_ITEMS];
+    size_t nk;                   /* uv_bufs built for the batch, while it waits (fdq) */
+    struct tsd_wbatch *fdq_next; /* in the connection's fdq */
 } tsd_wbatch;
 
 enum {
@@ -814,6 +823,7 @@ typedef struct tsd_conn {
         uint16_t body_status;
         size_t small_len, nsegs, last_len, nitems, nbufs;
         uint64_t bytes;
+        uint32_t nfds;
     } mk;
     tsd_emerg emerg[TSD_EMERG_FRAMES];
 
@@ -821,6 +831,21 @@ typedef struct tsd_conn {
     uint64_t soft_since;  /* uv_now when output went over the soft limit; 0 = it is not */
     int starved;          /* reading paused: no input buffer could be allocated */
     struct tsd_conn *starved_next;
+
+    /*
+     * Descriptors (unix connections with HELLO FDS). Received ones wait in fds_in, oldest first,
+     * until a frame claims them (at most TSD_MAX_PENDING_FDS). Batches that carry descriptors
+     * are sent with sendmsg when nothing is queued before them; until then they wait in fdq, and
+     * every later batch behind them (fdq_bytes: their bytes), so the order on the wire stays.
+     */
+    int fds_ok;
+    int fds_in[TSD_MAX_PENDING_FDS];
+    uint32_t n_fds_in;
+    int claimed_fd; /* taken from fds_in for the frame being handled (PUT_FD); -1 = none */
+    tsd_wbatch *fdq_head, *fdq_tail;
+    uint64_t fdq_bytes;
+    int fd_blocked; /* in the server's fd_blocked list: the socket was full, retry on a timer */
+    struct tsd_conn *fd_blocked_next;
 
     /* Subscriptions and waiters (notify.c). */
     tsd_sub *subs;
@@ -885,6 +910,8 @@ int tsd_out_begin(tsd_conn *c, uint8_t op, uint32_t rid);
 uint8_t *tsd_out_bytes(tsd_conn *c, size_t n);
 /* Queue the item's bytes and its padding to 64; takes a reference (ref=1) or consumes one. */
 int tsd_out_item(tsd_conn *c, tsd_item *it, int ref);
+/* Keep a reference to it until the reply is written (its descriptor goes with the reply). */
+int tsd_out_hold(tsd_conn *c, tsd_item *it);
 /* Queue a frame header. */
 int tsd_out_hdr(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t body_len);
 /* A whole reply with a small body (already encoded). */
@@ -934,8 +961,21 @@ void tsd_conn_closing_frame(tsd_conn *c, uint16_t status, const char *msg);
 size_t tsd_conn_stop(tsd_conn *c);
 /* The output's housekeeping (cron): the soft output limit, held notifications. */
 void tsd_out_cron(tsd_conn *c, uint64_t now);
-/* Drop the batch not yet handed to the socket (closing). */
+/* Drop the batch not yet handed to the socket and those waiting in fdq (closing). */
 void tsd_out_drop_pending(tsd_conn *c);
+/*
+ * Descriptors in replies. Before tsd_out_begin of a reply that carries descriptors, call
+ * tsd_out_cut: the batch pending so far goes to the socket, so the reply starts a batch of its
+ * own and its descriptors travel with its first byte. Then tsd_out_fd attaches each (at most
+ * TS_MAX_REF_ITEMS per reply; owned: closed once sent or if the reply is dropped). 0 or -1
+ * (the reply failed, as tsd_out_bytes; an owned fd is closed then).
+ */
+void tsd_out_cut(tsd_conn *c);
+int tsd_out_fd(tsd_conn *c, int fd, int owned);
+/* The retry timer: try c's waiting descriptor frame again. */
+void tsd_out_fd_retry(tsd_conn *c);
+/* ms; a descriptor frame that met a full socket is tried again after this long. */
+#define TSD_FD_RETRY_MS 2
 /* Free the batches kept for reuse (freeing the connection). */
 void tsd_out_free_cache(tsd_conn *c);
 
@@ -965,6 +1005,29 @@ void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nam
  * token's length. 0 when acceptable (or no token is configured), TS_EAUTH otherwise.
  */
 int tsd_auth_check(tsd_server *srv, const uint8_t *token, size_t len);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensor bins and rows (rows.c)
+ */
+/* Dimensions of a tensor bin's tensor: 1 (a tensor of rows needs one) to the record format's 8. */
+#define TSD_TENSOR_BIN_MAX_NDIM TS_MAX_NDIM
+/*
+ * Indexes of one GATHER_ROWS (4 Mi, a 32 MiB index tensor). Each is a row copied on the loop
+ * thread, so the bound keeps one request's loop time in the tens of milliseconds for small rows;
+ * the reply's bytes are bounded by --max-memory besides.
+ */
+#define TSD_MAX_GATHER_ROWS ((uint64_t)1 << 22)
+/* 1 when b is a tensor bin: its one item is live (made by TENSOR_BIN, written in place). */
+int tsd_bin_is_tensor(const tsd_bin *b);
+/* Handle TENSOR_BIN or READ_ROWS (m decoded by tsd_op_dispatch). */
+void tsd_rows_dispatch(tsd_conn *c, const ts__hdr *h, const ts__msg *m);
+/*
+ * Finish a GATHER_ROWS or WRITE_ROWS whose record has been received and validated into item, as
+ * tsd_op_store does for PUT: the reference and the store reservation of tsd_item_len(item) are
+ * the callee's, which answers the request and releases both.
+ */
+void tsd_rows_upload(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t name_len,
+                     tsd_item *item);
 
 /* ---------------------------------------------------------------------------------------------
  * Listeners and waiters (notify.c)
@@ -1006,29 +1069,6 @@ struct tsd_sub {
      */
     uint32_t held;
     uint64_t h_version;
-/* ---------------------------------------------------------------------------------------------
- * Tensor bins and rows (rows.c)
- */
-/* Dimensions of a tensor bin's tensor: 1 (a tensor of rows needs one) to the record format's 8. */
-#define TSD_TENSOR_BIN_MAX_NDIM TS_MAX_NDIM
-/*
- * Indexes of one GATHER_ROWS (4 Mi, a 32 MiB index tensor). Each is a row copied on the loop
- * thread, so the bound keeps one request's loop time in the tens of milliseconds for small rows;
- * the reply's bytes are bounded by --max-memory besides.
- */
-#define TSD_MAX_GATHER_ROWS ((uint64_t)1 << 22)
-/* 1 when b is a tensor bin: its one item is live (made by TENSOR_BIN, written in place). */
-int tsd_bin_is_tensor(const tsd_bin *b);
-/* Handle TENSOR_BIN or READ_ROWS (m decoded by tsd_op_dispatch). */
-void tsd_rows_dispatch(tsd_conn *c, const ts__hdr *h, const ts__msg *m);
-/*
- * Finish a GATHER_ROWS or WRITE_ROWS whose record has been received and validated into item, as
- * tsd_op_store does for PUT: the reference and the store reservation of tsd_item_len(item) are
- * the callee's, which answers the request and releases both.
- */
-void tsd_rows_upload(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t name_len,
-                     tsd_item *item);
-
     uint32_t h_n_items;
     uint8_t h_event;
     tsd_sub *hprev, *hnext; /* in the connection's held list */
@@ -1190,6 +1230,8 @@ struct tsd_server {
     uv_timer_t cron;
     uv_timer_t accept_timer; /* resumes accepting after a pause */
     uv_timer_t retry_timer;  /* resumes reading of starved connections */
+    uv_timer_t fd_timer;     /* retries descriptor frames whose socket was full */
+    tsd_conn *fd_blocked;    /* connections waiting for fd_timer */
     uv_timer_t save_timer;   /* periodic snapshots */
     uv_timer_t stop_timer;   /* shutdown: closes what is left after TSD_CLOSE_GRACE_MS */
     int stop_timer_open;     /* stop_timer is initialized and not yet closed */
@@ -1270,6 +1312,10 @@ void tsd_server_unlink_conn(tsd_server *srv, tsd_conn *c);
 void tsd_server_conn_freed(tsd_server *srv);
 /* c could not get an input buffer: resume its reading shortly. */
 void tsd_server_starve(tsd_server *srv, tsd_conn *c);
+/* c's descriptor frame met a full socket: retry it after TSD_FD_RETRY_MS (tsd_out_fd_retry). */
+void tsd_server_fd_blocked(tsd_server *srv, tsd_conn *c);
+/* Forget c in the fd_blocked list (closing). */
+void tsd_server_fd_unblock(tsd_server *srv, tsd_conn *c);
 /* Free the store once (shutdown; after the final snapshot has its references). */
 void tsd_server_free_store(tsd_server *srv);
 

@@ -152,7 +152,7 @@ static tsd_item *memfd_item(size_t len, int zero)
     own->file_len = size;
     own->counted = 1;
     shm.st.items++;
-    shm.st.bytes += len;
+    shm.st.bytes += size;
     shm.st.fds_held++;
     return &own->it;
 }
@@ -295,7 +295,7 @@ int tsd_shm_adopt(tsd_server *srv, int fd, uint64_t rec_len, tsd_item **out)
         (void)close(fd);
     }
     shm.st.items++;
-    shm.st.bytes += rec_len;
+    shm.st.bytes += map_len;
     shm.st.puts_fd++;
     *out = &own->it;
     return 0;
@@ -323,7 +323,7 @@ void tsd_shm_release(tsd_item_own *own)
     case TSD_BACK_MEMFD:
     case TSD_BACK_CLIENT:
         shm.st.items--;
-        shm.st.bytes -= own->len;
+        shm.st.bytes -= own->alloc_len;
         if (own->counted)
             shm.st.fds_held--;
         if (own->backing == TSD_BACK_MEMFD && own->fd >= 0 && pool_keep(own))
@@ -370,4 +370,3 @@ void tsd_shm_drain(void)
     while (shm.pool_n > 0)
         pool_drop(shm.pool_n - 1);
 }
-

@@ -24,6 +24,10 @@ static ts_value_t *build(tsd_server *srv)
         {"ops_delete", TS_OP_DELETE},     {"ops_list", TS_OP_LIST}, {"ops_listen", TS_OP_LISTEN},
         {"ops_unlisten", TS_OP_UNLISTEN}, {"ops_wait", TS_OP_WAIT}, {"ops_stats", TS_OP_STATS},
         {"ops_save", TS_OP_SAVE},
+        {"ops_get_ref", TS_OP_GET_REF},
+        {"ops_peek_ref", TS_OP_PEEK_REF},
+        {"ops_put_fd", TS_OP_PUT_FD},
+        {"ops_append_fd", TS_OP_APPEND_FD},
         {"ops_tensor_bin", TS_OP_TENSOR_BIN},
         {"ops_read_rows", TS_OP_READ_ROWS},
         {"ops_gather_rows", TS_OP_GATHER_ROWS},
@@ -98,6 +102,27 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "view_captures", srv->store.captures);
     rc |= put_int(m, "view_turns_last", st->view_turns_last);
     rc |= put_int(m, "view_turn_max_us", st->view_turn_max_us);
+    /* The data directory's files (--data-dir; all 0 without one). */
+    tsd_datadir_stats ds;
+    tsd_datadir_stats_get(srv, &ds);
+    rc |= put_int(m, "disk_bytes", ds.disk_bytes);
+    rc |= put_int(m, "disk_files", ds.files);
+    rc |= put_int(m, "max_disk", ds.max_disk);
+    rc |= put_int(m, "disk_loaded", ds.loaded);
+    rc |= put_int(m, "disk_damaged", ds.damaged);
+    rc |= put_int(m, "disk_refused", ds.refused);
+    /* Shared memory: memfd items, descriptors held, sent and received (shm.c). */
+    tsd_shm_stats sh;
+    tsd_shm_stats_get(&sh);
+    rc |= put_int(m, "shm_items", sh.items);
+    rc |= put_int(m, "shm_bytes", sh.bytes);
+    rc |= put_int(m, "shm_pool_bytes", sh.pool_bytes);
+    rc |= put_int(m, "fds_held", sh.fds_held);
+    rc |= put_int(m, "fds_budget", sh.fds_budget);
+    rc |= put_int(m, "fds_sent", sh.fds_sent);
+    rc |= put_int(m, "fds_received", sh.fds_received);
+    rc |= put_int(m, "fds_pending", sh.fds_pending);
+    rc |= put_int(m, "puts_fd", sh.puts_fd);
     /* Allocations since start-up ended (the allocation-failure tests size their runs by it). */
     rc |= put_int(m, "allocations", ts__alloc_count() - srv->alloc_base);
     if (rc != 0) {
