@@ -525,14 +525,18 @@ static PyObject *client_append(PyObject *obj, PyObject *const *args, Py_ssize_t 
 static PyObject *get_impl(PyObject *obj, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                           int peek)
 {
-    static const char *const names[] = {"bin", "max_items", "tensor_type"};
-    PyObject *a[3];
+    static const char *const names[] = {"bin", "max_items", "tensor_type", "ref"};
+    PyObject *a[4];
     const char *fn = peek ? "peek" : "get";
-    if (bind(fn, args, nargs, kwnames, names, 3, 2, 1, a) < 0)
+    if (bind(fn, args, nargs, kwnames, names, 4, 2, 1, a) < 0)
         return NULL;
     const char *bin = bin_name(a[0]);
     size_t max_items;
     if (bin == NULL || size_arg(a[1], "max_items", &max_items) < 0)
+        return NULL;
+    /* ref=True: large items as read-only mappings of the server's memory (python/src/shm.c). */
+    int ref = a[3] == NULL ? 0 : PyObject_IsTrue(a[3]);
+    if (ref < 0)
         return NULL;
     tsp_client *self = (tsp_client *)obj;
     tsp_tensor_type_t tt;
@@ -543,8 +547,9 @@ static PyObject *get_impl(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     ts_items_t *items = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc =
-        peek ? ts_peek(c, bin, max_items, &items) : ts_get(c, bin, max_items, &items);
+    Py_BEGIN_ALLOW_THREADS if (ref) rc =
+        peek ? ts_peek_ref(c, bin, max_items, &items) : ts_get_ref(c, bin, max_items, &items);
+    else rc = peek ? ts_peek(c, bin, max_items, &items) : ts_get(c, bin, max_items, &items);
     Py_END_ALLOW_THREADS PyObject *r;
     if (rc == 0) {
         r = peek ? tsp_items_to_py(items, tt) : tsp_taken_items_to_py(items, tt);
@@ -1356,10 +1361,14 @@ static PyMethodDef client_methods[] = {
     {"append", (PyCFunction)(void (*)(void))client_append, FAST,
      "append(bin, value) -> int\n\nAdd one item to the bin (creating it); returns its version."},
     {"get", (PyCFunction)(void (*)(void))client_get, FAST,
-     "get(bin, max_items=0, *, tensor_type=None) -> list\n\nTake the oldest max_items items "
-     "(0: all) out of the bin. BinNotFoundError when it does not exist."},
+     "get(bin, max_items=0, *, tensor_type=None, ref=False) -> list\n\nTake the oldest "
+     "max_items items (0: all) out of the bin. BinNotFoundError when it does not exist. "
+     "ref=True (unix sockets): large items arrive as read-only mappings of the server's memory "
+     "instead of copies, at most 64 items per call (see docs/PYTHON.md)."},
     {"peek", (PyCFunction)(void (*)(void))client_peek, FAST,
-     "peek(bin, max_items=0, *, tensor_type=None) -> list\n\nAs get, keeping the items."},
+     "peek(bin, max_items=0, *, tensor_type=None, ref=False) -> list\n\nAs get, keeping the "
+     "items."},
+    TSP_SHM_CLIENT_METHODS
     {"delete", (PyCFunction)(void (*)(void))client_delete, FAST,
      "delete(bin) -> int\n\nRemove the bin; returns the items removed (0 for a missing bin)."},
     {"list", client_list, METH_NOARGS,

@@ -290,7 +290,8 @@ PyMODINIT_FUNC PyInit__tensorshare(void)
         pthread_atfork(NULL, NULL, on_fork_child);
     }
     if (init_exceptions(m) < 0 || tsp_view_type_init(m) < 0 || tsp_convert_init(m) < 0 ||
-        tsp_client_type_init(m) < 0 || tsp_rl_init(m) < 0 || tsp_predictor_init(m) < 0) {
+        tsp_client_type_init(m) < 0 || tsp_rl_init(m) < 0 || tsp_predictor_init(m) < 0 ||
+        tsp_shm_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

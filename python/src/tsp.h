@@ -307,4 +307,29 @@ void tsp_pending_unlink(tsp_pending **head, tsp_pending *p);
  */
 PyObject *tsp_pending_take(tsp_pending **head, const char *message);
 
+/* ---------------------------------------------------------------------------------------------
+ * Same-host zero copy (shm.c): the SharedBuffer type and the Client methods that use it
+ */
+/* Add SharedBuffer to the module. 0, or -1 with an exception. */
+int tsp_shm_init(PyObject *module);
+/* Client.shared(layout, *, tensor_type=None), put_shared(bin, buf), append_shared(bin, buf). */
+PyObject *tsp_client_shared(PyObject *client, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames);
+PyObject *tsp_client_put_shared(PyObject *client, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames);
+PyObject *tsp_client_append_shared(PyObject *client, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames);
+/* Their entries in the Client's method table. */
+#define TSP_SHM_CLIENT_METHODS                                                                     \
+    {"shared", (PyCFunction)(void (*)(void))tsp_client_shared, METH_FASTCALL | METH_KEYWORDS,    \
+     "shared(layout, *, tensor_type=None) -> SharedBuffer\n\nA record in shared memory to fill " \
+     "in place: layout is a dict/list tree whose (dtype, shape) pairs become zeroed tensors."},   \
+        {"put_shared", (PyCFunction)(void (*)(void))tsp_client_put_shared,                        \
+         METH_FASTCALL | METH_KEYWORDS,                                                           \
+         "put_shared(bin, buffer) -> int\n\nReplace the bin's content with the buffer's record, " \
+         "handing its memory to the server (unix sockets; a put over TCP)."},                     \
+        {"append_shared", (PyCFunction)(void (*)(void))tsp_client_append_shared,                  \
+         METH_FASTCALL | METH_KEYWORDS,                                                           \
+         "append_shared(bin, buffer) -> int\n\nAs put_shared, adding an item."},
+
 #endif /* TSP_H */

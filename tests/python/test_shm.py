@@ -1,0 +1,227 @@
+"""Same-host zero copy from Python: get/peek with ref=True (large items as read-only mappings,
+the copying fallback over TCP), and shared-buffer puts (Client.shared, put_shared,
+append_shared) with the rules that keep a committed buffer from being written."""
+import gc
+import os
+
+import pytest
+
+import tensorshare
+
+np = pytest.importorskip("numpy")
+
+BIG = 1 << 20  # float32 elements: 4 MiB, above tensord's default --shm-min of 1 MiB
+
+
+def server_maps():
+    """Mappings of this process whose file is a memfd tensord made."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if "/memfd:" in line and "tensorshare-shared" not in line)
+
+
+def in_server_map(addr):
+    """True when addr lies in a mapping of a memfd tensord made (the data was not copied)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "/memfd:" not in line or "tensorshare-shared" in line:
+                continue
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return True
+    return False
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def uclient(tensord):
+    c = tensorshare.Client(tensord.unix_address, timeout=10, tensor_type="numpy")
+    yield c
+    c.close()
+
+
+def test_ref_numpy_large_and_small(uclient):
+    big = np.arange(BIG, dtype=np.float32)
+    small = np.arange(16, dtype=np.int64)
+    uclient.put("r", {"x": big, "step": 1})
+    uclient.append("r", {"x": small, "step": 2})
+    items = uclient.peek("r", ref=True)
+    assert len(items) == 2
+    assert np.array_equal(items[0]["x"], big) and items[0]["step"] == 1
+    assert np.array_equal(items[1]["x"], small) and items[1]["step"] == 2
+    assert not items[0]["x"].flags.writeable
+    assert in_server_map(items[0]["x"].__array_interface__["data"][0])  # mapped, not copied
+    assert not in_server_map(items[1]["x"].__array_interface__["data"][0])  # small: inline
+    with pytest.raises(ValueError):
+        items[0]["x"][0] = 1.0
+    taken = uclient.get("r", 1, ref=True)
+    assert len(taken) == 1 and np.array_equal(taken[0]["x"], big)
+    # The arrays stay valid after their items left the bin and after the bin is gone.
+    uclient.delete("r")
+    assert np.array_equal(items[0]["x"], big)
+    assert np.array_equal(taken[0]["x"], big)
+    with pytest.raises(tensorshare.BinNotFoundError):
+        uclient.get("r", ref=True)
+
+
+def test_ref_mapping_lifetime(uclient):
+    """A mapping lives exactly as long as some array over it (when tensord hands out fds)."""
+    gc.collect()
+    maps0 = server_maps()
+    uclient.put("life", {"x": np.ones(BIG, dtype=np.float32)})
+    items = uclient.peek("life", ref=True)
+    x = items[0]["x"]
+    mapped = server_maps() - maps0
+    assert mapped == 1
+    del items
+    gc.collect()
+    assert server_maps() - maps0 == mapped  # x keeps it
+    assert float(x.sum()) == BIG
+    del x
+    gc.collect()
+    assert server_maps() == maps0
+
+
+def test_ref_torch(tensord):
+    torch = pytest.importorskip("torch")
+    c = tensorshare.Client(tensord.unix_address, timeout=10, tensor_type="torch")
+    try:
+        t = torch.arange(BIG, dtype=torch.float32)
+        c.put("t", {"x": t, "b": torch.tensor([True, False]), "h": torch.ones(3, dtype=torch.bfloat16)})
+        (item,) = c.peek("t", ref=True)
+        assert torch.equal(item["x"], t)
+        assert in_server_map(item["x"].data_ptr())  # the tensor is the mapping, not a copy
+        assert item["b"].dtype == torch.bool and item["b"].tolist() == [True, False]
+        assert item["h"].dtype == torch.bfloat16 and item["h"].float().sum().item() == 3.0
+        (item2,) = c.get("t", ref=True)
+        c.delete("t")
+        assert torch.equal(item2["x"], t)  # the mapping outlives the item
+    finally:
+        c.close()
+
+
+def test_ref_fallback_tcp(client):
+    big = np.arange(BIG, dtype=np.float32)
+    client.put("tcp", {"x": big})
+    (item,) = client.peek("tcp", ref=True, tensor_type="numpy")
+    assert np.array_equal(item["x"], big)
+    assert not in_server_map(item["x"].__array_interface__["data"][0])  # copied
+    (item,) = client.get("tcp", ref=True, tensor_type="numpy")
+    assert np.array_equal(item["x"], big)
+
+
+def test_ref_at_most_64_items(uclient):
+    for i in range(70):
+        uclient.append("many", i)
+    items = uclient.get("many", ref=True)
+    assert items == list(range(64))
+    assert uclient.get("many", ref=True) == list(range(64, 70))
+
+
+def test_shared_torch_put_and_append(tensord):
+    torch = pytest.importorskip("torch")
+    c = tensorshare.Client(tensord.unix_address, timeout=10)
+    try:
+        buf = c.shared({"x": (torch.float32, (256, 1024)), "step": 7, "tag": "a"})
+        assert buf.nbytes > 256 * 1024 * 4
+        assert sorted(buf.keys()) == ["step", "tag", "x"]
+        x = buf["x"]
+        assert isinstance(x, torch.Tensor) and x.shape == (256, 1024)
+        assert x.dtype == torch.float32 and float(x.abs().sum()) == 0.0
+        x.copy_(torch.arange(256 * 1024, dtype=torch.float32).view(256, 1024))
+        assert buf["step"] == 7 and buf["tag"] == "a"
+        # A tensor over the buffer is alive: committing would pull its memory away.
+        with pytest.raises(BufferError):
+            c.put_shared("sh", buf)
+        del x
+        v1 = c.put_shared("sh", buf)
+        assert buf.committed
+        with pytest.raises(ValueError):
+            buf["x"]
+        with pytest.raises(tensorshare.InvalidArgumentError):
+            c.put_shared("sh", buf)
+        buf.close()
+
+        buf2 = c.shared({"x": (torch.bfloat16, [3]), "m": (torch.bool, (2,)), "e": (torch.int64, (0,))})
+        buf2["x"].fill_(2.0)
+        buf2["m"][1] = True
+        assert buf2["e"].shape == (0,)
+        v2 = c.append_shared("sh", buf2)
+        assert v2 > v1
+        items = c.get("sh")
+        assert len(items) == 2
+        assert torch.equal(items[0]["x"], torch.arange(256 * 1024, dtype=torch.float32).view(256, 1024))
+        assert items[0]["step"] == 7
+        assert items[1]["x"].dtype == torch.bfloat16 and items[1]["x"].float().tolist() == [2.0] * 3
+        assert items[1]["m"].tolist() == [False, True]
+    finally:
+        c.close()
+
+
+def test_shared_numpy(uclient):
+    buf = uclient.shared({"a": ("float64", (4,)), "b": [(np.int32, (2, 2)), 5]})
+    a = buf["a"]
+    assert a.flags.writeable and a.dtype == np.float64
+    a[:] = [1, 2, 3, 4]
+    buf["b", 0][1, 1] = 9
+    del a
+    gc.collect()
+    uclient.put_shared("np", buf)
+    (item,) = uclient.get("np")
+    assert item["a"].tolist() == [1, 2, 3, 4]
+    assert item["b"][0].tolist() == [[0, 0], [0, 9]] and item["b"][1] == 5
+
+
+def test_shared_over_tcp_is_a_put(client):
+    buf = client.shared({"x": ("int16", (8,))}, tensor_type="numpy")
+    buf["x"][:] = 3
+    client.put_shared("tcpsh", buf)
+    assert buf.committed
+    (item,) = client.get("tcpsh", tensor_type="numpy")
+    assert item["x"].tolist() == [3] * 8
+
+
+def test_shared_layout_errors(uclient):
+    with pytest.raises(tensorshare.RecordError):
+        uclient.shared({"x": ("float32", (-1,))})
+    with pytest.raises(tensorshare.RecordError):
+        uclient.shared({"x": ("float32", (1,) * 9)})
+    with pytest.raises(TypeError):
+        uclient.shared()
+    with pytest.raises(TypeError):
+        uclient.put_shared("b", {"x": 1})
+    buf = uclient.shared({"x": ("uint8", (4,))})
+    x = buf["x"]
+    with pytest.raises(BufferError):
+        buf.close()
+    del x
+    buf.close()
+    with pytest.raises(ValueError):
+        buf["x"]
+
+
+def test_shared_cuda_refused(uclient):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    with pytest.raises(tensorshare.RecordError):
+        uclient.shared({"x": torch.zeros(2, device="cuda")})
+
+
+def test_no_fd_leak(tensord):
+    gc.collect()
+    fds0 = open_fds()
+    c = tensorshare.Client(tensord.unix_address, timeout=10, tensor_type="numpy")
+    c.put("leak", {"x": np.ones(BIG, dtype=np.float32)})
+    for _ in range(3):
+        items = c.peek("leak", ref=True)
+        del items
+    buf = c.shared({"x": ("float32", (16,))})
+    c.append_shared("leak", buf)
+    buf.close()
+    c.get("leak", ref=True)
+    c.close()
+    gc.collect()
+    assert open_fds() == fds0
