@@ -1,0 +1,518 @@
+/*
+ * tensord --data-dir: items in memory-mapped files survive a clean restart and a SIGKILL with
+ * equal bytes and versions; items taken by GET, replaced by PUT or deleted do not come back; a
+ * damaged file (truncated, a header byte flipped, a bad record) is refused with one log line
+ * naming it and the reason, and renamed, while the others load; --max-disk refuses a write
+ * (OUT_OF_MEMORY, the connection stays open); a second tensord on the same directory and
+ * --data-dir with --save are refused (exit status 2); --data-min keeps small items in memory;
+ * a tensor bin's file keeps its rows and comes back as a tensor bin.
+ */
+#define _GNU_SOURCE /* memmem */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "msg.h"
+#include "record.h"
+#include "test_harden_util.h"
+
+#define HDR 4096 /* bytes of a data file's header (server/datadir.c) */
+
+static tsh_server s;
+static char ddir[300];    /* the data directory, inside the harness's directory */
+static char logfile[320]; /* the daemon's stderr, when a test reads it */
+static const char *xargs[16];
+
+/* Remove every file of ddir, then ddir. */
+static void rm_ddir(void)
+{
+    DIR *d = opendir(ddir);
+    if (d == NULL)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[600];
+        snprintf(p, sizeof(p), "%s/%s", ddir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(ddir);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    if (s.pid > 0)
+        tsh_server_kill(&s);
+    if (s.dir[0] != '\0') {
+        rm_ddir();
+        unlink(logfile);
+        tsh_server_cleanup(&s);
+    }
+    memset(&s, 0, sizeof(s));
+    ddir[0] = logfile[0] = '\0';
+    return 0;
+}
+
+/* args = "--data-dir" ddir + extra (NULL-terminated) into xargs. */
+static const char *const *with_dir(const char *const *extra)
+{
+    int n = 0;
+    xargs[n++] = "--data-dir";
+    xargs[n++] = ddir;
+    for (int i = 0; extra != NULL && extra[i] != NULL && n < 15; i++)
+        xargs[n++] = extra[i];
+    xargs[n] = NULL;
+    return xargs;
+}
+
+/*
+ * (Re)start tensord on ddir with extra flags; its stderr goes to logfile (truncated) when
+ * log is set, so that the test can read what it logged.
+ */
+static void restart(const char *const *extra, int log)
+{
+    int saved = -1;
+    if (log) {
+        fflush(stderr);
+        saved = dup(2);
+        assert_true(saved >= 0);
+        int lfd = open(logfile, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        assert_true(lfd >= 0);
+        assert_int_equal(dup2(lfd, 2), 2);
+        close(lfd);
+    }
+    int rc = tsh_server_restart(&s, with_dir(extra));
+    if (log) {
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+    }
+    assert_int_equal(rc, 0);
+}
+
+/* Start tensord with --data-dir <its dir>/data (not yet made: tensord makes it). */
+static void start(const char *const *extra)
+{
+    /* The directory is only known once the harness has made it: start, then restart. */
+    assert_int_equal(tsh_server_start(&s, NULL), 0);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    snprintf(ddir, sizeof(ddir), "%s/data", s.dir);
+    snprintf(logfile, sizeof(logfile), "%s/tensord.log", s.dir);
+    restart(extra, 0);
+    struct stat st;
+    assert_int_equal(stat(ddir, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0700);
+}
+
+/* Files in ddir whose names end with suffix. */
+static int count_files(const char *suffix)
+{
+    DIR *d = opendir(ddir);
+    assert_non_null(d);
+    int n = 0;
+    size_t sl = strlen(suffix);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (l > sl && strcmp(e->d_name + l - sl, suffix) == 0)
+            n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The path (into out) of the .tsi file holding an item of bin name; 0 when found. */
+static int file_of_bin(const char *name, char *out, size_t cap)
+{
+    DIR *d = opendir(ddir);
+    assert_non_null(d);
+    int found = -1;
+    struct dirent *e;
+    while (found != 0 && (e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (l < 5 || strcmp(e->d_name + l - 4, ".tsi") != 0)
+            continue;
+        snprintf(out, cap, "%s/%s", ddir, e->d_name);
+        int fd = open(out, O_RDONLY);
+        assert_true(fd >= 0);
+        uint8_t h[HDR];
+        assert_int_equal(pread(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+        close(fd);
+        if (h[48] == strlen(name) && memcmp(h + 49, name, h[48]) == 0)
+            found = 0;
+    }
+    closedir(d);
+    return found;
+}
+
+/* PEEK name and check it holds exactly rec (one item) at version v (0: any). */
+static void expect_item(int fd, const char *name, const uint8_t *rec, size_t len, uint64_t v)
+{
+    tsu_items it;
+    tsu_get(fd, TS_OP_PEEK, name, 0, &it);
+    assert_int_equal(it.n, 1);
+    assert_int_equal(it.item_len[0], len);
+    assert_memory_equal(it.item[0], rec, len);
+    if (v != 0)
+        assert_int_equal(it.version, v);
+    tsu_frame_free(&it.f);
+}
+
+static void expect_missing(int fd, const char *name)
+{
+    assert_int_equal(tsu_send_get(fd, TS_OP_PEEK, 77, name, 0), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_PEEK, 77, TS_ST_NOT_FOUND);
+    tsu_frame_free(&f);
+}
+
+/* Puts of a large and a small record and a queue survive a clean stop and a SIGKILL. */
+static void test_survives_restart_and_kill(void **state)
+{
+    (void)state;
+    start(NULL);
+    int fd = tsu_client(&s);
+    size_t blen, slen;
+    uint8_t *big = tsu_rec_bytes((size_t)3 << 20, 11, &blen);
+    uint8_t *small = tsu_rec_bytes(100, 12, &slen);
+    uint64_t vb = tsu_store(fd, TS_OP_PUT, "big", big, blen, NULL);
+    uint64_t vs = tsu_store(fd, TS_OP_PUT, "small", small, slen, NULL);
+    uint64_t vq = 0;
+    for (int i = 0; i < 3; i++)
+        vq = tsu_put_int(fd, TS_OP_APPEND, "queue", 40 + i, NULL);
+    assert_int_equal(tsu_stat(fd, "disk_files"), 5);
+    assert_true(tsu_stat(fd, "disk_bytes") >= (int64_t)(5 * HDR + blen));
+    close(fd);
+    assert_int_equal(count_files(".tsi"), 5);
+
+    for (int round = 0; round < 2; round++) {
+        if (round == 0)
+            assert_int_equal(tsh_server_stop(&s), 0);
+        else
+            tsh_server_kill(&s); /* acknowledged items are in the page cache of the files */
+        restart(NULL, 0);
+        fd = tsu_client(&s);
+        assert_int_equal(tsu_stat(fd, "disk_loaded"), 5);
+        assert_int_equal(tsu_stat(fd, "disk_damaged"), 0);
+        assert_true(tsu_stat(fd, "version") >= (int64_t)vq);
+        expect_item(fd, "big", big, blen, vb);
+        expect_item(fd, "small", small, slen, vs);
+        tsu_items it;
+        tsu_get(fd, TS_OP_PEEK, "queue", 0, &it);
+        assert_int_equal(it.n, 3);
+        assert_int_equal(it.version, vq);
+        for (uint32_t i = 0; i < 3; i++)
+            assert_int_equal(tsu_item_int(it.item[i], it.item_len[i]), 40 + (int)i);
+        tsu_frame_free(&it.f);
+        close(fd);
+    }
+    /* Writes after a restart get versions above every loaded one. */
+    fd = tsu_client(&s);
+    assert_true(tsu_put_int(fd, TS_OP_PUT, "later", 1, NULL) > vq);
+    close(fd);
+    tsu_rec_free(big, blen);
+    tsu_rec_free(small, slen);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
+/* Wait (up to 2 s) until STATS key equals want: replies still being written hold their items. */
+static void wait_stat(int fd, const char *key, int64_t want)
+{
+    int64_t v = -1;
+    for (int i = 0; i < 200; i++) {
+        v = tsu_stat(fd, key);
+        if (v == want)
+            return;
+        th_sleep_ms(10);
+    }
+    assert_int_equal(v, want);
+}
+
+/* Items taken by GET, replaced by PUT or deleted stay gone after a SIGKILL. */
+static void test_taken_items_stay_gone(void **state)
+{
+    (void)state;
+    start(NULL);
+    int fd = tsu_client(&s);
+    for (int i = 0; i < 3; i++)
+        tsu_put_int(fd, TS_OP_APPEND, "q", i, NULL);
+    tsu_put_int(fd, TS_OP_PUT, "r", 1, NULL);
+    tsu_put_int(fd, TS_OP_APPEND, "r", 2, NULL);
+    uint64_t vr = tsu_put_int(fd, TS_OP_PUT, "r", 3, NULL);
+    tsu_put_int(fd, TS_OP_PUT, "d", 4, NULL);
+    size_t blen;
+    uint8_t *big = tsu_rec_bytes((size_t)1 << 20, 5, &blen);
+    tsu_store(fd, TS_OP_PUT, "gone", big, blen, NULL);
+    /* GET the oldest of q, and the big item whole. */
+    tsu_items it;
+    tsu_get(fd, TS_OP_GET, "q", 1, &it);
+    assert_int_equal(it.n, 1);
+    assert_int_equal(tsu_item_int(it.item[0], it.item_len[0]), 0);
+    tsu_frame_free(&it.f);
+    tsu_get(fd, TS_OP_GET, "gone", 0, &it);
+    assert_int_equal(it.n, 1);
+    tsu_frame_free(&it.f);
+    assert_int_equal(tsu_send_name(fd, TS_OP_DELETE, 9, "d", NULL, 0), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_DELETE, 9, TS_ST_OK);
+    tsu_frame_free(&f);
+    /* q: 2 items, r: 1 item; nothing else is held once every reply is written. */
+    wait_stat(fd, "disk_files", 3);
+    close(fd);
+    assert_int_equal(count_files(".tsi"), 3);
+    tsh_server_kill(&s);
+
+    restart(NULL, 0);
+    fd = tsu_client(&s);
+    assert_int_equal(tsu_stat(fd, "bins"), 2);
+    assert_int_equal(tsu_stat(fd, "disk_loaded"), 3);
+    tsu_get(fd, TS_OP_PEEK, "q", 0, &it);
+    assert_int_equal(it.n, 2);
+    assert_int_equal(tsu_item_int(it.item[0], it.item_len[0]), 1);
+    assert_int_equal(tsu_item_int(it.item[1], it.item_len[1]), 2);
+    tsu_frame_free(&it.f);
+    tsu_get(fd, TS_OP_PEEK, "r", 0, &it);
+    assert_int_equal(it.n, 1);
+    assert_int_equal(it.version, vr);
+    assert_int_equal(tsu_item_int(it.item[0], it.item_len[0]), 3);
+    tsu_frame_free(&it.f);
+    expect_missing(fd, "d");
+    expect_missing(fd, "gone");
+    close(fd);
+    tsu_rec_free(big, blen);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(count_files(".gone"), 0);
+}
+
+/* Write len bytes at off of path. */
+static void poke(const char *path, off_t off, const void *b, size_t len)
+{
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, b, len, off), (ssize_t)len);
+    close(fd);
+}
+
+/* Truncated, flipped and bad-record files are refused one by one; the rest loads. */
+static void test_damaged_files_refused(void **state)
+{
+    (void)state;
+    start(NULL);
+    int fd = tsu_client(&s);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes(20000, 3, &len);
+    const char *names[] = {"ok", "cut", "flip", "badrec"};
+    for (int i = 0; i < 4; i++)
+        tsu_store(fd, TS_OP_PUT, names[i], rec, len, NULL);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+
+    char cut[600], flip[600], badrec[600], stray[600];
+    assert_int_equal(file_of_bin("cut", cut, sizeof(cut)), 0);
+    assert_int_equal(file_of_bin("flip", flip, sizeof(flip)), 0);
+    assert_int_equal(file_of_bin("badrec", badrec, sizeof(badrec)), 0);
+    assert_int_equal(truncate(cut, HDR + 100), 0);
+    uint8_t b;
+    int f = open(flip, O_RDWR);
+    assert_true(f >= 0);
+    assert_int_equal(pread(f, &b, 1, 30), 1);
+    b ^= 0x40;
+    assert_int_equal(pwrite(f, &b, 1, 30), 1);
+    close(f);
+    /* The record's own header (magic) is broken; the file header stays good. */
+    static const uint8_t junk[16] = {0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    poke(badrec, HDR, junk, sizeof(junk));
+    /* An upload cut off before it was stored: a file whose header is still zero. */
+    snprintf(stray, sizeof(stray), "%s/00000000000fffff.tsi", ddir);
+    uint8_t *zero = calloc(1, HDR + 64);
+    assert_non_null(zero);
+    assert_int_equal(th_write_file(stray, zero, HDR + 64), 0);
+    free(zero);
+
+    restart(NULL, 1);
+    fd = tsu_client(&s);
+    assert_int_equal(tsu_stat(fd, "disk_loaded"), 1);
+    assert_int_equal(tsu_stat(fd, "disk_damaged"), 3);
+    expect_item(fd, "ok", rec, len, 0);
+    expect_missing(fd, "cut");
+    expect_missing(fd, "flip");
+    expect_missing(fd, "badrec");
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    /* One line per file, naming it and the reason; the files are kept aside, renamed. */
+    const char *base[3] = {strrchr(cut, '/') + 1, strrchr(flip, '/') + 1, strrchr(badrec, '/') + 1};
+    const char *why[3] = {"truncated", "header checksum mismatch", "fails validation"};
+    for (int i = 0; i < 3; i++) {
+        char line[700];
+        snprintf(line, sizeof(line), "refusing %s/%s: ", ddir, base[i]);
+        assert_true(th_file_contains(logfile, line));
+        assert_true(th_file_contains(logfile, why[i]));
+        char moved[700];
+        snprintf(moved, sizeof(moved), "%s/%s.damaged", ddir, base[i]);
+        assert_int_equal(access(moved, F_OK), 0);
+    }
+    assert_true(th_file_contains(logfile, "an upload that never completed"));
+    assert_int_not_equal(access(stray, F_OK), 0);
+    assert_int_equal(count_files(".tsi"), 1);
+    assert_int_equal(count_files(".tsi.damaged"), 3);
+    tsu_rec_free(rec, len);
+}
+
+/* A write past --max-disk is refused OUT_OF_MEMORY; the connection stays open. */
+static void test_max_disk_refuses(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--max-disk", "64k", NULL};
+    start(extra);
+    int fd = tsu_client(&s);
+    assert_int_equal(tsu_stat(fd, "max_disk"), 64 << 10);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes(100 << 10, 9, &len);
+    assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 5, "big", rec, len), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_PUT, 5, TS_ST_OUT_OF_MEMORY);
+    assert_non_null(f.body);
+    assert_non_null(memmem(f.body, f.len, "--max-disk", 10));
+    tsu_frame_free(&f);
+    /* The same connection goes on: a small item fits. */
+    tsu_put_int(fd, TS_OP_PUT, "small", 7, NULL);
+    assert_int_equal(tsu_stat(fd, "disk_refused"), 1);
+    assert_int_equal(tsu_stat(fd, "disk_files"), 1);
+    expect_missing(fd, "big");
+    close(fd);
+    tsu_rec_free(rec, len);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(count_files(".tsi"), 1);
+}
+
+/* A second tensord on the same directory, and --data-dir with --save, exit 2. */
+static void test_lock_and_exclusive_flags(void **state)
+{
+    (void)state;
+    start(NULL);
+    char err[400];
+    snprintf(err, sizeof(err), "%s/second.err", s.dir);
+    const char *second[] = {"--port", "0", "--data-dir", ddir, NULL};
+    assert_int_equal(th_run_tensord(second, err, 15000), 2);
+    assert_true(th_file_contains(err, "another tensord is using it"));
+    char snap[400];
+    snprintf(snap, sizeof(snap), "%s/snap", s.dir);
+    const char *both[] = {"--port", "0", "--data-dir", ddir, "--save", snap, NULL};
+    assert_int_equal(th_run_tensord(both, err, 15000), 2);
+    assert_true(th_file_contains(err, "--data-dir and --save cannot be used together"));
+    /* The first one is untouched. */
+    tsu_check_healthy(&s);
+    unlink(err);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
+/* --data-min: smaller items stay in memory (gone after a restart), larger ones in files. */
+static void test_data_min_splits(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--data-min", "64k", NULL};
+    start(extra);
+    int fd = tsu_client(&s);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes(128 << 10, 21, &len);
+    tsu_store(fd, TS_OP_PUT, "large", rec, len, NULL);
+    tsu_put_int(fd, TS_OP_PUT, "tiny", 5, NULL);
+    assert_int_equal(tsu_stat(fd, "disk_files"), 1);
+    close(fd);
+    tsh_server_kill(&s);
+    restart(extra, 0);
+    fd = tsu_client(&s);
+    expect_item(fd, "large", rec, len, 0);
+    expect_missing(fd, "tiny");
+    close(fd);
+    tsu_rec_free(rec, len);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
+/* A tensor bin in a file: its rows written in place survive a SIGKILL, and it is a tensor bin
+ * again. */
+static void test_tensor_bin_survives(void **state)
+{
+    (void)state;
+    start(NULL);
+    int fd = tsu_client(&s);
+    enum { TROWS = 64, TCOLS = 4 };
+    ts__msg_tensor_bin_req tb = {
+        .name = (const uint8_t *)"tb", .name_len = 2, .dtype = TS_FLOAT32, .ndim = 2};
+    tb.dims[0] = TROWS;
+    tb.dims[1] = TCOLS;
+    uint8_t body[512];
+    size_t blen;
+    assert_int_equal(ts__msg_tensor_bin_req_encode(body, sizeof(body), &tb, &blen), 0);
+    assert_int_equal(tsh_send(fd, TS_OP_TENSOR_BIN, 3, body, blen), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_TENSOR_BIN, 3, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_stat(fd, "disk_files"), 1);
+    /* Rows 10 and 11 get 7.5 in every column. */
+    ts_value_t *m = ts_map_new();
+    int64_t shape[2] = {2, TCOLS};
+    ts_value_t *t = ts_tensor_alloc(TS_FLOAT32, 2, shape);
+    assert_non_null(t);
+    float *d = ts_value_tensor(t)->data;
+    for (int i = 0; i < 2 * TCOLS; i++)
+        d[i] = 7.5f;
+    assert_int_equal(ts_map_set(m, "start", ts_int_new(10)), 0);
+    assert_int_equal(ts_map_set(m, "rows", t), 0);
+    uint8_t *rec;
+    size_t rlen;
+    assert_int_equal(ts__record_encode(m, &rec, &rlen), 0);
+    ts_value_free(m);
+    assert_int_equal(tsu_send_store(fd, TS_OP_WRITE_ROWS, 4, "tb", rec, rlen), 0);
+    ts__free_aligned(rec, rlen);
+    tsu_expect(fd, &f, TS_OP_WRITE_ROWS, 4, TS_ST_OK);
+    tsu_frame_free(&f);
+    tsu_items before;
+    tsu_get(fd, TS_OP_PEEK, "tb", 0, &before);
+    assert_int_equal(before.n, 1);
+    close(fd);
+    tsh_server_kill(&s);
+
+    restart(NULL, 0);
+    fd = tsu_client(&s);
+    expect_item(fd, "tb", before.item[0], before.item_len[0], 0);
+    tsu_frame_free(&before.f);
+    /* A tensor bin again: PUT is refused. */
+    size_t ilen;
+    uint8_t *irec = tsu_rec_int(1, &ilen);
+    assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 5, "tb", irec, ilen), 0);
+    tsu_rec_free(irec, ilen);
+    tsu_expect(fd, &f, TS_OP_PUT, 5, TS_ST_INVALID);
+    tsu_frame_free(&f);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_survives_restart_and_kill, teardown),
+        cmocka_unit_test_teardown(test_taken_items_stay_gone, teardown),
+        cmocka_unit_test_teardown(test_damaged_files_refused, teardown),
+        cmocka_unit_test_teardown(test_max_disk_refuses, teardown),
+        cmocka_unit_test_teardown(test_lock_and_exclusive_flags, teardown),
+        cmocka_unit_test_teardown(test_data_min_splits, teardown),
+        cmocka_unit_test_teardown(test_tensor_bin_survives, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
