@@ -536,6 +536,68 @@ static void test_child_killed_with_mappings(void **state)
     ts_items_free(items);
 }
 
+/* A tensor bin's item is mapped shared: rows written in place show through the mapping. */
+static void test_ref_live_tensor_bin(void **state)
+{
+    (void)state;
+    int64_t shape[2] = {1024, 256}; /* 1 MiB of float32 */
+    if (ts_tensor_bin_create(cl, "live", TS_FLOAT32, 2, shape, NULL) != 0)
+        fail_msg("ts_tensor_bin_create: %s", ts_last_error());
+    ts_items_t *items;
+    assert_int_equal(ts_peek_ref(cl, "live", 0, &items), 0);
+    const ts_tensor_t *t = ts_value_tensor(ts_items_at(items, 0));
+    assert_non_null(t);
+    assert_int_equal(t->shape[0], 1024);
+    const volatile float *p = t->data;
+    assert_true(p[5 * 256] == 0.0f);
+    int64_t rshape[2] = {2, 256};
+    ts_value_t *rows = ts_tensor_alloc(TS_FLOAT32, 2, rshape);
+    float *r = ts_value_tensor(rows)->data;
+    for (int i = 0; i < 512; i++)
+        r[i] = (float)(i + 1);
+    assert_int_equal(ts_rows_write(cl, "live", 5, rows, NULL), 0);
+    ts_value_free(rows);
+    /* The reply to the write came after the server wrote the rows: visible now. */
+    assert_true(p[5 * 256] == 1.0f);
+    assert_true(p[6 * 256 + 255] == 512.0f);
+    assert_true(p[7 * 256] == 0.0f);
+    ts_items_free(items);
+    assert_int_equal(ts_delete(cl, "live", NULL), 0);
+}
+
+/* The lane presents the client's token like the main connection. */
+static void test_lane_auth_token(void **state)
+{
+    (void)state;
+    tsh_server s2;
+    char tok_path[320];
+    assert_int_equal(tsh_server_start(&s2, NULL), 0); /* for its private directory */
+    snprintf(tok_path, sizeof(tok_path), "%s/token", s2.dir);
+    FILE *f = fopen(tok_path, "w");
+    assert_non_null(f);
+    fputs("sekrit-lane\n", f);
+    fclose(f);
+    tsh_server_kill(&s2);
+    const char *args[] = {"--auth-token-file", tok_path, NULL};
+    assert_int_equal(tsh_server_restart(&s2, args), 0);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.auth_token = "sekrit-lane";
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, s2.unix_addr, &o), 0);
+    put_item(c, "auth", BIG_N, 2, 0);
+    ts_items_t *items;
+    assert_int_equal(ts_peek_ref(c, "auth", 0, &items), 0);
+    check_item(ts_items_at(items, 0), BIG_N, 2);
+    ts_items_free(items);
+    ts_shared_t *sh = new_shared(4, 3);
+    assert_int_equal(ts_shared_put(c, "auth2", sh, NULL), 0);
+    ts_shared_free(sh);
+    ts_client_free(c);
+    tsh_server_stop(&s2);
+    tsh_server_cleanup(&s2);
+}
+
 /* Calls from a client callback are refused like every blocking call. */
 static tc_latch cb_latch;
 static int cb_rc;
@@ -848,6 +910,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_shared_write_after_commit),
         cmocka_unit_test(test_shared_mapped_elsewhere),
         cmocka_unit_test(test_ref_from_callback),
+        cmocka_unit_test(test_ref_live_tensor_bin),
+        cmocka_unit_test(test_lane_auth_token),
         cmocka_unit_test(test_child_killed_with_mappings),
         cmocka_unit_test(test_no_fd_leak),
         cmocka_unit_test(test_lane_timeout),
