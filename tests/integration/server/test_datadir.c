@@ -5,7 +5,8 @@
  * naming it and the reason, and renamed, while the others load; --max-disk refuses a write
  * (OUT_OF_MEMORY, the connection stays open); a second tensord on the same directory and
  * --data-dir with --save are refused (exit status 2); --data-min keeps small items in memory;
- * a tensor bin's file keeps its rows and comes back as a tensor bin.
+ * a tensor bin's file keeps its rows and comes back as a tensor bin; GET_REF and PEEK_REF send
+ * the item's file as a read-only descriptor, and an item GET_REF took stays gone.
  */
 #define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 #include "msg.h"
+#include "tensorshare/tensorshare.h"
 #include "record.h"
 #include "test_harden_util.h"
 
@@ -503,6 +505,60 @@ static void test_tensor_bin_survives(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
 }
 
+/* The tensor "t" of a tsu_rec_bytes(n, seed) record holds its bytes. */
+static void check_rec_bytes(const ts_value_t *root, size_t n, unsigned seed)
+{
+    assert_non_null(root);
+    const ts_value_t *tv = ts_map_get(root, "t");
+    assert_non_null(tv);
+    const ts_tensor_t *t = ts_value_tensor(tv);
+    assert_non_null(t);
+    assert_int_equal(t->shape[0], (int64_t)n);
+    const uint8_t *d = t->data;
+    for (size_t i = 0; i < n; i++)
+        if (d[i] != (uint8_t)((i + seed) & 0xff))
+            fail_msg("byte %zu differs", i);
+}
+
+/*
+ * By reference on the same host: the item's file goes as a read-only descriptor (record at 4096),
+ * also when GET_REF takes the item out of its bin, and the item stays gone after a SIGKILL.
+ */
+static void test_by_reference(void **state)
+{
+    (void)state;
+    start(NULL);
+    int fd = tsu_client(&s);
+    size_t n = (size_t)2 << 20, len;
+    uint8_t *rec = tsu_rec_bytes(n, 33, &len);
+    tsu_store(fd, TS_OP_PUT, "ref", rec, len, NULL);
+    tsu_rec_free(rec, len);
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, s.unix_addr, NULL), 0);
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek_ref(c, "ref", 0, &items), 0);
+    assert_int_equal(ts_items_count(items), 1);
+    check_rec_bytes(ts_items_at(items, 0), n, 33);
+    ts_items_free(items);
+    items = NULL;
+    assert_int_equal(ts_get_ref(c, "ref", 0, &items), 0);
+    assert_int_equal(ts_items_count(items), 1);
+    check_rec_bytes(ts_items_at(items, 0), n, 33);
+    ts_items_free(items);
+    assert_true(tsu_stat(fd, "fds_sent") >= 2);
+    ts_client_free(c);
+    expect_missing(fd, "ref");
+    wait_stat(fd, "disk_files", 0);
+    close(fd);
+    tsh_server_kill(&s);
+    restart(NULL, 0);
+    fd = tsu_client(&s);
+    expect_missing(fd, "ref");
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(count_files(".tsi") + count_files(".gone"), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -513,6 +569,7 @@ int main(void)
         cmocka_unit_test_teardown(test_lock_and_exclusive_flags, teardown),
         cmocka_unit_test_teardown(test_data_min_splits, teardown),
         cmocka_unit_test_teardown(test_tensor_bin_survives, teardown),
+        cmocka_unit_test_teardown(test_by_reference, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
