@@ -598,6 +598,101 @@ static void test_lane_auth_token(void **state)
     tsh_server_cleanup(&s2);
 }
 
+/* Several threads share one client's lane: every call gets its own, whole answer. */
+#define LANE_THREADS 4
+#define LANE_ROUNDS  10
+static void *lane_worker(void *arg)
+{
+    long bad = 0;
+    for (int i = 0; i < LANE_ROUNDS; i++) {
+        ts_items_t *items;
+        if (ts_peek_ref(cl, "shared-lane", 0, &items) != 0) {
+            bad++;
+            continue;
+        }
+        const ts_tensor_t *t = ts_map_get_tensor(ts_items_at(items, 0), "x");
+        if (t == NULL || t->shape[0] != BIG_N ||
+            ((const float *)t->data)[BIG_N - 1] != (float)(BIG_N - 1) * 0.5f + 4.0f)
+            bad++;
+        ts_items_free(items);
+        ts_shared_t *sh;
+        ts_value_t *layout = ts_map_new();
+        int64_t n = 16;
+        ts_map_set(layout, "x", ts_tensor_spec_new(TS_INT8, 1, &n));
+        if (ts_shared_new(layout, &sh) != 0 || ts_shared_append(cl, "lane-out", sh, NULL) != 0)
+            bad++;
+        ts_value_free(layout);
+        ts_shared_free(sh);
+    }
+    *(long *)arg = bad;
+    return NULL;
+}
+
+static void test_lane_threads(void **state)
+{
+    (void)state;
+    put_item(cl, "shared-lane", BIG_N, 4, 0);
+    pthread_t th[LANE_THREADS];
+    long bad[LANE_THREADS];
+    for (int i = 0; i < LANE_THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, lane_worker, &bad[i]), 0);
+    for (int i = 0; i < LANE_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(bad[i], 0);
+    }
+    uint32_t n;
+    assert_int_equal(ts_delete(cl, "lane-out", &n), 0);
+    assert_int_equal(n, LANE_THREADS * LANE_ROUNDS);
+    assert_int_equal(ts_delete(cl, "shared-lane", NULL), 0);
+}
+
+/* ts_client_free ends a by-reference call blocked on the lane (TS_ECANCELED), at once. */
+typedef struct blocked_call {
+    ts_client_t *c;
+    int rc;
+    tc_latch started;
+} blocked_call;
+
+static void *blocked_peek(void *arg)
+{
+    blocked_call *b = arg;
+    ts_items_t *items;
+    tc_latch_add(&b->started, 1);
+    b->rc = ts_peek_ref(b->c, "blocked", 0, &items);
+    if (b->rc == 0)
+        ts_items_free(items);
+    return NULL;
+}
+
+static void test_free_cancels_lane_call(void **state)
+{
+    (void)state;
+    blocked_call b = {.rc = 1};
+    tc_latch_init(&b.started);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.request_timeout_ms = 15000;
+    assert_int_equal(ts_client_open(&b.c, srv.unix_addr, &o), 0);
+    put_item(b.c, "blocked", SMALL_N, 1, 0);
+    ts_items_t *items;
+    assert_int_equal(ts_peek_ref(b.c, "blocked", 0, &items), 0); /* the lane is open */
+    ts_items_free(items);
+    assert_int_equal(kill(srv.pid, SIGSTOP), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, blocked_peek, &b), 0);
+    assert_int_equal(tc_latch_wait(&b.started, 1, TC_WAIT_MS), 1);
+    tc_sleep_ms(100); /* let it reach its poll (it returns TS_ECANCELED either way) */
+    uint64_t t0 = tc_now_ms();
+    ts_client_free(b.c);
+    pthread_join(th, NULL);
+    uint64_t took = tc_now_ms() - t0;
+    assert_int_equal(kill(srv.pid, SIGCONT), 0);
+    assert_int_equal(b.rc, TS_ECANCELED);
+    assert_true(took < 10000); /* well before the 15 s request timeout */
+    tc_latch_destroy(&b.started);
+    ts_delete(cl, "blocked", NULL);
+}
+
 /* Calls from a client callback are refused like every blocking call. */
 static tc_latch cb_latch;
 static int cb_rc;
@@ -911,6 +1006,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_shared_mapped_elsewhere),
         cmocka_unit_test(test_ref_from_callback),
         cmocka_unit_test(test_ref_live_tensor_bin),
+        cmocka_unit_test(test_lane_threads),
+        cmocka_unit_test(test_free_cancels_lane_call),
         cmocka_unit_test(test_lane_auth_token),
         cmocka_unit_test(test_child_killed_with_mappings),
         cmocka_unit_test(test_no_fd_leak),
