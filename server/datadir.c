@@ -28,6 +28,7 @@
  *
  * Loop thread only, like the store.
  */
+#define _GNU_SOURCE /* fallocate */
 #include "server.h"
 
 #include <assert.h>
@@ -171,8 +172,11 @@ int tsd_datadir_alloc(tsd_server *srv, size_t len, tsd_item **out)
         return TS_EOOM;
     }
     dd_file *f = ts__calloc(1, sizeof(*f));
-    if (f == NULL)
+    if (f == NULL) {
+        dd->last_errno = ENOMEM;
+        dd->refused++;
         return TS_ENOMEM;
+    }
     char name[DD_NAME_CAP];
     uint64_t id = dd->next_id++;
     dd_name(name, id, ".tsi");
@@ -182,10 +186,12 @@ int tsd_datadir_alloc(tsd_server *srv, size_t len, tsd_item **out)
     /*
      * Blocks are allocated now, so that a full disk refuses the write here instead of killing
      * the daemon with SIGBUS when a page of the mapping is first written. File systems without
-     * fallocate get a sparse file (then the disk must not fill: see --max-disk).
+     * fallocate get a sparse file (then the disk must not fill: see --max-disk). Not
+     * posix_fallocate: where the file system lacks fallocate, glibc's emulates it by writing
+     * every block, which would hold the loop for as long as writing the whole file takes.
      */
-    int frc = posix_fallocate(fd, 0, (off_t)file_len);
-    if (frc == EOPNOTSUPP || frc == EINVAL)
+    int frc = fallocate(fd, 0, 0, (off_t)file_len) == 0 ? 0 : errno;
+    if (frc == EOPNOTSUPP || frc == ENOSYS)
         frc = ftruncate(fd, (off_t)file_len) == 0 ? 0 : errno;
     if (frc != 0) {
         errno = frc;
