@@ -317,7 +317,24 @@ static void op_tensor_bin(tsd_conn *c, const ts__hdr *h, const ts__msg_tensor_bi
                       (unsigned long long)rec_len);
         return;
     }
-    tsd_item *it = tensor_item_new(srv, (size_t)rec_len);
+    /*
+     * With --data-dir (and a record of at least --data-min bytes) the tensor lives in a file,
+     * zero-filled, and comes back as a tensor bin after a restart; it still counts against
+     * --max-memory like any item the store holds, besides --max-disk.
+     */
+    tsd_item *it = NULL;
+    int drc = tsd_datadir_alloc(srv, (size_t)rec_len, &it);
+    if (drc < 0) {
+        tsd_store_unreserve(&srv->store, rec_len);
+        char msg[TS_MAX_ERRMSG];
+        tsd_datadir_refusal(srv, drc, (size_t)rec_len, msg, sizeof(msg));
+        tsd_reply_msg(c, op, rid, TS_ST_OUT_OF_MEMORY, msg, strlen(msg));
+        return;
+    }
+    if (drc == 0)
+        ((tsd_item_own *)(void *)it)->live = 1;
+    else
+        it = tensor_item_new(srv, (size_t)rec_len);
     if (it == NULL) {
         tsd_store_unreserve(&srv->store, rec_len);
         srv->stats.out_of_memory++;
@@ -337,6 +354,8 @@ static void op_tensor_bin(tsd_conn *c, const ts__hdr *h, const ts__msg_tensor_bi
         tsd_reply_err(c, op, rid, TS_ST_INTERNAL, "out of memory adding a bin");
         return;
     }
+    (void)tsd_datadir_commit(srv, it, m->name, m->name_len,
+                             TSD_DATADIR_TENSOR | TSD_DATADIR_REPLACE);
     tsd_reply_state(c, op, rid, TS_ST_OK, version, bin->n_items);
     tsd_notify_change(srv, m->name, m->name_len, version, bin->n_items, TS_NOTE_PUT);
 }

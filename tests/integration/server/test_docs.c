@@ -587,6 +587,202 @@ static void test_documented_constants(void **state)
     doc_says("docs/SAFETY.md", t);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The tensor-bin and row examples of docs/PROTOCOL.md 15 ("rows example" markers)
+ */
+
+#define ROWS_V0 1764115200000000ull /* the change counter's start in the examples */
+
+/*
+ * Parse the dump after "<!-- rows example: NAME -->": lines "OFFSET  XX XX ...  annotation", the
+ * offset equal to the bytes so far. Returns the byte count, or -1 (missing, twice, malformed).
+ */
+static long rows_example(const char *doc, const char *name, uint8_t *out, size_t cap)
+{
+    char marker[96];
+    snprintf(marker, sizeof(marker), "<!-- rows example: %s -->", name);
+    const char *m = strstr(doc, marker);
+    if (m == NULL || strstr(m + 1, marker) != NULL)
+        return -1;
+    const char *p = strstr(m, "```text\n");
+    if (p == NULL)
+        return -1;
+    p += 8;
+    size_t n = 0;
+    while (strncmp(p, "```", 3) != 0) {
+        const char *eol = strchr(p, '\n');
+        if (eol == NULL)
+            return -1;
+        char *end;
+        unsigned long off = strtoul(p, &end, 16);
+        if (end != p + 4 || off != n)
+            return -1;
+        p = end;
+        for (;;) {
+            while (*p == ' ')
+                p++;
+            const char *hex = "0123456789abcdef";
+            const char *hi = p < eol ? strchr(hex, p[0]) : NULL;
+            const char *lo = p + 1 < eol ? strchr(hex, p[1]) : NULL;
+            if (hi == NULL || lo == NULL || *hi == '\0' || *lo == '\0' ||
+                (p + 2 != eol && p[2] != ' '))
+                break;
+            unsigned v = (unsigned)((hi - hex) * 16 + (lo - hex));
+            if (n >= cap)
+                return -1;
+            out[n++] = (uint8_t)v;
+            p += 2;
+        }
+        p = eol + 1;
+    }
+    return (long)n;
+}
+
+/* A frame header into f; returns TS_HDR_SIZE. */
+static size_t rows_hdr(uint8_t *f, int req, uint8_t op, uint32_t rid, uint64_t body_len)
+{
+    ts__hdr h = {.magic = req ? TS_MAGIC_REQ : TS_MAGIC_REP,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = op,
+                 .request_id = rid,
+                 .body_len = body_len};
+    ts__hdr_encode(&h, f);
+    return TS_HDR_SIZE;
+}
+
+/* The frame of example name, built with the codec. Returns its length. */
+static size_t rows_build(const char *name, uint8_t *f, size_t cap)
+{
+    size_t len = 0, n = 0;
+    uint64_t dims[2] = {4, 2};
+    if (strcmp(name, "tensor-bin-req") == 0) {
+        ts__msg_tensor_bin_req m = {
+            .name = (const uint8_t *)"emb", .name_len = 3, .dtype = 9, .ndim = 2, .dims = {4, 2}};
+        assert_int_equal(
+            ts__msg_tensor_bin_req_encode(f + TS_HDR_SIZE, cap - TS_HDR_SIZE, &m, &len), 0);
+        return rows_hdr(f, 1, TS_OP_TENSOR_BIN, 16, len) + len;
+    }
+    if (strcmp(name, "tensor-bin-rep") == 0 || strcmp(name, "write-rows-rep") == 0) {
+        int tb = name[0] == 't';
+        assert_int_equal(ts__msg_bin_state_encode(f + TS_HDR_SIZE, cap - TS_HDR_SIZE,
+                                                  ROWS_V0 + (tb ? 47 : 48), 1, &len),
+                         0);
+        return rows_hdr(f, 0, tb ? TS_OP_TENSOR_BIN : TS_OP_WRITE_ROWS, tb ? 16 : 17, len) + len;
+    }
+    if (strcmp(name, "write-rows-req") == 0) {
+        ts_value_t *m = ts_map_new();
+        int64_t shape[2] = {1, 2};
+        float row[2] = {1.5f, -2.0f};
+        assert_int_equal(ts_map_set(m, "start", ts_int_new(1)), 0);
+        assert_int_equal(ts_map_set(m, "rows", ts_tensor_new(TS_FLOAT32, 2, shape, row, TS_COPY)),
+                         0);
+        uint8_t *rec;
+        size_t rl;
+        assert_int_equal(ts__record_encode(m, &rec, &rl), 0);
+        ts_value_free(m);
+        assert_int_equal(ts__msg_put_encode(f + TS_HDR_SIZE, cap - TS_HDR_SIZE,
+                                            (const uint8_t *)"emb", 3, rec, rl, &len),
+                         0);
+        ts__free_aligned(rec, rl);
+        return rows_hdr(f, 1, TS_OP_WRITE_ROWS, 17, len) + len;
+    }
+    if (strcmp(name, "notify-rows") == 0) {
+        ts__msg_notify m = {.version = ROWS_V0 + 48,
+                            .n_items = 1,
+                            .event = TS_NOTE_ROWS,
+                            .name = (const uint8_t *)"emb",
+                            .name_len = 3};
+        assert_int_equal(ts__msg_notify_encode(f + TS_HDR_SIZE, cap - TS_HDR_SIZE, &m, &len), 0);
+        return rows_hdr(f, 0, TS_OP_NOTIFY, 0, len) + len;
+    }
+    if (strcmp(name, "read-rows-req") == 0) {
+        ts__msg_read_rows_req m = {
+            .name = (const uint8_t *)"emb", .name_len = 3, .start = 1, .end = 3};
+        assert_int_equal(ts__msg_read_rows_req_encode(f + TS_HDR_SIZE, cap - TS_HDR_SIZE, &m, &len),
+                         0);
+        return rows_hdr(f, 1, TS_OP_READ_ROWS, 18, len) + len;
+    }
+    /* read-rows-rep: rows 1 and 2 after the write, as one record in an items body. */
+    uint8_t rec[128];
+    uint64_t rl;
+    dims[0] = 2;
+    assert_int_equal(ts__rows_rec_size(9, 2, dims, &rl), 0);
+    size_t head = ts__rows_rec_head_size(2);
+    ts__rows_rec_head_write(rec, 9, 2, dims, rl - head);
+    float rows[4] = {1.5f, -2.0f, 0.0f, 0.0f};
+    memcpy(rec + head, rows, sizeof(rows));
+    const uint8_t *recs[1] = {rec};
+    assert_int_equal(
+        ts__msg_items_encode(f + TS_HDR_SIZE, cap - TS_HDR_SIZE, ROWS_V0 + 48, 1, 1, recs, &rl, &n),
+        0);
+    return rows_hdr(f, 0, TS_OP_READ_ROWS, 18, n) + n;
+}
+
+static const char *const rows_examples[] = {"tensor-bin-req", "tensor-bin-rep", "write-rows-req",
+                                            "write-rows-rep", "notify-rows",    "read-rows-req",
+                                            "read-rows-rep"};
+
+/* A reply or notification of the running server equals the document's, versions aside. */
+static void rows_expect(int fd, const uint8_t *doc_frame, size_t n)
+{
+    ts__hdr h;
+    uint8_t *body = NULL;
+    size_t len = 0;
+    assert_int_equal(tsh_recv(fd, &h, &body, &len), 0);
+    uint8_t got[512];
+    assert_true(TS_HDR_SIZE + len <= sizeof(got));
+    ts__hdr_encode(&h, got);
+    if (len > 0)
+        memcpy(got + TS_HDR_SIZE, body, len);
+    free(body);
+    assert_int_equal(TS_HDR_SIZE + len, n);
+    /* Every body here starts with the u64 version, which depends on the server's clock. */
+    assert_memory_equal(got, doc_frame, TS_HDR_SIZE);
+    assert_memory_equal(got + TS_HDR_SIZE + 8, doc_frame + TS_HDR_SIZE + 8, n - TS_HDR_SIZE - 8);
+}
+
+static void test_rows_examples(void **state)
+{
+    (void)state;
+    char *doc = tsh_read_source_file("docs/PROTOCOL.md", NULL);
+    if (doc == NULL)
+        fail_msg("docs/PROTOCOL.md cannot be read");
+    static uint8_t docf[TS__ARRAY_SIZE(rows_examples)][512];
+    size_t docn[TS__ARRAY_SIZE(rows_examples)];
+    for (size_t i = 0; i < TS__ARRAY_SIZE(rows_examples); i++) {
+        long n = rows_example(doc, rows_examples[i], docf[i], sizeof(docf[i]));
+        if (n < 0)
+            fail_msg("docs/PROTOCOL.md: rows example %s is missing or malformed", rows_examples[i]);
+        uint8_t built[512];
+        size_t bn = rows_build(rows_examples[i], built, sizeof(built));
+        if ((size_t)n != bn || memcmp(built, docf[i], bn) != 0)
+            fail_msg("docs/PROTOCOL.md: rows example %s is not what the codec writes",
+                     rows_examples[i]);
+        docn[i] = (size_t)n;
+    }
+    size_t markers = 0;
+    for (const char *p = doc; (p = strstr(p, "<!-- rows example: ")) != NULL; p++)
+        markers++;
+    assert_int_equal(markers, TS__ARRAY_SIZE(rows_examples));
+    free(doc);
+    /* The requests, sent as the document shows them, get the document's replies. */
+    int fd = tsu_client(&srv);
+    assert_int_equal(tsu_send_name(fd, TS_OP_LISTEN, 9, "emb", NULL, 0), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_LISTEN, 9, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_write_all(fd, docf[0], docn[0]), 0);
+    rows_expect(fd, docf[1], docn[1]);
+    tsu_expect(fd, &f, TS_OP_NOTIFY, 0, TS_ST_OK); /* the creation's event 1 */
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_write_all(fd, docf[2], docn[2]), 0);
+    rows_expect(fd, docf[3], docn[3]);
+    rows_expect(fd, docf[4], docn[4]);
+    assert_int_equal(tsh_write_all(fd, docf[5], docn[5]), 0);
+    rows_expect(fd, docf[6], docn[6]);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -596,6 +792,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_compressed_raw_len_zero, start, stop),
         cmocka_unit_test(test_save_failing_as_documented),
         cmocka_unit_test(test_shutdown_sends_shutting_down),
+        cmocka_unit_test_setup_teardown(test_rows_examples, start, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
