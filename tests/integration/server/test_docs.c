@@ -6,6 +6,7 @@
  * 0, a failed SAVE and SAVE_FAILING, SHUTTING_DOWN at shutdown) are what tensord does. A document
  * that cannot be read fails the test, never skips it.
  */
+#define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +20,8 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -783,6 +786,224 @@ static void test_rows_examples(void **state)
     close(fd);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The by-reference examples of docs/PROTOCOL.md 15 ("ref example" markers): FDS, PUT_FD, PEEK_REF
+ */
+
+#define REF_DATA      ((size_t)4 << 20) /* bytes of tensor data of the PUT_FD example's record */
+#define REF_FILE      4198400u          /* bytes of its memfd (the record rounded up to pages) */
+#define REF_MAX_FRAME 512               /* bytes; the largest ref example frame, with room */
+
+/* The dump after "<!-- ref example: NAME -->", its offsets checked. Byte count, or -1. */
+static long ref_example(const char *doc, const char *name, uint8_t *out, size_t cap)
+{
+    char marker[96];
+    snprintf(marker, sizeof(marker), "<!-- ref example: %s -->", name);
+    const char *m = strstr(doc, marker);
+    if (m == NULL || strstr(m + 1, marker) != NULL)
+        return -1;
+    const char *p = strstr(m, "```text\n");
+    if (p == NULL)
+        return -1;
+    p += 8;
+    size_t n = 0;
+    while (strncmp(p, "```", 3) != 0) {
+        const char *eol = strchr(p, '\n');
+        if (eol == NULL)
+            return -1;
+        char *end;
+        unsigned long off = strtoul(p, &end, 16);
+        if (end != p + 4 || off != n)
+            return -1;
+        p = end;
+        for (;;) {
+            while (*p == ' ')
+                p++;
+            static const char hex[] = "0123456789abcdef";
+            const char *hi = p + 1 < eol && p[0] != '\0' ? strchr(hex, p[0]) : NULL;
+            const char *lo = hi != NULL && p[1] != '\0' ? strchr(hex, p[1]) : NULL;
+            if (hi == NULL || lo == NULL || (p + 2 != eol && p[2] != ' '))
+                break;
+            if (n >= cap)
+                return -1;
+            out[n++] = (uint8_t)((hi - hex) * 16 + (lo - hex));
+            p += 2;
+        }
+        p = eol + 1;
+    }
+    return (long)n;
+}
+
+typedef struct ref_ex {
+    uint8_t b[REF_MAX_FRAME];
+    size_t n;
+} ref_ex;
+
+/* Load example name and check it against the codec: the body decodes and encodes back. */
+static void ref_load(const char *doc, const char *name, ref_ex *e)
+{
+    long n = ref_example(doc, name, e->b, sizeof(e->b));
+    if (n < TS_HDR_SIZE)
+        fail_msg("docs/PROTOCOL.md: ref example %s is missing or malformed", name);
+    e->n = (size_t)n;
+    ts__hdr h;
+    uint8_t magic = e->b[0] == TS_MAGIC_REP ? TS_MAGIC_REP : TS_MAGIC_REQ;
+    assert_int_equal(ts__hdr_decode(e->b, magic, &h), 0);
+    if (h.body_len != e->n - TS_HDR_SIZE)
+        fail_msg("docs/PROTOCOL.md: ref example %s: body_len is not its body", name);
+    ts__msg m;
+    const uint8_t *body = e->b + TS_HDR_SIZE;
+    size_t len = e->n - TS_HDR_SIZE;
+    int rc = magic == TS_MAGIC_REQ ? ts__msg_request_decode(h.opcode, body, len, &m)
+                                   : ts__msg_reply_decode(h.opcode, h.status, body, len, &m);
+    if (rc != 0)
+        fail_msg("docs/PROTOCOL.md: ref example %s does not decode (%d)", name, rc);
+    uint8_t again[REF_MAX_FRAME];
+    size_t alen = 0;
+    assert_int_equal(ts__msg_encode(&m, again, sizeof(again), &alen), 0);
+    if (alen != len || memcmp(again, body, len) != 0)
+        fail_msg("docs/PROTOCOL.md: ref example %s is not what the encoder writes", name);
+}
+
+/* A frame from a running tensord equals example e but for the bytes [from, to) of its body. */
+static void ref_same(const ref_ex *e, const char *name, const uint8_t *hdr, const uint8_t *body,
+                     size_t len, size_t from, size_t to)
+{
+    if (memcmp(hdr, e->b, TS_HDR_SIZE) != 0 || len != e->n - TS_HDR_SIZE)
+        fail_msg("tensord's %s differs from the document's (header)", name);
+    for (size_t i = 0; i < len; i++)
+        if ((i < from || i >= to) && body[i] != e->b[TS_HDR_SIZE + i])
+            fail_msg("tensord's %s differs from the document's at body byte %zu", name, i);
+}
+
+/* Receive one frame (header into hdr, body malloc'd) and the descriptors that came with it. */
+static void ref_recv(int fd, uint8_t hdr[TS_HDR_SIZE], uint8_t **body, size_t *len, int *fds,
+                     int *nfds)
+{
+    uint8_t *dst = hdr;
+    size_t want = TS_HDR_SIZE, got = 0;
+    *nfds = 0;
+    *body = NULL;
+    for (int part = 0; part < 2; part++) {
+        while (got < want) {
+            struct iovec iov = {dst + got, want - got};
+            union {
+                struct cmsghdr align;
+                char buf[CMSG_SPACE(sizeof(int) * 4)];
+            } ctl;
+            struct msghdr msg = {.msg_iov = &iov,
+                                 .msg_iovlen = 1,
+                                 .msg_control = ctl.buf,
+                                 .msg_controllen = sizeof(ctl.buf)};
+            ssize_t r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+            assert_true(r > 0);
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c))
+                for (size_t i = 0; c->cmsg_type == SCM_RIGHTS &&
+                                   i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int) && *nfds < 4;
+                     i++)
+                    memcpy(&fds[(*nfds)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            got += (size_t)r;
+        }
+        if (part == 0) {
+            want = (size_t)ts__get_u64le(hdr + 16);
+            assert_true(want <= REF_MAX_FRAME);
+            *body = malloc(want > 0 ? want : 1);
+            assert_non_null(*body);
+            dst = *body;
+            got = 0;
+        }
+    }
+    *len = want;
+}
+
+static void test_ref_examples(void **state)
+{
+    (void)state;
+    char *doc = tsh_read_source_file("docs/PROTOCOL.md", NULL);
+    if (doc == NULL)
+        fail_msg("docs/PROTOCOL.md cannot be read");
+    static ref_ex hreq, hrep, preq, prep, kreq, krep;
+    ref_load(doc, "hello-fds-req", &hreq);
+    ref_load(doc, "hello-fds-rep", &hrep);
+    ref_load(doc, "put-fd-req", &preq);
+    ref_load(doc, "put-fd-rep", &prep);
+    ref_load(doc, "peek-ref-req", &kreq);
+    ref_load(doc, "peek-ref-rep", &krep);
+    int markers = 0;
+    for (const char *p = doc; (p = strstr(p, "<!-- ref example: ")) != NULL; p++)
+        markers++;
+    assert_int_equal(markers, 6);
+    free(doc);
+    /* The story: PEEK_REF sees the version after PUT_FD's and the APPEND's. */
+    assert_true(ts__get_u64le(krep.b + TS_HDR_SIZE) == ts__get_u64le(prep.b + TS_HDR_SIZE) + 1);
+
+    /* The same session against tensord: the same bytes but versions and server_id. */
+    int fd = tsh_connect_unix(srv.unix_path);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_write_all(fd, hreq.b, hreq.n), 0);
+    uint8_t hdr[TS_HDR_SIZE];
+    uint8_t *body;
+    size_t len;
+    int fds[4], nfds;
+    ref_recv(fd, hdr, &body, &len, fds, &nfds);
+    ref_same(&hrep, "HELLO reply", hdr, body, len, 16, 24);
+    free(body);
+
+    size_t rec_len;
+    uint8_t *rec = tsu_rec_bytes(REF_DATA, 3, &rec_len);
+    assert_int_equal(rec_len, ts__get_u64le(preq.b + preq.n - 8));
+    int mfd = memfd_create("doc-example", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(mfd >= 0);
+    assert_int_equal(ftruncate(mfd, REF_FILE), 0);
+    assert_true(pwrite(mfd, rec, rec_len, 0) == (ssize_t)rec_len);
+    struct iovec iov = {preq.b, preq.n};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof(ctl.buf)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &mfd, sizeof(int));
+    assert_true(sendmsg(fd, &msg, MSG_NOSIGNAL) == (ssize_t)preq.n);
+    ref_recv(fd, hdr, &body, &len, fds, &nfds);
+    ref_same(&prep, "PUT_FD reply", hdr, body, len, 0, 8);
+    uint64_t v_put = ts__get_u64le(body);
+    free(body);
+
+    size_t ilen;
+    uint8_t *irec = tsu_rec_int(41, &ilen);
+    assert_int_equal(tsu_send_store(fd, TS_OP_APPEND, 3, "frames", irec, ilen), 0);
+    ref_recv(fd, hdr, &body, &len, fds, &nfds);
+    assert_int_equal(ts__get_u16le(hdr + 4), TS_ST_OK);
+    free(body);
+
+    assert_int_equal(tsh_write_all(fd, kreq.b, kreq.n), 0);
+    ref_recv(fd, hdr, &body, &len, fds, &nfds);
+    ref_same(&krep, "PEEK_REF reply", hdr, body, len, 0, 8);
+    assert_true(ts__get_u64le(body) == v_put + 1);
+    assert_memory_equal(body + 128, irec, ilen);
+    assert_int_equal(nfds, 1);
+    void *map = mmap(NULL, REF_FILE, PROT_READ, MAP_SHARED, fds[0], 0);
+    if (map == MAP_FAILED && errno == EPERM)
+        map = mmap(NULL, REF_FILE, PROT_READ, MAP_PRIVATE, fds[0], 0);
+    assert_true(map != MAP_FAILED);
+    assert_memory_equal(map, rec, rec_len);
+    munmap(map, REF_FILE);
+    close(fds[0]);
+    free(body);
+    tsu_rec_free(irec, ilen);
+    tsu_rec_free(rec, rec_len);
+    close(mfd);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -793,6 +1014,7 @@ int main(void)
         cmocka_unit_test(test_save_failing_as_documented),
         cmocka_unit_test(test_shutdown_sends_shutting_down),
         cmocka_unit_test_setup_teardown(test_rows_examples, start, stop),
+        cmocka_unit_test_setup_teardown(test_ref_examples, start, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

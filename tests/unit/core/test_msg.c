@@ -528,6 +528,14 @@ static void test_opcode_table(void **state)
         {TS_OP_WAIT, TS_MSG_WAIT_REQ, TS_MSG_BIN_STATE, 0, 0},
         {TS_OP_STATS, TS_MSG_EMPTY, TS_MSG_RECORD, 0, 0},
         {TS_OP_SAVE, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0},
+        {TS_OP_GET_REF, TS_MSG_GET_REQ, TS_MSG_REF_ITEMS, 0, 1},
+        {TS_OP_PEEK_REF, TS_MSG_GET_REQ, TS_MSG_REF_ITEMS, 0, 0},
+        {TS_OP_PUT_FD, TS_MSG_PUT_FD_REQ, TS_MSG_BIN_STATE, 0, 1},
+        {TS_OP_APPEND_FD, TS_MSG_PUT_FD_REQ, TS_MSG_BIN_STATE, 0, 1},
+        {TS_OP_TENSOR_BIN, TS_MSG_TENSOR_BIN_REQ, TS_MSG_BIN_STATE, 0, 1},
+        {TS_OP_READ_ROWS, TS_MSG_READ_ROWS_REQ, TS_MSG_ITEMS, 0, 0},
+        {TS_OP_GATHER_ROWS, TS_MSG_PUT_REQ, TS_MSG_ITEMS, 1, 0},
+        {TS_OP_WRITE_ROWS, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
         {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
     };
     int known = 0;
@@ -715,13 +723,99 @@ static int setup(void **state)
     return 0;
 }
 
+/* The REF_ITEMS reply and the PUT_FD request (msg_ref.c): round trips and strictness. */
+static void test_ref_bodies(void **state)
+{
+    (void)state;
+    static uint8_t buf[4096];
+    static const uint8_t rec[100] = {1, 2, 3};
+    ts__msg_ref_entry e[3] = {
+        {.where = TS_REF_FD, .flags = 0, .offset = 4096, .length = 5000, .file_len = 12288},
+        {.where = TS_REF_INLINE, .length = sizeof(rec)},
+        {.where = TS_REF_FD, .flags = TS_REF_LIVE, .offset = 0, .length = 7, .file_len = 4096},
+    };
+    const uint8_t *recs[3] = {NULL, rec, NULL};
+    size_t len;
+    assert_int_equal(ts__msg_ref_encode(buf, sizeof(buf), 42, 9, 3, e, recs, &len), 0);
+    assert_int_equal(ts__msg_ref_head_size(3), 128);
+    assert_int_equal(len, 128 + 128);
+    assert_int_equal(e[1].offset, 128);
+    ts__msg_ref_items m;
+    assert_int_equal(ts__msg_ref_decode(buf, len, &m), 0);
+    assert_true(m.version == 42);
+    assert_int_equal(m.n_items, 3);
+    assert_int_equal(m.remaining, 9);
+    assert_int_equal(m.n_fds, 2);
+    ts__msg_ref_entry g;
+    ts__msg_ref_entry_get(&m, 2, &g);
+    assert_int_equal(g.where, TS_REF_FD);
+    assert_int_equal(g.flags, TS_REF_LIVE);
+    assert_int_equal(g.length, 7);
+    ts__msg_ref_entry_get(&m, 1, &g);
+    assert_memory_equal(buf + g.offset, rec, sizeof(rec));
+    /* Through the opcode table, and back to the same bytes. */
+    ts__msg d;
+    assert_int_equal(ts__msg_reply_decode(TS_OP_PEEK_REF, TS_ST_OK, buf, len, &d), 0);
+    assert_int_equal(d.kind, TS_MSG_REF_ITEMS);
+    static uint8_t again[4096];
+    size_t alen;
+    assert_int_equal(ts__msg_encode(&d, again, sizeof(again), &alen), 0);
+    assert_int_equal(alen, len);
+    assert_memory_equal(again, buf, len);
+    /* Strictness: each broken rule is refused. */
+    static uint8_t bad[4096];
+    size_t offs[] = {
+        16,        /* n_fds */
+        20,        /* reserved */
+        24 + 1,    /* entry 0 flags */
+        24 + 2,    /* entry 0 reserved */
+        24 + 8,    /* entry 0 offset (no longer page-aligned) */
+        56 + 0,    /* entry 1 where */
+        56 + 8,    /* entry 1 offset (not where the record is) */
+        56 + 24,   /* entry 1 file_len */
+        120,       /* padding of the head */
+        128 + 100, /* padding of the inline record */
+    };
+    for (size_t i = 0; i < TS__ARRAY_SIZE(offs); i++) {
+        memcpy(bad, buf, len);
+        bad[offs[i]] ^= 0x02; /* 0x01 would be the valid flag LIVE */
+        assert_int_equal(ts__msg_ref_decode(bad, len, &m), TS_EPROTO);
+    }
+    assert_int_equal(ts__msg_ref_decode(buf, len - 1, &m), TS_EPROTO);
+    assert_int_equal(ts__msg_ref_decode(buf, 23, &m), TS_EPROTO);
+    /* A file entry must lie inside its file; at most TS_MAX_REF_ITEMS entries. */
+    e[0].file_len = 4096 + 4999;
+    assert_int_equal(ts__msg_ref_encode(buf, sizeof(buf), 42, 9, 3, e, recs, &len), TS_EINVAL);
+    e[0].offset = UINT64_MAX - 4095;
+    e[0].file_len = UINT64_MAX;
+    assert_int_equal(ts__msg_ref_encode(buf, sizeof(buf), 42, 9, 3, e, recs, &len), TS_EINVAL);
+    memset(bad, 0, sizeof(bad));
+    ts__put_u32le(bad + 8, TS_MAX_REF_ITEMS + 1);
+    assert_int_equal(ts__msg_ref_decode(bad, sizeof(bad), &m), TS_EPROTO);
+    assert_int_equal(ts__msg_ref_encode(buf, 10, 1, 0, 0, e, recs, &len), TS_EMSGSIZE);
+
+    /* PUT_FD: name, u64 record_len, nothing more. */
+    ts__msg_put_fd_req q = {.name = (const uint8_t *)"frames", .name_len = 6, .rec_len = 77};
+    assert_int_equal(ts__msg_put_fd_req_encode(buf, sizeof(buf), &q, &len), 0);
+    assert_int_equal(len, ts__msg_put_fd_req_size(6));
+    assert_int_equal(ts__msg_request_decode(TS_OP_APPEND_FD, buf, len, &d), 0);
+    assert_int_equal(d.kind, TS_MSG_PUT_FD_REQ);
+    assert_true(d.u.put_fd.rec_len == 77);
+    assert_int_equal(d.u.put_fd.name_len, 6);
+    assert_int_equal(ts__msg_put_fd_req_decode(buf, len - 1, &d.u.put_fd), TS_EPROTO);
+    buf[len] = 0;
+    assert_int_equal(ts__msg_put_fd_req_decode(buf, len + 1, &d.u.put_fd), TS_EPROTO);
+    assert_int_equal(ts__msg_request_fds(TS_OP_PUT_FD), 1);
+    assert_int_equal(ts__msg_request_fds(TS_OP_GET_REF), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_every_body), cmocka_unit_test(test_reserved_fields),
         cmocka_unit_test(test_length_overflow),       cmocka_unit_test(test_name_limits),
         cmocka_unit_test(test_opcode_table),          cmocka_unit_test(test_error_format),
-        cmocka_unit_test(test_protocol_doc_bodies),
+        cmocka_unit_test(test_protocol_doc_bodies),   cmocka_unit_test(test_ref_bodies),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

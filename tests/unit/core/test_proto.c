@@ -226,9 +226,12 @@ static void test_opcode_table(void **state)
         uint8_t op;
         const char *name;
     } table[] = {
-        {0x01, "HELLO"}, {0x02, "PING"},   {0x03, "PUT"},  {0x04, "APPEND"}, {0x05, "GET"},
-        {0x06, "PEEK"},  {0x07, "DELETE"}, {0x08, "LIST"}, {0x09, "LISTEN"}, {0x0A, "UNLISTEN"},
-        {0x0B, "WAIT"},  {0x0C, "STATS"},  {0x0D, "SAVE"}, {0x80, "NOTIFY"},
+        {0x01, "HELLO"},      {0x02, "PING"},       {0x03, "PUT"},       {0x04, "APPEND"},
+        {0x05, "GET"},        {0x06, "PEEK"},       {0x07, "DELETE"},    {0x08, "LIST"},
+        {0x09, "LISTEN"},     {0x0A, "UNLISTEN"},   {0x0B, "WAIT"},      {0x0C, "STATS"},
+        {0x0D, "SAVE"},       {0x0E, "GET_REF"},    {0x0F, "PEEK_REF"},  {0x10, "PUT_FD"},
+        {0x11, "APPEND_FD"},  {0x12, "TENSOR_BIN"}, {0x13, "READ_ROWS"}, {0x14, "GATHER_ROWS"},
+        {0x15, "WRITE_ROWS"}, {0x80, "NOTIFY"},
     };
     int known = 0;
     for (int op = 0; op < 256; op++) {
