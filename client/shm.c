@@ -420,9 +420,9 @@ static int lane_ensure(ts_client_t *c, uint64_t deadline_ns)
         return rc;
     }
     ts__msg_hello_rep hr;
-    int bad = ts__msg_hello_rep_decode(rep.body, rep.len, &hr) != 0 ||
-              hr.version != TS_PROTO_VERSION || rep.q.n != 0;
-    reply_clear(&rep);
+    int bad =
+        ts__msg_hello_rep_decode(rep.body, rep.len, &hr) != 0 || hr.version != TS_PROTO_VERSION;
+    reply_clear(&rep); /* closes any descriptor that came with it: HELLO claims none */
     if (bad) {
         lane_close(c);
         return ts__fail(TS_EPROTO, "descriptor lane: malformed HELLO reply");
@@ -906,14 +906,14 @@ static int shared_commit(ts_client_t *c, uint8_t op, const char *bin, ts_shared_
                 rc = reply_error(c, op, &rep);
             } else if (rc == 0) {
                 ts__msg_bin_state st;
-                if (rep.q.n != 0 || ts__msg_bin_state_decode(rep.body, rep.len, &st) != 0) {
+                if (ts__msg_bin_state_decode(rep.body, rep.len, &st) != 0) {
                     /* The server stored the item, but its answer broke the protocol. */
                     lane_close(c);
                     rc = ts__fail(TS_EPROTO, "%s: malformed reply", op_name(op));
                 } else if (version != NULL) {
                     *version = st.version;
                 }
-                reply_clear(&rep);
+                reply_clear(&rep); /* and the descriptors it does not claim (all of them) */
                 if (rc == 0) {
                     sh->state = SH_DONE;
                     close(sh->fd);
