@@ -780,7 +780,12 @@ int ts_shared_new(const ts_value_t *layout, ts_shared_t **out)
                       strerror(errno));
         goto fail;
     }
-    void *p = mmap(NULL, sh->rec_len, PROT_READ | PROT_WRITE, MAP_SHARED, sh->fd, 0);
+    /*
+     * The program is about to write every tensor: allocating the pages in one call costs less
+     * than a fault per page (256 MiB: about 0.8 s instead of 1.2 s of first writes measured on
+     * the development VM, where first-touch faults are slow for heap memory as well).
+     */
+    void *p = mmap(NULL, sh->rec_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, sh->fd, 0);
     if (p == MAP_FAILED) {
         rc = ts__fail(TS_ENOMEM, "cannot map the shared buffer: %s", strerror(errno));
         goto fail;
