@@ -332,4 +332,13 @@ PyObject *tsp_client_append_shared(PyObject *client, PyObject *const *args, Py_s
          METH_FASTCALL | METH_KEYWORDS,                                                           \
          "append_shared(bin, buffer) -> int\n\nAs put_shared, adding an item."},
 
+/*
+ * rows.c: Client.create_tensor_bin, read_rows, gather_rows and write_rows (METH_VARARGS |
+ * METH_KEYWORDS methods of the Client type; client.c lists them in its method table).
+ */
+PyObject *tsp_client_create_tensor_bin(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_read_rows(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_gather_rows(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_write_rows(PyObject *client, PyObject *args, PyObject *kw);
+
 #endif /* TSP_H */

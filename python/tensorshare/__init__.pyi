@@ -1,7 +1,7 @@
 """Type stubs of the tensorshare package's core (the Client, its results and its errors)."""
 import builtins
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Literal, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy
 
@@ -15,7 +15,7 @@ TensorType = Literal["torch", "numpy"]
 # What a record may hold: dict (str keys), list, tuple (received as a list), int, float, str,
 # bytes, and tensors (torch.Tensor, numpy.ndarray, numpy scalars, __dlpack__ objects).
 Record = Any
-Event = Literal["put", "append", "get", "delete", "disconnected", "resubscribed", "error"]
+Event = Literal["put", "append", "get", "delete", "rows", "disconnected", "resubscribed", "error"]
 
 class Error(Exception):
     code: int
@@ -105,6 +105,27 @@ class Client:
     def shared(self, layout: Any, *, tensor_type: Optional[TensorType] = None) -> "SharedBuffer": ...
     def put_shared(self, bin: str, buffer: "SharedBuffer") -> int: ...
     def append_shared(self, bin: str, buffer: "SharedBuffer") -> int: ...
+    def create_tensor_bin(self, bin: str, dtype: Any, shape: Sequence[int]) -> int: ...
+    def read_rows(
+        self,
+        bin: str,
+        start: int,
+        end: int,
+        *,
+        item: int = 0,
+        key: Optional[str] = None,
+        tensor_type: Optional[TensorType] = None,
+    ) -> Any: ...
+    def gather_rows(
+        self,
+        bin: str,
+        index: Any,
+        *,
+        item: int = 0,
+        key: Optional[str] = None,
+        tensor_type: Optional[TensorType] = None,
+    ) -> Any: ...
+    def write_rows(self, bin: str, start: int, rows: Any) -> int: ...
     def delete(self, bin: str) -> int: ...
     def list(self) -> Dict[str, BinInfo]: ...
     def wait(

@@ -1,0 +1,232 @@
+/*
+ * Tensor bins and rows for tensorshare.Client (tensorshare.h "Tensor bins and rows"):
+ *   create_tensor_bin(bin, dtype, shape) -> int version
+ *   read_rows(bin, start, end, *, item=0, key=None, tensor_type=None) -> tensor
+ *   gather_rows(bin, index, *, item=0, key=None, tensor_type=None) -> tensor
+ *   write_rows(bin, start, rows) -> int version
+ * Each blocks with the GIL released. A returned tensor is a view of the reply's memory (a copy of
+ * the rows the server made when it handled the request), like any received tensor (tsp.h).
+ */
+#include "tsp.h"
+
+#include <string.h>
+
+/* The name of a dtype given as a str ("float32"), a numpy dtype or a torch dtype. */
+static ts_dtype_t dtype_arg(PyObject *obj)
+{
+    /* numpy scalar types (numpy.float32) name their dtype in __name__ ("bool_" for bool). */
+    PyObject *s = PyUnicode_Check(obj) ? (Py_INCREF(obj), obj)
+                  : PyType_Check(obj)  ? PyObject_GetAttrString(obj, "__name__")
+                                       : PyObject_Str(obj);
+    if (s == NULL)
+        return TS_DTYPE_INVALID;
+    const char *name = PyUnicode_AsUTF8(s);
+    ts_dtype_t d = TS_DTYPE_INVALID;
+    if (name != NULL) {
+        /* str(torch.float32) is "torch.float32"; str(numpy.dtype("float32")) is "float32". */
+        if (strncmp(name, "torch.", 6) == 0)
+            name += 6;
+        d = ts_dtype_from_name(name);
+        if (d == TS_DTYPE_INVALID && (strcmp(name, "bool") == 0 || strcmp(name, "bool_") == 0))
+            d = TS_BOOL;
+        if (d == TS_DTYPE_INVALID)
+            PyErr_Format(tsp_state.InvalidArgumentError, "unknown dtype %R", obj);
+    }
+    Py_DECREF(s);
+    return d;
+}
+
+/* A shape (a sequence of ints) into shape[TS_MAX_NDIM]; 0 and *ndim, or -1 with an exception. */
+static int shape_arg(PyObject *obj, int64_t *shape, int *ndim)
+{
+    PyObject *seq = PySequence_Fast(obj, "shape must be a sequence of ints");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n < 1 || n > TS_MAX_NDIM) {
+        Py_DECREF(seq);
+        PyErr_Format(tsp_state.InvalidArgumentError, "a tensor bin has 1 to %d dimensions, not %zd",
+                     TS_MAX_NDIM, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        shape[i] = (int64_t)v;
+    }
+    Py_DECREF(seq);
+    *ndim = (int)n;
+    return 0;
+}
+
+/* The key argument: None or a str (UTF-8). NULL with *key NULL for None; -1 on error. */
+static int key_arg(PyObject *obj, const char **key)
+{
+    *key = NULL;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    *key = PyUnicode_AsUTF8(obj);
+    return *key == NULL ? -1 : 0;
+}
+
+/* The one tensor of a row reply as a Python tensor; frees items. */
+static PyObject *rows_result(ts_items_t *items, tsp_tensor_type_t tt)
+{
+    const ts_value_t *v = ts_items_at(items, 0);
+    PyObject *r = v != NULL ? tsp_value_to_py(v, tt)
+                            : tsp_raise_msg(TS_EPROTO, "the server's reply holds no rows");
+    ts_items_free(items);
+    return r;
+}
+
+PyObject *tsp_client_create_tensor_bin(PyObject *client, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"bin", "dtype", "shape", NULL};
+    const char *bin;
+    PyObject *dtype_obj, *shape_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOO:create_tensor_bin", names, &bin, &dtype_obj,
+                                     &shape_obj))
+        return NULL;
+    ts_dtype_t dtype = dtype_arg(dtype_obj);
+    int64_t shape[TS_MAX_NDIM];
+    int ndim = 0;
+    if (dtype == TS_DTYPE_INVALID || shape_arg(shape_obj, shape, &ndim) < 0)
+        return NULL;
+    ts_client_t *c = tsp_client_enter(client);
+    if (c == NULL)
+        return NULL;
+    uint64_t version = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = ts_tensor_bin_create(c, bin, dtype, ndim, shape, &version);
+    Py_END_ALLOW_THREADS PyObject *r =
+        rc == 0 ? PyLong_FromUnsignedLongLong(version) : tsp_raise(rc);
+    tsp_client_leave(client);
+    return r;
+}
+
+PyObject *tsp_client_read_rows(PyObject *client, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"bin", "start", "end", "item", "key", "tensor_type", NULL};
+    const char *bin, *key;
+    long long start, end;
+    int item = 0;
+    PyObject *key_obj = NULL, *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sLL|$iOO:read_rows", names, &bin, &start, &end,
+                                     &item, &key_obj, &tt_obj) ||
+        key_arg(key_obj, &key) < 0)
+        return NULL;
+    tsp_tensor_type_t tt;
+    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0 ||
+        tsp_tensor_type_ready(tt) < 0)
+        return NULL;
+    ts_client_t *c = tsp_client_enter(client);
+    if (c == NULL)
+        return NULL;
+    ts_items_t *items = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = ts_rows_read(c, bin, item, key, start, end, &items);
+    Py_END_ALLOW_THREADS PyObject *r = rc == 0 ? rows_result(items, tt) : tsp_raise(rc);
+    tsp_client_leave(client);
+    return r;
+}
+
+PyObject *tsp_client_gather_rows(PyObject *client, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"bin", "index", "item", "key", "tensor_type", NULL};
+    const char *bin, *key;
+    int item = 0;
+    PyObject *index_obj, *key_obj = NULL, *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$iOO:gather_rows", names, &bin, &index_obj,
+                                     &item, &key_obj, &tt_obj) ||
+        key_arg(key_obj, &key) < 0)
+        return NULL;
+    tsp_tensor_type_t tt;
+    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0 ||
+        tsp_tensor_type_ready(tt) < 0)
+        return NULL;
+    /*
+     * The index: any int64 tensor of one dimension (numpy, torch, a buffer), sent from its own
+     * memory; a list or tuple of ints is copied into one.
+     */
+    PyObject *pins = PyList_New(0);
+    if (pins == NULL)
+        return NULL;
+    ts_value_t *ix = NULL;
+    if (PyList_Check(index_obj) || PyTuple_Check(index_obj)) {
+        Py_ssize_t n = PySequence_Size(index_obj);
+        int64_t len = n;
+        ix = ts_tensor_alloc(TS_INT64, 1, &len);
+        if (ix == NULL) {
+            Py_DECREF(pins);
+            return PyErr_NoMemory();
+        }
+        int64_t *d = ts_value_tensor(ix)->data;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *o = PySequence_GetItem(index_obj, i);
+            d[i] = o != NULL ? (int64_t)PyLong_AsLongLong(o) : -1;
+            Py_XDECREF(o);
+            if (PyErr_Occurred()) {
+                ts_value_free(ix);
+                Py_DECREF(pins);
+                return NULL;
+            }
+        }
+    } else {
+        ix = tsp_value_from_py(index_obj, pins, 1);
+        if (ix == NULL) {
+            Py_DECREF(pins);
+            return NULL;
+        }
+    }
+    const ts_tensor_t *t = ts_value_tensor(ix);
+    if (t == NULL || t->dtype != TS_INT64 || t->ndim != 1) {
+        ts_value_free(ix);
+        Py_DECREF(pins);
+        return tsp_raise_msg(TS_EINVAL, "gather_rows: index must be a 1-D int64 tensor (or a "
+                                        "list of ints)");
+    }
+    ts_client_t *c = tsp_client_enter(client);
+    PyObject *r = NULL;
+    if (c != NULL) {
+        ts_items_t *items = NULL;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS rc =
+            ts_rows_gather(c, bin, item, key, t->data, (size_t)t->shape[0], &items);
+        Py_END_ALLOW_THREADS r = rc == 0 ? rows_result(items, tt) : tsp_raise(rc);
+        tsp_client_leave(client);
+    }
+    ts_value_free(ix);
+    Py_DECREF(pins);
+    return r;
+}
+
+PyObject *tsp_client_write_rows(PyObject *client, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"bin", "start", "rows", NULL};
+    const char *bin;
+    long long start;
+    PyObject *rows_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sLO:write_rows", names, &bin, &start, &rows_obj))
+        return NULL;
+    tsp_send_t s;
+    if (tsp_send_init(&s, rows_obj) < 0)
+        return NULL;
+    if (ts_value_type(s.value) != TS_TYPE_TENSOR) {
+        tsp_send_clear(&s);
+        return tsp_raise_msg(TS_EINVAL, "write_rows: rows must be a tensor");
+    }
+    ts_client_t *c = tsp_client_enter(client);
+    PyObject *r = NULL;
+    if (c != NULL) {
+        uint64_t version = 0;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS rc = ts_rows_write(c, bin, start, s.value, &version);
+        Py_END_ALLOW_THREADS r = rc == 0 ? PyLong_FromUnsignedLongLong(version) : tsp_raise(rc);
+        tsp_client_leave(client);
+    }
+    tsp_send_clear(&s);
+    return r;
+}
