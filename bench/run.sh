@@ -8,12 +8,14 @@
 # SAVE, large PUT or mass wake-up runs; see bench/bench_stall.c for its flags).
 # "bench/run.sh python [flags]" runs bench/python_bench.py: the Python package against the C client
 # and redis-py (--repeats N, --smoke, --no-redis, --no-pin, --raw).
+# "bench/run.sh rows [flags]" runs bench/rows_bench.py: gathering rows of a tensor bin over TCP,
+# the unix socket and by reference, against numpy.memmap (--repeats N, --rounds N, --smoke).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD=${TS_BENCH_BUILD:-build}
 
-if [ "${1:-}" != "stall" ] && ! command -v redis-server >/dev/null 2>&1 &&
+if [ "${1:-}" != "stall" ] && [ "${1:-}" != "rows" ] && ! command -v redis-server >/dev/null 2>&1 &&
     [ ! -x /usr/bin/redis-server ]; then
     echo "bench/run.sh: installing redis-server (the reference the benchmark compares with)"
     sudo=""
@@ -60,6 +62,16 @@ if [ "${1:-}" = "python" ]; then
     fi
     PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" exec "${prio[@]}" "$py" \
         bench/python_bench.py --build "$BUILD" "$@"
+fi
+if [ "${1:-}" = "rows" ]; then
+    # Row gathers of a tensor bin against numpy.memmap (bench/rows_bench.py), with the
+    # interpreter the extension was built for (NumPy from Debian's python3-numpy).
+    shift
+    py=$(sed -n 's/^TS_PYTHON:FILEPATH=//p' "$BUILD/CMakeCache.txt")
+    py=${py:-python3}
+    cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target tensord tsp_extension
+    PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" exec "$py" bench/rows_bench.py \
+        --build "$BUILD" "$@"
 fi
 cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target tsbench tensord
 
