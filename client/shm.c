@@ -36,6 +36,7 @@
 #define LANE_NOFDS_RETRY_MS 10000
 /* descriptors; the most one reply may carry (one per item, TS_MAX_REF_ITEMS items) */
 #define LANE_MAX_FDS TS_MAX_REF_ITEMS
+_Static_assert(TS_REF_MAX_ITEMS == TS_MAX_REF_ITEMS, "the public and the wire item limits differ");
 
 /* The descriptors received while reading one frame, in arrival order. */
 typedef struct fdq {

@@ -283,6 +283,38 @@ static void check_shared(const ts_value_t *v, int64_t rows, int step)
     assert_memory_equal(b, "abc", 3);
 }
 
+/* A server that refuses descriptors (--no-fds): the same calls copy, with the same results. */
+static void test_ref_fallback_no_fds(void **state)
+{
+    (void)state;
+    tsh_server s2;
+    const char *args[] = {"--no-fds", NULL};
+    assert_int_equal(tsh_server_start(&s2, args), 0);
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, s2.unix_addr, NULL), 0);
+    int maps0 = count_server_maps();
+    put_item(c, "nofds", BIG_N, 1, 0);
+    for (int i = 0; i < TS_REF_MAX_ITEMS + 1; i++)
+        put_item(c, "nofds", SMALL_N, 2, 1);
+    ts_items_t *items;
+    assert_int_equal(ts_peek_ref(c, "nofds", 0, &items), 0);
+    assert_int_equal(ts_items_count(items), TS_REF_MAX_ITEMS + 2); /* ts_peek's: all */
+    assert_int_equal(count_server_maps(), maps0);
+    check_item(ts_items_at(items, 0), BIG_N, 1);
+    ts_items_free(items);
+    ts_shared_t *sh = new_shared(8, 3);
+    assert_int_equal(ts_shared_put(c, "nofds", sh, NULL), 0);
+    assert_null(ts_shared_value(sh));
+    ts_shared_free(sh);
+    assert_int_equal(ts_get_ref(c, "nofds", 0, &items), 0);
+    assert_int_equal(ts_items_count(items), 1);
+    check_shared(ts_items_at(items, 0), 8, 3);
+    ts_items_free(items);
+    ts_client_free(c);
+    assert_int_equal(tsh_server_stop(&s2), 0);
+    tsh_server_cleanup(&s2);
+}
+
 /* Shared-buffer put and append, read back by copy and by reference. */
 static void test_shared_put_append(void **state)
 {
@@ -1000,6 +1032,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ref_large_and_small),
         cmocka_unit_test(test_ref_max_items),
         cmocka_unit_test(test_ref_fallback_tcp),
+        cmocka_unit_test(test_ref_fallback_no_fds),
         cmocka_unit_test(test_ref_mapping_outlives_item),
         cmocka_unit_test(test_shared_put_append),
         cmocka_unit_test(test_shared_write_after_commit),
