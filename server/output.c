@@ -21,6 +21,7 @@
 
 static void write_pending(tsd_conn *c);
 static void fdq_drain(tsd_conn *c);
+static struct tsd_wbatch *fdq_pop(tsd_conn *c);
 
 /* Write the header of a reply (or notification) frame at p (TS_HDR_SIZE bytes). */
 static void put_reply_hdr(uint8_t *p, uint8_t op, uint32_t rid, uint16_t status, uint64_t body_len)
@@ -454,6 +455,10 @@ static void cut_off_slow_reader(tsd_conn *c, uint64_t queued, int soft)
         batch_release(c, c->pend);
         c->pend = NULL;
     }
+    /* Batches waiting behind a descriptor frame are unwritten too: dropped with it. */
+    while (c->fdq_head != NULL)
+        batch_release(c, fdq_pop(c));
+    tsd_server_fd_unblock(srv, c);
     out_mark(c, 0, 0);
     size_t n = strlen(msg);
     if (tsd_out_hdr(c, 0, 0, TS_ST_SLOW_READER, n) == 0) {
@@ -657,6 +662,8 @@ static ssize_t send_with_fds(tsd_conn *c, tsd_wbatch *b, const uv_buf_t *bufs, s
     uv_os_fd_t sock;
     if (uv_fileno(&c->h.handle, &sock) != 0)
         return UV_EBADF;
+    if (tsd_shm_fake_full())
+        return UV_EAGAIN;
     struct iovec iov[TSD_SENDMSG_IOV];
     size_t n = k < TSD_SENDMSG_IOV ? k : TSD_SENDMSG_IOV;
     for (size_t i = 0; i < n; i++) {
@@ -748,6 +755,8 @@ static int batch_go(tsd_conn *c, tsd_wbatch *b, int at_head)
                 } else {
                     fdq_push(c, b);
                 }
+                tsd_log(TSD_LOG_DEBUG, "conn %llu: socket full for a descriptor frame, retrying",
+                        (unsigned long long)c->id);
                 tsd_server_fd_blocked(c->srv, c);
                 return 1;
             }
@@ -778,6 +787,8 @@ static int batch_go(tsd_conn *c, tsd_wbatch *b, int at_head)
         }
     } else if (b->nfds > 0) {
         /* Earlier writes are still queued in libuv: wait for them (on_write drains fdq). */
+        tsd_log(TSD_LOG_DEBUG, "conn %llu: a descriptor frame waits for %u writes",
+                (unsigned long long)c->id, c->writes_in_flight);
         if (at_head) {
             b->fdq_next = c->fdq_head;
             c->fdq_head = b;

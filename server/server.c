@@ -140,11 +140,14 @@ void tsd_server_fd_blocked(tsd_server *srv, tsd_conn *c)
 {
     if (c->fd_blocked)
         return;
+    /* A first full socket starts the back-off afresh; one still full after a retry goes on. */
+    if (srv->fd_blocked == NULL && !srv->fd_retrying)
+        srv->fd_retry_ms = TSD_FD_RETRY_MS;
     c->fd_blocked = 1;
     c->fd_blocked_next = srv->fd_blocked;
     srv->fd_blocked = c;
     if (srv->handles_init && !uv_is_active((uv_handle_t *)&srv->fd_timer))
-        uv_timer_start(&srv->fd_timer, on_fd_retry, TSD_FD_RETRY_MS, 0);
+        uv_timer_start(&srv->fd_timer, on_fd_retry, srv->fd_retry_ms, 0);
 }
 
 void tsd_server_fd_unblock(tsd_server *srv, tsd_conn *c)
@@ -172,6 +175,9 @@ static void on_fd_retry(uv_timer_t *t)
     tsd_server *srv = t->data;
     tsd_conn *c = srv->fd_blocked;
     srv->fd_blocked = NULL;
+    srv->fd_retry_ms =
+        srv->fd_retry_ms * 2 > TSD_FD_RETRY_MAX_MS ? TSD_FD_RETRY_MAX_MS : srv->fd_retry_ms * 2;
+    srv->fd_retrying = 1;
     while (c != NULL) {
         tsd_conn *next = c->fd_blocked_next;
         c->fd_blocked_next = NULL;
@@ -179,6 +185,7 @@ static void on_fd_retry(uv_timer_t *t)
         tsd_out_fd_retry(c);
         c = next;
     }
+    srv->fd_retrying = 0;
     tsd_server_flush(srv);
 }
 

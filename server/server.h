@@ -424,6 +424,8 @@ void tsd_shm_count_sent(uint64_t n);
 void tsd_shm_count_pending(int delta, int received);
 /* Close the recycled memfds (at exit). */
 void tsd_shm_drain(void);
+/* Testing aid (TSD_FAKE_FD_FULL): 1 when this send must act as if the socket were full. */
+int tsd_shm_fake_full(void);
 
 /* ---------------------------------------------------------------------------------------------
  * The data directory (datadir.c): items in memory-mapped files DIR/<id>.tsi (--data-dir), which
@@ -974,8 +976,13 @@ void tsd_out_cut(tsd_conn *c);
 int tsd_out_fd(tsd_conn *c, int fd, int owned);
 /* The retry timer: try c's waiting descriptor frame again. */
 void tsd_out_fd_retry(tsd_conn *c);
-/* ms; a descriptor frame that met a full socket is tried again after this long. */
-#define TSD_FD_RETRY_MS 2
+/*
+ * ms; a descriptor frame that met a full socket is tried again after this long, then after twice
+ * as long while the socket stays full, up to TSD_FD_RETRY_MAX_MS (a reader that stopped reading
+ * costs a few wake-ups a second, and the output limits end it in time).
+ */
+#define TSD_FD_RETRY_MS     2
+#define TSD_FD_RETRY_MAX_MS 100
 /* Free the batches kept for reuse (freeing the connection). */
 void tsd_out_free_cache(tsd_conn *c);
 
@@ -1232,6 +1239,8 @@ struct tsd_server {
     uv_timer_t retry_timer;  /* resumes reading of starved connections */
     uv_timer_t fd_timer;     /* retries descriptor frames whose socket was full */
     tsd_conn *fd_blocked;    /* connections waiting for fd_timer */
+    uint32_t fd_retry_ms;    /* fd_timer's next delay: doubles while sockets stay full */
+    int fd_retrying;         /* on_fd_retry is running */
     uv_timer_t save_timer;   /* periodic snapshots */
     uv_timer_t stop_timer;   /* shutdown: closes what is left after TSD_CLOSE_GRACE_MS */
     int stop_timer_open;     /* stop_timer is initialized and not yet closed */

@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -30,6 +31,7 @@ static struct {
     uint64_t budget;   /* descriptors items and the pool may hold */
     uint64_t fds_used; /* held by items and by the pool */
     tsd_shm_stats st;
+    long fake_full; /* testing aid: descriptor sends still to be answered "socket full" */
     struct {
         int fd;
         uint8_t *map;
@@ -51,6 +53,23 @@ void tsd_shm_init(tsd_server *srv)
     uint64_t keep = (uint64_t)srv->cfg.max_clients + srv->cfg.max_unauth + TSD_FD_RESERVE;
     shm.budget = lim > keep ? lim - keep : 0;
     shm.st.fds_budget = shm.budget;
+    /*
+     * Testing aid: TSD_FAKE_FD_FULL=N makes every other send of a descriptor frame (N of them)
+     * find the socket full, so tests can check the retry path (it needs a reader stopped at an
+     * exact byte otherwise).
+     */
+    const char *ff = getenv("TSD_FAKE_FD_FULL");
+    if (ff != NULL && ff[0] != '\0') {
+        char *end;
+        long n = strtol(ff, &end, 10);
+        if (*end == '\0' && n > 0) {
+            shm.fake_full = n;
+            tsd_log(TSD_LOG_WARN,
+                    "TSD_FAKE_FD_FULL=%ld: descriptor sends will meet a full socket "
+                    "%ld times (a testing aid)",
+                    n, n);
+        }
+    }
     if (shm.shm_min != 0 && shm.budget == 0)
         tsd_log(TSD_LOG_WARN,
                 "the file descriptor limit (%llu) leaves no room for memfd items past "
@@ -341,6 +360,16 @@ void tsd_shm_release(tsd_item_own *own)
         break;
     }
     ts__free(own);
+}
+
+int tsd_shm_fake_full(void)
+{
+    /* Every other try: a frame's first try fails and its retry goes through. */
+    static int flip;
+    if (shm.fake_full <= 0 || (flip ^= 1) == 0)
+        return 0;
+    shm.fake_full--;
+    return 1;
 }
 
 void tsd_shm_stats_get(tsd_shm_stats *st)

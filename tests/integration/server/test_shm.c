@@ -56,6 +56,16 @@ static int start_small_memory(void **state)
     return tsh_server_start(&srv, args);
 }
 
+/* Every descriptor frame's first try meets a "full socket" (TSD_FAKE_FD_FULL). */
+static int start_fake_full(void **state)
+{
+    (void)state;
+    setenv("TSD_FAKE_FD_FULL", "1000", 1);
+    int rc = tsh_server_start(&srv, NULL);
+    unsetenv("TSD_FAKE_FD_FULL");
+    return rc;
+}
+
 static int start_shm_off(void **state)
 {
     (void)state;
@@ -759,11 +769,72 @@ static void test_client_killed(void **state)
     close(fd);
 }
 
+/*
+ * Replies with descriptors keep their place: a client that pipelines plain PEEKs of a large item,
+ * PEEK_REFs and PINGs without reading fills the socket, so descriptor frames wait behind
+ * unwritten replies (and meet a full socket); read afterwards, every reply comes in request order
+ * and each PEEK_REF carries its one descriptor with its own frame.
+ */
+static void test_ref_order_under_backlog(void **state)
+{
+    (void)state;
+    int fd = fd_client();
+    size_t big_len, mid_len;
+    uint8_t *big = tsu_rec_bytes(BIG, 8, &big_len);
+    uint8_t *mid = tsu_rec_bytes((size_t)2 << 20, 6, &mid_len);
+    uint32_t n;
+    tsu_store(fd, TS_OP_PUT, "big", big, big_len, &n);
+    tsu_store(fd, TS_OP_PUT, "mid", mid, mid_len, &n);
+    enum { ROUNDS = 12 };
+    uint32_t first = rid;
+    for (int r = 0; r < ROUNDS; r++) {
+        assert_int_equal(tsu_send_get(fd, TS_OP_PEEK, rid++, "mid", 0), 0);
+        assert_int_equal(tsu_send_get(fd, TS_OP_PEEK_REF, rid++, "big", 0), 0);
+        assert_int_equal(tsh_send(fd, TS_OP_PING, rid++, NULL, 0), 0);
+    }
+    usleep(300000);
+    void *maps[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++) {
+        static const uint8_t ops[3] = {TS_OP_PEEK, TS_OP_PEEK_REF, TS_OP_PING};
+        for (int k = 0; k < 3; k++) {
+            tsu_frame f;
+            int fds[MAX_FDS], nfds;
+            assert_int_equal(recv_frame_fds(fd, &f, fds, &nfds), 0);
+            assert_int_equal(f.h.request_id, first + (uint32_t)(3 * r + k));
+            assert_int_equal(f.h.opcode, ops[k]);
+            assert_int_equal(f.h.status, TS_ST_OK);
+            assert_int_equal(nfds, k == 1 ? 1 : 0);
+            if (k == 1) {
+                ts__msg_ref_items m;
+                assert_int_equal(ts__msg_ref_decode(f.body, f.len, &m), 0);
+                ts__msg_ref_entry e;
+                ts__msg_ref_entry_get(&m, 0, &e);
+                maps[r] = mmap(NULL, (size_t)e.file_len, PROT_READ, MAP_SHARED, fds[0], 0);
+                assert_true(maps[r] != MAP_FAILED);
+                assert_memory_equal(maps[r], big, big_len);
+                munmap(maps[r], (size_t)e.file_len);
+                close(fds[0]);
+            } else if (k == 0) {
+                assert_int_equal(f.len,
+                                 ts__items_head_size(1) + mid_len + ts__msg_items_pad(mid_len));
+            }
+            tsu_frame_free(&f);
+        }
+    }
+    assert_true(stat_of("fds_sent") >= ROUNDS);
+    tsu_rec_free(big, big_len);
+    tsu_rec_free(mid, mid_len);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_ref_reads, start, stop),
         cmocka_unit_test_setup_teardown(test_shm_off, start_shm_off, stop),
+        cmocka_unit_test_setup_teardown(test_ref_order_under_backlog, start, stop),
+        cmocka_unit_test_setup_teardown(test_ref_order_under_backlog, start_fake_full, stop),
+        cmocka_unit_test_setup_teardown(test_ref_reads, start_fake_full, stop),
         cmocka_unit_test_setup_teardown(test_put_fd, start, stop),
         cmocka_unit_test_setup_teardown(test_put_fd_refusals, start, stop),
         cmocka_unit_test_setup_teardown(test_put_fd_missing_descriptor, start, stop),
