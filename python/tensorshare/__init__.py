@@ -27,6 +27,7 @@ from ._tensorshare import (  # noqa: F401
     Notification,
     RecordError,
     ServerError,
+    SharedBuffer,
     TimeoutError,
     __version__,
 )
@@ -61,7 +62,8 @@ __all__ = [
     "Client", "BinInfo", "Notification", "Error", "TimeoutError", "ConnectionError",
     "ConnectionResetError", "ConnectionRefusedError", "BinNotFoundError", "RecordError",
     "InvalidArgumentError", "AuthenticationError", "CancelledError", "DeadlockError",
-    "ServerError", "numpy_bfloat16", "MAX_NDIM", "MAX_DEPTH", "MAX_NAME_LEN", "__version__",
+    "ServerError", "SharedBuffer", "numpy_bfloat16", "MAX_NDIM", "MAX_DEPTH", "MAX_NAME_LEN",
+    "__version__",
     "RLTrainer", "RLWorker", "Params", "Batch", "NO_FILTER", "Predictor",
 ]
 

@@ -125,6 +125,7 @@ def test_shared_torch_put_and_append(tensord):
     c = tensorshare.Client(tensord.unix_address, timeout=10)
     try:
         buf = c.shared({"x": (torch.float32, (256, 1024)), "step": 7, "tag": "a"})
+        assert isinstance(buf, tensorshare.SharedBuffer)
         assert buf.nbytes > 256 * 1024 * 4
         assert sorted(buf.keys()) == ["step", "tag", "x"]
         x = buf["x"]
