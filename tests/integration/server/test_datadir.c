@@ -6,7 +6,8 @@
  * (OUT_OF_MEMORY, the connection stays open); a second tensord on the same directory and
  * --data-dir with --save are refused (exit status 2); --data-min keeps small items in memory;
  * a tensor bin's file keeps its rows and comes back as a tensor bin; GET_REF and PEEK_REF send
- * the item's file as a read-only descriptor, and an item GET_REF took stays gone.
+ * the item's file as a read-only descriptor, and an item GET_REF took stays gone; items in files
+ * count against --max-disk, not --max-memory.
  */
 #define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
@@ -505,6 +506,31 @@ static void test_tensor_bin_survives(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
 }
 
+/*
+ * Items in files count against --max-disk, not --max-memory: bins may hold more than the memory
+ * limit (an upload still reserves memory while its bytes arrive).
+ */
+static void test_beyond_max_memory(void **state)
+{
+    (void)state;
+    const char *extra[] = {"--max-memory", "8m", NULL};
+    start(extra);
+    int fd = tsu_client(&s);
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes((size_t)3 << 20, 8, &len);
+    for (int i = 0; i < 5; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "w%d", i);
+        tsu_store(fd, TS_OP_PUT, name, rec, len, NULL);
+    }
+    assert_true(tsu_stat(fd, "disk_bytes") > (int64_t)(5 * len));
+    assert_true(tsu_stat(fd, "used_memory") < (int64_t)len);
+    expect_item(fd, "w4", rec, len, 0);
+    close(fd);
+    tsu_rec_free(rec, len);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
 /* The tensor "t" of a tsu_rec_bytes(n, seed) record holds its bytes. */
 static void check_rec_bytes(const ts_value_t *root, size_t n, unsigned seed)
 {
@@ -570,6 +596,7 @@ int main(void)
         cmocka_unit_test_teardown(test_data_min_splits, teardown),
         cmocka_unit_test_teardown(test_tensor_bin_survives, teardown),
         cmocka_unit_test_teardown(test_by_reference, teardown),
+        cmocka_unit_test_teardown(test_beyond_max_memory, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
