@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "harness.h"
 #include "msg.h"
 #include "record.h"
@@ -725,6 +726,52 @@ static void test_free_cancels_lane_call(void **state)
     ts_delete(cl, "blocked", NULL);
 }
 
+/*
+ * Every allocation of a by-reference peek and of a shared put failing in turn: each call fails
+ * cleanly (or succeeds), and no descriptor or mapping is left behind (ASan checks the memory).
+ */
+static void test_ref_alloc_failures(void **state)
+{
+    (void)state;
+    put_item(cl, "allocs", BIG_N, 1, 0);
+    put_item(cl, "allocs", SMALL_N, 2, 1);
+    int fds0 = count_fds();
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, srv.unix_addr, NULL), 0);
+    ts_items_t *items;
+    assert_int_equal(ts_peek_ref(c, "allocs", 0, &items), 0); /* the lane is open */
+    ts_items_free(items);
+    int maps0 = count_server_maps();
+    int ok = 0;
+    for (long n = 1; n <= 30; n++) {
+        ts__alloc_fail_after(n);
+        int rc = ts_peek_ref(c, "allocs", 0, &items);
+        ts__alloc_fail_after(-1);
+        if (rc == 0) {
+            check_item(ts_items_at(items, 0), BIG_N, 1);
+            ts_items_free(items);
+            ok++;
+        }
+        int64_t dim = 64;
+        ts_value_t *layout = ts_map_new();
+        assert_int_equal(ts_map_set(layout, "x", ts_tensor_spec_new(TS_FLOAT32, 1, &dim)), 0);
+        ts_shared_t *sh = NULL;
+        ts__alloc_fail_after(n);
+        rc = ts_shared_new(layout, &sh);
+        if (rc == 0)
+            rc = ts_shared_append(c, "allocs-out", sh, NULL);
+        ts__alloc_fail_after(-1);
+        ts_shared_free(sh);
+        ts_value_free(layout);
+        assert_int_equal(count_server_maps(), maps0);
+    }
+    assert_true(ok > 0); /* past the call's allocations, the call works */
+    ts_client_free(c);
+    assert_int_equal(count_fds(), fds0);
+    ts_delete(cl, "allocs", NULL);
+    ts_delete(cl, "allocs-out", NULL);
+}
+
 /* Calls from a client callback are refused like every blocking call. */
 static tc_latch cb_latch;
 static int cb_rc;
@@ -1040,6 +1087,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ref_from_callback),
         cmocka_unit_test(test_ref_live_tensor_bin),
         cmocka_unit_test(test_lane_threads),
+        cmocka_unit_test(test_ref_alloc_failures),
         cmocka_unit_test(test_free_cancels_lane_call),
         cmocka_unit_test(test_lane_auth_token),
         cmocka_unit_test(test_child_killed_with_mappings),
