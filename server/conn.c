@@ -499,6 +499,13 @@ static void discard_done(tsd_conn *c)
         return;
     }
     srv->stats.oom_rejections++;
+    if (c->cur_disk_rc != 0) {
+        char dmsg[TS_MAX_ERRMSG];
+        tsd_datadir_refusal(srv, c->cur_disk_rc, (size_t)c->cur_raw_len, dmsg, sizeof(dmsg));
+        c->cur_disk_rc = 0;
+        tsd_reply_msg(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY, dmsg, strlen(dmsg));
+        return;
+    }
     if (c->cur_alloc_failed) {
         c->cur_alloc_failed = 0;
         tsd_reply_err(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY,
@@ -764,11 +771,21 @@ void tsd_conn_release(tsd_conn *c)
  * hand them out without a copy; the rest (and any upload when no memfd can be had) to the heap.
  * The caller may lower the length afterwards (tsd_item_set_len).
  */
-static tsd_item *upload_item(tsd_conn *c, size_t len)
+static tsd_item *upload_item(tsd_conn *c, size_t len, int *disk_rc)
 {
     tsd_item *it = NULL;
-    if (c->cur.opcode == TS_OP_PUT || c->cur.opcode == TS_OP_APPEND)
+    *disk_rc = 0;
+    if (c->cur.opcode == TS_OP_PUT || c->cur.opcode == TS_OP_APPEND) {
+        /* With --data-dir, a file of the data directory first (datadir.c). */
+        int rc = tsd_datadir_alloc(c->srv, len, &it);
+        if (rc == 0)
+            return it;
+        if (rc < 0) {
+            *disk_rc = rc;
+            return NULL;
+        }
         it = tsd_shm_upload_item(c->srv, len);
+    }
     return it != NULL ? it : tsd_item_new_sized(len);
 }
 
@@ -808,7 +825,17 @@ static void lz4_done(tsd_conn *c)
         return;
     }
     c->cur_reserved += raw;
-    tsd_item *it = upload_item(c, raw);
+    int disk_rc;
+    tsd_item *it = upload_item(c, raw, &disk_rc);
+    if (it == NULL && disk_rc != 0) {
+        tsd_conn_drop_upload(c);
+        srv->stats.oom_rejections++;
+        srv->stats.ops[op]++;
+        char dmsg[TS_MAX_ERRMSG];
+        tsd_datadir_refusal(srv, disk_rc, raw, dmsg, sizeof(dmsg));
+        tsd_reply_msg(c, op, rid, TS_ST_OUT_OF_MEMORY, dmsg, strlen(dmsg));
+        return;
+    }
     if (it == NULL) {
         tsd_conn_drop_upload(c);
         srv->stats.oom_rejections++;
@@ -1142,8 +1169,16 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     c->cur_raw_len = rlen;
     if (reserve_first(c, rlen) != 0)
         return 0;
-    c->cur_item = upload_item(c, (size_t)rlen);
+    int disk_rc;
+    c->cur_item = upload_item(c, (size_t)rlen, &disk_rc);
     if (c->cur_item == NULL) {
+        if (disk_rc != 0) {
+            /* Refused by --max-disk (or a file that could not be made): skip the body. */
+            tsd_conn_drop_upload(c);
+            c->cur_disk_rc = disk_rc;
+            start_discard(c, rlen);
+            return 0;
+        }
         bulk_alloc_failed(c, rlen);
         return 0;
     }
@@ -1344,6 +1379,7 @@ size_t tsd_conn_stop(tsd_conn *c)
         c->cur_refused = 0;
         c->cur_alloc_failed = 0;
         c->cur_capped = 0;
+        c->cur_disk_rc = 0;
         n++;
     }
     n += answer_buffered(c);

@@ -187,6 +187,8 @@ void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nam
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory adding a bin");
         return;
     }
+    /* An item in a data-dir file gets its header now, so it is loaded at the next start. */
+    (void)tsd_datadir_commit(srv, item, name, name_len, replace ? TSD_DATADIR_REPLACE : 0);
     uint32_t n = bin->n_items;
     tsd_reply_state(c, h->opcode, h->request_id, TS_ST_OK, version, n);
     tsd_notify_change(srv, name, name_len, version, n, replace ? TS_NOTE_PUT : TS_NOTE_APPEND);

@@ -779,6 +779,7 @@ typedef struct tsd_conn {
     uint64_t cur_raw_len; /* TSD_RS_LZ4: announced raw length */
     int cur_alloc_failed; /* TSD_RS_DISCARD: refused for a failed allocation, not the limit */
     int cur_refused;      /* TSD_RS_DISCARD: refused because snapshots fail (SAVE_FAILING) */
+    int cur_disk_rc;      /* TSD_RS_DISCARD: refused by the data directory (tsd_datadir_alloc) */
     uint8_t *bulk_dst;    /* where the next bytes go (RS_ITEM, RS_LZ4) */
     uint64_t bulk_left;   /* bytes of the body still to come */
     uint64_t bulk_total;  /* bytes of the body being received in bulk (item or compressed) */

@@ -28,6 +28,18 @@ static struct {
     uint64_t bytes;
 } pool;
 
+/*
+ * Record bytes of it counted against --max-memory: all of them, but for an item in a data-dir
+ * file, which --max-disk counts instead (its pages are the file's, written back by the kernel).
+ */
+static uint64_t item_mem(const tsd_item *it)
+{
+    if (it->slot == TSD_ITEM_OWN &&
+        ((const tsd_item_own *)(const void *)it)->backing == TSD_BACK_FILE)
+        return 0;
+    return tsd_item_len(it);
+}
+
 /* The allocation size for a record of len bytes. */
 static size_t alloc_size(size_t len)
 {
@@ -161,7 +173,7 @@ void tsd_item_unref(tsd_item *it)
         return;
     if (old & TSD_ITEM_ORPHANED) {
         tsd_store *s = it->orphan_of;
-        s->orphaned_bytes -= tsd_item_len(it);
+        s->orphaned_bytes -= item_mem(it);
         it->next = NULL;
     }
     if (it->slot != TSD_ITEM_OWN) {
@@ -377,6 +389,8 @@ static uint64_t item_overhead(const tsd_item *it)
     if (it->slot != TSD_ITEM_OWN)
         return sizeof(tsd_item) + tsd_slab_slot_size(it) - it->slen;
     const tsd_item_own *own = (const tsd_item_own *)(const void *)it;
+    if (own->backing == TSD_BACK_FILE)
+        return heap_block(sizeof(*own)); /* its pages count against --max-disk */
     return heap_block(sizeof(*own)) + own->alloc_len - own->len;
 }
 
@@ -396,7 +410,7 @@ static void item_release(tsd_store *s, tsd_item *it)
     if (atomic_load_explicit(&it->refs, memory_order_acquire) > 1) {
         it->orphan_of = s;
         atomic_fetch_or_explicit(&it->refs, TSD_ITEM_ORPHANED, memory_order_acq_rel);
-        s->orphaned_bytes += tsd_item_len(it);
+        s->orphaned_bytes += item_mem(it);
     }
 }
 
@@ -410,11 +424,13 @@ static void bin_destroy(tsd_store *s, tsd_bin *b, int count_orphans)
     while (it != NULL) {
         tsd_item *next = it->next;
         it->next = NULL;
-        s->held -= tsd_item_len(it);
+        s->held -= item_mem(it);
         s->overhead -= item_overhead(it);
         s->n_items--;
-        if (count_orphans)
+        if (count_orphans) {
+            tsd_datadir_drop(NULL, it); /* a data-dir file: it must not come back */
             item_release(s, it);
+        }
         tsd_item_unref(it);
         it = next;
     }
@@ -502,9 +518,10 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
         while (it != NULL) {
             tsd_item *next = it->next;
             it->next = NULL;
-            s->held -= tsd_item_len(it);
+            s->held -= item_mem(it);
             s->overhead -= item_overhead(it);
             s->n_items--;
+            tsd_datadir_drop(NULL, it);
             item_release(s, it);
             tsd_item_unref(it);
             it = next;
@@ -523,7 +540,7 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
     b->bytes += tsd_item_len(item);
     b->version = version;
     tsd_store_unreserve(s, tsd_item_len(item));
-    s->held += tsd_item_len(item);
+    s->held += item_mem(item);
     s->overhead += item_overhead(item);
     s->n_items++;
     return b;
@@ -541,9 +558,10 @@ tsd_item *tsd_store_pop(tsd_store *s, tsd_bin *b)
     it->next = NULL;
     b->n_items--;
     b->bytes -= tsd_item_len(it);
-    s->held -= tsd_item_len(it);
+    s->held -= item_mem(it);
     s->overhead -= item_overhead(it);
     s->n_items--;
+    tsd_datadir_drop(NULL, it);
     /* The caller's reference is the store's; any other one keeps the item alive beyond it. */
     item_release(s, it);
     return it;
