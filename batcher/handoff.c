@@ -29,6 +29,8 @@
  */
 static _Thread_local handoff_chain *tls_chain;
 
+void (*ts__handoff_published_hook)(handoff_sync *s);
+
 static void futex_wake_one(atomic_uint *w)
 {
     syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
@@ -64,6 +66,12 @@ void ts__handoff_post(handoff_sync *s)
  * answer order (the i-th wakes the 2i+1-th and the 2i+2-th), so the last requester of a batch
  * of n is woken after about log2(n) hand-overs, not n: on a machine with idle cores a long
  * chain of hand-overs from core to core would add up to hundreds of microseconds.
+ *
+ * The answers are published last first, so that every requester's children are published
+ * before it is. A requester that was not asleep yet sees its answer as soon as it is published
+ * and wakes its children at once, while this thread may still be publishing (or be preempted
+ * in the middle of it): published in answer order, those children would have been woken before
+ * their answers were there, have gone back to sleep, and never been woken again.
  */
 static void chain_flush(handoff_chain *c)
 {
@@ -76,9 +84,19 @@ static void chain_flush(handoff_chain *c)
                 child = child->link;
         }
     }
+    /* Reverse the links (nothing is published yet, every record is still there). */
+    handoff_sync *last = NULL;
     for (handoff_sync *s = first; s != NULL;) {
+        handoff_sync *next = s->link;
+        s->link = last;
+        last = s;
+        s = next;
+    }
+    for (handoff_sync *s = last; s != NULL;) {
         handoff_sync *next = s->link; /* read before publishing: s may be gone once done is set */
         atomic_store_explicit(&s->done, 1u, memory_order_release);
+        if (ts__handoff_published_hook != NULL)
+            ts__handoff_published_hook(s);
         s = next;
     }
     c->head = c->tail = NULL;

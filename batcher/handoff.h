@@ -52,6 +52,13 @@ void ts__handoff_wait(handoff_sync *s);
  * as it is woken.
  */
 void ts__handoff_post(handoff_sync *s);
+/*
+ * Tests only (NULL otherwise): called by handoff_chain_end on the posting thread right after
+ * each requester of the chain is published, to interleave a requester's own wake-ups with the
+ * publishing deterministically; s may already be gone (its requester returned): compare it,
+ * never read it. Futex hand-off only.
+ */
+extern void (*ts__handoff_published_hook)(handoff_sync *s);
 /* Collect this thread's posts in c until handoff_chain_end, which wakes them. */
 void ts__handoff_chain_begin(handoff_chain *c);
 void ts__handoff_chain_end(handoff_chain *c);
