@@ -357,8 +357,7 @@ static int lane_connect(ts_client_t *c)
     if (fd < 0)
         return ts__fail(TS_ENOMEM, "no socket for the descriptor lane: %s", strerror(errno));
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        /* Missing, refused or a full backlog (EAGAIN): all mean "not now", which the caller
-         * retries. */
+        /* Missing, refused, a full backlog: "not now" all, which the caller retries. */
         close(fd);
         return TS_ECONNREFUSED;
     }
@@ -395,8 +394,10 @@ static int lane_ensure(ts_client_t *c, uint64_t deadline_ns)
         uint64_t now = ts__now_ns();
         if (now + (uint64_t)backoff * 1000000u >= deadline_ns)
             return ts__fail(TS_ETIMEDOUT, "descriptor lane: cannot connect to %s", c->address);
-        struct timespec ts = {backoff / 1000, (long)(backoff % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
+        /* Sleep in poll on the wake descriptor: ts_client_free cuts the wait short. */
+        struct pollfd w = {.fd = c->lane.wake_fd, .events = POLLIN};
+        if (poll(&w, c->lane.wake_fd >= 0 ? 1 : 0, backoff) > 0 && (w.revents & POLLIN))
+            return ts__fail(TS_ECANCELED, "the client is closing");
         backoff = backoff * 2 > c->opts.reconnect_max_ms ? c->opts.reconnect_max_ms : backoff * 2;
     }
     if (rc != 0)
@@ -418,6 +419,11 @@ static int lane_ensure(ts_client_t *c, uint64_t deadline_ns)
     if (rep.h.status != TS_ST_OK) {
         rc = reply_error(c, TS_OP_HELLO, &rep);
         lane_close(c);
+        if (rc == TS_ETOOMANY) {
+            /* The main connection got in, the lane did not (--max-clients): copy for now. */
+            c->lane.no_fds_until = ts__now_ns() + (uint64_t)LANE_NOFDS_RETRY_MS * 1000000u;
+            return 1;
+        }
         return rc;
     }
     ts__msg_hello_rep hr;

@@ -772,6 +772,59 @@ static void test_ref_alloc_failures(void **state)
     ts_delete(cl, "allocs-out", NULL);
 }
 
+/* A server full (--max-clients 1) refuses the lane: the calls copy through the main connection. */
+static void test_ref_fallback_too_many(void **state)
+{
+    (void)state;
+    tsh_server s2;
+    const char *args[] = {"--max-clients", "1", NULL};
+    assert_int_equal(tsh_server_start(&s2, args), 0);
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, s2.unix_addr, NULL), 0);
+    put_item(c, "full", BIG_N, 5, 0);
+    ts_items_t *items;
+    assert_int_equal(ts_peek_ref(c, "full", 0, &items), 0);
+    check_item(ts_items_at(items, 0), BIG_N, 5);
+    ts_items_free(items);
+    ts_shared_t *sh = new_shared(2, 6);
+    assert_int_equal(ts_shared_append(c, "full", sh, NULL), 0);
+    ts_shared_free(sh);
+    assert_int_equal(ts_get_ref(c, "full", 0, &items), 0);
+    assert_int_equal(ts_items_count(items), 2);
+    check_shared(ts_items_at(items, 1), 2, 6);
+    ts_items_free(items);
+    ts_client_free(c);
+    assert_int_equal(tsh_server_stop(&s2), 0);
+    tsh_server_cleanup(&s2);
+}
+
+/* ts_client_free also ends a by-reference call that waits to reconnect its lane. */
+static void test_free_cancels_lane_reconnect(void **state)
+{
+    (void)state;
+    tsh_server s2;
+    assert_int_equal(tsh_server_start(&s2, NULL), 0);
+    blocked_call b = {.rc = 1};
+    tc_latch_init(&b.started);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.request_timeout_ms = 15000;
+    o.reconnect_max_ms = 5000;
+    assert_int_equal(ts_client_open(&b.c, s2.unix_addr, &o), 0);
+    tsh_server_kill(&s2); /* nobody listens: the lane retries its connection */
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, blocked_peek, &b), 0);
+    assert_int_equal(tc_latch_wait(&b.started, 1, TC_WAIT_MS), 1);
+    tc_sleep_ms(300);
+    uint64_t t0 = tc_now_ms();
+    ts_client_free(b.c);
+    pthread_join(th, NULL);
+    assert_int_equal(b.rc, TS_ECANCELED);
+    assert_true(tc_now_ms() - t0 < 10000);
+    tc_latch_destroy(&b.started);
+    tsh_server_cleanup(&s2);
+}
+
 /* Calls from a client callback are refused like every blocking call. */
 static tc_latch cb_latch;
 static int cb_rc;
@@ -1089,6 +1142,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_lane_threads),
         cmocka_unit_test(test_ref_alloc_failures),
         cmocka_unit_test(test_free_cancels_lane_call),
+        cmocka_unit_test(test_free_cancels_lane_reconnect),
+        cmocka_unit_test(test_ref_fallback_too_many),
         cmocka_unit_test(test_lane_auth_token),
         cmocka_unit_test(test_child_killed_with_mappings),
         cmocka_unit_test(test_no_fd_leak),
