@@ -614,10 +614,12 @@ TS_EXTERN int ts_unlisten(ts_client_t *c, const char *bin);
  * socket), and the client hands the server a shared buffer (a memfd) that it filled in place,
  * which the server seals and keeps without copying. The descriptors travel on a second unix
  * connection of the client (its "descriptor lane"), opened on first use and only by the calls of
- * this section; the client's main connection is not involved. The lane is reopened after an
- * error and closed by ts_client_free. Over TCP, or when the server does not grant descriptors
- * (started with shared memory off, or older than 0.3), every call of this section falls back to
- * its copying form (ts_get, ts_peek, ts_put, ts_append) with the same results. By reference is
+ * this section; the client's main connection is not involved. The lane is a second client
+ * connection for the server (it counts against tensord's --max-clients); it is reopened after
+ * an error and closed by ts_client_free. Over TCP, or when the server does not grant descriptors
+ * (tensord --no-fds, or a server older than 0.3) or has no room for the lane (TOO_MANY_CLIENTS;
+ * asked again 10 s later), every call of this section falls back to its copying form (ts_get,
+ * ts_peek, ts_put, ts_append) with the same results. By reference is
  * never the default: a program asks for it per call. See docs/DESIGN.md "Same-host zero copy".
  * Added in 0.3.0.
  */
