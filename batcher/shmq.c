@@ -37,6 +37,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stdio.h>
@@ -61,6 +62,12 @@
 #define TS__SHM_MAX_KEY 255
 /* ms; the slot thread sleeps at most this long on its bell, then checks for a stop */
 #define TS__SHM_NAP_MS 200
+/*
+ * ns; after taking requests, the slot thread keeps looking (yielding the core between looks)
+ * this long before it sleeps: requesters that come back meanwhile ring no futex and wake no
+ * thread. Bounded so that an idle server stops spending CPU almost at once.
+ */
+#define TS__SHM_SPIN_NS 50000u
 /* bytes; the object's name "/tensorshare-PID-RANDOM" */
 #define TS__SHM_PATH_LEN 64
 /* bytes; a boot id is 36 characters */
@@ -391,6 +398,7 @@ struct shm_server {
 /* One request of a slot in the batcher. */
 typedef struct shm_request {
     shm_server *s;
+    ts_value_t *input; /* copied out of the slot, freed with the request */
     uint32_t slot;
     uint32_t seq;
 } shm_request;
@@ -454,6 +462,7 @@ static void shm_done(ts_batcher_t *b, int status, ts_value_t *output, int64_t ve
     shm_server *s = r->s;
     answer_write(s, r->slot, r->seq, status, output, version, status != 0 ? ts_last_error() : NULL);
     ts_value_free(output);
+    ts_value_free(r->input);
     atomic_store(&s->priv[r->slot].inflight, 0);
     /* A newer request of this slot waited for this answer: the slot thread takes it now. */
     if (atomic_load(&slot_at(s->map, r->slot)->req_seq) != r->seq)
@@ -479,7 +488,8 @@ static void take(shm_server *s, uint32_t i, uint32_t seq)
     const uint8_t *area = req_area(s->map, s->nslots, s->req_bytes, s->ans_bytes, i);
     ts_value_t *in = NULL;
     const char *why = "";
-    int rc = len <= s->req_bytes ? dec_root(area, len, TS_BORROW, &in, &why) : TS_EPROTO;
+    /* Copied out (TS_COPY): the slot's memory stays the requester's to scribble on. */
+    int rc = len <= s->req_bytes ? dec_root(area, len, TS_COPY, &in, &why) : TS_EPROTO;
     if (len > s->req_bytes)
         why = "the request's length runs past the area";
     if (rc != 0) {
@@ -497,16 +507,16 @@ static void take(shm_server *s, uint32_t i, uint32_t seq)
         return;
     }
     r->s = s;
+    r->input = in;
     r->slot = i;
     r->seq = seq;
     atomic_fetch_add(&s->refs, 1);
     atomic_store(&s->priv[i].inflight, 1);
     /* As the relay's record: milliseconds, 0 the batcher's default, < 0 none. */
     int to = t < 0 ? TS_TIMEOUT_INFINITE : t == 0 ? TS_TIMEOUT_DEFAULT : t;
-    /* TS_COPY: the slot's memory stays the requester's to scribble on. */
-    rc = ts_batcher_predict_async(s->b, in, TS_COPY, to, shm_done, r);
-    ts_value_free(in);
+    rc = ts_batcher_predict_async(s->b, in, 0, to, shm_done, r);
     if (rc != 0) {
+        ts_value_free(in);
         char msg[TS__BERR_LEN];
         snprintf(msg, sizeof(msg), "%s", ts_last_error());
         if (rc == TS_ESCHEMA)
@@ -539,10 +549,18 @@ static void *slot_main(void *arg)
     shm_header *h = s->hdr;
     pthread_mutex_lock(&h->alive);
     sem_post(&s->started);
+    uint64_t busy_until = 0;
     while (!atomic_load(&s->stop)) {
         unsigned rung = atomic_load(&h->bell);
-        if (scan(s))
+        if (scan(s)) {
+            busy_until = ts__now_ns() + TS__SHM_SPIN_NS;
             continue;
+        }
+        if (busy_until != 0 && ts__now_ns() < busy_until) {
+            sched_yield();
+            continue;
+        }
+        busy_until = 0;
         atomic_store(&h->sleeping, 1);
         if (atomic_load(&h->bell) == rung && !atomic_load(&s->stop))
             futex_wait(&h->bell, rung, (uint64_t)TS__SHM_NAP_MS * 1000000u);
