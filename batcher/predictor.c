@@ -393,6 +393,11 @@ int ts_predictor_open_with(ts_predictor_t **out, ts_client_t *client, const char
         pthread_cond_wait(&p->cv, &p->mu);
     int have_slot = p->shm_state == 1;
     pthread_mutex_unlock(&p->mu);
+    if (p->shm != NULL && !have_slot) {
+        /* No slot was free: the mapping is of no use (the thread no longer touches it). */
+        ts__shm_detach(p->shm);
+        p->shm = NULL;
+    }
     if (transport == TS_PREDICTOR_SHM && !have_slot) {
         ts_predictor_free(p);
         ts__batcher_set_err("no shared-memory slot: every slot is taken");
@@ -412,9 +417,7 @@ void ts_predictor_stats(ts_predictor_t *p, ts_predictor_stats_t *out)
     int slot = p->shm_state == 1;
     out->reclaimed = (uint64_t)p->shm_reclaimed;
     pthread_mutex_unlock(&p->mu);
-    pthread_mutex_lock(&p->shm_mu);
     out->transport = slot && !ts__shm_gone(p->shm) ? TS_PREDICTOR_SHM : TS_PREDICTOR_RELAY;
-    pthread_mutex_unlock(&p->shm_mu);
 }
 
 void ts_predictor_free(ts_predictor_t *p)

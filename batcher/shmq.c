@@ -782,9 +782,9 @@ struct shm_client {
     uint32_t nslots;
     size_t req_bytes, ans_bytes;
     pid_t server_pid;
-    int slot;     /* claimed, or -1 */
-    uint32_t seq; /* the slot's last request number of ours */
-    int gone;     /* the server closed or died */
+    int slot;        /* claimed, or -1 */
+    uint32_t seq;    /* the slot's last request number of ours */
+    atomic_int gone; /* the server closed or died (read by ts_predictor_stats) */
 };
 
 int ts__shm_attach(ts_client_t *client, const char *name, shm_client **out)
@@ -856,6 +856,7 @@ int ts__shm_attach(ts_client_t *client, const char *name, shm_client **out)
     c->ans_bytes = (size_t)h->ans_bytes;
     c->server_pid = (pid_t)pid;
     c->slot = -1;
+    atomic_init(&c->gone, 0);
     *out = c;
     return 0;
 }
@@ -902,7 +903,7 @@ void ts__shm_detach(shm_client *c)
 
 int ts__shm_gone(shm_client *c)
 {
-    return c->gone;
+    return atomic_load(&c->gone);
 }
 
 /*
@@ -929,8 +930,8 @@ int ts__shm_predict(shm_client *c, const ts_value_t *input, int timeout_ms, ts_v
                     int64_t *version, int *sent)
 {
     *sent = 0;
-    if (c->gone || c->slot < 0 || atomic_load(&c->hdr->closed)) {
-        c->gone = 1;
+    if (atomic_load(&c->gone) || c->slot < 0 || atomic_load(&c->hdr->closed)) {
+        atomic_store(&c->gone, 1);
         return ts__fail(TS_ECONNRESET, "the shared-memory slots are closed");
     }
     uint32_t i = (uint32_t)c->slot;
@@ -974,13 +975,13 @@ int ts__shm_predict(shm_client *c, const ts_value_t *input, int timeout_ms, ts_v
             break;
         int st = server_state(c);
         if (st == 2) {
-            c->gone = 1;
+            atomic_store(&c->gone, 1);
             return ts__fail(TS_ECONNRESET,
                             "the serving process (pid %d) of the shared-memory slots died",
                             (int)c->server_pid);
         }
         if (st == 1) {
-            c->gone = 1;
+            atomic_store(&c->gone, 1);
             if (atomic_load(&sl->taken_seq) != seq) {
                 *sent = 0; /* never taken: the caller relays it */
                 return ts__fail(TS_ECONNRESET, "the shared-memory slots closed");
