@@ -92,7 +92,7 @@ static int sm_create(const char *device, int replica, ts_model_t **out, void *ar
 
 static const ts_field_t schema[] = {{"x", TS_FLOAT32, 1, {3}}};
 
-static ts_batcher_t *new_batcher(int max_batch)
+static ts_batcher_t *new_batcher_on(int max_batch, const char *placement)
 {
     ts_batcher_options_t cfg;
     ts_batcher_options_init(&cfg);
@@ -100,10 +100,15 @@ static ts_batcher_t *new_batcher(int max_batch)
     cfg.n_inputs = 1;
     cfg.max_batch = max_batch;
     cfg.max_delay_us = 2000;
-    cfg.placement = "cpu:2";
+    cfg.placement = placement;
     cfg.create = sm_create;
     ts_batcher_t *b = NULL;
     return ts_batcher_new(&b, &cfg) == 0 ? b : NULL;
+}
+
+static ts_batcher_t *new_batcher(int max_batch)
+{
+    return new_batcher_on(max_batch, "cpu:2");
 }
 
 static ts_value_t *request(int64_t rows, int64_t base)
@@ -523,6 +528,71 @@ static void test_shm_server_stops(void **state)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The batcher freed while requests of the slots are in a forward and queued
+ */
+static int one_request_main(const char *addr, int index, int in, int out)
+{
+    (void)out;
+    if (get_byte(in, WAIT_MS) != 'g')
+        return 2;
+    ts_client_t *c = NULL;
+    ts_predictor_t *p = NULL;
+    int rc = child_open(addr, TS_PREDICTOR_SHM, &c, &p);
+    if (rc != 0)
+        return rc;
+    ts_value_t *x = request(1, index * 10), *y = NULL;
+    rc = ts_predictor_predict(p, x, WAIT_MS, &y, NULL);
+    int code = rc == 0 && check(y, 1, index * 10) ? 0 : rc == TS_ECANCELED ? 20 : 30;
+    if (code == 30)
+        fprintf(stderr, "child %d: %s (%s)\n", index, ts_err_name(rc), ts_last_error());
+    ts_value_free(y);
+    ts_value_free(x);
+    ts_predictor_free(p);
+    ts_client_free(c);
+    return code;
+}
+
+static void test_shm_free_while_in_flight(void **state)
+{
+    (void)state;
+    tsh_server srv;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    child k[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(spawn(&k[i], one_request_main, srv.addr, i), 0);
+    ts_client_t *sc = NULL;
+    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
+    ts_batcher_t *b = new_batcher_on(32, "cpu:1");
+    assert_non_null(b);
+    assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
+    assert_int_equal(ts_batcher_serve_shm(b, sc, "policy", NULL), 0);
+    /* The first request sits in a slow forward, the second waits in the queue behind it. */
+    atomic_store(&g_delay_us, 300000);
+    put_byte(k[0].to, 'g');
+    ts_batcher_stats_t st;
+    uint64_t until = now_ms() + WAIT_MS;
+    do {
+        sleep_us(2000);
+        ts_batcher_stats(b, &st);
+    } while (st.batches == 0 && st.submitted < 1 && now_ms() < until);
+    sleep_us(20000); /* the replica takes it into its forward */
+    put_byte(k[1].to, 'g');
+    do {
+        sleep_us(2000);
+        ts_batcher_stats(b, &st);
+    } while (st.submitted < 2 && now_ms() < until);
+    assert_int_equal(st.submitted, 2);
+    /* The slots close and their region stays mapped until both answers are written. */
+    ts_batcher_free(b);
+    atomic_store(&g_delay_us, 0);
+    assert_int_equal(reap(&k[0]), 0);
+    assert_int_equal(reap(&k[1]), 20);
+    ts_client_free(sc);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Sizes and transports (requester and server in this process: the same host too)
  */
 static void test_shm_sizes_and_transports(void **state)
@@ -593,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_shm_requester_killed),
         cmocka_unit_test(test_shm_server_killed),
         cmocka_unit_test(test_shm_server_stops),
+        cmocka_unit_test(test_shm_free_while_in_flight),
         cmocka_unit_test(test_shm_sizes_and_transports),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
