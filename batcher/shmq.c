@@ -787,6 +787,8 @@ struct shm_client {
     atomic_int gone; /* the server closed or died (read by ts_predictor_stats) */
 };
 
+static int server_state(shm_client *c);
+
 int ts__shm_attach(ts_client_t *client, const char *name, shm_client **out)
 {
     char bin[TS_MAX_NAME_LEN + 1];
@@ -847,6 +849,15 @@ int ts__shm_attach(ts_client_t *client, const char *name, shm_client **out)
     if (c == NULL) {
         munmap(map, len);
         return ts__fail(TS_ENOMEM, NULL);
+    }
+    c->map = map;
+    c->hdr = h;
+    c->server_pid = (pid_t)pid;
+    /* A descriptor left by a server that stopped or died: its slots would answer nothing. */
+    if (atomic_load(&h->closed) || server_state(c) != 0) {
+        munmap(map, len);
+        ts__free(c);
+        return ts__fail(TS_ENOENT, "%s: the server of %s stopped or died", bin, p);
     }
     c->map = map;
     c->map_len = len;
@@ -976,6 +987,8 @@ int ts__shm_predict(shm_client *c, const ts_value_t *input, int timeout_ms, ts_v
         int st = server_state(c);
         if (st == 2) {
             atomic_store(&c->gone, 1);
+            if (atomic_load(&sl->taken_seq) != seq)
+                *sent = 0; /* never taken: the caller relays it (another server may serve) */
             return ts__fail(TS_ECONNRESET,
                             "the serving process (pid %d) of the shared-memory slots died",
                             (int)c->server_pid);

@@ -457,6 +457,12 @@ static void test_shm_server_killed(void **state)
     assert_int_equal(st.relayed, 1);
     ts_value_free(in);
     assert_int_equal(reap(&server), -1);
+    /* Its descriptor and object are left behind: a new predictor sees the server is gone. */
+    ts_predictor_t *p2 = NULL;
+    assert_int_equal(ts_predictor_open(&p2, c, "policy"), 0);
+    ts_predictor_stats(p2, &st);
+    assert_int_equal(st.transport, TS_PREDICTOR_RELAY);
+    ts_predictor_free(p2);
     /* A killed server leaves its object's name behind: remove it by the descriptor's path. */
     ts_items_t *items = NULL;
     assert_int_equal(ts_peek(c, "policy/shm", 0, &items), 0);
