@@ -543,8 +543,10 @@ TS_EXTERN void ts_predictor_options_init(ts_predictor_options_t *opts);
  * ts_predictor_predict calls then go through the slot, one at a time (a second thread calling
  * at once, an input larger than the request area, and every ts_predictor_predict_async relay
  * through the bins). When the slot's server stops or dies, the request in the slot gets its
- * answer, or TS_ECONNRESET when the server died (within about TS_PREDICTOR_SHM_CHECK_MS), or
- * TS_ETIMEDOUT at its deadline, and the predictor relays from then on. Same errors as
+ * answer, or TS_ECONNRESET when the server died after taking it (within about
+ * TS_PREDICTOR_SHM_CHECK_MS; one it had not taken goes through the relay), or TS_ETIMEDOUT at
+ * its deadline, and the predictor relays from then on. Slots whose server already stopped or
+ * died are not taken. Same errors as
  * ts_predictor_open, and TS_ENOTSUP for TS_PREDICTOR_SHM without a usable slot.
  * Added in 0.3.0.
  */
