@@ -310,31 +310,33 @@ static void op_tensor_bin(tsd_conn *c, const ts__hdr *h, const ts__msg_tensor_bi
         tsd_reply_err(c, op, rid, TS_ST_INVALID, "bin %s exists (DELETE it first)", pn);
         return;
     }
-    if (tsd_store_reserve(&srv->store, rec_len) != 0) {
-        srv->stats.oom_rejections++;
-        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY,
-                      "memory limit reached (--max-memory): the tensor bin needs %llu bytes",
-                      (unsigned long long)rec_len);
-        return;
-    }
     /*
      * With --data-dir (and a record of at least --data-min bytes) the tensor lives in a file,
-     * zero-filled, and comes back as a tensor bin after a restart; it still counts against
-     * --max-memory like any item the store holds, besides --max-disk.
+     * zero-filled, and comes back as a tensor bin after a restart; its pages count against
+     * --max-disk (checked by tsd_datadir_alloc), not --max-memory, as every item in a file. Else
+     * it counts against --max-memory. Either way the store takes a reservation of its length
+     * when it links the item (tsd_store_add), so one is made here: for a file without a check.
      */
     tsd_item *it = NULL;
     int drc = tsd_datadir_alloc(srv, (size_t)rec_len, &it);
     if (drc < 0) {
-        tsd_store_unreserve(&srv->store, rec_len);
         char msg[TS_MAX_ERRMSG];
         tsd_datadir_refusal(srv, drc, (size_t)rec_len, msg, sizeof(msg));
         tsd_reply_msg(c, op, rid, TS_ST_OUT_OF_MEMORY, msg, strlen(msg));
         return;
     }
-    if (drc == 0)
+    if (drc == 0) {
+        srv->store.reserved += rec_len;
         ((tsd_item_own *)(void *)it)->live = 1;
-    else
+    } else if (tsd_store_reserve(&srv->store, rec_len) != 0) {
+        srv->stats.oom_rejections++;
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY,
+                      "memory limit reached (--max-memory): the tensor bin needs %llu bytes",
+                      (unsigned long long)rec_len);
+        return;
+    } else {
         it = tensor_item_new(srv, (size_t)rec_len);
+    }
     if (it == NULL) {
         tsd_store_unreserve(&srv->store, rec_len);
         srv->stats.out_of_memory++;

@@ -40,6 +40,19 @@ static int stop(void **state)
     return rc == 0 ? 0 : -1;
 }
 
+/*
+ * For the tests that start their own tensord: stop it when the test failed before it could
+ * (by PID; one that was stopped already is left alone).
+ */
+static int stop_if_running(void **state)
+{
+    (void)state;
+    if (srv.pid > 0)
+        (void)tsh_server_stop(&srv);
+    tsh_server_cleanup(&srv);
+    return 0;
+}
+
 /* Send TENSOR_BIN through the codec. */
 static void send_tensor_bin(int fd, uint32_t id, const char *name, uint8_t dtype, uint8_t ndim,
                             const uint64_t *dims)
@@ -679,6 +692,48 @@ static void test_rows_memory(void **state)
     tsh_server_cleanup(&srv);
 }
 
+/* With --data-dir a tensor bin lives in a file: --max-disk bounds it, not --max-memory. */
+static void test_rows_data_dir(void **state)
+{
+    (void)state;
+    char dir[400];
+    snprintf(dir, sizeof(dir), "/tmp/ts-rows-dd-%d", (int)getpid());
+    const char *args[] = {"--data-dir", dir, "--max-memory", "16777216", NULL};
+    assert_int_equal(tsh_server_start(&srv, args), 0);
+    int fd = tsu_client(&srv);
+    uint64_t dims[2] = {(uint64_t)1 << 20, 8}; /* 32 MiB of float32: twice --max-memory */
+    send_tensor_bin(fd, 1, "big", TS_FLOAT32, 2, dims);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_TENSOR_BIN, 1, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_true(tsu_stat(fd, "used_memory") < (8 << 20));
+    assert_true(tsu_stat(fd, "bytes_reserved") == 0);
+    int64_t shape[2] = {1, 8};
+    ts_value_t *m = ts_map_new();
+    ts_value_t *t = ts_tensor_alloc(TS_FLOAT32, 2, shape);
+    ((float *)ts_value_tensor(t)->data)[3] = 9.0f;
+    ts_map_set(m, "start", ts_int_new((1 << 20) - 1));
+    ts_map_set(m, "rows", t);
+    send_record(fd, TS_OP_WRITE_ROWS, 2, "big", m);
+    tsu_expect(fd, &f, TS_OP_WRITE_ROWS, 2, TS_ST_OK);
+    tsu_frame_free(&f);
+    send_read_rows(fd, 3, "big", 0, NULL, (1 << 20) - 1, 1 << 20);
+    tsu_expect(fd, &f, TS_OP_READ_ROWS, 3, TS_ST_OK);
+    rows_reply r;
+    parse_rows(&f, &r);
+    tsu_frame_free(&f);
+    assert_true(r.v[3] == 9.0f && r.v[0] == 0.0f);
+    assert_int_equal(tsu_send_name(fd, TS_OP_DELETE, 4, "big", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_DELETE, 4, TS_ST_OK);
+    tsu_frame_free(&f);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
+    char cmd[450];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* SAVE writes a tensor bin as a plain record holding its rows; it loads back as a plain bin. */
 static void test_rows_save(void **state)
 {
@@ -722,8 +777,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rows_plain_items, start, stop),
         cmocka_unit_test_setup_teardown(test_rows_notify_and_wait, start, stop),
         cmocka_unit_test_setup_teardown(test_rows_concurrent_writers, start, stop),
-        cmocka_unit_test(test_rows_memory),
-        cmocka_unit_test(test_rows_save),
+        cmocka_unit_test_teardown(test_rows_memory, stop_if_running),
+        cmocka_unit_test_teardown(test_rows_save, stop_if_running),
+        cmocka_unit_test_teardown(test_rows_data_dir, stop_if_running),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
