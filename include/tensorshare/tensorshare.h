@@ -715,8 +715,9 @@ TS_EXTERN void ts_shared_free(ts_shared_t *sh);
  * ts_peek_ref maps it shared on the same host (its data then changes as rows are written). A
  * tensor bin refuses put, append and get (TS_EINVAL): delete it to reuse its name. The row reads
  * also work on any bin's items: the item's root tensor, or a tensor under a key of its root map.
- * Every call here is blocking (the client's request timeout, TS_EDEADLK from a client callback,
- * any thread) and leaves the server's reason in ts_last_error() on failure. docs/PROTOCOL.md
+ * The blocking calls wait at most the client's request timeout (TS_EDEADLK from a client
+ * callback), may be called from any thread and leave the server's reason in ts_last_error() on
+ * failure; each has an asynchronous form. docs/PROTOCOL.md
  * 8.19 to 8.22 has the rules. Added in 0.3.0.
  */
 
@@ -754,6 +755,25 @@ TS_EXTERN int ts_rows_gather(ts_client_t *c, const char *bin, int item, const ch
  */
 TS_EXTERN int ts_rows_write(ts_client_t *c, const char *bin, int64_t start,
                             const ts_value_t *rows, uint64_t *version);
+/*
+ * Asynchronous forms (see ts_result_cb): the callback is called exactly once, on the I/O thread,
+ * with res->version (and res->n_items, the bin's items) for create and write, res->items (the
+ * one tensor, as the blocking form's *out; set it to NULL to keep it) for read and gather. The
+ * index and the rows are read by the I/O thread until the callback, unless flags has TS_COPY
+ * (copied during the call). If one returns an error, the callback is never called.
+ * Added in 0.3.0.
+ */
+TS_EXTERN int ts_tensor_bin_create_async(ts_client_t *c, const char *bin, ts_dtype_t dtype,
+                                         int ndim, const int64_t *shape, ts_result_cb cb,
+                                         void *arg);
+TS_EXTERN int ts_rows_read_async(ts_client_t *c, const char *bin, int item, const char *key,
+                                 int64_t start, int64_t end, ts_result_cb cb, void *arg);
+TS_EXTERN int ts_rows_gather_async(ts_client_t *c, const char *bin, int item, const char *key,
+                                   const int64_t *index, size_t n, unsigned flags,
+                                   ts_result_cb cb, void *arg);
+TS_EXTERN int ts_rows_write_async(ts_client_t *c, const char *bin, int64_t start,
+                                  const ts_value_t *rows, unsigned flags, ts_result_cb cb,
+                                  void *arg);
 
 #ifdef __cplusplus
 }

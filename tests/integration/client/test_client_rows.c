@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -276,12 +277,72 @@ static void test_rows_concurrent(void **state)
     ts_items_free(it);
 }
 
+typedef struct aslot {
+    tc_latch done;
+    int status[4];
+    uint64_t version[4];
+    ts_items_t *items[4];
+} aslot;
+
+static aslot as;
+
+static void acb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    int i = (int)(intptr_t)arg;
+    as.status[i] = status;
+    as.version[i] = res->version;
+    as.items[i] = res->items;
+    res->items = NULL; /* keep */
+    tc_latch_add(&as.done, 1);
+}
+
+/* The asynchronous forms: one callback each, with the blocking forms' results. */
+static void test_rows_async(void **state)
+{
+    (void)state;
+    memset(&as, 0, sizeof(as));
+    tc_latch_init(&as.done);
+    int64_t shape[2] = {ROWS, COLS};
+    assert_int_equal(
+        ts_tensor_bin_create_async(ux, "rows/async", TS_FLOAT32, 2, shape, acb, (void *)0), 0);
+    assert_true(tc_latch_wait(&as.done, 1, 10000) >= 1);
+    assert_int_equal(as.status[0], 0);
+    ts_value_t *w = rows_of(2, 30.0f);
+    /* TS_COPY: the rows may be freed as soon as the call returns. */
+    assert_int_equal(ts_rows_write_async(ux, "rows/async", 4, w, TS_COPY, acb, (void *)1), 0);
+    ts_value_free(w);
+    assert_true(tc_latch_wait(&as.done, 2, 10000) >= 2);
+    assert_int_equal(as.status[1], 0);
+    assert_true(as.version[1] > as.version[0]);
+    assert_int_equal(ts_rows_read_async(tcp, "rows/async", 0, NULL, 4, 6, acb, (void *)2), 0);
+    int64_t ix[2] = {5, 4}; /* borrowed: kept alive until the callback */
+    assert_int_equal(
+        ts_rows_gather_async(tcp, "rows/async", 0, NULL, ix, 2, TS_BORROW, acb, (void *)3), 0);
+    assert_true(tc_latch_wait(&as.done, 4, 10000) >= 4);
+    assert_int_equal(as.status[2], 0);
+    assert_int_equal(as.status[3], 0);
+    const float *d = reply_tensor(as.items[2])->data;
+    assert_true(d[0] == 30.0f && d[COLS] == 31.0f);
+    d = reply_tensor(as.items[3])->data;
+    assert_true(d[0] == 31.0f && d[COLS] == 30.0f);
+    ts_items_free(as.items[2]);
+    ts_items_free(as.items[3]);
+    /* A bad argument fails the call; the callback is never called. */
+    assert_int_equal(ts_rows_read_async(tcp, "rows/async", 0, NULL, 3, 2, acb, (void *)2),
+                     TS_EINVAL);
+    assert_int_equal(ts_rows_write_async(tcp, NULL, 0, NULL, 0, acb, (void *)1), TS_EINVAL);
+    tc_sleep_ms(20);
+    assert_int_equal(tc_latch_get(&as.done), 4);
+    tc_latch_destroy(&as.done);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_tcp),        cmocka_unit_test(test_rows_unix),
         cmocka_unit_test(test_rows_errors),     cmocka_unit_test(test_rows_listener),
-        cmocka_unit_test(test_rows_concurrent),
+        cmocka_unit_test(test_rows_concurrent), cmocka_unit_test(test_rows_async),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
