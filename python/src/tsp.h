@@ -33,9 +33,12 @@
  *   stats() -> dict                         ping() -> None          save() -> None
  *   listen(bin, callback) -> None: callback(Notification) on the client's I/O thread, where
  *       Notification is a named tuple (bin, event, version, n_items, coalesced, error); event is
- *       "put" | "append" | "get" | "delete" | "disconnected" | "resubscribed" | "error" (the
- *       subscription ended on an error, which is in .error; it is the last call)
+ *       "put" | "append" | "get" | "delete" | "rows" | "disconnected" | "resubscribed" |
+ *       "error" (the subscription ended on an error, which is in .error; it is the last call)
  *   unlisten(bin) -> None
+ *   create_tensor_bin(bin, dtype, shape) -> int version; write_rows(bin, start, rows) -> int
+ *       version; read_rows(bin, start, end, *, item=0, key=None, tensor_type=None) -> tensor;
+ *       gather_rows(bin, index, *, item=0, key=None, tensor_type=None) -> tensor (rows.c)
  *   put_async, append_async, get_async, peek_async, delete_async, list_async, wait_async,
  *       stats_async, ping_async: same arguments, return a concurrent.futures.Future (already
  *       running: it cannot be cancelled) completed on the I/O thread
