@@ -767,8 +767,9 @@ void tsd_conn_release(tsd_conn *c)
 
 /*
  * The buffer an upload of len bytes (a record, or a compressed body's inflated size) is received
- * into: PUT and APPEND records of at least --shm-min bytes go to a memfd, so that GET_REF can
- * hand them out without a copy; the rest (and any upload when no memfd can be had) to the heap.
+ * into: a --data-dir file when the data directory takes it; PUT and APPEND records of at least
+ * --shm-min bytes on a unix socket go to a memfd, so that GET_REF can hand them out without a
+ * copy; the rest (and any upload when no memfd can be had) to the heap.
  * The caller may lower the length afterwards (tsd_item_set_len).
  */
 static tsd_item *upload_item(tsd_conn *c, size_t len, int *disk_rc)
@@ -784,7 +785,14 @@ static tsd_item *upload_item(tsd_conn *c, size_t len, int *disk_rc)
             *disk_rc = rc;
             return NULL;
         }
-        it = tsd_shm_upload_item(c->srv, len);
+        /*
+         * Only uploads on unix sockets: a client on this host is the one that may read them by
+         * reference. A memfd's pages are small ones (tmpfs gives huge pages only when
+         * configured), which costs receiving about a third more CPU than the heap's huge pages,
+         * a price TCP uploads would pay for nothing.
+         */
+        if (c->is_unix)
+            it = tsd_shm_upload_item(c->srv, len);
     }
     return it != NULL ? it : tsd_item_new_sized(len);
 }

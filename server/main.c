@@ -95,8 +95,8 @@ static void usage(FILE *f)
     /* In pieces: ISO C compilers need not take string literals over 4095 bytes. */
     fprintf(f,
             "Same host (unix sockets):\n"
-            "  --shm-min BYTES       uploads at least this large are received into a memfd\n"
-            "                        GET_REF hands out as a descriptor, 0 = never [%llu = 1m]\n"
+            "  --shm-min BYTES       uploads on unix sockets at least this large are received\n"
+            "                        into a memfd GET_REF hands out, 0 = never    [%llu = 1m]\n"
             "  --no-fds              refuse descriptors on unix sockets (no GET_REF/PUT_FD)\n",
             (unsigned long long)d.shm_min);
     fprintf(f,
