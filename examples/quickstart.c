@@ -72,9 +72,9 @@ static void on_xyz(ts_client_t *c, int status, const ts_notification_t *n, void 
         printf("  [listen] subscription to xyz ended (%s)\n", ts_err_name(status));
         return;
     }
-    static const char *const names[] = {"?", "put", "append", "get", "delete"};
+    static const char *const names[] = {"?", "put", "append", "get", "delete", "rows"};
     const char *ev =
-        n->event >= TS_EV_PUT && n->event <= TS_EV_DELETE ? names[n->event] : "connection event";
+        n->event >= TS_EV_PUT && n->event <= TS_EV_ROWS ? names[n->event] : "another event";
     printf("  [listen] bin %s updated by %s: %u items (version %llu)\n", n->bin, ev, n->n_items,
            (unsigned long long)n->version);
     atomic_fetch_add(&n_notes, 1);
