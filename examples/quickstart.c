@@ -74,7 +74,7 @@ static void on_xyz(ts_client_t *c, int status, const ts_notification_t *n, void 
     }
     static const char *const names[] = {"?", "put", "append", "get", "delete", "rows"};
     const char *ev =
-        n->event >= TS_EV_PUT && n->event <= TS_EV_ROWS ? names[n->event] : "another event";
+        n->event >= TS_EV_PUT && n->event <= TS_EV_ROWS ? names[n->event] : "connection event";
     printf("  [listen] bin %s updated by %s: %u items (version %llu)\n", n->bin, ev, n->n_items,
            (unsigned long long)n->version);
     atomic_fetch_add(&n_notes, 1);
