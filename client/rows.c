@@ -2,7 +2,8 @@
  * Tensor bins and rows (tensorshare.h "Tensor bins and rows"): TENSOR_BIN and READ_ROWS, whose
  * bodies are encoded here into the request's flat buffer, and GATHER_ROWS and WRITE_ROWS, whose
  * bodies are a name and a record, sent like a PUT's (the record's tensors straight from the
- * caller's memory: every call here blocks until its reply). Replies are parsed by reply.c by
+ * caller's memory: a blocking call until its reply, an asynchronous one until its callback
+ * unless TS_COPY). Replies are parsed by reply.c by
  * their kind (ITEMS for the row reads, a bin state otherwise).
  */
 #include "internal.h"

@@ -786,12 +786,12 @@ static tsd_item *upload_item(tsd_conn *c, size_t len, int *disk_rc)
             return NULL;
         }
         /*
-         * Only uploads on unix sockets: a client on this host is the one that may read them by
-         * reference. A memfd's pages are small ones (tmpfs gives huge pages only when
-         * configured), which costs receiving about a third more CPU than the heap's huge pages,
-         * a price TCP uploads would pay for nothing.
+         * Only uploads on unix sockets that may carry descriptors: a client on this host is the
+         * one that may read them by reference. A memfd's pages are small ones (tmpfs gives huge
+         * pages only when configured), which costs receiving about a fifth more CPU than the
+         * heap's huge pages, a price uploads nobody can map would pay for nothing.
          */
-        if (c->is_unix)
+        if (c->is_unix && !c->srv->cfg.no_fds)
             it = tsd_shm_upload_item(c->srv, len);
     }
     return it != NULL ? it : tsd_item_new_sized(len);

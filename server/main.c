@@ -107,8 +107,8 @@ static void usage(FILE *f)
             "                        tensord from using the same PATH\n"
             "  --save-interval N     seconds between snapshots when bins changed, 0 = only\n"
             "                        on SAVE and shutdown                        [%u]\n"
-            "  --stop-writes-on-save-error yes|no  after a failed snapshot, refuse PUT, APPEND,\n"
-            "                        GET and DELETE (SAVE_FAILING) until one succeeds  [yes]\n"
+            "  --stop-writes-on-save-error yes|no  after a failed snapshot, refuse the requests\n"
+            "                        that change bins (SAVE_FAILING) until one succeeds [yes]\n"
             "  --data-dir DIR        keep items in memory-mapped files DIR/<id>.tsi (created\n"
             "                        0700 when missing; DIR/LOCK keeps a second tensord out):\n"
             "                        bins survive restarts and a kill, may exceed RAM, and\n"
@@ -214,8 +214,7 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
                                             "--save-interval",  "--max-unauth-clients",
                                             "--body-timeout",   "--stop-writes-on-save-error",
                                             "--data-dir",       "--data-min",
-                                            "--max-disk",
-                                            "--shm-min"};
+                                            "--max-disk",       "--shm-min"};
         int is_known = 0;
         for (size_t k = 0; k < TS__ARRAY_SIZE(known); k++)
             is_known |= strcmp(flag, known[k]) == 0;

@@ -73,6 +73,13 @@ static int start_shm_off(void **state)
     return tsh_server_start(&srv, args);
 }
 
+static int start_no_fds(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--no-fds", NULL};
+    return tsh_server_start(&srv, args);
+}
+
 static int stop(void **state)
 {
     (void)state;
@@ -890,12 +897,35 @@ static void test_tcp_upload_on_heap(void **state)
     close(tfd);
 }
 
+/* --no-fds: nobody can map an upload, so a large one on the unix socket stays on the heap. */
+static void test_no_fds_upload_on_heap(void **state)
+{
+    (void)state;
+    int fd = tsh_connect_unix(srv.unix_path);
+    assert_true(fd >= 0);
+    assert_int_equal(hello_flags(fd, TS_HELLO_FDS) & TS_HELLO_FDS, 0);
+    size_t big_len;
+    uint8_t *big = tsu_rec_bytes(BIG, 13, &big_len);
+    uint32_t n;
+    tsu_store(fd, TS_OP_PUT, "n", big, big_len, &n);
+    assert_int_equal(stat_of("shm_items"), 0);
+    tsu_items it;
+    tsu_get(fd, TS_OP_PEEK, "n", 0, &it);
+    assert_int_equal(it.n, 1);
+    assert_int_equal(it.item_len[0], big_len);
+    assert_memory_equal(it.item[0], big, big_len);
+    tsu_frame_free(&it.f);
+    tsu_rec_free(big, big_len);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_ref_reads, start, stop),
         cmocka_unit_test_setup_teardown(test_shm_off, start_shm_off, stop),
         cmocka_unit_test_setup_teardown(test_tcp_upload_on_heap, start, stop),
+        cmocka_unit_test_setup_teardown(test_no_fds_upload_on_heap, start_no_fds, stop),
         cmocka_unit_test_setup_teardown(test_ref_order_under_backlog, start, stop),
         cmocka_unit_test_setup_teardown(test_ref_order_under_backlog, start_fake_full, stop),
         cmocka_unit_test_setup_teardown(test_ref_reads, start_fake_full, stop),
