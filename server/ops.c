@@ -744,6 +744,27 @@ static void op_put_fd(tsd_conn *c, const ts__hdr *h, const ts__msg_put_fd_req *m
     }
     /* The store takes the record's reservation; the rest of the file counts as overhead. */
     tsd_store_unreserve(&srv->store, cost - len);
+    /*
+     * With --data-dir the record goes to a file like an upload's, so that it survives a restart:
+     * one copy within this host (never through the socket), made once the record is sealed and
+     * valid. A refusal by --max-disk answers as a PUT's does, and keeps the connection.
+     */
+    tsd_item *file = NULL;
+    int drc = tsd_datadir_alloc(srv, len, &file);
+    if (drc < 0) {
+        char dmsg[TS_MAX_ERRMSG];
+        tsd_datadir_refusal(srv, drc, len, dmsg, sizeof(dmsg));
+        tsd_store_unreserve(&srv->store, len);
+        tsd_item_unref(it);
+        srv->stats.oom_rejections++;
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY, "%s", dmsg);
+        return;
+    }
+    if (drc == 0) {
+        memcpy(tsd_item_data(file), tsd_item_data(it), len);
+        tsd_item_unref(it);
+        it = file;
+    }
     srv->stats.ops[h->opcode]--; /* tsd_op_store counts it again */
     tsd_op_store(c, h, m->name, m->name_len, it);
 }

@@ -595,6 +595,50 @@ static void test_by_reference(void **state)
     assert_int_equal(count_files(".tsi") + count_files(".gone"), 0);
 }
 
+/*
+ * A shared-buffer put (PUT_FD) with --data-dir lands in a file like any other put, so it survives
+ * a SIGKILL with equal bytes.
+ */
+static void test_shared_put_survives(void **state)
+{
+    (void)state;
+    start(NULL);
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, s.unix_addr, NULL), 0);
+    int64_t n = 1 << 18; /* float32 elements: 1 MiB */
+    ts_value_t *layout = ts_tensor_spec_new(TS_FLOAT32, 1, &n);
+    assert_non_null(layout);
+    ts_shared_t *sh = NULL;
+    assert_int_equal(ts_shared_new(layout, &sh), 0);
+    ts_value_free(layout);
+    float *f = ts_value_tensor(ts_shared_value(sh))->data;
+    for (int64_t i = 0; i < n; i++)
+        f[i] = (float)i * 0.5f;
+    assert_int_equal(ts_shared_put(c, "shared", sh, NULL), 0);
+    ts_shared_free(sh);
+    int fd = tsu_client(&s);
+    assert_true(tsu_stat(fd, "puts_fd") >= 1);
+    wait_stat(fd, "disk_files", 1);
+    close(fd);
+    ts_client_free(c);
+    tsh_server_kill(&s);
+    restart(NULL, 0);
+    assert_int_equal(ts_client_open(&c, s.addr, NULL), 0);
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek(c, "shared", 0, &items), 0);
+    assert_int_equal(ts_items_count(items), 1);
+    const ts_tensor_t *t = ts_value_tensor(ts_items_at(items, 0));
+    assert_non_null(t);
+    assert_int_equal(t->shape[0], n);
+    const float *g = t->data;
+    for (int64_t i = 0; i < n; i++)
+        if (g[i] != (float)i * 0.5f)
+            fail_msg("element %lld differs after the restart", (long long)i);
+    ts_items_free(items);
+    ts_client_free(c);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -606,6 +650,7 @@ int main(void)
         cmocka_unit_test_teardown(test_data_min_splits, teardown),
         cmocka_unit_test_teardown(test_tensor_bin_survives, teardown),
         cmocka_unit_test_teardown(test_by_reference, teardown),
+        cmocka_unit_test_teardown(test_shared_put_survives, teardown),
         cmocka_unit_test_teardown(test_beyond_max_memory, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
