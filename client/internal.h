@@ -238,9 +238,9 @@ typedef struct ts__lane {
      * Set at open, read-only afterwards.
      */
     int wake_fd;
-    uint32_t next_id;       /* under mu */
-    uint64_t max_body;      /* under mu; the server's body limit from the lane's HELLO */
-    uint64_t no_fds_until;  /* under mu; monotonic ns: the server refused descriptors, copy */
+    uint32_t next_id;      /* under mu */
+    uint64_t max_body;     /* under mu; the server's body limit from the lane's HELLO */
+    uint64_t no_fds_until; /* under mu; monotonic ns: the server refused descriptors, copy */
 } ts__lane;
 
 struct ts_client_s {

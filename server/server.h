@@ -431,8 +431,8 @@ int tsd_shm_fake_full(void);
  * The data directory (datadir.c): items in memory-mapped files DIR/<id>.tsi (--data-dir), which
  * survive restarts and count against --max-disk instead of --max-memory. Loop thread only.
  */
-#define TSD_DATADIR_HDR     4096 /* bytes; the file header, then the record (page-aligned) */
-#define TSD_DATADIR_FORMAT  1    /* the header's format version; start-up reads only this one */
+#define TSD_DATADIR_HDR     4096  /* bytes; the file header, then the record (page-aligned) */
+#define TSD_DATADIR_FORMAT  1     /* the header's format version; start-up reads only this one */
 #define TSD_DATADIR_TENSOR  0x01u /* commit flag: the item of a tensor bin (restored as one) */
 #define TSD_DATADIR_REPLACE 0x02u /* commit flag: it replaced its bin's content (PUT, PUT_FD) */
 /* cfg.max_disk: 3/4 of the file system's free space at start plus what the files hold. */
@@ -463,7 +463,8 @@ void tsd_datadir_refusal(const tsd_server *srv, int rc, size_t len, char *buf, s
 /*
  * The item (a TSD_BACK_FILE one) was just stored into bin by tsd_store_add with the version
  * srv->version: write its header (sequence number = that version, flags TSD_DATADIR_*), so it
- * is loaded at the next start. Call it right after tsd_store_add succeeded. No-op (0) for other items. Returns 0.
+ * is loaded at the next start. Call it right after tsd_store_add succeeded. No-op (0) for other
+ * items. Returns 0.
  */
 int tsd_datadir_commit(tsd_server *srv, tsd_item *it, const uint8_t *bin, size_t bin_len,
                        unsigned flags);

@@ -19,10 +19,18 @@ static ts_value_t *build(tsd_server *srv)
         const char *key;
         uint8_t op;
     } ops[] = {
-        {"ops_hello", TS_OP_HELLO},       {"ops_ping", TS_OP_PING}, {"ops_put", TS_OP_PUT},
-        {"ops_append", TS_OP_APPEND},     {"ops_get", TS_OP_GET},   {"ops_peek", TS_OP_PEEK},
-        {"ops_delete", TS_OP_DELETE},     {"ops_list", TS_OP_LIST}, {"ops_listen", TS_OP_LISTEN},
-        {"ops_unlisten", TS_OP_UNLISTEN}, {"ops_wait", TS_OP_WAIT}, {"ops_stats", TS_OP_STATS},
+        {"ops_hello", TS_OP_HELLO},
+        {"ops_ping", TS_OP_PING},
+        {"ops_put", TS_OP_PUT},
+        {"ops_append", TS_OP_APPEND},
+        {"ops_get", TS_OP_GET},
+        {"ops_peek", TS_OP_PEEK},
+        {"ops_delete", TS_OP_DELETE},
+        {"ops_list", TS_OP_LIST},
+        {"ops_listen", TS_OP_LISTEN},
+        {"ops_unlisten", TS_OP_UNLISTEN},
+        {"ops_wait", TS_OP_WAIT},
+        {"ops_stats", TS_OP_STATS},
         {"ops_save", TS_OP_SAVE},
         {"ops_get_ref", TS_OP_GET_REF},
         {"ops_peek_ref", TS_OP_PEEK_REF},

@@ -57,22 +57,22 @@
 
 /* The shapes a body can have; each has one encoder and one decoder below. */
 typedef enum ts__msg_kind {
-    TS_MSG_NONE = 0,  /* no such frame (an unknown opcode, or a reply to NOTIFY) */
-    TS_MSG_EMPTY,     /* no bytes at all */
-    TS_MSG_HELLO_REQ, /* max_version, flags, token */
-    TS_MSG_HELLO_REP, /* version, flags, max_body, server_id */
-    TS_MSG_NAME_REQ,  /* name (DELETE, LISTEN, UNLISTEN) */
-    TS_MSG_GET_REQ,   /* name, u32 max_items (GET, PEEK) */
-    TS_MSG_WAIT_REQ,  /* name, u64 after_version, u32 timeout_ms */
-    TS_MSG_PUT_REQ,   /* name, then a record to the end of the body (PUT, APPEND) */
-    TS_MSG_BIN_STATE, /* u64 version, u32 n_items, u32 reserved */
-    TS_MSG_ITEMS,     /* the ITEMS reply of GET and PEEK */
-    TS_MSG_LIST_REP,  /* the LIST reply */
-    TS_MSG_RECORD,    /* one record filling the body (the STATS reply) */
-    TS_MSG_NOTIFY,    /* the NOTIFY body */
-    TS_MSG_ERROR,     /* an error message of at most TS_MAX_ERRMSG bytes */
-    TS_MSG_REF_ITEMS, /* the reply of GET_REF and PEEK_REF (msg_ref.c) */
-    TS_MSG_PUT_FD_REQ, /* name, u64 record_len (PUT_FD, APPEND_FD; one descriptor attached) */
+    TS_MSG_NONE = 0,       /* no such frame (an unknown opcode, or a reply to NOTIFY) */
+    TS_MSG_EMPTY,          /* no bytes at all */
+    TS_MSG_HELLO_REQ,      /* max_version, flags, token */
+    TS_MSG_HELLO_REP,      /* version, flags, max_body, server_id */
+    TS_MSG_NAME_REQ,       /* name (DELETE, LISTEN, UNLISTEN) */
+    TS_MSG_GET_REQ,        /* name, u32 max_items (GET, PEEK) */
+    TS_MSG_WAIT_REQ,       /* name, u64 after_version, u32 timeout_ms */
+    TS_MSG_PUT_REQ,        /* name, then a record to the end of the body (PUT, APPEND) */
+    TS_MSG_BIN_STATE,      /* u64 version, u32 n_items, u32 reserved */
+    TS_MSG_ITEMS,          /* the ITEMS reply of GET and PEEK */
+    TS_MSG_LIST_REP,       /* the LIST reply */
+    TS_MSG_RECORD,         /* one record filling the body (the STATS reply) */
+    TS_MSG_NOTIFY,         /* the NOTIFY body */
+    TS_MSG_ERROR,          /* an error message of at most TS_MAX_ERRMSG bytes */
+    TS_MSG_REF_ITEMS,      /* the reply of GET_REF and PEEK_REF (msg_ref.c) */
+    TS_MSG_PUT_FD_REQ,     /* name, u64 record_len (PUT_FD, APPEND_FD; one descriptor attached) */
     TS_MSG_TENSOR_BIN_REQ, /* name, dtype, ndim, dims (TENSOR_BIN; msg_rows.c) */
     TS_MSG_READ_ROWS_REQ   /* name, item, key, start, end (READ_ROWS; msg_rows.c) */
 } ts__msg_kind;
@@ -365,14 +365,14 @@ int ts__msg_error_decode(const uint8_t *body, size_t len, ts__msg_error *m);
  * bytes [offset, offset + length) of a file of file_len bytes received as a descriptor: the
  * i-th such entry uses the i-th descriptor of the frame (SCM_RIGHTS).
  */
-#define TS_MAX_REF_ITEMS  64u   /* items per REF_ITEMS reply (and descriptors per frame) */
-#define TS_MSG_REF_FIXED  24    /* bytes before the entries */
-#define TS_MSG_REF_ENTRY  32    /* bytes per entry */
-#define TS_REF_INLINE     0     /* where: the record is in the body */
-#define TS_REF_FD         1     /* where: the record is in a descriptor */
-#define TS_REF_LIVE       0x01u /* flags: a tensor bin's item, changed in place by row writes */
-#define TS_REF_FILE_ALIGN 4096u /* bytes; descriptor offsets are multiples of this */
-#define TS_MSG_PUT_FD_FIXED 8   /* the u64 record_len after the name */
+#define TS_MAX_REF_ITEMS    64u   /* items per REF_ITEMS reply (and descriptors per frame) */
+#define TS_MSG_REF_FIXED    24    /* bytes before the entries */
+#define TS_MSG_REF_ENTRY    32    /* bytes per entry */
+#define TS_REF_INLINE       0     /* where: the record is in the body */
+#define TS_REF_FD           1     /* where: the record is in a descriptor */
+#define TS_REF_LIVE         0x01u /* flags: a tensor bin's item, changed in place by row writes */
+#define TS_REF_FILE_ALIGN   4096u /* bytes; descriptor offsets are multiples of this */
+#define TS_MSG_PUT_FD_FIXED 8     /* the u64 record_len after the name */
 
 typedef struct ts__msg_ref_entry {
     uint8_t where;     /* TS_REF_INLINE or TS_REF_FD */
@@ -438,7 +438,7 @@ unsigned ts__msg_request_fds(uint8_t op);
  * root is one tensor (docs/PROTOCOL.md 8.19 to 8.22). GATHER_ROWS and WRITE_ROWS bodies are a
  * name and a record, as PUT's (TS_MSG_PUT_REQ, received like an upload).
  */
-#define TS_MSG_TENSOR_BIN_FIXED 4 /* u8 dtype, u8 ndim, u16 reserved after the name */
+#define TS_MSG_TENSOR_BIN_FIXED 4  /* u8 dtype, u8 ndim, u16 reserved after the name */
 #define TS_MSG_READ_ROWS_FIXED  22 /* i32 item, u16 key_len, u64 start, u64 end */
 /*
  * Bytes; the longest READ_ROWS key. A map key may be longer (u16), but a READ_ROWS body must fit

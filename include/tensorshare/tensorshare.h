@@ -569,7 +569,7 @@ typedef enum ts_event_e {
     TS_EV_APPEND = 2,
     TS_EV_GET = 3,
     TS_EV_DELETE = 4,
-    TS_EV_ROWS = 5, /* rows written in place into a tensor bin (Added in 0.3.0) */
+    TS_EV_ROWS = 5,           /* rows written in place into a tensor bin (Added in 0.3.0) */
     TS_EV_DISCONNECTED = 100, /* connection lost; changes may be missed until RESUBSCRIBED */
     TS_EV_RESUBSCRIBED = 101  /* listening again after a reconnect: re-read the bin */
 } ts_event_t;
@@ -695,8 +695,7 @@ TS_EXTERN size_t ts_shared_size(const ts_shared_t *sh);
  * Added in 0.3.0.
  */
 TS_EXTERN int ts_shared_put(ts_client_t *c, const char *bin, ts_shared_t *sh, uint64_t *version);
-TS_EXTERN int ts_shared_append(ts_client_t *c, const char *bin, ts_shared_t *sh,
-                               uint64_t *version);
+TS_EXTERN int ts_shared_append(ts_client_t *c, const char *bin, ts_shared_t *sh, uint64_t *version);
 /*
  * Free the buffer: its mapping and this process's descriptor (a committed item stays on the
  * server). The tree of ts_shared_value goes with it. NULL is a no-op. Added in 0.3.0.
@@ -753,8 +752,8 @@ TS_EXTERN int ts_rows_gather(ts_client_t *c, const char *bin, int item, const ch
  * another dtype or shape, rows out of range), TS_ESAVEFAIL. Writes of several clients into
  * disjoint rows all land; into the same rows, the last the server handles wins. Added in 0.3.0.
  */
-TS_EXTERN int ts_rows_write(ts_client_t *c, const char *bin, int64_t start,
-                            const ts_value_t *rows, uint64_t *version);
+TS_EXTERN int ts_rows_write(ts_client_t *c, const char *bin, int64_t start, const ts_value_t *rows,
+                            uint64_t *version);
 /*
  * Asynchronous forms (see ts_result_cb): the callback is called exactly once, on the I/O thread,
  * with res->version (and res->n_items, the bin's items) for create and write, res->items (the
@@ -769,8 +768,8 @@ TS_EXTERN int ts_tensor_bin_create_async(ts_client_t *c, const char *bin, ts_dty
 TS_EXTERN int ts_rows_read_async(ts_client_t *c, const char *bin, int item, const char *key,
                                  int64_t start, int64_t end, ts_result_cb cb, void *arg);
 TS_EXTERN int ts_rows_gather_async(ts_client_t *c, const char *bin, int item, const char *key,
-                                   const int64_t *index, size_t n, unsigned flags,
-                                   ts_result_cb cb, void *arg);
+                                   const int64_t *index, size_t n, unsigned flags, ts_result_cb cb,
+                                   void *arg);
 TS_EXTERN int ts_rows_write_async(ts_client_t *c, const char *bin, int64_t start,
                                   const ts_value_t *rows, unsigned flags, ts_result_cb cb,
                                   void *arg);

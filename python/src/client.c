@@ -1368,12 +1368,12 @@ static PyMethodDef client_methods[] = {
     {"peek", (PyCFunction)(void (*)(void))client_peek, FAST,
      "peek(bin, max_items=0, *, tensor_type=None, ref=False) -> list\n\nAs get, keeping the "
      "items."},
-    TSP_SHM_CLIENT_METHODS
-    {"create_tensor_bin", (PyCFunction)(void (*)(void))tsp_client_create_tensor_bin,
-     METH_VARARGS | METH_KEYWORDS,
-     "create_tensor_bin(bin, dtype, shape) -> int\n\nMake bin a tensor bin: one zero-filled "
-     "tensor of dtype ('float32', numpy or torch dtype) and shape, written in place by "
-     "write_rows. Returns its version."},
+    TSP_SHM_CLIENT_METHODS{
+        "create_tensor_bin", (PyCFunction)(void (*)(void))tsp_client_create_tensor_bin,
+        METH_VARARGS | METH_KEYWORDS,
+        "create_tensor_bin(bin, dtype, shape) -> int\n\nMake bin a tensor bin: one zero-filled "
+        "tensor of dtype ('float32', numpy or torch dtype) and shape, written in place by "
+        "write_rows. Returns its version."},
     {"read_rows", (PyCFunction)(void (*)(void))tsp_client_read_rows, METH_VARARGS | METH_KEYWORDS,
      "read_rows(bin, start, end, *, item=0, key=None, tensor_type=None) -> tensor\n\nRows "
      "[start, end) of the item's tensor (its root, or the root map's entry key)."},
@@ -1381,8 +1381,7 @@ static PyMethodDef client_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "gather_rows(bin, index, *, item=0, key=None, tensor_type=None) -> tensor\n\nThe rows "
      "index[0], index[1], ... (a 1-D int64 numpy/torch tensor or a list of ints)."},
-    {"write_rows", (PyCFunction)(void (*)(void))tsp_client_write_rows,
-     METH_VARARGS | METH_KEYWORDS,
+    {"write_rows", (PyCFunction)(void (*)(void))tsp_client_write_rows, METH_VARARGS | METH_KEYWORDS,
      "write_rows(bin, start, rows) -> int\n\nWrite rows (the bin's dtype, shape [k, ...]) "
      "into the tensor bin at start, in place; returns the bin's new version."},
     {"delete", (PyCFunction)(void (*)(void))client_delete, FAST,

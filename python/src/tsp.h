@@ -324,15 +324,15 @@ PyObject *tsp_client_append_shared(PyObject *client, PyObject *const *args, Py_s
                                    PyObject *kwnames);
 /* Their entries in the Client's method table. */
 #define TSP_SHM_CLIENT_METHODS                                                                     \
-    {"shared", (PyCFunction)(void (*)(void))tsp_client_shared, METH_FASTCALL | METH_KEYWORDS,    \
-     "shared(layout, *, tensor_type=None) -> SharedBuffer\n\nA record in shared memory to fill " \
-     "in place: layout is a dict/list tree whose (dtype, shape) pairs become zeroed tensors."},   \
-        {"put_shared", (PyCFunction)(void (*)(void))tsp_client_put_shared,                        \
-         METH_FASTCALL | METH_KEYWORDS,                                                           \
-         "put_shared(bin, buffer) -> int\n\nReplace the bin's content with the buffer's record, " \
-         "handing its memory to the server (unix sockets; a put over TCP)."},                     \
-        {"append_shared", (PyCFunction)(void (*)(void))tsp_client_append_shared,                  \
-         METH_FASTCALL | METH_KEYWORDS,                                                           \
+    {"shared", (PyCFunction)(void (*)(void))tsp_client_shared, METH_FASTCALL | METH_KEYWORDS,      \
+     "shared(layout, *, tensor_type=None) -> SharedBuffer\n\nA record in shared memory to fill "   \
+     "in place: layout is a dict/list tree whose (dtype, shape) pairs become zeroed tensors."},    \
+        {"put_shared", (PyCFunction)(void (*)(void))tsp_client_put_shared,                         \
+         METH_FASTCALL | METH_KEYWORDS,                                                            \
+         "put_shared(bin, buffer) -> int\n\nReplace the bin's content with the buffer's record, "  \
+         "handing its memory to the server (unix sockets; a put over TCP)."},                      \
+        {"append_shared", (PyCFunction)(void (*)(void))tsp_client_append_shared,                   \
+         METH_FASTCALL | METH_KEYWORDS,                                                            \
          "append_shared(bin, buffer) -> int\n\nAs put_shared, adding an item."},
 
 /*
