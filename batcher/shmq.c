@@ -68,6 +68,23 @@
  * thread. Bounded so that an idle server stops spending CPU almost at once.
  */
 #define TS__SHM_SPIN_NS 50000u
+/*
+ * ns; after ringing, a requester keeps looking for its answer (yielding the core between looks)
+ * at most this long before it sleeps on its futex. An answer that comes meanwhile costs the
+ * answering thread no FUTEX_WAKE (waiting stays 0) and the requester no sleep and wake-up, the
+ * costs that dominate a small model's request; with every requester back sooner, the next batch
+ * forms sooner. 10 to 50 us caught too few answers of a small MLP with 8 requesters on 2 cores
+ * (bench/batcher_shm_bench.c). Bounded: a slow model costs a request at most this much CPU.
+ */
+#define TS__SHM_WAIT_SPIN_NS 100000u
+/*
+ * requests; after a look that missed its answer, a requester sleeps straight away for this many
+ * requests, doubling per miss from 1 up to this bound, and back to 1 after a look that caught
+ * its answer. On an oversubscribed host (the answers come later than the look) yielding
+ * requesters would only take turns from the server: they then sleep as without looking, and try
+ * a look once in a while to find out whether answers came back within it.
+ */
+#define TS__SHM_WAIT_SPIN_BACKOFF 64u
 /* bytes; the object's name "/tensorshare-PID-RANDOM" */
 #define TS__SHM_PATH_LEN 64
 /* bytes; a boot id is 36 characters */
@@ -782,9 +799,12 @@ struct shm_client {
     uint32_t nslots;
     size_t req_bytes, ans_bytes;
     pid_t server_pid;
-    int slot;        /* claimed, or -1 */
-    uint32_t seq;    /* the slot's last request number of ours */
-    atomic_int gone; /* the server closed or died (read by ts_predictor_stats) */
+    int slot;     /* claimed, or -1 */
+    uint32_t seq; /* the slot's last request number of ours */
+    /* Looking for answers before sleeping (TS__SHM_WAIT_SPIN_NS, TS__SHM_WAIT_SPIN_BACKOFF). */
+    uint32_t spin_skip;    /* requests left that sleep without looking */
+    uint32_t spin_backoff; /* the skip after the next miss */
+    atomic_int gone;       /* the server closed or died (read by ts_predictor_stats) */
 };
 
 static int server_state(shm_client *c);
@@ -867,6 +887,8 @@ int ts__shm_attach(ts_client_t *client, const char *name, shm_client **out)
     c->ans_bytes = (size_t)h->ans_bytes;
     c->server_pid = (pid_t)pid;
     c->slot = -1;
+    c->spin_skip = 0;
+    c->spin_backoff = 1;
     atomic_init(&c->gone, 0);
     *out = c;
     return 0;
@@ -965,6 +987,22 @@ int ts__shm_predict(shm_client *c, const ts_value_t *input, int timeout_ms, ts_v
     atomic_store(&sl->req_seq, seq); /* publishes the area */
     ring(c->hdr);
     *sent = 1;
+    if (c->spin_skip > 0) {
+        c->spin_skip--;
+    } else {
+        uint64_t spin_until = ts__now_ns() + TS__SHM_WAIT_SPIN_NS;
+        if (spin_until > deadline)
+            spin_until = deadline;
+        while (atomic_load(&sl->ans_seq) != seq && ts__now_ns() < spin_until)
+            sched_yield();
+        if (atomic_load(&sl->ans_seq) == seq) {
+            c->spin_backoff = 1;
+        } else {
+            c->spin_skip = c->spin_backoff;
+            if (c->spin_backoff < TS__SHM_WAIT_SPIN_BACKOFF)
+                c->spin_backoff *= 2;
+        }
+    }
     for (;;) {
         unsigned a = atomic_load(&sl->ans_seq);
         if (a == seq)
