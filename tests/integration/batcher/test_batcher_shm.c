@@ -662,6 +662,58 @@ static void test_shm_sizes_and_transports(void **state)
     tsh_server_cleanup(&srv);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * A requester looks for its answer before sleeping, and backs off after misses (shmq.c,
+ * TS__SHM_WAIT_SPIN_NS and TS__SHM_WAIT_SPIN_BACKOFF): quick answers (caught by the look), slow
+ * ones (the look misses, the requester sleeps and is woken), then quick ones again (answered
+ * while the requester sleeps without looking, until a look catches one). Every answer comes
+ * through the slot and is right; a deadline shorter than the forward still ends the wait.
+ */
+#define LOOK_QUICK 40   /* requests answered at once */
+#define LOOK_SLOW  10   /* requests whose forward takes SLOW_US */
+#define SLOW_US    3000 /* us; far longer than the 100 us look */
+
+static void test_shm_look_then_sleep(void **state)
+{
+    (void)state;
+    tsh_server srv;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    ts_client_t *sc = NULL, *c = NULL;
+    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
+    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    ts_batcher_t *b = new_batcher(64);
+    assert_non_null(b);
+    assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
+    assert_int_equal(ts_batcher_serve_shm(b, sc, "policy", NULL), 0);
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, c, "policy"), 0);
+    int n = 0;
+    for (int i = 0; i < LOOK_QUICK; i++, n++)
+        assert_true(predict_ok(p, 1, n, WAIT_MS));
+    atomic_store(&g_delay_us, SLOW_US);
+    for (int i = 0; i < LOOK_SLOW; i++, n++)
+        assert_true(predict_ok(p, 1, n, WAIT_MS));
+    /* A 1 ms deadline against a 50 ms forward: the look and the sleep both end by it. */
+    atomic_store(&g_delay_us, 50000);
+    ts_value_t *in = request(1, 0), *out = NULL;
+    assert_int_equal(ts_predictor_predict(p, in, 1, &out, NULL), TS_ETIMEDOUT);
+    ts_value_free(in);
+    atomic_store(&g_delay_us, 0);
+    /* The late answer of the timed-out request lands in the slot and is not taken for a new one. */
+    for (int i = 0; i < 2 * LOOK_QUICK + 64; i++, n++)
+        assert_true(predict_ok(p, 1, n, WAIT_MS));
+    ts_predictor_stats_t st;
+    ts_predictor_stats(p, &st);
+    assert_int_equal(st.shm, n + 1);
+    assert_int_equal(st.relayed, 0);
+    ts_predictor_free(p);
+    ts_batcher_free(b);
+    ts_client_free(c);
+    ts_client_free(sc);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -671,6 +723,7 @@ int main(void)
         cmocka_unit_test(test_shm_server_stops),
         cmocka_unit_test(test_shm_free_while_in_flight),
         cmocka_unit_test(test_shm_sizes_and_transports),
+        cmocka_unit_test(test_shm_look_then_sleep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
