@@ -43,6 +43,17 @@ static const ts__msg_op ops[] = {
     {TS_OP_READ_ROWS, TS_MSG_READ_ROWS_REQ, TS_MSG_ITEMS, 0, 0},
     {TS_OP_GATHER_ROWS, TS_MSG_PUT_REQ, TS_MSG_ITEMS, 1, 0},
     {TS_OP_WRITE_ROWS, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
+    {TS_OP_STREAM_CREATE, TS_MSG_STREAM_CREATE_REQ, TS_MSG_STREAM_STATE, 0, 1},
+    {TS_OP_STREAM_APPEND, TS_MSG_PUT_REQ, TS_MSG_STREAM_APPEND_STATE, 1, 1},
+    {TS_OP_STREAM_MARK, TS_MSG_STREAM_MARK_REQ, TS_MSG_STREAM_APPEND_STATE, 0, 1},
+    {TS_OP_STREAM_CREDIT, TS_MSG_STREAM_CREDIT_REQ, TS_MSG_STREAM_STATE, 0, 0},
+    {TS_OP_STREAM_JOIN, TS_MSG_STREAM_JOIN_REQ, TS_MSG_STREAM_JOIN_STATE, 0, 1},
+    /* A READ moves its group's cursor and pending entries: it changes the store. */
+    {TS_OP_STREAM_READ, TS_MSG_STREAM_READ_REQ, TS_MSG_STREAM_ENTRIES, 0, 1},
+    {TS_OP_STREAM_ACK, TS_MSG_STREAM_ACK_REQ, TS_MSG_STREAM_ACK_STATE, 0, 1},
+    {TS_OP_STREAM_LEAVE, TS_MSG_STREAM_LEAVE_REQ, TS_MSG_STREAM_STATE, 0, 1},
+    {TS_OP_STREAM_INFO, TS_MSG_NAME_REQ, TS_MSG_RECORD, 0, 0},
+    {TS_OP_STREAM_RANGE, TS_MSG_STREAM_RANGE_REQ, TS_MSG_STREAM_ENTRIES, 0, 0},
     {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
 };
 
@@ -76,11 +87,23 @@ uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large)
         return TS_MSG_HELLO_REP_SIZE;
     case TS_MSG_BIN_STATE:
         return TS_BIN_STATE_SIZE;
+    case TS_MSG_STREAM_STATE:
+        return TS_MSG_STREAM_STATE_SIZE;
+    case TS_MSG_STREAM_APPEND_STATE:
+        return TS_MSG_STREAM_APPEND_SIZE;
+    case TS_MSG_STREAM_JOIN_STATE:
+        return TS_MSG_STREAM_JOIN_SIZE;
+    case TS_MSG_STREAM_ACK_STATE:
+        return TS_MSG_STREAM_ACK_SIZE;
     case TS_MSG_ITEMS:
     case TS_MSG_REF_ITEMS:
     case TS_MSG_LIST_REP:
+    case TS_MSG_STREAM_ENTRIES:
         return large;
     case TS_MSG_RECORD:
+        /* STREAM_INFO's record grows with the stream's groups and members, as LIST does. */
+        if (op == TS_OP_STREAM_INFO)
+            return large;
         return large < TS_MSG_MAX_STATS_REPLY ? large : TS_MSG_MAX_STATS_REPLY;
     case TS_MSG_NOTIFY:
         return TS_MSG_MAX_NOTIFY;
@@ -863,6 +886,45 @@ static int decode_kind(ts__msg_kind kind, const uint8_t *body, size_t len, ts__m
     case TS_MSG_READ_ROWS_REQ:
         rc = ts__msg_read_rows_req_decode(body, len, &d.u.read_rows);
         break;
+    case TS_MSG_STREAM_CREATE_REQ:
+        rc = ts__msg_stream_create_req_decode(body, len, &d.u.stream_create);
+        break;
+    case TS_MSG_STREAM_MARK_REQ:
+        rc = ts__msg_stream_mark_req_decode(body, len, &d.u.stream_mark);
+        break;
+    case TS_MSG_STREAM_CREDIT_REQ:
+        rc = ts__msg_stream_credit_req_decode(body, len, &d.u.stream_credit);
+        break;
+    case TS_MSG_STREAM_JOIN_REQ:
+        rc = ts__msg_stream_join_req_decode(body, len, &d.u.stream_member);
+        break;
+    case TS_MSG_STREAM_READ_REQ:
+        rc = ts__msg_stream_read_req_decode(body, len, &d.u.stream_member);
+        break;
+    case TS_MSG_STREAM_ACK_REQ:
+        rc = ts__msg_stream_ack_req_decode(body, len, &d.u.stream_member);
+        break;
+    case TS_MSG_STREAM_LEAVE_REQ:
+        rc = ts__msg_stream_leave_req_decode(body, len, &d.u.stream_member);
+        break;
+    case TS_MSG_STREAM_RANGE_REQ:
+        rc = ts__msg_stream_range_req_decode(body, len, &d.u.stream_range);
+        break;
+    case TS_MSG_STREAM_STATE:
+        rc = ts__msg_stream_state_decode(body, len, &d.u.stream_state);
+        break;
+    case TS_MSG_STREAM_APPEND_STATE:
+        rc = ts__msg_stream_append_state_decode(body, len, &d.u.stream_append);
+        break;
+    case TS_MSG_STREAM_JOIN_STATE:
+        rc = ts__msg_stream_join_state_decode(body, len, &d.u.stream_join);
+        break;
+    case TS_MSG_STREAM_ACK_STATE:
+        rc = ts__msg_stream_ack_state_decode(body, len, &d.u.stream_ack);
+        break;
+    case TS_MSG_STREAM_ENTRIES:
+        rc = ts__msg_stream_entries_decode(body, len, &d.u.stream_entries);
+        break;
     case TS_MSG_NONE:
     default:
         return TS_EUNKNOWNOP;
@@ -940,6 +1002,32 @@ static int ref_encode_again(const ts__msg_ref_items *r, uint8_t *out, size_t cap
     return ts__msg_ref_encode(out, cap, r->version, r->remaining, r->n_items, e, recs, len);
 }
 
+/* Re-encode a decoded ENTRIES body from its entry heads and the records it points to. */
+static int entries_encode_again(const ts__msg_stream_entries *s, uint8_t *out, size_t cap,
+                                size_t *len)
+{
+    size_t off;
+    int rc = ts__msg_stream_entries_head_encode(out, cap, s->first_id, s->last_id, s->lost, s->n,
+                                                NULL, &off);
+    if (rc != 0)
+        return rc;
+    ts__msg_stream_entries_iter it;
+    ts__msg_stream_entry e;
+    ts__msg_stream_entries_iter_init(s, &it);
+    for (uint32_t i = 0; ts__msg_stream_entries_next(s, &it, &e); i++) {
+        size_t rl = (size_t)e.len, pad = ts__msg_items_pad(e.len);
+        if (rl > cap - off || pad > cap - off - rl)
+            return TS_EMSGSIZE;
+        ts__msg_stream_entries_set(out, i, &e);
+        if (rl > 0)
+            memcpy(out + off, e.record, rl);
+        memset(out + off + rl, 0, pad);
+        off += rl + pad;
+    }
+    *len = off;
+    return 0;
+}
+
 int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
 {
     switch (m->kind) {
@@ -978,6 +1066,32 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
         return ts__msg_tensor_bin_req_encode(out, cap, &m->u.tensor_bin, len);
     case TS_MSG_READ_ROWS_REQ:
         return ts__msg_read_rows_req_encode(out, cap, &m->u.read_rows, len);
+    case TS_MSG_STREAM_CREATE_REQ:
+        return ts__msg_stream_create_req_encode(out, cap, &m->u.stream_create, len);
+    case TS_MSG_STREAM_MARK_REQ:
+        return ts__msg_stream_mark_req_encode(out, cap, &m->u.stream_mark, len);
+    case TS_MSG_STREAM_CREDIT_REQ:
+        return ts__msg_stream_credit_req_encode(out, cap, &m->u.stream_credit, len);
+    case TS_MSG_STREAM_JOIN_REQ:
+        return ts__msg_stream_join_req_encode(out, cap, &m->u.stream_member, len);
+    case TS_MSG_STREAM_READ_REQ:
+        return ts__msg_stream_read_req_encode(out, cap, &m->u.stream_member, len);
+    case TS_MSG_STREAM_ACK_REQ:
+        return ts__msg_stream_ack_req_encode(out, cap, &m->u.stream_member, len);
+    case TS_MSG_STREAM_LEAVE_REQ:
+        return ts__msg_stream_leave_req_encode(out, cap, &m->u.stream_member, len);
+    case TS_MSG_STREAM_RANGE_REQ:
+        return ts__msg_stream_range_req_encode(out, cap, &m->u.stream_range, len);
+    case TS_MSG_STREAM_STATE:
+        return ts__msg_stream_state_encode(out, cap, &m->u.stream_state, len);
+    case TS_MSG_STREAM_APPEND_STATE:
+        return ts__msg_stream_append_state_encode(out, cap, &m->u.stream_append, len);
+    case TS_MSG_STREAM_JOIN_STATE:
+        return ts__msg_stream_join_state_encode(out, cap, &m->u.stream_join, len);
+    case TS_MSG_STREAM_ACK_STATE:
+        return ts__msg_stream_ack_state_encode(out, cap, &m->u.stream_ack, len);
+    case TS_MSG_STREAM_ENTRIES:
+        return entries_encode_again(&m->u.stream_entries, out, cap, len);
     case TS_MSG_NONE:
     default:
         return TS_EINVAL;

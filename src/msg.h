@@ -74,7 +74,21 @@ typedef enum ts__msg_kind {
     TS_MSG_REF_ITEMS,      /* the reply of GET_REF and PEEK_REF (msg_ref.c) */
     TS_MSG_PUT_FD_REQ,     /* name, u64 record_len (PUT_FD, APPEND_FD; one descriptor attached) */
     TS_MSG_TENSOR_BIN_REQ, /* name, dtype, ndim, dims (TENSOR_BIN; msg_rows.c) */
-    TS_MSG_READ_ROWS_REQ   /* name, item, key, start, end (READ_ROWS; msg_rows.c) */
+    TS_MSG_READ_ROWS_REQ,  /* name, item, key, start, end (READ_ROWS; msg_rows.c) */
+    /* Streams (msg_stream.c). STREAM_APPEND is a TS_MSG_PUT_REQ, STREAM_INFO a TS_MSG_NAME_REQ. */
+    TS_MSG_STREAM_CREATE_REQ,   /* name, max_entries, max_bytes, max_age_ms, window, lease, flags */
+    TS_MSG_STREAM_MARK_REQ,     /* name, u64 tag */
+    TS_MSG_STREAM_CREDIT_REQ,   /* name, u32 timeout_ms */
+    TS_MSG_STREAM_JOIN_REQ,     /* name, group, member, start, lease_ms */
+    TS_MSG_STREAM_READ_REQ,     /* name, group, member, ack_through, max_entries, timeout_ms */
+    TS_MSG_STREAM_ACK_REQ,      /* name, group, member, first, last, rows */
+    TS_MSG_STREAM_LEAVE_REQ,    /* name, group, member (empty: the whole group) */
+    TS_MSG_STREAM_RANGE_REQ,    /* name, after_id, max_entries, timeout_ms */
+    TS_MSG_STREAM_STATE,        /* STREAM STATE, 48 bytes */
+    TS_MSG_STREAM_APPEND_STATE, /* APPEND STATE, 24 bytes (STREAM_APPEND, STREAM_MARK) */
+    TS_MSG_STREAM_JOIN_STATE,   /* JOIN STATE, 40 bytes */
+    TS_MSG_STREAM_ACK_STATE,    /* ACK STATE, 24 bytes */
+    TS_MSG_STREAM_ENTRIES       /* ENTRIES (STREAM_READ, STREAM_RANGE) */
 } ts__msg_kind;
 
 /* What one opcode carries (section 8's table). */
@@ -82,7 +96,10 @@ typedef struct ts__msg_op {
     uint8_t op;
     uint8_t request; /* ts__msg_kind of the request body (TS_MSG_NONE for NOTIFY) */
     uint8_t reply;   /* ts__msg_kind of a reply with status OK (or of NOTIFY itself) */
-    /* 1 when the body is an upload whose size is bounded by max_body (PUT and APPEND). */
+    /*
+     * 1 when the body is an upload whose size is bounded by max_body (PUT, APPEND, GATHER_ROWS,
+     * WRITE_ROWS, STREAM_APPEND).
+     */
     uint8_t upload;
     /* 1 when a successful request changes the store (GET, PUT, APPEND, DELETE). */
     uint8_t changes;
@@ -110,10 +127,11 @@ ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status);
 
 /*
  * The largest body (bytes, after decompression) a reply to op with status may have, from the
- * kind ts__msg_reply_kind gives: the exact size of the fixed bodies (HELLO, BIN_STATE), 0 for
- * empty ones and for frames no reply carries, TS_MAX_ERRMSG for error messages,
- * TS_MSG_MAX_NOTIFY for NOTIFY, and large (a client's max_reply_bytes) for the bodies that grow
- * with the store (ITEMS, LIST; a STATS record up to TS_MSG_MAX_STATS_REPLY as well). A receiver
+ * kind ts__msg_reply_kind gives: the exact size of the fixed bodies (HELLO, BIN_STATE, the four
+ * stream states), 0 for empty ones and for frames no reply carries, TS_MAX_ERRMSG for error
+ * messages, TS_MSG_MAX_NOTIFY for NOTIFY, and large (a client's max_reply_bytes) for the bodies
+ * that grow with the store (ITEMS, REF_ITEMS, LIST, ENTRIES, STREAM_INFO's record; a STATS
+ * record up to TS_MSG_MAX_STATS_REPLY). A receiver
  * checks a reply's header against it before it reads or allocates the body.
  */
 uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large);
@@ -498,6 +516,269 @@ void ts__rows_rec_head_write(uint8_t *out, uint8_t dtype, unsigned ndim, const u
                              uint64_t data_len);
 
 /* ---------------------------------------------------------------------------------------------
+ * Streams (msg_stream.c): the bodies of opcodes 0x16 to 0x1F (docs/PROTOCOL.md 8.23 to 8.32)
+ *
+ * Requests start with the stream's name (u8 length + bytes, as everywhere). group and member
+ * travel the same way but must not be empty (TS_STREAM_MAX_ID_LEN bytes at most), except the
+ * member of STREAM_LEAVE, which is empty to remove the whole group. The decoders check the layout
+ * only (lengths, reserved fields, the exact end); the values (max_entries 0, start > 1, a window
+ * over max_entries, flags...) are the server's to refuse with INVALID. The encoders refuse a name,
+ * group or member over 255 bytes (TS_ENAMETOOLONG) and an empty group or member (TS_EINVAL).
+ */
+#define TS_MSG_STREAM_CREATE_FIXED  32 /* u64 max_entries, u64 max_bytes, 4 x u32 after the name */
+#define TS_MSG_STREAM_MARK_FIXED    8  /* u64 tag after the name */
+#define TS_MSG_STREAM_CREDIT_FIXED  4  /* u32 timeout_ms after the name */
+#define TS_MSG_STREAM_JOIN_FIXED    8  /* u8 start, u8 0, u16 0, u32 lease_ms after the member */
+#define TS_MSG_STREAM_READ_FIXED    16 /* u64 ack_through, u32 max_entries, u32 timeout_ms */
+#define TS_MSG_STREAM_ACK_FIXED     20 /* u64 first, u64 last, u32 rows after the member */
+#define TS_MSG_STREAM_RANGE_FIXED   16 /* u64 after_id, u32 max_entries, u32 timeout_ms */
+#define TS_MSG_STREAM_STATE_SIZE    48 /* STREAM STATE */
+#define TS_MSG_STREAM_APPEND_SIZE   24 /* APPEND STATE */
+#define TS_MSG_STREAM_JOIN_SIZE     40 /* JOIN STATE */
+#define TS_MSG_STREAM_ACK_SIZE      24 /* ACK STATE */
+#define TS_MSG_STREAM_ENTRIES_FIXED 32 /* u64 first_id, u64 last_id, u64 lost, u32 n, u32 0 */
+#define TS_MSG_STREAM_ENTRY_HEAD    32 /* bytes per entry head */
+
+/* STREAM_JOIN start values (the server answers INVALID for others). */
+#define TS_STREAM_START_OLDEST 0 /* the oldest kept entry */
+#define TS_STREAM_START_NEWEST 1 /* only entries appended after the JOIN */
+/* ENTRIES entry kinds and flags. */
+#define TS_STREAM_ENTRY_RECORD      0
+#define TS_STREAM_ENTRY_MARKER      1
+#define TS_STREAM_ENTRY_REDELIVERED 0x01u /* flags: handed to a member before */
+
+/* STREAM_CREATE: name, u64 max_entries, u64 max_bytes, u32 max_age_ms, u32 window, u32 lease_ms,
+ * u32 flags. */
+typedef struct ts__msg_stream_create_req {
+    const uint8_t *name; /* borrowed */
+    size_t name_len;
+    uint64_t max_entries;
+    uint64_t max_bytes;  /* 0: no byte limit */
+    uint32_t max_age_ms; /* 0: no age limit */
+    uint32_t window;     /* 0: no back-pressure */
+    uint32_t lease_ms;   /* 0: TS_STREAM_DEFAULT_LEASE_MS */
+    uint32_t flags;      /* 0 (others: INVALID from the server) */
+} ts__msg_stream_create_req;
+size_t ts__msg_stream_create_req_size(size_t name_len);
+int ts__msg_stream_create_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_create_req *m,
+                                     size_t *len);
+int ts__msg_stream_create_req_decode(const uint8_t *body, size_t len, ts__msg_stream_create_req *m);
+
+/* STREAM_MARK: name, u64 tag. */
+typedef struct ts__msg_stream_mark_req {
+    const uint8_t *name; /* borrowed */
+    size_t name_len;
+    uint64_t tag;
+} ts__msg_stream_mark_req;
+size_t ts__msg_stream_mark_req_size(size_t name_len);
+int ts__msg_stream_mark_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_mark_req *m,
+                                   size_t *len);
+int ts__msg_stream_mark_req_decode(const uint8_t *body, size_t len, ts__msg_stream_mark_req *m);
+
+/* STREAM_CREDIT: name, u32 timeout_ms. */
+typedef struct ts__msg_stream_credit_req {
+    const uint8_t *name; /* borrowed */
+    size_t name_len;
+    uint32_t timeout_ms;
+} ts__msg_stream_credit_req;
+size_t ts__msg_stream_credit_req_size(size_t name_len);
+int ts__msg_stream_credit_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_credit_req *m,
+                                     size_t *len);
+int ts__msg_stream_credit_req_decode(const uint8_t *body, size_t len, ts__msg_stream_credit_req *m);
+
+/*
+ * The requests addressed to a member of a group: STREAM_JOIN, STREAM_READ, STREAM_ACK and
+ * STREAM_LEAVE share this struct; each uses the fields its layout names and its decoder sets the
+ * others to 0. Pointers are borrowed (into the body for a decoded one).
+ *   JOIN:  name, group, member, u8 start, u8 0, u16 0, u32 lease_ms
+ *   READ:  name, group, member, u64 ack_through, u32 max_entries, u32 timeout_ms
+ *   ACK:   name, group, member, u64 first, u64 last, u32 rows
+ *   LEAVE: name, group, member (member_len 0: the whole group)
+ */
+typedef struct ts__msg_stream_member_req {
+    const uint8_t *name;
+    size_t name_len;
+    const uint8_t *group;
+    size_t group_len;
+    const uint8_t *member; /* NULL when member_len is 0 (LEAVE only) */
+    size_t member_len;
+    uint8_t start;        /* JOIN: TS_STREAM_START_* */
+    uint32_t lease_ms;    /* JOIN: 0 = the stream's lease */
+    uint64_t ack_through; /* READ: 0 = none */
+    uint32_t max_entries; /* READ */
+    uint32_t timeout_ms;  /* READ */
+    uint64_t first;       /* ACK */
+    uint64_t last;        /* ACK */
+    uint32_t rows;        /* ACK: 0 = acknowledge [first, last] */
+} ts__msg_stream_member_req;
+size_t ts__msg_stream_join_req_size(size_t name_len, size_t group_len, size_t member_len);
+size_t ts__msg_stream_read_req_size(size_t name_len, size_t group_len, size_t member_len);
+size_t ts__msg_stream_ack_req_size(size_t name_len, size_t group_len, size_t member_len);
+size_t ts__msg_stream_leave_req_size(size_t name_len, size_t group_len, size_t member_len);
+int ts__msg_stream_join_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_member_req *m,
+                                   size_t *len);
+int ts__msg_stream_read_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_member_req *m,
+                                   size_t *len);
+int ts__msg_stream_ack_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_member_req *m,
+                                  size_t *len);
+int ts__msg_stream_leave_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_member_req *m,
+                                    size_t *len);
+int ts__msg_stream_join_req_decode(const uint8_t *body, size_t len, ts__msg_stream_member_req *m);
+int ts__msg_stream_read_req_decode(const uint8_t *body, size_t len, ts__msg_stream_member_req *m);
+int ts__msg_stream_ack_req_decode(const uint8_t *body, size_t len, ts__msg_stream_member_req *m);
+int ts__msg_stream_leave_req_decode(const uint8_t *body, size_t len, ts__msg_stream_member_req *m);
+
+/* STREAM_RANGE: name, u64 after_id, u32 max_entries, u32 timeout_ms. */
+typedef struct ts__msg_stream_range_req {
+    const uint8_t *name; /* borrowed */
+    size_t name_len;
+    uint64_t after_id;
+    uint32_t max_entries;
+    uint32_t timeout_ms;
+} ts__msg_stream_range_req;
+size_t ts__msg_stream_range_req_size(size_t name_len);
+int ts__msg_stream_range_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_range_req *m,
+                                    size_t *len);
+int ts__msg_stream_range_req_decode(const uint8_t *body, size_t len, ts__msg_stream_range_req *m);
+
+/*
+ * STREAM STATE (48 bytes; STREAM_CREATE, STREAM_CREDIT, STREAM_LEAVE): u64 first_id, u64 last_id,
+ * u64 bytes, u32 n_entries, u32 n_groups, u32 n_stale, u32 credit, u32 window, u32 reserved 0.
+ */
+typedef struct ts__msg_stream_state {
+    uint64_t first_id;
+    uint64_t last_id;
+    uint64_t bytes; /* record bytes kept */
+    uint32_t n_entries;
+    uint32_t n_groups;
+    uint32_t n_stale;
+    uint32_t credit; /* UINT32_MAX: unlimited */
+    uint32_t window;
+} ts__msg_stream_state;
+int ts__msg_stream_state_encode(uint8_t *out, size_t cap, const ts__msg_stream_state *m,
+                                size_t *len);
+int ts__msg_stream_state_decode(const uint8_t *body, size_t len, ts__msg_stream_state *m);
+
+/* APPEND STATE (24 bytes; STREAM_APPEND, STREAM_MARK): u64 id, u64 first_id, u32 credit,
+ * u32 n_entries. */
+typedef struct ts__msg_stream_append_state {
+    uint64_t id;       /* the new entry's */
+    uint64_t first_id; /* after retention */
+    uint32_t credit;   /* after this append */
+    uint32_t n_entries;
+} ts__msg_stream_append_state;
+int ts__msg_stream_append_state_encode(uint8_t *out, size_t cap,
+                                       const ts__msg_stream_append_state *m, size_t *len);
+int ts__msg_stream_append_state_decode(const uint8_t *body, size_t len,
+                                       ts__msg_stream_append_state *m);
+
+/* JOIN STATE (40 bytes): u64 next_id, u64 floor, u64 lost, u32 pending, u32 members,
+ * u32 rows_done, u32 reserved 0. */
+typedef struct ts__msg_stream_join_state {
+    uint64_t next_id;   /* the group's */
+    uint64_t floor;     /* the group's */
+    uint64_t lost;      /* the group's, since it was created */
+    uint32_t pending;   /* this member's */
+    uint32_t members;   /* the group's */
+    uint32_t rows_done; /* of the member's oldest pending entry */
+} ts__msg_stream_join_state;
+int ts__msg_stream_join_state_encode(uint8_t *out, size_t cap, const ts__msg_stream_join_state *m,
+                                     size_t *len);
+int ts__msg_stream_join_state_decode(const uint8_t *body, size_t len, ts__msg_stream_join_state *m);
+
+/* ACK STATE (24 bytes): u64 acked, u64 floor, u32 pending, u32 credit. */
+typedef struct ts__msg_stream_ack_state {
+    uint64_t acked;   /* entries acknowledged by this request */
+    uint64_t floor;   /* the group's, after */
+    uint32_t pending; /* this member's, after */
+    uint32_t credit;  /* the stream's, after */
+} ts__msg_stream_ack_state;
+int ts__msg_stream_ack_state_encode(uint8_t *out, size_t cap, const ts__msg_stream_ack_state *m,
+                                    size_t *len);
+int ts__msg_stream_ack_state_decode(const uint8_t *body, size_t len, ts__msg_stream_ack_state *m);
+
+/*
+ * ENTRIES (STREAM_READ, STREAM_RANGE): u64 first_id, u64 last_id, u64 lost, u32 n, u32 reserved
+ * 0; n entry heads of TS_MSG_STREAM_ENTRY_HEAD bytes (u64 id, u64 len, u64 tag, u32 rows_done,
+ * u16 deliveries, u8 kind, u8 flags); zeros up to ts__msg_stream_entries_head_size(n); then each
+ * record in entry order, each followed by zeros up to a multiple of 64 (ts__msg_items_pad);
+ * markers take no bytes. n is at most TS_STREAM_MAX_READ; a marker has len 0, a record tag 0.
+ */
+typedef struct ts__msg_stream_entry {
+    uint64_t id;
+    uint64_t len;        /* record bytes; 0 for a marker */
+    uint64_t tag;        /* a marker's tag; 0 for a record */
+    uint32_t rows_done;  /* rows of the entry already consumed (STREAM_ACK rows) */
+    uint16_t deliveries; /* times handed out, this one included (saturates at 65535) */
+    uint8_t kind;        /* TS_STREAM_ENTRY_RECORD or TS_STREAM_ENTRY_MARKER */
+    uint8_t flags;       /* TS_STREAM_ENTRY_REDELIVERED */
+    /*
+     * The record's bytes: given to ts__msg_stream_entries_encode (ignored by the head encoder
+     * and set_entry); set by the accessors to point into the decoded body (NULL for a marker).
+     */
+    const uint8_t *record;
+} ts__msg_stream_entry;
+
+typedef struct ts__msg_stream_entries {
+    uint64_t first_id;
+    uint64_t last_id;
+    uint64_t lost; /* the group's (0 for STREAM_RANGE) */
+    uint32_t n;
+    const uint8_t *body; /* the whole body, borrowed */
+    size_t len;
+} ts__msg_stream_entries;
+
+/* A walk over a decoded ENTRIES body: start with ts__msg_stream_entries_iter_init. */
+typedef struct ts__msg_stream_entries_iter {
+    uint32_t i;
+    uint64_t off; /* body offset of the next record, a multiple of 64 */
+} ts__msg_stream_entries_iter;
+
+/* The head size for n entries: fixed part, entry heads, zeros to a multiple of 64. */
+uint64_t ts__msg_stream_entries_head_size(uint32_t n);
+/*
+ * The body size for n entries (*size): the head and each record's length padded to 64.
+ * TS_EINVAL for n over TS_STREAM_MAX_READ; TS_EMSGSIZE when it does not fit 64 bits or size_t.
+ */
+int ts__msg_stream_entries_size(uint32_t n, const ts__msg_stream_entry *e, uint64_t *size);
+/*
+ * Write the head: the fixed fields, the n entry heads (all zero when e is NULL: fill them in
+ * with ts__msg_stream_entries_set) and the zero padding; ts__msg_stream_entries_head_size(n)
+ * bytes. The server writes this, then queues each record (by reference) followed by
+ * ts__msg_items_pad(len) zeros. TS_EINVAL: n over TS_STREAM_MAX_READ, or an entry with an unknown
+ * kind or flag, a marker with len != 0, a record with tag != 0. TS_EMSGSIZE: cap too small.
+ */
+int ts__msg_stream_entries_head_encode(uint8_t *out, size_t cap, uint64_t first_id,
+                                       uint64_t last_id, uint64_t lost, uint32_t n,
+                                       const ts__msg_stream_entry *e, size_t *len);
+/*
+ * Write entry i's head into a head written by ts__msg_stream_entries_head_encode (i < its n).
+ * The caller passes an entry the rules above allow (asserted).
+ */
+void ts__msg_stream_entries_set(uint8_t *head, uint32_t i, const ts__msg_stream_entry *e);
+/* The whole body, from e[i].record for every record entry. */
+int ts__msg_stream_entries_encode(uint8_t *out, size_t cap, uint64_t first_id, uint64_t last_id,
+                                  uint64_t lost, uint32_t n, const ts__msg_stream_entry *e,
+                                  size_t *len);
+/*
+ * Strict decode: n at most TS_STREAM_MAX_READ, reserved field and padding zero, every entry's kind
+ * and flags known, a marker's len 0 and a record's tag 0, the records one after the other right
+ * after the head, each padded with zeros to 64, nothing after the last. Records are not validated
+ * (see ts__record_validate).
+ */
+int ts__msg_stream_entries_decode(const uint8_t *body, size_t len, ts__msg_stream_entries *m);
+void ts__msg_stream_entries_iter_init(const ts__msg_stream_entries *m,
+                                      ts__msg_stream_entries_iter *it);
+/*
+ * The next entry of a decoded body: 1 and *e (e->record points into m->body, NULL for a marker),
+ * or 0 after the last. Never fails: the decoder checked them all.
+ */
+int ts__msg_stream_entries_next(const ts__msg_stream_entries *m, ts__msg_stream_entries_iter *it,
+                                ts__msg_stream_entry *e);
+/* Entry i (< m->n) of a decoded body, as _next gives it; walks the i entries before it (O(i)). */
+void ts__msg_stream_entry_get(const ts__msg_stream_entries *m, uint32_t i, ts__msg_stream_entry *e);
+
+/* ---------------------------------------------------------------------------------------------
  * Decoding by opcode: the table above picks the decoder
  */
 typedef struct ts__msg {
@@ -516,6 +797,16 @@ typedef struct ts__msg {
         ts__msg_put_fd_req put_fd;
         ts__msg_tensor_bin_req tensor_bin;
         ts__msg_read_rows_req read_rows;
+        ts__msg_stream_create_req stream_create;
+        ts__msg_stream_mark_req stream_mark;
+        ts__msg_stream_credit_req stream_credit;
+        ts__msg_stream_member_req stream_member; /* JOIN, READ, ACK, LEAVE */
+        ts__msg_stream_range_req stream_range;
+        ts__msg_stream_state stream_state;
+        ts__msg_stream_append_state stream_append;
+        ts__msg_stream_join_state stream_join;
+        ts__msg_stream_ack_state stream_ack;
+        ts__msg_stream_entries stream_entries;
     } u;
 } ts__msg;
 

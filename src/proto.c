@@ -59,6 +59,7 @@ static const struct {
     [TS_ST_NAME_TOO_LONG] = {"NAME_TOO_LONG", TS_ENAMETOOLONG},
     [TS_ST_INVALID] = {"INVALID", TS_EINVAL},
     [TS_ST_SAVE_FAILING] = {"SAVE_FAILING", TS_ESAVEFAIL},
+    [TS_ST_BACKPRESSURE] = {"BACKPRESSURE", TS_EAGAIN},
 };
 
 int ts__status_to_err(uint16_t status)
@@ -106,6 +107,8 @@ uint16_t ts__err_to_status(int err)
         return TS_ST_INVALID;
     case TS_ESAVEFAIL:
         return TS_ST_SAVE_FAILING;
+    case TS_EAGAIN:
+        return TS_ST_BACKPRESSURE;
     default:
         return TS_ST_INTERNAL;
     }
@@ -163,6 +166,26 @@ const char *ts__op_name(uint8_t op)
         return "GATHER_ROWS";
     case TS_OP_WRITE_ROWS:
         return "WRITE_ROWS";
+    case TS_OP_STREAM_CREATE:
+        return "STREAM_CREATE";
+    case TS_OP_STREAM_APPEND:
+        return "STREAM_APPEND";
+    case TS_OP_STREAM_MARK:
+        return "STREAM_MARK";
+    case TS_OP_STREAM_CREDIT:
+        return "STREAM_CREDIT";
+    case TS_OP_STREAM_JOIN:
+        return "STREAM_JOIN";
+    case TS_OP_STREAM_READ:
+        return "STREAM_READ";
+    case TS_OP_STREAM_ACK:
+        return "STREAM_ACK";
+    case TS_OP_STREAM_LEAVE:
+        return "STREAM_LEAVE";
+    case TS_OP_STREAM_INFO:
+        return "STREAM_INFO";
+    case TS_OP_STREAM_RANGE:
+        return "STREAM_RANGE";
     case TS_OP_NOTIFY:
         return "NOTIFY";
     default:

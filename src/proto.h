@@ -50,7 +50,18 @@ enum {
     TS_OP_READ_ROWS = 0x13,   /* rows [start, end) of a tensor in an item */
     TS_OP_GATHER_ROWS = 0x14, /* rows of a tensor in an item, by an index list */
     TS_OP_WRITE_ROWS = 0x15,  /* write rows in place into a tensor bin */
-    TS_OP_NOTIFY = 0x80       /* server to client only */
+    /* Streams (a bin kind: an append-only log read through server-kept cursors), 0.4.0. */
+    TS_OP_STREAM_CREATE = 0x16, /* create a stream or change its settings */
+    TS_OP_STREAM_APPEND = 0x17, /* append a record (an upload, like APPEND) */
+    TS_OP_STREAM_MARK = 0x18,   /* append a marker entry carrying a u64 tag */
+    TS_OP_STREAM_CREDIT = 0x19, /* wait until the stream's window has room */
+    TS_OP_STREAM_JOIN = 0x1A,   /* join a group (a cursor) as a member */
+    TS_OP_STREAM_READ = 0x1B,   /* hand a member its next entries */
+    TS_OP_STREAM_ACK = 0x1C,    /* acknowledge entries (or rows of one entry) */
+    TS_OP_STREAM_LEAVE = 0x1D,  /* remove a member, or a whole group */
+    TS_OP_STREAM_INFO = 0x1E,   /* settings, groups and members, as a record */
+    TS_OP_STREAM_RANGE = 0x1F,  /* kept entries after an id, without a cursor */
+    TS_OP_NOTIFY = 0x80         /* server to client only */
 };
 
 /* Wire status codes (u16, append-only); the client maps them to TS_E* codes. */
@@ -75,6 +86,8 @@ enum {
     TS_ST_INVALID = 17, /* a well-formed request with an invalid argument */
     /* A write refused because the server's snapshots are failing (--stop-writes-on-save-error). */
     TS_ST_SAVE_FAILING = 18,
+    /* A STREAM_APPEND refused because a live group is a whole window behind (TS_EAGAIN). */
+    TS_ST_BACKPRESSURE = 19,
     TS_ST_COUNT_
 };
 
@@ -95,6 +108,27 @@ enum {
 #define TS_MAX_PREAUTH_BODY  4096                /* bytes; any frame body before HELLO completes */
 #define TS_MAX_ERRMSG        1024                /* bytes; error reply bodies */
 #define TS_DEFAULT_MAX_FRAME ((uint64_t)1 << 30) /* bytes; default body limit, 1 GiB */
+
+/*
+ * Stream limits (docs/PROTOCOL.md section 12), shared by tensord and the client. They bound what
+ * one stream can make the server keep or send, so that every walk over a stream's groups,
+ * members or entries has a known worst case.
+ */
+/* Entries per STREAM_READ/STREAM_RANGE reply: bounds the reply's head (32 bytes each). */
+#define TS_STREAM_MAX_READ 1024u
+/* Bytes of records gathered per read reply; one entry always goes even if larger. */
+#define TS_STREAM_READ_BYTES ((uint64_t)64 << 20)
+/* Entries a stream may keep (max_entries of STREAM_CREATE is 1..this): 2^24. */
+#define TS_STREAM_MAX_ENTRIES ((uint64_t)1 << 24)
+/* Groups per stream and members per group: a STREAM_INFO reply stays bounded. */
+#define TS_STREAM_MAX_GROUPS  1024u
+#define TS_STREAM_MAX_MEMBERS 1024u
+/* ms; the longest lease (24 h): a member silent longer than a day is gone. */
+#define TS_STREAM_MAX_LEASE_MS 86400000u
+/* ms; the lease of a stream created with lease_ms 0. */
+#define TS_STREAM_DEFAULT_LEASE_MS 10000u
+/* Bytes of a group or member name (u8 length on the wire, like a bin name). */
+#define TS_STREAM_MAX_ID_LEN 255u
 
 typedef struct ts__hdr {
     uint8_t magic;

@@ -198,6 +198,7 @@ static void test_status_table(void **state)
         {16, "NAME_TOO_LONG", TS_ENAMETOOLONG},
         {17, "INVALID", TS_EINVAL},
         {18, "SAVE_FAILING", TS_ESAVEFAIL},
+        {19, "BACKPRESSURE", TS_EAGAIN},
     };
     assert_int_equal(TS__ARRAY_SIZE(table), TS_ST_COUNT_);
     for (size_t i = 0; i < TS__ARRAY_SIZE(table); i++) {
@@ -231,7 +232,10 @@ static void test_opcode_table(void **state)
         {0x09, "LISTEN"},     {0x0A, "UNLISTEN"},   {0x0B, "WAIT"},      {0x0C, "STATS"},
         {0x0D, "SAVE"},       {0x0E, "GET_REF"},    {0x0F, "PEEK_REF"},  {0x10, "PUT_FD"},
         {0x11, "APPEND_FD"},  {0x12, "TENSOR_BIN"}, {0x13, "READ_ROWS"}, {0x14, "GATHER_ROWS"},
-        {0x15, "WRITE_ROWS"}, {0x80, "NOTIFY"},
+        {0x15, "WRITE_ROWS"}, {0x16, "STREAM_CREATE"}, {0x17, "STREAM_APPEND"},
+        {0x18, "STREAM_MARK"}, {0x19, "STREAM_CREDIT"}, {0x1A, "STREAM_JOIN"},
+        {0x1B, "STREAM_READ"}, {0x1C, "STREAM_ACK"}, {0x1D, "STREAM_LEAVE"},
+        {0x1E, "STREAM_INFO"}, {0x1F, "STREAM_RANGE"}, {0x80, "NOTIFY"},
     };
     int known = 0;
     for (int op = 0; op < 256; op++) {
