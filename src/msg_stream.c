@@ -590,12 +590,16 @@ int ts__msg_stream_entries_encode(uint8_t *out, size_t cap, uint64_t first_id, u
     int rc = ts__msg_stream_entries_size(n, e, &total);
     if (rc != 0)
         return rc;
-    size_t off;
-    rc = ts__msg_stream_entries_head_encode(out, cap, first_id, last_id, lost, n, e, &off);
-    if (rc != 0)
-        return rc;
+    for (uint32_t i = 0; i < n; i++)
+        if (entry_check(&e[i]) != 0)
+            return TS_EINVAL;
+    /* Room for everything first, so that a refused body leaves the buffer untouched. */
     if (total > cap)
         return TS_EMSGSIZE;
+    size_t off;
+    rc = ts__msg_stream_entries_head_encode(out, cap, first_id, last_id, lost, n, e, &off);
+    assert(rc == 0);
+    (void)rc;
     for (uint32_t i = 0; i < n; i++) {
         /* The size check bounds every running offset by total, so nothing here can wrap. */
         size_t rl = (size_t)e[i].len, pad = ts__msg_items_pad(e[i].len);
