@@ -2,9 +2,9 @@
  * Fuzz target: every decoder of the message codec (src/msg.c). The first input byte picks a body
  * (a request of an opcode, or a reply of an opcode with a status); the rest is the body. A body
  * that decodes must encode back to the same bytes, the decoder picked by the opcode must agree
- * with the decoder of the body's own kind, and the walks over ITEMS and LIST bodies must stay
- * inside the body. The streaming PUT head must agree with the whole-body decoder at every split.
- * The last selector drives tensord's request parsing instead: the header check
+ * with the decoder of the body's own kind, and the walks over ITEMS, LIST and ENTRIES bodies must
+ * stay inside the body. The streaming PUT head must agree with the whole-body decoder at every
+ * split. The last selector drives tensord's request parsing instead: the header check
  * (ts__msg_request_check) on 24 header bytes and a connection state, then the body decoder of
  * the opcode it admits, as server/conn.c and server/ops.c call them.
  */
@@ -48,6 +48,25 @@ static const struct {
     {0, TS_OP_GET, TS_ST_NOT_FOUND},
     {0, 0, TS_ST_SHUTTING_DOWN},
     {2, 0, 0}, /* a request header and its body: see request_input */
+    /* Streams, after the request mode so that the seeds' selectors keep their meaning. */
+    {1, TS_OP_STREAM_CREATE, 0},
+    {1, TS_OP_STREAM_APPEND, 0},
+    {1, TS_OP_STREAM_MARK, 0},
+    {1, TS_OP_STREAM_CREDIT, 0},
+    {1, TS_OP_STREAM_JOIN, 0},
+    {1, TS_OP_STREAM_READ, 0},
+    {1, TS_OP_STREAM_ACK, 0},
+    {1, TS_OP_STREAM_LEAVE, 0},
+    {1, TS_OP_STREAM_INFO, 0},
+    {1, TS_OP_STREAM_RANGE, 0},
+    {0, TS_OP_STREAM_CREATE, TS_ST_OK},
+    {0, TS_OP_STREAM_APPEND, TS_ST_OK},
+    {0, TS_OP_STREAM_JOIN, TS_ST_OK},
+    {0, TS_OP_STREAM_READ, TS_ST_OK},
+    {0, TS_OP_STREAM_ACK, TS_ST_OK},
+    {0, TS_OP_STREAM_INFO, TS_ST_OK},
+    {0, TS_OP_STREAM_RANGE, TS_ST_OK},
+    {0, TS_OP_STREAM_APPEND, TS_ST_BACKPRESSURE},
 };
 
 /* Body limits (bytes) the request mode picks --max-frame from: around the control limit, and big.
@@ -70,6 +89,16 @@ static void same_as_kind(ts__msg_kind kind, const uint8_t *body, size_t len, int
         ts__msg_list li;
         ts__msg_notify nt;
         ts__msg_error er;
+        ts__msg_stream_create_req sc;
+        ts__msg_stream_mark_req sm;
+        ts__msg_stream_credit_req scr;
+        ts__msg_stream_member_req smb;
+        ts__msg_stream_range_req sr;
+        ts__msg_stream_state ss;
+        ts__msg_stream_append_state sa;
+        ts__msg_stream_join_state sj;
+        ts__msg_stream_ack_state sk;
+        ts__msg_stream_entries se;
     } u;
     int k;
     switch (kind) {
@@ -112,6 +141,45 @@ static void same_as_kind(ts__msg_kind kind, const uint8_t *body, size_t len, int
     case TS_MSG_ERROR:
         k = ts__msg_error_decode(body, len, &u.er);
         break;
+    case TS_MSG_STREAM_CREATE_REQ:
+        k = ts__msg_stream_create_req_decode(body, len, &u.sc);
+        break;
+    case TS_MSG_STREAM_MARK_REQ:
+        k = ts__msg_stream_mark_req_decode(body, len, &u.sm);
+        break;
+    case TS_MSG_STREAM_CREDIT_REQ:
+        k = ts__msg_stream_credit_req_decode(body, len, &u.scr);
+        break;
+    case TS_MSG_STREAM_JOIN_REQ:
+        k = ts__msg_stream_join_req_decode(body, len, &u.smb);
+        break;
+    case TS_MSG_STREAM_READ_REQ:
+        k = ts__msg_stream_read_req_decode(body, len, &u.smb);
+        break;
+    case TS_MSG_STREAM_ACK_REQ:
+        k = ts__msg_stream_ack_req_decode(body, len, &u.smb);
+        break;
+    case TS_MSG_STREAM_LEAVE_REQ:
+        k = ts__msg_stream_leave_req_decode(body, len, &u.smb);
+        break;
+    case TS_MSG_STREAM_RANGE_REQ:
+        k = ts__msg_stream_range_req_decode(body, len, &u.sr);
+        break;
+    case TS_MSG_STREAM_STATE:
+        k = ts__msg_stream_state_decode(body, len, &u.ss);
+        break;
+    case TS_MSG_STREAM_APPEND_STATE:
+        k = ts__msg_stream_append_state_decode(body, len, &u.sa);
+        break;
+    case TS_MSG_STREAM_JOIN_STATE:
+        k = ts__msg_stream_join_state_decode(body, len, &u.sj);
+        break;
+    case TS_MSG_STREAM_ACK_STATE:
+        k = ts__msg_stream_ack_state_decode(body, len, &u.sk);
+        break;
+    case TS_MSG_STREAM_ENTRIES:
+        k = ts__msg_stream_entries_decode(body, len, &u.se);
+        break;
     default:
         k = TS_EUNKNOWNOP;
         break;
@@ -148,6 +216,39 @@ static void walk_list(const ts__msg_list *m)
         seen++;
     }
     FZ_CHECK(seen == m->n && total == m->entries_len);
+}
+
+/*
+ * Walk a decoded ENTRIES body: at most TS_STREAM_MAX_READ entries of known kinds, each record
+ * inside the body, 64-byte aligned, right after the one before; markers without bytes; the
+ * accessor by index agrees with the walk.
+ */
+static void walk_entries(const ts__msg_stream_entries *m)
+{
+    ts__msg_stream_entries_iter it;
+    ts__msg_stream_entry e, g;
+    uint64_t end = ts__msg_stream_entries_head_size(m->n);
+    uint32_t seen = 0;
+    FZ_CHECK(m->n <= TS_STREAM_MAX_READ);
+    ts__msg_stream_entries_iter_init(m, &it);
+    while (ts__msg_stream_entries_next(m, &it, &e)) {
+        FZ_CHECK(e.kind == TS_STREAM_ENTRY_RECORD || e.kind == TS_STREAM_ENTRY_MARKER);
+        FZ_CHECK((e.flags & ~TS_STREAM_ENTRY_REDELIVERED) == 0);
+        if (e.kind == TS_STREAM_ENTRY_MARKER) {
+            FZ_CHECK(e.record == NULL && e.len == 0);
+        } else {
+            FZ_CHECK(e.record == m->body + end && end % TS__ALIGN == 0 && e.tag == 0);
+            FZ_CHECK(e.len <= m->len - end);
+            end += e.len + ts__msg_items_pad(e.len);
+        }
+        /* Sampled: the accessor walks the entries before i, so every one would be quadratic. */
+        if (seen % 61 == 0 || seen + 1 == m->n) {
+            ts__msg_stream_entry_get(m, seen, &g);
+            FZ_CHECK(g.id == e.id && g.len == e.len && g.record == e.record);
+        }
+        seen++;
+    }
+    FZ_CHECK(seen == m->n && end == m->len);
 }
 
 /* The streaming PUT head agrees with the whole body at every split of the first bytes. */
@@ -290,5 +391,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         walk_items(&m.u.items);
     if (kind == TS_MSG_LIST_REP)
         walk_list(&m.u.list);
+    if (kind == TS_MSG_STREAM_ENTRIES)
+        walk_entries(&m.u.stream_entries);
     return 0;
 }

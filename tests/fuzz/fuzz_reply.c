@@ -1,7 +1,8 @@
 /*
  * Fuzz target: the client's reply decoder (client/reply.c over src/msg.c's decoders), which
- * turns the body of a successful reply into results: items decoded in place (GET, PEEK), bin lists
- * (LIST), stats records, bin states and the HELLO answer. The first input byte picks the opcode the
+ * turns the body of a successful reply into results: items decoded in place (GET, PEEK, and the
+ * entries of STREAM_READ and STREAM_RANGE), bin lists (LIST), stats and STREAM_INFO records, bin
+ * and stream states and the HELLO answer. The first input byte picks the opcode the
  * reply answers; the rest is the body, handed over in a 64-byte aligned buffer exactly as the I/O
  * thread does. A parse must either fail with TS_EPROTO (or TS_ENOMEM) and leave no results, or
  * succeed with results whose every pointer stays inside what it owns; the walk below touches all of
@@ -12,9 +13,13 @@
 #include "internal.h"
 
 /* The opcodes whose replies carry a body worth decoding, and two that carry none. */
-static const uint8_t ops[] = {TS_OP_GET,  TS_OP_PEEK,   TS_OP_LIST,   TS_OP_STATS,
-                              TS_OP_PUT,  TS_OP_APPEND, TS_OP_DELETE, TS_OP_LISTEN,
-                              TS_OP_WAIT, TS_OP_HELLO,  TS_OP_PING,   TS_OP_UNLISTEN};
+static const uint8_t ops[] = {
+    TS_OP_GET, TS_OP_PEEK, TS_OP_LIST, TS_OP_STATS, TS_OP_PUT, TS_OP_APPEND, TS_OP_DELETE,
+    TS_OP_LISTEN, TS_OP_WAIT, TS_OP_HELLO, TS_OP_PING, TS_OP_UNLISTEN,
+    /* Streams, last so that the seeds' selectors keep their meaning. */
+    TS_OP_STREAM_CREATE, TS_OP_STREAM_APPEND, TS_OP_STREAM_MARK, TS_OP_STREAM_CREDIT,
+    TS_OP_STREAM_JOIN, TS_OP_STREAM_READ, TS_OP_STREAM_ACK, TS_OP_STREAM_LEAVE, TS_OP_STREAM_INFO,
+    TS_OP_STREAM_RANGE};
 
 static volatile uint8_t sink;
 
@@ -104,6 +109,21 @@ static void check_results(uint8_t op, const ts_result_t *res, size_t len)
         FZ_CHECK(res->n_items == ts_items_remaining(items));
         break;
     }
+    case TS_OP_STREAM_READ:
+    case TS_OP_STREAM_RANGE: {
+        /* Entries come as items: a decoded record each, NULL for a marker. */
+        const ts_items_t *items = res->items;
+        FZ_CHECK(items != NULL);
+        size_t n = ts_items_count(items);
+        FZ_CHECK(n <= TS_STREAM_MAX_READ);
+        for (size_t i = 0; i < n; i++) {
+            const ts_value_t *v = ts_items_at(items, i);
+            if (v != NULL)
+                walk(v, 0);
+        }
+        FZ_CHECK(ts_items_at(items, n) == NULL);
+        break;
+    }
     case TS_OP_LIST: {
         const ts_bin_list_t *l = res->bins;
         FZ_CHECK(l != NULL);
@@ -117,6 +137,7 @@ static void check_results(uint8_t op, const ts_result_t *res, size_t len)
         break;
     }
     case TS_OP_STATS:
+    case TS_OP_STREAM_INFO: /* a record, as STATS's */
         FZ_CHECK(res->value != NULL);
         walk(res->value, 0);
         break;
