@@ -34,6 +34,27 @@
 #define TS__DIRECT_IOV     64          /* write buffers a direct write may use at most */
 
 /*
+ * The entry head of a STREAM_READ or STREAM_RANGE reply as reply.c keeps it (the wire head less
+ * the record length, which the decoded record carries).
+ */
+typedef struct ts__stream_head {
+    uint64_t id;
+    uint64_t tag;        /* a marker's tag; 0 for a record */
+    uint32_t rows_done;  /* rows of the entry a member recorded as consumed */
+    uint16_t deliveries; /* times handed out, this one included (0 from a range) */
+    uint8_t kind;        /* TS_STREAM_ENTRY_RECORD or TS_STREAM_ENTRY_MARKER */
+    uint8_t flags;       /* TS_STREAM_ENTRY_REDELIVERED */
+} ts__stream_head;
+
+/* What follows the record pointers of an ENTRIES reply's ts_items_t (see below). */
+typedef struct ts__stream_tail {
+    uint64_t first_id; /* the oldest and newest ids the stream kept when it answered */
+    uint64_t last_id;
+    uint64_t lost; /* the group's (0 from a range) */
+    ts__stream_head e[];
+} ts__stream_tail;
+
+/*
  * The items of a get or peek (reply.c builds them from ITEMS bodies, shm.c from by-reference
  * replies); ts_items_free frees each tree, which releases its buffer (a receive body or a
  * mapping).
@@ -44,6 +65,18 @@ struct ts_items_s {
     uint32_t remaining;
     ts_value_t *items[]; /* decoded trees; each holds a reference on the receive buffer */
 };
+
+/*
+ * An ENTRIES reply (STREAM_READ, STREAM_RANGE) is parsed into a ts_items_t too, so that every
+ * path that frees a request's items (ts__req_free, a callback's end, the fuzz targets) frees it
+ * without knowing streams: items[i] is entry i's decoded record (NULL for a marker), count the
+ * entries decoded so far, remaining the reply's entry count n, and the same allocation holds a
+ * ts__stream_tail with n heads right after items[n] (stream.c reads them through this).
+ */
+static inline ts__stream_tail *ts__items_stream_tail(ts_items_t *items)
+{
+    return (ts__stream_tail *)(void *)(items->items + items->remaining);
+}
 
 /* A map from request id to request (open addressing, linear probing; id 0 is never used). */
 typedef struct ts__idmap {
@@ -113,6 +146,16 @@ typedef struct ts__req {
     int have_state; /* res.version and res.n_items came from the server */
     uint8_t hello_flags;
     uint64_t hello_max_body;
+    /*
+     * The fixed-size OK replies of the stream requests (reply.c; which member is set follows
+     * from op: STREAM STATE, APPEND STATE, JOIN STATE or ACK STATE). Plain data: nothing to free.
+     */
+    union {
+        ts__msg_stream_state state;
+        ts__msg_stream_append_state append;
+        ts__msg_stream_join_state join;
+        ts__msg_stream_ack_state ack;
+    } stream;
 
     /* Completion. */
     ts_result_cb cb;

@@ -1,8 +1,8 @@
 /*
  * Reply bodies into results (on the I/O thread, or on a blocking caller reading its own reply),
- * and the objects replies produce: ts_items_t and ts_bin_list_t. Every body layout is decoded by
- * src/msg.c's strict decoders (which check every length against the body before it is used);
- * this file only turns decoded bodies into results.
+ * and the objects replies produce: ts_items_t (stream entries included: internal.h) and
+ * ts_bin_list_t. Every body layout is decoded by src/msg.c's strict decoders (which check every
+ * length against the body before it is used); this file only turns decoded bodies into results.
  */
 #include "internal.h"
 
@@ -61,6 +61,72 @@ static int parse_items(uint8_t *body, size_t len, ts_items_t **out)
                      ? TS_ENOMEM
                      : TS_EPROTO;
             break;
+        }
+        items->items[items->count++] = v;
+    }
+    ts__rbuf_unref(buf); /* the decoded trees keep it alive */
+    if (rc != 0) {
+        ts_items_free(items);
+        return rc;
+    }
+    *out = items;
+    return 0;
+}
+
+/*
+ * Parse an ENTRIES body (STREAM_READ, STREAM_RANGE) into the ts_items_t layout internal.h
+ * describes: every record validated and decoded in place like an ITEMS record (its tensors point
+ * into body), markers as NULL, the heads after the record pointers. Takes over body in every
+ * case. Returns 0 and *out, or TS_EPROTO / TS_ENOMEM.
+ */
+static int parse_entries(uint8_t *body, size_t len, ts_items_t **out)
+{
+    ts__msg_stream_entries m;
+    if (ts__msg_stream_entries_decode(body, len, &m) != 0) {
+        ts__body_free(body, len);
+        return TS_EPROTO;
+    }
+    /* The decoder bounds n by TS_STREAM_MAX_READ: these sizes cannot overflow. */
+    size_t n = m.n;
+    size_t size = sizeof(ts_items_t) + n * sizeof(ts_value_t *) + sizeof(ts__stream_tail) +
+                  n * sizeof(ts__stream_head);
+    ts_items_t *items = ts__calloc(1, size);
+    ts__rbuf *buf = ts__rbuf_new(body, len, NULL);
+    if (items == NULL || buf == NULL) {
+        ts__free(items);
+        ts__free(buf);
+        ts__body_free(body, len);
+        return TS_ENOMEM;
+    }
+    items->version = m.last_id;
+    items->remaining = m.n;
+    ts__stream_tail *tail = ts__items_stream_tail(items);
+    tail->first_id = m.first_id;
+    tail->last_id = m.last_id;
+    tail->lost = m.lost;
+    int rc = 0;
+    ts__msg_stream_entries_iter it;
+    ts__msg_stream_entry e;
+    ts__msg_stream_entries_iter_init(&m, &it);
+    while (rc == 0 && ts__msg_stream_entries_next(&m, &it, &e)) {
+        ts__stream_head *h = &tail->e[items->count];
+        h->id = e.id;
+        h->tag = e.tag;
+        h->rows_done = e.rows_done;
+        h->deliveries = e.deliveries;
+        h->kind = e.kind;
+        h->flags = e.flags;
+        ts_value_t *v = NULL;
+        if (e.kind == TS_STREAM_ENTRY_RECORD) {
+            size_t off = (size_t)(e.record - body);
+            v = ts__record_decode(buf, off, (size_t)e.len, TS_MAX_DEPTH, TS_MAX_NDIM);
+            if (v == NULL) {
+                rc = ts__record_validate(body + off, (size_t)e.len, TS_MAX_DEPTH, TS_MAX_NDIM,
+                                         NULL) == 0
+                         ? TS_ENOMEM
+                         : TS_EPROTO;
+                break;
+            }
         }
         items->items[items->count++] = v;
     }
@@ -139,7 +205,7 @@ static int parse_stats(uint8_t *body, size_t len, ts_value_t **out)
 int ts__reply_keeps_body(uint8_t op)
 {
     ts__msg_kind k = ts__msg_reply_kind(op, TS_ST_OK);
-    return k == TS_MSG_ITEMS || k == TS_MSG_RECORD;
+    return k == TS_MSG_ITEMS || k == TS_MSG_RECORD || k == TS_MSG_STREAM_ENTRIES;
 }
 
 int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
@@ -155,6 +221,11 @@ int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
         return rc;
     case TS_MSG_RECORD:
         return parse_stats(body, len, &r->res.value);
+    case TS_MSG_STREAM_ENTRIES:
+        rc = parse_entries(body, len, &r->res.items);
+        if (rc == 0)
+            r->res.version = r->res.items->version;
+        return rc;
     default:
         rc = ts__reply_parse_view(r, body, len);
         ts__body_free(body, len);
@@ -180,6 +251,15 @@ int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
     }
     case TS_MSG_EMPTY:
         return ts__msg_empty_decode(body, len);
+    case TS_MSG_STREAM_STATE:
+        return ts__msg_stream_state_decode(body, len, &r->stream.state) != 0 ? TS_EPROTO : 0;
+    case TS_MSG_STREAM_APPEND_STATE:
+        return ts__msg_stream_append_state_decode(body, len, &r->stream.append) != 0 ? TS_EPROTO
+                                                                                     : 0;
+    case TS_MSG_STREAM_JOIN_STATE:
+        return ts__msg_stream_join_state_decode(body, len, &r->stream.join) != 0 ? TS_EPROTO : 0;
+    case TS_MSG_STREAM_ACK_STATE:
+        return ts__msg_stream_ack_state_decode(body, len, &r->stream.ack) != 0 ? TS_EPROTO : 0;
     default: /* no request of ours has another opcode */
         return TS_EPROTO;
     }
