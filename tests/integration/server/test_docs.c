@@ -590,6 +590,33 @@ static void test_documented_constants(void **state)
     doc_says("docs/SAFETY.md", t);
 }
 
+/* The stream limits section 12 quotes are the ones src/proto.h gives server and client. */
+static void test_stream_limits_documented(void **state)
+{
+    (void)state;
+    char t[160];
+    snprintf(t, sizeof(t), "1 to %lu (`TS_STREAM_MAX_READ`)",
+             define_value("src/proto.h", "TS_STREAM_MAX_READ"));
+    doc_says("docs/PROTOCOL.md", t);
+    snprintf(t, sizeof(t), "| %lu (`TS_STREAM_MAX_GROUPS`) |",
+             define_value("src/proto.h", "TS_STREAM_MAX_GROUPS"));
+    doc_says("docs/PROTOCOL.md", t);
+    snprintf(t, sizeof(t), "| %lu (`TS_STREAM_MAX_MEMBERS`) |",
+             define_value("src/proto.h", "TS_STREAM_MAX_MEMBERS"));
+    doc_says("docs/PROTOCOL.md", t);
+    snprintf(t, sizeof(t), "at most %lu ms, 24 h (`TS_STREAM_MAX_LEASE_MS`)",
+             define_value("src/proto.h", "TS_STREAM_MAX_LEASE_MS"));
+    doc_says("docs/PROTOCOL.md", t);
+    snprintf(t, sizeof(t), "0 gives %lu ms (`TS_STREAM_DEFAULT_LEASE_MS`)",
+             define_value("src/proto.h", "TS_STREAM_DEFAULT_LEASE_MS"));
+    doc_says("docs/PROTOCOL.md", t);
+    /* The two limits written as shifts, in the numbers the document gives them. */
+    assert_true(TS_STREAM_MAX_ENTRIES == 16777216u);
+    doc_says("docs/PROTOCOL.md", "1 to 16777216 (`TS_STREAM_MAX_ENTRIES`, 2^24)");
+    assert_true(TS_STREAM_READ_BYTES == (uint64_t)64 * 1024 * 1024);
+    doc_says("docs/PROTOCOL.md", "64 MiB (`TS_STREAM_READ_BYTES`)");
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The tensor-bin and row examples of docs/PROTOCOL.md 15 ("rows example" markers)
  */
@@ -1010,6 +1037,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stats_table_matches_server, start, stop),
         cmocka_unit_test(test_every_flag_in_safety_doc),
         cmocka_unit_test(test_documented_constants),
+        cmocka_unit_test(test_stream_limits_documented),
         cmocka_unit_test_setup_teardown(test_compressed_raw_len_zero, start, stop),
         cmocka_unit_test(test_save_failing_as_documented),
         cmocka_unit_test(test_shutdown_sends_shutting_down),

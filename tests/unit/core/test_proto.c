@@ -227,15 +227,17 @@ static void test_opcode_table(void **state)
         uint8_t op;
         const char *name;
     } table[] = {
-        {0x01, "HELLO"},      {0x02, "PING"},       {0x03, "PUT"},       {0x04, "APPEND"},
-        {0x05, "GET"},        {0x06, "PEEK"},       {0x07, "DELETE"},    {0x08, "LIST"},
-        {0x09, "LISTEN"},     {0x0A, "UNLISTEN"},   {0x0B, "WAIT"},      {0x0C, "STATS"},
-        {0x0D, "SAVE"},       {0x0E, "GET_REF"},    {0x0F, "PEEK_REF"},  {0x10, "PUT_FD"},
-        {0x11, "APPEND_FD"},  {0x12, "TENSOR_BIN"}, {0x13, "READ_ROWS"}, {0x14, "GATHER_ROWS"},
-        {0x15, "WRITE_ROWS"}, {0x16, "STREAM_CREATE"}, {0x17, "STREAM_APPEND"},
-        {0x18, "STREAM_MARK"}, {0x19, "STREAM_CREDIT"}, {0x1A, "STREAM_JOIN"},
-        {0x1B, "STREAM_READ"}, {0x1C, "STREAM_ACK"}, {0x1D, "STREAM_LEAVE"},
-        {0x1E, "STREAM_INFO"}, {0x1F, "STREAM_RANGE"}, {0x80, "NOTIFY"},
+        {0x01, "HELLO"},         {0x02, "PING"},          {0x03, "PUT"},
+        {0x04, "APPEND"},        {0x05, "GET"},           {0x06, "PEEK"},
+        {0x07, "DELETE"},        {0x08, "LIST"},          {0x09, "LISTEN"},
+        {0x0A, "UNLISTEN"},      {0x0B, "WAIT"},          {0x0C, "STATS"},
+        {0x0D, "SAVE"},          {0x0E, "GET_REF"},       {0x0F, "PEEK_REF"},
+        {0x10, "PUT_FD"},        {0x11, "APPEND_FD"},     {0x12, "TENSOR_BIN"},
+        {0x13, "READ_ROWS"},     {0x14, "GATHER_ROWS"},   {0x15, "WRITE_ROWS"},
+        {0x16, "STREAM_CREATE"}, {0x17, "STREAM_APPEND"}, {0x18, "STREAM_MARK"},
+        {0x19, "STREAM_CREDIT"}, {0x1A, "STREAM_JOIN"},   {0x1B, "STREAM_READ"},
+        {0x1C, "STREAM_ACK"},    {0x1D, "STREAM_LEAVE"},  {0x1E, "STREAM_INFO"},
+        {0x1F, "STREAM_RANGE"},  {0x80, "NOTIFY"},
     };
     int known = 0;
     for (int op = 0; op < 256; op++) {
@@ -583,6 +585,74 @@ static int build_example(const char *name, fb *out)
         fb_name(&b, "zeros");
         fb_record(&b, ts_tensor_alloc(TS_FLOAT32, 1, (int64_t[]){64}));
         fb_frame(out, Q, TS_OP_PUT, TS_FLAG_LZ4, 0, 15, &b);
+    } else if (strcmp(name, "stream-create-req") == 0) {
+        /* Streams: a connection of their own, request ids from 1 again (HELLO took 1). */
+        fb_name(&b, "ev");
+        fb_u64(&b, 1000, "max_entries");
+        fb_u64(&b, 0, "max_bytes");
+        fb_u32(&b, 0, "max_age_ms");
+        fb_u32(&b, 64, "window");
+        fb_u32(&b, 0, "lease_ms");
+        fb_u32(&b, 0, "flags");
+        fb_frame(out, Q, TS_OP_STREAM_CREATE, 0, 0, 2, &b);
+    } else if (strcmp(name, "stream-create-rep") == 0) {
+        /* A new stream: nothing kept (first_id = last_id + 1), no group, so no limit on credit. */
+        fb_u64(&b, 1, "first_id");
+        fb_u64(&b, 0, "last_id");
+        fb_u64(&b, 0, "bytes");
+        fb_u32(&b, 0, "n_entries");
+        fb_u32(&b, 0, "n_groups");
+        fb_u32(&b, 0, "n_stale");
+        fb_u32(&b, UINT32_MAX, "credit");
+        fb_u32(&b, 64, "window");
+        fb_u32(&b, 0, "reserved");
+        fb_frame(out, P, TS_OP_STREAM_CREATE, 0, 0, 2, &b);
+    } else if (strcmp(name, "stream-append-req") == 0) {
+        /* After STREAM_JOIN(ev, train, w0, start 0) as request 3. */
+        fb_name(&b, "ev");
+        fb_record(&b, ts_int_new(42));
+        fb_frame(out, Q, TS_OP_STREAM_APPEND, 0, 0, 4, &b);
+    } else if (strcmp(name, "stream-append-rep") == 0) {
+        /* Entry 1; the live group train now lags by 1 entry: credit 64 - 1. */
+        fb_u64(&b, 1, "id");
+        fb_u64(&b, 1, "first_id");
+        fb_u32(&b, 63, "credit");
+        fb_u32(&b, 1, "n_entries");
+        fb_frame(out, P, TS_OP_STREAM_APPEND, 0, 0, 4, &b);
+    } else if (strcmp(name, "stream-read-req") == 0) {
+        /* After STREAM_MARK(ev, tag 1) as request 5: entry 2 is a marker. */
+        fb_name(&b, "ev");
+        fb_name(&b, "train");
+        fb_name(&b, "w0");
+        fb_u64(&b, 0, "ack_through");
+        fb_u32(&b, 16, "max_entries");
+        fb_u32(&b, 1000, "timeout_ms");
+        fb_frame(out, Q, TS_OP_STREAM_READ, 0, 0, 6, &b);
+    } else if (strcmp(name, "stream-read-rep") == 0) {
+        fb_u64(&b, 1, "first_id");
+        fb_u64(&b, 2, "last_id");
+        fb_u64(&b, 0, "lost");
+        fb_u32(&b, 2, "n");
+        fb_u32(&b, 0, "reserved");
+        /* Entry 1: the 64-byte record of the int 42, handed out for the first time. */
+        fb_u64(&b, 1, "id");
+        fb_u64(&b, 64, "len");
+        fb_u64(&b, 0, "tag");
+        fb_u32(&b, 0, "rows_done");
+        fb_u16(&b, 1, "deliveries");
+        fb_u8(&b, 0, "kind"); /* a record */
+        fb_u8(&b, 0, "flags");
+        /* Entry 2: the marker with tag 1, no bytes. */
+        fb_u64(&b, 2, "id");
+        fb_u64(&b, 0, "len");
+        fb_u64(&b, 1, "tag");
+        fb_u32(&b, 0, "rows_done");
+        fb_u16(&b, 1, "deliveries");
+        fb_u8(&b, 1, "kind"); /* a marker */
+        fb_u8(&b, 0, "flags");
+        fb_zeros(&b, 128 - (32 + 2 * 32), "padding");
+        assert_int_equal(fb_record(&b, ts_int_new(42)), 64);
+        fb_frame(out, P, TS_OP_STREAM_READ, 0, 0, 6, &b);
     } else {
         return -1;
     }
@@ -590,11 +660,42 @@ static int build_example(const char *name, fb *out)
 }
 
 static const char *const example_names[] = {
-    "hello-req",  "hello-rep",    "ping-req",     "ping-rep", "put-req",    "put-rep",
-    "append-req", "append-rep",   "get-req",      "get-rep",  "peek-req",   "peek-rep",
-    "delete-req", "delete-rep",   "list-req",     "list-rep", "listen-req", "listen-rep",
-    "notify",     "unlisten-req", "unlisten-rep", "wait-req", "wait-rep",   "wait-rep-timeout",
-    "stats-req",  "stats-rep",    "save-req",     "save-rep", "error-rep",  "put-lz4-req",
+    "hello-req",
+    "hello-rep",
+    "ping-req",
+    "ping-rep",
+    "put-req",
+    "put-rep",
+    "append-req",
+    "append-rep",
+    "get-req",
+    "get-rep",
+    "peek-req",
+    "peek-rep",
+    "delete-req",
+    "delete-rep",
+    "list-req",
+    "list-rep",
+    "listen-req",
+    "listen-rep",
+    "notify",
+    "unlisten-req",
+    "unlisten-rep",
+    "wait-req",
+    "wait-rep",
+    "wait-rep-timeout",
+    "stats-req",
+    "stats-rep",
+    "save-req",
+    "save-rep",
+    "error-rep",
+    "put-lz4-req",
+    "stream-create-req",
+    "stream-create-rep",
+    "stream-append-req",
+    "stream-append-rep",
+    "stream-read-req",
+    "stream-read-rep",
 };
 
 /* The PUT example, written out by hand: the codec must produce exactly these bytes. */
