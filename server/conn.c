@@ -12,6 +12,7 @@
  * parsed whole in ops.c.
  */
 #include "server.h"
+#include "stream.h"
 
 #include "compress.h"
 #include "msg.h"
@@ -498,6 +499,12 @@ static void discard_done(tsd_conn *c)
         tsd_refuse_write(c, c->cur.opcode, c->cur.request_id);
         return;
     }
+    if (c->cur_stream_status != 0) { /* a STREAM_APPEND refused by its name (start_upload) */
+        uint16_t status = c->cur_stream_status;
+        c->cur_stream_status = 0;
+        tsd_stream_refuse_append(c, &c->cur, c->cur_name, c->cur_name_len, status);
+        return;
+    }
     srv->stats.oom_rejections++;
     if (c->cur_disk_rc != 0) {
         char dmsg[TS_MAX_ERRMSG];
@@ -577,7 +584,15 @@ static void item_store(tsd_conn *c, tsd_item *it)
     size_t len = tsd_item_len(it);
     tsd_store_unreserve(&c->srv->store, c->cur_reserved - len);
     c->cur_reserved = 0;
-    if (c->cur.opcode == TS_OP_GATHER_ROWS || c->cur.opcode == TS_OP_WRITE_ROWS)
+    if (c->cur.opcode == TS_OP_STREAM_APPEND) {
+        tsd_stream_append(c, &c->cur, c->cur_name, c->cur_name_len, it); /* stream.c */
+    } else if ((c->cur.opcode == TS_OP_GATHER_ROWS || c->cur.opcode == TS_OP_WRITE_ROWS) &&
+               tsd_stream_refuse_name(c, c->cur.opcode, c->cur.request_id, c->cur_name,
+                                      c->cur_name_len)) {
+        c->srv->stats.ops[c->cur.opcode]++;
+        tsd_store_unreserve(&c->srv->store, len);
+        tsd_item_unref(it);
+    } else if (c->cur.opcode == TS_OP_GATHER_ROWS || c->cur.opcode == TS_OP_WRITE_ROWS)
         tsd_rows_upload(c, &c->cur, c->cur_name, c->cur_name_len, it); /* rows.c */
     else
         tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
@@ -1169,6 +1184,16 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     memcpy(c->cur_name, m.name, m.name_len);
     c->cur_name_len = (uint8_t)m.name_len;
     c->ipos += TS_HDR_SIZE + m.head_len;
+    if (h->opcode == TS_OP_STREAM_APPEND) {
+        /* A missing stream, a plain bin's name, no credit: decided now, answered once the
+         * record has been read and dropped (nothing is reserved for it). */
+        uint16_t status = tsd_stream_append_check(srv, m.name, m.name_len);
+        if (status != TS_ST_OK) {
+            c->cur_stream_status = status;
+            start_discard(c, rlen);
+            return 0;
+        }
+    }
     /*
      * The record goes straight into its item buffer, allocated whole now (untouched pages cost
      * nothing), while the reservation follows the bytes as they arrive (reserve_ahead): a client
@@ -1388,6 +1413,7 @@ size_t tsd_conn_stop(tsd_conn *c)
         c->cur_alloc_failed = 0;
         c->cur_capped = 0;
         c->cur_disk_rc = 0;
+        c->cur_stream_status = 0;
         n++;
     }
     n += answer_buffered(c);

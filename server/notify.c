@@ -26,8 +26,27 @@
  * and STATS reports the total as watch_bytes.
  */
 #include "server.h"
+#include "stream.h"
 
 static void wake_run(tsd_server *srv, tsd_watch *w, uint32_t *budget);
+
+/*
+ * The state WAIT sees of w's name: a bin's version and items, or a stream's last id and entries
+ * kept. 1 when either exists, else 0 (version and n are 0).
+ */
+static int bin_state(tsd_server *srv, const tsd_watch *w, uint64_t *version, uint32_t *n)
+{
+    tsd_bin *bin = tsd_store_find(&srv->store, w->node.name, w->node.name_len);
+    if (bin != NULL) {
+        *version = bin->version;
+        *n = bin->n_items;
+        return 1;
+    }
+    tsd_stream *st = tsd_stream_find(srv, w->node.name, w->node.name_len);
+    *version = st != NULL ? st->last_id : 0;
+    *n = st != NULL ? tsd_stream_n_entries(st) : 0;
+    return st != NULL;
+}
 static void wake_enqueue(tsd_server *srv, tsd_watch *w);
 
 /* Count bytes against --max-memory. 0 or TS_EOOM. */
@@ -331,9 +350,10 @@ static void on_wait_timer(uv_timer_t *t)
         tsd_waiter *wt = srv->wheap[0];
         if (wt->deadline > now)
             break;
-        tsd_bin *bin = tsd_store_find(&srv->store, wt->w->node.name, wt->w->node.name_len);
-        tsd_reply_state(wt->c, TS_OP_WAIT, wt->rid, TS_ST_TIMEOUT, bin != NULL ? bin->version : 0,
-                        bin != NULL ? bin->n_items : 0);
+        uint64_t version;
+        uint32_t n;
+        (void)bin_state(srv, wt->w, &version, &n);
+        tsd_reply_state(wt->c, TS_OP_WAIT, wt->rid, TS_ST_TIMEOUT, version, n);
         waiter_drop(srv, wt);
     }
     /* More expired ones are left to the next turn (a timeout of 0 fires after the next poll). */
@@ -495,14 +515,16 @@ static void wake_run(tsd_server *srv, tsd_watch *w, uint32_t *budget)
     }
     if (w->wt_cur != NULL && *budget > 0) {
         /* The rule of the immediate check in WAIT: the bin exists with a version above after. */
-        tsd_bin *bin = tsd_store_find(&srv->store, w->node.name, w->node.name_len);
+        uint64_t version;
+        uint32_t n;
+        int exists = bin_state(srv, w, &version, &n);
         int dropped = 0;
         while (w->wt_cur != NULL && *budget > 0) {
             tsd_waiter *wt = w->wt_cur;
             w->wt_cur = wt->wnext;
             (*budget)--;
-            if (bin != NULL && bin->version > wt->after) {
-                tsd_reply_state(wt->c, TS_OP_WAIT, wt->rid, TS_ST_OK, bin->version, bin->n_items);
+            if (exists && version > wt->after) {
+                tsd_reply_state(wt->c, TS_OP_WAIT, wt->rid, TS_ST_OK, version, n);
                 waiter_drop(srv, wt);
                 dropped = 1;
             }
@@ -593,6 +615,7 @@ void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_
 
 void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c)
 {
+    tsd_stream_conn_gone(srv, c); /* its stream waits (stream.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;
@@ -604,7 +627,7 @@ void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c)
 
 size_t tsd_notify_conn_stop(tsd_server *srv, tsd_conn *c)
 {
-    size_t n = 0;
+    size_t n = tsd_stream_conn_stop(srv, c); /* its stream waits (stream.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;

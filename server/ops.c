@@ -14,6 +14,7 @@
 #include "msg.h"
 #include "record.h"
 #include "server.h"
+#include "stream.h"
 
 /* Room for a printable bin name in messages (255 bytes, each at most 4 bytes of UTF-8). */
 #define TSD_NAME_MSG_CAP (TS_MAX_NAME_LEN * 4 + 1)
@@ -173,6 +174,11 @@ void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nam
     tsd_server *srv = c->srv;
     int replace = h->opcode == TS_OP_PUT || h->opcode == TS_OP_PUT_FD;
     srv->stats.ops[h->opcode]++;
+    if (tsd_stream_refuse_name(c, h->opcode, h->request_id, name, name_len)) {
+        tsd_store_unreserve(&srv->store, tsd_item_len(item));
+        tsd_item_unref(item);
+        return;
+    }
     if (tsd_bin_is_tensor(tsd_store_find(&srv->store, name, name_len))) {
         tsd_store_unreserve(&srv->store, tsd_item_len(item));
         tsd_item_unref(item);
@@ -197,6 +203,11 @@ void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nam
 static void op_delete(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl)
 {
     tsd_server *srv = c->srv;
+    tsd_stream *st = tsd_stream_find(srv, name, nl);
+    if (st != NULL) {
+        tsd_stream_delete(c, h, st); /* stream.c: its waits are answered NOT_FOUND */
+        return;
+    }
     tsd_bin *bin = tsd_store_find(&srv->store, name, nl);
     if (bin == NULL) {
         /* As in the original: deleting a missing bin is fine and notifies nobody. */
@@ -223,6 +234,13 @@ static int ent_cmp(const void *pa, const void *pb)
 }
 
 /* One LIST entry in wire form at p (room for ts__msg_list_entry_size); the byte after it. */
+static uint8_t *put_entry_of(uint8_t *p, const ts__msg_list_entry *e)
+{
+    size_t len = 0;
+    (void)ts__msg_list_entry_encode(p, ts__msg_list_entry_size(e->name_len), e, &len);
+    return p + len;
+}
+
 static uint8_t *put_entry(uint8_t *p, const tsd_bin *b)
 {
     ts__msg_list_entry e = {.name = b->node.name,
@@ -230,9 +248,27 @@ static uint8_t *put_entry(uint8_t *p, const tsd_bin *b)
                             .n_items = b->n_items,
                             .bytes = b->bytes,
                             .version = b->version};
-    size_t len = 0;
-    (void)ts__msg_list_entry_encode(p, ts__msg_list_entry_size(e.name_len), &e, &len);
-    return p + len;
+    return put_entry_of(p, &e);
+}
+
+/* A stream's LIST entry: n_items = entries kept, bytes = record bytes, version = last id. */
+static void stream_entry(const tsd_stream *st, ts__msg_list_entry *e)
+{
+    e->name = st->node.name;
+    e->name_len = st->node.name_len;
+    e->n_items = tsd_stream_n_entries(st);
+    e->bytes = st->bytes;
+    e->version = st->last_id;
+}
+
+/* Order two names as ent_cmp orders entries: by bytes, a prefix first. */
+static int name_cmp(const uint8_t *a, size_t al, const uint8_t *b, size_t bl)
+{
+    size_t n = al < bl ? al : bl;
+    int r = n > 0 ? memcmp(a, b, n) : 0;
+    if (r != 0)
+        return r;
+    return (al > bl) - (al < bl);
 }
 
 /* A small LIST: sorted and encoded right away, on the loop. */
@@ -241,23 +277,44 @@ static void list_inline(tsd_conn *c, const ts__hdr *h)
     tsd_server *srv = c->srv;
     tsd_bin **bins;
     size_t n;
+    tsd_stream **sts = NULL;
+    size_t ns = 0;
     if (tsd_store_sorted(&srv->store, &bins, &n) != 0) {
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory listing bins");
+        return;
+    }
+    if (tsd_stream_sorted(srv, &sts, &ns) != 0) {
+        ts__free(bins);
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory listing bins");
         return;
     }
     uint64_t body_len = TS_MSG_LIST_FIXED;
     for (size_t i = 0; i < n; i++)
         body_len += ts__msg_list_entry_size(bins[i]->node.name_len);
+    for (size_t i = 0; i < ns; i++)
+        body_len += ts__msg_list_entry_size(sts[i]->node.name_len);
     if (tsd_out_begin(c, h->opcode, h->request_id) == 0 &&
         tsd_out_hdr(c, h->opcode, h->request_id, TS_ST_OK, body_len) == 0) {
         uint8_t *p = tsd_out_bytes(c, (size_t)body_len);
         size_t hlen;
-        if (p != NULL && ts__msg_list_head_encode(p, (size_t)body_len, (uint32_t)n, &hlen) == 0) {
+        if (p != NULL &&
+            ts__msg_list_head_encode(p, (size_t)body_len, (uint32_t)(n + ns), &hlen) == 0) {
             p += hlen;
-            for (size_t i = 0; i < n; i++)
-                p = put_entry(p, bins[i]);
+            /* Bins and streams share one namespace: merge the two sorted lists. */
+            size_t i = 0, k = 0;
+            while (i < n || k < ns) {
+                if (k == ns || (i < n && name_cmp(bins[i]->node.name, bins[i]->node.name_len,
+                                                  sts[k]->node.name, sts[k]->node.name_len) < 0)) {
+                    p = put_entry(p, bins[i++]);
+                } else {
+                    ts__msg_list_entry e;
+                    stream_entry(sts[k++], &e);
+                    p = put_entry_of(p, &e);
+                }
+            }
         }
     }
+    ts__free(sts);
     ts__free(bins);
 }
 
@@ -394,14 +451,13 @@ static void list_done(uv_work_t *req, int status)
  * TS_ECANCELED when the connection is closing (nobody would read the reply); TS_EOOM when a new
  * chunk would pass --max-memory; TS_ENOMEM.
  */
-static int list_emit(tsd_pass *p, const tsd_bin *b)
+static int list_add(tsd_list_job *j, const ts__msg_list_entry *e)
 {
-    tsd_list_job *j = (tsd_list_job *)(void *)p;
     if (j->c->closing)
         return TS_ECANCELED;
     if (j->n == j->cap_n)
         return TS_ENOMEM; /* cannot happen: the view holds exactly the bins counted at its start */
-    size_t need = ts__msg_list_entry_size(b->node.name_len);
+    size_t need = ts__msg_list_entry_size(e->name_len);
     list_chunk *k = j->chunks;
     if (k == NULL || TSD_LIST_CHUNK - k->used < need) {
         if (list_reserve(j->srv, j, sizeof(*k) + TSD_LIST_CHUNK) != 0)
@@ -415,9 +471,27 @@ static int list_emit(tsd_pass *p, const tsd_bin *b)
     }
     const uint8_t **ptrs = (const uint8_t **)(void *)tsd_item_data(j->order);
     ptrs[j->n++] = k->data + k->used;
-    k->used = (size_t)(put_entry(k->data + k->used, b) - k->data);
+    k->used = (size_t)(put_entry_of(k->data + k->used, e) - k->data);
     j->ents_len += need;
     return 0;
+}
+
+static int list_emit(tsd_pass *p, const tsd_bin *b)
+{
+    ts__msg_list_entry e = {.name = b->node.name,
+                            .name_len = b->node.name_len,
+                            .n_items = b->n_items,
+                            .bytes = b->bytes,
+                            .version = b->version};
+    return list_add((tsd_list_job *)(void *)p, &e);
+}
+
+/* The streams' entries, copied when the LIST is handled (the moment its view shows). */
+static int list_add_stream(tsd_stream *st, void *arg)
+{
+    ts__msg_list_entry e;
+    stream_entry(st, &e);
+    return list_add(arg, &e);
 }
 
 /*
@@ -478,7 +552,8 @@ static void list_view_done(tsd_pass *p, int status)
 static void op_list(tsd_conn *c, const ts__hdr *h)
 {
     tsd_server *srv = c->srv;
-    size_t count = srv->store.bins.count;
+    size_t n_streams = srv->streams != NULL ? srv->streams->table.count : 0;
+    size_t count = srv->store.bins.count + n_streams;
     if (count < TSD_LIST_OFFLOOP_MIN) {
         list_inline(c, h);
         return;
@@ -507,6 +582,12 @@ static void op_list(tsd_conn *c, const ts__hdr *h)
             tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL,
                           "out of memory listing bins");
         }
+        return;
+    }
+    /* j->cap_n counts the streams: the view then brings exactly the bins of this moment. */
+    rc = tsd_stream_each(srv, list_add_stream, j);
+    if (rc != 0) {
+        list_walked(j, rc);
         return;
     }
     srv->stats.lists_offloop++;
@@ -542,8 +623,13 @@ static void op_listen(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
     }
     /* The subscription is live before this reply leaves: no change can slip in between. */
     tsd_bin *bin = tsd_store_find(&srv->store, name, nl);
-    tsd_reply_state(c, h->opcode, h->request_id, TS_ST_OK, bin != NULL ? bin->version : 0,
-                    bin != NULL ? bin->n_items : 0);
+    tsd_stream *st = bin == NULL ? tsd_stream_find(srv, name, nl) : NULL;
+    if (st != NULL)
+        tsd_reply_state(c, h->opcode, h->request_id, TS_ST_OK, st->last_id,
+                        tsd_stream_n_entries(st));
+    else
+        tsd_reply_state(c, h->opcode, h->request_id, TS_ST_OK, bin != NULL ? bin->version : 0,
+                        bin != NULL ? bin->n_items : 0);
 }
 
 static void op_unlisten(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl)
@@ -567,7 +653,13 @@ static void op_wait(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t n
     tsd_bin *bin = tsd_store_find(&srv->store, name, nl);
     uint64_t version = bin != NULL ? bin->version : 0;
     uint32_t n = bin != NULL ? bin->n_items : 0;
-    if (bin != NULL && version > after) {
+    /* A stream's version is its last id, its n_items the entries it keeps. */
+    tsd_stream *st = bin == NULL ? tsd_stream_find(srv, name, nl) : NULL;
+    if (st != NULL) {
+        version = st->last_id;
+        n = tsd_stream_n_entries(st);
+    }
+    if ((bin != NULL || st != NULL) && version > after) {
         tsd_reply_state(c, h->opcode, h->request_id, TS_ST_OK, version, n);
         return;
     }
@@ -794,6 +886,24 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
         return;
     }
     const ts__msg_name_req *q = &m.u.name_req;
+    /* The plain-bin requests refuse a stream's name (INVALID; the connection stays). */
+    const uint8_t *bname = NULL;
+    size_t blen = 0;
+    if (m.kind == TS_MSG_GET_REQ) {
+        bname = q->name;
+        blen = q->name_len;
+    } else if (m.kind == TS_MSG_PUT_FD_REQ) {
+        bname = m.u.put_fd.name;
+        blen = m.u.put_fd.name_len;
+    } else if (m.kind == TS_MSG_TENSOR_BIN_REQ) {
+        bname = m.u.tensor_bin.name;
+        blen = m.u.tensor_bin.name_len;
+    } else if (m.kind == TS_MSG_READ_ROWS_REQ) {
+        bname = m.u.read_rows.name;
+        blen = m.u.read_rows.name_len;
+    }
+    if (bname != NULL && tsd_stream_refuse_name(c, h->opcode, h->request_id, bname, blen))
+        return; /* a descriptor that came with the frame is closed by conn.c */
     switch (h->opcode) {
     case TS_OP_HELLO:
         op_hello(c, h, &m.u.hello_req);
@@ -840,6 +950,17 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     case TS_OP_TENSOR_BIN:
     case TS_OP_READ_ROWS:
         tsd_rows_dispatch(c, h, &m); /* rows.c */
+        return;
+    case TS_OP_STREAM_CREATE:
+    case TS_OP_STREAM_MARK:
+    case TS_OP_STREAM_CREDIT:
+    case TS_OP_STREAM_JOIN:
+    case TS_OP_STREAM_READ:
+    case TS_OP_STREAM_ACK:
+    case TS_OP_STREAM_LEAVE:
+    case TS_OP_STREAM_INFO:
+    case TS_OP_STREAM_RANGE:
+        tsd_stream_dispatch(c, h, &m); /* stream.c */
         return;
     default:
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_UNKNOWN_OPCODE, "unknown opcode 0x%02x",

@@ -8,6 +8,7 @@
  * accept them and drop them at once to make room.
  */
 #include "server.h"
+#include "stream.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -331,6 +332,8 @@ static void on_cron(uv_timer_t *t)
         tsd_conn_cron(c, now);
         c = next;
     }
+    /* Streams: age retention, and lease checks a timer could not be had for. */
+    tsd_streams_cron(srv);
     tsd_server_flush(srv);
 }
 
@@ -623,6 +626,8 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
     int rc = tsd_store_init(&srv->store, cfg->max_memory);
     if (rc == 0)
         rc = tsd_htab_init(&srv->watches);
+    if (rc == 0)
+        rc = tsd_streams_init(srv);
     if (rc != 0)
         return rc;
 
@@ -727,6 +732,7 @@ void tsd_server_free_store(tsd_server *srv)
     if (srv->store_freed)
         return;
     srv->store_freed = 1;
+    tsd_streams_free(srv);
     tsd_store_free(&srv->store);
 }
 
@@ -798,6 +804,8 @@ void tsd_server_stop(tsd_server *srv)
         answered += tsd_conn_stop(c);
     }
     tsd_server_flush(srv);
+    /* Their waits were answered with the connections': the streams' timers go now. */
+    tsd_streams_stop(srv);
     if (srv->conns == NULL)
         stop_timer_close(srv);
     if (told > 0 || answered > 0)

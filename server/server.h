@@ -8,6 +8,7 @@
  *   output.c  a connection's output queue: write batches, replies, the slow-reader cut-off
  *   ops.c     the request handlers (one per opcode)
  *   rows.c    tensor bins and row access (TENSOR_BIN, READ_ROWS, GATHER_ROWS, WRITE_ROWS)
+ *   stream.c  streams: logs with server-kept cursors, retention, back-pressure (stream.h)
  *   store.c   bins, items, the name hash table, memory accounting, point-in-time passes
  *   view.c    views: passes over the store walked a chunk of bins per loop turn (LIST, SAVE)
  *   slab.c    size classes for the buffers of small records
@@ -781,6 +782,8 @@ typedef struct tsd_conn {
     int cur_alloc_failed; /* TSD_RS_DISCARD: refused for a failed allocation, not the limit */
     int cur_refused;      /* TSD_RS_DISCARD: refused because snapshots fail (SAVE_FAILING) */
     int cur_disk_rc;      /* TSD_RS_DISCARD: refused by the data directory (tsd_datadir_alloc) */
+    /* TSD_RS_DISCARD: a STREAM_APPEND refused once its name was in (the status it gets). */
+    uint16_t cur_stream_status;
     uint8_t *bulk_dst;    /* where the next bytes go (RS_ITEM, RS_LZ4) */
     uint64_t bulk_left;   /* bytes of the body still to come */
     uint64_t bulk_total;  /* bytes of the body being received in bulk (item or compressed) */
@@ -856,6 +859,7 @@ typedef struct tsd_conn {
     tsd_waiter *waiters;
     tsd_sub *held_head, *held_tail; /* subscriptions holding a coalesced notification */
     uint32_t n_watch;               /* subscriptions + waiters, capped by cfg.max_watch */
+    struct tsd_swait *swaits;       /* pending stream waits (stream.c; counted in n_watch) */
 } tsd_conn;
 
 /*
@@ -1135,7 +1139,7 @@ size_t tsd_notify_n_waiters(const tsd_server *srv);
  * Statistics (stats.c)
  */
 typedef struct tsd_stats {
-    uint64_t ops[TS_OP_WRITE_ROWS + 1]; /* requests handled, by opcode */
+    uint64_t ops[TS_OP_STREAM_RANGE + 1]; /* requests handled, by opcode */
     uint64_t notifications_sent;
     uint64_t protocol_errors;
     uint64_t oom_rejections;
@@ -1289,6 +1293,8 @@ struct tsd_server {
     tsd_stats stats;
     int stopping;
     tsd_datadir *datadir; /* --data-dir state (datadir.c), or NULL */
+    /* Streams (stream.c, stream.h): their table, waits and counters. */
+    struct tsd_streams *streams;
 };
 
 /*

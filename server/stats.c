@@ -3,6 +3,7 @@
  * codec as any item, so every client can read it with the code it already has.
  */
 #include "server.h"
+#include "stream.h"
 
 #include "record.h"
 
@@ -40,6 +41,16 @@ static ts_value_t *build(tsd_server *srv)
         {"ops_read_rows", TS_OP_READ_ROWS},
         {"ops_gather_rows", TS_OP_GATHER_ROWS},
         {"ops_write_rows", TS_OP_WRITE_ROWS},
+        {"ops_stream_create", TS_OP_STREAM_CREATE},
+        {"ops_stream_append", TS_OP_STREAM_APPEND},
+        {"ops_stream_mark", TS_OP_STREAM_MARK},
+        {"ops_stream_credit", TS_OP_STREAM_CREDIT},
+        {"ops_stream_join", TS_OP_STREAM_JOIN},
+        {"ops_stream_read", TS_OP_STREAM_READ},
+        {"ops_stream_ack", TS_OP_STREAM_ACK},
+        {"ops_stream_leave", TS_OP_STREAM_LEAVE},
+        {"ops_stream_info", TS_OP_STREAM_INFO},
+        {"ops_stream_range", TS_OP_STREAM_RANGE},
     };
     ts_value_t *m = ts_map_new();
     if (m == NULL)
@@ -131,6 +142,18 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "fds_received", sh.fds_received);
     rc |= put_int(m, "fds_pending", sh.fds_pending);
     rc |= put_int(m, "puts_fd", sh.puts_fd);
+    /* Streams (stream.c): stream_groups_stale is counted now; stream_waits are pending reads,
+     * ranges and credit waits (also in watch_bytes). */
+    tsd_stream_stats ss2;
+    tsd_stream_stats_get(srv, &ss2);
+    rc |= put_int(m, "streams", ss2.streams);
+    rc |= put_int(m, "stream_entries", ss2.entries);
+    rc |= put_int(m, "stream_bytes", ss2.bytes);
+    rc |= put_int(m, "stream_groups", ss2.groups);
+    rc |= put_int(m, "stream_groups_stale", ss2.groups_stale);
+    rc |= put_int(m, "stream_backpressure", ss2.backpressure);
+    rc |= put_int(m, "stream_entries_lost", ss2.lost);
+    rc |= put_int(m, "stream_waits", ss2.waits);
     /* Allocations since start-up ended (the allocation-failure tests size their runs by it). */
     rc |= put_int(m, "allocations", ts__alloc_count() - srv->alloc_base);
     if (rc != 0) {

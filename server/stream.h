@@ -58,6 +58,7 @@ typedef struct tsd_stream_member {
     tsd_stream_pending *pend;
     uint32_t pend_head, n_pend, pend_cap;
     uint32_t n_redeliver; /* of its pending entries, those marked for redelivery */
+    uint32_t n_reading;   /* its STREAM_READs waiting now (it is live while one waits) */
 } tsd_stream_member;
 
 /*
@@ -77,6 +78,7 @@ typedef struct tsd_stream_group {
     /* Caches (stream.c keeps them exact): the smallest pending id, and the newest last_seen. */
     uint64_t floor;       /* smallest pending id of any member or orphan, else next_id */
     uint64_t newest_seen; /* max last_seen over members (0 when none): live iff within lease */
+    uint32_t n_reading;   /* STREAM_READs of its members waiting now (live while one waits) */
 } tsd_stream_group;
 
 /* A stream's settings (STREAM_CREATE; lease_ms already defaulted: never 0 here). */
@@ -97,6 +99,7 @@ typedef struct tsd_swait tsd_swait;
  */
 typedef struct tsd_stream {
     tsd_hnode node; /* first: in tsd_streams.table (name owned, after the struct) */
+    tsd_server *srv;
     tsd_stream_config cfg;
     uint64_t first_id; /* oldest kept id; last_id + 1 when none is kept */
     uint64_t last_id;  /* newest id given (0 before the first entry) */
@@ -146,8 +149,11 @@ void tsd_streams_cron(tsd_server *srv);
 /* The stream named name, or NULL. */
 tsd_stream *tsd_stream_find(tsd_server *srv, const uint8_t *name, size_t len);
 
-/* Handle a STREAM_* control request (every one but STREAM_APPEND); body is the decoded body. */
-void tsd_stream_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t len);
+/*
+ * Handle a STREAM_* control request (every one but STREAM_APPEND) decoded into m by
+ * tsd_op_dispatch: exactly one reply, now or when its wait ends.
+ */
+void tsd_stream_dispatch(tsd_conn *c, const ts__hdr *h, const ts__msg *m);
 /*
  * STREAM_APPEND's early check, once the header and the name are in (conn.c), before any byte of
  * the record is reserved: 0 when the upload may go on; else the status it will be answered with
@@ -174,6 +180,16 @@ size_t tsd_stream_conn_stop(tsd_server *srv, tsd_conn *c);
 
 /* The LIST entry values of a stream: n_items = entries kept, bytes, version = last_id. */
 uint32_t tsd_stream_n_entries(const tsd_stream *st);
+/*
+ * Every stream, sorted by name as LIST sorts (bytes, a prefix first), into a new array (*out,
+ * ts__free it; NULL when there is none). 0 or TS_ENOMEM.
+ */
+int tsd_stream_sorted(tsd_server *srv, tsd_stream ***out, size_t *n);
+/*
+ * A plain-bin request (PUT, APPEND, GET, PEEK, the by-reference and row requests) names a
+ * stream: answer INVALID "bin 'x' is a stream" and return 1; else 0 (nothing sent).
+ */
+int tsd_stream_refuse_name(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_t *name, size_t len);
 
 typedef struct tsd_stream_stats {
     uint64_t streams, entries, bytes, groups, groups_stale, backpressure, lost, waits;
