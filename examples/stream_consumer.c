@@ -387,6 +387,10 @@ int main(int argc, char **argv)
     printf("consumer %s: joined stream '%s' (batch rows %ld, start %s)%s\n", a.group, a.name,
            a.batch_rows, a.newest ? "newest" : "oldest",
            g.resumed ? ", resuming after a restart" : "");
+    /* The epochs that ended before the restart, from the log, so that this report is whole. */
+    for (int64_t e = 0; e <= g.last_marker; e++)
+        if (g.ep[e].ended)
+            report_epoch(a.group, e);
 
     long idle_ms = 0, since_commit = 0;
     int done = 0;

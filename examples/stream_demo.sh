@@ -88,12 +88,17 @@ done
 addr="127.0.0.1:$(cat "$tmp/port")"
 echo "stream_demo: tensord at $addr, logs in $tmp"
 
-# The replay window (40 entries) holds less than two epochs, so the late consumer finds epoch 0
-# partly gone; the credit window (16) keeps live consumers at most 16 entries behind. The
-# producer starts making batches once the first three consumers have joined.
+# The replay window (one and a half epochs) holds less than two epochs, so the late consumer
+# finds epoch 0 partly gone; the credit window keeps live consumers at most a third of an epoch
+# (16 entries at most) behind. The producer starts making batches once the first three
+# consumers have joined.
+keep=$((bpe * 3 / 2 + 1))
+window=$((bpe / 3))
+[ $window -le 16 ] || window=16
+[ $window -ge 1 ] || window=1
 common="--address $addr --name images --epochs $epochs --timeout-s 60"
 "$producer" --address "$addr" --name images --fresh --epochs "$epochs" \
-    --batches-per-epoch "$bpe" --rows 32 --max-entries 40 --window 16 --lease-ms 5000 \
+    --batches-per-epoch "$bpe" --rows 32 --max-entries $keep --window $window --lease-ms 5000 \
     --wait-consumers 3 \
     >"$tmp/producer.log" 2>&1 &
 ppid_=$!
@@ -110,11 +115,19 @@ c32=$!
 c48=$!
 pids="$pids $c16 $c32 $c48"
 
+# Batches t48 has on record in its state log.
+batches_of_t48() {
+    if [ -f "$tmp/t48.state" ]; then
+        grep -c '^b' "$tmp/t48.state" || true
+    else
+        echo 0
+    fi
+}
 # Kill t48 in the middle of epoch 1: each epoch is bpe*32/48 of its batches.
 per_epoch=$((bpe * 32 / 48))
-kill_at=$((per_epoch + per_epoch / 2))
+kill_at=$((per_epoch + per_epoch / 2 + 1))
 i=0
-while [ "$(grep -c '^b' "$tmp/t48.state" 2>/dev/null || true)" -lt "$kill_at" ]; do
+while [ "$(batches_of_t48)" -lt "$kill_at" ]; do
     i=$((i + 1))
     [ $i -le 6000 ] || fail "t48 did not get $kill_at batches"
     kill -0 "$c48" 2>/dev/null || fail "t48 ended early"
@@ -122,7 +135,7 @@ while [ "$(grep -c '^b' "$tmp/t48.state" 2>/dev/null || true)" -lt "$kill_at" ];
 done
 kill -KILL "$c48"
 wait "$c48" 2>/dev/null || true
-echo "stream_demo: killed t48 (SIGKILL) after $(grep -c '^b' "$tmp/t48.state") batches"
+echo "stream_demo: killed t48 (SIGKILL) after $(batches_of_t48) batches"
 sleep 0.3
 # shellcheck disable=SC2086
 "$consumer" $common --group t48 --batch-rows 48 --step-ms $((step_ms * 2)) --commit-every 3 \
