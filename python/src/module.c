@@ -98,6 +98,10 @@ static int init_exceptions(PyObject *module)
          "the *_async form there."},
         {"ServerError", &tsp_state.ServerError, NULL, NULL,
          "The server could not do it (EOOM, ESERVER, ESAVEFAIL, EUNKNOWNOP, EWRONGSHARD)."},
+        {"BackpressureError", &tsp_state.BackpressureError, NULL, PyExc_BlockingIOError,
+         "No room now, nothing was done (EAGAIN): a stream's window is full (a group is "
+         "`window` entries behind), or RLWorker.add(block=False) found max_in_flight adds on "
+         "their way. Try again later."},
     };
     for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++)
         if (make_exception(module, &defs[i]) < 0)
@@ -138,6 +142,8 @@ PyObject *tsp_exception_class(int status)
         return tsp_state.CancelledError;
     case TS_EDEADLK:
         return tsp_state.DeadlockError;
+    case TS_EAGAIN:
+        return tsp_state.BackpressureError;
     case TS_EOOM:
     case TS_ESERVER:
     case TS_ESAVEFAIL:
@@ -291,7 +297,7 @@ PyMODINIT_FUNC PyInit__tensorshare(void)
     }
     if (init_exceptions(m) < 0 || tsp_view_type_init(m) < 0 || tsp_convert_init(m) < 0 ||
         tsp_client_type_init(m) < 0 || tsp_rl_init(m) < 0 || tsp_predictor_init(m) < 0 ||
-        tsp_shm_init(m) < 0) {
+        tsp_shm_init(m) < 0 || tsp_stream_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -11,7 +11,8 @@
  * view.c (zero-copy views of received tensors), client.c (the Client type, and closing every
  * Client at exit: its atexit handler is registered before tsp_rl_init runs, so handlers the
  * bindings register run before it), rl.c and
- * predictor.c (the RL and predictor bindings, initialised by tsp_rl_init / tsp_predictor_init).
+ * predictor.c (the RL and predictor bindings, initialised by tsp_rl_init / tsp_predictor_init),
+ * stream.c (the Client's stream methods, the stream producer and consumer: tsp_stream_init).
  *
  * Rules that hold for every function below unless its comment says otherwise:
  * - The caller holds the GIL.
@@ -39,6 +40,8 @@
  *   create_tensor_bin(bin, dtype, shape) -> int version; write_rows(bin, start, rows) -> int
  *       version; read_rows(bin, start, end, *, item=0, key=None, tensor_type=None) -> tensor;
  *       gather_rows(bin, index, *, item=0, key=None, tensor_type=None) -> tensor (rows.c)
+ *   stream_create, stream_append, stream_mark, stream_credit, stream_join, stream_read,
+ *       stream_ack, stream_leave, stream_info, stream_range (stream.c; docs/PYTHON.md "Streams")
  *   put_async, append_async, get_async, peek_async, delete_async, list_async, wait_async,
  *       stats_async, ping_async: same arguments, return a concurrent.futures.Future (already
  *       running: it cannot be cancelled) completed on the I/O thread
@@ -94,6 +97,8 @@ typedef struct tsp_state_s {
                                          a callback on the client's I/O thread) */
     PyObject *ServerError;            /* (Error): EOOM, ESERVER, ESAVEFAIL, EUNKNOWNOP,
                                          EWRONGSHARD */
+    PyObject *BackpressureError;      /* (Error, builtins.BlockingIOError): EAGAIN (a stream's
+                                         window is full; no room for an add) */
     PyTypeObject *ClientType;         /* tensorshare.Client */
     PyTypeObject *ViewType;           /* the owner of a received tensor's memory (view.c) */
     PyObject *BinInfoType;            /* named tuple (n_items, bytes, version) */
@@ -108,6 +113,8 @@ extern tsp_state_t tsp_state;
  */
 int tsp_rl_init(PyObject *module);
 int tsp_predictor_init(PyObject *module);
+/* Defined by stream.c: StreamEntry, StreamEntries, _StreamProducer, _StreamConsumer. */
+int tsp_stream_init(PyObject *module);
 
 /* ---------------------------------------------------------------------------------------------
  * Errors
@@ -343,5 +350,53 @@ PyObject *tsp_client_create_tensor_bin(PyObject *client, PyObject *args, PyObjec
 PyObject *tsp_client_read_rows(PyObject *client, PyObject *args, PyObject *kw);
 PyObject *tsp_client_gather_rows(PyObject *client, PyObject *args, PyObject *kw);
 PyObject *tsp_client_write_rows(PyObject *client, PyObject *args, PyObject *kw);
+
+/*
+ * stream.c: the Client's stream methods (METH_VARARGS | METH_KEYWORDS; client.c lists them in
+ * its method table through TSP_STREAM_CLIENT_METHODS).
+ */
+PyObject *tsp_client_stream_create(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_stream_append(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_stream_mark(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_stream_credit(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_stream_join(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_stream_read(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_stream_ack(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_stream_leave(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_stream_info(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_stream_range(PyObject *client, PyObject *args, PyObject *kw);
+#define TSP_STREAM_METHOD(name, doc)                                                               \
+    {#name, (PyCFunction)(void (*)(void))tsp_client_##name, METH_VARARGS | METH_KEYWORDS, doc},
+#define TSP_STREAM_CLIENT_METHODS                                                                  \
+    TSP_STREAM_METHOD(stream_create,                                                               \
+                      "stream_create(name, max_entries=1024, max_bytes=0, max_age_ms=0, "          \
+                      "window=0, lease_ms=0) -> dict\n\nCreate the stream (or change its "         \
+                      "settings) and return its state.")                                           \
+    TSP_STREAM_METHOD(stream_append,                                                               \
+                      "stream_append(name, value) -> int\n\nAppend a record; returns its id. "     \
+                      "BackpressureError when the window is full (nothing stored).")               \
+    TSP_STREAM_METHOD(stream_mark, "stream_mark(name, tag) -> int\n\nAppend an end-of-epoch "     \
+                                   "marker with tag (never refused for credit); returns its id.")  \
+    TSP_STREAM_METHOD(stream_credit,                                                               \
+                      "stream_credit(name, timeout_ms=None) -> dict\n\nWait until an append "      \
+                      "would be accepted; returns the state. TimeoutError after timeout_ms.")      \
+    TSP_STREAM_METHOD(stream_join,                                                                 \
+                      "stream_join(name, group, member, start='oldest', lease_ms=0) -> dict\n\n"   \
+                      "Join group as member (creating either); returns the group's position.")     \
+    TSP_STREAM_METHOD(stream_read,                                                                 \
+                      "stream_read(name, group, member, ack_through=0, max_entries=64, "           \
+                      "timeout_ms=0, *, tensor_type=None) -> StreamEntries\n\nHand out entries "   \
+                      "to member (empty after timeout_ms; None: no limit).")                       \
+    TSP_STREAM_METHOD(stream_ack,                                                                  \
+                      "stream_ack(name, group, member, first, last=None, rows=0) -> dict\n\n"      \
+                      "Acknowledge the member's entries [first, last], or record rows consumed.")  \
+    TSP_STREAM_METHOD(stream_leave,                                                                \
+                      "stream_leave(name, group, member=None) -> dict\n\nmember leaves group; "    \
+                      "member None removes the group.")                                            \
+    TSP_STREAM_METHOD(stream_info, "stream_info(name) -> dict\n\nSettings, ids, groups, members.") \
+    TSP_STREAM_METHOD(stream_range,                                                                \
+                      "stream_range(name, after_id=0, max_entries=64, timeout_ms=0, *, "           \
+                      "tensor_type=None) -> StreamEntries\n\nThe kept entries after after_id, "    \
+                      "without a cursor.")
 
 #endif /* TSP_H */

@@ -13,7 +13,9 @@ from ._tensorshare import (  # noqa: F401
     MAX_DEPTH,
     MAX_NAME_LEN,
     MAX_NDIM,
+    STREAM_READ_MAX,
     AuthenticationError,
+    BackpressureError,
     BinInfo,
     BinNotFoundError,
     CancelledError,
@@ -57,6 +59,7 @@ _os.register_at_fork(after_in_child=_fail_the_parents_futures)
 
 from .predictor import Predictor  # noqa: E402,F401
 from .rl import NO_FILTER, Batch, Params, RLTrainer, RLWorker  # noqa: E402,F401
+from .stream import StreamConsumer, StreamEntries, StreamEntry, StreamProducer  # noqa: E402,F401
 
 __all__ = [
     "Client", "BinInfo", "Notification", "Error", "TimeoutError", "ConnectionError",
@@ -65,6 +68,8 @@ __all__ = [
     "ServerError", "SharedBuffer", "numpy_bfloat16", "MAX_NDIM", "MAX_DEPTH", "MAX_NAME_LEN",
     "__version__",
     "RLTrainer", "RLWorker", "Params", "Batch", "NO_FILTER", "Predictor",
+    "BackpressureError", "StreamProducer", "StreamConsumer", "StreamEntry", "StreamEntries",
+    "STREAM_READ_MAX",
 ]
 
 

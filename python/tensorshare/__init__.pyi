@@ -9,6 +9,7 @@ __version__: str
 MAX_NDIM: int
 MAX_DEPTH: int
 MAX_NAME_LEN: int
+STREAM_READ_MAX: int
 numpy_bfloat16: numpy.dtype
 
 TensorType = Literal["torch", "numpy"]
@@ -33,6 +34,7 @@ class AuthenticationError(Error, PermissionError): ...
 class CancelledError(Error): ...
 class DeadlockError(Error, RuntimeError): ...
 class ServerError(Error): ...
+class BackpressureError(Error, builtins.BlockingIOError): ...
 
 class BinInfo(NamedTuple):
     n_items: int
@@ -153,6 +155,61 @@ class Client:
         self, tensor_type: Optional[TensorType] = None
     ) -> "Future[Dict[str, int]]": ...
     def ping_async(self) -> "Future[None]": ...
+    def stream_create(
+        self,
+        name: str,
+        max_entries: int = 1024,
+        max_bytes: int = 0,
+        max_age_ms: int = 0,
+        window: int = 0,
+        lease_ms: int = 0,
+    ) -> Dict[str, Optional[int]]: ...
+    def stream_append(self, name: str, value: Record) -> int: ...
+    def stream_mark(self, name: str, tag: int) -> int: ...
+    def stream_credit(
+        self, name: str, timeout_ms: Optional[int] = None
+    ) -> Dict[str, Optional[int]]: ...
+    def stream_join(
+        self,
+        name: str,
+        group: str,
+        member: str,
+        start: Literal["oldest", "newest"] = "oldest",
+        lease_ms: int = 0,
+    ) -> Dict[str, int]: ...
+    def stream_read(
+        self,
+        name: str,
+        group: str,
+        member: str,
+        ack_through: int = 0,
+        max_entries: int = 64,
+        timeout_ms: Optional[int] = 0,
+        *,
+        tensor_type: Optional[TensorType] = None,
+    ) -> "StreamEntries": ...
+    def stream_ack(
+        self,
+        name: str,
+        group: str,
+        member: str,
+        first: int,
+        last: Optional[int] = None,
+        rows: int = 0,
+    ) -> Dict[str, Optional[int]]: ...
+    def stream_leave(
+        self, name: str, group: str, member: Optional[str] = None
+    ) -> Dict[str, Optional[int]]: ...
+    def stream_info(self, name: str) -> Dict[str, Any]: ...
+    def stream_range(
+        self,
+        name: str,
+        after_id: int = 0,
+        max_entries: int = 64,
+        timeout_ms: Optional[int] = 0,
+        *,
+        tensor_type: Optional[TensorType] = None,
+    ) -> "StreamEntries": ...
     def close(self) -> None: ...
     def __enter__(self) -> "Client": ...
     def __exit__(self, *exc: object) -> Literal[False]: ...
@@ -163,3 +220,7 @@ from .rl import Batch as Batch
 from .rl import Params as Params
 from .rl import RLTrainer as RLTrainer
 from .rl import RLWorker as RLWorker
+from .stream import StreamConsumer as StreamConsumer
+from .stream import StreamEntries as StreamEntries
+from .stream import StreamEntry as StreamEntry
+from .stream import StreamProducer as StreamProducer

@@ -1,0 +1,314 @@
+"""Streams from Python: the Client's low-level stream_* calls (entries, groups, acknowledgements,
+redelivery, info, range), StreamProducer and StreamConsumer (fan-out to two consumers in order,
+re-slicing into batches of batch_rows rows with torch tensors, epochs ending `for batch in
+consumer`, resuming after close without leave, rows included), back-pressure at the window
+(BackpressureError, TimeoutError), and bad inputs. Every wait is bounded by a timeout_ms."""
+import threading
+import time
+
+import pytest
+
+import tensorshare
+
+np = pytest.importorskip("numpy")
+
+# ms; how long a test waits for entries that are already appended (a loaded CI machine)
+WAIT_MS = 5000
+
+
+def rows(first, k, cols=3):
+    """k rows whose every value is its global row number (first, first+1, ...)."""
+    return (np.arange(first, first + k, dtype=np.float32)[:, None]
+            * np.ones((1, cols), np.float32))
+
+
+def drain(consumer, limit=1000):
+    """The batches of one epoch (bounded: a missing marker fails instead of hanging)."""
+    out = []
+    for batch in consumer:
+        out.append(batch)
+        assert len(out) < limit, "no end-of-epoch marker"
+    return out
+
+
+def test_low_level_entries_ack_redelivery(client):
+    st = client.stream_create("s", max_entries=16)
+    assert st["first_id"] == 1 and st["last_id"] == 0 and st["n_entries"] == 0
+    assert st["credit"] is None  # no window: no limit
+    j = client.stream_join("s", "g", "m")
+    assert j["pending"] == 0 and j["members"] == 1
+    assert client.stream_append("s", {"x": rows(0, 2), "i": 1}) == 1
+    assert client.stream_append("s", b"two") == 2
+    assert client.stream_mark("s", 7) == 3
+
+    got = client.stream_read("s", "g", "m", max_entries=2, timeout_ms=WAIT_MS,
+                             tensor_type="numpy")
+    assert isinstance(got, tensorshare.StreamEntries) and isinstance(got, list)
+    assert [e.id for e in got] == [1, 2]
+    assert got.first_id == 1 and got.last_id == 3 and got.lost == 0
+    e1, e2 = got
+    np.testing.assert_array_equal(e1.value["x"], rows(0, 2))
+    assert e1.value["i"] == 1 and e2.value == b"two"
+    assert not e1.is_marker and e1.deliveries == 1 and not e1.redelivered
+
+    # A member that joins again gets first what it had and did not acknowledge.
+    assert client.stream_join("s", "g", "m")["pending"] == 2
+    again = client.stream_read("s", "g", "m", max_entries=8, timeout_ms=WAIT_MS)
+    assert [e.id for e in again] == [1, 2, 3]
+    assert again[0].redelivered and again[0].deliveries == 2
+    marker = again[2]
+    assert marker.is_marker and marker.tag == 7 and marker.value is None
+
+    a = client.stream_ack("s", "g", "m", 1, 2)
+    assert a["acked"] == 2 and a["pending"] == 1 and a["floor"] == 3
+    # ack_through acknowledges before reading; nothing new to read: an empty list at once.
+    empty = client.stream_read("s", "g", "m", ack_through=3)
+    assert list(empty) == [] and empty.last_id == 3
+
+    info = client.stream_info("s")
+    assert info["last_id"] == 3 and info["entries"] == 3 and info["credit"] is None
+    (g,) = info["groups"]
+    assert g["name"] == "g" and g["floor"] == 4 and g["pending"] == 0
+    assert [m["name"] for m in g["members"]] == ["m"]
+
+    r = client.stream_range("s", after_id=1, max_entries=10)
+    assert [e.id for e in r] == [2, 3] and r[0].deliveries == 0 and r.lost == 0
+
+    assert client.stream_leave("s", "g", "m")["n_groups"] == 1  # the group stays
+    assert client.stream_leave("s", "g")["n_groups"] == 0  # None: the group goes
+    assert client.stream_info("s")["groups"] == []
+
+
+def test_read_waits_for_an_append(client):
+    client.stream_create("s")
+    client.stream_join("s", "g", "m")
+    t = threading.Timer(0.2, lambda: client.stream_append("s", 5))
+    t.start()
+    try:
+        got = client.stream_read("s", "g", "m", timeout_ms=WAIT_MS)
+    finally:
+        t.join()
+    assert [(e.id, e.value) for e in got] == [(1, 5)]
+    # A wait that passes returns an empty list, not an error.
+    start = time.monotonic()
+    assert list(client.stream_read("s", "g", "m", ack_through=1, timeout_ms=300)) == []
+    assert time.monotonic() - start < WAIT_MS / 1000.0
+
+
+def test_fanout_two_consumers(client):
+    n = 25
+    with tensorshare.StreamProducer(client, "fan", max_entries=64) as p:
+        a = tensorshare.StreamConsumer(client, "fan", "a", timeout_ms=WAIT_MS,
+                                       tensor_type="numpy")
+        b = tensorshare.StreamConsumer(client, "fan", "b", prefetch=3, timeout_ms=WAIT_MS,
+                                       tensor_type="numpy")
+        ids = [p.push({"x": rows(i, 1), "i": i}) for i in range(n)]
+        assert ids == list(range(1, n + 1)) and p.last_id == n
+        p.end_epoch(0)
+    with a, b:
+        for c in (a, b):
+            got = drain(c)
+            assert [v["i"] for v in got] == list(range(n))
+            for i, v in enumerate(got):
+                np.testing.assert_array_equal(v["x"], rows(i, 1))
+            assert c.epoch == 0 and c.lost == 0 and c.last_id == n + 1
+    groups = {g["name"]: g for g in client.stream_info("fan")["groups"]}
+    assert set(groups) == {"a", "b"}
+    assert all(g["floor"] == n + 2 for g in groups.values())  # both committed on close
+
+
+def test_batch_rows_reslicing_torch(client):
+    torch = pytest.importorskip("torch")
+    sizes = [3, 5, 2, 7]  # 17 rows: batches of 4, 4, 4, 4, then the epoch's last row
+    client.stream_create("r", max_entries=64)
+    c = tensorshare.StreamConsumer(client, "r", "g", batch_rows=4, timeout_ms=WAIT_MS,
+                                   tensor_type="torch")
+    with tensorshare.StreamProducer(client, "r") as p:
+        first = 0
+        for k in sizes:
+            p.push({"x": torch.from_numpy(rows(first, k)),
+                    "y": torch.arange(first, first + k, dtype=torch.int64)})
+            first += k
+        p.end_epoch(1)
+    with c:
+        got = drain(c)
+        assert [len(b["y"]) for b in got] == [4, 4, 4, 4, 1]
+        assert all(isinstance(b["x"], torch.Tensor) for b in got)
+        x = torch.cat([b["x"] for b in got])
+        y = torch.cat([b["y"] for b in got])
+        assert y.tolist() == list(range(17))
+        assert torch.equal(x, torch.from_numpy(rows(0, 17)))
+        assert c.epoch == 1
+
+
+def test_epochs_end_iterations(client):
+    epochs, per_epoch = 3, 4
+    client.stream_create("e", max_entries=64)
+    c = tensorshare.StreamConsumer(client, "e", "g", timeout_ms=WAIT_MS)
+    with tensorshare.StreamProducer(client, "e") as p:
+        for epoch in range(epochs):
+            for i in range(per_epoch):
+                p.push(epoch * 100 + i)
+            p.end_epoch(epoch)
+    with c:
+        for epoch in range(epochs):
+            assert [v for v in c] == [epoch * 100 + i for i in range(per_epoch)]
+            assert c.epoch == epoch
+        # read(): None at a marker, and the batch otherwise; nothing left: TimeoutError.
+    client.stream_append("e", 1)
+    client.stream_mark("e", 9)
+    with tensorshare.StreamConsumer(client, "e", "g", timeout_ms=WAIT_MS) as c2:
+        assert c2.read() == 1
+        assert c2.read() is None and c2.epoch == 9
+    with tensorshare.StreamConsumer(client, "e", "g", timeout_ms=200) as c3:
+        start = time.monotonic()
+        with pytest.raises(tensorshare.TimeoutError):
+            c3.read()
+        with pytest.raises(TimeoutError):  # the builtin too
+            next(iter(c3))
+        assert time.monotonic() - start < WAIT_MS / 1000.0
+
+
+def test_resume_after_close_without_leave(client):
+    client.stream_create("q", max_entries=64)
+    for i in range(6):
+        client.stream_append("q", i)
+    c = tensorshare.StreamConsumer(client, "q", "g", timeout_ms=WAIT_MS)
+    assert [c.read() for _ in range(3)] == [0, 1, 2]
+    c.close()  # commits what was handed out; the member stays
+    assert c.closed
+    with pytest.raises(tensorshare.CancelledError):
+        c.read()
+    with tensorshare.StreamConsumer(client, "q", "g", timeout_ms=WAIT_MS) as c:
+        assert [c.read() for _ in range(3)] == [3, 4, 5]
+        c.commit()
+    (g,) = client.stream_info("q")["groups"]
+    assert g["floor"] == 7 and [m["name"] for m in g["members"]] == ["g"]
+    tensorshare.StreamConsumer(client, "q", "g").close(leave=True)
+    assert client.stream_info("q")["groups"][0]["members"] == []
+
+
+def test_resume_mid_entry_rows(client):
+    client.stream_create("m", max_entries=64)
+    client.stream_append("m", {"x": rows(0, 3)})
+    client.stream_append("m", {"x": rows(3, 3)})
+    c = tensorshare.StreamConsumer(client, "m", "g", batch_rows=2, timeout_ms=WAIT_MS,
+                                   tensor_type="numpy")
+    np.testing.assert_array_equal(c.read()["x"], rows(0, 2))
+    c.close()  # row 2 of entry 1 was not handed out: a new consumer starts there
+    with tensorshare.StreamConsumer(client, "m", "g", batch_rows=2, timeout_ms=WAIT_MS,
+                                    tensor_type="numpy") as c:
+        np.testing.assert_array_equal(c.read()["x"], rows(2, 2))
+        np.testing.assert_array_equal(c.read()["x"], rows(4, 2))
+
+
+def test_backpressure_at_the_window(client):
+    st = client.stream_create("w", max_entries=8, window=2)
+    assert st["window"] == 2 and st["credit"] is None  # no live group yet
+    client.stream_join("w", "g", "m")
+    client.stream_append("w", 1)
+    client.stream_append("w", 2)
+    with pytest.raises(tensorshare.BackpressureError) as ei:
+        client.stream_append("w", 3)
+    e = ei.value
+    assert isinstance(e, tensorshare.Error) and isinstance(e, BlockingIOError)
+    assert e.name == "EAGAIN" and "'g'" in e.message
+    assert client.stream_info("w")["last_id"] == 2  # nothing stored
+    with pytest.raises(tensorshare.TimeoutError):
+        client.stream_credit("w", timeout_ms=0)
+    p0 = tensorshare.StreamProducer(client, "w", block_ms=0)
+    with pytest.raises(tensorshare.BackpressureError):
+        p0.push(3)
+    p0.close()
+    with tensorshare.StreamProducer(client, "w", block_ms=300) as p:
+        start = time.monotonic()
+        with pytest.raises(tensorshare.TimeoutError):
+            p.push(3)
+        assert time.monotonic() - start < WAIT_MS / 1000.0
+        assert p.end_epoch(0) == 3  # markers never wait for credit
+
+    # Acknowledgements make room (the marker counts in the lag too): a blocked push goes
+    # through.
+    got = client.stream_read("w", "g", "m", max_entries=2, timeout_ms=WAIT_MS)
+    assert [e.id for e in got] == [1, 2]
+    with tensorshare.StreamProducer(client, "w", block_ms=WAIT_MS) as p:
+        t = threading.Timer(0.2, lambda: client.stream_ack("w", "g", "m", 1, 2))
+        t.start()
+        try:
+            assert p.push(4) == 4
+        finally:
+            t.join()
+        assert p.waits >= 1
+    with pytest.raises(tensorshare.TimeoutError):  # ids 3 (the marker) and 4: full again
+        client.stream_credit("w", timeout_ms=0)
+    client.stream_read("w", "g", "m", ack_through=2, max_entries=2, timeout_ms=WAIT_MS)
+    client.stream_ack("w", "g", "m", 3, 4)
+    assert client.stream_credit("w", timeout_ms=0)["credit"] == 2
+
+
+def test_close_from_another_thread_ends_a_wait(client):
+    client.stream_create("c")
+    c = tensorshare.StreamConsumer(client, "c", "g")  # timeout_ms=None: no limit
+    errors = []
+
+    def reader():
+        try:
+            c.read()
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            errors.append(e)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.3)
+    c.close()
+    t.join(WAIT_MS / 1000.0)
+    assert not t.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], tensorshare.CancelledError)
+
+
+def test_bad_inputs(client):
+    with pytest.raises(tensorshare.BinNotFoundError):
+        client.stream_info("nope")
+    with pytest.raises(tensorshare.BinNotFoundError):
+        client.stream_append("nope", 1)
+    with pytest.raises(tensorshare.BinNotFoundError):
+        tensorshare.StreamProducer(client, "nope")  # no settings: it must exist
+    with pytest.raises(tensorshare.BinNotFoundError):
+        tensorshare.StreamConsumer(client, "nope", "g")
+
+    client.stream_create("s")
+    client.stream_append("s", 1)
+    with pytest.raises(tensorshare.BinNotFoundError):
+        client.stream_read("s", "g", "not-joined")
+    client.stream_join("s", "g", "m")
+    # Ids from the future: refused, nothing changes.
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        client.stream_read("s", "g", "m", ack_through=100)
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        client.stream_range("s", after_id=100)
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        client.stream_ack("s", "g", "m", 100)
+    assert client.stream_join("s", "g", "m")["next_id"] == 1
+
+    # A stream is not a plain bin, and the other way round.
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        client.put("s", 1)
+    client.put("plain", 1)
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        client.stream_create("plain")
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        client.stream_create("s", max_entries=4, window=5)  # window over max_entries
+
+    # Refused before anything is sent.
+    with pytest.raises(ValueError):
+        client.stream_join("s", "g", "m", start="middle")
+    with pytest.raises(ValueError):
+        client.stream_read("s", "g", "m", max_entries=tensorshare.STREAM_READ_MAX + 1)
+    with pytest.raises(ValueError):
+        client.stream_create("t", max_age_ms=-1)
+    with pytest.raises(TypeError):
+        tensorshare.StreamProducer(client, "s", {"windw": 2})
+    with pytest.raises(ValueError):
+        tensorshare.StreamConsumer(client, "s", "g", prefetch=0)
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        tensorshare.StreamConsumer(client, "s", "g\0x")
