@@ -312,3 +312,14 @@ def test_bad_inputs(client):
         tensorshare.StreamConsumer(client, "s", "g", prefetch=0)
     with pytest.raises(tensorshare.InvalidArgumentError):
         tensorshare.StreamConsumer(client, "s", "g\0x")
+
+
+def test_consumer_gets_what_a_crashed_member_was_given_first(client):
+    client.stream_create("x", max_entries=16)
+    for i in range(4):
+        client.stream_append("x", i)
+    client.stream_join("x", "g", "m")
+    # Handed to member m and never acknowledged (as if its process had died).
+    assert [e.id for e in client.stream_read("x", "g", "m", max_entries=2)] == [1, 2]
+    with tensorshare.StreamConsumer(client, "x", "g", "m", timeout_ms=WAIT_MS) as c:
+        assert [c.read() for _ in range(4)] == [0, 1, 2, 3]
