@@ -10,6 +10,10 @@
 # and redis-py (--repeats N, --smoke, --no-redis, --no-pin, --raw).
 # "bench/run.sh rows [flags]" runs bench/rows_bench.py: gathering rows of a tensor bin over TCP,
 # the unix socket and by reference, against numpy.memmap (--repeats N, --rounds N, --smoke).
+# "bench/run.sh stream [flags]" runs stream_bench: one producer feeding four consumer processes
+# through a stream against four independent loaders, kill/pause/late-join stalls, and the
+# append-to-reader latency against Redis Streams (--repeats N, --smoke, --no-redis, --no-pin,
+# --unix, --batches N, --passes N, --skip share,fail,latency, --raw).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,6 +76,18 @@ if [ "${1:-}" = "rows" ]; then
     cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target tensord tsp_extension
     PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" exec "$py" bench/rows_bench.py \
         --build "$BUILD" "$@"
+fi
+if [ "${1:-}" = "stream" ]; then
+    # Streams against independent loaders and Redis Streams (bench/stream_bench.c), at the
+    # highest priority allowed, like tsbench below.
+    shift
+    cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target stream_bench tensord
+    echo "bench/run.sh: load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
+    prio=()
+    if nice -n -20 true 2>/dev/null; then
+        prio=(nice -n -20)
+    fi
+    exec "${prio[@]}" "$BUILD/bench/stream_bench" --tensord "$BUILD/server/tensord" "$@"
 fi
 cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target tsbench tensord
 

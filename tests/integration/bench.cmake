@@ -22,3 +22,14 @@ if(TARGET bench_stall)
     LABELS bench
     TIMEOUT 60)
 endif()
+
+# stream_bench's smoke run: 30 batches, one repeat, unpinned; the failure case with a short lease
+# and pause; Redis Streams only when redis-server is installed. It fails when a transfer or a
+# consumer's check (order, row hashes, exactly once) fails; no timing is asserted.
+if(TARGET stream_bench)
+  add_test(NAME stream_bench_smoke COMMAND stream_bench --smoke --no-pin)
+  set_tests_properties(stream_bench_smoke PROPERTIES
+    LABELS bench
+    TIMEOUT 180
+    ENVIRONMENT "TS_TENSORD=$<TARGET_FILE:tensord>")
+endif()
