@@ -624,13 +624,15 @@ static void test_stream_limits_documented(void **state)
 #define ROWS_V0 1764115200000000ull /* the change counter's start in the examples */
 
 /*
- * Parse the dump after "<!-- rows example: NAME -->": lines "OFFSET  XX XX ...  annotation", the
- * offset equal to the bytes so far. Returns the byte count, or -1 (missing, twice, malformed).
+ * Parse the dump after "<!-- KIND: NAME -->" (KIND "rows example", or "example" for the stream
+ * examples): lines "OFFSET  XX XX ...  annotation", the offset equal to the bytes so far. Returns
+ * the byte count, or -1 (missing, twice, malformed).
  */
-static long rows_example(const char *doc, const char *name, uint8_t *out, size_t cap)
+static long rows_example(const char *doc, const char *kind, const char *name, uint8_t *out,
+                         size_t cap)
 {
     char marker[96];
-    snprintf(marker, sizeof(marker), "<!-- rows example: %s -->", name);
+    snprintf(marker, sizeof(marker), "<!-- %s: %s -->", kind, name);
     const char *m = strstr(doc, marker);
     if (m == NULL || strstr(m + 1, marker) != NULL)
         return -1;
@@ -780,7 +782,7 @@ static void test_rows_examples(void **state)
     static uint8_t docf[TS__ARRAY_SIZE(rows_examples)][512];
     size_t docn[TS__ARRAY_SIZE(rows_examples)];
     for (size_t i = 0; i < TS__ARRAY_SIZE(rows_examples); i++) {
-        long n = rows_example(doc, rows_examples[i], docf[i], sizeof(docf[i]));
+        long n = rows_example(doc, "rows example", rows_examples[i], docf[i], sizeof(docf[i]));
         if (n < 0)
             fail_msg("docs/PROTOCOL.md: rows example %s is missing or malformed", rows_examples[i]);
         uint8_t built[512];
@@ -810,6 +812,67 @@ static void test_rows_examples(void **state)
     rows_expect(fd, docf[4], docn[4]);
     assert_int_equal(tsh_write_all(fd, docf[5], docn[5]), 0);
     rows_expect(fd, docf[6], docn[6]);
+    close(fd);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The stream examples of docs/PROTOCOL.md 15 (test_proto and test_msg check them against the
+ * codec): a running tensord answers the document's requests with the document's replies, byte
+ * for byte (streams take no versions from the change counter, so nothing differs).
+ */
+
+/* The next frame on fd is exactly the document's frame. */
+static void stream_expect(int fd, const char *name, const uint8_t *doc_frame, size_t n)
+{
+    ts__hdr h;
+    uint8_t *body = NULL;
+    size_t len = 0;
+    assert_int_equal(tsh_recv(fd, &h, &body, &len), 0);
+    uint8_t got[512];
+    assert_true(TS_HDR_SIZE + len <= sizeof(got));
+    ts__hdr_encode(&h, got);
+    if (len > 0)
+        memcpy(got + TS_HDR_SIZE, body, len);
+    free(body);
+    if (TS_HDR_SIZE + len != n || memcmp(got, doc_frame, n) != 0)
+        fail_msg("docs/PROTOCOL.md: tensord's answer differs from example %s", name);
+}
+
+static void test_stream_examples(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"stream-create-req", "stream-create-rep",
+                                        "stream-append-req", "stream-append-rep",
+                                        "stream-read-req",   "stream-read-rep"};
+    char *doc = tsh_read_source_file("docs/PROTOCOL.md", NULL);
+    if (doc == NULL)
+        fail_msg("docs/PROTOCOL.md cannot be read");
+    static uint8_t ex[TS__ARRAY_SIZE(names)][512];
+    size_t exn[TS__ARRAY_SIZE(names)];
+    for (size_t i = 0; i < TS__ARRAY_SIZE(names); i++) {
+        long n = rows_example(doc, "example", names[i], ex[i], sizeof(ex[i]));
+        if (n < TS_HDR_SIZE)
+            fail_msg("docs/PROTOCOL.md: example %s is missing or malformed", names[i]);
+        exn[i] = (size_t)n;
+    }
+    free(doc);
+    /* The session of the example: CREATE (2), JOIN (3), APPEND (4), MARK (5), READ (6). */
+    int fd = tsu_client(&srv);
+    tsu_frame f;
+    assert_int_equal(tsh_write_all(fd, ex[0], exn[0]), 0);
+    stream_expect(fd, names[1], ex[1], exn[1]);
+    static const uint8_t join[] = {5, 't', 'r', 'a', 'i', 'n', 2, 'w', '0', 0, 0, 0, 0, 0, 0, 0, 0};
+    assert_int_equal(tsu_send_name(fd, TS_OP_STREAM_JOIN, 3, "ev", join, sizeof(join)), 0);
+    tsu_expect(fd, &f, TS_OP_STREAM_JOIN, 3, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_write_all(fd, ex[2], exn[2]), 0);
+    stream_expect(fd, names[3], ex[3], exn[3]);
+    static const uint8_t tag[8] = {1};
+    assert_int_equal(tsu_send_name(fd, TS_OP_STREAM_MARK, 5, "ev", tag, sizeof(tag)), 0);
+    tsu_expect(fd, &f, TS_OP_STREAM_MARK, 5, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_int_equal(tsh_write_all(fd, ex[4], exn[4]), 0);
+    stream_expect(fd, names[5], ex[5], exn[5]);
     close(fd);
 }
 
@@ -1043,6 +1106,7 @@ int main(void)
         cmocka_unit_test(test_shutdown_sends_shutting_down),
         cmocka_unit_test_setup_teardown(test_rows_examples, start, stop),
         cmocka_unit_test_setup_teardown(test_ref_examples, start, stop),
+        cmocka_unit_test_setup_teardown(test_stream_examples, start, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
