@@ -38,6 +38,11 @@
 #define RING_MIN 16u
 /* Pending entries a member's array holds when first allocated (it doubles from there). */
 #define PEND_MIN 8u
+/*
+ * lease_due of a stream whose lease timer could not be allocated: the cron then tries its waits
+ * (out of memory only; otherwise nothing here is ever polled).
+ */
+#define LEASE_NO_TIMER 1u
 
 /* What ENTRIES says of one entry handed out. */
 typedef struct handed {
@@ -1402,8 +1407,10 @@ static void lease_rearm(tsd_server *srv, tsd_stream *st)
     }
     if (st->lease_timer == NULL) {
         st->lease_timer = ts__malloc(sizeof(*st->lease_timer));
-        if (st->lease_timer == NULL)
-            return; /* the cron looks again within TSD_CRON_MS */
+        if (st->lease_timer == NULL) {
+            st->lease_due = LEASE_NO_TIMER; /* the cron looks again within TSD_CRON_MS */
+            return;
+        }
         uv_timer_init(srv->loop, st->lease_timer);
         st->lease_timer->data = st;
     }
@@ -2098,8 +2105,8 @@ static int cron_one(tsd_stream *st, void *arg)
         if (st->first_id != first && st->waits != NULL)
             waits_try(srv, st, 0);
     }
-    /* A lease timer that could not be allocated is made up for here. */
-    if (st->waits != NULL && st->lease_timer == NULL)
+    /* A lease timer that could not be allocated is made up for here (never otherwise). */
+    if (st->waits != NULL && st->lease_timer == NULL && st->lease_due == LEASE_NO_TIMER)
         waits_try(srv, st, 0);
     return 0;
 }

@@ -1068,6 +1068,81 @@ static void test_max_watch_and_shutdown(void **state)
     srv.pid = 0;
 }
 
+/* Records, rings, groups, members and pending entries count, and all of it goes with DELETE. */
+static void test_memory_accounting(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    int64_t o0 = tsu_stat(fd, "overhead_bytes"), b0 = tsu_stat(fd, "bytes");
+    create(fd, "s", 1000, 0, 0, 0, 0);
+    join(fd, "s", "g", "m1", TS_STREAM_START_OLDEST, 0);
+    join(fd, "s", "g", "m2", TS_STREAM_START_OLDEST, 0);
+    join(fd, "s", "h", "m", TS_STREAM_START_OLDEST, 0);
+    for (int i = 0; i < 100; i++)
+        append(fd, "s", i);
+    mark(fd, "s", 1, TS_ST_OK);
+    batch b;
+    read_b(fd, "s", "g", "m1", 0, 50, 0, &b);
+    read_b(fd, "s", "g", "m2", 0, 50, 0, &b);
+    read_b(fd, "s", "h", "m", 0, 30, 0, &b);
+    leave(fd, "s", "g", "m1", TS_ST_OK);
+    assert_true(tsu_stat(fd, "overhead_bytes") > o0);
+    assert_true(tsu_stat(fd, "bytes") > b0);
+    assert_int_equal(tsu_stat(fd, "stream_bytes"), tsu_stat(fd, "bytes") - b0);
+    uint32_t id = rid++;
+    assert_int_equal(tsu_send_name(fd, TS_OP_DELETE, id, "s", NULL, 0), 0);
+    expect_status(fd, TS_OP_DELETE, id, TS_ST_OK);
+    assert_int_equal(tsu_stat(fd, "overhead_bytes"), o0);
+    assert_int_equal(tsu_stat(fd, "bytes"), b0);
+    assert_int_equal(tsu_stat(fd, "stream_bytes"), 0);
+    close(fd);
+}
+
+/* --max-memory refuses appends past it; retention gives the bytes back. */
+static void test_max_memory(void **state)
+{
+    (void)state;
+    tsh_server_stop(&srv);
+    tsh_server_cleanup(&srv);
+    const char *args[] = {"--max-memory", "2000000", NULL};
+    assert_int_equal(tsh_server_start(&srv, args), 0);
+    int fd = tsu_client(&srv);
+    size_t rlen;
+    uint8_t *rec = tsu_rec_bytes(100000, 3, &rlen);
+    /* A stream keeping two entries takes any number of appends. */
+    create(fd, "keep2", 2, 0, 0, 0, 0);
+    for (int i = 0; i < 40; i++) {
+        uint32_t id = rid++;
+        assert_int_equal(tsu_send_store(fd, TS_OP_STREAM_APPEND, id, "keep2", rec, rlen), 0);
+        expect_status(fd, TS_OP_STREAM_APPEND, id, TS_ST_OK);
+    }
+    /* One keeping everything runs into the limit (within 20 records of 100 kB). */
+    create(fd, "all", 1000, 0, 0, 0, 0);
+    int ok = 0, refused = 0;
+    for (int i = 0; i < 20 && !refused; i++) {
+        uint32_t id = rid++;
+        assert_int_equal(tsu_send_store(fd, TS_OP_STREAM_APPEND, id, "all", rec, rlen), 0);
+        tsu_frame f;
+        assert_int_equal(tsu_recv(fd, &f), 0);
+        assert_int_equal(f.h.request_id, id);
+        if (f.h.status == TS_ST_OK)
+            ok++;
+        else
+            refused = f.h.status == TS_ST_OUT_OF_MEMORY;
+        tsu_frame_free(&f);
+    }
+    assert_true(ok >= 3);
+    assert_true(refused);
+    assert_int_equal(info_int(fd, "all", "entries"), ok);
+    /* Fewer kept: room again. */
+    create(fd, "all", 1, 0, 0, 0, 0);
+    uint32_t id = rid++;
+    assert_int_equal(tsu_send_store(fd, TS_OP_STREAM_APPEND, id, "all", rec, rlen), 0);
+    expect_status(fd, TS_OP_STREAM_APPEND, id, TS_ST_OK);
+    tsu_rec_free(rec, rlen);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1086,6 +1161,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_input, start, stop),
         cmocka_unit_test_setup_teardown(test_delete_with_pending_read, start, stop),
         cmocka_unit_test_setup_teardown(test_max_watch_and_shutdown, start, stop),
+        cmocka_unit_test_setup_teardown(test_memory_accounting, start, stop),
+        cmocka_unit_test_setup_teardown(test_max_memory, start, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
