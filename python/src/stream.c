@@ -713,14 +713,20 @@ PyObject *tsp_client_stream_info(PyObject *client, PyObject *args, PyObject *kw)
  */
 
 typedef struct helper_base {
-    PyObject_HEAD PyObject *client; /* the tensorshare.Client, entered while handle is set */
-    void *handle;                   /* the library's producer or consumer; NULL once freed */
-    PyThread_type_lock lock;        /* held by the call using handle */
-    int closing;                    /* close() was called: waits stop at the end of a slice */
-    unsigned long fork_generation;  /* tsp_fork_generation when created */
-    const char *what;               /* "StreamProducer" or "StreamConsumer", for messages */
-    PyObject *name;                 /* the stream's name (str) */
+    PyObject_HEAD PyObject *client;       /* the tensorshare.Client, entered while handle is set */
+    void *handle;                         /* the library's producer or consumer; NULL once freed */
+    PyThread_type_lock lock;              /* held by the call using handle */
+    int closing;                          /* close() was called: waits stop at the end of a slice */
+    unsigned long fork_generation;        /* tsp_fork_generation when created */
+    const char *what;                     /* "StreamProducer" or "StreamConsumer", for messages */
+    PyObject *name;                       /* the stream's name (str) */
+    unsigned long holder;                 /* the thread holding lock (0: none), under the GIL */
+    int deferred;                         /* close() ran on the holder's thread: the holder frees */
+    int close_arg;                        /* free_handle's argument for a deferred close */
+    int (*free_handle)(void *h, int arg); /* frees handle; its result is close()'s */
 } helper_base;
+
+static int base_close(helper_base *b, int arg);
 
 /*
  * Start a call: take the lock (waiting with the GIL released) and return the handle, or NULL
@@ -742,6 +748,13 @@ static void *base_enter(helper_base *b)
         tsp_raise_msg(TS_ECANCELED, msg);
         return NULL;
     }
+    if (b->holder == PyThread_get_thread_ident()) {
+        /* A signal handler run between two slices of this thread's own wait. */
+        char msg[96];
+        snprintf(msg, sizeof(msg), "the %s is in use by this thread (a signal handler?)", b->what);
+        PyErr_SetString(PyExc_RuntimeError, msg);
+        return NULL;
+    }
     if (!PyThread_acquire_lock(b->lock, NOWAIT_LOCK)) {
         Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(b->lock, WAIT_LOCK);
         Py_END_ALLOW_THREADS
@@ -753,12 +766,22 @@ static void *base_enter(helper_base *b)
         tsp_raise_msg(TS_ECANCELED, msg);
         return NULL;
     }
+    b->holder = PyThread_get_thread_ident();
     return b->handle;
 }
 
+/* End a call; when close() was called meanwhile on this thread, free the handle now. */
 static void base_leave(helper_base *b)
 {
+    b->holder = 0;
     PyThread_release_lock(b->lock);
+    if (b->deferred) {
+        b->deferred = 0;
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb); /* the call's own result stands */
+        base_close(b, b->close_arg);
+        PyErr_Restore(type, value, tb);
+    }
 }
 
 /* Whether a wait must stop because close() was called: raises CancelledError then. */
@@ -774,35 +797,51 @@ static int base_cancelled(helper_base *b)
 
 /*
  * Close: stop the waits of other threads (at the end of their slice), take the lock once the
- * running call has left, and free the handle with free_handle(h, arg) (GIL released), whose
- * result is returned; then leave the Client. 0 when there was nothing to free. In a child after
- * fork the library's threads are gone: the handle is left alone.
+ * running call has left, and free the handle with b->free_handle(h, arg) (GIL released), whose
+ * result is returned; then leave the Client. 0 when there was nothing to free.
+ *
+ * On the thread that holds the lock (a signal handler that closes between two slices of its
+ * own wait) taking the lock would wait for itself: the call in progress frees the handle when
+ * it leaves instead. In a child after fork the library's threads are gone, and the lock may
+ * have been held by one of them: the handle and the lock are left alone.
  */
-static int base_close(helper_base *b, int (*free_handle)(void *h, int arg), int arg)
+static int base_close(helper_base *b, int arg)
 {
     b->closing = 1;
-    if (b->handle == NULL)
+    void *h = b->handle;
+    if (h == NULL)
         return 0;
-    if (b->lock != NULL && !PyThread_acquire_lock(b->lock, NOWAIT_LOCK)) {
+    if (b->fork_generation != tsp_fork_generation) {
+        b->handle = NULL;
+        tsp_client_leave(b->client);
+        return 0;
+    }
+    if (b->holder == PyThread_get_thread_ident()) {
+        b->deferred = 1;
+        b->close_arg = arg;
+        return 0;
+    }
+    if (!PyThread_acquire_lock(b->lock, NOWAIT_LOCK)) {
         Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(b->lock, WAIT_LOCK);
         Py_END_ALLOW_THREADS
     }
-    void *h = b->handle; /* NULL when another thread closed it while we waited */
+    h = b->handle; /* NULL when another thread closed it while we waited */
     b->handle = NULL;
     int rc = 0;
-    if (h != NULL && b->fork_generation == tsp_fork_generation) {
+    if (h != NULL) {
+        int (*free_handle)(void *h, int arg) = b->free_handle;
         Py_BEGIN_ALLOW_THREADS rc = free_handle(h, arg);
         Py_END_ALLOW_THREADS
     }
-    if (b->lock != NULL)
-        PyThread_release_lock(b->lock);
-    if (h != NULL && b->client != NULL)
+    PyThread_release_lock(b->lock);
+    if (h != NULL)
         tsp_client_leave(b->client);
     return rc;
 }
 
 /* Set up b for a new handle: lock, client reference (entered by the caller), name. */
-static int base_init(helper_base *b, const char *what, PyObject *client, PyObject *name)
+static int base_init(helper_base *b, const char *what, PyObject *client, PyObject *name,
+                     int (*free_handle)(void *h, int arg))
 {
     b->what = what;
     if (b->handle != NULL || b->lock != NULL) {
@@ -819,6 +858,7 @@ static int base_init(helper_base *b, const char *what, PyObject *client, PyObjec
     Py_INCREF(name);
     Py_XSETREF(b->name, name);
     b->fork_generation = tsp_fork_generation;
+    b->free_handle = free_handle;
     return 0;
 }
 
@@ -826,10 +866,10 @@ static void base_dealloc_fields(helper_base *b)
 {
     Py_CLEAR(b->client);
     Py_CLEAR(b->name);
-    if (b->lock != NULL) {
+    /* In a child after fork a parent's thread may have held it: left alone. */
+    if (b->lock != NULL && b->fork_generation == tsp_fork_generation)
         PyThread_free_lock(b->lock);
-        b->lock = NULL;
-    }
+    b->lock = NULL;
 }
 
 static int base_traverse(PyObject *self_obj, visitproc visit, void *arg)
@@ -922,7 +962,7 @@ static int producer_init(PyObject *self_obj, PyObject *args, PyObject *kw)
         tsp_client_leave(client);
         return -1;
     }
-    if (base_init(&self->base, "StreamProducer", client, name_obj) < 0) {
+    if (base_init(&self->base, "StreamProducer", client, name_obj, producer_free_handle) < 0) {
         Py_BEGIN_ALLOW_THREADS ts_stream_producer_free(p);
         Py_END_ALLOW_THREADS tsp_client_leave(client);
         return -1;
@@ -1000,7 +1040,7 @@ static PyObject *producer_end_epoch(PyObject *self_obj, PyObject *tag_obj)
 static PyObject *producer_close(PyObject *self_obj, PyObject *unused)
 {
     (void)unused;
-    base_close(&((producer_object *)self_obj)->base, producer_free_handle, 0);
+    base_close(&((producer_object *)self_obj)->base, 0);
     Py_RETURN_NONE;
 }
 
@@ -1030,7 +1070,7 @@ static void producer_dealloc(PyObject *self_obj)
 {
     producer_object *self = (producer_object *)self_obj;
     PyObject_GC_UnTrack(self_obj);
-    base_close(&self->base, producer_free_handle, 0);
+    base_close(&self->base, 0);
     base_dealloc_fields(&self->base);
     Py_TYPE(self_obj)->tp_free(self_obj);
 }
@@ -1151,7 +1191,7 @@ static int consumer_init(PyObject *self_obj, PyObject *args, PyObject *kw)
         tsp_client_leave(client);
         return -1;
     }
-    if (base_init(&self->base, "StreamConsumer", client, name_obj) < 0) {
+    if (base_init(&self->base, "StreamConsumer", client, name_obj, consumer_free_handle) < 0) {
         Py_BEGIN_ALLOW_THREADS ts_stream_consumer_close(s, 0);
         Py_END_ALLOW_THREADS tsp_client_leave(client);
         return -1;
@@ -1266,7 +1306,7 @@ static PyObject *consumer_close(PyObject *self_obj, PyObject *args, PyObject *kw
     int leave = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|p:close", names, &leave))
         return NULL;
-    int rc = base_close(&self->base, consumer_free_handle, leave);
+    int rc = base_close(&self->base, leave);
     if (rc != 0)
         return tsp_raise(rc);
     Py_RETURN_NONE;
@@ -1322,7 +1362,7 @@ static void consumer_dealloc(PyObject *self_obj)
 {
     consumer_object *self = (consumer_object *)self_obj;
     PyObject_GC_UnTrack(self_obj);
-    base_close(&self->base, consumer_free_handle, 0);
+    base_close(&self->base, 0);
     base_dealloc_fields(&self->base);
     Py_CLEAR(self->group);
     Py_CLEAR(self->member);

@@ -3,6 +3,8 @@ redelivery, info, range), StreamProducer and StreamConsumer (fan-out to two cons
 re-slicing into batches of batch_rows rows with torch tensors, epochs ending `for batch in
 consumer`, resuming after close without leave, rows included), back-pressure at the window
 (BackpressureError, TimeoutError), and bad inputs. Every wait is bounded by a timeout_ms."""
+import gc
+import signal
 import threading
 import time
 
@@ -323,3 +325,72 @@ def test_consumer_gets_what_a_crashed_member_was_given_first(client):
     assert [e.id for e in client.stream_read("x", "g", "m", max_entries=2)] == [1, 2]
     with tensorshare.StreamConsumer(client, "x", "g", "m", timeout_ms=WAIT_MS) as c:
         assert [c.read() for _ in range(4)] == [0, 1, 2, 3]
+
+
+def alarm_in(seconds, handler):
+    """Run handler from SIGALRM after seconds (the tests run in the main thread)."""
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    return old
+
+
+def cancel_alarm(old):
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def test_ctrl_c_interrupts_a_wait_and_the_consumer_goes_on(client):
+    client.stream_create("k")
+    c = tensorshare.StreamConsumer(client, "k", "g")  # timeout_ms=None: no limit
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = alarm_in(0.3, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            c.read()
+    finally:
+        cancel_alarm(old)
+    client.stream_append("k", 42)
+    assert c.read() == 42
+    c.close()
+
+
+def test_signal_handler_closes_its_own_threads_consumer(client):
+    client.stream_create("h")
+    c = tensorshare.StreamConsumer(client, "h", "g")
+    old = alarm_in(0.3, lambda *_: c.close())
+    try:
+        with pytest.raises(tensorshare.CancelledError):
+            c.read()
+    finally:
+        cancel_alarm(old)
+    assert c.closed and c.client is None
+    (g,) = client.stream_info("h")["groups"]
+    assert [m["name"] for m in g["members"]] == ["g"]  # closed without leaving
+
+
+def test_views_release_their_memory(client):
+    live = tensorshare._tensorshare._live_views
+    gc.collect()
+    base = live()
+    client.stream_create("v")
+    for i in range(3):
+        client.stream_append("v", {"x": rows(i, 2)})
+    client.stream_mark("v", 0)
+    client.stream_join("v", "g", "m")
+    got = client.stream_read("v", "g", "m", timeout_ms=WAIT_MS, tensor_type="numpy")
+    c = tensorshare.StreamConsumer(client, "v", "g2", batch_rows=4, timeout_ms=WAIT_MS,
+                                   tensor_type="numpy")
+    batches = drain(c)
+    assert [len(b["x"]) for b in batches] == [4, 2]
+    keep = got[1].value["x"]
+    del got
+    gc.collect()
+    assert live() > base  # one tensor still holds the read's memory
+    np.testing.assert_array_equal(keep, rows(1, 2))
+    del keep, batches
+    c.close()
+    gc.collect()
+    assert live() == base
