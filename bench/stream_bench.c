@@ -485,7 +485,7 @@ typedef struct run {
     pid_t pid[N_CONSUMERS + 2];
     slot *s;
     int start[2]; /* closing start[1] starts everyone */
-    int late[2];  /* writing to late[1] lets the late consumer join */
+    int late[2];  /* closing late[1] lets the late consumer join */
     double t_start;
     double tsd_cpu0;
 } run;
@@ -498,9 +498,9 @@ static int run_spawn(run *r, const run_cfg *cfg, int idx, enum role role, const 
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        /* Only the parent holds the write ends: closing them is its start signal. */
         close(r->start[1]);
-        if (!late)
-            close(r->late[1]);
+        close(r->late[1]);
         int rc = role == ROLE_PRODUCER ? child_producer(cfg, &r->s[idx], r->start[0])
                  : role == ROLE_LOADER
                      ? child_loader(cfg, &r->s[idx], r->start[0])
@@ -764,9 +764,10 @@ static fail_res fail_case(const server *ts, int lease_ms, int pause_ms)
     uint64_t n = (uint64_t)g.batches;
     if (!bad && wait_batches(&r.s[0], n / 5, deadline) == 0) {
         res.late_at = atomic_load(&r.s[N_CONSUMERS].batches);
-        char go = 'g';
-        bad = write(r.late[1], &go, 1) != 1;
     }
+    /* Let the late consumer join (also when something failed, so that it ends). */
+    close(r.late[1]);
+    r.late[1] = -1;
     if (!bad && wait_batches(&r.s[0], n / 3, deadline) == 0) {
         res.killed_at = atomic_load(&r.s[1].batches);
         kill(r.pid[1], SIGKILL);
