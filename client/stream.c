@@ -1117,11 +1117,12 @@ static int cons_fill(ts_stream_consumer_t *s, uint32_t wait_ms)
 }
 
 /*
- * Acknowledge every done entry (in id ranges holding no open id) and the rows handed out of
- * part. 0 or the first error (what was not acknowledged stays to be).
+ * Acknowledge the done entries (at least one) in id ranges that hold no open id. 0 or the first
+ * error (what was not acknowledged stays in done).
  */
-static int cons_commit(ts_stream_consumer_t *s)
+static int cons_ack_done(ts_stream_consumer_t *s)
 {
+    int rc = 0;
     size_t nopen = s->a.nids + (s->have_part ? 1 : 0);
     size_t nb = ts_stream_batch_count(s->batch);
     nopen += nb > s->pos ? nb - s->pos : 0;
@@ -1137,7 +1138,6 @@ static int cons_commit(ts_stream_consumer_t *s)
         open[n++] = s->batch->tail->e[i].id;
     qsort(open, n, sizeof(uint64_t), cmp_u64);
     qsort(s->done, s->ndone, sizeof(uint64_t), cmp_u64);
-    int rc = 0;
     size_t i = 0, o = 0, keep = 0;
     while (i < s->ndone) {
         size_t j = i;
@@ -1157,6 +1157,16 @@ static int cons_commit(ts_stream_consumer_t *s)
     }
     s->ndone = keep;
     ts__free(open);
+    return rc;
+}
+
+/*
+ * Acknowledge every done entry and the rows handed out of part. 0 or the first error (what was
+ * not acknowledged stays to be).
+ */
+static int cons_commit(ts_stream_consumer_t *s)
+{
+    int rc = s->ndone > 0 ? cons_ack_done(s) : 0;
     if (rc == 0 && s->have_part && s->part_rows > s->part_acked) {
         rc = ts_stream_ack(s->c, s->name, s->group, s->member, s->part_id, s->part_id, s->part_rows,
                            NULL);
