@@ -4,6 +4,7 @@ re-slicing into batches of batch_rows rows with torch tensors, epochs ending `fo
 consumer`, resuming after close without leave, rows included), back-pressure at the window
 (BackpressureError, TimeoutError), and bad inputs. Every wait is bounded by a timeout_ms."""
 import gc
+import os
 import signal
 import threading
 import time
@@ -394,3 +395,86 @@ def test_views_release_their_memory(client):
     c.close()
     gc.collect()
     assert live() == base
+
+
+def test_work_queue_and_shared_consumer(client):
+    n = 40
+    client.stream_create("wq", max_entries=64)
+    for i in range(n):
+        client.stream_append("wq", i)
+    client.stream_mark("wq", 0)
+    # Two members of one group: each entry goes to one of them.
+    a = tensorshare.StreamConsumer(client, "wq", "work", "a", prefetch=2, timeout_ms=200)
+    b = tensorshare.StreamConsumer(client, "wq", "work", "b", prefetch=2, timeout_ms=200)
+    got_a, got_b = [], []
+    deadline = time.monotonic() + WAIT_MS / 1000.0
+    while len(got_a) + len(got_b) < n and time.monotonic() < deadline:
+        for c, got in ((a, got_a), (b, got_b)):
+            try:
+                v = c.read()
+            except tensorshare.TimeoutError:  # the other member holds what is left
+                continue
+            if v is not None:
+                got.append(v)
+    assert got_a and got_b and sorted(got_a + got_b) == list(range(n))
+    a.close()
+    b.close()
+    # One consumer shared by four threads: their calls take turns, each entry comes once.
+    client.stream_create("sh", max_entries=256)
+    for i in range(n):
+        client.stream_append("sh", i)
+    c = tensorshare.StreamConsumer(client, "sh", "g", timeout_ms=300)
+    seen, lock = [], threading.Lock()
+
+    def reader():
+        while True:
+            try:
+                v = c.read()
+            except tensorshare.TimeoutError:
+                return
+            with lock:
+                seen.append(v)
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_MS / 1000.0 * 4)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(seen) == list(range(n))
+    c.close()
+
+
+def test_after_fork(client):
+    client.stream_create("f")
+    c = tensorshare.StreamConsumer(client, "f", "g", timeout_ms=WAIT_MS)
+    p = tensorshare.StreamProducer(client, "f")
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's objects refuse, and close() does not hang
+        code = 1
+        try:
+            try:
+                c.read()
+            except tensorshare.ConnectionError:
+                try:
+                    p.push(1)
+                except tensorshare.ConnectionError:
+                    c.close()
+                    p.close()
+                    code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + WAIT_MS / 1000.0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child hung")
+        time.sleep(0.01)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert p.push(7) == 1 and c.read() == 7  # the parent's keep working
+    c.close()
+    p.close()
