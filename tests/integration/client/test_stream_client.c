@@ -445,6 +445,86 @@ static void test_work_queue(void **state)
     ts_stream_batch_free(got);
 }
 
+/*
+ * The same through the consumer helper: two members share the entries; one that closes with an
+ * entry read ahead and never handed out leaves it pending, and the other takes it after the
+ * lease.
+ */
+static void test_work_queue_helpers(void **state)
+{
+    (void)state;
+    const char *name = "st/wq2";
+    make_stream(name, 64, 0);
+    ts_stream_consumer_options_t o;
+    ts_stream_consumer_options_init(&o);
+    o.prefetch = 2;
+    o.lease_ms = SHORT_LEASE_MS;
+    o.timeout_ms = QUICK_MS;
+    ts_stream_consumer_t *a = NULL, *b = NULL;
+    assert_int_equal(ts_stream_consumer_open(&a, cl, name, "wq", "a", &o), 0);
+    assert_int_equal(ts_stream_consumer_open(&b, cl, name, "wq", "b", &o), 0);
+    for (int i = 1; i <= 9; i++)
+        push_tag(name, i);
+    int seen[10] = {0};
+    ts_value_t *v = NULL;
+    /* b takes one entry (and reads a second ahead), a takes everything else. */
+    assert_int_equal(ts_stream_consumer_next(b, &v, NULL), 0);
+    seen[tc_tag(v)]++;
+    ts_value_free(v);
+    ts_stream_consumer_close(b, 0);
+    int from_a = 0;
+    /* b's read-ahead entry comes to a once b's lease has passed: a retries until then. */
+    uint64_t t0 = tc_now_ms();
+    while (from_a < 8 && tc_now_ms() - t0 < TC_WAIT_MS) {
+        int rc = ts_stream_consumer_next(a, &v, NULL);
+        if (rc == TS_ETIMEDOUT)
+            continue;
+        assert_int_equal(rc, 0);
+        int64_t tag = tc_tag(v);
+        assert_true(tag >= 1 && tag <= 9);
+        seen[tag]++;
+        from_a++;
+        ts_value_free(v);
+    }
+    assert_int_equal(from_a, 8);
+    for (int i = 1; i <= 9; i++)
+        assert_int_equal(seen[i], 1);
+    expect_nothing(a);
+    ts_stream_consumer_close(a, 1);
+}
+
+/* A root tensor re-sliced: int32 [3] entries in batches of 2. */
+static void test_reslice_tensor(void **state)
+{
+    (void)state;
+    const char *name = "st/slicetensor";
+    make_stream(name, 64, 0);
+    for (int e = 0; e < 3; e++) {
+        int32_t d[3] = {3 * e, 3 * e + 1, 3 * e + 2};
+        int64_t n = 3;
+        ts_value_t *t = ts_tensor_new(TS_INT32, 1, &n, d, TS_BORROW);
+        assert_int_equal(ts_stream_append(cl, name, t, NULL), 0);
+        ts_value_free(t);
+    }
+    ts_stream_consumer_t *s = consumer(name, "g", "m", TS_STREAM_OLDEST, 2, 2, QUICK_MS);
+    for (int32_t r = 0; r < 8; r += 2) {
+        ts_value_t *v = NULL;
+        ts_stream_item_t info;
+        assert_int_equal(ts_stream_consumer_next(s, &v, &info), 0);
+        const ts_tensor_t *t = ts_value_tensor(v);
+        assert_non_null(t);
+        assert_int_equal(t->shape[0], 2);
+        assert_int_equal(((const int32_t *)t->data)[0], r);
+        assert_int_equal(((const int32_t *)t->data)[1], r + 1);
+        assert_int_equal(info.first_id, (uint64_t)(r / 3 + 1));
+        assert_int_equal(info.last_id, (uint64_t)((r + 1) / 3 + 1));
+        ts_value_free(v);
+    }
+    /* The last row waits for more (no marker): nothing is handed out yet. */
+    expect_nothing(s);
+    ts_stream_consumer_close(s, 1);
+}
+
 /* {"x": float32 [n, COLS] with row r = (first + r) * 10 + column, "k": 7}. */
 static ts_value_t *rows_item(int64_t first, int64_t n)
 {
@@ -741,11 +821,18 @@ static void test_bad_input(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fanout),         cmocka_unit_test(test_late_joiner),
-        cmocka_unit_test(test_resume),         cmocka_unit_test(test_credits),
-        cmocka_unit_test(test_dead_consumer),  cmocka_unit_test(test_work_queue),
-        cmocka_unit_test(test_reslice),        cmocka_unit_test(test_reslice_resume),
-        cmocka_unit_test(test_reslice_errors), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_fanout),
+        cmocka_unit_test(test_late_joiner),
+        cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_credits),
+        cmocka_unit_test(test_dead_consumer),
+        cmocka_unit_test(test_work_queue),
+        cmocka_unit_test(test_reslice),
+        cmocka_unit_test(test_reslice_resume),
+        cmocka_unit_test(test_reslice_errors),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_work_queue_helpers),
+        cmocka_unit_test(test_reslice_tensor),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
