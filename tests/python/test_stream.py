@@ -478,3 +478,15 @@ def test_after_fork(client):
     assert p.push(7) == 1 and c.read() == 7  # the parent's keep working
     c.close()
     p.close()
+
+
+def test_lost_entries_are_counted(client):
+    client.stream_create("l", max_entries=4)
+    client.stream_join("l", "slow", "slow")
+    for i in range(10):
+        client.stream_append("l", i)
+    with tensorshare.StreamConsumer(client, "l", "slow", timeout_ms=WAIT_MS) as c:
+        assert [c.read() for _ in range(4)] == [6, 7, 8, 9]  # the window kept the last 4
+        assert c.lost == 6 and c.first_id == c.last_id == 10
+    r = client.stream_range("l")
+    assert [e.id for e in r] == [7, 8, 9, 10] and r.first_id == 7
