@@ -38,6 +38,8 @@
 #define RING_MIN 16u
 /* Pending entries a member's array holds when first allocated (it doubles from there). */
 #define PEND_MIN 8u
+/* Pending entries an emptied array may keep its room for (larger ones are given back). */
+#define PEND_KEEP 64u
 /*
  * lease_due of a stream whose lease timer could not be allocated: the cron then tries its waits
  * (out of memory only; otherwise nothing here is ever polled).
@@ -140,14 +142,15 @@ static void item_take(tsd_server *srv, tsd_item *it)
 
 /*
  * The stream lets go of it: a queued reply may still hold it, then its bytes count as orphaned
- * until the last reference goes (as the store does for the items of bins).
+ * until the last reference goes (as the store does for the items of bins). orphan is 0 when the
+ * store itself goes (exit): no item may point at it then.
  */
-static void item_drop(tsd_server *srv, tsd_item *it)
+static void item_drop(tsd_server *srv, tsd_item *it, int orphan)
 {
     tsd_store *s = &srv->store;
     s->held -= item_mem(it);
     s->overhead -= item_overhead(it);
-    if (atomic_load_explicit(&it->refs, memory_order_acquire) > 1) {
+    if (orphan && atomic_load_explicit(&it->refs, memory_order_acquire) > 1) {
         it->orphan_of = s;
         atomic_fetch_or_explicit(&it->refs, TSD_ITEM_ORPHANED, memory_order_acq_rel);
         s->orphaned_bytes += item_mem(it);
@@ -381,7 +384,7 @@ static void pend_trim(tsd_server *srv, tsd_stream *st, tsd_stream_member *m)
         return;
     }
     m->pend_head = 0;
-    if (m->pend_cap > 64u) {
+    if (m->pend_cap > PEND_KEEP) {
         uncharge(srv, st, (uint64_t)m->pend_cap * sizeof(*m->pend));
         ts__free(m->pend);
         m->pend = NULL;
@@ -629,14 +632,14 @@ static void entry_push(tsd_server *srv, tsd_stream *st, tsd_item *it, uint64_t t
     sx(srv)->entries++;
 }
 
-/* Drop the oldest kept entry. */
-static void entry_pop(tsd_server *srv, tsd_stream *st)
+/* Drop the oldest kept entry (orphan: see item_drop). */
+static void entry_pop(tsd_server *srv, tsd_stream *st, int orphan)
 {
     tsd_stream_entry *e = &st->ring[st->ring_head & (st->ring_cap - 1)];
     if (e->it != NULL) {
         st->bytes -= tsd_item_len(e->it);
         sx(srv)->bytes -= tsd_item_len(e->it);
-        item_drop(srv, e->it);
+        item_drop(srv, e->it, orphan);
         e->it = NULL;
     }
     st->ring_head = (st->ring_head + 1) & (st->ring_cap - 1);
@@ -693,7 +696,7 @@ static void retain(tsd_server *srv, tsd_stream *st, uint64_t now)
                    (cfg->max_age_ms != 0 && n > 1 && now - oldest->time_ms > cfg->max_age_ms);
         if (!drop)
             break;
-        entry_pop(srv, st);
+        entry_pop(srv, st, 1);
     }
     if (st->first_id != old_first)
         groups_after_drop(srv, st, old_first);
@@ -737,12 +740,12 @@ static int stream_new(tsd_server *srv, const uint8_t *name, size_t len,
 
 static void lease_timer_close(tsd_stream *st);
 
-/* Free st (unlinked, no waits left). */
-static void stream_free(tsd_server *srv, tsd_stream *st)
+/* Free st (unlinked, no waits left); final: the store goes too (see item_drop). */
+static void stream_free(tsd_server *srv, tsd_stream *st, int final)
 {
     lease_timer_close(st);
     while (n_entries(st) > 0)
-        entry_pop(srv, st);
+        entry_pop(srv, st, !final);
     for (uint32_t i = 0; i < st->n_groups; i++)
         group_free(srv, st, st->groups[i]);
     uncharge(srv, st, (uint64_t)st->groups_cap * sizeof(*st->groups));
@@ -1644,8 +1647,12 @@ static void op_join(tsd_conn *c, const ts__hdr *h, tsd_stream *st, const uint8_t
     size_t blen;
     (void)ts__msg_stream_join_state_encode(body, sizeof(body), &js, &blen);
     tsd_reply(c, op, rid, TS_ST_OK, body, blen);
-    /* A group that was stale is live again: the lease timer may now matter for it. */
-    lease_rearm(srv, st);
+    /* Its entries marked for redelivery may satisfy a read of it that waits elsewhere; a group
+     * that was stale is live again, so the lease timer may matter for it now. */
+    if (m->n_pend > 0)
+        waits_try(srv, st, 0);
+    else
+        lease_rearm(srv, st);
 }
 
 /* The member of a READ/ACK, or NULL after a NOT_FOUND reply. */
@@ -1713,10 +1720,10 @@ static void op_read(tsd_conn *c, const ts__hdr *h, tsd_stream *st, const uint8_t
     (void)tsd_server_next_version(srv);
     int acked = ack_through > 0 && ack_range(srv, st, g, m, 1, ack_through) > 0;
     /* A connection that takes no more output gets nothing handed: it would be lost. */
-    if (c->out_blocked)
-        return;
-    int n = gather_read(srv, st, g, m, max, now);
-    if (n < 0) {
+    int n = c->out_blocked ? 0 : gather_read(srv, st, g, m, max, now);
+    if (c->out_blocked) {
+        /* No reply can go out any more (the connection is on its way out). */
+    } else if (n < 0) {
         reply_oom(c, op, rid, n, "handing out entries");
     } else if (n > 0 || timeout_ms == 0) {
         reply_entries(c, op, rid, st, g->lost, (uint32_t)n);
@@ -2011,7 +2018,7 @@ void tsd_stream_delete(tsd_conn *c, const ts__hdr *h, tsd_stream *st)
     memcpy(name, st->node.name, len);
     waits_gone(srv, st);
     tsd_htab_remove(&sx(srv)->table, &st->node);
-    stream_free(srv, st);
+    stream_free(srv, st, 0);
     (void)tsd_server_next_version(srv);
     tsd_reply_state(c, h->opcode, h->request_id, TS_ST_OK, last, n);
     tsd_notify_change(srv, name, len, last, 0, TS_NOTE_DELETE);
@@ -2173,7 +2180,7 @@ static int free_one(tsd_stream *st, void *arg)
     while (st->waits != NULL)
         wait_drop(srv, st->waits);
     tsd_htab_remove(&sx(srv)->table, &st->node);
-    stream_free(srv, st);
+    stream_free(srv, st, 1);
     return 0;
 }
 

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -1143,6 +1144,69 @@ static void test_max_memory(void **state)
     close(fd);
 }
 
+/* While snapshots fail (--stop-writes-on-save-error), stream writes are refused; reads go on. */
+static void test_save_failing(void **state)
+{
+    (void)state;
+    tsh_server_stop(&srv);
+    tsh_server_cleanup(&srv);
+    char dir[] = "/tmp/tsstream.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char sub[64], gone[64], snap[80];
+    snprintf(sub, sizeof(sub), "%s/d", dir);
+    snprintf(gone, sizeof(gone), "%s/gone", dir);
+    snprintf(snap, sizeof(snap), "%s/snap", sub);
+    assert_int_equal(mkdir(sub, 0700), 0);
+    const char *args[] = {"--save", snap, "--stop-writes-on-save-error", "yes", NULL};
+    assert_int_equal(tsh_server_start(&srv, args), 0);
+    int fd = tsu_client(&srv);
+    create(fd, "s", 10, 0, 0, 0, 0);
+    append(fd, "s", 0);
+    join(fd, "s", "g", "m", TS_STREAM_START_OLDEST, 0);
+    /* Every snapshot fails: the directory moves away and a plain file takes its name. */
+    assert_int_equal(rename(sub, gone), 0);
+    FILE *x = fopen(sub, "w");
+    assert_non_null(x);
+    fclose(x);
+    uint32_t id = send_body(fd, TS_OP_SAVE, NULL, 0);
+    expect_status(fd, TS_OP_SAVE, id, TS_ST_INTERNAL);
+    id = send_create(fd, "t", 10, 0, 0, 0, 0);
+    expect_status(fd, TS_OP_STREAM_CREATE, id, TS_ST_SAVE_FAILING);
+    append_st(fd, "s", 1, TS_ST_SAVE_FAILING);
+    mark(fd, "s", 1, TS_ST_SAVE_FAILING);
+    id = send_join(fd, "s", "g", "m", 0, 0);
+    expect_status(fd, TS_OP_STREAM_JOIN, id, TS_ST_SAVE_FAILING);
+    id = send_read(fd, "s", "g", "m", 0, 1, 0);
+    expect_status(fd, TS_OP_STREAM_READ, id, TS_ST_SAVE_FAILING);
+    id = send_ack(fd, "s", "g", "m", 1, 1, 0);
+    expect_status(fd, TS_OP_STREAM_ACK, id, TS_ST_SAVE_FAILING);
+    leave(fd, "s", "g", "m", TS_ST_SAVE_FAILING);
+    id = rid++;
+    assert_int_equal(tsu_send_name(fd, TS_OP_DELETE, id, "s", NULL, 0), 0);
+    expect_status(fd, TS_OP_DELETE, id, TS_ST_SAVE_FAILING);
+    /* Reads go on, and nothing changed. */
+    batch b;
+    range_b(fd, "s", 0, 10, 0, &b);
+    expect_ids(&b, 1, 1);
+    id = send_credit(fd, "s", 0);
+    expect_status(fd, TS_OP_STREAM_CREDIT, id, TS_ST_OK);
+    assert_int_equal(info_int(fd, "s", "last_id"), 1);
+    /* Mended: the next snapshot succeeds and writes go on. */
+    assert_int_equal(unlink(sub), 0);
+    assert_int_equal(rename(gone, sub), 0);
+    id = send_body(fd, TS_OP_SAVE, NULL, 0);
+    expect_status(fd, TS_OP_SAVE, id, TS_ST_OK);
+    append(fd, "s", 1);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    char p[128];
+    snprintf(p, sizeof(p), "%s.lock", snap);
+    unlink(p);
+    unlink(snap);
+    rmdir(sub);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1163,6 +1227,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_max_watch_and_shutdown, start, stop),
         cmocka_unit_test_setup_teardown(test_memory_accounting, start, stop),
         cmocka_unit_test_setup_teardown(test_max_memory, start, stop),
+        cmocka_unit_test_setup_teardown(test_save_failing, start, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
