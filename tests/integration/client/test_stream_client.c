@@ -379,6 +379,16 @@ static void test_dead_consumer(void **state)
     assert_int_equal(ts_stream_batch_count(b), 1);
     assert_int_equal(ts_stream_batch_id(b, 0), 3);
     ts_stream_batch_free(b);
+    /* A producer's push waits for the lease to pass again, then goes in. */
+    ts_stream_producer_t *p = NULL;
+    assert_int_equal(ts_stream_producer_open(&p, cl, name, NULL, TC_WAIT_MS), 0);
+    it = tc_item(1, 4.0f, 4);
+    uint64_t id = 0;
+    assert_int_equal(ts_stream_producer_push(p, it, &id), 0);
+    assert_int_equal(id, 4);
+    assert_int_equal(ts_stream_producer_waits(p), 1);
+    ts_value_free(it);
+    ts_stream_producer_free(p);
     assert_int_equal(ts_stream_leave(cl, name, "g", NULL, &st), 0);
     assert_int_equal(st.n_groups, 0);
 }
