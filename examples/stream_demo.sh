@@ -186,7 +186,11 @@ for g in t16 t32 t48 t64; do
         fi
         e=$((e + 1))
     done
-    [ $complete -ge $((epochs - 1)) ] || fail "$g: only $complete whole epochs"
+    # The late consumer's first whole epoch depends on how far the producer had gone when it
+    # joined (at most the window ahead of the slowest consumer): at least the last one.
+    need=$epochs
+    [ "$g" != t64 ] || need=1
+    [ $complete -ge $need ] || fail "$g: only $complete whole epochs"
 done
 line=$(grep "^consumer t48: resumed:" "$tmp/t48.log") || fail "t48 did not resume"
 red=$(echo "$line" | sed -n 's/.*committed), \([0-9]*\) rows redelivered (at most \([0-9]*\),.*/\1 \2/p')
