@@ -5,7 +5,7 @@
  * consumer gets every batch, at its own batch size, from the stream.
  *
  *   tensord --port 8000 &
- *   stream_producer --address 127.0.0.1:8000 --epochs 3 &
+ *   stream_producer --address 127.0.0.1:8000 --epochs 3 --wait-consumers 2 &
  *   stream_consumer --address 127.0.0.1:8000 --group a --batch-rows 16 --epochs 3 &
  *   stream_consumer --address 127.0.0.1:8000 --group b --batch-rows 64 --epochs 3
  *
