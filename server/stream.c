@@ -1011,6 +1011,8 @@ static void wait_drop(tsd_server *srv, tsd_swait *w)
         st->waits = w->snext;
     if (w->snext != NULL)
         w->snext->sprev = w->sprev;
+    else
+        st->waits_tail = w->sprev;
     if (w->cprev != NULL)
         w->cprev->cnext = w->cnext;
     else
@@ -1096,10 +1098,13 @@ static int wait_add(tsd_conn *c, tsd_stream *st, uint8_t op, uint32_t rid, uint3
     w->op = op;
     w->deadline = now_ms(srv) + timeout_ms;
     w->seq = s->seq++;
-    w->snext = st->waits;
-    if (st->waits != NULL)
-        st->waits->sprev = w;
-    st->waits = w;
+    /* Oldest first: the waiting readers of a work queue are served in their order of arrival. */
+    w->sprev = st->waits_tail;
+    if (st->waits_tail != NULL)
+        st->waits_tail->snext = w;
+    else
+        st->waits = w;
+    st->waits_tail = w;
     w->cnext = c->swaits;
     if (c->swaits != NULL)
         c->swaits->cprev = w;
@@ -1382,6 +1387,10 @@ static void lease_rearm(tsd_server *srv, tsd_stream *st)
     for (const tsd_swait *w = st->waits; w != NULL; w = w->snext) {
         credit_waits |= w->op == TS_OP_STREAM_CREDIT;
         read_waits |= w->op == TS_OP_STREAM_READ && w->g != NULL;
+    }
+    if (!credit_waits && !read_waits) {
+        lease_timer_close(st);
+        return;
     }
     for (uint32_t i = 0; i < st->n_groups; i++) {
         const tsd_stream_group *g = st->groups[i];

@@ -108,10 +108,10 @@ typedef struct tsd_stream {
     uint64_t ring_head, ring_cap;
     tsd_stream_group **groups;
     uint32_t n_groups, groups_cap;
-    tsd_swait *waits;        /* pending READ/RANGE/CREDIT requests on this stream */
-    uv_timer_t *lease_timer; /* armed for the next lease end that matters; NULL when none */
-    uint64_t lease_due;      /* uv_now the lease timer fires at (0 = not armed) */
-    uint64_t cost;           /* bytes of bookkeeping counted in store.overhead */
+    tsd_swait *waits, *waits_tail; /* pending READ/RANGE/CREDIT requests, oldest first */
+    uv_timer_t *lease_timer;       /* armed for the next lease end that matters; NULL when none */
+    uint64_t lease_due;            /* uv_now the lease timer fires at (0 = not armed) */
+    uint64_t cost;                 /* bytes of bookkeeping counted in store.overhead */
 } tsd_stream;
 
 /* stream.c's server-wide state (tsd_server.streams). */

@@ -665,6 +665,42 @@ static void test_work_queue(void **state)
     close(fd);
 }
 
+/* Two members waiting in READ: each append goes to exactly one, the longest waiting first. */
+static void test_waiting_readers(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv), w1 = tsu_client(&srv), w2 = tsu_client(&srv);
+    create(fd, "q", 100, 0, 0, 0, 0);
+    join(fd, "q", "g", "m1", TS_STREAM_START_OLDEST, 200);
+    join(fd, "q", "g", "m2", TS_STREAM_START_OLDEST, 0);
+    uint32_t r2 = send_read(w2, "q", "g", "m2", 0, 10, 5000);
+    sleep_ms(30);
+    uint32_t r1 = send_read(w1, "q", "g", "m1", 0, 10, 5000);
+    sleep_ms(30);
+    assert_int_equal(tsu_stat(fd, "stream_waits"), 2);
+    append(fd, "q", 0);
+    batch b;
+    recv_entries(w2, TS_OP_STREAM_READ, r2, &b);
+    expect_ids(&b, 1, 1);
+    ack(fd, "q", "g", "m2", 1, 1, 0);
+    append(fd, "q", 1);
+    recv_entries(w1, TS_OP_STREAM_READ, r1, &b);
+    expect_ids(&b, 2, 1);
+    /* A member waiting in READ is live: its entries are not claimed however long it waits
+     * (here twice the group's 200 ms lease). */
+    r1 = send_read(w1, "q", "g", "m1", 0, 10, 5000);
+    sleep_ms(400);
+    read_b(fd, "q", "g", "m2", 0, 10, 0, &b);
+    assert_int_equal(b.n, 0);
+    assert_int_equal(info_int(fd, "q", "entries"), 2);
+    append(fd, "q", 2);
+    recv_entries(w1, TS_OP_STREAM_READ, r1, &b);
+    expect_ids(&b, 3, 1);
+    close(w2);
+    close(w1);
+    close(fd);
+}
+
 /* LEAVE: a member's entries go to the others at once (a waiting read is woken); the group. */
 static void test_leave(void **state)
 {
@@ -1217,6 +1253,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_newest_and_rejoin, start, stop),
         cmocka_unit_test_setup_teardown(test_credits, start, stop),
         cmocka_unit_test_setup_teardown(test_work_queue, start, stop),
+        cmocka_unit_test_setup_teardown(test_waiting_readers, start, stop),
         cmocka_unit_test_setup_teardown(test_leave, start, stop),
         cmocka_unit_test_setup_teardown(test_partial_ack_and_markers, start, stop),
         cmocka_unit_test_setup_teardown(test_wait_listen_list, start, stop),
