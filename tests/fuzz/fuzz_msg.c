@@ -2,11 +2,12 @@
  * Fuzz target: every decoder of the message codec (src/msg.c). The first input byte picks a body
  * (a request of an opcode, or a reply of an opcode with a status); the rest is the body. A body
  * that decodes must encode back to the same bytes, the decoder picked by the opcode must agree
- * with the decoder of the body's own kind, and the walks over ITEMS, LIST and ENTRIES bodies must
- * stay inside the body. The streaming PUT head must agree with the whole-body decoder at every
- * split. The last selector drives tensord's request parsing instead: the header check
- * (ts__msg_request_check) on 24 header bytes and a connection state, then the body decoder of
- * the opcode it admits, as server/conn.c and server/ops.c call them.
+ * with the decoder of the body's own kind, and the walks over ITEMS, LIST, ENTRIES and REF_ITEMS
+ * bodies must stay inside the body (a REF_ITEMS descriptor entry inside its file_len). The
+ * streaming PUT head must agree with the whole-body decoder at every split. The last selector
+ * drives tensord's request parsing instead: the header check (ts__msg_request_check) on 24 header
+ * bytes and a connection state, then the body decoder of the opcode it admits, as server/conn.c and
+ * server/ops.c call them.
  */
 #include "fuzz.h"
 
@@ -67,6 +68,13 @@ static const struct {
     {0, TS_OP_STREAM_INFO, TS_ST_OK},
     {0, TS_OP_STREAM_RANGE, TS_ST_OK},
     {0, TS_OP_STREAM_APPEND, TS_ST_BACKPRESSURE},
+    /* By reference and rows, after the streams for the same reason. */
+    {0, TS_OP_GET_REF, TS_ST_OK},
+    {0, TS_OP_PEEK_REF, TS_ST_OK},
+    {1, TS_OP_PUT_FD, 0},
+    {1, TS_OP_APPEND_FD, 0},
+    {1, TS_OP_TENSOR_BIN, 0},
+    {1, TS_OP_READ_ROWS, 0},
 };
 
 /* Body limits (bytes) the request mode picks --max-frame from: around the control limit, and big.
@@ -89,6 +97,10 @@ static void same_as_kind(ts__msg_kind kind, const uint8_t *body, size_t len, int
         ts__msg_list li;
         ts__msg_notify nt;
         ts__msg_error er;
+        ts__msg_ref_items ri;
+        ts__msg_put_fd_req pf;
+        ts__msg_tensor_bin_req tb;
+        ts__msg_read_rows_req rr;
         ts__msg_stream_create_req sc;
         ts__msg_stream_mark_req sm;
         ts__msg_stream_credit_req scr;
@@ -140,6 +152,18 @@ static void same_as_kind(ts__msg_kind kind, const uint8_t *body, size_t len, int
         break;
     case TS_MSG_ERROR:
         k = ts__msg_error_decode(body, len, &u.er);
+        break;
+    case TS_MSG_REF_ITEMS:
+        k = ts__msg_ref_decode(body, len, &u.ri);
+        break;
+    case TS_MSG_PUT_FD_REQ:
+        k = ts__msg_put_fd_req_decode(body, len, &u.pf);
+        break;
+    case TS_MSG_TENSOR_BIN_REQ:
+        k = ts__msg_tensor_bin_req_decode(body, len, &u.tb);
+        break;
+    case TS_MSG_READ_ROWS_REQ:
+        k = ts__msg_read_rows_req_decode(body, len, &u.rr);
         break;
     case TS_MSG_STREAM_CREATE_REQ:
         k = ts__msg_stream_create_req_decode(body, len, &u.sc);
@@ -249,6 +273,76 @@ static void walk_entries(const ts__msg_stream_entries *m)
         seen++;
     }
     FZ_CHECK(seen == m->n && end == m->len);
+}
+
+/*
+ * Walk a decoded REF_ITEMS body as the client's descriptor lane does: at most TS_MAX_REF_ITEMS
+ * entries of known where and flags; inline records inside the body, 64-byte aligned, right after
+ * the one before, padded with zeros, with no file_len; descriptor entries 4096-aligned with
+ * [offset, offset + length) inside file_len, as many as n_fds says; nothing after the last record.
+ */
+static void walk_ref(const ts__msg_ref_items *m)
+{
+    uint64_t end = ts__msg_ref_head_size(m->n_items);
+    uint32_t fds = 0;
+    FZ_CHECK(m->n_items <= TS_MAX_REF_ITEMS && end <= m->len && m->n_fds <= m->n_items);
+    for (uint32_t i = 0; i < m->n_items; i++) {
+        ts__msg_ref_entry e, again_e;
+        ts__msg_ref_entry_get(m, i, &e);
+        FZ_CHECK((e.flags & ~TS_REF_LIVE) == 0);
+        if (e.where == TS_REF_FD) {
+            FZ_CHECK(e.offset % TS_REF_FILE_ALIGN == 0);
+            FZ_CHECK(e.length <= e.file_len && e.offset <= e.file_len - e.length);
+            fds++;
+        } else {
+            FZ_CHECK(e.where == TS_REF_INLINE && e.file_len == 0);
+            FZ_CHECK(e.offset == end && end % TS__ALIGN == 0);
+            FZ_CHECK(e.length <= m->len - end);
+            size_t pad = ts__msg_items_pad(e.length);
+            FZ_CHECK(pad <= m->len - end - e.length);
+            for (size_t j = 0; j < pad; j++)
+                FZ_CHECK(m->body[end + e.length + j] == 0);
+            end += e.length + pad;
+        }
+        /* The accessor reads the body only: the same entry twice. */
+        ts__msg_ref_entry_get(m, i, &again_e);
+        FZ_CHECK(again_e.where == e.where && again_e.offset == e.offset &&
+                 again_e.length == e.length && again_e.file_len == e.file_len);
+    }
+    FZ_CHECK(fds == m->n_fds && end == m->len);
+}
+
+/* The name and key of a decoded row or descriptor request lie inside the body, which they fill. */
+static void check_rows_reqs(const ts__msg *m, const uint8_t *body, size_t len)
+{
+    switch (m->kind) {
+    case TS_MSG_PUT_FD_REQ:
+        FZ_CHECK(m->u.put_fd.name_len <= TS_MAX_NAME_LEN && m->u.put_fd.name == body + 1);
+        FZ_CHECK(len == ts__msg_put_fd_req_size(m->u.put_fd.name_len));
+        break;
+    case TS_MSG_TENSOR_BIN_REQ: {
+        const ts__msg_tensor_bin_req *t = &m->u.tensor_bin;
+        FZ_CHECK(t->name_len <= TS_MAX_NAME_LEN && t->name == body + 1);
+        FZ_CHECK(len == ts__msg_tensor_bin_req_size(t->name_len, t->ndim));
+        /* The dims kept are the body's first ones. */
+        const uint8_t *dims = body + 1 + t->name_len + TS_MSG_TENSOR_BIN_FIXED;
+        for (unsigned i = 0; i < t->ndim && i < TS_MAX_NDIM; i++)
+            FZ_CHECK(t->dims[i] == ts__get_u64le(dims + 8 * (size_t)i));
+        break;
+    }
+    case TS_MSG_READ_ROWS_REQ: {
+        const ts__msg_read_rows_req *r = &m->u.read_rows;
+        FZ_CHECK(r->name_len <= TS_MAX_NAME_LEN && r->name == body + 1);
+        FZ_CHECK(r->key_len <= TS_MSG_MAX_ROWS_KEY && (r->key == NULL) == (r->key_len == 0));
+        /* The key follows the name, the i32 item and the u16 key_len. */
+        if (r->key != NULL)
+            FZ_CHECK(r->key == body + 1 + r->name_len + 4 + 2);
+        FZ_CHECK(len == ts__msg_read_rows_req_size(r->name_len, r->key_len));
+        break;
+    }
+    default:
+        break;
+    }
 }
 
 /* The streaming PUT head agrees with the whole body at every split of the first bytes. */
@@ -372,9 +466,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rc != 0)
         return 0;
     FZ_CHECK(m.kind == kind);
+    check_rows_reqs(&m, body, len);
+    if (kind == TS_MSG_REF_ITEMS)
+        walk_ref(&m.u.ref_items);
 
-    /* Decoded bodies encode back to the very same bytes. */
+    /*
+     * Decoded bodies encode back to the very same bytes. A TENSOR_BIN body may announce more dims
+     * than a tensor has (the server answers INVALID): it decodes, and the encoder refuses it.
+     */
     size_t n = 0;
+    if (kind == TS_MSG_TENSOR_BIN_REQ && m.u.tensor_bin.ndim > TS_MAX_NDIM) {
+        FZ_CHECK(ts__msg_encode(&m, again, sizeof(again), &n) == TS_EINVAL);
+        return 0;
+    }
     FZ_CHECK(ts__msg_encode(&m, again, sizeof(again), &n) == 0);
     if (kind == TS_MSG_EMPTY) {
         FZ_CHECK(len == 0);

@@ -2,7 +2,9 @@
  * Fuzz target: the client's reply decoder (client/reply.c over src/msg.c's decoders), which
  * turns the body of a successful reply into results: items decoded in place (GET, PEEK, and the
  * entries of STREAM_READ and STREAM_RANGE), bin lists (LIST), stats and STREAM_INFO records, bin
- * and stream states and the HELLO answer. The first input byte picks the opcode the
+ * and stream states and the HELLO answer. REF_ITEMS bodies (GET_REF, PEEK_REF) travel on the
+ * descriptor lane instead (client/shm.c): the parser must refuse them, and the lane's own reading
+ * of their inline records is replayed below. The first input byte picks the opcode the
  * reply answers; the rest is the body, handed over in a 64-byte aligned buffer exactly as the I/O
  * thread does. A parse must either fail with TS_EPROTO (or TS_ENOMEM) and leave no results, or
  * succeed with results whose every pointer stays inside what it owns; the walk below touches all of
@@ -19,7 +21,9 @@ static const uint8_t ops[] = {
     /* Streams, last so that the seeds' selectors keep their meaning. */
     TS_OP_STREAM_CREATE, TS_OP_STREAM_APPEND, TS_OP_STREAM_MARK, TS_OP_STREAM_CREDIT,
     TS_OP_STREAM_JOIN, TS_OP_STREAM_READ, TS_OP_STREAM_ACK, TS_OP_STREAM_LEAVE, TS_OP_STREAM_INFO,
-    TS_OP_STREAM_RANGE};
+    TS_OP_STREAM_RANGE,
+    /* By reference, after the streams for the same reason. */
+    TS_OP_GET_REF, TS_OP_PEEK_REF};
 
 static volatile uint8_t sink;
 
@@ -147,6 +151,42 @@ static void check_results(uint8_t op, const ts_result_t *res, size_t len)
     }
 }
 
+/*
+ * A REF_ITEMS body as the descriptor lane reads it (client/shm.c, ref_items): the codec's decoder,
+ * then every inline record validated and decoded in place from a 64-byte aligned copy of the body
+ * (the checks of ts__fz_check_record_in). Descriptor entries need the frame's descriptors, which
+ * an input cannot carry; the decoder has checked their ranges (fuzz_msg walks them).
+ */
+static void ref_inline(const uint8_t *data, size_t len)
+{
+    ts__msg_ref_items m;
+    if (len == 0 || ts__msg_ref_decode(data, len, &m) != 0)
+        return;
+    uint8_t *body = ts__malloc_aligned(len);
+    if (body == NULL)
+        return;
+    memcpy(body, data, len);
+    ts__rbuf *buf = ts__rbuf_new(body, len, NULL);
+    if (buf == NULL) {
+        ts__free_aligned(body, len);
+        return;
+    }
+    for (uint32_t i = 0; i < m.n_items; i++) {
+        ts__msg_ref_entry e;
+        ts__msg_ref_entry_get(&m, i, &e);
+        if (e.where != TS_REF_INLINE)
+            continue;
+        FZ_CHECK(e.offset % TS__ALIGN == 0 && e.offset <= len && e.length <= len - e.offset);
+        /*
+         * Decoded in place exactly when valid, every pointer inside the record; the lane stops
+         * at the first invalid one.
+         */
+        if (ts__fz_check_record_in(buf, (size_t)e.offset, (size_t)e.length) != 0)
+            break;
+    }
+    ts__rbuf_unref(buf);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1)
@@ -178,6 +218,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ts__msg m;
     if (rc == 0)
         FZ_CHECK(ts__msg_reply_decode(op, TS_ST_OK, body_copy, len, &m) == 0);
+    if (op == TS_OP_GET_REF || op == TS_OP_PEEK_REF) {
+        FZ_CHECK(rc == TS_EPROTO);
+        ref_inline(data + 1, len);
+    }
 
     /* A bin state parsed on its own (WAIT's TIMEOUT answer) is exactly its 16 bytes. */
     ts__req st;
