@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -533,6 +534,54 @@ static void test_reslice_tensor(void **state)
     ts_stream_consumer_close(s, 1);
 }
 
+/*
+ * A read whose answer never comes back (the server stopped past the client's request timeout)
+ * may still have handed entries to the member: the consumer joins again before its next read,
+ * so those entries come to it again instead of staying pending with nobody to see them.
+ */
+static void test_lost_read(void **state)
+{
+    (void)state;
+    const char *name = "st/lostread";
+    make_stream(name, 64, 0);
+    for (int i = 1; i <= 6; i++)
+        push_tag(name, i);
+    ts_client_options_t co;
+    ts_client_options_init(&co);
+    co.request_timeout_ms = 200;
+    ts_client_t *c2 = NULL;
+    assert_int_equal(ts_client_open(&c2, srv.addr, &co), 0);
+    ts_stream_consumer_options_t o;
+    ts_stream_consumer_options_init(&o);
+    o.prefetch = 2;
+    o.timeout_ms = QUICK_MS;
+    ts_stream_consumer_t *s = NULL;
+    assert_int_equal(ts_stream_consumer_open(&s, c2, name, "g", "m", &o), 0);
+    assert_int_equal(kill(srv.pid, SIGSTOP), 0);
+    ts_value_t *v = NULL;
+    int rc = ts_stream_consumer_next(s, &v, NULL);
+    assert_int_equal(kill(srv.pid, SIGCONT), 0);
+    assert_int_equal(rc, TS_ETIMEDOUT);
+    /* The server answers the read now (to nobody): entries 1 and 2 are pending with m. */
+    uint64_t t0 = tc_now_ms();
+    for (;;) {
+        rc = ts_stream_consumer_next(s, &v, NULL);
+        if (rc != TS_ETIMEDOUT && rc != TS_ECONNRESET && rc != TS_ENOTCONN)
+            break;
+        assert_true(tc_now_ms() - t0 < TC_WAIT_MS);
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(tc_tag(v), 1);
+    ts_value_free(v);
+    for (int i = 2; i <= 6; i++) {
+        assert_int_equal(ts_stream_consumer_next(s, &v, NULL), 0);
+        assert_int_equal(tc_tag(v), i);
+        ts_value_free(v);
+    }
+    ts_stream_consumer_close(s, 1);
+    ts_client_free(c2);
+}
+
 /* {"x": float32 [n, COLS] with row r = (first + r) * 10 + column, "k": 7}. */
 static ts_value_t *rows_item(int64_t first, int64_t n)
 {
@@ -841,6 +890,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_work_queue_helpers),
         cmocka_unit_test(test_reslice_tensor),
+        cmocka_unit_test(test_lost_read),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
