@@ -1065,17 +1065,17 @@ static int cons_hand_asm(ts_stream_consumer_t *s, ts_value_t **value, ts_stream_
     return 0;
 }
 
-/* The smallest id still open: not handed out wholly (UINT64_MAX when none). */
-static uint64_t cons_min_open(const ts_stream_consumer_t *s, int with_batch)
+/*
+ * The smallest id still open when the batch is used up: the entries copied into the batch being
+ * built and the partly handed out one (UINT64_MAX when none).
+ */
+static uint64_t cons_min_open(const ts_stream_consumer_t *s)
 {
     uint64_t m = UINT64_MAX;
     for (size_t i = 0; i < s->a.nids; i++)
         m = s->a.ids[i] < m ? s->a.ids[i] : m;
     if (s->have_part && s->part_id < m)
         m = s->part_id;
-    for (size_t i = s->pos; with_batch && i < ts_stream_batch_count(s->batch); i++)
-        if (s->batch->tail->e[i].id < m)
-            m = s->batch->tail->e[i].id;
     return m;
 }
 
@@ -1085,7 +1085,7 @@ static uint64_t cons_min_open(const ts_stream_consumer_t *s, int with_batch)
  */
 static int cons_fill(ts_stream_consumer_t *s, uint32_t wait_ms)
 {
-    uint64_t open = cons_min_open(s, 0);
+    uint64_t open = cons_min_open(s);
     uint64_t ack = 0;
     for (size_t i = 0; i < s->ndone; i++)
         if (s->done[i] < open && s->done[i] > ack)
