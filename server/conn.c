@@ -1176,6 +1176,20 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
         return 0;
     }
     uint64_t rlen = m.rec_len;
+    if (h->opcode == TS_OP_STREAM_APPEND) {
+        /* A missing stream, a plain bin's name, no credit: decided now, answered once the
+         * record has been read and dropped unchecked (nothing is reserved for it). */
+        uint16_t status = tsd_stream_append_check(srv, m.name, m.name_len);
+        if (status != TS_ST_OK) {
+            c->cur = *h;
+            memcpy(c->cur_name, m.name, m.name_len);
+            c->cur_name_len = (uint8_t)m.name_len;
+            c->ipos += TS_HDR_SIZE + m.head_len;
+            c->cur_stream_status = status;
+            start_discard(c, rlen);
+            return 0;
+        }
+    }
     if (rlen < TS_REC_HDR_SIZE) {
         fail_short_record(c, h->opcode, h->request_id, rlen);
         return 0;
@@ -1184,16 +1198,6 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     memcpy(c->cur_name, m.name, m.name_len);
     c->cur_name_len = (uint8_t)m.name_len;
     c->ipos += TS_HDR_SIZE + m.head_len;
-    if (h->opcode == TS_OP_STREAM_APPEND) {
-        /* A missing stream, a plain bin's name, no credit: decided now, answered once the
-         * record has been read and dropped (nothing is reserved for it). */
-        uint16_t status = tsd_stream_append_check(srv, m.name, m.name_len);
-        if (status != TS_ST_OK) {
-            c->cur_stream_status = status;
-            start_discard(c, rlen);
-            return 0;
-        }
-    }
     /*
      * The record goes straight into its item buffer, allocated whole now (untouched pages cost
      * nothing), while the reservation follows the bytes as they arrive (reserve_ahead): a client

@@ -964,6 +964,11 @@ static void test_bad_input(void **state)
     int fd = tsu_client(&srv);
     uint32_t id = send_append(fd, "nope", 1);
     expect_status(fd, TS_OP_STREAM_APPEND, id, TS_ST_NOT_FOUND);
+    /* Refused by its name: the body is dropped unchecked (no BAD_RECORD), the connection stays. */
+    id = rid++;
+    assert_int_equal(tsu_send_store(fd, TS_OP_STREAM_APPEND, id, "nope", "garbage", 7), 0);
+    expect_status(fd, TS_OP_STREAM_APPEND, id, TS_ST_NOT_FOUND);
+    ping(fd);
     id = send_credit(fd, "nope", 0);
     expect_status(fd, TS_OP_STREAM_CREDIT, id, TS_ST_NOT_FOUND);
     id = send_join(fd, "nope", "g", "m", 0, 0);
