@@ -539,7 +539,8 @@ static int member_new(tsd_server *srv, tsd_stream *st, tsd_stream_group *g, cons
     return 0;
 }
 
-static void waits_forget_member(tsd_stream *st, const tsd_stream_member *m);
+static void waits_forget_member(tsd_stream *st, const tsd_stream_group *g,
+                                const tsd_stream_member *m);
 static void waits_forget_group(tsd_stream *st, const tsd_stream_group *g);
 
 /*
@@ -550,7 +551,7 @@ static void waits_forget_group(tsd_stream *st, const tsd_stream_group *g);
 static void member_remove(tsd_server *srv, tsd_stream *st, tsd_stream_group *g,
                           tsd_stream_member *m)
 {
-    waits_forget_member(st, m);
+    waits_forget_member(st, g, m);
     if (m->n_pend > 0) {
         for (uint32_t k = 0; k < m->n_pend; k++)
             pend_at(m, k)->redeliver = 0;
@@ -1033,27 +1034,45 @@ static void wait_drop(tsd_server *srv, tsd_swait *w)
     srv->stats.watch_bytes -= SWAIT_COST;
 }
 
-/* A member or group goes: its reads stay pending (answered at their deadline) but forget it. */
-static void waits_forget_member(tsd_stream *st, const tsd_stream_member *m)
+/*
+ * A member (m) or a whole group (g, m NULL) goes: its reads waiting now are answered NOT_FOUND at
+ * once (a read of a member that no longer exists could only time out).
+ */
+static void waits_forget(tsd_stream *st, const tsd_stream_group *g, const tsd_stream_member *m)
 {
-    for (tsd_swait *w = st->waits; w != NULL; w = w->snext) {
-        if (w->m == m) {
-            w->g->n_reading--;
-            w->m = NULL;
-        }
+    tsd_server *srv = st->srv;
+    int dropped = 0;
+    tsd_swait *next;
+    for (tsd_swait *w = st->waits; w != NULL; w = next) {
+        next = w->snext;
+        if (w->op != TS_OP_STREAM_READ || w->g != g || (m != NULL && w->m != m))
+            continue;
+        char pn[SNAME_CAP], pg[SNAME_CAP], pm[SNAME_CAP];
+        printable(st->node.name, st->node.name_len, pn);
+        printable(g->name, g->name_len, pg);
+        printable(w->m->name, w->m->name_len, pm);
+        tsd_reply_err(w->c, w->op, w->rid, TS_ST_NOT_FOUND,
+                      "member '%s' of group '%s' of stream '%s' left while reading", pm, pg, pn);
+        w->m->n_reading--;
+        w->g->n_reading--;
+        w->m = NULL;
+        w->g = NULL;
+        wait_drop(srv, w);
+        dropped = 1;
     }
+    if (dropped)
+        timer_rearm(srv);
+}
+
+static void waits_forget_member(tsd_stream *st, const tsd_stream_group *g,
+                                const tsd_stream_member *m)
+{
+    waits_forget(st, g, m);
 }
 
 static void waits_forget_group(tsd_stream *st, const tsd_stream_group *g)
 {
-    for (tsd_swait *w = st->waits; w != NULL; w = w->snext) {
-        if (w->g == g) {
-            if (w->m != NULL)
-                w->m->n_reading--;
-            w->m = NULL;
-            w->g = NULL;
-        }
-    }
+    waits_forget(st, g, NULL);
 }
 
 /*

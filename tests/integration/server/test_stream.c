@@ -723,9 +723,23 @@ static void test_leave(void **state)
     id = send_read(fd, "s", "g", "m1", 0, 10, 0);
     expect_status(fd, TS_OP_STREAM_READ, id, TS_ST_NOT_FOUND);
     leave(fd, "s", "g", "m1", TS_ST_NOT_FOUND);
-    /* The last member leaving keeps the group (its cursor); an empty member removes it. */
+    /* A member leaving while its read waits: that read is answered NOT_FOUND at once. The last
+     * member leaving keeps the group (its cursor); an empty member removes it. */
+    id = send_read(w, "s", "g", "m2", 2, 10, 5000);
+    sleep_ms(30);
+    assert_int_equal(tsu_stat(fd, "stream_waits"), 1);
     leave(fd, "s", "g", "m2", TS_ST_OK);
+    expect_status(w, TS_OP_STREAM_READ, id, TS_ST_NOT_FOUND);
+    assert_int_equal(tsu_stat(fd, "stream_waits"), 0);
     assert_int_equal(tsu_stat(fd, "stream_groups"), 1);
+    ts__msg_stream_join_state js = join(fd, "s", "g", "m3", TS_STREAM_START_NEWEST, 0);
+    assert_int_equal(js.next_id, 3);
+    assert_int_equal(js.floor, 3);
+    id = send_read(w, "s", "g", "m3", 0, 10, 5000);
+    sleep_ms(30);
+    leave(fd, "s", "g", NULL, TS_ST_OK);
+    expect_status(w, TS_OP_STREAM_READ, id, TS_ST_NOT_FOUND);
+    join(fd, "s", "g", "m3", TS_STREAM_START_NEWEST, 0);
     leave(fd, "s", "g", NULL, TS_ST_OK);
     assert_int_equal(tsu_stat(fd, "stream_groups"), 0);
     leave(fd, "s", "g", NULL, TS_ST_NOT_FOUND);
