@@ -10,12 +10,7 @@
  * Threads: the low-level calls are blocking calls of a client like any other (any thread, never
  * from a callback). A producer or a consumer is used by one thread at a time.
  */
-/*
- * The public header comes first: src/proto.h defines the same default lease for tensord as an
- * unsigned constant, which would otherwise redefine the public macro.
- */
 #include "tensorshare/stream.h"
-#undef TS_STREAM_DEFAULT_LEASE_MS
 
 #include "internal.h"
 

@@ -125,8 +125,11 @@ enum {
 #define TS_STREAM_MAX_MEMBERS 1024u
 /* ms; the longest lease (24 h): a member silent longer than a day is gone. */
 #define TS_STREAM_MAX_LEASE_MS 86400000u
-/* ms; the lease of a stream created with lease_ms 0. */
-#define TS_STREAM_DEFAULT_LEASE_MS 10000u
+/*
+ * ms; the lease of a stream created with lease_ms 0. Spelled exactly as the public
+ * include/tensorshare/stream.h spells it, so that a file including both sees one definition.
+ */
+#define TS_STREAM_DEFAULT_LEASE_MS 10000
 /* Bytes of a group or member name (u8 length on the wire, like a bin name). */
 #define TS_STREAM_MAX_ID_LEN 255u
 

@@ -21,8 +21,6 @@
 #include <string.h>
 
 #include "harness.h"
-/* src/proto.h (through harness.h) defines the same default lease as an unsigned constant. */
-#undef TS_STREAM_DEFAULT_LEASE_MS
 #include "tensorshare/stream.h"
 #include "test_client_util.h"
 
