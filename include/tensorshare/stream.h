@@ -24,12 +24,13 @@
  * ts_last_error(), out-parameters written only on success (they may be NULL where a comment
  * says so), borrowed pointer parameters, _free(NULL) is a no-op, and timeouts as tensorshare.h
  * describes. Every blocking call is bounded by the client's request timeout (plus its own wait,
- * where it has one) and returns TS_EDEADLK from a client callback. Names of streams, groups and
- * members are NUL-terminated strings of 1 to 255 bytes (TS_ENAMETOOLONG past that). Errors from
- * the server: TS_ENOENT (no such stream, group or member), TS_EINVAL (an argument the server
- * refuses: a name that is a plain bin, an id past the newest, a count of 0 or over
- * TS_STREAM_READ_MAX, ...; nothing changed), TS_EAGAIN (the window is full), TS_EOOM,
- * TS_ESAVEFAIL. Added in 0.4.0.
+ * where it has one) and returns TS_EDEADLK from a client callback. The waits of ts_stream_credit,
+ * ts_stream_read and ts_stream_range take 0 or more ms or TS_TIMEOUT_DEFAULT (TS_TIMEOUT_INFINITE
+ * is TS_EINVAL). Names of streams, groups and members are NUL-terminated strings of 1 to 255
+ * bytes (NULL or empty: TS_EINVAL; longer: TS_ENAMETOOLONG). Errors from the server: TS_ENOENT
+ * (no such stream, group or member), TS_EINVAL (an argument the server refuses: a name that is a
+ * plain bin, an id past the newest, a count of 0 or over TS_STREAM_READ_MAX, ...; nothing
+ * changed), TS_EAGAIN (the window is full), TS_EOOM, TS_ESAVEFAIL. Added in 0.4.0.
  */
 #ifndef TENSORSHARE_STREAM_H
 #define TENSORSHARE_STREAM_H
@@ -255,9 +256,15 @@ typedef struct ts_stream_item_s {
 
 /*
  * The next batch (or marker). *value is yours (ts_value_free), NULL for a marker. Everything
- * handed out before this call counts as consumed: it is acknowledged with the next read, or by
- * ts_stream_consumer_commit. TS_ETIMEDOUT when nothing came within the timeout. info may be
- * NULL.
+ * handed out counts as consumed: the entries handed out whole are acknowledged with the
+ * consumer's next read from the server; the rows used of an entry handed out in part only by
+ * ts_stream_consumer_commit (or close). So after a crash a consumer gets again what it handed
+ * out since its last read or commit (at least once; exactly once up to the last commit). An
+ * entry that cannot be re-sliced (not a tensor or a map of tensors, a first dimension that
+ * differs between its tensors, keys, dtypes or trailing shapes unlike the batch's first entry)
+ * gives TS_EINVAL, every time: read such a stream with batch_rows 0. TS_ETIMEDOUT when nothing
+ * came within the timeout (a batch being built is kept for the next call). info may be NULL.
+ * One thread at a time per consumer; many consumers (and producers) may share a client.
  */
 TS_EXTERN int ts_stream_consumer_next(ts_stream_consumer_t *s, ts_value_t **value,
                                       ts_stream_item_t *info);
