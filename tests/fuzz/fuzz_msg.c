@@ -345,6 +345,45 @@ static void check_rows_reqs(const ts__msg *m, const uint8_t *body, size_t len)
     }
 }
 
+/* Bytes; the largest tensor-bin record built per input (larger ones only have their size checked).
+ */
+#define FZ_MAX_ROWS_REC (64u << 10)
+
+static uint8_t rows_rec[FZ_MAX_ROWS_REC];
+
+/*
+ * The record tensord preallocates for a TENSOR_BIN it takes (src/msg_rows.c): its size is the
+ * 64-byte aligned head plus the data bytes, and the head written for zeroed data makes a valid
+ * record (decoded, walked and re-encoded by ts__fz_check_record) whose data area starts right
+ * after the head. An unknown dtype or a size past 64 bits is refused, never wrapped.
+ */
+static void tensor_bin_record(const ts__msg_tensor_bin_req *t)
+{
+    if (t->ndim > TS_MAX_NDIM)
+        return;
+    uint64_t size, data;
+    int rc = ts__rows_rec_size(t->dtype, t->ndim, t->dims, &size);
+    int rc_data = ts__rows_tensor_bytes(t->dtype, t->ndim, t->dims, &data);
+    FZ_CHECK(rc == 0 || rc == TS_EINVAL || rc == TS_EMSGSIZE);
+    if (rc == TS_EINVAL || rc_data != 0) {
+        FZ_CHECK(rc == rc_data || (rc == TS_EMSGSIZE && rc_data == 0));
+        FZ_CHECK(rc != TS_EINVAL || ts_dtype_size((ts_dtype_t)t->dtype) == 0);
+        return;
+    }
+    if (rc != 0)
+        return; /* the head and the data pass 64 bits (or size_t) together */
+    size_t head = ts__rows_rec_head_size(t->ndim);
+    FZ_CHECK(head % TS__ALIGN == 0 && size - head == data && size >= head);
+    if (size > FZ_MAX_ROWS_REC)
+        return;
+    memset(rows_rec, 0, (size_t)size);
+    ts__rows_rec_head_write(rows_rec, t->dtype, t->ndim, t->dims, data);
+    ts__rec_info info;
+    FZ_CHECK(ts__record_validate(rows_rec, (size_t)size, TS_MAX_DEPTH, TS_MAX_NDIM, &info) == 0);
+    FZ_CHECK(info.data_start == head && info.n_nodes == 1);
+    FZ_CHECK(ts__fz_check_record(rows_rec, (size_t)size) == 0);
+}
+
 /* The streaming PUT head agrees with the whole body at every split of the first bytes. */
 static void put_splits(const uint8_t *body, size_t len, int rc)
 {
@@ -467,6 +506,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     FZ_CHECK(m.kind == kind);
     check_rows_reqs(&m, body, len);
+    if (kind == TS_MSG_TENSOR_BIN_REQ)
+        tensor_bin_record(&m.u.tensor_bin);
     if (kind == TS_MSG_REF_ITEMS)
         walk_ref(&m.u.ref_items);
 
