@@ -1262,6 +1262,118 @@ static void test_save_failing(void **state)
     rmdir(dir);
 }
 
+/* A fixed pseudo-random walk over every stream request; the group invariants hold throughout. */
+static uint32_t lcg_state = 12345u;
+static uint32_t lcg(uint32_t n)
+{
+    lcg_state = lcg_state * 1103515245u + 12345u;
+    return (lcg_state >> 8) % n;
+}
+
+static void check_invariants(int fd, const char *name)
+{
+    ts_value_t *root = info(fd, name);
+    int64_t first, last, entries;
+    assert_int_equal(ts_map_get_int(root, "first_id", &first), 0);
+    assert_int_equal(ts_map_get_int(root, "last_id", &last), 0);
+    assert_int_equal(ts_map_get_int(root, "entries", &entries), 0);
+    assert_int_equal(entries, last + 1 - first);
+    const ts_value_t *groups = ts_map_get(root, "groups");
+    assert_non_null(groups);
+    for (size_t i = 0; i < ts_value_len(groups); i++) {
+        const ts_value_t *g = ts_list_at(groups, i);
+        int64_t next, floor, lag, pending;
+        assert_int_equal(ts_map_get_int(g, "next_id", &next), 0);
+        assert_int_equal(ts_map_get_int(g, "floor", &floor), 0);
+        assert_int_equal(ts_map_get_int(g, "lag", &lag), 0);
+        assert_int_equal(ts_map_get_int(g, "pending", &pending), 0);
+        assert_true(first <= floor && floor <= next && next <= last + 1);
+        assert_int_equal(lag, last + 1 - floor);
+        assert_true(pending <= next - floor);
+        const ts_value_t *members = ts_map_get(g, "members");
+        int64_t sum = 0;
+        for (size_t k = 0; k < ts_value_len(members); k++) {
+            int64_t mp;
+            assert_int_equal(ts_map_get_int(ts_list_at(members, k), "pending", &mp), 0);
+            sum += mp;
+        }
+        assert_true(sum <= pending);
+    }
+    ts__record_tree_free(root);
+}
+
+static void test_random_walk(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    static const char *groups[] = {"g1", "g2"};
+    static const char *members[] = {"a", "b", "c"};
+    create(fd, "r", 20, 0, 0, 8, 100);
+    for (int op = 0; op < 1500; op++) {
+        const char *g = groups[lcg(2)], *m = members[lcg(3)];
+        uint32_t id, k = lcg(100);
+        if (k < 30) {
+            id = send_append(fd, "r", op);
+            tsu_frame f;
+            assert_int_equal(tsu_recv(fd, &f), 0);
+            assert_int_equal(f.h.request_id, id);
+            assert_true(f.h.status == TS_ST_OK || f.h.status == TS_ST_BACKPRESSURE);
+            tsu_frame_free(&f);
+        } else if (k < 35) {
+            mark(fd, "r", (uint64_t)op, TS_ST_OK);
+        } else if (k < 50) {
+            join(fd, "r", g, m, (uint8_t)lcg(2), lcg(3) == 0 ? 50 + lcg(100) : 0);
+        } else if (k < 70) {
+            id = send_read(fd, "r", g, m, lcg(4) == 0 ? lcg(40) : 0, 1 + lcg(6), 0);
+            tsu_frame f;
+            assert_int_equal(tsu_recv(fd, &f), 0);
+            assert_int_equal(f.h.request_id, id);
+            assert_true(f.h.status == TS_ST_OK || f.h.status == TS_ST_NOT_FOUND ||
+                        f.h.status == TS_ST_INVALID);
+            if (f.h.status == TS_ST_OK) {
+                batch b;
+                entries_of(&f, &b);
+            }
+            tsu_frame_free(&f);
+        } else if (k < 85) {
+            uint64_t first = 1 + lcg(40), last = first + lcg(5);
+            id = send_ack(fd, "r", g, m, first, last, lcg(5) == 0 ? 1 + lcg(3) : 0);
+            tsu_frame f;
+            assert_int_equal(tsu_recv(fd, &f), 0);
+            assert_int_equal(f.h.request_id, id);
+            assert_true(f.h.status == TS_ST_OK || f.h.status == TS_ST_NOT_FOUND ||
+                        f.h.status == TS_ST_INVALID);
+            tsu_frame_free(&f);
+        } else if (k < 90) {
+            ts__msg_stream_member_req q = member_req("r", g, lcg(4) == 0 ? NULL : m);
+            uint8_t body[1024];
+            size_t len;
+            assert_int_equal(ts__msg_stream_leave_req_encode(body, sizeof(body), &q, &len), 0);
+            id = send_body(fd, TS_OP_STREAM_LEAVE, body, len);
+            tsu_frame f;
+            assert_int_equal(tsu_recv(fd, &f), 0);
+            assert_true(f.h.status == TS_ST_OK || f.h.status == TS_ST_NOT_FOUND);
+            tsu_frame_free(&f);
+        } else if (k < 94) {
+            uint64_t max = 5 + lcg(30);
+            create(fd, "r", max, lcg(2) ? 0 : 2000, 0, (uint32_t)lcg((uint32_t)max + 1), 100);
+        } else if (k < 97) {
+            batch b;
+            range_b(fd, "r", lcg(2) ? 0 : 5, 1 + lcg(10), 0, &b);
+        } else {
+            sleep_ms(lcg(60));
+        }
+        if (op % 50 == 0)
+            check_invariants(fd, "r");
+    }
+    check_invariants(fd, "r");
+    /* The walk went through back-pressure and retention past unacknowledged entries. */
+    assert_true(tsu_stat(fd, "stream_backpressure") > 0);
+    assert_true(tsu_stat(fd, "stream_entries_lost") > 0);
+    tsu_check_healthy(&srv);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1284,6 +1396,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_memory_accounting, start, stop),
         cmocka_unit_test_setup_teardown(test_max_memory, start, stop),
         cmocka_unit_test_setup_teardown(test_save_failing, start, stop),
+        cmocka_unit_test_setup_teardown(test_random_walk, start, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
