@@ -5,23 +5,42 @@
  *
  * The file (all integers little-endian):
  *   header, 64 bytes:
- *      0 u8[8] magic "TSDSNAP\0"     8 u32 format (1)        12 u32 0
- *     16 u64 change counter          24 u64 bins             32 u64 items
- *     40 u64 record bytes            48 u64 wall clock, ms   56 u64 hash of bytes 0..55
+ *      0 u8[8] magic "TSDSNAP\0"     8 u32 format (1 or 2)   12 u32 0
+ *     16 u64 change counter          24 u64 bins             32 u64 items (of bins)
+ *     40 u64 record bytes (of bins)  48 u64 wall clock, ms   56 u64 hash of bytes 0..55
  *   then per bin, in name order:
  *     u8 name_len, name, u64 version, u32 n_items, u32 0, n_items x u64 item length,
  *     u64 hash of the bin header so far;
  *     then per item: its record bytes, u64 hash of them
+ *   format 2 only, the streams section: its header, 40 bytes:
+ *      0 u8[8] magic "TSDSTRM\0"     8 u64 streams           16 u64 records (of streams)
+ *     24 u64 record bytes (of streams)                       32 u64 hash of bytes 0..31
+ *   then per stream, in name order:
+ *     u8 name_len (1..255), name, u64 max_entries, u64 max_bytes, u32 max_age_ms, u32 window,
+ *     u32 lease_ms, u32 n_groups, u64 first_id, u64 last_id, u64 hash of this header;
+ *     the entry table: (last_id + 1 - first_id) rows of 24 bytes, ids first_id.. in order:
+ *     u64 record length (0: a marker), u64 tag (a marker's; 0 for a record), u64 age in ms at
+ *     the snapshot; u64 hash of the table;
+ *     per entry whose length is not 0, in id order: its record bytes, u64 hash of them;
+ *     per group: u8 name_len (1..255), name, u64 next_id, u64 lost, u32 lease_ms, u32 n_members,
+ *     u64 hash of this header;
+ *       per member: u8 name_len (0: the group's orphans, the entries of members that left;
+ *       else 1..255), name, u32 n_pending, u32 0, u64 hash of this header; the pending table:
+ *       n_pending rows of 16 bytes, ids ascending: u64 id, u32 deliveries, u32 rows_done; u64
+ *       hash of the table
  *   trailer, 32 bytes:
- *      0 u8[8] magic "TSDSEND\0"     8 u64 bins              16 u64 items
+ *      0 u8[8] magic "TSDSEND\0"     8 u64 bins              16 u64 items (of bins)
  *     24 u64 hash of every section hash above, in order, and of bytes 0..23
- * Every byte is covered by a hash. The reader checks every length against the bytes left in the
- * file before it reads or allocates anything, so a damaged length can neither make it read out
- * of bounds nor ask for more memory than the file holds; the file must end right after the
- * trailer.
+ * Every byte is covered by a hash. The reader checks every length and count against the bytes
+ * left in the file before it reads or allocates anything, so a damaged length can neither make
+ * it read out of bounds nor ask for more memory than the file holds; the file must end right
+ * after the trailer. Tables of entries and pending entries are hashed apart from the headers
+ * before them, so that the writer hashes and writes the tables the snapshot job built without
+ * copying them again.
  */
 #include "snapfile.h"
 
+#include "proto.h"
 #include "record.h"
 
 #include <errno.h>
@@ -32,6 +51,7 @@
 
 #define SNAP_MAGIC     "TSDSNAP"
 #define SNAP_END_MAGIC "TSDSEND"
+#define SNAP_SEC_MAGIC "TSDSTRM"
 #define SNAP_WBUF      ((size_t)1 << 20) /* bytes; the writer's buffer for small pieces */
 /* Bytes handed to one read() or write() call: Linux moves at most about 2 GiB per call. */
 #define SNAP_IO_MAX ((size_t)1 << 30)
@@ -41,11 +61,29 @@
 #define SNAP_BIN_MIN (SNAP_BIN_FIXED + 8)
 /* Bytes an item takes at least: its length, a record header and its hash. */
 #define SNAP_ITEM_MIN (8 + TS_REC_HDR_SIZE + 8)
+/* Bytes of a stream header without its name: name_len, the settings, n_groups, the two ids. */
+#define SNAP_STREAM_FIXED 49
+/* Bytes a stream takes at least: its header (a one-byte name), its hash, an empty table's hash. */
+#define SNAP_STREAM_MIN (SNAP_STREAM_FIXED + 1 + 8 + 8)
+/* Bytes a stream record takes at least: a record header and its hash. */
+#define SNAP_RECORD_MIN (TS_REC_HDR_SIZE + 8)
+/* Bytes of a group header without its name: name_len, next_id, lost, lease_ms, n_members. */
+#define SNAP_GROUP_FIXED 25
+#define SNAP_GROUP_MIN   (SNAP_GROUP_FIXED + 1 + 8)
+/* Bytes of a member header without its name: name_len, n_pending, 0. */
+#define SNAP_MEMBER_FIXED 9
+/* Bytes a member takes at least: its header (the orphans' empty name), two hashes. */
+#define SNAP_MEMBER_MIN (SNAP_MEMBER_FIXED + 8 + 8)
+/* Members of a group in a file: the members a group may have, and its orphans. */
+#define SNAP_MAX_MEMBERS (TS_STREAM_MAX_MEMBERS + 1)
 /* Bytes of a bin name in a message: each byte may become up to 4 (a UTF-8 sequence). */
 #define SNAP_NAME_MSG (TS_MAX_NAME_LEN * 4 + 1)
 
 _Static_assert(TS_MAX_NAME_LEN <= UINT8_MAX, "a bin name's length is one byte in the file");
-_Static_assert(sizeof(SNAP_MAGIC) == 8 && sizeof(SNAP_END_MAGIC) == 8, "magics are 8 bytes");
+_Static_assert(sizeof(SNAP_MAGIC) == 8 && sizeof(SNAP_END_MAGIC) == 8 &&
+                   sizeof(SNAP_SEC_MAGIC) == 8,
+               "magics are 8 bytes");
+_Static_assert(TS_STREAM_MAX_ID_LEN <= UINT8_MAX, "a group or member name's length is one byte");
 
 /* ---------------------------------------------------------------------------------------------
  * The hash: xxHash64's structure (four lanes of multiply-rotate rounds, a final avalanche), so
@@ -152,6 +190,23 @@ void tsd_snapfile_sort(tsd_snapfile_bin *bins, size_t n)
         qsort(bins, n, sizeof(*bins), bin_cmp);
 }
 
+static int stream_cmp(const void *a, const void *b)
+{
+    const tsd_snapfile_stream *x = a;
+    const tsd_snapfile_stream *y = b;
+    size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
+    int r = n > 0 ? memcmp(x->name, y->name, n) : 0;
+    if (r != 0)
+        return r;
+    return (x->name_len > y->name_len) - (x->name_len < y->name_len);
+}
+
+void tsd_snapfile_sort_streams(tsd_snapfile_stream *streams, size_t n)
+{
+    if (n > 1)
+        qsort(streams, n, sizeof(*streams), stream_cmp);
+}
+
 typedef struct snap_writer {
     int fd;
     uint8_t *buf;
@@ -214,9 +269,89 @@ static void w_u64(snap_writer *w, uint64_t v)
     w_put(w, b, 8);
 }
 
-int tsd_snapfile_write(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
-                       tsd_snapfile_item_fn item, void *arg)
+/* A hash of bytes that may be none (p may then be NULL). */
+static uint64_t hash_of(const uint8_t *p, size_t n)
 {
+    static const uint8_t none[1];
+    return tsd_hash64(n > 0 ? p : none, n, 0);
+}
+
+/* Write a piece and its hash, folding the hash into the trailer's. */
+static void w_piece(snap_writer *w, uint64_t *acc, const uint8_t *p, size_t n)
+{
+    uint64_t h = hash_of(p, n);
+    w_put(w, p, n);
+    w_u64(w, h);
+    *acc = chain(*acc, h);
+}
+
+/* One group: its header, then each member's header and pending table. */
+static void write_group(snap_writer *w, uint64_t *acc, const tsd_snapfile_group *g)
+{
+    uint8_t b[SNAP_GROUP_FIXED + UINT8_MAX];
+    uint8_t *p = b;
+    *p++ = g->name_len;
+    memcpy(p, g->name, g->name_len);
+    p += g->name_len;
+    ts__put_u64le(p, g->next_id);
+    ts__put_u64le(p + 8, g->lost);
+    ts__put_u32le(p + 16, g->lease_ms);
+    ts__put_u32le(p + 20, g->n_members);
+    w_piece(w, acc, b, SNAP_GROUP_FIXED + (size_t)g->name_len);
+    for (uint32_t k = 0; k < g->n_members; k++) {
+        const tsd_snapfile_member *m = &g->members[k];
+        p = b;
+        *p++ = m->name_len;
+        if (m->name_len > 0)
+            memcpy(p, m->name, m->name_len);
+        p += m->name_len;
+        ts__put_u32le(p, m->n_pend);
+        ts__put_u32le(p + 4, 0);
+        w_piece(w, acc, b, SNAP_MEMBER_FIXED + (size_t)m->name_len);
+        w_piece(w, acc, m->pend, (size_t)m->n_pend * TSD_SNAP_PEND_SIZE);
+    }
+}
+
+/* One stream: its header, entry table, records and groups. */
+static void write_stream(snap_writer *w, uint64_t *acc, const tsd_snapfile_stream *st,
+                         tsd_snapfile_item_fn item, void *arg)
+{
+    uint8_t b[SNAP_STREAM_FIXED + UINT8_MAX];
+    uint8_t *p = b;
+    *p++ = st->name_len;
+    memcpy(p, st->name, st->name_len);
+    p += st->name_len;
+    ts__put_u64le(p, st->max_entries);
+    ts__put_u64le(p + 8, st->max_bytes);
+    ts__put_u32le(p + 16, st->max_age_ms);
+    ts__put_u32le(p + 20, st->window);
+    ts__put_u32le(p + 24, st->lease_ms);
+    ts__put_u32le(p + 28, st->n_groups);
+    ts__put_u64le(p + 32, st->first_id);
+    ts__put_u64le(p + 40, st->last_id);
+    w_piece(w, acc, b, SNAP_STREAM_FIXED + (size_t)st->name_len);
+    size_t n = (size_t)(st->last_id + 1 - st->first_id);
+    w_piece(w, acc, st->entries, n * TSD_SNAP_ENTRY_SIZE);
+    size_t rec = st->first_record;
+    for (size_t k = 0; k < n && w->err == 0; k++) {
+        if (ts__get_u64le(st->entries + k * TSD_SNAP_ENTRY_SIZE) == 0)
+            continue; /* a marker */
+        const uint8_t *data;
+        size_t len;
+        item(arg, rec++, &data, &len);
+        w_piece(w, acc, data, len);
+    }
+    for (uint32_t g = 0; g < st->n_groups && w->err == 0; g++)
+        write_group(w, acc, &st->groups[g]);
+}
+
+int tsd_snapfile_write(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
+                       const tsd_snapfile_stream *streams, tsd_snapfile_item_fn item, void *arg)
+{
+    uint32_t format = head->format != 0 ? head->format : TSD_SNAP_FORMAT;
+    if (format < TSD_SNAP_FORMAT_MIN || format > TSD_SNAP_FORMAT ||
+        (format == 1 && head->n_streams != 0))
+        return -EINVAL;
     snap_writer w = {.fd = fd};
     w.buf = ts__malloc(SNAP_WBUF);
     if (w.buf == NULL)
@@ -225,7 +360,7 @@ int tsd_snapfile_write(int fd, const tsd_snapfile_head *head, const tsd_snapfile
     uint8_t hdr[TSD_SNAP_HDR_SIZE];
     memset(hdr, 0, sizeof(hdr));
     memcpy(hdr, SNAP_MAGIC, sizeof(SNAP_MAGIC));
-    ts__put_u32le(hdr + 8, TSD_SNAP_FORMAT);
+    ts__put_u32le(hdr + 8, format);
     ts__put_u64le(hdr + 16, head->counter);
     ts__put_u64le(hdr + 24, head->n_bins);
     ts__put_u64le(hdr + 32, head->n_items);
@@ -281,6 +416,20 @@ int tsd_snapfile_write(int fd, const tsd_snapfile_head *head, const tsd_snapfile
         }
     }
     ts__free(bh);
+
+    if (format >= 2) {
+        uint8_t sec[TSD_SNAP_SEC_SIZE];
+        memcpy(sec, SNAP_SEC_MAGIC, sizeof(SNAP_SEC_MAGIC));
+        ts__put_u64le(sec + 8, head->n_streams);
+        ts__put_u64le(sec + 16, head->n_records);
+        ts__put_u64le(sec + 24, head->stream_bytes);
+        h = tsd_hash64(sec, 32, 0);
+        ts__put_u64le(sec + 32, h);
+        w_put(&w, sec, sizeof(sec));
+        acc = chain(acc, h);
+        for (uint64_t k = 0; k < head->n_streams && w.err == 0; k++)
+            write_stream(&w, &acc, &streams[k], item, arg);
+    }
 
     uint8_t end[TSD_SNAP_END_SIZE];
     memcpy(end, SNAP_END_MAGIC, sizeof(SNAP_END_MAGIC));
@@ -404,7 +553,58 @@ typedef struct snap_count {
     uint64_t acc; /* the trailer's running hash */
     uint8_t *hb;  /* the current bin's header, grown as needed */
     size_t hb_cap;
+    /* Streams: the section's record count, and what the streams held so far. */
+    uint64_t recs_total, recs_seen, sbytes_seen;
+    uint8_t *tb; /* the current stream's entry table */
+    size_t tb_cap;
+    /* The current stream's group names so far (each name_len bytes at its offset in gnames). */
+    uint8_t *gnames;
+    size_t gnames_len, gnames_cap;
+    size_t goff[TS_STREAM_MAX_GROUPS];
+    uint8_t glen[TS_STREAM_MAX_GROUPS];
+    uint32_t n_gnames;
+    /* The current group: its members, their names and pending tables, offsets into those. */
+    tsd_snapfile_member *mem; /* SNAP_MAX_MEMBERS of them, allocated at the first group */
+    size_t *moff, *poff;
+    uint8_t *mnames;
+    size_t mnames_len, mnames_cap;
+    uint8_t *pend;
+    size_t pend_len, pend_cap;
+    uint64_t *ids; /* every pending id of the group, sorted to find one pending twice */
+    size_t ids_cap;
 } snap_count;
+
+static void count_free(snap_count *c)
+{
+    ts__free(c->hb);
+    ts__free(c->tb);
+    ts__free(c->gnames);
+    ts__free(c->mem);
+    ts__free(c->moff);
+    ts__free(c->poff);
+    ts__free(c->mnames);
+    ts__free(c->pend);
+    ts__free(c->ids);
+}
+
+/*
+ * Room for need bytes in *buf (capacity *cap), at least doubling. The caller has checked that
+ * what grows is no more than the file's bytes still to be read. 0 or -1 (out of memory).
+ */
+static int r_grow(snap_reader *r, void **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap && *buf != NULL)
+        return 0;
+    size_t want = *cap * 2 > need ? *cap * 2 : need;
+    if (want == 0)
+        want = 1;
+    void *nb = ts__realloc(*buf, want);
+    if (nb == NULL)
+        return other(r, TS_ENOMEM, "out of memory loading it");
+    *buf = nb;
+    *cap = want;
+    return 0;
+}
 
 /* Read and check one bin (header, item lengths, items), handing it to the sink. 0 or -1. */
 static int read_bin(snap_reader *r, snap_count *c, uint64_t index)
@@ -481,6 +681,364 @@ static int read_bin(snap_reader *r, snap_count *c, uint64_t index)
     return 0;
 }
 
+/* What a group's checks need to know of its stream. */
+typedef struct snap_in_stream {
+    uint64_t first_id, last_id;
+    const char *pn; /* its name, printable */
+} snap_in_stream;
+
+/* Read a piece of n bytes into p and its hash; check the hash and fold it in. 0 or -1. */
+static int read_hashed(snap_reader *r, snap_count *c, uint8_t *p, size_t n, const char *what)
+{
+    uint8_t hash[8];
+    if (r_read(r, p, n, what) != 0 || r_read(r, hash, 8, what) != 0)
+        return -1;
+    uint64_t h = hash_of(p, n);
+    if (h != ts__get_u64le(hash))
+        return bad(r, "checksum mismatch in %s", what);
+    c->acc = chain(c->acc, h);
+    return 0;
+}
+
+static int u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* One member of a group into c's member buffers (k-th). 0 or -1. */
+static int read_member(snap_reader *r, snap_count *c, const snap_in_stream *in, const char *gpn,
+                       uint64_t next_id, uint32_t k, int *orphans)
+{
+    char what[2 * SNAP_NAME_MSG + 96];
+    uint8_t mh[SNAP_MEMBER_FIXED + UINT8_MAX];
+    snprintf(what, sizeof(what), "the header of member %u of group '%s' of stream '%s'", k, gpn,
+             in->pn);
+    if (r_read(r, mh, 1, what) != 0)
+        return -1;
+    size_t nl = mh[0];
+    if (r_read(r, mh + 1, nl + 8, what) != 0)
+        return -1;
+    uint8_t hash[8];
+    if (r_read(r, hash, 8, what) != 0)
+        return -1;
+    uint64_t h = tsd_hash64(mh, SNAP_MEMBER_FIXED + nl, 0);
+    if (h != ts__get_u64le(hash))
+        return bad(r, "checksum mismatch in %s", what);
+    c->acc = chain(c->acc, h);
+    uint32_t n_pend = ts__get_u32le(mh + 1 + nl);
+    if (ts__get_u32le(mh + 1 + nl + 4) != 0)
+        return bad(r, "member %u of group '%s' of stream '%s': a reserved field is not 0", k, gpn,
+                   in->pn);
+    if (nl == 0 && (*orphans)++ > 0)
+        return bad(r, "group '%s' of stream '%s' lists its orphaned entries twice", gpn, in->pn);
+    /* Pending ids are distinct ids below next_id: never more than the ids handed out. */
+    if (n_pend > next_id - in->first_id)
+        return bad(r,
+                   "member %u of group '%s' of stream '%s' has %u pending entries, more than "
+                   "the %llu ids handed out",
+                   k, gpn, in->pn, n_pend, (unsigned long long)(next_id - in->first_id));
+    size_t tlen = (size_t)n_pend * TSD_SNAP_PEND_SIZE;
+    if (tlen + 8 > r->left)
+        return cut(r, "member %u of group '%s' of stream '%s' claims %u pending entries", k, gpn,
+                   in->pn, n_pend);
+    if (r_grow(r, (void **)&c->mnames, &c->mnames_cap, c->mnames_len + nl) != 0 ||
+        r_grow(r, (void **)&c->pend, &c->pend_cap, c->pend_len + tlen) != 0)
+        return -1;
+    if (nl > 0)
+        memcpy(c->mnames + c->mnames_len, mh + 1, nl);
+    c->moff[k] = c->mnames_len;
+    c->mnames_len += nl;
+    c->poff[k] = c->pend_len;
+    snprintf(what, sizeof(what), "the pending entries of member %u of group '%s' of stream '%s'", k,
+             gpn, in->pn);
+    uint8_t *table = c->pend + c->pend_len;
+    if (read_hashed(r, c, table, tlen, what) != 0)
+        return -1;
+    uint64_t prev = 0;
+    for (uint32_t i = 0; i < n_pend; i++) {
+        uint64_t id;
+        uint32_t deliveries, rows_done;
+        tsd_snapfile_pend_get(table, i, &id, &deliveries, &rows_done);
+        if (id < in->first_id || id >= next_id || id <= prev)
+            return bad(r,
+                       "member %u of group '%s' of stream '%s': pending id %llu is not above the "
+                       "one before it inside [first_id %llu, next_id %llu)",
+                       k, gpn, in->pn, (unsigned long long)id, (unsigned long long)in->first_id,
+                       (unsigned long long)next_id);
+        prev = id;
+    }
+    c->pend_len += tlen;
+    c->mem[k] = (tsd_snapfile_member){.n_pend = n_pend, .name_len = (uint8_t)nl};
+    return 0;
+}
+
+/*
+ * One group of a stream, whole, checked, then handed to the sink. Names are compared one
+ * against another: at most 1024 groups and 1025 members bound the work (the server's own
+ * look-ups of them are linear too).
+ */
+static int read_group(snap_reader *r, snap_count *c, const snap_in_stream *in, uint32_t gi)
+{
+    char what[SNAP_NAME_MSG + 64];
+    uint8_t fx[SNAP_GROUP_FIXED + UINT8_MAX];
+    snprintf(what, sizeof(what), "the header of group %u of stream '%s'", gi, in->pn);
+    if (r_read(r, fx, 1, what) != 0)
+        return -1;
+    size_t nl = fx[0];
+    if (r_read(r, fx + 1, nl + 24, what) != 0)
+        return -1;
+    uint8_t hash[8];
+    if (r_read(r, hash, 8, what) != 0)
+        return -1;
+    uint64_t h = tsd_hash64(fx, SNAP_GROUP_FIXED + nl, 0);
+    if (h != ts__get_u64le(hash))
+        return bad(r, "checksum mismatch in %s", what);
+    c->acc = chain(c->acc, h);
+    if (nl == 0)
+        return bad(r, "group %u of stream '%s' has an empty name", gi, in->pn);
+    const uint8_t *name = fx + 1;
+    const uint8_t *q = fx + 1 + nl;
+    tsd_snapfile_group g = {.name = name,
+                            .name_len = (uint8_t)nl,
+                            .next_id = ts__get_u64le(q),
+                            .lost = ts__get_u64le(q + 8),
+                            .lease_ms = ts__get_u32le(q + 16),
+                            .n_members = ts__get_u32le(q + 20)};
+    char gpn[SNAP_NAME_MSG];
+    printable(r, name, nl, gpn, sizeof(gpn));
+    if (g.next_id < in->first_id || g.next_id > in->last_id + 1)
+        return bad(r, "group '%s' of stream '%s': next_id %llu is outside [%llu, %llu]", gpn,
+                   in->pn, (unsigned long long)g.next_id, (unsigned long long)in->first_id,
+                   (unsigned long long)(in->last_id + 1));
+    if (g.lease_ms < 1 || g.lease_ms > TS_STREAM_MAX_LEASE_MS)
+        return bad(r, "group '%s' of stream '%s': lease_ms %u is out of range", gpn, in->pn,
+                   g.lease_ms);
+    if (g.n_members > SNAP_MAX_MEMBERS)
+        return bad(r, "group '%s' of stream '%s' has %u members, more than %u", gpn, in->pn,
+                   g.n_members, SNAP_MAX_MEMBERS);
+    if ((uint64_t)g.n_members * SNAP_MEMBER_MIN > r->left)
+        return cut(r, "group '%s' of stream '%s' claims %u members", gpn, in->pn, g.n_members);
+    for (uint32_t j = 0; j < c->n_gnames; j++)
+        if (c->glen[j] == nl && memcmp(c->gnames + c->goff[j], name, nl) == 0)
+            return bad(r, "group '%s' appears twice in stream '%s'", gpn, in->pn);
+    if (r_grow(r, (void **)&c->gnames, &c->gnames_cap, c->gnames_len + nl) != 0)
+        return -1;
+    memcpy(c->gnames + c->gnames_len, name, nl);
+    c->goff[c->n_gnames] = c->gnames_len;
+    c->glen[c->n_gnames++] = (uint8_t)nl;
+    c->gnames_len += nl;
+
+    if (c->mem == NULL) {
+        c->mem = ts__calloc(SNAP_MAX_MEMBERS, sizeof(*c->mem));
+        c->moff = ts__calloc(SNAP_MAX_MEMBERS, sizeof(*c->moff));
+        c->poff = ts__calloc(SNAP_MAX_MEMBERS, sizeof(*c->poff));
+        if (c->mem == NULL || c->moff == NULL || c->poff == NULL)
+            return other(r, TS_ENOMEM, "out of memory loading it");
+    }
+    c->mnames_len = c->pend_len = 0;
+    int orphans = 0;
+    uint64_t total = 0;
+    uint32_t with_pend = 0;
+    for (uint32_t k = 0; k < g.n_members; k++) {
+        if (read_member(r, c, in, gpn, g.next_id, k, &orphans) != 0)
+            return -1;
+        total += c->mem[k].n_pend;
+        with_pend += c->mem[k].n_pend > 0;
+    }
+    /* The buffers stop moving now: point the members into them. */
+    for (uint32_t k = 0; k < g.n_members; k++) {
+        c->mem[k].name = c->mnames + c->moff[k];
+        c->mem[k].pend = c->pend + c->poff[k];
+    }
+    for (uint32_t k = 1; k < g.n_members; k++) {
+        const tsd_snapfile_member *m = &c->mem[k];
+        for (uint32_t j = 0; j < k && m->name_len > 0; j++)
+            if (c->mem[j].name_len == m->name_len &&
+                memcmp(c->mem[j].name, m->name, m->name_len) == 0) {
+                char mpn[SNAP_NAME_MSG];
+                printable(r, m->name, m->name_len, mpn, sizeof(mpn));
+                return bad(r, "member '%s' appears twice in group '%s' of stream '%s'", mpn, gpn,
+                           in->pn);
+            }
+    }
+    /* An entry is pending with one member of a group at most (each list is sorted already). */
+    if (with_pend > 1) {
+        if (total > g.next_id - in->first_id)
+            return bad(r,
+                       "group '%s' of stream '%s' has %llu pending entries, more than the %llu "
+                       "ids handed out",
+                       gpn, in->pn, (unsigned long long)total,
+                       (unsigned long long)(g.next_id - in->first_id));
+        if (r_grow(r, (void **)&c->ids, &c->ids_cap, (size_t)total * sizeof(uint64_t)) != 0)
+            return -1;
+        size_t n = 0;
+        for (uint32_t k = 0; k < g.n_members; k++)
+            for (uint32_t i = 0; i < c->mem[k].n_pend; i++) {
+                uint32_t d, rd;
+                tsd_snapfile_pend_get(c->mem[k].pend, i, &c->ids[n++], &d, &rd);
+            }
+        qsort(c->ids, n, sizeof(*c->ids), u64_cmp);
+        for (size_t i = 1; i < n; i++)
+            if (c->ids[i] == c->ids[i - 1])
+                return bad(r, "group '%s' of stream '%s': entry %llu is pending twice", gpn, in->pn,
+                           (unsigned long long)c->ids[i]);
+    }
+    g.members = c->mem;
+    if (r->sink->group(r->sink->arg, &g) != 0)
+        return other(r, TS_ENOMEM, "out of memory loading it");
+    return 0;
+}
+
+/* One stream: header, entry table, records, groups. 0 or -1. */
+static int read_stream(snap_reader *r, snap_count *c, uint64_t index)
+{
+    char what[SNAP_NAME_MSG + 64];
+    uint8_t fx[SNAP_STREAM_FIXED + UINT8_MAX];
+    snprintf(what, sizeof(what), "the header of stream %llu", (unsigned long long)index);
+    if (r_read(r, fx, 1, what) != 0)
+        return -1;
+    size_t nl = fx[0];
+    if (r_read(r, fx + 1, nl + 48, what) != 0)
+        return -1;
+    uint8_t hash[8];
+    if (r_read(r, hash, 8, what) != 0)
+        return -1;
+    uint64_t h = tsd_hash64(fx, SNAP_STREAM_FIXED + nl, 0);
+    if (h != ts__get_u64le(hash))
+        return bad(r, "checksum mismatch in %s", what);
+    c->acc = chain(c->acc, h);
+    if (nl == 0)
+        return bad(r, "stream %llu has an empty name", (unsigned long long)index);
+    const uint8_t *q = fx + 1 + nl;
+    tsd_snapfile_stream st = {.name = fx + 1,
+                              .name_len = (uint8_t)nl,
+                              .max_entries = ts__get_u64le(q),
+                              .max_bytes = ts__get_u64le(q + 8),
+                              .max_age_ms = ts__get_u32le(q + 16),
+                              .window = ts__get_u32le(q + 20),
+                              .lease_ms = ts__get_u32le(q + 24),
+                              .n_groups = ts__get_u32le(q + 28),
+                              .first_id = ts__get_u64le(q + 32),
+                              .last_id = ts__get_u64le(q + 40)};
+    char pn[SNAP_NAME_MSG];
+    printable(r, st.name, nl, pn, sizeof(pn));
+    /* The settings STREAM_CREATE accepts. */
+    if (st.max_entries < 1 || st.max_entries > TS_STREAM_MAX_ENTRIES ||
+        st.window > st.max_entries || st.lease_ms < 1 || st.lease_ms > TS_STREAM_MAX_LEASE_MS)
+        return bad(r,
+                   "stream '%s': a setting is out of range (max_entries %llu, window %u, "
+                   "lease_ms %u)",
+                   pn, (unsigned long long)st.max_entries, st.window, st.lease_ms);
+    /* Ids start at 1 and are dense: the kept ones are first_id..last_id, maybe none. */
+    if (st.first_id < 1 || st.last_id == UINT64_MAX || st.last_id < st.first_id - 1)
+        return bad(r, "stream '%s': first_id %llu and last_id %llu break the id rules", pn,
+                   (unsigned long long)st.first_id, (unsigned long long)st.last_id);
+    uint64_t n = st.last_id + 1 - st.first_id;
+    if (n > TS_STREAM_MAX_ENTRIES)
+        return bad(r, "stream '%s' keeps %llu entries, more than %llu", pn, (unsigned long long)n,
+                   (unsigned long long)TS_STREAM_MAX_ENTRIES);
+    if (st.n_groups > TS_STREAM_MAX_GROUPS)
+        return bad(r, "stream '%s' has %u groups, more than %u", pn, st.n_groups,
+                   TS_STREAM_MAX_GROUPS);
+    size_t tlen = (size_t)n * TSD_SNAP_ENTRY_SIZE;
+    if (tlen + 8 > r->left)
+        return cut(r, "stream '%s' claims %llu entries, more than the rest of the file can hold",
+                   pn, (unsigned long long)n);
+    if (r_grow(r, (void **)&c->tb, &c->tb_cap, tlen) != 0)
+        return -1;
+    snprintf(what, sizeof(what), "the entries of stream '%s'", pn);
+    if (read_hashed(r, c, c->tb, tlen, what) != 0)
+        return -1;
+    /* Every record's length against the rest of the file before any is asked for. */
+    uint64_t need = 0;
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t len, tag, age;
+        tsd_snapfile_entry_get(c->tb, (size_t)k, &len, &tag, &age);
+        if (len == 0)
+            continue; /* a marker */
+        if (tag != 0)
+            return bad(r, "entry %llu of stream '%s' is a record with a tag",
+                       (unsigned long long)(st.first_id + k), pn);
+        if (len < TS_REC_HDR_SIZE || len > r->left || len + 8 > r->left - need)
+            return cut(r, "entry %llu of stream '%s' claims %llu bytes (%llu remain in the file)",
+                       (unsigned long long)(st.first_id + k), pn, (unsigned long long)len,
+                       (unsigned long long)(r->left - need));
+        need += len + 8;
+        st.n_records++;
+    }
+    if (st.n_records > c->recs_total - c->recs_seen)
+        return bad(r, "stream '%s' holds more records than the streams section claims", pn);
+    if ((uint64_t)st.n_groups * SNAP_GROUP_MIN > r->left - need)
+        return cut(r, "stream '%s' claims %u groups, more than the rest of the file can hold", pn,
+                   st.n_groups);
+    if (r->sink->stream == NULL || r->sink->record == NULL || r->sink->group == NULL)
+        return other(r, TS_EINVAL, "it holds streams, which this reader does not take");
+    st.entries = c->tb;
+    if (r->sink->stream(r->sink->arg, &st) != 0)
+        return other(r, TS_ENOMEM, "out of memory loading it");
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t len, tag, age;
+        tsd_snapfile_entry_get(c->tb, (size_t)k, &len, &tag, &age);
+        if (len == 0)
+            continue;
+        uint64_t id = st.first_id + k;
+        uint8_t *data = r->sink->record(r->sink->arg, (size_t)len);
+        if (data == NULL)
+            return other(r, TS_ENOMEM, "out of memory loading a %llu-byte entry",
+                         (unsigned long long)len);
+        snprintf(what, sizeof(what), "entry %llu of stream '%s'", (unsigned long long)id, pn);
+        if (read_hashed(r, c, data, (size_t)len, what) != 0)
+            return -1;
+        /* The validator and limits a STREAM_APPEND of this record meets. */
+        if (ts__record_validate(data, (size_t)len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0)
+            return bad(r, "entry %llu of stream '%s' is not a valid record", (unsigned long long)id,
+                       pn);
+        c->recs_seen++;
+        c->sbytes_seen += len;
+    }
+    snap_in_stream in = {.first_id = st.first_id, .last_id = st.last_id, .pn = pn};
+    c->n_gnames = 0;
+    c->gnames_len = 0;
+    for (uint32_t g = 0; g < st.n_groups; g++)
+        if (read_group(r, c, &in, g) != 0)
+            return -1;
+    return 0;
+}
+
+/* The streams section (format 2): its header, every stream, the sums against the header. */
+static int read_streams(snap_reader *r, snap_count *c, tsd_snapfile_head *head)
+{
+    uint8_t sec[TSD_SNAP_SEC_SIZE];
+    if (r_read(r, sec, sizeof(sec), "the streams section") != 0)
+        return -1;
+    if (memcmp(sec, SNAP_SEC_MAGIC, sizeof(SNAP_SEC_MAGIC)) != 0)
+        return bad(r, "the streams section is missing (bad magic)");
+    uint64_t h = tsd_hash64(sec, 32, 0);
+    if (h != ts__get_u64le(sec + 32))
+        return bad(r, "checksum mismatch in the header of the streams section");
+    c->acc = chain(c->acc, h);
+    head->n_streams = ts__get_u64le(sec + 8);
+    head->n_records = ts__get_u64le(sec + 16);
+    head->stream_bytes = ts__get_u64le(sec + 24);
+    if (head->n_streams > r->left / SNAP_STREAM_MIN || head->n_records > r->left / SNAP_RECORD_MIN)
+        return cut(r,
+                   "the streams section claims %llu streams and %llu records, more than the "
+                   "file can hold",
+                   (unsigned long long)head->n_streams, (unsigned long long)head->n_records);
+    c->recs_total = head->n_records;
+    for (uint64_t k = 0; k < head->n_streams; k++)
+        if (read_stream(r, c, k) != 0)
+            return -1;
+    if (c->recs_seen != head->n_records || c->sbytes_seen != head->stream_bytes)
+        return bad(r,
+                   "the streams section claims %llu records of %llu bytes, the streams hold "
+                   "%llu of %llu",
+                   (unsigned long long)head->n_records, (unsigned long long)head->stream_bytes,
+                   (unsigned long long)c->recs_seen, (unsigned long long)c->sbytes_seen);
+    return 0;
+}
+
 static int read_all(snap_reader *r, tsd_snapfile_head *out)
 {
     uint8_t hdr[TSD_SNAP_HDR_SIZE];
@@ -490,10 +1048,11 @@ static int read_all(snap_reader *r, tsd_snapfile_head *out)
         return bad(r, "not a tensord snapshot (bad magic)");
     if (tsd_hash64(hdr, 56, 0) != ts__get_u64le(hdr + 56))
         return bad(r, "checksum mismatch in the file header");
-    if (ts__get_u32le(hdr + 8) != TSD_SNAP_FORMAT) {
+    uint32_t format = ts__get_u32le(hdr + 8);
+    if (format < TSD_SNAP_FORMAT_MIN || format > TSD_SNAP_FORMAT) {
         snprintf(r->err, r->err_cap,
-                 "snapshot %s: format %u is not supported (this tensord reads %d)", r->label,
-                 ts__get_u32le(hdr + 8), TSD_SNAP_FORMAT);
+                 "snapshot %s: format %u is not supported (this tensord reads %d to %d)", r->label,
+                 format, TSD_SNAP_FORMAT_MIN, TSD_SNAP_FORMAT);
         r->rc = TS_EPROTO;
         return -1;
     }
@@ -505,6 +1064,7 @@ static int read_all(snap_reader *r, tsd_snapfile_head *out)
         .n_items = ts__get_u64le(hdr + 32),
         .bytes = ts__get_u64le(hdr + 40),
         .wall_ms = ts__get_u64le(hdr + 48),
+        .format = format,
     };
     /* Each bin and each item takes a minimum number of bytes: both counts are bounded. */
     if (head.n_bins > r->left / SNAP_BIN_MIN || head.n_items > r->left / SNAP_ITEM_MIN)
@@ -514,7 +1074,9 @@ static int read_all(snap_reader *r, tsd_snapfile_head *out)
     int rc = 0;
     for (uint64_t b = 0; b < head.n_bins && rc == 0; b++)
         rc = read_bin(r, &c, b);
-    ts__free(c.hb);
+    if (rc == 0 && format >= 2)
+        rc = read_streams(r, &c, &head);
+    count_free(&c);
     if (rc != 0)
         return -1;
     uint8_t end[TSD_SNAP_END_SIZE];

@@ -14,9 +14,20 @@
 
 #include "common.h"
 
-#define TSD_SNAP_FORMAT   1  /* the format version in the header; the reader reads only this */
-#define TSD_SNAP_HDR_SIZE 64 /* bytes of the file header */
-#define TSD_SNAP_END_SIZE 32 /* bytes of the trailer */
+/*
+ * The format version this tensord writes (in the header). It reads every version from
+ * TSD_SNAP_FORMAT_MIN on: format 1 (tensorshare 0.1 to 0.3) holds bins only; format 2 adds the
+ * streams section after the bins.
+ */
+#define TSD_SNAP_FORMAT     2
+#define TSD_SNAP_FORMAT_MIN 1
+#define TSD_SNAP_HDR_SIZE   64 /* bytes of the file header */
+#define TSD_SNAP_END_SIZE   32 /* bytes of the trailer */
+#define TSD_SNAP_SEC_SIZE   40 /* bytes of the streams section's header (format 2) */
+/* Bytes of one row of a stream's entry table: u64 record length (0: a marker), tag, age. */
+#define TSD_SNAP_ENTRY_SIZE 24
+/* Bytes of one row of a member's pending table: u64 id, u32 deliveries, u32 rows_done. */
+#define TSD_SNAP_PEND_SIZE 16
 
 /* A 64-bit hash of len bytes (xxHash64-style); the snapshot checksums. */
 uint64_t tsd_hash64(const void *p, size_t len, uint64_t seed);
@@ -26,8 +37,17 @@ typedef struct tsd_snapfile_head {
     uint64_t counter; /* the server's change counter when the snapshot was taken */
     uint64_t n_bins;
     uint64_t n_items; /* over all bins */
-    uint64_t bytes;   /* record bytes over all items */
+    uint64_t bytes;   /* record bytes over all items of bins */
     uint64_t wall_ms; /* wall clock when written, ms since the epoch (informative) */
+    /*
+     * The format: the reader sets the file's; the writer writes this one (0 means
+     * TSD_SNAP_FORMAT; format 1 only without streams, which it cannot hold).
+     */
+    uint32_t format;
+    /* The streams section (format 2; all 0 in format 1). */
+    uint64_t n_streams;
+    uint64_t n_records;    /* records over all streams' entries (markers hold none) */
+    uint64_t stream_bytes; /* their bytes */
 } tsd_snapfile_head;
 
 /* One bin handed to the writer. */
@@ -46,20 +66,109 @@ typedef struct tsd_snapfile_bin {
 typedef void (*tsd_snapfile_item_fn)(void *arg, size_t index, const uint8_t **data, size_t *len);
 
 /*
+ * Streams (format 2). A stream's entries and its members' pending entries travel as tables
+ * already in the file's encoding (rows written with tsd_snapfile_entry_put and
+ * tsd_snapfile_pend_put), so that the writer hashes and writes them without another copy,
+ * and the reader hands them on as they are in the file.
+ */
+
+/* Row k of an entry table: a record's length (0 for a marker), a marker's tag, the age in ms. */
+static inline void tsd_snapfile_entry_put(uint8_t *table, size_t k, uint64_t len, uint64_t tag,
+                                          uint64_t age_ms)
+{
+    uint8_t *p = table + k * TSD_SNAP_ENTRY_SIZE;
+    ts__put_u64le(p, len);
+    ts__put_u64le(p + 8, tag);
+    ts__put_u64le(p + 16, age_ms);
+}
+
+static inline void tsd_snapfile_entry_get(const uint8_t *table, size_t k, uint64_t *len,
+                                          uint64_t *tag, uint64_t *age_ms)
+{
+    const uint8_t *p = table + k * TSD_SNAP_ENTRY_SIZE;
+    *len = ts__get_u64le(p);
+    *tag = ts__get_u64le(p + 8);
+    *age_ms = ts__get_u64le(p + 16);
+}
+
+/* Row k of a pending table: the entry's id, its deliveries, its rows done. */
+static inline void tsd_snapfile_pend_put(uint8_t *table, size_t k, uint64_t id, uint32_t deliveries,
+                                         uint32_t rows_done)
+{
+    uint8_t *p = table + k * TSD_SNAP_PEND_SIZE;
+    ts__put_u64le(p, id);
+    ts__put_u32le(p + 8, deliveries);
+    ts__put_u32le(p + 12, rows_done);
+}
+
+static inline void tsd_snapfile_pend_get(const uint8_t *table, size_t k, uint64_t *id,
+                                         uint32_t *deliveries, uint32_t *rows_done)
+{
+    const uint8_t *p = table + k * TSD_SNAP_PEND_SIZE;
+    *id = ts__get_u64le(p);
+    *deliveries = ts__get_u32le(p + 8);
+    *rows_done = ts__get_u32le(p + 12);
+}
+
+/* A member of a group: its name (name_len 0: the group's orphans) and pending entries. */
+typedef struct tsd_snapfile_member {
+    const uint8_t *name; /* name_len bytes, borrowed */
+    const uint8_t *pend; /* n_pend rows of TSD_SNAP_PEND_SIZE bytes, ids ascending; borrowed */
+    uint32_t n_pend;
+    uint8_t name_len;
+} tsd_snapfile_member;
+
+/* A group of a stream: its cursor and members. */
+typedef struct tsd_snapfile_group {
+    const uint8_t *name; /* name_len bytes (1..255), borrowed */
+    const tsd_snapfile_member *members;
+    uint64_t next_id;
+    uint64_t lost;
+    uint32_t lease_ms;
+    uint32_t n_members; /* the orphans included, when written */
+    uint8_t name_len;
+} tsd_snapfile_group;
+
+/* A stream: its settings, ids, entries (records through the item function) and groups. */
+typedef struct tsd_snapfile_stream {
+    const uint8_t *name; /* name_len bytes (1..255), borrowed */
+    uint64_t max_entries, max_bytes;
+    uint32_t max_age_ms, window, lease_ms;
+    uint64_t first_id, last_id; /* last_id + 1 - first_id entries (first_id >= 1) */
+    const uint8_t *entries;     /* that many rows of TSD_SNAP_ENTRY_SIZE bytes; borrowed */
+    /*
+     * Writer: the item index (as the item function counts) of its first record; the records of
+     * its entries whose length is not 0 are first, first + 1, ... in id order. Reader: its
+     * records (the entries whose length is not 0).
+     */
+    size_t first_record;
+    uint64_t n_records;
+    const tsd_snapfile_group *groups; /* writer: n_groups of them; reader: NULL (see group) */
+    uint32_t n_groups;
+    uint8_t name_len;
+} tsd_snapfile_stream;
+
+/*
  * Sort bins into the file's order: by name, bytewise, a shorter name first when one is a prefix
  * of the other. The writer writes bins in the order given, so call this first.
  */
 void tsd_snapfile_sort(tsd_snapfile_bin *bins, size_t n);
+/* The same order for streams (call it first too: one snapshot has one encoding). */
+void tsd_snapfile_sort_streams(tsd_snapfile_stream *streams, size_t n);
 
 /*
  * Write a whole snapshot to fd (at its current offset): the header from head (head->n_bins is
  * the length of bins; n_items and bytes must be the sums over the bins' items, as the reader
- * checks them), every bin and its items, the trailer. Writes go through a 1 MiB buffer; large
- * records go straight to the file. Neither syncs nor closes fd. Returns 0, -ENOMEM, or the
- * negated errno of the write that failed.
+ * checks them), every bin and its items, then (format 2) the streams section: head->n_streams
+ * streams (n_records and stream_bytes the sums over their records), each with its entry table,
+ * records and groups; the trailer. Nothing is checked here beyond the format: the caller hands
+ * what a server holds, which keeps the rules the reader checks. Writes go through a 1 MiB
+ * buffer; large pieces go straight to the file. Neither syncs nor closes fd. Returns 0,
+ * -ENOMEM, -EINVAL (format 1 with streams, or an unknown format), or the negated errno of the
+ * write that failed.
  */
 int tsd_snapfile_write(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
-                       tsd_snapfile_item_fn item, void *arg);
+                       const tsd_snapfile_stream *streams, tsd_snapfile_item_fn item, void *arg);
 
 /*
  * What the reader hands its caller as it decodes, in file order. The reader checks every
@@ -81,6 +190,17 @@ typedef struct tsd_snapfile_sink {
      */
     uint8_t *(*item)(void *arg, size_t len);
     /*
+     * Format 2 (required when the file holds a stream; a file with one is refused when they
+     * are NULL). A stream begins: s (borrowed for the call, groups NULL) has passed every check
+     * of its header and entry table; its s->n_records records come next through record (as
+     * items do through item, each checked and validated after it is read), then its
+     * s->n_groups groups through group, each whole and checked (names, ids, pending entries)
+     * before the call. 0 to go on, anything else stops the reader (out of memory).
+     */
+    int (*stream)(void *arg, const tsd_snapfile_stream *s);
+    uint8_t *(*record)(void *arg, size_t len);
+    int (*group)(void *arg, const tsd_snapfile_group *g);
+    /*
      * Optional: how bin names are written into error messages (tensord passes
      * tsd_name_printable); when NULL, bytes outside printable ASCII appear as '?'.
      */
@@ -89,8 +209,12 @@ typedef struct tsd_snapfile_sink {
 
 /*
  * Read the snapshot in the size bytes of fd from its current offset, or in p[0..len), handing
- * each bin and item to sink. The whole file must be good: every checksum, the counts and sums
- * against the header and the trailer, every record valid, nothing after the trailer. Returns 0
+ * each bin and item, then each stream, record and group to sink. The whole file must be good:
+ * every checksum, the counts and sums against the header, the streams section and the trailer,
+ * every record valid, every stream rule (settings in range, entries dense from first_id to
+ * last_id, group and member names 1..255 bytes and unique but for one orphans member, pending
+ * ids ascending per member, inside [first_id, next_id) and never twice in a group), nothing
+ * after the trailer. Returns 0
  * and fills *head, or fails with a message in err naming label (the file's path) and the
  * problem ("... is truncated: ...", "... is damaged: ...", or "format N is not supported"):
  * TS_EPROTO for a bad file, TS_ENOMEM when sink refused (or the reader's own buffer could not

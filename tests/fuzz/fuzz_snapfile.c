@@ -1,12 +1,15 @@
 /*
- * Fuzz target: the snapshot reader (server/snapfile.c). The input is a snapshot file, read from
- * memory twice: as it is, and with every checksum recomputed (snapfile_fix.h), so that mutated
- * lengths, counts and records reach the checks behind the checksums. Properties:
+ * Fuzz target: the snapshot reader (server/snapfile.c), formats 1 and 2. The input is a
+ * snapshot file, read from memory twice: as it is, and with every checksum recomputed
+ * (snapfile_fix.h), so that mutated lengths, counts, records and stream fields reach the checks
+ * behind the checksums. Properties:
  *   - the reader never asks its sink for more bytes in all than the file holds;
  *   - it fails with TS_EPROTO and a message naming the file, or succeeds; after a success the
- *     bins and items it handed over match the header's counts and sums, every item is a valid
- *     record (ts__fz_check_record), and writing them again gives back exactly the input
- *     (the format has one encoding of each snapshot).
+ *     bins and items, streams, records and groups it handed over match the counts and sums of
+ *     the header and the streams section, every item and record is a valid record
+ *     (ts__fz_check_record), every stream keeps the rules (dense ids, pending ids inside
+ *     [first_id, next_id), ascending per member, once per group), and writing them again in
+ *     the file's format gives back exactly the input (one encoding of each snapshot).
  */
 #define _GNU_SOURCE /* memfd_create */
 #include "fuzz.h"
@@ -16,6 +19,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "proto.h"
 #include "snapfile_fix.h"
 
 #define FZ_LABEL "fuzz.snap"
@@ -28,8 +32,29 @@ typedef struct fz_sink {
     size_t *lens;
     size_t n_items, items_cap;
     uint8_t *names; /* one TS_MAX_NAME_LEN slot per bin */
-    uint64_t asked; /* bytes of item memory asked for */
+    uint64_t asked; /* bytes of item and record memory asked for */
+    /* Streams: each with its own copies of what the reader lent. */
+    struct fz_stream *streams;
+    size_t n_streams, streams_cap;
+    uint64_t records; /* records asked for */
 } fz_sink;
+
+typedef struct fz_group {
+    tsd_snapfile_group g;
+    uint8_t name[TS_MAX_NAME_LEN];
+    tsd_snapfile_member *m;
+    uint8_t *mnames; /* one TS_MAX_NAME_LEN slot per member */
+    uint8_t **pend;
+} fz_group;
+
+typedef struct fz_stream {
+    tsd_snapfile_stream s;
+    uint8_t name[TS_MAX_NAME_LEN];
+    uint8_t *entries;
+    fz_group *groups; /* s.n_groups of them, n_groups handed over so far */
+    uint32_t n_groups;
+    tsd_snapfile_group *view; /* the writer's array, built for the rewrite */
+} fz_stream;
 
 static int fz_grow(void **arr, size_t *cap, size_t n, size_t sz)
 {
@@ -84,8 +109,96 @@ static uint8_t *on_item(void *arg, size_t len)
     return p;
 }
 
+static int on_stream(void *arg, const tsd_snapfile_stream *st)
+{
+    fz_sink *s = arg;
+    FZ_CHECK(st->name_len >= 1 && st->groups == NULL);
+    FZ_CHECK(st->first_id >= 1 && st->last_id + 1 >= st->first_id);
+    FZ_CHECK(st->last_id + 1 - st->first_id <= TS_STREAM_MAX_ENTRIES);
+    FZ_CHECK(st->n_groups <= TS_STREAM_MAX_GROUPS);
+    fz_grow((void **)&s->streams, &s->streams_cap, s->n_streams, sizeof(*s->streams));
+    fz_stream *f = &s->streams[s->n_streams++];
+    memset(f, 0, sizeof(*f));
+    f->s = *st;
+    memcpy(f->name, st->name, st->name_len);
+    size_t tl = (size_t)(st->last_id + 1 - st->first_id) * TSD_SNAP_ENTRY_SIZE;
+    f->entries = ts__malloc(tl + 1);
+    FZ_CHECK(f->entries != NULL);
+    memcpy(f->entries, st->entries, tl);
+    f->s.first_record = s->n_items; /* its records come next, after the items so far */
+    f->groups = ts__calloc(st->n_groups + 1, sizeof(*f->groups));
+    FZ_CHECK(f->groups != NULL);
+    return 0;
+}
+
+static uint8_t *on_record(void *arg, size_t len)
+{
+    fz_sink *s = arg;
+    FZ_CHECK(s->n_streams > 0);
+    s->records++;
+    return on_item(arg, len);
+}
+
+static int on_group(void *arg, const tsd_snapfile_group *g)
+{
+    fz_sink *s = arg;
+    FZ_CHECK(s->n_streams > 0);
+    fz_stream *f = &s->streams[s->n_streams - 1];
+    FZ_CHECK(f->n_groups < f->s.n_groups);
+    FZ_CHECK(g->name_len >= 1);
+    FZ_CHECK(g->next_id >= f->s.first_id && g->next_id <= f->s.last_id + 1);
+    fz_group *c = &f->groups[f->n_groups++];
+    c->g = *g;
+    memcpy(c->name, g->name, g->name_len);
+    uint32_t n = g->n_members;
+    c->m = ts__calloc(n + 1, sizeof(*c->m));
+    c->mnames = ts__calloc(n + 1, TS_MAX_NAME_LEN);
+    c->pend = ts__calloc(n + 1, sizeof(*c->pend));
+    FZ_CHECK(c->m != NULL && c->mnames != NULL && c->pend != NULL);
+    for (uint32_t k = 0; k < n; k++) {
+        const tsd_snapfile_member *m = &g->members[k];
+        c->m[k] = *m;
+        if (m->name_len > 0)
+            memcpy(c->mnames + (size_t)k * TS_MAX_NAME_LEN, m->name, m->name_len);
+        size_t tl = (size_t)m->n_pend * TSD_SNAP_PEND_SIZE;
+        c->pend[k] = ts__malloc(tl + 1);
+        FZ_CHECK(c->pend[k] != NULL);
+        memcpy(c->pend[k], m->pend, tl);
+        /* Ids ascending inside [first_id, next_id); never pending twice in the group. */
+        uint64_t prev = 0;
+        for (uint32_t i = 0; i < m->n_pend; i++) {
+            uint64_t id;
+            uint32_t d, r;
+            tsd_snapfile_pend_get(m->pend, i, &id, &d, &r);
+            FZ_CHECK(id > prev && id >= f->s.first_id && id < g->next_id);
+            prev = id;
+            for (uint32_t j = 0; j < k; j++)
+                for (uint32_t x = 0; x < g->members[j].n_pend; x++) {
+                    uint64_t other;
+                    tsd_snapfile_pend_get(g->members[j].pend, x, &other, &d, &r);
+                    FZ_CHECK(other != id);
+                }
+        }
+    }
+    return 0;
+}
+
 static void sink_free(fz_sink *s)
 {
+    for (size_t k = 0; k < s->n_streams; k++) {
+        fz_stream *f = &s->streams[k];
+        for (uint32_t g = 0; g < f->n_groups; g++) {
+            for (uint32_t m = 0; m < f->groups[g].g.n_members; m++)
+                ts__free(f->groups[g].pend[m]);
+            ts__free(f->groups[g].m);
+            ts__free(f->groups[g].mnames);
+            ts__free(f->groups[g].pend);
+        }
+        ts__free(f->groups);
+        ts__free(f->entries);
+        ts__free(f->view);
+    }
+    ts__free(s->streams);
     for (size_t i = 0; i < s->n_items; i++)
         ts__free(s->items[i]);
     ts__free(s->items);
@@ -108,10 +221,36 @@ static void check_rewrite(fz_sink *s, const tsd_snapfile_head *head, const uint8
 {
     for (size_t b = 0; b < s->n_bins; b++)
         s->bins[b].name = s->names + b * TS_MAX_NAME_LEN;
+    /* The writer's view of the streams: pointers into the copies, which stop moving now. */
+    tsd_snapfile_stream *streams = ts__calloc(s->n_streams + 1, sizeof(*streams));
+    FZ_CHECK(streams != NULL);
+    for (size_t k = 0; k < s->n_streams; k++) {
+        fz_stream *f = &s->streams[k];
+        FZ_CHECK(f->n_groups == f->s.n_groups);
+        f->view = ts__calloc(f->n_groups + 1, sizeof(*f->view));
+        FZ_CHECK(f->view != NULL);
+        for (uint32_t g = 0; g < f->n_groups; g++) {
+            fz_group *c = &f->groups[g];
+            for (uint32_t m = 0; m < c->g.n_members; m++) {
+                c->m[m].name = c->mnames + (size_t)m * TS_MAX_NAME_LEN;
+                c->m[m].pend = c->pend[m];
+            }
+            f->view[g] = c->g;
+            f->view[g].name = c->name;
+            f->view[g].members = c->m;
+        }
+        streams[k] = f->s;
+        streams[k].name = f->name;
+        streams[k].entries = f->entries;
+        streams[k].groups = f->view;
+    }
     int fd = memfd_create("fuzz_snapfile", MFD_CLOEXEC);
-    if (fd < 0)
+    if (fd < 0) {
+        ts__free(streams);
         return; /* no memfd here: the other properties still hold */
-    FZ_CHECK(tsd_snapfile_write(fd, head, s->bins, item_of, s) == 0);
+    }
+    FZ_CHECK(tsd_snapfile_write(fd, head, s->bins, streams, item_of, s) == 0);
+    ts__free(streams);
     FZ_CHECK(lseek(fd, 0, SEEK_END) == (off_t)size);
     uint8_t *back = ts__malloc(size);
     FZ_CHECK(back != NULL);
@@ -124,7 +263,12 @@ static void check_rewrite(fz_sink *s, const tsd_snapfile_head *head, const uint8
 static void check(const uint8_t *data, size_t size)
 {
     fz_sink s = {0};
-    tsd_snapfile_sink sink = {.arg = &s, .bin = on_bin, .item = on_item};
+    tsd_snapfile_sink sink = {.arg = &s,
+                              .bin = on_bin,
+                              .item = on_item,
+                              .stream = on_stream,
+                              .record = on_record,
+                              .group = on_group};
     tsd_snapfile_head head;
     char err[1024];
     err[0] = '\0';
@@ -134,19 +278,24 @@ static void check(const uint8_t *data, size_t size)
         FZ_CHECK(rc == TS_EPROTO);
         FZ_CHECK(strstr(err, "snapshot " FZ_LABEL) == err);
     } else {
-        FZ_CHECK(head.n_bins == s.n_bins && head.n_items == s.n_items);
-        uint64_t bytes = 0;
+        FZ_CHECK(head.n_bins == s.n_bins && head.n_items + head.n_records == s.n_items);
+        FZ_CHECK(head.n_streams == s.n_streams && head.n_records == s.records);
+        FZ_CHECK(head.format == 2 || s.n_streams == 0);
+        uint64_t bytes = 0, sbytes = 0;
         size_t items = 0;
         for (size_t b = 0; b < s.n_bins; b++) {
             FZ_CHECK(s.bins[b].first == items);
             items += s.bins[b].n_items;
         }
-        FZ_CHECK(items == s.n_items);
+        FZ_CHECK(items == head.n_items);
         for (size_t i = 0; i < s.n_items; i++) {
-            bytes += s.lens[i];
+            if (i < items)
+                bytes += s.lens[i];
+            else
+                sbytes += s.lens[i];
             FZ_CHECK(ts__fz_check_record(s.items[i], s.lens[i]) == 0);
         }
-        FZ_CHECK(bytes == head.bytes);
+        FZ_CHECK(bytes == head.bytes && sbytes == head.stream_bytes);
         check_rewrite(&s, &head, data, size);
     }
     sink_free(&s);

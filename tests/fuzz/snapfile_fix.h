@@ -18,7 +18,70 @@ static inline uint64_t snapfix_chain(uint64_t acc, uint64_t h)
     return tsd_hash64(b, sizeof(b), 0);
 }
 
-/* Rewrite the checksums of p[0..len): the header's, each bin's and item's, the trailer's. */
+/* Rehash the piece p[off..off+n) into the 8 bytes after it and chain it; 0, or -1 past len. */
+static inline int snapfix_piece(uint8_t *p, size_t len, size_t *off, uint64_t n, uint64_t *acc)
+{
+    if (n > len - *off || len - *off - n < 8)
+        return -1;
+    uint64_t h = tsd_hash64(p + *off, (size_t)n, 0);
+    ts__put_u64le(p + *off + n, h);
+    *acc = snapfix_chain(*acc, h);
+    *off += (size_t)n + 8;
+    return 0;
+}
+
+/* The streams section of format 2 from off: rewrite its checksums. 0, or -1 past len. */
+static inline int snapfix_streams(uint8_t *p, size_t len, size_t *off, uint64_t *acc)
+{
+    if (len - *off < TSD_SNAP_SEC_SIZE)
+        return -1;
+    uint64_t n_streams = ts__get_u64le(p + *off + 8);
+    if (snapfix_piece(p, len, off, 32, acc) != 0)
+        return -1;
+    for (uint64_t s = 0; s < n_streams; s++) {
+        if (len - *off < 49 || len - *off - 49 < p[*off])
+            return -1;
+        size_t nl = p[*off];
+        const uint8_t *q = p + *off + 1 + nl;
+        uint32_t n_groups = ts__get_u32le(q + 28);
+        uint64_t first = ts__get_u64le(q + 32), last = ts__get_u64le(q + 40);
+        if (snapfix_piece(p, len, off, 49 + nl, acc) != 0 || last == UINT64_MAX ||
+            last + 1 < first || (last + 1 - first) > (len - *off) / TSD_SNAP_ENTRY_SIZE)
+            return -1;
+        uint64_t n = last + 1 - first;
+        const uint8_t *table = p + *off;
+        if (snapfix_piece(p, len, off, n * TSD_SNAP_ENTRY_SIZE, acc) != 0)
+            return -1;
+        for (uint64_t k = 0; k < n; k++) {
+            uint64_t rl = ts__get_u64le(table + k * TSD_SNAP_ENTRY_SIZE);
+            if (rl != 0 && snapfix_piece(p, len, off, rl, acc) != 0)
+                return -1;
+        }
+        for (uint32_t g = 0; g < n_groups; g++) {
+            if (len - *off < 25 || len - *off - 25 < p[*off])
+                return -1;
+            size_t gl = p[*off];
+            uint32_t n_members = ts__get_u32le(p + *off + 1 + gl + 20);
+            if (snapfix_piece(p, len, off, 25 + gl, acc) != 0)
+                return -1;
+            for (uint32_t m = 0; m < n_members; m++) {
+                if (len - *off < 9 || len - *off - 9 < p[*off])
+                    return -1;
+                size_t ml = p[*off];
+                uint32_t n_pend = ts__get_u32le(p + *off + 1 + ml);
+                if (snapfix_piece(p, len, off, 9 + ml, acc) != 0 ||
+                    snapfix_piece(p, len, off, (uint64_t)n_pend * TSD_SNAP_PEND_SIZE, acc) != 0)
+                    return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/*
+ * Rewrite the checksums of p[0..len): the header's, each bin's and item's, in format 2 the
+ * streams section's (its header, each stream's pieces), the trailer's.
+ */
 static inline void snapfix_rehash(uint8_t *p, size_t len)
 {
     if (len < TSD_SNAP_HDR_SIZE)
@@ -53,6 +116,8 @@ static inline void snapfix_rehash(uint8_t *p, size_t len)
             off += (size_t)il + 8;
         }
     }
+    if (ts__get_u32le(p + 8) >= 2 && snapfix_streams(p, len, &off, &acc) != 0)
+        return;
     if (len - off < TSD_SNAP_END_SIZE)
         return;
     ts__put_u64le(p + off + 24, snapfix_chain(acc, tsd_hash64(p + off, 24, 0)));

@@ -1,10 +1,12 @@
 /*
  * tensord's snapshot file format (server/snapfile.c), linked alone, without the loop or the
- * store: files written by tensord before the format had a file of its own still load and are
- * written again byte for byte; a round trip keeps every bin and item; a file cut short at any
- * byte, a byte flipped anywhere, and lengths, counts and fields that lie (with their checksums
- * made right) are refused with a message, never read past their end nor allowed to ask for
- * more memory than the file holds.
+ * store: format 1 files written by tensord before streams (checked-in seeds) still load and are
+ * written again byte for byte in format 1; a round trip keeps every bin and item, and in format
+ * 2 every stream (settings, ids, entries, records, groups, members, orphans, pending entries),
+ * written again byte for byte; a file cut short at any byte, a byte flipped anywhere, lengths,
+ * counts and fields that lie (with their checksums made right), and streams that break a rule
+ * (settings, dense ids, names, pending ids) are refused with a message, never read past their
+ * end nor allowed to ask for more memory than the file holds.
  */
 #define _GNU_SOURCE /* memfd_create */
 #include <setjmp.h>
@@ -21,24 +23,49 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "proto.h"
 #include "record.h"
 #include "snapfile.h"
 #include "snapfile_fix.h"
 
 #define LABEL "t.snap"
+/* Members of a group a file may list: TS_STREAM_MAX_MEMBERS and the group's orphans. */
+#define SNAP_MAX_MEMBERS_TEST (TS_STREAM_MAX_MEMBERS + 1)
 /* Bytes of the test's largest record: above half the writer's 1 MiB buffer, written directly. */
 #define BIG_FLOATS (200 * 1024)
+
+/* A stream the reader handed over, copied (its tables in the file's encoding). */
+#define CAP_GROUPS  4
+#define CAP_MEMBERS 4
+typedef struct cap_group {
+    tsd_snapfile_group g;
+    uint8_t name[TS_MAX_NAME_LEN];
+    tsd_snapfile_member m[CAP_MEMBERS];
+    uint8_t mnames[CAP_MEMBERS][TS_MAX_NAME_LEN];
+    uint8_t *pend[CAP_MEMBERS];
+} cap_group;
+
+typedef struct cap_stream {
+    tsd_snapfile_stream s;
+    uint8_t name[TS_MAX_NAME_LEN];
+    uint8_t *entries;
+    tsd_snapfile_group groups[CAP_GROUPS]; /* the writer's view of cg, once complete */
+    cap_group cg[CAP_GROUPS];
+    uint32_t n_groups;
+} cap_stream;
 
 /* What the reader handed over. */
 typedef struct sink_state {
     tsd_snapfile_bin bins[64];
     uint8_t names[64][TS_MAX_NAME_LEN];
     size_t n_bins;
-    uint8_t *items[64];
+    uint8_t *items[64]; /* items of bins, then records of streams */
     size_t lens[64];
     size_t n_items;
-    uint64_t asked; /* item bytes asked for */
-    int refuse_bin, refuse_item;
+    cap_stream streams[4];
+    size_t n_streams;
+    uint64_t asked; /* item and record bytes asked for */
+    int refuse_bin, refuse_item, refuse_stream, refuse_record, refuse_group;
 } sink_state;
 
 static int on_bin(void *arg, const uint8_t *name, size_t name_len, uint64_t version,
@@ -67,17 +94,105 @@ static uint8_t *on_item(void *arg, size_t len)
     assert_true(s->n_items < 64);
     s->asked += len;
     uint8_t *p = ts__malloc(len);
-    assert_non_null(p);
+    if (p == NULL) /* test_streams_sink_failures fails allocations on purpose */
+        return NULL;
     s->items[s->n_items] = p;
     s->lens[s->n_items++] = len;
     return p;
+}
+
+static int on_stream(void *arg, const tsd_snapfile_stream *st)
+{
+    sink_state *s = arg;
+    if (s->refuse_stream)
+        return -1;
+    assert_true(s->n_streams < TS__ARRAY_SIZE(s->streams));
+    assert_null(st->groups);
+    size_t tl = (size_t)(st->last_id + 1 - st->first_id) * TSD_SNAP_ENTRY_SIZE;
+    uint8_t *entries = ts__malloc(tl + 1);
+    if (entries == NULL)
+        return -1;
+    cap_stream *c = &s->streams[s->n_streams++];
+    memset(c, 0, sizeof(*c));
+    c->s = *st;
+    memcpy(c->name, st->name, st->name_len);
+    c->s.name = c->name;
+    c->entries = entries;
+    memcpy(c->entries, st->entries, tl);
+    c->s.entries = c->entries;
+    c->s.first_record = s->n_items; /* its records come next */
+    c->s.groups = c->groups;
+    assert_true(st->n_groups <= CAP_GROUPS);
+    return 0;
+}
+
+static uint8_t *on_record(void *arg, size_t len)
+{
+    sink_state *s = arg;
+    assert_true(s->n_streams > 0);
+    if (s->refuse_record)
+        return NULL;
+    return on_item(arg, len);
+}
+
+static int on_group(void *arg, const tsd_snapfile_group *g)
+{
+    sink_state *s = arg;
+    if (s->refuse_group)
+        return -1;
+    assert_true(s->n_streams > 0);
+    cap_stream *c = &s->streams[s->n_streams - 1];
+    assert_true(c->n_groups < c->s.n_groups);
+    assert_true(g->n_members <= CAP_MEMBERS);
+    cap_group *cg = &c->cg[c->n_groups];
+    cg->g = *g;
+    memcpy(cg->name, g->name, g->name_len);
+    cg->g.name = cg->name;
+    for (uint32_t k = 0; k < g->n_members; k++) {
+        cg->m[k] = g->members[k];
+        if (g->members[k].name_len > 0)
+            memcpy(cg->mnames[k], g->members[k].name, g->members[k].name_len);
+        cg->m[k].name = cg->mnames[k];
+        size_t tl = (size_t)g->members[k].n_pend * TSD_SNAP_PEND_SIZE;
+        cg->pend[k] = ts__malloc(tl + 1);
+        if (cg->pend[k] == NULL) {
+            while (k-- > 0)
+                ts__free(cg->pend[k]);
+            return -1;
+        }
+        memcpy(cg->pend[k], g->members[k].pend, tl);
+        cg->m[k].pend = cg->pend[k];
+    }
+    cg->g.members = cg->m;
+    c->groups[c->n_groups++] = cg->g;
+    return 0;
 }
 
 static void sink_reset(sink_state *s)
 {
     for (size_t i = 0; i < s->n_items; i++)
         ts__free(s->items[i]);
+    for (size_t k = 0; k < s->n_streams; k++) {
+        ts__free(s->streams[k].entries);
+        for (uint32_t g = 0; g < s->streams[k].n_groups; g++)
+            for (uint32_t m = 0; m < s->streams[k].cg[g].g.n_members; m++)
+                ts__free(s->streams[k].cg[g].pend[m]);
+    }
     memset(s, 0, sizeof(*s));
+}
+
+/* The file's header fields, compared one by one (the struct has padding). */
+static void head_equal(const tsd_snapfile_head *a, const tsd_snapfile_head *b)
+{
+    assert_int_equal(a->counter, b->counter);
+    assert_int_equal(a->n_bins, b->n_bins);
+    assert_int_equal(a->n_items, b->n_items);
+    assert_int_equal(a->bytes, b->bytes);
+    assert_int_equal(a->wall_ms, b->wall_ms);
+    assert_int_equal(a->format, b->format);
+    assert_int_equal(a->n_streams, b->n_streams);
+    assert_int_equal(a->n_records, b->n_records);
+    assert_int_equal(a->stream_bytes, b->stream_bytes);
 }
 
 static void item_of(void *arg, size_t index, const uint8_t **data, size_t *len)
@@ -93,7 +208,12 @@ static int read_mem(const uint8_t *p, size_t len, sink_state *s, tsd_snapfile_he
                     size_t cap)
 {
     memset(s, 0, sizeof(*s));
-    tsd_snapfile_sink sink = {.arg = s, .bin = on_bin, .item = on_item};
+    tsd_snapfile_sink sink = {.arg = s,
+                              .bin = on_bin,
+                              .item = on_item,
+                              .stream = on_stream,
+                              .record = on_record,
+                              .group = on_group};
     err[0] = '\0';
     int rc = tsd_snapfile_read_mem(p, len, LABEL, &sink, head, err, cap);
     /* Whatever the file says, the reader never asks for more than it holds. */
@@ -136,7 +256,10 @@ static int write_mem(sink_state *s, const tsd_snapfile_head *head)
 {
     int fd = memfd_create("test_snapfile", MFD_CLOEXEC);
     assert_true(fd >= 0);
-    assert_int_equal(tsd_snapfile_write(fd, head, s->bins, item_of, s), 0);
+    tsd_snapfile_stream streams[4];
+    for (size_t k = 0; k < s->n_streams; k++)
+        streams[k] = s->streams[k].s;
+    assert_int_equal(tsd_snapfile_write(fd, head, s->bins, streams, item_of, s), 0);
     return fd;
 }
 
@@ -151,6 +274,8 @@ static void test_files_written_before_load_and_write_back(void **state)
     tsd_snapfile_head head;
     char err[1024];
     assert_int_equal(read_mem(good, len, &s, &head, err, sizeof(err)), 0);
+    assert_int_equal(head.format, 1);
+    assert_int_equal(head.n_streams, 0);
     assert_int_equal(head.n_bins, 4);
     assert_int_equal(head.n_items, 6);
     assert_int_equal(head.bytes, 1744);
@@ -161,7 +286,7 @@ static void test_files_written_before_load_and_write_back(void **state)
         assert_int_equal(s.bins[b].n_items, counts[b]);
         assert_true(s.bins[b].version <= head.counter);
     }
-    /* The same contents written now give the same bytes: the format did not change. */
+    /* The same contents written now in format 1 give the same bytes: format 1 did not change. */
     int fd = write_mem(&s, &head);
     size_t n;
     uint8_t *again = fd_bytes(fd, &n);
@@ -174,7 +299,7 @@ static void test_files_written_before_load_and_write_back(void **state)
     tsd_snapfile_head h2;
     assert_int_equal(lseek(fd, 0, SEEK_SET), 0);
     assert_int_equal(tsd_snapfile_read_fd(fd, len, LABEL, &sink, &h2, err, sizeof(err)), 0);
-    assert_memory_equal(&h2, &head, sizeof(head));
+    head_equal(&h2, &head);
     assert_int_equal(s2.n_items, 6);
     for (size_t i = 0; i < 6; i++)
         assert_memory_equal(s2.items[i], s.items[i], s.lens[i]);
@@ -261,7 +386,7 @@ static void test_round_trip(void **state)
                               .wall_ms = 1234};
     int fd = memfd_create("test_snapfile", MFD_CLOEXEC);
     assert_true(fd >= 0);
-    assert_int_equal(tsd_snapfile_write(fd, &head, bins, item_of, &w), 0);
+    assert_int_equal(tsd_snapfile_write(fd, &head, bins, NULL, item_of, &w), 0);
     size_t len;
     uint8_t *file = fd_bytes(fd, &len);
     close(fd);
@@ -273,7 +398,10 @@ static void test_round_trip(void **state)
     if (rc != 0)
         print_error("%s\n", err);
     assert_int_equal(rc, 0);
-    assert_memory_equal(&got, &head, sizeof(head));
+    /* Written in the current format, with an empty streams section. */
+    assert_int_equal(got.format, TSD_SNAP_FORMAT);
+    head.format = TSD_SNAP_FORMAT;
+    head_equal(&got, &head);
     assert_int_equal(r.n_bins, TS__ARRAY_SIZE(bins));
     for (size_t b = 0; b < r.n_bins; b++) {
         assert_int_equal(r.bins[b].name_len, bins[b].name_len);
@@ -455,10 +583,15 @@ static void item_under_record_header(uint8_t *p, size_t len)
     (void)len;
     ts__put_u64le(p + BIN0_LEN, TS_REC_HDR_SIZE - 1);
 }
-static void format_two(uint8_t *p, size_t len)
+static void format_three(uint8_t *p, size_t len)
 {
     (void)len;
-    ts__put_u32le(p + 8, 2);
+    ts__put_u32le(p + 8, 3);
+}
+static void format_zero(uint8_t *p, size_t len)
+{
+    (void)len;
+    ts__put_u32le(p + 8, 0);
 }
 static void header_reserved(uint8_t *p, size_t len)
 {
@@ -505,7 +638,8 @@ static void test_lengths_and_fields_that_lie(void **state)
     expect_refused(good, len, 0, huge_item, "item 0 of bin 'params' claims");
     expect_refused(good, len, 0, item_one_past_end, "item 0 of bin 'params' claims");
     expect_refused(good, len, 0, item_under_record_header, "item 0 of bin 'params' claims 15");
-    expect_refused(good, len, 0, format_two, "format 2 is not supported");
+    expect_refused(good, len, 0, format_three, "format 3 is not supported");
+    expect_refused(good, len, 0, format_zero, "format 0 is not supported");
     expect_refused(good, len, 0, header_reserved, "reserved field of the file header");
     expect_refused(good, len, 0, bin_reserved, "bin 0: a reserved field");
     expect_refused(good, len, 0, wrong_bytes, "record bytes");
@@ -539,16 +673,558 @@ static void test_sink_failures(void **state)
     assert_int_equal(read_mem(good, len, &s, &head, err, sizeof(err)), 0);
     int ro = open("/dev/null", O_RDONLY | O_CLOEXEC);
     assert_true(ro >= 0);
-    assert_int_equal(tsd_snapfile_write(ro, &head, s.bins, item_of, &s), -EBADF);
+    assert_int_equal(tsd_snapfile_write(ro, &head, s.bins, NULL, item_of, &s), -EBADF);
     close(ro);
     int fd = memfd_create("test_snapfile", MFD_CLOEXEC);
     assert_true(fd >= 0);
     ts__alloc_fail_after(1);
-    assert_int_equal(tsd_snapfile_write(fd, &head, s.bins, item_of, &s), -ENOMEM);
+    assert_int_equal(tsd_snapfile_write(fd, &head, s.bins, NULL, item_of, &s), -ENOMEM);
     ts__alloc_fail_after(-1);
     close(fd);
     sink_reset(&s);
     ts__free(good);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Streams (format 2)
+ */
+
+/*
+ * A snapshot with one bin and two streams, built as tensord's snapshot job builds one:
+ * "events" keeps ids 5..9 (records 5, 7, 8; markers 6 and 9), a group "fan-a" with a member
+ * holding two pending entries (one partly done), its orphans holding one, an idle member, and a
+ * group "fan-b" with no member at first_id; "trimmed" kept none of its 100 entries and has a
+ * group of one member with nothing pending. Edits then break one rule at a time.
+ */
+typedef struct fixture {
+    sink_state w; /* items: the three records of "events", then the bin's item */
+    uint8_t entries[5 * TSD_SNAP_ENTRY_SIZE];
+    uint8_t pend_m1[2 * TSD_SNAP_PEND_SIZE], pend_orph[TSD_SNAP_PEND_SIZE];
+    tsd_snapfile_member ma[3], mt[1];
+    tsd_snapfile_group ga[2], gt[1];
+    tsd_snapfile_stream st[2];
+    tsd_snapfile_head head;
+} fixture;
+
+static void fixture_init(fixture *f)
+{
+    memset(f, 0, sizeof(*f));
+    for (size_t i = 0; i < 4; i++) {
+        size_t len;
+        uint8_t *r = record((int64_t)(3 + 5 * i), 1.5f + (float)i, &len);
+        f->w.items[i] = ts__malloc(len);
+        assert_non_null(f->w.items[i]);
+        memcpy(f->w.items[i], r, len);
+        f->w.lens[i] = len;
+        ts__free_aligned(r, len);
+    }
+    f->w.n_items = 4;
+    f->w.bins[0] = (tsd_snapfile_bin){
+        .name = (const uint8_t *)"bin", .name_len = 3, .version = 3, .first = 3, .n_items = 1};
+    f->w.n_bins = 1;
+    tsd_snapfile_entry_put(f->entries, 0, f->w.lens[0], 0, 900);
+    tsd_snapfile_entry_put(f->entries, 1, 0, 7, 800);
+    tsd_snapfile_entry_put(f->entries, 2, f->w.lens[1], 0, 700);
+    tsd_snapfile_entry_put(f->entries, 3, f->w.lens[2], 0, 600);
+    tsd_snapfile_entry_put(f->entries, 4, 0, UINT64_MAX, 0);
+    tsd_snapfile_pend_put(f->pend_m1, 0, 7, 2, 3);
+    tsd_snapfile_pend_put(f->pend_m1, 1, 9, 1, 0);
+    tsd_snapfile_pend_put(f->pend_orph, 0, 8, 1, 0);
+    f->ma[0] = (tsd_snapfile_member){
+        .name = (const uint8_t *)"m1", .name_len = 2, .pend = f->pend_m1, .n_pend = 2};
+    f->ma[1] = (tsd_snapfile_member){.pend = f->pend_orph, .n_pend = 1}; /* the orphans */
+    f->ma[2] = (tsd_snapfile_member){.name = (const uint8_t *)"m2", .name_len = 2};
+    f->ga[0] = (tsd_snapfile_group){.name = (const uint8_t *)"fan-a",
+                                    .name_len = 5,
+                                    .next_id = 10,
+                                    .lost = 4,
+                                    .lease_ms = 5000,
+                                    .members = f->ma,
+                                    .n_members = 3};
+    f->ga[1] = (tsd_snapfile_group){
+        .name = (const uint8_t *)"fan-b", .name_len = 5, .next_id = 5, .lease_ms = 20000};
+    f->st[0] = (tsd_snapfile_stream){.name = (const uint8_t *)"events",
+                                     .name_len = 6,
+                                     .max_entries = 100,
+                                     .max_bytes = 1 << 20,
+                                     .max_age_ms = 60000,
+                                     .window = 50,
+                                     .lease_ms = 5000,
+                                     .first_id = 5,
+                                     .last_id = 9,
+                                     .entries = f->entries,
+                                     .first_record = 0,
+                                     .groups = f->ga,
+                                     .n_groups = 2};
+    f->mt[0] = (tsd_snapfile_member){.name = (const uint8_t *)"x", .name_len = 1};
+    f->gt[0] = (tsd_snapfile_group){.name = (const uint8_t *)"g",
+                                    .name_len = 1,
+                                    .next_id = 101,
+                                    .lost = 7,
+                                    .lease_ms = 10000,
+                                    .members = f->mt,
+                                    .n_members = 1};
+    f->st[1] = (tsd_snapfile_stream){.name = (const uint8_t *)"trimmed",
+                                     .name_len = 7,
+                                     .max_entries = 10,
+                                     .lease_ms = 10000,
+                                     .first_id = 101,
+                                     .last_id = 100,
+                                     .groups = f->gt,
+                                     .n_groups = 1};
+    f->head = (tsd_snapfile_head){.counter = 77,
+                                  .n_bins = 1,
+                                  .n_items = 1,
+                                  .bytes = f->w.lens[3],
+                                  .wall_ms = 5,
+                                  .n_streams = 2,
+                                  .n_records = 3,
+                                  .stream_bytes = f->w.lens[0] + f->w.lens[1] + f->w.lens[2]};
+}
+
+/* The fixture's file, into a new buffer. */
+static uint8_t *fixture_file(fixture *f, size_t *len)
+{
+    int fd = memfd_create("test_snapfile", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(tsd_snapfile_write(fd, &f->head, f->w.bins, f->st, item_of, &f->w), 0);
+    uint8_t *b = fd_bytes(fd, len);
+    close(fd);
+    return b;
+}
+
+static void test_streams_round_trip(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f);
+    size_t len;
+    uint8_t *file = fixture_file(&f, &len);
+    sink_state r;
+    tsd_snapfile_head got;
+    char err[1024];
+    int rc = read_mem(file, len, &r, &got, err, sizeof(err));
+    if (rc != 0)
+        print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    f.head.format = TSD_SNAP_FORMAT;
+    head_equal(&got, &f.head);
+    assert_int_equal(r.n_bins, 1);
+    assert_int_equal(r.n_streams, 2);
+    /* The bin's item first, then the stream's records in id order. */
+    assert_int_equal(r.n_items, 4);
+    assert_memory_equal(r.items[0], f.w.items[3], f.w.lens[3]);
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(r.lens[1 + i], f.w.lens[i]);
+        assert_memory_equal(r.items[1 + i], f.w.items[i], f.w.lens[i]);
+    }
+    for (size_t k = 0; k < 2; k++) {
+        const tsd_snapfile_stream *a = &f.st[k], *b = &r.streams[k].s;
+        assert_int_equal(b->name_len, a->name_len);
+        assert_memory_equal(b->name, a->name, a->name_len);
+        assert_int_equal(b->max_entries, a->max_entries);
+        assert_int_equal(b->max_bytes, a->max_bytes);
+        assert_int_equal(b->max_age_ms, a->max_age_ms);
+        assert_int_equal(b->window, a->window);
+        assert_int_equal(b->lease_ms, a->lease_ms);
+        assert_int_equal(b->first_id, a->first_id);
+        assert_int_equal(b->last_id, a->last_id);
+        assert_int_equal(b->n_records, k == 0 ? 3 : 0);
+        assert_memory_equal(b->entries, k == 0 ? f.entries : (const uint8_t *)"",
+                            (size_t)(a->last_id + 1 - a->first_id) * TSD_SNAP_ENTRY_SIZE);
+        assert_int_equal(r.streams[k].n_groups, a->n_groups);
+        for (uint32_t g = 0; g < a->n_groups; g++) {
+            const tsd_snapfile_group *ga = &a->groups[g], *gb = &r.streams[k].groups[g];
+            assert_int_equal(gb->name_len, ga->name_len);
+            assert_memory_equal(gb->name, ga->name, ga->name_len);
+            assert_int_equal(gb->next_id, ga->next_id);
+            assert_int_equal(gb->lost, ga->lost);
+            assert_int_equal(gb->lease_ms, ga->lease_ms);
+            assert_int_equal(gb->n_members, ga->n_members);
+            for (uint32_t m = 0; m < ga->n_members; m++) {
+                const tsd_snapfile_member *ma = &ga->members[m], *mb = &gb->members[m];
+                assert_int_equal(mb->name_len, ma->name_len);
+                assert_memory_equal(mb->name, ma->name, ma->name_len);
+                assert_int_equal(mb->n_pend, ma->n_pend);
+                assert_memory_equal(mb->pend, ma->pend, (size_t)ma->n_pend * TSD_SNAP_PEND_SIZE);
+            }
+        }
+    }
+    uint64_t id;
+    uint32_t deliveries, rows;
+    tsd_snapfile_pend_get(r.streams[0].groups[0].members[0].pend, 0, &id, &deliveries, &rows);
+    assert_int_equal(id, 7);
+    assert_int_equal(deliveries, 2);
+    assert_int_equal(rows, 3);
+    /* Written again from what was read: the same bytes (one encoding per snapshot). */
+    int fd = write_mem(&r, &got);
+    size_t n;
+    uint8_t *again = fd_bytes(fd, &n);
+    close(fd);
+    assert_int_equal(n, len);
+    assert_memory_equal(again, file, len);
+    ts__free(again);
+    /* A file of streams is not format 1, and a reader without the stream functions refuses it. */
+    tsd_snapfile_head h1 = f.head;
+    h1.format = 1;
+    fd = memfd_create("test_snapfile", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    assert_int_equal(tsd_snapfile_write(fd, &h1, f.w.bins, f.st, item_of, &f.w), -EINVAL);
+    close(fd);
+    sink_state s2;
+    memset(&s2, 0, sizeof(s2));
+    tsd_snapfile_sink old = {.arg = &s2, .bin = on_bin, .item = on_item};
+    assert_int_equal(tsd_snapfile_read_mem(file, len, LABEL, &old, &got, err, sizeof(err)),
+                     TS_EINVAL);
+    assert_non_null(strstr(err, "holds streams"));
+    sink_reset(&s2);
+    sink_reset(&r);
+    sink_reset(&f.w);
+    ts__free(file);
+}
+
+static void test_streams_truncated_and_flipped(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f);
+    size_t len;
+    uint8_t *good = fixture_file(&f, &len);
+    char err[1024];
+    for (size_t cut = 0; cut < len; cut++) {
+        uint8_t *p = ts__malloc(cut + 1);
+        assert_non_null(p);
+        memcpy(p, good, cut);
+        sink_state s;
+        tsd_snapfile_head head;
+        int rc = read_mem(p, cut, &s, &head, err, sizeof(err));
+        if (rc != TS_EPROTO || strstr(err, "truncated") == NULL) {
+            print_error("cut at %zu of %zu: %d \"%s\"\n", cut, len, rc, err);
+            fail();
+        }
+        sink_reset(&s);
+        ts__free(p);
+    }
+    /* Every byte is under a checksum: a flipped bit anywhere is refused. */
+    uint8_t *p = ts__malloc(len);
+    assert_non_null(p);
+    for (size_t off = 0; off < len; off++) {
+        for (int bit = 0; bit < 8; bit += 3) {
+            memcpy(p, good, len);
+            p[off] ^= (uint8_t)(1u << bit);
+            sink_state s;
+            tsd_snapfile_head head;
+            int rc = read_mem(p, len, &s, &head, err, sizeof(err));
+            if (rc != TS_EPROTO) {
+                print_error("bit %d of byte %zu: %d \"%s\"\n", bit, off, rc, err);
+                fail();
+            }
+            sink_reset(&s);
+        }
+    }
+    ts__free(p);
+    ts__free(good);
+    sink_reset(&f.w);
+}
+
+/* The fixture with edit applied, written (checksums right): the reader must say problem. */
+static void expect_stream_refused(void (*edit)(fixture *f), const char *problem)
+{
+    fixture f;
+    fixture_init(&f);
+    edit(&f);
+    size_t len;
+    uint8_t *file = fixture_file(&f, &len);
+    sink_state s;
+    tsd_snapfile_head head;
+    char err[1024];
+    int rc = read_mem(file, len, &s, &head, err, sizeof(err));
+    if (rc != TS_EPROTO || strstr(err, problem) == NULL) {
+        print_error("want \"%s\", got %d \"%s\"\n", problem, rc, err);
+        fail();
+    }
+    sink_reset(&s);
+    sink_reset(&f.w);
+    ts__free(file);
+}
+
+static void e_stream_empty_name(fixture *f)
+{
+    f->st[0].name_len = 0;
+}
+static void e_max_entries_zero(fixture *f)
+{
+    f->st[1].max_entries = 0;
+}
+static void e_max_entries_huge(fixture *f)
+{
+    f->st[1].max_entries = TS_STREAM_MAX_ENTRIES + 1;
+}
+static void e_window_over(fixture *f)
+{
+    f->st[1].window = 11;
+}
+static void e_lease_zero(fixture *f)
+{
+    f->st[1].lease_ms = 0;
+}
+static void e_lease_long(fixture *f)
+{
+    f->st[1].lease_ms = TS_STREAM_MAX_LEASE_MS + 1;
+}
+static void e_first_id_zero(fixture *f)
+{
+    f->st[1].first_id = 0;
+    f->st[1].last_id = UINT64_MAX; /* still no entry: last_id + 1 == first_id in 64 bits */
+}
+static void e_record_with_tag(fixture *f)
+{
+    tsd_snapfile_entry_put(f->entries, 2, f->w.lens[1], 1, 700);
+}
+static void e_record_short(fixture *f)
+{
+    /* A marker turned into a 5-byte record: shorter than a record header. */
+    tsd_snapfile_entry_put(f->entries, 1, 5, 0, 800);
+}
+static void e_group_empty_name(fixture *f)
+{
+    f->ga[1].name_len = 0;
+}
+static void e_group_twice(fixture *f)
+{
+    f->ga[1].name = (const uint8_t *)"fan-a";
+}
+static void e_next_id_low(fixture *f)
+{
+    f->ga[1].next_id = 4;
+}
+static void e_next_id_high(fixture *f)
+{
+    f->gt[0].next_id = 102;
+}
+static void e_group_lease(fixture *f)
+{
+    f->ga[1].lease_ms = 0;
+}
+static void e_member_twice(fixture *f)
+{
+    f->ma[2].name = (const uint8_t *)"m1";
+}
+static void e_orphans_twice(fixture *f)
+{
+    f->ma[2].name_len = 0;
+}
+static void e_pending_below(fixture *f)
+{
+    tsd_snapfile_pend_put(f->pend_orph, 0, 4, 1, 0);
+}
+static void e_pending_not_handed(fixture *f)
+{
+    f->ga[0].next_id = 9; /* the member holds 9 */
+}
+static void e_pending_unsorted(fixture *f)
+{
+    tsd_snapfile_pend_put(f->pend_m1, 0, 9, 2, 3);
+    tsd_snapfile_pend_put(f->pend_m1, 1, 7, 1, 0);
+}
+static void e_pending_same_twice(fixture *f)
+{
+    tsd_snapfile_pend_put(f->pend_m1, 1, 7, 1, 0);
+}
+static void e_pending_in_two(fixture *f)
+{
+    tsd_snapfile_pend_put(f->pend_orph, 0, 9, 1, 0);
+}
+static void e_pending_more_than_ids(fixture *f)
+{
+    /* fan-b at first_id handed nothing out: a member of it cannot hold anything. */
+    f->ga[1].members = f->ma;
+    f->ga[1].n_members = 1;
+}
+static void e_section_records(fixture *f)
+{
+    f->head.n_records = 4;
+}
+static void e_section_records_low(fixture *f)
+{
+    f->head.n_records = 2;
+}
+static void e_section_bytes(fixture *f)
+{
+    f->head.stream_bytes++;
+}
+
+static void test_streams_rules(void **state)
+{
+    (void)state;
+    expect_stream_refused(e_stream_empty_name, "stream 0 has an empty name");
+    expect_stream_refused(e_max_entries_zero, "stream 'trimmed': a setting is out of range");
+    expect_stream_refused(e_max_entries_huge, "a setting is out of range (max_entries 16777217");
+    expect_stream_refused(e_window_over, "window 11");
+    expect_stream_refused(e_lease_zero, "lease_ms 0");
+    expect_stream_refused(e_lease_long, "lease_ms 86400001");
+    expect_stream_refused(e_first_id_zero, "first_id 0 and last_id 18446744073709551615");
+    expect_stream_refused(e_record_with_tag, "entry 7 of stream 'events' is a record with a tag");
+    expect_stream_refused(e_record_short, "entry 6 of stream 'events' claims 5 bytes");
+    expect_stream_refused(e_group_empty_name, "group 1 of stream 'events' has an empty name");
+    expect_stream_refused(e_group_twice, "group 'fan-a' appears twice in stream 'events'");
+    expect_stream_refused(e_next_id_low, "group 'fan-b' of stream 'events': next_id 4 is outside");
+    expect_stream_refused(e_next_id_high, "next_id 102 is outside [101, 101]");
+    expect_stream_refused(e_group_lease, "group 'fan-b' of stream 'events': lease_ms 0");
+    expect_stream_refused(e_member_twice, "member 'm1' appears twice in group 'fan-a'");
+    expect_stream_refused(e_orphans_twice, "group 'fan-a' of stream 'events' lists its orphaned");
+    expect_stream_refused(e_pending_below, "member 1 of group 'fan-a' of stream 'events': pending "
+                                           "id 4");
+    expect_stream_refused(e_pending_not_handed, "pending id 9 is not above");
+    expect_stream_refused(e_pending_unsorted, "pending id 7 is not above the one before it");
+    expect_stream_refused(e_pending_same_twice, "pending id 7 is not above the one before it");
+    expect_stream_refused(e_pending_in_two, "group 'fan-a' of stream 'events': entry 9 is pending "
+                                            "twice");
+    expect_stream_refused(e_pending_more_than_ids, "has 2 pending entries, more than the 0 ids");
+    expect_stream_refused(e_section_records, "claims 4 records");
+    expect_stream_refused(e_section_records_low, "more records than the streams section claims");
+    expect_stream_refused(e_section_bytes, "the streams section claims 3 records");
+}
+
+/* Offsets in the fixture's file, found from its layout. */
+static size_t fixture_sec(fixture *f)
+{
+    /* Header, the bin's header (3-byte name, one length) and hash, its item and hash. */
+    return TSD_SNAP_HDR_SIZE + 17 + 3 + 8 + 8 + f->w.lens[3] + 8;
+}
+
+static size_t g_off; /* where the edits below write */
+static uint64_t g_val;
+static void put64(uint8_t *p, size_t len)
+{
+    (void)len;
+    ts__put_u64le(p + g_off, g_val);
+}
+static void put32(uint8_t *p, size_t len)
+{
+    (void)len;
+    ts__put_u32le(p + g_off, (uint32_t)g_val);
+}
+
+/* Counts and fields the writer would never write, edited in and rehashed. */
+static void test_streams_counts_that_lie(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f);
+    size_t len;
+    uint8_t *good = fixture_file(&f, &len);
+    size_t sec = fixture_sec(&f);
+    assert_memory_equal(good + sec, "TSDSTRM", 8);
+    size_t st0 = sec + TSD_SNAP_SEC_SIZE, q0 = st0 + 1 + 6;
+    assert_memory_equal(good + st0 + 1, "events", 6);
+    /* The entry table of "events" follows its header; its groups follow its records. */
+    size_t recs = q0 + 48 + 8 + 5 * TSD_SNAP_ENTRY_SIZE + 8;
+    size_t ga0 = recs + f.w.lens[0] + f.w.lens[1] + f.w.lens[2] + 3 * 8;
+    assert_memory_equal(good + ga0 + 1, "fan-a", 5);
+    size_t m0 = ga0 + 25 + 5 + 8;
+    assert_memory_equal(good + m0 + 1, "m1", 2);
+
+    g_off = sec;
+    g_val = 0;
+    expect_refused(good, len, 0, put64, "the streams section is missing");
+    g_off = sec + 8;
+    g_val = UINT64_MAX;
+    expect_refused(good, len, 0, put64, "the streams section claims 18446744073709551615 streams");
+    g_off = sec + 16;
+    g_val = (uint64_t)1 << 40;
+    expect_refused(good, len, 0, put64, "more than the file can hold");
+    g_off = sec + 8;
+    g_val = 3;
+    expect_refused(good, len, 0, put64, "the header of stream 2");
+    /* last_id far ahead: 2^24 + 1 entries, then as many as the file cannot hold. */
+    g_off = q0 + 40;
+    g_val = 5 + TS_STREAM_MAX_ENTRIES;
+    expect_refused(good, len, 0, put64, "stream 'events' keeps 16777217 entries");
+    g_val = 5 + 100000;
+    expect_refused(good, len, 0, put64, "stream 'events' claims 100001 entries");
+    g_off = q0 + 28;
+    g_val = 1000;
+    expect_refused(good, len, 0, put32, "stream 'events' claims 1000 groups");
+    const uint8_t *tr = memmem(good, len, "\x07trimmed", 8);
+    assert_non_null(tr);
+    g_off = (size_t)(tr - good) + 8 + 28;
+    g_val = TS_STREAM_MAX_GROUPS + 1;
+    expect_refused(good, len, 0, put32, "stream 'trimmed' has 1025 groups");
+    /* A record length past the end, and one that overflows. */
+    g_off = q0 + 48 + 8;
+    g_val = len;
+    expect_refused(good, len, 0, put64, "entry 5 of stream 'events' claims");
+    g_val = UINT64_MAX;
+    expect_refused(good, len, 0, put64, "entry 5 of stream 'events' claims");
+    /* A record that is not one. */
+    g_off = recs;
+    g_val = 0;
+    expect_refused(good, len, 0, put64, "entry 5 of stream 'events' is not a valid record");
+    /* Members and pending entries claimed past the end. */
+    g_off = ga0 + 1 + 5 + 20;
+    g_val = SNAP_MAX_MEMBERS_TEST + 1;
+    expect_refused(good, len, 0, put32, "has 1026 members, more than 1025");
+    g_val = 1000;
+    expect_refused(good, len, 0, put32, "group 'fan-a' of stream 'events' claims 1000 members");
+    /* Ids that go backwards (first_id above last_id + 1). */
+    g_off = q0 + 32;
+    g_val = 11;
+    expect_refused(good, len, 0, put64, "first_id 11 and last_id 9 break the id rules");
+    g_off = m0 + 1 + 2;
+    g_val = 6;
+    expect_refused(good, len, 0, put32,
+                   "member 0 of group 'fan-a' of stream 'events' has 6 pending entries, more than "
+                   "the 5 ids");
+    g_val = 3; /* the third row is what follows the table: no id in order */
+    expect_refused(good, len, 0, put32, "is not above the one before it");
+    g_off = m0 + 1 + 2 + 4;
+    g_val = 1;
+    expect_refused(good, len, 0, put32, "member 0 of group 'fan-a' of stream 'events': a reserved");
+    ts__free(good);
+    sink_reset(&f.w);
+}
+
+static void test_streams_sink_failures(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f);
+    size_t len;
+    uint8_t *file = fixture_file(&f, &len);
+    char err[1024];
+    for (int which = 0; which < 3; which++) {
+        sink_state s;
+        memset(&s, 0, sizeof(s));
+        s.refuse_stream = which == 0;
+        s.refuse_record = which == 1;
+        s.refuse_group = which == 2;
+        tsd_snapfile_sink sink = {.arg = &s,
+                                  .bin = on_bin,
+                                  .item = on_item,
+                                  .stream = on_stream,
+                                  .record = on_record,
+                                  .group = on_group};
+        tsd_snapfile_head head;
+        assert_int_equal(tsd_snapfile_read_mem(file, len, LABEL, &sink, &head, err, sizeof(err)),
+                         TS_ENOMEM);
+        assert_non_null(strstr(err, "out of memory"));
+        sink_reset(&s);
+    }
+    /* The reader's own buffers: every allocation it makes may fail. */
+    for (int n = 1; n < 64; n++) {
+        sink_state s;
+        tsd_snapfile_head head;
+        ts__alloc_fail_after(n);
+        int rc = read_mem(file, len, &s, &head, err, sizeof(err));
+        ts__alloc_fail_after(-1);
+        sink_reset(&s);
+        if (rc == 0)
+            break;
+        assert_int_equal(rc, TS_ENOMEM);
+    }
+    ts__free(file);
+    sink_reset(&f.w);
 }
 
 int main(void)
@@ -560,6 +1236,11 @@ int main(void)
         cmocka_unit_test(test_flipped_byte_in_each_section),
         cmocka_unit_test(test_lengths_and_fields_that_lie),
         cmocka_unit_test(test_sink_failures),
+        cmocka_unit_test(test_streams_round_trip),
+        cmocka_unit_test(test_streams_truncated_and_flipped),
+        cmocka_unit_test(test_streams_rules),
+        cmocka_unit_test(test_streams_counts_that_lie),
+        cmocka_unit_test(test_streams_sink_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
