@@ -356,6 +356,20 @@ static void expect_ids(const batch *b, uint64_t first, uint32_t n)
     }
 }
 
+/*
+ * Wait (at most 5 s, polling STATS) until n requests wait on streams: requests sent on other
+ * connections are then known to be parked before the test goes on.
+ */
+static void wait_for_waits(int fd, int64_t n)
+{
+    for (int i = 0; i < 500; i++) {
+        if (tsu_stat(fd, "stream_waits") == n)
+            return;
+        sleep_ms(10);
+    }
+    assert_int_equal(tsu_stat(fd, "stream_waits"), n);
+}
+
 static void ping(int fd)
 {
     uint32_t id = send_body(fd, TS_OP_PING, NULL, 0);
@@ -596,9 +610,9 @@ static void test_credits(void **state)
     assert_true(st.credit >= 1);
     assert_int_equal(st.n_stale, 0);
 
-    /* A group on a 200 ms lease that stops reading holds the credit until its lease ends. */
+    /* A group on a 400 ms lease that stops reading holds the credit until its lease ends. */
     create(fd, "t", 100, 0, 0, 2, 0);
-    join(fd, "t", "slow", "m", TS_STREAM_START_OLDEST, 200);
+    join(fd, "t", "slow", "m", TS_STREAM_START_OLDEST, 400);
     append(fd, "t", 0);
     append(fd, "t", 1);
     append_st(fd, "t", 2, TS_ST_BACKPRESSURE);
@@ -631,7 +645,7 @@ static void test_work_queue(void **state)
     (void)state;
     int fd = tsu_client(&srv), w = tsu_client(&srv);
     create(fd, "q", 100, 0, 0, 0, 0);
-    join(fd, "q", "g", "m1", TS_STREAM_START_OLDEST, 300);
+    join(fd, "q", "g", "m1", TS_STREAM_START_OLDEST, 500);
     join(fd, "q", "g", "m2", TS_STREAM_START_OLDEST, 0);
     for (int i = 0; i < 10; i++)
         append(fd, "q", i);
@@ -674,10 +688,9 @@ static void test_waiting_readers(void **state)
     join(fd, "q", "g", "m1", TS_STREAM_START_OLDEST, 200);
     join(fd, "q", "g", "m2", TS_STREAM_START_OLDEST, 0);
     uint32_t r2 = send_read(w2, "q", "g", "m2", 0, 10, 5000);
-    sleep_ms(30);
+    wait_for_waits(fd, 1);
     uint32_t r1 = send_read(w1, "q", "g", "m1", 0, 10, 5000);
-    sleep_ms(30);
-    assert_int_equal(tsu_stat(fd, "stream_waits"), 2);
+    wait_for_waits(fd, 2);
     append(fd, "q", 0);
     batch b;
     recv_entries(w2, TS_OP_STREAM_READ, r2, &b);
@@ -689,6 +702,7 @@ static void test_waiting_readers(void **state)
     /* A member waiting in READ is live: its entries are not claimed however long it waits
      * (here twice the group's 200 ms lease). */
     r1 = send_read(w1, "q", "g", "m1", 0, 10, 5000);
+    wait_for_waits(fd, 1);
     sleep_ms(400);
     read_b(fd, "q", "g", "m2", 0, 10, 0, &b);
     assert_int_equal(b.n, 0);
@@ -715,7 +729,7 @@ static void test_leave(void **state)
     read_b(fd, "s", "g", "m1", 0, 10, 0, &b);
     expect_ids(&b, 1, 2);
     uint32_t id = send_read(w, "s", "g", "m2", 0, 10, 5000);
-    sleep_ms(50);
+    wait_for_waits(fd, 1);
     leave(fd, "s", "g", "m1", TS_ST_OK);
     recv_entries(w, TS_OP_STREAM_READ, id, &b);
     expect_ids(&b, 1, 2);
@@ -726,8 +740,7 @@ static void test_leave(void **state)
     /* A member leaving while its read waits: that read is answered NOT_FOUND at once. The last
      * member leaving keeps the group (its cursor); an empty member removes it. */
     id = send_read(w, "s", "g", "m2", 2, 10, 5000);
-    sleep_ms(30);
-    assert_int_equal(tsu_stat(fd, "stream_waits"), 1);
+    wait_for_waits(fd, 1);
     leave(fd, "s", "g", "m2", TS_ST_OK);
     expect_status(w, TS_OP_STREAM_READ, id, TS_ST_NOT_FOUND);
     assert_int_equal(tsu_stat(fd, "stream_waits"), 0);
@@ -736,7 +749,7 @@ static void test_leave(void **state)
     assert_int_equal(js.next_id, 3);
     assert_int_equal(js.floor, 3);
     id = send_read(w, "s", "g", "m3", 0, 10, 5000);
-    sleep_ms(30);
+    wait_for_waits(fd, 1);
     leave(fd, "s", "g", NULL, TS_ST_OK);
     expect_status(w, TS_OP_STREAM_READ, id, TS_ST_NOT_FOUND);
     join(fd, "s", "g", "m3", TS_STREAM_START_NEWEST, 0);
@@ -1068,8 +1081,7 @@ static void test_delete_with_pending_read(void **state)
     }
     r1 = send_read(w, "s", "g", "m", 0, 10, 5000);
     r2 = send_credit(w, "s", 5000);
-    sleep_ms(50);
-    assert_int_equal(tsu_stat(fd, "stream_waits"), 2);
+    wait_for_waits(fd, 2);
     uint32_t id = rid++;
     assert_int_equal(tsu_send_name(fd, TS_OP_DELETE, id, "s", NULL, 0), 0);
     expect(fd, &f, TS_OP_DELETE, id, TS_ST_OK);
