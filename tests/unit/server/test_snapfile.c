@@ -1,7 +1,8 @@
 /*
  * tensord's snapshot file format (server/snapfile.c), linked alone, without the loop or the
  * store: format 1 files written by tensord before streams (checked-in seeds) still load and are
- * written again byte for byte in format 1; a round trip keeps every bin and item, and in format
+ * written again byte for byte in format 1, and so does the format 2 seed with a stream that
+ * tensord 0.4.0 wrote; a round trip keeps every bin and item, and in format
  * 2 every stream (settings, ids, entries, records, groups, members, orphans, pending entries),
  * written again byte for byte; a file cut short at any byte, a byte flipped anywhere, lengths,
  * counts and fields that lie (with their checksums made right), and streams that break a rule
@@ -927,6 +928,74 @@ static void test_streams_truncated_and_flipped(void **state)
     sink_reset(&f.w);
 }
 
+/*
+ * The seed tensord 0.4.0 wrote (test_stream_snapshot): stream "q" with markers 1..4 and a record
+ * 5, group "grp" with m1 holding 1 and 2, m2 holding 3 and 4 (2 rows of 4 done), and 5 orphaned
+ * by m3, which left. It reads as that, and writes back byte for byte: format 2 did not change.
+ */
+static void test_streams_seed(void **state)
+{
+    (void)state;
+    size_t len;
+    uint8_t *good = seed("streams", &len);
+    sink_state s;
+    tsd_snapfile_head head;
+    char err[1024];
+    int rc = read_mem(good, len, &s, &head, err, sizeof(err));
+    if (rc != 0)
+        print_error("%s\n", err);
+    assert_int_equal(rc, 0);
+    assert_int_equal(head.format, 2);
+    assert_int_equal(head.n_bins, 0);
+    assert_int_equal(head.n_streams, 1);
+    assert_int_equal(head.n_records, 1);
+    const tsd_snapfile_stream *st = &s.streams[0].s;
+    assert_int_equal(st->name_len, 1);
+    assert_int_equal(st->name[0], 'q');
+    assert_int_equal(st->first_id, 1);
+    assert_int_equal(st->last_id, 5);
+    assert_int_equal(st->max_entries, 10);
+    assert_int_equal(st->lease_ms, 10000);
+    for (size_t k = 0; k < 5; k++) {
+        uint64_t rl, tag, age;
+        tsd_snapfile_entry_get(st->entries, k, &rl, &tag, &age);
+        assert_int_equal(rl == 0, k < 4);
+        assert_int_equal(tag, k < 4 ? k : 0);
+    }
+    assert_int_equal(s.streams[0].n_groups, 1);
+    const tsd_snapfile_group *g = &s.streams[0].groups[0];
+    assert_memory_equal(g->name, "grp", 3);
+    assert_int_equal(g->next_id, 6);
+    assert_int_equal(g->n_members, 3);
+    static const char *const names[] = {"m1", "m2", ""};
+    static const uint64_t first[] = {1, 3, 5};
+    static const uint32_t n_pend[] = {2, 2, 1};
+    for (uint32_t m = 0; m < 3; m++) {
+        assert_int_equal(g->members[m].name_len, strlen(names[m]));
+        assert_memory_equal(g->members[m].name, names[m], strlen(names[m]));
+        assert_int_equal(g->members[m].n_pend, n_pend[m]);
+        uint64_t id;
+        uint32_t d, rows;
+        tsd_snapfile_pend_get(g->members[m].pend, 0, &id, &d, &rows);
+        assert_int_equal(id, first[m]);
+        assert_int_equal(d, 1);
+    }
+    uint64_t id;
+    uint32_t d, rows;
+    tsd_snapfile_pend_get(g->members[1].pend, 1, &id, &d, &rows);
+    assert_int_equal(id, 4);
+    assert_int_equal(rows, 2);
+    int fd = write_mem(&s, &head);
+    size_t n;
+    uint8_t *again = fd_bytes(fd, &n);
+    close(fd);
+    assert_int_equal(n, len);
+    assert_memory_equal(again, good, len);
+    ts__free(again);
+    sink_reset(&s);
+    ts__free(good);
+}
+
 /* The fixture with edit applied, written (checksums right): the reader must say problem. */
 static void expect_stream_refused(void (*edit)(fixture *f), const char *problem)
 {
@@ -1237,6 +1306,7 @@ int main(void)
         cmocka_unit_test(test_lengths_and_fields_that_lie),
         cmocka_unit_test(test_sink_failures),
         cmocka_unit_test(test_streams_round_trip),
+        cmocka_unit_test(test_streams_seed),
         cmocka_unit_test(test_streams_truncated_and_flipped),
         cmocka_unit_test(test_streams_rules),
         cmocka_unit_test(test_streams_counts_that_lie),
