@@ -47,6 +47,7 @@ static int bin_state(tsd_server *srv, const tsd_watch *w, uint64_t *version, uin
     *n = st != NULL ? tsd_stream_n_entries(st) : 0;
     return st != NULL;
 }
+
 static void wake_enqueue(tsd_server *srv, tsd_watch *w);
 
 /* Count bytes against --max-memory. 0 or TS_EOOM. */
