@@ -1298,6 +1298,8 @@ static void lease_rearm(tsd_server *srv, tsd_stream *st);
  */
 static void waits_try(tsd_server *srv, tsd_stream *st, int appended)
 {
+    static uint64_t passes;
+    uint64_t pass = ++passes;
     uint64_t now = now_ms(srv);
     int dropped = 0;
     uint32_t credit = UINT32_MAX;
@@ -1323,11 +1325,24 @@ static void waits_try(tsd_server *srv, tsd_stream *st, int appended)
                 continue; /* its member left: answered empty at its deadline */
             tsd_stream_group *g = w->g;
             tsd_stream_member *m = w->m;
-            /* Cheap test first: nothing new, nothing of its own, nobody's to claim. */
+            /*
+             * Cheap test first: nothing new, nothing of its own, nobody's to claim. A group found
+             * with nothing claimable stays so for the rest of the pass (the time does not move
+             * and readers answered become live), so many waiting readers of one group cost one
+             * walk of its members per pass, not one each.
+             */
             int maybe = g->next_id <= st->last_id || m->n_redeliver > 0 || g->orphans.n_pend > 0;
-            for (uint32_t i = 0; !maybe && i < g->n_members; i++) {
-                const tsd_stream_member *o = g->members[i];
-                maybe = o != m && o->n_pend > 0 && !member_live(g, o, now);
+            if (!maybe && g->none_claimable_pass != pass) {
+                int any = 0;
+                for (uint32_t i = 0; !maybe && i < g->n_members; i++) {
+                    const tsd_stream_member *o = g->members[i];
+                    if (o->n_pend > 0 && !member_live(g, o, now)) {
+                        any = 1;
+                        maybe = o != m;
+                    }
+                }
+                if (!any)
+                    g->none_claimable_pass = pass;
             }
             if (!maybe)
                 continue;

@@ -79,6 +79,8 @@ typedef struct tsd_stream_group {
     uint64_t floor;       /* smallest pending id of any member or orphan, else next_id */
     uint64_t newest_seen; /* max last_seen over members (0 when none): live iff within lease */
     uint32_t n_reading;   /* STREAM_READs of its members waiting now (live while one waits) */
+    /* stream.c's wake-up pass: the pass that found nothing claimable in the group (0: none). */
+    uint64_t none_claimable_pass;
 } tsd_stream_group;
 
 /* A stream's settings (STREAM_CREATE; lease_ms already defaulted: never 0 here). */
