@@ -564,6 +564,31 @@ typedef struct tsd_store {
 /* Every byte counted against max_memory: held + reserved + overhead + output + conns + orphaned. */
 uint64_t tsd_store_used(const tsd_store *s);
 /*
+ * Bytes of one heap block holding n bytes, as glibc's allocator lays it out: an 8-byte size
+ * word, rounded to 16, at least 32. Counting what the allocator really uses keeps the accounting
+ * honest for the many small blocks of bins, streams and item headers.
+ */
+uint64_t tsd_heap_block(size_t n);
+/*
+ * Record bytes of it counted against --max-memory (store.held): all of them, but for an item in
+ * a data-dir file, which --max-disk counts instead (its pages are the file's).
+ */
+uint64_t tsd_item_mem(const tsd_item *it);
+/*
+ * What an item costs beyond its record bytes (store.overhead): a slab item, its header and the
+ * rounding of its slot; an item with a buffer of its own, its struct's block and the rounding of
+ * its buffer.
+ */
+uint64_t tsd_item_overhead(const tsd_item *it);
+/*
+ * The store (or a stream) lets go of an unlinked item while someone else may still hold it (a
+ * queued reply or a snapshot). When others do, its bytes stay in memory until the last of them
+ * goes, so they count in orphaned_bytes until then (tsd_item_unref). Loop thread: references are
+ * only dropped there, so a count above one cannot fall to one meanwhile. The caller still drops
+ * its own reference afterwards.
+ */
+void tsd_store_item_release(tsd_store *s, tsd_item *it);
+/*
  * Seed the name hash with a 16-byte key (tsd_store_init seeds it from getrandom once per process;
  * tests set their own). Call before any table holds a name.
  */

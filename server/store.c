@@ -32,7 +32,7 @@ static struct {
  * Record bytes of it counted against --max-memory: all of them, but for an item in a data-dir
  * file, which --max-disk counts instead (its pages are the file's, written back by the kernel).
  */
-static uint64_t item_mem(const tsd_item *it)
+uint64_t tsd_item_mem(const tsd_item *it)
 {
     if (it->slot == TSD_ITEM_OWN &&
         ((const tsd_item_own *)(const void *)it)->backing == TSD_BACK_FILE)
@@ -173,7 +173,7 @@ void tsd_item_unref(tsd_item *it)
         return;
     if (old & TSD_ITEM_ORPHANED) {
         tsd_store *s = it->orphan_of;
-        s->orphaned_bytes -= item_mem(it);
+        s->orphaned_bytes -= tsd_item_mem(it);
         it->next = NULL;
     }
     if (it->slot != TSD_ITEM_OWN) {
@@ -360,12 +360,7 @@ int tsd_store_init(tsd_store *s, uint64_t max_memory)
     return tsd_htab_init(&s->bins);
 }
 
-/*
- * Bytes of one heap block holding n bytes, as glibc's allocator lays it out: an 8-byte size
- * word, rounded to 16, at least 32. Counting what the allocator really uses keeps the accounting
- * honest for the many small blocks of bins and item headers.
- */
-static uint64_t heap_block(size_t n)
+uint64_t tsd_heap_block(size_t n)
 {
     size_t b = (n + 8 + 15) & ~(size_t)15;
     return b < 32 ? 32 : b;
@@ -377,21 +372,17 @@ static uint64_t heap_block(size_t n)
  */
 static uint64_t bin_cost(size_t name_len)
 {
-    return heap_block(sizeof(tsd_bin) + name_len) + 2 * sizeof(tsd_hnode *);
+    return tsd_heap_block(sizeof(tsd_bin) + name_len) + 2 * sizeof(tsd_hnode *);
 }
 
-/*
- * What an item costs beyond its record bytes: a slab item, its header and the rounding of its
- * slot; an item with a buffer of its own, its struct's block and the rounding of its buffer.
- */
-static uint64_t item_overhead(const tsd_item *it)
+uint64_t tsd_item_overhead(const tsd_item *it)
 {
     if (it->slot != TSD_ITEM_OWN)
         return sizeof(tsd_item) + tsd_slab_slot_size(it) - it->slen;
     const tsd_item_own *own = (const tsd_item_own *)(const void *)it;
     if (own->backing == TSD_BACK_FILE)
-        return heap_block(sizeof(*own)); /* its pages count against --max-disk */
-    return heap_block(sizeof(*own)) + own->alloc_len - own->len;
+        return tsd_heap_block(sizeof(*own)); /* its pages count against --max-disk */
+    return tsd_heap_block(sizeof(*own)) + own->alloc_len - own->len;
 }
 
 uint64_t tsd_store_used(const tsd_store *s)
@@ -399,18 +390,12 @@ uint64_t tsd_store_used(const tsd_store *s)
     return s->held + s->reserved + s->overhead + s->output + s->conns + s->orphaned_bytes;
 }
 
-/*
- * The store lets go of an unlinked item while someone else may still hold it (a queued reply or
- * a snapshot). When others do, its bytes stay in memory until the last of them goes, so count
- * them in orphaned_bytes until then (tsd_item_unref). Loop thread: references are only dropped
- * there, so a count above one cannot fall to one meanwhile.
- */
-static void item_release(tsd_store *s, tsd_item *it)
+void tsd_store_item_release(tsd_store *s, tsd_item *it)
 {
     if (atomic_load_explicit(&it->refs, memory_order_acquire) > 1) {
         it->orphan_of = s;
         atomic_fetch_or_explicit(&it->refs, TSD_ITEM_ORPHANED, memory_order_acq_rel);
-        s->orphaned_bytes += item_mem(it);
+        s->orphaned_bytes += tsd_item_mem(it);
     }
 }
 
@@ -424,12 +409,12 @@ static void bin_destroy(tsd_store *s, tsd_bin *b, int count_orphans)
     while (it != NULL) {
         tsd_item *next = it->next;
         it->next = NULL;
-        s->held -= item_mem(it);
-        s->overhead -= item_overhead(it);
+        s->held -= tsd_item_mem(it);
+        s->overhead -= tsd_item_overhead(it);
         s->n_items--;
         if (count_orphans) {
             tsd_datadir_drop(NULL, it); /* a data-dir file: it must not come back */
-            item_release(s, it);
+            tsd_store_item_release(s, it);
         }
         tsd_item_unref(it);
         it = next;
@@ -518,11 +503,11 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
         while (it != NULL) {
             tsd_item *next = it->next;
             it->next = NULL;
-            s->held -= item_mem(it);
-            s->overhead -= item_overhead(it);
+            s->held -= tsd_item_mem(it);
+            s->overhead -= tsd_item_overhead(it);
             s->n_items--;
             tsd_datadir_drop(NULL, it);
-            item_release(s, it);
+            tsd_store_item_release(s, it);
             tsd_item_unref(it);
             it = next;
         }
@@ -540,8 +525,8 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
     b->bytes += tsd_item_len(item);
     b->version = version;
     tsd_store_unreserve(s, tsd_item_len(item));
-    s->held += item_mem(item);
-    s->overhead += item_overhead(item);
+    s->held += tsd_item_mem(item);
+    s->overhead += tsd_item_overhead(item);
     s->n_items++;
     return b;
 }
@@ -558,12 +543,12 @@ tsd_item *tsd_store_pop(tsd_store *s, tsd_bin *b)
     it->next = NULL;
     b->n_items--;
     b->bytes -= tsd_item_len(it);
-    s->held -= item_mem(it);
-    s->overhead -= item_overhead(it);
+    s->held -= tsd_item_mem(it);
+    s->overhead -= tsd_item_overhead(it);
     s->n_items--;
     tsd_datadir_drop(NULL, it);
     /* The caller's reference is the store's; any other one keeps the item alive beyond it. */
-    item_release(s, it);
+    tsd_store_item_release(s, it);
     return it;
 }
 

@@ -82,13 +82,6 @@ static tsd_stream_pending g_claimed[TS_STREAM_MAX_READ];
  * Memory accounting
  */
 
-/* Bytes of one heap block holding n bytes (glibc: 8-byte size word, rounded to 16, at least 32). */
-static uint64_t heap_block(size_t n)
-{
-    size_t b = (n + 8 + 15) & ~(size_t)15;
-    return b < 32 ? 32 : b;
-}
-
 /* Count n bytes of bookkeeping against --max-memory (store.overhead). 0 or TS_EOOM. */
 static int charge(tsd_server *srv, tsd_stream *st, uint64_t n)
 {
@@ -112,31 +105,13 @@ static void uncharge(tsd_server *srv, tsd_stream *st, uint64_t n)
         st->cost -= n;
 }
 
-/* What an item costs beyond its record bytes (as the store counts it for items of bins). */
-static uint64_t item_overhead(const tsd_item *it)
-{
-    if (it->slot != TSD_ITEM_OWN)
-        return sizeof(tsd_item) + tsd_slab_slot_size(it) - it->slen;
-    const tsd_item_own *own = (const tsd_item_own *)(const void *)it;
-    if (own->backing == TSD_BACK_FILE)
-        return heap_block(sizeof(*own));
-    return heap_block(sizeof(*own)) + own->alloc_len - own->len;
-}
-
-/* The record bytes of it that count in store.held (a file's pages count against --max-disk). */
-static uint64_t item_mem(const tsd_item *it)
-{
-    const tsd_item_own *own = tsd_item_as_own((tsd_item *)(uintptr_t)it);
-    return own != NULL && own->backing == TSD_BACK_FILE ? 0 : tsd_item_len(it);
-}
-
 /* The stream takes it: its reservation of tsd_item_len(it) becomes held bytes. */
 static void item_take(tsd_server *srv, tsd_item *it)
 {
     tsd_store *s = &srv->store;
     tsd_store_unreserve(s, tsd_item_len(it));
-    s->held += item_mem(it);
-    s->overhead += item_overhead(it);
+    s->held += tsd_item_mem(it);
+    s->overhead += tsd_item_overhead(it);
     it->next = NULL;
 }
 
@@ -148,13 +123,10 @@ static void item_take(tsd_server *srv, tsd_item *it)
 static void item_drop(tsd_server *srv, tsd_item *it, int orphan)
 {
     tsd_store *s = &srv->store;
-    s->held -= item_mem(it);
-    s->overhead -= item_overhead(it);
-    if (orphan && atomic_load_explicit(&it->refs, memory_order_acquire) > 1) {
-        it->orphan_of = s;
-        atomic_fetch_or_explicit(&it->refs, TSD_ITEM_ORPHANED, memory_order_acq_rel);
-        s->orphaned_bytes += item_mem(it);
-    }
+    s->held -= tsd_item_mem(it);
+    s->overhead -= tsd_item_overhead(it);
+    if (orphan)
+        tsd_store_item_release(s, it);
     tsd_item_unref(it);
 }
 
@@ -449,7 +421,7 @@ static void member_free(tsd_server *srv, tsd_stream *st, tsd_stream_member *m)
     uncharge(srv, st, (uint64_t)m->pend_cap * sizeof(*m->pend));
     ts__free(m->pend);
     if (m->name_len > 0) {
-        uncharge(srv, st, heap_block(sizeof(*m) + m->name_len));
+        uncharge(srv, st, tsd_heap_block(sizeof(*m) + m->name_len));
         ts__free(m);
     }
 }
@@ -461,7 +433,7 @@ static void group_free(tsd_server *srv, tsd_stream *st, tsd_stream_group *g)
     member_free(srv, st, &g->orphans);
     uncharge(srv, st, (uint64_t)g->members_cap * sizeof(*g->members));
     ts__free(g->members);
-    uncharge(srv, st, heap_block(sizeof(*g) + g->name_len));
+    uncharge(srv, st, tsd_heap_block(sizeof(*g) + g->name_len));
     ts__free(g);
 }
 
@@ -484,7 +456,7 @@ static int group_new(tsd_server *srv, tsd_stream *st, const uint8_t *name, size_
         st->groups = arr;
         st->groups_cap = cap;
     }
-    uint64_t cost = heap_block(sizeof(tsd_stream_group) + len);
+    uint64_t cost = tsd_heap_block(sizeof(tsd_stream_group) + len);
     if (charge(srv, st, cost) != 0)
         return TS_EOOM;
     tsd_stream_group *g = ts__calloc(1, sizeof(*g) + len);
@@ -522,7 +494,7 @@ static int member_new(tsd_server *srv, tsd_stream *st, tsd_stream_group *g, cons
         g->members = arr;
         g->members_cap = cap;
     }
-    uint64_t cost = heap_block(sizeof(tsd_stream_member) + len);
+    uint64_t cost = tsd_heap_block(sizeof(tsd_stream_member) + len);
     if (charge(srv, st, cost) != 0)
         return TS_EOOM;
     tsd_stream_member *m = ts__calloc(1, sizeof(*m) + len);
@@ -710,7 +682,7 @@ static void retain(tsd_server *srv, tsd_stream *st, uint64_t now)
 static uint64_t stream_block(size_t len)
 {
     /* The struct and name, and the table's bucket pointers (doubling: two per stream at worst). */
-    return heap_block(sizeof(tsd_stream) + len) + 2 * sizeof(tsd_hnode *);
+    return tsd_heap_block(sizeof(tsd_stream) + len) + 2 * sizeof(tsd_hnode *);
 }
 
 /* A new stream (linked). TS_EOOM, TS_ENOMEM. */
