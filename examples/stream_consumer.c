@@ -453,11 +453,17 @@ int main(int argc, char **argv)
     if (g.state != NULL)
         fclose(g.state);
 
+    /*
+     * The server had acknowledged what this consumer committed and what the library acknowledged
+     * with its reads: everything used before the restart except what came again. So the rows
+     * received after the restart plus those acknowledged before it make the whole.
+     */
     if (g.resumed)
         printf("consumer %s: resumed: %" PRIu64 " rows used before the restart (%" PRIu64
-               " committed), %" PRIu64 " rows redelivered (at most %" PRIu64
-               ", the uncommitted tail)\n",
-               a.group, g.before_rows, g.before_committed, g.redelivered,
+               " committed, %" PRIu64 " acknowledged), %" PRIu64 " rows received after it, %" PRIu64
+               " rows redelivered (at most %" PRIu64 ", the uncommitted tail)\n",
+               a.group, g.before_rows, g.before_committed, g.before_rows - g.redelivered,
+               g.rows_total - g.before_rows + g.redelivered, g.redelivered,
                g.before_rows - g.before_committed);
     uint64_t batches = 0;
     long epochs = 0;

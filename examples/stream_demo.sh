@@ -193,10 +193,15 @@ for g in t16 t32 t48 t64; do
     [ $complete -ge $need ] || fail "$g: only $complete whole epochs"
 done
 line=$(grep "^consumer t48: resumed:" "$tmp/t48.log") || fail "t48 did not resume"
-red=$(echo "$line" | sed -n 's/.*committed), \([0-9]*\) rows redelivered (at most \([0-9]*\),.*/\1 \2/p')
+red=$(echo "$line" | sed -n 's/.* \([0-9]*\) acknowledged), \([0-9]*\) rows received after it, \([0-9]*\) rows redelivered (at most \([0-9]*\),.*/\1 \2 \3 \4/p')
 [ -n "$red" ] || fail "t48: unexpected resume line: $line"
+# shellcheck disable=SC2086
 set -- $red
-[ "$1" -le "$2" ] || fail "t48: $1 rows redelivered, more than its uncommitted tail $2"
+total=$(sed -n 's/^producer: done: .* epochs, \([0-9]*\) rows,.*/\1/p' "$tmp/producer.log")
+[ $(($1 + $2)) = "$total" ] ||
+    fail "t48: $1 rows acknowledged before the restart + $2 after it != $total produced"
+[ "$3" -le "$4" ] || fail "t48: $3 rows redelivered, more than its uncommitted tail $4"
+set -- "$3" "$4"
 
 echo
 grep -h "^producer: epoch\|^producer: done" "$tmp/producer.log"
