@@ -61,6 +61,16 @@
  * Writing (worker thread)
  */
 
+/* What the streams hold now, counted to size the job's stream arrays (snap_streams). */
+typedef struct stream_count {
+    size_t streams, entries, groups, members, pend, name_bytes;
+} stream_count;
+
+/* The elements (bytes for tables and snames) that a job's stream arrays have room for. */
+typedef struct stream_room {
+    size_t streams, groups, members, tables, snames, records;
+} stream_room;
+
 struct tsd_snap_job {
     tsd_pass pass; /* first: the view being walked */
     uv_work_t req;
@@ -95,6 +105,7 @@ struct tsd_snap_job {
     size_t n_records;
     uint64_t stream_bytes;
     uint64_t capture_ns;      /* loop time of the streams' capture (in STATS snapshot_loop_us) */
+    stream_room s_room;       /* what the stream arrays were allocated for (all 0: none) */
     tsd_save_waiter *waiters; /* answered when this snapshot is durable */
     int final;
     struct tsd_snap_job *next_drain;
@@ -156,6 +167,8 @@ static void job_free_streams(tsd_snap_job *job)
     job->members = NULL;
     job->tables = NULL;
     job->snames = NULL;
+    job->s_room.streams = job->s_room.groups = job->s_room.members = 0;
+    job->s_room.tables = job->s_room.snames = 0;
 }
 
 static void snap_write_file(tsd_snap_job *job);
@@ -371,11 +384,6 @@ static int snap_emit(tsd_pass *p, const tsd_bin *bin)
  * Streams, captured on the loop when the snapshot is taken
  */
 
-/* What the streams hold now, counted to size the job's arrays exactly (snap_streams). */
-typedef struct stream_count {
-    size_t streams, entries, groups, members, pend, name_bytes;
-} stream_count;
-
 /* A group's orphans go in the file only while they hold entries. */
 static uint32_t members_written(const tsd_stream_group *g)
 {
@@ -485,6 +493,55 @@ static int fill_stream(tsd_stream *st, void *arg)
     return 0;
 }
 
+/* The room the arrays need for what n counted. */
+static stream_room room_of(const stream_count *n)
+{
+    return (stream_room){.streams = n->streams > 0 ? n->streams : 1,
+                         .groups = n->groups > 0 ? n->groups : 1,
+                         .members = n->members > 0 ? n->members : 1,
+                         .tables =
+                             n->entries * TSD_SNAP_ENTRY_SIZE + n->pend * TSD_SNAP_PEND_SIZE + 1,
+                         .snames = n->name_bytes + 1,
+                         /* At most one record per entry (markers hold none). */
+                         .records = n->entries > 0 ? n->entries : 1};
+}
+
+static int room_fits(const stream_room *need, const stream_room *have)
+{
+    return need->streams <= have->streams && need->groups <= have->groups &&
+           need->members <= have->members && need->tables <= have->tables &&
+           need->snames <= have->snames && need->records <= have->records;
+}
+
+/*
+ * Allocate the job's stream arrays for room, touching every page when touch is set (snap_prep,
+ * on the worker: faulting in the pages of a large stream's tables costs several times the
+ * capture itself, and the loop should not pay it). 0, or -1 with none allocated.
+ */
+static int stream_arrays_alloc(tsd_snap_job *job, const stream_room *room, int touch)
+{
+    job->streams = ts__malloc(room->streams * sizeof(*job->streams));
+    job->groups = ts__malloc(room->groups * sizeof(*job->groups));
+    job->members = ts__malloc(room->members * sizeof(*job->members));
+    job->tables = ts__malloc(room->tables);
+    job->snames = ts__malloc(room->snames);
+    job->records = ts__malloc(room->records * sizeof(*job->records));
+    if (job->streams == NULL || job->groups == NULL || job->members == NULL ||
+        job->tables == NULL || job->snames == NULL || job->records == NULL) {
+        job_free_streams(job);
+        ts__free(job->records);
+        job->records = NULL;
+        job->s_room.records = 0;
+        return -1;
+    }
+    if (touch) {
+        memset(job->tables, 0, room->tables);
+        memset(job->records, 0, room->records * sizeof(*job->records));
+    }
+    job->s_room = *room;
+    return 0;
+}
+
 /*
  * Capture every stream into job, as it is now: a reference per record (records are immutable,
  * like items) and the bookkeeping copied in the file's encoding. All or nothing: 0, or
@@ -493,33 +550,31 @@ static int fill_stream(tsd_stream *st, void *arg)
  * Cost on the loop: O(entries + pending entries + groups + members) of all streams at once, in
  * one loop turn (the time goes into STATS snapshot_loop_us): per entry a ring slot read, a
  * reference for a record, 24 bytes of table and 8 of reference array; per pending entry 16
- * bytes; two walks over the groups. Record bytes are never copied. Measured on a 2-core VM
- * (RelWithDebInfo): a stream of a million entries took 240 ms of loop time, 300000 entries 90 to
- * 220 ms (memory-bound: about 0.3 to 0.8 us per entry, page faults of the new tables included),
- * so a stream at TS_STREAM_MAX_ENTRIES (2^24 entries) holds the loop for seconds and the job for
- * about 512 MiB. Walking a stream a chunk per turn, as the view walks bins, would need stream.c
- * to hand over a stream about to change before the walk reached it.
+ * bytes; two walks over the groups. Record bytes are never copied. The arrays come from the
+ * worker, their pages already touched (snap_prep), as faulting them in on the loop cost four to
+ * eight times the capture itself. Measured on a 2-core VM (RelWithDebInfo): a stream of a
+ * million entries (markers, or small records) takes 25 to 35 ms of loop time (130 to 240 ms
+ * when the arrays are had here: the final snapshot, or a stream that grew past the slack), so
+ * a stream at TS_STREAM_MAX_ENTRIES (2^24 entries) holds the loop for about half a second and
+ * the job for about 512 MiB. Walking a stream a chunk per turn, as the view walks bins, would
+ * need stream.c to hand over a stream about to change before the walk reached it.
  */
 static int snap_streams(tsd_server *srv, tsd_snap_job *job)
 {
     uint64_t t0 = ts__now_ns();
     stream_count n = {0};
     (void)tsd_stream_each(srv, count_stream, &n);
-    if (n.streams == 0)
-        return 0;
-    job->streams = ts__malloc(n.streams * sizeof(*job->streams));
-    job->groups = ts__malloc((n.groups > 0 ? n.groups : 1) * sizeof(*job->groups));
-    job->members = ts__malloc((n.members > 0 ? n.members : 1) * sizeof(*job->members));
-    job->tables = ts__malloc(n.entries * TSD_SNAP_ENTRY_SIZE + n.pend * TSD_SNAP_PEND_SIZE + 1);
-    job->snames = ts__malloc(n.name_bytes + 1);
-    /* At most one record per entry (markers hold none). */
-    job->records = ts__malloc((n.entries > 0 ? n.entries : 1) * sizeof(*job->records));
-    if (job->streams == NULL || job->groups == NULL || job->members == NULL ||
-        job->tables == NULL || job->snames == NULL || job->records == NULL) {
+    stream_room need = room_of(&n);
+    if (n.streams == 0 || job->streams == NULL || !room_fits(&need, &job->s_room)) {
+        /* None, or more than snap_prep made room for: the arrays are had here, exactly. */
         job_free_streams(job);
         ts__free(job->records);
         job->records = NULL;
-        return TS_ENOMEM;
+        job->s_room.records = 0;
+        if (n.streams == 0)
+            return 0;
+        if (stream_arrays_alloc(job, &need, 0) != 0)
+            return TS_ENOMEM;
     }
     stream_fill f = {.job = job, .now = uv_now(srv->loop)};
     (void)tsd_stream_each(srv, fill_stream, &f);
@@ -706,11 +761,18 @@ static void snap_prep(uv_work_t *req)
         job->items = NULL;
         job->names = NULL;
         job->bins_cap = job->items_cap = job->names_cap = 0;
+        job->s_room = (stream_room){0};
         return;
     }
     memset(job->bins, 0, job->bins_cap * sizeof(*job->bins));
     memset(job->items, 0, job->items_cap * sizeof(*job->items));
     memset(job->names, 0, job->names_cap);
+    /* The streams' arrays likewise (snap_streams allocates them itself when they fall short). */
+    if (job->s_room.records > 0) {
+        stream_room room = job->s_room;
+        job->s_room = (stream_room){0};
+        (void)stream_arrays_alloc(job, &room, 1);
+    }
 }
 
 static void snap_prepped(uv_work_t *req, int status)
@@ -749,11 +811,24 @@ static int snap_start(tsd_server *srv, int final)
         job->bins_cap = with_slack(srv->store.bins.count);
         job->items_cap = with_slack((size_t)srv->store.n_items);
         job->names_cap = with_slack((size_t)srv->store.name_bytes);
+        /* Room for the streams as they are now plus the same slack (allocated by snap_prep). */
+        stream_count n = {0};
+        (void)tsd_stream_each(srv, count_stream, &n);
+        if (n.streams > 0) {
+            n.streams = with_slack(n.streams);
+            n.entries = with_slack(n.entries);
+            n.groups = with_slack(n.groups);
+            n.members = with_slack(n.members);
+            n.pend = with_slack(n.pend);
+            n.name_bytes = with_slack(n.name_bytes);
+            job->s_room = room_of(&n);
+        }
         job->req.data = job;
         srv->snap_job = job; /* counter 0: no SAVE joins it before it is taken */
         if (uv_queue_work(srv->loop, &job->req, snap_prep, snap_prepped) == 0)
             return 0;
         job->bins_cap = job->items_cap = job->names_cap = 0;
+        job->s_room = (stream_room){0};
     }
     job->req.data = job;
     return snap_take(srv, job, final);
