@@ -123,8 +123,11 @@ typedef struct ts__req {
     uint32_t id;          /* assigned when written (TS__DIRECT_ID set: written directly) */
     size_t woff; /* frame bytes a direct write already sent (the I/O thread sends the rest) */
 
-    /* The frame: small = header + fixed body part, then flat or the record plan. */
-    uint8_t small[TS_HDR_SIZE + 1 + TS_MAX_NAME_LEN + 16];
+    /*
+     * The frame: small = header + fixed body part (a name and the fields after it: WAIT's 12
+     * bytes, an upload's upload_fixed), then flat or the record plan.
+     */
+    uint8_t small[TS_HDR_SIZE + 1 + TS_MAX_NAME_LEN + TS_MSG_MAX_UPLOAD_FIXED];
     size_t small_len; /* body bytes in small after the header */
     uint8_t *flat;    /* ts__malloc_aligned body tail (copied record, lz4 body, token) */
     size_t flat_len;
@@ -457,6 +460,11 @@ void ts__req_send_batch(ts_client_t *c, ts__req **reqs, size_t n);
  * record follows from its own buffers). 0, or the encoder's error (TS_ENAMETOOLONG). Any thread.
  */
 int ts__req_body(ts__req *r, const ts__msg_name_req *m);
+/*
+ * The fixed fields of an upload whose opcode has upload_fixed > 0, in the head ts__req_body
+ * wrote (zeros until the caller writes them, before the request is submitted). Any thread.
+ */
+uint8_t *ts__req_upload_fixed(ts__req *r);
 /* Send UNLISTEN for bin and ignore the answer (a listener nobody waits for any more). */
 void ts__send_fire_unlisten(ts_client_t *c, const char *bin, size_t len);
 /* Count a write of the I/O thread in io_writes (under mu), from before uv_write to its end. */

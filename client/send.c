@@ -9,6 +9,7 @@
 #include "compress.h"
 #include "msg.h"
 
+#include <assert.h>
 #include <stdio.h>
 
 /* write buffers a write keeps on the stack; a frame or batch needing more allocates its array */
@@ -106,8 +107,13 @@ int ts__req_body(ts__req *r, const ts__msg_name_req *m)
     case TS_MSG_WAIT_REQ:
         rc = ts__msg_wait_req_encode(out, cap, m, &len);
         break;
-    case TS_MSG_PUT_REQ: /* the head; the record follows from its own buffers */
-        rc = ts__msg_put_head_encode(out, cap, m->name, m->name_len, &len);
+    case TS_MSG_PUT_REQ:
+        /*
+         * The head; the record follows from its own buffers. An opcode with fixed fields after
+         * the name gets them as zeros here, and its caller writes them (ts__req_upload_fixed).
+         */
+        rc = ts__msg_upload_head_encode(out, cap, m->name, m->name_len, NULL, info->upload_fixed,
+                                        &len);
         break;
     default: /* HELLO has its own body (see conn.c); nothing else is a request */
         rc = TS_EINVAL;
@@ -118,6 +124,16 @@ int ts__req_body(ts__req *r, const ts__msg_name_req *m)
     r->small_len = len;
     r->body_len = len;
     return 0;
+}
+
+uint8_t *ts__req_upload_fixed(ts__req *r)
+{
+    const ts__msg_op *info = ts__msg_op_info(r->op);
+    assert(info != NULL && info->upload && info->upload_fixed > 0);
+    (void)info;
+    /* The head ts__req_body wrote: u8 name length, the name, then the fixed fields. */
+    uint8_t *body = r->small + TS_HDR_SIZE;
+    return body + 1 + body[0];
 }
 
 /* A write buffer; built by hand because uv_buf_init takes an unsigned int length. */

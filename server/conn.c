@@ -634,7 +634,8 @@ static void job_work(uv_work_t *req)
             return;
         }
         ts__msg_put_req m;
-        if (ts__msg_put_decode(data, raw, &m) != 0) {
+        if (ts__msg_upload_decode(data, raw, ts__msg_op_info(c->cur.opcode)->upload_fixed, &m) !=
+            0) {
             c->job.rc = JOB_SHORT;
             return;
         }
@@ -643,10 +644,13 @@ static void job_work(uv_work_t *req)
             c->job.raw = (size_t)m.rec_len; /* the record's length, for job_done's message */
             return;
         }
-        /* cur_name is not touched on the loop thread while the job is busy. */
+        /* cur_name and cur_fixed are not touched on the loop thread while the job is busy. */
         tsd_item_set_len(it, (size_t)m.rec_len);
         memmove(c->cur_name, m.name, m.name_len);
         c->cur_name_len = (uint8_t)m.name_len;
+        if (m.fixed_len > 0)
+            memmove(c->cur_fixed, m.fixed, m.fixed_len);
+        c->cur_fixed_len = (uint8_t)m.fixed_len;
         memmove(data, m.record, (size_t)m.rec_len);
     }
     size_t len = tsd_item_len(it);
@@ -884,7 +888,7 @@ static void lz4_done(tsd_conn *c)
         return;
     }
     ts__msg_put_req m;
-    if (ts__msg_put_decode(data, raw, &m) != 0) {
+    if (ts__msg_upload_decode(data, raw, ts__msg_op_info(op)->upload_fixed, &m) != 0) {
         tsd_item_unref(it);
         tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "%s body shorter than its name",
                       ts__op_name(op));
@@ -897,6 +901,9 @@ static void lz4_done(tsd_conn *c)
     }
     memcpy(c->cur_name, m.name, m.name_len);
     c->cur_name_len = (uint8_t)m.name_len;
+    if (m.fixed_len > 0)
+        memcpy(c->cur_fixed, m.fixed, m.fixed_len);
+    c->cur_fixed_len = (uint8_t)m.fixed_len;
     /* Move the record to the start of the buffer, where tensor data is 64-byte aligned. */
     tsd_item_set_len(it, (size_t)m.rec_len);
     memmove(data, m.record, (size_t)m.rec_len);
@@ -1166,15 +1173,22 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
         return start_upload_lz4(c, h);
 
     ts__msg_put_req m;
-    int rc = ts__msg_put_head_decode(body, avail, blen, &m);
+    size_t fixed = ts__msg_op_info(h->opcode)->upload_fixed;
+    int rc = ts__msg_upload_head_decode(body, avail, blen, fixed, &m);
     if (rc == TS_EAGAIN)
         return 1;
     if (rc != 0) {
-        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST,
-                      blen < 1 ? "%s body without a name" : "%s body shorter than its name",
-                      ts__op_name(h->opcode));
+        const char *what = blen < 1     ? "without a name"
+                           : fixed == 0 ? "shorter than its name"
+                                        : "shorter than its name and fixed fields";
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST, "%s body %s",
+                      ts__op_name(h->opcode), what);
         return 0;
     }
+    /* Kept now for every path below (a refused STREAM_APPEND's reply, the handler). */
+    if (m.fixed_len > 0)
+        memcpy(c->cur_fixed, m.fixed, m.fixed_len);
+    c->cur_fixed_len = (uint8_t)m.fixed_len;
     uint64_t rlen = m.rec_len;
     if (h->opcode == TS_OP_STREAM_APPEND) {
         /* A missing stream, a plain bin's name, no credit: decided now, answered once the

@@ -797,6 +797,9 @@ typedef struct tsd_conn {
     ts__hdr cur; /* header of the frame whose body is being received */
     uint8_t cur_name[TS_MAX_NAME_LEN];
     uint8_t cur_name_len;
+    /* An upload's fixed fields between name and record (ts__msg_op upload_fixed). */
+    uint8_t cur_fixed[TS_MSG_MAX_UPLOAD_FIXED];
+    uint8_t cur_fixed_len;
     tsd_item *cur_item; /* TSD_RS_ITEM; also the lz4 target */
     uint8_t *cur_tmp;   /* TSD_RS_LZ4: compressed body */
     size_t cur_tmp_len;

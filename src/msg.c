@@ -22,39 +22,39 @@ _Static_assert(TS_MAX_CTRL_BODY >= 1 + TS_MAX_NAME_LEN + TS_MSG_WAIT_REQ_FIXED,
  */
 
 static const ts__msg_op ops[] = {
-    {TS_OP_HELLO, TS_MSG_HELLO_REQ, TS_MSG_HELLO_REP, 0, 0},
-    {TS_OP_PING, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0},
-    {TS_OP_PUT, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
-    {TS_OP_APPEND, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
-    {TS_OP_GET, TS_MSG_GET_REQ, TS_MSG_ITEMS, 0, 1},
-    {TS_OP_PEEK, TS_MSG_GET_REQ, TS_MSG_ITEMS, 0, 0},
-    {TS_OP_DELETE, TS_MSG_NAME_REQ, TS_MSG_BIN_STATE, 0, 1},
-    {TS_OP_LIST, TS_MSG_EMPTY, TS_MSG_LIST_REP, 0, 0},
-    {TS_OP_LISTEN, TS_MSG_NAME_REQ, TS_MSG_BIN_STATE, 0, 0},
-    {TS_OP_UNLISTEN, TS_MSG_NAME_REQ, TS_MSG_EMPTY, 0, 0},
-    {TS_OP_WAIT, TS_MSG_WAIT_REQ, TS_MSG_BIN_STATE, 0, 0},
-    {TS_OP_STATS, TS_MSG_EMPTY, TS_MSG_RECORD, 0, 0},
-    {TS_OP_SAVE, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0},
-    {TS_OP_GET_REF, TS_MSG_GET_REQ, TS_MSG_REF_ITEMS, 0, 1},
-    {TS_OP_PEEK_REF, TS_MSG_GET_REQ, TS_MSG_REF_ITEMS, 0, 0},
-    {TS_OP_PUT_FD, TS_MSG_PUT_FD_REQ, TS_MSG_BIN_STATE, 0, 1},
-    {TS_OP_APPEND_FD, TS_MSG_PUT_FD_REQ, TS_MSG_BIN_STATE, 0, 1},
-    {TS_OP_TENSOR_BIN, TS_MSG_TENSOR_BIN_REQ, TS_MSG_BIN_STATE, 0, 1},
-    {TS_OP_READ_ROWS, TS_MSG_READ_ROWS_REQ, TS_MSG_ITEMS, 0, 0},
-    {TS_OP_GATHER_ROWS, TS_MSG_PUT_REQ, TS_MSG_ITEMS, 1, 0},
-    {TS_OP_WRITE_ROWS, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
-    {TS_OP_STREAM_CREATE, TS_MSG_STREAM_CREATE_REQ, TS_MSG_STREAM_STATE, 0, 1},
-    {TS_OP_STREAM_APPEND, TS_MSG_PUT_REQ, TS_MSG_STREAM_APPEND_STATE, 1, 1},
-    {TS_OP_STREAM_MARK, TS_MSG_STREAM_MARK_REQ, TS_MSG_STREAM_APPEND_STATE, 0, 1},
-    {TS_OP_STREAM_CREDIT, TS_MSG_STREAM_CREDIT_REQ, TS_MSG_STREAM_STATE, 0, 0},
-    {TS_OP_STREAM_JOIN, TS_MSG_STREAM_JOIN_REQ, TS_MSG_STREAM_JOIN_STATE, 0, 1},
+    {TS_OP_HELLO, TS_MSG_HELLO_REQ, TS_MSG_HELLO_REP, 0, 0, 0},
+    {TS_OP_PING, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0, 0},
+    {TS_OP_PUT, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1, 0},
+    {TS_OP_APPEND, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1, 0},
+    {TS_OP_GET, TS_MSG_GET_REQ, TS_MSG_ITEMS, 0, 1, 0},
+    {TS_OP_PEEK, TS_MSG_GET_REQ, TS_MSG_ITEMS, 0, 0, 0},
+    {TS_OP_DELETE, TS_MSG_NAME_REQ, TS_MSG_BIN_STATE, 0, 1, 0},
+    {TS_OP_LIST, TS_MSG_EMPTY, TS_MSG_LIST_REP, 0, 0, 0},
+    {TS_OP_LISTEN, TS_MSG_NAME_REQ, TS_MSG_BIN_STATE, 0, 0, 0},
+    {TS_OP_UNLISTEN, TS_MSG_NAME_REQ, TS_MSG_EMPTY, 0, 0, 0},
+    {TS_OP_WAIT, TS_MSG_WAIT_REQ, TS_MSG_BIN_STATE, 0, 0, 0},
+    {TS_OP_STATS, TS_MSG_EMPTY, TS_MSG_RECORD, 0, 0, 0},
+    {TS_OP_SAVE, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0, 0},
+    {TS_OP_GET_REF, TS_MSG_GET_REQ, TS_MSG_REF_ITEMS, 0, 1, 0},
+    {TS_OP_PEEK_REF, TS_MSG_GET_REQ, TS_MSG_REF_ITEMS, 0, 0, 0},
+    {TS_OP_PUT_FD, TS_MSG_PUT_FD_REQ, TS_MSG_BIN_STATE, 0, 1, 0},
+    {TS_OP_APPEND_FD, TS_MSG_PUT_FD_REQ, TS_MSG_BIN_STATE, 0, 1, 0},
+    {TS_OP_TENSOR_BIN, TS_MSG_TENSOR_BIN_REQ, TS_MSG_BIN_STATE, 0, 1, 0},
+    {TS_OP_READ_ROWS, TS_MSG_READ_ROWS_REQ, TS_MSG_ITEMS, 0, 0, 0},
+    {TS_OP_GATHER_ROWS, TS_MSG_PUT_REQ, TS_MSG_ITEMS, 1, 0, 0},
+    {TS_OP_WRITE_ROWS, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1, 0},
+    {TS_OP_STREAM_CREATE, TS_MSG_STREAM_CREATE_REQ, TS_MSG_STREAM_STATE, 0, 1, 0},
+    {TS_OP_STREAM_APPEND, TS_MSG_PUT_REQ, TS_MSG_STREAM_APPEND_STATE, 1, 1, 0},
+    {TS_OP_STREAM_MARK, TS_MSG_STREAM_MARK_REQ, TS_MSG_STREAM_APPEND_STATE, 0, 1, 0},
+    {TS_OP_STREAM_CREDIT, TS_MSG_STREAM_CREDIT_REQ, TS_MSG_STREAM_STATE, 0, 0, 0},
+    {TS_OP_STREAM_JOIN, TS_MSG_STREAM_JOIN_REQ, TS_MSG_STREAM_JOIN_STATE, 0, 1, 0},
     /* A READ moves its group's cursor and pending entries: it changes the store. */
-    {TS_OP_STREAM_READ, TS_MSG_STREAM_READ_REQ, TS_MSG_STREAM_ENTRIES, 0, 1},
-    {TS_OP_STREAM_ACK, TS_MSG_STREAM_ACK_REQ, TS_MSG_STREAM_ACK_STATE, 0, 1},
-    {TS_OP_STREAM_LEAVE, TS_MSG_STREAM_LEAVE_REQ, TS_MSG_STREAM_STATE, 0, 1},
-    {TS_OP_STREAM_INFO, TS_MSG_NAME_REQ, TS_MSG_RECORD, 0, 0},
-    {TS_OP_STREAM_RANGE, TS_MSG_STREAM_RANGE_REQ, TS_MSG_STREAM_ENTRIES, 0, 0},
-    {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
+    {TS_OP_STREAM_READ, TS_MSG_STREAM_READ_REQ, TS_MSG_STREAM_ENTRIES, 0, 1, 0},
+    {TS_OP_STREAM_ACK, TS_MSG_STREAM_ACK_REQ, TS_MSG_STREAM_ACK_STATE, 0, 1, 0},
+    {TS_OP_STREAM_LEAVE, TS_MSG_STREAM_LEAVE_REQ, TS_MSG_STREAM_STATE, 0, 1, 0},
+    {TS_OP_STREAM_INFO, TS_MSG_NAME_REQ, TS_MSG_RECORD, 0, 0, 0},
+    {TS_OP_STREAM_RANGE, TS_MSG_STREAM_RANGE_REQ, TS_MSG_STREAM_ENTRIES, 0, 0, 0},
+    {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0, 0},
 };
 
 const ts__msg_op *ts__msg_op_info(uint8_t op)
@@ -427,65 +427,109 @@ int ts__msg_wait_req_decode(const uint8_t *body, size_t len, ts__msg_name_req *m
  * PUT and APPEND
  */
 
-size_t ts__msg_put_head_size(size_t name_len)
+size_t ts__msg_upload_head_size(size_t name_len, size_t fixed_len)
 {
-    return 1 + name_len;
+    return 1 + name_len + fixed_len;
 }
 
-int ts__msg_put_head_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
-                            size_t *len)
+int ts__msg_upload_head_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                               const uint8_t *fixed, size_t fixed_len, size_t *len)
 {
-    int rc = room(1 + name_len, cap, name_len);
+    if (fixed_len > TS_MSG_MAX_UPLOAD_FIXED)
+        return TS_EINVAL;
+    size_t head = 1 + name_len + fixed_len;
+    int rc = room(head, cap, name_len);
     if (rc != 0)
         return rc;
-    *len = put_name(out, name, name_len);
+    size_t off = put_name(out, name, name_len);
+    if (fixed != NULL && fixed_len > 0)
+        memcpy(out + off, fixed, fixed_len);
+    else if (fixed_len > 0)
+        memset(out + off, 0, fixed_len);
+    *len = head;
     return 0;
 }
 
-int ts__msg_put_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
-                       const uint8_t *rec, size_t rec_len, size_t *len)
+int ts__msg_upload_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                          const uint8_t *fixed, size_t fixed_len, const uint8_t *rec,
+                          size_t rec_len, size_t *len)
 {
     if (name_len > TS_MAX_NAME_LEN)
         return TS_ENAMETOOLONG;
-    size_t head = 1 + name_len;
+    if (fixed_len > TS_MSG_MAX_UPLOAD_FIXED)
+        return TS_EINVAL;
+    size_t head = 1 + name_len + fixed_len;
     if (rec_len > cap || head > cap - rec_len)
         return TS_EMSGSIZE;
-    put_name(out, name, name_len);
+    size_t hl;
+    (void)ts__msg_upload_head_encode(out, cap, name, name_len, fixed, fixed_len, &hl);
     if (rec_len > 0)
         memcpy(out + head, rec, rec_len);
     *len = head + rec_len;
     return 0;
 }
 
-int ts__msg_put_head_decode(const uint8_t *p, size_t avail, uint64_t body_len, ts__msg_put_req *m)
+int ts__msg_upload_head_decode(const uint8_t *p, size_t avail, uint64_t body_len, size_t fixed_len,
+                               ts__msg_put_req *m)
 {
-    /* What the body announces is judged first: a body too short for its name never becomes OK. */
+    assert(fixed_len <= TS_MSG_MAX_UPLOAD_FIXED);
+    /* What the body announces is judged first: a body too short for its head never becomes OK. */
     if (body_len < 1)
         return TS_EPROTO;
     if (avail < 1)
         return TS_EAGAIN;
     size_t name_len = p[0];
-    if (body_len < 1 + (uint64_t)name_len)
+    size_t head = 1 + name_len + fixed_len;
+    if (body_len < (uint64_t)head)
         return TS_EPROTO;
-    if (avail < 1 + name_len)
+    if (avail < head)
         return TS_EAGAIN;
     m->name = p + 1;
     m->name_len = name_len;
-    m->head_len = 1 + name_len;
-    m->rec_len = body_len - 1 - name_len;
+    m->fixed = fixed_len > 0 ? p + 1 + name_len : NULL;
+    m->fixed_len = fixed_len;
+    m->head_len = head;
+    m->rec_len = body_len - head;
     m->record = NULL;
     return 0;
 }
 
-int ts__msg_put_decode(const uint8_t *body, size_t len, ts__msg_put_req *m)
+int ts__msg_upload_decode(const uint8_t *body, size_t len, size_t fixed_len, ts__msg_put_req *m)
 {
     ts__msg_put_req d;
-    int rc = ts__msg_put_head_decode(body, len, len, &d);
+    int rc = ts__msg_upload_head_decode(body, len, len, fixed_len, &d);
     if (rc != 0)
         return TS_EPROTO; /* the whole body is here: missing bytes are missing for good */
     d.record = body + d.head_len;
     *m = d;
     return 0;
+}
+
+size_t ts__msg_put_head_size(size_t name_len)
+{
+    return ts__msg_upload_head_size(name_len, 0);
+}
+
+int ts__msg_put_head_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                            size_t *len)
+{
+    return ts__msg_upload_head_encode(out, cap, name, name_len, NULL, 0, len);
+}
+
+int ts__msg_put_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                       const uint8_t *rec, size_t rec_len, size_t *len)
+{
+    return ts__msg_upload_encode(out, cap, name, name_len, NULL, 0, rec, rec_len, len);
+}
+
+int ts__msg_put_head_decode(const uint8_t *p, size_t avail, uint64_t body_len, ts__msg_put_req *m)
+{
+    return ts__msg_upload_head_decode(p, avail, body_len, 0, m);
+}
+
+int ts__msg_put_decode(const uint8_t *body, size_t len, ts__msg_put_req *m)
+{
+    return ts__msg_upload_decode(body, len, 0, m);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -940,6 +984,17 @@ int ts__msg_request_decode(uint8_t op, const uint8_t *body, size_t len, ts__msg 
     const ts__msg_op *info = ts__msg_op_info(op);
     if (info == NULL)
         return TS_EUNKNOWNOP;
+    if (info->request == TS_MSG_PUT_REQ && info->upload_fixed > 0) {
+        /* An upload with fixed fields: the opcode, not only the kind, says how many. */
+        ts__msg d;
+        memset(&d, 0, sizeof(d));
+        d.kind = TS_MSG_PUT_REQ;
+        int rc = ts__msg_upload_decode(body, len, info->upload_fixed, &d.u.put);
+        if (rc != 0)
+            return rc;
+        *m = d;
+        return 0;
+    }
     return decode_kind((ts__msg_kind)info->request, body, len, m);
 }
 
@@ -1046,8 +1101,9 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
     case TS_MSG_WAIT_REQ:
         return ts__msg_wait_req_encode(out, cap, &m->u.name_req, len);
     case TS_MSG_PUT_REQ:
-        return ts__msg_put_encode(out, cap, m->u.put.name, m->u.put.name_len, m->u.put.record,
-                                  (size_t)m->u.put.rec_len, len);
+        return ts__msg_upload_encode(out, cap, m->u.put.name, m->u.put.name_len, m->u.put.fixed,
+                                     m->u.put.fixed_len, m->u.put.record, (size_t)m->u.put.rec_len,
+                                     len);
     case TS_MSG_BIN_STATE:
         return ts__msg_bin_state_encode(out, cap, m->u.state.version, m->u.state.n_items, len);
     case TS_MSG_ITEMS:

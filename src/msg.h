@@ -103,7 +103,19 @@ typedef struct ts__msg_op {
     uint8_t upload;
     /* 1 when a successful request changes the store (GET, PUT, APPEND, DELETE). */
     uint8_t changes;
+    /*
+     * Uploads only: the bytes of fixed fields between the name and the record (0 for PUT,
+     * APPEND and the other "name, then record" bodies; at most TS_MSG_MAX_UPLOAD_FIXED). The
+     * server keeps them for the handler (tsd_conn cur_fixed), compressed bodies included.
+     */
+    uint8_t upload_fixed;
 } ts__msg_op;
+
+/*
+ * bytes; the largest fixed part of an upload (ts__msg_op upload_fixed): the server keeps it in
+ * each connection, and a head (u8 + name + fixed) stays well within its input buffer.
+ */
+#define TS_MSG_MAX_UPLOAD_FIXED 32
 
 /* The entry of op, or NULL for an opcode the protocol does not define. */
 const ts__msg_op *ts__msg_op_info(uint8_t op);
@@ -246,7 +258,9 @@ int ts__msg_wait_req_decode(const uint8_t *body, size_t len, ts__msg_name_req *m
 typedef struct ts__msg_put_req {
     const uint8_t *name; /* borrowed */
     size_t name_len;
-    size_t head_len;       /* bytes before the record: 1 + name_len */
+    const uint8_t *fixed;  /* borrowed; the fixed fields after the name, NULL when fixed_len 0 */
+    size_t fixed_len;      /* the opcode's upload_fixed */
+    size_t head_len;       /* bytes before the record: 1 + name_len + fixed_len */
     uint64_t rec_len;      /* body_len - head_len */
     const uint8_t *record; /* borrowed; NULL from ts__msg_put_head_decode */
 } ts__msg_put_req;
@@ -266,6 +280,25 @@ int ts__msg_put_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t nam
 int ts__msg_put_head_decode(const uint8_t *p, size_t avail, uint64_t body_len, ts__msg_put_req *m);
 /* Decode a whole body held in memory (record points into it). */
 int ts__msg_put_decode(const uint8_t *body, size_t len, ts__msg_put_req *m);
+
+/*
+ * Uploads with fixed fields (ts__msg_op upload_fixed > 0): name, then fixed_len bytes of fixed
+ * fields, then the record to the end of the body. The ts__msg_put_* functions above are these
+ * with fixed_len 0. fixed_len over TS_MSG_MAX_UPLOAD_FIXED is TS_EINVAL for the encoders (the
+ * decoders assert it: it comes from the opcode table, not the wire). The head encoder writes
+ * zeros for the fixed fields when fixed is NULL (the caller fills them in afterwards). The
+ * decoders are as ts__msg_put_head_decode and ts__msg_put_decode, with the fixed fields part of
+ * the head: a body too short for them is TS_EPROTO.
+ */
+size_t ts__msg_upload_head_size(size_t name_len, size_t fixed_len);
+int ts__msg_upload_head_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                               const uint8_t *fixed, size_t fixed_len, size_t *len);
+int ts__msg_upload_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                          const uint8_t *fixed, size_t fixed_len, const uint8_t *rec,
+                          size_t rec_len, size_t *len);
+int ts__msg_upload_head_decode(const uint8_t *p, size_t avail, uint64_t body_len, size_t fixed_len,
+                               ts__msg_put_req *m);
+int ts__msg_upload_decode(const uint8_t *body, size_t len, size_t fixed_len, ts__msg_put_req *m);
 
 /* BIN_STATE (16 bytes: version, n_items, reserved 0). */
 typedef struct ts__msg_bin_state {

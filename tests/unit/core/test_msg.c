@@ -559,6 +559,10 @@ static void test_opcode_table(void **state)
         assert_int_equal(o->reply, want[i].rep);
         assert_int_equal(o->upload, want[i].upload);
         assert_int_equal(o->changes, want[i].changes);
+        /* Fixed fields after the name are for uploads only, and bounded. */
+        assert_true(o->upload_fixed <= TS_MSG_MAX_UPLOAD_FIXED);
+        if (!o->upload || want[i].op <= TS_OP_STREAM_RANGE)
+            assert_int_equal(o->upload_fixed, 0);
         assert_int_equal(ts__msg_reply_kind(want[i].op, TS_ST_OK), want[i].rep);
         /* Every other status carries a message, except WAIT's TIMEOUT. */
         for (uint16_t st = 1; st < TS_ST_COUNT_ + 3; st++) {
@@ -819,6 +823,62 @@ static void test_ref_bodies(void **state)
     assert_int_equal(ts__msg_request_fds(TS_OP_GET_REF), 0);
 }
 
+/*
+ * Uploads with fixed fields between the name and the record: encode, decode whole and as a
+ * streaming head at every split, and refuse bodies too short for the fixed part.
+ */
+static void test_upload_fixed(void **state)
+{
+    (void)state;
+    static const uint8_t rec[5] = {1, 2, 3, 4, 5};
+    static const uint8_t fx[8] = {0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88};
+    uint8_t b[64];
+    size_t len;
+    assert_int_equal(ts__msg_upload_head_size(3, 8), 12);
+    assert_int_equal(ts__msg_upload_encode(b, sizeof(b), (const uint8_t *)"abc", 3, fx, 8, rec,
+                                           sizeof(rec), &len),
+                     0);
+    assert_int_equal(len, 17);
+    assert_int_equal(b[0], 3);
+    assert_memory_equal(b + 4, fx, 8);
+    assert_memory_equal(b + 12, rec, 5);
+    ts__msg_put_req m;
+    assert_int_equal(ts__msg_upload_decode(b, len, 8, &m), 0);
+    assert_true(m.name == b + 1 && m.name_len == 3 && m.fixed == b + 4 && m.fixed_len == 8);
+    assert_true(m.head_len == 12 && m.rec_len == 5 && m.record == b + 12);
+    /* With fixed_len 0 the same bytes are a PUT body whose record starts after the name. */
+    assert_int_equal(ts__msg_put_decode(b, len, &m), 0);
+    assert_true(m.fixed == NULL && m.fixed_len == 0 && m.head_len == 4 && m.rec_len == 13);
+    /* Streaming: more bytes are asked for until the fixed fields are in. */
+    for (size_t avail = 0; avail <= len; avail++) {
+        int rc = ts__msg_upload_head_decode(b, avail, len, 8, &m);
+        assert_int_equal(rc, avail < 12 ? TS_EAGAIN : 0);
+        if (rc == 0)
+            assert_true(m.fixed == b + 4 && m.record == NULL && m.rec_len == 5);
+    }
+    /* A body that cannot hold the fixed fields is malformed, whatever has arrived. */
+    assert_int_equal(ts__msg_upload_head_decode(b, 1, 11, 8, &m), TS_EPROTO);
+    assert_int_equal(ts__msg_upload_decode(b, 11, 8, &m), TS_EPROTO);
+    assert_int_equal(ts__msg_upload_decode(b, 12, 8, &m), 0);
+    assert_true(m.rec_len == 0);
+    /* The head encoder writes zeros when no fixed bytes are given; limits. */
+    memset(b, 0xEE, sizeof(b));
+    assert_int_equal(
+        ts__msg_upload_head_encode(b, sizeof(b), (const uint8_t *)"x", 1, NULL, 8, &len), 0);
+    assert_int_equal(len, 10);
+    static const uint8_t zero[8];
+    assert_memory_equal(b + 2, zero, 8);
+    assert_int_equal(ts__msg_upload_head_encode(b, 9, (const uint8_t *)"x", 1, NULL, 8, &len),
+                     TS_EMSGSIZE);
+    assert_int_equal(ts__msg_upload_head_encode(b, sizeof(b), (const uint8_t *)"x", 1, NULL,
+                                                TS_MSG_MAX_UPLOAD_FIXED + 1, &len),
+                     TS_EINVAL);
+    static uint8_t too_long[TS_MAX_NAME_LEN + 1];
+    assert_int_equal(
+        ts__msg_upload_encode(b, sizeof(b), too_long, sizeof(too_long), fx, 8, NULL, 0, &len),
+        TS_ENAMETOOLONG);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -826,6 +886,7 @@ int main(void)
         cmocka_unit_test(test_length_overflow),       cmocka_unit_test(test_name_limits),
         cmocka_unit_test(test_opcode_table),          cmocka_unit_test(test_error_format),
         cmocka_unit_test(test_protocol_doc_bodies),   cmocka_unit_test(test_ref_bodies),
+        cmocka_unit_test(test_upload_fixed),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
