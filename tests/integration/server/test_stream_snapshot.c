@@ -6,8 +6,8 @@
  * entries first (redelivered, with their delivery counts and rows done), then the new ones;
  * appends go on at last_id + 1. A stream whose entries were all trimmed keeps its ids. A
  * format 1 snapshot (tensorshare 0.3, no streams) still loads, and a stream section that breaks
- * a rule with every checksum right is refused with exit status 3 and a line naming the file and
- * the rule.
+ * a rule with every checksum right, or a bin and a stream of one name, is refused with exit
+ * status 3 and a line naming the file and the rule.
  */
 #define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
@@ -541,6 +541,47 @@ static void expect_refused(const uint8_t *data, size_t len, const char *problem)
     ts__free(after);
 }
 
+/* The record of the clash file's bin. */
+static void clash_item(void *arg, size_t index, const uint8_t **data, size_t *len)
+{
+    const tsu_frame *rec = arg;
+    assert_int_equal(index, 0);
+    *data = rec->body;
+    *len = rec->len;
+}
+
+/* A file (written by the format's own writer) with a bin "q" and a stream "q" of one marker. */
+static uint8_t *clash_file(size_t *len)
+{
+    size_t rl;
+    uint8_t *r = tsu_rec_int(1, &rl);
+    tsu_frame rec = {.body = r, .len = rl};
+    tsd_snapfile_bin bin = {
+        .name = (const uint8_t *)"q", .name_len = 1, .version = 1, .n_items = 1};
+    uint8_t table[TSD_SNAP_ENTRY_SIZE];
+    tsd_snapfile_entry_put(table, 0, 0, 9, 0);
+    tsd_snapfile_stream st = {.name = (const uint8_t *)"q",
+                              .name_len = 1,
+                              .max_entries = 10,
+                              .lease_ms = 1000,
+                              .first_id = 1,
+                              .last_id = 1,
+                              .entries = table};
+    tsd_snapfile_head head = {.n_bins = 1, .n_items = 1, .bytes = rl, .n_streams = 1};
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    assert_int_equal(tsd_snapfile_write(fileno(f), &head, &bin, &st, clash_item, &rec), 0);
+    long n = lseek(fileno(f), 0, SEEK_END);
+    assert_true(n > 0);
+    uint8_t *b = ts__malloc((size_t)n);
+    assert_non_null(b);
+    assert_int_equal(pread(fileno(f), b, (size_t)n, 0), n);
+    fclose(f);
+    tsu_rec_free(r, rl);
+    *len = (size_t)n;
+    return b;
+}
+
 /*
  * A rule broken with every checksum right, and a byte flipped in the streams section. With
  * TS_STREAM_SEED set, the good file is copied there: the fuzz seed fuzz_snapfile/streams.
@@ -598,6 +639,11 @@ static void test_broken_streams_refused(void **state)
     memcpy(bad, good, len);
     bad[name] ^= 0x01;
     expect_refused(bad, len, "checksum mismatch in the header of stream 0");
+    /* A bin and a stream of one name: each is good, together they are not. */
+    size_t clash_len;
+    uint8_t *clash = clash_file(&clash_len);
+    expect_refused(clash, clash_len, "bin 'q' is also a stream");
+    ts__free(clash);
     /* The good one still loads. */
     assert_int_equal(th_write_file(snap, good, len), 0);
     restart_saving();
