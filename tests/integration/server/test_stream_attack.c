@@ -1309,6 +1309,19 @@ static void test_max_watch_counts_stream_waits(void **state)
         assert_int_equal(r.e[0].kind, TS_STREAM_ENTRY_MARKER);
         tsu_frame_free(&r.f);
     }
+    /* Waits ended by their timeouts free their places too. */
+    for (int i = 0; i < 3; i++)
+        ws[i] = send_range(w, "s", 3, 10, 200);
+    expect_st(w, send_range(w, "s", 3, 10, 200), TS_ST_INVALID);
+    for (int i = 0; i < 3; i++) {
+        ents_recv(w, ws[i], &r);
+        assert_int_equal(r.m.n, 0);
+        tsu_frame_free(&r.f);
+    }
+    for (int i = 0; i < 3; i++)
+        ws[i] = send_credit(w, "s", 200);
+    for (int i = 0; i < 3; i++)
+        expect_st(w, ws[i], TS_ST_OK);
     close(w);
     close(fd);
 }
@@ -2281,6 +2294,7 @@ static void test_refused_append_not_reserved(void **state)
     free(junk);
     /* A stream that takes it: OUT_OF_MEMORY (the body read and dropped), nothing stored. */
     int64_t oom0 = stat1(fd, "oom_rejections");
+    int64_t ops0 = stat1(fd, "ops_stream_append");
     create(fd, "ok", 10, 0, 0);
     size_t rl;
     uint8_t *rec = tsu_rec_bytes(big, 1, &rl);
@@ -2288,6 +2302,7 @@ static void test_refused_append_not_reserved(void **state)
     tsu_rec_free(rec, rl);
     assert_int_equal(info_int(fd, "ok", "last_id"), 0);
     assert_int_equal(stat1(fd, "oom_rejections"), oom0 + 1);
+    assert_int_equal(stat1(fd, "ops_stream_append"), ops0 + 1);
     assert_true(stat1(fd, "used_memory") <= 3000000);
     close(fd);
 }
@@ -2568,6 +2583,7 @@ static void test_memory_covers_groups_and_waits(void **state)
     }
     assert_true(stored);
     print_message("filled to %lld of 3000000 bytes\n", (long long)stat1(fd, "used_memory"));
+    int64_t oom0 = stat1(fd, "oom_rejections");
     /* New groups until the limit: some must be refused OUT_OF_MEMORY, none otherwise. */
     int ok =
         joins(fd, "group-with-a-longer-name-%d", "member-with-a-longer-name", 0, 1024, TS_ST_OK);
@@ -2624,6 +2640,7 @@ static void test_memory_covers_groups_and_waits(void **state)
             break;
     }
     int64_t waits = stat1(fd, "stream_waits");
+    assert_int_equal(stat1(fd, "oom_rejections"), oom0 + (1024 - ok) + oom);
     print_message("%d pending RANGEs near the limit: %d OUT_OF_MEMORY, %d other, %lld waiting\n",
                   WAITS, oom, other, (long long)waits);
     assert_int_equal(other, 0);
@@ -2856,6 +2873,163 @@ static void test_stop_during_large_work(void **state)
     assert_int_equal(rc, 0);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Details the documents state: messages, WAIT across DELETE, claims woken by LEAVE, counters.
+ */
+
+/* The message of the reply to id contains needle. */
+static void expect_msg(int fd, uint32_t id, uint16_t status, const char *needle)
+{
+    tsu_frame f;
+    reply(fd, id, status, &f);
+    char msg[TS_MAX_ERRMSG + 1];
+    snprintf(msg, sizeof(msg), "%.*s", (int)f.len, (const char *)f.body);
+    tsu_frame_free(&f);
+    if (strstr(msg, needle) == NULL)
+        print_error("message \"%s\" lacks \"%s\"\n", msg, needle);
+    assert_non_null(strstr(msg, needle));
+}
+
+static void test_documented_details(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv), w = tsu_client(&srv);
+    uint32_t n;
+    tsu_put_int(fd, TS_OP_PUT, "b", 1, &n);
+    create(fd, "x", 10, 0, 0);
+    for (int i = 0; i < 3; i++)
+        append(fd, "x", i);
+    join(fd, "x", "g", "m1");
+    join(fd, "x", "g", "m2");
+    /* The messages section 8 quotes. */
+    expect_msg(fd, send_name_op(fd, TS_OP_STREAM_INFO, "b"), TS_ST_INVALID,
+               "bin 'b' is not a stream");
+    bb x = {.n = 0};
+    bb_str(&x, "x");
+    bb_u32(&x, 0);
+    expect_msg(fd, send_bb(fd, TS_OP_PEEK, &x), TS_ST_INVALID, "bin 'x' is a stream");
+    expect_msg(fd, send_read(fd, "x", "g", "m9", 0, 1, 0), TS_ST_NOT_FOUND,
+               "no member 'm9' in group 'g' of stream 'x' (JOIN first)");
+    expect_msg(fd, send_read(fd, "x", "g", "m1", 4, 1, 0), TS_ST_INVALID,
+               "id 4 is past the newest id 3");
+    expect_msg(fd, send_range(fd, "x", 9, 1, 0), TS_ST_INVALID, "id 9 is past the newest id 3");
+    /* INFO: floor, lag, credit -1 without a window. */
+    ents r;
+    ents_recv(fd, send_read(fd, "x", "g", "m1", 0, 2, 0), &r);
+    assert_int_equal(r.m.n, 2);
+    tsu_frame_free(&r.f);
+    ts_value_t *root = info(fd, "x");
+    const ts_value_t *g = info_group(root, "g");
+    assert_int_equal(geti(g, "next_id"), 3);
+    assert_int_equal(geti(g, "floor"), 1);
+    assert_int_equal(geti(g, "lag"), 3);
+    assert_int_equal(geti(g, "pending"), 2);
+    assert_int_equal(geti(root, "credit"), -1);
+    ts__record_tree_free(root);
+    /* m2 waits; m1 leaves: its two pending entries are claimable at once and answer the read. */
+    uint32_t rd = send_read(w, "x", "g", "m2", 0, 10, 10000);
+    assert_int_equal(stat_until(fd, "stream_waits", 0), 0); /* entry 3 is new: answered at once */
+    ents_recv(w, rd, &r);
+    assert_int_equal(r.m.n, 1);
+    assert_int_equal(r.e[0].id, 3);
+    tsu_frame_free(&r.f);
+    rd = send_read(w, "x", "g", "m2", 0, 10, 10000);
+    assert_int_equal(stat_until(fd, "stream_waits", 1), 1);
+    uint64_t t0 = th_now_ms();
+    expect_st(fd, send_leave(fd, "x", "g", "m1"), TS_ST_OK);
+    ents_recv(w, rd, &r);
+    assert_true(th_now_ms() - t0 < 5000);
+    assert_int_equal(r.m.n, 2);
+    assert_int_equal(r.e[0].id, 1);
+    assert_int_equal(r.e[0].deliveries, 2);
+    assert_int_equal(r.e[0].flags, TS_STREAM_ENTRY_REDELIVERED);
+    tsu_frame_free(&r.f);
+    /* A WAIT on a stream is not answered by its DELETE: it times out with the state {0, 0}. */
+    uint32_t wt = next_id++;
+    assert_int_equal(tsu_send_wait(w, wt, "x", 3, 800), 0);
+    th_sleep_ms(100);
+    expect_st(fd, send_raw(fd, TS_OP_DELETE, "\x01x", 2), TS_ST_OK);
+    tsu_frame f;
+    assert_int_equal(th_recv_reply(w, wt, &f, NULL), 0);
+    assert_int_equal(f.h.status, TS_ST_TIMEOUT);
+    uint64_t v;
+    tsu_state(&f, &v, &n);
+    assert_int_equal(v, 0);
+    assert_int_equal(n, 0);
+    tsu_frame_free(&f);
+    /* ops_stream_append: a BAD_RECORD that closes is not counted; an OUT_OF_MEMORY would be. */
+    create(fd, "y", 10, 0, 0);
+    int64_t ops0 = stat1(fd, "ops_stream_append");
+    int c = tsu_client(&srv);
+    expect_close(c, send_append_rec(c, "y", "0123456789abcdef0123", 20), TS_ST_BAD_RECORD);
+    close(c);
+    assert_int_equal(stat1(fd, "ops_stream_append"), ops0);
+    /* Pending stream waits are part of bytes_reserved, through watch_bytes. */
+    for (int i = 0; i < 10; i++)
+        (void)send_range(w, "y", 0, 10, 10000);
+    assert_int_equal(stat_until(fd, "stream_waits", 10), 10);
+    ts_value_t *st = stats(fd);
+    assert_true(geti(st, "watch_bytes") > 0);
+    assert_true(geti(st, "bytes_reserved") >= geti(st, "watch_bytes"));
+    assert_int_equal(geti(st, "used_memory"),
+                     geti(st, "bytes") + geti(st, "bytes_reserved") + geti(st, "overhead_bytes") +
+                         geti(st, "output_bytes") + geti(st, "connection_bytes") +
+                         geti(st, "orphaned_bytes"));
+    ts__record_tree_free(st);
+    close(w);
+    close(fd);
+}
+
+/* A read's order: its own redeliveries, then claims from members not live, then new entries. */
+static void test_read_order_and_join_rows(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    create(fd, "s", 10, 0, 0);
+    join(fd, "s", "g", "m1");
+    join(fd, "s", "g", "m2");
+    for (int i = 0; i < 3; i++)
+        append(fd, "s", i);
+    ents r;
+    ents_recv(fd, send_read(fd, "s", "g", "m1", 0, 2, 0), &r); /* m1: 1, 2 */
+    tsu_frame_free(&r.f);
+    ents_recv(fd, send_read(fd, "s", "g", "m2", 0, 2, 0), &r); /* m2: 3 */
+    assert_int_equal(r.m.n, 1);
+    tsu_frame_free(&r.f);
+    /* JOIN state: rows_done of the member's oldest pending entry. */
+    expect_st(fd, send_ack(fd, "s", "g", "m1", 2, 2, 9), TS_ST_OK);
+    ts__msg_stream_join_state js = join(fd, "s", "g", "m1");
+    assert_int_equal(js.pending, 2);
+    assert_int_equal(js.rows_done, 0);
+    assert_int_equal(js.members, 2);
+    expect_st(fd, send_ack(fd, "s", "g", "m1", 1, 1, 4), TS_ST_OK);
+    js = join(fd, "s", "g", "m1");
+    assert_int_equal(js.rows_done, 4);
+    /* m1 leaves (1 and 2 claimable), m2 rejoins (3 to redeliver), 4 is appended. */
+    expect_st(fd, send_leave(fd, "s", "g", "m1"), TS_ST_OK);
+    join(fd, "s", "g", "m2");
+    append(fd, "s", 3);
+    ents_recv(fd, send_read(fd, "s", "g", "m2", 0, 10, 0), &r);
+    print_message("read order: %llu %llu %llu %llu\n", (unsigned long long)r.e[0].id,
+                  (unsigned long long)r.e[1].id, (unsigned long long)r.e[2].id,
+                  (unsigned long long)r.e[3].id);
+    assert_int_equal(r.m.n, 4);
+    assert_int_equal(r.e[0].id, 3);
+    assert_int_equal(r.e[1].id, 1);
+    assert_int_equal(r.e[2].id, 2);
+    assert_int_equal(r.e[3].id, 4);
+    assert_int_equal(r.e[1].rows_done, 4);
+    assert_int_equal(r.e[2].rows_done, 9);
+    assert_int_equal(r.e[3].flags, 0);
+    assert_int_equal(r.e[3].deliveries, 1);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(r.e[i].flags, TS_STREAM_ENTRY_REDELIVERED);
+        assert_int_equal(r.e[i].deliveries, 2);
+    }
+    tsu_frame_free(&r.f);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2892,6 +3066,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stream_with_data_dir, start_data_dir, stop_data_dir),
         cmocka_unit_test_setup_teardown(test_queued_reply_outlives_entries, start_plain, stop),
         cmocka_unit_test_setup_teardown(test_stop_during_large_work, start_plain, stop),
+        cmocka_unit_test_setup_teardown(test_documented_details, start_plain, stop),
+        cmocka_unit_test_setup_teardown(test_read_order_and_join_rows, start_plain, stop),
     };
     signal(SIGPIPE, SIG_IGN);
     return cmocka_run_group_tests(tests, NULL, NULL);
