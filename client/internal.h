@@ -154,6 +154,8 @@ typedef struct ts__req {
      * from op: STREAM STATE, APPEND STATE, JOIN STATE or ACK STATE). Plain data: nothing to free.
      */
     union {
+        ts__msg_add_state add;         /* ADD STATE (coord.c) */
+        ts__msg_barrier_state barrier; /* BARRIER STATE (coord.c) */
         ts__msg_stream_state state;
         ts__msg_stream_append_state append;
         ts__msg_stream_join_state join;

@@ -251,6 +251,10 @@ int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
     }
     case TS_MSG_EMPTY:
         return ts__msg_empty_decode(body, len);
+    case TS_MSG_ADD_STATE:
+        return ts__msg_add_state_decode(body, len, &r->stream.add) != 0 ? TS_EPROTO : 0;
+    case TS_MSG_BARRIER_STATE:
+        return ts__msg_barrier_state_decode(body, len, &r->stream.barrier) != 0 ? TS_EPROTO : 0;
     case TS_MSG_STREAM_STATE:
         return ts__msg_stream_state_decode(body, len, &r->stream.state) != 0 ? TS_EPROTO : 0;
     case TS_MSG_STREAM_APPEND_STATE:

@@ -46,6 +46,7 @@ install(FILES
   ${PROJECT_SOURCE_DIR}/include/tensorshare/dlpack.h
   ${PROJECT_SOURCE_DIR}/include/tensorshare/rl.h
   ${PROJECT_SOURCE_DIR}/include/tensorshare/batcher.h
+  ${PROJECT_SOURCE_DIR}/include/tensorshare/coord.h
   ${PROJECT_SOURCE_DIR}/include/tensorshare/stream.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tensorshare)
 

@@ -12,6 +12,7 @@
  * parsed whole in ops.c.
  */
 #include "server.h"
+#include "coord.h"
 #include "stream.h"
 
 #include "compress.h"
@@ -594,6 +595,8 @@ static void item_store(tsd_conn *c, tsd_item *it)
         tsd_item_unref(it);
     } else if (c->cur.opcode == TS_OP_GATHER_ROWS || c->cur.opcode == TS_OP_WRITE_ROWS)
         tsd_rows_upload(c, &c->cur, c->cur_name, c->cur_name_len, it); /* rows.c */
+    else if (c->cur.opcode == TS_OP_PUT_IF)
+        tsd_coord_put_if(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, it); /* coord.c */
     else
         tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
 }

@@ -13,6 +13,7 @@
 
 #include "msg.h"
 #include "record.h"
+#include "coord.h"
 #include "server.h"
 #include "stream.h"
 
@@ -901,6 +902,9 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     } else if (m.kind == TS_MSG_READ_ROWS_REQ) {
         bname = m.u.read_rows.name;
         blen = m.u.read_rows.name_len;
+    } else if (m.kind == TS_MSG_ADD_REQ) {
+        bname = m.u.coord.name;
+        blen = m.u.coord.name_len;
     }
     if (bname != NULL && tsd_stream_refuse_name(c, h->opcode, h->request_id, bname, blen))
         return; /* a descriptor that came with the frame is closed by conn.c */
@@ -961,6 +965,9 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     case TS_OP_STREAM_INFO:
     case TS_OP_STREAM_RANGE:
         tsd_stream_dispatch(c, h, &m); /* stream.c */
+        return;
+    case TS_OP_ADD:
+        tsd_coord_dispatch(c, h, &m); /* coord.c */
         return;
     default:
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_UNKNOWN_OPCODE, "unknown opcode 0x%02x",

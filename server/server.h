@@ -1167,7 +1167,7 @@ size_t tsd_notify_n_waiters(const tsd_server *srv);
  * Statistics (stats.c)
  */
 typedef struct tsd_stats {
-    uint64_t ops[TS_OP_STREAM_RANGE + 1]; /* requests handled, by opcode */
+    uint64_t ops[TS_OP_PUT_IF + 1]; /* requests handled, by opcode */
     uint64_t notifications_sent;
     uint64_t protocol_errors;
     uint64_t oom_rejections;

@@ -51,6 +51,8 @@ static ts_value_t *build(tsd_server *srv)
         {"ops_stream_leave", TS_OP_STREAM_LEAVE},
         {"ops_stream_info", TS_OP_STREAM_INFO},
         {"ops_stream_range", TS_OP_STREAM_RANGE},
+        {"ops_add", TS_OP_ADD},
+        {"ops_put_if", TS_OP_PUT_IF},
     };
     ts_value_t *m = ts_map_new();
     if (m == NULL)

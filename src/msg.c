@@ -54,6 +54,9 @@ static const ts__msg_op ops[] = {
     {TS_OP_STREAM_LEAVE, TS_MSG_STREAM_LEAVE_REQ, TS_MSG_STREAM_STATE, 0, 1, 0},
     {TS_OP_STREAM_INFO, TS_MSG_NAME_REQ, TS_MSG_RECORD, 0, 0, 0},
     {TS_OP_STREAM_RANGE, TS_MSG_STREAM_RANGE_REQ, TS_MSG_STREAM_ENTRIES, 0, 0, 0},
+    /* Coordination: PUT_IF is an upload with the expected version between name and record. */
+    {TS_OP_ADD, TS_MSG_ADD_REQ, TS_MSG_ADD_STATE, 0, 1, 0},
+    {TS_OP_PUT_IF, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1, TS_MSG_PUT_IF_FIXED},
     {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0, 0},
 };
 
@@ -74,7 +77,12 @@ ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status)
          * Error replies echo the request's opcode, even one the server does not know, and
          * opcode 0 carries the errors that belong to no request (sections 5 and 13).
          */
-        return op == TS_OP_WAIT && status == TS_ST_TIMEOUT ? TS_MSG_BIN_STATE : TS_MSG_ERROR;
+        if (op == TS_OP_WAIT && status == TS_ST_TIMEOUT)
+            return TS_MSG_BIN_STATE;
+        /* A PUT_IF that lost carries the bin's state with its current version. */
+        if (op == TS_OP_PUT_IF && status == TS_ST_VERSION_MISMATCH)
+            return TS_MSG_BIN_STATE;
+        return TS_MSG_ERROR;
     }
     const ts__msg_op *info = ts__msg_op_info(op);
     return info != NULL ? (ts__msg_kind)info->reply : TS_MSG_NONE;
@@ -87,6 +95,12 @@ uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large)
         return TS_MSG_HELLO_REP_SIZE;
     case TS_MSG_BIN_STATE:
         return TS_BIN_STATE_SIZE;
+    case TS_MSG_ADD_STATE:
+        return TS_MSG_ADD_STATE_SIZE;
+    case TS_MSG_BARRIER_STATE:
+        return TS_MSG_BARRIER_STATE_SIZE;
+    case TS_MSG_MGET_REP:
+        return large;
     case TS_MSG_STREAM_STATE:
         return TS_MSG_STREAM_STATE_SIZE;
     case TS_MSG_STREAM_APPEND_STATE:
@@ -897,6 +911,27 @@ static int decode_kind(ts__msg_kind kind, const uint8_t *body, size_t len, ts__m
     case TS_MSG_WAIT_REQ:
         rc = ts__msg_wait_req_decode(body, len, &d.u.name_req);
         break;
+    case TS_MSG_ADD_REQ:
+        rc = ts__msg_add_req_decode(body, len, &d.u.coord);
+        break;
+    case TS_MSG_TAKE_REQ:
+        rc = ts__msg_take_req_decode(body, len, &d.u.coord);
+        break;
+    case TS_MSG_BARRIER_REQ:
+        rc = ts__msg_barrier_req_decode(body, len, &d.u.coord);
+        break;
+    case TS_MSG_ADD_STATE:
+        rc = ts__msg_add_state_decode(body, len, &d.u.add_state);
+        break;
+    case TS_MSG_BARRIER_STATE:
+        rc = ts__msg_barrier_state_decode(body, len, &d.u.barrier_state);
+        break;
+    case TS_MSG_MGET_REQ:
+        rc = ts__msg_mget_req_decode(body, len, &d.u.mget_req);
+        break;
+    case TS_MSG_MGET_REP:
+        rc = ts__msg_mget_rep_decode(body, len, &d.u.mget_rep);
+        break;
     case TS_MSG_PUT_REQ:
         rc = ts__msg_put_decode(body, len, &d.u.put);
         break;
@@ -1083,6 +1118,44 @@ static int entries_encode_again(const ts__msg_stream_entries *s, uint8_t *out, s
     return 0;
 }
 
+/* Re-encode a decoded MGET request from its names. */
+static int mget_req_encode_again(const ts__msg_mget_req *q, uint8_t *out, size_t cap, size_t *len)
+{
+    const uint8_t *names[TS_MGET_MAX_NAMES];
+    size_t lens[TS_MGET_MAX_NAMES];
+    size_t off = 0;
+    uint32_t i = 0;
+    while (i < q->n && ts__msg_mget_req_next(q, &off, &names[i], &lens[i]))
+        i++;
+    return ts__msg_mget_req_encode(out, cap, q->n, q->max_items, names, lens, len);
+}
+
+/* Re-encode a decoded MGET reply: its head, then each found bin's ITEMS block again. */
+static int mget_rep_encode_again(const ts__msg_mget_rep *r, uint8_t *out, size_t cap, size_t *len)
+{
+    uint8_t found[TS_MGET_MAX_NAMES];
+    uint64_t blens[TS_MGET_MAX_NAMES];
+    ts__msg_items items[TS_MGET_MAX_NAMES];
+    for (uint32_t i = 0; i < r->n; i++) {
+        int f;
+        ts__msg_mget_rep_get(r, i, &f, &items[i]);
+        found[i] = f ? TS_MGET_FOUND : TS_MGET_MISSING;
+        blens[i] = f ? items[i].len : 0;
+    }
+    size_t off;
+    int rc = ts__msg_mget_head_encode(out, cap, r->n, found, blens, &off);
+    for (uint32_t i = 0; rc == 0 && i < r->n; i++) {
+        if (!found[i])
+            continue;
+        size_t n;
+        rc = items_encode_again(&items[i], out + off, cap - off, &n);
+        off += rc == 0 ? n : 0;
+    }
+    if (rc == 0)
+        *len = off;
+    return rc;
+}
+
 int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
 {
     switch (m->kind) {
@@ -1100,6 +1173,20 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
         return ts__msg_get_req_encode(out, cap, &m->u.name_req, len);
     case TS_MSG_WAIT_REQ:
         return ts__msg_wait_req_encode(out, cap, &m->u.name_req, len);
+    case TS_MSG_ADD_REQ:
+        return ts__msg_add_req_encode(out, cap, &m->u.coord, len);
+    case TS_MSG_TAKE_REQ:
+        return ts__msg_take_req_encode(out, cap, &m->u.coord, len);
+    case TS_MSG_BARRIER_REQ:
+        return ts__msg_barrier_req_encode(out, cap, &m->u.coord, len);
+    case TS_MSG_ADD_STATE:
+        return ts__msg_add_state_encode(out, cap, &m->u.add_state, len);
+    case TS_MSG_BARRIER_STATE:
+        return ts__msg_barrier_state_encode(out, cap, &m->u.barrier_state, len);
+    case TS_MSG_MGET_REQ:
+        return mget_req_encode_again(&m->u.mget_req, out, cap, len);
+    case TS_MSG_MGET_REP:
+        return mget_rep_encode_again(&m->u.mget_rep, out, cap, len);
     case TS_MSG_PUT_REQ:
         return ts__msg_upload_encode(out, cap, m->u.put.name, m->u.put.name_len, m->u.put.fixed,
                                      m->u.put.fixed_len, m->u.put.record, (size_t)m->u.put.rec_len,

@@ -88,7 +88,15 @@ typedef enum ts__msg_kind {
     TS_MSG_STREAM_APPEND_STATE, /* APPEND STATE, 24 bytes (STREAM_APPEND, STREAM_MARK) */
     TS_MSG_STREAM_JOIN_STATE,   /* JOIN STATE, 40 bytes */
     TS_MSG_STREAM_ACK_STATE,    /* ACK STATE, 24 bytes */
-    TS_MSG_STREAM_ENTRIES       /* ENTRIES (STREAM_READ, STREAM_RANGE) */
+    TS_MSG_STREAM_ENTRIES,      /* ENTRIES (STREAM_READ, STREAM_RANGE) */
+    /* Coordination (msg_coord.c). PUT_IF is a TS_MSG_PUT_REQ with upload_fixed 8. */
+    TS_MSG_ADD_REQ,             /* name, i64 delta */
+    TS_MSG_ADD_STATE,           /* ADD STATE, 16 bytes */
+    TS_MSG_TAKE_REQ,            /* name, u32 max_items, u32 timeout_ms */
+    TS_MSG_MGET_REQ,            /* u32 n, u32 max_items, n names */
+    TS_MSG_MGET_REP,            /* the MGET reply */
+    TS_MSG_BARRIER_REQ,         /* name, u32 parties, u32 timeout_ms */
+    TS_MSG_BARRIER_STATE        /* BARRIER STATE, 16 bytes */
 } ts__msg_kind;
 
 /* What one opcode carries (section 8's table). */
@@ -811,6 +819,9 @@ int ts__msg_stream_entries_next(const ts__msg_stream_entries *m, ts__msg_stream_
 /* Entry i (< m->n) of a decoded body, as _next gives it; walks the i entries before it (O(i)). */
 void ts__msg_stream_entry_get(const ts__msg_stream_entries *m, uint32_t i, ts__msg_stream_entry *e);
 
+/* Coordination primitives: their bodies are declared in msg_coord.h (opcodes 0x20 to 0x24). */
+#include "msg_coord.h"
+
 /* ---------------------------------------------------------------------------------------------
  * Decoding by opcode: the table above picks the decoder
  */
@@ -840,6 +851,11 @@ typedef struct ts__msg {
         ts__msg_stream_join_state stream_join;
         ts__msg_stream_ack_state stream_ack;
         ts__msg_stream_entries stream_entries;
+        ts__msg_coord_req coord; /* ADD, TAKE, BARRIER */
+        ts__msg_add_state add_state;
+        ts__msg_mget_req mget_req;
+        ts__msg_mget_rep mget_rep;
+        ts__msg_barrier_state barrier_state;
     } u;
 } ts__msg;
 

@@ -60,6 +60,7 @@ static const struct {
     [TS_ST_INVALID] = {"INVALID", TS_EINVAL},
     [TS_ST_SAVE_FAILING] = {"SAVE_FAILING", TS_ESAVEFAIL},
     [TS_ST_BACKPRESSURE] = {"BACKPRESSURE", TS_EAGAIN},
+    [TS_ST_VERSION_MISMATCH] = {"VERSION_MISMATCH", TS_ECONFLICT},
 };
 
 int ts__status_to_err(uint16_t status)
@@ -109,6 +110,8 @@ uint16_t ts__err_to_status(int err)
         return TS_ST_SAVE_FAILING;
     case TS_EAGAIN:
         return TS_ST_BACKPRESSURE;
+    case TS_ECONFLICT:
+        return TS_ST_VERSION_MISMATCH;
     default:
         return TS_ST_INTERNAL;
     }
@@ -186,6 +189,10 @@ const char *ts__op_name(uint8_t op)
         return "STREAM_INFO";
     case TS_OP_STREAM_RANGE:
         return "STREAM_RANGE";
+    case TS_OP_ADD:
+        return "ADD";
+    case TS_OP_PUT_IF:
+        return "PUT_IF";
     case TS_OP_NOTIFY:
         return "NOTIFY";
     default:

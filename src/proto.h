@@ -61,6 +61,9 @@ enum {
     TS_OP_STREAM_LEAVE = 0x1D,  /* remove a member, or a whole group */
     TS_OP_STREAM_INFO = 0x1E,   /* settings, groups and members, as a record */
     TS_OP_STREAM_RANGE = 0x1F,  /* kept entries after an id, without a cursor */
+    /* Coordination primitives (TCPStore's feature set), 0.5.0. */
+    TS_OP_ADD = 0x20,    /* add to a counter (a bin holding one int record) */
+    TS_OP_PUT_IF = 0x21, /* PUT only when the bin's version is the one expected (an upload) */
     TS_OP_NOTIFY = 0x80         /* server to client only */
 };
 
@@ -88,6 +91,8 @@ enum {
     TS_ST_SAVE_FAILING = 18,
     /* A STREAM_APPEND refused because a live group is a whole window behind (TS_EAGAIN). */
     TS_ST_BACKPRESSURE = 19,
+    /* A PUT_IF whose expected version is not the bin's (TS_ECONFLICT; the body is a BIN_STATE). */
+    TS_ST_VERSION_MISMATCH = 20,
     TS_ST_COUNT_
 };
 

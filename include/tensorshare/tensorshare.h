@@ -83,7 +83,8 @@ extern "C" {
     XX(ESCHEMA, -4013, "request does not match the schema")                                        \
     XX(EMODEL, -4014, "model failed")                                                              \
     XX(ENOTSUP, -4015, "not supported in this build")                                              \
-    XX(ESAVEFAIL, -4016, "write refused: the server cannot save snapshots")
+    XX(ESAVEFAIL, -4016, "write refused: the server cannot save snapshots")                        \
+    XX(ECONFLICT, -4017, "version mismatch: the bin changed")
 
 /* The codes of TS_ERRNO_MAP as an enum (TS_ENOMEM, ...). Added in 0.1.0. */
 typedef enum ts_errno_e {

@@ -75,6 +75,11 @@ static const struct {
     {1, TS_OP_APPEND_FD, 0},
     {1, TS_OP_TENSOR_BIN, 0},
     {1, TS_OP_READ_ROWS, 0},
+    /* Coordination (ADD, PUT_IF): PUT_IF's head has 8 fixed bytes after the name. */
+    {1, TS_OP_ADD, 0},
+    {0, TS_OP_ADD, TS_ST_OK},
+    {1, TS_OP_PUT_IF, 0},
+    {0, TS_OP_PUT_IF, TS_ST_VERSION_MISMATCH},
 };
 
 /* Body limits (bytes) the request mode picks --max-frame from: around the control limit, and big.
@@ -84,8 +89,11 @@ static const uint64_t max_frames[4] = {TS_MAX_CTRL_BODY - 1, TS_MAX_CTRL_BODY, (
 
 static uint8_t again[FZ_MAX_BODY];
 
-/* The kind-specific decoder of kind gives the same answer as the one picked by opcode. */
-static void same_as_kind(ts__msg_kind kind, const uint8_t *body, size_t len, int rc)
+/*
+ * The kind-specific decoder of kind gives the same answer as the one picked by opcode (fixed:
+ * the opcode's upload_fixed, for the uploads).
+ */
+static void same_as_kind(ts__msg_kind kind, size_t fixed, const uint8_t *body, size_t len, int rc)
 {
     union {
         ts__msg_hello_req hq;
@@ -111,6 +119,8 @@ static void same_as_kind(ts__msg_kind kind, const uint8_t *body, size_t len, int
         ts__msg_stream_join_state sj;
         ts__msg_stream_ack_state sk;
         ts__msg_stream_entries se;
+        ts__msg_coord_req cq;
+        ts__msg_add_state as;
     } u;
     int k;
     switch (kind) {
@@ -133,7 +143,7 @@ static void same_as_kind(ts__msg_kind kind, const uint8_t *body, size_t len, int
         k = ts__msg_wait_req_decode(body, len, &u.nq);
         break;
     case TS_MSG_PUT_REQ:
-        k = ts__msg_put_decode(body, len, &u.pq);
+        k = ts__msg_upload_decode(body, len, fixed, &u.pq);
         break;
     case TS_MSG_BIN_STATE:
         k = ts__msg_bin_state_decode(body, len, &u.st);
@@ -203,6 +213,12 @@ static void same_as_kind(ts__msg_kind kind, const uint8_t *body, size_t len, int
         break;
     case TS_MSG_STREAM_ENTRIES:
         k = ts__msg_stream_entries_decode(body, len, &u.se);
+        break;
+    case TS_MSG_ADD_REQ:
+        k = ts__msg_add_req_decode(body, len, &u.cq);
+        break;
+    case TS_MSG_ADD_STATE:
+        k = ts__msg_add_state_decode(body, len, &u.as);
         break;
     default:
         k = TS_EUNKNOWNOP;
@@ -384,15 +400,16 @@ static void tensor_bin_record(const ts__msg_tensor_bin_req *t)
     FZ_CHECK(ts__fz_check_record(rows_rec, (size_t)size) == 0);
 }
 
-/* The streaming PUT head agrees with the whole body at every split of the first bytes. */
-static void put_splits(const uint8_t *body, size_t len, int rc)
+/* The streaming upload head agrees with the whole body at every split of the first bytes. */
+static void put_splits(size_t fixed, const uint8_t *body, size_t len, int rc)
 {
     ts__msg_put_req whole = {0}, part;
     if (rc == 0)
-        FZ_CHECK(ts__msg_put_decode(body, len, &whole) == 0);
-    size_t last = len < 1 + TS_MAX_NAME_LEN ? len : 1 + TS_MAX_NAME_LEN;
+        FZ_CHECK(ts__msg_upload_decode(body, len, fixed, &whole) == 0);
+    size_t head = 1 + TS_MAX_NAME_LEN + fixed;
+    size_t last = len < head ? len : head;
     for (size_t avail = 0; avail <= last; avail++) {
-        int r = ts__msg_put_head_decode(body, avail, len, &part);
+        int r = ts__msg_upload_head_decode(body, avail, len, fixed, &part);
         if (rc != 0) {
             FZ_CHECK(r != 0);
             continue;
@@ -466,7 +483,7 @@ static void request_input(const uint8_t *data, size_t size)
     /* The body, as tensord reads it: a PUT head as it streams in, the others whole. */
     if (info->upload) {
         ts__msg_put_req m;
-        int r = ts__msg_put_head_decode(body, avail, h.body_len, &m);
+        int r = ts__msg_upload_head_decode(body, avail, h.body_len, info->upload_fixed, &m);
         FZ_CHECK(r == 0 || r == TS_EAGAIN || r == TS_EPROTO);
         if (r == 0)
             FZ_CHECK(m.head_len <= avail && m.head_len + m.rec_len == h.body_len);
@@ -499,9 +516,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kind = ts__msg_reply_kind(pick[which].op, pick[which].status);
     }
     FZ_CHECK(rc == 0 || rc == TS_EPROTO);
-    same_as_kind(kind, body, len, rc);
+    const ts__msg_op *info = ts__msg_op_info(pick[which].op);
+    size_t fixed = info != NULL && pick[which].request ? info->upload_fixed : 0;
+    same_as_kind(kind, fixed, body, len, rc);
     if (kind == TS_MSG_PUT_REQ)
-        put_splits(body, len, rc);
+        put_splits(fixed, body, len, rc);
     if (rc != 0)
         return 0;
     FZ_CHECK(m.kind == kind);

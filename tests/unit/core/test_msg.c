@@ -546,6 +546,8 @@ static void test_opcode_table(void **state)
         {TS_OP_STREAM_LEAVE, TS_MSG_STREAM_LEAVE_REQ, TS_MSG_STREAM_STATE, 0, 1},
         {TS_OP_STREAM_INFO, TS_MSG_NAME_REQ, TS_MSG_RECORD, 0, 0},
         {TS_OP_STREAM_RANGE, TS_MSG_STREAM_RANGE_REQ, TS_MSG_STREAM_ENTRIES, 0, 0},
+        {TS_OP_ADD, TS_MSG_ADD_REQ, TS_MSG_ADD_STATE, 0, 1},
+        {TS_OP_PUT_IF, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
         {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
     };
     int known = 0;
@@ -563,6 +565,8 @@ static void test_opcode_table(void **state)
         assert_true(o->upload_fixed <= TS_MSG_MAX_UPLOAD_FIXED);
         if (!o->upload || want[i].op <= TS_OP_STREAM_RANGE)
             assert_int_equal(o->upload_fixed, 0);
+        if (want[i].op == TS_OP_PUT_IF)
+            assert_int_equal(o->upload_fixed, TS_MSG_PUT_IF_FIXED);
         assert_int_equal(ts__msg_reply_kind(want[i].op, TS_ST_OK), want[i].rep);
         /* Every other status carries a message, except WAIT's TIMEOUT. */
         for (uint16_t st = 1; st < TS_ST_COUNT_ + 3; st++) {
@@ -570,6 +574,8 @@ static void test_opcode_table(void **state)
             if (want[i].op == TS_OP_NOTIFY)
                 assert_int_equal(k, TS_MSG_NONE);
             else if (want[i].op == TS_OP_WAIT && st == TS_ST_TIMEOUT)
+                assert_int_equal(k, TS_MSG_BIN_STATE);
+            else if (want[i].op == TS_OP_PUT_IF && st == TS_ST_VERSION_MISMATCH)
                 assert_int_equal(k, TS_MSG_BIN_STATE);
             else
                 assert_int_equal(k, TS_MSG_ERROR);
@@ -581,15 +587,18 @@ static void test_opcode_table(void **state)
                     (want[i].upload ? mf : TS_MAX_CTRL_BODY));
         assert_true(ts__msg_request_limit(want[i].op, 1, 100) == 100);
     }
-    /* Connection-level errors (opcode 0) and errors about unknown opcodes carry a message. */
+    /*
+     * Connection-level errors (opcode 0) and errors about unknown opcodes (0x7F, which no
+     * feature has) carry a message.
+     */
     assert_int_equal(ts__msg_reply_kind(0, TS_ST_TOO_MANY_CLIENTS), TS_MSG_ERROR);
-    assert_int_equal(ts__msg_reply_kind(0x20, TS_ST_UNKNOWN_OPCODE), TS_MSG_ERROR);
+    assert_int_equal(ts__msg_reply_kind(0x7F, TS_ST_UNKNOWN_OPCODE), TS_MSG_ERROR);
     assert_int_equal(ts__msg_reply_kind(0, TS_ST_OK), TS_MSG_NONE);
-    assert_int_equal(ts__msg_reply_kind(0x20, TS_ST_OK), TS_MSG_NONE);
+    assert_int_equal(ts__msg_reply_kind(0x7F, TS_ST_OK), TS_MSG_NONE);
     ts__msg m;
-    assert_int_equal(ts__msg_request_decode(0x20, NULL, 0, &m), TS_EUNKNOWNOP);
+    assert_int_equal(ts__msg_request_decode(0x7F, NULL, 0, &m), TS_EUNKNOWNOP);
     assert_int_equal(ts__msg_request_decode(TS_OP_NOTIFY, NULL, 0, &m), TS_EUNKNOWNOP);
-    assert_int_equal(ts__msg_reply_decode(0x20, TS_ST_OK, NULL, 0, &m), TS_EUNKNOWNOP);
+    assert_int_equal(ts__msg_reply_decode(0x7F, TS_ST_OK, NULL, 0, &m), TS_EUNKNOWNOP);
     assert_int_equal(ts__msg_reply_decode(0, TS_ST_SHUTTING_DOWN, (const uint8_t *)"bye", 3, &m),
                      0);
     assert_int_equal(m.kind, TS_MSG_ERROR);

@@ -1,0 +1,57 @@
+/*
+ * tensorshare coordination primitives: counters, compare-and-set, a work queue that hands each
+ * item to one taker, reads of many bins at once and barriers (the feature set of
+ * torch.distributed's TCPStore). docs/COORDINATION.md says what each guarantees; the wire form
+ * is docs/PROTOCOL.md 8.33 to 8.37.
+ *
+ * A counter is a plain bin holding one item whose record is an int: ts_add creates it (at
+ * 0 + delta), ts_peek and ts_get read it like any bin, ts_wait and ts_listen see its changes.
+ *
+ * Conventions are those of tensorshare.h: 0 or a negative TS_E* code with its reason in
+ * ts_last_error(), out-parameters written only on success (they may be NULL) except where a
+ * function says otherwise, borrowed pointer parameters, and timeouts as tensorshare.h describes.
+ * Every call blocks: it may be made from any thread (one client may be shared), never from a
+ * client callback (TS_EDEADLK), and is bounded by the client's request timeout (plus its own
+ * wait, where it has one). Bin names are NUL-terminated strings of at most 255 bytes (NULL:
+ * TS_EINVAL; longer: TS_ENAMETOOLONG). Server errors common to all: TS_EINVAL for a name that is
+ * a stream (nothing changed), TS_EOOM, TS_ESAVEFAIL for the changes while snapshots fail,
+ * TS_ESHUTDOWN. Added in 0.5.0.
+ */
+#ifndef TENSORSHARE_COORD_H
+#define TENSORSHARE_COORD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensorshare/tensorshare.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Add delta to the counter bin name, atomically (the server applies ADDs one at a time): a
+ * missing bin is created holding 0 + delta. *value: the counter's new value; *version: the bin's
+ * version after the change (both may be NULL). Listeners get a put notification. TS_EINVAL: the
+ * bin holds something other than one int record, or the sum leaves int64 (nothing changed).
+ * Added in 0.5.0.
+ */
+TS_EXTERN int ts_add(ts_client_t *c, const char *name, int64_t delta, int64_t *value,
+                     uint64_t *version);
+
+/*
+ * Compare-and-set: replace bin name's items with item (like ts_put) only when the bin's version
+ * is expected_version; 0 means the bin must not exist. On success *version is the new version.
+ * When the version differs, nothing changes and TS_ECONFLICT is returned with *version set to the
+ * bin's current version (0: it does not exist), so that the caller can read and retry: the one
+ * out-parameter written on an error. item is borrowed (its tensors are sent from the caller's
+ * memory during the call). Added in 0.5.0.
+ */
+TS_EXTERN int ts_put_if(ts_client_t *c, const char *name, uint64_t expected_version,
+                        const ts_value_t *item, uint64_t *version);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TENSORSHARE_COORD_H */

@@ -1,0 +1,411 @@
+/*
+ * The coordination primitives against a real tensord (include/tensorshare/coord.h): counters
+ * that many processes add to at once and that end at the exact sum, compare-and-set under
+ * contention with exactly one winner per version, and bad input (ADD on a bin that is not a
+ * counter, overflow, names of streams, malformed bodies as raw frames) refused with a clear
+ * error and nothing changed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "msg.h"
+#include "tensorshare/coord.h"
+#include "tensorshare/stream.h"
+#include "test_client_util.h"
+
+/*
+ * The contended counter: ADDERS processes of ADDS_EACH adds each. Each process pipelines its
+ * adds through ADD_THREADS threads sharing its client, so that the test takes a few seconds on
+ * two cores (TS_COORD_ADDS_EACH raises the count, e.g. to 10000 as the benchmark does).
+ */
+#define ADDERS      64
+#define ADDS_EACH   1000
+#define ADD_THREADS 4
+/* threads racing for each version in the compare-and-set test, and the versions they race for */
+#define CAS_WRITERS 8
+#define CAS_ROUNDS  200
+
+static tsh_server srv;
+static ts_client_t *cl;
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (tsh_server_start(&srv, NULL) != 0)
+        return -1;
+    return ts_client_open(&cl, srv.addr, NULL) == 0 ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    ts_client_free(cl);
+    int rc = tsh_server_stop(&srv);
+    tsh_server_cleanup(&srv);
+    return rc == 0 ? 0 : -1;
+}
+
+/* The int a counter bin holds, read with PEEK; asserts that it is one int record. */
+static int64_t peek_counter(const char *name, uint64_t *version)
+{
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek(cl, name, 0, &items), 0);
+    assert_int_equal(ts_items_count(items), 1);
+    int64_t v = 0;
+    assert_int_equal(ts_value_int(ts_items_at(items, 0), &v), 0);
+    if (version != NULL)
+        *version = ts_items_version(items);
+    ts_items_free(items);
+    return v;
+}
+
+/* An item holding one int (the record a counter holds). */
+static ts_value_t *int_item(int64_t v)
+{
+    ts_value_t *it = ts_int_new(v);
+    assert_non_null(it);
+    return it;
+}
+
+static void test_add_basic(void **state)
+{
+    (void)state;
+    int64_t value = 0;
+    uint64_t v1 = 0, v2 = 0, pv = 0;
+    /* A missing bin starts at 0. */
+    assert_int_equal(ts_add(cl, "ctr", 5, &value, &v1), 0);
+    assert_true(value == 5 && v1 > 0);
+    assert_int_equal(ts_add(cl, "ctr", -7, &value, &v2), 0);
+    assert_true(value == -2 && v2 > v1);
+    /* A plain bin: PEEK reads it, WAIT sees its version. */
+    assert_true(peek_counter("ctr", &pv) == -2 && pv == v2);
+    uint64_t wv = 0;
+    assert_int_equal(ts_wait(cl, "ctr", v1, 0, &wv, NULL), 0);
+    assert_true(wv == v2);
+    /* NULL out-parameters are fine; a delta of 0 is a change like any other. */
+    assert_int_equal(ts_add(cl, "ctr", 0, NULL, NULL), 0);
+    assert_true(peek_counter("ctr", &pv) == -2 && pv > v2);
+    /* A counter made by a PUT of an int works too. */
+    ts_value_t *it = int_item(INT64_MAX - 1);
+    assert_int_equal(ts_put(cl, "ctr_put", it, NULL), 0);
+    ts_value_free(it);
+    assert_int_equal(ts_add(cl, "ctr_put", 1, &value, NULL), 0);
+    assert_true(value == INT64_MAX);
+    assert_int_equal(ts_delete(cl, "ctr", NULL), 0);
+    assert_int_equal(ts_add(cl, "ctr", 1, &value, NULL), 0);
+    assert_true(value == 1);
+}
+
+/* ADD on what is not a counter, and past int64: INVALID, and the bin is as it was. */
+static void test_add_bad(void **state)
+{
+    (void)state;
+    int64_t value = 42;
+    uint64_t before = 0, after = 0;
+    /* Two items. */
+    ts_value_t *it = int_item(1);
+    assert_int_equal(ts_append(cl, "two", it, NULL), 0);
+    assert_int_equal(ts_append(cl, "two", it, &before), 0);
+    ts_value_free(it);
+    assert_int_equal(ts_add(cl, "two", 1, &value, NULL), TS_EINVAL);
+    assert_true(value == 42);
+    assert_non_null(strstr(ts_last_error(), "not a counter"));
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek(cl, "two", 0, &items), 0);
+    assert_true(ts_items_count(items) == 2 && ts_items_version(items) == before);
+    ts_items_free(items);
+    /* One item whose root is not an int. */
+    ts_value_t *f = ts_float_new(1.5);
+    assert_int_equal(ts_put(cl, "flt", f, &before), 0);
+    ts_value_free(f);
+    assert_int_equal(ts_add(cl, "flt", 1, NULL, NULL), TS_EINVAL);
+    assert_int_equal(ts_peek(cl, "flt", 0, &items), 0);
+    assert_true(ts_items_count(items) == 1 && ts_items_version(items) == before);
+    ts_items_free(items);
+    /* Overflow, both ways. */
+    assert_int_equal(ts_add(cl, "big", INT64_MAX, NULL, &before), 0);
+    assert_int_equal(ts_add(cl, "big", 1, NULL, NULL), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "overflows"));
+    assert_true(peek_counter("big", &after) == INT64_MAX && after == before);
+    assert_int_equal(ts_add(cl, "small", INT64_MIN, NULL, NULL), 0);
+    assert_int_equal(ts_add(cl, "small", -1, NULL, NULL), TS_EINVAL);
+    assert_true(peek_counter("small", NULL) == INT64_MIN);
+    /* A stream's name. */
+    assert_int_equal(ts_stream_create(cl, "strm", NULL, NULL), 0);
+    assert_int_equal(ts_add(cl, "strm", 1, NULL, NULL), TS_EINVAL);
+    assert_int_equal(ts_put_if(cl, "strm", 0, f = ts_int_new(1), NULL), TS_EINVAL);
+    ts_value_free(f);
+    /* Local checks. */
+    static char long_name[TS_MAX_NAME_LEN + 2];
+    memset(long_name, 'x', sizeof(long_name) - 1);
+    assert_int_equal(ts_add(cl, long_name, 1, NULL, NULL), TS_ENAMETOOLONG);
+    assert_int_equal(ts_add(cl, NULL, 1, NULL, NULL), TS_EINVAL);
+    assert_int_equal(ts_put_if(cl, "x", 0, NULL, NULL), TS_EINVAL);
+}
+
+/* One adding process: ADD_THREADS threads sharing a client, n adds of 1 each in all. */
+typedef struct adder {
+    ts_client_t *c;
+    int n;
+    int failures;
+} adder;
+
+static void *add_thread(void *arg)
+{
+    adder *a = arg;
+    for (int i = 0; i < a->n; i++)
+        if (ts_add(a->c, "sum", 1, NULL, NULL) != 0)
+            a->failures++;
+    return NULL;
+}
+
+static int add_process(int n)
+{
+    ts_client_t *c;
+    if (ts_client_open(&c, srv.addr, NULL) != 0)
+        return 1;
+    adder a[ADD_THREADS];
+    pthread_t t[ADD_THREADS];
+    for (int i = 0; i < ADD_THREADS; i++) {
+        a[i].c = c;
+        a[i].n = n / ADD_THREADS + (i < n % ADD_THREADS ? 1 : 0);
+        a[i].failures = 0;
+        if (pthread_create(&t[i], NULL, add_thread, &a[i]) != 0)
+            return 1;
+    }
+    int failures = 0;
+    for (int i = 0; i < ADD_THREADS; i++) {
+        pthread_join(t[i], NULL);
+        failures += a[i].failures;
+    }
+    ts_client_free(c);
+    return failures == 0 ? 0 : 1;
+}
+
+/* ADDERS processes add at once: the counter ends at the exact sum, one version per ADD. */
+static void test_add_contended(void **state)
+{
+    (void)state;
+    int each = ADDS_EACH;
+    const char *env = getenv("TS_COORD_ADDS_EACH");
+    if (env != NULL && strtol(env, NULL, 10) > 0)
+        each = (int)strtol(env, NULL, 10);
+    uint64_t v0 = 0;
+    assert_int_equal(ts_add(cl, "sum", 0, NULL, &v0), 0);
+    pid_t pids[ADDERS];
+    uint64_t t0 = tc_now_ms();
+    for (int i = 0; i < ADDERS; i++) {
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (pids[i] == 0)
+            _exit(add_process(each));
+    }
+    int bad = 0;
+    for (int i = 0; i < ADDERS; i++) {
+        int st = 0;
+        assert_int_equal(waitpid(pids[i], &st, 0), pids[i]);
+        bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    uint64_t ms = tc_now_ms() - t0;
+    assert_int_equal(bad, 0);
+    uint64_t v1 = 0;
+    int64_t total = peek_counter("sum", &v1);
+    assert_true(total == (int64_t)ADDERS * each);
+    /* Every ADD took exactly one version (nothing else changed the server meanwhile). */
+    assert_true(v1 - v0 == (uint64_t)ADDERS * (uint64_t)each);
+    print_message("%d processes x %d adds: %lld in %llu ms\n", ADDERS, each, (long long)total,
+                  (unsigned long long)ms);
+}
+
+static void test_put_if_basic(void **state)
+{
+    (void)state;
+    ts_value_t *a = int_item(1), *b = int_item(2);
+    uint64_t v1 = 0, v2 = 0, cur = 0;
+    /* Expected 0: only when the bin does not exist. */
+    assert_int_equal(ts_put_if(cl, "cas", 0, a, &v1), 0);
+    assert_true(v1 > 0);
+    assert_int_equal(ts_put_if(cl, "cas", 0, b, &cur), TS_ECONFLICT);
+    assert_true(cur == v1); /* the current version comes back with the refusal */
+    assert_non_null(strstr(ts_last_error(), "version"));
+    assert_true(peek_counter("cas", NULL) == 1);
+    /* The right version wins; a stale one loses and changes nothing. */
+    assert_int_equal(ts_put_if(cl, "cas", v1, b, &v2), 0);
+    assert_true(v2 > v1 && peek_counter("cas", NULL) == 2);
+    cur = 0;
+    assert_int_equal(ts_put_if(cl, "cas", v1, a, &cur), TS_ECONFLICT);
+    assert_true(cur == v2 && peek_counter("cas", NULL) == 2);
+    /* A PUT_IF replaces every item, as PUT does. */
+    assert_int_equal(ts_append(cl, "cas", a, &v1), 0);
+    assert_int_equal(ts_put_if(cl, "cas", v1, b, &v2), 0);
+    assert_true(peek_counter("cas", NULL) == 2);
+    /* A missing bin answers with version 0. */
+    cur = 99;
+    assert_int_equal(ts_put_if(cl, "nobin", 7, a, &cur), TS_ECONFLICT);
+    assert_true(cur == 0);
+    ts_value_free(a);
+    ts_value_free(b);
+}
+
+/* Compare-and-set under contention: each thread has its own client. */
+typedef struct casw {
+    ts_client_t *c;
+    int id;
+    uint64_t won[CAS_ROUNDS * 2]; /* the expected versions this writer won with */
+    int n_won;
+    int errors;
+} casw;
+
+static volatile int cas_stop;
+
+static void *cas_thread(void *arg)
+{
+    casw *w = arg;
+    while (!cas_stop) {
+        ts_items_t *items = NULL;
+        if (ts_peek(w->c, "race", 0, &items) != 0) {
+            w->errors++;
+            return NULL;
+        }
+        uint64_t v = ts_items_version(items);
+        int64_t n = 0;
+        (void)ts_value_int(ts_items_at(items, 0), &n);
+        ts_items_free(items);
+        if (n >= CAS_ROUNDS)
+            return NULL;
+        ts_value_t *it = ts_int_new(n + 1);
+        uint64_t nv = 0;
+        int rc = ts_put_if(w->c, "race", v, it, &nv);
+        ts_value_free(it);
+        if (rc == 0 && w->n_won < (int)TS__ARRAY_SIZE(w->won))
+            w->won[w->n_won++] = v;
+        else if (rc != 0 && rc != TS_ECONFLICT)
+            w->errors++;
+    }
+    return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/*
+ * CAS_WRITERS threads each read the counter and try to store counter + 1 with the version they
+ * read: the counter ends at CAS_ROUNDS exactly, after exactly CAS_ROUNDS wins, and no version
+ * was won twice (a lost update would show as a count below the wins or a repeated version).
+ */
+static void test_put_if_contended(void **state)
+{
+    (void)state;
+    ts_value_t *z = ts_int_new(0);
+    assert_int_equal(ts_put(cl, "race", z, NULL), 0);
+    ts_value_free(z);
+    static casw w[CAS_WRITERS];
+    pthread_t t[CAS_WRITERS];
+    cas_stop = 0;
+    for (int i = 0; i < CAS_WRITERS; i++) {
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].id = i;
+        assert_int_equal(ts_client_open(&w[i].c, srv.addr, NULL), 0);
+        assert_int_equal(pthread_create(&t[i], NULL, cas_thread, &w[i]), 0);
+    }
+    static uint64_t all[CAS_WRITERS * CAS_ROUNDS * 2];
+    size_t n = 0;
+    int errors = 0;
+    for (int i = 0; i < CAS_WRITERS; i++) {
+        pthread_join(t[i], NULL);
+        errors += w[i].errors;
+        for (int k = 0; k < w[i].n_won; k++)
+            all[n++] = w[i].won[k];
+        ts_client_free(w[i].c);
+    }
+    assert_int_equal(errors, 0);
+    assert_int_equal(n, CAS_ROUNDS);
+    qsort(all, n, sizeof(all[0]), cmp_u64);
+    for (size_t i = 1; i < n; i++)
+        assert_true(all[i] != all[i - 1]);
+    assert_true(peek_counter("race", NULL) == CAS_ROUNDS);
+}
+
+/* Malformed bodies as raw frames: BAD_REQUEST, the connection closed, nothing changed. */
+static void test_malformed(void **state)
+{
+    (void)state;
+    int64_t before = 0;
+    assert_int_equal(ts_add(cl, "raw", 10, &before, NULL), 0);
+    uint8_t body[64];
+    ts__hdr h;
+    uint8_t *rb = NULL;
+    size_t rl = 0;
+    /* ADD with a delta one byte short, and one byte long. */
+    for (int extra = -1; extra <= 1; extra += 2) {
+        uint8_t delta[9] = {1, 0, 0, 0, 0, 0, 0, 0, 0};
+        size_t len = tsh_name_body(body, sizeof(body), "raw", delta, (size_t)(8 + extra));
+        int fd = tsh_connect_tcp(srv.port);
+        assert_true(fd >= 0);
+        assert_int_equal(tsh_hello(fd), 0);
+        assert_int_equal(tsh_send(fd, TS_OP_ADD, 7, body, len), 0);
+        assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+        assert_int_equal(h.status, TS_ST_BAD_REQUEST);
+        assert_int_equal(h.request_id, 7);
+        free(rb);
+        assert_int_equal(tsh_wait_closed(fd, 5000), 1);
+        close(fd);
+    }
+    /* PUT_IF whose body ends inside the expected version. */
+    uint8_t ver[4] = {0};
+    size_t len = tsh_name_body(body, sizeof(body), "raw", ver, sizeof(ver));
+    int fd = tsh_connect_tcp(srv.port);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_hello(fd), 0);
+    assert_int_equal(tsh_send(fd, TS_OP_PUT_IF, 8, body, len), 0);
+    assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+    assert_int_equal(h.status, TS_ST_BAD_REQUEST);
+    assert_non_null(rb);
+    free(rb);
+    assert_int_equal(tsh_wait_closed(fd, 5000), 1);
+    close(fd);
+    /* PUT_IF with a bad record after a good head: BAD_RECORD, nothing stored. */
+    uint8_t head[8] = {0};
+    uint8_t junk[32];
+    memset(junk, 0xAB, sizeof(junk));
+    len = tsh_name_body(body, sizeof(body), "raw2", head, sizeof(head));
+    memcpy(body + len, junk, sizeof(junk));
+    fd = tsh_connect_tcp(srv.port);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_hello(fd), 0);
+    assert_int_equal(tsh_send(fd, TS_OP_PUT_IF, 9, body, len + sizeof(junk)), 0);
+    assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+    assert_int_equal(h.status, TS_ST_BAD_RECORD);
+    free(rb);
+    close(fd);
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek(cl, "raw2", 0, &items), TS_ENOENT);
+    assert_true(peek_counter("raw", NULL) == before);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_add_basic),        cmocka_unit_test(test_add_bad),
+        cmocka_unit_test(test_add_contended),    cmocka_unit_test(test_put_if_basic),
+        cmocka_unit_test(test_put_if_contended), cmocka_unit_test(test_malformed),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
