@@ -61,6 +61,7 @@ typedef struct ts_stream_config_s {
     uint32_t lease_ms;    /* groups' default lease; 0 = TS_STREAM_DEFAULT_LEASE_MS */
 } ts_stream_config_t;
 
+/* Added in 0.4.0. */
 TS_EXTERN void ts_stream_config_init(ts_stream_config_t *cfg);
 
 /* A stream's state (replies of create, credit, leave). Added in 0.4.0. */
@@ -110,28 +111,45 @@ typedef struct ts_stream_ack_s {
 /* Entries returned by a read or a range (opaque; ts_stream_batch_free). Added in 0.4.0. */
 typedef struct ts_stream_batch_s ts_stream_batch_t;
 
+/* Added in 0.4.0. */
 TS_EXTERN size_t ts_stream_batch_count(const ts_stream_batch_t *b);
-/* The oldest and newest ids the stream kept, and the group's lost count, when it was read. */
+/*
+ * The oldest and newest ids the stream kept, and the group's lost count, when it was read.
+ * Added in 0.4.0.
+ */
 TS_EXTERN uint64_t ts_stream_batch_first_id(const ts_stream_batch_t *b);
 TS_EXTERN uint64_t ts_stream_batch_last_id(const ts_stream_batch_t *b);
 TS_EXTERN uint64_t ts_stream_batch_lost(const ts_stream_batch_t *b);
-/* Entry i (< count, in id order within each part of the reply: see docs/STREAMS.md). */
+/*
+ * Entry i (< count, in id order within each part of the reply: see docs/STREAMS.md).
+ * Added in 0.4.0.
+ */
 TS_EXTERN uint64_t ts_stream_batch_id(const ts_stream_batch_t *b, size_t i);
-/* 1 when entry i is an end-of-epoch marker (its value is NULL; its tag is the marker's). */
+/*
+ * 1 when entry i is an end-of-epoch marker (its value is NULL; its tag is the marker's).
+ * Added in 0.4.0.
+ */
 TS_EXTERN int ts_stream_batch_is_marker(const ts_stream_batch_t *b, size_t i);
 TS_EXTERN uint64_t ts_stream_batch_tag(const ts_stream_batch_t *b, size_t i);
-/* The record of entry i, valid until ts_stream_batch_free; NULL for a marker or out of range. */
+/*
+ * The record of entry i, valid until ts_stream_batch_free; NULL for a marker or out of range.
+ * Added in 0.4.0.
+ */
 TS_EXTERN const ts_value_t *ts_stream_batch_value(const ts_stream_batch_t *b, size_t i);
-/* Times entry i was handed out (1 the first time; 0 from a range), and whether before. */
+/*
+ * Times entry i was handed out (1 the first time; 0 from a range), and whether before.
+ * Added in 0.4.0.
+ */
 TS_EXTERN uint32_t ts_stream_batch_deliveries(const ts_stream_batch_t *b, size_t i);
 TS_EXTERN int ts_stream_batch_redelivered(const ts_stream_batch_t *b, size_t i);
-/* Rows of entry i a member recorded as consumed (ts_stream_ack with rows). */
+/* Rows of entry i a member recorded as consumed (ts_stream_ack with rows). Added in 0.4.0. */
 TS_EXTERN uint32_t ts_stream_batch_rows_done(const ts_stream_batch_t *b, size_t i);
 TS_EXTERN void ts_stream_batch_free(ts_stream_batch_t *b);
 
 /*
  * Create stream name with cfg (NULL: the defaults), or change the settings of an existing one
  * (its retention applies at once). st may be NULL. A plain bin of that name: TS_EINVAL.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_create(ts_client_t *c, const char *name, const ts_stream_config_t *cfg,
                                ts_stream_state_t *st);
@@ -139,16 +157,21 @@ TS_EXTERN int ts_stream_create(ts_client_t *c, const char *name, const ts_stream
  * Append item (its memory is read during the call only). TS_EAGAIN when the window is full
  * (nothing was stored: wait with ts_stream_credit and append again); TS_ENOENT without the
  * stream. res may be NULL.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_append(ts_client_t *c, const char *name, const ts_value_t *item,
                                ts_stream_append_t *res);
-/* Append an end-of-epoch marker with tag (never refused for credit). res may be NULL. */
+/*
+ * Append an end-of-epoch marker with tag (never refused for credit). res may be NULL.
+ * Added in 0.4.0.
+ */
 TS_EXTERN int ts_stream_mark(ts_client_t *c, const char *name, uint64_t tag,
                              ts_stream_append_t *res);
 /*
  * Wait at most timeout_ms (0: check once; TS_TIMEOUT_DEFAULT: the request timeout) until the
  * stream has credit for an append. 0 with *st, or TS_ETIMEDOUT (then *st holds the state, credit
  * 0). st may be NULL.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_credit(ts_client_t *c, const char *name, int timeout_ms,
                                ts_stream_state_t *st);
@@ -156,6 +179,7 @@ TS_EXTERN int ts_stream_credit(ts_client_t *c, const char *name, int timeout_ms,
  * Join group as member (creating either when missing; a new group starts at start). lease_ms:
  * 0 keeps the group's lease (the stream's for a new group), else it becomes the group's. res
  * may be NULL.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_join(ts_client_t *c, const char *name, const char *group,
                              const char *member, ts_stream_start_t start, int lease_ms,
@@ -166,6 +190,7 @@ TS_EXTERN int ts_stream_join(ts_client_t *c, const char *name, const char *group
  * ack_through > 0 first acknowledges the member's pending entries with ids <= ack_through. When
  * there is nothing, waits at most timeout_ms for an append (0: do not wait; TS_TIMEOUT_DEFAULT:
  * the request timeout), then returns 0 with an empty batch. *out is yours.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_read(ts_client_t *c, const char *name, const char *group,
                              const char *member, uint64_t ack_through, size_t max_entries,
@@ -173,20 +198,26 @@ TS_EXTERN int ts_stream_read(ts_client_t *c, const char *name, const char *group
 /*
  * rows == 0: acknowledge the member's pending entries with ids in [first, last]. rows > 0 (first
  * == last): record that rows rows of that entry are consumed; it stays pending. res may be NULL.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_ack(ts_client_t *c, const char *name, const char *group, const char *member,
                             uint64_t first, uint64_t last, uint32_t rows, ts_stream_ack_t *res);
 /*
  * member leaves group (its pending entries go to the others at once); member NULL removes the
  * whole group with its cursor. st may be NULL.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_leave(ts_client_t *c, const char *name, const char *group,
                               const char *member, ts_stream_state_t *st);
-/* The stream's settings, ids, groups and members as a map (docs/STREAMS.md lists the keys). */
+/*
+ * The stream's settings, ids, groups and members as a map (docs/STREAMS.md lists the keys).
+ * Added in 0.4.0.
+ */
 TS_EXTERN int ts_stream_info(ts_client_t *c, const char *name, ts_value_t **out);
 /*
  * The kept entries with id > after_id, oldest first, up to max_entries, without a cursor;
  * waits at most timeout_ms when there are none yet. after_id past the newest id: TS_EINVAL.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_range(ts_client_t *c, const char *name, uint64_t after_id,
                               size_t max_entries, int timeout_ms, ts_stream_batch_t **out);
@@ -201,15 +232,19 @@ typedef struct ts_stream_producer_s ts_stream_producer_t;
  * (or reconfigures) the stream; NULL requires it to exist. block_ms: how long one push waits for
  * credit (0: fail with TS_EAGAIN at once; TS_TIMEOUT_INFINITE: as long as it takes, in steps of
  * the request timeout; TS_TIMEOUT_DEFAULT: the request timeout).
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_producer_open(ts_stream_producer_t **out, ts_client_t *c, const char *name,
                                       const ts_stream_config_t *cfg, int block_ms);
-/* Append item, waiting for credit as block_ms says (TS_ETIMEDOUT: it ran out). id may be NULL. */
+/*
+ * Append item, waiting for credit as block_ms says (TS_ETIMEDOUT: it ran out). id may be NULL.
+ * Added in 0.4.0.
+ */
 TS_EXTERN int ts_stream_producer_push(ts_stream_producer_t *p, const ts_value_t *item,
                                       uint64_t *id);
-/* Append an end-of-epoch marker with tag. id may be NULL. */
+/* Append an end-of-epoch marker with tag. id may be NULL. Added in 0.4.0. */
 TS_EXTERN int ts_stream_producer_end_epoch(ts_stream_producer_t *p, uint64_t tag, uint64_t *id);
-/* Times a push found the window full and waited (for statistics). */
+/* Times a push found the window full and waited (for statistics). Added in 0.4.0. */
 TS_EXTERN uint64_t ts_stream_producer_waits(const ts_stream_producer_t *p);
 TS_EXTERN void ts_stream_producer_free(ts_stream_producer_t *p);
 
@@ -219,6 +254,7 @@ TS_EXTERN void ts_stream_producer_free(ts_stream_producer_t *p);
  */
 typedef struct ts_stream_consumer_s ts_stream_consumer_t;
 
+/* Added in 0.4.0. */
 typedef struct ts_stream_consumer_options_s {
     ts_stream_start_t start; /* where a new group starts; default TS_STREAM_OLDEST */
     int lease_ms;            /* 0 (default): the group's lease */
@@ -234,12 +270,14 @@ typedef struct ts_stream_consumer_options_s {
     int timeout_ms;    /* how long next waits for an entry; default TS_TIMEOUT_DEFAULT */
 } ts_stream_consumer_options_t;
 
+/* Added in 0.4.0. */
 TS_EXTERN void ts_stream_consumer_options_init(ts_stream_consumer_options_t *o);
 
 /*
  * Join group as member of stream name on c (borrowed; it must outlive the consumer). opts may be
  * NULL. A consumer that joins again resumes exactly after what it had acknowledged, rows
  * included.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_consumer_open(ts_stream_consumer_t **out, ts_client_t *c, const char *name,
                                       const char *group, const char *member,
@@ -265,15 +303,20 @@ typedef struct ts_stream_item_s {
  * gives TS_EINVAL, every time: read such a stream with batch_rows 0. TS_ETIMEDOUT when nothing
  * came within the timeout (a batch being built is kept for the next call). info may be NULL.
  * One thread at a time per consumer; many consumers (and producers) may share a client.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_consumer_next(ts_stream_consumer_t *s, ts_value_t **value,
                                       ts_stream_item_t *info);
 /*
  * Acknowledge now everything handed out (whole entries, and the rows used of a partly used one),
  * so that a restart resumes right after it.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_consumer_commit(ts_stream_consumer_t *s);
-/* Commit, then free (the member stays in its group; leave = 1 leaves it). NULL is a no-op. */
+/*
+ * Commit, then free (the member stays in its group; leave = 1 leaves it). NULL is a no-op.
+ * Added in 0.4.0.
+ */
 TS_EXTERN void ts_stream_consumer_close(ts_stream_consumer_t *s, int leave);
 
 #ifdef __cplusplus
