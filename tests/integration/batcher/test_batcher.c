@@ -946,9 +946,16 @@ static void test_deadline(void **state)
     actx a[2] = {{&c, 1, 0, 1.0f, NULL}, {&c, 1, 10, 1.0f, NULL}};
     a[0].in = request(1, 0);
     a[1].in = request(1, 10);
+    int f0 = atomic_load(&g_forwards);
     assert_int_equal(ts_batcher_predict_async(b, a[0].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &a[0]),
                      0);
-    sleep_us(50000); /* let the replica take the first one */
+    /*
+     * Let the replica take the first one: wait until its forward has begun (a fixed sleep is not
+     * enough on a loaded machine, where the second request would join the first one's batch).
+     */
+    for (int i = 0; i < 10000 && atomic_load(&g_forwards) == f0; i++)
+        sleep_us(1000);
+    assert_true(atomic_load(&g_forwards) > f0);
     uint64_t t0 = ts__now_ns();
     ts_value_t *out = NULL;
     assert_int_equal(ts_batcher_predict(b, a[1].in, 50, &out, NULL), TS_ETIMEDOUT);
