@@ -78,6 +78,23 @@ static inline ts__stream_tail *ts__items_stream_tail(ts_items_t *items)
     return (ts__stream_tail *)(void *)(items->items + items->remaining);
 }
 
+/*
+ * An MGET reply is parsed the same way: items[] holds every found bin's records one bin after
+ * the other (count of them), remaining is the number of bins n, and a ts__mget_head per bin
+ * follows items[count] (coord.c splits them into one ts_items_t per bin).
+ */
+typedef struct ts__mget_head {
+    uint64_t version;
+    uint32_t n_items; /* records of this bin in items[] */
+    uint32_t remaining;
+    int found;
+} ts__mget_head;
+
+static inline ts__mget_head *ts__items_mget_heads(ts_items_t *items)
+{
+    return (ts__mget_head *)(void *)(items->items + items->count);
+}
+
 /* A map from request id to request (open addressing, linear probing; id 0 is never used). */
 typedef struct ts__idmap {
     uint32_t *keys; /* 0 = free slot */

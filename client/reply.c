@@ -202,9 +202,76 @@ static int parse_stats(uint8_t *body, size_t len, ts_value_t **out)
     return rc;
 }
 
+/*
+ * Parse an MGET body: every found bin's records decoded in place (into one ts_items_t, see
+ * internal.h), a head per bin after them. Takes over body in every case.
+ */
+static int parse_mget(uint8_t *body, size_t len, ts_items_t **out)
+{
+    ts__msg_mget_rep m;
+    if (ts__msg_mget_rep_decode(body, len, &m) != 0) {
+        ts__body_free(body, len);
+        return TS_EPROTO;
+    }
+    /* The decoder checked every block: records are bounded by len / 8. */
+    size_t total = 0;
+    for (uint32_t i = 0; i < m.n; i++) {
+        int found;
+        ts__msg_items it;
+        ts__msg_mget_rep_get(&m, i, &found, &it);
+        total += found ? it.n_items : 0;
+    }
+    ts_items_t *items = ts__calloc(1, sizeof(*items) + total * sizeof(ts_value_t *) +
+                                          (size_t)m.n * sizeof(ts__mget_head));
+    ts__rbuf *buf = ts__rbuf_new(body, len, NULL);
+    if (items == NULL || buf == NULL) {
+        ts__free(items);
+        ts__free(buf);
+        ts__body_free(body, len);
+        return TS_ENOMEM;
+    }
+    /* The heads follow items[total]; count reaches total only when every record is decoded. */
+    ts__mget_head *heads = (ts__mget_head *)(void *)(items->items + total);
+    items->remaining = m.n;
+    int rc = 0;
+    for (uint32_t i = 0; rc == 0 && i < m.n; i++) {
+        int found;
+        ts__msg_items it;
+        ts__msg_mget_rep_get(&m, i, &found, &it);
+        heads[i].found = found;
+        if (!found)
+            continue;
+        heads[i].version = it.version;
+        heads[i].n_items = it.n_items;
+        heads[i].remaining = it.remaining;
+        size_t base = (size_t)(it.body - body), off, rec_len;
+        ts__msg_items_iter iter;
+        ts__msg_items_iter_init(&it, &iter);
+        while (rc == 0 && ts__msg_items_next(&it, &iter, &off, &rec_len)) {
+            ts_value_t *v = ts__record_decode(buf, base + off, rec_len, TS_MAX_DEPTH, TS_MAX_NDIM);
+            if (v == NULL)
+                rc = ts__record_validate(body + base + off, rec_len, TS_MAX_DEPTH, TS_MAX_NDIM,
+                                         NULL) == 0
+                         ? TS_ENOMEM
+                         : TS_EPROTO;
+            else
+                items->items[items->count++] = v;
+        }
+    }
+    ts__rbuf_unref(buf);
+    if (rc != 0) {
+        ts_items_free(items);
+        return rc;
+    }
+    *out = items;
+    return 0;
+}
+
 int ts__reply_keeps_body(uint8_t op)
 {
     ts__msg_kind k = ts__msg_reply_kind(op, TS_ST_OK);
+    if (k == TS_MSG_MGET_REP) /* its records too point into the body */
+        return 1;
     return k == TS_MSG_ITEMS || k == TS_MSG_RECORD || k == TS_MSG_STREAM_ENTRIES;
 }
 
@@ -221,6 +288,8 @@ int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
         return rc;
     case TS_MSG_RECORD:
         return parse_stats(body, len, &r->res.value);
+    case TS_MSG_MGET_REP:
+        return parse_mget(body, len, &r->res.items);
     case TS_MSG_STREAM_ENTRIES:
         rc = parse_entries(body, len, &r->res.items);
         if (rc == 0)

@@ -25,6 +25,7 @@
  * Memory. Every subscription, waiter and watch counts against --max-memory (tsd_store_reserve),
  * and STATS reports the total as watch_bytes.
  */
+#include "coord.h"
 #include "server.h"
 #include "stream.h"
 
@@ -591,8 +592,9 @@ static void wake_enqueue(tsd_server *srv, tsd_watch *w)
     srv->wake_tail = w;
 }
 
-void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_t version,
-                       uint32_t n_items, uint8_t event)
+/* Tell the subscribers and waiters of name about a change (tsd_notify_change). */
+static void notify_watchers(tsd_server *srv, const uint8_t *name, size_t len, uint64_t version,
+                            uint32_t n_items, uint8_t event)
 {
     int rc = 0;
     tsd_watch *w = watch_get(srv, name, len, 0, &rc);
@@ -614,8 +616,18 @@ void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_
     wake_run(srv, w, &budget);
 }
 
+void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_t version,
+                       uint32_t n_items, uint8_t event)
+{
+    notify_watchers(srv, name, len, version, n_items, event);
+    /* Then the takers waiting for items (coord.c): their GETs notify after this change. */
+    tsd_coord_changed(srv, name, len);
+}
+
 void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c)
 {
+    /* Its TAKEs and barrier arrivals (coord.c). */
+    tsd_coord_conn_drop(srv, c, 0);
     tsd_stream_conn_gone(srv, c); /* its stream waits (stream.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
@@ -628,6 +640,8 @@ void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c)
 
 size_t tsd_notify_conn_stop(tsd_server *srv, tsd_conn *c)
 {
+    /* Its TAKEs and barrier arrivals (coord.c), answered SHUTTING_DOWN. */
+    size_t answered = tsd_coord_conn_drop(srv, c, 1);
     size_t n = tsd_stream_conn_stop(srv, c); /* its stream waits (stream.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
@@ -642,7 +656,7 @@ size_t tsd_notify_conn_stop(tsd_server *srv, tsd_conn *c)
     }
     if (had)
         timer_rearm(srv);
-    return n;
+    return n + answered;
 }
 
 size_t tsd_notify_n_waiters(const tsd_server *srv)

@@ -902,7 +902,7 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     } else if (m.kind == TS_MSG_READ_ROWS_REQ) {
         bname = m.u.read_rows.name;
         blen = m.u.read_rows.name_len;
-    } else if (m.kind == TS_MSG_ADD_REQ) {
+    } else if (m.kind == TS_MSG_ADD_REQ || m.kind == TS_MSG_TAKE_REQ) {
         bname = m.u.coord.name;
         blen = m.u.coord.name_len;
     }
@@ -967,6 +967,9 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
         tsd_stream_dispatch(c, h, &m); /* stream.c */
         return;
     case TS_OP_ADD:
+    case TS_OP_TAKE:
+    case TS_OP_MGET:
+    case TS_OP_BARRIER:
         tsd_coord_dispatch(c, h, &m); /* coord.c */
         return;
     default:

@@ -8,6 +8,7 @@
  * accept them and drop them at once to make room.
  */
 #include "server.h"
+#include "coord.h"
 #include "stream.h"
 
 #include <errno.h>
@@ -334,6 +335,7 @@ static void on_cron(uv_timer_t *t)
     }
     /* Streams: age retention, and lease checks a timer could not be had for. */
     tsd_streams_cron(srv);
+    tsd_coord_cron(srv); /* TAKE and BARRIER deadlines */
     tsd_server_flush(srv);
 }
 
@@ -733,6 +735,7 @@ void tsd_server_free_store(tsd_server *srv)
         return;
     srv->store_freed = 1;
     tsd_streams_free(srv);
+    tsd_coord_free(srv);
     tsd_store_free(&srv->store);
 }
 

@@ -1167,7 +1167,7 @@ size_t tsd_notify_n_waiters(const tsd_server *srv);
  * Statistics (stats.c)
  */
 typedef struct tsd_stats {
-    uint64_t ops[TS_OP_PUT_IF + 1]; /* requests handled, by opcode */
+    uint64_t ops[TS_OP_BARRIER + 1]; /* requests handled, by opcode */
     uint64_t notifications_sent;
     uint64_t protocol_errors;
     uint64_t oom_rejections;
@@ -1323,6 +1323,8 @@ struct tsd_server {
     tsd_datadir *datadir; /* --data-dir state (datadir.c), or NULL */
     /* Streams (stream.c, stream.h): their table, waits and counters. */
     struct tsd_streams *streams;
+    /* Coordination (coord.c): barriers and pending TAKEs, made on first use, or NULL. */
+    struct tsd_coord *coord;
 };
 
 /*

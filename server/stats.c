@@ -53,6 +53,9 @@ static ts_value_t *build(tsd_server *srv)
         {"ops_stream_range", TS_OP_STREAM_RANGE},
         {"ops_add", TS_OP_ADD},
         {"ops_put_if", TS_OP_PUT_IF},
+        {"ops_take", TS_OP_TAKE},
+        {"ops_mget", TS_OP_MGET},
+        {"ops_barrier", TS_OP_BARRIER},
     };
     ts_value_t *m = ts_map_new();
     if (m == NULL)

@@ -57,6 +57,9 @@ static const ts__msg_op ops[] = {
     /* Coordination: PUT_IF is an upload with the expected version between name and record. */
     {TS_OP_ADD, TS_MSG_ADD_REQ, TS_MSG_ADD_STATE, 0, 1, 0},
     {TS_OP_PUT_IF, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1, TS_MSG_PUT_IF_FIXED},
+    {TS_OP_TAKE, TS_MSG_TAKE_REQ, TS_MSG_ITEMS, 0, 1, 0},
+    {TS_OP_MGET, TS_MSG_MGET_REQ, TS_MSG_MGET_REP, 0, 0, 0},
+    {TS_OP_BARRIER, TS_MSG_BARRIER_REQ, TS_MSG_BARRIER_STATE, 0, 0, 0},
     {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0, 0},
 };
 

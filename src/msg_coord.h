@@ -1,6 +1,6 @@
 /*
  * Coordination primitives (msg_coord.c): the bodies of opcodes 0x20 to 0x24 (docs/PROTOCOL.md
- * 8.33 to 8.37): ADD, PUT_IF, TAKE, MGET and BARRIER. Included by msg.h; the conventions of
+ * 8.39 to 8.43): ADD, PUT_IF, TAKE, MGET and BARRIER. Included by msg.h; the conventions of
  * msg.h hold (strict decoders that check the layout only, encoders that check their room first).
  *
  *   ADD:     name, i64 delta                          -> ADD STATE: i64 value, u64 version

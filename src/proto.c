@@ -193,6 +193,12 @@ const char *ts__op_name(uint8_t op)
         return "ADD";
     case TS_OP_PUT_IF:
         return "PUT_IF";
+    case TS_OP_TAKE:
+        return "TAKE";
+    case TS_OP_MGET:
+        return "MGET";
+    case TS_OP_BARRIER:
+        return "BARRIER";
     case TS_OP_NOTIFY:
         return "NOTIFY";
     default:

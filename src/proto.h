@@ -62,8 +62,11 @@ enum {
     TS_OP_STREAM_INFO = 0x1E,   /* settings, groups and members, as a record */
     TS_OP_STREAM_RANGE = 0x1F,  /* kept entries after an id, without a cursor */
     /* Coordination primitives (TCPStore's feature set), 0.5.0. */
-    TS_OP_ADD = 0x20,    /* add to a counter (a bin holding one int record) */
-    TS_OP_PUT_IF = 0x21, /* PUT only when the bin's version is the one expected (an upload) */
+    TS_OP_ADD = 0x20,     /* add to a counter (a bin holding one int record) */
+    TS_OP_PUT_IF = 0x21,  /* PUT only when the bin's version is the one expected (an upload) */
+    TS_OP_TAKE = 0x22,    /* a blocking GET that hands each item to one waiter, in arrival order */
+    TS_OP_MGET = 0x23,    /* PEEK several bins in one round trip */
+    TS_OP_BARRIER = 0x24, /* wait until a number of parties arrive; reusable */
     TS_OP_NOTIFY = 0x80         /* server to client only */
 };
 

@@ -2,7 +2,7 @@
  * tensorshare coordination primitives: counters, compare-and-set, a work queue that hands each
  * item to one taker, reads of many bins at once and barriers (the feature set of
  * torch.distributed's TCPStore). docs/COORDINATION.md says what each guarantees; the wire form
- * is docs/PROTOCOL.md 8.33 to 8.37.
+ * is docs/PROTOCOL.md 8.39 to 8.43.
  *
  * A counter is a plain bin holding one item whose record is an int: ts_add creates it (at
  * 0 + delta), ts_peek and ts_get read it like any bin, ts_wait and ts_listen see its changes.
@@ -49,6 +49,44 @@ TS_EXTERN int ts_add(ts_client_t *c, const char *name, int64_t delta, int64_t *v
  */
 TS_EXTERN int ts_put_if(ts_client_t *c, const char *name, uint64_t expected_version,
                         const ts_value_t *item, uint64_t *version);
+
+/*
+ * Take up to max_items items (0 = all) from bin name, waiting up to timeout_ms for the bin to
+ * have some: a blocking ts_get that gives each item to exactly one taker. Takers waiting on one
+ * bin are served in the order their requests arrived, and an item that arrives wakes only the
+ * first of them. *out: the items, transferred (ts_items_free). TS_ETIMEDOUT when none came in
+ * time (0: do not wait; TS_TIMEOUT_DEFAULT: the request timeout; TS_TIMEOUT_INFINITE:
+ * TS_EINVAL). A DELETE of the bin leaves takers waiting. A wait counts against the server's
+ * --max-watch. Added in 0.5.0.
+ */
+TS_EXTERN int ts_take(ts_client_t *c, const char *name, size_t max_items, int timeout_ms,
+                      ts_items_t **out);
+
+/* Names one ts_mget takes at most. Added in 0.5.0. */
+#define TS_MGET_MAX 256
+
+/*
+ * Read n bins (1 to TS_MGET_MAX) in one round trip, as ts_peek reads each (up to max_items
+ * items per bin, 0 = all; nothing is removed). out[i] receives bin names[i]'s items, transferred
+ * (ts_items_free), or NULL when that bin does not exist. The request must also fit the server's
+ * control body limit (4096 bytes: 8 + the names and a byte each): TS_EMSGSIZE otherwise. On an
+ * error no out[i] is written. Added in 0.5.0.
+ */
+TS_EXTERN int ts_mget(ts_client_t *c, const char *const *names, size_t n, size_t max_items,
+                      ts_items_t **out);
+
+/*
+ * Wait at barrier name until parties callers (this one included) have arrived, then return in
+ * all of them with the same *generation (1 for a barrier's first release, then 2, ...). The
+ * barrier is reusable: arrivals after a release form the next generation. Every arrival must
+ * give the same parties (1 to 65536; else TS_EINVAL, nothing changed). TS_ETIMEDOUT when the
+ * others did not come within timeout_ms (TS_TIMEOUT_DEFAULT: the request timeout;
+ * TS_TIMEOUT_INFINITE: TS_EINVAL): this arrival is withdrawn. Barriers live in the server's
+ * memory only: a restart forgets them and the callers waiting get TS_ESHUTDOWN or lose their
+ * connection. Added in 0.5.0.
+ */
+TS_EXTERN int ts_barrier(ts_client_t *c, const char *name, uint32_t parties, int timeout_ms,
+                         uint64_t *generation);
 
 #ifdef __cplusplus
 }

@@ -80,6 +80,11 @@ static const struct {
     {0, TS_OP_ADD, TS_ST_OK},
     {1, TS_OP_PUT_IF, 0},
     {0, TS_OP_PUT_IF, TS_ST_VERSION_MISMATCH},
+    {1, TS_OP_TAKE, 0},
+    {1, TS_OP_MGET, 0},
+    {0, TS_OP_MGET, TS_ST_OK},
+    {1, TS_OP_BARRIER, 0},
+    {0, TS_OP_BARRIER, TS_ST_OK},
 };
 
 /* Body limits (bytes) the request mode picks --max-frame from: around the control limit, and big.
@@ -121,6 +126,9 @@ static void same_as_kind(ts__msg_kind kind, size_t fixed, const uint8_t *body, s
         ts__msg_stream_entries se;
         ts__msg_coord_req cq;
         ts__msg_add_state as;
+        ts__msg_barrier_state bs;
+        ts__msg_mget_req mq;
+        ts__msg_mget_rep mr;
     } u;
     int k;
     switch (kind) {
@@ -219,6 +227,21 @@ static void same_as_kind(ts__msg_kind kind, size_t fixed, const uint8_t *body, s
         break;
     case TS_MSG_ADD_STATE:
         k = ts__msg_add_state_decode(body, len, &u.as);
+        break;
+    case TS_MSG_TAKE_REQ:
+        k = ts__msg_take_req_decode(body, len, &u.cq);
+        break;
+    case TS_MSG_BARRIER_REQ:
+        k = ts__msg_barrier_req_decode(body, len, &u.cq);
+        break;
+    case TS_MSG_BARRIER_STATE:
+        k = ts__msg_barrier_state_decode(body, len, &u.bs);
+        break;
+    case TS_MSG_MGET_REQ:
+        k = ts__msg_mget_req_decode(body, len, &u.mq);
+        break;
+    case TS_MSG_MGET_REP:
+        k = ts__msg_mget_rep_decode(body, len, &u.mr);
         break;
     default:
         k = TS_EUNKNOWNOP;

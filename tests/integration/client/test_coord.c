@@ -1,9 +1,11 @@
 /*
  * The coordination primitives against a real tensord (include/tensorshare/coord.h): counters
  * that many processes add to at once and that end at the exact sum, compare-and-set under
- * contention with exactly one winner per version, and bad input (ADD on a bin that is not a
- * counter, overflow, names of streams, malformed bodies as raw frames) refused with a clear
- * error and nothing changed.
+ * contention with exactly one winner per version, takers served first come first served with
+ * each item given once, MGET of present and missing bins, a barrier of 64 processes used twice,
+ * and bad input (ADD on a bin that is not a counter, overflow, names of streams, a barrier of 0
+ * parties or of mismatched parties, malformed bodies as raw frames) refused with a clear error
+ * and nothing changed.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -37,6 +39,13 @@
 /* threads racing for each version in the compare-and-set test, and the versions they race for */
 #define CAS_WRITERS 8
 #define CAS_ROUNDS  200
+/* competing takers, and the items each takes one at a time */
+#define TAKERS     16
+#define TAKES_EACH 20
+/* processes meeting at the barrier */
+#define BARRIER_PARTIES 64
+/* ms; a wait that must not run out while the test runs */
+#define LONG_MS 20000
 
 static tsh_server srv;
 static ts_client_t *cl;
@@ -399,6 +408,305 @@ static void test_malformed(void **state)
     assert_true(peek_counter("raw", NULL) == before);
 }
 
+/* A raw connection past HELLO. */
+static int raw_conn(tsh_server *s)
+{
+    int fd = tsh_connect_tcp(s->port);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_hello(fd), 0);
+    return fd;
+}
+
+/*
+ * Send a request of op with name and two u32 fields (TAKE, BARRIER), then a PING, and wait for
+ * the PING's reply: the request has been handled (and is waiting) once it comes.
+ */
+static void raw_wait_req(int fd, uint8_t op, uint32_t rid, const char *name, uint32_t a,
+                         uint32_t timeout_ms)
+{
+    uint8_t extra[8], body[300];
+    ts__put_u32le(extra, a);
+    ts__put_u32le(extra + 4, timeout_ms);
+    size_t len = tsh_name_body(body, sizeof(body), name, extra, sizeof(extra));
+    assert_int_equal(tsh_send(fd, op, rid, body, len), 0);
+    assert_int_equal(tsh_send(fd, TS_OP_PING, rid + 1000, NULL, 0), 0);
+    ts__hdr h;
+    uint8_t *b = NULL;
+    size_t bl = 0;
+    assert_int_equal(tsh_recv(fd, &h, &b, &bl), 0);
+    assert_int_equal(h.opcode, TS_OP_PING);
+    free(b);
+}
+
+/* Receive a TAKE's ITEMS reply of one int record on fd; returns the int. */
+static int64_t raw_take_one(int fd, uint32_t rid)
+{
+    ts__hdr h;
+    uint8_t *b = NULL;
+    size_t bl = 0;
+    assert_int_equal(tsh_recv(fd, &h, &b, &bl), 0);
+    assert_int_equal(h.opcode, TS_OP_TAKE);
+    assert_int_equal(h.request_id, rid);
+    assert_int_equal(h.status, TS_ST_OK);
+    ts__msg_items m;
+    assert_int_equal(ts__msg_items_decode(b, bl, &m), 0);
+    assert_int_equal(m.n_items, 1);
+    ts__msg_items_iter it;
+    size_t off, rl;
+    ts__msg_items_iter_init(&m, &it);
+    assert_int_equal(ts__msg_items_next(&m, &it, &off, &rl), 1);
+    int64_t v = (int64_t)ts__get_u64le(b + off + 17); /* an int root: type byte, then the i64 */
+    free(b);
+    return v;
+}
+
+/* Takers waiting on one bin are answered in arrival order, one item each, one per item. */
+static void test_take_fifo(void **state)
+{
+    (void)state;
+    int fd[3];
+    for (int i = 0; i < 3; i++) {
+        fd[i] = raw_conn(&srv);
+        raw_wait_req(fd[i], TS_OP_TAKE, 10 + (uint32_t)i, "q", 1, LONG_MS);
+    }
+    for (int64_t v = 0; v < 3; v++) {
+        ts_value_t *it = int_item(v);
+        assert_int_equal(ts_append(cl, "q", it, NULL), 0);
+        ts_value_free(it);
+        /* Only the first in line is answered, with that one item. */
+        assert_true(raw_take_one(fd[v], 10 + (uint32_t)v) == v);
+    }
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek(cl, "q", 0, &items), TS_ENOENT);
+    /* A DELETE leaves a taker waiting: the next item is still its. */
+    raw_wait_req(fd[0], TS_OP_TAKE, 20, "q", 1, LONG_MS);
+    assert_int_equal(ts_delete(cl, "q", NULL), 0);
+    ts_value_t *it = int_item(7);
+    assert_int_equal(ts_append(cl, "q", it, NULL), 0);
+    ts_value_free(it);
+    assert_true(raw_take_one(fd[0], 20) == 7);
+    for (int i = 0; i < 3; i++)
+        close(fd[i]);
+}
+
+typedef struct taker {
+    ts_client_t *c;
+    int errors;
+    int64_t got[TAKES_EACH];
+} taker;
+
+static void *take_thread(void *arg)
+{
+    taker *t = arg;
+    for (int i = 0; i < TAKES_EACH; i++) {
+        ts_items_t *items = NULL;
+        if (ts_take(t->c, "work", 1, LONG_MS, &items) != 0 || ts_items_count(items) != 1) {
+            t->errors++;
+            ts_items_free(items);
+            continue;
+        }
+        (void)ts_value_int(ts_items_at(items, 0), &t->got[i]);
+        ts_items_free(items);
+    }
+    return NULL;
+}
+
+/* TAKERS threads each take TAKES_EACH items: every item reaches exactly one, nobody retries. */
+static void test_take_competing(void **state)
+{
+    (void)state;
+    static taker t[TAKERS];
+    pthread_t th[TAKERS];
+    for (int i = 0; i < TAKERS; i++) {
+        memset(&t[i], 0, sizeof(t[i]));
+        assert_int_equal(ts_client_open(&t[i].c, srv.addr, NULL), 0);
+        assert_int_equal(pthread_create(&th[i], NULL, take_thread, &t[i]), 0);
+    }
+    for (int64_t v = 0; v < TAKERS * TAKES_EACH; v++) {
+        ts_value_t *it = int_item(v);
+        assert_int_equal(ts_append(cl, "work", it, NULL), 0);
+        ts_value_free(it);
+    }
+    static int seen[TAKERS * TAKES_EACH];
+    memset(seen, 0, sizeof(seen));
+    int errors = 0;
+    for (int i = 0; i < TAKERS; i++) {
+        pthread_join(th[i], NULL);
+        errors += t[i].errors;
+        for (int k = 0; k < TAKES_EACH; k++) {
+            assert_true(t[i].got[k] >= 0 && t[i].got[k] < TAKERS * TAKES_EACH);
+            seen[t[i].got[k]]++;
+        }
+        ts_client_free(t[i].c);
+    }
+    assert_int_equal(errors, 0);
+    for (int v = 0; v < TAKERS * TAKES_EACH; v++)
+        assert_int_equal(seen[v], 1);
+}
+
+static void test_take_timeout(void **state)
+{
+    (void)state;
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_take(cl, "empty", 0, 0, &items), TS_ETIMEDOUT);
+    uint64_t t0 = tc_now_ms();
+    assert_int_equal(ts_take(cl, "empty", 0, 300, &items), TS_ETIMEDOUT);
+    assert_true(tc_now_ms() - t0 >= 250);
+    assert_int_equal(ts_take(cl, "empty", 0, TS_TIMEOUT_INFINITE, &items), TS_EINVAL);
+    /* With items there, 0 does not wait; max_items 0 takes them all. */
+    ts_value_t *it = int_item(1);
+    assert_int_equal(ts_append(cl, "two_items", it, NULL), 0);
+    assert_int_equal(ts_append(cl, "two_items", it, NULL), 0);
+    ts_value_free(it);
+    assert_int_equal(ts_take(cl, "two_items", 0, 0, &items), 0);
+    assert_int_equal(ts_items_count(items), 2);
+    ts_items_free(items);
+    assert_int_equal(ts_peek(cl, "two_items", 0, &items), TS_ENOENT);
+}
+
+static void test_mget(void **state)
+{
+    (void)state;
+    ts_value_t *it = int_item(3);
+    assert_int_equal(ts_append(cl, "m_a", it, NULL), 0);
+    assert_int_equal(ts_append(cl, "m_a", it, NULL), 0);
+    assert_int_equal(ts_put(cl, "m_c", it, NULL), 0);
+    ts_value_free(it);
+    const char *names[3] = {"m_a", "m_missing", "m_c"};
+    ts_items_t *out[3] = {NULL, NULL, NULL};
+    assert_int_equal(ts_mget(cl, names, 3, 0, out), 0);
+    assert_true(out[0] != NULL && out[1] == NULL && out[2] != NULL);
+    assert_int_equal(ts_items_count(out[0]), 2);
+    assert_int_equal(ts_items_count(out[2]), 1);
+    int64_t v = 0;
+    assert_int_equal(ts_value_int(ts_items_at(out[2], 0), &v), 0);
+    assert_true(v == 3);
+    ts_items_free(out[0]);
+    ts_items_free(out[2]);
+    /* max_items per bin, and nothing removed. */
+    assert_int_equal(ts_mget(cl, names, 3, 1, out), 0);
+    assert_int_equal(ts_items_count(out[0]), 1);
+    assert_int_equal(ts_items_remaining(out[0]), 2);
+    ts_items_free(out[0]);
+    ts_items_free(out[2]);
+    /* Bounds: 0 names, too many, a body over the control limit. */
+    assert_int_equal(ts_mget(cl, names, 0, 0, out), TS_EINVAL);
+    static const char *many[TS_MGET_MAX + 1];
+    static char longn[TS_MAX_NAME_LEN + 1];
+    memset(longn, 'n', TS_MAX_NAME_LEN);
+    for (int i = 0; i <= TS_MGET_MAX; i++)
+        many[i] = "m_a";
+    static ts_items_t *mout[TS_MGET_MAX + 1];
+    assert_int_equal(ts_mget(cl, many, TS_MGET_MAX + 1, 0, mout), TS_EINVAL);
+    assert_int_equal(ts_mget(cl, many, TS_MGET_MAX, 1, mout), 0);
+    for (int i = 0; i < TS_MGET_MAX; i++)
+        ts_items_free(mout[i]);
+    for (int i = 0; i < 20; i++)
+        many[i] = longn;
+    assert_int_equal(ts_mget(cl, many, 20, 0, mout), TS_EMSGSIZE);
+    /* A malformed MGET (n = 0) as a raw frame: BAD_REQUEST, closed. */
+    uint8_t body[8] = {0};
+    int fd = raw_conn(&srv);
+    assert_int_equal(tsh_send(fd, TS_OP_MGET, 5, body, sizeof(body)), 0);
+    ts__hdr h;
+    uint8_t *b = NULL;
+    size_t bl = 0;
+    assert_int_equal(tsh_recv(fd, &h, &b, &bl), 0);
+    assert_int_equal(h.status, TS_ST_BAD_REQUEST);
+    free(b);
+    assert_int_equal(tsh_wait_closed(fd, 5000), 1);
+    close(fd);
+}
+
+/* One barrier process: two generations, each released with the expected number. */
+static int barrier_process(void)
+{
+    ts_client_t *c;
+    if (ts_client_open(&c, srv.addr, NULL) != 0)
+        return 1;
+    uint64_t g1 = 0, g2 = 0;
+    int rc = ts_barrier(c, "meet", BARRIER_PARTIES, LONG_MS, &g1);
+    if (rc == 0)
+        rc = ts_barrier(c, "meet", BARRIER_PARTIES, LONG_MS, &g2);
+    ts_client_free(c);
+    return rc == 0 && g1 == 1 && g2 == 2 ? 0 : 1;
+}
+
+static void test_barrier(void **state)
+{
+    (void)state;
+    pid_t pids[BARRIER_PARTIES];
+    for (int i = 0; i < BARRIER_PARTIES; i++) {
+        pids[i] = fork();
+        assert_true(pids[i] >= 0);
+        if (pids[i] == 0)
+            _exit(barrier_process());
+    }
+    int bad = 0;
+    for (int i = 0; i < BARRIER_PARTIES; i++) {
+        int st = 0;
+        assert_int_equal(waitpid(pids[i], &st, 0), pids[i]);
+        bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    assert_int_equal(bad, 0);
+    /* One party: released at once; the generation goes on. */
+    uint64_t g = 0;
+    assert_int_equal(ts_barrier(cl, "solo", 1, 0, &g), 0);
+    assert_true(g == 1);
+    assert_int_equal(ts_barrier(cl, "solo", 1, 0, &g), 0);
+    assert_true(g == 2);
+}
+
+static void test_barrier_bad(void **state)
+{
+    (void)state;
+    uint64_t g = 0;
+    assert_int_equal(ts_barrier(cl, "b0", 0, 0, &g), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "parties"));
+    /* A timeout withdraws the arrival: a later pair forms generation 1 on its own. */
+    assert_int_equal(ts_barrier(cl, "b2", 2, 200, &g), TS_ETIMEDOUT);
+    int fd = raw_conn(&srv);
+    raw_wait_req(fd, TS_OP_BARRIER, 30, "b2", 2, LONG_MS);
+    /* A mismatched parties count while one waits: INVALID, nothing changed. */
+    assert_int_equal(ts_barrier(cl, "b2", 3, 0, &g), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "parties"));
+    assert_int_equal(ts_barrier(cl, "b2", 2, LONG_MS, &g), 0);
+    assert_true(g == 1);
+    ts__hdr h;
+    uint8_t *b = NULL;
+    size_t bl = 0;
+    assert_int_equal(tsh_recv(fd, &h, &b, &bl), 0);
+    assert_true(h.status == TS_ST_OK && h.request_id == 30 && bl == TS_MSG_BARRIER_STATE_SIZE);
+    assert_true(ts__get_u64le(b) == 1 && ts__get_u32le(b + 8) == 2);
+    free(b);
+    close(fd);
+}
+
+/* A stopping tensord answers pending TAKEs and barrier arrivals SHUTTING_DOWN. */
+static void test_wait_shutdown(void **state)
+{
+    (void)state;
+    tsh_server s2;
+    assert_int_equal(tsh_server_start(&s2, NULL), 0);
+    int fd = raw_conn(&s2);
+    raw_wait_req(fd, TS_OP_TAKE, 40, "q", 1, LONG_MS);
+    raw_wait_req(fd, TS_OP_BARRIER, 41, "b", 2, LONG_MS);
+    assert_int_equal(kill(s2.pid, SIGTERM), 0);
+    int answered = 0;
+    for (int i = 0; i < 2; i++) {
+        ts__hdr h;
+        uint8_t *b = NULL;
+        size_t bl = 0;
+        assert_int_equal(tsh_recv(fd, &h, &b, &bl), 0);
+        free(b);
+        answered += h.status == TS_ST_SHUTTING_DOWN && (h.request_id == 40 || h.request_id == 41);
+    }
+    assert_int_equal(answered, 2);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s2), 0);
+    tsh_server_cleanup(&s2);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -406,6 +714,10 @@ int main(void)
         cmocka_unit_test(test_add_basic),        cmocka_unit_test(test_add_bad),
         cmocka_unit_test(test_add_contended),    cmocka_unit_test(test_put_if_basic),
         cmocka_unit_test(test_put_if_contended), cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_take_fifo),        cmocka_unit_test(test_take_competing),
+        cmocka_unit_test(test_take_timeout),     cmocka_unit_test(test_mget),
+        cmocka_unit_test(test_barrier),          cmocka_unit_test(test_barrier_bad),
+        cmocka_unit_test(test_wait_shutdown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

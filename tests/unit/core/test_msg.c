@@ -548,6 +548,9 @@ static void test_opcode_table(void **state)
         {TS_OP_STREAM_RANGE, TS_MSG_STREAM_RANGE_REQ, TS_MSG_STREAM_ENTRIES, 0, 0},
         {TS_OP_ADD, TS_MSG_ADD_REQ, TS_MSG_ADD_STATE, 0, 1},
         {TS_OP_PUT_IF, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
+        {TS_OP_TAKE, TS_MSG_TAKE_REQ, TS_MSG_ITEMS, 0, 1},
+        {TS_OP_MGET, TS_MSG_MGET_REQ, TS_MSG_MGET_REP, 0, 0},
+        {TS_OP_BARRIER, TS_MSG_BARRIER_REQ, TS_MSG_BARRIER_STATE, 0, 0},
         {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
     };
     int known = 0;

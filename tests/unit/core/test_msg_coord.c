@@ -1,5 +1,5 @@
 /*
- * The coordination bodies of src/msg_coord.c (docs/PROTOCOL.md 8.33 to 8.37): every body
+ * The coordination bodies of src/msg_coord.c (docs/PROTOCOL.md 8.39 to 8.43): every body
  * encodes, decodes through the opcode table, encodes again to the same bytes, refuses every
  * shorter prefix and one byte more; plus the layouts byte by byte and the value limits.
  */
@@ -126,11 +126,106 @@ static void test_put_if(void **state)
     assert_true(ts__msg_request_limit(TS_OP_ADD, 1, (uint64_t)1 << 30) == TS_MAX_CTRL_BODY);
 }
 
+static void test_take_barrier(void **state)
+{
+    (void)state;
+    uint8_t b[64];
+    size_t len;
+    ts__msg_coord_req q = {
+        .name = (const uint8_t *)"q", .name_len = 1, .count = 2, .timeout_ms = 0x01020304};
+    assert_int_equal(ts__msg_take_req_size(1), 10);
+    assert_int_equal(ts__msg_take_req_encode(b, sizeof(b), &q, &len), 0);
+    assert_memory_equal(b, "\x01q\x02\0\0\0\x04\x03\x02\x01", 10);
+    round_trip(TS_OP_TAKE, 0, 0, b, len, TS_MSG_TAKE_REQ, SIZE_MAX);
+    assert_int_equal(ts__msg_barrier_req_encode(b, sizeof(b), &q, &len), 0);
+    round_trip(TS_OP_BARRIER, 0, 0, b, len, TS_MSG_BARRIER_REQ, SIZE_MAX);
+    ts__msg_barrier_state bs = {.generation = 3, .parties = 64};
+    assert_int_equal(ts__msg_barrier_state_encode(b, sizeof(b), &bs, &len), 0);
+    assert_memory_equal(b, "\x03\0\0\0\0\0\0\0\x40\0\0\0\0\0\0\0", 16);
+    round_trip(TS_OP_BARRIER, 1, TS_ST_OK, b, len, TS_MSG_BARRIER_STATE, SIZE_MAX);
+    b[12] = 1; /* reserved */
+    ts__msg m;
+    assert_int_equal(ts__msg_reply_decode(TS_OP_BARRIER, TS_ST_OK, b, 16, &m), TS_EPROTO);
+    /* TAKE's OK reply is ITEMS; its TIMEOUT carries a message, as every error. */
+    assert_int_equal(ts__msg_reply_kind(TS_OP_TAKE, TS_ST_OK), TS_MSG_ITEMS);
+    assert_int_equal(ts__msg_reply_kind(TS_OP_TAKE, TS_ST_TIMEOUT), TS_MSG_ERROR);
+    assert_int_equal(ts__msg_reply_kind(TS_OP_BARRIER, TS_ST_TIMEOUT), TS_MSG_ERROR);
+}
+
+static void test_mget(void **state)
+{
+    (void)state;
+    static uint8_t b[BUF];
+    size_t len;
+    const uint8_t *names[2] = {(const uint8_t *)"a", (const uint8_t *)"bc"};
+    size_t lens[2] = {1, 2};
+    assert_int_equal(ts__msg_mget_req_size(2, lens), 13);
+    assert_int_equal(ts__msg_mget_req_encode(b, sizeof(b), 2, 5, names, lens, &len), 0);
+    assert_memory_equal(b,
+                        "\x02\0\0\0\x05\0\0\0\x01"
+                        "a\x02"
+                        "bc",
+                        13);
+    round_trip(TS_OP_MGET, 0, 0, b, len, TS_MSG_MGET_REQ, SIZE_MAX);
+    ts__msg m;
+    assert_int_equal(ts__msg_request_decode(TS_OP_MGET, b, len, &m), 0);
+    size_t off = 0, nl;
+    const uint8_t *nm;
+    assert_int_equal(ts__msg_mget_req_next(&m.u.mget_req, &off, &nm, &nl), 1);
+    assert_true(nl == 1 && nm[0] == 'a');
+    assert_int_equal(ts__msg_mget_req_next(&m.u.mget_req, &off, &nm, &nl), 1);
+    assert_true(nl == 2 && nm[1] == 'c');
+    assert_int_equal(ts__msg_mget_req_next(&m.u.mget_req, &off, &nm, &nl), 0);
+    /* n 0 and n over the limit are malformed; encoders refuse them. */
+    ts__put_u32le(b, 0);
+    assert_int_equal(ts__msg_request_decode(TS_OP_MGET, b, len, &m), TS_EPROTO);
+    ts__put_u32le(b, TS_MGET_MAX_NAMES + 1);
+    assert_int_equal(ts__msg_request_decode(TS_OP_MGET, b, len, &m), TS_EPROTO);
+    assert_int_equal(ts__msg_mget_req_encode(b, sizeof(b), 0, 0, names, lens, &len), TS_EINVAL);
+
+    /* A reply: bin 0 found with one 16-byte record, bin 1 missing, bin 2 found and empty. */
+    static const uint8_t rec[16] = {'T', 'S', 'R', 1};
+    const uint8_t *recs[1] = {rec};
+    uint64_t rl[1] = {16};
+    uint8_t blk0[256], blk2[128];
+    size_t l0, l2;
+    assert_int_equal(ts__msg_items_encode(blk0, sizeof(blk0), 9, 0, 1, recs, rl, &l0), 0);
+    assert_int_equal(ts__msg_items_encode(blk2, sizeof(blk2), 4, 0, 0, NULL, NULL, &l2), 0);
+    uint8_t found[3] = {TS_MGET_FOUND, TS_MGET_MISSING, TS_MGET_FOUND};
+    uint64_t blens[3] = {l0, 0, l2};
+    size_t hl;
+    assert_int_equal(ts__msg_mget_head_encode(b, sizeof(b), 3, found, blens, &hl), 0);
+    assert_int_equal(hl, 64);
+    memcpy(b + hl, blk0, l0);
+    memcpy(b + hl + l0, blk2, l2);
+    len = hl + l0 + l2;
+    assert_int_equal(len % 64, 0);
+    round_trip(TS_OP_MGET, 1, TS_ST_OK, b, len, TS_MSG_MGET_REP, SIZE_MAX);
+    assert_int_equal(ts__msg_reply_decode(TS_OP_MGET, TS_ST_OK, b, len, &m), 0);
+    int f;
+    ts__msg_items it;
+    ts__msg_mget_rep_get(&m.u.mget_rep, 0, &f, &it);
+    assert_true(f && it.version == 9 && it.n_items == 1);
+    ts__msg_mget_rep_get(&m.u.mget_rep, 1, &f, &it);
+    assert_false(f);
+    ts__msg_mget_rep_get(&m.u.mget_rep, 2, &f, &it);
+    assert_true(f && it.version == 4 && it.n_items == 0);
+    /* A missing bin with a block, and a block that is not a multiple of 64, are refused. */
+    blens[1] = 64;
+    assert_int_equal(ts__msg_mget_head_encode(b, sizeof(b), 3, found, blens, &hl), TS_EINVAL);
+    blens[1] = 0;
+    blens[0] = l0 + 1;
+    assert_int_equal(ts__msg_mget_head_encode(b, sizeof(b), 3, found, blens, &hl), TS_EINVAL);
+    assert_true(ts__msg_reply_limit(TS_OP_MGET, TS_ST_OK, 12345) == 12345);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add),
         cmocka_unit_test(test_put_if),
+        cmocka_unit_test(test_take_barrier),
+        cmocka_unit_test(test_mget),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

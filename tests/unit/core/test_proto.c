@@ -199,6 +199,7 @@ static void test_status_table(void **state)
         {17, "INVALID", TS_EINVAL},
         {18, "SAVE_FAILING", TS_ESAVEFAIL},
         {19, "BACKPRESSURE", TS_EAGAIN},
+        {20, "VERSION_MISMATCH", TS_ECONFLICT},
     };
     assert_int_equal(TS__ARRAY_SIZE(table), TS_ST_COUNT_);
     for (size_t i = 0; i < TS__ARRAY_SIZE(table); i++) {
@@ -237,7 +238,9 @@ static void test_opcode_table(void **state)
         {0x16, "STREAM_CREATE"}, {0x17, "STREAM_APPEND"}, {0x18, "STREAM_MARK"},
         {0x19, "STREAM_CREDIT"}, {0x1A, "STREAM_JOIN"},   {0x1B, "STREAM_READ"},
         {0x1C, "STREAM_ACK"},    {0x1D, "STREAM_LEAVE"},  {0x1E, "STREAM_INFO"},
-        {0x1F, "STREAM_RANGE"},  {0x80, "NOTIFY"},
+        {0x1F, "STREAM_RANGE"},  {0x20, "ADD"},           {0x21, "PUT_IF"},
+        {0x22, "TAKE"},          {0x23, "MGET"},          {0x24, "BARRIER"},
+        {0x80, "NOTIFY"},
     };
     int known = 0;
     for (int op = 0; op < 256; op++) {
@@ -653,6 +656,18 @@ static int build_example(const char *name, fb *out)
         fb_zeros(&b, 128 - (32 + 2 * 32), "padding");
         assert_int_equal(fb_record(&b, ts_int_new(42)), 64);
         fb_frame(out, P, TS_OP_STREAM_READ, 0, 0, 6, &b);
+    } else if (strcmp(name, "add-req") == 0) {
+        /* Coordination: a connection of its own, request ids from 2 (HELLO took 1). */
+        fb_name(&b, "step");
+        fb_u64(&b, 1, "delta");
+        fb_frame(out, Q, TS_OP_ADD, 0, 0, 2, &b);
+    } else if (strcmp(name, "add-rep") == 0) {
+        fb_u64(&b, 1, "value");
+        fb_u64(&b, 1764160000000001ull, "version");
+        fb_frame(out, P, TS_OP_ADD, 0, 0, 2, &b);
+    } else if (strcmp(name, "put-if-rep-mismatch") == 0) {
+        fb_bin_state(&b, 1764160000000001ull, 1);
+        fb_frame(out, P, TS_OP_PUT_IF, 0, TS_ST_VERSION_MISMATCH, 3, &b);
     } else {
         return -1;
     }
@@ -696,6 +711,9 @@ static const char *const example_names[] = {
     "stream-append-rep",
     "stream-read-req",
     "stream-read-rep",
+    "add-req",
+    "add-rep",
+    "put-if-rep-mismatch",
 };
 
 /* The PUT example, written out by hand: the codec must produce exactly these bytes. */
