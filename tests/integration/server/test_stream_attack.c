@@ -3030,6 +3030,100 @@ static void test_read_order_and_join_rows(void **state)
     close(fd);
 }
 
+/* A LIST of 4096 bins or more is built off the loop: streams changed and deleted meanwhile. */
+static void test_list_offloop_races(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv), a = tsu_client(&srv);
+    enum { BINS = 4200, STREAMS = 64 };
+    size_t rl;
+    uint8_t *rec = tsu_rec_int(1, &rl);
+    static uint8_t buf[BINS * 160];
+    size_t off = 0;
+    uint32_t first = next_id;
+    for (int i = 0; i < BINS; i++) {
+        char name[32];
+        int nl = snprintf(name, sizeof(name), "bin%05d", i);
+        assert_true(off + TS_HDR_SIZE + 1 + (size_t)nl + rl <= sizeof(buf));
+        ts__hdr h = {.magic = TS_MAGIC_REQ,
+                     .version = TS_PROTO_VERSION,
+                     .opcode = TS_OP_PUT,
+                     .request_id = next_id++,
+                     .body_len = 1 + (size_t)nl + rl};
+        ts__hdr_encode(&h, buf + off);
+        buf[off + TS_HDR_SIZE] = (uint8_t)nl;
+        memcpy(buf + off + TS_HDR_SIZE + 1, name, (size_t)nl);
+        memcpy(buf + off + TS_HDR_SIZE + 1 + nl, rec, rl);
+        off += TS_HDR_SIZE + 1 + (size_t)nl + rl;
+    }
+    tsu_rec_free(rec, rl);
+    assert_int_equal(tsh_write_all(fd, buf, off), 0);
+    for (int i = 0; i < BINS; i++)
+        expect_st(fd, first + (uint32_t)i, TS_ST_OK);
+    for (int i = 0; i < STREAMS; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "st%02d", i);
+        create(fd, name, 10, 0, 0);
+        for (int k = 0; k < 3; k++)
+            append(fd, name, k);
+    }
+    for (int round = 0; round < 3; round++) {
+        uint32_t l = send_raw(a, TS_OP_LIST, NULL, 0);
+        /* Meanwhile: appends to half of the streams, deletes of the other half, and back. */
+        for (int i = 0; i < STREAMS; i++) {
+            char name[32];
+            snprintf(name, sizeof(name), "st%02d", i);
+            if (i % 2 == 0) {
+                (void)send_append(fd, name, 7);
+            } else {
+                bb x = {.n = 0};
+                bb_str(&x, name);
+                (void)send_bb(fd, TS_OP_DELETE, &x);
+            }
+        }
+        tsu_frame f;
+        reply(a, l, TS_ST_OK, &f);
+        /* Walk the list: every stream entry shows a state it had. */
+        uint32_t nb = ts__get_u32le(f.body);
+        size_t p = 8;
+        int streams_seen = 0;
+        for (uint32_t i = 0; i < nb; i++) {
+            assert_true(p + 1 <= f.len);
+            size_t nl = f.body[p];
+            assert_true(p + 1 + nl + 20 <= f.len);
+            const uint8_t *nm = f.body + p + 1;
+            uint32_t items = ts__get_u32le(f.body + p + 1 + nl);
+            uint64_t ver = ts__get_u64le(f.body + p + 1 + nl + 12);
+            if (nl == 4 && memcmp(nm, "st", 2) == 0) {
+                streams_seen++;
+                assert_true(items >= 1 && items <= 10);
+                assert_true(ver >= items && ver <= 3 + 3 * (uint64_t)(round + 1));
+            }
+            p += 1 + nl + 20;
+        }
+        assert_int_equal(p, f.len);
+        tsu_frame_free(&f);
+        for (int i = 0; i < STREAMS; i++) {
+            tsu_frame g;
+            assert_int_equal(tsu_recv(fd, &g), 0);
+            assert_int_equal(g.h.status, TS_ST_OK);
+            tsu_frame_free(&g);
+        }
+        print_message("LIST round %d: %d streams listed\n", round, streams_seen);
+        /* The deleted ones come back with 3 entries for the next round. */
+        for (int i = 1; i < STREAMS; i += 2) {
+            char name[32];
+            snprintf(name, sizeof(name), "st%02d", i);
+            create(fd, name, 10, 0, 0);
+            for (int k = 0; k < 3; k++)
+                append(fd, name, k);
+        }
+    }
+    assert_true(stat1(fd, "lists_offloop") >= 3);
+    close(a);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3068,7 +3162,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stop_during_large_work, start_plain, stop),
         cmocka_unit_test_setup_teardown(test_documented_details, start_plain, stop),
         cmocka_unit_test_setup_teardown(test_read_order_and_join_rows, start_plain, stop),
+        cmocka_unit_test_setup_teardown(test_list_offloop_races, start_plain, stop),
     };
     signal(SIGPIPE, SIG_IGN);
+    /* TS_TEST_FILTER=pattern runs only the cases whose names match (a debugging aid). */
+    if (getenv("TS_TEST_FILTER") != NULL)
+        cmocka_set_test_filter(getenv("TS_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
