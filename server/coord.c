@@ -257,9 +257,10 @@ static void wait_drop(tsd_server *srv, coord_wait *w)
         k->all_tail = w->aprev;
     w->c->n_watch--;
     srv->store.conns -= sizeof(*w);
+    int take = w->op == TS_OP_TAKE;
     ts__free(w);
     /* A take queue that is empty goes (a barrier stays: it keeps its generation). */
-    if (q->n == 0 && w->op == TS_OP_TAKE) {
+    if (q->n == 0 && take) {
         tsd_htab_remove(&k->takes, &q->node);
         ts__free(q);
     }

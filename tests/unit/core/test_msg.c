@@ -689,7 +689,8 @@ static void test_protocol_doc_bodies(void **state)
     assert_non_null(doc);
     static uint8_t frame[DOC_MAX_FRAME], raw[DOC_MAX_FRAME], again[DOC_MAX_FRAME];
     const char *mark = "<!-- example: ";
-    int examples = 0, kinds_seen = 0;
+    int examples = 0;
+    uint64_t kinds_seen = 0; /* a bit per ts__msg_kind (fewer than 64) */
     for (const char *p = doc; (p = strstr(p, mark)) != NULL; p++) {
         char name[64] = {0};
         const char *end = strstr(p, " -->");
@@ -719,7 +720,8 @@ static void test_protocol_doc_bodies(void **state)
                                        : ts__msg_reply_decode(h.opcode, h.status, body, len, &m);
         if (rc != 0)
             fail_msg("docs/PROTOCOL.md: the body of example %s does not decode (%d)", name, rc);
-        kinds_seen |= 1 << m.kind;
+        assert_true(m.kind < 64);
+        kinds_seen |= (uint64_t)1 << m.kind;
         size_t elen = 0;
         assert_int_equal(ts__msg_encode(&m, again, sizeof(again), &elen), 0);
         if (m.kind == TS_MSG_EMPTY)
@@ -738,7 +740,7 @@ static void test_protocol_doc_bodies(void **state)
     /* The document shows every kind of body there is. */
     assert_true(examples >= 30);
     for (int k = TS_MSG_EMPTY; k <= TS_MSG_ERROR; k++)
-        if (!(kinds_seen & (1 << k)))
+        if (!(kinds_seen & ((uint64_t)1 << k)))
             fail_msg("docs/PROTOCOL.md: no example of body kind %d", k);
 }
 
