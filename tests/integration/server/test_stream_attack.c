@@ -728,6 +728,35 @@ static void test_empty_stream_name(void **state)
     tsu_check_healthy(&srv);
 }
 
+/* Stream requests on the empty name when it is a plain bin, then when it is missing. */
+static void test_empty_name_refusals(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    uint32_t n;
+    tsu_put_int(fd, TS_OP_PUT, "", 1, &n);
+    for (int k = 0; k < 2; k++) {
+        uint16_t want = k == 0 ? TS_ST_INVALID : TS_ST_NOT_FOUND;
+        expect_st(fd, send_append(fd, "", 1), want);
+        expect_st(fd, send_mark(fd, "", 1), want);
+        expect_st(fd, send_credit(fd, "", 0), want);
+        expect_st(fd, send_join(fd, "", "g", "m", 0, 0), want);
+        expect_st(fd, send_read(fd, "", "g", "m", 0, 1, 0), want);
+        expect_st(fd, send_ack(fd, "", "g", "m", 1, 1, 0), want);
+        expect_st(fd, send_leave(fd, "", "g", ""), want);
+        expect_st(fd, send_name_op(fd, TS_OP_STREAM_INFO, ""), want);
+        expect_st(fd, send_range(fd, "", 0, 1, 0), want);
+        if (k == 0) {
+            bb x;
+            bb_create(&x, "", 10, 0, 0, 0, 0, 0);
+            expect_st(fd, send_bb(fd, TS_OP_STREAM_CREATE, &x), TS_ST_INVALID);
+            expect_st(fd, send_raw(fd, TS_OP_DELETE, "\x00", 1), TS_ST_OK);
+        }
+    }
+    ping(fd);
+    close(fd);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Values out of range: INVALID, the connection stays, nothing changes.
  */
@@ -3130,6 +3159,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_bodies, start_plain, stop),
         cmocka_unit_test_setup_teardown(test_long_names, start_plain, stop),
         cmocka_unit_test_setup_teardown(test_empty_stream_name, start_plain, stop),
+        cmocka_unit_test_setup_teardown(test_empty_name_refusals, start_plain, stop),
         cmocka_unit_test_setup_teardown(test_out_of_range_changes_nothing, start_plain, stop),
         cmocka_unit_test_setup_teardown(test_create_huge_under_small_memory, start_mem, stop),
         cmocka_unit_test_setup_teardown(test_clashes_both_ways, start_plain, stop),
