@@ -95,6 +95,27 @@ static inline ts__mget_head *ts__items_mget_heads(ts_items_t *items)
     return (ts__mget_head *)(void *)(items->items + items->count);
 }
 
+/*
+ * A SAMPLES reply (TABLE_SAMPLE) is parsed the same way: items[i] is draw i's record, and a
+ * ts__table_tail with n heads follows items[n] (replay.c reads them through this).
+ */
+typedef struct ts__table_head {
+    uint64_t key;
+    uint64_t age_ms;
+    double probability;
+    uint32_t times_sampled;
+} ts__table_head;
+
+typedef struct ts__table_tail {
+    uint64_t size; /* the table's after the draw */
+    ts__table_head e[];
+} ts__table_tail;
+
+static inline ts__table_tail *ts__items_table_tail(ts_items_t *items)
+{
+    return (ts__table_tail *)(void *)(items->items + items->remaining);
+}
+
 /* A map from request id to request (open addressing, linear probing; id 0 is never used). */
 typedef struct ts__idmap {
     uint32_t *keys; /* 0 = free slot */
@@ -177,6 +198,7 @@ typedef struct ts__req {
         ts__msg_stream_append_state append;
         ts__msg_stream_join_state join;
         ts__msg_stream_ack_state ack;
+        ts__msg_table_state table; /* TABLE STATE (replay.c) */
     } stream;
 
     /* Completion. */

@@ -139,6 +139,63 @@ static int parse_entries(uint8_t *body, size_t len, ts_items_t **out)
     return 0;
 }
 
+/*
+ * Parse a SAMPLES body (TABLE_SAMPLE) into the ts_items_t layout internal.h describes: every
+ * record validated and decoded in place, the heads after the record pointers. Takes over body in
+ * every case. Returns 0 and *out, or TS_EPROTO / TS_ENOMEM.
+ */
+static int parse_samples(uint8_t *body, size_t len, ts_items_t **out)
+{
+    ts__msg_table_samples m;
+    if (ts__msg_table_samples_decode(body, len, &m) != 0) {
+        ts__body_free(body, len);
+        return TS_EPROTO;
+    }
+    /* The decoder bounds n by TS_TABLE_MAX_SAMPLE: these sizes cannot overflow. */
+    size_t n = m.n;
+    size_t size = sizeof(ts_items_t) + n * sizeof(ts_value_t *) + sizeof(ts__table_tail) +
+                  n * sizeof(ts__table_head);
+    ts_items_t *items = ts__calloc(1, size);
+    ts__rbuf *buf = ts__rbuf_new(body, len, NULL);
+    if (items == NULL || buf == NULL) {
+        ts__free(items);
+        ts__free(buf);
+        ts__body_free(body, len);
+        return TS_ENOMEM;
+    }
+    items->version = m.size;
+    items->remaining = m.n;
+    ts__table_tail *tail = ts__items_table_tail(items);
+    tail->size = m.size;
+    int rc = 0;
+    for (uint32_t i = 0; i < m.n; i++) {
+        ts__msg_table_sample e;
+        ts__msg_table_sample_get(&m, i, &e);
+        ts__table_head *h = &tail->e[i];
+        h->key = e.key;
+        h->age_ms = e.age_ms;
+        h->probability = e.probability;
+        h->times_sampled = e.times_sampled;
+        size_t off = (size_t)(e.record - body);
+        ts_value_t *v = ts__record_decode(buf, off, (size_t)e.len, TS_MAX_DEPTH, TS_MAX_NDIM);
+        if (v == NULL) {
+            rc =
+                ts__record_validate(body + off, (size_t)e.len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) == 0
+                    ? TS_ENOMEM
+                    : TS_EPROTO;
+            break;
+        }
+        items->items[items->count++] = v;
+    }
+    ts__rbuf_unref(buf); /* the decoded trees keep it alive */
+    if (rc != 0) {
+        ts_items_free(items);
+        return rc;
+    }
+    *out = items;
+    return 0;
+}
+
 static int cmp_bins(const void *a, const void *b)
 {
     return strcmp(((const ts_bin_info_t *)a)->name, ((const ts_bin_info_t *)b)->name);
@@ -272,7 +329,8 @@ int ts__reply_keeps_body(uint8_t op)
     ts__msg_kind k = ts__msg_reply_kind(op, TS_ST_OK);
     if (k == TS_MSG_MGET_REP) /* its records too point into the body */
         return 1;
-    return k == TS_MSG_ITEMS || k == TS_MSG_RECORD || k == TS_MSG_STREAM_ENTRIES;
+    return k == TS_MSG_ITEMS || k == TS_MSG_RECORD || k == TS_MSG_STREAM_ENTRIES ||
+           k == TS_MSG_TABLE_SAMPLES;
 }
 
 int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
@@ -295,6 +353,8 @@ int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
         if (rc == 0)
             r->res.version = r->res.items->version;
         return rc;
+    case TS_MSG_TABLE_SAMPLES:
+        return parse_samples(body, len, &r->res.items);
     default:
         rc = ts__reply_parse_view(r, body, len);
         ts__body_free(body, len);
@@ -333,6 +393,8 @@ int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
         return ts__msg_stream_join_state_decode(body, len, &r->stream.join) != 0 ? TS_EPROTO : 0;
     case TS_MSG_STREAM_ACK_STATE:
         return ts__msg_stream_ack_state_decode(body, len, &r->stream.ack) != 0 ? TS_EPROTO : 0;
+    case TS_MSG_TABLE_STATE:
+        return ts__msg_table_state_decode(body, len, &r->stream.table) != 0 ? TS_EPROTO : 0;
     default: /* no request of ours has another opcode */
         return TS_EPROTO;
     }

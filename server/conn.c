@@ -14,6 +14,7 @@
 #include "server.h"
 #include "coord.h"
 #include "stream.h"
+#include "table.h"
 
 #include "compress.h"
 #include "msg.h"
@@ -585,7 +586,16 @@ static void item_store(tsd_conn *c, tsd_item *it)
     size_t len = tsd_item_len(it);
     tsd_store_unreserve(&c->srv->store, c->cur_reserved - len);
     c->cur_reserved = 0;
-    if (c->cur.opcode == TS_OP_STREAM_APPEND) {
+    if (c->cur.opcode == TS_OP_TABLE_INSERT) {
+        tsd_table_insert(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, c->cur_fixed_len,
+                         it); /* table.c */
+    } else if (c->cur.opcode != TS_OP_PUT && c->cur.opcode != TS_OP_APPEND &&
+               tsd_table_refuse_name(c, c->cur.opcode, c->cur.request_id, c->cur_name,
+                                     c->cur_name_len)) {
+        c->srv->stats.ops[c->cur.opcode]++; /* a stream or rows upload naming a replay table */
+        tsd_store_unreserve(&c->srv->store, len);
+        tsd_item_unref(it);
+    } else if (c->cur.opcode == TS_OP_STREAM_APPEND) {
         tsd_stream_append(c, &c->cur, c->cur_name, c->cur_name_len, it); /* stream.c */
     } else if ((c->cur.opcode == TS_OP_GATHER_ROWS || c->cur.opcode == TS_OP_WRITE_ROWS) &&
                tsd_stream_refuse_name(c, c->cur.opcode, c->cur.request_id, c->cur_name,

@@ -28,6 +28,7 @@
 #include "coord.h"
 #include "server.h"
 #include "stream.h"
+#include "table.h"
 
 static void wake_run(tsd_server *srv, tsd_watch *w, uint32_t *budget);
 
@@ -629,6 +630,7 @@ void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c)
     /* Its TAKEs and barrier arrivals (coord.c). */
     tsd_coord_conn_drop(srv, c, 0);
     tsd_stream_conn_gone(srv, c); /* its stream waits (stream.c) */
+    tsd_table_conn_gone(srv, c);  /* its replay table waits (table.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;
@@ -643,6 +645,7 @@ size_t tsd_notify_conn_stop(tsd_server *srv, tsd_conn *c)
     /* Its TAKEs and barrier arrivals (coord.c), answered SHUTTING_DOWN. */
     size_t answered = tsd_coord_conn_drop(srv, c, 1);
     size_t n = tsd_stream_conn_stop(srv, c); /* its stream waits (stream.c) */
+    n += tsd_table_conn_stop(srv, c);         /* its replay table waits (table.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;

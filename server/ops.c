@@ -16,6 +16,7 @@
 #include "coord.h"
 #include "server.h"
 #include "stream.h"
+#include "table.h"
 
 /* Room for a printable bin name in messages (255 bytes, each at most 4 bytes of UTF-8). */
 #define TSD_NAME_MSG_CAP (TS_MAX_NAME_LEN * 4 + 1)
@@ -175,7 +176,8 @@ void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nam
     tsd_server *srv = c->srv;
     int replace = h->opcode == TS_OP_PUT || h->opcode == TS_OP_PUT_FD;
     srv->stats.ops[h->opcode]++;
-    if (tsd_stream_refuse_name(c, h->opcode, h->request_id, name, name_len)) {
+    if (tsd_stream_refuse_name(c, h->opcode, h->request_id, name, name_len) ||
+        tsd_table_refuse_name(c, h->opcode, h->request_id, name, name_len)) {
         tsd_store_unreserve(&srv->store, tsd_item_len(item));
         tsd_item_unref(item);
         return;
@@ -207,6 +209,11 @@ static void op_delete(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
     tsd_stream *st = tsd_stream_find(srv, name, nl);
     if (st != NULL) {
         tsd_stream_delete(c, h, st); /* stream.c: its waits are answered NOT_FOUND */
+        return;
+    }
+    tsd_table *tb = tsd_table_find(srv, name, nl);
+    if (tb != NULL) {
+        tsd_table_delete(c, h, tb); /* table.c: its waits are answered NOT_FOUND */
         return;
     }
     tsd_bin *bin = tsd_store_find(&srv->store, name, nl);
@@ -272,6 +279,25 @@ static int name_cmp(const uint8_t *a, size_t al, const uint8_t *b, size_t bl)
     return (al > bl) - (al < bl);
 }
 
+/* The streams' and tables' entries of a small LIST. */
+typedef struct list_ext {
+    ts__msg_list_entry *e;
+    size_t n;
+} list_ext;
+
+static int list_ext_table(tsd_table *t, void *arg)
+{
+    list_ext *x = arg;
+    tsd_table_list_entry(t, &x->e[x->n++]);
+    return 0;
+}
+
+static int ext_cmp(const void *pa, const void *pb)
+{
+    const ts__msg_list_entry *a = pa, *b = pb;
+    return name_cmp(a->name, a->name_len, b->name, b->name_len);
+}
+
 /* A small LIST: sorted and encoded right away, on the loop. */
 static void list_inline(tsd_conn *c, const ts__hdr *h)
 {
@@ -284,16 +310,30 @@ static void list_inline(tsd_conn *c, const ts__hdr *h)
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory listing bins");
         return;
     }
-    if (tsd_stream_sorted(srv, &sts, &ns) != 0) {
+    /* Streams and replay tables: one array of entries sorted by name, merged with the bins. */
+    size_t nt = tsd_table_count(srv);
+    ts__msg_list_entry *ext = NULL;
+    if (tsd_stream_sorted(srv, &sts, &ns) != 0 ||
+        (ns + nt > 0 && (ext = ts__calloc(ns + nt, sizeof(*ext))) == NULL)) {
+        ts__free(sts);
         ts__free(bins);
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory listing bins");
         return;
     }
+    for (size_t i = 0; i < ns; i++)
+        stream_entry(sts[i], &ext[i]);
+    ts__free(sts);
+    sts = NULL;
+    list_ext ctx = {ext, ns};
+    (void)tsd_table_each(srv, list_ext_table, &ctx);
+    ns = ctx.n;
+    if (ns > 1)
+        qsort(ext, ns, sizeof(*ext), ext_cmp);
     uint64_t body_len = TS_MSG_LIST_FIXED;
     for (size_t i = 0; i < n; i++)
         body_len += ts__msg_list_entry_size(bins[i]->node.name_len);
     for (size_t i = 0; i < ns; i++)
-        body_len += ts__msg_list_entry_size(sts[i]->node.name_len);
+        body_len += ts__msg_list_entry_size(ext[i].name_len);
     if (tsd_out_begin(c, h->opcode, h->request_id) == 0 &&
         tsd_out_hdr(c, h->opcode, h->request_id, TS_ST_OK, body_len) == 0) {
         uint8_t *p = tsd_out_bytes(c, (size_t)body_len);
@@ -301,21 +341,18 @@ static void list_inline(tsd_conn *c, const ts__hdr *h)
         if (p != NULL &&
             ts__msg_list_head_encode(p, (size_t)body_len, (uint32_t)(n + ns), &hlen) == 0) {
             p += hlen;
-            /* Bins and streams share one namespace: merge the two sorted lists. */
+            /* Bins, streams and tables share one namespace: merge the two sorted lists. */
             size_t i = 0, k = 0;
             while (i < n || k < ns) {
                 if (k == ns || (i < n && name_cmp(bins[i]->node.name, bins[i]->node.name_len,
-                                                  sts[k]->node.name, sts[k]->node.name_len) < 0)) {
+                                                  ext[k].name, ext[k].name_len) < 0))
                     p = put_entry(p, bins[i++]);
-                } else {
-                    ts__msg_list_entry e;
-                    stream_entry(sts[k++], &e);
-                    p = put_entry_of(p, &e);
-                }
+                else
+                    p = put_entry_of(p, &ext[k++]);
             }
         }
     }
-    ts__free(sts);
+    ts__free(ext);
     ts__free(bins);
 }
 
@@ -487,6 +524,14 @@ static int list_emit(tsd_pass *p, const tsd_bin *b)
     return list_add((tsd_list_job *)(void *)p, &e);
 }
 
+/* A replay table's entry, copied as the streams' are. */
+static int list_add_table(tsd_table *t, void *arg)
+{
+    ts__msg_list_entry e;
+    tsd_table_list_entry(t, &e);
+    return list_add(arg, &e);
+}
+
 /* The streams' entries, copied when the LIST is handled (the moment its view shows). */
 static int list_add_stream(tsd_stream *st, void *arg)
 {
@@ -554,7 +599,7 @@ static void op_list(tsd_conn *c, const ts__hdr *h)
 {
     tsd_server *srv = c->srv;
     size_t n_streams = srv->streams != NULL ? srv->streams->table.count : 0;
-    size_t count = srv->store.bins.count + n_streams;
+    size_t count = srv->store.bins.count + n_streams + tsd_table_count(srv);
     if (count < TSD_LIST_OFFLOOP_MIN) {
         list_inline(c, h);
         return;
@@ -585,8 +630,10 @@ static void op_list(tsd_conn *c, const ts__hdr *h)
         }
         return;
     }
-    /* j->cap_n counts the streams: the view then brings exactly the bins of this moment. */
+    /* j->cap_n counts the streams and tables: the view then brings exactly the bins of now. */
     rc = tsd_stream_each(srv, list_add_stream, j);
+    if (rc == 0)
+        rc = tsd_table_each(srv, list_add_table, j);
     if (rc != 0) {
         list_walked(j, rc);
         return;
@@ -908,6 +955,29 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     }
     if (bname != NULL && tsd_stream_refuse_name(c, h->opcode, h->request_id, bname, blen))
         return; /* a descriptor that came with the frame is closed by conn.c */
+    /* Those and the stream requests refuse a replay table's name (INVALID) too. */
+    if (m.kind == TS_MSG_STREAM_CREATE_REQ) {
+        bname = m.u.stream_create.name;
+        blen = m.u.stream_create.name_len;
+    } else if (m.kind == TS_MSG_STREAM_MARK_REQ) {
+        bname = m.u.stream_mark.name;
+        blen = m.u.stream_mark.name_len;
+    } else if (m.kind == TS_MSG_STREAM_CREDIT_REQ) {
+        bname = m.u.stream_credit.name;
+        blen = m.u.stream_credit.name_len;
+    } else if (m.kind == TS_MSG_STREAM_JOIN_REQ || m.kind == TS_MSG_STREAM_READ_REQ ||
+               m.kind == TS_MSG_STREAM_ACK_REQ || m.kind == TS_MSG_STREAM_LEAVE_REQ) {
+        bname = m.u.stream_member.name;
+        blen = m.u.stream_member.name_len;
+    } else if (m.kind == TS_MSG_STREAM_RANGE_REQ) {
+        bname = m.u.stream_range.name;
+        blen = m.u.stream_range.name_len;
+    } else if (h->opcode == TS_OP_STREAM_INFO) {
+        bname = q->name;
+        blen = q->name_len;
+    }
+    if (bname != NULL && tsd_table_refuse_name(c, h->opcode, h->request_id, bname, blen))
+        return;
     switch (h->opcode) {
     case TS_OP_HELLO:
         op_hello(c, h, &m.u.hello_req);
@@ -971,6 +1041,13 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     case TS_OP_MGET:
     case TS_OP_BARRIER:
         tsd_coord_dispatch(c, h, &m); /* coord.c */
+        return;
+    case TS_OP_TABLE_CREATE:
+    case TS_OP_TABLE_SAMPLE:
+    case TS_OP_TABLE_UPDATE:
+    case TS_OP_TABLE_REMOVE:
+    case TS_OP_TABLE_INFO:
+        tsd_table_dispatch(c, h, &m); /* table.c */
         return;
     default:
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_UNKNOWN_OPCODE, "unknown opcode 0x%02x",

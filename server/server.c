@@ -10,6 +10,7 @@
 #include "server.h"
 #include "coord.h"
 #include "stream.h"
+#include "table.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -630,6 +631,8 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
         rc = tsd_htab_init(&srv->watches);
     if (rc == 0)
         rc = tsd_streams_init(srv);
+    if (rc == 0)
+        rc = tsd_tables_init(srv);
     if (rc != 0)
         return rc;
 
@@ -736,6 +739,7 @@ void tsd_server_free_store(tsd_server *srv)
     srv->store_freed = 1;
     tsd_streams_free(srv);
     tsd_coord_free(srv);
+    tsd_tables_free(srv);
     tsd_store_free(&srv->store);
 }
 
@@ -809,6 +813,7 @@ void tsd_server_stop(tsd_server *srv)
     tsd_server_flush(srv);
     /* Their waits were answered with the connections': the streams' timers go now. */
     tsd_streams_stop(srv);
+    tsd_tables_stop(srv);
     if (srv->conns == NULL)
         stop_timer_close(srv);
     if (told > 0 || answered > 0)

@@ -9,6 +9,7 @@
  *   ops.c     the request handlers (one per opcode)
  *   rows.c    tensor bins and row access (TENSOR_BIN, READ_ROWS, GATHER_ROWS, WRITE_ROWS)
  *   stream.c  streams: logs with server-kept cursors, retention, back-pressure (stream.h)
+ *   table.c   replay tables: samplers, removers, a rate limiter that waits (table.h)
  *   store.c   bins, items, the name hash table, memory accounting, point-in-time passes
  *   view.c    views: passes over the store walked a chunk of bins per loop turn (LIST, SAVE)
  *   slab.c    size classes for the buffers of small records
@@ -888,6 +889,7 @@ typedef struct tsd_conn {
     tsd_sub *held_head, *held_tail; /* subscriptions holding a coalesced notification */
     uint32_t n_watch;               /* subscriptions + waiters, capped by cfg.max_watch */
     struct tsd_swait *swaits;       /* pending stream waits (stream.c; counted in n_watch) */
+    struct tsd_twait *twaits;       /* pending replay table waits (table.c; in n_watch) */
 } tsd_conn;
 
 /*
@@ -1167,7 +1169,7 @@ size_t tsd_notify_n_waiters(const tsd_server *srv);
  * Statistics (stats.c)
  */
 typedef struct tsd_stats {
-    uint64_t ops[TS_OP_BARRIER + 1]; /* requests handled, by opcode */
+    uint64_t ops[TS_OP_TABLE_INFO + 1]; /* requests handled, by opcode */
     uint64_t notifications_sent;
     uint64_t protocol_errors;
     uint64_t oom_rejections;
@@ -1323,6 +1325,8 @@ struct tsd_server {
     tsd_datadir *datadir; /* --data-dir state (datadir.c), or NULL */
     /* Streams (stream.c, stream.h): their table, waits and counters. */
     struct tsd_streams *streams;
+    /* Replay tables (table.c, table.h): their table, waits and random state. */
+    struct tsd_tables *tables;
     /* Coordination (coord.c): barriers and pending TAKEs, made on first use, or NULL. */
     struct tsd_coord *coord;
 };

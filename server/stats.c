@@ -4,6 +4,7 @@
  */
 #include "server.h"
 #include "stream.h"
+#include "table.h"
 
 #include "record.h"
 
@@ -56,6 +57,12 @@ static ts_value_t *build(tsd_server *srv)
         {"ops_take", TS_OP_TAKE},
         {"ops_mget", TS_OP_MGET},
         {"ops_barrier", TS_OP_BARRIER},
+        {"ops_table_create", TS_OP_TABLE_CREATE},
+        {"ops_table_insert", TS_OP_TABLE_INSERT},
+        {"ops_table_sample", TS_OP_TABLE_SAMPLE},
+        {"ops_table_update", TS_OP_TABLE_UPDATE},
+        {"ops_table_remove", TS_OP_TABLE_REMOVE},
+        {"ops_table_info", TS_OP_TABLE_INFO},
     };
     ts_value_t *m = ts_map_new();
     if (m == NULL)
@@ -159,6 +166,15 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "stream_backpressure", ss2.backpressure);
     rc |= put_int(m, "stream_entries_lost", ss2.lost);
     rc |= put_int(m, "stream_waits", ss2.waits);
+    /* Replay tables (table.c): table_waits are inserts and samples held by rate limiters. */
+    tsd_table_stats ts2;
+    tsd_table_stats_get(srv, &ts2);
+    rc |= put_int(m, "tables", ts2.tables);
+    rc |= put_int(m, "table_items", ts2.items);
+    rc |= put_int(m, "table_bytes", ts2.bytes);
+    rc |= put_int(m, "table_inserts", ts2.inserts);
+    rc |= put_int(m, "table_samples", ts2.samples);
+    rc |= put_int(m, "table_waits", ts2.waits);
     /* Allocations since start-up ended (the allocation-failure tests size their runs by it). */
     rc |= put_int(m, "allocations", ts__alloc_count() - srv->alloc_base);
     if (rc != 0) {

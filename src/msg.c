@@ -60,6 +60,13 @@ static const ts__msg_op ops[] = {
     {TS_OP_TAKE, TS_MSG_TAKE_REQ, TS_MSG_ITEMS, 0, 1, 0},
     {TS_OP_MGET, TS_MSG_MGET_REQ, TS_MSG_MGET_REP, 0, 0, 0},
     {TS_OP_BARRIER, TS_MSG_BARRIER_REQ, TS_MSG_BARRIER_STATE, 0, 0, 0},
+    /* Replay tables: a SAMPLE changes times_sampled and may evict (max_times_sampled). */
+    {TS_OP_TABLE_CREATE, TS_MSG_TABLE_CREATE_REQ, TS_MSG_TABLE_STATE, 0, 1, 0},
+    {TS_OP_TABLE_INSERT, TS_MSG_PUT_REQ, TS_MSG_TABLE_STATE, 1, 1, TS_MSG_TABLE_INSERT_FIXED},
+    {TS_OP_TABLE_SAMPLE, TS_MSG_TABLE_SAMPLE_REQ, TS_MSG_TABLE_SAMPLES, 0, 1, 0},
+    {TS_OP_TABLE_UPDATE, TS_MSG_TABLE_UPDATE_REQ, TS_MSG_TABLE_STATE, 0, 1, 0},
+    {TS_OP_TABLE_REMOVE, TS_MSG_TABLE_REMOVE_REQ, TS_MSG_TABLE_STATE, 0, 1, 0},
+    {TS_OP_TABLE_INFO, TS_MSG_NAME_REQ, TS_MSG_RECORD, 0, 0, 0},
     {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0, 0},
 };
 
@@ -112,6 +119,10 @@ uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large)
         return TS_MSG_STREAM_JOIN_SIZE;
     case TS_MSG_STREAM_ACK_STATE:
         return TS_MSG_STREAM_ACK_SIZE;
+    case TS_MSG_TABLE_STATE:
+        return TS_MSG_TABLE_STATE_SIZE;
+    case TS_MSG_TABLE_SAMPLES:
+        return large;
     case TS_MSG_ITEMS:
     case TS_MSG_REF_ITEMS:
     case TS_MSG_LIST_REP:
@@ -1007,6 +1018,24 @@ static int decode_kind(ts__msg_kind kind, const uint8_t *body, size_t len, ts__m
     case TS_MSG_STREAM_ENTRIES:
         rc = ts__msg_stream_entries_decode(body, len, &d.u.stream_entries);
         break;
+    case TS_MSG_TABLE_CREATE_REQ:
+        rc = ts__msg_table_create_req_decode(body, len, &d.u.table_create);
+        break;
+    case TS_MSG_TABLE_SAMPLE_REQ:
+        rc = ts__msg_table_sample_req_decode(body, len, &d.u.table_sample);
+        break;
+    case TS_MSG_TABLE_UPDATE_REQ:
+        rc = ts__msg_table_update_req_decode(body, len, &d.u.table_keys);
+        break;
+    case TS_MSG_TABLE_REMOVE_REQ:
+        rc = ts__msg_table_remove_req_decode(body, len, &d.u.table_keys);
+        break;
+    case TS_MSG_TABLE_STATE:
+        rc = ts__msg_table_state_decode(body, len, &d.u.table_state);
+        break;
+    case TS_MSG_TABLE_SAMPLES:
+        rc = ts__msg_table_samples_decode(body, len, &d.u.table_samples);
+        break;
     case TS_MSG_NONE:
     default:
         return TS_EUNKNOWNOP;
@@ -1119,6 +1148,48 @@ static int entries_encode_again(const ts__msg_stream_entries *s, uint8_t *out, s
     }
     *len = off;
     return 0;
+}
+
+/* Re-encode a decoded TABLE_UPDATE or TABLE_REMOVE body (its entries are copied as they are). */
+static int keys_encode_again(const ts__msg_table_keys_req *k, uint8_t *out, size_t cap, size_t *len)
+{
+    uint64_t none = 0;
+    double nonep = 0.0;
+    int rc = ts__msg_table_keys_req_encode(out, cap, k->name, k->name_len, 0, &none,
+                                           k->with_priority ? &nonep : NULL, len);
+    size_t each = k->with_priority ? 16u : 8u;
+    if (rc != 0)
+        return rc;
+    if ((size_t)k->n * each > cap - *len)
+        return TS_EMSGSIZE;
+    ts__put_u32le(out + 1 + k->name_len, k->n);
+    if (k->n > 0)
+        memcpy(out + *len, k->pairs, (size_t)k->n * each);
+    *len += (size_t)k->n * each;
+    return 0;
+}
+
+/* Re-encode a decoded SAMPLES body from its heads and the records it points to. */
+static int samples_encode_again(const ts__msg_table_samples *s, uint8_t *out, size_t cap,
+                                size_t *len)
+{
+    size_t off;
+    int rc = ts__msg_table_samples_head_encode(out, cap, s->size, s->n, NULL, &off);
+    for (uint32_t i = 0; rc == 0 && i < s->n; i++) {
+        ts__msg_table_sample e;
+        ts__msg_table_sample_get(s, i, &e);
+        size_t rl = (size_t)e.len, pad = ts__msg_items_pad(e.len);
+        if (rl > cap - off || pad > cap - off - rl)
+            return TS_EMSGSIZE;
+        ts__msg_table_samples_set(out, i, &e);
+        if (rl > 0)
+            memcpy(out + off, e.record, rl);
+        memset(out + off + rl, 0, pad);
+        off += rl + pad;
+    }
+    if (rc == 0)
+        *len = off;
+    return rc;
 }
 
 /* Re-encode a decoded MGET request from its names. */
@@ -1238,6 +1309,17 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
         return ts__msg_stream_ack_state_encode(out, cap, &m->u.stream_ack, len);
     case TS_MSG_STREAM_ENTRIES:
         return entries_encode_again(&m->u.stream_entries, out, cap, len);
+    case TS_MSG_TABLE_CREATE_REQ:
+        return ts__msg_table_create_req_encode(out, cap, &m->u.table_create, len);
+    case TS_MSG_TABLE_SAMPLE_REQ:
+        return ts__msg_table_sample_req_encode(out, cap, &m->u.table_sample, len);
+    case TS_MSG_TABLE_UPDATE_REQ:
+    case TS_MSG_TABLE_REMOVE_REQ:
+        return keys_encode_again(&m->u.table_keys, out, cap, len);
+    case TS_MSG_TABLE_STATE:
+        return ts__msg_table_state_encode(out, cap, &m->u.table_state, len);
+    case TS_MSG_TABLE_SAMPLES:
+        return samples_encode_again(&m->u.table_samples, out, cap, len);
     case TS_MSG_NONE:
     default:
         return TS_EINVAL;

@@ -96,7 +96,14 @@ typedef enum ts__msg_kind {
     TS_MSG_MGET_REQ,            /* u32 n, u32 max_items, n names */
     TS_MSG_MGET_REP,            /* the MGET reply */
     TS_MSG_BARRIER_REQ,         /* name, u32 parties, u32 timeout_ms */
-    TS_MSG_BARRIER_STATE        /* BARRIER STATE, 16 bytes */
+    TS_MSG_BARRIER_STATE,       /* BARRIER STATE, 16 bytes */
+    /* Replay tables (msg_table.c). TABLE_INSERT is an upload, TABLE_INFO a TS_MSG_NAME_REQ. */
+    TS_MSG_TABLE_CREATE_REQ,    /* name, capacity, rate limiter, sampler, remover... */
+    TS_MSG_TABLE_SAMPLE_REQ,    /* name, u32 n, u32 timeout_ms */
+    TS_MSG_TABLE_UPDATE_REQ,    /* name, n x (u64 key, f64 priority) */
+    TS_MSG_TABLE_REMOVE_REQ,    /* name, n x u64 key */
+    TS_MSG_TABLE_STATE,         /* TABLE STATE, 40 bytes */
+    TS_MSG_TABLE_SAMPLES        /* SAMPLES (TABLE_SAMPLE) */
 } ts__msg_kind;
 
 /* What one opcode carries (section 8's table). */
@@ -819,6 +826,9 @@ int ts__msg_stream_entries_next(const ts__msg_stream_entries *m, ts__msg_stream_
 /* Entry i (< m->n) of a decoded body, as _next gives it; walks the i entries before it (O(i)). */
 void ts__msg_stream_entry_get(const ts__msg_stream_entries *m, uint32_t i, ts__msg_stream_entry *e);
 
+/* Replay tables: their bodies are declared in msg_table.h (opcodes 0x28 to 0x2D). */
+#include "msg_table.h"
+
 /* Coordination primitives: their bodies are declared in msg_coord.h (opcodes 0x20 to 0x24). */
 #include "msg_coord.h"
 
@@ -851,6 +861,11 @@ typedef struct ts__msg {
         ts__msg_stream_join_state stream_join;
         ts__msg_stream_ack_state stream_ack;
         ts__msg_stream_entries stream_entries;
+        ts__msg_table_create_req table_create;
+        ts__msg_table_sample_req table_sample;
+        ts__msg_table_keys_req table_keys; /* UPDATE, REMOVE */
+        ts__msg_table_state table_state;
+        ts__msg_table_samples table_samples;
         ts__msg_coord_req coord; /* ADD, TAKE, BARRIER */
         ts__msg_add_state add_state;
         ts__msg_mget_req mget_req;

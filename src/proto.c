@@ -199,6 +199,18 @@ const char *ts__op_name(uint8_t op)
         return "MGET";
     case TS_OP_BARRIER:
         return "BARRIER";
+    case TS_OP_TABLE_CREATE:
+        return "TABLE_CREATE";
+    case TS_OP_TABLE_INSERT:
+        return "TABLE_INSERT";
+    case TS_OP_TABLE_SAMPLE:
+        return "TABLE_SAMPLE";
+    case TS_OP_TABLE_UPDATE:
+        return "TABLE_UPDATE";
+    case TS_OP_TABLE_REMOVE:
+        return "TABLE_REMOVE";
+    case TS_OP_TABLE_INFO:
+        return "TABLE_INFO";
     case TS_OP_NOTIFY:
         return "NOTIFY";
     default:

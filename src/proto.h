@@ -67,6 +67,13 @@ enum {
     TS_OP_TAKE = 0x22,    /* a blocking GET that hands each item to one waiter, in arrival order */
     TS_OP_MGET = 0x23,    /* PEEK several bins in one round trip */
     TS_OP_BARRIER = 0x24, /* wait until a number of parties arrive; reusable */
+    /* Replay tables (a bin kind: prioritized experience replay with a rate limiter), 0.4.0. */
+    TS_OP_TABLE_CREATE = 0x28, /* create a replay table */
+    TS_OP_TABLE_INSERT = 0x29, /* insert a record with a priority (an upload with fixed fields) */
+    TS_OP_TABLE_SAMPLE = 0x2A, /* sample items (waits for the rate limiter) */
+    TS_OP_TABLE_UPDATE = 0x2B, /* change priorities by key */
+    TS_OP_TABLE_REMOVE = 0x2C, /* remove items by key */
+    TS_OP_TABLE_INFO = 0x2D,   /* settings, counters and rate limiter state, as a record */
     TS_OP_NOTIFY = 0x80         /* server to client only */
 };
 

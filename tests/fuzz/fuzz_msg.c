@@ -85,6 +85,14 @@ static const struct {
     {0, TS_OP_MGET, TS_ST_OK},
     {1, TS_OP_BARRIER, 0},
     {0, TS_OP_BARRIER, TS_ST_OK},
+    /* Replay tables: TABLE_INSERT's head has 16 fixed bytes after the name. */
+    {1, TS_OP_TABLE_CREATE, 0},
+    {1, TS_OP_TABLE_INSERT, 0},
+    {1, TS_OP_TABLE_SAMPLE, 0},
+    {1, TS_OP_TABLE_UPDATE, 0},
+    {1, TS_OP_TABLE_REMOVE, 0},
+    {0, TS_OP_TABLE_INSERT, TS_ST_OK},
+    {0, TS_OP_TABLE_SAMPLE, TS_ST_OK},
 };
 
 /* Body limits (bytes) the request mode picks --max-frame from: around the control limit, and big.
@@ -129,6 +137,11 @@ static void same_as_kind(ts__msg_kind kind, size_t fixed, const uint8_t *body, s
         ts__msg_barrier_state bs;
         ts__msg_mget_req mq;
         ts__msg_mget_rep mr;
+        ts__msg_table_create_req tc;
+        ts__msg_table_sample_req tsq;
+        ts__msg_table_keys_req tk;
+        ts__msg_table_state tst;
+        ts__msg_table_samples tss;
     } u;
     int k;
     switch (kind) {
@@ -242,6 +255,24 @@ static void same_as_kind(ts__msg_kind kind, size_t fixed, const uint8_t *body, s
         break;
     case TS_MSG_MGET_REP:
         k = ts__msg_mget_rep_decode(body, len, &u.mr);
+        break;
+    case TS_MSG_TABLE_CREATE_REQ:
+        k = ts__msg_table_create_req_decode(body, len, &u.tc);
+        break;
+    case TS_MSG_TABLE_SAMPLE_REQ:
+        k = ts__msg_table_sample_req_decode(body, len, &u.tsq);
+        break;
+    case TS_MSG_TABLE_UPDATE_REQ:
+        k = ts__msg_table_update_req_decode(body, len, &u.tk);
+        break;
+    case TS_MSG_TABLE_REMOVE_REQ:
+        k = ts__msg_table_remove_req_decode(body, len, &u.tk);
+        break;
+    case TS_MSG_TABLE_STATE:
+        k = ts__msg_table_state_decode(body, len, &u.tst);
+        break;
+    case TS_MSG_TABLE_SAMPLES:
+        k = ts__msg_table_samples_decode(body, len, &u.tss);
         break;
     default:
         k = TS_EUNKNOWNOP;

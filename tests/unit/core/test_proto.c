@@ -240,6 +240,8 @@ static void test_opcode_table(void **state)
         {0x1C, "STREAM_ACK"},    {0x1D, "STREAM_LEAVE"},  {0x1E, "STREAM_INFO"},
         {0x1F, "STREAM_RANGE"},  {0x20, "ADD"},           {0x21, "PUT_IF"},
         {0x22, "TAKE"},          {0x23, "MGET"},          {0x24, "BARRIER"},
+        {0x28, "TABLE_CREATE"},  {0x29, "TABLE_INSERT"},  {0x2A, "TABLE_SAMPLE"},
+        {0x2B, "TABLE_UPDATE"},  {0x2C, "TABLE_REMOVE"},  {0x2D, "TABLE_INFO"},
         {0x80, "NOTIFY"},
     };
     int known = 0;
@@ -468,6 +470,14 @@ static void fb_items(fb *f, uint64_t version, uint32_t remaining, ts_value_t **r
 }
 
 /* Build the example called name into out; 0, or -1 for an unknown name. */
+/* The bits of a double, as the table bodies carry it (little-endian binary64). */
+static uint64_t f64_bits(double d)
+{
+    uint64_t u;
+    memcpy(&u, &d, sizeof(u));
+    return u;
+}
+
 static int build_example(const char *name, fb *out)
 {
     const uint8_t Q = TS_MAGIC_REQ, P = TS_MAGIC_REP;
@@ -668,6 +678,58 @@ static int build_example(const char *name, fb *out)
     } else if (strcmp(name, "put-if-rep-mismatch") == 0) {
         fb_bin_state(&b, 1764160000000001ull, 1);
         fb_frame(out, P, TS_OP_PUT_IF, 0, TS_ST_VERSION_MISMATCH, 3, &b);
+    } else if (strcmp(name, "table-create-req") == 0) {
+        /* Replay tables: a connection of their own, request ids from 1 again (HELLO took 1). */
+        fb_name(&b, "rb");
+        fb_u64(&b, 1000, "capacity");
+        fb_u64(&b, 1, "min_size_to_sample");
+        fb_u64(&b, f64_bits(1.0), "samples_per_insert");
+        fb_u64(&b, f64_bits(1.0), "error_buffer");
+        fb_u64(&b, f64_bits(0.6), "priority_exponent");
+        fb_u32(&b, 0, "max_times_sampled");
+        fb_u8(&b, 0, "remover"); /* FIFO */
+        fb_u8(&b, 1, "sampler"); /* PRIORITIZED */
+        fb_u16(&b, 0, "reserved");
+        fb_frame(out, Q, TS_OP_TABLE_CREATE, 0, 0, 2, &b);
+    } else if (strcmp(name, "table-create-rep") == 0) {
+        for (int i = 0; i < 4; i++)
+            fb_u64(&b, 0, "key, size, inserts, samples");
+        fb_u32(&b, 0, "done");
+        fb_u32(&b, 0, "skipped");
+        fb_frame(out, P, TS_OP_TABLE_CREATE, 0, 0, 2, &b);
+    } else if (strcmp(name, "table-insert-req") == 0) {
+        fb_name(&b, "rb");
+        fb_u64(&b, f64_bits(2.5), "priority");
+        fb_u32(&b, 1000, "timeout_ms");
+        fb_u32(&b, 0, "reserved");
+        fb_record(&b, ts_int_new(42));
+        fb_frame(out, Q, TS_OP_TABLE_INSERT, 0, 0, 3, &b);
+    } else if (strcmp(name, "table-insert-rep") == 0) {
+        fb_u64(&b, 1, "key");
+        fb_u64(&b, 1, "size");
+        fb_u64(&b, 1, "inserts");
+        fb_u64(&b, 0, "samples");
+        fb_u32(&b, 1, "done");
+        fb_u32(&b, 0, "skipped");
+        fb_frame(out, P, TS_OP_TABLE_INSERT, 0, 0, 3, &b);
+    } else if (strcmp(name, "table-sample-req") == 0) {
+        fb_name(&b, "rb");
+        fb_u32(&b, 2, "n");
+        fb_u32(&b, 1000, "timeout_ms");
+        fb_frame(out, Q, TS_OP_TABLE_SAMPLE, 0, 0, 4, &b);
+    } else if (strcmp(name, "table-sample-rep") == 0) {
+        fb_u64(&b, 1, "size");
+        fb_u32(&b, 1, "n");
+        fb_u32(&b, 0, "reserved");
+        fb_u64(&b, 1, "key");
+        fb_u64(&b, 64, "len");
+        fb_u64(&b, f64_bits(1.0), "probability");
+        fb_u64(&b, 5, "age_ms");
+        fb_u32(&b, 1, "times_sampled");
+        fb_u32(&b, 0, "reserved");
+        fb_zeros(&b, 64 - (16 + 40), "padding");
+        assert_int_equal(fb_record(&b, ts_int_new(42)), 64);
+        fb_frame(out, P, TS_OP_TABLE_SAMPLE, 0, 0, 4, &b);
     } else {
         return -1;
     }
@@ -714,6 +776,12 @@ static const char *const example_names[] = {
     "add-req",
     "add-rep",
     "put-if-rep-mismatch",
+    "table-create-req",
+    "table-create-rep",
+    "table-insert-req",
+    "table-insert-rep",
+    "table-sample-req",
+    "table-sample-rep",
 };
 
 /* The PUT example, written out by hand: the codec must produce exactly these bytes. */

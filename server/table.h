@@ -1,0 +1,69 @@
+/*
+ * Replay tables (table.c): a bin kind holding items (a record, a priority, a server-given u64 key)
+ * sampled by a sampler (uniform, prioritized, FIFO, LIFO), evicted by a remover when full (FIFO,
+ * LIFO, lowest priority) or after max_times_sampled draws, with a rate limiter that keeps
+ * samples per insert within a band (docs/PROTOCOL.md, the TABLE_* opcodes 0x28 to 0x2D).
+ *
+ * Tables share the namespace of bins and streams but live in a table of their own
+ * (tsd_tables.table); the request handlers refuse a clash with INVALID both ways, DELETE removes
+ * a table, LIST shows it (n_items = size, bytes = record bytes, version = inserts).
+ *
+ * Everything here runs on the loop thread. Memory: records count against --max-memory like
+ * items (store.held, through the store's reservation path); the item structs, the arrays (dense
+ * items, sum tree, key buckets, the lowest-priority heap) and the waits count as store.overhead
+ * (the waits also in STATS watch_bytes).
+ */
+#ifndef TSD_TABLE_H
+#define TSD_TABLE_H
+
+#include <stdint.h>
+
+#include "server.h"
+
+typedef struct tsd_table tsd_table;
+typedef struct tsd_twait tsd_twait;
+
+/* At start: allocate srv->tables. 0 or TS_ENOMEM. */
+int tsd_tables_init(tsd_server *srv);
+/* At shutdown, after the connections' waits were answered: close the timer. */
+void tsd_tables_stop(tsd_server *srv);
+/* At exit: free every table and the state. Safe to call twice. */
+void tsd_tables_free(tsd_server *srv);
+
+/* The table named name, or NULL. */
+tsd_table *tsd_table_find(tsd_server *srv, const uint8_t *name, size_t len);
+/* Handle TABLE_CREATE, SAMPLE, UPDATE, REMOVE, INFO (decoded by tsd_op_dispatch). */
+void tsd_table_dispatch(tsd_conn *c, const ts__hdr *h, const ts__msg *m);
+/*
+ * Finish a TABLE_INSERT whose record was received and validated into item, with the fixed
+ * fields (TS_MSG_TABLE_INSERT_FIXED bytes) kept by conn.c: as tsd_op_store, the reference and
+ * the store reservation of tsd_item_len(item) are the callee's. Exactly one reply, now or when
+ * the rate limiter lets it in (or its timeout ends).
+ */
+void tsd_table_insert(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t len,
+                      const uint8_t *fixed, size_t fixed_len, tsd_item *item);
+/* DELETE of a table: its waits are answered NOT_FOUND, then the reply and a notification. */
+void tsd_table_delete(tsd_conn *c, const ts__hdr *h, tsd_table *t);
+/* A closing connection: drop its waits without an answer (their records are released). */
+void tsd_table_conn_gone(tsd_server *srv, tsd_conn *c);
+/* tensord is stopping: answer c's waits SHUTTING_DOWN and drop them. Returns how many. */
+size_t tsd_table_conn_stop(tsd_server *srv, tsd_conn *c);
+/*
+ * A request for another kind of bin names a table: answer INVALID "bin 'x' is a replay table"
+ * and return 1; else 0 (nothing sent).
+ */
+int tsd_table_refuse_name(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_t *name, size_t len);
+
+/* The LIST entry of t (n_items = size, bytes = record bytes, version = inserts). */
+void tsd_table_list_entry(const tsd_table *t, ts__msg_list_entry *e);
+/* Call fn for each table (stops at the first non-zero return, which is returned). */
+int tsd_table_each(tsd_server *srv, int (*fn)(tsd_table *t, void *arg), void *arg);
+/* Tables now (LIST sizes its reply with it). */
+size_t tsd_table_count(const tsd_server *srv);
+
+typedef struct tsd_table_stats {
+    uint64_t tables, items, bytes, inserts, samples, waits;
+} tsd_table_stats;
+void tsd_table_stats_get(tsd_server *srv, tsd_table_stats *out);
+
+#endif /* TSD_TABLE_H */
