@@ -28,6 +28,7 @@ void ts_rl_options_init(ts_rl_options_t *opts)
     opts->max_in_flight = RL_DEFAULT_IN_FLIGHT;
     opts->max_in_flight_bytes = RL_DEFAULT_IN_FLIGHT_BYTES;
     opts->timeout_ms = RL_DEFAULT_TIMEOUT_MS;
+    opts->replay_priority = 1.0;
 }
 
 int ts__rl_timeout(int timeout_ms, int dflt, int *out)

@@ -18,6 +18,7 @@ struct ts_rl_trainer_s {
     char data_bin[TS_MAX_NAME_LEN + 1];
     int tolerance;
     int timeout_ms; /* what TS_TIMEOUT_DEFAULT means; >= 0 ms or -1 for no limit */
+    int replay;     /* the data bin is a replay table (options' replay) */
 
     /* Serializes publishes so versions reach the daemon in the order they were given. */
     pthread_mutex_t publish_mu;
@@ -29,12 +30,14 @@ struct ts_rl_trainer_s {
 };
 
 struct ts_rl_batch_s {
-    ts_items_t *items; /* owns the memory every entry points into */
+    ts_items_t *items;         /* owns the memory every entry points into (a bin's), or */
+    ts_table_sample_t *sample; /* (a replay table's) */
     size_t count;
     size_t dropped;
     struct rl_batch_entry {
         const ts_value_t *data;
         int64_t version;
+        uint64_t key; /* replay tables only */
     } e[];
 };
 
@@ -92,6 +95,21 @@ static int rl_trainer_new(ts_rl_trainer_t **out, ts_client_t *c, const ts_rl_opt
     if (rc != 0) {
         ts__free(t);
         return ts__fail(rc, "bin names: prefix plus name must be 1..%d bytes", TS_MAX_NAME_LEN);
+    }
+    if (opts->replay != NULL) {
+        /* The table may exist already (another trainer's, a restart): then it is used as is. */
+        t->replay = 1;
+        rc = ts_table_create(c, t->data_bin, opts->replay, NULL);
+        if (rc == TS_EINVAL) {
+            ts_value_t *info = NULL;
+            if (ts_table_info(c, t->data_bin, &info) == 0)
+                rc = 0;
+            ts_value_free(info);
+        }
+        if (rc != 0) {
+            ts__free(t);
+            return rc;
+        }
     }
     int64_t resumed = -1;
     rc = rl_trainer_read_version(t, &resumed);
@@ -194,15 +212,18 @@ void ts_rl_trainer_stats(ts_rl_trainer_t *t, ts_rl_trainer_stats_t *out)
  * rest. Takes ownership of items (they end up in the batch or are freed). Returns 0 with *out
  * (which may hold 0 items; the caller frees it), or TS_ENOMEM (items freed).
  */
-static int rl_trainer_filter(ts_rl_trainer_t *t, ts_items_t *items, ts_rl_batch_t **out)
+static int rl_trainer_filter(ts_rl_trainer_t *t, ts_items_t *items, ts_table_sample_t *sample,
+                             ts_rl_batch_t **out)
 {
-    size_t n = ts_items_count(items);
+    size_t n = sample != NULL ? ts_table_sample_count(sample) : ts_items_count(items);
     ts_rl_batch_t *b = ts__malloc(sizeof(*b) + n * sizeof(b->e[0]));
     if (b == NULL) {
         ts_items_free(items);
+        ts_table_sample_free(sample);
         return TS_ENOMEM;
     }
     b->items = items;
+    b->sample = sample;
     b->count = 0;
     b->dropped = 0;
 
@@ -215,7 +236,9 @@ static int rl_trainer_filter(ts_rl_trainer_t *t, ts_items_t *items, ts_rl_batch_
     for (size_t i = 0; i < n; i++) {
         const ts_value_t *data;
         int64_t v;
-        if (ts__rl_unwrap(ts_items_at(items, i), "data", &data, &v) != 0) {
+        const ts_value_t *rec =
+            sample != NULL ? ts_table_sample_value(sample, i) : ts_items_at(items, i);
+        if (ts__rl_unwrap(rec, "data", &data, &v) != 0) {
             malformed++;
             continue;
         }
@@ -227,6 +250,7 @@ static int rl_trainer_filter(ts_rl_trainer_t *t, ts_items_t *items, ts_rl_batch_
         }
         b->e[b->count].data = data;
         b->e[b->count].version = v;
+        b->e[b->count].key = sample != NULL ? ts_table_sample_key(sample, i) : 0;
         b->count++;
     }
     t->stats.dropped_stale += stale;
@@ -238,6 +262,45 @@ static int rl_trainer_filter(ts_rl_trainer_t *t, ts_items_t *items, ts_rl_batch_
     return 0;
 }
 
+/*
+ * collect from a replay table: draws by its sampler, waiting on the server (in slices of
+ * RL_WAIT_SLICE_MS) while its rate limiter holds samples back.
+ */
+static int rl_trainer_sample(ts_rl_trainer_t *t, size_t max_items, int64_t deadline,
+                             ts_rl_batch_t **out)
+{
+    size_t n = max_items == 0 ? 1 : max_items;
+    if (n > TS_TABLE_SAMPLE_MAX)
+        return ts__fail(TS_EINVAL, "max_items %zu: a replay table draws 1..%d at once", n,
+                        TS_TABLE_SAMPLE_MAX);
+    size_t dropped = 0;
+    for (;;) {
+        int64_t left = deadline < 0 ? RL_WAIT_SLICE_MS : deadline - ts__rl_now_ms();
+        if (left < 0)
+            left = 0;
+        if (left > RL_WAIT_SLICE_MS)
+            left = RL_WAIT_SLICE_MS;
+        ts_table_sample_t *s = NULL;
+        int rc = ts_table_sample(t->client, t->data_bin, n, (int)left, &s);
+        if (rc == TS_ETIMEDOUT && (deadline < 0 || ts__rl_now_ms() < deadline))
+            continue;
+        if (rc != 0)
+            return rc;
+        ts_rl_batch_t *b;
+        if ((rc = rl_trainer_filter(t, NULL, s, &b)) != 0)
+            return rc;
+        dropped += b->dropped;
+        if (b->count > 0) {
+            b->dropped = dropped;
+            *out = b;
+            return 0;
+        }
+        ts_rl_batch_free(b);
+        if (deadline >= 0 && ts__rl_now_ms() >= deadline)
+            return TS_ETIMEDOUT;
+    }
+}
+
 static int rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms,
                               ts_rl_batch_t **out)
 {
@@ -245,6 +308,8 @@ static int rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_
     if (rc != 0)
         return rc;
     int64_t deadline = ts__rl_deadline(timeout_ms);
+    if (t->replay)
+        return rl_trainer_sample(t, max_items, deadline, out);
     size_t dropped = 0;
     for (;;) {
         ts_items_t *items = NULL;
@@ -253,7 +318,7 @@ static int rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_
         if (rc == 0) {
             remaining = ts_items_remaining(items);
             ts_rl_batch_t *b;
-            rc = rl_trainer_filter(t, items, &b);
+            rc = rl_trainer_filter(t, items, NULL, &b);
             if (rc != 0)
                 return rc;
             dropped += b->dropped;
@@ -313,6 +378,12 @@ int64_t ts_rl_batch_version(const ts_rl_batch_t *b, size_t i)
     return i < b->count ? b->e[i].version : -1;
 }
 
+uint64_t ts_rl_batch_key(const ts_rl_batch_t *b, size_t i)
+{
+    assert(b != NULL);
+    return i < b->count ? b->e[i].key : 0;
+}
+
 size_t ts_rl_batch_dropped(const ts_rl_batch_t *b)
 {
     assert(b != NULL);
@@ -324,5 +395,6 @@ void ts_rl_batch_free(ts_rl_batch_t *b)
     if (b == NULL)
         return;
     ts_items_free(b->items);
+    ts_table_sample_free(b->sample);
     ts__free(b);
 }

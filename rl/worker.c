@@ -76,6 +76,8 @@ struct ts_rl_worker_s {
     unsigned max_in_flight;
     size_t max_in_flight_bytes;
     int timeout_ms; /* what TS_TIMEOUT_DEFAULT means; >= 0 ms or -1 for no limit */
+    int replay;     /* the data bin is a replay table: adds are blocking inserts */
+    double priority;
     ts_rl_event_cb on_event;
     void *event_arg;
     rl_sub_t *sub;
@@ -344,6 +346,8 @@ static int rl_worker_new(ts_rl_worker_t **out, ts_client_t *c, const ts_rl_optio
     w->max_in_flight = opts->max_in_flight > 0 ? opts->max_in_flight : 1;
     w->max_in_flight_bytes = opts->max_in_flight_bytes;
     w->timeout_ms = timeout_ms;
+    w->replay = opts->replay != NULL;
+    w->priority = opts->replay_priority;
     w->on_event = opts->on_event;
     w->event_arg = opts->event_arg;
     w->retrieved = -1;
@@ -530,8 +534,46 @@ static int rl_has_room(const ts_rl_worker_t *w, size_t bytes)
     return w->bytes_in_flight + bytes <= w->max_in_flight_bytes;
 }
 
+/*
+ * An add into a replay table: one blocking insert (the table's rate limiter may hold it on the
+ * server), in slices of RL_WAIT_SLICE_MS up to the options' timeout.
+ */
+static int rl_worker_insert(ts_rl_worker_t *w, const ts_value_t *data, unsigned flags)
+{
+    if (rl_on_io_thread(w))
+        return TS_EDEADLK;
+    pthread_mutex_lock(&w->mu);
+    int64_t version = w->retrieved;
+    pthread_mutex_unlock(&w->mu);
+    ts_value_t *rec = ts__rl_wrap("data", data, version);
+    if (rec == NULL)
+        return TS_ENOMEM;
+    int64_t deadline = (flags & TS_RL_NONBLOCK) ? ts__rl_now_ms() : ts__rl_deadline(w->timeout_ms);
+    int rc;
+    for (;;) {
+        int64_t left = deadline < 0 ? RL_WAIT_SLICE_MS : deadline - ts__rl_now_ms();
+        if (left < 0)
+            left = 0;
+        if (left > RL_WAIT_SLICE_MS)
+            left = RL_WAIT_SLICE_MS;
+        rc = ts_table_insert(w->client, w->data_bin, rec, w->priority, (int)left, NULL);
+        if (rc != TS_ETIMEDOUT || (deadline >= 0 && ts__rl_now_ms() >= deadline))
+            break;
+    }
+    ts_value_free(rec);
+    pthread_mutex_lock(&w->mu);
+    if (rc == 0)
+        w->stats.added++;
+    else
+        w->stats.add_failed++;
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
 static int rl_worker_add(ts_rl_worker_t *w, const ts_value_t *data, unsigned flags)
 {
+    if (w->replay)
+        return rl_worker_insert(w, data, flags);
     rl_add_t *a = ts__malloc(sizeof(*a));
     if (a == NULL)
         return TS_ENOMEM;

@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensorshare/replay.h"
 #include "tensorshare/tensorshare.h"
 
 #ifdef __cplusplus
@@ -110,6 +111,19 @@ typedef struct ts_rl_options_s {
 
     ts_rl_event_cb on_event; /* worker: optional */
     void *event_arg;         /* passed to on_event; never read by the library */
+
+    /*
+     * Experience through a replay table (tensorshare/replay.h) instead of a plain bin: when
+     * replay is not NULL (borrowed during ts_rl_trainer_new only), the data bin is a table with
+     * these settings, which the trainer creates when it is missing. Workers then insert each
+     * item with replay_priority (default 1), blocking while the table's rate limiter holds
+     * inserts back (up to timeout_ms; TS_RL_NONBLOCK: not at all, TS_ETIMEDOUT); and collect
+     * draws up to max_items (1..TS_TABLE_SAMPLE_MAX; 0 = 1) by the table's sampler instead of
+     * taking items, so an item can be collected again (ts_rl_batch_key names it for
+     * ts_table_update). The staleness tolerance applies as for a bin. Added in 0.4.0.
+     */
+    const ts_table_config_t *replay;
+    double replay_priority;
 } ts_rl_options_t;
 
 /* Fill opts with the defaults. Added in 0.1.0. */
@@ -172,6 +186,8 @@ TS_EXTERN const ts_value_t *ts_rl_batch_data(const ts_rl_batch_t *b, size_t i);
 TS_EXTERN int64_t ts_rl_batch_version(const ts_rl_batch_t *b, size_t i);
 /* Items this collect call dropped (stale or malformed) on its way to the batch. Added in 0.1.0. */
 TS_EXTERN size_t ts_rl_batch_dropped(const ts_rl_batch_t *b);
+/* Item i's key in the replay table it was drawn from (options' replay), else 0. Added in 0.4.0. */
+TS_EXTERN uint64_t ts_rl_batch_key(const ts_rl_batch_t *b, size_t i);
 TS_EXTERN void ts_rl_batch_free(ts_rl_batch_t *b);
 
 /* A trainer's counters (ts_rl_trainer_stats). Added in 0.1.0. */
