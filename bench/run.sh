@@ -10,6 +10,9 @@
 # and redis-py (--repeats N, --smoke, --no-redis, --no-pin, --raw).
 # "bench/run.sh rows [flags]" runs bench/rows_bench.py: gathering rows of a tensor bin over TCP,
 # the unix socket and by reference, against numpy.memmap (--repeats N, --rounds N, --smoke).
+# "bench/run.sh replay [flags]" runs replay_bench: replay tables, 8 inserters and 8 samplers.
+# "bench/run.sh coord [flags]" runs coord_bench: ADD against Redis INCR (--repeats N, --clients C,
+# --secs S, --no-pin, --smoke).
 # "bench/run.sh stream [flags]" runs stream_bench: one producer feeding four consumer processes
 # through a stream against four independent loaders, kill/pause/late-join stalls, and the
 # append-to-reader latency against Redis Streams (--repeats N, --smoke, --no-redis, --no-pin,
@@ -76,6 +79,26 @@ if [ "${1:-}" = "rows" ]; then
     cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target tensord tsp_extension
     PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" exec "$py" bench/rows_bench.py \
         --build "$BUILD" "$@"
+fi
+if [ "${1:-}" = "replay" ]; then
+    # Replay tables: 8 inserters and 8 samplers, 4 KiB items (bench/replay_bench.c), beside
+    # Reverb's published figures.
+    shift
+    cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target replay_bench tensord
+    echo "bench/run.sh: load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
+    exec "$BUILD/bench/replay_bench" --tensord "$BUILD/server/tensord" "$@"
+fi
+if [ "${1:-}" = "coord" ]; then
+    # Counter increments: tensord's ADD against Redis INCR (bench/coord_bench.c), pinned,
+    # alternating, medians of --repeats runs, at the highest priority allowed.
+    shift
+    cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target coord_bench tensord
+    echo "bench/run.sh: load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
+    prio=()
+    if nice -n -20 true 2>/dev/null; then
+        prio=(nice -n -20)
+    fi
+    exec "${prio[@]}" "$BUILD/bench/coord_bench" --tensord "$BUILD/server/tensord" "$@"
 fi
 if [ "${1:-}" = "stream" ]; then
     # Streams against independent loaders and Redis Streams (bench/stream_bench.c), at the
