@@ -98,6 +98,9 @@ static int init_exceptions(PyObject *module)
          "the *_async form there."},
         {"ServerError", &tsp_state.ServerError, NULL, NULL,
          "The server could not do it (EOOM, ESERVER, ESAVEFAIL, EUNKNOWNOP, EWRONGSHARD)."},
+        {"VersionMismatchError", &tsp_state.VersionMismatchError, NULL, NULL,
+         "A put_if lost: the bin's version was not the one expected (ECONFLICT); "
+         "current_version holds the bin's version (0: no such bin) to read and retry with."},
         {"BackpressureError", &tsp_state.BackpressureError, NULL, PyExc_BlockingIOError,
          "No room now, nothing was done (EAGAIN): a stream's window is full (a group is "
          "`window` entries behind), or RLWorker.add(block=False) found max_in_flight adds on "
@@ -144,6 +147,8 @@ PyObject *tsp_exception_class(int status)
         return tsp_state.DeadlockError;
     case TS_EAGAIN:
         return tsp_state.BackpressureError;
+    case TS_ECONFLICT:
+        return tsp_state.VersionMismatchError;
     case TS_EOOM:
     case TS_ESERVER:
     case TS_ESAVEFAIL:

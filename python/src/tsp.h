@@ -97,6 +97,7 @@ typedef struct tsp_state_s {
                                          a callback on the client's I/O thread) */
     PyObject *ServerError;            /* (Error): EOOM, ESERVER, ESAVEFAIL, EUNKNOWNOP,
                                          EWRONGSHARD */
+    PyObject *VersionMismatchError;   /* (Error): ECONFLICT (a put_if lost; .current_version) */
     PyObject *BackpressureError;      /* (Error, builtins.BlockingIOError): EAGAIN (a stream's
                                          window is full; no room for an add) */
     PyTypeObject *ClientType;         /* tensorshare.Client */
@@ -398,5 +399,32 @@ PyObject *tsp_client_stream_range(PyObject *client, PyObject *args, PyObject *kw
                       "stream_range(name, after_id=0, max_entries=64, timeout_ms=0, *, "           \
                       "tensor_type=None) -> StreamEntries\n\nThe kept entries after after_id, "    \
                       "without a cursor.")
+
+/*
+ * coord.c: the Client's coordination methods (METH_VARARGS | METH_KEYWORDS; client.c lists them
+ * in its method table through TSP_COORD_CLIENT_METHODS).
+ */
+PyObject *tsp_client_add(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_put_if(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_take(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_mget(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_barrier(PyObject *client, PyObject *args, PyObject *kw);
+#define TSP_COORD_CLIENT_METHODS                                                                   \
+    TSP_STREAM_METHOD(add, "add(name, delta=1) -> int\n\nAdd delta to the counter (created at "    \
+                           "0); returns its new value. InvalidArgumentError: not a counter.")      \
+    TSP_STREAM_METHOD(put_if,                                                                      \
+                      "put_if(name, expected_version, value) -> int\n\nput only if the bin's "     \
+                      "version is expected_version (0: the bin must not exist); returns the new "  \
+                      "version. VersionMismatchError (.current_version) otherwise.")               \
+    TSP_STREAM_METHOD(take,                                                                        \
+                      "take(name, max_items=0, timeout_ms=None, *, tensor_type=None) -> list\n\n"  \
+                      "A blocking get: each item goes to exactly one taker, first come first "     \
+                      "served. TimeoutError after timeout_ms (None: the request timeout).")        \
+    TSP_STREAM_METHOD(mget,                                                                        \
+                      "mget(names, max_items=0, *, tensor_type=None) -> dict\n\nPeek up to 256 "   \
+                      "bins in one round trip: {name: [records] or None when missing}.")           \
+    TSP_STREAM_METHOD(barrier,                                                                     \
+                      "barrier(name, parties, timeout_ms=None) -> int\n\nWait until parties "      \
+                      "callers arrived; returns the generation (1, 2, ...).")
 
 #endif /* TSP_H */

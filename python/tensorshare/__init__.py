@@ -31,6 +31,7 @@ from ._tensorshare import (  # noqa: F401
     ServerError,
     SharedBuffer,
     TimeoutError,
+    VersionMismatchError,
     __version__,
 )
 from . import _tensorshare  # noqa: E402
@@ -69,7 +70,7 @@ __all__ = [
     "__version__",
     "RLTrainer", "RLWorker", "Params", "Batch", "NO_FILTER", "Predictor",
     "BackpressureError", "StreamProducer", "StreamConsumer", "StreamEntry", "StreamEntries",
-    "STREAM_READ_MAX",
+    "STREAM_READ_MAX", "VersionMismatchError",
 ]
 
 
