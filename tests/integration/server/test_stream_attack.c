@@ -3153,6 +3153,57 @@ static void test_list_offloop_races(void **state)
     close(fd);
 }
 
+/* The largest and smallest settings the ranges allow: no overflow in the age, byte or lease math.
+ */
+static void test_extreme_settings(void **state)
+{
+    (void)state;
+    int fd = tsu_client(&srv);
+    bb x;
+    bb_create(&x, "big", TS_STREAM_MAX_ENTRIES, UINT64_MAX, UINT32_MAX, TS_STREAM_MAX_ENTRIES,
+              TS_STREAM_MAX_LEASE_MS, 0);
+    expect_st(fd, send_bb(fd, TS_OP_STREAM_CREATE, &x), TS_ST_OK);
+    bb_create(&x, "tiny", 1, 1, 1, 1, 1, 0);
+    expect_st(fd, send_bb(fd, TS_OP_STREAM_CREATE, &x), TS_ST_OK);
+    join(fd, "big", "g", "m");
+    join(fd, "tiny", "g", "m");
+    for (int i = 0; i < 3; i++) {
+        append(fd, "big", i);
+        /* tiny: one entry, window 1, lease 1 ms: the group is stale at once, so no BACKPRESSURE
+           after the first millisecond. */
+        th_sleep_ms(5);
+        tsu_frame f;
+        assert_int_equal(th_recv_reply(fd, send_append(fd, "tiny", i), &f, NULL), 0);
+        assert_true(f.h.status == TS_ST_OK || f.h.status == TS_ST_BACKPRESSURE);
+        tsu_frame_free(&f);
+    }
+    expect_st(fd, send_ack(fd, "big", "g", "m", 1, 1, 0), TS_ST_OK);
+    ents r;
+    ents_recv(fd, send_read(fd, "big", "g", "m", 0, TS_STREAM_MAX_READ, 0), &r);
+    assert_int_equal(r.m.n, 3);
+    tsu_frame_free(&r.f);
+    expect_st(fd, send_ack(fd, "big", "g", "m", 1, 1, UINT32_MAX), TS_ST_OK);
+    ts__msg_stream_join_state js = join(fd, "big", "g", "m");
+    assert_int_equal(js.rows_done, UINT32_MAX);
+    th_sleep_ms(700); /* a housekeeping pass or more */
+    assert_int_equal(info_int(fd, "big", "entries"), 3);
+    ts_value_t *root = info(fd, "big");
+    assert_int_equal(geti(info_group(root, "g"), "live"), 1);
+    /* A max_bytes above 2^63 - 1 shows as 2^63 - 1 (INFO's ints are i64s; 8.31 does not say). */
+    assert_int_equal(geti(root, "max_bytes"), INT64_MAX);
+    ts__record_tree_free(root);
+    root = info(fd, "tiny");
+    /* Every record is over max_bytes 1: none is kept. */
+    assert_int_equal(geti(root, "entries"), 0);
+    assert_int_equal(geti(root, "bytes"), 0);
+    assert_int_equal(geti(info_group(root, "g"), "live"), 0);
+    ts__record_tree_free(root);
+    ents_recv(fd, send_range(fd, "tiny", 0, 10, 0), &r);
+    assert_true(r.m.n <= 1);
+    tsu_frame_free(&r.f);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3193,6 +3244,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_documented_details, start_plain, stop),
         cmocka_unit_test_setup_teardown(test_read_order_and_join_rows, start_plain, stop),
         cmocka_unit_test_setup_teardown(test_list_offloop_races, start_plain, stop),
+        cmocka_unit_test_setup_teardown(test_extreme_settings, start_plain, stop),
     };
     signal(SIGPIPE, SIG_IGN);
     /* TS_TEST_FILTER=pattern runs only the cases whose names match (a debugging aid). */
