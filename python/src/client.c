@@ -1386,6 +1386,7 @@ static PyMethodDef client_methods[] = {
      "into the tensor bin at start, in place; returns the bin's new version."},
     TSP_STREAM_CLIENT_METHODS
     TSP_COORD_CLIENT_METHODS
+    TSP_REPLAY_CLIENT_METHODS
     {"delete", (PyCFunction)(void (*)(void))client_delete, FAST,
      "delete(bin) -> int\n\nRemove the bin; returns the items removed (0 for a missing bin)."},
     {"list", client_list, METH_NOARGS,

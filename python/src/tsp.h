@@ -427,4 +427,37 @@ PyObject *tsp_client_barrier(PyObject *client, PyObject *args, PyObject *kw);
                       "barrier(name, parties, timeout_ms=None) -> int\n\nWait until parties "      \
                       "callers arrived; returns the generation (1, 2, ...).")
 
+/*
+ * replay.c: the Client's replay table methods (METH_VARARGS | METH_KEYWORDS; client.c lists them
+ * in its method table through TSP_REPLAY_CLIENT_METHODS).
+ */
+PyObject *tsp_client_table_create(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_table_insert(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_table_sample(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_table_update(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_table_remove(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_table_info(PyObject *client, PyObject *args, PyObject *kw);
+#define TSP_REPLAY_CLIENT_METHODS                                                                  \
+    TSP_STREAM_METHOD(                                                                             \
+        table_create,                                                                              \
+        "table_create(name, capacity=100000, sampler='uniform', remover='fifo', "                  \
+        "priority_exponent=1.0, max_times_sampled=0, min_size_to_sample=1, "                       \
+        "samples_per_insert=1.0, error_buffer=0.0) -> dict\n\nCreate a replay "                    \
+        "table (samplers: uniform, prioritized, fifo, lifo; removers: fifo, lifo, "                \
+        "lowest_priority; error_buffer 0: no rate limit beyond min_size_to_sample).")              \
+    TSP_STREAM_METHOD(table_insert,                                                                \
+                      "table_insert(name, value, priority=1.0, timeout_ms=None) -> int\n\n"        \
+                      "Insert a record; returns its key. Waits for the rate limiter "              \
+                      "(TimeoutError after timeout_ms; None: the request timeout).")               \
+    TSP_STREAM_METHOD(table_sample,                                                                \
+                      "table_sample(name, n=1, timeout_ms=None, *, tensor_type=None) -> list\n\n"  \
+                      "Draw 1..n items (as many as the rate limiter allows): dicts with key, "     \
+                      "probability, times_sampled, age_ms, value.")                                \
+    TSP_STREAM_METHOD(table_update,                                                                \
+                      "table_update(name, keys, priorities) -> dict\n\nSet priorities by key "     \
+                      "(unknown keys skipped and counted).")                                       \
+    TSP_STREAM_METHOD(table_remove, "table_remove(name, keys) -> dict\n\nRemove items by key.")    \
+    TSP_STREAM_METHOD(table_info, "table_info(name) -> dict\n\nSettings, counters and the rate "   \
+                                  "limiter's state.")
+
 #endif /* TSP_H */

@@ -213,6 +213,35 @@ class Client:
         *,
         tensor_type: Optional[TensorType] = None,
     ) -> "StreamEntries": ...
+    # Replay tables (docs/PYTHON.md "Replay tables").
+    def table_create(
+        self,
+        name: str,
+        capacity: int = 100000,
+        sampler: Literal["uniform", "prioritized", "fifo", "lifo"] = "uniform",
+        remover: Literal["fifo", "lifo", "lowest_priority"] = "fifo",
+        priority_exponent: float = 1.0,
+        max_times_sampled: int = 0,
+        min_size_to_sample: int = 1,
+        samples_per_insert: float = 1.0,
+        error_buffer: float = 0.0,
+    ) -> Dict[str, int]: ...
+    def table_insert(
+        self, name: str, value: Any, priority: float = 1.0, timeout_ms: Optional[int] = None
+    ) -> int: ...
+    def table_sample(
+        self,
+        name: str,
+        n: int = 1,
+        timeout_ms: Optional[int] = None,
+        *,
+        tensor_type: Optional[TensorType] = None,
+    ) -> List[Dict[str, Any]]: ...
+    def table_update(
+        self, name: str, keys: Sequence[int], priorities: Sequence[float]
+    ) -> Dict[str, int]: ...
+    def table_remove(self, name: str, keys: Sequence[int]) -> Dict[str, int]: ...
+    def table_info(self, name: str) -> Dict[str, Any]: ...
     # Coordination (docs/PYTHON.md "Coordination").
     def add(self, name: str, delta: int = 1) -> int: ...
     def put_if(self, name: str, expected_version: int, value: Any) -> int: ...
