@@ -298,7 +298,7 @@ tsd_hnode *tsd_htab_find(const tsd_htab *t, const uint8_t *name, size_t len)
 {
     uint32_t h = tsd_hash(name, len);
     for (tsd_hnode *n = t->buckets[h & t->mask]; n != NULL; n = n->next)
-        if (n->hash == h && n->name_len == len && memcmp(n->name, name, len) == 0)
+        if (n->hash == h && n->name_len == len && (len == 0 || memcmp(n->name, name, len) == 0))
             return n;
     return NULL;
 }

@@ -698,7 +698,8 @@ static int stream_new(tsd_server *srv, const uint8_t *name, size_t len,
         return TS_ENOMEM;
     }
     st->node.name = (uint8_t *)(st + 1);
-    memcpy(st->node.name, name, len);
+    if (len > 0) /* the empty name is a name too; its pointer may be NULL */
+        memcpy(st->node.name, name, len);
     st->node.name_len = (uint8_t)len;
     st->node.hash = tsd_hash(name, len);
     st->cfg = *cfg;
