@@ -688,6 +688,11 @@ ts__req *ts__api_req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, 
     return req_new(c, kind, op, bin, NULL, rc);
 }
 
+int ts__api_attach_record(ts_client_t *c, ts__req *r, const ts_value_t *item, unsigned flags)
+{
+    return attach_record(c, r, item, flags);
+}
+
 int ts__api_run_blocking(ts_client_t *c, ts__req *r, ts__req **out)
 {
     return run_blocking(c, r, out);

@@ -93,15 +93,12 @@ int ts_put_if(ts_client_t *c, const char *name, uint64_t expected_version, const
     if (r == NULL)
         return rc;
     ts__put_u64le(ts__req_upload_fixed(r), expected_version);
-    ts__enc e;
-    rc = ts__record_plan(item, &e);
+    /* As ts_put: from the caller's memory, or compressed whole (head included) when agreed. */
+    rc = ts__api_attach_record(c, r, item, TS_BORROW);
     if (rc != 0) {
         ts__req_free(r);
         return ts__fail(rc, "the item cannot be encoded: %s", ts_strerror(rc));
     }
-    r->body_len = r->small_len + e.total;
-    r->enc = e;
-    r->borrowed = 1;
     ts__req *done;
     rc = ts__api_run_blocking(c, r, &done);
     if (done == NULL)

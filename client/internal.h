@@ -608,6 +608,13 @@ void ts__lane_destroy(ts_client_t *c);
 int ts__api_check_call(ts_client_t *c, int blocking);
 ts__req *ts__api_req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, int *rc);
 int ts__api_run_blocking(ts_client_t *c, ts__req *r, ts__req **out);
+/*
+ * Attach item as the record of r, an upload whose head (name and fixed fields) r's small buffer
+ * holds: sent from the caller's memory (TS_BORROW), copied (TS_COPY), or the whole body as one
+ * LZ4 block when the client compresses and the server agreed. 0, or TS_ENOMEM / an encoding
+ * error (r is unchanged then).
+ */
+int ts__api_attach_record(ts_client_t *c, ts__req *r, const ts_value_t *item, unsigned flags);
 int ts__api_run_async(ts_client_t *c, ts__req *r, ts_result_cb cb, void *arg);
 
 /* lasterror.c: set the thread's ts_last_error() to len bytes of msg (NULL: ""). */

@@ -707,6 +707,54 @@ static void test_wait_shutdown(void **state)
     tsh_server_cleanup(&s2);
 }
 
+/* A STATS counter of the server. */
+static int64_t stat_int(const char *key)
+{
+    ts_value_t *st = NULL;
+    assert_int_equal(ts_stats(cl, &st), 0);
+    int64_t v = -1;
+    assert_int_equal(ts_value_int(ts_map_get(st, key), &v), 0);
+    ts_value_free(st);
+    return v;
+}
+
+/*
+ * PUT_IF through a client that compresses its frames: the expected version travels inside the
+ * LZ4 body (tensord inflates it and reads the fixed fields there), a large record off the loop.
+ */
+static void test_put_if_lz4(void **state)
+{
+    (void)state;
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.compress_min = 64;
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, srv.addr, &o), 0);
+    static float zeros[1 << 18]; /* 1 MiB of zeros: compresses, and is validated off the loop */
+    int64_t shape[1] = {1 << 18};
+    ts_value_t *t = ts_tensor_new(TS_FLOAT32, 1, shape, zeros, TS_COPY);
+    assert_non_null(t);
+    uint64_t v1 = 0, v2 = 0, cur = 0;
+    int64_t rx0 = stat_int("bytes_received");
+    assert_int_equal(ts_put_if(c, "lz", 0, t, &v1), 0);
+    /* It went compressed: far fewer bytes than the 1 MiB record arrived. */
+    assert_true(stat_int("bytes_received") - rx0 < (1 << 18));
+    assert_int_equal(ts_put_if(c, "lz", 0, t, &cur), TS_ECONFLICT);
+    assert_true(cur == v1);
+    assert_int_equal(ts_put_if(c, "lz", v1, t, &v2), 0);
+    assert_true(v2 > v1);
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek(cl, "lz", 0, &items), 0);
+    assert_true(ts_items_count(items) == 1 && ts_items_version(items) == v2);
+    ts_items_free(items);
+    /* A small one too (inflated on the loop). */
+    ts_value_t *small = ts_int_new(5);
+    assert_int_equal(ts_put_if(c, "lz_small", 0, small, &v1), 0);
+    ts_value_free(small);
+    ts_value_free(t);
+    ts_client_free(c);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -717,7 +765,7 @@ int main(void)
         cmocka_unit_test(test_take_fifo),        cmocka_unit_test(test_take_competing),
         cmocka_unit_test(test_take_timeout),     cmocka_unit_test(test_mget),
         cmocka_unit_test(test_barrier),          cmocka_unit_test(test_barrier_bad),
-        cmocka_unit_test(test_wait_shutdown),
+        cmocka_unit_test(test_wait_shutdown),    cmocka_unit_test(test_put_if_lz4),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
