@@ -802,6 +802,40 @@ static void test_memory(void **state)
     assert_int_equal(stat_int("used_memory"), base);
 }
 
+/* A LIST past the off-loop threshold (4096 entries) shows every table among the bins, sorted. */
+static void test_list_offloop(void **state)
+{
+    (void)state;
+    ts_table_config_t cfg;
+    ts_table_config_init(&cfg);
+    cfg.capacity = 1;
+    char name[32];
+    for (int i = 0; i < 4200; i++) {
+        snprintf(name, sizeof(name), "lt%04d", i);
+        assert_int_equal(ts_table_create(cl, name, &cfg, NULL), 0);
+    }
+    ts_value_t *it = tc_item(2, 0, 0);
+    assert_int_equal(ts_put(cl, "lt0100x", it, NULL), 0);
+    ts_value_free(it);
+    insert_tag("lt0100", 1, 1);
+    ts_bin_list_t *list = NULL;
+    assert_int_equal(ts_list(cl, &list), 0);
+    int tables = 0, plain = 0;
+    for (size_t i = 0; i < list->count; i++) {
+        if (i > 0)
+            assert_true(strcmp(list->bins[i - 1].name, list->bins[i].name) < 0);
+        if (strncmp(list->bins[i].name, "lt", 2) == 0 && strlen(list->bins[i].name) == 6)
+            tables++;
+        if (strcmp(list->bins[i].name, "lt0100") == 0)
+            assert_int_equal(list->bins[i].n_items, 1);
+        plain += strcmp(list->bins[i].name, "lt0100x") == 0;
+    }
+    ts_bin_list_free(list);
+    assert_int_equal(tables, 4200);
+    assert_int_equal(plain, 1);
+    assert_true(stat_int("lists_offloop") >= 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -816,6 +850,7 @@ int main(void)
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_raw_bad_input),
         cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_list_offloop),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
