@@ -61,7 +61,7 @@ enum {
     TS_OP_STREAM_LEAVE = 0x1D,  /* remove a member, or a whole group */
     TS_OP_STREAM_INFO = 0x1E,   /* settings, groups and members, as a record */
     TS_OP_STREAM_RANGE = 0x1F,  /* kept entries after an id, without a cursor */
-    /* Coordination primitives (TCPStore's feature set), 0.5.0. */
+    /* Coordination primitives (TCPStore's feature set), 0.4.0. */
     TS_OP_ADD = 0x20,     /* add to a counter (a bin holding one int record) */
     TS_OP_PUT_IF = 0x21,  /* PUT only when the bin's version is the one expected (an upload) */
     TS_OP_TAKE = 0x22,    /* a blocking GET that hands each item to one waiter, in arrival order */

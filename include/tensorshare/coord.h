@@ -15,7 +15,7 @@
  * wait, where it has one). Bin names are NUL-terminated strings of at most 255 bytes (NULL:
  * TS_EINVAL; longer: TS_ENAMETOOLONG). Server errors common to all: TS_EINVAL for a name that is
  * a stream (nothing changed), TS_EOOM, TS_ESAVEFAIL for the changes while snapshots fail,
- * TS_ESHUTDOWN. Added in 0.5.0.
+ * TS_ESHUTDOWN. Added in 0.4.0.
  */
 #ifndef TENSORSHARE_COORD_H
 #define TENSORSHARE_COORD_H
@@ -34,7 +34,7 @@ extern "C" {
  * missing bin is created holding 0 + delta. *value: the counter's new value; *version: the bin's
  * version after the change (both may be NULL). Listeners get a put notification. TS_EINVAL: the
  * bin holds something other than one int record, or the sum leaves int64 (nothing changed).
- * Added in 0.5.0.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_add(ts_client_t *c, const char *name, int64_t delta, int64_t *value,
                      uint64_t *version);
@@ -45,7 +45,7 @@ TS_EXTERN int ts_add(ts_client_t *c, const char *name, int64_t delta, int64_t *v
  * When the version differs, nothing changes and TS_ECONFLICT is returned with *version set to the
  * bin's current version (0: it does not exist), so that the caller can read and retry: the one
  * out-parameter written on an error. item is borrowed (its tensors are sent from the caller's
- * memory during the call). Added in 0.5.0.
+ * memory during the call). Added in 0.4.0.
  */
 TS_EXTERN int ts_put_if(ts_client_t *c, const char *name, uint64_t expected_version,
                         const ts_value_t *item, uint64_t *version);
@@ -57,12 +57,12 @@ TS_EXTERN int ts_put_if(ts_client_t *c, const char *name, uint64_t expected_vers
  * first of them. *out: the items, transferred (ts_items_free). TS_ETIMEDOUT when none came in
  * time (0: do not wait; TS_TIMEOUT_DEFAULT: the request timeout; TS_TIMEOUT_INFINITE:
  * TS_EINVAL). A DELETE of the bin leaves takers waiting. A wait counts against the server's
- * --max-watch. Added in 0.5.0.
+ * --max-watch. Added in 0.4.0.
  */
 TS_EXTERN int ts_take(ts_client_t *c, const char *name, size_t max_items, int timeout_ms,
                       ts_items_t **out);
 
-/* Names one ts_mget takes at most. Added in 0.5.0. */
+/* Names one ts_mget takes at most. Added in 0.4.0. */
 #define TS_MGET_MAX 256
 
 /*
@@ -70,7 +70,7 @@ TS_EXTERN int ts_take(ts_client_t *c, const char *name, size_t max_items, int ti
  * items per bin, 0 = all; nothing is removed). out[i] receives bin names[i]'s items, transferred
  * (ts_items_free), or NULL when that bin does not exist. The request must also fit the server's
  * control body limit (4096 bytes: 8 + the names and a byte each): TS_EMSGSIZE otherwise. On an
- * error no out[i] is written. Added in 0.5.0.
+ * error no out[i] is written. Added in 0.4.0.
  */
 TS_EXTERN int ts_mget(ts_client_t *c, const char *const *names, size_t n, size_t max_items,
                       ts_items_t **out);
@@ -83,7 +83,7 @@ TS_EXTERN int ts_mget(ts_client_t *c, const char *const *names, size_t n, size_t
  * others did not come within timeout_ms (TS_TIMEOUT_DEFAULT: the request timeout;
  * TS_TIMEOUT_INFINITE: TS_EINVAL): this arrival is withdrawn. Barriers live in the server's
  * memory only: a restart forgets them and the callers waiting get TS_ESHUTDOWN or lose their
- * connection. Added in 0.5.0.
+ * connection. Added in 0.4.0.
  */
 TS_EXTERN int ts_barrier(ts_client_t *c, const char *name, uint32_t parties, int timeout_ms,
                          uint64_t *generation);
