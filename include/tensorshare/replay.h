@@ -89,12 +89,14 @@ TS_EXTERN void ts_table_config_init(ts_table_config_t *cfg);
 /*
  * Create table name with cfg (NULL: the defaults). TS_EINVAL when the name is taken (by a table
  * or any other bin) or a value is out of range. st may be NULL.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_table_create(ts_client_t *c, const char *name, const ts_table_config_t *cfg,
                               ts_table_state_t *st);
 /*
  * Insert item with priority, waiting at most timeout_ms for the rate limiter. 0 with *key (may
  * be NULL) the key the server gave it. item is borrowed (sent from its memory).
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_table_insert(ts_client_t *c, const char *name, const ts_value_t *item,
                               double priority, int timeout_ms, uint64_t *key);
@@ -102,17 +104,21 @@ TS_EXTERN int ts_table_insert(ts_client_t *c, const char *name, const ts_value_t
  * Draw up to n (1..TS_TABLE_SAMPLE_MAX) items, waiting at most timeout_ms until the rate limiter
  * allows one: the server draws as many as the limiter allows then, at least one. *out is yours
  * (ts_table_sample_free).
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_table_sample(ts_client_t *c, const char *name, size_t n, int timeout_ms,
                               ts_table_sample_t **out);
-/* The draws of s, and draw i's record (borrowed from s), key, probability, draw count and age. */
+/*
+ * The draws of s, and draw i's record (borrowed from s), key, probability, draw count and age.
+ * Added in 0.4.0.
+ */
 TS_EXTERN size_t ts_table_sample_count(const ts_table_sample_t *s);
 TS_EXTERN const ts_value_t *ts_table_sample_value(const ts_table_sample_t *s, size_t i);
 TS_EXTERN uint64_t ts_table_sample_key(const ts_table_sample_t *s, size_t i);
 TS_EXTERN double ts_table_sample_probability(const ts_table_sample_t *s, size_t i);
 TS_EXTERN uint32_t ts_table_sample_times_sampled(const ts_table_sample_t *s, size_t i);
 TS_EXTERN uint64_t ts_table_sample_age_ms(const ts_table_sample_t *s, size_t i);
-/* The table's size after the draw. */
+/* The table's size after the draw. Added in 0.4.0. */
 TS_EXTERN uint64_t ts_table_sample_table_size(const ts_table_sample_t *s);
 TS_EXTERN void ts_table_sample_free(ts_table_sample_t *s);
 /*
@@ -120,16 +126,18 @@ TS_EXTERN void ts_table_sample_free(ts_table_sample_t *s);
  * are skipped and counted. A bad priority (NaN, negative, infinite) is TS_EINVAL before anything
  * is sent. st (may be NULL) sums the batches' done and skipped; its other fields are the last
  * batch's.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_table_update(ts_client_t *c, const char *name, size_t n, const uint64_t *keys,
                               const double *priorities, ts_table_state_t *st);
-/* Remove n items by key (in batches), as ts_table_update. */
+/* Remove n items by key (in batches), as ts_table_update. Added in 0.4.0. */
 TS_EXTERN int ts_table_remove(ts_client_t *c, const char *name, size_t n, const uint64_t *keys,
                               ts_table_state_t *st);
 /*
  * Settings, counters and the rate limiter's state as a map (size, capacity, inserts, samples,
  * deletes, min_diff, max_diff, diff, can_insert, can_sample, waiting_inserts, waiting_samples,
  * ...). *out is yours (ts_value_free).
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_table_info(ts_client_t *c, const char *name, ts_value_t **out);
 
