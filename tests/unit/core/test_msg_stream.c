@@ -459,7 +459,13 @@ static void test_state_replies(void **state)
                         40);
     check_case(c);
     assert_int_equal(ts__msg_reply_decode(c->op, TS_ST_OK, c->b, c->len, &m), 0);
-    assert_memory_equal(&m.u.stream_join, &js, sizeof(js));
+    /* Field by field: the struct ends in 4 bytes of padding, whose contents mean nothing. */
+    assert_int_equal(m.u.stream_join.next_id, js.next_id);
+    assert_int_equal(m.u.stream_join.floor, js.floor);
+    assert_int_equal(m.u.stream_join.lost, js.lost);
+    assert_int_equal(m.u.stream_join.pending, js.pending);
+    assert_int_equal(m.u.stream_join.members, js.members);
+    assert_int_equal(m.u.stream_join.rows_done, js.rows_done);
     for (size_t k = 36; k < 40; k++) {
         c->b[k] = 1;
         assert_int_equal(ts__msg_stream_join_state_decode(c->b, c->len, &m.u.stream_join),
