@@ -129,7 +129,8 @@ test)
     echo "== ThreadSanitizer (unit and client tests; the batcher's timing-sensitive tests run in the release and ASan builds)"
     build build-tsan -DTS_WERROR=ON -DTS_SANITIZE=thread -DTS_WITH_TORCH=OFF \
         -DTS_TEST_TIMEOUT_MULTIPLIER=4 -DTS_BUILD_BENCH=OFF
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 check build-tsan "unit|client" || rc=1
+    TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
+        check build-tsan "unit|client" || rc=1
     echo "== libFuzzer targets (clang, ASan + UBSan, bounded time each)"
     CC=clang BUILD_TARGET=fuzz_all build build-fuzz -DTS_WERROR=ON \
         -DTS_SANITIZE=address,undefined -DTS_WITH_TORCH=OFF -DTS_BUILD_BENCH=OFF \
