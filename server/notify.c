@@ -645,7 +645,7 @@ size_t tsd_notify_conn_stop(tsd_server *srv, tsd_conn *c)
     /* Its TAKEs and barrier arrivals (coord.c), answered SHUTTING_DOWN. */
     size_t answered = tsd_coord_conn_drop(srv, c, 1);
     size_t n = tsd_stream_conn_stop(srv, c); /* its stream waits (stream.c) */
-    n += tsd_table_conn_stop(srv, c);         /* its replay table waits (table.c) */
+    n += tsd_table_conn_stop(srv, c);        /* its replay table waits (table.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;

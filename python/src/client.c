@@ -1384,9 +1384,12 @@ static PyMethodDef client_methods[] = {
     {"write_rows", (PyCFunction)(void (*)(void))tsp_client_write_rows, METH_VARARGS | METH_KEYWORDS,
      "write_rows(bin, start, rows) -> int\n\nWrite rows (the bin's dtype, shape [k, ...]) "
      "into the tensor bin at start, in place; returns the bin's new version."},
+    /* The method entries of the other files (tsp.h), one macro per file. */
+    /* clang-format off */
     TSP_STREAM_CLIENT_METHODS
     TSP_COORD_CLIENT_METHODS
     TSP_REPLAY_CLIENT_METHODS
+    /* clang-format on */
     {"delete", (PyCFunction)(void (*)(void))client_delete, FAST,
      "delete(bin) -> int\n\nRemove the bin; returns the items removed (0 for a missing bin)."},
     {"list", client_list, METH_NOARGS,

@@ -376,7 +376,7 @@ PyObject *tsp_client_stream_range(PyObject *client, PyObject *args, PyObject *kw
     TSP_STREAM_METHOD(stream_append,                                                               \
                       "stream_append(name, value) -> int\n\nAppend a record; returns its id. "     \
                       "BackpressureError when the window is full (nothing stored).")               \
-    TSP_STREAM_METHOD(stream_mark, "stream_mark(name, tag) -> int\n\nAppend an end-of-epoch "     \
+    TSP_STREAM_METHOD(stream_mark, "stream_mark(name, tag) -> int\n\nAppend an end-of-epoch "      \
                                    "marker with tag (never refused for credit); returns its id.")  \
     TSP_STREAM_METHOD(stream_credit,                                                               \
                       "stream_credit(name, timeout_ms=None) -> dict\n\nWait until an append "      \
