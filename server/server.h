@@ -813,9 +813,9 @@ typedef struct tsd_conn {
     int cur_disk_rc;      /* TSD_RS_DISCARD: refused by the data directory (tsd_datadir_alloc) */
     /* TSD_RS_DISCARD: a STREAM_APPEND refused once its name was in (the status it gets). */
     uint16_t cur_stream_status;
-    uint8_t *bulk_dst;    /* where the next bytes go (RS_ITEM, RS_LZ4) */
-    uint64_t bulk_left;   /* bytes of the body still to come */
-    uint64_t bulk_total;  /* bytes of the body being received in bulk (item or compressed) */
+    uint8_t *bulk_dst;      /* where the next bytes go (RS_ITEM, RS_LZ4) */
+    uint64_t bulk_left;     /* bytes of the body still to come */
+    uint64_t bulk_total;    /* bytes of the body being received in bulk (item or compressed) */
     uint64_t last_input_ms; /* uv_now of the last bytes read, for the body deadline */
     uint64_t out_mem;       /* bytes of allocations of the write batches queued or in flight */
     /* Off-loop inflation and validation of a large record (TSD_RS_WORK). */

@@ -90,20 +90,20 @@ typedef enum ts__msg_kind {
     TS_MSG_STREAM_ACK_STATE,    /* ACK STATE, 24 bytes */
     TS_MSG_STREAM_ENTRIES,      /* ENTRIES (STREAM_READ, STREAM_RANGE) */
     /* Coordination (msg_coord.c). PUT_IF is a TS_MSG_PUT_REQ with upload_fixed 8. */
-    TS_MSG_ADD_REQ,             /* name, i64 delta */
-    TS_MSG_ADD_STATE,           /* ADD STATE, 16 bytes */
-    TS_MSG_TAKE_REQ,            /* name, u32 max_items, u32 timeout_ms */
-    TS_MSG_MGET_REQ,            /* u32 n, u32 max_items, n names */
-    TS_MSG_MGET_REP,            /* the MGET reply */
-    TS_MSG_BARRIER_REQ,         /* name, u32 parties, u32 timeout_ms */
-    TS_MSG_BARRIER_STATE,       /* BARRIER STATE, 16 bytes */
+    TS_MSG_ADD_REQ,       /* name, i64 delta */
+    TS_MSG_ADD_STATE,     /* ADD STATE, 16 bytes */
+    TS_MSG_TAKE_REQ,      /* name, u32 max_items, u32 timeout_ms */
+    TS_MSG_MGET_REQ,      /* u32 n, u32 max_items, n names */
+    TS_MSG_MGET_REP,      /* the MGET reply */
+    TS_MSG_BARRIER_REQ,   /* name, u32 parties, u32 timeout_ms */
+    TS_MSG_BARRIER_STATE, /* BARRIER STATE, 16 bytes */
     /* Replay tables (msg_table.c). TABLE_INSERT is an upload, TABLE_INFO a TS_MSG_NAME_REQ. */
-    TS_MSG_TABLE_CREATE_REQ,    /* name, capacity, rate limiter, sampler, remover... */
-    TS_MSG_TABLE_SAMPLE_REQ,    /* name, u32 n, u32 timeout_ms */
-    TS_MSG_TABLE_UPDATE_REQ,    /* name, n x (u64 key, f64 priority) */
-    TS_MSG_TABLE_REMOVE_REQ,    /* name, n x u64 key */
-    TS_MSG_TABLE_STATE,         /* TABLE STATE, 40 bytes */
-    TS_MSG_TABLE_SAMPLES        /* SAMPLES (TABLE_SAMPLE) */
+    TS_MSG_TABLE_CREATE_REQ, /* name, capacity, rate limiter, sampler, remover... */
+    TS_MSG_TABLE_SAMPLE_REQ, /* name, u32 n, u32 timeout_ms */
+    TS_MSG_TABLE_UPDATE_REQ, /* name, n x (u64 key, f64 priority) */
+    TS_MSG_TABLE_REMOVE_REQ, /* name, n x u64 key */
+    TS_MSG_TABLE_STATE,      /* TABLE STATE, 40 bytes */
+    TS_MSG_TABLE_SAMPLES     /* SAMPLES (TABLE_SAMPLE) */
 } ts__msg_kind;
 
 /* What one opcode carries (section 8's table). */

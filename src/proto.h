@@ -74,7 +74,7 @@ enum {
     TS_OP_TABLE_UPDATE = 0x2B, /* change priorities by key */
     TS_OP_TABLE_REMOVE = 0x2C, /* remove items by key */
     TS_OP_TABLE_INFO = 0x2D,   /* settings, counters and rate limiter state, as a record */
-    TS_OP_NOTIFY = 0x80         /* server to client only */
+    TS_OP_NOTIFY = 0x80        /* server to client only */
 };
 
 /* Wire status codes (u16, append-only); the client maps them to TS_E* codes. */
