@@ -165,6 +165,24 @@ static void test_add_bad(void **state)
     assert_int_equal(ts_put_if(cl, "x", 0, NULL, NULL), TS_EINVAL);
 }
 
+/*
+ * The processes of the contended tests run a fresh image of this program (fork, then exec of
+ * /proc/self/exe with a role), not a forked copy: a copy of a multi-threaded process may not start
+ * threads under ThreadSanitizer, and separate programs are what the tests stand for anyway.
+ * Returns the child's pid, or -1.
+ */
+static pid_t spawn_child(const char *role, int n)
+{
+    char nbuf[32];
+    snprintf(nbuf, sizeof(nbuf), "%d", n);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/proc/self/exe", "test_coord", role, srv.addr, nbuf, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
 /* One adding process: ADD_THREADS threads sharing a client, n adds of 1 each in all. */
 typedef struct adder {
     ts_client_t *c;
@@ -181,10 +199,10 @@ static void *add_thread(void *arg)
     return NULL;
 }
 
-static int add_process(int n)
+static int add_process(const char *addr, int n)
 {
     ts_client_t *c;
-    if (ts_client_open(&c, srv.addr, NULL) != 0)
+    if (ts_client_open(&c, addr, NULL) != 0)
         return 1;
     adder a[ADD_THREADS];
     pthread_t t[ADD_THREADS];
@@ -217,10 +235,8 @@ static void test_add_contended(void **state)
     pid_t pids[ADDERS];
     uint64_t t0 = tc_now_ms();
     for (int i = 0; i < ADDERS; i++) {
-        pids[i] = fork();
-        assert_true(pids[i] >= 0);
-        if (pids[i] == 0)
-            _exit(add_process(each));
+        pids[i] = spawn_child("--adder", each);
+        assert_true(pids[i] > 0);
     }
     int bad = 0;
     for (int i = 0; i < ADDERS; i++) {
@@ -619,10 +635,10 @@ static void test_mget(void **state)
 }
 
 /* One barrier process: two generations, each released with the expected number. */
-static int barrier_process(void)
+static int barrier_process(const char *addr)
 {
     ts_client_t *c;
-    if (ts_client_open(&c, srv.addr, NULL) != 0)
+    if (ts_client_open(&c, addr, NULL) != 0)
         return 1;
     uint64_t g1 = 0, g2 = 0;
     int rc = ts_barrier(c, "meet", BARRIER_PARTIES, LONG_MS, &g1);
@@ -637,10 +653,8 @@ static void test_barrier(void **state)
     (void)state;
     pid_t pids[BARRIER_PARTIES];
     for (int i = 0; i < BARRIER_PARTIES; i++) {
-        pids[i] = fork();
-        assert_true(pids[i] >= 0);
-        if (pids[i] == 0)
-            _exit(barrier_process());
+        pids[i] = spawn_child("--barrier", 0);
+        assert_true(pids[i] > 0);
     }
     int bad = 0;
     for (int i = 0; i < BARRIER_PARTIES; i++) {
@@ -755,9 +769,14 @@ static void test_put_if_lz4(void **state)
     ts_client_free(c);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     signal(SIGPIPE, SIG_IGN);
+    /* A child of the contended tests (spawn_child): role, the server's address, a count. */
+    if (argc == 4 && strcmp(argv[1], "--adder") == 0)
+        return add_process(argv[2], (int)strtol(argv[3], NULL, 10));
+    if (argc == 4 && strcmp(argv[1], "--barrier") == 0)
+        return barrier_process(argv[2]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add_basic),        cmocka_unit_test(test_add_bad),
         cmocka_unit_test(test_add_contended),    cmocka_unit_test(test_put_if_basic),
