@@ -67,6 +67,7 @@ static const ts__msg_op ops[] = {
     {TS_OP_TABLE_UPDATE, TS_MSG_TABLE_UPDATE_REQ, TS_MSG_TABLE_STATE, 0, 1, 0},
     {TS_OP_TABLE_REMOVE, TS_MSG_TABLE_REMOVE_REQ, TS_MSG_TABLE_STATE, 0, 1, 0},
     {TS_OP_TABLE_INFO, TS_MSG_NAME_REQ, TS_MSG_RECORD, 0, 0, 0},
+    {TS_OP_SHARD_MAP, TS_MSG_EMPTY, TS_MSG_SHARD_MAP, 0, 0, 0},
     {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0, 0},
 };
 
@@ -92,6 +93,9 @@ ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status)
         /* A PUT_IF that lost carries the bin's state with its current version. */
         if (op == TS_OP_PUT_IF && status == TS_ST_VERSION_MISMATCH)
             return TS_MSG_BIN_STATE;
+        /* A sharded daemon names the slot's owner (section 14); opcode 0 never carries it. */
+        if (op != 0 && status == TS_ST_WRONG_SHARD)
+            return TS_MSG_WRONG_SHARD;
         return TS_MSG_ERROR;
     }
     const ts__msg_op *info = ts__msg_op_info(op);
@@ -136,7 +140,10 @@ uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large)
     case TS_MSG_NOTIFY:
         return TS_MSG_MAX_NOTIFY;
     case TS_MSG_ERROR:
+    case TS_MSG_WRONG_SHARD: /* kept within an error message's limit on purpose */
         return TS_MAX_ERRMSG;
+    case TS_MSG_SHARD_MAP:
+        return TS_MSG_SHARD_MAP_MAX;
     default: /* empty bodies, and frames no reply carries */
         return 0;
     }
@@ -1036,6 +1043,12 @@ static int decode_kind(ts__msg_kind kind, const uint8_t *body, size_t len, ts__m
     case TS_MSG_TABLE_SAMPLES:
         rc = ts__msg_table_samples_decode(body, len, &d.u.table_samples);
         break;
+    case TS_MSG_SHARD_MAP:
+        rc = ts__msg_shard_map_decode(body, len, &d.u.shard_map);
+        break;
+    case TS_MSG_WRONG_SHARD:
+        rc = ts__msg_wrong_shard_decode(body, len, &d.u.wrong_shard);
+        break;
     case TS_MSG_NONE:
     default:
         return TS_EUNKNOWNOP;
@@ -1320,6 +1333,10 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
         return ts__msg_table_state_encode(out, cap, &m->u.table_state, len);
     case TS_MSG_TABLE_SAMPLES:
         return samples_encode_again(&m->u.table_samples, out, cap, len);
+    case TS_MSG_SHARD_MAP:
+        return ts__msg_shard_map_encode_again(&m->u.shard_map, out, cap, len);
+    case TS_MSG_WRONG_SHARD:
+        return ts__msg_wrong_shard_encode(out, cap, &m->u.wrong_shard, len);
     case TS_MSG_NONE:
     default:
         return TS_EINVAL;

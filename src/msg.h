@@ -103,7 +103,10 @@ typedef enum ts__msg_kind {
     TS_MSG_TABLE_UPDATE_REQ, /* name, n x (u64 key, f64 priority) */
     TS_MSG_TABLE_REMOVE_REQ, /* name, n x u64 key */
     TS_MSG_TABLE_STATE,      /* TABLE STATE, 40 bytes */
-    TS_MSG_TABLE_SAMPLES     /* SAMPLES (TABLE_SAMPLE) */
+    TS_MSG_TABLE_SAMPLES,    /* SAMPLES (TABLE_SAMPLE) */
+    /* Sharding (msg_shard.c). */
+    TS_MSG_SHARD_MAP,  /* the SHARD_MAP reply */
+    TS_MSG_WRONG_SHARD /* the body of status WRONG_SHARD (slot, owner, address, message) */
 } ts__msg_kind;
 
 /* What one opcode carries (section 8's table). */
@@ -137,7 +140,8 @@ const ts__msg_op *ts__msg_op_info(uint8_t op);
 
 /*
  * The body kind of a reply to op with status: the opcode's OK body for TS_ST_OK (TS_MSG_NONE for
- * an opcode without one, 0 included), TS_MSG_BIN_STATE for WAIT's TIMEOUT, and TS_MSG_ERROR for
+ * an opcode without one, 0 included), TS_MSG_BIN_STATE for WAIT's TIMEOUT and PUT_IF's
+ * VERSION_MISMATCH, TS_MSG_WRONG_SHARD for WRONG_SHARD (opcode 0 aside), and TS_MSG_ERROR for
  * every other status (known or not) of every other opcode (known or not, 0 included: errors that
  * belong to no request). NOTIFY gives TS_MSG_NOTIFY with status 0 and TS_MSG_NONE otherwise.
  */
@@ -832,6 +836,9 @@ void ts__msg_stream_entry_get(const ts__msg_stream_entries *m, uint32_t i, ts__m
 /* Coordination primitives: their bodies are declared in msg_coord.h (opcodes 0x20 to 0x24). */
 #include "msg_coord.h"
 
+/* Sharding: SHARD_MAP's reply and WRONG_SHARD's body are declared in msg_shard.h. */
+#include "msg_shard.h"
+
 /* ---------------------------------------------------------------------------------------------
  * Decoding by opcode: the table above picks the decoder
  */
@@ -871,6 +878,8 @@ typedef struct ts__msg {
         ts__msg_mget_req mget_req;
         ts__msg_mget_rep mget_rep;
         ts__msg_barrier_state barrier_state;
+        ts__msg_shard_map shard_map;
+        ts__msg_wrong_shard wrong_shard;
     } u;
 } ts__msg;
 

@@ -211,6 +211,8 @@ const char *ts__op_name(uint8_t op)
         return "TABLE_REMOVE";
     case TS_OP_TABLE_INFO:
         return "TABLE_INFO";
+    case TS_OP_SHARD_MAP:
+        return "SHARD_MAP";
     case TS_OP_NOTIFY:
         return "NOTIFY";
     default:

@@ -74,6 +74,8 @@ enum {
     TS_OP_TABLE_UPDATE = 0x2B, /* change priorities by key */
     TS_OP_TABLE_REMOVE = 0x2C, /* remove items by key */
     TS_OP_TABLE_INFO = 0x2D,   /* settings, counters and rate limiter state, as a record */
+    /* Sharding (docs/PROTOCOL.md section 14), 0.5.0. */
+    TS_OP_SHARD_MAP = 0x30, /* the daemon's shard map: epoch, shards, addresses, slot ranges */
     TS_OP_NOTIFY = 0x80        /* server to client only */
 };
 

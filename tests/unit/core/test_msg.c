@@ -557,6 +557,7 @@ static void test_opcode_table(void **state)
         {TS_OP_TABLE_UPDATE, TS_MSG_TABLE_UPDATE_REQ, TS_MSG_TABLE_STATE, 0, 1},
         {TS_OP_TABLE_REMOVE, TS_MSG_TABLE_REMOVE_REQ, TS_MSG_TABLE_STATE, 0, 1},
         {TS_OP_TABLE_INFO, TS_MSG_NAME_REQ, TS_MSG_RECORD, 0, 0},
+        {TS_OP_SHARD_MAP, TS_MSG_EMPTY, TS_MSG_SHARD_MAP, 0, 0},
         {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
     };
     int known = 0;
@@ -586,6 +587,8 @@ static void test_opcode_table(void **state)
                 assert_int_equal(k, TS_MSG_BIN_STATE);
             else if (want[i].op == TS_OP_PUT_IF && st == TS_ST_VERSION_MISMATCH)
                 assert_int_equal(k, TS_MSG_BIN_STATE);
+            else if (st == TS_ST_WRONG_SHARD)
+                assert_int_equal(k, TS_MSG_WRONG_SHARD);
             else
                 assert_int_equal(k, TS_MSG_ERROR);
         }

@@ -242,6 +242,7 @@ static void test_opcode_table(void **state)
         {0x22, "TAKE"},          {0x23, "MGET"},          {0x24, "BARRIER"},
         {0x28, "TABLE_CREATE"},  {0x29, "TABLE_INSERT"},  {0x2A, "TABLE_SAMPLE"},
         {0x2B, "TABLE_UPDATE"},  {0x2C, "TABLE_REMOVE"},  {0x2D, "TABLE_INFO"},
+        {0x30, "SHARD_MAP"},
         {0x80, "NOTIFY"},
     };
     int known = 0;
