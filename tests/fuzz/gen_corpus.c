@@ -1131,6 +1131,67 @@ static void msg_requests(void)
     seed_request("req_write_rows_head", helloed | big, TS_OP_WRITE_ROWS, 0, b.n + 512, &b);
 }
 
+/*
+ * fuzz_shard: a selector byte (0 SHARD_MAP reply, 1 WRONG_SHARD body, 2 map file text), then the
+ * input: maps not sharded, split and ranged; bodies with and without an owner's address; map
+ * files with and without ranges, and one with a hole.
+ */
+static void shard_seed_map(const char *name, const ts__shard_map *m, uint16_t self)
+{
+    gbuf b = {0};
+    put(&b, "\x00", 1);
+    size_t len = 0, size = ts__msg_shard_map_size(m);
+    wrote(&b, ts__msg_shard_map_encode(room(&b, size), size, m, self, &len), &len);
+    write_seed("fuzz_shard", name, b.p, b.n);
+    ts__free(b.p);
+}
+
+static void shard_seed_wrong(const char *name, const ts__msg_wrong_shard *w)
+{
+    gbuf b = {0};
+    put(&b, "\x01", 1);
+    size_t len = 0;
+    wrote(&b, ts__msg_wrong_shard_encode(room(&b, TS_MAX_ERRMSG), TS_MAX_ERRMSG, w, &len), &len);
+    write_seed("fuzz_shard", name, b.p, b.n);
+    ts__free(b.p);
+}
+
+static void shard_seed_file(const char *name, const char *text)
+{
+    gbuf b = {0};
+    put(&b, "\x02", 1);
+    put(&b, text, strlen(text));
+    write_seed("fuzz_shard", name, b.p, b.n);
+    ts__free(b.p);
+}
+
+static void shard_seeds(void)
+{
+    const char *addrs[] = {"h1:8000", "tls://h2:8000", "[::1]:8000"};
+    ts__shard_map *m = NULL;
+    shard_seed_map("map_unsharded", NULL, 0);
+    if (ts__shard_map_default(3, addrs, 7, &m) != 0)
+        exit(2);
+    shard_seed_map("map_three", m, 1);
+    ts__shard_map_free(m);
+    if (ts__shard_map_default(4, NULL, 1, &m) != 0)
+        exit(2);
+    shard_seed_map("map_no_addrs", m, 3);
+    ts__shard_map_free(m);
+    const char *text = "epoch 9\na:1 0-99,8000-16383 # two ranges\nb:1 100-7999\n";
+    if (ts__shard_map_parse(text, strlen(text), &m, NULL, 0) != 0)
+        exit(2);
+    shard_seed_map("map_ranged", m, 0);
+    ts__shard_map_free(m);
+    ts__msg_wrong_shard w = {6867, 1, 7, (const uint8_t *)"tls://h2:8000", 13, "not here", 8};
+    shard_seed_wrong("wrong_addr", &w);
+    ts__msg_wrong_shard u = {1749, 0, 1, NULL, 0, "bin params: slot 1749 is shard 0's", 34};
+    shard_seed_wrong("wrong_no_addr", &u);
+    shard_seed_file("file_split", "# three shards\nh1:8000\nh2:8000\n[::1]:8000\n");
+    shard_seed_file("file_ranged", text);
+    shard_seed_file("file_hole", "a:1 0-5\nb:1 7-16383\n");
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -1147,5 +1208,6 @@ int main(int argc, char **argv)
     msg_stream_bodies();
     msg_ref_bodies();
     msg_requests();
+    shard_seeds();
     return 0;
 }
