@@ -590,6 +590,26 @@ uint64_t tsd_item_overhead(const tsd_item *it);
  */
 void tsd_store_item_release(tsd_store *s, tsd_item *it);
 /*
+ * Count n bytes of bookkeeping (streams, tables, waits) against --max-memory, in store.overhead
+ * and in *cost when cost is not NULL (the structure's own total). 0, or TS_EOOM (counted in
+ * stats.oom_rejections) when n would pass the limit; then nothing is counted. Loop thread.
+ */
+int tsd_store_charge(tsd_server *srv, uint64_t *cost, uint64_t n);
+/* Give back n bytes counted by tsd_store_charge (from *cost too when cost is not NULL). */
+void tsd_store_uncharge(tsd_server *srv, uint64_t *cost, uint64_t n);
+/*
+ * A stream or a table takes an item that arrived as an upload: its reservation of
+ * tsd_item_len(it) becomes held bytes and its overhead is counted. Loop thread.
+ */
+void tsd_store_item_take(tsd_store *s, tsd_item *it);
+/*
+ * A stream or a table lets go of an item it took and drops its reference. orphan is 1 when a
+ * queued reply or a snapshot may still hold it (its bytes then count as orphaned until the last
+ * reference goes, tsd_store_item_release), 0 only when the store itself goes (exit) or nobody
+ * else can hold it.
+ */
+void tsd_store_item_drop(tsd_store *s, tsd_item *it, int orphan);
+/*
  * Seed the name hash with a 16-byte key (tsd_store_init seeds it from getrandom once per process;
  * tests set their own). Call before any table holds a name.
  */

@@ -385,6 +385,45 @@ uint64_t tsd_item_overhead(const tsd_item *it)
     return tsd_heap_block(sizeof(*own)) + own->alloc_len - own->len;
 }
 
+int tsd_store_charge(tsd_server *srv, uint64_t *cost, uint64_t n)
+{
+    if (n == 0)
+        return 0;
+    if (tsd_store_reserve(&srv->store, n) != 0) {
+        srv->stats.oom_rejections++;
+        return TS_EOOM;
+    }
+    tsd_store_unreserve(&srv->store, n);
+    srv->store.overhead += n;
+    if (cost != NULL)
+        *cost += n;
+    return 0;
+}
+
+void tsd_store_uncharge(tsd_server *srv, uint64_t *cost, uint64_t n)
+{
+    srv->store.overhead -= n;
+    if (cost != NULL)
+        *cost -= n;
+}
+
+void tsd_store_item_take(tsd_store *s, tsd_item *it)
+{
+    tsd_store_unreserve(s, tsd_item_len(it));
+    s->held += tsd_item_mem(it);
+    s->overhead += tsd_item_overhead(it);
+    it->next = NULL;
+}
+
+void tsd_store_item_drop(tsd_store *s, tsd_item *it, int orphan)
+{
+    s->held -= tsd_item_mem(it);
+    s->overhead -= tsd_item_overhead(it);
+    if (orphan)
+        tsd_store_item_release(s, it);
+    tsd_item_unref(it);
+}
+
 uint64_t tsd_store_used(const tsd_store *s)
 {
     return s->held + s->reserved + s->overhead + s->output + s->conns + s->orphaned_bytes;

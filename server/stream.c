@@ -79,58 +79,6 @@ static handed g_handed[TS_STREAM_MAX_READ];
 static tsd_stream_pending g_claimed[TS_STREAM_MAX_READ];
 
 /* ---------------------------------------------------------------------------------------------
- * Memory accounting
- */
-
-/* Count n bytes of bookkeeping against --max-memory (store.overhead). 0 or TS_EOOM. */
-static int charge(tsd_server *srv, tsd_stream *st, uint64_t n)
-{
-    if (n == 0)
-        return 0;
-    if (tsd_store_reserve(&srv->store, n) != 0) {
-        srv->stats.oom_rejections++;
-        return TS_EOOM;
-    }
-    tsd_store_unreserve(&srv->store, n);
-    srv->store.overhead += n;
-    if (st != NULL)
-        st->cost += n;
-    return 0;
-}
-
-static void uncharge(tsd_server *srv, tsd_stream *st, uint64_t n)
-{
-    srv->store.overhead -= n;
-    if (st != NULL)
-        st->cost -= n;
-}
-
-/* The stream takes it: its reservation of tsd_item_len(it) becomes held bytes. */
-static void item_take(tsd_server *srv, tsd_item *it)
-{
-    tsd_store *s = &srv->store;
-    tsd_store_unreserve(s, tsd_item_len(it));
-    s->held += tsd_item_mem(it);
-    s->overhead += tsd_item_overhead(it);
-    it->next = NULL;
-}
-
-/*
- * The stream lets go of it: a queued reply may still hold it, then its bytes count as orphaned
- * until the last reference goes (as the store does for the items of bins). orphan is 0 when the
- * store itself goes (exit): no item may point at it then.
- */
-static void item_drop(tsd_server *srv, tsd_item *it, int orphan)
-{
-    tsd_store *s = &srv->store;
-    s->held -= tsd_item_mem(it);
-    s->overhead -= tsd_item_overhead(it);
-    if (orphan)
-        tsd_store_item_release(s, it);
-    tsd_item_unref(it);
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Small helpers
  */
 
@@ -333,11 +281,11 @@ static int pend_reserve(tsd_server *srv, tsd_stream *st, tsd_stream_member *m, u
     if (cap > UINT32_MAX)
         return TS_ENOMEM;
     uint64_t delta = (cap - m->pend_cap) * sizeof(*m->pend);
-    if (charge(srv, st, delta) != 0)
+    if (tsd_store_charge(srv, &st->cost, delta) != 0)
         return TS_EOOM;
     tsd_stream_pending *p = ts__malloc((size_t)cap * sizeof(*p));
     if (p == NULL) {
-        uncharge(srv, st, delta);
+        tsd_store_uncharge(srv, &st->cost, delta);
         return TS_ENOMEM;
     }
     if (m->n_pend > 0)
@@ -357,7 +305,7 @@ static void pend_trim(tsd_server *srv, tsd_stream *st, tsd_stream_member *m)
     }
     m->pend_head = 0;
     if (m->pend_cap > PEND_KEEP) {
-        uncharge(srv, st, (uint64_t)m->pend_cap * sizeof(*m->pend));
+        tsd_store_uncharge(srv, &st->cost, (uint64_t)m->pend_cap * sizeof(*m->pend));
         ts__free(m->pend);
         m->pend = NULL;
         m->pend_cap = 0;
@@ -418,10 +366,10 @@ static int pend_merge(tsd_server *srv, tsd_stream *st, tsd_stream_member *m,
 
 static void member_free(tsd_server *srv, tsd_stream *st, tsd_stream_member *m)
 {
-    uncharge(srv, st, (uint64_t)m->pend_cap * sizeof(*m->pend));
+    tsd_store_uncharge(srv, &st->cost, (uint64_t)m->pend_cap * sizeof(*m->pend));
     ts__free(m->pend);
     if (m->name_len > 0) {
-        uncharge(srv, st, tsd_heap_block(sizeof(*m) + m->name_len));
+        tsd_store_uncharge(srv, &st->cost, tsd_heap_block(sizeof(*m) + m->name_len));
         ts__free(m);
     }
 }
@@ -431,9 +379,9 @@ static void group_free(tsd_server *srv, tsd_stream *st, tsd_stream_group *g)
     for (uint32_t i = 0; i < g->n_members; i++)
         member_free(srv, st, g->members[i]);
     member_free(srv, st, &g->orphans);
-    uncharge(srv, st, (uint64_t)g->members_cap * sizeof(*g->members));
+    tsd_store_uncharge(srv, &st->cost, (uint64_t)g->members_cap * sizeof(*g->members));
     ts__free(g->members);
-    uncharge(srv, st, tsd_heap_block(sizeof(*g) + g->name_len));
+    tsd_store_uncharge(srv, &st->cost, tsd_heap_block(sizeof(*g) + g->name_len));
     ts__free(g);
 }
 
@@ -446,22 +394,22 @@ static int group_new(tsd_server *srv, tsd_stream *st, const uint8_t *name, size_
         if (cap > TS_STREAM_MAX_GROUPS)
             cap = TS_STREAM_MAX_GROUPS;
         uint64_t delta = (uint64_t)(cap - st->groups_cap) * sizeof(*st->groups);
-        if (charge(srv, st, delta) != 0)
+        if (tsd_store_charge(srv, &st->cost, delta) != 0)
             return TS_EOOM;
         tsd_stream_group **arr = ts__realloc(st->groups, cap * sizeof(*arr));
         if (arr == NULL) {
-            uncharge(srv, st, delta);
+            tsd_store_uncharge(srv, &st->cost, delta);
             return TS_ENOMEM;
         }
         st->groups = arr;
         st->groups_cap = cap;
     }
     uint64_t cost = tsd_heap_block(sizeof(tsd_stream_group) + len);
-    if (charge(srv, st, cost) != 0)
+    if (tsd_store_charge(srv, &st->cost, cost) != 0)
         return TS_EOOM;
     tsd_stream_group *g = ts__calloc(1, sizeof(*g) + len);
     if (g == NULL) {
-        uncharge(srv, st, cost);
+        tsd_store_uncharge(srv, &st->cost, cost);
         return TS_ENOMEM;
     }
     g->name = (uint8_t *)(g + 1);
@@ -484,22 +432,22 @@ static int member_new(tsd_server *srv, tsd_stream *st, tsd_stream_group *g, cons
         if (cap > TS_STREAM_MAX_MEMBERS)
             cap = TS_STREAM_MAX_MEMBERS;
         uint64_t delta = (uint64_t)(cap - g->members_cap) * sizeof(*g->members);
-        if (charge(srv, st, delta) != 0)
+        if (tsd_store_charge(srv, &st->cost, delta) != 0)
             return TS_EOOM;
         tsd_stream_member **arr = ts__realloc(g->members, cap * sizeof(*arr));
         if (arr == NULL) {
-            uncharge(srv, st, delta);
+            tsd_store_uncharge(srv, &st->cost, delta);
             return TS_ENOMEM;
         }
         g->members = arr;
         g->members_cap = cap;
     }
     uint64_t cost = tsd_heap_block(sizeof(tsd_stream_member) + len);
-    if (charge(srv, st, cost) != 0)
+    if (tsd_store_charge(srv, &st->cost, cost) != 0)
         return TS_EOOM;
     tsd_stream_member *m = ts__calloc(1, sizeof(*m) + len);
     if (m == NULL) {
-        uncharge(srv, st, cost);
+        tsd_store_uncharge(srv, &st->cost, cost);
         return TS_ENOMEM;
     }
     m->name = (uint8_t *)(m + 1);
@@ -572,11 +520,11 @@ static int ring_reserve(tsd_server *srv, tsd_stream *st)
         return 0;
     uint64_t cap = st->ring_cap != 0 ? st->ring_cap * 2 : RING_MIN;
     uint64_t delta = (cap - st->ring_cap) * sizeof(tsd_stream_entry);
-    if (charge(srv, st, delta) != 0)
+    if (tsd_store_charge(srv, &st->cost, delta) != 0)
         return TS_EOOM;
     tsd_stream_entry *r = ts__malloc((size_t)cap * sizeof(*r));
     if (r == NULL) {
-        uncharge(srv, st, delta);
+        tsd_store_uncharge(srv, &st->cost, delta);
         return TS_ENOMEM;
     }
     for (uint64_t k = 0; k < n; k++)
@@ -598,21 +546,21 @@ static void entry_push(tsd_server *srv, tsd_stream *st, tsd_item *it, uint64_t t
     e->time_ms = time;
     st->last_id++;
     if (it != NULL) {
-        item_take(srv, it);
+        tsd_store_item_take(&srv->store, it);
         st->bytes += tsd_item_len(it);
         sx(srv)->bytes += tsd_item_len(it);
     }
     sx(srv)->entries++;
 }
 
-/* Drop the oldest kept entry (orphan: see item_drop). */
+/* Drop the oldest kept entry (orphan: see tsd_store_item_drop). */
 static void entry_pop(tsd_server *srv, tsd_stream *st, int orphan)
 {
     tsd_stream_entry *e = &st->ring[st->ring_head & (st->ring_cap - 1)];
     if (e->it != NULL) {
         st->bytes -= tsd_item_len(e->it);
         sx(srv)->bytes -= tsd_item_len(e->it);
-        item_drop(srv, e->it, orphan);
+        tsd_store_item_drop(&srv->store, e->it, orphan);
         e->it = NULL;
     }
     st->ring_head = (st->ring_head + 1) & (st->ring_cap - 1);
@@ -690,11 +638,11 @@ static int stream_new(tsd_server *srv, const uint8_t *name, size_t len,
                       const tsd_stream_config *cfg, uint64_t first_id, tsd_stream **out)
 {
     uint64_t cost = stream_block(len);
-    if (charge(srv, NULL, cost) != 0)
+    if (tsd_store_charge(srv, NULL, cost) != 0)
         return TS_EOOM;
     tsd_stream *st = ts__calloc(1, sizeof(*st) + len);
     if (st == NULL) {
-        uncharge(srv, NULL, cost);
+        tsd_store_uncharge(srv, NULL, cost);
         return TS_ENOMEM;
     }
     st->node.name = (uint8_t *)(st + 1);
@@ -714,7 +662,7 @@ static int stream_new(tsd_server *srv, const uint8_t *name, size_t len,
 
 static void lease_timer_close(tsd_stream *st);
 
-/* Free st (unlinked, no waits left); final: the store goes too (see item_drop). */
+/* Free st (unlinked, no waits left); final: the store goes too (see tsd_store_item_drop). */
 static void stream_free(tsd_server *srv, tsd_stream *st, int final)
 {
     lease_timer_close(st);
@@ -722,9 +670,9 @@ static void stream_free(tsd_server *srv, tsd_stream *st, int final)
         entry_pop(srv, st, !final);
     for (uint32_t i = 0; i < st->n_groups; i++)
         group_free(srv, st, st->groups[i]);
-    uncharge(srv, st, (uint64_t)st->groups_cap * sizeof(*st->groups));
+    tsd_store_uncharge(srv, &st->cost, (uint64_t)st->groups_cap * sizeof(*st->groups));
     ts__free(st->groups);
-    uncharge(srv, st, st->ring_cap * sizeof(*st->ring));
+    tsd_store_uncharge(srv, &st->cost, st->ring_cap * sizeof(*st->ring));
     ts__free(st->ring);
     /* What is left is the block itself. */
     srv->store.overhead -= st->cost;

@@ -134,51 +134,6 @@ static void printable(const uint8_t *name, size_t len, char *out)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Memory accounting (as stream.c does)
- */
-
-static int charge(tsd_server *srv, tsd_table *t, uint64_t n)
-{
-    if (n == 0)
-        return 0;
-    if (tsd_store_reserve(&srv->store, n) != 0) {
-        srv->stats.oom_rejections++;
-        return TS_EOOM;
-    }
-    tsd_store_unreserve(&srv->store, n);
-    srv->store.overhead += n;
-    if (t != NULL)
-        t->cost += n;
-    return 0;
-}
-
-static void uncharge(tsd_server *srv, tsd_table *t, uint64_t n)
-{
-    srv->store.overhead -= n;
-    if (t != NULL)
-        t->cost -= n;
-}
-
-static void item_take(tsd_server *srv, tsd_item *it)
-{
-    tsd_store *s = &srv->store;
-    tsd_store_unreserve(s, tsd_item_len(it));
-    s->held += tsd_item_mem(it);
-    s->overhead += tsd_item_overhead(it);
-    it->next = NULL;
-}
-
-static void item_drop(tsd_server *srv, tsd_item *it, int orphan)
-{
-    tsd_store *s = &srv->store;
-    s->held -= tsd_item_mem(it);
-    s->overhead -= tsd_item_overhead(it);
-    if (orphan)
-        tsd_store_item_release(s, it);
-    tsd_item_unref(it);
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Random numbers: xorshift64*, seeded once per process (no fixed sequence is promised)
  */
 
@@ -314,7 +269,7 @@ static int grow(tsd_server *srv, tsd_table *t)
         int heap = t->cfg.remover == TS_TABLE_REMOVER_LOWEST;
         uint64_t more = (ncap - t->cap) * sizeof(titem *) * (heap ? 2 : 1) +
                         (nleaves - t->leaves) * 2 * sizeof(double);
-        if (charge(srv, t, more) != 0)
+        if (tsd_store_charge(srv, &t->cost, more) != 0)
             return TS_EOOM;
         titem **items = ts__realloc(t->items, (size_t)ncap * sizeof(*items));
         titem **hp = heap ? ts__realloc(t->heap, (size_t)ncap * sizeof(*hp)) : NULL;
@@ -325,7 +280,7 @@ static int grow(tsd_server *srv, tsd_table *t)
             t->heap = hp;
         if (items == NULL || (heap && hp == NULL) || (nleaves != t->leaves && tree == NULL)) {
             ts__free(tree);
-            uncharge(srv, t, more);
+            tsd_store_uncharge(srv, &t->cost, more);
             return TS_ENOMEM;
         }
         if (tree != NULL) {
@@ -342,11 +297,11 @@ static int grow(tsd_server *srv, tsd_table *t)
     if (t->n >= t->n_buckets) {
         uint32_t nb = t->n_buckets != 0 ? t->n_buckets * 2 : TABLE_MIN_SLOTS;
         uint64_t more = (uint64_t)(nb - t->n_buckets) * sizeof(titem *);
-        if (charge(srv, t, more) != 0)
+        if (tsd_store_charge(srv, &t->cost, more) != 0)
             return TS_EOOM;
         titem **b = ts__calloc(nb, sizeof(*b));
         if (b == NULL) {
-            uncharge(srv, t, more);
+            tsd_store_uncharge(srv, &t->cost, more);
             return TS_ENOMEM;
         }
         for (uint32_t i = 0; i < t->n_buckets; i++) {
@@ -390,7 +345,7 @@ static uint64_t titem_cost(void)
     return tsd_heap_block(sizeof(titem));
 }
 
-/* Remove x (a delete for the rate limiter) and free it; orphan as item_drop's. */
+/* Remove x (a delete for the rate limiter) and free it; orphan as tsd_store_item_drop's. */
 static void item_unlink(tsd_server *srv, tsd_table *t, titem *x, int orphan)
 {
     uint32_t pos = x->pos, last = t->n - 1;
@@ -427,9 +382,9 @@ static void item_unlink(tsd_server *srv, tsd_table *t, titem *x, int orphan)
         t->newest = x->older;
     t->bytes -= tsd_item_len(x->it);
     t->deletes++;
-    item_drop(srv, x->it, orphan);
+    tsd_store_item_drop(&srv->store, x->it, orphan);
     ts__free(x);
-    uncharge(srv, t, titem_cost());
+    tsd_store_uncharge(srv, &t->cost, titem_cost());
 }
 
 /* Change x's priority (already checked). */
@@ -704,7 +659,7 @@ static void wait_drop(tsd_server *srv, tsd_twait *w)
     if (w->cnext != NULL)
         w->cnext->cprev = w->cprev;
     if (w->it != NULL)
-        item_drop(srv, w->it, 1);
+        tsd_store_item_drop(&srv->store, w->it, 1);
     w->c->n_watch--;
     size_t i = w->heap_idx;
     tsd_twait *last = s->heap[--s->heap_n];
@@ -815,12 +770,12 @@ static int insert_now(tsd_table *t, tsd_item *it, double priority, uint64_t *key
         item_unlink(srv, t, remover_pick(t), 1);
     int rc = grow(srv, t);
     if (rc == 0)
-        rc = charge(srv, t, titem_cost());
+        rc = tsd_store_charge(srv, &t->cost, titem_cost());
     if (rc != 0)
         return rc;
     titem *x = ts__calloc(1, sizeof(*x));
     if (x == NULL) {
-        uncharge(srv, t, titem_cost());
+        tsd_store_uncharge(srv, &t->cost, titem_cost());
         return TS_ENOMEM;
     }
     x->key = t->next_key++;
@@ -1138,13 +1093,13 @@ static void op_create(tsd_conn *c, const ts__hdr *h, const ts__msg_table_create_
     if (tsd_stream_refuse_name(c, op, rid, q->name, q->name_len))
         return;
     uint64_t cost = table_block(q->name_len);
-    if (charge(srv, NULL, cost) != 0) {
+    if (tsd_store_charge(srv, NULL, cost) != 0) {
         reply_oom(c, op, rid, TS_EOOM, "creating a replay table");
         return;
     }
     tsd_table *t = ts__calloc(1, sizeof(*t) + q->name_len);
     if (t == NULL) {
-        uncharge(srv, NULL, cost);
+        tsd_store_uncharge(srv, NULL, cost);
         reply_oom(c, op, rid, TS_ENOMEM, "creating a replay table");
         return;
     }
@@ -1204,12 +1159,12 @@ void tsd_table_insert(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
                           "weight finite)");
         return;
     }
-    item_take(srv, item); /* from here on the record is counted as held */
+    tsd_store_item_take(&srv->store, item); /* from here on the record is counted as held */
     if (t->ins_head == NULL && can_insert(t)) {
         uint64_t key = 0;
         int rc = insert_now(t, item, f.priority, &key);
         if (rc != 0) {
-            item_drop(srv, item, 0);
+            tsd_store_item_drop(&srv->store, item, 0);
             reply_oom(c, op, rid, rc, "inserting into a replay table");
             return;
         }
@@ -1218,7 +1173,7 @@ void tsd_table_insert(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
         return;
     }
     if (f.timeout_ms == 0) {
-        item_drop(srv, item, 0);
+        tsd_store_item_drop(&srv->store, item, 0);
         tsd_reply_err(c, op, rid, TS_ST_TIMEOUT,
                       "TABLE_INSERT: the rate limiter holds inserts back (timeout 0)");
         return;
@@ -1226,7 +1181,7 @@ void tsd_table_insert(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
     tsd_twait *w;
     int rc = wait_add(c, t, op, rid, f.timeout_ms, &w);
     if (rc != 0) {
-        item_drop(srv, item, 0);
+        tsd_store_item_drop(&srv->store, item, 0);
         reply_wait_error(c, op, rid, rc);
         return;
     }
