@@ -244,7 +244,7 @@ uint16_t ts__msg_request_check(const uint8_t *p, const ts__msg_conn_state *st, t
  */
 
 /* 0 when the reader read the whole body without error, else TS_EPROTO. */
-static int rd_end(const ts__rd *r)
+int ts__msg_rd_end(const ts__rd *r)
 {
     return r->err == 0 && r->left == 0 ? 0 : TS_EPROTO;
 }
@@ -258,7 +258,7 @@ static int room(size_t need, size_t cap, size_t name_len)
 }
 
 /* Write a name (u8 length + bytes) at p; returns the bytes written. */
-static size_t put_name(uint8_t *p, const uint8_t *name, size_t name_len)
+size_t ts__msg_put_name(uint8_t *p, const uint8_t *name, size_t name_len)
 {
     p[0] = (uint8_t)name_len;
     if (name_len > 0)
@@ -267,12 +267,26 @@ static size_t put_name(uint8_t *p, const uint8_t *name, size_t name_len)
 }
 
 /* 1 when the n bytes at p are all zero. */
-static int all_zero(const uint8_t *p, size_t n)
+int ts__msg_all_zero(const uint8_t *p, size_t n)
 {
     uint8_t acc = 0;
     for (size_t i = 0; i < n; i++)
         acc |= p[i];
     return acc == 0;
+}
+
+void ts__msg_rd_str(ts__rd *r, size_t min_len, const uint8_t **s, size_t *len)
+{
+    const char *p = NULL;
+    size_t n = 0;
+    if (ts__rd_name(r, &p, &n) != 0)
+        return;
+    if (n < min_len) {
+        r->err = TS_EPROTO;
+        return;
+    }
+    *s = n > 0 ? (const uint8_t *)p : NULL;
+    *len = n;
 }
 
 int ts__msg_empty_decode(const uint8_t *body, size_t len)
@@ -317,7 +331,7 @@ int ts__msg_hello_req_decode(const uint8_t *body, size_t len, ts__msg_hello_req 
     ts__rd_u16(&r, &token_len);
     const uint8_t *token = ts__rd_bytes(&r, token_len);
     /* A longer token could not have come in a body within the pre-HELLO limit. */
-    if (rd_end(&r) != 0 || token_len > TS_MAX_TOKEN_LEN)
+    if (ts__msg_rd_end(&r) != 0 || token_len > TS_MAX_TOKEN_LEN)
         return TS_EPROTO;
     m->max_version = max_version;
     m->flags = flags;
@@ -354,7 +368,7 @@ int ts__msg_hello_rep_decode(const uint8_t *body, size_t len, ts__msg_hello_rep 
     ts__rd_u32(&r, &r32);
     ts__rd_u64(&r, &max_body);
     ts__rd_u64(&r, &server_id);
-    if (rd_end(&r) != 0 || r16 != 0 || r32 != 0)
+    if (ts__msg_rd_end(&r) != 0 || r16 != 0 || r32 != 0)
         return TS_EPROTO;
     m->version = version;
     m->flags = flags;
@@ -377,7 +391,7 @@ static int name_req_encode(uint8_t *out, size_t cap, const ts__msg_name_req *m, 
     int rc = room(need, cap, m->name_len);
     if (rc != 0)
         return rc;
-    uint8_t *p = out + put_name(out, m->name, m->name_len);
+    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
     if (tail == NAME_GET) {
         ts__put_u32le(p, m->max_items);
     } else if (tail == NAME_WAIT) {
@@ -403,7 +417,7 @@ static int name_req_decode(const uint8_t *body, size_t len, ts__msg_name_req *m,
         ts__rd_u64(&r, &after);
         ts__rd_u32(&r, &timeout_ms);
     }
-    if (rd_end(&r) != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     m->name = (const uint8_t *)name;
     m->name_len = name_len;
@@ -476,7 +490,7 @@ int ts__msg_upload_head_encode(uint8_t *out, size_t cap, const uint8_t *name, si
     int rc = room(head, cap, name_len);
     if (rc != 0)
         return rc;
-    size_t off = put_name(out, name, name_len);
+    size_t off = ts__msg_put_name(out, name, name_len);
     if (fixed != NULL && fixed_len > 0)
         memcpy(out + off, fixed, fixed_len);
     else if (fixed_len > 0)
@@ -592,7 +606,7 @@ int ts__msg_bin_state_decode(const uint8_t *body, size_t len, ts__msg_bin_state 
     ts__rd_u64(&r, &version);
     ts__rd_u32(&r, &n);
     ts__rd_u32(&r, &rsvd);
-    if (rd_end(&r) != 0 || rsvd != 0)
+    if (ts__msg_rd_end(&r) != 0 || rsvd != 0)
         return TS_EPROTO;
     m->version = version;
     m->n_items = n;
@@ -691,7 +705,7 @@ int ts__msg_items_decode(const uint8_t *body, size_t len, ts__msg_items *m)
     if (head > len)
         return TS_EPROTO;
     uint64_t lens_end = TS_MSG_ITEMS_FIXED + 8 * (uint64_t)n;
-    if (!all_zero(body + lens_end, (size_t)(head - lens_end)))
+    if (!ts__msg_all_zero(body + lens_end, (size_t)(head - lens_end)))
         return TS_EPROTO;
     uint64_t off = head;
     for (uint32_t i = 0; i < n; i++) {
@@ -700,7 +714,7 @@ int ts__msg_items_decode(const uint8_t *body, size_t len, ts__msg_items *m)
         if (ts__align_up_checked(rec_len, TS__ALIGN, &padded) != 0 ||
             __builtin_add_overflow(off, padded, &end) || end > len)
             return TS_EPROTO;
-        if (!all_zero(body + off + rec_len, (size_t)(padded - rec_len)))
+        if (!ts__msg_all_zero(body + off + rec_len, (size_t)(padded - rec_len)))
             return TS_EPROTO;
         off = end;
     }
@@ -757,7 +771,7 @@ int ts__msg_list_entry_encode(uint8_t *out, size_t cap, const ts__msg_list_entry
     int rc = room(need, cap, e->name_len);
     if (rc != 0)
         return rc;
-    uint8_t *p = out + put_name(out, e->name, e->name_len);
+    uint8_t *p = out + ts__msg_put_name(out, e->name, e->name_len);
     ts__put_u32le(p, e->n_items);
     ts__put_u64le(p + 4, e->bytes);
     ts__put_u64le(p + 12, e->version);
@@ -798,7 +812,7 @@ int ts__msg_list_decode(const uint8_t *body, size_t len, ts__msg_list *m)
         ts__msg_list_entry e;
         list_entry(&r, &e);
     }
-    if (rd_end(&r) != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     m->n = n;
     m->entries = entries;
@@ -844,7 +858,7 @@ int ts__msg_notify_encode(uint8_t *out, size_t cap, const ts__msg_notify *m, siz
     ts__put_u32le(out + 8, m->n_items);
     out[12] = m->event;
     out[13] = m->flags;
-    put_name(out + 14, m->name, m->name_len);
+    ts__msg_put_name(out + 14, m->name, m->name_len);
     *len = need;
     return 0;
 }
@@ -863,7 +877,7 @@ int ts__msg_notify_decode(const uint8_t *body, size_t len, ts__msg_notify *m)
     ts__rd_u8(&r, &event);
     ts__rd_u8(&r, &flags);
     ts__rd_name(&r, &name, &name_len);
-    if (rd_end(&r) != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     m->version = version;
     m->n_items = n;

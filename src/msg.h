@@ -220,6 +220,22 @@ uint16_t ts__msg_hdr_rule_status(ts__msg_hdr_rule rule);
  * Bodies
  */
 
+/*
+ * Pieces every body codec shares (msg.c; msg_stream.c, msg_table.c and msg_coord.c use them).
+ * ts__msg_rd_end: 0 when r read its whole body without error, else TS_EPROTO.
+ * ts__msg_put_name: write a name (u8 length, then its bytes) at p and return the bytes written;
+ * the caller checked name_len <= 255 and the room. ts__msg_all_zero: 1 when the n bytes at p are
+ * all zero (reserved fields and padding). Pure functions, any thread. Added in 0.5.0.
+ */
+int ts__msg_rd_end(const ts__rd *r);
+size_t ts__msg_put_name(uint8_t *p, const uint8_t *name, size_t name_len);
+int ts__msg_all_zero(const uint8_t *p, size_t n);
+/*
+ * Read a u8 length and its bytes into *s (NULL when empty) and *len; a name shorter than min_len
+ * (1 for a stream group or member, which may not be empty) sets r's error. Added in 0.5.0.
+ */
+void ts__msg_rd_str(ts__rd *r, size_t min_len, const uint8_t **s, size_t *len);
+
 /* Empty bodies (PING, LIST, STATS and SAVE requests; PING, UNLISTEN and SAVE replies). */
 int ts__msg_empty_decode(const uint8_t *body, size_t len);
 

@@ -25,10 +25,7 @@ static int coord_encode(uint8_t *out, size_t cap, const ts__msg_coord_req *m, si
     size_t need = 1 + m->name_len + 8;
     if (need > cap)
         return TS_EMSGSIZE;
-    out[0] = (uint8_t)m->name_len;
-    if (m->name_len > 0)
-        memcpy(out + 1, m->name, m->name_len);
-    uint8_t *p = out + 1 + m->name_len;
+    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
     if (which == COORD_ADD) {
         ts__put_u64le(p, (uint64_t)m->delta);
     } else {
@@ -54,7 +51,7 @@ static int coord_decode(const uint8_t *body, size_t len, ts__msg_coord_req *m, i
         ts__rd_u32(&r, &count);
         ts__rd_u32(&r, &timeout_ms);
     }
-    if (r.err != 0 || r.left != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     m->name = (const uint8_t *)name;
     m->name_len = name_len;
@@ -202,7 +199,7 @@ int ts__msg_mget_req_decode(const uint8_t *body, size_t len, ts__msg_mget_req *m
         size_t nl;
         ts__rd_name(&r, &name, &nl);
     }
-    if (r.err != 0 || r.left != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     m->n = n;
     m->max_items = max_items;

@@ -26,52 +26,6 @@ _Static_assert(3 * (1 + 255) + TS_MSG_STREAM_ACK_FIXED <= TS_MAX_CTRL_BODY &&
                "the largest stream control request fits the control body limit");
 
 /* ---------------------------------------------------------------------------------------------
- * Shared pieces
- */
-
-/* 0 when the reader read the whole body without error, else TS_EPROTO. */
-static int rd_end(const ts__rd *r)
-{
-    return r->err == 0 && r->left == 0 ? 0 : TS_EPROTO;
-}
-
-/* 1 when the n bytes at p are all zero. */
-static int zeros(const uint8_t *p, size_t n)
-{
-    uint8_t acc = 0;
-    for (size_t i = 0; i < n; i++)
-        acc |= p[i];
-    return acc == 0;
-}
-
-/* Write a u8 length and its bytes at p; returns the bytes written (len <= 255, checked before). */
-static size_t put_str(uint8_t *p, const uint8_t *s, size_t len)
-{
-    p[0] = (uint8_t)len;
-    if (len > 0)
-        memcpy(p + 1, s, len);
-    return 1 + len;
-}
-
-/*
- * Read a u8 length and its bytes. min_len is 1 for a group or a member (an empty one is
- * malformed) and 0 for a name or LEAVE's member; a shorter one sets the reader's error.
- */
-static void rd_str(ts__rd *r, size_t min_len, const uint8_t **s, size_t *len)
-{
-    const char *p = NULL;
-    size_t n = 0;
-    if (ts__rd_name(r, &p, &n) != 0)
-        return;
-    if (n < min_len) {
-        r->err = TS_EPROTO;
-        return;
-    }
-    *s = n > 0 ? (const uint8_t *)p : NULL;
-    *len = n;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * Requests with a name and fixed fields: CREATE, MARK, CREDIT, RANGE
  */
 
@@ -88,7 +42,7 @@ int ts__msg_stream_create_req_encode(uint8_t *out, size_t cap, const ts__msg_str
     size_t need = ts__msg_stream_create_req_size(m->name_len);
     if (need > cap)
         return TS_EMSGSIZE;
-    uint8_t *p = out + put_str(out, m->name, m->name_len);
+    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
     ts__put_u64le(p, m->max_entries);
     ts__put_u64le(p + 8, m->max_bytes);
     ts__put_u32le(p + 16, m->max_age_ms);
@@ -105,14 +59,14 @@ int ts__msg_stream_create_req_decode(const uint8_t *body, size_t len, ts__msg_st
     ts__msg_stream_create_req d;
     memset(&d, 0, sizeof(d));
     ts__rd_init(&r, body, len);
-    rd_str(&r, 0, &d.name, &d.name_len);
+    ts__msg_rd_str(&r, 0, &d.name, &d.name_len);
     ts__rd_u64(&r, &d.max_entries);
     ts__rd_u64(&r, &d.max_bytes);
     ts__rd_u32(&r, &d.max_age_ms);
     ts__rd_u32(&r, &d.window);
     ts__rd_u32(&r, &d.lease_ms);
     ts__rd_u32(&r, &d.flags);
-    if (rd_end(&r) != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     *m = d;
     return 0;
@@ -131,7 +85,7 @@ int ts__msg_stream_mark_req_encode(uint8_t *out, size_t cap, const ts__msg_strea
     size_t need = ts__msg_stream_mark_req_size(m->name_len);
     if (need > cap)
         return TS_EMSGSIZE;
-    uint8_t *p = out + put_str(out, m->name, m->name_len);
+    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
     ts__put_u64le(p, m->tag);
     *len = need;
     return 0;
@@ -143,9 +97,9 @@ int ts__msg_stream_mark_req_decode(const uint8_t *body, size_t len, ts__msg_stre
     ts__msg_stream_mark_req d;
     memset(&d, 0, sizeof(d));
     ts__rd_init(&r, body, len);
-    rd_str(&r, 0, &d.name, &d.name_len);
+    ts__msg_rd_str(&r, 0, &d.name, &d.name_len);
     ts__rd_u64(&r, &d.tag);
-    if (rd_end(&r) != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     *m = d;
     return 0;
@@ -164,7 +118,7 @@ int ts__msg_stream_credit_req_encode(uint8_t *out, size_t cap, const ts__msg_str
     size_t need = ts__msg_stream_credit_req_size(m->name_len);
     if (need > cap)
         return TS_EMSGSIZE;
-    uint8_t *p = out + put_str(out, m->name, m->name_len);
+    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
     ts__put_u32le(p, m->timeout_ms);
     *len = need;
     return 0;
@@ -176,9 +130,9 @@ int ts__msg_stream_credit_req_decode(const uint8_t *body, size_t len, ts__msg_st
     ts__msg_stream_credit_req d;
     memset(&d, 0, sizeof(d));
     ts__rd_init(&r, body, len);
-    rd_str(&r, 0, &d.name, &d.name_len);
+    ts__msg_rd_str(&r, 0, &d.name, &d.name_len);
     ts__rd_u32(&r, &d.timeout_ms);
-    if (rd_end(&r) != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     *m = d;
     return 0;
@@ -197,7 +151,7 @@ int ts__msg_stream_range_req_encode(uint8_t *out, size_t cap, const ts__msg_stre
     size_t need = ts__msg_stream_range_req_size(m->name_len);
     if (need > cap)
         return TS_EMSGSIZE;
-    uint8_t *p = out + put_str(out, m->name, m->name_len);
+    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
     ts__put_u64le(p, m->after_id);
     ts__put_u32le(p + 8, m->max_entries);
     ts__put_u32le(p + 12, m->timeout_ms);
@@ -211,11 +165,11 @@ int ts__msg_stream_range_req_decode(const uint8_t *body, size_t len, ts__msg_str
     ts__msg_stream_range_req d;
     memset(&d, 0, sizeof(d));
     ts__rd_init(&r, body, len);
-    rd_str(&r, 0, &d.name, &d.name_len);
+    ts__msg_rd_str(&r, 0, &d.name, &d.name_len);
     ts__rd_u64(&r, &d.after_id);
     ts__rd_u32(&r, &d.max_entries);
     ts__rd_u32(&r, &d.timeout_ms);
-    if (rd_end(&r) != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     *m = d;
     return 0;
@@ -271,9 +225,9 @@ static int member_encode(uint8_t *out, size_t cap, const ts__msg_stream_member_r
     if (need > cap)
         return TS_EMSGSIZE;
     uint8_t *p = out;
-    p += put_str(p, m->name, m->name_len);
-    p += put_str(p, m->group, m->group_len);
-    p += put_str(p, m->member, m->member_len);
+    p += ts__msg_put_name(p, m->name, m->name_len);
+    p += ts__msg_put_name(p, m->group, m->group_len);
+    p += ts__msg_put_name(p, m->member, m->member_len);
     if (tail == MEMBER_JOIN) {
         p[0] = m->start;
         p[1] = 0;
@@ -300,9 +254,9 @@ static int member_decode(const uint8_t *body, size_t len, ts__msg_stream_member_
     uint16_t rsv16 = 0;
     memset(&d, 0, sizeof(d));
     ts__rd_init(&r, body, len);
-    rd_str(&r, 0, &d.name, &d.name_len);
-    rd_str(&r, 1, &d.group, &d.group_len);
-    rd_str(&r, tail == MEMBER_LEAVE ? 0 : 1, &d.member, &d.member_len);
+    ts__msg_rd_str(&r, 0, &d.name, &d.name_len);
+    ts__msg_rd_str(&r, 1, &d.group, &d.group_len);
+    ts__msg_rd_str(&r, tail == MEMBER_LEAVE ? 0 : 1, &d.member, &d.member_len);
     if (tail == MEMBER_JOIN) {
         ts__rd_u8(&r, &d.start);
         ts__rd_u8(&r, &rsv8);
@@ -317,7 +271,7 @@ static int member_decode(const uint8_t *body, size_t len, ts__msg_stream_member_
         ts__rd_u64(&r, &d.last);
         ts__rd_u32(&r, &d.rows);
     }
-    if (rd_end(&r) != 0 || rsv8 != 0 || rsv16 != 0)
+    if (ts__msg_rd_end(&r) != 0 || rsv8 != 0 || rsv16 != 0)
         return TS_EPROTO;
     *m = d;
     return 0;
@@ -624,7 +578,7 @@ int ts__msg_stream_entries_decode(const uint8_t *body, size_t len, ts__msg_strea
     if (head > len)
         return TS_EPROTO;
     uint64_t heads_end = TS_MSG_STREAM_ENTRIES_FIXED + (uint64_t)TS_MSG_STREAM_ENTRY_HEAD * n;
-    if (!zeros(body + heads_end, (size_t)(head - heads_end)))
+    if (!ts__msg_all_zero(body + heads_end, (size_t)(head - heads_end)))
         return TS_EPROTO;
     uint64_t off = head;
     for (uint32_t i = 0; i < n; i++) {
@@ -637,7 +591,7 @@ int ts__msg_stream_entries_decode(const uint8_t *body, size_t len, ts__msg_strea
         if (ts__align_up_checked(e.len, TS__ALIGN, &padded) != 0 ||
             __builtin_add_overflow(off, padded, &end) || end > len)
             return TS_EPROTO;
-        if (!zeros(body + off + e.len, (size_t)(padded - e.len)))
+        if (!ts__msg_all_zero(body + off + e.len, (size_t)(padded - e.len)))
             return TS_EPROTO;
         off = end;
     }

@@ -17,19 +17,6 @@ _Static_assert(1 + 255 + TS_MSG_TABLE_KEYS_FIXED + (size_t)TS_TABLE_MAX_KEYS * 1
                "the largest TABLE_UPDATE fits the control body limit");
 _Static_assert(sizeof(double) == 8, "doubles are IEEE 754 binary64");
 
-static int rd_end(const ts__rd *r)
-{
-    return r->err == 0 && r->left == 0 ? 0 : TS_EPROTO;
-}
-
-static int zeros(const uint8_t *p, size_t n)
-{
-    uint8_t acc = 0;
-    for (size_t i = 0; i < n; i++)
-        acc |= p[i];
-    return acc == 0;
-}
-
 static void put_f64(uint8_t *p, double v)
 {
     uint64_t u;
@@ -52,25 +39,6 @@ static void rd_f64(ts__rd *r, double *v)
         memcpy(v, &u, sizeof(*v));
 }
 
-/* Write a u8 length and its bytes; the caller checked len <= 255. */
-static size_t put_str(uint8_t *p, const uint8_t *s, size_t len)
-{
-    p[0] = (uint8_t)len;
-    if (len > 0)
-        memcpy(p + 1, s, len);
-    return 1 + len;
-}
-
-static void rd_str(ts__rd *r, const uint8_t **s, size_t *len)
-{
-    const char *p = NULL;
-    size_t n = 0;
-    if (ts__rd_name(r, &p, &n) != 0)
-        return;
-    *s = n > 0 ? (const uint8_t *)p : NULL;
-    *len = n;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * TABLE_CREATE
  */
@@ -88,7 +56,7 @@ int ts__msg_table_create_req_encode(uint8_t *out, size_t cap, const ts__msg_tabl
     size_t need = ts__msg_table_create_req_size(m->name_len);
     if (need > cap)
         return TS_EMSGSIZE;
-    uint8_t *p = out + put_str(out, m->name, m->name_len);
+    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
     ts__put_u64le(p, m->capacity);
     ts__put_u64le(p + 8, m->min_size_to_sample);
     put_f64(p + 16, m->samples_per_insert);
@@ -109,7 +77,7 @@ int ts__msg_table_create_req_decode(const uint8_t *body, size_t len, ts__msg_tab
     uint16_t reserved = 0;
     memset(&d, 0, sizeof(d));
     ts__rd_init(&r, body, len);
-    rd_str(&r, &d.name, &d.name_len);
+    ts__msg_rd_str(&r, 0, &d.name, &d.name_len);
     ts__rd_u64(&r, &d.capacity);
     ts__rd_u64(&r, &d.min_size_to_sample);
     rd_f64(&r, &d.samples_per_insert);
@@ -119,7 +87,7 @@ int ts__msg_table_create_req_decode(const uint8_t *body, size_t len, ts__msg_tab
     ts__rd_u8(&r, &d.remover);
     ts__rd_u8(&r, &d.sampler);
     ts__rd_u16(&r, &reserved);
-    if (rd_end(&r) != 0 || reserved != 0)
+    if (ts__msg_rd_end(&r) != 0 || reserved != 0)
         return TS_EPROTO;
     *m = d;
     return 0;
@@ -164,7 +132,7 @@ int ts__msg_table_sample_req_encode(uint8_t *out, size_t cap, const ts__msg_tabl
     size_t need = ts__msg_table_sample_req_size(m->name_len);
     if (need > cap)
         return TS_EMSGSIZE;
-    uint8_t *p = out + put_str(out, m->name, m->name_len);
+    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
     ts__put_u32le(p, m->n);
     ts__put_u32le(p + 4, m->timeout_ms);
     *len = need;
@@ -177,10 +145,10 @@ int ts__msg_table_sample_req_decode(const uint8_t *body, size_t len, ts__msg_tab
     ts__msg_table_sample_req d;
     memset(&d, 0, sizeof(d));
     ts__rd_init(&r, body, len);
-    rd_str(&r, &d.name, &d.name_len);
+    ts__msg_rd_str(&r, 0, &d.name, &d.name_len);
     ts__rd_u32(&r, &d.n);
     ts__rd_u32(&r, &d.timeout_ms);
-    if (rd_end(&r) != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     *m = d;
     return 0;
@@ -207,7 +175,7 @@ int ts__msg_table_keys_req_encode(uint8_t *out, size_t cap, const uint8_t *name,
     size_t need = ts__msg_table_keys_req_size(name_len, n, wp);
     if (need > cap)
         return TS_EMSGSIZE;
-    uint8_t *p = out + put_str(out, name, name_len);
+    uint8_t *p = out + ts__msg_put_name(out, name, name_len);
     ts__put_u32le(p, n);
     ts__put_u32le(p + 4, 0);
     p += TS_MSG_TABLE_KEYS_FIXED;
@@ -230,14 +198,14 @@ static int keys_decode(const uint8_t *body, size_t len, int wp, ts__msg_table_ke
     uint32_t reserved = 1;
     memset(&d, 0, sizeof(d));
     ts__rd_init(&r, body, len);
-    rd_str(&r, &d.name, &d.name_len);
+    ts__msg_rd_str(&r, 0, &d.name, &d.name_len);
     ts__rd_u32(&r, &d.n);
     ts__rd_u32(&r, &reserved);
     if (r.err != 0 || reserved != 0 || d.n > TS_TABLE_MAX_KEYS)
         return TS_EPROTO;
     d.with_priority = wp;
     d.pairs = ts__rd_bytes(&r, (size_t)d.n * (wp ? 16u : 8u));
-    if (rd_end(&r) != 0)
+    if (ts__msg_rd_end(&r) != 0)
         return TS_EPROTO;
     *m = d;
     return 0;
@@ -374,7 +342,7 @@ int ts__msg_table_samples_decode(const uint8_t *body, size_t len, ts__msg_table_
     if (head > len)
         return TS_EPROTO;
     size_t used = TS_MSG_TABLE_SAMPLES_FIXED + (size_t)n * TS_MSG_TABLE_SAMPLE_HEAD;
-    if (!zeros(body + used, (size_t)head - used))
+    if (!ts__msg_all_zero(body + used, (size_t)head - used))
         return TS_EPROTO;
     uint64_t off = head;
     for (uint32_t i = 0; i < n; i++) {
@@ -386,7 +354,7 @@ int ts__msg_table_samples_decode(const uint8_t *body, size_t len, ts__msg_table_
         uint64_t pad = ts__msg_items_pad(e.len);
         if (e.len > len - off || pad > len - off - e.len)
             return TS_EPROTO;
-        if (!zeros(body + off + e.len, (size_t)pad))
+        if (!ts__msg_all_zero(body + off + e.len, (size_t)pad))
             return TS_EPROTO;
         off += e.len + pad;
     }
