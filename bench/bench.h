@@ -62,6 +62,27 @@ pid_t bench_spawn(char *const argv[], int cpu, const char *log_path);
 void bench_stop(pid_t pid);
 /* Wait up to timeout_s for a connection to succeed (TCP port, or unix path when non-NULL). */
 int bench_wait_listening(int port, const char *unix_path, double timeout_s);
+/* s; how long a started server may take to listen */
+#define BENCH_START_S 15.0
+/* How often and how many times a port file is looked at: every 10 ms for 15 s. */
+#define BENCH_PORT_FILE_POLL_US 10000
+#define BENCH_PORT_FILE_TRIES   1500
+/* Wait up to 15 s for a file holding a port number. Returns the port or -1. */
+int bench_read_port_file(const char *path);
+/*
+ * Start tensord (path) pinned to cpu 0 on an ephemeral TCP port, with its port file
+ * dir/<tag>.port and, when with_unix, the unix socket dir/<tag>.sock; it logs to
+ * dir/tensord.log. Fills t once it listens and returns its pid; -1 (a line on stderr that starts
+ * with who) when it did not start within BENCH_START_S. Stop it with bench_stop.
+ */
+pid_t bench_start_tensord(const char *who, const char *path, const char *dir, const char *tag,
+                          int with_unix, bench_target *t);
+/*
+ * Start redis-server (path) the same way, without persistence: a free TCP port on 127.0.0.1
+ * and, when with_unix, the unix socket dir/<tag>.sock; it logs to dir/redis.log.
+ */
+pid_t bench_start_redis(const char *who, const char *path, const char *dir, const char *tag,
+                        int with_unix, bench_target *t);
 /* VmRSS / VmHWM of a process in bytes, or -1. */
 long long bench_rss(pid_t pid);
 long long bench_hwm(pid_t pid);

@@ -203,6 +203,78 @@ int bench_wait_listening(int port, const char *unix_path, double timeout_s)
     return -1;
 }
 
+int bench_read_port_file(const char *path)
+{
+    for (int i = 0; i < BENCH_PORT_FILE_TRIES; i++) {
+        FILE *f = fopen(path, "r");
+        if (f != NULL) {
+            int port = -1;
+            int n = fscanf(f, "%d", &port);
+            fclose(f);
+            if (n == 1 && port > 0)
+                return port;
+        }
+        usleep(BENCH_PORT_FILE_POLL_US);
+    }
+    return -1;
+}
+
+pid_t bench_start_tensord(const char *who, const char *path, const char *dir, const char *tag,
+                          int with_unix, bench_target *t)
+{
+    char port_file[256], log[256];
+    snprintf(port_file, sizeof(port_file), "%s/%s.port", dir, tag);
+    snprintf(log, sizeof(log), "%s/tensord.log", dir);
+    t->unix_path[0] = '\0';
+    if (with_unix)
+        snprintf(t->unix_path, sizeof(t->unix_path), "%s/%s.sock", dir, tag);
+    char *argv[] = {(char *)path,  "--port", "0",  "--port-file", port_file,
+                    "--log-level", "warn",   NULL, NULL,          NULL};
+    if (with_unix) {
+        argv[7] = "--unix";
+        argv[8] = t->unix_path;
+    }
+    pid_t pid = bench_spawn(argv, 0, log);
+    t->port = pid > 0 ? bench_read_port_file(port_file) : -1;
+    int up = t->port > 0 && (with_unix ? bench_wait_listening(0, t->unix_path, BENCH_START_S)
+                                       : bench_wait_listening(t->port, NULL, BENCH_START_S)) == 0;
+    if (!up) {
+        fprintf(stderr, "%s: tensord (%s) did not start; see %s\n", who, path, log);
+        bench_stop(pid);
+        return -1;
+    }
+    return pid;
+}
+
+pid_t bench_start_redis(const char *who, const char *path, const char *dir, const char *tag,
+                        int with_unix, bench_target *t)
+{
+    char port[16], log[256];
+    t->port = bench_free_port();
+    snprintf(port, sizeof(port), "%d", t->port);
+    snprintf(log, sizeof(log), "%s/redis.log", dir);
+    t->unix_path[0] = '\0';
+    if (with_unix)
+        snprintf(t->unix_path, sizeof(t->unix_path), "%s/%s.sock", dir, tag);
+    /* No persistence: both daemons hold everything in memory only. */
+    char *argv[] = {(char *)path, "--port",      port, "--bind",
+                    "127.0.0.1",  "--save",      "",   "--appendonly",
+                    "no",         "--daemonize", "no", "--protected-mode",
+                    "no",         NULL,          NULL, NULL};
+    if (with_unix) {
+        argv[13] = "--unixsocket";
+        argv[14] = t->unix_path;
+    }
+    pid_t pid = bench_spawn(argv, 0, log);
+    if (pid < 0 || bench_wait_listening(t->port, NULL, BENCH_START_S) != 0 ||
+        (with_unix && bench_wait_listening(0, t->unix_path, BENCH_START_S) != 0)) {
+        fprintf(stderr, "%s: redis-server (%s) did not start; see %s\n", who, path, log);
+        bench_stop(pid);
+        return -1;
+    }
+    return pid;
+}
+
 /* A "Name:   123 kB" line of /proc/pid/status, in bytes, or -1. */
 static long long status_field(pid_t pid, const char *name)
 {

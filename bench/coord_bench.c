@@ -53,47 +53,16 @@ typedef struct worker {
 
 static atomic_int go;
 
-static int read_port_file(const char *path)
-{
-    for (int i = 0; i < 1500; i++) {
-        FILE *f = fopen(path, "r");
-        if (f != NULL) {
-            int port = 0;
-            int n = fscanf(f, "%d", &port);
-            fclose(f);
-            if (n == 1 && port > 0)
-                return port;
-        }
-        usleep(10000);
-    }
-    return -1;
-}
-
 static int start_tensord(server *s)
 {
-    char port_file[256], log[256];
-    snprintf(port_file, sizeof(port_file), "%s/tensord.port", g.dir);
-    snprintf(log, sizeof(log), "%s/tensord.log", g.dir);
-    char *argv[] = {(char *)g.tensord, "--port",      "0",    "--port-file",
-                    port_file,         "--log-level", "warn", NULL};
-    s->pid = bench_spawn(argv, 0, log);
-    s->t.port = s->pid > 0 ? read_port_file(port_file) : -1;
-    s->t.unix_path[0] = '\0';
-    return s->t.port > 0 && bench_wait_listening(s->t.port, NULL, 15) == 0 ? 0 : -1;
+    s->pid = bench_start_tensord("coord_bench", g.tensord, g.dir, "tensord", 0, &s->t);
+    return s->pid > 0 ? 0 : -1;
 }
 
 static int start_redis(server *s)
 {
-    char port[16], log[256];
-    s->t.port = bench_free_port();
-    s->t.unix_path[0] = '\0';
-    snprintf(port, sizeof(port), "%d", s->t.port);
-    snprintf(log, sizeof(log), "%s/redis.log", g.dir);
-    char *argv[] = {
-        (char *)g.redis, "--port", port,          "--bind", "127.0.0.1",        "--save", "",
-        "--appendonly",  "no",     "--daemonize", "no",     "--protected-mode", "no",     NULL};
-    s->pid = bench_spawn(argv, 0, log);
-    return s->pid > 0 && bench_wait_listening(s->t.port, NULL, 15) == 0 ? 0 : -1;
+    s->pid = bench_start_redis("coord_bench", g.redis, g.dir, "redis", 0, &s->t);
+    return s->pid > 0 ? 0 : -1;
 }
 
 /*

@@ -101,76 +101,19 @@ static int skipped(const char *name)
  * Servers
  */
 
-static int read_port_file(const char *path)
-{
-    for (int i = 0; i < 1500; i++) {
-        FILE *f = fopen(path, "r");
-        if (f != NULL) {
-            int port = -1;
-            int n = fscanf(f, "%d", &port);
-            fclose(f);
-            if (n == 1 && port > 0)
-                return port;
-        }
-        usleep(10000);
-    }
-    return -1;
-}
-
 static int start_tensord(server *s)
 {
-    char port_file[256], log[256];
-    snprintf(port_file, sizeof(port_file), "%s/tensord.port", g.dir);
-    snprintf(s->t.unix_path, sizeof(s->t.unix_path), "%s/tensord.sock", g.dir);
-    snprintf(log, sizeof(log), "%s/tensord.log", g.dir);
-    char *argv[] = {(char *)g.tensord, "--port",       "0",           "--port-file", port_file,
-                    "--unix",          s->t.unix_path, "--log-level", "warn",        NULL};
-    s->pid = bench_spawn(argv, 0, log);
-    s->t.port = s->pid > 0 ? read_port_file(port_file) : -1;
-    if (s->t.port < 0 || bench_wait_listening(0, s->t.unix_path, 15) != 0) {
-        fprintf(stderr, "stream_bench: tensord (%s) did not start; see %s\n", g.tensord, log);
-        bench_stop(s->pid);
-        s->pid = -1;
-        return -1;
-    }
-    return 0;
+    s->pid = bench_start_tensord("stream_bench", g.tensord, g.dir, "tensord", 1, &s->t);
+    return s->pid > 0 ? 0 : -1;
 }
 
 static int start_redis(server *s)
 {
-    char port[16], log[256];
     s->pid = -1;
     if (g.redis == NULL)
         return -1;
-    s->t.port = bench_free_port();
-    snprintf(port, sizeof(port), "%d", s->t.port);
-    snprintf(s->t.unix_path, sizeof(s->t.unix_path), "%s/redis.sock", g.dir);
-    snprintf(log, sizeof(log), "%s/redis.log", g.dir);
-    char *argv[] = {(char *)g.redis,
-                    "--port",
-                    port,
-                    "--bind",
-                    "127.0.0.1",
-                    "--unixsocket",
-                    s->t.unix_path,
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--daemonize",
-                    "no",
-                    "--protected-mode",
-                    "no",
-                    NULL};
-    s->pid = bench_spawn(argv, 0, log);
-    if (s->pid < 0 || bench_wait_listening(s->t.port, NULL, 15) != 0 ||
-        bench_wait_listening(0, s->t.unix_path, 15) != 0) {
-        fprintf(stderr, "stream_bench: redis-server (%s) did not start; see %s\n", g.redis, log);
-        bench_stop(s->pid);
-        s->pid = -1;
-        return -1;
-    }
-    return 0;
+    s->pid = bench_start_redis("stream_bench", g.redis, g.dir, "redis", 1, &s->t);
+    return s->pid > 0 ? 0 : -1;
 }
 
 static void address_of(const server *s, char *buf, size_t cap)

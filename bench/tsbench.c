@@ -56,43 +56,14 @@ static struct {
  * Servers
  */
 
-/* Wait up to 15 s for a file holding a port number. Returns the port or -1. */
-static int read_port_file(const char *path)
-{
-    for (int i = 0; i < 1500; i++) {
-        FILE *f = fopen(path, "r");
-        if (f != NULL) {
-            int port = -1;
-            int n = fscanf(f, "%d", &port);
-            fclose(f);
-            if (n == 1 && port > 0)
-                return port;
-        }
-        usleep(10000);
-    }
-    return -1;
-}
-
 static int start_tensord(server *s)
 {
     static int seq;
-    char port_file[256], log[256];
-    seq++;
-    snprintf(port_file, sizeof(port_file), "%s/tensord%d.port", g.dir, seq);
-    snprintf(s->t.unix_path, sizeof(s->t.unix_path), "%s/tensord%d.sock", g.dir, seq);
-    snprintf(log, sizeof(log), "%s/tensord.log", g.dir);
-    char *argv[] = {(char *)g.tensord, "--port",       "0",           "--port-file", port_file,
-                    "--unix",          s->t.unix_path, "--log-level", "warn",        NULL};
+    char tag[32];
+    snprintf(tag, sizeof(tag), "tensord%d", ++seq);
     s->name = "tensord";
-    s->pid = bench_spawn(argv, 0, log);
-    s->t.port = s->pid > 0 ? read_port_file(port_file) : -1;
-    if (s->t.port < 0 || bench_wait_listening(0, s->t.unix_path, 15) != 0) {
-        fprintf(stderr, "tsbench: tensord (%s) did not start; see %s\n", g.tensord, log);
-        bench_stop(s->pid);
-        s->pid = -1;
-        return -1;
-    }
-    return 0;
+    s->pid = bench_start_tensord("tsbench", g.tensord, g.dir, tag, 1, &s->t);
+    return s->pid > 0 ? 0 : -1;
 }
 
 static int start_ceiling(server *s)
@@ -104,7 +75,7 @@ static int start_ceiling(server *s)
     char *argv[] = {g.self, "ceiling-server", port_file, s->t.unix_path, NULL};
     s->name = "ceiling";
     s->pid = bench_spawn(argv, 0, log);
-    s->t.port = s->pid > 0 ? read_port_file(port_file) : -1;
+    s->t.port = s->pid > 0 ? bench_read_port_file(port_file) : -1;
     if (s->t.port < 0 || bench_wait_listening(0, s->t.unix_path, 15) != 0) {
         fprintf(stderr, "tsbench: the ceiling server did not start; see %s\n", log);
         bench_stop(s->pid);
@@ -117,42 +88,14 @@ static int start_ceiling(server *s)
 static int start_redis(server *s)
 {
     static int seq;
-    char port[16], log[256];
-    seq++;
+    char tag[32];
+    snprintf(tag, sizeof(tag), "redis%d", ++seq);
     s->name = "redis";
     s->pid = -1;
     if (g.redis == NULL)
         return -1;
-    s->t.port = bench_free_port();
-    snprintf(port, sizeof(port), "%d", s->t.port);
-    snprintf(s->t.unix_path, sizeof(s->t.unix_path), "%s/redis%d.sock", g.dir, seq);
-    snprintf(log, sizeof(log), "%s/redis.log", g.dir);
-    /* No persistence: both daemons hold everything in memory only. */
-    char *argv[] = {(char *)g.redis,
-                    "--port",
-                    port,
-                    "--bind",
-                    "127.0.0.1",
-                    "--unixsocket",
-                    s->t.unix_path,
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--daemonize",
-                    "no",
-                    "--protected-mode",
-                    "no",
-                    NULL};
-    s->pid = bench_spawn(argv, 0, log);
-    if (s->pid < 0 || bench_wait_listening(s->t.port, NULL, 15) != 0 ||
-        bench_wait_listening(0, s->t.unix_path, 15) != 0) {
-        fprintf(stderr, "tsbench: redis-server (%s) did not start; see %s\n", g.redis, log);
-        bench_stop(s->pid);
-        s->pid = -1;
-        return -1;
-    }
-    return 0;
+    s->pid = bench_start_redis("tsbench", g.redis, g.dir, tag, 1, &s->t);
+    return s->pid > 0 ? 0 : -1;
 }
 
 static void stop_server(server *s)
