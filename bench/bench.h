@@ -98,6 +98,8 @@ double bench_cpu_self(void);
 double bench_cpu_pid(pid_t pid);
 /* Context switches (voluntary and not) of this process so far, all threads. */
 double bench_ctxsw_self(void);
+/* Print "machine: CPUs, model, kernel, load" on stdout, the first line of a bench's report. */
+void bench_print_machine(void);
 /* Median and percentile of v[0..n) (sorts v). */
 double bench_median(double *v, size_t n);
 double bench_percentile(double *v, size_t n, double pct);

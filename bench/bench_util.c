@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -416,4 +417,32 @@ double bench_cpu_pid(pid_t pid)
     if (sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
         return 0;
     return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+void bench_print_machine(void)
+{
+    char model[256] = "unknown";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f != NULL) {
+        char buf[512];
+        while (fgets(buf, sizeof(buf), f) != NULL) {
+            if (strncmp(buf, "model name", 10) == 0) {
+                char *p = strchr(buf, ':');
+                if (p != NULL) {
+                    p += 2;
+                    p[strcspn(p, "\n")] = '\0';
+                    snprintf(model, sizeof(model), "%s", p);
+                }
+                break;
+            }
+        }
+        fclose(f);
+    }
+    struct utsname u;
+    uname(&u);
+    double load[3] = {0, 0, 0};
+    if (getloadavg(load, 3) < 0)
+        load[0] = -1;
+    printf("machine: %ld CPUs, %s, Linux %s; load before the run %.2f %.2f %.2f\n",
+           sysconf(_SC_NPROCESSORS_ONLN), model, u.release, load[0], load[1], load[2]);
 }

@@ -40,7 +40,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1106,30 +1105,7 @@ static const char *verdict(double ratio, double min)
 
 static void machine_info(void)
 {
-    char model[256] = "unknown";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f != NULL) {
-        char buf[512];
-        while (fgets(buf, sizeof(buf), f) != NULL) {
-            if (strncmp(buf, "model name", 10) == 0) {
-                char *p = strchr(buf, ':');
-                if (p != NULL) {
-                    p += 2;
-                    p[strcspn(p, "\n")] = '\0';
-                    snprintf(model, sizeof(model), "%s", p);
-                }
-                break;
-            }
-        }
-        fclose(f);
-    }
-    struct utsname u;
-    uname(&u);
-    double load[3] = {0, 0, 0};
-    if (getloadavg(load, 3) < 0)
-        load[0] = -1;
-    printf("machine: %ld CPUs, %s, Linux %s; load before the run %.2f %.2f %.2f\n",
-           sysconf(_SC_NPROCESSORS_ONLN), model, u.release, load[0], load[1], load[2]);
+    bench_print_machine();
     printf("tensord and redis pinned to cpu0, every client process to cpu1: %s; %s; %d repeats, "
            "medians; %ld batches of %d rows (%.2f MiB) per run, %ld decode passes\n",
            bench_pinning() ? "yes" : "no", g.use_unix ? "unix socket" : "tcp", g.repeats, g.batches,

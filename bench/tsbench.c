@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include "tensorshare/tensorshare.h"
@@ -482,30 +481,7 @@ static void case_lz4(server *ts, size_t size, int compressible)
 
 static void machine_info(void)
 {
-    char model[256] = "unknown";
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f != NULL) {
-        char buf[512];
-        while (fgets(buf, sizeof(buf), f) != NULL) {
-            if (strncmp(buf, "model name", 10) == 0) {
-                char *p = strchr(buf, ':');
-                if (p != NULL) {
-                    p += 2;
-                    p[strcspn(p, "\n")] = '\0';
-                    snprintf(model, sizeof(model), "%s", p);
-                }
-                break;
-            }
-        }
-        fclose(f);
-    }
-    struct utsname u;
-    uname(&u);
-    double load[3] = {0, 0, 0};
-    if (getloadavg(load, 3) < 0)
-        load[0] = -1;
-    printf("machine: %ld CPUs, %s, Linux %s; load before the run %.2f %.2f %.2f\n",
-           sysconf(_SC_NPROCESSORS_ONLN), model, u.release, load[0], load[1], load[2]);
+    bench_print_machine();
     printf("servers pinned to cpu0, clients to cpu1: %s; %d repeats, medians\n",
            bench_pinning() ? "yes" : "no (fewer than 2 CPUs or --no-pin)", g.repeats);
 }
