@@ -60,6 +60,13 @@ static const ts__msg_op ops[] = {
     {TS_OP_TAKE, TS_MSG_TAKE_REQ, TS_MSG_ITEMS, 0, 1, 0},
     {TS_OP_MGET, TS_MSG_MGET_REQ, TS_MSG_MGET_REP, 0, 0, 0},
     {TS_OP_BARRIER, TS_MSG_BARRIER_REQ, TS_MSG_BARRIER_STATE, 0, 0, 0},
+    /* Parameter server: PS_PUSH, EMB_PULL and EMB_PUSH are uploads (a tensor record). */
+    {TS_OP_PS_CREATE, TS_MSG_PS_CREATE_REQ, TS_MSG_BIN_STATE, 0, 1, 0},
+    {TS_OP_PS_PUSH, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1, TS_MSG_PS_PUSH_FIXED},
+    {TS_OP_PS_PULL, TS_MSG_PS_PULL_REQ, TS_MSG_ITEMS, 0, 0, 0},
+    {TS_OP_EMB_CREATE, TS_MSG_EMB_CREATE_REQ, TS_MSG_BIN_STATE, 0, 1, 0},
+    {TS_OP_EMB_PULL, TS_MSG_PUT_REQ, TS_MSG_ITEMS, 1, 0, 0},
+    {TS_OP_EMB_PUSH, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1, TS_MSG_EMB_PUSH_FIXED},
     /* Replay tables: a SAMPLE changes times_sampled and may evict (max_times_sampled). */
     {TS_OP_TABLE_CREATE, TS_MSG_TABLE_CREATE_REQ, TS_MSG_TABLE_STATE, 0, 1, 0},
     {TS_OP_TABLE_INSERT, TS_MSG_PUT_REQ, TS_MSG_TABLE_STATE, 1, 1, TS_MSG_TABLE_INSERT_FIXED},
@@ -81,6 +88,9 @@ const ts__msg_op *ts__msg_op_info(uint8_t op)
 
 ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status)
 {
+    /* A PS_PUSH refused as stale carries the parameter's state with its current version. */
+    if (op == TS_OP_PS_PUSH && status == TS_ST_STALE_GRADIENT)
+        return TS_MSG_BIN_STATE;
     if (op == TS_OP_NOTIFY) /* notifications always carry status 0 (section 8.14) */
         return status == TS_ST_OK ? TS_MSG_NOTIFY : TS_MSG_NONE;
     if (status != TS_ST_OK) {
@@ -961,6 +971,15 @@ static int decode_kind(ts__msg_kind kind, const uint8_t *body, size_t len, ts__m
     case TS_MSG_BARRIER_STATE:
         rc = ts__msg_barrier_state_decode(body, len, &d.u.barrier_state);
         break;
+    case TS_MSG_PS_CREATE_REQ:
+        rc = ts__msg_ps_create_req_decode(body, len, &d.u.ps_create);
+        break;
+    case TS_MSG_EMB_CREATE_REQ:
+        rc = ts__msg_emb_create_req_decode(body, len, &d.u.ps_create);
+        break;
+    case TS_MSG_PS_PULL_REQ:
+        rc = ts__msg_ps_pull_req_decode(body, len, &d.u.ps_pull);
+        break;
     case TS_MSG_MGET_REQ:
         rc = ts__msg_mget_req_decode(body, len, &d.u.mget_req);
         break;
@@ -1284,6 +1303,12 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
         return ts__msg_add_state_encode(out, cap, &m->u.add_state, len);
     case TS_MSG_BARRIER_STATE:
         return ts__msg_barrier_state_encode(out, cap, &m->u.barrier_state, len);
+    case TS_MSG_PS_CREATE_REQ:
+        return ts__msg_ps_create_req_encode(out, cap, &m->u.ps_create, len);
+    case TS_MSG_EMB_CREATE_REQ:
+        return ts__msg_emb_create_req_encode(out, cap, &m->u.ps_create, len);
+    case TS_MSG_PS_PULL_REQ:
+        return ts__msg_ps_pull_req_encode(out, cap, &m->u.ps_pull, len);
     case TS_MSG_MGET_REQ:
         return mget_req_encode_again(&m->u.mget_req, out, cap, len);
     case TS_MSG_MGET_REP:

@@ -97,6 +97,10 @@ typedef enum ts__msg_kind {
     TS_MSG_MGET_REP,      /* the MGET reply */
     TS_MSG_BARRIER_REQ,   /* name, u32 parties, u32 timeout_ms */
     TS_MSG_BARRIER_STATE, /* BARRIER STATE, 16 bytes */
+    /* Parameter server (msg_ps.c). PS_PUSH, EMB_PULL and EMB_PUSH are uploads. */
+    TS_MSG_PS_CREATE_REQ,  /* name, 48 fixed bytes */
+    TS_MSG_PS_PULL_REQ,    /* name, u64 if_newer_than */
+    TS_MSG_EMB_CREATE_REQ, /* name, 64 fixed bytes */
     /* Replay tables (msg_table.c). TABLE_INSERT is an upload, TABLE_INFO a TS_MSG_NAME_REQ. */
     TS_MSG_TABLE_CREATE_REQ, /* name, capacity, rate limiter, sampler, remover... */
     TS_MSG_TABLE_SAMPLE_REQ, /* name, u32 n, u32 timeout_ms */
@@ -851,6 +855,7 @@ void ts__msg_stream_entry_get(const ts__msg_stream_entries *m, uint32_t i, ts__m
 
 /* Coordination primitives: their bodies are declared in msg_coord.h (opcodes 0x20 to 0x24). */
 #include "msg_coord.h"
+#include "msg_ps.h"
 
 /* Sharding: SHARD_MAP's reply and WRONG_SHARD's body are declared in msg_shard.h. */
 #include "msg_shard.h"
@@ -894,6 +899,8 @@ typedef struct ts__msg {
         ts__msg_mget_req mget_req;
         ts__msg_mget_rep mget_rep;
         ts__msg_barrier_state barrier_state;
+        ts__msg_ps_create_req ps_create; /* PS_CREATE, EMB_CREATE */
+        ts__msg_ps_pull_req ps_pull;
         ts__msg_shard_map shard_map;
         ts__msg_wrong_shard wrong_shard;
     } u;

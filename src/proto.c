@@ -61,6 +61,7 @@ static const struct {
     [TS_ST_SAVE_FAILING] = {"SAVE_FAILING", TS_ESAVEFAIL},
     [TS_ST_BACKPRESSURE] = {"BACKPRESSURE", TS_EAGAIN},
     [TS_ST_VERSION_MISMATCH] = {"VERSION_MISMATCH", TS_ECONFLICT},
+    [TS_ST_STALE_GRADIENT] = {"STALE_GRADIENT", TS_ESTALE},
 };
 
 int ts__status_to_err(uint16_t status)
@@ -112,6 +113,8 @@ uint16_t ts__err_to_status(int err)
         return TS_ST_BACKPRESSURE;
     case TS_ECONFLICT:
         return TS_ST_VERSION_MISMATCH;
+    case TS_ESTALE:
+        return TS_ST_STALE_GRADIENT;
     default:
         return TS_ST_INTERNAL;
     }
@@ -213,6 +216,18 @@ const char *ts__op_name(uint8_t op)
         return "TABLE_INFO";
     case TS_OP_SHARD_MAP:
         return "SHARD_MAP";
+    case TS_OP_PS_CREATE:
+        return "PS_CREATE";
+    case TS_OP_PS_PUSH:
+        return "PS_PUSH";
+    case TS_OP_PS_PULL:
+        return "PS_PULL";
+    case TS_OP_EMB_CREATE:
+        return "EMB_CREATE";
+    case TS_OP_EMB_PULL:
+        return "EMB_PULL";
+    case TS_OP_EMB_PUSH:
+        return "EMB_PUSH";
     case TS_OP_NOTIFY:
         return "NOTIFY";
     default:

@@ -76,6 +76,13 @@ enum {
     TS_OP_TABLE_INFO = 0x2D,   /* settings, counters and rate limiter state, as a record */
     /* Sharding (docs/PROTOCOL.md section 14), 0.5.0. */
     TS_OP_SHARD_MAP = 0x30, /* the daemon's shard map: epoch, shards, addresses, slot ranges */
+    /* Parameter server (server-side optimizer steps and embedding tables), 0.5.0. */
+    TS_OP_PS_CREATE = 0x38,  /* make a bin holding a tensor a parameter (optimizer, mode) */
+    TS_OP_PS_PUSH = 0x39,    /* push a gradient into a parameter (an upload with fixed fields) */
+    TS_OP_PS_PULL = 0x3A,    /* the parameter, or nothing when not newer than a version */
+    TS_OP_EMB_CREATE = 0x3B, /* create an embedding table (rows by int64 id, created lazily) */
+    TS_OP_EMB_PULL = 0x3C,   /* rows by ids (an upload: the ids tensor) */
+    TS_OP_EMB_PUSH = 0x3D,   /* row gradients by ids (an upload with fixed fields) */
     TS_OP_NOTIFY = 0x80        /* server to client only */
 };
 
@@ -105,6 +112,10 @@ enum {
     TS_ST_BACKPRESSURE = 19,
     /* A PUT_IF whose expected version is not the bin's (TS_ECONFLICT; the body is a BIN_STATE). */
     TS_ST_VERSION_MISMATCH = 20,
+    /* A PS_PUSH whose gradient lags the parameter by more than its tolerance (TS_ESTALE; the
+     * body is a BIN_STATE with the parameter's current version). */
+    TS_ST_STALE_GRADIENT = 21,
+    /* 22 is reserved for the parameter server. */
     TS_ST_COUNT_
 };
 

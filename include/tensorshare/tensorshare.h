@@ -84,7 +84,9 @@ extern "C" {
     XX(EMODEL, -4014, "model failed")                                                              \
     XX(ENOTSUP, -4015, "not supported in this build")                                              \
     XX(ESAVEFAIL, -4016, "write refused: the server cannot save snapshots")                        \
-    XX(ECONFLICT, -4017, "version mismatch: the bin changed")
+    XX(ECONFLICT, -4017, "version mismatch: the bin changed")                                      \
+    /* Added in 0.5.0: a gradient that lags its parameter by more than the tolerance. */           \
+    XX(ESTALE, -116, "gradient too stale for the parameter")
 
 /* The codes of TS_ERRNO_MAP as an enum (TS_ENOMEM, ...). Added in 0.1.0. */
 typedef enum ts_errno_e {

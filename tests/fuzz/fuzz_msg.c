@@ -93,6 +93,15 @@ static const struct {
     {1, TS_OP_TABLE_REMOVE, 0},
     {0, TS_OP_TABLE_INSERT, TS_ST_OK},
     {0, TS_OP_TABLE_SAMPLE, TS_ST_OK},
+    /* Parameter server: PS_PUSH's head has 16 fixed bytes after the name, EMB_PUSH's 8. */
+    {1, TS_OP_PS_CREATE, 0},
+    {1, TS_OP_PS_PUSH, 0},
+    {1, TS_OP_PS_PULL, 0},
+    {1, TS_OP_EMB_CREATE, 0},
+    {1, TS_OP_EMB_PULL, 0},
+    {1, TS_OP_EMB_PUSH, 0},
+    {0, TS_OP_PS_PUSH, TS_ST_STALE_GRADIENT},
+    {0, TS_OP_PS_PULL, TS_ST_OK},
 };
 
 /* Body limits (bytes) the request mode picks --max-frame from: around the control limit, and big.
@@ -138,6 +147,8 @@ static void same_as_kind(ts__msg_kind kind, size_t fixed, const uint8_t *body, s
         ts__msg_mget_req mq;
         ts__msg_mget_rep mr;
         ts__msg_table_create_req tc;
+        ts__msg_ps_create_req pc;
+        ts__msg_ps_pull_req pp;
         ts__msg_table_sample_req tsq;
         ts__msg_table_keys_req tk;
         ts__msg_table_state tst;
@@ -258,6 +269,15 @@ static void same_as_kind(ts__msg_kind kind, size_t fixed, const uint8_t *body, s
         break;
     case TS_MSG_TABLE_CREATE_REQ:
         k = ts__msg_table_create_req_decode(body, len, &u.tc);
+        break;
+    case TS_MSG_PS_CREATE_REQ:
+        k = ts__msg_ps_create_req_decode(body, len, &u.pc);
+        break;
+    case TS_MSG_EMB_CREATE_REQ:
+        k = ts__msg_emb_create_req_decode(body, len, &u.pc);
+        break;
+    case TS_MSG_PS_PULL_REQ:
+        k = ts__msg_ps_pull_req_decode(body, len, &u.pp);
         break;
     case TS_MSG_TABLE_SAMPLE_REQ:
         k = ts__msg_table_sample_req_decode(body, len, &u.tsq);

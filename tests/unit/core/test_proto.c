@@ -200,6 +200,7 @@ static void test_status_table(void **state)
         {18, "SAVE_FAILING", TS_ESAVEFAIL},
         {19, "BACKPRESSURE", TS_EAGAIN},
         {20, "VERSION_MISMATCH", TS_ECONFLICT},
+        {21, "STALE_GRADIENT", TS_ESTALE},
     };
     assert_int_equal(TS__ARRAY_SIZE(table), TS_ST_COUNT_);
     for (size_t i = 0; i < TS__ARRAY_SIZE(table); i++) {
@@ -242,8 +243,9 @@ static void test_opcode_table(void **state)
         {0x22, "TAKE"},          {0x23, "MGET"},          {0x24, "BARRIER"},
         {0x28, "TABLE_CREATE"},  {0x29, "TABLE_INSERT"},  {0x2A, "TABLE_SAMPLE"},
         {0x2B, "TABLE_UPDATE"},  {0x2C, "TABLE_REMOVE"},  {0x2D, "TABLE_INFO"},
-        {0x30, "SHARD_MAP"},
-        {0x80, "NOTIFY"},
+        {0x30, "SHARD_MAP"},     {0x38, "PS_CREATE"},     {0x39, "PS_PUSH"},
+        {0x3A, "PS_PULL"},       {0x3B, "EMB_CREATE"},    {0x3C, "EMB_PULL"},
+        {0x3D, "EMB_PUSH"},      {0x80, "NOTIFY"},
     };
     int known = 0;
     for (int op = 0; op < 256; op++) {
