@@ -13,6 +13,7 @@
  */
 #include "server.h"
 #include "coord.h"
+#include "ps.h"
 #include "stream.h"
 #include "table.h"
 
@@ -607,6 +608,10 @@ static void item_store(tsd_conn *c, tsd_item *it)
         tsd_rows_upload(c, &c->cur, c->cur_name, c->cur_name_len, it); /* rows.c */
     else if (c->cur.opcode == TS_OP_PUT_IF)
         tsd_coord_put_if(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, it); /* coord.c */
+    else if (c->cur.opcode == TS_OP_PS_PUSH || c->cur.opcode == TS_OP_EMB_PULL ||
+             c->cur.opcode == TS_OP_EMB_PUSH)
+        tsd_ps_upload(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, c->cur_fixed_len,
+                      it); /* ps.c */
     else
         tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
 }

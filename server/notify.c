@@ -26,6 +26,7 @@
  * and STATS reports the total as watch_bytes.
  */
 #include "coord.h"
+#include "ps.h"
 #include "server.h"
 #include "stream.h"
 #include "table.h"
@@ -631,6 +632,7 @@ void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c)
     tsd_coord_conn_drop(srv, c, 0);
     tsd_stream_conn_gone(srv, c); /* its stream waits (stream.c) */
     tsd_table_conn_gone(srv, c);  /* its replay table waits (table.c) */
+    tsd_ps_conn_gone(srv, c);     /* its parameter server requests (ps.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;
@@ -646,6 +648,7 @@ size_t tsd_notify_conn_stop(tsd_server *srv, tsd_conn *c)
     size_t answered = tsd_coord_conn_drop(srv, c, 1);
     size_t n = tsd_stream_conn_stop(srv, c); /* its stream waits (stream.c) */
     n += tsd_table_conn_stop(srv, c);        /* its replay table waits (table.c) */
+    n += tsd_ps_conn_stop(srv, c);           /* its parameter server requests (ps.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;

@@ -14,6 +14,7 @@
 #include "msg.h"
 #include "record.h"
 #include "coord.h"
+#include "ps.h"
 #include "server.h"
 #include "stream.h"
 #include "table.h"
@@ -1048,6 +1049,11 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     case TS_OP_TABLE_REMOVE:
     case TS_OP_TABLE_INFO:
         tsd_table_dispatch(c, h, &m); /* table.c */
+        return;
+    case TS_OP_PS_CREATE:
+    case TS_OP_PS_PULL:
+    case TS_OP_EMB_CREATE:
+        tsd_ps_dispatch(c, h, &m); /* ps.c */
         return;
     default:
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_UNKNOWN_OPCODE, "unknown opcode 0x%02x",

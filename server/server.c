@@ -9,6 +9,7 @@
  */
 #include "server.h"
 #include "coord.h"
+#include "ps.h"
 #include "stream.h"
 #include "table.h"
 
@@ -739,6 +740,7 @@ void tsd_server_free_store(tsd_server *srv)
     srv->store_freed = 1;
     tsd_streams_free(srv);
     tsd_coord_free(srv);
+    tsd_ps_free(srv);
     tsd_tables_free(srv);
     tsd_store_free(&srv->store);
 }

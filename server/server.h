@@ -10,6 +10,7 @@
  *   rows.c    tensor bins and row access (TENSOR_BIN, READ_ROWS, GATHER_ROWS, WRITE_ROWS)
  *   stream.c  streams: logs with server-kept cursors, retention, back-pressure (stream.h)
  *   table.c   replay tables: samplers, removers, a rate limiter that waits (table.h)
+ *   ps.c      the parameter server: optimizer steps off the loop, embedding tables (ps.h)
  *   store.c   bins, items, the name hash table, memory accounting, point-in-time passes
  *   view.c    views: passes over the store walked a chunk of bins per loop turn (LIST, SAVE)
  *   slab.c    size classes for the buffers of small records
@@ -1189,7 +1190,7 @@ size_t tsd_notify_n_waiters(const tsd_server *srv);
  * Statistics (stats.c)
  */
 typedef struct tsd_stats {
-    uint64_t ops[TS_OP_TABLE_INFO + 1]; /* requests handled, by opcode */
+    uint64_t ops[TS_OP_EMB_PUSH + 1]; /* requests handled, by opcode */
     uint64_t notifications_sent;
     uint64_t protocol_errors;
     uint64_t oom_rejections;
@@ -1349,6 +1350,8 @@ struct tsd_server {
     struct tsd_tables *tables;
     /* Coordination (coord.c): barriers and pending TAKEs, made on first use, or NULL. */
     struct tsd_coord *coord;
+    /* The parameter server (ps.c): parameters, embedding tables, waits; on first use, or NULL. */
+    struct tsd_ps *ps;
 };
 
 /*

@@ -1,0 +1,1463 @@
+/*
+ * The parameter server (ps.h, docs/PS.md).
+ *
+ * A dense parameter is a plain bin holding one item whose record's root is a float32 tensor:
+ * PEEK, GET, WAIT, LISTEN and snapshots see it like any bin. PS_CREATE attaches a ps_param to
+ * the name (optimizer, mode, slot tensors, the sync accumulator). A PS_PUSH is queued on its
+ * parameter; one job at a time per parameter runs on the thread pool, copies the current record
+ * into a new item, applies the queued gradients to the copy (and to the slots, which only the
+ * running job touches), and hands back to the loop, which links the new item into the bin with
+ * a new version (a replacement: readers holding the old item keep it, whole). So no reader ever
+ * sees a half-applied step and the loop never does arithmetic.
+ *
+ * An embedding table (ps_emb) is not a bin: its rows live in one array indexed through an
+ * open-addressing hash of ids. Its pulls and pushes queue on it in arrival order and run, one
+ * job at a time, on the thread pool; a pull's reply is a new item filled by the job.
+ *
+ * Memory: slots, accumulators, rows and the hash count against --max-memory as overhead
+ * (tsd_store_charge), new items through the store's reservation like uploads.
+ */
+#include "ps.h"
+
+#include <math.h>
+
+#include "msg.h"
+#include "record.h"
+
+/* Room for a printable bin name in messages (255 bytes, each at most 4 bytes of UTF-8). */
+#define PS_NAME_CAP (TS_MAX_NAME_LEN * 4 + 1)
+/*
+ * Published versions a parameter remembers with their step counts, to tell a gradient's
+ * staleness from the version it was computed on. A sync tolerance must be below it; an older
+ * (or unknown) version counts as this stale.
+ */
+#define TSD_PS_RING 1024u
+/* Gradients per sync step at most: bounds the pushes one step holds waiting. */
+#define TSD_PS_MAX_K 65536u
+/* floats per embedding row at most (a row of 256 KiB): bounds one row's work and copy. */
+#define TSD_PS_MAX_DIM 65536u
+/* ids per EMB_PULL or EMB_PUSH at most (2^24): bounds one job's scratch memory. */
+#define TSD_PS_MAX_IDS ((uint64_t)1 << 24)
+/* Rows of one table at most: row indexes are u32. */
+#define TSD_PS_MAX_ROWS ((uint64_t)1 << 31)
+/* Smallest hash capacity of a table (slots, a power of two). */
+#define TSD_PS_HASH_MIN 1024u
+
+/* ---------------------------------------------------------------------------------------------
+ * State
+ */
+
+typedef struct ps_wait ps_wait;
+
+/* A request waiting for a job: a push (dense or rows) or a rows pull. */
+struct ps_wait {
+    ps_wait *next;          /* in its object's queue, arrival order */
+    ps_wait *aprev, *anext; /* in the server's list of all waits */
+    tsd_conn *c;            /* NULL once the connection has gone */
+    uint32_t rid;
+    uint8_t op;
+    uint16_t status; /* the job's verdict, TS_ST_OK or an error */
+    char msg[160];   /* the message of an error verdict */
+    tsd_item *item;  /* the uploaded record (reserved in the store), or NULL once dropped */
+    double scale;
+    double lr; /* PS_PUSH: the learning rate after staleness scaling */
+    /* Inside item: the gradient (PS_PUSH, EMB_PUSH) and the ids (EMB_PULL, EMB_PUSH). */
+    const float *grad;
+    const int64_t *ids;
+    uint64_t n;        /* ids */
+    tsd_item *reply;   /* EMB_PULL: the reply record, filled by the job */
+    uint64_t new_rows; /* rows the job created for this request */
+    uint64_t version;  /* the version of the answer */
+    uint32_t pending;  /* PS_PUSH sync: gradients in the step being formed when answered */
+};
+
+typedef struct ps_param {
+    tsd_hnode node;
+    tsd_server *srv;
+    uint8_t opt, mode, flags;
+    uint32_t k, tolerance;
+    double lr, beta1, beta2, eps;
+    uint64_t numel;
+    float *slot1, *slot2; /* momentum / Adam m; Adam v */
+    uint64_t adam_t;      /* Adam steps taken */
+    float *acc;           /* sync: the sum of this step's scaled gradients */
+    uint32_t acc_n;       /* sync: gradients in acc */
+    uint64_t steps;       /* optimizer steps applied */
+    uint64_t ring_ver[TSD_PS_RING], ring_step[TSD_PS_RING];
+    uint32_t ring_n, ring_head; /* entries, next slot */
+    ps_wait *q_head, *q_tail;   /* queued pushes, not yet in a job */
+    ps_wait *job;               /* the pushes of the running job */
+    ps_wait *round;             /* sync: pushes in acc, answered when their step applies */
+    int busy;
+    uv_work_t work;
+    tsd_item *job_old; /* the record the job starts from */
+    tsd_item *job_new; /* the copy it writes; NULL when it applied nothing */
+    int job_used;
+    size_t data_off; /* the tensor data's offset in the record */
+    uint64_t job_steps;
+    uint64_t cost; /* bytes charged */
+} ps_param;
+
+typedef struct ps_emb {
+    tsd_hnode node;
+    tsd_server *srv;
+    uint32_t dim;
+    uint8_t opt, init;
+    uint64_t seed, num_ids;
+    double lr, beta1, beta2, eps, init_scale;
+    uint32_t stride; /* floats per row: the value and the slots */
+    /* The hash: keys (-1 = empty) and row indexes; cap a power of two. */
+    int64_t *keys;
+    uint32_t *idx;
+    uint64_t cap, count;
+    float *rows;     /* count rows of stride floats */
+    uint32_t *steps; /* Adam: steps per row */
+    uint64_t rows_cap;
+    uint64_t version;
+    ps_wait *q_head, *q_tail;
+    ps_wait *job;
+    int busy;
+    uv_work_t work;
+    uint64_t cost;    /* bytes charged for the arrays */
+    uint64_t pending; /* bytes charged ahead for the running job */
+} ps_emb;
+
+typedef struct tsd_ps {
+    tsd_htab params;
+    tsd_htab embs;
+    ps_wait *all_head;
+} tsd_ps;
+
+static tsd_ps *ps_state(tsd_server *srv)
+{
+    if (srv->ps == NULL) {
+        tsd_ps *ps = ts__calloc(1, sizeof(*ps));
+        if (ps == NULL)
+            return NULL;
+        if (tsd_htab_init(&ps->params) != 0 || tsd_htab_init(&ps->embs) != 0) {
+            tsd_htab_free(&ps->params);
+            ts__free(ps);
+            return NULL;
+        }
+        srv->ps = ps;
+    }
+    return srv->ps;
+}
+
+static ps_param *param_find(tsd_server *srv, const uint8_t *name, size_t len)
+{
+    if (srv->ps == NULL)
+        return NULL;
+    return (ps_param *)(void *)tsd_htab_find(&srv->ps->params, name, len);
+}
+
+static ps_emb *emb_find(tsd_server *srv, const uint8_t *name, size_t len)
+{
+    if (srv->ps == NULL)
+        return NULL;
+    return (ps_emb *)(void *)tsd_htab_find(&srv->ps->embs, name, len);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Records
+ */
+
+/* The receive buffer of a decoded item borrows the item's bytes: nothing to free. */
+static void ps_keep_bytes(void *data, size_t len)
+{
+    (void)data;
+    (void)len;
+}
+
+/* A tensor found in a record. */
+typedef struct ps_tensor {
+    uint8_t dtype;
+    int ndim;
+    int64_t shape[TS_MAX_NDIM];
+    uint64_t numel;
+    uint8_t *data;
+} ps_tensor;
+
+static void tensor_fill(const ts_tensor_t *t, ps_tensor *out)
+{
+    out->dtype = (uint8_t)t->dtype;
+    out->ndim = t->ndim;
+    memcpy(out->shape, t->shape, sizeof(out->shape));
+    out->numel = (uint64_t)ts_tensor_numel(t);
+    out->data = t->data;
+}
+
+/*
+ * The tensors of a validated record at rec: its root when it is a tensor (n = 1), or the n
+ * tensors of its root list. 0, TS_ENOMEM, or TS_ETYPE when the record has another shape.
+ */
+static int record_tensors(uint8_t *rec, size_t len, ps_tensor *out, size_t n)
+{
+    ts__rbuf *rb = ts__rbuf_new(rec, len, ps_keep_bytes);
+    if (rb == NULL)
+        return TS_ENOMEM;
+    ts_value_t *root = ts__record_decode(rb, 0, len, TS_MAX_DEPTH, TS_MAX_NDIM);
+    ts__rbuf_unref(rb);
+    if (root == NULL)
+        return TS_ENOMEM;
+    int rc = 0;
+    if (n == 1 && ts_value_type(root) == TS_TYPE_TENSOR) {
+        tensor_fill(ts_value_tensor(root), out);
+    } else if (n > 1 && ts_value_type(root) == TS_TYPE_LIST && ts_value_len(root) == n) {
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            const ts_value_t *v = ts_list_at(root, i);
+            if (ts_value_type(v) != TS_TYPE_TENSOR)
+                rc = TS_ETYPE;
+            else
+                tensor_fill(ts_value_tensor(v), &out[i]);
+        }
+    } else {
+        rc = TS_ETYPE;
+    }
+    ts__record_tree_free(root);
+    return rc;
+}
+
+/* 1 when a and b have the same shape. */
+static int same_shape(const ps_tensor *a, const ps_tensor *b)
+{
+    if (a->ndim != b->ndim)
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return 1;
+}
+
+/* Drop an uploaded record: its reservation and its reference (loop thread). */
+static void drop_upload(tsd_server *srv, tsd_item *it)
+{
+    if (it == NULL)
+        return;
+    tsd_store_unreserve(&srv->store, tsd_item_len(it));
+    tsd_item_unref(it);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Waits
+ */
+
+static ps_wait *wait_new(tsd_server *srv, tsd_conn *c, const ts__hdr *h, tsd_item *item)
+{
+    ps_wait *w = ts__calloc(1, sizeof(*w));
+    if (w == NULL)
+        return NULL;
+    tsd_ps *ps = srv->ps;
+    w->c = c;
+    w->rid = h->request_id;
+    w->op = h->opcode;
+    w->item = item;
+    w->anext = ps->all_head;
+    if (ps->all_head != NULL)
+        ps->all_head->aprev = w;
+    ps->all_head = w;
+    return w;
+}
+
+static void wait_free(tsd_server *srv, ps_wait *w)
+{
+    tsd_ps *ps = srv->ps;
+    if (w->aprev != NULL)
+        w->aprev->anext = w->anext;
+    else
+        ps->all_head = w->anext;
+    if (w->anext != NULL)
+        w->anext->aprev = w->aprev;
+    drop_upload(srv, w->item);
+    if (w->reply != NULL)
+        tsd_item_unref(w->reply);
+    ts__free(w);
+}
+
+/* Answer w with its verdict (when its connection is still there), then free it. */
+static void wait_answer(tsd_server *srv, ps_wait *w)
+{
+    tsd_conn *c = w->c;
+    if (c != NULL) {
+        if (w->status != TS_ST_OK) {
+            tsd_reply_err(c, w->op, w->rid, w->status, "%s", w->msg);
+        } else if (w->op == TS_OP_EMB_PULL) {
+            tsd_item *rec = w->reply;
+            w->reply = NULL;
+            uint64_t rec_len = tsd_item_len(rec);
+            /* From here the copy counts as bytes kept alive by a reply only. */
+            rec->orphan_of = &srv->store;
+            atomic_fetch_or_explicit(&rec->refs, TSD_ITEM_ORPHANED, memory_order_acq_rel);
+            srv->store.orphaned_bytes += rec_len;
+            uint64_t body_len = ts__items_head_size(1) + rec_len + ts__msg_items_pad(rec_len);
+            size_t ihead = (size_t)ts__items_head_size(1);
+            uint8_t *q = NULL;
+            if (tsd_out_begin(c, w->op, w->rid) == 0 &&
+                tsd_out_hdr(c, w->op, w->rid, TS_ST_OK, body_len) == 0)
+                q = tsd_out_bytes(c, ihead);
+            if (q != NULL) {
+                size_t hlen;
+                (void)ts__msg_items_head_encode(q, ihead, w->version, 1, 1, &rec_len, &hlen);
+                (void)tsd_out_item(c, rec, 0); /* consumes our reference, also on failure */
+            } else {
+                tsd_item_unref(rec);
+            }
+        } else {
+            tsd_reply_state(c, w->op, w->rid, TS_ST_OK, w->version, w->pending);
+        }
+    }
+    wait_free(srv, w);
+}
+
+static void wait_fail(ps_wait *w, uint16_t status, const char *msg)
+{
+    w->status = status;
+    /* Messages are cut to the wait's room (an error message is at most that long anyway). */
+    size_t n = strnlen(msg, sizeof(w->msg) - 1);
+    memcpy(w->msg, msg, n);
+    w->msg[n] = '\0';
+}
+
+/* Append w to a queue given by its head and tail. */
+static void queue_push(ps_wait **head, ps_wait **tail, ps_wait *w)
+{
+    w->next = NULL;
+    if (*tail != NULL)
+        (*tail)->next = w;
+    else
+        *head = w;
+    *tail = w;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Dense parameters
+ */
+
+/* Bytes of a parameter's slots and accumulator for its optimizer and mode. */
+static uint64_t param_arrays(uint8_t opt, uint8_t mode, uint64_t numel)
+{
+    uint64_t n = 0;
+    if (opt == TS_PS_OPT_MOMENTUM)
+        n = 1;
+    else if (opt == TS_PS_OPT_ADAM)
+        n = 2;
+    if (mode == TS_PS_MODE_SYNC)
+        n++;
+    return n * numel * sizeof(float);
+}
+
+static void param_free_arrays(ps_param *p)
+{
+    ts__free(p->slot1);
+    ts__free(p->slot2);
+    ts__free(p->acc);
+    p->slot1 = p->slot2 = p->acc = NULL;
+}
+
+/* Remember that version v was published after step count steps. */
+static void ring_add(ps_param *p, uint64_t v, uint64_t steps)
+{
+    p->ring_ver[p->ring_head] = v;
+    p->ring_step[p->ring_head] = steps;
+    p->ring_head = (p->ring_head + 1) % TSD_PS_RING;
+    if (p->ring_n < TSD_PS_RING)
+        p->ring_n++;
+}
+
+/*
+ * Steps applied since version base: 0 for base 0 (unknown: no check) or a base at or past the
+ * bin's version cur; the difference of step counts for a remembered version; TSD_PS_RING for
+ * an older or unknown one.
+ */
+static uint64_t staleness(const ps_param *p, uint64_t base, uint64_t cur)
+{
+    if (base == 0 || base >= cur)
+        return 0;
+    for (uint32_t i = 0; i < p->ring_n; i++) {
+        uint32_t j = (p->ring_head + TSD_PS_RING - 1 - i) % TSD_PS_RING;
+        if (p->ring_ver[j] == base)
+            return p->steps - p->ring_step[j];
+    }
+    return TSD_PS_RING;
+}
+
+/*
+ * The parameter's value: its bin's one item when its root is a float32 tensor of numel
+ * elements. 0 with *it and *t; else an INVALID/NOT_FOUND status with msg written.
+ */
+static uint16_t param_value(tsd_server *srv, const uint8_t *name, size_t nl, uint64_t numel,
+                            tsd_item **it, ps_tensor *t, char *msg, size_t cap)
+{
+    tsd_bin *bin = tsd_store_find(&srv->store, name, nl);
+    if (bin == NULL) {
+        snprintf(msg, cap, "no such bin");
+        return TS_ST_NOT_FOUND;
+    }
+    if (bin->n_items != 1 || tsd_bin_is_tensor(bin)) {
+        snprintf(msg, cap, "a parameter's bin holds exactly one item (this one holds %u%s)",
+                 bin->n_items, tsd_bin_is_tensor(bin) ? ", a tensor bin" : "");
+        return TS_ST_INVALID;
+    }
+    int rc = record_tensors(tsd_item_data(bin->head), tsd_item_len(bin->head), t, 1);
+    if (rc == TS_ENOMEM) {
+        snprintf(msg, cap, "tensord is out of memory reading the parameter");
+        return TS_ST_OUT_OF_MEMORY;
+    }
+    if (rc != 0 || t->dtype != TS_FLOAT32) {
+        snprintf(msg, cap, "a parameter's record is one float32 tensor (its root)");
+        return TS_ST_INVALID;
+    }
+    if (numel != 0 && t->numel != numel) {
+        snprintf(msg, cap, "the parameter now has %llu elements, %llu when it was created",
+                 (unsigned long long)t->numel, (unsigned long long)numel);
+        return TS_ST_INVALID;
+    }
+    *it = bin->head;
+    return TS_ST_OK;
+}
+
+static int finite_all(const float *g, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        if (!isfinite(g[i]))
+            return 0;
+    return 1;
+}
+
+/* One optimizer step on w (n floats) with gradient g times gs (g NULL: nothing). */
+static void dense_step(ps_param *p, float *w, const float *g, float gs, double lr)
+{
+    uint64_t n = p->numel;
+    float flr = (float)lr;
+    switch (p->opt) {
+    case TS_PS_OPT_SUM:
+        for (uint64_t i = 0; i < n; i++)
+            w[i] += gs * g[i];
+        break;
+    case TS_PS_OPT_SGD:
+        for (uint64_t i = 0; i < n; i++)
+            w[i] -= flr * (gs * g[i]);
+        break;
+    case TS_PS_OPT_MOMENTUM: {
+        float mu = (float)p->beta1;
+        for (uint64_t i = 0; i < n; i++) {
+            p->slot1[i] = mu * p->slot1[i] + gs * g[i];
+            w[i] -= flr * p->slot1[i];
+        }
+        break;
+    }
+    case TS_PS_OPT_ADAM: {
+        p->adam_t++;
+        double bc1 = 1.0 - pow(p->beta1, (double)p->adam_t);
+        double bc2 = 1.0 - pow(p->beta2, (double)p->adam_t);
+        float b1 = (float)p->beta1, b2 = (float)p->beta2, eps = (float)p->eps;
+        float a = (float)(lr / bc1), rbc2 = (float)(1.0 / bc2);
+        for (uint64_t i = 0; i < n; i++) {
+            float gi = gs * g[i];
+            p->slot1[i] = b1 * p->slot1[i] + (1.0f - b1) * gi;
+            p->slot2[i] = b2 * p->slot2[i] + (1.0f - b2) * gi * gi;
+            w[i] -= a * p->slot1[i] / (sqrtf(p->slot2[i] * rbc2) + eps);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/*
+ * Thread pool: apply the job's pushes in order. Touches only the job's waits (their gradients
+ * are immutable items), the new item, the slots and the accumulator, which the loop does not
+ * touch while p->busy.
+ */
+static void param_work(uv_work_t *req)
+{
+    ps_param *p = req->data;
+    uint8_t *rec = tsd_item_data(p->job_new);
+    float *w = (float *)(void *)(rec + p->data_off);
+    p->job_used = 0;
+    p->job_steps = 0;
+    for (ps_wait *x = p->job; x != NULL; x = x->next) {
+        if (!finite_all(x->grad, p->numel)) {
+            wait_fail(x, TS_ST_INVALID,
+                      "the gradient holds a NaN or an infinity: refused, nothing changed");
+            continue;
+        }
+        if (!p->job_used) {
+            memcpy(rec, tsd_item_data(p->job_old), tsd_item_len(p->job_old));
+            p->job_used = 1;
+        }
+        if (p->mode == TS_PS_MODE_ASYNC) {
+            dense_step(p, w, x->grad, (float)x->scale, x->lr);
+            p->job_steps++;
+            continue;
+        }
+        float s = (float)x->scale;
+        if (p->acc_n == 0) {
+            for (uint64_t i = 0; i < p->numel; i++)
+                p->acc[i] = s * x->grad[i];
+        } else {
+            for (uint64_t i = 0; i < p->numel; i++)
+                p->acc[i] += s * x->grad[i];
+        }
+        p->acc_n++;
+        if (p->acc_n == p->k) {
+            dense_step(p, w, p->acc, 1.0f / (float)p->k, p->lr);
+            p->acc_n = 0;
+            p->job_steps++;
+            x->pending = UINT32_MAX; /* marks the push that completed a step */
+        }
+    }
+}
+
+static void param_kick(tsd_server *srv, ps_param *p);
+
+/* Loop thread: publish the job's result, answer its pushes, start the next job. */
+static void param_done(uv_work_t *req, int status)
+{
+    ps_param *p = req->data;
+    tsd_server *srv = p->srv;
+    (void)status;
+    p->busy = 0;
+    uint64_t version = 0;
+    tsd_item *it = p->job_new;
+    p->job_new = NULL;
+    size_t len = tsd_item_len(it);
+    if (p->job_used && p->job_steps > 0) {
+        version = tsd_server_next_version(srv);
+        tsd_bin *bin = tsd_store_add(&srv->store, p->node.name, p->node.name_len, it, 1, version);
+        if (bin == NULL) {
+            tsd_store_unreserve(&srv->store, len);
+            tsd_item_unref(it);
+            for (ps_wait *x = p->job; x != NULL; x = x->next)
+                if (x->status == TS_ST_OK)
+                    wait_fail(x, TS_ST_OUT_OF_MEMORY, "tensord is out of memory publishing");
+            version = 0;
+        } else {
+            p->steps += p->job_steps;
+            ring_add(p, version, p->steps);
+            tsd_notify_change(srv, p->node.name, p->node.name_len, version, 1, TS_NOTE_PUT);
+        }
+    } else {
+        tsd_store_unreserve(&srv->store, len);
+        tsd_item_unref(it);
+    }
+    tsd_item_unref(p->job_old);
+    p->job_old = NULL;
+    /* Answer the job's pushes; a sync push waits for the step it is part of. */
+    ps_wait *x = p->job;
+    p->job = NULL;
+    uint64_t cur = version;
+    if (cur == 0) {
+        tsd_bin *bin = tsd_store_find(&srv->store, p->node.name, p->node.name_len);
+        cur = bin != NULL ? bin->version : 0;
+    }
+    while (x != NULL) {
+        ps_wait *next = x->next;
+        drop_upload(srv, x->item);
+        x->item = NULL;
+        x->grad = NULL;
+        if (x->status != TS_ST_OK || p->mode == TS_PS_MODE_ASYNC) {
+            x->version = cur;
+            x->pending = 0;
+            wait_answer(srv, x);
+        } else {
+            int completes = x->pending == UINT32_MAX;
+            x->next = p->round;
+            p->round = x;
+            if (completes) {
+                /* The step is applied: every push of it is answered with its version. */
+                ps_wait *r = p->round;
+                p->round = NULL;
+                while (r != NULL) {
+                    ps_wait *rn = r->next;
+                    r->version = cur;
+                    r->pending = 0;
+                    wait_answer(srv, r);
+                    r = rn;
+                }
+            }
+        }
+        x = next;
+    }
+    param_kick(srv, p);
+    /* Replies queued outside a read callback go out now, not at the next tick. */
+    tsd_server_flush(srv);
+}
+
+/* Start a job for p's queued pushes when none runs. */
+static void param_kick(tsd_server *srv, ps_param *p)
+{
+    if (p->busy || p->q_head == NULL)
+        return;
+    char msg[200];
+    tsd_item *old;
+    ps_tensor t;
+    uint16_t st =
+        param_value(srv, p->node.name, p->node.name_len, p->numel, &old, &t, msg, sizeof(msg));
+    tsd_item *nu = NULL;
+    size_t len = 0;
+    if (st == TS_ST_OK) {
+        len = tsd_item_len(old);
+        if (tsd_store_reserve(&srv->store, len) != 0) {
+            srv->stats.oom_rejections++;
+            st = TS_ST_OUT_OF_MEMORY;
+            snprintf(msg, sizeof(msg),
+                     "memory limit reached (--max-memory): the new value of "
+                     "the parameter needs %zu bytes",
+                     len);
+        } else if ((nu = tsd_item_new(len)) == NULL) {
+            tsd_store_unreserve(&srv->store, len);
+            srv->stats.out_of_memory++;
+            st = TS_ST_OUT_OF_MEMORY;
+            snprintf(msg, sizeof(msg), "tensord is out of memory: no item for the new value");
+        }
+    }
+    if (st != TS_ST_OK) {
+        /* Nothing can be applied now: every queued push is refused, nothing changed. */
+        while (p->q_head != NULL) {
+            ps_wait *x = p->q_head;
+            p->q_head = x->next;
+            wait_fail(x, st, msg);
+            wait_answer(srv, x);
+        }
+        p->q_tail = NULL;
+        return;
+    }
+    p->job = p->q_head;
+    p->q_head = p->q_tail = NULL;
+    p->job_old = old;
+    tsd_item_ref(old);
+    p->job_new = nu;
+    p->data_off = (size_t)(t.data - tsd_item_data(old));
+    p->busy = 1;
+    p->work.data = p;
+    if (uv_queue_work(srv->loop, &p->work, param_work, param_done) != 0) {
+        /* Cannot happen with a live loop; run it here rather than lose the pushes. */
+        param_work(&p->work);
+        param_done(&p->work, 0);
+    }
+}
+
+/* Check the optimizer settings shared by parameters and tables; NULL or what is wrong. */
+static const char *bad_optimizer(const ts__msg_ps_create_req *q)
+{
+    if (q->optimizer >= TS_PS_OPT_COUNT_)
+        return "unknown optimizer";
+    if (!isfinite(q->lr) || q->lr < 0)
+        return "the learning rate must be finite and at least 0";
+    if ((q->optimizer == TS_PS_OPT_MOMENTUM || q->optimizer == TS_PS_OPT_ADAM) &&
+        !(q->beta1 >= 0 && q->beta1 < 1))
+        return "beta1 (momentum) must be in [0, 1)";
+    if (q->optimizer == TS_PS_OPT_ADAM &&
+        (!(q->beta2 >= 0 && q->beta2 < 1) || !(q->eps > 0) || !isfinite(q->eps)))
+        return "Adam needs beta2 in [0, 1) and a finite eps above 0";
+    return NULL;
+}
+
+static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_req *q)
+{
+    tsd_server *srv = c->srv;
+    uint8_t op = h->opcode;
+    uint32_t rid = h->request_id;
+    char pn[PS_NAME_CAP], msg[200];
+    tsd_name_printable(q->name, q->name_len, pn, sizeof(pn));
+    const char *bad = bad_optimizer(q);
+    if (bad == NULL && (q->mode >= TS_PS_MODE_COUNT_ || (q->flags & ~TS_PS_FLAGS_KNOWN) != 0))
+        bad = "unknown mode or flags";
+    if (bad == NULL && q->mode == TS_PS_MODE_SYNC &&
+        (q->sync_k < 1 || q->sync_k > TSD_PS_MAX_K || q->tolerance >= TSD_PS_RING))
+        bad = "a sync parameter needs 1 to 65536 gradients per step and a tolerance below 1024";
+    if (bad != NULL) {
+        tsd_reply_err(c, op, rid, TS_ST_INVALID, "PS_CREATE %s: %s", pn, bad);
+        return;
+    }
+    if (ps_state(srv) == NULL) {
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+        return;
+    }
+    tsd_item *it;
+    ps_tensor t;
+    uint16_t st = param_value(srv, q->name, q->name_len, 0, &it, &t, msg, sizeof(msg));
+    if (st != TS_ST_OK) {
+        tsd_reply_err(c, op, rid, st, "PS_CREATE %s: %s", pn, msg);
+        return;
+    }
+    ps_param *p = param_find(srv, q->name, q->name_len);
+    if (p != NULL && (p->busy || p->q_head != NULL || p->round != NULL)) {
+        tsd_reply_err(c, op, rid, TS_ST_INVALID,
+                      "PS_CREATE %s: pushes are in flight or a sync step is being formed", pn);
+        return;
+    }
+    uint64_t arrays = param_arrays(q->optimizer, q->mode, t.numel);
+    uint64_t need = arrays + (p == NULL ? tsd_heap_block(sizeof(*p) + q->name_len) : 0);
+    if (tsd_store_charge(srv, NULL, need) != 0) {
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY,
+                      "memory limit reached (--max-memory): the parameter's slots need %llu "
+                      "bytes",
+                      (unsigned long long)need);
+        return;
+    }
+    int fresh = p == NULL;
+    if (fresh) {
+        p = ts__calloc(1, sizeof(*p) + q->name_len);
+        if (p == NULL) {
+            tsd_store_uncharge(srv, NULL, need);
+            tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+            return;
+        }
+        p->srv = srv;
+        p->node.name = (uint8_t *)(p + 1);
+        p->node.name_len = (uint8_t)q->name_len;
+        if (q->name_len > 0)
+            memcpy(p->node.name, q->name, q->name_len);
+        p->node.hash = tsd_hash(q->name, q->name_len);
+        p->cost = need - arrays;
+    } else {
+        param_free_arrays(p);
+        tsd_store_uncharge(srv, NULL, p->cost);
+        p->cost = tsd_heap_block(sizeof(*p) + q->name_len);
+    }
+    size_t bytes = (size_t)t.numel * sizeof(float);
+    int fail = 0;
+    if (q->optimizer == TS_PS_OPT_MOMENTUM || q->optimizer == TS_PS_OPT_ADAM)
+        fail |= (p->slot1 = ts__calloc(1, bytes ? bytes : 1)) == NULL;
+    if (q->optimizer == TS_PS_OPT_ADAM)
+        fail |= (p->slot2 = ts__calloc(1, bytes ? bytes : 1)) == NULL;
+    if (q->mode == TS_PS_MODE_SYNC)
+        fail |= (p->acc = ts__calloc(1, bytes ? bytes : 1)) == NULL;
+    if (fail) {
+        param_free_arrays(p);
+        tsd_store_uncharge(srv, NULL, arrays);
+        if (fresh) {
+            tsd_store_uncharge(srv, NULL, p->cost);
+            ts__free(p);
+        } else {
+            /* The old settings are gone: the parameter is dropped rather than half-made. */
+            tsd_htab_remove(&srv->ps->params, &p->node);
+            tsd_store_uncharge(srv, NULL, p->cost);
+            ts__free(p);
+        }
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+        return;
+    }
+    p->cost += arrays;
+    p->opt = q->optimizer;
+    p->mode = q->mode;
+    p->flags = q->flags;
+    p->k = q->mode == TS_PS_MODE_SYNC ? q->sync_k : 1;
+    p->tolerance = q->tolerance;
+    p->lr = q->lr;
+    p->beta1 = q->beta1;
+    p->beta2 = q->beta2;
+    p->eps = q->eps;
+    p->numel = t.numel;
+    p->adam_t = 0;
+    p->acc_n = 0;
+    p->steps = 0;
+    p->ring_n = p->ring_head = 0;
+    tsd_bin *bin = tsd_store_find(&srv->store, q->name, q->name_len);
+    ring_add(p, bin->version, 0);
+    if (fresh)
+        tsd_htab_insert(&srv->ps->params, &p->node);
+    tsd_reply_state(c, op, rid, TS_ST_OK, bin->version, bin->n_items);
+}
+
+static void op_ps_pull(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_pull_req *q)
+{
+    tsd_server *srv = c->srv;
+    tsd_bin *bin = tsd_store_find(&srv->store, q->name, q->name_len);
+    if (bin == NULL || bin->n_items == 0) {
+        char pn[PS_NAME_CAP];
+        tsd_name_printable(q->name, q->name_len, pn, sizeof(pn));
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_NOT_FOUND, "no such bin: %s", pn);
+        return;
+    }
+    if (tsd_out_begin(c, h->opcode, h->request_id) != 0)
+        return;
+    /* Not newer: an ITEMS body without items, carrying the current version. */
+    uint32_t n = bin->version > q->if_newer_than ? 1 : 0;
+    tsd_item *it = bin->tail;
+    uint64_t len = n ? tsd_item_len(it) : 0;
+    uint64_t body_len = ts__items_head_size(n) + len + (n ? ts__msg_items_pad(len) : 0);
+    if (tsd_out_hdr(c, h->opcode, h->request_id, TS_ST_OK, body_len) != 0)
+        return;
+    size_t head = (size_t)ts__items_head_size(n);
+    uint8_t *p = tsd_out_bytes(c, head);
+    if (p == NULL)
+        return;
+    size_t hlen;
+    (void)ts__msg_items_head_encode(p, head, bin->version, n, bin->n_items, n ? &len : NULL, &hlen);
+    if (n)
+        (void)tsd_out_item(c, it, 1);
+}
+
+static void ps_push(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl,
+                    const uint8_t *fixed, tsd_item *item)
+{
+    tsd_server *srv = c->srv;
+    uint8_t op = h->opcode;
+    uint32_t rid = h->request_id;
+    char pn[PS_NAME_CAP], msg[200];
+    tsd_name_printable(name, nl, pn, sizeof(pn));
+    ps_param *p = param_find(srv, name, nl);
+    if (p == NULL) {
+        drop_upload(srv, item);
+        tsd_reply_err(c, op, rid, TS_ST_NOT_FOUND, "PS_PUSH: %s is not a parameter (PS_CREATE)",
+                      pn);
+        return;
+    }
+    ts__msg_ps_push_fixed f;
+    ts__msg_ps_push_fixed_decode(fixed, &f);
+    tsd_item *cur_it;
+    ps_tensor cur, g;
+    uint16_t st = param_value(srv, name, nl, p->numel, &cur_it, &cur, msg, sizeof(msg));
+    if (st == TS_ST_OK) {
+        int rc = record_tensors(tsd_item_data(item), tsd_item_len(item), &g, 1);
+        if (rc == TS_ENOMEM) {
+            st = TS_ST_OUT_OF_MEMORY;
+            snprintf(msg, sizeof(msg), "tensord is out of memory reading the gradient");
+        } else if (rc != 0 || g.dtype != TS_FLOAT32 || !same_shape(&g, &cur)) {
+            st = TS_ST_INVALID;
+            snprintf(msg, sizeof(msg),
+                     "the gradient must be one float32 tensor (the record's root) of the "
+                     "parameter's shape");
+        } else if (!isfinite(f.scale)) {
+            st = TS_ST_INVALID;
+            snprintf(msg, sizeof(msg), "the scale must be finite");
+        }
+    }
+    if (st != TS_ST_OK) {
+        drop_upload(srv, item);
+        tsd_reply_err(c, op, rid, st, "PS_PUSH %s: %s", pn, msg);
+        return;
+    }
+    tsd_bin *bin = tsd_store_find(&srv->store, name, nl);
+    uint64_t s = staleness(p, f.base_version, bin->version);
+    if (p->mode == TS_PS_MODE_SYNC && s > p->tolerance) {
+        drop_upload(srv, item);
+        tsd_reply_state(c, op, rid, TS_ST_STALE_GRADIENT, bin->version, p->acc_n);
+        return;
+    }
+    ps_wait *w = wait_new(srv, c, h, item);
+    if (w == NULL) {
+        drop_upload(srv, item);
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+        return;
+    }
+    w->grad = (const float *)(const void *)g.data;
+    w->scale = f.scale;
+    w->lr = p->lr;
+    if ((p->flags & TS_PS_FLAG_LR_STALENESS) && s > 1)
+        w->lr = p->lr / (double)s;
+    queue_push(&p->q_head, &p->q_tail, w);
+    param_kick(srv, p);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Embedding tables
+ */
+
+/* splitmix64's finalizer: a bijective mix of 64 bits. */
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/*
+ * A uniform double in [0, 1) that depends only on (seed, id, counter): a counter-based
+ * generator, so any daemon (or the client, or a test) computes the same row for the same id
+ * without shared state. docs/PS.md states the formula.
+ */
+static double ps_uniform(uint64_t seed, int64_t id, uint64_t counter)
+{
+    uint64_t z = mix64(mix64(mix64(seed) ^ (uint64_t)id) ^ counter);
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+/* Fill a new row's values (dim floats) for id by t's initializer. */
+static void row_init(const ps_emb *t, int64_t id, float *row)
+{
+    for (uint32_t j = 0; j < t->dim; j++) {
+        double v = 0;
+        if (t->init == TS_PSW_INIT_UNIFORM) {
+            v = (2.0 * ps_uniform(t->seed, id, j) - 1.0) * t->init_scale;
+        } else if (t->init == TS_PSW_INIT_NORMAL) {
+            /* Box-Muller from two draws of the row's column: 1 - u is in (0, 1]. */
+            double u1 = 1.0 - ps_uniform(t->seed, id, 2 * (uint64_t)j + (1ull << 32));
+            double u2 = ps_uniform(t->seed, id, 2 * (uint64_t)j + 1 + (1ull << 32));
+            v = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2) * t->init_scale;
+        }
+        row[j] = (float)v;
+    }
+}
+
+/* The capacities the arrays have for count rows: rows a power of two (at least 64), the hash
+ * twice that (at least TSD_PS_HASH_MIN), so its load stays at most one half. */
+static uint64_t rows_cap_for(uint64_t count)
+{
+    uint64_t c = 64;
+    while (c < count)
+        c *= 2;
+    return c;
+}
+
+static uint64_t hash_cap_for(uint64_t count)
+{
+    uint64_t c = TSD_PS_HASH_MIN;
+    while (c < 2 * count)
+        c *= 2;
+    return c;
+}
+
+/* Bytes of t's arrays when they hold count rows (what is charged against --max-memory). */
+static uint64_t emb_bytes(const ps_emb *t, uint64_t count)
+{
+    if (count == 0)
+        return 0;
+    uint64_t row =
+        (uint64_t)t->stride * sizeof(float) + (t->opt == TS_PS_OPT_ADAM ? sizeof(uint32_t) : 0);
+    return rows_cap_for(count) * row + hash_cap_for(count) * (sizeof(int64_t) + sizeof(uint32_t));
+}
+
+/* Grow t's arrays (thread pool, while t->busy) to hold count rows. 0 or TS_ENOMEM. */
+static int emb_reserve(ps_emb *t, uint64_t count)
+{
+    uint64_t rc = rows_cap_for(count);
+    if (rc > t->rows_cap) {
+        float *r = ts__realloc(t->rows, (size_t)(rc * t->stride * sizeof(float)));
+        if (r == NULL)
+            return TS_ENOMEM;
+        t->rows = r;
+        if (t->opt == TS_PS_OPT_ADAM) {
+            uint32_t *s = ts__realloc(t->steps, (size_t)(rc * sizeof(uint32_t)));
+            if (s == NULL)
+                return TS_ENOMEM; /* rows grew; rows_cap stays, so it is retried */
+            t->steps = s;
+        }
+        t->rows_cap = rc;
+    }
+    uint64_t hc = hash_cap_for(count);
+    if (hc > t->cap) {
+        int64_t *k = ts__malloc((size_t)(hc * sizeof(int64_t)));
+        uint32_t *v = ts__malloc((size_t)(hc * sizeof(uint32_t)));
+        if (k == NULL || v == NULL) {
+            ts__free(k);
+            ts__free(v);
+            return TS_ENOMEM;
+        }
+        for (uint64_t i = 0; i < hc; i++)
+            k[i] = -1;
+        for (uint64_t i = 0; i < t->cap; i++) {
+            if (t->keys[i] < 0)
+                continue;
+            uint64_t h = mix64((uint64_t)t->keys[i]) & (hc - 1);
+            while (k[h] >= 0)
+                h = (h + 1) & (hc - 1);
+            k[h] = t->keys[i];
+            v[h] = t->idx[i];
+        }
+        ts__free(t->keys);
+        ts__free(t->idx);
+        t->keys = k;
+        t->idx = v;
+        t->cap = hc;
+    }
+    return 0;
+}
+
+/* The row index of id, created (initialised) when missing; room was reserved. */
+static uint32_t emb_row(ps_emb *t, int64_t id, uint64_t *created)
+{
+    uint64_t h = mix64((uint64_t)id) & (t->cap - 1);
+    while (t->keys[h] >= 0) {
+        if (t->keys[h] == id)
+            return t->idx[h];
+        h = (h + 1) & (t->cap - 1);
+    }
+    uint32_t r = (uint32_t)t->count++;
+    t->keys[h] = id;
+    t->idx[h] = r;
+    float *row = t->rows + (size_t)r * t->stride;
+    row_init(t, id, row);
+    memset(row + t->dim, 0, (size_t)(t->stride - t->dim) * sizeof(float));
+    if (t->steps != NULL)
+        t->steps[r] = 0;
+    (*created)++;
+    return r;
+}
+
+/* Check a request's ids against t's range; NULL or the message. */
+static const char *bad_ids(const ps_emb *t, const int64_t *ids, uint64_t n, char *msg, size_t cap)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || (t->num_ids != 0 && (uint64_t)ids[i] >= t->num_ids)) {
+            snprintf(msg, cap, "id %lld (index %llu) is out of range [0, %llu)", (long long)ids[i],
+                     (unsigned long long)i,
+                     (unsigned long long)(t->num_ids ? t->num_ids : (uint64_t)INT64_MAX));
+            return msg;
+        }
+    }
+    return NULL;
+}
+
+/* One optimizer step on row r with the merged gradient g (dim floats, scaled already). */
+static void row_step(ps_emb *t, uint32_t r, const float *g)
+{
+    float *w = t->rows + (size_t)r * t->stride;
+    uint32_t d = t->dim;
+    float lr = (float)t->lr;
+    switch (t->opt) {
+    case TS_PS_OPT_SUM:
+        for (uint32_t j = 0; j < d; j++)
+            w[j] += g[j];
+        break;
+    case TS_PS_OPT_SGD:
+        for (uint32_t j = 0; j < d; j++)
+            w[j] -= lr * g[j];
+        break;
+    case TS_PS_OPT_MOMENTUM: {
+        float mu = (float)t->beta1;
+        float *v = w + d;
+        for (uint32_t j = 0; j < d; j++) {
+            v[j] = mu * v[j] + g[j];
+            w[j] -= lr * v[j];
+        }
+        break;
+    }
+    case TS_PS_OPT_ADAM: {
+        uint32_t st = ++t->steps[r];
+        double bc1 = 1.0 - pow(t->beta1, (double)st);
+        double bc2 = 1.0 - pow(t->beta2, (double)st);
+        float b1 = (float)t->beta1, b2 = (float)t->beta2, eps = (float)t->eps;
+        float a = (float)(t->lr / bc1), rbc2 = (float)(1.0 / bc2);
+        float *m = w + d, *v = w + 2 * (size_t)d;
+        for (uint32_t j = 0; j < d; j++) {
+            m[j] = b1 * m[j] + (1.0f - b1) * g[j];
+            v[j] = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
+            w[j] -= a * m[j] / (sqrtf(v[j] * rbc2) + eps);
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+/* Thread pool: an EMB_PULL's rows into its reply. */
+static void emb_pull_work(ps_emb *t, ps_wait *x)
+{
+    char msg[160];
+    if (bad_ids(t, x->ids, x->n, msg, sizeof(msg)) != NULL) {
+        wait_fail(x, TS_ST_INVALID, msg);
+        return;
+    }
+    if (emb_reserve(t, t->count + x->n) != 0) {
+        wait_fail(x, TS_ST_OUT_OF_MEMORY, "tensord is out of memory growing the table");
+        return;
+    }
+    uint8_t *rec = tsd_item_data(x->reply);
+    float *out = (float *)(void *)(rec + ts__rows_rec_head_size(2));
+    for (uint64_t i = 0; i < x->n; i++) {
+        uint32_t r = emb_row(t, x->ids[i], &x->new_rows);
+        memcpy(out + i * t->dim, t->rows + (size_t)r * t->stride, t->dim * sizeof(float));
+    }
+}
+
+/*
+ * Thread pool: an EMB_PUSH. Rows of duplicate ids get one step with the sum of their gradients.
+ * Everything is checked and allocated before the first row changes, so a refused push changes
+ * nothing.
+ */
+static void emb_push_work(ps_emb *t, ps_wait *x)
+{
+    char msg[160];
+    uint64_t n = x->n;
+    uint32_t d = t->dim;
+    if (bad_ids(t, x->ids, n, msg, sizeof(msg)) != NULL) {
+        wait_fail(x, TS_ST_INVALID, msg);
+        return;
+    }
+    if (!finite_all(x->grad, n * d)) {
+        wait_fail(x, TS_ST_INVALID,
+                  "the gradient holds a NaN or an infinity: refused, nothing changed");
+        return;
+    }
+    uint64_t hc = 16;
+    while (hc < 2 * n)
+        hc *= 2;
+    uint32_t *slot_row = ts__malloc((size_t)(hc * sizeof(uint32_t)));
+    uint32_t *slot_u = ts__malloc((size_t)(hc * sizeof(uint32_t)));
+    uint32_t *urow = ts__malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+    float *acc = ts__calloc((size_t)(n ? n : 1), (size_t)d * sizeof(float));
+    if (slot_row == NULL || slot_u == NULL || urow == NULL || acc == NULL ||
+        emb_reserve(t, t->count + n) != 0) {
+        wait_fail(x, TS_ST_OUT_OF_MEMORY, "tensord is out of memory applying row gradients");
+        goto out;
+    }
+    for (uint64_t i = 0; i < hc; i++)
+        slot_row[i] = UINT32_MAX;
+    uint32_t nu = 0;
+    float s = (float)x->scale;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t r = emb_row(t, x->ids[i], &x->new_rows);
+        uint64_t h = mix64(r) & (hc - 1);
+        while (slot_row[h] != UINT32_MAX && slot_row[h] != r)
+            h = (h + 1) & (hc - 1);
+        if (slot_row[h] == UINT32_MAX) {
+            slot_row[h] = r;
+            slot_u[h] = nu;
+            urow[nu++] = r;
+        }
+        float *a = acc + (size_t)slot_u[h] * d;
+        const float *g = x->grad + i * d;
+        for (uint32_t j = 0; j < d; j++)
+            a[j] += s * g[j];
+    }
+    for (uint32_t u = 0; u < nu; u++)
+        row_step(t, urow[u], acc + (size_t)u * d);
+out:
+    ts__free(slot_row);
+    ts__free(slot_u);
+    ts__free(urow);
+    ts__free(acc);
+}
+
+static void emb_work(uv_work_t *req)
+{
+    ps_emb *t = req->data;
+    for (ps_wait *x = t->job; x != NULL; x = x->next) {
+        if (x->op == TS_OP_EMB_PULL)
+            emb_pull_work(t, x);
+        else
+            emb_push_work(t, x);
+    }
+}
+
+static void emb_kick(tsd_server *srv, ps_emb *t);
+
+static void emb_done(uv_work_t *req, int status)
+{
+    ps_emb *t = req->data;
+    tsd_server *srv = t->srv;
+    (void)status;
+    t->busy = 0;
+    /* Charge what the arrays hold now instead of the worst case charged ahead. */
+    uint64_t now = emb_bytes(t, t->count);
+    tsd_store_uncharge(srv, NULL, t->pending);
+    t->pending = 0;
+    if (now > t->cost)
+        (void)tsd_store_charge(srv, NULL, now - t->cost); /* fits: at most what was charged */
+    else
+        tsd_store_uncharge(srv, NULL, t->cost - now);
+    t->cost = now;
+    int changed = 0;
+    for (ps_wait *x = t->job; x != NULL; x = x->next)
+        if (x->op == TS_OP_EMB_PUSH && x->status == TS_ST_OK)
+            changed = 1;
+    if (changed)
+        t->version = tsd_server_next_version(srv);
+    ps_wait *x = t->job;
+    t->job = NULL;
+    while (x != NULL) {
+        ps_wait *next = x->next;
+        x->version = t->version;
+        x->pending = 0;
+        wait_answer(srv, x);
+        x = next;
+    }
+    emb_kick(srv, t);
+    tsd_server_flush(srv);
+}
+
+static void emb_kick(tsd_server *srv, ps_emb *t)
+{
+    if (t->busy || t->q_head == NULL)
+        return;
+    /* Charge the growth of the worst case (every id new) ahead; emb_done settles it. */
+    uint64_t n = 0;
+    for (ps_wait *x = t->q_head; x != NULL; x = x->next)
+        n += x->n;
+    uint64_t worst = emb_bytes(t, t->count + n);
+    uint64_t ahead = worst > t->cost ? worst - t->cost : 0;
+    if (t->count + n > TSD_PS_MAX_ROWS || tsd_store_charge(srv, NULL, ahead) != 0) {
+        while (t->q_head != NULL) {
+            ps_wait *x = t->q_head;
+            t->q_head = x->next;
+            wait_fail(x, TS_ST_OUT_OF_MEMORY,
+                      "memory limit reached (--max-memory): the table cannot grow by the rows "
+                      "asked for");
+            wait_answer(srv, x);
+        }
+        t->q_tail = NULL;
+        return;
+    }
+    t->pending = ahead;
+    t->job = t->q_head;
+    t->q_head = t->q_tail = NULL;
+    t->busy = 1;
+    t->work.data = t;
+    if (uv_queue_work(srv->loop, &t->work, emb_work, emb_done) != 0) {
+        emb_work(&t->work);
+        emb_done(&t->work, 0);
+    }
+}
+
+/* 1 when the two settings create the same table. */
+static int same_table(const ps_emb *t, const ts__msg_ps_create_req *q)
+{
+    return t->dim == q->dim && t->opt == q->optimizer && t->init == q->init && t->seed == q->seed &&
+           t->num_ids == q->num_ids && t->lr == q->lr && t->beta1 == q->beta1 &&
+           t->beta2 == q->beta2 && t->eps == q->eps && t->init_scale == q->init_scale;
+}
+
+static void op_emb_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_req *q)
+{
+    tsd_server *srv = c->srv;
+    uint8_t op = h->opcode;
+    uint32_t rid = h->request_id;
+    char pn[PS_NAME_CAP];
+    tsd_name_printable(q->name, q->name_len, pn, sizeof(pn));
+    const char *bad = bad_optimizer(q);
+    if (bad == NULL && (q->dim < 1 || q->dim > TSD_PS_MAX_DIM))
+        bad = "dim must be 1 to 65536";
+    if (bad == NULL && (q->init >= TS_PSW_INIT_COUNT_ || !isfinite(q->init_scale) ||
+                        q->init_scale < 0 || q->num_ids > (uint64_t)INT64_MAX))
+        bad = "unknown initializer, a negative or non-finite scale, or num_ids past 2^63";
+    if (bad != NULL) {
+        tsd_reply_err(c, op, rid, TS_ST_INVALID, "EMB_CREATE %s: %s", pn, bad);
+        return;
+    }
+    if (ps_state(srv) == NULL) {
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+        return;
+    }
+    ps_emb *t = emb_find(srv, q->name, q->name_len);
+    if (t != NULL) {
+        /* Every worker may create the table it uses: the same settings are not a change. */
+        if (same_table(t, q))
+            tsd_reply_state(c, op, rid, TS_ST_OK, t->version, 0);
+        else
+            tsd_reply_err(c, op, rid, TS_ST_INVALID,
+                          "EMB_CREATE %s: the table exists with other settings", pn);
+        return;
+    }
+    uint64_t need = tsd_heap_block(sizeof(*t) + q->name_len);
+    if (tsd_store_charge(srv, NULL, need) != 0) {
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "memory limit reached (--max-memory)");
+        return;
+    }
+    t = ts__calloc(1, sizeof(*t) + q->name_len);
+    if (t == NULL) {
+        tsd_store_uncharge(srv, NULL, need);
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+        return;
+    }
+    t->srv = srv;
+    t->node.name = (uint8_t *)(t + 1);
+    t->node.name_len = (uint8_t)q->name_len;
+    if (q->name_len > 0)
+        memcpy(t->node.name, q->name, q->name_len);
+    t->node.hash = tsd_hash(q->name, q->name_len);
+    t->dim = q->dim;
+    t->opt = q->optimizer;
+    t->init = q->init;
+    t->seed = q->seed;
+    t->num_ids = q->num_ids;
+    t->lr = q->lr;
+    t->beta1 = q->beta1;
+    t->beta2 = q->beta2;
+    t->eps = q->eps;
+    t->init_scale = q->init_scale;
+    uint32_t slots = q->optimizer == TS_PS_OPT_ADAM ? 2 : q->optimizer == TS_PS_OPT_MOMENTUM;
+    t->stride = q->dim * (1 + slots);
+    t->version = tsd_server_next_version(srv);
+    tsd_htab_insert(&srv->ps->embs, &t->node);
+    (void)need; /* the struct's charge stays for the table's life (it is never dropped) */
+    tsd_reply_state(c, op, rid, TS_ST_OK, t->version, 0);
+}
+
+/* An EMB_PULL or EMB_PUSH whose record arrived. */
+static void emb_upload(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl,
+                       const uint8_t *fixed, size_t fixed_len, tsd_item *item)
+{
+    tsd_server *srv = c->srv;
+    uint8_t op = h->opcode;
+    uint32_t rid = h->request_id;
+    char pn[PS_NAME_CAP];
+    tsd_name_printable(name, nl, pn, sizeof(pn));
+    ps_emb *t = emb_find(srv, name, nl);
+    if (t == NULL) {
+        drop_upload(srv, item);
+        tsd_reply_err(c, op, rid, TS_ST_NOT_FOUND, "%s: no embedding table %s (EMB_CREATE)",
+                      ts__op_name(op), pn);
+        return;
+    }
+    int push = op == TS_OP_EMB_PUSH;
+    ps_tensor tt[2];
+    int rc = record_tensors(tsd_item_data(item), tsd_item_len(item), tt, push ? 2 : 1);
+    const char *bad = NULL;
+    if (rc == TS_ENOMEM) {
+        drop_upload(srv, item);
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+        return;
+    }
+    if (rc != 0 || tt[0].dtype != TS_INT64 || tt[0].ndim != 1)
+        bad = push ? "the record is a list of two tensors: ids (int64, [n]) and gradients "
+                     "(float32, [n, dim])"
+                   : "the record is one int64 tensor of ids, [n]";
+    else if (tt[0].numel > TSD_PS_MAX_IDS)
+        bad = "more than 2^24 ids in one request";
+    else if (push && (tt[1].dtype != TS_FLOAT32 || tt[1].ndim != 2 ||
+                      tt[1].shape[0] != tt[0].shape[0] || (uint64_t)tt[1].shape[1] != t->dim))
+        bad = "the gradients must be float32 [n, dim] with one row per id";
+    double scale = 1.0;
+    if (bad == NULL && push) {
+        (void)fixed_len;
+        scale = ts__msg_emb_push_fixed_decode(fixed);
+        if (!isfinite(scale))
+            bad = "the scale must be finite";
+    }
+    if (bad != NULL) {
+        drop_upload(srv, item);
+        tsd_reply_err(c, op, rid, TS_ST_INVALID, "%s %s: %s", ts__op_name(op), pn, bad);
+        return;
+    }
+    uint64_t n = tt[0].numel;
+    tsd_item *reply = NULL;
+    if (!push) {
+        uint64_t dims[2] = {n, t->dim}, rec_len, data_len;
+        if (ts__rows_rec_size(TS_FLOAT32, 2, dims, &rec_len) != 0 ||
+            ts__rows_tensor_bytes(TS_FLOAT32, 2, dims, &data_len) != 0 ||
+            tsd_store_reserve(&srv->store, rec_len) != 0) {
+            drop_upload(srv, item);
+            srv->stats.oom_rejections++;
+            tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY,
+                          "memory limit reached (--max-memory): the reply's rows do not fit");
+            return;
+        }
+        tsd_store_unreserve(&srv->store, rec_len);
+        reply = tsd_item_new((size_t)rec_len);
+        if (reply == NULL) {
+            drop_upload(srv, item);
+            srv->stats.out_of_memory++;
+            tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+            return;
+        }
+        ts__rows_rec_head_write(tsd_item_data(reply), TS_FLOAT32, 2, dims, data_len);
+    }
+    ps_wait *w = wait_new(srv, c, h, item);
+    if (w == NULL) {
+        drop_upload(srv, item);
+        if (reply != NULL)
+            tsd_item_unref(reply);
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+        return;
+    }
+    w->reply = reply;
+    w->ids = (const int64_t *)(const void *)tt[0].data;
+    w->n = n;
+    w->scale = scale;
+    if (push)
+        w->grad = (const float *)(const void *)tt[1].data;
+    queue_push(&t->q_head, &t->q_tail, w);
+    emb_kick(srv, t);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Entry points
+ */
+
+void tsd_ps_dispatch(tsd_conn *c, const ts__hdr *h, const ts__msg *m)
+{
+    switch (h->opcode) {
+    case TS_OP_PS_CREATE:
+        op_ps_create(c, h, &m->u.ps_create);
+        return;
+    case TS_OP_PS_PULL:
+        op_ps_pull(c, h, &m->u.ps_pull);
+        return;
+    case TS_OP_EMB_CREATE:
+        op_emb_create(c, h, &m->u.ps_create);
+        return;
+    default:
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_UNKNOWN_OPCODE, "not a PS request");
+        return;
+    }
+}
+
+void tsd_ps_upload(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t name_len,
+                   const uint8_t *fixed, size_t fixed_len, tsd_item *item)
+{
+    tsd_server *srv = c->srv;
+    srv->stats.ops[h->opcode]++;
+    if (ps_state(srv) == NULL) {
+        drop_upload(srv, item);
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+        return;
+    }
+    if (h->opcode == TS_OP_PS_PUSH)
+        ps_push(c, h, name, name_len, fixed, item);
+    else
+        emb_upload(c, h, name, name_len, fixed, fixed_len, item);
+}
+
+void tsd_ps_conn_gone(tsd_server *srv, tsd_conn *c)
+{
+    if (srv->ps == NULL)
+        return;
+    for (ps_wait *w = srv->ps->all_head; w != NULL; w = w->anext)
+        if (w->c == c)
+            w->c = NULL;
+}
+
+size_t tsd_ps_conn_stop(tsd_server *srv, tsd_conn *c)
+{
+    size_t n = 0;
+    if (srv->ps == NULL)
+        return 0;
+    for (ps_wait *w = srv->ps->all_head; w != NULL; w = w->anext) {
+        if (w->c != c)
+            continue;
+        tsd_reply_msg(c, w->op, w->rid, TS_ST_SHUTTING_DOWN, TSD_SHUTDOWN_MSG,
+                      sizeof(TSD_SHUTDOWN_MSG) - 1);
+        w->c = NULL;
+        n++;
+    }
+    return n;
+}
+
+void tsd_ps_free(tsd_server *srv)
+{
+    tsd_ps *ps = srv->ps;
+    if (ps == NULL)
+        return;
+    while (ps->all_head != NULL)
+        wait_free(srv, ps->all_head);
+    for (size_t b = 0; b <= ps->params.mask && ps->params.buckets != NULL; b++) {
+        while (ps->params.buckets[b] != NULL) {
+            ps_param *p = (ps_param *)(void *)ps->params.buckets[b];
+            tsd_htab_remove(&ps->params, &p->node);
+            param_free_arrays(p);
+            ts__free(p);
+        }
+    }
+    for (size_t b = 0; b <= ps->embs.mask && ps->embs.buckets != NULL; b++) {
+        while (ps->embs.buckets[b] != NULL) {
+            ps_emb *t = (ps_emb *)(void *)ps->embs.buckets[b];
+            tsd_htab_remove(&ps->embs, &t->node);
+            ts__free(t->keys);
+            ts__free(t->idx);
+            ts__free(t->rows);
+            ts__free(t->steps);
+            ts__free(t);
+        }
+    }
+    tsd_htab_free(&ps->params);
+    tsd_htab_free(&ps->embs);
+    ts__free(ps);
+    srv->ps = NULL;
+}
