@@ -24,6 +24,7 @@ Every wait is bounded; every process started is stopped by its PID.
 """
 
 import argparse
+import binascii
 import contextlib
 import functools
 import io
@@ -1017,6 +1018,34 @@ def k8s_expand(s, env):
     return "".join(out)
 
 
+# Slots: the 16384 of them, and the function docs/PROTOCOL.md section 14 defines, written here
+# again so that the check does not trust the code it checks.
+SLOTS = 16384
+
+
+def slot_of(name):
+    """CRC-16/XMODEM of the name's hash tag (between the first { and the next }, when not
+    empty) or of the whole name, mod 16384."""
+    key = name
+    a = name.find("{")
+    if a >= 0:
+        b = name.find("}", a + 1)
+        if b > a + 1:
+            key = name[a + 1:b]
+    # binascii.crc_hqx with 0 as the start value is CRC-16/XMODEM (polynomial 0x1021).
+    return binascii.crc_hqx(key.encode(), 0) % SLOTS
+
+
+def name_of_shard(i, n):
+    """A bin name whose slot shard i of n owns under the default split."""
+    lo, hi = i * SLOTS // n, (i + 1) * SLOTS // n - 1
+    for k in range(100000):
+        name = "deploy-check-%d" % k
+        if lo <= slot_of(name) <= hi:
+            return name
+    raise SystemExit("no name found for shard %d of %d" % (i, n))
+
+
 def http_get(port, path, timeout=3.0):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -1127,10 +1156,26 @@ def check_cluster(src, tensord, tsctl):
                             "status %d, no tensord_ metric" % status)
                 except OSError as e:
                     p.add("shard %d /metrics" % i, str(e))
-                r = subprocess.run([tsctl, "-p", str(ports[i]), "-t", "5000", "ping"],
-                                   env=dict(os.environ, TS_AUTH_TOKEN=token),
+                tenv = dict(os.environ, TS_AUTH_TOKEN=token)
+                r = subprocess.run([tsctl, "-p", str(ports[i]), "-t", "5000", "ping"], env=tenv,
                                    capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
                 p.check(r.returncode == 0, "shard %d tsctl ping" % i, r.stderr.strip())
+                # The shard took the index the pod gave it, and its map names the others: a bin
+                # of shard i is stored there, and the next shard refuses it naming shard i's
+                # address (the map line the ConfigMap gave, with this machine's port).
+                name = name_of_shard(i, replicas)
+                r = subprocess.run([tsctl, "-p", str(ports[i]), "-t", "5000", "put", name, "1"],
+                                   env=tenv, capture_output=True, text=True,
+                                   timeout=TOOL_TIMEOUT_S)
+                p.check(r.returncode == 0, "shard %d put %s" % (i, name), r.stderr.strip())
+                other = (i + 1) % replicas
+                r = subprocess.run([tsctl, "-p", str(ports[other]), "-t", "5000", "put", name,
+                                    "1"], env=tenv, capture_output=True, text=True,
+                                   timeout=TOOL_TIMEOUT_S)
+                p.check(r.returncode != 0 and "WRONGSHARD" in r.stderr and
+                        "127.0.0.1:%d" % ports[i] in r.stderr,
+                        "shard %d put %s" % (other, name),
+                        "not refused as shard %d's bin: %s" % (i, (r.stdout + r.stderr).strip()))
             # The Containerfile's HEALTHCHECK, pointed at shard 0's HTTP port.
             hc = [rest for _, ins, rest in containerfile_instructions(src)
                   if ins == "HEALTHCHECK"]
@@ -1195,6 +1240,8 @@ SELFTEST_CASES = [
     ("systemd", "deploy/systemd/tensord.service", "SystemCallFilter=~@privileged",
      "SystemCallFilter=~@privileged memfd_create", "tensord calls memfd_create", True),
     ("containerfile", "deploy/Containerfile", "libuv1 liblz4-1", "liblz4-1", "libuv1", False),
+    ("cluster", "deploy/kubernetes/statefulset.yaml", "i=${POD_NAME##*-}", "i=1",
+     "shard 0 put", False),
     ("containerfile", "deploy/Containerfile", "EXPOSE 8000 9100", "EXPOSE 8000",
      "not EXPOSEd", False),
     ("containerfile", "deploy/Containerfile", "deploy/install.sh /opt", "deploy/build.sh /opt",
@@ -1234,7 +1281,7 @@ def selftest(src, tensord, tsctl):
             try:
                 with contextlib.redirect_stdout(out):
                     fn = {"manifests": check_manifests, "systemd": check_systemd,
-                          "containerfile": check_containerfile}[check]
+                          "containerfile": check_containerfile, "cluster": check_cluster}[check]
                     rc = fn(tmp, tensord, tsctl)
             finally:
                 STRACE_ENABLED = True
