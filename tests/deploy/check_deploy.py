@@ -36,6 +36,7 @@ import shlex
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -682,10 +683,49 @@ STRACE_ENABLED = True
 SANITIZE = ""
 
 
+def run_traced(strace, tensord, args, tmp, tag, workload, p):
+    """Run tensord ARGS under strace -f (trace in tmp/TAG.trace), wait for its --port-file
+    (which args must name as tmp/TAG.port), call workload(port), then stop it with SIGTERM.
+    Returns the trace's lines, or None when strace cannot trace here."""
+    trace = os.path.join(tmp, tag + ".trace")
+    portfile = os.path.join(tmp, tag + ".port")
+    proc = subprocess.Popen([strace, "-f", "-qq", "-o", trace, tensord] + args,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    rc = None
+    try:
+        if not wait_file(portfile, proc, PROCESS_WAIT_S):
+            out = proc.stdout.read().decode(errors="replace") if proc.poll() is not None else ""
+            if "ptrace" in out.lower() or "operation not permitted" in out.lower():
+                print("strace cannot trace here (%s): the sandbox check is skipped"
+                      % out.strip().splitlines()[0])
+                return None
+            p.add("strace", "tensord (%s) did not start under strace: %s" % (tag, out))
+            return []
+        workload(open(portfile).read().strip())
+    finally:
+        # proc is strace: the signal goes to tensord, the first process of the trace (strace
+        # itself would detach and leave tensord running); strace then exits with tensord's
+        # status.
+        pid = traced_pid(trace)
+        if pid is not None and proc.poll() is None:
+            os.kill(pid, signal.SIGTERM)
+            try:
+                rc = proc.wait(timeout=PROCESS_WAIT_S)
+            except subprocess.TimeoutExpired:
+                os.kill(pid, signal.SIGKILL)
+        if rc is None:
+            stop_process(proc)
+            rc = proc.returncode
+    p.check(rc == 0, "strace", "tensord (%s) exited %r under strace" % (tag, rc))
+    with open(trace, encoding="utf-8", errors="replace") as f:
+        return f.read().splitlines()
+
+
 def strace_sandbox(src, tensord, tsctl, settings, analyze, p):
-    """Run tensord under strace through a workload (TCP and unix clients, a large upload over
-    the unix socket received into a memfd, a SAVE, a shutdown) and check what it did against the
-    unit's sandbox. Returns False when strace cannot run here."""
+    """Run tensord under strace through a workload and check what it did against the unit's
+    sandbox: TCP and unix clients, a 4 MiB upload over the unix socket (received into a memfd),
+    a SAVE, the HTTP endpoints, and, in a second run, a TLS handshake; then a shutdown each.
+    Returns False when strace cannot run here."""
     strace = shutil.which("strace")
     if not STRACE_ENABLED:
         return False
@@ -697,15 +737,15 @@ def strace_sandbox(src, tensord, tsctl, settings, analyze, p):
         return False
     allow = set()
     deny = set()
+    families = set()
     for sec, key, val in settings:
         if sec == "Service" and key == "SystemCallFilter":
             target = deny if val.startswith("~") else allow
             for w in val.lstrip("~").split():
                 target |= expand_syscall_set(analyze, w) if w.startswith("@") else {w}
-    families = set()
-    for sec, key, val in settings:
         if sec == "Service" and key == "RestrictAddressFamilies":
             families |= set(val.split())
+    help_flags, _ = tensord_help_flags(tensord)
     with tempfile.TemporaryDirectory(prefix="ts-deploy-strace-") as tmp:
         state = os.path.join(tmp, "state")
         runtime = os.path.join(tmp, "runtime")
@@ -715,26 +755,17 @@ def strace_sandbox(src, tensord, tsctl, settings, analyze, p):
         with open(token, "w") as f:
             f.write("deploy-check-token\n")
         os.chmod(token, 0o600)
-        portfile = os.path.join(tmp, "port")
-        trace = os.path.join(tmp, "trace")
         sock = os.path.join(runtime, "tensord.sock")
         big = os.path.join(tmp, "big.npy")
         write_npy_zeros(big, 1 << 20)  # 4 MiB: above --shm-min's default 1 MiB
-        cmd = [strace, "-f", "-qq", "-o", trace, tensord, "--port", "0", "--port-file",
-               portfile, "--unix", sock, "--auth-token-file", token,
-               "--save", os.path.join(state, "tensord.snap"), "--save-interval", "1"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
-            if not wait_file(portfile, proc, PROCESS_WAIT_S):
-                out = proc.stdout.read().decode(errors="replace") if proc.poll() is not None \
-                    else ""
-                if "ptrace" in out.lower() or "operation not permitted" in out.lower():
-                    print("strace cannot trace here (%s): the sandbox check is skipped"
-                          % out.strip().splitlines()[0])
-                    return False
-                p.add("strace", "tensord did not start under strace: %s" % out)
-                return True
-            port = open(portfile).read().strip()
+        http = "--http-port" in help_flags and "--http-port-file" in help_flags
+        args = ["--port", "0", "--port-file", os.path.join(tmp, "main.port"), "--unix", sock,
+                "--auth-token-file", token, "--save", os.path.join(state, "tensord.snap"),
+                "--save-interval", "1"]
+        if http:
+            args += ["--http-port", "0", "--http-port-file", os.path.join(tmp, "http.port")]
+
+        def main_workload(port):
             base = [tsctl, "-T", token, "-t", "10000"]
             steps = [
                 base + ["-p", port, "put", "a", "1.5"],
@@ -745,34 +776,60 @@ def strace_sandbox(src, tensord, tsctl, settings, analyze, p):
                 base + ["-p", port, "list"],
                 base + ["-p", port, "save"],
             ]
-            for s in steps:
-                r = subprocess.run(s, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
-                p.check(r.returncode == 0, "strace workload", "%s: %s" % (" ".join(s[4:]),
-                                                                        r.stderr.strip()))
-        finally:
-            # proc is strace: the signal goes to tensord, the first process of the trace
-            # (strace itself would detach and leave tensord running); strace then exits with
-            # tensord's status.
-            rc = None
-            pid = traced_pid(trace)
-            if pid is not None and proc.poll() is None:
-                os.kill(pid, signal.SIGTERM)
+            for st in steps:
+                r = subprocess.run(st, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+                p.check(r.returncode == 0, "strace workload",
+                        "%s: %s" % (" ".join(st[4:]), r.stderr.strip()))
+            if http:
+                hport = int(open(os.path.join(tmp, "http.port")).read())
+                for path in ("/healthz", "/readyz", "/metrics"):
+                    try:
+                        status, _ = http_get(hport, path)
+                        p.check(status == 200, "strace workload", "%s: %d" % (path, status))
+                    except OSError as e:
+                        p.add("strace workload", "%s: %s" % (path, e))
+
+        lines = run_traced(strace, tensord, args, tmp, "main", main_workload, p)
+        if lines is None:
+            return False
+        openssl = shutil.which("openssl")
+        tls_ran = False
+        if "--tls-cert" in help_flags and openssl is not None:
+            key, crt = os.path.join(tmp, "tls.key"), os.path.join(tmp, "tls.crt")
+            r = subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                                "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=localhost",
+                                "-days", "1", "-keyout", key, "-out", crt],
+                               capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+            p.check(r.returncode == 0, "openssl req", r.stderr.strip())
+
+            def tls_workload(port):
+                ctx = ssl.create_default_context()
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
                 try:
-                    rc = proc.wait(timeout=PROCESS_WAIT_S)
-                except subprocess.TimeoutExpired:
-                    os.kill(pid, signal.SIGKILL)
-            if rc is None:
-                stop_process(proc)
-        p.check(rc == 0, "strace", "tensord exited %r under strace" % rc)
-        with open(trace, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
-        # tensord's own calls: from its execve on (strace's own start-up is before it).
+                    with socket.create_connection(("127.0.0.1", int(port)), timeout=10) as raw:
+                        with ctx.wrap_socket(raw, server_hostname="localhost") as t:
+                            p.check(t.version() is not None, "strace TLS", "no handshake")
+                except OSError as e:
+                    p.add("strace TLS", "handshake with tensord --tls-cert: %s" % e)
+
+            if r.returncode == 0:
+                more = run_traced(strace, tensord,
+                                  ["--host", "127.0.0.1", "--port", "0", "--port-file",
+                                   os.path.join(tmp, "tls.port"), "--auth-token-file", token,
+                                   "--tls-cert", crt, "--tls-key", key],
+                                  tmp, "tls", tls_workload, p)
+                lines += more or []
+                tls_ran = bool(more)
+        # tensord's own calls (execve is strace starting it).
         calls = set()
         for ln in lines:
             m = re.match(r"^\d+\s+(?:<\.\.\. )?([a-z_0-9]+)[( ]", ln)
             if m:
                 calls.add(m.group(1))
         calls.discard("execve")
+        print("strace: %d distinct system calls of tensord (runs: main%s%s)" % (
+            len(calls), " with HTTP" if http else "", ", TLS" if tls_ran else ""))
         for c in sorted(calls):
             p.check(c in allow and c not in deny, "SystemCallFilter",
                     "tensord calls %s, which the unit forbids" % c)
@@ -789,7 +846,8 @@ def strace_sandbox(src, tensord, tsctl, settings, analyze, p):
             if m and re.search(r"O_WRONLY|O_RDWR|O_CREAT", m.group(2)):
                 path = m.group(1)
                 ok = (path.startswith(state + "/") or path.startswith(runtime + "/") or
-                      path.startswith(portfile) or path == "/dev/null")
+                      re.fullmatch(re.escape(tmp) + r"/[a-z]+\.port\.tmp\.\d+", path) or
+                      path == "/dev/null")
                 p.check(ok, "ProtectSystem=strict", "tensord writes %s" % path)
     return True
 
