@@ -490,8 +490,18 @@ static void oom_message(const tsd_server *srv, uint64_t need, char *msg, size_t 
              (unsigned long long)st->conns, (unsigned long long)need);
 }
 
+/*
+ * An upload's reply is queued: with timing on, count its latency from the read that completed
+ * its header (the request's time in tensord: receiving the body, storing, replying).
+ */
+static void upload_timed(tsd_conn *c)
+{
+    if (c->srv->stats.timing)
+        tsd_latency_observe(&c->srv->stats, c->cur.opcode, ts__now_ns() - c->up_t0);
+}
+
 /* The body of a refused upload has been skipped: answer OUT_OF_MEMORY, keep the connection. */
-static void discard_done(tsd_conn *c)
+static void discard_reply(tsd_conn *c)
 {
     tsd_server *srv = c->srv;
     c->rstate = TSD_RS_HDR;
@@ -536,6 +546,12 @@ static void discard_done(tsd_conn *c)
     char msg[TS_MAX_ERRMSG];
     oom_message(srv, c->cur_raw_len, msg, sizeof(msg));
     tsd_reply_msg(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY, msg, strlen(msg));
+}
+
+static void discard_done(tsd_conn *c)
+{
+    discard_reply(c);
+    upload_timed(c);
 }
 
 /* Refuse an upload for lack of memory: skip left body bytes, then reply (discard_done). */
@@ -614,6 +630,7 @@ static void item_store(tsd_conn *c, tsd_item *it)
                       it); /* ps.c */
     else
         tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
+    upload_timed(c);
 }
 
 static void fail_bad_record(tsd_conn *c, size_t len)
@@ -1177,6 +1194,7 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
     const uint8_t *body = c->ibuf + c->ipos + TS_HDR_SIZE;
     size_t avail = c->ilen - c->ipos - TS_HDR_SIZE;
     uint64_t blen = h->body_len;
+    c->up_t0 = c->t_in; /* its latency runs from here (a later call, a later read, moves it) */
 
     /* Snapshots are failing (--stop-writes-on-save-error): nothing reserved, body skipped. */
     if (tsd_writes_refused(srv) && ts__msg_op_info(h->opcode)->changes) {
@@ -1314,6 +1332,8 @@ static void process_input(tsd_conn *c)
             }
         }
         control_frame(c, &h, body);
+        if (c->srv->stats.timing) /* from the read that completed the frame to its reply */
+            tsd_latency_observe(&c->srv->stats, h.opcode, ts__now_ns() - c->t_in);
         if (c->claimed_fd >= 0) {
             /* The handler did not take it (an error reply): it is closed, not kept. */
             (void)close(c->claimed_fd);
@@ -1369,6 +1389,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     srv->stats.bytes_received += (uint64_t)nread;
     c->last_input_ms = uv_now(srv->loop);
+    if (srv->stats.timing)
+        c->t_in = ts__now_ns();
     switch (c->rstate) {
     case TSD_RS_HDR:
         c->ilen += (size_t)nread;

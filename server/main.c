@@ -9,6 +9,7 @@
  * --data-dir with --save); 3 when the --save snapshot exists but is damaged or unreadable.
  */
 #include "server.h"
+#include "http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -43,6 +44,7 @@ void tsd_config_defaults(tsd_config *cfg)
     cfg->save_interval_s = TSD_DEFAULT_SAVE_INTERVAL;
     cfg->stop_writes_on_save_error = 1;
     cfg->max_disk = TSD_MAX_DISK_DEFAULT;
+    cfg->http_port = -1;
     long pages = sysconf(_SC_PHYS_PAGES);
     long page = sysconf(_SC_PAGE_SIZE);
     if (pages > 0 && page > 0)
@@ -64,6 +66,10 @@ static void usage(FILE *f)
             "  --unix PATH           also listen on a unix socket; a stale socket file is\n"
             "                        removed, one another process answers on is refused\n"
             "  --port-file PATH      once listening, write the TCP port there (atomically)\n"
+            "  --http-port N         also serve GET /healthz, /readyz and /metrics (Prometheus)\n"
+            "                        over HTTP on this port (0 = ephemeral)     [off]\n"
+            "  --http-host ADDR      address of the HTTP listener               [--host]\n"
+            "  --http-port-file PATH once listening, write the HTTP port there (atomically)\n"
             "Authentication:\n"
             "  --auth-token-file PATH  shared secret every client must present in HELLO (trailing\n"
             "                        whitespace ignored; else TS_AUTH_TOKEN)    [none]\n"
@@ -214,7 +220,9 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
                                             "--save-interval",  "--max-unauth-clients",
                                             "--body-timeout",   "--stop-writes-on-save-error",
                                             "--data-dir",       "--data-min",
-                                            "--max-disk",       "--shm-min"};
+                                            "--max-disk",       "--shm-min",
+                                            "--http-port",      "--http-host",
+                                            "--http-port-file"};
         int is_known = 0;
         for (size_t k = 0; k < TS__ARRAY_SIZE(known); k++)
             is_known |= strcmp(flag, known[k]) == 0;
@@ -240,6 +248,15 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
             cfg->unix_path = val;
         } else if (strcmp(flag, "--port-file") == 0) {
             cfg->port_file = val;
+        } else if (strcmp(flag, "--http-port") == 0) {
+            bad = parse_size(val, &n) != 0 || n > 65535;
+            cfg->http_port = (int)n;
+        } else if (strcmp(flag, "--http-host") == 0) {
+            bad = val[0] == '\0';
+            cfg->http_host = val;
+        } else if (strcmp(flag, "--http-port-file") == 0) {
+            bad = val[0] == '\0';
+            cfg->http_port_file = val;
         } else if (strcmp(flag, "--max-frame") == 0) {
             bad = parse_size(val, &n) != 0 || n == 0;
             cfg->max_frame = n;
@@ -493,6 +510,8 @@ int main(int argc, char **argv)
         }
     }
     uv_run(&loop, UV_RUN_DEFAULT);
+    /* The HTTP handles served until now without holding the loop: they close with the rest. */
+    tsd_http_close(&srv);
     /* The final snapshot is durable now: the signals can be let go (ignored until exit). */
     tsd_server_release_signals(&srv);
     uv_run(&loop, UV_RUN_DEFAULT);

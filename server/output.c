@@ -291,6 +291,7 @@ static void out_abort(tsd_conn *c)
                 (unsigned long long)c->id, ts__op_name(c->mk.op),
                 ts__status_name(TS_ST_OUT_OF_MEMORY));
         rc = emerg_send(c, c->mk.op, c->mk.rid, TS_ST_OUT_OF_MEMORY, msg, sizeof(msg) - 1);
+        srv->stats.errors[TS_ST_OUT_OF_MEMORY]++;
     }
     c->mk.body = NULL;
     if (rc != 0) {
@@ -425,6 +426,8 @@ int tsd_out_hold(tsd_conn *c, tsd_item *it)
 int tsd_out_hdr(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t body_len)
 {
     c->mk.status = status;
+    if (status != TS_ST_OK && status < TSD_STATUS_SLOTS)
+        c->srv->stats.errors[status]++; /* the metrics' errors by status */
     uint8_t *p = tsd_out_bytes(c, TS_HDR_SIZE);
     if (p == NULL)
         return -1;

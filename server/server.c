@@ -9,6 +9,7 @@
  */
 #include "server.h"
 #include "coord.h"
+#include "http.h"
 #include "ps.h"
 #include "stream.h"
 #include "table.h"
@@ -710,6 +711,15 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
         rc = listen_unix(srv);
     if (rc != 0)
         return rc;
+    /*
+     * Health and metrics over HTTP: the bins are loaded and the listeners up, so it is ready.
+     * Before the --port-file, so that whoever waits for that file finds the HTTP port up too.
+     */
+    if (cfg->http_port >= 0) {
+        rc = tsd_http_start(srv);
+        if (rc != 0)
+            return rc;
+    }
     if (cfg->port_file != NULL && write_port_file(cfg->port_file, srv->bound_port) != 0) {
         tsd_log(TSD_LOG_ERROR, "cannot write --port-file %s", cfg->port_file);
         return UV_EIO;
@@ -768,6 +778,7 @@ void tsd_server_stop(tsd_server *srv)
     if (srv->stopping)
         return;
     srv->stopping = 1;
+    tsd_http_stopping(srv); /* /readyz says 503 until the loop has run out */
     int had_unix = srv->lis[1].active;
     for (int i = 0; i < 2; i++) {
         if (srv->lis[i].active) {

@@ -16,6 +16,8 @@
  *   slab.c    size classes for the buffers of small records
  *   notify.c  listeners (subscriptions) and waiters
  *   stats.c   counters and the STATS reply
+ *   http.c    health and Prometheus metrics over HTTP on a listener of their own (http.h)
+ *   metrics.c the metrics page: the counters above in Prometheus text format (http.h)
  *   snapshot.c  snapshots: the jobs (SAVE, the timer, writing off the loop), loading at start
  *   snapfile.c  the snapshot file format: checksum, writer, reader (no loop; snapfile.h)
  */
@@ -151,6 +153,9 @@ typedef struct tsd_config {
     uint64_t max_disk;             /* bytes of --data-dir files; 0 = unlimited */
     uint64_t shm_min;              /* bytes; uploads this large land in a memfd; 0 = never */
     int no_fds;                    /* refuse HELLO FDS (no descriptors on unix sockets) */
+    int http_port;              /* --http-port: health and metrics over HTTP; -1 = off */
+    const char *http_host;      /* --http-host: address of that listener; NULL = host */
+    const char *http_port_file; /* write the bound HTTP port here when not NULL */
 } tsd_config;
 
 /* Fill cfg with the defaults (max_memory: 3/4 of physical memory). */
@@ -911,6 +916,9 @@ typedef struct tsd_conn {
     uint32_t n_watch;               /* subscriptions + waiters, capped by cfg.max_watch */
     struct tsd_swait *swaits;       /* pending stream waits (stream.c; counted in n_watch) */
     struct tsd_twait *twaits;       /* pending replay table waits (table.c; in n_watch) */
+    /* Latency (tsd_stats.timing): ts__now_ns of the last read, and of an upload's header. */
+    uint64_t t_in;
+    uint64_t up_t0;
 } tsd_conn;
 
 /*
@@ -1187,8 +1195,21 @@ void tsd_notify_release_held(tsd_server *srv, tsd_conn *c);
 size_t tsd_notify_n_waiters(const tsd_server *srv);
 
 /* ---------------------------------------------------------------------------------------------
- * Statistics (stats.c)
+ * Statistics (stats.c; served over HTTP by metrics.c and http.c, see http.h)
  */
+/* Status codes counted in tsd_stats.errors (wire statuses are far fewer). */
+#define TSD_STATUS_SLOTS 64
+/*
+ * Upper bounds of the latency histogram's buckets in nanoseconds, 10 us to 10 s in 1-2.5-5
+ * steps (metrics.c names them in seconds); one more bucket counts what is slower.
+ */
+#define TSD_LAT_BOUNDS 19
+extern const uint64_t tsd_lat_bounds_ns[TSD_LAT_BOUNDS];
+typedef struct tsd_latency {
+    uint64_t n[TSD_LAT_BOUNDS + 1]; /* observations per bucket (not cumulative), then slower */
+    uint64_t sum_ns;                /* their total */
+} tsd_latency;
+
 typedef struct tsd_stats {
     uint64_t ops[TS_OP_EMB_PUSH + 1]; /* requests handled, by opcode */
     uint64_t notifications_sent;
@@ -1220,7 +1241,28 @@ typedef struct tsd_stats {
     uint64_t view_passes;               /* views begun (LISTs of many bins, snapshots) */
     uint64_t view_turns_last;           /* loop turns the last finished view's walk took */
     uint64_t view_turn_max_us;          /* the longest one loop turn spent walking views */
+    /* Frames queued with a status other than OK, by status (metrics.c; larger ones uncounted). */
+    uint64_t errors[TSD_STATUS_SLOTS];
+    /*
+     * Request latency by opcode (docs/METRICS.md says what is measured), kept only while timing
+     * is set: metrics are served over HTTP (--http-port), so nobody pays for clocks unread.
+     */
+    int timing;
+    tsd_latency latency[256];
 } tsd_stats;
+
+/*
+ * Count one request of opcode op that took ns nanoseconds (loop thread). Most requests take
+ * well under the first bound, so the scan from the smallest bound ends at once.
+ */
+static inline void tsd_latency_observe(tsd_stats *st, uint8_t op, uint64_t ns)
+{
+    unsigned b = 0;
+    while (b < TSD_LAT_BOUNDS && ns > tsd_lat_bounds_ns[b])
+        b++;
+    st->latency[op].n[b]++;
+    st->latency[op].sum_ns += ns;
+}
 
 /* Answer a STATS request. */
 void tsd_stats_reply(tsd_conn *c, const ts__hdr *h);
@@ -1350,6 +1392,8 @@ struct tsd_server {
     struct tsd_tables *tables;
     /* Coordination (coord.c): barriers and pending TAKEs, made on first use, or NULL. */
     struct tsd_coord *coord;
+    /* The HTTP listener for health and metrics (http.c, http.h), or NULL. */
+    struct tsd_http *http;
     /* The parameter server (ps.c): parameters, embedding tables, waits; on first use, or NULL. */
     struct tsd_ps *ps;
 };
