@@ -481,6 +481,95 @@ static uint64_t f64_bits(double d)
     return u;
 }
 
+/* The parameter server examples: a connection of their own, request ids from 2. */
+static int build_ps_example(const char *name, fb *out)
+{
+    const uint8_t Q = TS_MAGIC_REQ, P = TS_MAGIC_REP;
+    const uint64_t v1 = 1764160000000001ull;
+    static const float grad[2] = {1.0f, 2.0f};
+    static const int64_t ids[2] = {7, 3}, one_id[1] = {7};
+    static const float row_grad[4] = {0.5f, -0.5f, 1.0f, -1.0f};
+    /* The rows of ids 7 and 3 by the uniform initializer, seed 42, scale 0.05 (docs/PS.md). */
+    static const float rows[8] = {-0x1.0e6fcap-6f, -0x1.cb453p-6f,  -0x1.a89998p-6f,
+                                  0x1.779408p-5f,  -0x1.09ff72p-5f, -0x1.bd20d2p-7f,
+                                  0x1.5545b6p-5f,  0x1.1d354ap-5f};
+    fb b = {.n = 0};
+    if (strcmp(name, "ps-create-req") == 0) {
+        fb_name(&b, "w");
+        fb_u8(&b, 1, "optimizer"); /* SGD */
+        fb_u8(&b, 1, "mode");      /* sync */
+        fb_u8(&b, 0, "flags");
+        fb_u8(&b, 0, "reserved");
+        fb_u32(&b, 2, "sync_k");
+        fb_u32(&b, 1, "tolerance");
+        fb_u32(&b, 0, "reserved");
+        fb_u64(&b, f64_bits(0.5), "lr");
+        fb_u64(&b, f64_bits(0.9), "beta1");
+        fb_u64(&b, f64_bits(0.999), "beta2");
+        fb_u64(&b, f64_bits(1e-8), "eps");
+        fb_frame(out, Q, TS_OP_PS_CREATE, 0, 0, 2, &b);
+    } else if (strcmp(name, "ps-create-rep") == 0) {
+        fb_bin_state(&b, v1, 1);
+        fb_frame(out, P, TS_OP_PS_CREATE, 0, 0, 2, &b);
+    } else if (strcmp(name, "ps-push-req") == 0) {
+        fb_name(&b, "w");
+        fb_u64(&b, v1, "base_version");
+        fb_u64(&b, f64_bits(1.0), "scale");
+        assert_int_equal(fb_record(&b, ts_tensor_new(TS_FLOAT32, 1, (int64_t[]){2}, grad, 0)), 72);
+        fb_frame(out, Q, TS_OP_PS_PUSH, 0, 0, 3, &b);
+    } else if (strcmp(name, "ps-push-rep-stale") == 0) {
+        fb_bin_state(&b, v1 + 4, 1);
+        fb_frame(out, P, TS_OP_PS_PUSH, 0, TS_ST_STALE_GRADIENT, 4, &b);
+    } else if (strcmp(name, "ps-pull-req") == 0) {
+        fb_name(&b, "w");
+        fb_u64(&b, v1 + 4, "if_newer_than");
+        fb_frame(out, Q, TS_OP_PS_PULL, 0, 0, 5, &b);
+    } else if (strcmp(name, "ps-pull-rep-not-newer") == 0) {
+        fb_items(&b, v1 + 4, 1, NULL, 0);
+        fb_frame(out, P, TS_OP_PS_PULL, 0, 0, 5, &b);
+    } else if (strcmp(name, "emb-create-req") == 0) {
+        fb_name(&b, "emb");
+        fb_u32(&b, 4, "dim");
+        fb_u8(&b, 1, "optimizer"); /* SGD */
+        fb_u8(&b, 1, "init");      /* uniform */
+        fb_u16(&b, 0, "reserved");
+        fb_u64(&b, 42, "seed");
+        fb_u64(&b, 0, "num_ids");
+        fb_u64(&b, f64_bits(0.01), "lr");
+        fb_u64(&b, f64_bits(0.9), "beta1");
+        fb_u64(&b, f64_bits(0.999), "beta2");
+        fb_u64(&b, f64_bits(1e-8), "eps");
+        fb_u64(&b, f64_bits(0.05), "init_scale");
+        fb_frame(out, Q, TS_OP_EMB_CREATE, 0, 0, 6, &b);
+    } else if (strcmp(name, "emb-create-rep") == 0) {
+        fb_bin_state(&b, v1 + 5, 0);
+        fb_frame(out, P, TS_OP_EMB_CREATE, 0, 0, 6, &b);
+    } else if (strcmp(name, "emb-pull-req") == 0) {
+        fb_name(&b, "emb");
+        assert_int_equal(fb_record(&b, ts_tensor_new(TS_INT64, 1, (int64_t[]){2}, ids, 0)), 80);
+        fb_frame(out, Q, TS_OP_EMB_PULL, 0, 0, 7, &b);
+    } else if (strcmp(name, "emb-pull-rep") == 0) {
+        ts_value_t *r[1] = {ts_tensor_new(TS_FLOAT32, 2, (int64_t[]){2, 4}, rows, 0)};
+        fb_items(&b, v1 + 5, 1, r, 1);
+        fb_frame(out, P, TS_OP_EMB_PULL, 0, 0, 7, &b);
+    } else if (strcmp(name, "emb-push-req") == 0) {
+        fb_name(&b, "emb");
+        fb_u64(&b, f64_bits(1.0), "scale");
+        ts_value_t *l = ts_list_new();
+        assert_int_equal(ts_list_push(l, ts_tensor_new(TS_INT64, 1, (int64_t[]){1}, one_id, 0)), 0);
+        assert_int_equal(
+            ts_list_push(l, ts_tensor_new(TS_FLOAT32, 2, (int64_t[]){1, 4}, row_grad, 0)), 0);
+        assert_int_equal(fb_record(&b, l), 208);
+        fb_frame(out, Q, TS_OP_EMB_PUSH, 0, 0, 8, &b);
+    } else if (strcmp(name, "emb-push-rep") == 0) {
+        fb_bin_state(&b, v1 + 6, 0);
+        fb_frame(out, P, TS_OP_EMB_PUSH, 0, 0, 8, &b);
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
 static int build_example(const char *name, fb *out)
 {
     const uint8_t Q = TS_MAGIC_REQ, P = TS_MAGIC_REP;
@@ -733,6 +822,38 @@ static int build_example(const char *name, fb *out)
         fb_zeros(&b, 64 - (16 + 40), "padding");
         assert_int_equal(fb_record(&b, ts_int_new(42)), 64);
         fb_frame(out, P, TS_OP_TABLE_SAMPLE, 0, 0, 4, &b);
+    } else if (strcmp(name, "shard-map-req") == 0) {
+        /* Sharding: shard 1 of a two-line map file, epoch 3; a connection of its own. */
+        fb_frame(out, Q, TS_OP_SHARD_MAP, 0, 0, 2, &b);
+    } else if (strcmp(name, "shard-map-rep") == 0) {
+        fb_u64(&b, 3, "map_epoch");
+        fb_u16(&b, 2, "n_shards");
+        fb_u16(&b, 1, "self");
+        fb_u32(&b, 0, "reserved");
+        fb_u16(&b, 13, "addr_len");
+        fb_u16(&b, 1, "n_ranges");
+        fb_put(&b, "10.0.0.1:8000", 13, "address");
+        fb_u16(&b, 0, "first");
+        fb_u16(&b, 8191, "last");
+        fb_u16(&b, 13, "addr_len");
+        fb_u16(&b, 1, "n_ranges");
+        fb_put(&b, "10.0.0.2:8000", 13, "address");
+        fb_u16(&b, 8192, "first");
+        fb_u16(&b, 16383, "last");
+        fb_frame(out, P, TS_OP_SHARD_MAP, 0, 0, 2, &b);
+    } else if (strcmp(name, "wrong-shard-rep") == 0) {
+        static const char msg[] =
+            "params: slot 1749 belongs to shard 0 (10.0.0.1:8000), not to shard 1 of 2";
+        fb_u16(&b, 1749, "slot");
+        fb_u16(&b, 0, "owner");
+        fb_u16(&b, 13, "addr_len");
+        fb_u16(&b, 0, "reserved");
+        fb_u64(&b, 3, "map_epoch");
+        fb_put(&b, "10.0.0.1:8000", 13, "address");
+        fb_put(&b, msg, sizeof(msg) - 1, "message");
+        fb_frame(out, P, TS_OP_GET, 0, TS_ST_WRONG_SHARD, 3, &b);
+    } else if (strncmp(name, "ps-", 3) == 0 || strncmp(name, "emb-", 4) == 0) {
+        return build_ps_example(name, out);
     } else {
         return -1;
     }
@@ -785,6 +906,21 @@ static const char *const example_names[] = {
     "table-insert-rep",
     "table-sample-req",
     "table-sample-rep",
+    "shard-map-req",
+    "shard-map-rep",
+    "wrong-shard-rep",
+    "ps-create-req",
+    "ps-create-rep",
+    "ps-push-req",
+    "ps-push-rep-stale",
+    "ps-pull-req",
+    "ps-pull-rep-not-newer",
+    "emb-create-req",
+    "emb-create-rep",
+    "emb-pull-req",
+    "emb-pull-rep",
+    "emb-push-req",
+    "emb-push-rep",
 };
 
 /* The PUT example, written out by hand: the codec must produce exactly these bytes. */
