@@ -263,8 +263,12 @@ static int run_blocking(ts_client_t *c, ts__req *r, ts__req **out)
     int rc = block_on(c, r, &gone);
     if (gone)
         return rc;
-    /* WAIT's TIMEOUT and PUT_IF's VERSION_MISMATCH carry the bin's state: the caller reads it. */
-    if (rc == 0 || ((r->op == TS_OP_WAIT || r->op == TS_OP_PUT_IF) && r->have_state)) {
+    /*
+     * WAIT's TIMEOUT, PUT_IF's VERSION_MISMATCH and PS_PUSH's STALE_GRADIENT carry the bin's
+     * state: the caller reads it.
+     */
+    if (rc == 0 || ((r->op == TS_OP_WAIT || r->op == TS_OP_PUT_IF || r->op == TS_OP_PS_PUSH) &&
+                    r->have_state)) {
         *out = r;
         return rc;
     }

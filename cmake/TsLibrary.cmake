@@ -47,6 +47,7 @@ install(FILES
   ${PROJECT_SOURCE_DIR}/include/tensorshare/rl.h
   ${PROJECT_SOURCE_DIR}/include/tensorshare/batcher.h
   ${PROJECT_SOURCE_DIR}/include/tensorshare/coord.h
+  ${PROJECT_SOURCE_DIR}/include/tensorshare/ps.h
   ${PROJECT_SOURCE_DIR}/include/tensorshare/replay.h
   ${PROJECT_SOURCE_DIR}/include/tensorshare/stream.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tensorshare)

@@ -3,7 +3,7 @@
  * made a parameter by PS_CREATE with an optimizer and a mode) updated by PS_PUSH, read by PS_PULL
  * (only when newer than a version), and embedding tables (rows of floats by int64 id, created on
  * first use by a deterministic initializer) read by EMB_PULL and updated by EMB_PUSH.
- * docs/PROTOCOL.md 8.44 to 8.49 and docs/PS.md describe them.
+ * docs/PROTOCOL.md 8.45 to 8.50 and docs/PS.md describe them.
  *
  * Thread: the requests arrive and are answered on the loop thread. The arithmetic runs on the
  * thread pool, one job per parameter or table at a time, on buffers the loop does not touch

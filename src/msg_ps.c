@@ -1,6 +1,6 @@
 /*
  * The parameter server bodies (see msg_ps.h): PS_CREATE, EMB_CREATE and PS_PULL requests and the
- * fixed fields of the PS_PUSH and EMB_PUSH uploads (docs/PROTOCOL.md 8.44 to 8.49). Written field
+ * fixed fields of the PS_PUSH and EMB_PUSH uploads (docs/PROTOCOL.md 8.45 to 8.50). Written field
  * by field, read through the bounded reader.
  */
 #include "msg.h"

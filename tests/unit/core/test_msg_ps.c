@@ -1,5 +1,5 @@
 /*
- * The parameter server bodies of src/msg_ps.c (docs/PROTOCOL.md 8.44 to 8.49): every request
+ * The parameter server bodies of src/msg_ps.c (docs/PROTOCOL.md 8.45 to 8.50): every request
  * encodes, decodes through the opcode table, encodes again to the same bytes, refuses every
  * shorter prefix, one byte more and a reserved field that is not zero; the layouts byte by byte;
  * the fixed fields of the uploads; STALE_GRADIENT's bin state.

@@ -1,0 +1,356 @@
+/*
+ * The parameter server on the client (include/tensorshare/ps.h): one blocking request each.
+ * PS_CREATE's, EMB_CREATE's and PS_PULL's bodies are encoded by src/msg_ps.c into the request's
+ * flat buffer; PS_PUSH, EMB_PULL and EMB_PUSH are uploads like PUT (the name and fixed fields in
+ * the request's head, the record sent from the caller's memory). reply.c parses the replies
+ * (a bin state, STALE_GRADIENT's too, into res; ITEMS into res.items).
+ *
+ * Threads: blocking calls of a client like any other (any thread, never from a callback).
+ */
+#include "tensorshare/ps.h"
+
+#include "internal.h"
+
+#include "msg.h"
+
+/* Check a name: at most 255 bytes. 0 and *len, or the error. */
+static int ps_check_name(const char *s, size_t *len)
+{
+    if (s == NULL)
+        return ts__fail(TS_EINVAL, "no name");
+    size_t n = strlen(s);
+    if (n > TS_MAX_NAME_LEN)
+        return ts__fail(TS_ENAMETOOLONG, "name of %zu bytes (at most %d)", n, TS_MAX_NAME_LEN);
+    *len = n;
+    return 0;
+}
+
+/* A blocking request for op whose body is len bytes the caller encodes into r->flat. */
+static ts__req *ps_flat_req(ts_client_t *c, uint8_t op, size_t len, int *rc)
+{
+    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, rc);
+    if (r == NULL)
+        return NULL;
+    r->op = op;
+    r->flat = ts__malloc_aligned(len);
+    if (r->flat == NULL) {
+        ts__req_free(r);
+        *rc = ts__fail(TS_ENOMEM, NULL);
+        return NULL;
+    }
+    r->flat_cap = len;
+    r->flat_len = len;
+    r->small_len = 0;
+    r->body_len = len;
+    return r;
+}
+
+/* Run an upload of op on name with record item (borrowed) and fixed fields (may be NULL). */
+static int ps_upload(ts_client_t *c, uint8_t op, const char *name, const uint8_t *fixed,
+                     size_t fixed_len, const ts_value_t *item, ts__req **done)
+{
+    int rc;
+    *done = NULL;
+    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, op, name, &rc);
+    if (r == NULL)
+        return rc;
+    if (fixed_len > 0)
+        memcpy(ts__req_upload_fixed(r), fixed, fixed_len);
+    rc = ts__api_attach_record(c, r, item, TS_BORROW);
+    if (rc != 0) {
+        ts__req_free(r);
+        return ts__fail(rc, "the %s record cannot be encoded: %s", ts__op_name(op),
+                        ts_strerror(rc));
+    }
+    return ts__api_run_blocking(c, r, done);
+}
+
+void ts_ps_options_init(ts_ps_options_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->optimizer = TS_PS_SGD;
+    o->mode = TS_PS_ASYNC;
+    o->sync_k = 1;
+    o->lr = 0.01;
+    o->beta1 = 0.9;
+    o->beta2 = 0.999;
+    o->eps = 1e-8;
+}
+
+int ts_ps_create(ts_client_t *c, const char *name, const ts_ps_options_t *o, uint64_t *version)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    ts_ps_options_t def;
+    if (o == NULL) {
+        ts_ps_options_init(&def);
+        o = &def;
+    }
+    ts__msg_ps_create_req m = {.name = (const uint8_t *)name,
+                               .optimizer = (uint8_t)o->optimizer,
+                               .mode = (uint8_t)o->mode,
+                               .flags = o->lr_staleness ? TS_PS_FLAG_LR_STALENESS : 0,
+                               .sync_k = o->sync_k,
+                               .tolerance = o->tolerance,
+                               .lr = o->lr,
+                               .beta1 = o->beta1,
+                               .beta2 = o->beta2,
+                               .eps = o->eps};
+    if ((rc = ps_check_name(name, &m.name_len)) != 0)
+        return rc;
+    if ((unsigned)o->optimizer > TS_PS_ADAM || (unsigned)o->mode > TS_PS_SYNC)
+        return ts__fail(TS_EINVAL, "unknown optimizer or mode");
+    size_t len = ts__msg_ps_create_req_size(m.name_len), n;
+    ts__req *r = ps_flat_req(c, TS_OP_PS_CREATE, len, &rc);
+    if (r == NULL)
+        return rc;
+    (void)ts__msg_ps_create_req_encode(r->flat, len, &m, &n); /* the name was checked */
+    ts__req *done;
+    if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
+        return rc;
+    if (version != NULL)
+        *version = done->res.version;
+    ts__req_free(done);
+    return 0;
+}
+
+int ts_ps_push(ts_client_t *c, const char *name, const ts_tensor_t *grad, uint64_t base_version,
+               double scale, uint64_t *version)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    size_t nl;
+    if ((rc = ps_check_name(name, &nl)) != 0)
+        return rc;
+    if (grad == NULL || grad->dtype != TS_FLOAT32)
+        return ts__fail(TS_EINVAL, "the gradient must be a float32 tensor");
+    ts_value_t *v = ts_tensor_new(grad->dtype, grad->ndim, grad->shape, grad->data, TS_BORROW);
+    if (v == NULL)
+        return ts__fail(TS_EINVAL, "the gradient is not a valid tensor");
+    uint8_t fixed[TS_MSG_PS_PUSH_FIXED];
+    ts__msg_ps_push_fixed f = {.base_version = base_version, .scale = scale};
+    ts__msg_ps_push_fixed_encode(fixed, &f);
+    ts__req *done;
+    rc = ps_upload(c, TS_OP_PS_PUSH, name, fixed, sizeof(fixed), v, &done);
+    ts_value_free(v);
+    if (done == NULL)
+        return rc;
+    /* Success, or STALE_GRADIENT with the parameter's current version. */
+    uint64_t cur = done->res.version;
+    ts__req_free(done);
+    if (version != NULL)
+        *version = cur;
+    if (rc == TS_ESTALE)
+        ts__fail(rc,
+                 "parameter '%s' is at version %llu: the gradient (computed on %llu) lags by "
+                 "more than the tolerance",
+                 name, (unsigned long long)cur, (unsigned long long)base_version);
+    return rc;
+}
+
+int ts_ps_pull(ts_client_t *c, const char *name, uint64_t if_newer_than, ts_items_t **out,
+               uint64_t *version)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    ts__msg_ps_pull_req m = {.name = (const uint8_t *)name, .if_newer_than = if_newer_than};
+    if ((rc = ps_check_name(name, &m.name_len)) != 0)
+        return rc;
+    size_t len = ts__msg_ps_pull_req_size(m.name_len), n;
+    ts__req *r = ps_flat_req(c, TS_OP_PS_PULL, len, &rc);
+    if (r == NULL)
+        return rc;
+    (void)ts__msg_ps_pull_req_encode(r->flat, len, &m, &n);
+    ts__req *done;
+    if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
+        return rc;
+    ts_items_t *items = done->res.items;
+    done->res.items = NULL;
+    ts__req_free(done);
+    if (version != NULL)
+        *version = ts_items_version(items);
+    if (ts_items_count(items) == 0) {
+        ts_items_free(items);
+        items = NULL;
+    }
+    if (out != NULL)
+        *out = items;
+    else
+        ts_items_free(items);
+    return 0;
+}
+
+void ts_emb_options_init(ts_emb_options_t *o, uint32_t dim)
+{
+    memset(o, 0, sizeof(*o));
+    o->dim = dim;
+    o->optimizer = TS_PS_SGD;
+    o->init = TS_PS_INIT_UNIFORM;
+    o->lr = 0.01;
+    o->beta1 = 0.9;
+    o->beta2 = 0.999;
+    o->eps = 1e-8;
+    o->init_scale = 0.05;
+}
+
+int ts_emb_create(ts_client_t *c, const char *name, const ts_emb_options_t *o)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (o == NULL)
+        return ts__fail(TS_EINVAL, "no table settings");
+    ts__msg_ps_create_req m = {.name = (const uint8_t *)name,
+                               .dim = o->dim,
+                               .optimizer = (uint8_t)o->optimizer,
+                               .init = (uint8_t)o->init,
+                               .seed = o->seed,
+                               .num_ids = o->num_ids,
+                               .lr = o->lr,
+                               .beta1 = o->beta1,
+                               .beta2 = o->beta2,
+                               .eps = o->eps,
+                               .init_scale = o->init_scale};
+    if ((rc = ps_check_name(name, &m.name_len)) != 0)
+        return rc;
+    if ((unsigned)o->optimizer > TS_PS_ADAM || (unsigned)o->init > TS_PS_INIT_NORMAL)
+        return ts__fail(TS_EINVAL, "unknown optimizer or initializer");
+    size_t len = ts__msg_emb_create_req_size(m.name_len), n;
+    ts__req *r = ps_flat_req(c, TS_OP_EMB_CREATE, len, &rc);
+    if (r == NULL)
+        return rc;
+    (void)ts__msg_emb_create_req_encode(r->flat, len, &m, &n);
+    ts__req *done;
+    if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
+        return rc;
+    ts__req_free(done);
+    return 0;
+}
+
+/* splitmix64's finalizer, to spread ids over the dedup hash. */
+static uint64_t ps_mix(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/*
+ * The distinct ids of ids[0..n) in first-seen order (*uniq, *nu) and, for each i, the index of
+ * ids[i] among them (*pos). All three arrays are the caller's (ts__free). 0 or TS_ENOMEM.
+ */
+static int dedup_ids(const int64_t *ids, size_t n, int64_t **uniq, size_t *nu, size_t **pos)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    size_t *slot = ts__malloc(cap * sizeof(size_t));
+    int64_t *u = ts__malloc((n ? n : 1) * sizeof(int64_t));
+    size_t *p = ts__malloc((n ? n : 1) * sizeof(size_t));
+    if (slot == NULL || u == NULL || p == NULL) {
+        ts__free(slot);
+        ts__free(u);
+        ts__free(p);
+        return TS_ENOMEM;
+    }
+    for (size_t i = 0; i < cap; i++)
+        slot[i] = SIZE_MAX;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t h = (size_t)ps_mix((uint64_t)ids[i]) & (cap - 1);
+        while (slot[h] != SIZE_MAX && u[slot[h]] != ids[i])
+            h = (h + 1) & (cap - 1);
+        if (slot[h] == SIZE_MAX) {
+            slot[h] = k;
+            u[k++] = ids[i];
+        }
+        p[i] = slot[h];
+    }
+    ts__free(slot);
+    *uniq = u;
+    *nu = k;
+    *pos = p;
+    return 0;
+}
+
+int ts_emb_pull(ts_client_t *c, const char *name, const int64_t *ids, size_t n, uint32_t dim,
+                float *out, uint64_t *version)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    size_t nl;
+    if ((rc = ps_check_name(name, &nl)) != 0)
+        return rc;
+    if ((n > 0 && (ids == NULL || out == NULL)) || dim == 0)
+        return ts__fail(TS_EINVAL, "ids, out and a dim above 0 are needed");
+    int64_t *uniq;
+    size_t nu, *pos;
+    if (dedup_ids(ids, n, &uniq, &nu, &pos) != 0)
+        return ts__fail(TS_ENOMEM, NULL);
+    int64_t shape[1] = {(int64_t)nu};
+    ts_value_t *v = ts_tensor_new(TS_INT64, 1, shape, uniq, TS_BORROW);
+    ts__req *done = NULL;
+    if (v == NULL) {
+        rc = ts__fail(TS_ENOMEM, NULL);
+    } else {
+        rc = ps_upload(c, TS_OP_EMB_PULL, name, NULL, 0, v, &done);
+        ts_value_free(v);
+    }
+    if (rc == 0) {
+        ts_items_t *items = done->res.items;
+        const ts_value_t *root = ts_items_count(items) == 1 ? ts_items_at(items, 0) : NULL;
+        const ts_tensor_t *t = root != NULL ? ts_value_tensor(root) : NULL;
+        if (t == NULL || t->dtype != TS_FLOAT32 || t->ndim != 2 || t->shape[0] != (int64_t)nu ||
+            t->shape[1] != (int64_t)dim) {
+            rc = ts__fail(TS_EINVAL, "table '%s' answered rows of another shape than %zu x %u",
+                          name, nu, dim);
+        } else {
+            const float *rows = t->data;
+            for (size_t i = 0; i < n; i++)
+                memcpy(out + i * dim, rows + pos[i] * dim, dim * sizeof(float));
+            if (version != NULL)
+                *version = ts_items_version(items);
+        }
+    }
+    if (done != NULL)
+        ts__req_free(done);
+    ts__free(uniq);
+    ts__free(pos);
+    return rc;
+}
+
+int ts_emb_push(ts_client_t *c, const char *name, const int64_t *ids, size_t n, uint32_t dim,
+                const float *grads, double scale, uint64_t *version)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    size_t nl;
+    if ((rc = ps_check_name(name, &nl)) != 0)
+        return rc;
+    if ((n > 0 && (ids == NULL || grads == NULL)) || dim == 0)
+        return ts__fail(TS_EINVAL, "ids, grads and a dim above 0 are needed");
+    int64_t s1[1] = {(int64_t)n}, s2[2] = {(int64_t)n, (int64_t)dim};
+    ts_value_t *list = ts_list_new();
+    if (list == NULL || ts_list_push(list, ts_tensor_new(TS_INT64, 1, s1, ids, TS_BORROW)) != 0 ||
+        ts_list_push(list, ts_tensor_new(TS_FLOAT32, 2, s2, grads, TS_BORROW)) != 0) {
+        ts_value_free(list);
+        return ts__fail(TS_ENOMEM, NULL);
+    }
+    uint8_t fixed[TS_MSG_EMB_PUSH_FIXED];
+    ts__msg_emb_push_fixed_encode(fixed, scale);
+    ts__req *done;
+    rc = ps_upload(c, TS_OP_EMB_PUSH, name, fixed, sizeof(fixed), list, &done);
+    ts_value_free(list);
+    if (rc != 0)
+        return rc;
+    if (version != NULL)
+        *version = done->res.version;
+    ts__req_free(done);
+    return 0;
+}

@@ -1,0 +1,543 @@
+/*
+ * The parameter server against a real tensord (include/tensorshare/ps.h): exact sums and
+ * averages of integer-valued gradients from 16 concurrent pushers (async and sync), stale pushes
+ * refused with their own status in sync mode, pull-if-newer, a reader that sees the old or the
+ * new tensor during updates and never a mix, the momentum and Adam steps, embedding rows created
+ * lazily and identically by two daemons, duplicate ids merged on push and restored on pull,
+ * --max-memory counting slots and rows, and bad input refused with nothing changed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "tensorshare/ps.h"
+#include "test_client_util.h"
+
+/* concurrent pushers, each with a client (and so a connection) of its own */
+#define PUSHERS 16
+/* pushes per pusher in the async sum, steps of the sync test */
+#define PUSHES_EACH 20
+#define SYNC_STEPS  5
+/* floats of the dense parameters (the reader test's: large enough for a step to take a while) */
+#define N_SMALL  4096
+#define N_READER (256 * 1024)
+
+static tsh_server srv;
+static ts_client_t *cl;
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (tsh_server_start(&srv, NULL) != 0)
+        return -1;
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.request_timeout_ms = TC_WAIT_MS;
+    return ts_client_open(&cl, srv.addr, &o) == 0 ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    ts_client_free(cl);
+    int rc = tsh_server_stop(&srv);
+    tsh_server_cleanup(&srv);
+    return rc == 0 ? 0 : -1;
+}
+
+/* Put a float32 [n] tensor of value v into bin name; returns its version. */
+static uint64_t put_param(const char *name, size_t n, float v)
+{
+    float *d = malloc(n * sizeof(float));
+    assert_non_null(d);
+    for (size_t i = 0; i < n; i++)
+        d[i] = v;
+    int64_t shape[1] = {(int64_t)n};
+    ts_value_t *t = ts_tensor_new(TS_FLOAT32, 1, shape, d, TS_BORROW);
+    assert_non_null(t);
+    uint64_t version = 0;
+    assert_int_equal(ts_put(cl, name, t, &version), 0);
+    ts_value_free(t);
+    free(d);
+    return version;
+}
+
+/* Pull parameter name (always) into out[n]; returns its version. */
+static uint64_t pull_param(ts_client_t *c, const char *name, float *out, size_t n)
+{
+    ts_items_t *items = NULL;
+    uint64_t version = 0;
+    assert_int_equal(ts_ps_pull(c, name, 0, &items, &version), 0);
+    assert_non_null(items);
+    const ts_tensor_t *t = ts_value_tensor(ts_items_at(items, 0));
+    assert_non_null(t);
+    assert_true(t->dtype == TS_FLOAT32 && t->ndim == 1 && t->shape[0] == (int64_t)n);
+    memcpy(out, t->data, n * sizeof(float));
+    ts_items_free(items);
+    return version;
+}
+
+static ts_ps_options_t opts(ts_ps_optimizer_t opt, ts_ps_mode_t mode, double lr)
+{
+    ts_ps_options_t o;
+    ts_ps_options_init(&o);
+    o.optimizer = opt;
+    o.mode = mode;
+    o.lr = lr;
+    return o;
+}
+
+/* A pusher thread: its own client, PUSHES_EACH (or SYNC_STEPS) pushes of value base + k. */
+typedef struct pusher {
+    const char *name;
+    int index;
+    int rounds;
+    int sync;
+    int rc;
+    uint64_t versions[SYNC_STEPS];
+} pusher;
+
+static void *push_thread(void *arg)
+{
+    pusher *p = arg;
+    ts_client_t *c = NULL;
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.request_timeout_ms = TC_WAIT_MS;
+    p->rc = ts_client_open(&c, srv.addr, &o);
+    if (p->rc != 0)
+        return NULL;
+    float *g = malloc(N_SMALL * sizeof(float));
+    int64_t shape[1] = {N_SMALL};
+    ts_tensor_t t = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {shape[0]}};
+    for (int k = 0; k < p->rounds && p->rc == 0; k++) {
+        for (size_t i = 0; i < N_SMALL; i++)
+            g[i] = (float)(p->index + k + (int)(i % 3));
+        uint64_t v = 0;
+        p->rc = ts_ps_push(c, p->name, &t, 0, 1.0, &v);
+        if (p->sync && k < SYNC_STEPS)
+            p->versions[k] = v;
+    }
+    free(g);
+    ts_client_free(c);
+    return NULL;
+}
+
+static void run_pushers(const char *name, int rounds, int sync, pusher *ps)
+{
+    pthread_t th[PUSHERS];
+    for (int i = 0; i < PUSHERS; i++) {
+        ps[i] = (pusher){.name = name, .index = i, .rounds = rounds, .sync = sync};
+        assert_int_equal(pthread_create(&th[i], NULL, push_thread, &ps[i]), 0);
+    }
+    for (int i = 0; i < PUSHERS; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(ps[i].rc, 0);
+    }
+}
+
+/* 16 pushers accumulate into one parameter: the result is the exact sum. */
+static void test_async_sum_exact(void **state)
+{
+    (void)state;
+    put_param("acc", N_SMALL, 1.0f);
+    ts_ps_options_t o = opts(TS_PS_SUM, TS_PS_ASYNC, 0);
+    uint64_t v0 = 0;
+    assert_int_equal(ts_ps_create(cl, "acc", &o, &v0), 0);
+    pusher ps[PUSHERS];
+    run_pushers("acc", PUSHES_EACH, 0, ps);
+    float *w = malloc(N_SMALL * sizeof(float));
+    uint64_t v = pull_param(cl, "acc", w, N_SMALL);
+    assert_true(v > v0);
+    for (size_t i = 0; i < N_SMALL; i++) {
+        double want = 1.0;
+        for (int p = 0; p < PUSHERS; p++)
+            for (int k = 0; k < PUSHES_EACH; k++)
+                want += p + k + (int)(i % 3);
+        assert_true(w[i] == (float)want);
+    }
+    free(w);
+}
+
+/* Sync: every step averages 16 gradients; each push returns with the version of its step. */
+static void test_sync_average_exact(void **state)
+{
+    (void)state;
+    put_param("sync", N_SMALL, 100.0f);
+    ts_ps_options_t o = opts(TS_PS_SGD, TS_PS_SYNC, 1.0);
+    o.sync_k = PUSHERS;
+    assert_int_equal(ts_ps_create(cl, "sync", &o, NULL), 0);
+    pusher ps[PUSHERS];
+    run_pushers("sync", SYNC_STEPS, 1, ps);
+    float *w = malloc(N_SMALL * sizeof(float));
+    (void)pull_param(cl, "sync", w, N_SMALL);
+    for (size_t i = 0; i < N_SMALL; i++) {
+        /* step k's average: mean(p) + k + i % 3 = 7.5 + k + i % 3 */
+        double want = 100.0;
+        for (int k = 0; k < SYNC_STEPS; k++)
+            want -= 7.5 + k + (int)(i % 3);
+        assert_true(w[i] == (float)want);
+    }
+    free(w);
+    /* The pushes of one step all returned the same version, and steps' versions grow. */
+    for (int k = 0; k < SYNC_STEPS; k++) {
+        for (int p = 1; p < PUSHERS; p++)
+            assert_true(ps[p].versions[k] == ps[0].versions[k]);
+        if (k > 0)
+            assert_true(ps[0].versions[k] > ps[0].versions[k - 1]);
+    }
+}
+
+/* A sync gradient that lags by more than the tolerance is refused with TS_ESTALE. */
+static void test_sync_stale_rejected(void **state)
+{
+    (void)state;
+    uint64_t v0 = put_param("stale", 8, 0.0f);
+    ts_ps_options_t o = opts(TS_PS_SUM, TS_PS_SYNC, 0);
+    o.sync_k = 1;
+    o.tolerance = 1;
+    assert_int_equal(ts_ps_create(cl, "stale", &o, NULL), 0);
+    float g[8] = {1, 1, 1, 1, 1, 1, 1, 1}, w[8];
+    ts_tensor_t t = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {8}};
+    uint64_t v1 = 0, v2 = 0, v = 0;
+    assert_int_equal(ts_ps_push(cl, "stale", &t, v0, 1.0, &v1), 0);
+    assert_int_equal(ts_ps_push(cl, "stale", &t, v1, 1.0, &v2), 0);
+    assert_true(v2 > v1 && v1 > v0);
+    /* Two steps behind, tolerance 1: refused, the current version handed back. */
+    assert_int_equal(ts_ps_push(cl, "stale", &t, v0, 1.0, &v), TS_ESTALE);
+    assert_true(v == v2);
+    assert_true(pull_param(cl, "stale", w, 8) == v2 && w[0] == 2.0f);
+    /* One step behind is within the tolerance. */
+    assert_int_equal(ts_ps_push(cl, "stale", &t, v1, 1.0, &v), 0);
+    assert_true(pull_param(cl, "stale", w, 8) == v && w[7] == 3.0f);
+    /* An unknown (older than remembered, or never published) version counts as too old. */
+    assert_int_equal(ts_ps_push(cl, "stale", &t, 1, 1.0, NULL), TS_ESTALE);
+}
+
+static void test_pull_if_newer(void **state)
+{
+    (void)state;
+    uint64_t v0 = put_param("pin", 4, 3.0f);
+    ts_items_t *items = (ts_items_t *)&items; /* must be overwritten */
+    uint64_t v = 0;
+    assert_int_equal(ts_ps_pull(cl, "pin", v0, &items, &v), 0);
+    assert_null(items);
+    assert_true(v == v0);
+    assert_int_equal(ts_ps_pull(cl, "pin", v0 - 1, &items, &v), 0);
+    assert_non_null(items);
+    assert_true(v == v0 && ts_items_count(items) == 1);
+    ts_items_free(items);
+    assert_int_equal(ts_ps_pull(cl, "no_such_bin", 0, &items, &v), TS_ENOENT);
+}
+
+/* A reader pulling while pushes apply sees whole tensors: every element equal. */
+typedef struct reader_arg {
+    volatile int stop;
+    int pulls, bad;
+} reader_arg;
+
+static void *reader_thread(void *arg)
+{
+    reader_arg *r = arg;
+    ts_client_t *c = NULL;
+    if (ts_client_open(&c, srv.addr, NULL) != 0) {
+        r->bad = -1;
+        return NULL;
+    }
+    uint64_t deadline = tc_now_ms() + TC_WAIT_MS;
+    while (!r->stop && tc_now_ms() < deadline) {
+        ts_items_t *items = NULL;
+        if (ts_ps_pull(c, "big", 0, &items, NULL) != 0 || items == NULL) {
+            r->bad++;
+            break;
+        }
+        const ts_tensor_t *t = ts_value_tensor(ts_items_at(items, 0));
+        const float *d = t->data;
+        for (int64_t i = 1; i < t->shape[0]; i++)
+            if (d[i] != d[0]) {
+                r->bad++;
+                break;
+            }
+        ts_items_free(items);
+        r->pulls++;
+    }
+    ts_client_free(c);
+    return NULL;
+}
+
+static void test_reader_sees_whole_tensors(void **state)
+{
+    (void)state;
+    put_param("big", N_READER, 0.0f);
+    ts_ps_options_t o = opts(TS_PS_SUM, TS_PS_ASYNC, 0);
+    assert_int_equal(ts_ps_create(cl, "big", &o, NULL), 0);
+    reader_arg r = {0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, reader_thread, &r), 0);
+    float *g = malloc(N_READER * sizeof(float));
+    for (size_t i = 0; i < N_READER; i++)
+        g[i] = 1.0f;
+    ts_tensor_t t = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {N_READER}};
+    for (int k = 0; k < 40; k++)
+        assert_int_equal(ts_ps_push(cl, "big", &t, 0, 1.0, NULL), 0);
+    r.stop = 1;
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(r.bad, 0);
+    assert_true(r.pulls > 0);
+    free(g);
+    float *w = malloc(N_READER * sizeof(float));
+    (void)pull_param(cl, "big", w, N_READER);
+    assert_true(w[0] == 40.0f && w[N_READER - 1] == 40.0f);
+    free(w);
+}
+
+/* Momentum and Adam steps as docs/PS.md writes them (float32 arithmetic). */
+static void test_momentum_adam(void **state)
+{
+    (void)state;
+    put_param("mom", 2, 1.0f);
+    ts_ps_options_t o = opts(TS_PS_MOMENTUM, TS_PS_ASYNC, 0.5);
+    o.beta1 = 0.5;
+    assert_int_equal(ts_ps_create(cl, "mom", &o, NULL), 0);
+    float g[2] = {1.0f, -2.0f}, w[2];
+    ts_tensor_t t = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {2}};
+    assert_int_equal(ts_ps_push(cl, "mom", &t, 0, 1.0, NULL), 0);
+    assert_int_equal(ts_ps_push(cl, "mom", &t, 0, 1.0, NULL), 0);
+    (void)pull_param(cl, "mom", w, 2);
+    /* v1 = g, w1 = 1 - 0.5 g; v2 = 1.5 g, w2 = w1 - 0.75 g = 1 - 1.25 g */
+    assert_true(w[0] == -0.25f && w[1] == 3.5f);
+
+    put_param("adam", 2, 1.0f);
+    o = opts(TS_PS_ADAM, TS_PS_ASYNC, 0.1);
+    assert_int_equal(ts_ps_create(cl, "adam", &o, NULL), 0);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(ts_ps_push(cl, "adam", &t, 0, 1.0, NULL), 0);
+    (void)pull_param(cl, "adam", w, 2);
+    /* A constant gradient: every bias-corrected step is lr * g / (|g| + eps'), about 0.1. */
+    assert_true(fabsf(w[0] - 0.7f) < 1e-5f && fabsf(w[1] - 1.3f) < 1e-5f);
+    /* Creating again zeroes the slots: the next step is again exactly one lr. */
+    assert_int_equal(ts_ps_create(cl, "adam", &o, NULL), 0);
+    assert_int_equal(ts_ps_push(cl, "adam", &t, 0, 1.0, NULL), 0);
+    (void)pull_param(cl, "adam", w, 2);
+    assert_true(fabsf(w[0] - 0.6f) < 1e-5f && fabsf(w[1] - 1.4f) < 1e-5f);
+}
+
+/* Rows are made lazily by a counter-based initializer: two daemons give identical rows. */
+static void test_emb_lazy_identical(void **state)
+{
+    (void)state;
+    tsh_server two;
+    assert_int_equal(tsh_server_start(&two, NULL), 0);
+    ts_client_t *c2 = NULL;
+    assert_int_equal(ts_client_open(&c2, two.addr, NULL), 0);
+    ts_emb_options_t o;
+    ts_emb_options_init(&o, 16);
+    o.seed = 42;
+    o.init = TS_PS_INIT_NORMAL;
+    o.init_scale = 1.0;
+    assert_int_equal(ts_emb_create(cl, "emb", &o), 0);
+    assert_int_equal(ts_emb_create(cl, "emb", &o), 0); /* the same settings again: fine */
+    assert_int_equal(ts_emb_create(c2, "emb", &o), 0);
+    /* The daemons see the ids in different orders. */
+    int64_t ids[6] = {3, 1000000007, 0, 77, 5, 1ll << 40};
+    int64_t rev[6] = {1ll << 40, 5, 77, 0, 1000000007, 3};
+    float a[6 * 16], b[6 * 16], a2[6 * 16];
+    assert_int_equal(ts_emb_pull(cl, "emb", ids, 6, 16, a, NULL), 0);
+    assert_int_equal(ts_emb_pull(c2, "emb", rev, 6, 16, b, NULL), 0);
+    for (int i = 0; i < 6; i++)
+        assert_memory_equal(a + i * 16, b + (5 - i) * 16, 16 * sizeof(float));
+    /* The same rows again (they exist now), and rows differ between ids. */
+    assert_int_equal(ts_emb_pull(cl, "emb", ids, 6, 16, a2, NULL), 0);
+    assert_memory_equal(a, a2, sizeof(a));
+    assert_true(memcmp(a, a + 16, 16 * sizeof(float)) != 0);
+    double sum = 0, sq = 0;
+    for (int i = 0; i < 6 * 16; i++) {
+        sum += a[i];
+        sq += (double)a[i] * a[i];
+    }
+    assert_true(fabs(sum / 96) < 0.5 && sq / 96 > 0.3 && sq / 96 < 3.0); /* roughly N(0, 1) */
+    /* Other settings under the same name are refused. */
+    o.seed = 43;
+    assert_int_equal(ts_emb_create(cl, "emb", &o), TS_EINVAL);
+    ts_client_free(c2);
+    assert_int_equal(tsh_server_stop(&two), 0);
+    tsh_server_cleanup(&two);
+}
+
+/* Duplicate ids: merged into one step on push, each place filled on pull. */
+static void test_emb_duplicates(void **state)
+{
+    (void)state;
+    ts_emb_options_t o;
+    ts_emb_options_init(&o, 2);
+    o.init = TS_PS_INIT_ZEROS;
+    o.optimizer = TS_PS_MOMENTUM;
+    o.lr = 1.0;
+    o.beta1 = 0.5;
+    assert_int_equal(ts_emb_create(cl, "dup", &o), 0);
+    int64_t ids[3] = {5, 5, 7};
+    float g[6] = {1, 10, 2, 20, 3, 30};
+    uint64_t v1 = 0, v2 = 0;
+    assert_int_equal(ts_emb_push(cl, "dup", ids, 3, 2, g, 1.0, &v1), 0);
+    /*
+     * Merged: row 5 gets one momentum step with g = (3, 30): v = g, w = -g. Two separate steps
+     * would give v = 0.5 * 1 + 2 = 2.5, w = -1 - 2.5 = -3.5 in its first column.
+     */
+    int64_t q[5] = {7, 5, 7, 9, 5};
+    float out[10];
+    assert_int_equal(ts_emb_pull(cl, "dup", q, 5, 2, out, &v2), 0);
+    assert_true(v2 == v1);
+    float want[10] = {-3, -30, -3, -30, -3, -30, 0, 0, -3, -30};
+    assert_memory_equal(out, want, sizeof(want));
+    /* A scale multiplies the gradients. */
+    float g2[2] = {1, 1};
+    int64_t one[1] = {9};
+    assert_int_equal(ts_emb_push(cl, "dup", one, 1, 2, g2, -2.0, NULL), 0);
+    assert_int_equal(ts_emb_pull(cl, "dup", one, 1, 2, out, NULL), 0);
+    assert_true(out[0] == 2.0f && out[1] == 2.0f);
+}
+
+/* Bad input gets a clear error and changes nothing. */
+static void test_bad_input(void **state)
+{
+    (void)state;
+    put_param("bad", 4, 5.0f);
+    ts_ps_options_t o = opts(TS_PS_SGD, TS_PS_ASYNC, 1.0);
+    assert_int_equal(ts_ps_create(cl, "bad", &o, NULL), 0);
+    float w[4], g[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    uint64_t v0 = pull_param(cl, "bad", w, 4);
+    /* Another shape. */
+    ts_tensor_t t = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {8}};
+    assert_int_equal(ts_ps_push(cl, "bad", &t, 0, 1.0, NULL), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "shape"));
+    t.ndim = 2;
+    t.shape[0] = 2;
+    t.shape[1] = 2;
+    assert_int_equal(ts_ps_push(cl, "bad", &t, 0, 1.0, NULL), TS_EINVAL);
+    /* Another dtype (refused by the client before it sends). */
+    t.ndim = 1;
+    t.shape[0] = 4;
+    t.dtype = TS_FLOAT64;
+    assert_int_equal(ts_ps_push(cl, "bad", &t, 0, 1.0, NULL), TS_EINVAL);
+    t.dtype = TS_FLOAT32;
+    /* A NaN, an infinity, a non-finite scale. */
+    g[2] = NAN;
+    assert_int_equal(ts_ps_push(cl, "bad", &t, 0, 1.0, NULL), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "NaN"));
+    g[2] = INFINITY;
+    assert_int_equal(ts_ps_push(cl, "bad", &t, 0, 1.0, NULL), TS_EINVAL);
+    g[2] = 1;
+    assert_int_equal(ts_ps_push(cl, "bad", &t, 0, NAN, NULL), TS_EINVAL);
+    assert_true(pull_param(cl, "bad", w, 4) == v0 && w[2] == 5.0f);
+    /* Not a parameter; a missing bin; a bin that is not one float32 tensor. */
+    put_param("plain", 4, 0.0f);
+    assert_int_equal(ts_ps_push(cl, "plain", &t, 0, 1.0, NULL), TS_ENOENT);
+    assert_int_equal(ts_ps_create(cl, "missing", &o, NULL), TS_ENOENT);
+    ts_value_t *iv = ts_int_new(3);
+    assert_int_equal(ts_put(cl, "notatensor", iv, NULL), 0);
+    ts_value_free(iv);
+    assert_int_equal(ts_ps_create(cl, "notatensor", &o, NULL), TS_EINVAL);
+    /* Bad settings. */
+    o.lr = -1;
+    assert_int_equal(ts_ps_create(cl, "plain", &o, NULL), TS_EINVAL);
+    o = opts(TS_PS_SGD, TS_PS_SYNC, 1.0);
+    o.sync_k = 0;
+    assert_int_equal(ts_ps_create(cl, "plain", &o, NULL), TS_EINVAL);
+    o.sync_k = 2;
+    o.tolerance = 5000;
+    assert_int_equal(ts_ps_create(cl, "plain", &o, NULL), TS_EINVAL);
+
+    /* Tables: unknown, ids out of range (no row made), another dim. */
+    int64_t ids[2] = {1, 2};
+    float rows[4];
+    assert_int_equal(ts_emb_pull(cl, "no_table", ids, 2, 2, rows, NULL), TS_ENOENT);
+    ts_emb_options_t e;
+    ts_emb_options_init(&e, 2);
+    e.num_ids = 100;
+    e.init = TS_PS_INIT_ZEROS;
+    assert_int_equal(ts_emb_create(cl, "ranged", &e), 0);
+    int64_t out_of_range[2] = {99, 100};
+    assert_int_equal(ts_emb_pull(cl, "ranged", out_of_range, 2, 2, rows, NULL), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "out of range"));
+    int64_t neg[1] = {-1};
+    assert_int_equal(ts_emb_pull(cl, "ranged", neg, 1, 2, rows, NULL), TS_EINVAL);
+    float gg[4] = {1, 2, 3, NAN};
+    uint64_t tv0 = 0, tv1 = 0;
+    assert_int_equal(ts_emb_pull(cl, "ranged", ids, 2, 2, rows, &tv0), 0);
+    assert_int_equal(ts_emb_push(cl, "ranged", ids, 2, 2, gg, 1.0, NULL), TS_EINVAL);
+    assert_int_equal(ts_emb_push(cl, "ranged", out_of_range, 2, 2, gg, 1.0, NULL), TS_EINVAL);
+    assert_int_equal(ts_emb_pull(cl, "ranged", ids, 2, 2, rows, &tv1), 0);
+    assert_true(tv1 == tv0 && rows[0] == 0 && rows[3] == 0);
+    assert_int_equal(ts_emb_pull(cl, "ranged", ids, 2, 3, rows, NULL), TS_EINVAL);
+    e.dim = 0;
+    assert_int_equal(ts_emb_create(cl, "zero_dim", &e), TS_EINVAL);
+}
+
+/* --max-memory counts optimizer slots and embedding rows. */
+static void test_max_memory(void **state)
+{
+    (void)state;
+    tsh_server small;
+    const char *args[] = {"--max-memory", "8388608", NULL};
+    assert_int_equal(tsh_server_start(&small, args), 0);
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, small.addr, NULL), 0);
+    /* 1.5 MiB of parameter; Adam's two slots (3 MiB) fit, a second such parameter's do not. */
+    size_t n = 384 * 1024;
+    float *d = calloc(n, sizeof(float));
+    int64_t shape[1] = {(int64_t)n};
+    ts_value_t *t = ts_tensor_new(TS_FLOAT32, 1, shape, d, TS_BORROW);
+    assert_int_equal(ts_put(c, "p1", t, NULL), 0);
+    assert_int_equal(ts_put(c, "p2", t, NULL), 0);
+    ts_value_free(t);
+    ts_ps_options_t o = opts(TS_PS_ADAM, TS_PS_ASYNC, 0.1);
+    assert_int_equal(ts_ps_create(c, "p1", &o, NULL), 0);
+    assert_int_equal(ts_ps_create(c, "p2", &o, NULL), TS_EOOM);
+    /* SGD has no slots: it fits. */
+    o.optimizer = TS_PS_SGD;
+    assert_int_equal(ts_ps_create(c, "p2", &o, NULL), 0);
+    /* Rows: 64 floats each; 64k new rows (16 MiB and more) cannot be made, nothing is. */
+    ts_emb_options_t e;
+    ts_emb_options_init(&e, 64);
+    assert_int_equal(ts_emb_create(c, "rows", &e), 0);
+    size_t k = 65536;
+    int64_t *ids = malloc(k * sizeof(int64_t));
+    float *out = malloc(k * 64 * sizeof(float));
+    for (size_t i = 0; i < k; i++)
+        ids[i] = (int64_t)i;
+    assert_int_equal(ts_emb_pull(c, "rows", ids, k, 64, out, NULL), TS_EOOM);
+    assert_int_equal(ts_emb_pull(c, "rows", ids, 1024, 64, out, NULL), 0);
+    free(ids);
+    free(out);
+    free(d);
+    ts_client_free(c);
+    assert_int_equal(tsh_server_stop(&small), 0);
+    tsh_server_cleanup(&small);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_async_sum_exact),
+        cmocka_unit_test(test_sync_average_exact),
+        cmocka_unit_test(test_sync_stale_rejected),
+        cmocka_unit_test(test_pull_if_newer),
+        cmocka_unit_test(test_reader_sees_whole_tensors),
+        cmocka_unit_test(test_momentum_adam),
+        cmocka_unit_test(test_emb_lazy_identical),
+        cmocka_unit_test(test_emb_duplicates),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_max_memory),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
