@@ -512,6 +512,11 @@ static void discard_reply(tsd_conn *c)
         tsd_refuse_write(c, c->cur.opcode, c->cur.request_id);
         return;
     }
+    if (c->cur_wrong_shard) { /* another shard's name (start_upload) */
+        c->cur_wrong_shard = 0;
+        (void)tsd_shard_refuse(c, c->cur.opcode, c->cur.request_id, c->cur_name, c->cur_name_len);
+        return;
+    }
     if (c->cur_stream_status != 0) { /* a STREAM_APPEND refused by its name (start_upload) */
         uint16_t status = c->cur_stream_status;
         c->cur_stream_status = 0;
@@ -603,6 +608,13 @@ static void item_store(tsd_conn *c, tsd_item *it)
     size_t len = tsd_item_len(it);
     tsd_store_unreserve(&c->srv->store, c->cur_reserved - len);
     c->cur_reserved = 0;
+    /* A compressed upload's name is known once inflated: another shard's is refused now. */
+    if (tsd_shard_refuse(c, c->cur.opcode, c->cur.request_id, c->cur_name, c->cur_name_len)) {
+        c->srv->stats.ops[c->cur.opcode]++;
+        tsd_store_unreserve(&c->srv->store, len);
+        tsd_item_unref(it);
+        return;
+    }
     if (c->cur.opcode == TS_OP_TABLE_INSERT) {
         tsd_table_insert(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, c->cur_fixed_len,
                          it); /* table.c */
@@ -1226,6 +1238,16 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
         memcpy(c->cur_fixed, m.fixed, m.fixed_len);
     c->cur_fixed_len = (uint8_t)m.fixed_len;
     uint64_t rlen = m.rec_len;
+    if (tsd_shard_foreign(srv, m.name, m.name_len)) {
+        /* Another shard's name: nothing reserved, the rest read and dropped, then WRONG_SHARD. */
+        c->cur = *h;
+        memcpy(c->cur_name, m.name, m.name_len);
+        c->cur_name_len = (uint8_t)m.name_len;
+        c->ipos += TS_HDR_SIZE + m.head_len;
+        c->cur_wrong_shard = 1;
+        start_discard(c, rlen);
+        return 0;
+    }
     if (h->opcode == TS_OP_STREAM_APPEND) {
         /* A missing stream, a plain bin's name, no credit: decided now, answered once the
          * record has been read and dropped unchecked (nothing is reserved for it). */
@@ -1472,6 +1494,7 @@ size_t tsd_conn_stop(tsd_conn *c)
         c->cur_capped = 0;
         c->cur_disk_rc = 0;
         c->cur_stream_status = 0;
+        c->cur_wrong_shard = 0;
         n++;
     }
     n += answer_buffered(c);

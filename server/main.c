@@ -98,6 +98,7 @@ static void usage(FILE *f)
             (unsigned long long)d.max_memory, d.max_clients, d.max_unauth, d.body_timeout_s,
             (unsigned long long)d.max_output, (unsigned long long)d.output_soft,
             d.output_soft_seconds, (unsigned long long)d.notify_backlog, d.max_watch);
+    tsd_shard_usage(f);
     /* In pieces: ISO C compilers need not take string literals over 4095 bytes. */
     fprintf(f,
             "Same host (unix sockets):\n"
@@ -209,6 +210,11 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
             cfg->no_fds = 1;
             continue;
         }
+        int shard_rc = tsd_shard_flag(cfg, flag, val, argc, argv, &i);
+        if (shard_rc < 0)
+            return -1;
+        if (shard_rc > 0)
+            continue;
         static const char *const known[] = {"--port",           "--host",
                                             "--unix",           "--port-file",
                                             "--max-frame",      "--max-memory",
@@ -475,6 +481,10 @@ int main(int argc, char **argv)
     if (!is_loopback(cfg.host) && cfg.auth_token == NULL)
         tsd_log(TSD_LOG_WARN, "--insecure: listening on %s without authentication", cfg.host);
     raise_nofile(&cfg);
+    /* The shard map (--shard, --cluster-map): a bad one is a usage error, like a bad flag. */
+    if (tsd_shard_setup(&cfg) != 0)
+        return TSD_EXIT_USAGE;
+    tsd_shard_log(&cfg);
 
     /* A peer that vanishes mid-write must give EPIPE, not kill the daemon. */
     signal(SIGPIPE, SIG_IGN);
@@ -522,6 +532,7 @@ int main(int argc, char **argv)
             tsd_log(TSD_LOG_WARN, "event loop closed with handles still open");
     }
     tsd_server_free(&srv);
+    tsd_shard_cleanup(&cfg);
     memset(g_token, 0, sizeof(g_token));
     if (rc == 0 && srv.exit_code == 0)
         tsd_log(TSD_LOG_INFO, "shut down cleanly");

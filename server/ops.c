@@ -934,6 +934,9 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
         malformed(c, h);
         return;
     }
+    /* A sharded daemon serves only the names it owns (shard.c; MGET: every one of them). */
+    if (tsd_shard_refuse_request(c, h, &m, body, len))
+        return; /* a descriptor that came with the frame is closed by conn.c */
     const ts__msg_name_req *q = &m.u.name_req;
     /* The plain-bin requests refuse a stream's name (INVALID; the connection stays). */
     const uint8_t *bname = NULL;
@@ -991,6 +994,9 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
         return;
     case TS_OP_STATS:
         tsd_stats_reply(c, h);
+        return;
+    case TS_OP_SHARD_MAP:
+        tsd_shard_map_reply(c, h);
         return;
     case TS_OP_SAVE:
         if (srv->cfg.save_path == NULL)

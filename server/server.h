@@ -16,6 +16,7 @@
  *   slab.c    size classes for the buffers of small records
  *   notify.c  listeners (subscriptions) and waiters
  *   stats.c   counters and the STATS reply
+ *   shard.c   sharding: --shard and --cluster-map, the slot check, WRONG_SHARD and SHARD_MAP
  *   http.c    health and Prometheus metrics over HTTP on a listener of their own (http.h)
  *   metrics.c the metrics page: the counters above in Prometheus text format (http.h)
  *   snapshot.c  snapshots: the jobs (SAVE, the timer, writing off the loop), loading at start
@@ -28,6 +29,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <uv.h>
 
@@ -153,6 +155,13 @@ typedef struct tsd_config {
     uint64_t max_disk;             /* bytes of --data-dir files; 0 = unlimited */
     uint64_t shm_min;              /* bytes; uploads this large land in a memfd; 0 = never */
     int no_fds;                    /* refuse HELLO FDS (no descriptors on unix sockets) */
+    /*
+     * Sharding (shard.c): the values of --shard and --cluster-map, the map made from them (NULL:
+     * this daemon owns every slot and never answers WRONG_SHARD) and this daemon's index in it.
+     */
+    const char *shard_arg, *cluster_map_path;
+    struct ts__shard_map *shard_map;
+    uint16_t shard_self;
     int http_port;              /* --http-port: health and metrics over HTTP; -1 = off */
     const char *http_host;      /* --http-host: address of that listener; NULL = host */
     const char *http_port_file; /* write the bound HTTP port here when not NULL */
@@ -839,6 +848,8 @@ typedef struct tsd_conn {
     int cur_disk_rc;      /* TSD_RS_DISCARD: refused by the data directory (tsd_datadir_alloc) */
     /* TSD_RS_DISCARD: a STREAM_APPEND refused once its name was in (the status it gets). */
     uint16_t cur_stream_status;
+    /* TSD_RS_DISCARD: an upload naming another shard's bin (shard.c). */
+    int cur_wrong_shard;
     uint8_t *bulk_dst;      /* where the next bytes go (RS_ITEM, RS_LZ4) */
     uint64_t bulk_left;     /* bytes of the body still to come */
     uint64_t bulk_total;    /* bytes of the body being received in bulk (item or compressed) */
@@ -939,6 +950,29 @@ void tsd_conn_accept(tsd_server *srv, tsd_conn *c, int fd, int is_unix);
 void tsd_conn_cron(tsd_conn *c, uint64_t now);
 /* Resume reading on a connection that was starved of an input buffer. */
 void tsd_conn_resume_read(tsd_conn *c);
+
+/*
+ * Sharding (shard.c, docs/PROTOCOL.md section 14). tsd_shard_flag: parse --shard or
+ * --cluster-map (1: taken, 0: not one, -1: bad, printed); tsd_shard_usage: their --help lines;
+ * tsd_shard_setup: make cfg->shard_map from them (0, or -1 after printing why; no flags: no
+ * map); tsd_shard_cleanup: free it at exit; tsd_shard_log: say at start which slots are ours.
+ * tsd_shard_foreign: 1 when a sharded daemon does not own name's slot (0 without a map).
+ * tsd_shard_refuse: the same, and then answers WRONG_SHARD (counted in stats.wrong_shard) for
+ * the request op/rid. tsd_shard_refuse_request: tsd_shard_refuse for a decoded control request
+ * whose raw body is body/len: its name, or each of MGET's names; 0 for requests that name
+ * nothing. tsd_shard_map_reply: answer SHARD_MAP. Loop thread, like everything here.
+ */
+int tsd_shard_flag(tsd_config *cfg, const char *flag, const char *val, int argc, char **argv,
+                   int *i);
+void tsd_shard_usage(FILE *f);
+int tsd_shard_setup(tsd_config *cfg);
+void tsd_shard_cleanup(tsd_config *cfg);
+void tsd_shard_log(const tsd_config *cfg);
+int tsd_shard_foreign(const tsd_server *srv, const uint8_t *name, size_t len);
+int tsd_shard_refuse(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_t *name, size_t len);
+int tsd_shard_refuse_request(tsd_conn *c, const ts__hdr *h, const ts__msg *m, const uint8_t *body,
+                             size_t len);
+void tsd_shard_map_reply(tsd_conn *c, const ts__hdr *h);
 /* Close now (asynchronously freed); safe to call twice. */
 void tsd_conn_close(tsd_conn *c);
 /*
@@ -1237,6 +1271,7 @@ typedef struct tsd_stats {
     uint64_t save_failures_consecutive; /* snapshots failed since the last one that succeeded */
     uint64_t last_save_time;            /* unix seconds of the last good snapshot; 0 = none */
     uint64_t writes_refused;            /* writes refused because snapshots were failing */
+    uint64_t wrong_shard;               /* requests answered WRONG_SHARD (shard.c) */
     uint64_t snapshot_loop_us;          /* loop time of the last snapshot's walk, all its turns */
     uint64_t view_passes;               /* views begun (LISTs of many bins, snapshots) */
     uint64_t view_turns_last;           /* loop turns the last finished view's walk took */

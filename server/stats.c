@@ -63,6 +63,7 @@ static ts_value_t *build(tsd_server *srv)
         {"ops_table_update", TS_OP_TABLE_UPDATE},
         {"ops_table_remove", TS_OP_TABLE_REMOVE},
         {"ops_table_info", TS_OP_TABLE_INFO},
+        {"ops_shard_map", TS_OP_SHARD_MAP},
     };
     ts_value_t *m = ts_map_new();
     if (m == NULL)
@@ -126,6 +127,12 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "last_save_time", st->last_save_time);
     rc |= put_int(m, "save_failures_consecutive", st->save_failures_consecutive);
     rc |= put_int(m, "writes_refused", st->writes_refused);
+    /* Sharding (shard.c): this daemon's place in its map; shards 0 when not sharded. */
+    const ts__shard_map *map = srv->cfg.shard_map;
+    rc |= put_int(m, "shard", map != NULL ? srv->cfg.shard_self : 0);
+    rc |= put_int(m, "shards", map != NULL ? map->n_shards : 0);
+    rc |= put_int(m, "map_epoch", map != NULL ? map->epoch : 0);
+    rc |= put_int(m, "wrong_shard", st->wrong_shard);
     rc |= put_int(m, "snapshot_loop_us", st->snapshot_loop_us);
     /* Views (LISTs of many bins, snapshots) walked a chunk per loop turn (view.c). */
     rc |= put_int(m, "view_passes", st->view_passes);

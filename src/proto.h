@@ -83,7 +83,7 @@ enum {
     TS_OP_EMB_CREATE = 0x3B, /* create an embedding table (rows by int64 id, created lazily) */
     TS_OP_EMB_PULL = 0x3C,   /* rows by ids (an upload: the ids tensor) */
     TS_OP_EMB_PUSH = 0x3D,   /* row gradients by ids (an upload with fixed fields) */
-    TS_OP_NOTIFY = 0x80        /* server to client only */
+    TS_OP_NOTIFY = 0x80      /* server to client only */
 };
 
 /* Wire status codes (u16, append-only); the client maps them to TS_E* codes. */
