@@ -1133,7 +1133,19 @@ def wait_http(port, path, proc, seconds):
 
 def check_cluster(src, tensord, tsctl):
     need_yaml()
+    p = cluster_once(src, tensord, tsctl)
+    if p.items and p.port_taken:
+        # The ports were free when picked, but another program took one before tensord bound
+        # it: once more, with other ports.
+        print("a port was taken before tensord bound it: again with other ports")
+        p = cluster_once(src, tensord, tsctl)
+    return p.finish("cluster")
+
+
+def cluster_once(src, tensord, tsctl):
+    """One start of the shards as the StatefulSet says; the Problems found (not finished)."""
     p = Problems()
+    p.port_taken = False
     kube = Kube(src)
     sts = kube.statefulset()
     c = kube.container()
@@ -1141,7 +1153,7 @@ def check_cluster(src, tensord, tsctl):
     pod = sts["spec"]["template"]["spec"]
     script, arg0 = container_script(c)
     if not p.check(script, STS_FILE, "no sh -c wrapper"):
-        return p.finish("cluster")
+        return p
     mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     limit = parse_quantity(c["resources"]["limits"]["memory"])
@@ -1257,8 +1269,10 @@ def check_cluster(src, tensord, tsctl):
             if p.items:
                 for i in range(len(procs)):
                     with open(os.path.join(tmp, "shard%d.log" % i)) as f:
-                        print("--- shard %d log ---\n%s" % (i, f.read()[-3000:]))
-    return p.finish("cluster")
+                        text = f.read()
+                    p.port_taken = p.port_taken or "address already in use" in text.lower()
+                    print("--- shard %d log ---\n%s" % (i, text[-3000:]))
+    return p
 
 
 # ---------------------------------------------------------------------------------------------
