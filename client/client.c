@@ -597,6 +597,7 @@ static void *io_main(void *arg)
      * A write to a connection the server has closed raises SIGPIPE in the writing thread,
      * which would kill the program; blocked here, libuv's writes fail with EPIPE instead
      * (direct writes on other threads pass MSG_NOSIGNAL).
+    ts__client_tls_free(c);
      */
     sigset_t pipe_set;
     sigemptyset(&pipe_set);
@@ -776,13 +777,15 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_client_optio
      * every reconnect (see direct_allowed).
      */
     const char *direct = getenv("TS_CLIENT_DIRECT");
-    c->direct_allowed = direct == NULL || strcmp(direct, "0") != 0;
+    c->direct_allowed = (direct == NULL || strcmp(direct, "0") != 0) && !c->tls;
     pthread_mutex_init(&c->mu, NULL);
     pthread_condattr_init(&c->condattr);
     pthread_condattr_setclock(&c->condattr, CLOCK_MONOTONIC);
     pthread_cond_init(&c->open_cond, &c->condattr);
     pthread_cond_init(&c->rd_cond, NULL);
     ts__lane_init(c);
+    if (rc == 0)
+        rc = ts__client_tls_setup(c, opts);
     c->backoff_ms = c->opts.reconnect_min_ms;
     c->next_id = 1;
     c->d_next_id = 1;

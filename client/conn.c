@@ -6,7 +6,9 @@
  */
 #include "internal.h"
 
+#include "auth.h"
 #include "msg.h"
+#include "sha256.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +50,7 @@ void ts__conn_close(ts__conn *conn)
     conn->closing = 1;
     if (conn->hup_fd >= 0)
         uv_close((uv_handle_t *)&conn->hup, hup_close_cb);
-    uv_close(&conn->u.handle, conn_close_cb);
+    ts__conn_close_stream(conn, conn_close_cb);
 }
 
 static ts__conn *conn_new(ts_client_t *c)
@@ -282,9 +284,25 @@ void ts__hello_done(ts_client_t *c, ts__req *r, int status)
     ts__conn *conn = c->conn;
     if (status != 0) {
         char msg[TS_MAX_ERRMSG + 64];
+static void send_hello_proof(ts_client_t *c, ts__conn *conn, int proof);
+
         /* The server's message alone when it already begins with what the status says. */
         const char *what = ts_strerror(status);
         if (r->msg != NULL && strncmp(r->msg, what, strlen(what)) == 0)
+    if (r->op == TS_OP_AUTH_CHALLENGE && status != 0) {
+        char msg[TS_MAX_ERRMSG + 160];
+        snprintf(msg, sizeof(msg),
+                 "handshake refused: AUTH_CHALLENGE failed (%s%s%s); a server older than 0.5.0 "
+                 "takes the token only in clear, which this client never sends",
+                 ts_strerror(status), r->msg != NULL ? ": " : "", r->msg != NULL ? r->msg : "");
+        ts__conn_fail_reason(c, conn, status == TS_EPROTO ? TS_EAUTH : status, msg, 1);
+        return;
+    }
+    if (r->op == TS_OP_AUTH_CHALLENGE) {
+        memcpy(conn->auth_nonces + TS_MSG_AUTH_NONCE_SIZE, r->hello_proof, TS_MSG_AUTH_NONCE_SIZE);
+        send_hello_proof(c, conn, 1);
+        return;
+    }
             snprintf(msg, sizeof(msg), "handshake refused: %s", r->msg);
         else
             snprintf(msg, sizeof(msg), "handshake refused: %s%s%s", what,
@@ -300,24 +318,82 @@ void ts__hello_done(ts_client_t *c, ts__req *r, int status)
     atomic_store(&c->lz4, conn->lz4);
     go_ready(c);
 }
+    if (r->hello_flags & TS_HELLO_TOKEN_PROOF) {
+        /*
+         * The server proves that it knows the token too. (One that did not grant the flag has no
+         * token: it checked nothing, and this client sent only a proof, never the token.)
+         */
+        uint8_t want[TS_MSG_TOKEN_PROOF_SIZE];
+        ts__auth_proof(c->token, c->token_len, TS_AUTH_SERVER, conn->auth_nonces,
+                       conn->auth_nonces + TS_MSG_AUTH_NONCE_SIZE, want);
+        int ok = c->token_len > 0 && ts__ct_equal(want, r->hello_proof, sizeof(want));
+        ts__wipe(want, sizeof(want));
+        if (!ok) {
+            ts__conn_fail_reason(c, conn, TS_EAUTH,
+                                 "handshake refused: the server's token proof is wrong (it does "
+                                 "not know the token)",
+                                 1);
+            return;
+        }
+    }
 
-/* Connected: start reading and send HELLO. */
-static void send_hello(ts_client_t *c, ts__conn *conn)
+/*
+ * With a token: send AUTH_CHALLENGE with a fresh nonce; HELLO follows its reply (ts__hello_done)
+ * and carries a proof of the token, never the token itself (docs/PROTOCOL.md section 4).
+ */
+static void send_challenge(ts_client_t *c, ts__conn *conn)
 {
     ts__req *r = ts__calloc(1, sizeof(*r));
     if (r == NULL) {
         ts__conn_fail(c, conn, TS_ENOMEM, "out of memory");
         return;
     }
+    if (ts__auth_nonce(conn->auth_nonces) != 0) {
+        ts__free(r);
+        ts__conn_fail(c, conn, TS_EAGAIN, "no random bytes for the token proof's nonce");
+        return;
+    }
+    r->c = c;
+    r->kind = TS__K_HELLO;
+    r->op = TS_OP_AUTH_CHALLENGE;
+    memcpy(r->small + TS_HDR_SIZE, conn->auth_nonces, TS_MSG_AUTH_NONCE_SIZE);
+    r->small_len = TS_MSG_AUTH_NONCE_SIZE;
+    r->body_len = TS_MSG_AUTH_NONCE_SIZE;
+    c->state = TS__ST_HELLO;
+    ts__req_send(c, r);
+}
+
+/* Connected: start reading and send HELLO (after AUTH_CHALLENGE when there is a token). */
+static void send_hello(ts_client_t *c, ts__conn *conn)
+{
+    ts__req *r = ts__calloc(1, sizeof(*r));
+    if (r == NULL) {
+        ts__conn_fail(c, conn, TS_ENOMEM, "out of memory");
+        return;
+{
+    if (c->token_len > 0)
+        send_challenge(c, conn);
+    else
+        send_hello_proof(c, conn, 0);
+}
+
+/* Send HELLO; proof: its token field is the proof of the token (the nonces are in conn). */
+static void send_hello_proof(ts_client_t *c, ts__conn *conn, int proof)
+    }
     r->c = c;
     r->kind = TS__K_HELLO;
     r->op = TS_OP_HELLO;
     ts__msg_hello_req m = {.max_version = TS_PROTO_VERSION,
-                           .flags = c->opts.compress_min > 0 ? TS_HELLO_LZ4 : 0,
-                           .token_len = (uint16_t)c->token_len, /* <= TS_MAX_TOKEN_LEN */
-                           .token = (const uint8_t *)c->token};
+                           .flags = (uint8_t)(flags | (proof ? TS_HELLO_TOKEN_PROOF : 0)),
+                           .token_len = proof ? (uint16_t)sizeof(tag) : 0,
+                           .token = proof ? tag : NULL};
     /* The body goes in the frame's small buffer when it fits, else in a buffer of its own. */
-    size_t need = ts__msg_hello_req_size(c->token_len);
+    uint8_t tag[TS_MSG_TOKEN_PROOF_SIZE];
+    if (proof)
+        ts__auth_proof(c->token, c->token_len, TS_AUTH_CLIENT, conn->auth_nonces,
+                       conn->auth_nonces + TS_MSG_AUTH_NONCE_SIZE, tag);
+    uint8_t flags = c->opts.compress_min > 0 ? TS_HELLO_LZ4 : 0;
+    size_t need = ts__msg_hello_req_size(m.token_len);
     uint8_t *out = r->small + TS_HDR_SIZE;
     size_t cap = sizeof(r->small) - TS_HDR_SIZE;
     if (need > cap) {
@@ -351,10 +427,14 @@ static void connect_cb(uv_connect_t *req, int status)
         return;
     }
     if (ts__read_start(c, conn) == 0)
-        send_hello(c, conn);
+        send_hello(c, conn); /* queued behind the TLS handshake, which runs first */
 }
 
 /* Connect a new TCP handle to addr. */
+    if (c->tls_ctx != NULL && conn->tls == NULL && ts__conn_tls_start(c, conn) != 0) {
+        ts__conn_fail(c, conn, TS_ENOMEM, "out of memory for a TLS session");
+        return;
+    }
 static void connect_tcp(ts_client_t *c, const struct sockaddr *addr)
 {
     ts__conn *conn = conn_new(c);
@@ -475,7 +555,9 @@ int ts__parse_address(ts_client_t *c, const char *address)
         c->unix_path = ts__strndup(a, strlen(a));
         return c->unix_path != NULL ? 0 : TS_ENOMEM;
     }
-    if (strncmp(a, "tcp://", 6) == 0)
+    if (strncmp(a, "tls://", 6) == 0)
+        c->tls = 1; /* the tls options apply (ts__client_tls_setup) */
+    if (strncmp(a, "tcp://", 6) == 0 || strncmp(a, "tls://", 6) == 0)
         a += 6;
     const char *colon = strrchr(a, ':');
     if (colon == NULL || colon == a || colon[1] == '\0')

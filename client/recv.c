@@ -331,6 +331,15 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         ts__conn_fail(c, conn, TS_ECONNRESET,
                       nread == UV_EOF ? "the server closed the connection"
                                       : uv_strerror((int)nread));
+    int tls_err;
+    const char *tls_msg;
+    if (nread < 0 && ts__conn_tls_failed(conn, &tls_err, &tls_msg)) {
+        /* A handshake refused (a certificate that failed verification...) is a verdict. */
+        char msg[320];
+        snprintf(msg, sizeof(msg), "TLS: %s", tls_msg);
+        ts__conn_fail_reason(c, conn, tls_err, msg, 1);
+        return;
+    }
         return;
     }
     if (conn->rstate == TS__RS_BODY) {
@@ -351,7 +360,7 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 
 int ts__read_start(ts_client_t *c, ts__conn *conn)
 {
-    int rc = uv_read_start(&conn->u.stream, alloc_cb, read_cb);
+    int rc = ts__conn_read_start(conn, alloc_cb, read_cb);
     if (rc != 0) {
         ts__conn_fail(c, conn, TS_ECONNRESET, uv_strerror(rc));
         return -1;

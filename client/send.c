@@ -259,7 +259,7 @@ void ts__req_write(ts_client_t *c, ts__conn *conn, ts__req *r, const uv_buf_t *b
     r->w.data = r;
     r->wstate = TS__W_PENDING;
     /* libuv copies the buffer array; the memory it points to stays ours until ts__write_cb. */
-    int rc = uv_write(&r->w, &conn->u.stream, bufs, (unsigned)n, ts__write_cb);
+    int rc = ts__conn_write(conn, &r->w, bufs, (unsigned)n, ts__write_cb);
     if (rc != 0) {
         ts__io_write_end(c);
         r->wstate = TS__W_NONE;
@@ -339,7 +339,7 @@ void ts__req_send_batch(ts_client_t *c, ts__req **reqs, size_t n)
         b->w.data = b;
         ts__io_write_begin(c);
         /* libuv copies the buffer array; the memory it points to stays ours until the cb. */
-        rc = uv_write(&b->w, &b->conn->u.stream, bufs, (unsigned)k, batch_write_cb);
+        rc = ts__conn_write(b->conn, &b->w, bufs, (unsigned)k, batch_write_cb);
         if (bufs != local)
             ts__free(bufs);
         if (rc != 0)

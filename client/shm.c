@@ -17,7 +17,9 @@
 
 #include "internal.h"
 
+#include "auth.h"
 #include "msg.h"
+#include "sha256.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -315,6 +317,8 @@ static const char *op_name(uint8_t op)
         return "PUT_FD";
     case TS_OP_APPEND_FD:
         return "APPEND_FD";
+    case TS_OP_AUTH_CHALLENGE:
+        return "AUTH_CHALLENGE";
     default:
         return "HELLO";
     }
@@ -402,18 +406,42 @@ static int lane_ensure(ts_client_t *c, uint64_t deadline_ns)
     }
     if (rc != 0)
         return rc;
-    uint8_t body[TS_MSG_HELLO_REQ_FIXED + TS_MAX_TOKEN_LEN];
-    ts__msg_hello_req m = {.max_version = TS_PROTO_VERSION,
-                           .flags = TS_HELLO_FDS,
-                           .token_len = (uint16_t)c->token_len,
-                           .token = (const uint8_t *)c->token};
+    /* With a token, the lane proves it as the main connection does (AUTH_CHALLENGE first). */
+    uint8_t nonces[2 * TS_MSG_AUTH_NONCE_SIZE], tag[TS_MSG_TOKEN_PROOF_SIZE];
+    lane_reply rep;
+    if (c->token_len > 0) {
+        if (ts__auth_nonce(nonces) != 0) {
+            lane_close(c);
+            return ts__fail(TS_EAGAIN, "descriptor lane: no random bytes for a nonce");
+        }
+        rc = lane_call(c, TS_OP_AUTH_CHALLENGE, nonces, TS_MSG_AUTH_NONCE_SIZE, -1,
+                       TS_MSG_AUTH_NONCE_SIZE, deadline_ns, &rep);
+        if (rc != 0)
+            return ts__fail(rc, "descriptor lane: AUTH_CHALLENGE failed: %s", ts_strerror(rc));
+        if (rep.h.status != TS_ST_OK || rep.len != TS_MSG_AUTH_NONCE_SIZE) {
+            rc = rep.h.status != TS_ST_OK ? reply_error(c, TS_OP_AUTH_CHALLENGE, &rep) : TS_EPROTO;
+            reply_clear(&rep);
+            lane_close(c);
+            return ts__fail(rc, "descriptor lane: AUTH_CHALLENGE failed: %s", ts_strerror(rc));
+        }
+        memcpy(nonces + TS_MSG_AUTH_NONCE_SIZE, rep.body, TS_MSG_AUTH_NONCE_SIZE);
+        reply_clear(&rep);
+        ts__auth_proof(c->token, c->token_len, TS_AUTH_CLIENT, nonces,
+                       nonces + TS_MSG_AUTH_NONCE_SIZE, tag);
+    }
+    uint8_t body[TS_MSG_HELLO_REQ_FIXED + TS_MSG_TOKEN_PROOF_SIZE];
+    ts__msg_hello_req m = {
+        .max_version = TS_PROTO_VERSION,
+        .flags = (uint8_t)(TS_HELLO_FDS | (c->token_len > 0 ? TS_HELLO_TOKEN_PROOF : 0)),
+        .token_len = c->token_len > 0 ? (uint16_t)sizeof(tag) : 0,
+        .token = c->token_len > 0 ? tag : NULL};
     size_t len;
     if (ts__msg_hello_req_encode(body, sizeof(body), &m, &len) != 0) {
         lane_close(c);
         return ts__fail(TS_EINVAL, "descriptor lane: HELLO cannot be encoded");
     }
-    lane_reply rep;
-    rc = lane_call(c, TS_OP_HELLO, body, len, -1, TS_MSG_HELLO_REP_SIZE, deadline_ns, &rep);
+    rc = lane_call(c, TS_OP_HELLO, body, len, -1, TS_MSG_HELLO_REP_SIZE + TS_MSG_TOKEN_PROOF_SIZE,
+                   deadline_ns, &rep);
     if (rc != 0)
         return ts__fail(rc, "descriptor lane: HELLO failed: %s", ts_strerror(rc));
     if (rep.h.status != TS_ST_OK) {
@@ -429,6 +457,18 @@ static int lane_ensure(ts_client_t *c, uint64_t deadline_ns)
     ts__msg_hello_rep hr;
     int bad =
         ts__msg_hello_rep_decode(rep.body, rep.len, &hr) != 0 || hr.version != TS_PROTO_VERSION;
+    if (!bad && (hr.flags & TS_HELLO_TOKEN_PROOF)) {
+        /* The server proves in turn that it knows the token. */
+        uint8_t want[TS_MSG_TOKEN_PROOF_SIZE] = {0};
+        if (c->token_len > 0)
+            ts__auth_proof(c->token, c->token_len, TS_AUTH_SERVER, nonces,
+                           nonces + TS_MSG_AUTH_NONCE_SIZE, want);
+        if (c->token_len == 0 || !ts__ct_equal(want, hr.proof, sizeof(want))) {
+            reply_clear(&rep);
+            lane_close(c);
+            return ts__fail(TS_EAUTH, "descriptor lane: the server's token proof is wrong");
+        }
+    }
     reply_clear(&rep); /* closes any descriptor that came with it: HELLO claims none */
     if (bad) {
         lane_close(c);

@@ -39,7 +39,7 @@ static int read_on(tsd_conn *c)
 {
     if (c->eof)
         return 0;
-    int rc = uv_read_start(&c->h.stream, on_alloc, on_read);
+    int rc = tsd_read_start(c, on_alloc, on_read);
     return rc == UV_EALREADY ? 0 : rc;
 }
 
@@ -249,7 +249,7 @@ void tsd_conn_close(tsd_conn *c)
     tsd_server_unlink_conn(srv, c);
     tsd_log(TSD_LOG_DEBUG, "conn %llu (%s): closed", (unsigned long long)c->id, c->peer);
     /* Writes still queued get their callbacks (canceled) before on_close runs. */
-    uv_close(&c->h.handle, on_close);
+    tsd_stream_close(c, on_close);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -319,7 +319,7 @@ static void refuse(tsd_conn *c, const char *msg)
     tsd_reply_msg(c, 0, 0, TS_ST_TOO_MANY_CLIENTS, msg, strlen(msg));
     tsd_conn_begin_closing(c);
     /* Read (and drop) whatever it sends, so it sees our reply and FIN, not a reset. */
-    if (uv_read_start(&c->h.stream, on_alloc, on_read) != 0)
+    if (tsd_read_start(c, on_alloc, on_read) != 0)
         tsd_conn_close(c);
     else
         tsd_conn_flush(c);
@@ -367,6 +367,11 @@ void tsd_conn_accept(tsd_server *srv, tsd_conn *c, int fd, int is_unix)
         (void)uv_send_buffer_size(&c->h.handle, &sz);
     }
     set_peer(c);
+    if (!is_unix && srv->cfg.tls_ctx != NULL && tsd_conn_tls_start(c) != 0) {
+        tsd_log(TSD_LOG_WARN, "accept: no memory for a TLS session with %s", c->peer);
+        tsd_conn_close(c);
+        return;
+    }
     /*
      * Authenticated clients (--max-clients) and connections still before HELLO
      * (--max-unauth-clients) are limited apart, so a flood of the latter never takes the
@@ -384,7 +389,7 @@ void tsd_conn_accept(tsd_server *srv, tsd_conn *c, int fd, int is_unix)
     srv->n_unauth++;
     tsd_log(TSD_LOG_DEBUG, "conn %llu (%s): accepted", (unsigned long long)c->id, c->peer);
     c->rstate = TSD_RS_HDR;
-    rc = uv_read_start(&c->h.stream, on_alloc, on_read);
+    rc = tsd_read_start(c, on_alloc, on_read);
     if (rc != 0)
         tsd_conn_close(c);
 }
@@ -795,7 +800,7 @@ static int job_start(tsd_conn *c, tsd_item *it, uint8_t *tmp, size_t tmp_len, si
     }
     c->job.busy = 1;
     c->rstate = TSD_RS_WORK;
-    uv_read_stop(&c->h.stream);
+    tsd_read_stop(c);
     return 0;
 }
 
@@ -807,7 +812,7 @@ void tsd_conn_hold(tsd_conn *c, uint8_t op, uint32_t rid)
     c->held_rid = rid;
     if (c->rstate == TSD_RS_HDR)
         c->rstate = TSD_RS_WORK;
-    uv_read_stop(&c->h.stream);
+    tsd_read_stop(c);
 }
 
 void tsd_conn_release(tsd_conn *c)
@@ -1381,7 +1386,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     if (nread == UV_ENOBUFS) {
         /* No input buffer could be allocated: pause reading and try again shortly. */
-        uv_read_stop(s);
+        tsd_read_stop(c);
         srv->stats.out_of_memory++;
         tsd_server_starve(srv, c);
         return;
@@ -1393,7 +1398,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             tsd_conn_close(c);
         } else if (c->close_after_flush || c->writes_in_flight > 0 || c->pend != NULL) {
             /* The peer is done sending; a half-closed client still gets its replies. */
-            uv_read_stop(s);
+            tsd_read_stop(c);
             c->eof = 1;
             tsd_conn_begin_closing(c);
             tsd_conn_maybe_finish(c);

@@ -74,6 +74,8 @@ static void usage(FILE *f)
             "  --auth-token-file PATH  shared secret every client must present in HELLO (trailing\n"
             "                        whitespace ignored; else TS_AUTH_TOKEN)    [none]\n"
             "  --insecure            allow a non-loopback --host without a token\n"
+            "  --allow-plain-token   also accept the token in clear in HELLO (clients before\n"
+            "                        0.5.0 send it so); by default only its proof is taken\n"
             "  --hello-timeout MS    close connections that do not complete HELLO in time,\n"
             "                        0 = never                                   [%u]\n"
             "Limits:\n"
@@ -98,6 +100,7 @@ static void usage(FILE *f)
             (unsigned long long)d.max_memory, d.max_clients, d.max_unauth, d.body_timeout_s,
             (unsigned long long)d.max_output, (unsigned long long)d.output_soft,
             d.output_soft_seconds, (unsigned long long)d.notify_backlog, d.max_watch);
+    tsd_tls_usage(f);
     tsd_shard_usage(f);
     /* In pieces: ISO C compilers need not take string literals over 4095 bytes. */
     fprintf(f,
@@ -210,6 +213,15 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
             cfg->no_fds = 1;
             continue;
         }
+        if (strcmp(flag, "--allow-plain-token") == 0 && val == NULL) {
+            cfg->allow_plain_token = 1;
+            continue;
+        }
+        int tls_rc = tsd_tls_flag(cfg, flag, val, argc, argv, &i);
+        if (tls_rc < 0)
+            return -1;
+        if (tls_rc > 0)
+            continue;
         int shard_rc = tsd_shard_flag(cfg, flag, val, argc, argv, &i);
         if (shard_rc < 0)
             return -1;
@@ -468,6 +480,8 @@ int main(int argc, char **argv)
         return rc > 0 ? 0 : TSD_EXIT_USAGE;
     if (load_token(&cfg, token_file) != 0)
         return TSD_EXIT_USAGE;
+    if (tsd_tls_setup(&cfg) != 0)
+        return TSD_EXIT_USAGE;
     if (!is_loopback(cfg.host) && cfg.auth_token == NULL && !cfg.insecure) {
         fprintf(stderr,
                 "tensord: refusing to listen on %s without authentication: anyone who can reach "
@@ -533,6 +547,7 @@ int main(int argc, char **argv)
     }
     tsd_server_free(&srv);
     tsd_shard_cleanup(&cfg);
+    tsd_tls_cleanup(&cfg);
     memset(g_token, 0, sizeof(g_token));
     if (rc == 0 && srv.exit_code == 0)
         tsd_log(TSD_LOG_INFO, "shut down cleanly");

@@ -11,8 +11,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "msg.h"
 #include "record.h"
+#include "sha256.h"
 #include "coord.h"
 #include "ps.h"
 #include "server.h"
@@ -69,12 +71,68 @@ static void reply_tensor_bin(tsd_conn *c, const ts__hdr *h, const uint8_t *name,
                   ts__op_name(h->opcode), pn);
 }
 
+/*
+ * AUTH_CHALLENGE (before HELLO, once): keep the client's nonce, answer one of our own. Both key
+ * the token proof of the HELLO that follows (section 4), so a proof seen on one connection is
+ * worth nothing on another.
+ */
+static void op_auth_challenge(tsd_conn *c, const ts__hdr *h, const ts__msg_auth_nonce *m)
+{
+    if (c->helloed || c->auth_challenged) {
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST,
+                      "AUTH_CHALLENGE is allowed once, before HELLO");
+        return;
+    }
+    uint8_t *cn = c->auth_nonces, *sn = c->auth_nonces + TS_MSG_AUTH_NONCE_SIZE;
+    memcpy(cn, m->nonce, TS_MSG_AUTH_NONCE_SIZE);
+    if (ts__auth_nonce(sn) != 0) {
+        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_INTERNAL,
+                      "no random bytes for a nonce: %s", strerror(errno));
+        return;
+    }
+    c->auth_challenged = 1;
+    tsd_reply(c, h->opcode, h->request_id, TS_ST_OK, sn, TS_MSG_AUTH_NONCE_SIZE);
+}
+
+/*
+ * The token check of HELLO (the server has a token and tlen > 0). 0, or -1 after failing c. A
+ * proof (TOKEN_PROOF) is checked against the nonces of AUTH_CHALLENGE; a token in clear is
+ * taken only with --allow-plain-token.
+ */
+static int hello_auth(tsd_conn *c, const ts__hdr *h, const ts__msg_hello_req *m)
+{
+    tsd_server *srv = c->srv;
+    const char *why = NULL;
+    if (m->flags & TS_HELLO_TOKEN_PROOF) {
+        const uint8_t *cn = c->auth_nonces, *sn = c->auth_nonces + TS_MSG_AUTH_NONCE_SIZE;
+        uint8_t want[TS_MSG_TOKEN_PROOF_SIZE];
+        ts__auth_proof(srv->cfg.auth_token, srv->cfg.auth_token_len, TS_AUTH_CLIENT, cn, sn, want);
+        if (!c->auth_challenged)
+            why = "TOKEN_PROOF without AUTH_CHALLENGE before HELLO";
+        else if (m->token_len != TS_MSG_TOKEN_PROOF_SIZE)
+            why = "a token proof is 32 bytes";
+        else if (!ts__ct_equal(want, m->token, TS_MSG_TOKEN_PROOF_SIZE))
+            why = "authentication failed: wrong token (its proof does not match)";
+        ts__wipe(want, sizeof(want));
+    } else if (!srv->cfg.allow_plain_token) {
+        why = "the token was sent in clear: this server takes only a proof of it (HELLO flag "
+              "TOKEN_PROOF after AUTH_CHALLENGE, as tensorshare 0.5.0 clients send); "
+              "tensord --allow-plain-token accepts older clients";
+    } else if (tsd_auth_check(srv, m->token, m->token_len) != 0) {
+        why = "authentication failed: wrong token";
+    }
+    if (why == NULL)
+        return 0;
+    srv->stats.auth_failures++;
+    tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_AUTH_FAILED, "%s", why);
+    return -1;
+}
+
 static void op_hello(tsd_conn *c, const ts__hdr *h, const ts__msg_hello_req *m)
 {
     tsd_server *srv = c->srv;
     uint8_t max_version = m->max_version;
     uint16_t tlen = m->token_len;
-    const uint8_t *token = m->token;
     if (c->helloed) {
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_BAD_REQUEST, "duplicate HELLO");
         return;
@@ -91,12 +149,8 @@ static void op_hello(tsd_conn *c, const ts__hdr *h, const ts__msg_hello_req *m)
                       "this server requires a token (TS_AUTH_TOKEN or the auth_token option)");
         return;
     }
-    if (tsd_auth_check(srv, token, tlen) != 0) {
-        srv->stats.auth_failures++;
-        tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_AUTH_FAILED,
-                      "authentication failed: wrong token");
+    if (srv->cfg.auth_token != NULL && hello_auth(c, h, m) != 0)
         return;
-    }
     c->helloed = 1;
     c->lz4 = (m->flags & TS_HELLO_LZ4) != 0;
     /* Descriptors travel only on unix sockets (SCM_RIGHTS), and not with --no-fds. */
@@ -106,7 +160,18 @@ static void op_hello(tsd_conn *c, const ts__hdr *h, const ts__msg_hello_req *m)
         .flags = (uint8_t)((c->lz4 ? TS_HELLO_LZ4 : 0) | (c->fds_ok ? TS_HELLO_FDS : 0)),
         .max_body = srv->cfg.max_frame,
         .server_id = srv->server_id};
-    uint8_t body[TS_MSG_HELLO_REP_SIZE];
+    /*
+     * A proof was checked: prove in turn that this server knows the token. A server without a
+     * token does not grant the flag (it checked nothing, and has nothing to prove).
+     */
+    uint8_t proof[TS_MSG_TOKEN_PROOF_SIZE];
+    if ((m->flags & TS_HELLO_TOKEN_PROOF) && srv->cfg.auth_token != NULL) {
+        ts__auth_proof(srv->cfg.auth_token, srv->cfg.auth_token_len, TS_AUTH_SERVER, c->auth_nonces,
+                       c->auth_nonces + TS_MSG_AUTH_NONCE_SIZE, proof);
+        rep.flags |= TS_HELLO_TOKEN_PROOF;
+        rep.proof = proof;
+    }
+    uint8_t body[TS_MSG_HELLO_REP_SIZE + TS_MSG_TOKEN_PROOF_SIZE];
     size_t len;
     (void)ts__msg_hello_rep_encode(body, sizeof(body), &rep, &len);
     tsd_reply(c, h->opcode, h->request_id, TS_ST_OK, body, len);
@@ -985,6 +1050,9 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     switch (h->opcode) {
     case TS_OP_HELLO:
         op_hello(c, h, &m.u.hello_req);
+        return;
+    case TS_OP_AUTH_CHALLENGE:
+        op_auth_challenge(c, h, &m.u.auth_nonce);
         return;
     case TS_OP_PING:
         tsd_reply(c, h->opcode, h->request_id, TS_ST_OK, NULL, 0);

@@ -217,7 +217,7 @@ static int emerg_send(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, co
         memcpy(e->frame + TS_HDR_SIZE, body, len);
     e->buf = uv_buf_init((char *)e->frame, (unsigned int)(TS_HDR_SIZE + len));
     e->req.data = c;
-    if (uv_write(&e->req, &c->h.stream, &e->buf, 1, on_emerg_write) != 0)
+    if (tsd_stream_write(c, &e->req, &e->buf, 1, on_emerg_write) != 0)
         return -1;
     e->busy = 1;
     c->writes_in_flight++;
@@ -483,7 +483,7 @@ static void cut_off_slow_reader(tsd_conn *c, uint64_t queued, int soft)
  */
 uint64_t tsd_conn_unwritten(tsd_conn *c)
 {
-    uint64_t q = uv_stream_get_write_queue_size(&c->h.stream) + c->out_mem + c->fdq_bytes;
+    uint64_t q = tsd_stream_queue_size(c) + c->out_mem + c->fdq_bytes;
     if (c->pend != NULL)
         q += c->pend->bytes;
     return q;
@@ -621,7 +621,7 @@ void tsd_conn_maybe_finish(tsd_conn *c)
         return;
     c->shut_started = 1;
     c->shut_req.data = c;
-    if (uv_shutdown(&c->shut_req, &c->h.stream, on_shutdown) != 0)
+    if (tsd_stream_shutdown(c, &c->shut_req, on_shutdown) != 0)
         tsd_conn_close(c);
 }
 
@@ -768,7 +768,7 @@ static int batch_go(tsd_conn *c, tsd_wbatch *b, int at_head)
                 batch_drop_fds(b, 0); /* the kernel holds its own references now */
             }
         } else {
-            n = uv_try_write(&c->h.stream, bufs, (unsigned int)k);
+            n = tsd_stream_try_write(c, bufs, (unsigned int)k);
         }
         if (n < 0 && n != UV_EAGAIN)
             rc = (int)n;
@@ -805,7 +805,7 @@ static int batch_go(tsd_conn *c, tsd_wbatch *b, int at_head)
     }
     if (rc == 0) {
         b->req.data = b;
-        rc = uv_write(&b->req, &c->h.stream, bufs, (unsigned int)k, on_write);
+        rc = tsd_stream_write(c, &b->req, bufs, (unsigned int)k, on_write);
     }
     if (rc != 0) {
         batch_failed(c, b, rc);

@@ -162,6 +162,11 @@ typedef struct tsd_config {
     const char *shard_arg, *cluster_map_path;
     struct ts__shard_map *shard_map;
     uint16_t shard_self;
+    /* Accept a token sent in clear (clients before 0.5.0 can send nothing else). */
+    int allow_plain_token;
+    /* TLS on TCP connections (tls.c): the files, and the context made from them; NULL = off. */
+    const char *tls_cert, *tls_key, *tls_client_ca;
+    struct ssl_ctx_st *tls_ctx;
     int http_port;              /* --http-port: health and metrics over HTTP; -1 = off */
     const char *http_host;      /* --http-host: address of that listener; NULL = host */
     const char *http_port_file; /* write the bound HTTP port here when not NULL */
@@ -816,6 +821,11 @@ typedef struct tsd_conn {
     int uncounted; /* refused (too many clients): not counted in n_conns */
     int unauth;    /* counted in the server's n_unauth (HELLO not yet completed) */
     char peer[64]; /* "ip:port" or "unix", for log lines */
+    /* AUTH_CHALLENGE answered: the client's nonce, then the server's (the token proof). */
+    int auth_challenged;
+    uint8_t auth_nonces[2 * TS_MSG_AUTH_NONCE_SIZE];
+    /* TLS on this TCP connection (tls.c), or NULL: plain. */
+    struct tsd_tls *tls;
     int helloed;
     int lz4;                 /* the client may send TS_FLAG_LZ4 bodies */
     int closing;             /* uv_close called */
@@ -973,6 +983,32 @@ int tsd_shard_refuse(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_t *name,
 int tsd_shard_refuse_request(tsd_conn *c, const ts__hdr *h, const ts__msg *m, const uint8_t *body,
                              size_t len);
 void tsd_shard_map_reply(tsd_conn *c, const ts__hdr *h);
+
+/*
+ * TLS (tls.c). tsd_tls_flag: parse a --tls-* flag (1: taken, 0: not one, -1: bad, printed; a
+ * build without TLS refuses them); tsd_tls_usage: their --help lines; tsd_tls_setup: check them
+ * and make cfg->tls_ctx (0, or -1 after printing why); tsd_tls_cleanup: free it at exit.
+ * tsd_conn_tls_start: TLS on accepted TCP connection c (0, or -1: close it).
+ */
+int tsd_tls_flag(tsd_config *cfg, const char *flag, const char *val, int argc, char **argv, int *i);
+void tsd_tls_usage(FILE *f);
+int tsd_tls_setup(tsd_config *cfg);
+void tsd_tls_cleanup(tsd_config *cfg);
+int tsd_conn_tls_start(tsd_conn *c);
+/*
+ * A connection's stream calls, used instead of libuv's: through TLS when c->tls is set (the
+ * handshake runs first by itself; try_write then always says UV_EAGAIN), plain otherwise.
+ * Same contracts as uv_read_start, uv_read_stop, uv_write, uv_try_write, uv_shutdown,
+ * uv_stream_get_write_queue_size and uv_close.
+ */
+int tsd_read_start(tsd_conn *c, uv_alloc_cb alloc_cb, uv_read_cb read_cb);
+void tsd_read_stop(tsd_conn *c);
+int tsd_stream_write(tsd_conn *c, uv_write_t *req, const uv_buf_t *bufs, unsigned int n,
+                     uv_write_cb cb);
+int tsd_stream_try_write(tsd_conn *c, const uv_buf_t *bufs, unsigned int n);
+int tsd_stream_shutdown(tsd_conn *c, uv_shutdown_t *req, uv_shutdown_cb cb);
+size_t tsd_stream_queue_size(tsd_conn *c);
+void tsd_stream_close(tsd_conn *c, uv_close_cb cb);
 /* Close now (asynchronously freed); safe to call twice. */
 void tsd_conn_close(tsd_conn *c);
 /*

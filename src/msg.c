@@ -23,6 +23,7 @@ _Static_assert(TS_MAX_CTRL_BODY >= 1 + TS_MAX_NAME_LEN + TS_MSG_WAIT_REQ_FIXED,
 
 static const ts__msg_op ops[] = {
     {TS_OP_HELLO, TS_MSG_HELLO_REQ, TS_MSG_HELLO_REP, 0, 0, 0},
+    {TS_OP_AUTH_CHALLENGE, TS_MSG_AUTH_NONCE, TS_MSG_AUTH_NONCE, 0, 0, 0},
     {TS_OP_PING, TS_MSG_EMPTY, TS_MSG_EMPTY, 0, 0, 0},
     {TS_OP_PUT, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1, 0},
     {TS_OP_APPEND, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1, 0},
@@ -115,8 +116,10 @@ ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status)
 uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large)
 {
     switch (ts__msg_reply_kind(op, status)) {
-    case TS_MSG_HELLO_REP:
-        return TS_MSG_HELLO_REP_SIZE;
+    case TS_MSG_HELLO_REP: /* 56 with the server's token proof */
+        return TS_MSG_HELLO_REP_SIZE + TS_MSG_TOKEN_PROOF_SIZE;
+    case TS_MSG_AUTH_NONCE:
+        return TS_MSG_AUTH_NONCE_SIZE;
     case TS_MSG_BIN_STATE:
         return TS_BIN_STATE_SIZE;
     case TS_MSG_ADD_STATE:
@@ -219,7 +222,7 @@ static ts__msg_hdr_rule request_rule(const uint8_t *p, const ts__msg_conn_state 
         /* The size first: an oversized body is refused before anything else is looked at. */
         if (body_len > TS_MAX_PREAUTH_BODY)
             return TS_HDR_PREAUTH_SIZE;
-        if (op != TS_OP_HELLO)
+        if (op != TS_OP_HELLO && op != TS_OP_AUTH_CHALLENGE)
             return TS_HDR_NOT_HELLO;
     }
     if ((flags & TS_FLAG_LZ4) && !st->lz4)
@@ -352,15 +355,20 @@ int ts__msg_hello_req_decode(const uint8_t *body, size_t len, ts__msg_hello_req 
 
 int ts__msg_hello_rep_encode(uint8_t *out, size_t cap, const ts__msg_hello_rep *m, size_t *len)
 {
-    if (cap < TS_MSG_HELLO_REP_SIZE)
+    int proof = (m->flags & TS_HELLO_TOKEN_PROOF) != 0;
+    if (proof && m->proof == NULL)
+        return TS_EINVAL;
+    if (cap < TS_MSG_HELLO_REP_SIZE + (proof ? TS_MSG_TOKEN_PROOF_SIZE : 0))
         return TS_EMSGSIZE;
+    if (proof)
+        memcpy(out + TS_MSG_HELLO_REP_SIZE, m->proof, TS_MSG_TOKEN_PROOF_SIZE);
     out[0] = m->version;
     out[1] = m->flags;
     ts__put_u16le(out + 2, 0);
     ts__put_u32le(out + 4, 0);
     ts__put_u64le(out + 8, m->max_body);
     ts__put_u64le(out + 16, m->server_id);
-    *len = TS_MSG_HELLO_REP_SIZE;
+    *len = TS_MSG_HELLO_REP_SIZE + (proof ? TS_MSG_TOKEN_PROOF_SIZE : 0);
     return 0;
 }
 
@@ -378,12 +386,25 @@ int ts__msg_hello_rep_decode(const uint8_t *body, size_t len, ts__msg_hello_rep 
     ts__rd_u32(&r, &r32);
     ts__rd_u64(&r, &max_body);
     ts__rd_u64(&r, &server_id);
+    /* The server's token proof follows exactly when the flag is granted. */
+    const uint8_t *proof = NULL;
+    if (flags & TS_HELLO_TOKEN_PROOF)
+        proof = ts__rd_bytes(&r, TS_MSG_TOKEN_PROOF_SIZE);
     if (ts__msg_rd_end(&r) != 0 || r16 != 0 || r32 != 0)
         return TS_EPROTO;
     m->version = version;
     m->flags = flags;
     m->max_body = max_body;
     m->server_id = server_id;
+    m->proof = proof;
+    return 0;
+}
+
+int ts__msg_auth_nonce_decode(const uint8_t *body, size_t len, ts__msg_auth_nonce *m)
+{
+    if (len != TS_MSG_AUTH_NONCE_SIZE)
+        return TS_EPROTO;
+    m->nonce = body;
     return 0;
 }
 
@@ -947,6 +968,9 @@ static int decode_kind(ts__msg_kind kind, const uint8_t *body, size_t len, ts__m
     case TS_MSG_HELLO_REP:
         rc = ts__msg_hello_rep_decode(body, len, &d.u.hello_rep);
         break;
+    case TS_MSG_AUTH_NONCE:
+        rc = ts__msg_auth_nonce_decode(body, len, &d.u.auth_nonce);
+        break;
     case TS_MSG_NAME_REQ:
         rc = ts__msg_name_req_decode(body, len, &d.u.name_req);
         break;
@@ -1287,6 +1311,12 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
         return ts__msg_hello_req_encode(out, cap, &m->u.hello_req, len);
     case TS_MSG_HELLO_REP:
         return ts__msg_hello_rep_encode(out, cap, &m->u.hello_rep, len);
+    case TS_MSG_AUTH_NONCE:
+        if (cap < TS_MSG_AUTH_NONCE_SIZE)
+            return TS_EMSGSIZE;
+        memcpy(out, m->u.auth_nonce.nonce, TS_MSG_AUTH_NONCE_SIZE);
+        *len = TS_MSG_AUTH_NONCE_SIZE;
+        return 0;
     case TS_MSG_NAME_REQ:
         return ts__msg_name_req_encode(out, cap, &m->u.name_req, len);
     case TS_MSG_GET_REQ:

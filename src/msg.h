@@ -50,6 +50,9 @@
 #define TS_MAX_CTRL_BODY 4096
 /* The largest HELLO token: the whole pre-HELLO body limit less the fixed fields. */
 #define TS_MAX_TOKEN_LEN (TS_MAX_PREAUTH_BODY - TS_MSG_HELLO_REQ_FIXED)
+/* The token proof (section 4, 0.5.0): AUTH_CHALLENGE's nonces and HMAC-SHA256 tags. */
+#define TS_MSG_AUTH_NONCE_SIZE  32 /* bytes; AUTH_CHALLENGE's body, both ways */
+#define TS_MSG_TOKEN_PROOF_SIZE 32 /* bytes; HELLO's proof, and the server's after the reply */
 
 /* ---------------------------------------------------------------------------------------------
  * The opcode table
@@ -60,7 +63,8 @@ typedef enum ts__msg_kind {
     TS_MSG_NONE = 0,       /* no such frame (an unknown opcode, or a reply to NOTIFY) */
     TS_MSG_EMPTY,          /* no bytes at all */
     TS_MSG_HELLO_REQ,      /* max_version, flags, token */
-    TS_MSG_HELLO_REP,      /* version, flags, max_body, server_id */
+    TS_MSG_HELLO_REP,      /* version, flags, max_body, server_id [, server proof] */
+    TS_MSG_AUTH_NONCE,     /* AUTH_CHALLENGE: a 32-byte nonce, both ways (0.5.0) */
     TS_MSG_NAME_REQ,       /* name (DELETE, LISTEN, UNLISTEN) */
     TS_MSG_GET_REQ,        /* name, u32 max_items (GET, PEEK) */
     TS_MSG_WAIT_REQ,       /* name, u64 after_version, u32 timeout_ms */
@@ -202,7 +206,7 @@ typedef enum ts__msg_hdr_rule {
     TS_HDR_RESERVED,     /* a reserved field is not 0: BAD_REQUEST */
     TS_HDR_STATUS,       /* status is not 0: BAD_REQUEST */
     TS_HDR_PREAUTH_SIZE, /* before HELLO, body_len > TS_MAX_PREAUTH_BODY: TOO_LARGE */
-    TS_HDR_NOT_HELLO,    /* before HELLO, an opcode other than HELLO: BAD_REQUEST */
+    TS_HDR_NOT_HELLO,    /* before HELLO, not HELLO nor AUTH_CHALLENGE: BAD_REQUEST */
     TS_HDR_LZ4,          /* TS_FLAG_LZ4 although HELLO did not grant it: BAD_REQUEST */
     TS_HDR_MAX_FRAME,    /* body_len > max_frame (any opcode): TOO_LARGE */
     TS_HDR_OPCODE,       /* not a request opcode (unknown, or NOTIFY): UNKNOWN_OPCODE */
@@ -258,17 +262,28 @@ size_t ts__msg_hello_req_size(size_t token_len);
 int ts__msg_hello_req_encode(uint8_t *out, size_t cap, const ts__msg_hello_req *m, size_t *len);
 int ts__msg_hello_req_decode(const uint8_t *body, size_t len, ts__msg_hello_req *m);
 
-/* HELLO reply (24 bytes; both reserved fields 0). */
+/*
+ * HELLO reply (24 bytes; both reserved fields 0). With TS_HELLO_TOKEN_PROOF in flags it is 56
+ * bytes: the server's proof follows (section 4).
+ */
 typedef struct ts__msg_hello_rep {
     uint8_t version;
     uint8_t flags;
     uint64_t max_body;
     uint64_t server_id;
 } ts__msg_hello_rep;
+    /* TS_MSG_TOKEN_PROOF_SIZE bytes (borrowed) when flags has TS_HELLO_TOKEN_PROOF, else NULL. */
+    const uint8_t *proof;
 int ts__msg_hello_rep_encode(uint8_t *out, size_t cap, const ts__msg_hello_rep *m, size_t *len);
 int ts__msg_hello_rep_decode(const uint8_t *body, size_t len, ts__msg_hello_rep *m);
 
 /*
+/* AUTH_CHALLENGE request and reply: exactly TS_MSG_AUTH_NONCE_SIZE bytes. Added in 0.5.0. */
+typedef struct ts__msg_auth_nonce {
+    const uint8_t *nonce; /* borrowed from the body */
+} ts__msg_auth_nonce;
+int ts__msg_auth_nonce_decode(const uint8_t *body, size_t len, ts__msg_auth_nonce *m);
+
  * The requests whose body starts with a bin name: DELETE, LISTEN, UNLISTEN (name only), GET and
  * PEEK (max_items), WAIT (after_version, timeout_ms). One struct serves all; the fields a layout
  * does not have are 0 after decoding and ignored by the encoders.
@@ -869,6 +884,7 @@ typedef struct ts__msg {
         ts__msg_hello_req hello_req;
         ts__msg_hello_rep hello_rep;
         ts__msg_name_req name_req; /* NAME_REQ, GET_REQ, WAIT_REQ */
+        ts__msg_auth_nonce auth_nonce;
         ts__msg_put_req put;
         ts__msg_bin_state state;
         ts__msg_items items;

@@ -132,6 +132,8 @@ const char *ts__op_name(uint8_t op)
     switch (op) {
     case TS_OP_HELLO:
         return "HELLO";
+    case TS_OP_AUTH_CHALLENGE:
+        return "AUTH_CHALLENGE";
     case TS_OP_PING:
         return "PING";
     case TS_OP_PUT:

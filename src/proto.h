@@ -30,6 +30,8 @@
 /* Opcodes (append-only). */
 enum {
     TS_OP_HELLO = 0x01,
+    /* Token proof: exchange nonces before HELLO (section 4), 0.5.0. */
+    TS_OP_AUTH_CHALLENGE = 0x31,
     TS_OP_PING = 0x02,
     TS_OP_PUT = 0x03,
     TS_OP_APPEND = 0x04,
@@ -224,6 +226,9 @@ int ts__rd_name(ts__rd *r, const char **name, size_t *len);
 #define TS_HELLO_FDS      0x02 /* the connection carries file descriptors (unix sockets) */
 #define TS_BIN_STATE_SIZE 16
 #define TS_NOTIFY_FIXED   15 /* bytes before the name in a NOTIFY body */
+
+/* HELLO flag: the token field holds an HMAC-SHA256 proof, not the token (section 4; 0.5.0). */
+#define TS_HELLO_TOKEN_PROOF 0x04
 
 /* Size of an ITEMS reply's fixed part for n items, padded to 64 (the first item's offset). */
 static inline uint64_t ts__items_head_size(uint32_t n)

@@ -438,6 +438,23 @@ typedef struct ts_client_options_s {
      * TS_DEFAULT_MAX_REPLY_BYTES. Added in 0.2.0.
      */
     uint64_t max_reply_bytes;
+    /*
+     * TLS (docs/TLS.md), for addresses "tls://host:port" (or any TCP address with tls set). The
+     * server's certificate is verified against tls_ca_file (PEM; NULL: the TS_TLS_CA environment
+     * variable, else the system's store) and must name tls_server_name (NULL: the address's
+     * host, a name or an IP address). tls_cert_file and tls_key_file (PEM, both or neither) are
+     * the client certificate a tensord with --tls-client-ca asks for. Strings are copied at
+     * ts_client_open; a certificate that fails verification fails ts_client_open with TS_EAUTH
+     * and the reason in ts_last_error(); a build without TLS gives TS_ENOTSUP. Blocking calls on
+     * a TLS connection never use the caller-side fast path (every byte goes through the client's
+     * I/O thread). Added in 0.5.0.
+     */
+    const char *tls_ca_file;
+    const char *tls_cert_file;
+    const char *tls_key_file;
+    const char *tls_server_name;
+    /* 1: TLS even without "tls://" in the address (not on unix sockets). Added in 0.5.0. */
+    int tls;
 } ts_client_options_t;
 
 /* bytes; the default of ts_client_options_t.max_reply_bytes: 4 GiB. Added in 0.2.0. */

@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "compress.h"
 #include "msg.h"
 #include "record.h"
@@ -1094,9 +1095,66 @@ static void test_ref_examples(void **state)
     close(fd);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The token proof examples of docs/PROTOCOL.md 4 ("auth example" markers): the frames the codec
+ * writes, with the proofs computed by src/auth.c from the documented token and nonces.
+ */
+static void test_auth_examples(void **state)
+{
+    (void)state;
+    char *doc = tsh_read_source_file("docs/PROTOCOL.md", NULL);
+    assert_non_null(doc);
+    static const char token[] = "s3cret-token";
+    uint8_t cn[TS_MSG_AUTH_NONCE_SIZE], sn[TS_MSG_AUTH_NONCE_SIZE];
+    for (int i = 0; i < TS_MSG_AUTH_NONCE_SIZE; i++) {
+        cn[i] = (uint8_t)i;
+        sn[i] = (uint8_t)(0x80 + i);
+    }
+    uint8_t cproof[TS_MSG_TOKEN_PROOF_SIZE], sproof[TS_MSG_TOKEN_PROOF_SIZE];
+    ts__auth_proof(token, strlen(token), TS_AUTH_CLIENT, cn, sn, cproof);
+    ts__auth_proof(token, strlen(token), TS_AUTH_SERVER, cn, sn, sproof);
+    static const char *const names[] = {"auth-challenge-req", "auth-challenge-rep",
+                                        "hello-proof-req", "hello-proof-rep"};
+    for (size_t k = 0; k < TS__ARRAY_SIZE(names); k++) {
+        uint8_t docf[256], built[256];
+        long n = rows_example(doc, "auth example", names[k], docf, sizeof(docf));
+        if (n < 0)
+            fail_msg("docs/PROTOCOL.md: auth example %s is missing or malformed", names[k]);
+        size_t bn = 0, len = 0;
+        if (k < 2) {
+            bn = rows_hdr(built, k == 0, TS_OP_AUTH_CHALLENGE, 1, TS_MSG_AUTH_NONCE_SIZE);
+            memcpy(built + bn, k == 0 ? cn : sn, TS_MSG_AUTH_NONCE_SIZE);
+            bn += TS_MSG_AUTH_NONCE_SIZE;
+        } else if (k == 2) {
+            ts__msg_hello_req m = {.max_version = 1,
+                                   .flags = TS_HELLO_TOKEN_PROOF,
+                                   .token_len = TS_MSG_TOKEN_PROOF_SIZE,
+                                   .token = cproof};
+            assert_int_equal(ts__msg_hello_req_encode(built + TS_HDR_SIZE,
+                                                      sizeof(built) - TS_HDR_SIZE, &m, &len),
+                             0);
+            bn = rows_hdr(built, 1, TS_OP_HELLO, 2, len) + len;
+        } else {
+            ts__msg_hello_rep m = {.version = 1,
+                                   .flags = TS_HELLO_TOKEN_PROOF,
+                                   .max_body = (uint64_t)1 << 30,
+                                   .server_id = 0x0123456789abcdefull,
+                                   .proof = sproof};
+            assert_int_equal(ts__msg_hello_rep_encode(built + TS_HDR_SIZE,
+                                                      sizeof(built) - TS_HDR_SIZE, &m, &len),
+                             0);
+            bn = rows_hdr(built, 0, TS_OP_HELLO, 2, len) + len;
+        }
+        if ((size_t)n != bn || memcmp(docf, built, bn) != 0)
+            fail_msg("docs/PROTOCOL.md: auth example %s is not what the code writes", names[k]);
+    }
+    free(doc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_auth_examples),
         cmocka_unit_test_setup_teardown(test_stats_table_matches_server, start, stop),
         cmocka_unit_test(test_every_flag_in_safety_doc),
         cmocka_unit_test(test_documented_constants),

@@ -142,7 +142,8 @@ static void check_token_cases(const tsh_server *sv)
 static void test_token_file(void **state)
 {
     (void)state;
-    const char *args[] = {"--auth-token-file", token_file, NULL};
+    /* These raw cases send the token in clear, as clients before 0.5.0 do. */
+    const char *args[] = {"--auth-token-file", token_file, "--allow-plain-token", NULL};
     assert_int_equal(tsh_server_start(&s, args), 0);
     check_token_cases(&s);
 
@@ -184,7 +185,8 @@ static void test_token_env(void **state)
 {
     (void)state;
     setenv("TS_AUTH_TOKEN", TOKEN, 1);
-    int rc = tsh_server_start(&s, NULL);
+    const char *args[] = {"--allow-plain-token", NULL};
+    int rc = tsh_server_start(&s, args);
     unsetenv("TS_AUTH_TOKEN");
     assert_int_equal(rc, 0);
     check_token_cases(&s);
@@ -234,7 +236,15 @@ static void test_non_loopback_needs_token(void **state)
     const char *tok[] = {"--host", "0.0.0.0", "--auth-token-file", token_file, NULL};
     assert_int_equal(tsh_server_start(&s, tok), 0);
     hello_expect(&s, NULL, 0, TS_ST_AUTH_REQUIRED);
-    hello_expect(&s, TOKEN, strlen(TOKEN), TS_ST_OK);
+    /* In clear the token is refused (without --allow-plain-token); its proof gets in. */
+    hello_expect(&s, TOKEN, strlen(TOKEN), TS_ST_AUTH_FAILED);
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.auth_token = TOKEN;
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, s.addr, &o), 0);
+    assert_int_equal(ts_ping(c), 0);
+    ts_client_free(c);
     assert_int_equal(tsh_server_stop(&s), 0);
     tsh_server_cleanup(&s);
 }

@@ -376,8 +376,14 @@ static void test_unauth_flood_leaves_room(void **state)
     snprintf(tok, sizeof(tok), "/tmp/ts-conn-token-%d", (int)getpid());
     static const char token[] = "s3cret-token";
     assert_int_equal(th_write_file(tok, token, strlen(token)), 0);
-    const char *args[] = {
-        "--auth-token-file", tok, "--max-clients", "4", "--max-unauth-clients", "8", NULL};
+    const char *args[] = {"--auth-token-file",
+                          tok,
+                          "--allow-plain-token",
+                          "--max-clients",
+                          "4",
+                          "--max-unauth-clients",
+                          "8",
+                          NULL};
     assert_int_equal(tsh_server_start(&s, args), 0);
     enum { NFLOOD = 8 };
     int flood[NFLOOD];
