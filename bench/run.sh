@@ -10,6 +10,8 @@
 # and redis-py (--repeats N, --smoke, --no-redis, --no-pin, --raw).
 # "bench/run.sh rows [flags]" runs bench/rows_bench.py: gathering rows of a tensor bin over TCP,
 # the unix socket and by reference, against numpy.memmap (--repeats N, --rounds N, --smoke).
+# "bench/run.sh balance [flags]" runs slot_balance: how evenly slots spread 100,000 bin names over
+# 3, 16 and 64 shards of the default split (--names N, --seed S; no server, no Redis).
 # "bench/run.sh replay [flags]" runs replay_bench: replay tables, 8 inserters and 8 samplers.
 # "bench/run.sh coord [flags]" runs coord_bench: ADD against Redis INCR (--repeats N, --clients C,
 # --secs S, --no-pin, --smoke).
@@ -22,7 +24,8 @@ cd "$(dirname "$0")/.."
 
 BUILD=${TS_BENCH_BUILD:-build}
 
-if [ "${1:-}" != "stall" ] && [ "${1:-}" != "rows" ] && ! command -v redis-server >/dev/null 2>&1 &&
+if [ "${1:-}" != "stall" ] && [ "${1:-}" != "rows" ] && [ "${1:-}" != "balance" ] &&
+    ! command -v redis-server >/dev/null 2>&1 &&
     [ ! -x /usr/bin/redis-server ]; then
     echo "bench/run.sh: installing redis-server (the reference the benchmark compares with)"
     sudo=""
@@ -42,6 +45,12 @@ fi
 if grep -q "^TS_SANITIZE:STRING=..*" "$BUILD/CMakeCache.txt"; then
     echo "bench/run.sh: $BUILD is a sanitizer build; set TS_BENCH_BUILD to an optimised one" >&2
     exit 1
+fi
+if [ "${1:-}" = "balance" ]; then
+    # The slot function over many names (bench/slot_balance.c): no server, nothing to pin.
+    shift
+    cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target slot_balance
+    exec "$BUILD/bench/slot_balance" "$@"
 fi
 if [ "${1:-}" = "stall" ]; then
     shift
