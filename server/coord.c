@@ -9,6 +9,7 @@
 #include "msg.h"
 #include "record.h"
 #include "stream.h"
+#include "table.h"
 
 /* Room for a printable bin name in messages (255 bytes, each at most 4 bytes of UTF-8). */
 #define TSD_COORD_NAME_CAP (TS_MAX_NAME_LEN * 4 + 1)
@@ -216,21 +217,47 @@ static struct tsd_coord *coord_of(tsd_server *srv)
     return k;
 }
 
-/* The queue of name in t, made when make is 1; NULL when missing (or allocation failed). */
-static coord_queue *queue_get(tsd_htab *t, const uint8_t *name, size_t len, int make)
+/*
+ * What a queue (a TAKE queue, or a barrier, which stays once used) counts against --max-memory,
+ * in store.overhead: its block (struct and name) and its share of the bucket array, which holds
+ * up to two pointers per queue (as a bin's).
+ */
+static uint64_t queue_cost(size_t len)
+{
+    return tsd_heap_block(sizeof(coord_queue) + len) + 2 * sizeof(tsd_hnode *);
+}
+
+/*
+ * The queue of name in t, made when make is 1; NULL when missing, or when it could not be made
+ * (the memory limit, counted in stats.oom_rejections, or an allocation failure).
+ */
+static coord_queue *queue_get(tsd_server *srv, tsd_htab *t, const uint8_t *name, size_t len,
+                              int make)
 {
     tsd_hnode *n = tsd_htab_find(t, name, len);
     if (n != NULL || !make)
         return (coord_queue *)(void *)n;
-    coord_queue *q = ts__calloc(1, sizeof(*q) + len);
-    if (q == NULL)
+    if (tsd_store_charge(srv, NULL, queue_cost(len)) != 0)
         return NULL;
+    coord_queue *q = ts__calloc(1, sizeof(*q) + len);
+    if (q == NULL) {
+        tsd_store_uncharge(srv, NULL, queue_cost(len));
+        srv->stats.out_of_memory++;
+        return NULL;
+    }
     memcpy(q->name, name, len);
     q->node.name = q->name;
     q->node.name_len = (uint8_t)len;
     q->node.hash = tsd_hash(name, len);
     tsd_htab_insert(t, &q->node);
     return q;
+}
+
+/* Free q (already unlinked) and give back what it counted. */
+static void queue_free(tsd_server *srv, coord_queue *q)
+{
+    tsd_store_uncharge(srv, NULL, queue_cost(q->node.name_len));
+    ts__free(q);
 }
 
 /* Unlink w from its queue and the server's list, give back its --max-watch place, free it. */
@@ -262,7 +289,7 @@ static void wait_drop(tsd_server *srv, coord_wait *w)
     /* A take queue that is empty goes (a barrier stays: it keeps its generation). */
     if (q->n == 0 && take) {
         tsd_htab_remove(&k->takes, &q->node);
-        ts__free(q);
+        queue_free(srv, q);
     }
 }
 
@@ -280,12 +307,12 @@ static uint16_t wait_add(tsd_conn *c, tsd_htab *t, const uint8_t *name, size_t l
     if (tsd_store_reserve(&srv->store, sizeof(coord_wait)) != 0)
         return TS_ST_OUT_OF_MEMORY;
     tsd_store_unreserve(&srv->store, sizeof(coord_wait));
-    coord_queue *q = queue_get(t, name, len, 1);
+    coord_queue *q = queue_get(srv, t, name, len, 1);
     coord_wait *w = q != NULL ? ts__calloc(1, sizeof(*w)) : NULL;
     if (w == NULL) {
         if (q != NULL && q->n == 0 && t == &k->takes) {
             tsd_htab_remove(t, &q->node);
-            ts__free(q);
+            queue_free(srv, q);
         }
         return TS_ST_OUT_OF_MEMORY;
     }
@@ -394,7 +421,7 @@ static void op_take(tsd_conn *c, const ts__hdr *h, const ts__msg_coord_req *q)
         return;
     }
     /* First come, first served: a TAKE never passes one that waits already. */
-    int queued = queue_get(&k->takes, q->name, q->name_len, 0) != NULL;
+    int queued = queue_get(srv, &k->takes, q->name, q->name_len, 0) != NULL;
     if (bin != NULL && bin->n_items > 0 && !queued) {
         (void)take_reply(c, h->opcode, h->request_id, q->name, q->name_len, bin, q->count);
         return;
@@ -414,7 +441,7 @@ void tsd_coord_changed(tsd_server *srv, const uint8_t *name, size_t len)
     struct tsd_coord *k = srv->coord;
     if (k == NULL || k->serving || k->takes.count == 0)
         return;
-    coord_queue *q = queue_get(&k->takes, name, len, 0);
+    coord_queue *q = queue_get(srv, &k->takes, name, len, 0);
     if (q == NULL)
         return;
     /*
@@ -424,7 +451,7 @@ void tsd_coord_changed(tsd_server *srv, const uint8_t *name, size_t len)
     k->serving = 1;
     for (;;) {
         tsd_bin *bin = tsd_store_find(&srv->store, name, len);
-        q = queue_get(&k->takes, name, len, 0);
+        q = queue_get(srv, &k->takes, name, len, 0);
         if (bin == NULL || bin->n_items == 0 || q == NULL || tsd_bin_is_tensor(bin))
             break;
         coord_wait *w = q->head;
@@ -453,7 +480,7 @@ static void op_barrier(tsd_conn *c, const ts__hdr *h, const ts__msg_coord_req *q
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY, "out of memory waiting");
         return;
     }
-    coord_queue *b = queue_get(&k->barriers, q->name, q->name_len, 0);
+    coord_queue *b = queue_get(srv, &k->barriers, q->name, q->name_len, 0);
     if (b == NULL && k->barriers.count >= TSD_MAX_BARRIERS) {
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
                       "BARRIER %s: this server keeps %u barriers already", pn, TSD_MAX_BARRIERS);
@@ -481,8 +508,11 @@ static void op_barrier(tsd_conn *c, const ts__hdr *h, const ts__msg_coord_req *q
         b->parties = q->count;
         return;
     }
-    if (b == NULL && (b = queue_get(&k->barriers, q->name, q->name_len, 1)) == NULL) {
-        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY, "out of memory waiting");
+    if (b == NULL && (b = queue_get(srv, &k->barriers, q->name, q->name_len, 1)) == NULL) {
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY,
+                      "BARRIER %s: memory limit reached (--max-memory) or out of memory keeping "
+                      "a new barrier",
+                      pn);
         return;
     }
     /* The last arrival: release this generation, the waiters in arrival order, then itself. */
@@ -538,13 +568,13 @@ size_t tsd_coord_conn_drop(tsd_server *srv, tsd_conn *c, int answer)
 }
 
 /* Free every queue of t. */
-static void free_queues(tsd_htab *t)
+static void free_queues(tsd_server *srv, tsd_htab *t)
 {
     for (size_t i = 0; t->buckets != NULL && i <= t->mask; i++) {
         tsd_hnode *n = t->buckets[i];
         while (n != NULL) {
             tsd_hnode *next = n->next;
-            ts__free(n);
+            queue_free(srv, (coord_queue *)(void *)n);
             n = next;
         }
     }
@@ -560,8 +590,8 @@ void tsd_coord_free(tsd_server *srv)
         next = w->anext;
         ts__free(w);
     }
-    free_queues(&k->takes);
-    free_queues(&k->barriers);
+    free_queues(srv, &k->takes);
+    free_queues(srv, &k->barriers);
     ts__free(k);
     srv->coord = NULL;
 }
@@ -570,7 +600,7 @@ void tsd_coord_free(tsd_server *srv)
  * MGET
  */
 
-/* MGET: PEEK several bins at once; missing bins (and streams' names) are reported missing. */
+/* MGET: PEEK several bins at once; missing bins are reported missing. */
 static void op_mget(tsd_conn *c, const ts__hdr *h, const ts__msg_mget_req *q)
 {
     tsd_server *srv = c->srv;
@@ -584,6 +614,13 @@ static void op_mget(tsd_conn *c, const ts__hdr *h, const ts__msg_mget_req *q)
     uint64_t body_len = ts__msg_mget_head_size(q->n);
     for (uint32_t i = 0; i < q->n && ts__msg_mget_req_next(q, &off, &name, &nl); i++) {
         bins[i] = tsd_store_find(&srv->store, name, nl);
+        /*
+         * A stream or a replay table is not a missing bin: PEEK of one is INVALID, and so is the
+         * whole MGET, naming the first such name (nothing is returned).
+         */
+        if (bins[i] == NULL && (tsd_stream_refuse_name(c, h->opcode, h->request_id, name, nl) ||
+                                tsd_table_refuse_name(c, h->opcode, h->request_id, name, nl)))
+            return;
         found[i] = bins[i] != NULL ? TS_MGET_FOUND : TS_MGET_MISSING;
         blens[i] = 0;
         counts[i] = 0;

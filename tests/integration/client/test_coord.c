@@ -25,6 +25,7 @@
 #include "harness.h"
 #include "msg.h"
 #include "tensorshare/coord.h"
+#include "tensorshare/replay.h"
 #include "tensorshare/stream.h"
 #include "test_client_util.h"
 
@@ -696,6 +697,59 @@ static void test_barrier_bad(void **state)
     close(fd);
 }
 
+/*
+ * A barrier is kept in the server (its name, its generation) and counts against --max-memory,
+ * as its waits do: under a limit that the connection alone already fills, a new barrier is
+ * refused OUT_OF_MEMORY, even one of a single party that would be released at once.
+ */
+static void test_barrier_memory(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--max-memory", "1", NULL};
+    tsh_server small;
+    assert_int_equal(tsh_server_start(&small, args), 0);
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, small.addr, NULL), 0);
+    uint64_t g = 0;
+    assert_int_equal(ts_barrier(c, "tiny", 1, 0, &g), TS_EOOM);
+    assert_non_null(strstr(ts_last_error(), "memory"));
+    assert_int_equal(ts_barrier(c, "tiny", 2, 1000, &g), TS_EOOM);
+    ts_client_free(c);
+    assert_int_equal(tsh_server_stop(&small), 0);
+    tsh_server_cleanup(&small);
+}
+
+/*
+ * MGET answers each name as PEEK would: the name of a stream or of a replay table is not a
+ * missing bin (PEEK says INVALID, and a PUT to it would fail), so an MGET naming one is INVALID
+ * as a whole, naming it, and returns nothing.
+ */
+static void test_mget_other_kinds(void **state)
+{
+    (void)state;
+    ts_value_t *it = int_item(5);
+    assert_int_equal(ts_put(cl, "mk_bin", it, NULL), 0);
+    ts_value_free(it);
+    assert_int_equal(ts_stream_create(cl, "mk_stream", NULL, NULL), 0);
+    ts_table_config_t cfg;
+    ts_table_config_init(&cfg);
+    cfg.capacity = 4;
+    assert_int_equal(ts_table_create(cl, "mk_table", &cfg, NULL), 0);
+    ts_items_t *out[3] = {NULL, NULL, NULL};
+    const char *with_stream[3] = {"mk_bin", "mk_stream", "mk_nothing"};
+    assert_int_equal(ts_mget(cl, with_stream, 3, 0, out), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "mk_stream"));
+    assert_true(out[0] == NULL && out[1] == NULL && out[2] == NULL);
+    const char *with_table[2] = {"mk_table", "mk_bin"};
+    assert_int_equal(ts_mget(cl, with_table, 2, 0, out), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "mk_table"));
+    /* Plain and missing bins alone are served as before. */
+    const char *plain[2] = {"mk_bin", "mk_nothing"};
+    assert_int_equal(ts_mget(cl, plain, 2, 0, out), 0);
+    assert_true(out[0] != NULL && out[1] == NULL);
+    ts_items_free(out[0]);
+}
+
 /* A stopping tensord answers pending TAKEs and barrier arrivals SHUTTING_DOWN. */
 static void test_wait_shutdown(void **state)
 {
@@ -785,6 +839,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_take_timeout),     cmocka_unit_test(test_mget),
         cmocka_unit_test(test_barrier),          cmocka_unit_test(test_barrier_bad),
         cmocka_unit_test(test_wait_shutdown),    cmocka_unit_test(test_put_if_lz4),
+        cmocka_unit_test(test_barrier_memory),   cmocka_unit_test(test_mget_other_kinds),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
