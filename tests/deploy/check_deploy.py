@@ -843,6 +843,9 @@ def strace_sandbox(src, tensord, tsctl, settings, analyze, p):
             if re.search(r"\bmprotect\(.*PROT_EXEC", ln):
                 p.add("MemoryDenyWriteExecute", "a mapping made executable: " + ln)
             m = re.search(r'\bopenat\([^"]*"([^"]*)", ([A-Z_|]+)', ln)
+            if m and m.group(1).startswith("/proc/"):
+                p.check(re.match(r"/proc/(self|thread-self|\d+)/", m.group(1)), "ProcSubset=pid",
+                        "tensord opens %s, which ProcSubset=pid hides" % m.group(1))
             if m and re.search(r"O_WRONLY|O_RDWR|O_CREAT", m.group(2)):
                 path = m.group(1)
                 ok = (path.startswith(state + "/") or path.startswith(runtime + "/") or
