@@ -576,6 +576,7 @@ static void client_destroy(ts_client_t *c)
         pthread_cond_wait(&c->open_cond, &c->mu);
     pthread_mutex_unlock(&c->mu);
     ts__lane_destroy(c);
+    ts__client_tls_free(c);
     ts__idmap_free(&c->inflight);
     ts__idmap_free(&c->direct);
     ts__free(c->pb);
@@ -597,7 +598,6 @@ static void *io_main(void *arg)
      * A write to a connection the server has closed raises SIGPIPE in the writing thread,
      * which would kill the program; blocked here, libuv's writes fail with EPIPE instead
      * (direct writes on other threads pass MSG_NOSIGNAL).
-    ts__client_tls_free(c);
      */
     sigset_t pipe_set;
     sigemptyset(&pipe_set);
@@ -762,6 +762,8 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_client_optio
     }
     if (rc == 0)
         rc = setup_options(c, opts);
+    if (rc == 0)
+        rc = ts__client_tls_setup(c, opts);
     if (rc != 0) {
         ts__free(c->address);
         ts__free(c->host);
@@ -784,8 +786,6 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_client_optio
     pthread_cond_init(&c->open_cond, &c->condattr);
     pthread_cond_init(&c->rd_cond, NULL);
     ts__lane_init(c);
-    if (rc == 0)
-        rc = ts__client_tls_setup(c, opts);
     c->backoff_ms = c->opts.reconnect_min_ms;
     c->next_id = 1;
     c->d_next_id = 1;

@@ -279,16 +279,11 @@ static void go_ready(ts_client_t *c)
     }
 }
 
+static void send_hello_proof(ts_client_t *c, ts__conn *conn, int proof);
+
 void ts__hello_done(ts_client_t *c, ts__req *r, int status)
 {
     ts__conn *conn = c->conn;
-    if (status != 0) {
-        char msg[TS_MAX_ERRMSG + 64];
-static void send_hello_proof(ts_client_t *c, ts__conn *conn, int proof);
-
-        /* The server's message alone when it already begins with what the status says. */
-        const char *what = ts_strerror(status);
-        if (r->msg != NULL && strncmp(r->msg, what, strlen(what)) == 0)
     if (r->op == TS_OP_AUTH_CHALLENGE && status != 0) {
         char msg[TS_MAX_ERRMSG + 160];
         snprintf(msg, sizeof(msg),
@@ -303,6 +298,11 @@ static void send_hello_proof(ts_client_t *c, ts__conn *conn, int proof);
         send_hello_proof(c, conn, 1);
         return;
     }
+    if (status != 0) {
+        char msg[TS_MAX_ERRMSG + 64];
+        /* The server's message alone when it already begins with what the status says. */
+        const char *what = ts_strerror(status);
+        if (r->msg != NULL && strncmp(r->msg, what, strlen(what)) == 0)
             snprintf(msg, sizeof(msg), "handshake refused: %s", r->msg);
         else
             snprintf(msg, sizeof(msg), "handshake refused: %s%s%s", what,
@@ -313,11 +313,6 @@ static void send_hello_proof(ts_client_t *c, ts__conn *conn, int proof);
         ts__conn_fail_reason(c, conn, status, msg, verdict);
         return;
     }
-    conn->lz4 = (r->hello_flags & TS_HELLO_LZ4) != 0 && c->opts.compress_min > 0;
-    conn->max_body = r->hello_max_body != 0 ? r->hello_max_body : TS_DEFAULT_MAX_FRAME;
-    atomic_store(&c->lz4, conn->lz4);
-    go_ready(c);
-}
     if (r->hello_flags & TS_HELLO_TOKEN_PROOF) {
         /*
          * The server proves that it knows the token too. (One that did not grant the flag has no
@@ -336,6 +331,11 @@ static void send_hello_proof(ts_client_t *c, ts__conn *conn, int proof);
             return;
         }
     }
+    conn->lz4 = (r->hello_flags & TS_HELLO_LZ4) != 0 && c->opts.compress_min > 0;
+    conn->max_body = r->hello_max_body != 0 ? r->hello_max_body : TS_DEFAULT_MAX_FRAME;
+    atomic_store(&c->lz4, conn->lz4);
+    go_ready(c);
+}
 
 /*
  * With a token: send AUTH_CHALLENGE with a fresh nonce; HELLO follows its reply (ts__hello_done)
@@ -366,11 +366,6 @@ static void send_challenge(ts_client_t *c, ts__conn *conn)
 /* Connected: start reading and send HELLO (after AUTH_CHALLENGE when there is a token). */
 static void send_hello(ts_client_t *c, ts__conn *conn)
 {
-    ts__req *r = ts__calloc(1, sizeof(*r));
-    if (r == NULL) {
-        ts__conn_fail(c, conn, TS_ENOMEM, "out of memory");
-        return;
-{
     if (c->token_len > 0)
         send_challenge(c, conn);
     else
@@ -379,20 +374,25 @@ static void send_hello(ts_client_t *c, ts__conn *conn)
 
 /* Send HELLO; proof: its token field is the proof of the token (the nonces are in conn). */
 static void send_hello_proof(ts_client_t *c, ts__conn *conn, int proof)
+{
+    ts__req *r = ts__calloc(1, sizeof(*r));
+    if (r == NULL) {
+        ts__conn_fail(c, conn, TS_ENOMEM, "out of memory");
+        return;
     }
     r->c = c;
     r->kind = TS__K_HELLO;
     r->op = TS_OP_HELLO;
-    ts__msg_hello_req m = {.max_version = TS_PROTO_VERSION,
-                           .flags = (uint8_t)(flags | (proof ? TS_HELLO_TOKEN_PROOF : 0)),
-                           .token_len = proof ? (uint16_t)sizeof(tag) : 0,
-                           .token = proof ? tag : NULL};
-    /* The body goes in the frame's small buffer when it fits, else in a buffer of its own. */
     uint8_t tag[TS_MSG_TOKEN_PROOF_SIZE];
     if (proof)
         ts__auth_proof(c->token, c->token_len, TS_AUTH_CLIENT, conn->auth_nonces,
                        conn->auth_nonces + TS_MSG_AUTH_NONCE_SIZE, tag);
     uint8_t flags = c->opts.compress_min > 0 ? TS_HELLO_LZ4 : 0;
+    ts__msg_hello_req m = {.max_version = TS_PROTO_VERSION,
+                           .flags = (uint8_t)(flags | (proof ? TS_HELLO_TOKEN_PROOF : 0)),
+                           .token_len = proof ? (uint16_t)sizeof(tag) : 0,
+                           .token = proof ? tag : NULL};
+    /* The body goes in the frame's small buffer when it fits, else in a buffer of its own. */
     size_t need = ts__msg_hello_req_size(m.token_len);
     uint8_t *out = r->small + TS_HDR_SIZE;
     size_t cap = sizeof(r->small) - TS_HDR_SIZE;
@@ -426,15 +426,15 @@ static void connect_cb(uv_connect_t *req, int status)
         ts__conn_fail(c, conn, map_connect_err(status), uv_strerror(status));
         return;
     }
+    if (c->tls_ctx != NULL && conn->tls == NULL && ts__conn_tls_start(c, conn) != 0) {
+        ts__conn_fail(c, conn, TS_ENOMEM, "out of memory for a TLS session");
+        return;
+    }
     if (ts__read_start(c, conn) == 0)
         send_hello(c, conn); /* queued behind the TLS handshake, which runs first */
 }
 
 /* Connect a new TCP handle to addr. */
-    if (c->tls_ctx != NULL && conn->tls == NULL && ts__conn_tls_start(c, conn) != 0) {
-        ts__conn_fail(c, conn, TS_ENOMEM, "out of memory for a TLS session");
-        return;
-    }
 static void connect_tcp(ts_client_t *c, const struct sockaddr *addr)
 {
     ts__conn *conn = conn_new(c);

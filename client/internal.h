@@ -187,9 +187,9 @@ typedef struct ts__req {
     int have_state; /* res.version and res.n_items came from the server */
     uint8_t hello_flags;
     uint64_t hello_max_body;
-    /*
     /* AUTH_CHALLENGE: the server's nonce; HELLO with TOKEN_PROOF granted: the server's proof. */
     uint8_t hello_proof[TS_MSG_TOKEN_PROOF_SIZE];
+    /*
      * The fixed-size OK replies of the stream requests (reply.c; which member is set follows
      * from op: STREAM STATE, APPEND STATE, JOIN STATE or ACK STATE). Plain data: nothing to free.
      */
@@ -284,6 +284,9 @@ struct ts__conn {
     int closing;
     int lz4;           /* compressed bodies agreed in HELLO */
     uint64_t max_body; /* the server's body limit from HELLO */
+    /* The token proof's nonces: ours, then the server's (AUTH_CHALLENGE, section 4). */
+    uint8_t auth_nonces[2 * TS_MSG_AUTH_NONCE_SIZE];
+    struct ts__tls *tls; /* the TLS session on this connection (tls.c), or NULL: plain */
     /* Receiving. */
     uint8_t *stage;
     size_t stage_len;
@@ -300,9 +303,6 @@ struct ts__conn {
     int hup_fd;   /* -1 when there is no watcher */
     int hup_on;   /* the watcher is started */
     int hup_seen; /* it fired: the I/O thread reads on to the end of the stream */
-    /* The token proof's nonces: ours, then the server's (AUTH_CHALLENGE, section 4). */
-    uint8_t auth_nonces[2 * TS_MSG_AUTH_NONCE_SIZE];
-    struct ts__tls *tls; /* the TLS session on this connection (tls.c), or NULL: plain */
     int handles;  /* libuv handles still open (the stream, the watcher); freed at 0 */
 };
 
@@ -348,6 +348,11 @@ struct ts_client_s {
      * once, so that reconnects do not call getenv, which is not thread-safe against setenv.
      */
     int direct_allowed;
+    /* TLS (tls.c): on for "tls://" or the tls option; the context made at open, and the name
+     * the server's certificate must carry. The direct path is off then (direct_allowed 0). */
+    int tls;
+    struct ssl_ctx_st *tls_ctx;
+    char *tls_name;
     char *token;
     size_t token_len;
     pthread_t thread;
@@ -364,11 +369,6 @@ struct ts_client_s {
     pthread_cond_t open_cond;
     int open_done;      /* under mu */
     int open_status;    /* under mu */
-    /* TLS (tls.c): on for "tls://" or the tls option; the context made at open, and the name
-     * the server's certificate must carry. The direct path is off then (direct_allowed 0). */
-    int tls;
-    struct ssl_ctx_st *tls_ctx;
-    char *tls_name;
     char open_msg[256]; /* under mu */
     atomic_int connected;
     atomic_int lz4; /* the last handshake agreed on lz4 */
@@ -499,6 +499,24 @@ void ts__hello_done(ts_client_t *c, ts__req *r, int status);
 int ts__parse_address(ts_client_t *c, const char *address);
 
 /*
+ * tls.c: TLS on the TCP connection. ts__client_tls_setup (at open, after the options): make
+ * c->tls_ctx from opts when TLS is on; 0, or a TS_E code with the reason set (TS_ENOTSUP in a
+ * build without TLS). ts__client_tls_free: free it (client teardown). ts__conn_tls_start: TLS
+ * on conn, just connected (0 or TS_ENOMEM). The stream calls of a connection, through TLS
+ * when conn->tls is set: the same contracts as uv_read_start, uv_write and uv_close.
+ * ts__conn_tls_failed: 1 when conn's TLS session failed, with the TS_E code (TS_EAUTH for a
+ * certificate that failed verification, else TS_EPROTO) and the reason. I/O thread.
+ */
+int ts__client_tls_setup(ts_client_t *c, const ts_client_options_t *opts);
+void ts__client_tls_free(ts_client_t *c);
+int ts__conn_tls_start(ts_client_t *c, ts__conn *conn);
+int ts__conn_read_start(ts__conn *conn, uv_alloc_cb alloc_cb, uv_read_cb read_cb);
+int ts__conn_write(ts__conn *conn, uv_write_t *req, const uv_buf_t *bufs, unsigned int n,
+                   uv_write_cb cb);
+void ts__conn_close_stream(ts__conn *conn, uv_close_cb cb);
+int ts__conn_tls_failed(ts__conn *conn, int *err, const char **msg);
+
+/*
  * send.c: frames and writes (I/O thread).
  */
 /* Write r's frame on the current connection (or complete r with the error that prevents it). */
@@ -528,24 +546,6 @@ void ts__io_write_end(ts_client_t *c);
 void ts__req_write(ts_client_t *c, ts__conn *conn, ts__req *r, const uv_buf_t *bufs, size_t n);
 /* The callback of a uv_write of one request (w->data is the request). */
 void ts__write_cb(uv_write_t *w, int status);
-/*
- * tls.c: TLS on the TCP connection. ts__client_tls_setup (at open, after the options): make
- * c->tls_ctx from opts when TLS is on; 0, or a TS_E code with the reason set (TS_ENOTSUP in a
- * build without TLS). ts__client_tls_free: free it (client teardown). ts__conn_tls_start: TLS
- * on conn, just connected (0 or TS_ENOMEM). The stream calls of a connection, through TLS
- * when conn->tls is set: the same contracts as uv_read_start, uv_write and uv_close.
- * ts__conn_tls_failed: 1 when conn's TLS session failed, with the TS_E code (TS_EAUTH for a
- * certificate that failed verification, else TS_EPROTO) and the reason. I/O thread.
- */
-int ts__client_tls_setup(ts_client_t *c, const ts_client_options_t *opts);
-void ts__client_tls_free(ts_client_t *c);
-int ts__conn_tls_start(ts_client_t *c, ts__conn *conn);
-int ts__conn_read_start(ts__conn *conn, uv_alloc_cb alloc_cb, uv_read_cb read_cb);
-int ts__conn_write(ts__conn *conn, uv_write_t *req, const uv_buf_t *bufs, unsigned int n,
-                   uv_write_cb cb);
-void ts__conn_close_stream(ts__conn *conn, uv_close_cb cb);
-int ts__conn_tls_failed(ts__conn *conn, int *err, const char **msg);
-
 /* Set r's request id and write its frame header into r->small. */
 void ts__req_header(ts__req *r, uint32_t id);
 /* Number of write buffers r's frame needs, and the buffers themselves (returns their count). */

@@ -327,10 +327,6 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     (void)buf;
     if (conn->closing || nread == 0)
         return;
-    if (nread < 0) {
-        ts__conn_fail(c, conn, TS_ECONNRESET,
-                      nread == UV_EOF ? "the server closed the connection"
-                                      : uv_strerror((int)nread));
     int tls_err;
     const char *tls_msg;
     if (nread < 0 && ts__conn_tls_failed(conn, &tls_err, &tls_msg)) {
@@ -340,6 +336,10 @@ static void read_cb(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
         ts__conn_fail_reason(c, conn, tls_err, msg, 1);
         return;
     }
+    if (nread < 0) {
+        ts__conn_fail(c, conn, TS_ECONNRESET,
+                      nread == UV_EOF ? "the server closed the connection"
+                                      : uv_strerror((int)nread));
         return;
     }
     if (conn->rstate == TS__RS_BODY) {

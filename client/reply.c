@@ -376,6 +376,15 @@ int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
             return TS_EPROTO;
         r->hello_flags = m.flags;
         r->hello_max_body = m.max_body;
+        if (m.proof != NULL)
+            memcpy(r->hello_proof, m.proof, TS_MSG_TOKEN_PROOF_SIZE);
+        return 0;
+    }
+    case TS_MSG_AUTH_NONCE: {
+        ts__msg_auth_nonce m;
+        if (ts__msg_auth_nonce_decode(body, len, &m) != 0)
+            return TS_EPROTO;
+        memcpy(r->hello_proof, m.nonce, TS_MSG_AUTH_NONCE_SIZE);
         return 0;
     }
     case TS_MSG_EMPTY:
@@ -395,15 +404,6 @@ int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
         return ts__msg_stream_ack_state_decode(body, len, &r->stream.ack) != 0 ? TS_EPROTO : 0;
     case TS_MSG_TABLE_STATE:
         return ts__msg_table_state_decode(body, len, &r->stream.table) != 0 ? TS_EPROTO : 0;
-        if (m.proof != NULL)
-            memcpy(r->hello_proof, m.proof, TS_MSG_TOKEN_PROOF_SIZE);
-        return 0;
-    }
-    case TS_MSG_AUTH_NONCE: {
-        ts__msg_auth_nonce m;
-        if (ts__msg_auth_nonce_decode(body, len, &m) != 0)
-            return TS_EPROTO;
-        memcpy(r->hello_proof, m.nonce, TS_MSG_AUTH_NONCE_SIZE);
     default: /* no request of ours has another opcode */
         return TS_EPROTO;
     }

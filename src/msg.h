@@ -271,19 +271,19 @@ typedef struct ts__msg_hello_rep {
     uint8_t flags;
     uint64_t max_body;
     uint64_t server_id;
-} ts__msg_hello_rep;
     /* TS_MSG_TOKEN_PROOF_SIZE bytes (borrowed) when flags has TS_HELLO_TOKEN_PROOF, else NULL. */
     const uint8_t *proof;
+} ts__msg_hello_rep;
 int ts__msg_hello_rep_encode(uint8_t *out, size_t cap, const ts__msg_hello_rep *m, size_t *len);
 int ts__msg_hello_rep_decode(const uint8_t *body, size_t len, ts__msg_hello_rep *m);
 
-/*
 /* AUTH_CHALLENGE request and reply: exactly TS_MSG_AUTH_NONCE_SIZE bytes. Added in 0.5.0. */
 typedef struct ts__msg_auth_nonce {
     const uint8_t *nonce; /* borrowed from the body */
 } ts__msg_auth_nonce;
 int ts__msg_auth_nonce_decode(const uint8_t *body, size_t len, ts__msg_auth_nonce *m);
 
+/*
  * The requests whose body starts with a bin name: DELETE, LISTEN, UNLISTEN (name only), GET and
  * PEEK (max_items), WAIT (after_version, timeout_ms). One struct serves all; the fields a layout
  * does not have are 0 after decoding and ignored by the encoders.
@@ -883,8 +883,8 @@ typedef struct ts__msg {
     union {
         ts__msg_hello_req hello_req;
         ts__msg_hello_rep hello_rep;
-        ts__msg_name_req name_req; /* NAME_REQ, GET_REQ, WAIT_REQ */
         ts__msg_auth_nonce auth_nonce;
+        ts__msg_name_req name_req; /* NAME_REQ, GET_REQ, WAIT_REQ */
         ts__msg_put_req put;
         ts__msg_bin_state state;
         ts__msg_items items;
