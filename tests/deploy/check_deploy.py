@@ -1169,6 +1169,8 @@ def cluster_once(src, tensord, tsctl):
     ports = [free_port() for _ in range(replicas)]
     http_ports = [free_port() for _ in range(replicas)]
     procs = []
+    specs = []  # each shard's command and environment, to restart it
+    changes = {}  # bin name -> its change counter after the first PUT
     with tempfile.TemporaryDirectory(prefix="ts-deploy-cluster-") as tmp:
         try:
             for i in range(replicas):
@@ -1217,6 +1219,7 @@ def cluster_once(src, tensord, tsctl):
                         args[args.index(flag) + 1] = val
                 cmd = [k8s_expand(x, env) for x in c["command"]] + args
                 log = open(os.path.join(tmp, "shard%d.log" % i), "w")
+                specs.append((cmd, env))
                 procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=log,
                                                cwd=root), log, root))
             for i, (proc, _, _) in enumerate(procs):
@@ -1241,6 +1244,9 @@ def cluster_once(src, tensord, tsctl):
                                    env=tenv, capture_output=True, text=True,
                                    timeout=TOOL_TIMEOUT_S)
                 p.check(r.returncode == 0, "shard %d put %s" % (i, name), r.stderr.strip())
+                m = re.search(r"change (\d+)", r.stdout)
+                if m:
+                    changes[name] = int(m.group(1))
                 other = (i + 1) % replicas
                 r = subprocess.run([tsctl, "-p", str(ports[other]), "-t", "5000", "put", name,
                                     "1"], env=tenv, capture_output=True, text=True,
@@ -1249,6 +1255,30 @@ def cluster_once(src, tensord, tsctl):
                         "127.0.0.1:%d" % ports[i] in r.stderr,
                         "shard %d put %s" % (other, name),
                         "not refused as shard %d's bin: %s" % (i, (r.stdout + r.stderr).strip()))
+            # A restart of the last shard as a rolling update does it: SIGTERM, a clean exit,
+            # the same command again. Its bin comes back from the snapshot on its volume, and
+            # the bin's change counter keeps growing.
+            last = replicas - 1
+            proc, log, root = procs[last]
+            rc = stop_process(proc)
+            p.check(rc == 0, "shard %d" % last, "exited %r after SIGTERM (restart)" % rc)
+            cmd, env = specs[last]
+            procs[last] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=root),
+                           log, root)
+            err = wait_http(http_ports[last], "/readyz", procs[last][0], PROCESS_WAIT_S)
+            p.check(err is None, "shard %d /readyz after a restart" % last, str(err))
+            name = name_of_shard(last, replicas)
+            tenv = dict(os.environ, TS_AUTH_TOKEN=token)
+            r = subprocess.run([tsctl, "-p", str(ports[last]), "-t", "5000", "peek", name],
+                               env=tenv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+            p.check(r.returncode == 0, "shard %d peek %s after a restart" % (last, name),
+                    "the bin did not survive the restart: %s" % r.stderr.strip())
+            r = subprocess.run([tsctl, "-p", str(ports[last]), "-t", "5000", "put", name, "2"],
+                               env=tenv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+            m = re.search(r"change (\d+)", r.stdout)
+            p.check(m and name in changes and int(m.group(1)) > changes[name],
+                    "shard %d put %s after a restart" % (last, name),
+                    "change counter not above %s: %s" % (changes.get(name), r.stdout.strip()))
             # The Containerfile's HEALTHCHECK, pointed at shard 0's HTTP port.
             hc = [rest for _, ins, rest in containerfile_instructions(src)
                   if ins == "HEALTHCHECK"]
