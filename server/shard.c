@@ -227,8 +227,9 @@ int tsd_shard_refuse_request(tsd_conn *c, const ts__hdr *h, const ts__msg *m, co
         return 0;
     }
     /*
-     * The bodies that open with the name of the bin, stream, table, counter or barrier they act
-     * on (u8 length, then its bytes); their decoder has checked that the name is in the body.
+     * The bodies that open with the name of the bin, stream, table, counter, barrier, parameter
+     * or embedding table they act on (u8 length, then its bytes); their decoder has checked that
+     * the name is in the body.
      */
     case TS_MSG_NAME_REQ:
     case TS_MSG_GET_REQ:
@@ -251,6 +252,9 @@ int tsd_shard_refuse_request(tsd_conn *c, const ts__hdr *h, const ts__msg *m, co
     case TS_MSG_TABLE_SAMPLE_REQ:
     case TS_MSG_TABLE_UPDATE_REQ:
     case TS_MSG_TABLE_REMOVE_REQ:
+    case TS_MSG_PS_CREATE_REQ:
+    case TS_MSG_PS_PULL_REQ:
+    case TS_MSG_EMB_CREATE_REQ:
         if (len < 1 || (size_t)body[0] > len - 1)
             return 0; /* cannot happen after the decoder; nothing to check */
         return tsd_shard_refuse(c, h->opcode, h->request_id, body + 1, body[0]);
