@@ -1,12 +1,14 @@
 /*
  * tensord sharding (docs/PROTOCOL.md section 14): a daemon started --shard 1/3 answers every
- * request naming another shard's bin, stream, table, counter or barrier (uploads included,
- * raw, large and compressed) with WRONG_SHARD and its exact body, does nothing else and keeps
- * the connection; it serves its own names; MGET needs every name owned. With --cluster-map the
- * body names the owner's address and the map's epoch, and SHARD_MAP returns the map. Bad
- * --shard and --cluster-map values exit 2 with a message. A bin's versions keep growing across
- * restarts, from a snapshot (the saved counter) and without one (the clock).
+ * request naming another shard's bin, stream, table, counter, barrier or parameter (uploads
+ * included, raw, large and compressed, and the by-reference requests on a unix socket) with
+ * WRONG_SHARD and its exact body, does nothing else and keeps the connection; it serves its own
+ * names; MGET needs every name owned. With --cluster-map the body names the owner's address and
+ * the map's epoch, and SHARD_MAP returns the map. Bad --shard and --cluster-map values exit 2
+ * with a message. A bin's versions keep growing across restarts, from a snapshot (the saved
+ * counter) and without one (the clock).
  */
+#define _GNU_SOURCE /* memfd_create */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +18,8 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "compress.h"
@@ -322,6 +326,76 @@ static void test_compressed_upload(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
 }
 
+/* Send a frame of op with one descriptor attached to its first byte (SCM_RIGHTS). */
+static void send_with_fd(int fd, uint8_t op, uint32_t r, const uint8_t *body, size_t len, int dfd)
+{
+    uint8_t frame[TS_HDR_SIZE + 300];
+    assert_true(len <= sizeof(frame) - TS_HDR_SIZE);
+    ts__hdr h = {TS_MAGIC_REQ, TS_PROTO_VERSION, op, 0, 0, r, len};
+    ts__hdr_encode(&h, frame);
+    memcpy(frame + TS_HDR_SIZE, body, len);
+    struct iovec iov = {frame, TS_HDR_SIZE + len};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    msg.msg_control = ctl.buf;
+    msg.msg_controllen = sizeof(ctl.buf);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &dfd, sizeof(int));
+    assert_int_equal(sendmsg(fd, &msg, MSG_NOSIGNAL), (ssize_t)(TS_HDR_SIZE + len));
+}
+
+/* The by-reference requests (a unix socket granted FDS): GET_REF, PEEK_REF, PUT_FD. */
+static void test_by_reference(void **state)
+{
+    (void)state;
+    const char *args[] = {"--shard", "1/3", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    int fd = tsh_connect_unix(s.unix_path);
+    assert_true(fd >= 0);
+    uint8_t hello[4] = {TS_PROTO_VERSION, TS_HELLO_FDS, 0, 0};
+    assert_int_equal(tsh_send(fd, TS_OP_HELLO, 1, hello, sizeof(hello)), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_HELLO, 1, TS_ST_OK);
+    assert_true(f.body[1] & TS_HELLO_FDS);
+    tsu_frame_free(&f);
+    ts__shard_map *map = NULL;
+    assert_int_equal(ts__shard_map_default(3, NULL, 1, &map), 0);
+    uint32_t r = rid++;
+    assert_int_equal(tsu_send_get(fd, TS_OP_GET_REF, r, "params", 0), 0);
+    expect_wrong(fd, TS_OP_GET_REF, r, "params", map, "");
+    r = rid++;
+    assert_int_equal(tsu_send_get(fd, TS_OP_PEEK_REF, r, "params", 0), 0);
+    expect_wrong(fd, TS_OP_PEEK_REF, r, "params", map, "");
+    /* PUT_FD: a valid record in a memfd, refused for its name; the descriptor is not kept. */
+    size_t rl = 0;
+    uint8_t *rec = tsu_rec_int(9, &rl);
+    int mfd = memfd_create("test_shard", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(mfd >= 0);
+    assert_int_equal(write(mfd, rec, rl), (ssize_t)rl);
+    uint8_t body[1 + 6 + 8];
+    body[0] = 6;
+    memcpy(body + 1, "params", 6);
+    ts__put_u64le(body + 7, rl);
+    r = rid++;
+    send_with_fd(fd, TS_OP_PUT_FD, r, body, sizeof(body), mfd);
+    expect_wrong(fd, TS_OP_PUT_FD, r, "params", map, "");
+    expect_usable(fd);
+    assert_int_equal(tsu_stat(fd, "bins"), 0);
+    assert_int_equal(tsu_stat(fd, "wrong_shard"), 3);
+    close(mfd);
+    tsu_rec_free(rec, rl);
+    ts__shard_map_free(map);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
 /* Write text to path in the harness's directory. */
 static void write_map(char *path, size_t cap, const char *name, const char *text)
 {
@@ -496,6 +570,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_shard_of_three, teardown),
         cmocka_unit_test_teardown(test_compressed_upload, teardown),
+        cmocka_unit_test_teardown(test_by_reference, teardown),
         cmocka_unit_test_teardown(test_cluster_map, teardown),
         cmocka_unit_test_teardown(test_bad_flags, teardown),
         cmocka_unit_test_teardown(test_versions_across_restarts, teardown),
