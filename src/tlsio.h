@@ -26,17 +26,19 @@
 #include <openssl/ssl.h>
 #include <uv.h>
 
-/* bytes; plaintext encrypted per SSL_write call (a few TLS records) */
-#define TS_TLS_WRITE_PIECE ((size_t)64 << 10)
+/* bytes; plaintext encrypted per SSL_write call (16 TLS records of 16 KiB) */
+#define TS_TLS_WRITE_PIECE ((size_t)256 << 10)
 /* bytes; ciphertext gathered into one uv_write */
-#define TS_TLS_CHUNK ((size_t)256 << 10)
+#define TS_TLS_CHUNK ((size_t)1 << 20)
 /*
  * bytes; ciphertext handed to the socket and not yet written. The rest of the owner's output
- * waits as plaintext, so a 1 GiB reply costs at most this much of encrypted copy at a time.
+ * waits as plaintext, so a 1 GiB reply costs at most this much of encrypted copy at a time;
+ * large enough that the socket always has a few chunks queued while the next is encrypted
+ * (bench/tls_bench.c: 4 MiB with 1 MiB chunks was slightly faster than 1 MiB with 256 KiB).
  */
-#define TS_TLS_MAX_INFLIGHT ((size_t)1 << 20)
+#define TS_TLS_MAX_INFLIGHT ((size_t)4 << 20)
 /* bytes; the buffer ciphertext is read into from the socket */
-#define TS_TLS_READ_BUF ((size_t)64 << 10)
+#define TS_TLS_READ_BUF ((size_t)256 << 10)
 
 typedef struct ts__tls ts__tls;
 

@@ -1096,7 +1096,7 @@ static void test_ref_examples(void **state)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The token proof examples of docs/PROTOCOL.md 4 ("auth example" markers): the frames the codec
+ * The token proof examples of docs/PROTOCOL.md 4 ("example" markers): the frames the codec
  * writes, with the proofs computed by src/auth.c from the documented token and nonces.
  */
 static void test_auth_examples(void **state)
@@ -1117,9 +1117,9 @@ static void test_auth_examples(void **state)
                                         "hello-proof-req", "hello-proof-rep"};
     for (size_t k = 0; k < TS__ARRAY_SIZE(names); k++) {
         uint8_t docf[256], built[256];
-        long n = rows_example(doc, "auth example", names[k], docf, sizeof(docf));
+        long n = rows_example(doc, "example", names[k], docf, sizeof(docf));
         if (n < 0)
-            fail_msg("docs/PROTOCOL.md: auth example %s is missing or malformed", names[k]);
+            fail_msg("docs/PROTOCOL.md: example %s is missing or malformed", names[k]);
         size_t bn = 0, len = 0;
         if (k < 2) {
             bn = rows_hdr(built, k == 0, TS_OP_AUTH_CHALLENGE, 1, TS_MSG_AUTH_NONCE_SIZE);
@@ -1146,7 +1146,7 @@ static void test_auth_examples(void **state)
             bn = rows_hdr(built, 0, TS_OP_HELLO, 2, len) + len;
         }
         if ((size_t)n != bn || memcmp(docf, built, bn) != 0)
-            fail_msg("docs/PROTOCOL.md: auth example %s is not what the code writes", names[k]);
+            fail_msg("docs/PROTOCOL.md: example %s is not what the code writes", names[k]);
     }
     free(doc);
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "auth.h"
 #include "compress.h"
 #include "harness.h"
 #include "proto.h"
@@ -229,23 +230,32 @@ static void test_opcode_table(void **state)
         uint8_t op;
         const char *name;
     } table[] = {
-        {0x01, "HELLO"},         {0x02, "PING"},          {0x03, "PUT"},
-        {0x04, "APPEND"},        {0x05, "GET"},           {0x06, "PEEK"},
-        {0x07, "DELETE"},        {0x08, "LIST"},          {0x09, "LISTEN"},
-        {0x0A, "UNLISTEN"},      {0x0B, "WAIT"},          {0x0C, "STATS"},
-        {0x0D, "SAVE"},          {0x0E, "GET_REF"},       {0x0F, "PEEK_REF"},
-        {0x10, "PUT_FD"},        {0x11, "APPEND_FD"},     {0x12, "TENSOR_BIN"},
-        {0x13, "READ_ROWS"},     {0x14, "GATHER_ROWS"},   {0x15, "WRITE_ROWS"},
-        {0x16, "STREAM_CREATE"}, {0x17, "STREAM_APPEND"}, {0x18, "STREAM_MARK"},
-        {0x19, "STREAM_CREDIT"}, {0x1A, "STREAM_JOIN"},   {0x1B, "STREAM_READ"},
-        {0x1C, "STREAM_ACK"},    {0x1D, "STREAM_LEAVE"},  {0x1E, "STREAM_INFO"},
-        {0x1F, "STREAM_RANGE"},  {0x20, "ADD"},           {0x21, "PUT_IF"},
-        {0x22, "TAKE"},          {0x23, "MGET"},          {0x24, "BARRIER"},
-        {0x28, "TABLE_CREATE"},  {0x29, "TABLE_INSERT"},  {0x2A, "TABLE_SAMPLE"},
-        {0x2B, "TABLE_UPDATE"},  {0x2C, "TABLE_REMOVE"},  {0x2D, "TABLE_INFO"},
-        {0x30, "SHARD_MAP"},     {0x38, "PS_CREATE"},     {0x39, "PS_PUSH"},
-        {0x3A, "PS_PULL"},       {0x3B, "EMB_CREATE"},    {0x3C, "EMB_PULL"},
-        {0x3D, "EMB_PUSH"},      {0x80, "NOTIFY"},
+        {0x01, "HELLO"},         {0x02, "PING"},
+        {0x03, "PUT"},           {0x04, "APPEND"},
+        {0x05, "GET"},           {0x06, "PEEK"},
+        {0x07, "DELETE"},        {0x08, "LIST"},
+        {0x09, "LISTEN"},        {0x0A, "UNLISTEN"},
+        {0x0B, "WAIT"},          {0x0C, "STATS"},
+        {0x0D, "SAVE"},          {0x0E, "GET_REF"},
+        {0x0F, "PEEK_REF"},      {0x10, "PUT_FD"},
+        {0x11, "APPEND_FD"},     {0x12, "TENSOR_BIN"},
+        {0x13, "READ_ROWS"},     {0x14, "GATHER_ROWS"},
+        {0x15, "WRITE_ROWS"},    {0x16, "STREAM_CREATE"},
+        {0x17, "STREAM_APPEND"}, {0x18, "STREAM_MARK"},
+        {0x19, "STREAM_CREDIT"}, {0x1A, "STREAM_JOIN"},
+        {0x1B, "STREAM_READ"},   {0x1C, "STREAM_ACK"},
+        {0x1D, "STREAM_LEAVE"},  {0x1E, "STREAM_INFO"},
+        {0x1F, "STREAM_RANGE"},  {0x20, "ADD"},
+        {0x21, "PUT_IF"},        {0x22, "TAKE"},
+        {0x23, "MGET"},          {0x24, "BARRIER"},
+        {0x28, "TABLE_CREATE"},  {0x29, "TABLE_INSERT"},
+        {0x2A, "TABLE_SAMPLE"},  {0x2B, "TABLE_UPDATE"},
+        {0x2C, "TABLE_REMOVE"},  {0x2D, "TABLE_INFO"},
+        {0x30, "SHARD_MAP"},     {0x31, "AUTH_CHALLENGE"},
+        {0x38, "PS_CREATE"},     {0x39, "PS_PUSH"},
+        {0x3A, "PS_PULL"},       {0x3B, "EMB_CREATE"},
+        {0x3C, "EMB_PULL"},      {0x3D, "EMB_PUSH"},
+        {0x80, "NOTIFY"},
     };
     int known = 0;
     for (int op = 0; op < 256; op++) {
@@ -587,6 +597,35 @@ static int build_example(const char *name, fb *out)
         fb_u64(&b, TS_DEFAULT_MAX_FRAME, "max_body");
         fb_u64(&b, EX_SERVER_ID, "server_id");
         fb_frame(out, P, TS_OP_HELLO, 0, 0, 1, &b);
+    } else if (strncmp(name, "auth-", 5) == 0 || strncmp(name, "hello-proof-", 12) == 0) {
+        /* The token proof (section 4): token "s3cret-token", nonces 00..1f and 80..9f. */
+        uint8_t cn[TS_MSG_AUTH_NONCE_SIZE], sn[TS_MSG_AUTH_NONCE_SIZE];
+        uint8_t proof[TS_MSG_TOKEN_PROOF_SIZE];
+        for (int i = 0; i < TS_MSG_AUTH_NONCE_SIZE; i++) {
+            cn[i] = (uint8_t)i;
+            sn[i] = (uint8_t)(0x80 + i);
+        }
+        int req = strstr(name, "-req") != NULL;
+        if (strncmp(name, "auth-", 5) == 0) {
+            fb_put(&b, req ? cn : sn, TS_MSG_AUTH_NONCE_SIZE, "nonce");
+            fb_frame(out, req ? Q : P, TS_OP_AUTH_CHALLENGE, 0, 0, 1, &b);
+            return 0;
+        }
+        ts__auth_proof("s3cret-token", 12, req ? TS_AUTH_CLIENT : TS_AUTH_SERVER, cn, sn, proof);
+        if (req) {
+            fb_u8(&b, 1, "max_version");
+            fb_u8(&b, TS_HELLO_TOKEN_PROOF, "flags");
+            fb_u16(&b, TS_MSG_TOKEN_PROOF_SIZE, "token_len");
+        } else {
+            fb_u8(&b, 1, "version");
+            fb_u8(&b, TS_HELLO_TOKEN_PROOF, "flags");
+            fb_u16(&b, 0, "reserved");
+            fb_u32(&b, 0, "reserved");
+            fb_u64(&b, TS_DEFAULT_MAX_FRAME, "max_body");
+            fb_u64(&b, EX_SERVER_ID, "server_id");
+        }
+        fb_put(&b, proof, sizeof(proof), "proof");
+        fb_frame(out, req ? Q : P, TS_OP_HELLO, 0, 0, 2, &b);
     } else if (strcmp(name, "ping-req") == 0) {
         fb_frame(out, Q, TS_OP_PING, 0, 0, 2, &b);
     } else if (strcmp(name, "ping-rep") == 0) {
@@ -921,6 +960,10 @@ static const char *const example_names[] = {
     "emb-pull-rep",
     "emb-push-req",
     "emb-push-rep",
+    "auth-challenge-req",
+    "auth-challenge-rep",
+    "hello-proof-req",
+    "hello-proof-rep",
 };
 
 /* The PUT example, written out by hand: the codec must produce exactly these bytes. */
