@@ -699,11 +699,6 @@ void tsd_http_close(tsd_server *srv)
         ts__free(h);
 }
 
-int tsd_http_port(const tsd_server *srv)
-{
-    return srv->http != NULL ? srv->http->port : -1;
-}
-
 void tsd_http_stats_get(const tsd_server *srv, tsd_http_stats *st)
 {
     memset(st, 0, sizeof(*st));

@@ -49,8 +49,6 @@ void tsd_http_stopping(tsd_server *srv);
  * for their close callbacks, which free what is left). No-op without a listener.
  */
 void tsd_http_close(tsd_server *srv);
-/* The bound HTTP port, or -1 without a listener. */
-int tsd_http_port(const tsd_server *srv);
 
 /* The HTTP side's own counters (all 0 without a listener). */
 typedef struct tsd_http_stats {
