@@ -11,12 +11,13 @@ cd "$(dirname "$0")"
 # test the Python package; redis-server and python3-redis/-hiredis are the Python benchmark's
 # reference; libssl-dev builds TLS, openssl makes the tests' certificates, prometheus scrapes a
 # real tensord in the metrics test, python3-yaml checks the deployment files, iproute2 makes the
-# cluster tests' network namespaces).
+# cluster tests' network namespaces, strace and systemd (systemd-analyze) check the deployment
+# files' sandbox).
 PKGS=(build-essential cmake pkg-config libuv1-dev liblz4-dev libcmocka-dev libdlpack-dev
       libtorch-dev clang libclang-rt-14-dev clang-format procps
       python3-dev python3-setuptools python3-pip python3-torch python3-numpy python3-pytest
       python3-redis python3-hiredis redis-server
-      libssl-dev openssl prometheus python3-yaml iproute2 curl)
+      libssl-dev openssl prometheus python3-yaml iproute2 curl strace systemd)
 # What building tensord alone needs (./run.sh serve): no test, benchmark, shim or lint tools.
 # libdlpack-dev is there because the configure requires it for the client library's ABI.
 SERVE_PKGS=(build-essential cmake pkg-config libuv1-dev liblz4-dev libdlpack-dev libssl-dev)
