@@ -522,10 +522,13 @@ static void discard_reply(tsd_conn *c)
         (void)tsd_shard_refuse(c, c->cur.opcode, c->cur.request_id, c->cur_name, c->cur_name_len);
         return;
     }
-    if (c->cur_stream_status != 0) { /* a STREAM_APPEND refused by its name (start_upload) */
+    if (c->cur_stream_status != 0) { /* a STREAM_APPEND or TABLE_INSERT refused (start_upload) */
         uint16_t status = c->cur_stream_status;
         c->cur_stream_status = 0;
-        tsd_stream_refuse_append(c, &c->cur, c->cur_name, c->cur_name_len, status);
+        if (c->cur.opcode == TS_OP_TABLE_INSERT)
+            tsd_table_refuse_insert(c, &c->cur, c->cur_name, c->cur_name_len, status);
+        else
+            tsd_stream_refuse_append(c, &c->cur, c->cur_name, c->cur_name_len, status);
         return;
     }
     srv->stats.oom_rejections++;
@@ -1253,11 +1256,16 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
         start_discard(c, rlen);
         return 0;
     }
-    if (h->opcode == TS_OP_STREAM_APPEND) {
-        /* A missing stream, a plain bin's name, no credit: decided now, answered once the
-         * record has been read and dropped unchecked (nothing is reserved for it). */
-        uint16_t status = tsd_stream_append_check(srv, m.name, m.name_len);
-        if (status != TS_ST_OK) {
+    if (h->opcode == TS_OP_STREAM_APPEND || h->opcode == TS_OP_TABLE_INSERT) {
+        /* A missing stream, a plain bin's name, no credit; a missing table, a bad priority or
+         * reserved field, a rate limiter that holds inserts back with timeout 0: decided now,
+         * answered once the record has been read and dropped unchecked (nothing is reserved for
+         * it). */
+        uint16_t status =
+            h->opcode == TS_OP_STREAM_APPEND
+                ? tsd_stream_append_check(srv, m.name, m.name_len)
+                : tsd_table_insert_check(srv, m.name, m.name_len, m.fixed, m.fixed_len);
+        if (status != 0) {
             c->cur = *h;
             memcpy(c->cur_name, m.name, m.name_len);
             c->cur_name_len = (uint8_t)m.name_len;

@@ -856,7 +856,10 @@ typedef struct tsd_conn {
     int cur_alloc_failed; /* TSD_RS_DISCARD: refused for a failed allocation, not the limit */
     int cur_refused;      /* TSD_RS_DISCARD: refused because snapshots fail (SAVE_FAILING) */
     int cur_disk_rc;      /* TSD_RS_DISCARD: refused by the data directory (tsd_datadir_alloc) */
-    /* TSD_RS_DISCARD: a STREAM_APPEND refused once its name was in (the status it gets). */
+    /*
+     * TSD_RS_DISCARD: a STREAM_APPEND refused once its name was in (the status it gets), or a
+     * TABLE_INSERT once its fixed fields were in (table.c's reason, tsd_table_insert_check).
+     */
     uint16_t cur_stream_status;
     /* TSD_RS_DISCARD: an upload naming another shard's bin (shard.c). */
     int cur_wrong_shard;

@@ -1189,6 +1189,54 @@ void tsd_table_insert(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
     w->priority = f.priority;
 }
 
+/* Why tsd_table_insert_check refuses an insert (0: it does not). */
+enum {
+    TINS_BAD_FIXED = 1, /* a reserved field not zero: BAD_REQUEST, the connection closes */
+    TINS_NO_TABLE,      /* NOT_FOUND, or INVALID for a bin or a stream of that name */
+    TINS_BAD_PRIORITY,  /* INVALID */
+    TINS_HELD,          /* the limiter holds inserts back and the timeout is 0: TIMEOUT */
+};
+
+uint16_t tsd_table_insert_check(tsd_server *srv, const uint8_t *name, size_t len,
+                                const uint8_t *fixed, size_t fixed_len)
+{
+    ts__msg_table_insert_fixed f;
+    if (fixed_len != TS_MSG_TABLE_INSERT_FIXED || ts__msg_table_insert_fixed_decode(fixed, &f) != 0)
+        return TINS_BAD_FIXED;
+    tsd_table *t = tsd_table_find(srv, name, len);
+    if (t == NULL)
+        return TINS_NO_TABLE;
+    if (!priority_ok(&t->cfg, f.priority))
+        return TINS_BAD_PRIORITY;
+    if (f.timeout_ms == 0 && (t->ins_head != NULL || !can_insert(t)))
+        return TINS_HELD;
+    return 0;
+}
+
+void tsd_table_refuse_insert(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t len,
+                             uint16_t reason)
+{
+    uint8_t op = h->opcode;
+    uint32_t rid = h->request_id;
+    switch (reason) {
+    case TINS_BAD_FIXED:
+        tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST, "TABLE_INSERT: reserved field not zero");
+        return;
+    case TINS_NO_TABLE:
+        reply_no_table(c, op, rid, name, len);
+        return;
+    case TINS_BAD_PRIORITY:
+        tsd_reply_err(c, op, rid, TS_ST_INVALID,
+                      "TABLE_INSERT: a priority must be finite and at least 0 (and its weight "
+                      "finite)");
+        return;
+    default:
+        tsd_reply_err(c, op, rid, TS_ST_TIMEOUT,
+                      "TABLE_INSERT: the rate limiter holds inserts back (timeout 0)");
+        return;
+    }
+}
+
 static void op_sample(tsd_conn *c, const ts__hdr *h, tsd_table *t, uint32_t n, uint32_t timeout_ms)
 {
     if (n < 1 || n > TS_TABLE_MAX_SAMPLE) {

@@ -42,6 +42,19 @@ void tsd_table_dispatch(tsd_conn *c, const ts__hdr *h, const ts__msg *m);
  */
 void tsd_table_insert(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t len,
                       const uint8_t *fixed, size_t fixed_len, tsd_item *item);
+/*
+ * A TABLE_INSERT whose name and fixed_len bytes of fixed fields have arrived (conn.c
+ * start_upload), before anything is reserved for its record: 0 when it may go on, else the
+ * reason it is refused now (a missing table or another kind of bin, a bad priority or reserved
+ * field, a rate limiter that holds inserts back while the insert's timeout is 0). The record is
+ * then read and dropped unchecked, and tsd_table_refuse_insert answers with that reason.
+ * Added in 0.5.0.
+ */
+uint16_t tsd_table_insert_check(tsd_server *srv, const uint8_t *name, size_t len,
+                                const uint8_t *fixed, size_t fixed_len);
+/* Answer a TABLE_INSERT refused by tsd_table_insert_check for reason. Added in 0.5.0. */
+void tsd_table_refuse_insert(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t len,
+                             uint16_t reason);
 /* DELETE of a table: its waits are answered NOT_FOUND, then the reply and a notification. */
 void tsd_table_delete(tsd_conn *c, const ts__hdr *h, tsd_table *t);
 /* A closing connection: drop its waits without an answer (their records are released). */

@@ -676,6 +676,85 @@ static size_t insert_body(uint8_t *out, size_t cap, const char *name, double pri
     return len;
 }
 
+/*
+ * A raw TABLE_INSERT whose record is big bytes of filler (never a valid record: a refused insert's
+ * record is dropped unread). Returns the reply's status; the body is sent whole.
+ */
+static uint16_t big_insert(int fd, const char *name, double prio, uint32_t timeout_ms,
+                           uint32_t reserved, size_t big)
+{
+    static uint32_t rid = 500;
+    size_t nl = strlen(name);
+    size_t head = 1 + nl + TS_MSG_TABLE_INSERT_FIXED;
+    uint8_t *body = calloc(1, head + big);
+    assert_non_null(body);
+    body[0] = (uint8_t)nl;
+    memcpy(body + 1, name, nl);
+    ts__msg_table_insert_fixed f = {.priority = prio, .timeout_ms = timeout_ms};
+    ts__msg_table_insert_fixed_encode(body + 1 + nl, &f);
+    ts__put_u32le(body + 1 + nl + 12, reserved);
+    memset(body + head, 0x5A, big);
+    assert_int_equal(tsh_send(fd, TS_OP_TABLE_INSERT, ++rid, body, head + big), 0);
+    free(body);
+    ts__hdr h;
+    uint8_t *rb = NULL;
+    size_t rl = 0;
+    assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+    assert_int_equal(h.request_id, rid);
+    free(rb);
+    return h.status;
+}
+
+/*
+ * A TABLE_INSERT that will be refused is decided as soon as its name and fixed fields have
+ * arrived: nothing is reserved for its record, which is read and dropped, so a record larger
+ * than --max-memory still gets the refusal itself (NOT_FOUND, INVALID, TIMEOUT, BAD_REQUEST),
+ * not OUT_OF_MEMORY, and the table is unchanged.
+ */
+static void test_insert_refused_early(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--max-memory", "1m", NULL};
+    const size_t big = (size_t)4 << 20;
+    tsh_server small;
+    assert_int_equal(tsh_server_start(&small, args), 0);
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, small.addr, NULL), 0);
+    /* Two inserts fill the limiter's band (min_size 1, 1 sample per insert, error_buffer 1). */
+    ts_table_config_t cfg;
+    ts_table_config_init(&cfg);
+    cfg.capacity = 10;
+    cfg.min_size_to_sample = 1;
+    cfg.samples_per_insert = 1.0;
+    cfg.error_buffer = 1.0;
+    assert_int_equal(ts_table_create(c, "early", &cfg, NULL), 0);
+    ts_value_t *it = tc_item(2, 1.0f, 1);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ts_table_insert(c, "early", it, 1.0, 0, NULL), 0);
+    assert_int_equal(ts_table_insert(c, "early", it, 1.0, 0, NULL), TS_ETIMEDOUT);
+    ts_value_free(it);
+    int fd = tsh_connect_tcp(small.port);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_hello(fd), 0);
+    assert_int_equal(big_insert(fd, "no_such_table", 1.0, 0, 0, big), TS_ST_NOT_FOUND);
+    assert_int_equal(big_insert(fd, "early", -1.0, 0, 0, big), TS_ST_INVALID);
+    assert_int_equal(big_insert(fd, "early", 1.0, 0, 0, big), TS_ST_TIMEOUT);
+    /* The connection goes on; the table still holds its two items. */
+    ts_value_t *v = NULL;
+    assert_int_equal(ts_table_info(c, "early", &v), 0);
+    int64_t size = -1;
+    assert_int_equal(ts_map_get_int(v, "size", &size), 0);
+    ts_value_free(v);
+    assert_int_equal(size, 2);
+    /* A reserved field not zero: BAD_REQUEST, then the connection is closed. */
+    assert_int_equal(big_insert(fd, "early", 1.0, 0, 7, big), TS_ST_BAD_REQUEST);
+    assert_int_equal(tsh_wait_closed(fd, 5000), 1);
+    close(fd);
+    ts_client_free(c);
+    assert_int_equal(tsh_server_stop(&small), 0);
+    tsh_server_cleanup(&small);
+}
+
 /* Malformed bodies and values out of range sent raw: refused, nothing changes. */
 static void test_raw_bad_input(void **state)
 {
@@ -849,6 +928,7 @@ int main(void)
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_raw_bad_input),
+        cmocka_unit_test(test_insert_refused_early),
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_list_offloop),
     };
