@@ -14,6 +14,7 @@
  */
 #define _GNU_SOURCE /* accept4 */
 #include "http.h"
+#include "httpparse.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -287,180 +288,13 @@ static void refuse(tsd_http_conn *c, int code, const char *reason, const char *t
     respond(c, &r);
 }
 
-/* ---------------------------------------------------------------------------------------------
- * Parsing (RFC 9112): request-line CRLF *( field-line CRLF ) CRLF
- */
-
-/* A tchar of RFC 9110 (methods and field names are made of them). */
-static int is_tchar(unsigned char ch)
-{
-    if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9'))
-        return 1;
-    return ch != '\0' && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
-}
-
-/* Case-insensitive comparison of n bytes at p with the lower-case word w (of length n). */
-static int ieq(const char *p, size_t n, const char *w)
-{
-    if (strlen(w) != n)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        char ch = p[i];
-        if (ch >= 'A' && ch <= 'Z')
-            ch = (char)(ch - 'A' + 'a');
-        if (ch != w[i])
-            return 0;
-    }
-    return 1;
-}
-
-/* Whether the comma-separated list at v (n bytes) holds the token w (lower case). */
-static int list_has(const char *v, size_t n, const char *w)
-{
-    size_t i = 0;
-    while (i < n) {
-        while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
-            i++;
-        size_t s = i;
-        while (i < n && v[i] != ',')
-            i++;
-        size_t e = i;
-        while (e > s && (v[e - 1] == ' ' || v[e - 1] == '\t'))
-            e--;
-        if (e > s && ieq(v + s, e - s, w))
-            return 1;
-    }
-    return 0;
-}
-
-/* What the head says that matters here. */
-typedef struct http_req {
-    const char *method;
-    size_t method_len;
-    const char *path; /* the target up to '?' */
-    size_t path_len;
-    int minor;       /* HTTP/1.minor */
-    int hosts;       /* Host fields */
-    int lengths;     /* Content-Length fields */
-    uint64_t length; /* their value (the same in each) */
-    int chunked;     /* a Transfer-Encoding field: a body of unknown length */
-    int conn_close;  /* Connection: close */
-    int keep_alive;  /* Connection: keep-alive */
-} http_req;
-
-/*
- * Parse the head p[0..n) (n includes the final CRLF CRLF). 0; 400 when malformed; 505 for an
- * HTTP version this server does not speak.
- */
-static int parse_head(const char *p, size_t n, http_req *q)
-{
-    memset(q, 0, sizeof(*q));
-    /* Bare CR, bare LF and NUL are refused anywhere: the line structure must be unambiguous. */
-    for (size_t i = 0; i < n; i++) {
-        if (p[i] == '\0')
-            return 400;
-        if (p[i] == '\r' && (i + 1 >= n || p[i + 1] != '\n'))
-            return 400;
-        if (p[i] == '\n' && (i == 0 || p[i - 1] != '\r'))
-            return 400;
-    }
-    const char *end = p + n - 2; /* the last CRLF: every line before it ends with its own */
-    /* The request line: method SP target SP HTTP/1.x CRLF, single spaces. */
-    const char *s = p;
-    while (s < end && is_tchar((unsigned char)*s))
-        s++;
-    if (s == p || s >= end || *s != ' ')
-        return 400;
-    q->method = p;
-    q->method_len = (size_t)(s - p);
-    const char *t = ++s;
-    while (s < end && (unsigned char)*s > ' ' && (unsigned char)*s < 0x7f)
-        s++;
-    if (s == t || s >= end || *s != ' ' || *t != '/')
-        return 400; /* only origin-form targets: a path starting with '/' */
-    q->path = t;
-    q->path_len = (size_t)(s - t);
-    const char *qm = memchr(t, '?', q->path_len);
-    if (qm != NULL)
-        q->path_len = (size_t)(qm - t);
-    const char *v = ++s;
-    const char *eol = v;
-    while (eol < end && *eol != '\r')
-        eol++;
-    if (eol - v != 8 || memcmp(v, "HTTP/", 5) != 0 || v[5] < '0' || v[5] > '9' || v[6] != '.' ||
-        v[7] < '0' || v[7] > '9')
-        return 400;
-    if (v[5] != '1' || (v[7] != '0' && v[7] != '1'))
-        return 505;
-    q->minor = v[7] - '0';
-    /* Field lines: name ":" OWS value OWS CRLF; no folding, no space before the colon. */
-    s = eol + 2;
-    while (s < end) {
-        const char *name = s;
-        while (s < end && is_tchar((unsigned char)*s))
-            s++;
-        if (s == name || s >= end || *s != ':')
-            return 400;
-        size_t name_len = (size_t)(s - name);
-        s++;
-        while (s < end && (*s == ' ' || *s == '\t'))
-            s++;
-        const char *val = s;
-        while (s < end && *s != '\r') {
-            unsigned char ch = (unsigned char)*s;
-            if ((ch < ' ' && ch != '\t') || ch == 0x7f)
-                return 400;
-            s++;
-        }
-        const char *ve = s;
-        while (ve > val && (ve[-1] == ' ' || ve[-1] == '\t'))
-            ve--;
-        size_t vlen = (size_t)(ve - val);
-        s += 2;
-        if (ieq(name, name_len, "host")) {
-            q->hosts++;
-        } else if (ieq(name, name_len, "content-length")) {
-            if (vlen == 0 || vlen > 19)
-                return 400;
-            uint64_t len = 0;
-            for (size_t i = 0; i < vlen; i++) {
-                if (val[i] < '0' || val[i] > '9')
-                    return 400;
-                len = len * 10u + (uint64_t)(val[i] - '0');
-            }
-            if (q->lengths++ > 0 && len != q->length)
-                return 400;
-            q->length = len;
-        } else if (ieq(name, name_len, "transfer-encoding")) {
-            q->chunked = 1;
-        } else if (ieq(name, name_len, "connection")) {
-            q->conn_close |= list_has(val, vlen, "close");
-            q->keep_alive |= list_has(val, vlen, "keep-alive");
-        }
-    }
-    /* HTTP/1.1 requires exactly one Host field; more than one is refused as well. */
-    if ((q->minor == 1 && q->hosts != 1) || q->hosts > 1)
-        return 400;
-    return 0;
-}
-
-/* Find the end of the head in c's buffer: the length through CRLF CRLF, or 0. */
-static size_t head_end(const tsd_http_conn *c)
-{
-    for (size_t i = 3; i < c->len; i++)
-        if (c->head[i] == '\n' && c->head[i - 1] == '\r' && c->head[i - 2] == '\n' &&
-            c->head[i - 3] == '\r')
-            return i + 1;
-    return 0;
-}
-
 /* Answer the request whose head is p[0..n). */
 static void answer(tsd_http_conn *c, const char *p, size_t n)
 {
     tsd_http *h = c->h;
-    http_req q;
-    int rc = parse_head(p, n, &q);
-    if (rc == 505) {
+    tsd_http_req q;
+    int rc = tsd_http_parse_head(p, n, &q);
+    if (rc == TSD_HTTP_VERSION) {
         refuse(c, 505, "HTTP Version Not Supported", "only HTTP/1.0 and HTTP/1.1\n");
         return;
     }
@@ -515,7 +349,7 @@ static void process(tsd_http_conn *c)
 {
     if (c->writing || c->closing)
         return;
-    size_t n = head_end(c);
+    size_t n = tsd_http_head_end(c->head, c->len);
     if (n == 0) {
         if (c->len >= TSD_HTTP_MAX_HEAD)
             refuse(c, 431, "Request Header Fields Too Large", "request head too large\n");
