@@ -671,4 +671,7 @@ SSL *ts__tls_ssl(ts__tls *t)
     return t->ssl;
 }
 
+#else
+/* Without OpenSSL this file has nothing to compile; ISO C wants one declaration all the same. */
+typedef int ts__tlsio_unused;
 #endif /* TS_WITH_TLS */
