@@ -76,6 +76,10 @@ OTHER_TOOL_FLAGS = {
     "useradd/groupadd": {"--system", "--gid", "--uid", "--home-dir", "--shell", "--no-create-home"},
 }
 
+# How every program's output is captured: as text, with bytes that are not UTF-8 replaced (a
+# message must reach the report even when a program prints garbage).
+CAPTURE = {"capture_output": True, "text": True, "errors": "replace"}
+
 FLAG_RE = re.compile(r"(?<![\w-])(--[a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
 
 
@@ -120,7 +124,7 @@ def need_yaml():
 
 @functools.lru_cache(maxsize=None)
 def tensord_help_flags(tensord):
-    out = subprocess.run([tensord, "--help"], capture_output=True, text=True,
+    out = subprocess.run([tensord, "--help"], **CAPTURE,
                          timeout=TOOL_TIMEOUT_S)
     if out.returncode != 0:
         raise SystemExit("%s --help exited %d" % (tensord, out.returncode))
@@ -129,7 +133,7 @@ def tensord_help_flags(tensord):
 
 @functools.lru_cache(maxsize=None)
 def program_help_flags(program):
-    out = subprocess.run([program, "--help"], capture_output=True, text=True,
+    out = subprocess.run([program, "--help"], **CAPTURE,
                          timeout=TOOL_TIMEOUT_S)
     return set(FLAG_RE.findall(out.stdout + out.stderr))
 
@@ -571,7 +575,7 @@ def check_kustomize(src):
         return SKIP
     p = Problems()
     kube = Kube(src)
-    out = subprocess.run([kubectl, "kustomize", kube.dir], capture_output=True, text=True,
+    out = subprocess.run([kubectl, "kustomize", kube.dir], **CAPTURE,
                          timeout=TOOL_TIMEOUT_S)
     if out.returncode != 0:
         print(out.stderr)
@@ -607,7 +611,7 @@ def expand_syscall_set(analyze, name, seen=None):
     if name in seen:
         return set()
     seen.add(name)
-    out = subprocess.run([analyze, "syscall-filter", name], capture_output=True, text=True,
+    out = subprocess.run([analyze, "syscall-filter", name], **CAPTURE,
                          timeout=TOOL_TIMEOUT_S)
     calls = set()
     for line in out.stdout.splitlines()[1:]:
@@ -777,7 +781,7 @@ def strace_sandbox(src, tensord, tsctl, settings, analyze, p):
                 base + ["-p", port, "save"],
             ]
             for st in steps:
-                r = subprocess.run(st, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+                r = subprocess.run(st, **CAPTURE, timeout=TOOL_TIMEOUT_S)
                 p.check(r.returncode == 0, "strace workload",
                         "%s: %s" % (" ".join(st[4:]), r.stderr.strip()))
             if http:
@@ -799,7 +803,7 @@ def strace_sandbox(src, tensord, tsctl, settings, analyze, p):
             r = subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
                                 "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=localhost",
                                 "-days", "1", "-keyout", key, "-out", crt],
-                               capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+                               **CAPTURE, timeout=TOOL_TIMEOUT_S)
             p.check(r.returncode == 0, "openssl req", r.stderr.strip())
 
             def tls_workload(port):
@@ -902,7 +906,7 @@ def check_systemd(src, tensord, tsctl):
                 "ExecStart is not /usr/local/bin/tensord")
         with open(unit, "w", encoding="utf-8") as f:
             f.write(text.replace("ExecStart=/usr/local/bin/tensord ", "ExecStart=%s " % tensord))
-        out = subprocess.run([analyze, "verify", unit], capture_output=True, text=True,
+        out = subprocess.run([analyze, "verify", unit], **CAPTURE,
                              timeout=TOOL_TIMEOUT_S, cwd=tmp)
         complaints = [ln for ln in (out.stdout + out.stderr).splitlines()
                       if "tensord.service" in ln or unit in ln]
@@ -925,7 +929,7 @@ def check_systemd(src, tensord, tsctl):
 def runtime_packages(binary):
     """The Debian packages of the shared libraries binary loads (libc6 left out: every image
     has it), or None when ldd or dpkg cannot tell."""
-    out = subprocess.run(["ldd", binary], capture_output=True, text=True,
+    out = subprocess.run(["ldd", binary], **CAPTURE,
                          timeout=TOOL_TIMEOUT_S)
     if out.returncode != 0:
         return None
@@ -937,12 +941,12 @@ def runtime_packages(binary):
         lib = os.path.realpath(m.group(1))
         if os.path.basename(lib).startswith("libtensorshare"):
             continue
-        q = subprocess.run(["dpkg", "-S", lib], capture_output=True, text=True,
+        q = subprocess.run(["dpkg", "-S", lib], **CAPTURE,
                            timeout=TOOL_TIMEOUT_S)
         if q.returncode != 0:
             # The usrmerge layout: dpkg knows /lib/... while realpath gave /usr/lib/...
             alt = lib[4:] if lib.startswith("/usr/") else lib
-            q = subprocess.run(["dpkg", "-S", alt], capture_output=True, text=True,
+            q = subprocess.run(["dpkg", "-S", alt], **CAPTURE,
                                timeout=TOOL_TIMEOUT_S)
         if q.returncode != 0:
             return None
@@ -1012,7 +1016,7 @@ def check_containerfile(src, tensord, tsctl):
                 "no longer builds tensord into build-serve")
         p.check(re.search(r'exec build-serve/server/tensord [^\n]*"\$@"', body), "run.sh serve",
                 "no longer execs build-serve/server/tensord with the extra arguments")
-    v = subprocess.run([tensord, "--port", "8000", "--version"], capture_output=True, text=True,
+    v = subprocess.run([tensord, "--port", "8000", "--version"], **CAPTURE,
                        timeout=TOOL_TIMEOUT_S)
     p.check(v.returncode == 0 and v.stdout.startswith("tensord "), "tensord --version",
             "exited %d with %r" % (v.returncode, v.stdout))
@@ -1234,14 +1238,14 @@ def cluster_once(src, tensord, tsctl):
                     p.add("shard %d /metrics" % i, str(e))
                 tenv = dict(os.environ, TS_AUTH_TOKEN=token)
                 r = subprocess.run([tsctl, "-p", str(ports[i]), "-t", "5000", "ping"], env=tenv,
-                                   capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+                                   **CAPTURE, timeout=TOOL_TIMEOUT_S)
                 p.check(r.returncode == 0, "shard %d tsctl ping" % i, r.stderr.strip())
                 # The shard took the index the pod gave it, and its map names the others: a bin
                 # of shard i is stored there, and the next shard refuses it naming shard i's
                 # address (the map line the ConfigMap gave, with this machine's port).
                 name = name_of_shard(i, replicas)
                 r = subprocess.run([tsctl, "-p", str(ports[i]), "-t", "5000", "put", name, "1"],
-                                   env=tenv, capture_output=True, text=True,
+                                   env=tenv, **CAPTURE,
                                    timeout=TOOL_TIMEOUT_S)
                 p.check(r.returncode == 0, "shard %d put %s" % (i, name), r.stderr.strip())
                 m = re.search(r"change (\d+)", r.stdout)
@@ -1249,7 +1253,7 @@ def cluster_once(src, tensord, tsctl):
                     changes[name] = int(m.group(1))
                 other = (i + 1) % replicas
                 r = subprocess.run([tsctl, "-p", str(ports[other]), "-t", "5000", "put", name,
-                                    "1"], env=tenv, capture_output=True, text=True,
+                                    "1"], env=tenv, **CAPTURE,
                                    timeout=TOOL_TIMEOUT_S)
                 p.check(r.returncode != 0 and "WRONGSHARD" in r.stderr and
                         "127.0.0.1:%d" % ports[i] in r.stderr,
@@ -1270,11 +1274,11 @@ def cluster_once(src, tensord, tsctl):
             name = name_of_shard(last, replicas)
             tenv = dict(os.environ, TS_AUTH_TOKEN=token)
             r = subprocess.run([tsctl, "-p", str(ports[last]), "-t", "5000", "peek", name],
-                               env=tenv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+                               env=tenv, **CAPTURE, timeout=TOOL_TIMEOUT_S)
             p.check(r.returncode == 0, "shard %d peek %s after a restart" % (last, name),
                     "the bin did not survive the restart: %s" % r.stderr.strip())
             r = subprocess.run([tsctl, "-p", str(ports[last]), "-t", "5000", "put", name, "2"],
-                               env=tenv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+                               env=tenv, **CAPTURE, timeout=TOOL_TIMEOUT_S)
             m = re.search(r"change (\d+)", r.stdout)
             p.check(m and name in changes and int(m.group(1)) > changes[name],
                     "shard %d put %s after a restart" % (last, name),
@@ -1285,7 +1289,7 @@ def cluster_once(src, tensord, tsctl):
             if p.check(hc, "Containerfile", "no HEALTHCHECK"):
                 arr = containerfile_exec_form(hc[0].split(" CMD ", 1)[1])
                 arr = [a.replace("/9100 ", "/%d " % http_ports[0]) for a in arr]
-                r = subprocess.run(arr, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
+                r = subprocess.run(arr, **CAPTURE, timeout=TOOL_TIMEOUT_S)
                 p.check(r.returncode == 0, "Containerfile HEALTHCHECK",
                         "exited %d against a running tensord: %s" % (r.returncode, r.stderr))
         finally:
