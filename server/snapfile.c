@@ -28,6 +28,17 @@
  *       else 1..255), name, u32 n_pending, u32 0, u64 hash of this header; the pending table:
  *       n_pending rows of 16 bytes, ids ascending: u64 id, u32 deliveries, u32 rows_done; u64
  *       hash of the table
+ *   format 3 only, the replay tables section: its header, 40 bytes:
+ *      0 u8[8] magic "TSDTABL\0"     8 u64 tables            16 u64 items (of tables)
+ *     24 u64 record bytes (of tables)                        32 u64 hash of bytes 0..31
+ *   then per table, in name order:
+ *     u8 name_len (1..255), name, u64 capacity, u64 min_size_to_sample, f64 samples_per_insert,
+ *     f64 error_buffer, f64 priority_exponent, u32 max_times_sampled, u8 remover, u8 sampler,
+ *     u16 0, u64 next_key, u64 inserts, u64 samples, u64 deletes, u64 n_items, u64 hash of this
+ *     header;
+ *     the item table: n_items rows of 40 bytes, keys ascending: u64 key, f64 priority, u64 record
+ *     length, u64 age in ms at the snapshot, u32 times_sampled, u32 0; u64 hash of the table;
+ *     per item, in key order: its record bytes, u64 hash of them
  *   trailer, 32 bytes:
  *      0 u8[8] magic "TSDSEND\0"     8 u64 bins              16 u64 items (of bins)
  *     24 u64 hash of every section hash above, in order, and of bytes 0..23
@@ -40,10 +51,12 @@
  */
 #include "snapfile.h"
 
+#include "msg_table.h"
 #include "proto.h"
 #include "record.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +65,13 @@
 #define SNAP_MAGIC     "TSDSNAP"
 #define SNAP_END_MAGIC "TSDSEND"
 #define SNAP_SEC_MAGIC "TSDSTRM"
+#define SNAP_TAB_MAGIC "TSDTABL"
+/* Bytes of a table header without its name: 2 u64, 3 f64, u32, 2 u8, u16, 5 u64. */
+#define SNAP_TABLE_FIXED 88
+/* The fewest bytes a table takes: name_len, a one-byte name, the header, its hashes. */
+#define SNAP_TABLE_MIN (1 + 1 + SNAP_TABLE_FIXED + 8 + 8)
+/* The fewest bytes one table item takes: its row and a record header with its hash. */
+#define SNAP_TITEM_MIN (TSD_SNAP_TITEM_SIZE + TS_REC_HDR_SIZE + 8)
 #define SNAP_WBUF      ((size_t)1 << 20) /* bytes; the writer's buffer for small pieces */
 /* Bytes handed to one read() or write() call: Linux moves at most about 2 GiB per call. */
 #define SNAP_IO_MAX ((size_t)1 << 30)
@@ -207,6 +227,23 @@ void tsd_snapfile_sort_streams(tsd_snapfile_stream *streams, size_t n)
         qsort(streams, n, sizeof(*streams), stream_cmp);
 }
 
+static int table_cmp(const void *a, const void *b)
+{
+    const tsd_snapfile_table *x = a;
+    const tsd_snapfile_table *y = b;
+    size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
+    int r = n > 0 ? memcmp(x->name, y->name, n) : 0;
+    if (r != 0)
+        return r;
+    return (x->name_len > y->name_len) - (x->name_len < y->name_len);
+}
+
+void tsd_snapfile_sort_tables(tsd_snapfile_table *tables, size_t n)
+{
+    if (n > 1)
+        qsort(tables, n, sizeof(*tables), table_cmp);
+}
+
 typedef struct snap_writer {
     int fd;
     uint8_t *buf;
@@ -345,12 +382,69 @@ static void write_stream(snap_writer *w, uint64_t *acc, const tsd_snapfile_strea
         write_group(w, acc, &st->groups[g]);
 }
 
+static void put_f64(uint8_t *p, double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof(u));
+    ts__put_u64le(p, u);
+}
+
+static double get_f64(const uint8_t *p)
+{
+    uint64_t u = ts__get_u64le(p);
+    double v;
+    memcpy(&v, &u, sizeof(v));
+    return v;
+}
+
+/* One replay table: its header, its item table, its records. */
+static void write_table(snap_writer *w, uint64_t *acc, const tsd_snapfile_table *t,
+                        tsd_snapfile_item_fn item, void *arg)
+{
+    uint8_t hb[1 + UINT8_MAX + SNAP_TABLE_FIXED];
+    uint8_t *p = hb;
+    *p++ = t->name_len;
+    memcpy(p, t->name, t->name_len);
+    p += t->name_len;
+    ts__put_u64le(p, t->capacity);
+    ts__put_u64le(p + 8, t->min_size);
+    put_f64(p + 16, t->spi);
+    put_f64(p + 24, t->error_buffer);
+    put_f64(p + 32, t->exponent);
+    ts__put_u32le(p + 40, t->max_times);
+    p[44] = t->remover;
+    p[45] = t->sampler;
+    ts__put_u16le(p + 46, 0);
+    ts__put_u64le(p + 48, t->next_key);
+    ts__put_u64le(p + 56, t->inserts);
+    ts__put_u64le(p + 64, t->samples);
+    ts__put_u64le(p + 72, t->deletes);
+    ts__put_u64le(p + 80, t->n_items);
+    w_piece(w, acc, hb, 1 + (size_t)t->name_len + SNAP_TABLE_FIXED);
+    w_piece(w, acc, t->items, (size_t)t->n_items * TSD_SNAP_TITEM_SIZE);
+    for (uint64_t k = 0; k < t->n_items && w->err == 0; k++) {
+        const uint8_t *data;
+        size_t len;
+        item(arg, t->first_record + (size_t)k, &data, &len);
+        w_piece(w, acc, data, len);
+    }
+}
+
 int tsd_snapfile_write(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
                        const tsd_snapfile_stream *streams, tsd_snapfile_item_fn item, void *arg)
 {
+    if (head->n_tables != 0)
+        return -EINVAL;
+    return tsd_snapfile_write_all(fd, head, bins, streams, NULL, item, arg);
+}
+
+int tsd_snapfile_write_all(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
+                           const tsd_snapfile_stream *streams, const tsd_snapfile_table *tables,
+                           tsd_snapfile_item_fn item, void *arg)
+{
     uint32_t format = head->format != 0 ? head->format : TSD_SNAP_FORMAT;
     if (format < TSD_SNAP_FORMAT_MIN || format > TSD_SNAP_FORMAT ||
-        (format == 1 && head->n_streams != 0))
+        (format == 1 && head->n_streams != 0) || (format < 3 && head->n_tables != 0))
         return -EINVAL;
     snap_writer w = {.fd = fd};
     w.buf = ts__malloc(SNAP_WBUF);
@@ -429,6 +523,20 @@ int tsd_snapfile_write(int fd, const tsd_snapfile_head *head, const tsd_snapfile
         acc = chain(acc, h);
         for (uint64_t k = 0; k < head->n_streams && w.err == 0; k++)
             write_stream(&w, &acc, &streams[k], item, arg);
+    }
+
+    if (format >= 3) {
+        uint8_t sec[TSD_SNAP_SEC_SIZE];
+        memcpy(sec, SNAP_TAB_MAGIC, sizeof(SNAP_TAB_MAGIC));
+        ts__put_u64le(sec + 8, head->n_tables);
+        ts__put_u64le(sec + 16, head->n_titems);
+        ts__put_u64le(sec + 24, head->table_bytes);
+        h = tsd_hash64(sec, 32, 0);
+        ts__put_u64le(sec + 32, h);
+        w_put(&w, sec, sizeof(sec));
+        acc = chain(acc, h);
+        for (uint64_t k = 0; k < head->n_tables && w.err == 0; k++)
+            write_table(&w, &acc, &tables[k], item, arg);
     }
 
     uint8_t end[TSD_SNAP_END_SIZE];
@@ -555,6 +663,8 @@ typedef struct snap_count {
     size_t hb_cap;
     /* Streams: the section's record count, and what the streams held so far. */
     uint64_t recs_total, recs_seen, sbytes_seen;
+    /* Replay tables: the section's item count, and what the tables held so far. */
+    uint64_t titems_total, titems_seen, tbytes_seen;
     uint8_t *tb; /* the current stream's entry table */
     size_t tb_cap;
     /* The current stream's group names so far (each name_len bytes at its offset in gnames). */
@@ -1039,6 +1149,164 @@ static int read_streams(snap_reader *r, snap_count *c, tsd_snapfile_head *head)
     return 0;
 }
 
+/* The settings TABLE_CREATE accepts (table.c op_create): NULL, or what is wrong. */
+static const char *table_settings_bad(const tsd_snapfile_table *t)
+{
+    double spi = t->spi, eb = t->error_buffer;
+    if (t->capacity < 1 || t->capacity > TS_TABLE_MAX_CAPACITY)
+        return "capacity";
+    if (t->min_size < 1 || t->min_size > t->capacity)
+        return "min_size_to_sample";
+    if (!isfinite(spi) || spi <= 0.0)
+        return "samples_per_insert";
+    if (!isfinite(eb) || eb < 0.0 || (eb != 0.0 && eb < (spi > 1.0 ? spi : 1.0)))
+        return "error_buffer";
+    if (!isfinite(t->exponent) || t->exponent < 0.0)
+        return "priority_exponent";
+    if (t->sampler > TS_TABLE_SAMPLER_LIFO)
+        return "sampler";
+    if (t->remover > TS_TABLE_REMOVER_LOWEST)
+        return "remover";
+    return NULL;
+}
+
+/* Read and check one replay table (header, item table, records), handing it to the sink. */
+static int read_table(snap_reader *r, snap_count *c, uint64_t index)
+{
+    char what[SNAP_NAME_MSG + 64];
+    uint8_t fx[1 + UINT8_MAX + SNAP_TABLE_FIXED];
+    snprintf(what, sizeof(what), "the header of replay table %llu", (unsigned long long)index);
+    if (r_read(r, fx, 1, what) != 0)
+        return -1;
+    size_t nl = fx[0];
+    if (r_read(r, fx + 1, nl + SNAP_TABLE_FIXED, what) != 0)
+        return -1;
+    uint8_t hash[8];
+    if (r_read(r, hash, 8, what) != 0)
+        return -1;
+    uint64_t h = tsd_hash64(fx, 1 + nl + SNAP_TABLE_FIXED, 0);
+    if (h != ts__get_u64le(hash))
+        return bad(r, "checksum mismatch in %s", what);
+    c->acc = chain(c->acc, h);
+    if (nl == 0)
+        return bad(r, "replay table %llu has an empty name", (unsigned long long)index);
+    const uint8_t *q = fx + 1 + nl;
+    tsd_snapfile_table t = {.name = fx + 1,
+                            .name_len = (uint8_t)nl,
+                            .capacity = ts__get_u64le(q),
+                            .min_size = ts__get_u64le(q + 8),
+                            .spi = get_f64(q + 16),
+                            .error_buffer = get_f64(q + 24),
+                            .exponent = get_f64(q + 32),
+                            .max_times = ts__get_u32le(q + 40),
+                            .remover = q[44],
+                            .sampler = q[45],
+                            .next_key = ts__get_u64le(q + 48),
+                            .inserts = ts__get_u64le(q + 56),
+                            .samples = ts__get_u64le(q + 64),
+                            .deletes = ts__get_u64le(q + 72),
+                            .n_items = ts__get_u64le(q + 80)};
+    char pn[SNAP_NAME_MSG];
+    printable(r, t.name, nl, pn, sizeof(pn));
+    const char *setting = table_settings_bad(&t);
+    if (setting != NULL || ts__get_u16le(q + 46) != 0)
+        return bad(r, "replay table '%s': %s is out of range", pn,
+                   setting != NULL ? setting : "a reserved field");
+    /* Its size is what it holds: inserts less deletes, at most its capacity. */
+    if (t.n_items > t.capacity || t.deletes > t.inserts || t.inserts - t.deletes != t.n_items ||
+        t.next_key < 1 || t.inserts > t.next_key - 1)
+        return bad(r,
+                   "replay table '%s': %llu items, %llu inserts, %llu deletes and next key %llu "
+                   "do not agree",
+                   pn, (unsigned long long)t.n_items, (unsigned long long)t.inserts,
+                   (unsigned long long)t.deletes, (unsigned long long)t.next_key);
+    if (t.n_items > (r->left - 8) / SNAP_TITEM_MIN || t.n_items > c->titems_total - c->titems_seen)
+        return cut(r, "replay table '%s' claims %llu items, more than the file can hold", pn,
+                   (unsigned long long)t.n_items);
+    size_t tlen = (size_t)t.n_items * TSD_SNAP_TITEM_SIZE;
+    if (r_grow(r, (void **)&c->tb, &c->tb_cap, tlen) != 0)
+        return -1;
+    snprintf(what, sizeof(what), "the items of replay table '%s'", pn);
+    if (read_hashed(r, c, c->tb, tlen, what) != 0)
+        return -1;
+    /* Every row's rules, and every record's length against the rest, before any is asked for. */
+    uint64_t need = 0, prev = 0;
+    for (uint64_t k = 0; k < t.n_items; k++) {
+        uint64_t key, len, age;
+        double prio;
+        uint32_t times;
+        tsd_snapfile_titem_get(c->tb, (size_t)k, &key, &prio, &len, &age, &times);
+        if (key <= prev || key >= t.next_key || !isfinite(prio) || prio < 0.0 ||
+            (t.max_times != 0 && times >= t.max_times) ||
+            ts__get_u32le(c->tb + k * TSD_SNAP_TITEM_SIZE + 36) != 0)
+            return bad(r, "item %llu of replay table '%s' (key %llu) breaks a rule of tables",
+                       (unsigned long long)k, pn, (unsigned long long)key);
+        prev = key;
+        if (len < TS_REC_HDR_SIZE || len > r->left || len + 8 > r->left - need)
+            return cut(r, "item %llu of replay table '%s' claims %llu bytes (%llu remain)",
+                       (unsigned long long)k, pn, (unsigned long long)len,
+                       (unsigned long long)(r->left - need));
+        need += len + 8;
+    }
+    if (r->sink->table == NULL || r->sink->trecord == NULL)
+        return other(r, TS_EINVAL, "it holds replay tables, which this reader does not take");
+    t.items = c->tb;
+    if (r->sink->table(r->sink->arg, &t) != 0)
+        return other(r, TS_ENOMEM, "out of memory loading it");
+    for (uint64_t k = 0; k < t.n_items; k++) {
+        uint64_t key, len, age;
+        double prio;
+        uint32_t times;
+        tsd_snapfile_titem_get(c->tb, (size_t)k, &key, &prio, &len, &age, &times);
+        uint8_t *data = r->sink->trecord(r->sink->arg, (size_t)len);
+        if (data == NULL)
+            return other(r, TS_ENOMEM, "out of memory loading a %llu-byte table item",
+                         (unsigned long long)len);
+        snprintf(what, sizeof(what), "item %llu of replay table '%s'", (unsigned long long)k, pn);
+        if (read_hashed(r, c, data, (size_t)len, what) != 0)
+            return -1;
+        /* The validator and limits a TABLE_INSERT of this record meets. */
+        if (ts__record_validate(data, (size_t)len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0)
+            return bad(r, "%s is not a valid record", what);
+        c->titems_seen++;
+        c->tbytes_seen += len;
+    }
+    return 0;
+}
+
+/* The replay tables section (format 3): its header, every table, the sums against it. */
+static int read_tables(snap_reader *r, snap_count *c, tsd_snapfile_head *head)
+{
+    uint8_t sec[TSD_SNAP_SEC_SIZE];
+    if (r_read(r, sec, sizeof(sec), "the replay tables section") != 0)
+        return -1;
+    if (memcmp(sec, SNAP_TAB_MAGIC, sizeof(SNAP_TAB_MAGIC)) != 0)
+        return bad(r, "the replay tables section is missing (bad magic)");
+    uint64_t h = tsd_hash64(sec, 32, 0);
+    if (h != ts__get_u64le(sec + 32))
+        return bad(r, "checksum mismatch in the header of the replay tables section");
+    c->acc = chain(c->acc, h);
+    head->n_tables = ts__get_u64le(sec + 8);
+    head->n_titems = ts__get_u64le(sec + 16);
+    head->table_bytes = ts__get_u64le(sec + 24);
+    if (head->n_tables > r->left / SNAP_TABLE_MIN || head->n_titems > r->left / SNAP_TITEM_MIN)
+        return cut(r,
+                   "the replay tables section claims %llu tables and %llu items, more than the "
+                   "file can hold",
+                   (unsigned long long)head->n_tables, (unsigned long long)head->n_titems);
+    c->titems_total = head->n_titems;
+    for (uint64_t k = 0; k < head->n_tables; k++)
+        if (read_table(r, c, k) != 0)
+            return -1;
+    if (c->titems_seen != head->n_titems || c->tbytes_seen != head->table_bytes)
+        return bad(r,
+                   "the replay tables section claims %llu items of %llu bytes, the tables hold "
+                   "%llu of %llu",
+                   (unsigned long long)head->n_titems, (unsigned long long)head->table_bytes,
+                   (unsigned long long)c->titems_seen, (unsigned long long)c->tbytes_seen);
+    return 0;
+}
+
 static int read_all(snap_reader *r, tsd_snapfile_head *out)
 {
     uint8_t hdr[TSD_SNAP_HDR_SIZE];
@@ -1076,6 +1344,8 @@ static int read_all(snap_reader *r, tsd_snapfile_head *out)
         rc = read_bin(r, &c, b);
     if (rc == 0 && format >= 2)
         rc = read_streams(r, &c, &head);
+    if (rc == 0 && format >= 3)
+        rc = read_tables(r, &c, &head);
     count_free(&c);
     if (rc != 0)
         return -1;

@@ -11,15 +11,17 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common.h"
 
 /*
  * The format version this tensord writes (in the header). It reads every version from
  * TSD_SNAP_FORMAT_MIN on: format 1 (tensorshare 0.1 to 0.3) holds bins only; format 2 adds the
- * streams section after the bins.
+ * streams section after the bins; format 3 (0.5.0) adds the replay tables section after the
+ * streams.
  */
-#define TSD_SNAP_FORMAT     2
+#define TSD_SNAP_FORMAT     3
 #define TSD_SNAP_FORMAT_MIN 1
 #define TSD_SNAP_HDR_SIZE   64 /* bytes of the file header */
 #define TSD_SNAP_END_SIZE   32 /* bytes of the trailer */
@@ -28,6 +30,11 @@
 #define TSD_SNAP_ENTRY_SIZE 24
 /* Bytes of one row of a member's pending table: u64 id, u32 deliveries, u32 rows_done. */
 #define TSD_SNAP_PEND_SIZE 16
+/*
+ * Bytes of one row of a replay table's item table (format 3): u64 key, f64 priority, u64 record
+ * length, u64 age in ms, u32 times_sampled, u32 0.
+ */
+#define TSD_SNAP_TITEM_SIZE 40
 
 /* A 64-bit hash of len bytes (xxHash64-style); the snapshot checksums. */
 uint64_t tsd_hash64(const void *p, size_t len, uint64_t seed);
@@ -48,6 +55,10 @@ typedef struct tsd_snapfile_head {
     uint64_t n_streams;
     uint64_t n_records;    /* records over all streams' entries (markers hold none) */
     uint64_t stream_bytes; /* their bytes */
+    /* The replay tables section (format 3; all 0 before). */
+    uint64_t n_tables;
+    uint64_t n_titems;    /* items over all tables (each holds one record) */
+    uint64_t table_bytes; /* their records' bytes */
 } tsd_snapfile_head;
 
 /* One bin handed to the writer. */
@@ -148,6 +159,52 @@ typedef struct tsd_snapfile_stream {
     uint8_t name_len;
 } tsd_snapfile_stream;
 
+/* Row k of a replay table's item table (format 3). */
+static inline void tsd_snapfile_titem_put(uint8_t *table, size_t k, uint64_t key, double priority,
+                                          uint64_t len, uint64_t age_ms, uint32_t times_sampled)
+{
+    uint8_t *p = table + k * TSD_SNAP_TITEM_SIZE;
+    uint64_t bits;
+    memcpy(&bits, &priority, sizeof(bits));
+    ts__put_u64le(p, key);
+    ts__put_u64le(p + 8, bits);
+    ts__put_u64le(p + 16, len);
+    ts__put_u64le(p + 24, age_ms);
+    ts__put_u32le(p + 32, times_sampled);
+    ts__put_u32le(p + 36, 0);
+}
+
+static inline void tsd_snapfile_titem_get(const uint8_t *table, size_t k, uint64_t *key,
+                                          double *priority, uint64_t *len, uint64_t *age_ms,
+                                          uint32_t *times_sampled)
+{
+    const uint8_t *p = table + k * TSD_SNAP_TITEM_SIZE;
+    uint64_t bits = ts__get_u64le(p + 8);
+    *key = ts__get_u64le(p);
+    memcpy(priority, &bits, sizeof(*priority));
+    *len = ts__get_u64le(p + 16);
+    *age_ms = ts__get_u64le(p + 24);
+    *times_sampled = ts__get_u32le(p + 32);
+}
+
+/*
+ * A replay table (format 3): its settings (as TABLE_CREATE gave them), the counters its rate
+ * limiter works from, and its items in key order with their records.
+ */
+typedef struct tsd_snapfile_table {
+    const uint8_t *name; /* name_len bytes (1..255), borrowed */
+    uint64_t capacity, min_size;
+    double spi, error_buffer, exponent;
+    uint32_t max_times;
+    uint8_t remover, sampler;
+    uint64_t next_key, inserts, samples, deletes;
+    uint64_t n_items;
+    const uint8_t *items; /* n_items rows of TSD_SNAP_TITEM_SIZE bytes, keys ascending; borrowed */
+    /* Writer: the item index (as the item function counts) of its first record. */
+    size_t first_record;
+    uint8_t name_len;
+} tsd_snapfile_table;
+
 /*
  * Sort bins into the file's order: by name, bytewise, a shorter name first when one is a prefix
  * of the other. The writer writes bins in the order given, so call this first.
@@ -155,6 +212,8 @@ typedef struct tsd_snapfile_stream {
 void tsd_snapfile_sort(tsd_snapfile_bin *bins, size_t n);
 /* The same order for streams (call it first too: one snapshot has one encoding). */
 void tsd_snapfile_sort_streams(tsd_snapfile_stream *streams, size_t n);
+/* The same order for replay tables. */
+void tsd_snapfile_sort_tables(tsd_snapfile_table *tables, size_t n);
 
 /*
  * Write a whole snapshot to fd (at its current offset): the header from head (head->n_bins is
@@ -166,9 +225,16 @@ void tsd_snapfile_sort_streams(tsd_snapfile_stream *streams, size_t n);
  * buffer; large pieces go straight to the file. Neither syncs nor closes fd. Returns 0,
  * -ENOMEM, -EINVAL (format 1 with streams, or an unknown format), or the negated errno of the
  * write that failed.
+ * tsd_snapfile_write_all writes format 3's replay tables section after the streams:
+ * head->n_tables tables (n_titems and table_bytes the sums over their items), each with its item
+ * table and records; tsd_snapfile_write is it without tables (head->n_tables 0). -EINVAL also for
+ * tables in a format before 3.
  */
 int tsd_snapfile_write(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
                        const tsd_snapfile_stream *streams, tsd_snapfile_item_fn item, void *arg);
+int tsd_snapfile_write_all(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
+                           const tsd_snapfile_stream *streams, const tsd_snapfile_table *tables,
+                           tsd_snapfile_item_fn item, void *arg);
 
 /*
  * What the reader hands its caller as it decodes, in file order. The reader checks every
@@ -200,6 +266,14 @@ typedef struct tsd_snapfile_sink {
     int (*stream)(void *arg, const tsd_snapfile_stream *s);
     uint8_t *(*record)(void *arg, size_t len);
     int (*group)(void *arg, const tsd_snapfile_group *g);
+    /*
+     * Format 3 (required when the file holds a replay table, as for streams). A table begins: t
+     * (borrowed for the call) has passed every check of its header and item table; its
+     * t->n_items records come next through trecord, each checked and validated after it is
+     * read. 0 to go on, anything else stops the reader.
+     */
+    int (*table)(void *arg, const tsd_snapfile_table *t);
+    uint8_t *(*trecord)(void *arg, size_t len);
     /*
      * Optional: how bin names are written into error messages (tensord passes
      * tsd_name_printable); when NULL, bytes outside printable ASCII appear as '?'.

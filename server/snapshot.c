@@ -27,6 +27,8 @@
  * same moment as the view's): a reference on every record, and their bookkeeping (settings,
  * ids, the entry table with tags and ages, groups, members, pending tables) copied into the
  * job in the file's encoding, which the worker writes without another copy (snap_streams).
+ * Replay tables (table.h) go in the same way (snap_tables): a reference on every item's record,
+ * and each table's settings, counters and item rows copied (format 3).
  *
  * Loading reads the whole file through snapfile.c's reader into a side list first and links
  * bins into the store only when every byte of it is good: a damaged snapshot is reported and
@@ -38,6 +40,7 @@
 
 #include "snapfile.h"
 #include "stream.h"
+#include "table.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -104,8 +107,18 @@ struct tsd_snap_job {
     tsd_item **records; /* one reference each, dropped on the loop thread after the items */
     size_t n_records;
     uint64_t stream_bytes;
-    uint64_t capture_ns;      /* loop time of the streams' capture (in STATS snapshot_loop_us) */
-    stream_room s_room;       /* what the stream arrays were allocated for (all 0: none) */
+    uint64_t capture_ns; /* loop time of the streams' capture (in STATS snapshot_loop_us) */
+    stream_room s_room;  /* what the stream arrays were allocated for (all 0: none) */
+    /*
+     * Replay tables, captured with the streams (snap_tables): each table's name and item rows in
+     * one block of its own (tables[k].name), its records' references in trecs after the streams'
+     * records; first_record counts in trecs until the worker adds n_items + n_records.
+     */
+    tsd_snapfile_table *rtables;
+    size_t n_rtables;
+    tsd_item **trecs; /* one reference each, dropped on the loop thread after the records */
+    size_t n_trecs;
+    uint64_t table_bytes;
     tsd_save_waiter *waiters; /* answered when this snapshot is durable */
     int final;
     struct tsd_snap_job *next_drain;
@@ -140,10 +153,22 @@ static void job_fail(tsd_snap_job *job, const char *what, const char *file, int 
         job->err[0] = '\0';
 }
 
-/* The references the job holds: the bins' items, then the streams' records. */
+/* The references the job holds: the bins' items, the streams' records, the tables' records. */
 static tsd_item *job_ref(const tsd_snap_job *job, size_t index)
 {
-    return index < job->n_items ? job->items[index] : job->records[index - job->n_items];
+    if (index < job->n_items)
+        return job->items[index];
+    index -= job->n_items;
+    return index < job->n_records ? job->records[index] : job->trecs[index - job->n_records];
+}
+
+/* Free the tables' bookkeeping (not the records' references). */
+static void job_free_tables(tsd_snap_job *job)
+{
+    for (size_t k = 0; job->rtables != NULL && k < job->n_rtables; k++)
+        ts__free((void *)job->rtables[k].name);
+    ts__free(job->rtables);
+    job->rtables = NULL;
 }
 
 /* The writer's view of item index: its record. */
@@ -187,6 +212,7 @@ static void snap_write(uv_work_t *req)
     job->bins = NULL;
     job->names = NULL;
     job_free_streams(job);
+    job_free_tables(job);
 }
 
 static void snap_write_file(tsd_snap_job *job)
@@ -207,6 +233,9 @@ static void snap_write_file(tsd_snap_job *job)
     for (size_t k = 0; k < job->n_streams; k++)
         job->streams[k].first_record += job->n_items;
     tsd_snapfile_sort_streams(job->streams, job->n_streams);
+    for (size_t k = 0; k < job->n_rtables; k++)
+        job->rtables[k].first_record += job->n_items + job->n_records;
+    tsd_snapfile_sort_tables(job->rtables, job->n_rtables);
 
     /*
      * A new file, created here and now: O_EXCL|O_NOFOLLOW never write through a link someone
@@ -236,8 +265,12 @@ static void snap_write_file(tsd_snap_job *job)
         .n_streams = job->n_streams,
         .n_records = job->n_records,
         .stream_bytes = job->stream_bytes,
+        .n_tables = job->n_rtables,
+        .n_titems = job->n_trecs,
+        .table_bytes = job->table_bytes,
     };
-    int rc = tsd_snapfile_write(fd, &head, job->bins, job->streams, job_item, job);
+    int rc =
+        tsd_snapfile_write_all(fd, &head, job->bins, job->streams, job->rtables, job_item, job);
     if (rc != 0) {
         job_fail(job, "writing", tmp, -rc);
         close(fd);
@@ -279,7 +312,7 @@ static void snap_write_file(tsd_snap_job *job)
 /* Drop the job's remaining item references (all of them, or up to max) . 1 when none remain. */
 static int job_unref(tsd_snap_job *job, size_t max)
 {
-    size_t total = job->n_items + job->n_records;
+    size_t total = job->n_items + job->n_records + job->n_trecs;
     size_t end = total - job->n_unref > max ? job->n_unref + max : total;
     for (; job->n_unref < end; job->n_unref++)
         tsd_item_unref(job_ref(job, job->n_unref));
@@ -297,9 +330,11 @@ static void job_free(tsd_snap_job *job)
     }
     ts__free(job->items);
     ts__free(job->records);
+    ts__free(job->trecs);
     ts__free(job->bins);
     ts__free(job->names);
     job_free_streams(job);
+    job_free_tables(job);
     ts__free(job);
 }
 
@@ -325,7 +360,8 @@ static void on_drain(uv_idle_t *h)
 /* A written job: its references go a slice per loop turn (or at once when there are few). */
 static void job_retire(tsd_server *srv, tsd_snap_job *job)
 {
-    if (job->n_items + job->n_records - job->n_unref <= SNAP_UNREF_SLICE || !srv->handles_init) {
+    if (job->n_items + job->n_records + job->n_trecs - job->n_unref <= SNAP_UNREF_SLICE ||
+        !srv->handles_init) {
         job_free(job);
         return;
     }
@@ -583,6 +619,67 @@ static int snap_streams(tsd_server *srv, tsd_snap_job *job)
 }
 
 /* Answer the waiters of a finished job. */
+/* What the tables hold now, to size the capture. */
+typedef struct table_count {
+    size_t tables, items;
+} table_count;
+
+static int count_table(tsd_table *t, void *arg)
+{
+    table_count *n = arg;
+    n->tables++;
+    n->items += tsd_table_size(t);
+    return 0;
+}
+
+typedef struct table_fill {
+    tsd_snap_job *job;
+    uint64_t now;
+} table_fill;
+
+static int fill_table(tsd_table *t, void *arg)
+{
+    table_fill *f = arg;
+    tsd_snap_job *job = f->job;
+    size_t n = tsd_table_size(t);
+    tsd_snapfile_table *out = &job->rtables[job->n_rtables];
+    tsd_item **recs = job->trecs + job->n_trecs;
+    uint8_t *rows = ts__malloc(n * TSD_SNAP_TITEM_SIZE + TS_MAX_NAME_LEN);
+    if (rows == NULL)
+        return TS_ENOMEM;
+    tsd_table_capture(t, f->now, out, rows + TS_MAX_NAME_LEN, recs);
+    /* The name goes with the rows: the table may go before the worker writes it. */
+    memcpy(rows, out->name, out->name_len);
+    out->name = rows;
+    out->first_record = job->n_trecs;
+    job->n_rtables++;
+    for (size_t k = 0; k < n; k++) {
+        tsd_item_ref(recs[k]);
+        job->table_bytes += tsd_item_len(recs[k]);
+    }
+    job->n_trecs += n;
+    return 0;
+}
+
+/*
+ * Capture every replay table into job, as it is now, on the loop: a reference per record and a
+ * copy of its settings, counters and item rows. O(items of all tables); a table at its largest
+ * (2^24 items) costs the loop about what a stream of as many entries does (snap_streams).
+ */
+static int snap_tables(tsd_server *srv, tsd_snap_job *job)
+{
+    table_count n = {0};
+    (void)tsd_table_each(srv, count_table, &n);
+    if (n.tables == 0)
+        return 0;
+    job->rtables = ts__calloc(n.tables, sizeof(*job->rtables));
+    job->trecs = ts__malloc((n.items > 0 ? n.items : 1) * sizeof(*job->trecs));
+    if (job->rtables == NULL || job->trecs == NULL)
+        return TS_ENOMEM;
+    table_fill f = {.job = job, .now = uv_now(srv->loop)};
+    return tsd_table_each(srv, fill_table, &f);
+}
+
 static void answer(tsd_server *srv, tsd_snap_job *job)
 {
     for (tsd_save_waiter *w = job->waiters; w != NULL; w = w->next) {
@@ -676,7 +773,7 @@ static int snap_take(tsd_server *srv, tsd_snap_job *job, int final)
         ensure_room((void **)&job->items, &job->items_cap, (size_t)st->n_items,
                     sizeof(*job->items)) != 0 ||
         ensure_room((void **)&job->names, &job->names_cap, (size_t)st->name_bytes, 1) != 0 ||
-        snap_streams(srv, job) != 0) {
+        snap_streams(srv, job) != 0 || snap_tables(srv, job) != 0) {
         snap_walked(srv, job, TS_ENOMEM);
         return TS_ENOMEM;
     }
@@ -1075,6 +1172,15 @@ typedef struct loader {
     size_t table_cap;
     uint64_t k, n;    /* its next entry to add, of n */
     size_t n_streams; /* streams rebuilt */
+    /* Replay tables, rebuilt as they come, as streams are. */
+    tsd_table *tt;                  /* the table being rebuilt */
+    uint8_t tname[TS_MAX_NAME_LEN]; /* its name, for messages */
+    size_t tname_len;
+    uint8_t *trows; /* its item rows (a copy: the reader's live for its call only) */
+    size_t trows_cap;
+    uint64_t tk; /* its next item, of tn */
+    uint64_t tn;
+    size_t n_tables; /* tables rebuilt */
     /* Why a rebuild refused the file (else the reader's message stands). */
     char err[SNAP_PATH_BUF + TS_MAX_NAME_LEN * 4 + 128];
 } loader;
@@ -1248,6 +1354,80 @@ static int load_on_group(void *arg, const tsd_snapfile_group *g)
     return 0;
 }
 
+static int load_on_table(void *arg, const tsd_snapfile_table *t)
+{
+    loader *ld = arg;
+    int rc = tsd_table_restore(ld->srv, t, &ld->tt);
+    if (rc != 0) {
+        ld->tt = NULL;
+        char pn[TS_MAX_NAME_LEN * 4 + 1];
+        tsd_name_printable(t->name, t->name_len, pn, sizeof(pn));
+        if (rc == TS_EINVAL)
+            snprintf(ld->err, sizeof(ld->err),
+                     "snapshot %s is damaged: replay table '%s' appears twice or shares its name "
+                     "with a stream",
+                     ld->path, pn);
+        else
+            snprintf(ld->err, sizeof(ld->err), "snapshot %s: out of memory loading table '%s'",
+                     ld->path, pn);
+        return -1;
+    }
+    ld->n_tables++;
+    memcpy(ld->tname, t->name, t->name_len);
+    ld->tname_len = t->name_len;
+    ld->tk = 0;
+    ld->tn = t->n_items;
+    size_t tlen = (size_t)t->n_items * TSD_SNAP_TITEM_SIZE;
+    if (grow((void **)&ld->trows, &ld->trows_cap, 0, tlen, 1) != 0)
+        return load_refused(ld, TS_ENOMEM, "table", t->name, t->name_len);
+    if (tlen > 0)
+        memcpy(ld->trows, t->items, tlen);
+    return 0;
+}
+
+/*
+ * A record of the current table: its item is added now, before the reader fills and checks it
+ * (nothing reads a table before the load is over, and a bad record fails the whole load).
+ */
+static uint8_t *load_on_trecord(void *arg, size_t len)
+{
+    loader *ld = arg;
+    uint64_t key, rlen, age;
+    double prio;
+    uint32_t times;
+    tsd_snapfile_titem_get(ld->trows, (size_t)ld->tk, &key, &prio, &rlen, &age, &times);
+    tsd_item *it = tsd_item_new(len);
+    const uint8_t *tname = ld->tname;
+    size_t tnl = ld->tname_len;
+    if (it == NULL) {
+        (void)load_refused(ld, TS_ENOMEM, "table", tname, tnl);
+        return NULL;
+    }
+    tsd_store *store = &ld->srv->store;
+    int rc = tsd_store_reserve(store, len);
+    uint64_t time = ld->now > age ? ld->now - age : 0;
+    if (rc == 0) {
+        rc = tsd_table_restore_item(ld->srv, ld->tt, key, prio, times, time, it);
+        if (rc != 0)
+            tsd_store_unreserve(store, len);
+    }
+    if (rc != 0) {
+        tsd_item_unref(it);
+        char pn[TS_MAX_NAME_LEN * 4 + 1];
+        tsd_name_printable(tname, tnl, pn, sizeof(pn));
+        if (rc == TS_EINVAL)
+            snprintf(ld->err, sizeof(ld->err),
+                     "snapshot %s is damaged: item %llu of replay table '%s' breaks a rule of "
+                     "tables",
+                     ld->path, (unsigned long long)ld->tk, pn);
+        else
+            (void)load_refused(ld, rc, "table", tname, tnl);
+        return NULL;
+    }
+    ld->tk++;
+    return tsd_item_data(it);
+}
+
 static void loader_free(loader *ld)
 {
     for (size_t i = 0; i < ld->n_items; i++)
@@ -1257,6 +1437,7 @@ static void loader_free(loader *ld)
     ts__free(ld->bins);
     ts__free(ld->names);
     ts__free(ld->table);
+    ts__free(ld->trows);
 }
 
 /*
@@ -1292,6 +1473,8 @@ int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, cha
                               .stream = load_on_stream,
                               .record = load_on_record,
                               .group = load_on_group,
+                              .table = load_on_table,
+                              .trecord = load_on_trecord,
                               .name_printable = tsd_name_printable};
     tsd_snapfile_head head;
     int rc = -1;
@@ -1314,11 +1497,12 @@ int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, cha
         const load_bin *lb = &ld.bins[b];
         const uint8_t *name = ld.names + lb->name_off;
         int twice = tsd_store_find(store, name, lb->name_len) != NULL;
-        if (twice || tsd_stream_find(srv, name, lb->name_len) != NULL) {
+        if (twice || tsd_stream_find(srv, name, lb->name_len) != NULL ||
+            tsd_table_find(srv, name, lb->name_len) != NULL) {
             char pn[TS_MAX_NAME_LEN * 4 + 1];
             tsd_name_printable(name, lb->name_len, pn, sizeof(pn));
             snprintf(err, err_cap, "snapshot %s is damaged: bin '%s' %s", path, pn,
-                     twice ? "appears twice" : "is also a stream");
+                     twice ? "appears twice" : "is also a stream or a replay table");
             goto unwind;
         }
         for (uint32_t i = 0; i < lb->n_items; i++) {
@@ -1336,6 +1520,9 @@ int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, cha
     if (ld.n_streams > 0)
         tsd_log(TSD_LOG_INFO, "snapshot %s: %zu streams restored (format %u)", path, ld.n_streams,
                 head.format);
+    if (ld.n_tables > 0)
+        tsd_log(TSD_LOG_INFO, "snapshot %s: %zu replay tables restored (format %u)", path,
+                ld.n_tables, head.format);
     rc = 0;
     goto out;
 unwind:
@@ -1343,6 +1530,10 @@ unwind:
     if (ld.n_streams > 0) {
         tsd_streams_free(srv);
         (void)tsd_streams_init(srv);
+    }
+    if (ld.n_tables > 0) {
+        tsd_tables_free(srv);
+        (void)tsd_tables_init(srv);
     }
     tsd_store_free(store);
     (void)tsd_store_init(store, store->max_memory);

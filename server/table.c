@@ -27,6 +27,7 @@
  * closes. Requests that arrive while others of their kind wait queue behind them.
  */
 #include "table.h"
+#include "snapfile.h"
 #include "stream.h"
 
 #include "msg.h"
@@ -1053,6 +1054,45 @@ static tsd_table *table_of(tsd_conn *c, const ts__hdr *h, const uint8_t *name, s
     return t;
 }
 
+/*
+ * A new, empty table named name with these settings (checked by the caller), linked into the
+ * tables and counted against --max-memory. 0 with *out, or TS_EOOM / TS_ENOMEM.
+ */
+static int table_new(tsd_server *srv, const uint8_t *name, size_t len, uint64_t capacity,
+                     uint64_t min_size, double spi, double eb, double exponent, uint32_t max_times,
+                     uint8_t remover, uint8_t sampler, tsd_table **out)
+{
+    uint64_t cost = table_block(len);
+    if (tsd_store_charge(srv, NULL, cost) != 0)
+        return TS_EOOM;
+    tsd_table *t = ts__calloc(1, sizeof(*t) + len);
+    if (t == NULL) {
+        tsd_store_uncharge(srv, NULL, cost);
+        return TS_ENOMEM;
+    }
+    t->node.name = (uint8_t *)(t + 1);
+    if (len > 0)
+        memcpy(t->node.name, name, len);
+    t->node.name_len = (uint8_t)len;
+    t->node.hash = tsd_hash(name, len);
+    t->srv = srv;
+    t->cost = cost;
+    t->next_key = 1;
+    t->cfg.capacity = capacity;
+    t->cfg.min_size = min_size;
+    t->cfg.spi = spi;
+    t->cfg.error_buffer = eb;
+    t->cfg.min_diff = (double)min_size * spi - eb;
+    t->cfg.max_diff = (double)min_size * spi + eb;
+    t->cfg.exponent = exponent;
+    t->cfg.max_times = max_times;
+    t->cfg.remover = remover;
+    t->cfg.sampler = sampler;
+    tsd_htab_insert(&tx(srv)->table, &t->node);
+    *out = t;
+    return 0;
+}
+
 static void op_create(tsd_conn *c, const ts__hdr *h, const ts__msg_table_create_req *q)
 {
     tsd_server *srv = c->srv;
@@ -1092,35 +1132,13 @@ static void op_create(tsd_conn *c, const ts__hdr *h, const ts__msg_table_create_
     }
     if (tsd_stream_refuse_name(c, op, rid, q->name, q->name_len))
         return;
-    uint64_t cost = table_block(q->name_len);
-    if (tsd_store_charge(srv, NULL, cost) != 0) {
-        reply_oom(c, op, rid, TS_EOOM, "creating a replay table");
+    tsd_table *t;
+    int rc = table_new(srv, q->name, q->name_len, q->capacity, q->min_size_to_sample, spi, eb,
+                       q->priority_exponent, q->max_times_sampled, q->remover, q->sampler, &t);
+    if (rc != 0) {
+        reply_oom(c, op, rid, rc, "creating a replay table");
         return;
     }
-    tsd_table *t = ts__calloc(1, sizeof(*t) + q->name_len);
-    if (t == NULL) {
-        tsd_store_uncharge(srv, NULL, cost);
-        reply_oom(c, op, rid, TS_ENOMEM, "creating a replay table");
-        return;
-    }
-    t->node.name = (uint8_t *)(t + 1);
-    memcpy(t->node.name, q->name, q->name_len);
-    t->node.name_len = (uint8_t)q->name_len;
-    t->node.hash = tsd_hash(q->name, q->name_len);
-    t->srv = srv;
-    t->cost = cost;
-    t->next_key = 1;
-    t->cfg.capacity = q->capacity;
-    t->cfg.min_size = q->min_size_to_sample;
-    t->cfg.spi = spi;
-    t->cfg.error_buffer = eb;
-    t->cfg.min_diff = (double)q->min_size_to_sample * spi - eb;
-    t->cfg.max_diff = (double)q->min_size_to_sample * spi + eb;
-    t->cfg.exponent = q->priority_exponent;
-    t->cfg.max_times = q->max_times_sampled;
-    t->cfg.remover = q->remover;
-    t->cfg.sampler = q->sampler;
-    tsd_htab_insert(&tx(srv)->table, &t->node);
     (void)tsd_server_next_version(srv);
     reply_state(c, op, rid, t, 0, 0, 0);
 }
@@ -1418,4 +1436,88 @@ void tsd_table_dispatch(tsd_conn *c, const ts__hdr *h, const ts__msg *m)
         tsd_conn_fail(c, op, h->request_id, TS_ST_UNKNOWN_OPCODE, "unknown opcode 0x%02x", op);
         return;
     }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Snapshots (snapshot.c)
+ */
+
+uint32_t tsd_table_size(const tsd_table *t)
+{
+    return t->n;
+}
+
+void tsd_table_capture(const tsd_table *t, uint64_t now, tsd_snapfile_table *out, uint8_t *rows,
+                       tsd_item **recs)
+{
+    *out = (tsd_snapfile_table){.name = t->node.name,
+                                .name_len = t->node.name_len,
+                                .capacity = t->cfg.capacity,
+                                .min_size = t->cfg.min_size,
+                                .spi = t->cfg.spi,
+                                .error_buffer = t->cfg.error_buffer,
+                                .exponent = t->cfg.exponent,
+                                .max_times = t->cfg.max_times,
+                                .remover = t->cfg.remover,
+                                .sampler = t->cfg.sampler,
+                                .next_key = t->next_key,
+                                .inserts = t->inserts,
+                                .samples = t->samples,
+                                .deletes = t->deletes,
+                                .n_items = t->n,
+                                .items = rows};
+    /* Oldest first: keys grow with insertion, so this is key order. */
+    size_t k = 0;
+    for (const titem *x = t->oldest; x != NULL; x = x->newer, k++) {
+        uint64_t age = now > x->time_ms ? now - x->time_ms : 0;
+        tsd_snapfile_titem_put(rows, k, x->key, x->priority, tsd_item_len(x->it), age,
+                               x->times_sampled);
+        recs[k] = x->it;
+    }
+}
+
+int tsd_table_restore(tsd_server *srv, const tsd_snapfile_table *s, tsd_table **out)
+{
+    if (tsd_table_find(srv, s->name, s->name_len) != NULL ||
+        tsd_store_find(&srv->store, s->name, s->name_len) != NULL ||
+        tsd_stream_find(srv, s->name, s->name_len) != NULL)
+        return TS_EINVAL;
+    tsd_table *t;
+    int rc = table_new(srv, s->name, s->name_len, s->capacity, s->min_size, s->spi, s->error_buffer,
+                       s->exponent, s->max_times, s->remover, s->sampler, &t);
+    if (rc != 0)
+        return rc;
+    t->next_key = s->next_key;
+    t->inserts = s->inserts;
+    t->samples = s->samples;
+    t->deletes = s->deletes;
+    *out = t;
+    return 0;
+}
+
+int tsd_table_restore_item(tsd_server *srv, tsd_table *t, uint64_t key, double priority,
+                           uint32_t times_sampled, uint64_t time_ms, tsd_item *it)
+{
+    if (!priority_ok(&t->cfg, priority) || t->n >= t->cfg.capacity || key >= t->next_key ||
+        (t->newest != NULL && key <= t->newest->key))
+        return TS_EINVAL;
+    int rc = grow(srv, t);
+    if (rc == 0)
+        rc = tsd_store_charge(srv, &t->cost, titem_cost());
+    if (rc != 0)
+        return rc;
+    titem *x = ts__calloc(1, sizeof(*x));
+    if (x == NULL) {
+        tsd_store_uncharge(srv, &t->cost, titem_cost());
+        return TS_ENOMEM;
+    }
+    tsd_store_item_take(&srv->store, it);
+    x->key = key;
+    x->priority = priority;
+    x->it = it;
+    x->time_ms = time_ms;
+    x->times_sampled = times_sampled;
+    item_link(t, x);
+    t->bytes += tsd_item_len(it);
+    return 0;
 }

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "server.h"
+#include "snapfile.h"
 
 typedef struct tsd_table tsd_table;
 typedef struct tsd_twait tsd_twait;
@@ -73,6 +74,34 @@ void tsd_table_list_entry(const tsd_table *t, ts__msg_list_entry *e);
 int tsd_table_each(tsd_server *srv, int (*fn)(tsd_table *t, void *arg), void *arg);
 /* Tables now (LIST sizes its reply with it). */
 size_t tsd_table_count(const tsd_server *srv);
+
+/*
+ * Snapshots (snapshot.c). Items of t now (size the capture's arrays with it).
+ * Added in 0.5.0.
+ */
+uint32_t tsd_table_size(const tsd_table *t);
+/*
+ * Capture t into out for the snapshot file: its settings and counters, and per item, in key order,
+ * a row of rows (tsd_table_size(t) rows of TSD_SNAP_TITEM_SIZE bytes, ages counted from now, in
+ * uv_now ms) and its record in recs (borrowed: the caller takes its own references). out->name
+ * is t's, valid only until t changes. Added in 0.5.0.
+ */
+void tsd_table_capture(const tsd_table *t, uint64_t now, tsd_snapfile_table *out, uint8_t *rows,
+                       tsd_item **recs);
+/*
+ * Loading a snapshot: a table with s's settings and counters (no items yet) into *out. TS_EINVAL
+ * when its name is taken (by a table, a bin or a stream), TS_EOOM / TS_ENOMEM. Added in 0.5.0.
+ */
+int tsd_table_restore(tsd_server *srv, const tsd_snapfile_table *s, tsd_table **out);
+/*
+ * Add an item to a restored table, after the ones added so far: it (its reference, and a store
+ * reservation of tsd_item_len(it)) becomes the table's on success; on failure both stay the
+ * caller's. time_ms is its insertion time in uv_now ms. TS_EINVAL for a key not above the last
+ * or not below next_key, a priority the table refuses, a full table; TS_EOOM / TS_ENOMEM.
+ * Added in 0.5.0.
+ */
+int tsd_table_restore_item(tsd_server *srv, tsd_table *t, uint64_t key, double priority,
+                           uint32_t times_sampled, uint64_t time_ms, tsd_item *it);
 
 typedef struct tsd_table_stats {
     uint64_t tables, items, bytes, inserts, samples, waits;

@@ -78,9 +78,39 @@ static inline int snapfix_streams(uint8_t *p, size_t len, size_t *off, uint64_t 
     return 0;
 }
 
+/* The replay tables section of format 3 from off: rewrite its checksums. 0, or -1 past len. */
+static inline int snapfix_tables(uint8_t *p, size_t len, size_t *off, uint64_t *acc)
+{
+    if (len - *off < TSD_SNAP_SEC_SIZE)
+        return -1;
+    uint64_t n_tables = ts__get_u64le(p + *off + 8);
+    if (snapfix_piece(p, len, off, 32, acc) != 0)
+        return -1;
+    for (uint64_t t = 0; t < n_tables; t++) {
+        /* name_len, the name, 88 bytes of settings and counters (n_items last) */
+        if (len - *off < 89 || len - *off - 89 < p[*off])
+            return -1;
+        size_t nl = p[*off];
+        uint64_t n_items = ts__get_u64le(p + *off + 1 + nl + 80);
+        if (snapfix_piece(p, len, off, 89 + nl, acc) != 0)
+            return -1;
+        if (n_items > (len - *off) / TSD_SNAP_TITEM_SIZE)
+            return -1;
+        const uint8_t *rows = p + *off;
+        if (snapfix_piece(p, len, off, n_items * TSD_SNAP_TITEM_SIZE, acc) != 0)
+            return -1;
+        for (uint64_t k = 0; k < n_items; k++)
+            if (snapfix_piece(p, len, off, ts__get_u64le(rows + k * TSD_SNAP_TITEM_SIZE + 16),
+                              acc) != 0)
+                return -1;
+    }
+    return 0;
+}
+
 /*
  * Rewrite the checksums of p[0..len): the header's, each bin's and item's, in format 2 the
- * streams section's (its header, each stream's pieces), the trailer's.
+ * streams section's (its header, each stream's pieces), in format 3 the replay tables section's,
+ * the trailer's.
  */
 static inline void snapfix_rehash(uint8_t *p, size_t len)
 {
@@ -117,6 +147,8 @@ static inline void snapfix_rehash(uint8_t *p, size_t len)
         }
     }
     if (ts__get_u32le(p + 8) >= 2 && snapfix_streams(p, len, &off, &acc) != 0)
+        return;
+    if (ts__get_u32le(p + 8) >= 3 && snapfix_tables(p, len, &off, &acc) != 0)
         return;
     if (len - off < TSD_SNAP_END_SIZE)
         return;

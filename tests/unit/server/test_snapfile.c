@@ -584,10 +584,10 @@ static void item_under_record_header(uint8_t *p, size_t len)
     (void)len;
     ts__put_u64le(p + BIN0_LEN, TS_REC_HDR_SIZE - 1);
 }
-static void format_three(uint8_t *p, size_t len)
+static void format_next(uint8_t *p, size_t len)
 {
     (void)len;
-    ts__put_u32le(p + 8, 3);
+    ts__put_u32le(p + 8, TSD_SNAP_FORMAT + 1);
 }
 static void format_zero(uint8_t *p, size_t len)
 {
@@ -639,7 +639,7 @@ static void test_lengths_and_fields_that_lie(void **state)
     expect_refused(good, len, 0, huge_item, "item 0 of bin 'params' claims");
     expect_refused(good, len, 0, item_one_past_end, "item 0 of bin 'params' claims");
     expect_refused(good, len, 0, item_under_record_header, "item 0 of bin 'params' claims 15");
-    expect_refused(good, len, 0, format_three, "format 3 is not supported");
+    expect_refused(good, len, 0, format_next, "format 4 is not supported");
     expect_refused(good, len, 0, format_zero, "format 0 is not supported");
     expect_refused(good, len, 0, header_reserved, "reserved field of the file header");
     expect_refused(good, len, 0, bin_reserved, "bin 0: a reserved field");
