@@ -397,6 +397,21 @@ static double get_f64(const uint8_t *p)
     return v;
 }
 
+/* A section's 40-byte header: magic, its three counts, the hash of those 32 bytes. */
+static void write_section(snap_writer *w, uint64_t *acc, const char *magic, uint64_t n,
+                          uint64_t records, uint64_t bytes)
+{
+    uint8_t sec[TSD_SNAP_SEC_SIZE];
+    memcpy(sec, magic, 8);
+    ts__put_u64le(sec + 8, n);
+    ts__put_u64le(sec + 16, records);
+    ts__put_u64le(sec + 24, bytes);
+    uint64_t h = tsd_hash64(sec, 32, 0);
+    ts__put_u64le(sec + 32, h);
+    w_put(w, sec, sizeof(sec));
+    *acc = chain(*acc, h);
+}
+
 /* One replay table: its header, its item table, its records. */
 static void write_table(snap_writer *w, uint64_t *acc, const tsd_snapfile_table *t,
                         tsd_snapfile_item_fn item, void *arg)
@@ -512,29 +527,14 @@ int tsd_snapfile_write_all(int fd, const tsd_snapfile_head *head, const tsd_snap
     ts__free(bh);
 
     if (format >= 2) {
-        uint8_t sec[TSD_SNAP_SEC_SIZE];
-        memcpy(sec, SNAP_SEC_MAGIC, sizeof(SNAP_SEC_MAGIC));
-        ts__put_u64le(sec + 8, head->n_streams);
-        ts__put_u64le(sec + 16, head->n_records);
-        ts__put_u64le(sec + 24, head->stream_bytes);
-        h = tsd_hash64(sec, 32, 0);
-        ts__put_u64le(sec + 32, h);
-        w_put(&w, sec, sizeof(sec));
-        acc = chain(acc, h);
+        write_section(&w, &acc, SNAP_SEC_MAGIC, head->n_streams, head->n_records,
+                      head->stream_bytes);
         for (uint64_t k = 0; k < head->n_streams && w.err == 0; k++)
             write_stream(&w, &acc, &streams[k], item, arg);
     }
 
     if (format >= 3) {
-        uint8_t sec[TSD_SNAP_SEC_SIZE];
-        memcpy(sec, SNAP_TAB_MAGIC, sizeof(SNAP_TAB_MAGIC));
-        ts__put_u64le(sec + 8, head->n_tables);
-        ts__put_u64le(sec + 16, head->n_titems);
-        ts__put_u64le(sec + 24, head->table_bytes);
-        h = tsd_hash64(sec, 32, 0);
-        ts__put_u64le(sec + 32, h);
-        w_put(&w, sec, sizeof(sec));
-        acc = chain(acc, h);
+        write_section(&w, &acc, SNAP_TAB_MAGIC, head->n_tables, head->n_titems, head->table_bytes);
         for (uint64_t k = 0; k < head->n_tables && w.err == 0; k++)
             write_table(&w, &acc, &tables[k], item, arg);
     }
@@ -1116,21 +1116,36 @@ static int read_stream(snap_reader *r, snap_count *c, uint64_t index)
     return 0;
 }
 
+/*
+ * A section's 40-byte header (the streams', the tables'): its magic, its hash (folded in), and
+ * its three counts: what it holds, its records, their bytes. 0 or -1.
+ */
+static int read_section(snap_reader *r, snap_count *c, const char *magic, const char *what,
+                        uint64_t counts[3])
+{
+    uint8_t sec[TSD_SNAP_SEC_SIZE];
+    if (r_read(r, sec, sizeof(sec), what) != 0)
+        return -1;
+    if (memcmp(sec, magic, 8) != 0)
+        return bad(r, "%s is missing (bad magic)", what);
+    uint64_t h = tsd_hash64(sec, 32, 0);
+    if (h != ts__get_u64le(sec + 32))
+        return bad(r, "checksum mismatch in the header of %s", what);
+    c->acc = chain(c->acc, h);
+    for (int i = 0; i < 3; i++)
+        counts[i] = ts__get_u64le(sec + 8 + 8 * i);
+    return 0;
+}
+
 /* The streams section (format 2): its header, every stream, the sums against the header. */
 static int read_streams(snap_reader *r, snap_count *c, tsd_snapfile_head *head)
 {
-    uint8_t sec[TSD_SNAP_SEC_SIZE];
-    if (r_read(r, sec, sizeof(sec), "the streams section") != 0)
+    uint64_t n[3];
+    if (read_section(r, c, SNAP_SEC_MAGIC, "the streams section", n) != 0)
         return -1;
-    if (memcmp(sec, SNAP_SEC_MAGIC, sizeof(SNAP_SEC_MAGIC)) != 0)
-        return bad(r, "the streams section is missing (bad magic)");
-    uint64_t h = tsd_hash64(sec, 32, 0);
-    if (h != ts__get_u64le(sec + 32))
-        return bad(r, "checksum mismatch in the header of the streams section");
-    c->acc = chain(c->acc, h);
-    head->n_streams = ts__get_u64le(sec + 8);
-    head->n_records = ts__get_u64le(sec + 16);
-    head->stream_bytes = ts__get_u64le(sec + 24);
+    head->n_streams = n[0];
+    head->n_records = n[1];
+    head->stream_bytes = n[2];
     if (head->n_streams > r->left / SNAP_STREAM_MIN || head->n_records > r->left / SNAP_RECORD_MIN)
         return cut(r,
                    "the streams section claims %llu streams and %llu records, more than the "
@@ -1277,18 +1292,12 @@ static int read_table(snap_reader *r, snap_count *c, uint64_t index)
 /* The replay tables section (format 3): its header, every table, the sums against it. */
 static int read_tables(snap_reader *r, snap_count *c, tsd_snapfile_head *head)
 {
-    uint8_t sec[TSD_SNAP_SEC_SIZE];
-    if (r_read(r, sec, sizeof(sec), "the replay tables section") != 0)
+    uint64_t n[3];
+    if (read_section(r, c, SNAP_TAB_MAGIC, "the replay tables section", n) != 0)
         return -1;
-    if (memcmp(sec, SNAP_TAB_MAGIC, sizeof(SNAP_TAB_MAGIC)) != 0)
-        return bad(r, "the replay tables section is missing (bad magic)");
-    uint64_t h = tsd_hash64(sec, 32, 0);
-    if (h != ts__get_u64le(sec + 32))
-        return bad(r, "checksum mismatch in the header of the replay tables section");
-    c->acc = chain(c->acc, h);
-    head->n_tables = ts__get_u64le(sec + 8);
-    head->n_titems = ts__get_u64le(sec + 16);
-    head->table_bytes = ts__get_u64le(sec + 24);
+    head->n_tables = n[0];
+    head->n_titems = n[1];
+    head->table_bytes = n[2];
     if (head->n_tables > r->left / SNAP_TABLE_MIN || head->n_titems > r->left / SNAP_TITEM_MIN)
         return cut(r,
                    "the replay tables section claims %llu tables and %llu items, more than the "
