@@ -69,8 +69,10 @@ TS_EXTERN int ts_take(ts_client_t *c, const char *name, size_t max_items, int ti
  * Read n bins (1 to TS_MGET_MAX) in one round trip, as ts_peek reads each (up to max_items
  * items per bin, 0 = all; nothing is removed). out[i] receives bin names[i]'s items, transferred
  * (ts_items_free), or NULL when that bin does not exist. The request must also fit the server's
- * control body limit (4096 bytes: 8 + the names and a byte each): TS_EMSGSIZE otherwise. On an
- * error no out[i] is written. Added in 0.4.0.
+ * control body limit (4096 bytes: 8 + the names and a byte each): TS_EMSGSIZE otherwise. A name
+ * of a stream or a replay table gives TS_EINVAL (as ts_peek does) and nothing is returned
+ * (Changed in 0.5.0: it read as missing before). On an error no out[i] is written.
+ * Added in 0.4.0.
  */
 TS_EXTERN int ts_mget(ts_client_t *c, const char *const *names, size_t n, size_t max_items,
                       ts_items_t **out);
