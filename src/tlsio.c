@@ -12,6 +12,7 @@
 #include "common.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,13 +39,26 @@ typedef struct tls_chunk {
     uv_write_t w;
     ts__tls *t;
     size_t len;
+    size_t cap; /* bytes of data */
     uint8_t data[];
 } tls_chunk;
 
+/*
+ * bytes; the data of a reusable chunk: a full TS_TLS_CHUNK, the last piece that crossed it and
+ * the records' overhead (a few dozen bytes per 16 KiB record). Larger flushes get a chunk of
+ * their own size, freed after use.
+ */
+#define TLS_CHUNK_CAP (TS_TLS_CHUNK + TS_TLS_WRITE_PIECE + ((size_t)64 << 10))
+/*
+ * Chunks kept for reuse per session. A chunk this large comes from mmap, so a fresh one per
+ * write costs a page fault per 4 KiB touched (a quarter of TLS's CPU per byte in
+ * bench/tls_bench.c); two cover a steady stream. A small write touches only its first pages.
+ */
+#define TLS_SPARE_CHUNKS 2
+
 struct ts__tls {
     SSL *ssl;
-    BIO *rbio; /* network to SSL (owned by ssl) */
-    BIO *wbio; /* SSL to network (owned by ssl) */
+    BIO *bio; /* both directions, owned by ssl: reads from rbuf, writes into wcur */
     uv_stream_t *stream;
     void *user_data; /* the owner's stream->data */
     uv_idle_t idle;  /* runs deferred work outside the owner's calls */
@@ -55,7 +69,11 @@ struct ts__tls {
     uv_read_cb read_cb;
     int user_reading;  /* the owner wants plaintext */
     int net_reading;   /* uv_read_start is on for the socket */
-    uint8_t *rbuf;     /* TS_TLS_READ_BUF bytes of ciphertext */
+    uint8_t *rbuf;     /* TS_TLS_READ_BUF bytes: ciphertext read from the socket... */
+    size_t rpos, rlen; /* ... of which [rpos, rlen) has not been taken by SSL yet */
+    tls_chunk *wcur;   /* ciphertext SSL wrote, not yet handed to the socket, or NULL */
+    tls_chunk *spare[TLS_SPARE_CHUNKS]; /* written chunks kept for the next writes */
+    int n_spare;
     int net_eof;       /* the socket reached its end */
     int net_err;       /* a libuv read error of the socket, 0 = none */
     int end_told;      /* the owner was told the end of the stream (or an error) */
@@ -158,7 +176,10 @@ static void chunk_cb(uv_write_t *w, int status)
     tls_chunk *ch = (tls_chunk *)(void *)w;
     ts__tls *t = ch->t;
     size_t len = ch->len;
-    ts__free(ch);
+    if (ch->cap == TLS_CHUNK_CAP && t->n_spare < TLS_SPARE_CHUNKS)
+        t->spare[t->n_spare++] = ch; /* freed with the session at the latest */
+    else
+        ts__free(ch);
     if (t->closed)
         return; /* cancelled by the close: the owner's writes are cancelled there too */
     if (status < 0) {
@@ -171,32 +192,126 @@ static void chunk_cb(uv_write_t *w, int status)
     run(t);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The BIO between SSL and the socket: SSL reads ciphertext straight from the buffer libuv read
+ * into and writes it straight into the buffer uv_write sends, so no byte is copied on its way
+ * through (memory BIOs copied, and cleared, every byte twice more each way).
+ */
+
+/* Bytes of ciphertext SSL wrote that are not yet handed to the socket. */
+static size_t wpending(const ts__tls *t)
+{
+    return t->wcur != NULL ? t->wcur->len : 0;
+}
+
+/* A chunk with room for at least need bytes: a spare full-size one, or a new one. */
+static tls_chunk *chunk_get(ts__tls *t, size_t need)
+{
+    if (need <= TLS_CHUNK_CAP && t->n_spare > 0)
+        return t->spare[--t->n_spare];
+    size_t cap = need <= TLS_CHUNK_CAP ? TLS_CHUNK_CAP : need;
+    tls_chunk *ch = ts__malloc(sizeof(*ch) + cap);
+    if (ch != NULL) {
+        ch->cap = cap;
+        ch->len = 0;
+    }
+    return ch;
+}
+
+static void flush_cipher(ts__tls *t);
+
+static int bio_write_cb(BIO *b, const char *data, int len)
+{
+    ts__tls *t = BIO_get_data(b);
+    BIO_clear_retry_flags(b);
+    if (len <= 0)
+        return 0;
+    if (t == NULL || t->closed)
+        return len; /* nobody will read it any more: dropped */
+    if (t->wcur != NULL && t->wcur->len + (size_t)len > t->wcur->cap)
+        flush_cipher(t);
+    if (t->wcur == NULL) {
+        t->wcur = chunk_get(t, (size_t)len);
+        if (t->wcur == NULL) {
+            fail(t, UV_ENOMEM, "out of memory for TLS output");
+            return -1;
+        }
+        t->wcur->len = 0;
+    }
+    memcpy(t->wcur->data + t->wcur->len, data, (size_t)len);
+    t->wcur->len += (size_t)len;
+    return len;
+}
+
+static int bio_read_cb(BIO *b, char *out, int len)
+{
+    ts__tls *t = BIO_get_data(b);
+    BIO_clear_retry_flags(b);
+    size_t avail = t != NULL ? t->rlen - t->rpos : 0;
+    if (avail == 0 || len <= 0) {
+        BIO_set_retry_read(b); /* more may come: the socket says when it ends */
+        return -1;
+    }
+    size_t n = avail < (size_t)len ? avail : (size_t)len;
+    memcpy(out, t->rbuf + t->rpos, n);
+    t->rpos += n;
+    return (int)n;
+}
+
+static long bio_ctrl_cb(BIO *b, int cmd, long num, void *ptr)
+{
+    ts__tls *t = BIO_get_data(b);
+    (void)num;
+    (void)ptr;
+    switch (cmd) {
+    case BIO_CTRL_FLUSH:
+        return 1;
+    case BIO_CTRL_PENDING:
+        return t != NULL ? (long)(t->rlen - t->rpos) : 0;
+    case BIO_CTRL_WPENDING:
+        return t != NULL ? (long)wpending(t) : 0;
+    default:
+        return 0;
+    }
+}
+
+static int bio_create_cb(BIO *b)
+{
+    BIO_set_init(b, 1);
+    return 1;
+}
+
+static BIO_METHOD *bio_method;
+static pthread_once_t bio_once = PTHREAD_ONCE_INIT;
+
+/* The method, made once per process (it lives as long as the process). */
+static void bio_method_make(void)
+{
+    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "tensorshare-uv");
+    if (m != NULL &&
+        (BIO_meth_set_write(m, bio_write_cb) != 1 || BIO_meth_set_read(m, bio_read_cb) != 1 ||
+         BIO_meth_set_ctrl(m, bio_ctrl_cb) != 1 || BIO_meth_set_create(m, bio_create_cb) != 1)) {
+        BIO_meth_free(m);
+        m = NULL;
+    }
+    bio_method = m;
+}
+
 /* Write out the ciphertext SSL produced, and stamp the writes wholly encrypted by now. */
 static void flush_cipher(ts__tls *t)
 {
-    size_t n = BIO_ctrl_pending(t->wbio);
-    if (n > 0 && !t->closed) {
-        tls_chunk *ch = ts__malloc(sizeof(*ch) + n);
-        if (ch == NULL) {
-            fail(t, UV_ENOMEM, "out of memory for TLS output");
-            return;
-        }
-        int got = BIO_read(t->wbio, ch->data, n > INT_MAX ? INT_MAX : (int)n);
-        if (got <= 0) {
-            ts__free(ch);
-            fail(t, UV_EPROTO, "TLS: the output buffer could not be read");
-            return;
-        }
+    tls_chunk *ch = t->wcur;
+    if (ch != NULL && ch->len > 0 && !t->closed) {
+        t->wcur = NULL;
         ch->t = t;
-        ch->len = (size_t)got;
-        uv_buf_t b = uv_buf_init((char *)ch->data, (unsigned int)got);
+        uv_buf_t b = uv_buf_init((char *)ch->data, (unsigned int)ch->len);
         int rc = uv_write(&ch->w, t->stream, &b, 1, chunk_cb);
         if (rc != 0) {
             ts__free(ch);
             fail(t, rc, "write: the socket refused the write");
             return;
         }
-        t->cipher_sent += (uint64_t)got;
+        t->cipher_sent += (uint64_t)ch->len;
     }
     for (tls_wreq *w = t->done_head; w != NULL; w = w->next)
         if (w->cipher_end == 0)
@@ -249,7 +364,7 @@ static void pump_writes(ts__tls *t)
             t->done_tail = w;
             continue;
         }
-        uint64_t queued = t->cipher_sent - t->cipher_done + BIO_ctrl_pending(t->wbio);
+        uint64_t queued = t->cipher_sent - t->cipher_done + wpending(t);
         if (queued >= TS_TLS_MAX_INFLIGHT)
             break;
         uv_buf_t *b = &w->bufs[w->idx];
@@ -278,7 +393,7 @@ static void pump_writes(ts__tls *t)
             w->idx++;
             w->off = 0;
         }
-        if (BIO_ctrl_pending(t->wbio) >= TS_TLS_CHUNK)
+        if (wpending(t) >= TS_TLS_CHUNK)
             flush_cipher(t);
         if (t->failed)
             return;
@@ -438,8 +553,17 @@ static void net_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     (void)suggested;
     if (t->rbuf == NULL)
         t->rbuf = ts__malloc(TS_TLS_READ_BUF);
-    *buf = t->rbuf != NULL ? uv_buf_init((char *)t->rbuf, (unsigned int)TS_TLS_READ_BUF)
-                           : uv_buf_init(NULL, 0);
+    if (t->rbuf == NULL) {
+        *buf = uv_buf_init(NULL, 0);
+        return;
+    }
+    /* What SSL has not taken yet (at most part of a record) moves to the front. */
+    if (t->rpos > 0) {
+        memmove(t->rbuf, t->rbuf + t->rpos, t->rlen - t->rpos);
+        t->rlen -= t->rpos;
+        t->rpos = 0;
+    }
+    *buf = uv_buf_init((char *)t->rbuf + t->rlen, (unsigned int)(TS_TLS_READ_BUF - t->rlen));
 }
 
 static void net_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
@@ -447,9 +571,9 @@ static void net_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     ts__tls *t = s->data;
     if (t->closed)
         return;
+    (void)buf;
     if (n > 0) {
-        if (BIO_write(t->rbio, buf->base, (int)n) != (int)n)
-            fail(t, UV_ENOMEM, "out of memory for TLS input");
+        t->rlen += (size_t)n; /* read in place (net_alloc) */
     } else if (n == UV_EOF) {
         t->net_eof = 1;
     } else if (n == UV_ENOBUFS) {
@@ -463,7 +587,9 @@ static void net_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 /* Read the socket while the handshake, the owner or a write needs its bytes. */
 static void update_net_reading(ts__tls *t)
 {
+    /* A full buffer waits for SSL to take from it (the owner reading again). */
     int want = !t->closed && !t->failed && !t->net_eof && !t->net_err &&
+               (t->rpos > 0 || t->rlen < TS_TLS_READ_BUF) &&
                (!t->established || t->user_reading || t->wr_wants_read);
     if (want && !t->net_reading) {
         int rc = uv_read_start(t->stream, net_alloc, net_read);
@@ -511,24 +637,20 @@ static void run(ts__tls *t)
 
 ts__tls *ts__tls_new(SSL *ssl, uv_stream_t *stream)
 {
+    pthread_once(&bio_once, bio_method_make);
     ts__tls *t = ts__calloc(1, sizeof(*t));
-    BIO *rbio = BIO_new(BIO_s_mem());
-    BIO *wbio = BIO_new(BIO_s_mem());
-    if (t == NULL || rbio == NULL || wbio == NULL || uv_idle_init(stream->loop, &t->idle) != 0) {
-        BIO_free(rbio);
-        BIO_free(wbio);
+    BIO *bio = bio_method != NULL ? BIO_new(bio_method) : NULL;
+    if (t == NULL || bio == NULL || uv_idle_init(stream->loop, &t->idle) != 0) {
+        BIO_free(bio);
         SSL_free(ssl);
         ts__free(t);
         return NULL;
     }
-    /* An empty memory BIO means "try again", never "end of stream": the socket says that. */
-    BIO_set_mem_eof_return(rbio, -1);
-    BIO_set_mem_eof_return(wbio, -1);
-    SSL_set_bio(ssl, rbio, wbio);
+    BIO_set_data(bio, t);
+    SSL_set_bio(ssl, bio, bio); /* one reference, both directions */
     SSL_set_mode(ssl, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     t->ssl = ssl;
-    t->rbio = rbio;
-    t->wbio = wbio;
+    t->bio = bio;
     t->stream = stream;
     t->idle.data = t;
     t->user_data = stream->data;
@@ -615,8 +737,12 @@ static void maybe_free(ts__tls *t)
 {
     if (!t->stream_closed || !t->idle_closed)
         return;
-    SSL_free(t->ssl); /* and both BIOs */
+    BIO_set_data(t->bio, NULL); /* SSL_free must not reach back into t */
+    SSL_free(t->ssl);           /* and the BIO */
     ts__free(t->rbuf);
+    ts__free(t->wcur);
+    for (int i = 0; i < t->n_spare; i++)
+        ts__free(t->spare[i]);
     ts__free(t);
 }
 
