@@ -429,6 +429,10 @@ def check_manifests(src, tensord, tsctl):
     p.check(psc.get("runAsNonRoot") is True, where, "pod runAsNonRoot is not true")
     p.check(isinstance(psc.get("runAsUser"), int) and psc["runAsUser"] > 0, where,
             "runAsUser is not a non-root uid")
+    users = [rest for _, i, rest in containerfile_instructions(src) if i == "USER"]
+    p.check(users and users[-1].split(":")[0] == str(psc.get("runAsUser")), where,
+            "runAsUser %s is not the image's USER %s (deploy/Containerfile)"
+            % (psc.get("runAsUser"), users[-1] if users else None))
     p.check(psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", where,
             "seccompProfile is not RuntimeDefault")
     p.check(csc.get("readOnlyRootFilesystem") is True, where, "readOnlyRootFilesystem not set")
