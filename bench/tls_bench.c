@@ -10,9 +10,10 @@
  * and through 127.0.0.1. The two alternate (TLS first on odd repeats); the report gives the
  * median rate of each in GB/s (bytes put plus bytes got, per second), the ratio TLS / plain,
  * and whether the CPU has AES instructions (OpenSSL uses them for AES-GCM). The plain client keeps
- * its caller-side fast path (as users get it); the TLS client goes through its I/O thread. Nothing
- * here is a test: the numbers are only meaningful as a ratio taken in one run on an otherwise idle
- * machine.
+ * its caller-side fast path (as users get it); the TLS client goes through its I/O thread, and
+ * a third row runs plain TCP that way too (TS_CLIENT_DIRECT=0), to tell TLS's own cost from that
+ * of losing the fast path. Nothing here is a test: the numbers are only meaningful as ratios
+ * taken in one run on an otherwise idle machine.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -119,20 +120,27 @@ static int start(int tls, pid_t *pid)
 }
 
 /* CPU seconds per GB moved, client and server, of the last run of each kind. */
-static double cpu_client[2][MAX_REPEATS], cpu_server[2][MAX_REPEATS];
+static double cpu_client[3][MAX_REPEATS], cpu_server[3][MAX_REPEATS];
 static int cur_repeat;
 
 /* One run: iters rounds of put then get of the tensor; the rate in GB/s. */
 static double run(int tls, ts_value_t *t)
 {
+    /*
+     * tls 2: plain TCP with every byte through the client's I/O thread (TS_CLIENT_DIRECT=0, read
+     * at open), as on a TLS connection: what TLS costs beyond losing the caller-side fast path.
+     */
+    if (tls == 2)
+        setenv("TS_CLIENT_DIRECT", "0", 1);
     char addr[64];
-    snprintf(addr, sizeof(addr), "%s127.0.0.1:%d", tls ? "tls://" : "",
-             tls ? g.tls_port : g.plain_port);
+    snprintf(addr, sizeof(addr), "%s127.0.0.1:%d", tls == 1 ? "tls://" : "",
+             tls == 1 ? g.tls_port : g.plain_port);
     ts_client_options_t o;
     ts_client_options_init(&o);
     o.tls_ca_file = g.ca;
     ts_client_t *c = NULL;
     int rc = ts_client_open(&c, addr, &o);
+    unsetenv("TS_CLIENT_DIRECT");
     if (rc != 0)
         die(addr, rc);
     /* One round untimed: connections warm, buffers allocated on both sides. */
@@ -140,7 +148,7 @@ static double run(int tls, ts_value_t *t)
     if ((rc = ts_put(c, "b", t, NULL)) != 0 || (rc = ts_get(c, "b", 0, &items)) != 0)
         die("warm-up", rc);
     ts_items_free(items);
-    pid_t spid = tls ? g.tls_pid : g.plain_pid;
+    pid_t spid = tls == 1 ? g.tls_pid : g.plain_pid;
     double c0 = bench_cpu_self(), s0 = bench_cpu_pid(spid);
     double t0 = bench_now();
     for (int i = 0; i < g.iters; i++) {
@@ -235,24 +243,31 @@ int main(int argc, char **argv)
     printf("tls_bench: put+get of one %zu MiB float32 tensor, %d rounds per run, %d repeats "
            "(tensord on cpu0, client on cpu1%s)\n",
            g.mib, g.iters, g.repeats, bench_pinning() ? "" : "; not pinned");
-    double tls_v[MAX_REPEATS], plain_v[MAX_REPEATS];
+    double tls_v[MAX_REPEATS], plain_v[MAX_REPEATS], io_v[MAX_REPEATS];
     for (int r = 0; r < g.repeats; r++) {
         cur_repeat = r;
         if (r % 2 == 0) {
             tls_v[r] = run(1, t);
             plain_v[r] = run(0, t);
+            io_v[r] = run(2, t);
         } else {
+            io_v[r] = run(2, t);
             plain_v[r] = run(0, t);
             tls_v[r] = run(1, t);
         }
-        printf("  repeat %d: TLS %.2f GB/s, plain %.2f GB/s\n", r + 1, tls_v[r], plain_v[r]);
+        printf("  repeat %d: TLS %.2f GB/s, plain %.2f GB/s, plain through the I/O thread %.2f "
+               "GB/s\n",
+               r + 1, tls_v[r], plain_v[r], io_v[r]);
         fflush(stdout);
     }
     ts_value_free(t);
     double tm = bench_median(tls_v, (size_t)g.repeats);
     double pm = bench_median(plain_v, (size_t)g.repeats);
     printf("\n| %zu MiB put+get over TCP | GB/s (median of %d) |\n|---|---|\n", g.mib, g.repeats);
+    double im = bench_median(io_v, (size_t)g.repeats);
     printf("| TLS (tls://) | %.2f |\n| plain | %.2f |\n| TLS / plain | %.2fx |\n", tm, pm, tm / pm);
+    printf("| plain, I/O thread only (TS_CLIENT_DIRECT=0) | %.2f |\n| TLS / that | %.2fx |\n", im,
+           tm / im);
     printf("\nCPU seconds per GB moved (median): TLS client %.3f, server %.3f; plain client "
            "%.3f, server %.3f\n",
            bench_median(cpu_client[1], (size_t)g.repeats),
