@@ -260,7 +260,8 @@ static int run_blocking(ts_client_t *c, ts__req *r, ts__req **out)
 {
     *out = NULL;
     int gone;
-    int rc = block_on(c, r, &gone);
+    /* A cluster's shard client follows WRONG_SHARD redirects (r may end on another shard). */
+    int rc = c->shard != NULL ? ts__cluster_block(c, r, &gone) : block_on(c, r, &gone);
     if (gone)
         return rc;
     /*
@@ -296,6 +297,7 @@ static int run_async(ts_client_t *c, ts__req *r, ts_result_cb cb, void *arg)
 static int store_op(ts_client_t *c, uint8_t op, const char *bin, const ts_value_t *item,
                     uint64_t *version)
 {
+    c = ts__route(c, bin);
     int rc = check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -347,6 +349,7 @@ static ts__msg_name_req max_items_args(size_t max_items)
 static int simple_blocking(ts_client_t *c, int args_ok, uint8_t op, const char *bin,
                            const ts__msg_name_req *args, ts__req **done)
 {
+    c = ts__route(c, bin);
     int rc = check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -395,6 +398,8 @@ int ts_delete(ts_client_t *c, const char *bin, uint32_t *n_removed)
 
 int ts_list(ts_client_t *c, ts_bin_list_t **out)
 {
+    if (c != NULL && c->cl != NULL)
+        return ts__cluster_list(c, out);
     ts__req *done;
     int rc = simple_blocking(c, out != NULL, TS_OP_LIST, NULL, NULL, &done);
     if (rc == 0) {
@@ -443,6 +448,7 @@ static ts__req *wait_req(ts_client_t *c, int kind, const char *bin, uint64_t aft
 int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout_ms,
             uint64_t *version, uint32_t *n_items)
 {
+    c = ts__route(c, bin);
     int rc = check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -465,6 +471,8 @@ int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout
 
 int ts_stats(ts_client_t *c, ts_value_t **out)
 {
+    if (c != NULL && c->cl != NULL)
+        return ts__cluster_stats(c, out);
     ts__req *done;
     int rc = simple_blocking(c, out != NULL, TS_OP_STATS, NULL, NULL, &done);
     if (rc == 0) {
@@ -477,6 +485,8 @@ int ts_stats(ts_client_t *c, ts_value_t **out)
 
 int ts_ping(ts_client_t *c)
 {
+    if (c != NULL && c->cl != NULL)
+        return ts__cluster_each(c, TS_OP_PING);
     ts__req *done;
     int rc = simple_blocking(c, 1, TS_OP_PING, NULL, NULL, &done);
     if (rc == 0)
@@ -486,6 +496,8 @@ int ts_ping(ts_client_t *c)
 
 int ts_save(ts_client_t *c)
 {
+    if (c != NULL && c->cl != NULL)
+        return ts__cluster_each(c, TS_OP_SAVE);
     ts__req *done;
     int rc = simple_blocking(c, 1, TS_OP_SAVE, NULL, NULL, &done);
     if (rc == 0)
@@ -500,6 +512,7 @@ int ts_save(ts_client_t *c)
 static int store_async(ts_client_t *c, uint8_t op, const char *bin, const ts_value_t *item,
                        unsigned flags, ts_result_cb cb, void *arg)
 {
+    c = ts__route(c, bin);
     int rc = check_call(c, 0);
     if (rc != 0)
         return rc;
@@ -531,6 +544,9 @@ int ts_append_async(ts_client_t *c, const char *bin, const ts_value_t *item, uns
 static int simple_async(ts_client_t *c, uint8_t op, const char *bin, const ts__msg_name_req *args,
                         ts_result_cb cb, void *arg)
 {
+    if (c != NULL && c->cl != NULL && bin == NULL)
+        return ts__cluster_fanout_async(c, op, cb, arg); /* LIST, STATS, PING */
+    c = ts__route(c, bin);
     int rc = check_call(c, 0);
     if (rc != 0)
         return rc;
@@ -581,6 +597,7 @@ int ts_ping_async(ts_client_t *c, ts_result_cb cb, void *arg)
 int ts_wait_async(ts_client_t *c, const char *bin, uint64_t after_version, int timeout_ms,
                   ts_result_cb cb, void *arg)
 {
+    c = ts__route(c, bin);
     int rc = check_call(c, 0);
     if (rc != 0)
         return rc;
@@ -596,8 +613,14 @@ int ts_wait_async(ts_client_t *c, const char *bin, uint64_t after_version, int t
  * Subscriptions
  */
 
-int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg)
+/*
+ * ts_listen on one client. For a cluster's shard client that answers WRONG_SHARD, *next gets
+ * the shard client to try instead (NULL: none).
+ */
+static int listen_on(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg,
+                     ts_client_t **next)
 {
+    *next = NULL;
     int rc = check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -642,13 +665,38 @@ int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg)
     int gone;
     rc = wait_done(c, r, 0, &gone); /* a LISTEN is never written directly */
     /* A failed LISTEN unlinked the subscription on the I/O thread (or in block_on). */
+    if (!gone && rc == TS_EWRONGSHARD && c->shard != NULL)
+        *next = ts__cluster_learn(c, r);
     if (!gone)
         ts__req_free(r);
     return rc;
 }
 
+int ts_listen(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg)
+{
+    if (c == NULL || c->cl == NULL) {
+        ts_client_t *unused;
+        return listen_on(c, bin, cb, arg, &unused);
+    }
+    /* A cluster: the owner of the bin's slot, after at most TS__CLUSTER_REDIRECTS redirects. */
+    int rc = ts__cluster_enter(c);
+    if (rc != 0)
+        return ts__fail(rc, "the client is closing");
+    ts_client_t *sc = ts__route(c, bin);
+    for (int hops = 0;; hops++) {
+        ts_client_t *next;
+        rc = listen_on(sc, bin, cb, arg, &next);
+        if (rc != TS_EWRONGSHARD || next == NULL || next == sc || hops == TS__CLUSTER_REDIRECTS)
+            break;
+        sc = next;
+    }
+    ts__cluster_leave(c);
+    return rc;
+}
+
 int ts_unlisten(ts_client_t *c, const char *bin)
 {
+    c = ts__route(c, bin);
     int rc = check_call(c, 0);
     if (rc != 0)
         return rc;
@@ -705,4 +753,29 @@ int ts__api_run_blocking(ts_client_t *c, ts__req *r, ts__req **out)
 int ts__api_run_async(ts_client_t *c, ts__req *r, ts_result_cb cb, void *arg)
 {
     return run_async(c, r, cb, arg);
+}
+
+int ts__api_block_on(ts_client_t *c, ts__req *r, int *gone)
+{
+    return block_on(c, r, gone);
+}
+
+void ts__api_run_blocking_all(ts_client_t *const *cs, ts__req **rs, size_t n, int *rcs)
+{
+    /* All submitted first, so the shards work on them at the same time. */
+    for (size_t i = 0; i < n; i++) {
+        rcs[i] = ts__submit(cs[i], rs[i]);
+        if (rcs[i] != 0) {
+            ts__req_free(rs[i]);
+            rs[i] = NULL;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (rs[i] == NULL)
+            continue;
+        int gone;
+        rcs[i] = wait_done(cs[i], rs[i], 0, &gone);
+        if (gone)
+            rs[i] = NULL;
+    }
 }

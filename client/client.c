@@ -34,6 +34,12 @@ static _Thread_local ts_client_t *tls_io_client;
 
 int ts__on_io_thread(const ts_client_t *c)
 {
+    /* A cluster's shards count as one client: a blocking call from any of their threads waits. */
+    return tls_io_client != NULL && (tls_io_client == c || tls_io_client->pub == c->pub);
+}
+
+int ts__io_thread_is(const ts_client_t *c)
+{
     return tls_io_client == c;
 }
 
@@ -62,6 +68,8 @@ void ts__req_free(ts__req *r)
     ts_bin_list_free(r->res.bins);
     ts_value_free(r->res.value);
     ts__sub_unref(r->sub);
+    ts__free(r->ws_addr);
+    ts__shard_map_free(r->shard_map);
     if (r->kind == TS__K_BLOCK)
         pthread_cond_destroy(&r->cond);
     ts__free(r);
@@ -103,7 +111,7 @@ void ts__sub_event(ts_client_t *c, ts__sub *s, ts_event_t event, int coalesced)
                            .version = s->version,
                            .n_items = s->n_items,
                            .coalesced = coalesced};
-    s->cb(c, 0, &n, s->arg);
+    s->cb(c->pub, 0, &n, s->arg);
 }
 
 /* Deliver a subscription's final callback (once). */
@@ -114,7 +122,7 @@ void ts__sub_final(ts_client_t *c, ts__sub *s, int status)
     s->final_done = 1;
     /* The final call always carries a failure; its reason is in ts_last_error(). */
     ts_set_last_error(ts_strerror(status));
-    s->cb(c, status, NULL, s->arg);
+    s->cb(c->pub, status, NULL, s->arg);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -380,13 +388,16 @@ void ts__req_finish(ts_client_t *c, ts__req *r, int status)
 {
     switch (r->kind) {
     case TS__K_ASYNC: {
+        /* A cluster's shard that does not own the name: the owner answers instead. */
+        if (status == TS_EWRONGSHARD && c->shard != NULL && ts__cluster_redirect_async(c, r))
+            break;
         ts_result_t res = r->res;
         memset(&r->res, 0, sizeof(r->res));
         /* A failure's message is read by the callback with ts_last_error() on this thread. */
         if (status < 0)
             ts_set_last_error(r->msg != NULL ? r->msg : ts_strerror(status));
         if (r->cb != NULL)
-            r->cb(c, status, &res, r->arg);
+            r->cb(c->pub, status, &res, r->arg);
         ts_items_free(res.items);
         ts_bin_list_free(res.bins);
         ts_value_free(res.value);
@@ -407,6 +418,10 @@ void ts__req_finish(ts_client_t *c, ts__req *r, int status)
         break;
     case TS__K_UNLISTEN:
         ts__sub_final(c, r->sub, TS_ECANCELED);
+        ts__req_free(r);
+        break;
+    case TS__K_SHARDMAP:
+        ts__cluster_map_done(c, r, status);
         ts__req_free(r);
         break;
     default: /* TS__K_FIRE */
@@ -489,8 +504,14 @@ static void async_cb(uv_async_t *a)
             ts__req_send_batch(c, batch, nb);
             nb = 0;
         }
+        const char *down_msg;
         if (c->state == TS__ST_CLOSED) {
             ts__req_finish(c, r, TS_ECANCELED);
+        } else if (c->shard != NULL && c->state != TS__ST_READY && r->kind != TS__K_UNLISTEN &&
+                   ts__cluster_shard_down(c, &down_msg)) {
+            /* A cluster's shard that is down fails its requests at once (docs/CLUSTER.md). */
+            ts__req_set_msg(r, down_msg);
+            ts__req_finish(c, r, TS_ENOTCONN);
         } else if (r->kind == TS__K_UNLISTEN) {
             do_unlisten(c, r);
         } else if (c->state == TS__ST_READY && c->waitq_head == NULL) {
@@ -610,7 +631,10 @@ static void *io_main(void *arg)
     if (c->free_on_exit) {
         /* ts_client_free was called from a callback: nobody joins this thread. */
         pthread_detach(pthread_self());
-        client_destroy(c);
+        if (c->shard != NULL)
+            ts__cluster_destroy(c->pub); /* every shard client, this one included */
+        else
+            client_destroy(c);
     }
     return NULL;
 }
@@ -741,11 +765,9 @@ static int setup_loop(ts_client_t *c)
     return 0;
 }
 
-int ts_client_open(ts_client_t **out, const char *address, const ts_client_options_t *opts)
+int ts__client_start(ts_client_t **out, const char *address, const ts_client_options_t *opts,
+                     ts_client_t *pub, struct ts__cluster_shard *shard)
 {
-    if (out == NULL || address == NULL)
-        return ts__fail(TS_EINVAL, "ts_client_open needs an address");
-    ts__set_last_error(NULL, 0);
     /*
      * Large received bodies are released into a small process-wide cache, so that pulling the
      * same tensors again reuses the last buffer instead of faulting in and zeroing a fresh one.
@@ -774,6 +796,8 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_client_optio
             ts_set_last_error(ts_strerror(rc));
         return rc;
     }
+    c->pub = pub != NULL ? pub : c;
+    c->shard = shard;
     /*
      * The benchmark switch TS_CLIENT_DIRECT=0 (docs/PERFORMANCE.md) is read here once, not on
      * every reconnect (see direct_allowed).
@@ -808,7 +832,12 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_client_optio
         client_destroy(c);
         return ts__fail(TS_EAGAIN, "cannot start the client's I/O thread");
     }
+    *out = c;
+    return 0;
+}
 
+int ts__client_wait_open(ts_client_t *c, char *msg, size_t cap)
+{
     uint64_t until =
         ts__now_ns() + (uint64_t)(c->opts.connect_timeout_ms + TS__OPEN_GRACE_MS) * 1000000u;
     struct timespec ts = {(time_t)(until / 1000000000u), (long)(until % 1000000000u)};
@@ -817,17 +846,58 @@ int ts_client_open(ts_client_t **out, const char *address, const ts_client_optio
         if (pthread_cond_timedwait(&c->open_cond, &c->mu, &ts) != 0 && !c->open_done) {
             c->open_status = TS_ETIMEDOUT;
             snprintf(c->open_msg, sizeof(c->open_msg), "%s: connect timed out", c->address);
-            if (!c->closing) {
+            /* A plain client gives up; a cluster's shard goes on trying in the background. */
+            if (!c->closing && c->shard == NULL) {
                 c->closing = 1;
                 uv_async_send(&c->async);
             }
             break;
         }
     }
-    rc = c->open_status;
-    char msg[sizeof(c->open_msg)];
-    memcpy(msg, c->open_msg, sizeof(msg));
+    int rc = c->open_status;
+    snprintf(msg, cap, "%s", c->open_msg);
     pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void ts__client_stop(ts_client_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    if (!c->closing) {
+        c->closing = 1;
+        uv_async_send(&c->async);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ts__client_join(ts_client_t *c)
+{
+    pthread_join(c->thread, NULL);
+}
+
+void ts__client_destroy(ts_client_t *c)
+{
+    client_destroy(c);
+}
+
+int ts__client_setup_options(ts_client_t *c, const ts_client_options_t *opts)
+{
+    return setup_options(c, opts);
+}
+
+int ts_client_open(ts_client_t **out, const char *address, const ts_client_options_t *opts)
+{
+    if (out == NULL || address == NULL)
+        return ts__fail(TS_EINVAL, "ts_client_open needs an address");
+    ts__set_last_error(NULL, 0);
+    if (ts__cluster_address(address))
+        return ts__cluster_open(out, address, opts);
+    ts_client_t *c;
+    int rc = ts__client_start(&c, address, opts, NULL, NULL);
+    if (rc != 0)
+        return rc;
+    char msg[sizeof(c->open_msg)];
+    rc = ts__client_wait_open(c, msg, sizeof(msg));
     if (rc != 0) {
         pthread_join(c->thread, NULL);
         client_destroy(c);
@@ -844,6 +914,10 @@ void ts_client_free(ts_client_t *c)
 {
     if (c == NULL)
         return;
+    if (c->cl != NULL) {
+        ts__cluster_free(c);
+        return;
+    }
     pthread_mutex_lock(&c->mu);
     int already = c->closing;
     if (!already) {
@@ -864,5 +938,7 @@ void ts_client_free(ts_client_t *c)
 
 int ts_client_connected(ts_client_t *c)
 {
+    if (c != NULL && c->cl != NULL)
+        return ts__cluster_connected(c);
     return c != NULL && atomic_load(&c->connected) ? 1 : 0;
 }

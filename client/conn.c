@@ -171,7 +171,10 @@ void ts__conn_fail_reason(ts_client_t *c, ts__conn *conn, int err, const char *m
             ts__sub_unref(s);
         }
     }
-    if (!c->ever_ready) {
+    if (c->shard != NULL) {
+        /* A cluster's shard keeps trying (open too), and fails its requests at once meanwhile. */
+        ts__cluster_shard_failed(c, err, msg);
+    } else if (!c->ever_ready) {
         open_failed(c, err, msg);
         return;
     }
@@ -277,6 +280,8 @@ static void go_ready(ts_client_t *c)
         c->d_max_body = conn->max_body;
         pthread_mutex_unlock(&c->mu);
     }
+    if (c->shard != NULL && c->state == TS__ST_READY)
+        ts__cluster_shard_ready(c); /* asks the daemon for its shard map */
 }
 
 static void send_hello_proof(ts_client_t *c, ts__conn *conn, int proof);

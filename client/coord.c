@@ -55,6 +55,7 @@ static ts__req *flat_req(ts_client_t *c, uint8_t op, size_t len, uint32_t wait_m
 
 int ts_add(ts_client_t *c, const char *name, int64_t delta, int64_t *value, uint64_t *version)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -80,6 +81,7 @@ int ts_add(ts_client_t *c, const char *name, int64_t delta, int64_t *value, uint
 int ts_put_if(ts_client_t *c, const char *name, uint64_t expected_version, const ts_value_t *item,
               uint64_t *version)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -133,6 +135,7 @@ static int wire_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire)
 
 int ts_take(ts_client_t *c, const char *name, size_t max_items, int timeout_ms, ts_items_t **out)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -176,6 +179,8 @@ static ts_items_t *items_slice(ts_items_t *all, size_t first, uint32_t n, uint64
 
 int ts_mget(ts_client_t *c, const char *const *names, size_t n, size_t max_items, ts_items_t **out)
 {
+    if (c != NULL && c->cl != NULL)
+        return ts__cluster_mget(c, names, n, max_items, out); /* split by shard, merged in order */
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -233,6 +238,7 @@ int ts_mget(ts_client_t *c, const char *const *names, size_t n, size_t max_items
 int ts_barrier(ts_client_t *c, const char *name, uint32_t parties, int timeout_ms,
                uint64_t *generation)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;

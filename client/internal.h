@@ -139,7 +139,8 @@ enum {
     TS__K_HELLO,     /* the handshake of a connection */
     TS__K_RESUB,     /* a LISTEN re-sent for a subscription after a reconnect */
     TS__K_UNLISTEN,  /* ts_unlisten: final callback, then sent as TS__K_FIRE if connected */
-    TS__K_FIRE       /* an internal request whose reply is ignored */
+    TS__K_FIRE,      /* an internal request whose reply is ignored */
+    TS__K_SHARDMAP   /* a cluster's SHARD_MAP question to one shard (cluster.c) */
 };
 
 typedef struct ts__sub ts__sub;
@@ -219,6 +220,21 @@ typedef struct ts__req {
     int rfd;    /* the socket */
     int rblock; /* the socket was in blocking mode (see fd_blocking) */
     int rlz4;   /* the connection agreed on lz4 (a compressed reply is allowed) */
+
+    /*
+     * Clusters (cluster.c). A WRONG_SHARD reply's body (recv.c decodes it: have_ws, then the
+     * slot, the owner's shard index, the daemon's map epoch and the owner's address, ts__malloc'd
+     * or NULL when unknown), the redirects this request has taken, and a SHARD_MAP reply's map
+     * (reply.c builds it; NULL for a daemon that is not sharded) and the answering daemon's index.
+     */
+    int have_ws;
+    uint16_t ws_slot;
+    uint16_t ws_owner;
+    uint64_t ws_epoch;
+    char *ws_addr;
+    int redirects;
+    struct ts__shard_map *shard_map;
+    uint16_t shard_self;
 } ts__req;
 
 /* Where a request's write is (ts__req.wstate; I/O thread only). */
@@ -412,6 +428,18 @@ struct ts_client_s {
     size_t pb_len;
     pthread_cond_t rd_cond; /* a caller handed the socket back */
 
+    /*
+     * Clusters (cluster.c), set before the I/O thread starts, then read-only. pub is the client
+     * the user holds, which callbacks receive: c itself, or the cluster handle a shard client
+     * belongs to. cl is non-NULL in a cluster handle only (it has no connection and no thread of
+     * its own: every call is routed to a shard client). shard is non-NULL in a shard client: its
+     * connection failures keep it reconnecting (never ending it, at open neither) and a request
+     * made while it is down fails at once with TS_ENOTCONN.
+     */
+    ts_client_t *pub;
+    struct ts__cluster *cl;
+    struct ts__cluster_shard *shard;
+
     /* I/O thread only. */
     uv_loop_t loop;
     uv_async_t async;
@@ -445,8 +473,10 @@ struct ts_client_s {
 int ts__submit(ts_client_t *c, ts__req *r);
 /* The same with mu already held by the caller. */
 int ts__submit_locked(ts_client_t *c, ts__req *r);
-/* 1 when the calling thread is c's I/O thread. */
+/* 1 when the calling thread is c's I/O thread (or, for a cluster, any of its shards'). */
 int ts__on_io_thread(const ts_client_t *c);
+/* 1 when the calling thread is exactly c's own I/O thread. */
+int ts__io_thread_is(const ts_client_t *c);
 /* Free a request and whatever results it still holds (any thread, once nobody else holds r). */
 void ts__req_free(ts__req *r);
 void ts__sub_unref(ts__sub *s);
@@ -645,6 +675,99 @@ int ts__api_run_blocking(ts_client_t *c, ts__req *r, ts__req **out);
 int ts__api_attach_record(ts_client_t *c, ts__req *r, const ts_value_t *item, unsigned flags);
 int ts__api_run_async(ts_client_t *c, ts__req *r, ts_result_cb cb, void *arg);
 
+/*
+ * api.c, for cluster.c: the caller's half of a blocking request on a shard client (submit, wait;
+ * *gone when r was given up and belongs to the I/O thread), and the redirecting loop that
+ * ts__api_run_blocking runs for a shard client.
+ */
+int ts__api_block_on(ts_client_t *c, ts__req *r, int *gone);
+/*
+ * Run n blocking requests at once: rs[i] on cs[i], all submitted through the inboxes before any
+ * is waited for. rcs[i] gets each status; rs[i] stays the caller's to read and free, or is set to
+ * NULL when it was freed (a failed submission) or given up (the I/O thread frees it).
+ */
+void ts__api_run_blocking_all(ts_client_t *const *cs, ts__req **rs, size_t n, int *rcs);
+
+/*
+ * cluster.c: the cluster client (docs/CLUSTER.md). A cluster handle holds one ordinary client
+ * per shard and routes every call that names a bin to the shard that owns the name's slot.
+ */
+/* 1 when address names a cluster: a comma-separated list, or "cluster:PATH". */
+int ts__cluster_address(const char *address);
+/* ts_client_open for a cluster address. */
+int ts__cluster_open(ts_client_t **out, const char *address, const ts_client_options_t *opts);
+/* ts_client_free and ts_client_connected of a cluster handle. */
+void ts__cluster_free(ts_client_t *h);
+/*
+ * Free a cluster handle whose shard clients have all stopped (their threads joined, or the
+ * calling one about to end): waits for callers still inside, then frees every shard client.
+ */
+void ts__cluster_destroy(ts_client_t *h);
+int ts__cluster_connected(ts_client_t *h);
+/* The shard client that owns name's slot (name NULL: any shard; the caller's checks follow). */
+ts_client_t *ts__cluster_route(ts_client_t *h, const char *name);
+/* The client a call naming name goes to: c itself, or for a cluster handle its shard client. */
+static inline ts_client_t *ts__route(ts_client_t *c, const char *name)
+{
+    return c != NULL && c->cl != NULL ? ts__cluster_route(c, name) : c;
+}
+/*
+ * Run a blocking request on shard client c, following WRONG_SHARD redirects (at most
+ * TS__CLUSTER_REDIRECTS). As ts__api_block_on.
+ */
+int ts__cluster_block(ts_client_t *c, ts__req *r, int *gone);
+/*
+ * An asynchronous request on shard client c got WRONG_SHARD (I/O thread): 1 when it was handed
+ * to the owner (its callback comes from there), 0 when it finishes here with the error.
+ */
+int ts__cluster_redirect_async(ts_client_t *c, ts__req *r);
+/* A SHARD_MAP question (TS__K_SHARDMAP) completed with status (I/O thread). */
+void ts__cluster_map_done(ts_client_t *c, ts__req *r, int status);
+/*
+ * Shard client c: its connection became ready (I/O thread; asks the daemon for its map), or
+ * failed (every request waiting for it fails with TS_ENOTCONN, and the first failure at open
+ * is reported to the opening thread without ending the client).
+ */
+void ts__cluster_shard_ready(ts_client_t *c);
+void ts__cluster_shard_failed(ts_client_t *c, int err, const char *msg);
+/* 1 when a request made on shard client c now must fail at once (I/O thread), and the message. */
+int ts__cluster_shard_down(ts_client_t *c, const char **msg);
+/*
+ * After WRONG_SHARD on shard client c for request r (with have_ws): learn where r's slot
+ * belongs and return the shard client to try next, or NULL (no redirect possible). Any thread.
+ */
+ts_client_t *ts__cluster_learn(ts_client_t *c, ts__req *r);
+/*
+ * A call on cluster handle h that may move between shard clients holds h open: 0, or
+ * TS_ECANCELED once ts_client_free was called. Every enter is paired with a leave.
+ */
+int ts__cluster_enter(ts_client_t *h);
+void ts__cluster_leave(ts_client_t *h);
+/* Redirects one request follows at most before its WRONG_SHARD reaches the caller. */
+#define TS__CLUSTER_REDIRECTS 3
+/* The blocking fan-outs of a cluster handle (LIST, STATS, PING, SAVE) and MGET. */
+int ts__cluster_list(ts_client_t *h, ts_bin_list_t **out);
+int ts__cluster_stats(ts_client_t *h, ts_value_t **out);
+int ts__cluster_each(ts_client_t *h, uint8_t op);
+int ts__cluster_mget(ts_client_t *h, const char *const *names, size_t n, size_t max_items,
+                     ts_items_t **out);
+/* The asynchronous fan-outs (LIST, STATS, PING): one callback with the merged result. */
+int ts__cluster_fanout_async(ts_client_t *h, uint8_t op, ts_result_cb cb, void *arg);
+
+/*
+ * client.c, for cluster.c: start a client for one address (its I/O thread connecting; pub and
+ * shard set before it starts), wait for its first connection's verdict, ask it to close, join
+ * its thread, and free it.
+ */
+int ts__client_start(ts_client_t **out, const char *address, const ts_client_options_t *opts,
+                     ts_client_t *pub, struct ts__cluster_shard *shard);
+int ts__client_wait_open(ts_client_t *c, char *msg, size_t cap);
+void ts__client_stop(ts_client_t *c);
+void ts__client_join(ts_client_t *c);
+void ts__client_destroy(ts_client_t *c);
+/* Set up a cluster handle's options (the same defaults and checks as a client's). */
+int ts__client_setup_options(ts_client_t *c, const ts_client_options_t *opts);
+
 /* lasterror.c: set the thread's ts_last_error() to len bytes of msg (NULL: ""). */
 void ts__set_last_error(const char *msg, size_t len);
 
@@ -665,6 +788,10 @@ int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len);
  * PUT, APPEND, DELETE, LISTEN and WAIT, and WAIT's TIMEOUT. 0 or TS_EPROTO.
  */
 int ts__reply_bin_state(ts__req *r, const uint8_t *body, size_t len);
+/*
+ * Decode a WRONG_SHARD body into r (have_ws, ws_*, and the message into r->msg). 0 or TS_EPROTO.
+ */
+int ts__reply_wrong_shard(ts__req *r, const uint8_t *body, size_t len);
 /* Free an aligned receive body. */
 void ts__body_free(uint8_t *body, size_t len);
 

@@ -187,6 +187,10 @@ int ts__reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, int
             /* WAIT's TIMEOUT carries the bin state, exactly. */
             if (ts__reply_bin_state(r, body, len) != 0)
                 status = TS_EPROTO;
+        } else if (ts__msg_reply_kind(h->opcode, h->status) == TS_MSG_WRONG_SHARD) {
+            /* Where the name belongs, for a cluster client's redirect (cluster.c). */
+            if (ts__reply_wrong_shard(r, body, len) != 0)
+                status = TS_EPROTO;
         } else if (ts__msg_error_decode(body, len, &e) != 0) {
             status = TS_EPROTO;
         } else if (e.len > 0) {

@@ -117,6 +117,7 @@ void ts_table_config_init(ts_table_config_t *cfg)
 int ts_table_create(ts_client_t *c, const char *name, const ts_table_config_t *cfg,
                     ts_table_state_t *st)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -155,6 +156,7 @@ int ts_table_create(ts_client_t *c, const char *name, const ts_table_config_t *c
 int ts_table_insert(ts_client_t *c, const char *name, const ts_value_t *item, double priority,
                     int timeout_ms, uint64_t *key)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -194,6 +196,7 @@ int ts_table_insert(ts_client_t *c, const char *name, const ts_value_t *item, do
 int ts_table_sample(ts_client_t *c, const char *name, size_t n, int timeout_ms,
                     ts_table_sample_t **out)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -326,6 +329,7 @@ static int keys_call(ts_client_t *c, uint8_t op, const char *name, size_t n, con
 int ts_table_update(ts_client_t *c, const char *name, size_t n, const uint64_t *keys,
                     const double *priorities, ts_table_state_t *st)
 {
+    c = ts__route(c, name);
     if (n > 0 && priorities == NULL)
         return ts__fail(TS_EINVAL, "no priorities");
     static const double none = 0.0;
@@ -336,11 +340,13 @@ int ts_table_update(ts_client_t *c, const char *name, size_t n, const uint64_t *
 int ts_table_remove(ts_client_t *c, const char *name, size_t n, const uint64_t *keys,
                     ts_table_state_t *st)
 {
+    c = ts__route(c, name);
     return keys_call(c, TS_OP_TABLE_REMOVE, name, n, keys, NULL, st);
 }
 
 int ts_table_info(ts_client_t *c, const char *name, ts_value_t **out)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;

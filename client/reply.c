@@ -362,6 +362,25 @@ int ts__reply_parse(ts__req *r, uint8_t *body, size_t len)
     }
 }
 
+int ts__reply_wrong_shard(ts__req *r, const uint8_t *body, size_t len)
+{
+    ts__msg_wrong_shard m;
+    if (ts__msg_wrong_shard_decode(body, len, &m) != 0)
+        return TS_EPROTO;
+    r->have_ws = 1;
+    r->ws_slot = m.slot;
+    r->ws_owner = m.owner;
+    r->ws_epoch = m.epoch;
+    ts__free(r->ws_addr);
+    r->ws_addr = m.addr_len > 0 ? ts__strndup((const char *)m.addr, m.addr_len) : NULL;
+    ts__free(r->msg);
+    r->msg = m.msg_len > 0 ? ts__strndup(m.msg, m.msg_len) : NULL;
+    /* Without memory for the address the request fails with the error instead of redirecting. */
+    if (m.addr_len > 0 && r->ws_addr == NULL)
+        r->have_ws = 0;
+    return 0;
+}
+
 int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
 {
     assert(!ts__reply_keeps_body(r->op));
@@ -404,6 +423,17 @@ int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
         return ts__msg_stream_ack_state_decode(body, len, &r->stream.ack) != 0 ? TS_EPROTO : 0;
     case TS_MSG_TABLE_STATE:
         return ts__msg_table_state_decode(body, len, &r->stream.table) != 0 ? TS_EPROTO : 0;
+    case TS_MSG_SHARD_MAP: {
+        /* The daemon's map (cluster.c adopts it); a daemon that is not sharded has none. */
+        ts__msg_shard_map m;
+        if (ts__msg_shard_map_decode(body, len, &m) != 0)
+            return TS_EPROTO;
+        r->shard_self = m.self;
+        if (m.n_shards == 0)
+            return 0;
+        int rc = ts__shard_map_from_msg(&m, &r->shard_map);
+        return rc == TS_ENOMEM ? TS_ENOMEM : rc != 0 ? TS_EPROTO : 0;
+    }
     default: /* no request of ours has another opcode */
         return TS_EPROTO;
     }

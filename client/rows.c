@@ -228,6 +228,7 @@ static int submit(ts_client_t *c, ts__req *r, int rc, ts_result_cb cb, void *arg
 int ts_tensor_bin_create(ts_client_t *c, const char *bin, ts_dtype_t dtype, int ndim,
                          const int64_t *shape, uint64_t *version)
 {
+    c = ts__route(c, bin);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -238,6 +239,7 @@ int ts_tensor_bin_create(ts_client_t *c, const char *bin, ts_dtype_t dtype, int 
 int ts_rows_read(ts_client_t *c, const char *bin, int item, const char *key, int64_t start,
                  int64_t end, ts_items_t **out)
 {
+    c = ts__route(c, bin);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -250,6 +252,7 @@ int ts_rows_read(ts_client_t *c, const char *bin, int item, const char *key, int
 int ts_rows_gather(ts_client_t *c, const char *bin, int item, const char *key, const int64_t *index,
                    size_t n, ts_items_t **out)
 {
+    c = ts__route(c, bin);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -262,6 +265,7 @@ int ts_rows_gather(ts_client_t *c, const char *bin, int item, const char *key, c
 int ts_rows_write(ts_client_t *c, const char *bin, int64_t start, const ts_value_t *rows,
                   uint64_t *version)
 {
+    c = ts__route(c, bin);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -272,6 +276,7 @@ int ts_rows_write(ts_client_t *c, const char *bin, int64_t start, const ts_value
 int ts_tensor_bin_create_async(ts_client_t *c, const char *bin, ts_dtype_t dtype, int ndim,
                                const int64_t *shape, ts_result_cb cb, void *arg)
 {
+    c = ts__route(c, bin);
     int rc = ts__api_check_call(c, 0);
     if (rc != 0)
         return rc;
@@ -282,6 +287,7 @@ int ts_tensor_bin_create_async(ts_client_t *c, const char *bin, ts_dtype_t dtype
 int ts_rows_read_async(ts_client_t *c, const char *bin, int item, const char *key, int64_t start,
                        int64_t end, ts_result_cb cb, void *arg)
 {
+    c = ts__route(c, bin);
     int rc = ts__api_check_call(c, 0);
     if (rc != 0)
         return rc;
@@ -292,6 +298,7 @@ int ts_rows_read_async(ts_client_t *c, const char *bin, int item, const char *ke
 int ts_rows_gather_async(ts_client_t *c, const char *bin, int item, const char *key,
                          const int64_t *index, size_t n, unsigned flags, ts_result_cb cb, void *arg)
 {
+    c = ts__route(c, bin);
     int rc = ts__api_check_call(c, 0);
     if (rc != 0)
         return rc;
@@ -302,6 +309,7 @@ int ts_rows_gather_async(ts_client_t *c, const char *bin, int item, const char *
 int ts_rows_write_async(ts_client_t *c, const char *bin, int64_t start, const ts_value_t *rows,
                         unsigned flags, ts_result_cb cb, void *arg)
 {
+    c = ts__route(c, bin);
     int rc = ts__api_check_call(c, 0);
     if (rc != 0)
         return rc;

@@ -708,11 +708,13 @@ static int fetch_ref(ts_client_t *c, uint8_t op, const char *bin, size_t max_ite
 
 int ts_get_ref(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out)
 {
+    c = ts__route(c, bin);
     return fetch_ref(c, TS_OP_GET_REF, bin, max_items, out);
 }
 
 int ts_peek_ref(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out)
 {
+    c = ts__route(c, bin);
     return fetch_ref(c, TS_OP_PEEK_REF, bin, max_items, out);
 }
 
@@ -1011,11 +1013,13 @@ static int shared_commit(ts_client_t *c, uint8_t op, const char *bin, ts_shared_
 
 int ts_shared_put(ts_client_t *c, const char *bin, ts_shared_t *sh, uint64_t *version)
 {
+    c = ts__route(c, bin);
     return shared_commit(c, TS_OP_PUT_FD, bin, sh, version);
 }
 
 int ts_shared_append(ts_client_t *c, const char *bin, ts_shared_t *sh, uint64_t *version)
 {
+    c = ts__route(c, bin);
     return shared_commit(c, TS_OP_APPEND_FD, bin, sh, version);
 }
 

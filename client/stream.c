@@ -303,6 +303,7 @@ void ts_stream_config_init(ts_stream_config_t *cfg)
 int ts_stream_create(ts_client_t *c, const char *name, const ts_stream_config_t *cfg,
                      ts_stream_state_t *st)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -334,6 +335,7 @@ int ts_stream_create(ts_client_t *c, const char *name, const ts_stream_config_t 
 int ts_stream_append(ts_client_t *c, const char *name, const ts_value_t *item,
                      ts_stream_append_t *res)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -365,6 +367,7 @@ int ts_stream_append(ts_client_t *c, const char *name, const ts_value_t *item,
 
 int ts_stream_mark(ts_client_t *c, const char *name, uint64_t tag, ts_stream_append_t *res)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -383,6 +386,7 @@ int ts_stream_mark(ts_client_t *c, const char *name, uint64_t tag, ts_stream_app
 
 int ts_stream_credit(ts_client_t *c, const char *name, int timeout_ms, ts_stream_state_t *st)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -408,6 +412,7 @@ int ts_stream_credit(ts_client_t *c, const char *name, int timeout_ms, ts_stream
 int ts_stream_join(ts_client_t *c, const char *name, const char *group, const char *member,
                    ts_stream_start_t start, int lease_ms, ts_stream_join_t *res)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -471,6 +476,7 @@ int ts_stream_read(ts_client_t *c, const char *name, const char *group, const ch
                    uint64_t ack_through, size_t max_entries, int timeout_ms,
                    ts_stream_batch_t **out)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -492,6 +498,7 @@ int ts_stream_read(ts_client_t *c, const char *name, const char *group, const ch
 int ts_stream_ack(ts_client_t *c, const char *name, const char *group, const char *member,
                   uint64_t first, uint64_t last, uint32_t rows, ts_stream_ack_t *res)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -520,6 +527,7 @@ int ts_stream_ack(ts_client_t *c, const char *name, const char *group, const cha
 int ts_stream_leave(ts_client_t *c, const char *name, const char *group, const char *member,
                     ts_stream_state_t *st)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -539,6 +547,7 @@ int ts_stream_leave(ts_client_t *c, const char *name, const char *group, const c
 
 int ts_stream_info(ts_client_t *c, const char *name, ts_value_t **out)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -560,6 +569,7 @@ int ts_stream_info(ts_client_t *c, const char *name, ts_value_t **out)
 int ts_stream_range(ts_client_t *c, const char *name, uint64_t after_id, size_t max_entries,
                     int timeout_ms, ts_stream_batch_t **out)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
