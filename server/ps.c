@@ -690,8 +690,16 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
         return;
     }
     uint64_t arrays = param_arrays(q->optimizer, q->mode, t.numel);
-    uint64_t need = arrays + (p == NULL ? tsd_heap_block(sizeof(*p) + q->name_len) : 0);
+    uint64_t block = tsd_heap_block(sizeof(*p) + q->name_len);
+    /*
+     * A parameter created again gives its old slots back before the new ones are counted, so
+     * that replacing Adam by Adam needs no room for both.
+     */
+    uint64_t old_arrays = p != NULL ? p->cost - block : 0;
+    uint64_t need = arrays + (p == NULL ? block : 0);
+    tsd_store_uncharge(srv, NULL, old_arrays);
     if (tsd_store_charge(srv, NULL, need) != 0) {
+        (void)tsd_store_charge(srv, NULL, old_arrays); /* it was counted a moment ago: fits */
         tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY,
                       "memory limit reached (--max-memory): the parameter's slots need %llu "
                       "bytes",
@@ -712,12 +720,10 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
         if (q->name_len > 0)
             memcpy(p->node.name, q->name, q->name_len);
         p->node.hash = tsd_hash(q->name, q->name_len);
-        p->cost = need - arrays;
     } else {
-        param_free_arrays(p);
-        tsd_store_uncharge(srv, NULL, p->cost);
-        p->cost = tsd_heap_block(sizeof(*p) + q->name_len);
+        param_free_arrays(p); /* their charge was given back above */
     }
+    p->cost = block;
     size_t bytes = (size_t)t.numel * sizeof(float);
     int fail = 0;
     if (q->optimizer == TS_PS_OPT_MOMENTUM || q->optimizer == TS_PS_OPT_ADAM)
@@ -727,17 +733,12 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
     if (q->mode == TS_PS_MODE_SYNC)
         fail |= (p->acc = ts__calloc(1, bytes ? bytes : 1)) == NULL;
     if (fail) {
+        /* An old parameter's settings are gone too: it is dropped rather than half-made. */
         param_free_arrays(p);
-        tsd_store_uncharge(srv, NULL, arrays);
-        if (fresh) {
-            tsd_store_uncharge(srv, NULL, p->cost);
-            ts__free(p);
-        } else {
-            /* The old settings are gone: the parameter is dropped rather than half-made. */
+        tsd_store_uncharge(srv, NULL, arrays + block);
+        if (!fresh)
             tsd_htab_remove(&srv->ps->params, &p->node);
-            tsd_store_uncharge(srv, NULL, p->cost);
-            ts__free(p);
-        }
+        ts__free(p);
         tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
         return;
     }
@@ -913,14 +914,20 @@ static uint64_t hash_cap_for(uint64_t count)
     return c;
 }
 
-/* Bytes of t's arrays when they hold count rows (what is charged against --max-memory). */
+/*
+ * Bytes of t's arrays (what is charged against --max-memory) once they have room for count
+ * rows: their capacities now, or those count rows need where larger (count 0: as they are).
+ */
 static uint64_t emb_bytes(const ps_emb *t, uint64_t count)
 {
-    if (count == 0)
-        return 0;
+    uint64_t rc = t->rows_cap, hc = t->cap;
+    if (count > 0 && rows_cap_for(count) > rc)
+        rc = rows_cap_for(count);
+    if (count > 0 && hash_cap_for(count) > hc)
+        hc = hash_cap_for(count);
     uint64_t row =
         (uint64_t)t->stride * sizeof(float) + (t->opt == TS_PS_OPT_ADAM ? sizeof(uint32_t) : 0);
-    return rows_cap_for(count) * row + hash_cap_for(count) * (sizeof(int64_t) + sizeof(uint32_t));
+    return rc * row + hc * (sizeof(int64_t) + sizeof(uint32_t));
 }
 
 /* Grow t's arrays (thread pool, while t->busy) to hold count rows. 0 or TS_ENOMEM. */
@@ -1146,7 +1153,7 @@ static void emb_done(uv_work_t *req, int status)
     (void)status;
     t->busy = 0;
     /* Charge what the arrays hold now instead of the worst case charged ahead. */
-    uint64_t now = emb_bytes(t, t->count);
+    uint64_t now = emb_bytes(t, 0);
     tsd_store_uncharge(srv, NULL, t->pending);
     t->pending = 0;
     if (now > t->cost)
