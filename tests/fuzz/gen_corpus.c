@@ -1165,6 +1165,64 @@ static void shard_seed_file(const char *name, const char *text)
     ts__free(b.p);
 }
 
+/*
+ * The parameter server bodies for fuzz_msg (selectors 67 to 74: fuzz_msg.c's pick table lists
+ * PS_CREATE, PS_PUSH, PS_PULL, EMB_CREATE, EMB_PULL and EMB_PUSH requests, then STALE_GRADIENT's
+ * bin state and PS_PULL's ITEMS).
+ */
+static void ps_seeds(void)
+{
+    enum { SEL_PS_CREATE = 67, SEL_PS_PUSH, SEL_PS_PULL, SEL_EMB_CREATE, SEL_EMB_PULL };
+    gbuf b = {0};
+    size_t len;
+    ts__msg_ps_create_req c = {.name = (const uint8_t *)"w",
+                               .name_len = 1,
+                               .optimizer = TS_PS_OPT_ADAM,
+                               .mode = TS_PS_MODE_SYNC,
+                               .sync_k = 8,
+                               .tolerance = 2,
+                               .lr = 0.001,
+                               .beta1 = 0.9,
+                               .beta2 = 0.999,
+                               .eps = 1e-8};
+    wrote(&b, ts__msg_ps_create_req_encode(room(&b, 64), 64, &c, &len), &len);
+    seed_msg("ps_create_req", SEL_PS_CREATE, &b);
+    c.name = (const uint8_t *)"emb";
+    c.name_len = 3;
+    c.dim = 16;
+    c.init = TS_PSW_INIT_NORMAL;
+    c.seed = 7;
+    c.num_ids = 1000;
+    c.init_scale = 0.1;
+    wrote(&b, ts__msg_emb_create_req_encode(room(&b, 80), 80, &c, &len), &len);
+    seed_msg("emb_create_req", SEL_EMB_CREATE, &b);
+    ts__msg_ps_pull_req q = {.name = (const uint8_t *)"w", .name_len = 1, .if_newer_than = 5};
+    wrote(&b, ts__msg_ps_pull_req_encode(room(&b, 16), 16, &q, &len), &len);
+    seed_msg("ps_pull_req", SEL_PS_PULL, &b);
+    /* PS_PUSH: name, base_version and scale, then a float32 [2] record. */
+    uint64_t dims[1] = {2}, rec_len, data_len;
+    if (ts__rows_rec_size(TS_FLOAT32, 1, dims, &rec_len) != 0 ||
+        ts__rows_tensor_bytes(TS_FLOAT32, 1, dims, &data_len) != 0)
+        exit(2);
+    uint8_t fixed[TS_MSG_PS_PUSH_FIXED];
+    ts__msg_ps_push_fixed f = {.base_version = 3, .scale = 1.0};
+    ts__msg_ps_push_fixed_encode(fixed, &f);
+    put(&b, "\x01w", 2);
+    put(&b, fixed, sizeof(fixed));
+    uint8_t *r = room(&b, (size_t)rec_len);
+    memset(r, 0, (size_t)rec_len);
+    ts__rows_rec_head_write(r, TS_FLOAT32, 1, dims, data_len);
+    b.n += (size_t)rec_len;
+    seed_msg("ps_push_req", SEL_PS_PUSH, &b);
+    /* EMB_PULL: name, then an int64 [2] record of ids. */
+    put(&b, "\x03emb", 4);
+    r = room(&b, (size_t)rec_len);
+    memset(r, 0, (size_t)rec_len);
+    ts__rows_rec_head_write(r, TS_INT64, 1, dims, data_len);
+    b.n += (size_t)rec_len;
+    seed_msg("emb_pull_req", SEL_EMB_PULL, &b);
+}
+
 static void shard_seeds(void)
 {
     const char *addrs[] = {"h1:8000", "tls://h2:8000", "[::1]:8000"};
@@ -1209,5 +1267,6 @@ int main(int argc, char **argv)
     msg_ref_bodies();
     msg_requests();
     shard_seeds();
+    ps_seeds();
     return 0;
 }
