@@ -12,6 +12,8 @@
 # the unix socket and by reference, against numpy.memmap (--repeats N, --rounds N, --smoke).
 # "bench/run.sh balance [flags]" runs slot_balance: how evenly slots spread 100,000 bin names over
 # 3, 16 and 64 shards of the default split (--names N, --seed S; no server, no Redis).
+# "bench/run.sh cluster [flags]" runs cluster_bench: the cluster client against a plain client of
+# the same daemon on small operations (--repeats N, --ops N, --no-pin).
 # "bench/run.sh tls [flags]" runs tls_bench: 64 MiB put+get over TLS against plain TCP, in one run
 # (--repeats N, --mib M, --iters I, --no-pin).
 # "bench/run.sh replay [flags]" runs replay_bench: replay tables, 8 inserters and 8 samplers.
@@ -27,7 +29,7 @@ cd "$(dirname "$0")/.."
 BUILD=${TS_BENCH_BUILD:-build}
 
 if [ "${1:-}" != "stall" ] && [ "${1:-}" != "rows" ] && [ "${1:-}" != "balance" ] &&
-    [ "${1:-}" != "tls" ] &&
+    [ "${1:-}" != "tls" ] && [ "${1:-}" != "cluster" ] &&
     ! command -v redis-server >/dev/null 2>&1 &&
     [ ! -x /usr/bin/redis-server ]; then
     echo "bench/run.sh: installing redis-server (the reference the benchmark compares with)"
@@ -62,6 +64,15 @@ if [ "${1:-}" = "tls" ]; then
     cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target tls_bench tensord
     echo "bench/run.sh: load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
     exec "$BUILD/bench/tls_bench" --tensord "$BUILD/server/tensord" "$@"
+fi
+if [ "${1:-}" = "cluster" ]; then
+    # The cluster client's cost per small operation against a plain client of the same daemon
+    # (bench/cluster_bench.c): tensord on cpu0, both clients on cpu1, alternating, medians
+    # (--repeats N, --ops N, --no-pin).
+    shift
+    cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)" --target cluster_bench tensord
+    echo "bench/run.sh: load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
+    exec "$BUILD/bench/cluster_bench" --tensord "$BUILD/server/tensord" "$@"
 fi
 if [ "${1:-}" = "stall" ]; then
     shift
