@@ -79,6 +79,7 @@ void ts_ps_options_init(ts_ps_options_t *o)
 
 int ts_ps_create(ts_client_t *c, const char *name, const ts_ps_options_t *o, uint64_t *version)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -118,6 +119,7 @@ int ts_ps_create(ts_client_t *c, const char *name, const ts_ps_options_t *o, uin
 int ts_ps_push(ts_client_t *c, const char *name, const ts_tensor_t *grad, uint64_t base_version,
                double scale, uint64_t *version)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -153,6 +155,7 @@ int ts_ps_push(ts_client_t *c, const char *name, const ts_tensor_t *grad, uint64
 int ts_ps_pull(ts_client_t *c, const char *name, uint64_t if_newer_than, ts_items_t **out,
                uint64_t *version)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -198,6 +201,7 @@ void ts_emb_options_init(ts_emb_options_t *o, uint32_t dim)
 
 int ts_emb_create(ts_client_t *c, const char *name, const ts_emb_options_t *o)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -280,6 +284,7 @@ static int dedup_ids(const int64_t *ids, size_t n, int64_t **uniq, size_t *nu, s
 int ts_emb_pull(ts_client_t *c, const char *name, const int64_t *ids, size_t n, uint32_t dim,
                 float *out, uint64_t *version)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -327,6 +332,7 @@ int ts_emb_pull(ts_client_t *c, const char *name, const int64_t *ids, size_t n, 
 int ts_emb_push(ts_client_t *c, const char *name, const int64_t *ids, size_t n, uint32_t dim,
                 const float *grads, double scale, uint64_t *version)
 {
+    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
