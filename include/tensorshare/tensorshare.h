@@ -470,6 +470,17 @@ TS_EXTERN void ts_client_options_init(ts_client_options_t *opts);
  * fails at once (TS_ECONNREFUSED; also for a missing unix socket), an unresolvable host gives
  * TS_ENOTCONN, a malformed address or timeout option TS_EINVAL; ts_last_error() then says why.
  * Added in 0.1.0.
+ *
+ * A cluster of sharded tensord (docs/CLUSTER.md): address is a comma-separated list of such
+ * addresses, "h1:7000,h2:7000,h3:7000" (shard i is the i-th, the default split of the slots), or
+ * "cluster:/path/to/map", a map file (docs/PROTOCOL.md section 14). The client returned is used
+ * exactly like a single one: each call that names a bin, stream, table or counter goes to the
+ * shard that owns the name; LIST, STATS, PING and SAVE ask every shard and merge; callbacks
+ * receive this client. It opens when at least one shard answers (the others connect in the
+ * background) and fails as above when none does. A call for a shard that is down fails at once
+ * with TS_ENOTCONN (ts_last_error() names the shard); a stale map is corrected by the daemons'
+ * WRONG_SHARD answers (at most 3 redirects per request, then TS_EWRONGSHARD). Cluster addresses
+ * are Added in 0.5.0.
  */
 TS_EXTERN int ts_client_open(ts_client_t **out, const char *address,
                              const ts_client_options_t *opts);
@@ -484,7 +495,10 @@ TS_EXTERN int ts_client_open(ts_client_t **out, const char *address,
  */
 TS_EXTERN void ts_client_free(ts_client_t *c);
 
-/* 1 when the client currently holds a live, handshaken connection, else 0. Added in 0.1.0. */
+/*
+ * 1 when the client currently holds a live, handshaken connection, else 0; for a cluster client,
+ * 1 when every shard that owns slots is connected (0.5.0). Added in 0.1.0.
+ */
 TS_EXTERN int ts_client_connected(ts_client_t *c);
 
 /*
