@@ -60,7 +60,8 @@ cleanup() {
     rm -rf "$tmp"
 }
 trap cleanup EXIT
-trap 'exit 1' INT TERM
+# A signal (also SIGPIPE from a closed reader of our output) still runs the cleanup.
+trap 'exit 1' INT TERM HUP PIPE
 
 add_ns() {
     if ! err=$(ip netns add "$1" 2>&1); then
