@@ -512,6 +512,24 @@ static void param_work(uv_work_t *req)
 
 static void param_kick(tsd_server *srv, ps_param *p);
 
+/*
+ * The parameter's bin no longer holds its tensor (deleted, or replaced by a PUT of something
+ * else): the sync step being formed cannot be applied, so its pushes are answered with the error
+ * and the accumulator starts over. Loop thread, never while a job runs (the job owns acc).
+ */
+static void round_fail(tsd_server *srv, ps_param *p, uint16_t st, const char *msg)
+{
+    if (p->busy)
+        return;
+    while (p->round != NULL) {
+        ps_wait *x = p->round;
+        p->round = x->next;
+        wait_fail(x, st, msg);
+        wait_answer(srv, x);
+    }
+    p->acc_n = 0;
+}
+
 /* Loop thread: publish the job's result, answer its pushes, start the next job. */
 static void param_done(uv_work_t *req, int status)
 {
@@ -622,6 +640,7 @@ static void param_kick(tsd_server *srv, ps_param *p)
             wait_answer(srv, x);
         }
         p->q_tail = NULL;
+        round_fail(srv, p, st, msg);
         return;
     }
     p->job = p->q_head;
@@ -810,7 +829,7 @@ static void ps_push(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t n
     }
     ts__msg_ps_push_fixed f;
     ts__msg_ps_push_fixed_decode(fixed, &f);
-    tsd_item *cur_it;
+    tsd_item *cur_it = NULL;
     ps_tensor cur, g;
     uint16_t st = param_value(srv, name, nl, p->numel, &cur_it, &cur, msg, sizeof(msg));
     if (st == TS_ST_OK) {
@@ -831,6 +850,9 @@ static void ps_push(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t n
     if (st != TS_ST_OK) {
         drop_upload(srv, item);
         tsd_reply_err(c, op, rid, st, "PS_PUSH %s: %s", pn, msg);
+        /* A gradient's own fault leaves the step being formed alone; a broken parameter not. */
+        if (cur_it == NULL && st != TS_ST_OUT_OF_MEMORY)
+            round_fail(srv, p, st, msg);
         return;
     }
     tsd_bin *bin = tsd_store_find(&srv->store, name, nl);

@@ -240,6 +240,50 @@ static void test_sync_stale_rejected(void **state)
     assert_int_equal(ts_ps_push(cl, "stale", &t, 1, 1.0, NULL), TS_ESTALE);
 }
 
+/* A push waiting in a sync step, on a client of its own. */
+typedef struct waiting_push {
+    const char *name;
+    int rc;
+} waiting_push;
+
+static void *push_one(void *arg)
+{
+    waiting_push *w = arg;
+    ts_client_t *c = NULL;
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.request_timeout_ms = TC_WAIT_MS;
+    w->rc = ts_client_open(&c, srv.addr, &o);
+    if (w->rc != 0)
+        return NULL;
+    float g[4] = {1, 1, 1, 1};
+    ts_tensor_t t = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {4}};
+    w->rc = ts_ps_push(c, w->name, &t, 0, 1.0, NULL);
+    ts_client_free(c);
+    return NULL;
+}
+
+/* A sync step whose parameter's bin goes away answers its waiting pushes instead of hanging. */
+static void test_sync_step_of_deleted_bin(void **state)
+{
+    (void)state;
+    put_param("gone", 4, 0.0f);
+    ts_ps_options_t o = opts(TS_PS_SUM, TS_PS_SYNC, 0);
+    o.sync_k = 2;
+    assert_int_equal(ts_ps_create(cl, "gone", &o, NULL), 0);
+    waiting_push w = {.name = "gone", .rc = 1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, push_one, &w), 0);
+    /* Let the first push reach the server and wait there (a sync step needs two). */
+    tc_sleep_ms(300);
+    assert_int_equal(ts_delete(cl, "gone", NULL), 0);
+    float g[4] = {1, 1, 1, 1};
+    ts_tensor_t t = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {4}};
+    assert_int_equal(ts_ps_push(cl, "gone", &t, 0, 1.0, NULL), TS_ENOENT);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(w.rc, TS_ENOENT);
+}
+
 static void test_pull_if_newer(void **state)
 {
     (void)state;
@@ -558,6 +602,7 @@ int main(void)
         cmocka_unit_test(test_async_sum_exact),
         cmocka_unit_test(test_sync_average_exact),
         cmocka_unit_test(test_sync_stale_rejected),
+        cmocka_unit_test(test_sync_step_of_deleted_bin),
         cmocka_unit_test(test_pull_if_newer),
         cmocka_unit_test(test_reader_sees_whole_tensors),
         cmocka_unit_test(test_momentum_adam),
