@@ -6,8 +6,9 @@
  * of the name, the owner lookup, holding the handle open for redirects). Small operations: PUT of
  * 64 bytes, GET of it back, and PING-like round trips (PEEK of a missing bin: a named request
  * with an empty answer; ts_ping itself fans out and would not compare like with like). The two
- * clients alternate within each repeat (A/B, then B/A); medians over the repeats; the ratio is
- * cluster time / plain time per operation.
+ * clients alternate in short blocks (A/B, then B/A), each pair of blocks gives a ratio; the
+ * result is the median of those ratios (cluster time / plain time per operation), per repeat,
+ * then the median over the repeats.
  *
  *   bench/run.sh cluster [--repeats N] [--ops N] [--no-pin]
  */
@@ -24,6 +25,10 @@
 #define MAX_REPEATS 64
 /* bytes of the tensor a PUT carries */
 #define SMALL_BYTES 64
+/* operations per timed block; a pair of blocks (plain, cluster) gives one ratio */
+#define BLOCK_OPS 200
+/* pairs of blocks per repeat at most */
+#define MAX_PAIRS 4096
 /* bins the operations cycle through (different slots, as a real workload's names) */
 #define NAMES 64
 
@@ -46,11 +51,11 @@ static void die(const char *what, int rc)
 enum { OP_PUT = 0, OP_GET, OP_PEEK_MISSING, N_OPS };
 static const char *const op_names[N_OPS] = {"PUT 64 B", "GET 64 B", "PEEK missing (ping-like)"};
 
-/* Microseconds per operation of kind op on c over g.ops operations. */
-static double run(ts_client_t *c, int op, const ts_value_t *item, char names[NAMES][32])
+/* Microseconds per operation of kind op on c over ops operations. */
+static double run(ts_client_t *c, int op, const ts_value_t *item, char names[NAMES][32], int ops)
 {
     double t0 = bench_now();
-    for (int i = 0; i < g.ops; i++) {
+    for (int i = 0; i < ops; i++) {
         const char *name = names[i % NAMES];
         int rc;
         if (op == OP_PUT) {
@@ -69,7 +74,7 @@ static double run(ts_client_t *c, int op, const ts_value_t *item, char names[NAM
         if (rc != 0)
             die(op_names[op], rc);
     }
-    return (bench_now() - t0) * 1e6 / g.ops;
+    return (bench_now() - t0) * 1e6 / ops;
 }
 
 static void usage(void)
@@ -104,7 +109,7 @@ int main(int argc, char **argv)
             return strcmp(a, "--help") == 0 ? 0 : 2;
         }
     }
-    if (g.repeats < 3 || g.repeats > MAX_REPEATS || g.ops < 100) {
+    if (g.repeats < 3 || g.repeats > MAX_REPEATS || g.ops < 2 * BLOCK_OPS) {
         usage();
         return 2;
     }
@@ -144,35 +149,52 @@ int main(int argc, char **argv)
         if ((rc = ts_put(plain, names[i], item, NULL)) != 0)
             die("warm-up", rc);
     }
-    (void)run(plain, OP_PUT, item, names); /* warm both paths once */
-    (void)run(cluster, OP_PUT, item, names);
+    (void)run(plain, OP_PUT, item, names, g.ops); /* warm both paths once */
+    (void)run(cluster, OP_PUT, item, names, g.ops);
 
     bench_print_machine();
     printf("cluster_bench: %d operations per run, %d repeats, one tensord (cpu0), the clients on "
            "cpu1%s; plain = \"%s\", cluster = a one-shard map of the same daemon\n",
            g.ops, g.repeats, bench_pinning() ? "" : " (not pinned)", addr);
-    double pv[N_OPS][MAX_REPEATS], cv[N_OPS][MAX_REPEATS];
+    /*
+     * On a shared machine the load changes from second to second, so the two clients alternate
+     * in short blocks (BLOCK_OPS operations each, the order flipped every pair) and each pair
+     * gives a ratio taken close together in time; a repeat reports the median of its pairs'
+     * ratios, and the result is the median over the repeats.
+     */
+    double pv[N_OPS][MAX_REPEATS], cv[N_OPS][MAX_REPEATS], rv[N_OPS][MAX_REPEATS];
+    int pairs = g.ops / BLOCK_OPS;
+    if (pairs > MAX_PAIRS)
+        pairs = MAX_PAIRS;
+    static double pb[MAX_PAIRS], cb[MAX_PAIRS], ratio[MAX_PAIRS];
     for (int r = 0; r < g.repeats; r++) {
         for (int op = 0; op < N_OPS; op++) {
-            if (r % 2 == 0) {
-                pv[op][r] = run(plain, op, item, names);
-                cv[op][r] = run(cluster, op, item, names);
-            } else {
-                cv[op][r] = run(cluster, op, item, names);
-                pv[op][r] = run(plain, op, item, names);
+            for (int k = 0; k < pairs; k++) {
+                if ((k + r) % 2 == 0) {
+                    pb[k] = run(plain, op, item, names, BLOCK_OPS);
+                    cb[k] = run(cluster, op, item, names, BLOCK_OPS);
+                } else {
+                    cb[k] = run(cluster, op, item, names, BLOCK_OPS);
+                    pb[k] = run(plain, op, item, names, BLOCK_OPS);
+                }
+                ratio[k] = cb[k] / pb[k];
             }
+            pv[op][r] = bench_median(pb, (size_t)pairs);
+            cv[op][r] = bench_median(cb, (size_t)pairs);
+            rv[op][r] = bench_median(ratio, (size_t)pairs);
         }
         printf("  repeat %d:", r + 1);
         for (int op = 0; op < N_OPS; op++)
-            printf(" %s %.2f/%.2f us;", op_names[op], pv[op][r], cv[op][r]);
+            printf(" %s %.2f/%.2f us (x%.3f);", op_names[op], pv[op][r], cv[op][r], rv[op][r]);
         printf("\n");
     }
-    printf("\n| operation | plain us/op (median) | cluster us/op (median) | cluster / plain |\n");
+    printf("\n| operation | plain us/op | cluster us/op | cluster / plain (median of paired "
+           "blocks) |\n");
     printf("|---|---|---|---|\n");
     for (int op = 0; op < N_OPS; op++) {
-        double p = bench_median(pv[op], (size_t)g.repeats);
-        double c = bench_median(cv[op], (size_t)g.repeats);
-        printf("| %s | %.2f | %.2f | %.3f |\n", op_names[op], p, c, c / p);
+        printf("| %s | %.2f | %.2f | %.3f |\n", op_names[op],
+               bench_median(pv[op], (size_t)g.repeats), bench_median(cv[op], (size_t)g.repeats),
+               bench_median(rv[op], (size_t)g.repeats));
     }
     ts_value_free(item);
     ts_client_free(cluster);
