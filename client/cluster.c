@@ -128,15 +128,26 @@ static int shard_find_or_add_locked(ts__cluster *cl, ts_client_t *h, const char 
     return (int)n;
 }
 
-/* The shard client whose daemon said it is shard index, or -1. mu held. */
+/*
+ * The shard client whose daemon said it is shard index, or -1. When several say so (a daemon
+ * started with another's index), the one the client's own map puts at that index wins, and
+ * without such agreement none does: a misconfigured daemon never takes over a healthy one's
+ * slots. mu held.
+ */
 static int shard_by_self_locked(ts__cluster *cl, int index)
 {
     unsigned n = atomic_load(&cl->n_shards);
+    int found = -1, count = 0;
     for (unsigned k = 0; k < n; k++) {
-        if (atomic_load(&shard_at(cl, k)->self) == index)
+        ts__cluster_shard *sh = shard_at(cl, k);
+        if (atomic_load(&sh->self) != index)
+            continue;
+        if (sh->pos == index)
             return (int)k;
+        found = (int)k;
+        count++;
     }
-    return -1;
+    return count == 1 ? found : -1;
 }
 
 /* Send a SHARD_MAP question to shard client c (any thread); its answer goes to map_done. */
