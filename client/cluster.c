@@ -64,7 +64,6 @@ struct ts__cluster {
     atomic_int closing;       /* ts_client_free was called (set under mu) */
     atomic_int callers;       /* calls inside ts__cluster_enter / leave */
     uint64_t epoch;           /* under mu: the epoch of the map the client follows */
-    uint32_t n_map;           /* shards of the map the client was opened with */
     ts_client_options_t opts; /* for shard clients made later (auth_token points at token) */
     atomic_uint n_shards;     /* entries of shards[] */
     _Atomic(ts__cluster_shard *) shards[TS_SHARD_MAX];
@@ -171,14 +170,13 @@ static void ask_map(ts_client_t *c)
 }
 
 /*
- * Adopt map m, which the daemon of shard client from sent, when its epoch is higher than the
+ * Adopt map m, which a shard's daemon sent, when its epoch is higher than the
  * client's. Its shards are resolved to shard clients by address, or (address unknown) by the
  * index each daemon reported; the slots of shards that cannot be resolved yet keep their owner,
  * and the epoch is taken only once every shard is resolved, so a later answer completes it.
  * mu held.
  */
-static void adopt_locked(ts__cluster *cl, ts_client_t *h, ts__cluster_shard *from,
-                         const ts__shard_map *m)
+static void adopt_locked(ts__cluster *cl, ts_client_t *h, const ts__shard_map *m)
 {
     if (m->epoch <= cl->epoch)
         return;
@@ -190,7 +188,6 @@ static void adopt_locked(ts__cluster *cl, ts_client_t *h, ts__cluster_shard *fro
             idx[i] = shard_find_or_add_locked(cl, h, m->addrs[i], -1);
         else
             idx[i] = shard_by_self_locked(cl, (int)i);
-        (void)from;
         all &= idx[i] >= 0;
     }
     for (uint32_t s = 0; s < TS_SLOTS; s++) {
@@ -212,7 +209,7 @@ void ts__cluster_map_done(ts_client_t *c, ts__req *r, int status)
     if (status == 0) {
         atomic_store(&sh->self, r->shard_self == TS_SHARD_NONE ? -1 : (int)r->shard_self);
         if (r->shard_map != NULL)
-            adopt_locked(cl, c->pub, sh, r->shard_map);
+            adopt_locked(cl, c->pub, r->shard_map);
     }
     sh->map_answered = 1;
     pthread_cond_broadcast(&cl->cond);
@@ -490,7 +487,6 @@ int ts__cluster_open(ts_client_t **out, const char *address, const ts_client_opt
     if (cl->opts.auth_token == NULL)
         cl->opts.auth_token = "";
     cl->epoch = m->epoch;
-    cl->n_map = m->n_shards;
 
     /* Every shard connects at once; the open waits for each one's first verdict. */
     int idx[TS_SHARD_MAX];
@@ -732,8 +728,8 @@ static int stats_sum(ts_value_t *dst, const ts_value_t *src)
  * are the cluster's totals), other entries from the first shard that answered; plus
  * "shards" (a list with each shard's own map, with "shard" and "address" added, or for a shard
  * that did not answer only those and "error"), "shards_down", "cluster_epoch" (the map the client
- * follows) and "cluster_redirects" (WRONG_SHARD answers this client followed). Fails only when no
- * shard answered.
+ * follows), "cluster_redirects" (WRONG_SHARD answers this client followed) and "cluster_maps"
+ * (newer maps it adopted). Fails only when no shard answered.
  */
 static int merge_stats(ts__cluster *cl, const fan_part *parts, size_t n, ts_value_t **out)
 {
@@ -781,6 +777,8 @@ static int merge_stats(ts__cluster *cl, const fan_part *parts, size_t n, ts_valu
         rc = ts_map_set(m, "cluster_epoch", ts_int_new((int64_t)epoch));
     if (rc == 0)
         rc = ts_map_set(m, "cluster_redirects", ts_int_new((int64_t)atomic_load(&cl->redirects)));
+    if (rc == 0)
+        rc = ts_map_set(m, "cluster_maps", ts_int_new((int64_t)atomic_load(&cl->maps)));
     if (rc != 0) {
         ts_value_free(m);
         return ts__fail(TS_ENOMEM, NULL);

@@ -385,6 +385,11 @@ static void test_list_and_stats_merged(void **state)
         sum += b;
     }
     assert_int_equal(bins, sum);
+    int64_t maps = -1, epoch = -1;
+    assert_int_equal(ts_map_get_int(st, "cluster_maps", &maps), 0);
+    assert_int_equal(ts_map_get_int(st, "cluster_epoch", &epoch), 0);
+    assert_true(maps >= 1); /* the daemons' map (epoch 1) replaced the list's (epoch 0) */
+    assert_int_equal(epoch, 1);
     ts_value_free(st);
 
     /* The asynchronous forms merge the same way. */
