@@ -594,6 +594,8 @@ static void test_opcode_table(void **state)
                 assert_int_equal(k, TS_MSG_BIN_STATE);
             else if (want[i].op == TS_OP_PUT_IF && st == TS_ST_VERSION_MISMATCH)
                 assert_int_equal(k, TS_MSG_BIN_STATE);
+            else if (want[i].op == TS_OP_PS_PUSH && st == TS_ST_STALE_GRADIENT)
+                assert_int_equal(k, TS_MSG_BIN_STATE);
             else if (st == TS_ST_WRONG_SHARD)
                 assert_int_equal(k, TS_MSG_WRONG_SHARD);
             else

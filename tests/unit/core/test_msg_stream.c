@@ -856,8 +856,13 @@ static void test_stream_ops(void **state)
         assert_int_equal(o->changes, want[i].changes);
         assert_int_equal(ts__msg_reply_kind(want[i].op, TS_ST_OK), want[i].rep);
         assert_true(ts__msg_reply_limit(want[i].op, TS_ST_OK, large) == want[i].limit);
-        /* Every error, BACKPRESSURE included, carries a message (no TIMEOUT body here). */
+        /* Every error, BACKPRESSURE included, carries a message (no TIMEOUT body here), but
+         * WRONG_SHARD, whose body says where the stream lives. */
         for (uint16_t st = 1; st <= TS_ST_COUNT_; st++) {
+            if (st == TS_ST_WRONG_SHARD) {
+                assert_int_equal(ts__msg_reply_kind(want[i].op, st), TS_MSG_WRONG_SHARD);
+                continue;
+            }
             assert_int_equal(ts__msg_reply_kind(want[i].op, st), TS_MSG_ERROR);
             assert_true(ts__msg_reply_limit(want[i].op, st, large) == TS_MAX_ERRMSG);
         }
