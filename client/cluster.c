@@ -653,13 +653,20 @@ static int cmp_bin(const void *a, const void *b)
     return strcmp(((const ts_bin_info_t *)a)->name, ((const ts_bin_info_t *)b)->name);
 }
 
-/* The first failure among parts, with ts_last_error() naming its shard; 0 when none failed. */
+/*
+ * The first failure among parts, with ts_last_error() naming its shard (once: a shard that is
+ * down already says which it is); 0 when none failed.
+ */
 static int first_failure(const fan_part *parts, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        if (parts[i].status != 0)
-            return ts__fail(parts[i].status, "%s: %s", parts[i].sh->label,
-                            parts[i].msg != NULL ? parts[i].msg : ts_strerror(parts[i].status));
+        if (parts[i].status == 0)
+            continue;
+        const char *label = parts[i].sh->label;
+        const char *msg = parts[i].msg != NULL ? parts[i].msg : ts_strerror(parts[i].status);
+        if (strncmp(msg, label, strlen(label)) == 0)
+            return ts__fail(parts[i].status, "%s", msg);
+        return ts__fail(parts[i].status, "%s: %s", label, msg);
     }
     return 0;
 }
