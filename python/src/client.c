@@ -1388,6 +1388,7 @@ static PyMethodDef client_methods[] = {
     /* clang-format off */
     TSP_STREAM_CLIENT_METHODS
     TSP_COORD_CLIENT_METHODS
+    TSP_PS_CLIENT_METHODS
     TSP_REPLAY_CLIENT_METHODS
     /* clang-format on */
     {"delete", (PyCFunction)(void (*)(void))client_delete, FAST,

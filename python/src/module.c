@@ -101,6 +101,9 @@ static int init_exceptions(PyObject *module)
         {"VersionMismatchError", &tsp_state.VersionMismatchError, NULL, NULL,
          "A put_if lost: the bin's version was not the one expected (ECONFLICT); "
          "current_version holds the bin's version (0: no such bin) to read and retry with."},
+        {"StaleGradientError", &tsp_state.StaleGradientError, NULL, NULL,
+         "A sync ps_push's gradient lags its parameter by more than the tolerance (ESTALE); "
+         "nothing changed; current_version holds the parameter's version to pull and retry."},
         {"BackpressureError", &tsp_state.BackpressureError, NULL, PyExc_BlockingIOError,
          "No room now, nothing was done (EAGAIN): a stream's window is full (a group is "
          "`window` entries behind), or RLWorker.add(block=False) found max_in_flight adds on "
@@ -149,6 +152,8 @@ PyObject *tsp_exception_class(int status)
         return tsp_state.BackpressureError;
     case TS_ECONFLICT:
         return tsp_state.VersionMismatchError;
+    case TS_ESTALE:
+        return tsp_state.StaleGradientError;
     case TS_EOOM:
     case TS_ESERVER:
     case TS_ESAVEFAIL:

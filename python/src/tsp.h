@@ -98,6 +98,7 @@ typedef struct tsp_state_s {
     PyObject *ServerError;            /* (Error): EOOM, ESERVER, ESAVEFAIL, EUNKNOWNOP,
                                          EWRONGSHARD */
     PyObject *VersionMismatchError;   /* (Error): ECONFLICT (a put_if lost; .current_version) */
+    PyObject *StaleGradientError;     /* (Error): ESTALE (a ps_push too stale; .current_version) */
     PyObject *BackpressureError;      /* (Error, builtins.BlockingIOError): EAGAIN (a stream's
                                          window is full; no room for an add) */
     PyTypeObject *ClientType;         /* tensorshare.Client */
@@ -399,6 +400,30 @@ PyObject *tsp_client_stream_range(PyObject *client, PyObject *args, PyObject *kw
                       "stream_range(name, after_id=0, max_entries=64, timeout_ms=0, *, "           \
                       "tensor_type=None) -> StreamEntries\n\nThe kept entries after after_id, "    \
                       "without a cursor.")
+
+/*
+ * ps.c: the Client's parameter-server methods (METH_VARARGS | METH_KEYWORDS; client.c lists
+ * them through TSP_PS_CLIENT_METHODS). Added in 0.5.0.
+ */
+PyObject *tsp_client_ps_create(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_ps_push(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_ps_pull(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_emb_create(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_emb_pull(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_emb_push(PyObject *client, PyObject *args, PyObject *kw);
+#define TSP_PS_CLIENT_METHODS                                                                      \
+    TSP_STREAM_METHOD(ps_create, "ps_create(name, optimizer=1, mode=0, lr=0.01, beta1=0.9, "       \
+                                 "beta2=0.999, eps=1e-8, sync_k=1, tolerance=0, "                  \
+                                 "lr_staleness=False) -> int\n\nMake bin name a parameter.")       \
+    TSP_STREAM_METHOD(ps_push, "ps_push(name, grad, base_version=0, scale=1.0) -> int\n\nPush a "  \
+                               "float32 gradient; StaleGradientError (.current_version).")         \
+    TSP_STREAM_METHOD(ps_pull, "ps_pull(name, if_newer_than=0, *, tensor_type=None) -> "           \
+                               "(version, value) or None")                                         \
+    TSP_STREAM_METHOD(emb_create, "emb_create(name, dim, optimizer=1, init=1, seed=0, num_ids=0, " \
+                                  "lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, init_scale=0.05)")   \
+    TSP_STREAM_METHOD(emb_pull, "emb_pull(name, ids, out) -> int\n\nRows of int64 ids into "       \
+                                "float32 out [n, dim]; returns the table's version.")              \
+    TSP_STREAM_METHOD(emb_push, "emb_push(name, ids, grads, scale=1.0) -> int\n\nRow gradients.")
 
 /*
  * coord.c: the Client's coordination methods (METH_VARARGS | METH_KEYWORDS; client.c lists them

@@ -30,6 +30,7 @@ from ._tensorshare import (  # noqa: F401
     RecordError,
     ServerError,
     SharedBuffer,
+    StaleGradientError,
     TimeoutError,
     VersionMismatchError,
     __version__,
@@ -70,7 +71,7 @@ __all__ = [
     "__version__",
     "RLTrainer", "RLWorker", "Params", "Batch", "NO_FILTER", "Predictor",
     "BackpressureError", "StreamProducer", "StreamConsumer", "StreamEntry", "StreamEntries",
-    "STREAM_READ_MAX", "VersionMismatchError",
+    "STREAM_READ_MAX", "VersionMismatchError", "StaleGradientError",
 ]
 
 

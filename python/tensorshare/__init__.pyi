@@ -39,6 +39,9 @@ class BackpressureError(Error, builtins.BlockingIOError): ...
 class VersionMismatchError(Error):
     current_version: int
 
+class StaleGradientError(Error):
+    current_version: int
+
 class BinInfo(NamedTuple):
     n_items: int
     bytes: int

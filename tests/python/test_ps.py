@@ -1,0 +1,124 @@
+"""The parameter server from Python (tensorshare.ps, Client.ps_* and emb_*) against a real
+tensord: sums, pull-if-newer, a stale sync push, embedding rows in the caller's order, the
+ParameterClient helper on a tiny torch model, and refused inputs."""
+import numpy as np
+import pytest
+import torch
+
+import tensorshare
+from tensorshare import ps
+
+
+def test_sum_and_pull_if_newer(client):
+    v0 = ps.create(client, "p", torch.zeros(4), optimizer=ps.SUM)
+    assert v0 >= 1
+    v1 = ps.push(client, "p", torch.ones(4))
+    v2 = ps.push(client, "p", np.full(4, 2.0, dtype=np.float32), scale=0.5)
+    assert v2 > v1 > v0
+    version, value = ps.pull(client, "p", tensor_type="torch")
+    assert version == v2
+    assert torch.equal(value, torch.full((4,), 2.0))
+    # Not newer than what we hold: None, one round trip.
+    assert ps.pull(client, "p", if_newer_than=v2) is None
+    assert ps.pull(client, "p", if_newer_than=v1)[0] == v2
+
+
+def test_sgd_step(client):
+    ps.create(client, "w", torch.ones(2, 3), optimizer=ps.SGD, lr=0.5)
+    ps.push(client, "w", torch.ones(2, 3))
+    _, value = ps.pull(client, "w", tensor_type="torch")
+    assert torch.allclose(value, torch.full((2, 3), 0.5))
+
+
+def test_stale_sync_push(client):
+    v0 = ps.create(client, "s", torch.zeros(3), optimizer=ps.SUM, mode=ps.SYNC, sync_k=1,
+                   tolerance=0)
+    v1 = ps.push(client, "s", torch.ones(3), base_version=v0)
+    assert v1 > v0
+    with pytest.raises(tensorshare.StaleGradientError) as ei:
+        ps.push(client, "s", torch.ones(3), base_version=v0)
+    assert ei.value.current_version == v1
+    assert isinstance(ei.value, tensorshare.Error)
+    # Nothing changed.
+    assert torch.equal(ps.pull(client, "s", tensor_type="torch")[1], torch.ones(3))
+
+
+def test_embedding_order_and_duplicates(client):
+    ps.emb_create(client, "emb", 3, optimizer=ps.SUM, init=ps.INIT_ZEROS)
+    ids = torch.tensor([5, 1, 5, 9], dtype=torch.int64)
+    grads = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    ps.emb_push(client, "emb", ids, grads)
+    version, rows = ps.emb_pull(client, "emb", torch.tensor([9, 5, 1, 7], dtype=torch.int64), 3)
+    assert isinstance(rows, torch.Tensor) and rows.shape == (4, 3)
+    assert version >= 1
+    assert torch.equal(rows[0], grads[3])
+    assert torch.equal(rows[1], grads[0] + grads[2])  # a duplicate id's gradients summed
+    assert torch.equal(rows[2], grads[1])
+    assert torch.equal(rows[3], torch.zeros(3))  # created by the initializer
+    # numpy in, numpy out; duplicates copied to every place.
+    _, r2 = ps.emb_pull(client, "emb", np.array([1, 1], dtype=np.int64), 3)
+    assert isinstance(r2, np.ndarray) and (r2[0] == r2[1]).all()
+
+
+def test_embedding_seeded_rows_same_on_two_daemons(start_tensord):
+    a, b = start_tensord(), start_tensord()
+    rows = []
+    for d in (a, b):
+        with tensorshare.Client(d.address) as c:
+            ps.emb_create(c, "t", 4, seed=42)
+            rows.append(ps.emb_pull(c, "t", np.array([3, 100], dtype=np.int64), 4)[1])
+    assert np.array_equal(rows[0], rows[1])
+    assert np.all(np.abs(rows[0]) <= 0.05) and np.any(rows[0] != 0)
+
+
+def test_parameter_client_on_a_model(client):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pc = ps.ParameterClient(client, model, "net/")
+    pc.create(model, optimizer=ps.SGD, lr=0.1)
+    # A second worker's copy with other weights loads the server's, in place.
+    other = torch.nn.Linear(3, 2)
+    weight = other.weight
+    pc2 = ps.ParameterClient(client, other, "net/")
+    assert pc2.pull(other) == 2
+    assert other.weight is weight
+    assert torch.equal(other.weight, start["weight"])
+    assert pc2.pull(other) == 0  # nothing newer
+    loss = other(torch.ones(1, 3)).sum()
+    loss.backward()
+    pushed = pc2.push(other)
+    assert set(pushed) == {"weight", "bias"}
+    assert pc.pull(model) == 2
+    assert torch.allclose(model.weight, start["weight"] - 0.1 * other.weight.grad)
+    assert torch.allclose(model.bias, start["bias"] - 0.1 * other.bias.grad)
+
+
+def test_bad_inputs(client):
+    ps.create(client, "b", torch.zeros(4), optimizer=ps.SUM)
+    with pytest.raises(TypeError):
+        ps.push(client, "b", torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(TypeError):
+        ps.push(client, "b", torch.zeros(8)[::2])  # not contiguous
+    with pytest.raises(TypeError):
+        ps.push(client, "b", [0.0, 0.0, 0.0, 0.0])
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        ps.push(client, "b", torch.zeros(5))  # another shape
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        ps.push(client, "b", torch.tensor([0.0, float("nan"), 0.0, 0.0]))
+    with pytest.raises(tensorshare.BinNotFoundError):
+        ps.push(client, "nope", torch.zeros(4))
+    with pytest.raises(tensorshare.BinNotFoundError):
+        ps.create(client, "nope2")
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        client.ps_create("b", optimizer=7)
+    ps.emb_create(client, "e", 2, num_ids=10)
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        ps.emb_pull(client, "e", np.array([10], dtype=np.int64), 2)  # id out of range
+    with pytest.raises(TypeError):
+        ps.emb_pull(client, "e", np.array([1], dtype=np.int32), 2)
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        ps.emb_push(client, "e", np.array([1, 2], dtype=np.int64), np.zeros((3, 2), np.float32))
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        ps.emb_create(client, "e", 2, num_ids=11)  # other settings
+    assert tensorshare.ps.emb_pull(client, "e", np.zeros(0, dtype=np.int64), 2)[1].shape == (0, 2)
