@@ -122,3 +122,27 @@ def test_bad_inputs(client):
     with pytest.raises(tensorshare.InvalidArgumentError):
         ps.emb_create(client, "e", 2, num_ids=11)  # other settings
     assert tensorshare.ps.emb_pull(client, "e", np.zeros(0, dtype=np.int64), 2)[1].shape == (0, 2)
+
+
+def test_example_ps_train(tmp_path):
+    """examples/ps_train.py in a small configuration: four workers on two daemons (one worker
+    killed and restarted), the final loss within the tolerance of one process's."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import tensord_path
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "examples", "ps_train.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    # 128 batches; each worker sleeps 5 ms a batch so that the kill at batch 64 always finds
+    # workers running.
+    cmd = [sys.executable, script, "--tensord", tensord_path(), "--samples", "2048", "--batch",
+           "32", "--epochs", "2", "--tolerance", "0.05", "--slow-ms", "5", "--out",
+           str(tmp_path / "curves.csv")]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "killed worker 1" in r.stdout
+    assert "final held-out loss" in r.stdout
+    assert (tmp_path / "curves.csv").exists()

@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""A click model trained through the parameter server by four worker processes, compared with
+the same model trained in one process (docs/PS.md).
+
+The model: an embedding table (one row per item id) whose row is concatenated with a few dense
+features and fed to a small MLP that predicts a click (binary cross-entropy). The data is
+synthetic, made from a fixed seed: a hidden "true" embedding and weight vector decide each
+sample's click probability.
+
+Distributed run: the MLP's parameters are dense parameters (async SGD on the server) and the
+embedding is a server-side table (SGD). Workers take batch numbers from a shared counter
+(Client.add), so a worker that dies loses at most the batch it held and a restarted one carries
+on; every batch is trained once in all, as in the single-process run. Halfway through, the
+driver kills worker 1 with SIGKILL and starts it again.
+
+The two daemons form a cluster (--shard 0/2 and 1/2, address "A,B"): dense parameters are
+routed by name to either shard. The cluster client does not split an embedding table's rows
+across shards yet (docs/PS.md): the whole table lives on the shard that owns its name.
+
+    python3 examples/ps_train.py --tensord build/server/tensord            # starts two daemons
+    python3 examples/ps_train.py --address 127.0.0.1:7000,127.0.0.1:7001   # uses running ones
+
+It prints both final losses (on a held-out set), asserts they are within --tolerance, and
+writes the loss curves to --out (a CSV; a PNG too when matplotlib is installed;
+examples/ps_plot.py draws the CSV).
+"""
+import argparse
+import csv
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    import tensorshare  # noqa: F401
+except ImportError:  # run from a source tree: the build's package
+    sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
+import tensorshare
+from tensorshare import ps
+
+EMB = "{clicks}emb"  # the table's name (one shard: rows are not split by id yet)
+PREFIX = "clicks/mlp/"  # the MLP's parameters, routed by name across the shards
+COUNTER = "clicks/next_batch"
+DENSE = 6  # dense features per sample
+DIM = 8  # embedding width
+TEST = 4096  # held-out samples after the training ones
+START_TIMEOUT_S = 10.0  # seconds a daemon may take to start listening
+
+
+def make_data(seed, n, num_ids):
+    """Synthetic clicks: (ids int64 [n], x float32 [n, DENSE], y float32 [n])."""
+    g = np.random.default_rng(seed)
+    true_emb = g.normal(0, 1, (num_ids, 1)).astype(np.float32)
+    true_w = g.normal(0, 1, DENSE).astype(np.float32)
+    ids = g.integers(0, num_ids, n).astype(np.int64)
+    x = g.normal(0, 1, (n, DENSE)).astype(np.float32)
+    logit = 1.5 * true_emb[ids, 0] + x @ true_w * 0.7
+    y = (g.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    return ids, x, y
+
+
+def make_mlp(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(DIM + DENSE, 16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 1))
+
+
+def batch_loss(mlp, rows, x, y):
+    logits = mlp(torch.cat([rows, torch.from_numpy(x)], 1)).squeeze(1)
+    return torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(y))
+
+
+def batch_slice(args, b):
+    n = args.batch
+    return slice(b * n, (b + 1) * n)
+
+
+def train_local(args, data, test):
+    """One process: the same model, data order, initial values and SGD."""
+    ids, x, y = data
+    mlp = make_mlp(args.seed)
+    # The same initial rows as the server's table (the table's initializer from its seed).
+    emb = torch.nn.Embedding(args.num_ids, DIM)
+    with torch.no_grad():
+        emb.weight.copy_(torch.from_numpy(args.init_rows))
+    opt = torch.optim.SGD(list(mlp.parameters()) + list(emb.parameters()), lr=args.lr)
+    curve = []
+    for b in range(args.batches):
+        s = batch_slice(args, b % args.batches_per_epoch)
+        loss = batch_loss(mlp, emb(torch.from_numpy(ids[s])), x[s], y[s])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        curve.append((b, loss.item()))
+    with torch.no_grad():
+        final = batch_loss(mlp, emb(torch.from_numpy(test[0])), test[1], test[2]).item()
+    return curve, final
+
+
+def worker(args):
+    """One worker process: take batch numbers until none are left."""
+    ids, x, y = make_data(args.seed, args.samples + TEST, args.num_ids)
+    mlp = make_mlp(args.seed)
+    out = open(args.curve, "a")
+    with tensorshare.Client(args.address, tensor_type="torch") as c:
+        pc = ps.ParameterClient(c, mlp, PREFIX)
+        while True:
+            b = c.add(COUNTER) - 1
+            if b >= args.batches:
+                break
+            s = batch_slice(args, b % args.batches_per_epoch)
+            pc.pull(mlp)
+            batch_ids = torch.from_numpy(ids[s])
+            _, rows = ps.emb_pull(c, EMB, batch_ids, DIM)
+            rows.requires_grad_(True)
+            loss = batch_loss(mlp, rows, x[s], y[s])
+            mlp.zero_grad()
+            loss.backward()
+            pc.push(mlp)
+            # The mean loss's row gradients; the server applies lr (SGD) per row.
+            ps.emb_push(c, EMB, batch_ids, rows.grad.contiguous())
+            out.write("%d,%f\n" % (b, loss.item()))
+            out.flush()
+            if args.slow_ms:
+                time.sleep(args.slow_ms / 1000)
+    out.close()
+
+
+def start_daemons(tensord, n, folder):
+    procs, addrs = [], []
+    for i in range(n):
+        port_file = os.path.join(folder, "port%d" % i)
+        log = open(os.path.join(folder, "tensord%d.log" % i), "ab")
+        p = subprocess.Popen([tensord, "--port", "0", "--port-file", port_file, "--shard",
+                              "%d/%d" % (i, n), "--log-level", "warn"], stdout=log, stderr=log)
+        procs.append(p)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (os.path.exists(port_file) and open(port_file).read().strip()):
+            if time.monotonic() > deadline or p.poll() is not None:
+                raise SystemExit("tensord did not start (see %s)" % folder)
+            time.sleep(0.01)
+        addrs.append("127.0.0.1:" + open(port_file).read().strip())
+    return procs, ",".join(addrs)
+
+
+def spawn_worker(args, k):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--address", args.address,
+           "--curve", os.path.join(args.tmp, "curve%d.csv" % k)] + args.common
+    return subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tensord", help="start two daemons from this binary")
+    ap.add_argument("--address", help="cluster (or one daemon's) address")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=8192)
+    ap.add_argument("--num-ids", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=0.2)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tolerance", type=float, default=0.05,
+                    help="largest allowed |distributed - single| final loss")
+    ap.add_argument("--no-kill", action="store_true", help="do not kill and restart a worker")
+    ap.add_argument("--out", default="ps_train_curves.csv")
+    ap.add_argument("--slow-ms", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--curve", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.batches_per_epoch = args.samples // args.batch
+    args.batches = args.batches_per_epoch * args.epochs
+    if args.worker:
+        return worker(args)
+    args.common = ["--samples", str(args.samples), "--num-ids", str(args.num_ids), "--batch",
+                   str(args.batch), "--epochs", str(args.epochs), "--seed", str(args.seed),
+                   "--slow-ms", str(args.slow_ms)]
+    args.tmp = tempfile.mkdtemp(prefix="ps_train-")
+    daemons = []
+    if args.tensord:
+        daemons, args.address = start_daemons(args.tensord, 2, args.tmp)
+    if not args.address:
+        raise SystemExit("give --tensord or --address")
+    try:
+        data = make_data(args.seed, args.samples + TEST, args.num_ids)
+        # The held-out set: the samples after the training ones (the same hidden model).
+        test = tuple(a[args.samples:] for a in data)
+        with tensorshare.Client(args.address, tensor_type="torch") as c:
+            c.delete(COUNTER) if COUNTER in c.list() else None
+            ps.emb_create(c, EMB, DIM, optimizer=ps.SGD, lr=args.lr, seed=args.seed,
+                          num_ids=args.num_ids)
+            _, rows = ps.emb_pull(c, EMB, torch.arange(args.num_ids), DIM)
+            args.init_rows = rows.numpy().copy()
+            ps.ParameterClient(c, make_mlp(args.seed), PREFIX).create(
+                make_mlp(args.seed), optimizer=ps.SGD, lr=args.lr)
+            t0 = time.monotonic()
+            workers = [spawn_worker(args, k) for k in range(args.workers)]
+            killed = False
+            while any(w.poll() is None for w in workers):
+                done = c.add(COUNTER, 0)
+                if not killed and not args.no_kill and done >= args.batches // 2:
+                    workers[1].send_signal(signal.SIGKILL)
+                    workers[1].wait()
+                    workers[1] = spawn_worker(args, 1)
+                    killed = True
+                    print("killed worker 1 at batch %d and restarted it" % done)
+                time.sleep(0.02)
+            if any(w.returncode != 0 for w in workers):
+                raise SystemExit("a worker failed")
+            wall = time.monotonic() - t0
+            mlp = make_mlp(args.seed)
+            ps.ParameterClient(c, mlp, PREFIX).pull(mlp)
+            _, rows = ps.emb_pull(c, EMB, torch.from_numpy(test[0]), DIM)
+            with torch.no_grad():
+                dist_final = batch_loss(mlp, rows, test[1], test[2]).item()
+        t1 = time.monotonic()
+        local_curve, local_final = train_local(args, data, test)
+        local_wall = time.monotonic() - t1
+        dist_curve = []
+        for k in range(args.workers):
+            with open(os.path.join(args.tmp, "curve%d.csv" % k)) as f:
+                dist_curve += [(int(b), float(v)) for b, v in csv.reader(f)]
+        dist_curve.sort()
+        write_curves(args.out, local_curve, dist_curve)
+        print("batches %d of %d samples, %d workers, lr %g" % (args.batches, args.batch,
+                                                              args.workers, args.lr))
+        print("single process: final held-out loss %.4f (%.1f s)" % (local_final, local_wall))
+        print("%d workers, 2 daemons: final held-out loss %.4f (%.1f s, %d batches trained)"
+              % (args.workers, dist_final, wall, len(dist_curve)))
+        diff = abs(dist_final - local_final)
+        print("difference %.4f (tolerance %.4f)" % (diff, args.tolerance))
+        assert diff <= args.tolerance, "the distributed loss is not within the tolerance"
+    finally:
+        for p in daemons:
+            p.send_signal(signal.SIGTERM)
+            p.wait(10)
+
+
+def write_curves(path, local_curve, dist_curve):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "batch", "loss"])
+        for b, v in local_curve:
+            w.writerow(["single", b, v])
+        for b, v in dist_curve:
+            w.writerow(["distributed", b, v])
+    try:
+        sys.path.insert(0, HERE)
+        import ps_plot
+
+        ps_plot.plot(path, os.path.splitext(path)[0] + ".png")
+    except ImportError:
+        print("matplotlib is not installed: curves in %s (examples/ps_plot.py draws them)" % path)
+
+
+if __name__ == "__main__":
+    main()
