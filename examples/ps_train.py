@@ -38,11 +38,11 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 try:
-    import tensorshare  # noqa: F401
+    import tensorshare
 except ImportError:  # run from a source tree: the build's package
     sys.path.insert(0, os.path.join(HERE, "..", "build", "python"))
-import tensorshare
-from tensorshare import ps
+    import tensorshare
+from tensorshare import ps  # noqa: E402
 
 EMB = "{clicks}emb"  # the table's name (one shard: rows are not split by id yet)
 PREFIX = "clicks/mlp/"  # the MLP's parameters, routed by name across the shards
@@ -192,7 +192,10 @@ def main():
         # The held-out set: the samples after the training ones (the same hidden model).
         test = tuple(a[args.samples:] for a in data)
         with tensorshare.Client(args.address, tensor_type="torch") as c:
-            c.delete(COUNTER) if COUNTER in c.list() else None
+            try:  # a previous run's counter on the same daemons
+                c.delete(COUNTER)
+            except tensorshare.BinNotFoundError:
+                pass
             ps.emb_create(c, EMB, DIM, optimizer=ps.SGD, lr=args.lr, seed=args.seed,
                           num_ids=args.num_ids)
             _, rows = ps.emb_pull(c, EMB, torch.arange(args.num_ids), DIM)

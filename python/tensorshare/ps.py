@@ -80,10 +80,9 @@ def emb_pull(client, name, ids, dim):
     (a torch tensor when ids is one, else a numpy array). Returns (version, rows)."""
     as_torch = _is_torch(ids)
     a = _array(ids, "ids", _np.int64)
-    out = _np.empty((a.shape[0] if a.ndim == 1 else -1, dim), dtype=_np.float32) \
-        if a.ndim == 1 else None
-    if out is None:
+    if a.ndim != 1:
         raise ValueError("ids must have one dimension")
+    out = _np.empty((a.shape[0], dim), dtype=_np.float32)
     version = client.emb_pull(name, a, out)
     if as_torch:
         import torch
