@@ -193,7 +193,14 @@ PyObject *tsp_client_emb_create(PyObject *client, PyObject *args, PyObject *kw)
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = ts_emb_create(c, name, &o);
-    Py_END_ALLOW_THREADS PyObject *r = rc == 0 ? Py_NewRef(Py_None) : tsp_raise(rc);
+    Py_END_ALLOW_THREADS PyObject *r = NULL;
+    /* Py_NewRef is 3.10's; the package builds for 3.9 too. */
+    if (rc == 0) {
+        Py_INCREF(Py_None);
+        r = Py_None;
+    } else {
+        tsp_raise(rc);
+    }
     tsp_client_leave(client);
     return r;
 }
