@@ -111,7 +111,7 @@ class ParameterClient:
     def _bin(self, n):
         return self.prefix + n
 
-    def create(self, model=None, **options):
+    def create(self, model, **options):
         """Put the model's current parameters and make each a parameter with options (one
         process does this, before the others pull)."""
         for n, p in model.named_parameters():
