@@ -12,12 +12,12 @@ cd "$(dirname "$0")"
 # reference; libssl-dev builds TLS, openssl makes the tests' certificates, prometheus scrapes a
 # real tensord in the metrics test, python3-yaml checks the deployment files, iproute2 makes the
 # cluster tests' network namespaces, strace and systemd (systemd-analyze) check the deployment
-# files' sandbox).
+# files' sandbox; python3-matplotlib draws the parameter-server example's loss curves).
 PKGS=(build-essential cmake pkg-config libuv1-dev liblz4-dev libcmocka-dev libdlpack-dev
       libtorch-dev clang libclang-rt-14-dev clang-format procps
       python3-dev python3-setuptools python3-pip python3-torch python3-numpy python3-pytest
       python3-redis python3-hiredis redis-server
-      libssl-dev openssl prometheus python3-yaml iproute2 curl strace systemd)
+      libssl-dev openssl prometheus python3-yaml iproute2 curl strace systemd python3-matplotlib)
 # What building tensord alone needs (./run.sh serve): no test, benchmark, shim or lint tools.
 # libdlpack-dev is there because the configure requires it for the client library's ABI.
 SERVE_PKGS=(build-essential cmake pkg-config libuv1-dev liblz4-dev libdlpack-dev libssl-dev)

@@ -8,7 +8,7 @@ first, where the copy is then visible.
 
     from tensorshare.ps import ParameterClient
     pc = ParameterClient(client, model, "net/")
-    pc.create(optimizer=SGD, lr=0.1)       # once, from one process
+    pc.create(model, optimizer=SGD, lr=0.1)  # once, from one process
     for batch in data:
         pc.pull(model)                     # newer parameters into model, in place
         loss(model, batch).backward()
