@@ -14,6 +14,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,7 +303,7 @@ static void test_pull_if_newer(void **state)
 
 /* A reader pulling while pushes apply sees whole tensors: every element equal. */
 typedef struct reader_arg {
-    volatile int stop;
+    atomic_int stop; /* set by the main thread, read by the reader */
     int pulls, bad;
 } reader_arg;
 
@@ -315,7 +316,7 @@ static void *reader_thread(void *arg)
         return NULL;
     }
     uint64_t deadline = tc_now_ms() + TC_WAIT_MS;
-    while (!r->stop && tc_now_ms() < deadline) {
+    while (!atomic_load(&r->stop) && tc_now_ms() < deadline) {
         ts_items_t *items = NULL;
         if (ts_ps_pull(c, "big", 0, &items, NULL) != 0 || items == NULL) {
             r->bad++;
@@ -350,7 +351,7 @@ static void test_reader_sees_whole_tensors(void **state)
     ts_tensor_t t = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {N_READER}};
     for (int k = 0; k < 40; k++)
         assert_int_equal(ts_ps_push(cl, "big", &t, 0, 1.0, NULL), 0);
-    r.stop = 1;
+    atomic_store(&r.stop, 1);
     assert_int_equal(pthread_join(th, NULL), 0);
     assert_int_equal(r.bad, 0);
     assert_true(r.pulls > 0);
