@@ -531,9 +531,10 @@ static void request_input(const uint8_t *data, size_t size)
         FZ_CHECK(d.status == 0);
     if (rule == TS_HDR_STATUS)
         FZ_CHECK(d.status != 0);
-    /* Before HELLO, only a small HELLO passes the connection rules. */
+    /* Before HELLO, only a small HELLO or AUTH_CHALLENGE passes the connection rules. */
     if (!st.helloed && (rule > TS_HDR_NOT_HELLO || rule == TS_HDR_OK))
-        FZ_CHECK(d.opcode == TS_OP_HELLO && d.body_len <= TS_MAX_PREAUTH_BODY);
+        FZ_CHECK((d.opcode == TS_OP_HELLO || d.opcode == TS_OP_AUTH_CHALLENGE) &&
+                 d.body_len <= TS_MAX_PREAUTH_BODY);
     if (rule == TS_HDR_PREAUTH_SIZE || rule == TS_HDR_NOT_HELLO)
         FZ_CHECK(!st.helloed);
     if (rule == TS_HDR_LZ4)
