@@ -39,6 +39,23 @@
  *     the item table: n_items rows of 40 bytes, keys ascending: u64 key, f64 priority, u64 record
  *     length, u64 age in ms at the snapshot, u32 times_sampled, u32 0; u64 hash of the table;
  *     per item, in key order: its record bytes, u64 hash of them
+ *   format 4 only, the parameter server section: its header, 40 bytes:
+ *      0 u8[8] magic "TSDPSRV\0"     8 u64 parameters        16 u64 embedding tables
+ *     24 u64 rows (of tables)                                32 u64 hash of bytes 0..31
+ *   then per parameter (its bin's name; in the order they were taken):
+ *     u8 name_len, name, u8 optimizer, u8 mode, u8 flags, u8 0, u32 sync_k, u32 tolerance,
+ *     u32 ring_n, f64 lr, f64 beta1, f64 beta2, f64 eps, u64 numel, u64 adam_t, u64 steps,
+ *     u64 bin_version, u64 hash of this header;
+ *     the version ring: ring_n rows of 16 bytes, oldest first: u64 version, u64 step count;
+ *     u64 hash of it;
+ *     per slot of its optimizer (momentum: v; Adam: m, v): numel float32, u64 hash of them
+ *   then per embedding table:
+ *     u8 name_len, name, u32 dim, u8 optimizer, u8 initializer, u16 0, u64 seed, u64 num_ids,
+ *     f64 lr, f64 beta1, f64 beta2, f64 eps, f64 init_scale, u64 version, u64 n_rows, u64 hash
+ *     of this header;
+ *     the ids: n_rows int64, u64 hash of them; the rows: n_rows x dim x (1 + slots) float32 (each
+ *     row its values, then its slots), u64 hash of them; Adam only: n_rows u32 step counts, u64
+ *     hash of them
  *   trailer, 32 bytes:
  *      0 u8[8] magic "TSDSEND\0"     8 u64 bins              16 u64 items (of bins)
  *     24 u64 hash of every section hash above, in order, and of bytes 0..23
@@ -51,6 +68,7 @@
  */
 #include "snapfile.h"
 
+#include "msg_ps.h"
 #include "msg_table.h"
 #include "proto.h"
 #include "record.h"
@@ -66,6 +84,15 @@
 #define SNAP_END_MAGIC "TSDSEND"
 #define SNAP_SEC_MAGIC "TSDSTRM"
 #define SNAP_TAB_MAGIC "TSDTABL"
+#define SNAP_PS_MAGIC  "TSDPSRV"
+/* Bytes of a parameter header without its name and name_len (format 4). */
+#define SNAP_PARAM_FIXED 80
+/* The fewest bytes a parameter takes: its header (an empty name), one ring row, the hashes. */
+#define SNAP_PARAM_MIN (1 + SNAP_PARAM_FIXED + 8 + TSD_SNAP_RING_SIZE + 8)
+/* Bytes of an embedding table header without its name and name_len (format 4). */
+#define SNAP_EMB_FIXED 80
+/* The fewest bytes a table takes: its header (an empty name) and the hashes of ids and rows. */
+#define SNAP_EMB_MIN (1 + SNAP_EMB_FIXED + 8 + 8 + 8)
 /* Bytes of a table header without its name: 2 u64, 3 f64, u32, 2 u8, u16, 5 u64. */
 #define SNAP_TABLE_FIXED 88
 /* The fewest bytes a table takes: name_len, a one-byte name, the header, its hashes. */
@@ -101,7 +128,8 @@
 
 _Static_assert(TS_MAX_NAME_LEN <= UINT8_MAX, "a bin name's length is one byte in the file");
 _Static_assert(sizeof(SNAP_MAGIC) == 8 && sizeof(SNAP_END_MAGIC) == 8 &&
-                   sizeof(SNAP_SEC_MAGIC) == 8,
+                   sizeof(SNAP_SEC_MAGIC) == 8 && sizeof(SNAP_TAB_MAGIC) == 8 &&
+                   sizeof(SNAP_PS_MAGIC) == 8,
                "magics are 8 bytes");
 _Static_assert(TS_STREAM_MAX_ID_LEN <= UINT8_MAX, "a group or member name's length is one byte");
 
@@ -445,6 +473,67 @@ static void write_table(snap_writer *w, uint64_t *acc, const tsd_snapfile_table 
     }
 }
 
+/* One parameter: its header, ring and slots. */
+static void write_param(snap_writer *w, uint64_t *acc, const tsd_snapfile_param *q)
+{
+    uint8_t hb[1 + UINT8_MAX + SNAP_PARAM_FIXED];
+    uint8_t *p = hb;
+    *p++ = q->name_len;
+    if (q->name_len > 0)
+        memcpy(p, q->name, q->name_len);
+    p += q->name_len;
+    p[0] = q->opt;
+    p[1] = q->mode;
+    p[2] = q->flags;
+    p[3] = 0;
+    ts__put_u32le(p + 4, q->k);
+    ts__put_u32le(p + 8, q->tolerance);
+    ts__put_u32le(p + 12, q->ring_n);
+    put_f64(p + 16, q->lr);
+    put_f64(p + 24, q->beta1);
+    put_f64(p + 32, q->beta2);
+    put_f64(p + 40, q->eps);
+    ts__put_u64le(p + 48, q->numel);
+    ts__put_u64le(p + 56, q->adam_t);
+    ts__put_u64le(p + 64, q->steps);
+    ts__put_u64le(p + 72, q->bin_version);
+    w_piece(w, acc, hb, 1 + (size_t)q->name_len + SNAP_PARAM_FIXED);
+    w_piece(w, acc, q->ring, (size_t)q->ring_n * TSD_SNAP_RING_SIZE);
+    for (uint32_t k = 0; k < tsd_snapfile_slots(q->opt); k++)
+        w_piece(w, acc, (const uint8_t *)q->slot[k], (size_t)q->numel * sizeof(float));
+}
+
+/* One embedding table: its header, ids, rows and step counts. */
+static void write_emb(snap_writer *w, uint64_t *acc, const tsd_snapfile_emb *t)
+{
+    uint8_t hb[1 + UINT8_MAX + SNAP_EMB_FIXED];
+    uint8_t *p = hb;
+    *p++ = t->name_len;
+    if (t->name_len > 0)
+        memcpy(p, t->name, t->name_len);
+    p += t->name_len;
+    ts__put_u32le(p, t->dim);
+    p[4] = t->opt;
+    p[5] = t->init;
+    ts__put_u16le(p + 6, 0);
+    ts__put_u64le(p + 8, t->seed);
+    ts__put_u64le(p + 16, t->num_ids);
+    put_f64(p + 24, t->lr);
+    put_f64(p + 32, t->beta1);
+    put_f64(p + 40, t->beta2);
+    put_f64(p + 48, t->eps);
+    put_f64(p + 56, t->init_scale);
+    ts__put_u64le(p + 64, t->version);
+    ts__put_u64le(p + 72, t->n_rows);
+    w_piece(w, acc, hb, 1 + (size_t)t->name_len + SNAP_EMB_FIXED);
+    size_t n = (size_t)t->n_rows;
+    size_t stride = (size_t)t->dim * (1 + tsd_snapfile_slots(t->opt));
+    w_piece(w, acc, (const uint8_t *)t->ids, n * sizeof(int64_t));
+    w_piece(w, acc, (const uint8_t *)t->rows, n * stride * sizeof(float));
+    if (t->opt == TS_PS_OPT_ADAM)
+        w_piece(w, acc, (const uint8_t *)t->steps, n * sizeof(uint32_t));
+}
+
 int tsd_snapfile_write(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
                        const tsd_snapfile_stream *streams, tsd_snapfile_item_fn item, void *arg)
 {
@@ -457,9 +546,18 @@ int tsd_snapfile_write_all(int fd, const tsd_snapfile_head *head, const tsd_snap
                            const tsd_snapfile_stream *streams, const tsd_snapfile_table *tables,
                            tsd_snapfile_item_fn item, void *arg)
 {
+    return tsd_snapfile_write_ps(fd, head, bins, streams, tables, NULL, item, arg);
+}
+
+int tsd_snapfile_write_ps(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
+                          const tsd_snapfile_stream *streams, const tsd_snapfile_table *tables,
+                          const tsd_snapfile_ps *ps, tsd_snapfile_item_fn item, void *arg)
+{
     uint32_t format = head->format != 0 ? head->format : TSD_SNAP_FORMAT;
+    size_t n_params = ps != NULL ? ps->n_params : 0, n_embs = ps != NULL ? ps->n_embs : 0;
     if (format < TSD_SNAP_FORMAT_MIN || format > TSD_SNAP_FORMAT ||
-        (format == 1 && head->n_streams != 0) || (format < 3 && head->n_tables != 0))
+        (format == 1 && head->n_streams != 0) || (format < 3 && head->n_tables != 0) ||
+        (format < 4 && (n_params != 0 || n_embs != 0)))
         return -EINVAL;
     snap_writer w = {.fd = fd};
     w.buf = ts__malloc(SNAP_WBUF);
@@ -537,6 +635,17 @@ int tsd_snapfile_write_all(int fd, const tsd_snapfile_head *head, const tsd_snap
         write_section(&w, &acc, SNAP_TAB_MAGIC, head->n_tables, head->n_titems, head->table_bytes);
         for (uint64_t k = 0; k < head->n_tables && w.err == 0; k++)
             write_table(&w, &acc, &tables[k], item, arg);
+    }
+
+    if (format >= 4) {
+        uint64_t rows = 0;
+        for (size_t k = 0; k < n_embs; k++)
+            rows += ps->embs[k].n_rows;
+        write_section(&w, &acc, SNAP_PS_MAGIC, n_params, n_embs, rows);
+        for (size_t k = 0; k < n_params && w.err == 0; k++)
+            write_param(&w, &acc, &ps->params[k]);
+        for (size_t k = 0; k < n_embs && w.err == 0; k++)
+            write_emb(&w, &acc, &ps->embs[k]);
     }
 
     uint8_t end[TSD_SNAP_END_SIZE];
@@ -665,6 +774,8 @@ typedef struct snap_count {
     uint64_t recs_total, recs_seen, sbytes_seen;
     /* Replay tables: the section's item count, and what the tables held so far. */
     uint64_t titems_total, titems_seen, tbytes_seen;
+    /* The parameter server: the section's row count, and the rows of tables so far. */
+    uint64_t rows_total, rows_seen;
     uint8_t *tb; /* the current stream's entry table */
     size_t tb_cap;
     /* The current stream's group names so far (each name_len bytes at its offset in gnames). */
@@ -1316,6 +1427,246 @@ static int read_tables(snap_reader *r, snap_count *c, tsd_snapfile_head *head)
     return 0;
 }
 
+/* The optimizer settings PS_CREATE and EMB_CREATE accept (ps.c): NULL, or what is wrong. */
+static const char *ps_optimizer_bad(uint8_t opt, double lr, double beta1, double beta2, double eps)
+{
+    if (opt >= TS_PS_OPT_COUNT_)
+        return "the optimizer";
+    if (!isfinite(lr) || lr < 0)
+        return "the learning rate";
+    if ((opt == TS_PS_OPT_MOMENTUM || opt == TS_PS_OPT_ADAM) && !(beta1 >= 0 && beta1 < 1))
+        return "beta1";
+    if (opt == TS_PS_OPT_ADAM && (!(beta2 >= 0 && beta2 < 1) || !(eps > 0) || !isfinite(eps)))
+        return "beta2 or eps";
+    return NULL;
+}
+
+/*
+ * Read the next array of a parameter or table (n bytes, checked against the bytes left) into
+ * memory from the sink, with its hash. 0 with *out, or -1.
+ */
+static int read_ps_array(snap_reader *r, snap_count *c, uint64_t n, const char *what, void **out)
+{
+    if (n > r->left || r->left - n < 8)
+        return cut(r, "%s claims %llu bytes (%llu remain)", what, (unsigned long long)n,
+                   (unsigned long long)r->left);
+    void *m = r->sink->ps_array(r->sink->arg, (size_t)n);
+    if (m == NULL)
+        return other(r, TS_ENOMEM, "out of memory loading %s", what);
+    if (read_hashed(r, c, m, (size_t)n, what) != 0)
+        return -1;
+    *out = m;
+    return 0;
+}
+
+/* Read and check one parameter (header, ring, slots), handing it to the sink. 0 or -1. */
+static int read_param(snap_reader *r, snap_count *c, uint64_t index)
+{
+    char what[SNAP_NAME_MSG + 64];
+    uint8_t fx[1 + UINT8_MAX + SNAP_PARAM_FIXED];
+    snprintf(what, sizeof(what), "the header of parameter %llu", (unsigned long long)index);
+    if (r_read(r, fx, 1, what) != 0)
+        return -1;
+    size_t nl = fx[0];
+    if (r_read(r, fx + 1, nl + SNAP_PARAM_FIXED, what) != 0)
+        return -1;
+    uint8_t hash[8];
+    if (r_read(r, hash, 8, what) != 0)
+        return -1;
+    uint64_t h = tsd_hash64(fx, 1 + nl + SNAP_PARAM_FIXED, 0);
+    if (h != ts__get_u64le(hash))
+        return bad(r, "checksum mismatch in %s", what);
+    c->acc = chain(c->acc, h);
+    const uint8_t *q = fx + 1 + nl;
+    tsd_snapfile_param p = {.name = fx + 1,
+                            .name_len = (uint8_t)nl,
+                            .opt = q[0],
+                            .mode = q[1],
+                            .flags = q[2],
+                            .k = ts__get_u32le(q + 4),
+                            .tolerance = ts__get_u32le(q + 8),
+                            .ring_n = ts__get_u32le(q + 12),
+                            .lr = get_f64(q + 16),
+                            .beta1 = get_f64(q + 24),
+                            .beta2 = get_f64(q + 32),
+                            .eps = get_f64(q + 40),
+                            .numel = ts__get_u64le(q + 48),
+                            .adam_t = ts__get_u64le(q + 56),
+                            .steps = ts__get_u64le(q + 64),
+                            .bin_version = ts__get_u64le(q + 72)};
+    char pn[SNAP_NAME_MSG];
+    printable(r, p.name, nl, pn, sizeof(pn));
+    const char *setting = ps_optimizer_bad(p.opt, p.lr, p.beta1, p.beta2, p.eps);
+    if (setting == NULL && (p.mode >= TS_PS_MODE_COUNT_ || (p.flags & ~TS_PS_FLAGS_KNOWN) != 0))
+        setting = "the mode or the flags";
+    if (setting == NULL && q[3] != 0)
+        setting = "a reserved field";
+    if (setting == NULL &&
+        (p.mode == TS_PS_MODE_SYNC ? p.k < 1 || p.k > TSD_PS_MAX_K || p.tolerance >= TSD_PS_RING
+                                   : p.k != 1))
+        setting = "sync_k or the tolerance";
+    if (setting == NULL && p.opt != TS_PS_OPT_ADAM && p.adam_t != 0)
+        setting = "the Adam step count";
+    if (setting == NULL && (p.ring_n < 1 || p.ring_n > TSD_PS_RING))
+        setting = "the version ring's length";
+    if (setting != NULL)
+        return bad(r, "parameter '%s': %s is out of range", pn, setting);
+    uint32_t slots = tsd_snapfile_slots(p.opt);
+    /* The ring and every slot against the bytes left, before anything is asked for. */
+    uint64_t ring_len = (uint64_t)p.ring_n * TSD_SNAP_RING_SIZE;
+    uint64_t avail = ring_len + 8 <= r->left ? r->left - ring_len - 8 : 0;
+    if (ring_len + 8 > r->left ||
+        (slots > 0 && (avail < 8 * (uint64_t)slots ||
+                       p.numel > (avail - 8 * (uint64_t)slots) / slots / sizeof(float))))
+        return cut(r, "parameter '%s' claims %llu elements, more than the file can hold", pn,
+                   (unsigned long long)p.numel);
+    if (r_grow(r, (void **)&c->tb, &c->tb_cap, (size_t)ring_len) != 0)
+        return -1;
+    snprintf(what, sizeof(what), "the version ring of parameter '%s'", pn);
+    if (read_hashed(r, c, c->tb, (size_t)ring_len, what) != 0)
+        return -1;
+    /* Versions rise, step counts never fall, and neither passes the parameter's own. */
+    uint64_t pv = 0, ps = 0;
+    for (uint32_t k = 0; k < p.ring_n; k++) {
+        uint64_t v = ts__get_u64le(c->tb + (size_t)k * TSD_SNAP_RING_SIZE);
+        uint64_t st = ts__get_u64le(c->tb + (size_t)k * TSD_SNAP_RING_SIZE + 8);
+        if ((k > 0 && v <= pv) || st < ps || st > p.steps || v > p.bin_version)
+            return bad(r, "parameter '%s': entry %u of its version ring breaks a rule", pn, k);
+        pv = v;
+        ps = st;
+    }
+    if (r->sink->param == NULL || r->sink->ps_array == NULL)
+        return other(r, TS_EINVAL,
+                     "it holds parameter server state, which this reader does not "
+                     "take");
+    p.ring = c->tb;
+    if (r->sink->param(r->sink->arg, &p) != 0)
+        return other(r, TS_ENOMEM, "out of memory loading parameter '%s'", pn);
+    for (uint32_t k = 0; k < slots; k++) {
+        void *m;
+        snprintf(what, sizeof(what), "slot %u of parameter '%s'", k, pn);
+        if (read_ps_array(r, c, p.numel * sizeof(float), what, &m) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Read and check one embedding table (header, ids, rows, step counts) into the sink. */
+static int read_emb(snap_reader *r, snap_count *c, uint64_t index)
+{
+    char what[SNAP_NAME_MSG + 64];
+    uint8_t fx[1 + UINT8_MAX + SNAP_EMB_FIXED];
+    snprintf(what, sizeof(what), "the header of embedding table %llu", (unsigned long long)index);
+    if (r_read(r, fx, 1, what) != 0)
+        return -1;
+    size_t nl = fx[0];
+    if (r_read(r, fx + 1, nl + SNAP_EMB_FIXED, what) != 0)
+        return -1;
+    uint8_t hash[8];
+    if (r_read(r, hash, 8, what) != 0)
+        return -1;
+    uint64_t h = tsd_hash64(fx, 1 + nl + SNAP_EMB_FIXED, 0);
+    if (h != ts__get_u64le(hash))
+        return bad(r, "checksum mismatch in %s", what);
+    c->acc = chain(c->acc, h);
+    const uint8_t *q = fx + 1 + nl;
+    tsd_snapfile_emb t = {.name = fx + 1,
+                          .name_len = (uint8_t)nl,
+                          .dim = ts__get_u32le(q),
+                          .opt = q[4],
+                          .init = q[5],
+                          .seed = ts__get_u64le(q + 8),
+                          .num_ids = ts__get_u64le(q + 16),
+                          .lr = get_f64(q + 24),
+                          .beta1 = get_f64(q + 32),
+                          .beta2 = get_f64(q + 40),
+                          .eps = get_f64(q + 48),
+                          .init_scale = get_f64(q + 56),
+                          .version = ts__get_u64le(q + 64),
+                          .n_rows = ts__get_u64le(q + 72)};
+    char pn[SNAP_NAME_MSG];
+    printable(r, t.name, nl, pn, sizeof(pn));
+    const char *setting = ps_optimizer_bad(t.opt, t.lr, t.beta1, t.beta2, t.eps);
+    if (setting == NULL && (t.dim < 1 || t.dim > TSD_PS_MAX_DIM))
+        setting = "dim";
+    if (setting == NULL && (t.init >= TS_PSW_INIT_COUNT_ || !isfinite(t.init_scale) ||
+                            t.init_scale < 0 || t.num_ids > (uint64_t)INT64_MAX))
+        setting = "the initializer, its scale or num_ids";
+    if (setting == NULL && ts__get_u16le(q + 6) != 0)
+        setting = "a reserved field";
+    if (setting == NULL &&
+        (t.n_rows > TSD_PS_MAX_ROWS || (t.num_ids != 0 && t.n_rows > t.num_ids) ||
+         t.n_rows > c->rows_total - c->rows_seen))
+        setting = "the row count";
+    if (setting != NULL)
+        return bad(r, "embedding table '%s': %s is out of range", pn, setting);
+    uint32_t slots = tsd_snapfile_slots(t.opt);
+    /* At most 2^31 rows of at most 3 x 2^16 floats: no product below overflows. */
+    uint64_t ids_len = t.n_rows * sizeof(int64_t);
+    uint64_t rows_len = t.n_rows * t.dim * (1 + slots) * sizeof(float);
+    uint64_t steps_len = t.opt == TS_PS_OPT_ADAM ? t.n_rows * sizeof(uint32_t) : 0;
+    uint64_t total = ids_len + rows_len + steps_len + (t.opt == TS_PS_OPT_ADAM ? 24 : 16);
+    if (total > r->left)
+        return cut(r, "embedding table '%s' claims %llu rows, more than the file can hold", pn,
+                   (unsigned long long)t.n_rows);
+    if (r->sink->emb == NULL || r->sink->ps_array == NULL)
+        return other(r, TS_EINVAL,
+                     "it holds parameter server state, which this reader does not "
+                     "take");
+    if (r->sink->emb(r->sink->arg, &t) != 0)
+        return other(r, TS_ENOMEM, "out of memory loading embedding table '%s'", pn);
+    void *m;
+    snprintf(what, sizeof(what), "the ids of embedding table '%s'", pn);
+    if (read_ps_array(r, c, ids_len, what, &m) != 0)
+        return -1;
+    uint64_t limit = t.num_ids != 0 ? t.num_ids : (uint64_t)INT64_MAX;
+    for (uint64_t k = 0; k < t.n_rows; k++) {
+        int64_t id = (int64_t)ts__get_u64le((const uint8_t *)m + k * sizeof(int64_t));
+        if (id < 0 || (uint64_t)id >= limit)
+            return bad(r, "embedding table '%s': row %llu has id %lld, out of range", pn,
+                       (unsigned long long)k, (long long)id);
+    }
+    snprintf(what, sizeof(what), "the rows of embedding table '%s'", pn);
+    if (read_ps_array(r, c, rows_len, what, &m) != 0)
+        return -1;
+    if (t.opt == TS_PS_OPT_ADAM) {
+        snprintf(what, sizeof(what), "the step counts of embedding table '%s'", pn);
+        if (read_ps_array(r, c, steps_len, what, &m) != 0)
+            return -1;
+    }
+    c->rows_seen += t.n_rows;
+    return 0;
+}
+
+/* The parameter server section (format 4): its header, every parameter and table. */
+static int read_ps(snap_reader *r, snap_count *c, tsd_snapfile_head *head)
+{
+    uint64_t n[3];
+    if (read_section(r, c, SNAP_PS_MAGIC, "the parameter server section", n) != 0)
+        return -1;
+    head->n_params = n[0];
+    head->n_embs = n[1];
+    head->n_rows = n[2];
+    if (head->n_params > r->left / SNAP_PARAM_MIN || head->n_embs > r->left / SNAP_EMB_MIN ||
+        head->n_rows > r->left / (sizeof(int64_t) + sizeof(float)))
+        return cut(r,
+                   "the parameter server section claims %llu parameters, %llu tables and %llu "
+                   "rows, more than the file can hold",
+                   (unsigned long long)head->n_params, (unsigned long long)head->n_embs,
+                   (unsigned long long)head->n_rows);
+    c->rows_total = head->n_rows;
+    for (uint64_t k = 0; k < head->n_params; k++)
+        if (read_param(r, c, k) != 0)
+            return -1;
+    for (uint64_t k = 0; k < head->n_embs; k++)
+        if (read_emb(r, c, k) != 0)
+            return -1;
+    if (c->rows_seen != head->n_rows)
+        return bad(r, "the parameter server section claims %llu rows, the tables hold %llu",
+                   (unsigned long long)head->n_rows, (unsigned long long)c->rows_seen);
+    return 0;
+}
+
 static int read_all(snap_reader *r, tsd_snapfile_head *out)
 {
     uint8_t hdr[TSD_SNAP_HDR_SIZE];
@@ -1355,6 +1706,8 @@ static int read_all(snap_reader *r, tsd_snapfile_head *out)
         rc = read_streams(r, &c, &head);
     if (rc == 0 && format >= 3)
         rc = read_tables(r, &c, &head);
+    if (rc == 0 && format >= 4)
+        rc = read_ps(r, &c, &head);
     count_free(&c);
     if (rc != 0)
         return -1;

@@ -14,14 +14,15 @@
 #include <string.h>
 
 #include "common.h"
+#include "msg_ps.h"
 
 /*
  * The format version this tensord writes (in the header). It reads every version from
  * TSD_SNAP_FORMAT_MIN on: format 1 (tensorshare 0.1 to 0.3) holds bins only; format 2 adds the
  * streams section after the bins; format 3 (0.5.0) adds the replay tables section after the
- * streams.
+ * streams; format 4 (0.6.0) adds the parameter server section after the replay tables.
  */
-#define TSD_SNAP_FORMAT     3
+#define TSD_SNAP_FORMAT     4
 #define TSD_SNAP_FORMAT_MIN 1
 #define TSD_SNAP_HDR_SIZE   64 /* bytes of the file header */
 #define TSD_SNAP_END_SIZE   32 /* bytes of the trailer */
@@ -35,6 +36,22 @@
  * length, u64 age in ms, u32 times_sampled, u32 0.
  */
 #define TSD_SNAP_TITEM_SIZE 40
+
+/*
+ * The parameter server's limits (ps.c enforces them on requests, the reader on files). Published
+ * versions a parameter remembers with their step counts, to tell a gradient's staleness from the
+ * version it was computed on: a sync tolerance must be below it, and an older (or unknown)
+ * version counts as this stale.
+ */
+#define TSD_PS_RING 1024u
+/* Gradients per sync step at most: bounds the pushes one step holds waiting. */
+#define TSD_PS_MAX_K 65536u
+/* floats per embedding row at most (a row of 256 KiB): bounds one row's work and copy. */
+#define TSD_PS_MAX_DIM 65536u
+/* Rows of one embedding table at most: row indexes are u32. */
+#define TSD_PS_MAX_ROWS ((uint64_t)1 << 31)
+/* Bytes of one row of a parameter's version ring (format 4): u64 version, u64 step count. */
+#define TSD_SNAP_RING_SIZE 16
 
 /* A 64-bit hash of len bytes (xxHash64-style); the snapshot checksums. */
 uint64_t tsd_hash64(const void *p, size_t len, uint64_t seed);
@@ -59,6 +76,10 @@ typedef struct tsd_snapfile_head {
     uint64_t n_tables;
     uint64_t n_titems;    /* items over all tables (each holds one record) */
     uint64_t table_bytes; /* their records' bytes */
+    /* The parameter server section (format 4; all 0 before). */
+    uint64_t n_params;
+    uint64_t n_embs;
+    uint64_t n_rows; /* rows over all embedding tables */
 } tsd_snapfile_head;
 
 /* One bin handed to the writer. */
@@ -205,6 +226,60 @@ typedef struct tsd_snapfile_table {
     uint8_t name_len;
 } tsd_snapfile_table;
 
+/* Float slots an optimizer keeps per value (TS_PS_OPT_*): Adam 2, momentum 1, else 0. */
+static inline uint32_t tsd_snapfile_slots(uint8_t opt)
+{
+    return opt == TS_PS_OPT_ADAM ? 2u : opt == TS_PS_OPT_MOMENTUM ? 1u : 0u;
+}
+
+/*
+ * A dense parameter (format 4): the settings PS_CREATE gave it, its step counts, its version
+ * ring, the version of its bin that its slots belong to, and its slots. A sync step being formed
+ * is not part of it. Float arrays are in the host's byte order, which is little-endian wherever
+ * tensord runs (records' tensors are too).
+ */
+typedef struct tsd_snapfile_param {
+    const uint8_t *name; /* name_len bytes (the bin's name), borrowed */
+    uint8_t opt, mode, flags;
+    uint32_t k, tolerance;
+    double lr, beta1, beta2, eps;
+    uint64_t numel;
+    uint64_t adam_t;      /* Adam steps taken (0 for other optimizers) */
+    uint64_t steps;       /* optimizer steps applied */
+    uint64_t bin_version; /* the bin's version that the slots belong to */
+    uint32_t ring_n;      /* 1 .. TSD_PS_RING */
+    const uint8_t *ring;  /* ring_n rows of TSD_SNAP_RING_SIZE bytes, oldest first; borrowed */
+    const float *slot[2]; /* writer: numel floats each, tsd_snapfile_slots(opt) of them */
+    uint8_t name_len;
+} tsd_snapfile_param;
+
+/*
+ * An embedding table (format 4): its settings, version and rows. Row k has id ids[k], its dim
+ * values and slots at rows + k * dim * (1 + slots), and (Adam) its step count steps[k].
+ */
+typedef struct tsd_snapfile_emb {
+    const uint8_t *name; /* name_len bytes, borrowed */
+    uint32_t dim;
+    uint8_t opt, init;
+    uint64_t seed, num_ids;
+    double lr, beta1, beta2, eps, init_scale;
+    uint64_t version;
+    uint64_t n_rows;
+    /* Writer only (the reader hands them through the sink's ps_array). */
+    const int64_t *ids;
+    const float *rows;
+    const uint32_t *steps; /* Adam only */
+    uint8_t name_len;
+} tsd_snapfile_emb;
+
+/* The parameter server's state handed to the writer. */
+typedef struct tsd_snapfile_ps {
+    const tsd_snapfile_param *params;
+    size_t n_params;
+    const tsd_snapfile_emb *embs;
+    size_t n_embs;
+} tsd_snapfile_ps;
+
 /*
  * Sort bins into the file's order: by name, bytewise, a shorter name first when one is a prefix
  * of the other. The writer writes bins in the order given, so call this first.
@@ -235,6 +310,16 @@ int tsd_snapfile_write(int fd, const tsd_snapfile_head *head, const tsd_snapfile
 int tsd_snapfile_write_all(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
                            const tsd_snapfile_stream *streams, const tsd_snapfile_table *tables,
                            tsd_snapfile_item_fn item, void *arg);
+/*
+ * tsd_snapfile_write_all with format 4's parameter server section after the replay tables: every
+ * parameter of ps (its header, ring and slots), then every embedding table (its header, ids,
+ * rows and Adam step counts); ps may be NULL (an empty section). head's n_params, n_embs and
+ * n_rows are ignored: the section's counts come from ps. -EINVAL for a non-empty ps in a format
+ * before 4.
+ */
+int tsd_snapfile_write_ps(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
+                          const tsd_snapfile_stream *streams, const tsd_snapfile_table *tables,
+                          const tsd_snapfile_ps *ps, tsd_snapfile_item_fn item, void *arg);
 
 /*
  * What the reader hands its caller as it decodes, in file order. The reader checks every
@@ -274,6 +359,21 @@ typedef struct tsd_snapfile_sink {
      */
     int (*table)(void *arg, const tsd_snapfile_table *t);
     uint8_t *(*trecord)(void *arg, size_t len);
+    /*
+     * Format 4 (required when the file's parameter server section is not empty). A parameter
+     * begins: p (borrowed for the call, its ring included) has passed every check of its header
+     * and ring; then ps_array is asked for memory for each of its tsd_snapfile_slots(p->opt)
+     * slots (numel floats each), in order. A table begins: t has passed every check of its
+     * header; then ps_array is asked for its ids (n_rows int64), its rows (n_rows x dim x
+     * (1 + slots) floats) and, for Adam, its step counts (n_rows u32). Each array is read into
+     * that memory and its checksum checked (the ids also each in [0, num_ids), or below 2^63 when
+     * num_ids is 0) before the next call; the memory belongs to the caller from its call on. The
+     * reader does not look for duplicate names or ids: the caller does as it rebuilds. 0 (or
+     * memory) to go on; -1 (or NULL) stops the reader.
+     */
+    int (*param)(void *arg, const tsd_snapfile_param *p);
+    int (*emb)(void *arg, const tsd_snapfile_emb *t);
+    void *(*ps_array)(void *arg, size_t len);
     /*
      * Optional: how bin names are written into error messages (tensord passes
      * tsd_name_printable); when NULL, bytes outside printable ASCII appear as '?'.

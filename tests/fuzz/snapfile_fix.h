@@ -107,10 +107,49 @@ static inline int snapfix_tables(uint8_t *p, size_t len, size_t *off, uint64_t *
     return 0;
 }
 
+/* The parameter server section of format 4 from off: rewrite its checksums. 0, or -1 past len. */
+static inline int snapfix_ps(uint8_t *p, size_t len, size_t *off, uint64_t *acc)
+{
+    if (len - *off < TSD_SNAP_SEC_SIZE)
+        return -1;
+    uint64_t n_params = ts__get_u64le(p + *off + 8), n_embs = ts__get_u64le(p + *off + 16);
+    if (snapfix_piece(p, len, off, 32, acc) != 0)
+        return -1;
+    for (uint64_t k = 0; k < n_params; k++) {
+        /* name_len, the name, 80 bytes: optimizer at 0, ring_n at 12, numel at 48 */
+        if (len - *off < 81 || len - *off - 81 < p[*off])
+            return -1;
+        const uint8_t *q = p + *off + 1 + p[*off];
+        uint32_t slots = tsd_snapfile_slots(q[0]), ring_n = ts__get_u32le(q + 12);
+        uint64_t numel = ts__get_u64le(q + 48);
+        if (snapfix_piece(p, len, off, 81 + (size_t)p[*off], acc) != 0 ||
+            snapfix_piece(p, len, off, (uint64_t)ring_n * TSD_SNAP_RING_SIZE, acc) != 0)
+            return -1;
+        for (uint32_t i = 0; i < slots; i++)
+            if (numel > (len - *off) / 4 || snapfix_piece(p, len, off, numel * 4, acc) != 0)
+                return -1;
+    }
+    for (uint64_t k = 0; k < n_embs; k++) {
+        /* name_len, the name, 80 bytes: dim at 0, optimizer at 4, n_rows at 72 */
+        if (len - *off < 81 || len - *off - 81 < p[*off])
+            return -1;
+        const uint8_t *q = p + *off + 1 + p[*off];
+        uint64_t dim = ts__get_u32le(q), n = ts__get_u64le(q + 72);
+        uint8_t opt = q[4];
+        if (snapfix_piece(p, len, off, 81 + (size_t)p[*off], acc) != 0 || n > (len - *off) / 8 ||
+            dim > (len - *off) || snapfix_piece(p, len, off, n * 8, acc) != 0 ||
+            n * dim > (len - *off) / 4 ||
+            snapfix_piece(p, len, off, n * dim * (1 + tsd_snapfile_slots(opt)) * 4, acc) != 0 ||
+            (opt == TS_PS_OPT_ADAM && snapfix_piece(p, len, off, n * 4, acc) != 0))
+            return -1;
+    }
+    return 0;
+}
+
 /*
  * Rewrite the checksums of p[0..len): the header's, each bin's and item's, in format 2 the
  * streams section's (its header, each stream's pieces), in format 3 the replay tables section's,
- * the trailer's.
+ * in format 4 the parameter server section's, the trailer's.
  */
 static inline void snapfix_rehash(uint8_t *p, size_t len)
 {
@@ -149,6 +188,8 @@ static inline void snapfix_rehash(uint8_t *p, size_t len)
     if (ts__get_u32le(p + 8) >= 2 && snapfix_streams(p, len, &off, &acc) != 0)
         return;
     if (ts__get_u32le(p + 8) >= 3 && snapfix_tables(p, len, &off, &acc) != 0)
+        return;
+    if (ts__get_u32le(p + 8) >= 4 && snapfix_ps(p, len, &off, &acc) != 0)
         return;
     if (len - off < TSD_SNAP_END_SIZE)
         return;

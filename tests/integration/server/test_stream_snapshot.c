@@ -764,7 +764,7 @@ static void test_tables_survive_restart(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
     size_t len;
     uint8_t *file = read_file(snap, &len);
-    assert_int_equal(ts__get_u32le(file + 8), 3);
+    assert_int_equal(ts__get_u32le(file + 8), TSD_SNAP_FORMAT);
     ts__free(file);
 
     restart_saving();

@@ -639,7 +639,7 @@ static void test_lengths_and_fields_that_lie(void **state)
     expect_refused(good, len, 0, huge_item, "item 0 of bin 'params' claims");
     expect_refused(good, len, 0, item_one_past_end, "item 0 of bin 'params' claims");
     expect_refused(good, len, 0, item_under_record_header, "item 0 of bin 'params' claims 15");
-    expect_refused(good, len, 0, format_next, "format 4 is not supported");
+    expect_refused(good, len, 0, format_next, "format 5 is not supported");
     expect_refused(good, len, 0, format_zero, "format 0 is not supported");
     expect_refused(good, len, 0, header_reserved, "reserved field of the file header");
     expect_refused(good, len, 0, bin_reserved, "bin 0: a reserved field");
@@ -1296,6 +1296,280 @@ static void test_streams_sink_failures(void **state)
     sink_reset(&f.w);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The parameter server (format 4)
+ */
+
+/* What the reader handed over of the parameter server section. */
+typedef struct ps_sink {
+    tsd_snapfile_param params[4];
+    uint8_t pnames[4][TS_MAX_NAME_LEN];
+    uint8_t rings[4][4 * TSD_SNAP_RING_SIZE];
+    size_t n_params;
+    tsd_snapfile_emb embs[4];
+    uint8_t enames[4][TS_MAX_NAME_LEN];
+    size_t n_embs;
+    void *arrays[32]; /* in the order asked for */
+    size_t lens[32];
+    size_t n_arrays;
+    uint64_t asked;
+} ps_sink;
+
+static int on_param(void *arg, const tsd_snapfile_param *p)
+{
+    ps_sink *s = arg;
+    assert_true(s->n_params < 4 && p->ring_n <= 4);
+    size_t k = s->n_params++;
+    s->params[k] = *p;
+    memcpy(s->pnames[k], p->name, p->name_len);
+    memcpy(s->rings[k], p->ring, (size_t)p->ring_n * TSD_SNAP_RING_SIZE);
+    s->params[k].name = s->pnames[k];
+    s->params[k].ring = s->rings[k];
+    return 0;
+}
+
+static int on_emb(void *arg, const tsd_snapfile_emb *t)
+{
+    ps_sink *s = arg;
+    assert_true(s->n_embs < 4);
+    size_t k = s->n_embs++;
+    s->embs[k] = *t;
+    memcpy(s->enames[k], t->name, t->name_len);
+    s->embs[k].name = s->enames[k];
+    return 0;
+}
+
+static void *on_ps_array(void *arg, size_t len)
+{
+    ps_sink *s = arg;
+    assert_true(s->n_arrays < 32);
+    s->asked += len;
+    s->lens[s->n_arrays] = len;
+    return s->arrays[s->n_arrays++] = ts__malloc(len ? len : 1);
+}
+
+static void ps_sink_free(ps_sink *s)
+{
+    for (size_t k = 0; k < s->n_arrays; k++)
+        ts__free(s->arrays[k]);
+    s->n_arrays = 0;
+}
+
+static int ps_read(const uint8_t *p, size_t len, ps_sink *s, tsd_snapfile_head *head, char *err,
+                   size_t cap)
+{
+    memset(s, 0, sizeof(*s));
+    tsd_snapfile_sink sink = {.arg = s, .param = on_param, .emb = on_emb, .ps_array = on_ps_array};
+    err[0] = '\0';
+    int rc = tsd_snapfile_read_mem(p, len, LABEL, &sink, head, err, cap);
+    assert_true(s->asked <= len);
+    return rc;
+}
+
+/* Two parameters and two tables (one empty), written without bins. */
+static const float ps_m[5] = {0.5f, -1, 2, 0, 3}, ps_v[5] = {1, 2, 3, 4, 5};
+static const int64_t ps_ids[3] = {7, 0, 1ll << 40};
+static const float ps_rows[3 * 6] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18};
+static const uint32_t ps_steps[3] = {1, 5, 2};
+
+static uint8_t *ps_file(size_t *len, uint32_t format, int *wrc)
+{
+    uint8_t ring1[TSD_SNAP_RING_SIZE], ring2[3 * TSD_SNAP_RING_SIZE];
+    ts__put_u64le(ring1, 9);
+    ts__put_u64le(ring1 + 8, 0);
+    for (int i = 0; i < 3; i++) {
+        ts__put_u64le(ring2 + i * TSD_SNAP_RING_SIZE, 10 + (uint64_t)i);
+        ts__put_u64le(ring2 + i * TSD_SNAP_RING_SIZE + 8, (uint64_t)i * 2);
+    }
+    tsd_snapfile_param params[2] = {{.name = (const uint8_t *)"w",
+                                     .name_len = 1,
+                                     .opt = TS_PS_OPT_ADAM,
+                                     .k = 1,
+                                     .lr = 0.1,
+                                     .beta1 = 0.9,
+                                     .beta2 = 0.999,
+                                     .eps = 1e-8,
+                                     .numel = 5,
+                                     .adam_t = 3,
+                                     .steps = 3,
+                                     .bin_version = 12,
+                                     .ring_n = 1,
+                                     .ring = ring1,
+                                     .slot = {ps_m, ps_v}},
+                                    {.name = (const uint8_t *)"s",
+                                     .name_len = 1,
+                                     .opt = TS_PS_OPT_SUM,
+                                     .mode = TS_PS_MODE_SYNC,
+                                     .k = 4,
+                                     .tolerance = 2,
+                                     .numel = 3,
+                                     .steps = 4,
+                                     .bin_version = 12,
+                                     .ring_n = 3,
+                                     .ring = ring2}};
+    tsd_snapfile_emb embs[2] = {{.name = (const uint8_t *)"emb",
+                                 .name_len = 3,
+                                 .dim = 2,
+                                 .opt = TS_PS_OPT_ADAM,
+                                 .init = TS_PSW_INIT_NORMAL,
+                                 .seed = 4,
+                                 .lr = 0.01,
+                                 .beta1 = 0.9,
+                                 .beta2 = 0.99,
+                                 .eps = 1e-6,
+                                 .init_scale = 1,
+                                 .version = 8,
+                                 .n_rows = 3,
+                                 .ids = ps_ids,
+                                 .rows = ps_rows,
+                                 .steps = ps_steps},
+                                {.name = (const uint8_t *)"e0",
+                                 .name_len = 2,
+                                 .dim = 1,
+                                 .opt = TS_PS_OPT_SGD,
+                                 .num_ids = 10,
+                                 .version = 3}};
+    tsd_snapfile_ps ps = {.params = params, .n_params = 2, .embs = embs, .n_embs = 2};
+    tsd_snapfile_head head = {.counter = 12, .format = format};
+    int fd = memfd_create("test_snapfile", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+    *wrc = tsd_snapfile_write_ps(fd, &head, NULL, NULL, NULL, &ps, item_of, NULL);
+    uint8_t *b = fd_bytes(fd, len);
+    close(fd);
+    return b;
+}
+
+static void test_ps_round_trip(void **state)
+{
+    (void)state;
+    size_t len;
+    int wrc;
+    uint8_t *old = ps_file(&len, 3, &wrc);
+    assert_int_equal(wrc, -EINVAL); /* format 3 has no room for it */
+    ts__free(old);
+    uint8_t *good = ps_file(&len, 0, &wrc);
+    assert_int_equal(wrc, 0);
+    assert_int_equal(ts__get_u32le(good + 8), 4);
+    ps_sink s;
+    tsd_snapfile_head head;
+    char err[1024];
+    assert_int_equal(ps_read(good, len, &s, &head, err, sizeof(err)), 0);
+    assert_int_equal(head.n_params, 2);
+    assert_int_equal(head.n_embs, 2);
+    assert_int_equal(head.n_rows, 3);
+    assert_int_equal(s.n_params, 2);
+    assert_int_equal(s.n_embs, 2);
+    const tsd_snapfile_param *w = &s.params[0], *sp = &s.params[1];
+    assert_true(w->opt == TS_PS_OPT_ADAM && w->numel == 5 && w->adam_t == 3 && w->lr == 0.1 &&
+                w->beta2 == 0.999 && w->bin_version == 12 && w->ring_n == 1);
+    assert_true(sp->mode == TS_PS_MODE_SYNC && sp->k == 4 && sp->tolerance == 2 &&
+                sp->ring_n == 3 && ts__get_u64le(sp->ring + 2 * TSD_SNAP_RING_SIZE) == 12);
+    const tsd_snapfile_emb *e = &s.embs[0];
+    assert_true(e->dim == 2 && e->seed == 4 && e->n_rows == 3 && e->version == 8 &&
+                e->init == TS_PSW_INIT_NORMAL && e->eps == 1e-6);
+    assert_true(s.embs[1].n_rows == 0 && s.embs[1].num_ids == 10);
+    /* Arrays in file order: w's m and v, emb's ids, rows, steps, e0's ids and rows. */
+    assert_int_equal(s.n_arrays, 7);
+    assert_memory_equal(s.arrays[0], ps_m, sizeof(ps_m));
+    assert_memory_equal(s.arrays[1], ps_v, sizeof(ps_v));
+    assert_memory_equal(s.arrays[2], ps_ids, sizeof(ps_ids));
+    assert_memory_equal(s.arrays[3], ps_rows, sizeof(ps_rows));
+    assert_memory_equal(s.arrays[4], ps_steps, sizeof(ps_steps));
+    assert_true(s.lens[5] == 0 && s.lens[6] == 0);
+    ps_sink_free(&s);
+    /* A reader without the parameter server's functions refuses the file. */
+    tsd_snapfile_sink none = {.arg = &s};
+    assert_int_equal(tsd_snapfile_read_mem(good, len, LABEL, &none, &head, err, sizeof(err)),
+                     TS_EINVAL);
+    assert_non_null(strstr(err, "parameter server state"));
+    /* Cut at every byte, or any byte flipped: refused, never read past the end. */
+    for (size_t cut = 0; cut < len; cut++) {
+        uint8_t *p = ts__malloc(cut + 1);
+        assert_non_null(p);
+        memcpy(p, good, cut);
+        int rc = ps_read(p, cut, &s, &head, err, sizeof(err));
+        ps_sink_free(&s);
+        if (rc != TS_EPROTO || strstr(err, "truncated") == NULL) {
+            print_error("cut at %zu: %d \"%s\"\n", cut, rc, err);
+            fail();
+        }
+        ts__free(p);
+    }
+    uint8_t *bad = ts__malloc(len);
+    assert_non_null(bad);
+    for (size_t i = 0; i < len; i++) {
+        memcpy(bad, good, len);
+        bad[i] ^= 0x10;
+        int rc = ps_read(bad, len, &s, &head, err, sizeof(err));
+        ps_sink_free(&s);
+        if (rc != TS_EPROTO) {
+            print_error("byte %zu flipped: %d \"%s\"\n", i, rc, err);
+            fail();
+        }
+    }
+    ts__free(bad);
+    ts__free(good);
+}
+
+/* Fields out of range, with every checksum made right: refused with a message naming them. */
+static void ps_expect(const uint8_t *good, size_t len, size_t off, uint64_t val, int width,
+                      const char *problem)
+{
+    uint8_t *p = ts__malloc(len);
+    assert_non_null(p);
+    memcpy(p, good, len);
+    if (width == 1)
+        p[off] = (uint8_t)val;
+    else if (width == 4)
+        ts__put_u32le(p + off, (uint32_t)val);
+    else
+        ts__put_u64le(p + off, val);
+    snapfix_rehash(p, len);
+    ps_sink s;
+    tsd_snapfile_head head;
+    char err[1024];
+    int rc = ps_read(p, len, &s, &head, err, sizeof(err));
+    ps_sink_free(&s);
+    if (rc == 0 || strstr(err, problem) == NULL) {
+        print_error("want \"%s\", got %d \"%s\"\n", problem, rc, err);
+        fail();
+    }
+    ts__free(p);
+}
+
+static void test_ps_fields_that_lie(void **state)
+{
+    (void)state;
+    size_t len;
+    int wrc;
+    uint8_t *good = ps_file(&len, 0, &wrc);
+    assert_int_equal(wrc, 0);
+    /* No bins, streams or tables: the section follows three empty ones. */
+    size_t sec = TSD_SNAP_HDR_SIZE + 2 * TSD_SNAP_SEC_SIZE;
+    assert_memory_equal(good + sec, "TSDPSRV", 8);
+    size_t w = sec + TSD_SNAP_SEC_SIZE + 2; /* w's fixed header */
+    size_t sp = w + 80 + 8 + TSD_SNAP_RING_SIZE + 8 + 2 * (5 * 4 + 8) + 2;
+    size_t e = sp + 80 + 8 + 3 * TSD_SNAP_RING_SIZE + 8 + 4; /* emb's fixed header */
+    ps_expect(good, len, sec + 8, 1000000, 8, "more than the file can hold");
+    ps_expect(good, len, sec + 24, 4, 8, "claims 4 rows, the tables hold 3");
+    ps_expect(good, len, w, TS_PS_OPT_COUNT_, 1, "parameter 'w': the optimizer");
+    ps_expect(good, len, w + 1, 2, 1, "parameter 'w': the mode or the flags");
+    ps_expect(good, len, w + 3, 1, 1, "parameter 'w': a reserved field");
+    ps_expect(good, len, w + 12, 0, 4, "the version ring's length");
+    ps_expect(good, len, w + 12, TSD_PS_RING + 1, 4, "the version ring's length");
+    ps_expect(good, len, w + 48, 1ull << 40, 8, "claims 1099511627776 elements");
+    ps_expect(good, len, w + 72, 8, 8, "entry 0 of its version ring");
+    ps_expect(good, len, sp + 4, 0, 4, "parameter 's': sync_k or the tolerance");
+    ps_expect(good, len, sp + 8, TSD_PS_RING, 4, "parameter 's': sync_k or the tolerance");
+    ps_expect(good, len, sp + 56, 1, 8, "parameter 's': the Adam step count");
+    ps_expect(good, len, e, 0, 4, "embedding table 'emb': dim");
+    ps_expect(good, len, e + 5, TS_PSW_INIT_COUNT_, 1, "'emb': the initializer");
+    ps_expect(good, len, e + 16, 2, 8, "'emb': the row count");
+    ps_expect(good, len, e + 16, 1ull << 40, 8, "row 2 has id 1099511627776, out of range");
+    ps_expect(good, len, e + 72, 1ull << 32, 8, "'emb': the row count");
+    ts__free(good);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1311,6 +1585,8 @@ int main(void)
         cmocka_unit_test(test_streams_rules),
         cmocka_unit_test(test_streams_counts_that_lie),
         cmocka_unit_test(test_streams_sink_failures),
+        cmocka_unit_test(test_ps_round_trip),
+        cmocka_unit_test(test_ps_fields_that_lie),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
