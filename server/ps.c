@@ -23,23 +23,12 @@
 
 #include "msg.h"
 #include "record.h"
+#include "snapfile.h"
 
 /* Room for a printable bin name in messages (255 bytes, each at most 4 bytes of UTF-8). */
 #define PS_NAME_CAP (TS_MAX_NAME_LEN * 4 + 1)
-/*
- * Published versions a parameter remembers with their step counts, to tell a gradient's
- * staleness from the version it was computed on. A sync tolerance must be below it; an older
- * (or unknown) version counts as this stale.
- */
-#define TSD_PS_RING 1024u
-/* Gradients per sync step at most: bounds the pushes one step holds waiting. */
-#define TSD_PS_MAX_K 65536u
-/* floats per embedding row at most (a row of 256 KiB): bounds one row's work and copy. */
-#define TSD_PS_MAX_DIM 65536u
 /* ids per EMB_PULL or EMB_PUSH at most (2^24): bounds one job's scratch memory. */
 #define TSD_PS_MAX_IDS ((uint64_t)1 << 24)
-/* Rows of one table at most: row indexes are u32. */
-#define TSD_PS_MAX_ROWS ((uint64_t)1 << 31)
 /* Smallest hash capacity of a table (slots, a power of two). */
 #define TSD_PS_HASH_MIN 1024u
 
@@ -95,7 +84,8 @@ typedef struct ps_param {
     int job_used;
     size_t data_off; /* the tensor data's offset in the record */
     uint64_t job_steps;
-    uint64_t cost; /* bytes charged */
+    uint64_t cost;         /* bytes charged */
+    uint64_t load_version; /* loading a snapshot: the bin's version its state belongs to */
 } ps_param;
 
 typedef struct ps_emb {
@@ -118,15 +108,52 @@ typedef struct ps_emb {
     ps_wait *job;
     int busy;
     uv_work_t work;
-    uint64_t cost;    /* bytes charged for the arrays */
-    uint64_t pending; /* bytes charged ahead for the running job */
+    uint64_t cost;     /* bytes charged for the arrays */
+    uint64_t pending;  /* bytes charged ahead for the running job */
+    int64_t *load_ids; /* loading a snapshot: the id of each row, until the hash is built */
 } ps_emb;
 
 typedef struct tsd_ps {
     tsd_htab params;
     tsd_htab embs;
     ps_wait *all_head;
+    /*
+     * Snapshots (tsd_ps_quiesce): no job starts while a snapshot waits to be taken or its copies
+     * run; requests queue meanwhile and the jobs start when the last copy is back.
+     */
+    uint32_t running;         /* jobs of parameters and tables on the thread pool */
+    int quiet_req;            /* a snapshot waits for the running jobs to end */
+    uint32_t copying;         /* copies of a snapshot not yet back on the loop */
+    int dying;                /* tsd_ps_free ran while copies were out: the last one frees */
+    void (*quiet_cb)(void *); /* called when the last running job ends */
+    void *quiet_arg;
+    ps_param *ld_p;  /* loading: the parameter whose slots come next, or NULL */
+    ps_emb *ld_t;    /* loading: the table whose arrays come next, or NULL */
+    uint32_t ld_arr; /* loading: arrays of it handed out so far */
 } tsd_ps;
+
+/* 1 while jobs must not start (a snapshot is being taken). */
+static int ps_paused(const tsd_server *srv)
+{
+    return srv->ps != NULL && (srv->ps->quiet_req || srv->ps->copying > 0);
+}
+
+/*
+ * A job ended: when a snapshot waits for the running jobs and this was the last, call it. The
+ * caller's last statement, as the call may free every parameter and table (the final snapshot
+ * frees them right after it is taken).
+ */
+static void ps_quiet_check(tsd_server *srv)
+{
+    tsd_ps *ps = srv->ps;
+    if (ps == NULL || ps->running > 0 || ps->quiet_cb == NULL)
+        return;
+    void (*cb)(void *) = ps->quiet_cb;
+    void *arg = ps->quiet_arg;
+    ps->quiet_cb = NULL;
+    ps->quiet_arg = NULL;
+    cb(arg);
+}
 
 static tsd_ps *ps_state(tsd_server *srv)
 {
@@ -537,6 +564,7 @@ static void param_done(uv_work_t *req, int status)
     tsd_server *srv = p->srv;
     (void)status;
     p->busy = 0;
+    srv->ps->running--;
     uint64_t version = 0;
     tsd_item *it = p->job_new;
     p->job_new = NULL;
@@ -601,12 +629,13 @@ static void param_done(uv_work_t *req, int status)
     param_kick(srv, p);
     /* Replies queued outside a read callback go out now, not at the next tick. */
     tsd_server_flush(srv);
+    ps_quiet_check(srv);
 }
 
 /* Start a job for p's queued pushes when none runs. */
 static void param_kick(tsd_server *srv, ps_param *p)
 {
-    if (p->busy || p->q_head == NULL)
+    if (p->busy || p->q_head == NULL || ps_paused(srv))
         return;
     char msg[200];
     tsd_item *old;
@@ -650,6 +679,7 @@ static void param_kick(tsd_server *srv, ps_param *p)
     p->job_new = nu;
     p->data_off = (size_t)(t.data - tsd_item_data(old));
     p->busy = 1;
+    srv->ps->running++;
     p->work.data = p;
     if (uv_queue_work(srv->loop, &p->work, param_work, param_done) != 0) {
         /* Cannot happen with a live loop; run it here rather than lose the pushes. */
@@ -706,6 +736,12 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
     if (p != NULL && (p->busy || p->q_head != NULL || p->round != NULL)) {
         tsd_reply_err(c, op, rid, TS_ST_INVALID,
                       "PS_CREATE %s: pushes are in flight or a sync step is being formed", pn);
+        return;
+    }
+    /* A snapshot's copy may be reading the slots this would free. */
+    if (p != NULL && srv->ps->copying > 0) {
+        tsd_reply_err(c, op, rid, TS_ST_INVALID,
+                      "PS_CREATE %s: a snapshot is copying the parameter's state; try again", pn);
         return;
     }
     uint64_t arrays = param_arrays(q->optimizer, q->mode, t.numel);
@@ -780,6 +816,8 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
     ring_add(p, bin->version, 0);
     if (fresh)
         tsd_htab_insert(&srv->ps->params, &p->node);
+    /* New settings are a change the next snapshot must hold (SAVE skips an unchanged server). */
+    (void)tsd_server_next_version(srv);
     tsd_reply_state(c, op, rid, TS_ST_OK, bin->version, bin->n_items);
 }
 
@@ -1174,6 +1212,7 @@ static void emb_done(uv_work_t *req, int status)
     tsd_server *srv = t->srv;
     (void)status;
     t->busy = 0;
+    srv->ps->running--;
     /* Charge what the arrays hold now instead of the worst case charged ahead. */
     uint64_t now = emb_bytes(t, 0);
     tsd_store_uncharge(srv, NULL, t->pending);
@@ -1200,11 +1239,12 @@ static void emb_done(uv_work_t *req, int status)
     }
     emb_kick(srv, t);
     tsd_server_flush(srv);
+    ps_quiet_check(srv);
 }
 
 static void emb_kick(tsd_server *srv, ps_emb *t)
 {
-    if (t->busy || t->q_head == NULL)
+    if (t->busy || t->q_head == NULL || ps_paused(srv))
         return;
     /* Charge the growth of the worst case (every id new) ahead; emb_done settles it. */
     uint64_t n = 0;
@@ -1228,6 +1268,7 @@ static void emb_kick(tsd_server *srv, ps_emb *t)
     t->job = t->q_head;
     t->q_head = t->q_tail = NULL;
     t->busy = 1;
+    srv->ps->running++;
     t->work.data = t;
     if (uv_queue_work(srv->loop, &t->work, emb_work, emb_done) != 0) {
         emb_work(&t->work);
@@ -1459,13 +1500,9 @@ size_t tsd_ps_conn_stop(tsd_server *srv, tsd_conn *c)
     return n;
 }
 
-void tsd_ps_free(tsd_server *srv)
+/* Free every parameter and table of ps, the tables of names, and ps. */
+static void ps_free_all(tsd_ps *ps)
 {
-    tsd_ps *ps = srv->ps;
-    if (ps == NULL)
-        return;
-    while (ps->all_head != NULL)
-        wait_free(srv, ps->all_head);
     for (size_t b = 0; b <= ps->params.mask && ps->params.buckets != NULL; b++) {
         while (ps->params.buckets[b] != NULL) {
             ps_param *p = (ps_param *)(void *)ps->params.buckets[b];
@@ -1482,11 +1519,658 @@ void tsd_ps_free(tsd_server *srv)
             ts__free(t->idx);
             ts__free(t->rows);
             ts__free(t->steps);
+            ts__free(t->load_ids);
             ts__free(t);
         }
     }
     tsd_htab_free(&ps->params);
     tsd_htab_free(&ps->embs);
     ts__free(ps);
+}
+
+void tsd_ps_free(tsd_server *srv)
+{
+    tsd_ps *ps = srv->ps;
+    if (ps == NULL)
+        return;
+    while (ps->all_head != NULL)
+        wait_free(srv, ps->all_head);
     srv->ps = NULL;
+    /* A snapshot's copies still read the arrays: the last of them frees everything. */
+    if (ps->copying > 0) {
+        ps->dying = 1;
+        return;
+    }
+    ps_free_all(ps);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Snapshots (ps.h): quiesce, take, copy off the loop, resume
+ */
+
+/*
+ * Bytes of a parameter's slots or a table's arrays copied on the loop when the snapshot is
+ * taken; larger ones are copied on the thread pool (a copy runs at a few hundred MB/s on a busy
+ * machine: 64 KiB is well under a millisecond).
+ */
+#define PS_SNAP_INLINE ((uint64_t)64 << 10)
+
+/* One copy on the thread pool: a parameter's slots or a table's arrays into the snapshot. */
+typedef struct ps_copy {
+    uv_work_t work;
+    tsd_ps_snap *snap;
+    ps_param *p; /* one of p and t */
+    ps_emb *t;
+    size_t index; /* its entry in snap->params or snap->embs */
+} ps_copy;
+
+struct tsd_ps_snap {
+    tsd_server *srv;
+    tsd_ps *ps;    /* the state copied (it outlives srv->ps when tsd_ps_free ran meanwhile) */
+    uint32_t refs; /* loop thread: the snapshot job's, and one per copy not back on the loop */
+    uv_mutex_t mu;
+    uv_cond_t cv;
+    uint32_t left; /* copies not done (under mu) */
+    int oom;       /* a copy found no memory (under mu) */
+    tsd_snapfile_param *params;
+    size_t n_params;
+    tsd_snapfile_emb *embs;
+    size_t n_embs;
+    ps_copy *copies;
+    size_t n_copies;
+    tsd_snapfile_ps out;
+};
+
+/* Start the jobs whose requests queued while a snapshot was taken. */
+static void ps_resume(tsd_server *srv)
+{
+    tsd_ps *ps = srv->ps;
+    if (ps == NULL || ps_paused(srv))
+        return;
+    for (size_t b = 0; ps->params.buckets != NULL && b <= ps->params.mask; b++)
+        for (tsd_hnode *n = ps->params.buckets[b]; n != NULL; n = n->next)
+            param_kick(srv, (ps_param *)(void *)n);
+    for (size_t b = 0; ps->embs.buckets != NULL && b <= ps->embs.mask; b++)
+        for (tsd_hnode *n = ps->embs.buckets[b]; n != NULL; n = n->next)
+            emb_kick(srv, (ps_emb *)(void *)n);
+    tsd_server_flush(srv);
+}
+
+int tsd_ps_quiesce(tsd_server *srv, void (*cb)(void *arg), void *arg)
+{
+    tsd_ps *ps = srv->ps;
+    if (ps == NULL)
+        return 0;
+    ps->quiet_req = 1;
+    if (ps->running == 0)
+        return 0;
+    ps->quiet_cb = cb;
+    ps->quiet_arg = arg;
+    return 1;
+}
+
+static void snap_unref(tsd_ps_snap *snap)
+{
+    if (--snap->refs > 0)
+        return;
+    for (size_t k = 0; k < snap->n_params; k++) {
+        ts__free((void *)snap->params[k].name);
+        ts__free((void *)snap->params[k].slot[0]);
+        ts__free((void *)snap->params[k].slot[1]);
+    }
+    for (size_t k = 0; k < snap->n_embs; k++) {
+        ts__free((void *)snap->embs[k].name);
+        ts__free((void *)snap->embs[k].ids);
+        ts__free((void *)snap->embs[k].rows);
+        ts__free((void *)snap->embs[k].steps);
+    }
+    ts__free(snap->params);
+    ts__free(snap->embs);
+    ts__free(snap->copies);
+    uv_cond_destroy(&snap->cv);
+    uv_mutex_destroy(&snap->mu);
+    ts__free(snap);
+}
+
+/* A parameter's slots into out (any thread, while no job runs). 0 or TS_ENOMEM. */
+static int copy_param(tsd_snapfile_param *out, const ps_param *p)
+{
+    size_t bytes = (size_t)p->numel * sizeof(float);
+    const float *src[2] = {p->slot1, p->slot2};
+    for (uint32_t k = 0; k < tsd_snapfile_slots(p->opt); k++) {
+        float *d = ts__malloc(bytes ? bytes : 1);
+        if (d == NULL)
+            return TS_ENOMEM;
+        if (bytes > 0)
+            memcpy(d, src[k], bytes);
+        out->slot[k] = d;
+    }
+    return 0;
+}
+
+/* The id of each row of t (from its hash) into a new array of t->count. NULL: no memory. */
+static int64_t *emb_ids(const ps_emb *t)
+{
+    int64_t *ids = ts__malloc(t->count ? (size_t)t->count * sizeof(int64_t) : 1);
+    if (ids == NULL)
+        return NULL;
+    for (uint64_t h = 0; h < t->cap; h++)
+        if (t->keys[h] >= 0)
+            ids[t->idx[h]] = t->keys[h];
+    return ids;
+}
+
+/* A table's ids, rows and step counts into out (any thread, while no job runs). */
+static int copy_emb(tsd_snapfile_emb *out, const ps_emb *t)
+{
+    size_t n = (size_t)t->count;
+    size_t rbytes = n * t->stride * sizeof(float);
+    int64_t *ids = emb_ids(t);
+    float *rows = ts__malloc(rbytes ? rbytes : 1);
+    uint32_t *steps = NULL;
+    if (t->opt == TS_PS_OPT_ADAM)
+        steps = ts__malloc(n ? n * sizeof(uint32_t) : 1);
+    out->ids = ids;
+    out->rows = rows;
+    out->steps = steps;
+    if (ids == NULL || rows == NULL || (t->opt == TS_PS_OPT_ADAM && steps == NULL))
+        return TS_ENOMEM; /* what was had is freed with the snapshot */
+    if (rbytes > 0)
+        memcpy(rows, t->rows, rbytes);
+    if (steps != NULL && n > 0)
+        memcpy(steps, t->steps, n * sizeof(uint32_t));
+    return 0;
+}
+
+static void ps_copy_work(uv_work_t *req)
+{
+    ps_copy *cp = req->data;
+    tsd_ps_snap *snap = cp->snap;
+    int rc = cp->p != NULL ? copy_param(&snap->params[cp->index], cp->p)
+                           : copy_emb(&snap->embs[cp->index], cp->t);
+    uv_mutex_lock(&snap->mu);
+    if (rc != 0)
+        snap->oom = 1;
+    if (--snap->left == 0)
+        uv_cond_broadcast(&snap->cv);
+    uv_mutex_unlock(&snap->mu);
+}
+
+/* Loop: a copy is back. After the last one, jobs start again (or the state is freed). */
+static void ps_copy_done(uv_work_t *req, int status)
+{
+    ps_copy *cp = req->data;
+    tsd_ps_snap *snap = cp->snap;
+    tsd_ps *ps = snap->ps;
+    (void)status;
+    ps->copying--;
+    if (ps->copying == 0 && ps->dying)
+        ps_free_all(ps);
+    else if (ps->copying == 0)
+        ps_resume(snap->srv);
+    snap_unref(snap);
+}
+
+/* The settings of p into out, with its name and ring in a block of their own. 0 or -1. */
+static int take_param(tsd_server *srv, const ps_param *p, tsd_snapfile_param *out)
+{
+    tsd_bin *bin = tsd_store_find(&srv->store, p->node.name, p->node.name_len);
+    uint8_t *blk =
+        ts__malloc((size_t)p->node.name_len + (size_t)p->ring_n * TSD_SNAP_RING_SIZE + 1);
+    if (blk == NULL)
+        return -1;
+    if (p->node.name_len > 0)
+        memcpy(blk, p->node.name, p->node.name_len);
+    uint8_t *ring = blk + p->node.name_len;
+    for (uint32_t i = 0; i < p->ring_n; i++) {
+        uint32_t j = (p->ring_head + TSD_PS_RING - p->ring_n + i) % TSD_PS_RING;
+        ts__put_u64le(ring + (size_t)i * TSD_SNAP_RING_SIZE, p->ring_ver[j]);
+        ts__put_u64le(ring + (size_t)i * TSD_SNAP_RING_SIZE + 8, p->ring_step[j]);
+    }
+    *out = (tsd_snapfile_param){.name = blk,
+                                .name_len = p->node.name_len,
+                                .opt = p->opt,
+                                .mode = p->mode,
+                                .flags = p->flags,
+                                .k = p->k,
+                                .tolerance = p->tolerance,
+                                .lr = p->lr,
+                                .beta1 = p->beta1,
+                                .beta2 = p->beta2,
+                                .eps = p->eps,
+                                .numel = p->numel,
+                                .adam_t = p->adam_t,
+                                .steps = p->steps,
+                                .bin_version = bin->version,
+                                .ring_n = p->ring_n,
+                                .ring = ring};
+    return 0;
+}
+
+static int take_emb(const ps_emb *t, tsd_snapfile_emb *out)
+{
+    uint8_t *blk = ts__malloc((size_t)t->node.name_len + 1);
+    if (blk == NULL)
+        return -1;
+    if (t->node.name_len > 0)
+        memcpy(blk, t->node.name, t->node.name_len);
+    *out = (tsd_snapfile_emb){.name = blk,
+                              .name_len = t->node.name_len,
+                              .dim = t->dim,
+                              .opt = t->opt,
+                              .init = t->init,
+                              .seed = t->seed,
+                              .num_ids = t->num_ids,
+                              .lr = t->lr,
+                              .beta1 = t->beta1,
+                              .beta2 = t->beta2,
+                              .eps = t->eps,
+                              .init_scale = t->init_scale,
+                              .version = t->version,
+                              .n_rows = t->count};
+    return 0;
+}
+
+/*
+ * A parameter is saved when its bin still holds its value (one float32 tensor of numel): the
+ * loader refuses a parameter without one, and the next push would refuse it anyway.
+ */
+static int param_saveable(tsd_server *srv, ps_param *p)
+{
+    char msg[200];
+    tsd_item *it;
+    ps_tensor t;
+    return param_value(srv, p->node.name, p->node.name_len, p->numel, &it, &t, msg, sizeof(msg)) ==
+           TS_ST_OK;
+}
+
+tsd_ps_snap *tsd_ps_snapshot_take(tsd_server *srv, int final, int *rc)
+{
+    tsd_ps *ps = srv->ps;
+    *rc = 0;
+    if (ps == NULL)
+        return NULL;
+    ps->quiet_req = 0;
+    ps->quiet_cb = NULL;
+    if (ps->params.count == 0 && ps->embs.count == 0) {
+        ps_resume(srv);
+        return NULL;
+    }
+    tsd_ps_snap *snap = ts__calloc(1, sizeof(*snap));
+    if (snap == NULL || uv_mutex_init(&snap->mu) != 0) {
+        ts__free(snap);
+        ps_resume(srv);
+        *rc = TS_ENOMEM;
+        return NULL;
+    }
+    if (uv_cond_init(&snap->cv) != 0) {
+        uv_mutex_destroy(&snap->mu);
+        ts__free(snap);
+        ps_resume(srv);
+        *rc = TS_ENOMEM;
+        return NULL;
+    }
+    snap->srv = srv;
+    snap->ps = ps;
+    snap->refs = 1;
+    size_t np = ps->params.count, ne = ps->embs.count;
+    snap->params = ts__calloc(np ? np : 1, sizeof(*snap->params));
+    snap->embs = ts__calloc(ne ? ne : 1, sizeof(*snap->embs));
+    snap->copies = ts__calloc(np + ne, sizeof(*snap->copies));
+    if (snap->params == NULL || snap->embs == NULL || snap->copies == NULL)
+        goto oom;
+    for (size_t b = 0; ps->params.buckets != NULL && b <= ps->params.mask; b++) {
+        for (tsd_hnode *n = ps->params.buckets[b]; n != NULL; n = n->next) {
+            ps_param *p = (ps_param *)(void *)n;
+            if (!param_saveable(srv, p))
+                continue;
+            tsd_snapfile_param *out = &snap->params[snap->n_params];
+            if (take_param(srv, p, out) != 0)
+                goto oom;
+            snap->n_params++;
+            uint64_t bytes = p->numel * sizeof(float) * tsd_snapfile_slots(p->opt);
+            if (final) {
+                /* The state is freed right after: the slots change hands instead. */
+                out->slot[0] = p->slot1;
+                out->slot[1] = p->slot2;
+                if (p->opt == TS_PS_OPT_MOMENTUM || p->opt == TS_PS_OPT_ADAM)
+                    p->slot1 = NULL;
+                if (p->opt == TS_PS_OPT_ADAM)
+                    p->slot2 = NULL;
+            } else if (bytes <= PS_SNAP_INLINE) {
+                if (copy_param(out, p) != 0)
+                    goto oom;
+            } else {
+                snap->copies[snap->n_copies++] =
+                    (ps_copy){.snap = snap, .p = p, .index = snap->n_params - 1};
+            }
+        }
+    }
+    for (size_t b = 0; ps->embs.buckets != NULL && b <= ps->embs.mask; b++) {
+        for (tsd_hnode *n = ps->embs.buckets[b]; n != NULL; n = n->next) {
+            ps_emb *t = (ps_emb *)(void *)n;
+            tsd_snapfile_emb *out = &snap->embs[snap->n_embs];
+            if (take_emb(t, out) != 0)
+                goto oom;
+            snap->n_embs++;
+            uint64_t bytes = t->count * (t->stride * sizeof(float) + sizeof(int64_t));
+            if (final) {
+                out->ids = emb_ids(t);
+                if (out->ids == NULL)
+                    goto oom;
+                out->rows = t->rows;
+                out->steps = t->steps;
+                t->rows = NULL;
+                t->steps = NULL;
+            } else if (bytes <= PS_SNAP_INLINE) {
+                if (copy_emb(out, t) != 0)
+                    goto oom;
+            } else {
+                snap->copies[snap->n_copies++] =
+                    (ps_copy){.snap = snap, .t = t, .index = snap->n_embs - 1};
+            }
+        }
+    }
+    /* Every copy is counted before the first starts, so that none can end the wait early. */
+    snap->left = (uint32_t)snap->n_copies;
+    for (size_t k = 0; k < snap->n_copies; k++) {
+        ps_copy *cp = &snap->copies[k];
+        cp->work.data = cp;
+        snap->refs++;
+        ps->copying++;
+        if (uv_queue_work(srv->loop, &cp->work, ps_copy_work, ps_copy_done) != 0) {
+            /* Cannot happen with a live loop; copy here rather than lose the state. */
+            ps_copy_work(&cp->work);
+            ps_copy_done(&cp->work, 0);
+        }
+    }
+    if (snap->n_copies == 0)
+        ps_resume(srv);
+    return snap;
+oom:
+    snap_unref(snap);
+    ps_resume(srv);
+    *rc = TS_ENOMEM;
+    return NULL;
+}
+
+int tsd_ps_snapshot_wait(tsd_ps_snap *snap, const tsd_snapfile_ps **out)
+{
+    uv_mutex_lock(&snap->mu);
+    while (snap->left > 0)
+        uv_cond_wait(&snap->cv, &snap->mu);
+    int oom = snap->oom;
+    uv_mutex_unlock(&snap->mu);
+    snap->out = (tsd_snapfile_ps){.params = snap->params,
+                                  .n_params = snap->n_params,
+                                  .embs = snap->embs,
+                                  .n_embs = snap->n_embs};
+    *out = &snap->out;
+    return oom ? TS_ENOMEM : 0;
+}
+
+void tsd_ps_snapshot_written(tsd_ps_snap *snap)
+{
+    /*
+     * Returning hundreds of megabytes to the system takes tens of milliseconds, which the loop
+     * should not spend. Only after tsd_ps_snapshot_wait: no copy writes into the arrays now.
+     */
+    for (size_t k = 0; k < snap->n_params; k++) {
+        ts__free((void *)snap->params[k].slot[0]);
+        ts__free((void *)snap->params[k].slot[1]);
+        snap->params[k].slot[0] = snap->params[k].slot[1] = NULL;
+    }
+    for (size_t k = 0; k < snap->n_embs; k++) {
+        ts__free((void *)snap->embs[k].ids);
+        ts__free((void *)snap->embs[k].rows);
+        ts__free((void *)snap->embs[k].steps);
+        snap->embs[k].ids = NULL;
+        snap->embs[k].rows = NULL;
+        snap->embs[k].steps = NULL;
+    }
+}
+
+void tsd_ps_snapshot_free(tsd_ps_snap *snap)
+{
+    if (snap != NULL)
+        snap_unref(snap);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Loading a snapshot (ps.h), before the loop runs
+ */
+
+int tsd_ps_restore_param(tsd_server *srv, const char *path, const tsd_snapfile_param *q, char *err,
+                         size_t err_cap)
+{
+    char pn[PS_NAME_CAP];
+    tsd_name_printable(q->name, q->name_len, pn, sizeof(pn));
+    tsd_ps *ps = ps_state(srv);
+    if (ps == NULL) {
+        snprintf(err, err_cap, "snapshot %s: out of memory loading parameter '%s'", path, pn);
+        return -1;
+    }
+    if (param_find(srv, q->name, q->name_len) != NULL) {
+        snprintf(err, err_cap, "snapshot %s is damaged: parameter '%s' appears twice", path, pn);
+        return -1;
+    }
+    ps_param *p = ts__calloc(1, sizeof(*p) + q->name_len);
+    if (p == NULL) {
+        snprintf(err, err_cap, "snapshot %s: out of memory loading parameter '%s'", path, pn);
+        return -1;
+    }
+    p->srv = srv;
+    p->node.name = (uint8_t *)(p + 1);
+    p->node.name_len = q->name_len;
+    if (q->name_len > 0)
+        memcpy(p->node.name, q->name, q->name_len);
+    p->node.hash = tsd_hash(q->name, q->name_len);
+    p->opt = q->opt;
+    p->mode = q->mode;
+    p->flags = q->flags;
+    p->k = q->k;
+    p->tolerance = q->tolerance;
+    p->lr = q->lr;
+    p->beta1 = q->beta1;
+    p->beta2 = q->beta2;
+    p->eps = q->eps;
+    p->numel = q->numel;
+    p->adam_t = q->adam_t;
+    p->steps = q->steps;
+    p->load_version = q->bin_version;
+    for (uint32_t i = 0; i < q->ring_n; i++) {
+        p->ring_ver[i] = ts__get_u64le(q->ring + (size_t)i * TSD_SNAP_RING_SIZE);
+        p->ring_step[i] = ts__get_u64le(q->ring + (size_t)i * TSD_SNAP_RING_SIZE + 8);
+    }
+    p->ring_n = q->ring_n;
+    p->ring_head = q->ring_n % TSD_PS_RING;
+    tsd_htab_insert(&ps->params, &p->node);
+    ps->ld_p = p;
+    ps->ld_t = NULL;
+    ps->ld_arr = 0;
+    return 0;
+}
+
+int tsd_ps_restore_emb(tsd_server *srv, const char *path, const tsd_snapfile_emb *q, char *err,
+                       size_t err_cap)
+{
+    char pn[PS_NAME_CAP];
+    tsd_name_printable(q->name, q->name_len, pn, sizeof(pn));
+    tsd_ps *ps = ps_state(srv);
+    if (ps == NULL) {
+        snprintf(err, err_cap, "snapshot %s: out of memory loading embedding table '%s'", path, pn);
+        return -1;
+    }
+    if (emb_find(srv, q->name, q->name_len) != NULL) {
+        snprintf(err, err_cap, "snapshot %s is damaged: embedding table '%s' appears twice", path,
+                 pn);
+        return -1;
+    }
+    ps_emb *t = ts__calloc(1, sizeof(*t) + q->name_len);
+    if (t == NULL) {
+        snprintf(err, err_cap, "snapshot %s: out of memory loading embedding table '%s'", path, pn);
+        return -1;
+    }
+    t->srv = srv;
+    t->node.name = (uint8_t *)(t + 1);
+    t->node.name_len = q->name_len;
+    if (q->name_len > 0)
+        memcpy(t->node.name, q->name, q->name_len);
+    t->node.hash = tsd_hash(q->name, q->name_len);
+    t->dim = q->dim;
+    t->opt = q->opt;
+    t->init = q->init;
+    t->seed = q->seed;
+    t->num_ids = q->num_ids;
+    t->lr = q->lr;
+    t->beta1 = q->beta1;
+    t->beta2 = q->beta2;
+    t->eps = q->eps;
+    t->init_scale = q->init_scale;
+    t->stride = q->dim * (1 + tsd_snapfile_slots(q->opt));
+    t->version = q->version;
+    t->count = q->n_rows;
+    t->rows_cap = q->n_rows > 0 ? rows_cap_for(q->n_rows) : 0;
+    tsd_htab_insert(&ps->embs, &t->node);
+    ps->ld_t = t;
+    ps->ld_p = NULL;
+    ps->ld_arr = 0;
+    return 0;
+}
+
+void *tsd_ps_restore_array(tsd_server *srv, size_t len)
+{
+    /* The memory of an empty array (the reader reads nothing into it). */
+    static uint64_t empty;
+    tsd_ps *ps = srv->ps;
+    if (ps == NULL)
+        return NULL;
+    uint32_t k = ps->ld_arr++;
+    if (ps->ld_p != NULL) {
+        ps_param *p = ps->ld_p;
+        float *a = ts__malloc(len ? len : 1);
+        if (k == 0)
+            p->slot1 = a;
+        else
+            p->slot2 = a;
+        return a;
+    }
+    ps_emb *t = ps->ld_t;
+    if (t == NULL)
+        return NULL;
+    if (t->count == 0)
+        return &empty;
+    if (k == 0)
+        return t->load_ids = ts__malloc(len);
+    if (k == 1) /* the rows get their capacity now, as emb_reserve would have grown it */
+        return t->rows = ts__malloc((size_t)t->rows_cap * t->stride * sizeof(float));
+    return t->steps = ts__malloc((size_t)t->rows_cap * sizeof(uint32_t));
+}
+
+/* Build t's id hash from the ids loaded; -1 with the message when an id is there twice. */
+static int emb_rebuild(ps_emb *t, const char *path, char *err, size_t err_cap)
+{
+    char pn[PS_NAME_CAP];
+    tsd_name_printable(t->node.name, t->node.name_len, pn, sizeof(pn));
+    if (t->count == 0)
+        return 0;
+    uint64_t hc = hash_cap_for(t->count);
+    t->keys = ts__malloc((size_t)hc * sizeof(int64_t));
+    t->idx = ts__malloc((size_t)hc * sizeof(uint32_t));
+    if (t->keys == NULL || t->idx == NULL || t->load_ids == NULL) {
+        snprintf(err, err_cap, "snapshot %s: out of memory loading embedding table '%s'", path, pn);
+        return -1;
+    }
+    t->cap = hc;
+    for (uint64_t h = 0; h < hc; h++)
+        t->keys[h] = -1;
+    for (uint64_t r = 0; r < t->count; r++) {
+        int64_t id = (int64_t)ts__get_u64le((const uint8_t *)(t->load_ids + r));
+        uint64_t h = mix64((uint64_t)id) & (hc - 1);
+        while (t->keys[h] >= 0 && t->keys[h] != id)
+            h = (h + 1) & (hc - 1);
+        if (t->keys[h] == id) {
+            snprintf(err, err_cap,
+                     "snapshot %s is damaged: embedding table '%s' holds id %lld twice", path, pn,
+                     (long long)id);
+            return -1;
+        }
+        t->keys[h] = id;
+        t->idx[h] = (uint32_t)r;
+    }
+    ts__free(t->load_ids);
+    t->load_ids = NULL;
+    return 0;
+}
+
+/* Attach p to its bin: the bin must hold its value at the version its state belongs to. */
+static int param_attach(tsd_server *srv, ps_param *p, const char *path, char *err, size_t err_cap)
+{
+    char pn[PS_NAME_CAP], msg[200];
+    tsd_name_printable(p->node.name, p->node.name_len, pn, sizeof(pn));
+    tsd_item *it;
+    ps_tensor t;
+    uint16_t st = param_value(srv, p->node.name, p->node.name_len, 0, &it, &t, msg, sizeof(msg));
+    if (st == TS_ST_OK && t.numel != p->numel) {
+        snprintf(msg, sizeof(msg), "its bin holds %llu elements, its state is for %llu",
+                 (unsigned long long)t.numel, (unsigned long long)p->numel);
+        st = TS_ST_INVALID;
+    }
+    tsd_bin *bin = tsd_store_find(&srv->store, p->node.name, p->node.name_len);
+    if (st == TS_ST_OK && bin->version != p->load_version) {
+        snprintf(msg, sizeof(msg), "its bin has version %llu, its state belongs to version %llu",
+                 (unsigned long long)bin->version, (unsigned long long)p->load_version);
+        st = TS_ST_INVALID;
+    }
+    if (st != TS_ST_OK) {
+        snprintf(err, err_cap, "snapshot %s is damaged: parameter '%s': %s", path, pn, msg);
+        return -1;
+    }
+    size_t bytes = (size_t)p->numel * sizeof(float);
+    if (p->mode == TS_PS_MODE_SYNC && (p->acc = ts__calloc(1, bytes ? bytes : 1)) == NULL) {
+        snprintf(err, err_cap, "snapshot %s: out of memory loading parameter '%s'", path, pn);
+        return -1;
+    }
+    return 0;
+}
+
+int tsd_ps_restore_finish(tsd_server *srv, const char *path, size_t *n_params, size_t *n_embs,
+                          char *err, size_t err_cap)
+{
+    tsd_ps *ps = srv->ps;
+    *n_params = *n_embs = 0;
+    if (ps == NULL)
+        return 0;
+    ps->ld_p = NULL;
+    ps->ld_t = NULL;
+    /* Counted whatever --max-memory says, as the bins are (tensord warns when it holds more). */
+    uint64_t max_memory = srv->store.max_memory;
+    srv->store.max_memory = 0;
+    int rc = 0;
+    for (size_t b = 0; rc == 0 && ps->embs.buckets != NULL && b <= ps->embs.mask; b++) {
+        for (tsd_hnode *n = ps->embs.buckets[b]; rc == 0 && n != NULL; n = n->next) {
+            ps_emb *t = (ps_emb *)(void *)n;
+            rc = emb_rebuild(t, path, err, err_cap);
+            if (rc == 0) {
+                t->cost = emb_bytes(t, 0);
+                (void)tsd_store_charge(srv, NULL,
+                                       t->cost + tsd_heap_block(sizeof(*t) + t->node.name_len));
+                (*n_embs)++;
+            }
+        }
+    }
+    for (size_t b = 0; rc == 0 && ps->params.buckets != NULL && b <= ps->params.mask; b++) {
+        for (tsd_hnode *n = ps->params.buckets[b]; rc == 0 && n != NULL; n = n->next) {
+            ps_param *p = (ps_param *)(void *)n;
+            rc = param_attach(srv, p, path, err, err_cap);
+            if (rc == 0) {
+                p->cost = tsd_heap_block(sizeof(*p) + p->node.name_len) +
+                          param_arrays(p->opt, p->mode, p->numel);
+                (void)tsd_store_charge(srv, NULL, p->cost);
+                (*n_params)++;
+            }
+        }
+    }
+    srv->store.max_memory = max_memory;
+    return rc;
 }

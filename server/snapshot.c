@@ -38,6 +38,7 @@
  */
 #include "server.h"
 
+#include "ps.h"
 #include "snapfile.h"
 #include "stream.h"
 #include "table.h"
@@ -119,6 +120,7 @@ struct tsd_snap_job {
     tsd_item **trecs; /* one reference each, dropped on the loop thread after the records */
     size_t n_trecs;
     uint64_t table_bytes;
+    tsd_ps_snap *ps;          /* the parameter server's state (ps.h), or NULL */
     tsd_save_waiter *waiters; /* answered when this snapshot is durable */
     int final;
     struct tsd_snap_job *next_drain;
@@ -269,8 +271,18 @@ static void snap_write_file(tsd_snap_job *job)
         .n_titems = job->n_trecs,
         .table_bytes = job->table_bytes,
     };
+    /* The parameter server's arrays are copied on the pool meanwhile: wait for them. */
+    const tsd_snapfile_ps *ps = NULL;
+    if (job->ps != NULL && tsd_ps_snapshot_wait(job->ps, &ps) != 0) {
+        job_fail(job, "copying the parameter server's state for", tmp, ENOMEM);
+        close(fd);
+        unlink(tmp);
+        return;
+    }
     int rc =
-        tsd_snapfile_write_all(fd, &head, job->bins, job->streams, job->rtables, job_item, job);
+        tsd_snapfile_write_ps(fd, &head, job->bins, job->streams, job->rtables, ps, job_item, job);
+    if (ps != NULL)
+        tsd_ps_snapshot_written(job->ps);
     if (rc != 0) {
         job_fail(job, "writing", tmp, -rc);
         close(fd);
@@ -335,6 +347,7 @@ static void job_free(tsd_snap_job *job)
     ts__free(job->names);
     job_free_streams(job);
     job_free_tables(job);
+    tsd_ps_snapshot_free(job->ps);
     ts__free(job);
 }
 
@@ -760,9 +773,20 @@ static void snap_view_done(tsd_pass *p, int status)
  * srv->snap_job until written), or TS_ENOMEM (the waiters are answered with an error, the job
  * freed) or a libuv code.
  */
+static void snap_ps_quiet(void *arg);
+
 static int snap_take(tsd_server *srv, tsd_snap_job *job, int final)
 {
     tsd_store *st = &srv->store;
+    /* Parameter server jobs change slots in place: none may run at the moment it is taken. */
+    job->final = final;
+    srv->snap_job = job;
+    if (tsd_ps_quiesce(srv, snap_ps_quiet, job) != 0)
+        return 0;
+    uint64_t ps_t0 = ts__now_ns();
+    int ps_rc;
+    job->ps = tsd_ps_snapshot_take(srv, final, &ps_rc);
+    uint64_t ps_ns = ts__now_ns() - ps_t0;
     job->counter = srv->version;
     job->final = final;
     job->waiters = srv->save_waiters;
@@ -773,10 +797,11 @@ static int snap_take(tsd_server *srv, tsd_snap_job *job, int final)
         ensure_room((void **)&job->items, &job->items_cap, (size_t)st->n_items,
                     sizeof(*job->items)) != 0 ||
         ensure_room((void **)&job->names, &job->names_cap, (size_t)st->name_bytes, 1) != 0 ||
-        snap_streams(srv, job) != 0 || snap_tables(srv, job) != 0) {
+        snap_streams(srv, job) != 0 || snap_tables(srv, job) != 0 || ps_rc != 0) {
         snap_walked(srv, job, TS_ENOMEM);
         return TS_ENOMEM;
     }
+    job->capture_ns += ps_ns;
     job->pass.emit = snap_emit;
     job->pass.done = snap_view_done;
     job->pass.per_item = 1; /* snap_emit takes a reference per item */
@@ -874,10 +899,16 @@ static void snap_prep(uv_work_t *req)
 
 static void snap_prepped(uv_work_t *req, int status)
 {
-    tsd_snap_job *job = req->data;
-    tsd_server *srv = job->srv;
     (void)status; /* never cancelled; a failed preparation left the arrays to the loop */
-    if (snap_take(srv, job, 0) != 0 && srv->snap_job == NULL && srv->final_pending) {
+    snap_ps_quiet(req->data);
+}
+
+/* Take the job now (its arrays prepared, or the parameter server's last running job ended). */
+static void snap_ps_quiet(void *arg)
+{
+    tsd_snap_job *job = arg;
+    tsd_server *srv = job->srv;
+    if (snap_take(srv, job, job->final) != 0 && srv->snap_job == NULL && srv->final_pending) {
         /* The shutdown waited for this snapshot, which failed to start: go on with the final. */
         srv->final_pending = 0;
         tsd_snapshot_final(srv);
@@ -1006,6 +1037,11 @@ void tsd_snapshot_tick(tsd_server *srv)
     (void)snap_start(srv, 0);
 }
 
+static void final_after_ps(void *arg)
+{
+    tsd_snapshot_final(arg);
+}
+
 void tsd_snapshot_final(tsd_server *srv)
 {
     if (srv->snap_job != NULL) {
@@ -1013,6 +1049,9 @@ void tsd_snapshot_final(tsd_server *srv)
         return;
     }
     if (srv->store_freed)
+        return;
+    /* Parameter server jobs still running end first; then this is called again. */
+    if (tsd_ps_quiesce(srv, final_after_ps, srv) != 0)
         return;
     if (!(srv->have_snapshot && srv->version == srv->saved_version)) {
         tsd_log(TSD_LOG_INFO, "writing the final snapshot to %s", srv->cfg.save_path);
@@ -1428,6 +1467,30 @@ static uint8_t *load_on_trecord(void *arg, size_t len)
     return tsd_item_data(it);
 }
 
+static int load_on_param(void *arg, const tsd_snapfile_param *p)
+{
+    loader *ld = arg;
+    return tsd_ps_restore_param(ld->srv, ld->path, p, ld->err, sizeof(ld->err));
+}
+
+static int load_on_emb(void *arg, const tsd_snapfile_emb *t)
+{
+    loader *ld = arg;
+    return tsd_ps_restore_emb(ld->srv, ld->path, t, ld->err, sizeof(ld->err));
+}
+
+static void *load_on_ps_array(void *arg, size_t len)
+{
+    loader *ld = arg;
+    void *m = tsd_ps_restore_array(ld->srv, len);
+    if (m == NULL)
+        snprintf(ld->err, sizeof(ld->err),
+                 "snapshot %s: out of memory loading the parameter "
+                 "server's state",
+                 ld->path);
+    return m;
+}
+
 static void loader_free(loader *ld)
 {
     for (size_t i = 0; i < ld->n_items; i++)
@@ -1475,6 +1538,9 @@ int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, cha
                               .group = load_on_group,
                               .table = load_on_table,
                               .trecord = load_on_trecord,
+                              .param = load_on_param,
+                              .emb = load_on_emb,
+                              .ps_array = load_on_ps_array,
                               .name_printable = tsd_name_printable};
     tsd_snapfile_head head;
     int rc = -1;
@@ -1516,6 +1582,14 @@ int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, cha
             ld.items[lb->first + i] = NULL;
         }
     }
+    /* The parameters go onto their bins, now in the store. */
+    size_t n_params, n_embs;
+    if (tsd_ps_restore_finish(srv, path, &n_params, &n_embs, err, err_cap) != 0)
+        goto unwind;
+    if (n_params > 0 || n_embs > 0)
+        tsd_log(TSD_LOG_INFO,
+                "snapshot %s: %zu parameters and %zu embedding tables restored (format %u)", path,
+                n_params, n_embs, head.format);
     *counter = head.counter;
     if (ld.n_streams > 0)
         tsd_log(TSD_LOG_INFO, "snapshot %s: %zu streams restored (format %u)", path, ld.n_streams,
@@ -1535,6 +1609,7 @@ unwind:
         tsd_tables_free(srv);
         (void)tsd_tables_init(srv);
     }
+    tsd_ps_free(srv);
     tsd_store_free(store);
     (void)tsd_store_init(store, store->max_memory);
 out:
