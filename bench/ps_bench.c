@@ -8,8 +8,13 @@
  *          the table is warmed first) against PEEK of a bin holding K x D floats
  *   ping   PING latency (p50, p99) on its own connection while a SUM parameter of M floats is
  *          pushed to back to back, and without the pushes
+ *   --snapshot R  instead of the three: the cost of a snapshot of an Adam table of R rows of D
+ *          floats (made by pushes) on a tensord started with --save: the loop time of its
+ *          capture (STATS snapshot_loop_us), the writer's time (snapshot_last_ms), how long SAVE
+ *          took, the longest PING and the longest one-row EMB_PUSH meanwhile (pushes wait while
+ *          the table is copied), three SAVEs with a push between them
  * usage: ps_bench [--tensord PATH] [--workers W] [--floats F] [--steps S] [--rows K]
- *                 [--table N] [--dim D] [--pings P] [--big M]
+ *                 [--table N] [--dim D] [--pings P] [--big M] [--snapshot R]
  * Nothing here is a test: the figures are only meaningful as ratios taken in the same run.
  */
 #include <pthread.h>
@@ -29,9 +34,9 @@
 static struct {
     const char *tensord;
     int workers, steps, pings;
-    long floats, rows, table, dim, big;
+    long floats, rows, table, dim, big, snap;
     char addr[300];
-} g = {TS_TENSORD_PATH, 8, 20, 2000, 1L << 20, 65536, 10000000, 64, 16L << 20, ""};
+} g = {TS_TENSORD_PATH, 8, 20, 2000, 1L << 20, 65536, 10000000, 64, 16L << 20, 0, ""};
 
 static void die(const char *what, int rc)
 {
@@ -162,6 +167,143 @@ static double ping_p99(ts_client_t *c, double *p50)
     return p99;
 }
 
+/* The longest PING and one-row EMB_PUSH (ms) while snap_busy, each on its own client. */
+static volatile int snap_busy;
+static double snap_ping_max, snap_push_max;
+
+static void *snap_pinger(void *arg)
+{
+    (void)arg;
+    ts_client_t *c = open_client();
+    while (snap_busy) {
+        double t0 = bench_now();
+        int rc = ts_ping(c);
+        if (rc != 0)
+            die("ping", rc);
+        double ms = (bench_now() - t0) * 1e3;
+        if (ms > snap_ping_max)
+            snap_ping_max = ms;
+        usleep(200);
+    }
+    ts_client_free(c);
+    return NULL;
+}
+
+static void *snap_pusher(void *arg)
+{
+    (void)arg;
+    ts_client_t *c = open_client();
+    float *gr = calloc((size_t)g.dim, sizeof(float));
+    int64_t id = 1;
+    while (snap_busy) {
+        double t0 = bench_now();
+        int rc = ts_emb_push(c, "snapemb", &id, 1, (uint32_t)g.dim, gr, 1.0, NULL);
+        if (rc != 0)
+            die("emb push", rc);
+        double ms = (bench_now() - t0) * 1e3;
+        if (ms > snap_push_max)
+            snap_push_max = ms;
+        usleep(1000);
+    }
+    free(gr);
+    ts_client_free(c);
+    return NULL;
+}
+
+static long long stat_of(ts_client_t *c, const char *key)
+{
+    ts_value_t *v = NULL;
+    int64_t x = -1;
+    int rc = ts_stats(c, &v);
+    if (rc != 0)
+        die("stats", rc);
+    (void)ts_map_get_int(v, key, &x);
+    ts_value_free(v);
+    return (long long)x;
+}
+
+/* --snapshot: a tensord with --save, an Adam table of g.snap rows, three timed SAVEs. */
+static int snapshot_run(void)
+{
+    char dir[] = "/tmp/ps_bench.XXXXXX";
+    if (mkdtemp(dir) == NULL)
+        return 1;
+    char sock[200], save[200], log[200];
+    snprintf(sock, sizeof(sock), "%s/t.sock", dir);
+    snprintf(save, sizeof(save), "%s/snap", dir);
+    snprintf(log, sizeof(log), "%s/tensord.log", dir);
+    char *argv[] = {(char *)g.tensord, "--port", "0",           "--unix", sock, "--save", save,
+                    "--save-interval", "0",      "--log-level", "warn",   NULL};
+    pid_t pid = bench_spawn(argv, 0, log);
+    if (pid < 0 || bench_wait_listening(0, sock, BENCH_START_S) != 0) {
+        fprintf(stderr, "ps_bench: tensord did not start; see %s\n", log);
+        bench_stop(pid);
+        return 1;
+    }
+    snprintf(g.addr, sizeof(g.addr), "unix:%s", sock);
+    bench_print_machine();
+    ts_client_t *c = open_client();
+    ts_emb_options_t e;
+    ts_emb_options_init(&e, (uint32_t)g.dim);
+    e.optimizer = TS_PS_ADAM;
+    int rc = ts_emb_create(c, "snapemb", &e);
+    if (rc != 0)
+        die("emb create", rc);
+    /* Every row made and given Adam state, a chunk of ids per push. */
+    const long chunk = 65536;
+    int64_t *ids = malloc((size_t)chunk * sizeof(int64_t));
+    float *gr = malloc((size_t)chunk * (size_t)g.dim * sizeof(float));
+    for (long i = 0; i < chunk * g.dim; i++)
+        gr[i] = 0.01f * (float)(i % 7);
+    double t0 = bench_now();
+    for (long first = 0; first < g.snap; first += chunk) {
+        long n = g.snap - first < chunk ? g.snap - first : chunk;
+        for (long i = 0; i < n; i++)
+            ids[i] = first + i;
+        rc = ts_emb_push(c, "snapemb", ids, (size_t)n, (uint32_t)g.dim, gr, 1.0, NULL);
+        if (rc != 0)
+            die("emb push", rc);
+    }
+    printf("snapshot: an Adam table of %ld rows x %ld floats (%.0f MiB of rows and slots) made "
+           "in %.1f s\n",
+           g.snap, g.dim, (double)g.snap * (double)g.dim * 12 / 1048576, bench_now() - t0);
+    for (int r = 0; r < 3; r++) {
+        int64_t one = 2;
+        if ((rc = ts_emb_push(c, "snapemb", &one, 1, (uint32_t)g.dim, gr, 1.0, NULL)) != 0)
+            die("emb push", rc);
+        snap_busy = 1;
+        snap_ping_max = snap_push_max = 0;
+        pthread_t tp, tq;
+        pthread_create(&tp, NULL, snap_pinger, NULL);
+        pthread_create(&tq, NULL, snap_pusher, NULL);
+        usleep(100000);
+        t0 = bench_now();
+        if ((rc = ts_save(c)) != 0)
+            die("save", rc);
+        double save_ms = (bench_now() - t0) * 1e3;
+        usleep(100000);
+        snap_busy = 0;
+        pthread_join(tp, NULL);
+        pthread_join(tq, NULL);
+        printf("snapshot %d: loop %lld us (snapshot_loop_us), writer %lld ms (snapshot_last_ms), "
+               "SAVE answered in %.0f ms; longest PING meanwhile %.1f ms, longest one-row "
+               "EMB_PUSH %.0f ms\n",
+               r + 1, stat_of(c, "snapshot_loop_us"), stat_of(c, "snapshot_last_ms"), save_ms,
+               snap_ping_max, snap_push_max);
+    }
+    free(ids);
+    free(gr);
+    ts_client_free(c);
+    bench_stop(pid);
+    unlink(save);
+    char p[320];
+    snprintf(p, sizeof(p), "%s.lock", save);
+    unlink(p);
+    unlink(log);
+    rmdir(dir);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -184,6 +326,8 @@ int main(int argc, char **argv)
             g.pings = (int)strtol(v, NULL, 10);
         else if (strcmp(f, "--big") == 0)
             g.big = strtol(v, NULL, 10);
+        else if (strcmp(f, "--snapshot") == 0)
+            g.snap = strtol(v, NULL, 10);
         else {
             fprintf(stderr, "ps_bench: unknown flag %s\n", f);
             return 2;
@@ -193,6 +337,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "ps_bench: 1 to 64 workers, 1 step and 100 pings at least\n");
         return 2;
     }
+    if (g.snap > 0)
+        return snapshot_run();
     char dir[] = "/tmp/ps_bench.XXXXXX";
     if (mkdtemp(dir) == NULL)
         return 1;
