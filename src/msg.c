@@ -61,6 +61,10 @@ static const ts__msg_op ops[] = {
     {TS_OP_TAKE, TS_MSG_TAKE_REQ, TS_MSG_ITEMS, 0, 1, 0},
     {TS_OP_MGET, TS_MSG_MGET_REQ, TS_MSG_MGET_REP, 0, 0, 0},
     {TS_OP_BARRIER, TS_MSG_BARRIER_REQ, TS_MSG_BARRIER_STATE, 0, 0, 0},
+    /* Services: CALL and REPLY are uploads with fixed fields; a CALL's answer is ITEMS. */
+    {TS_OP_SVC_REGISTER, TS_MSG_SVC_REGISTER_REQ, TS_MSG_SVC_STATE, 0, 0, 0},
+    {TS_OP_SVC_CALL, TS_MSG_PUT_REQ, TS_MSG_ITEMS, 1, 0, TS_MSG_SVC_CALL_FIXED},
+    {TS_OP_SVC_REPLY, TS_MSG_PUT_REQ, TS_MSG_EMPTY, 1, 0, TS_MSG_SVC_REPLY_FIXED},
     /* Parameter server: PS_PUSH, EMB_PULL and EMB_PUSH are uploads (a tensor record). */
     {TS_OP_PS_CREATE, TS_MSG_PS_CREATE_REQ, TS_MSG_BIN_STATE, 0, 1, 0},
     {TS_OP_PS_PUSH, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1, TS_MSG_PS_PUSH_FIXED},
@@ -77,6 +81,7 @@ static const ts__msg_op ops[] = {
     {TS_OP_TABLE_INFO, TS_MSG_NAME_REQ, TS_MSG_RECORD, 0, 0, 0},
     {TS_OP_SHARD_MAP, TS_MSG_EMPTY, TS_MSG_SHARD_MAP, 0, 0, 0},
     {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0, 0},
+    {TS_OP_SVC_REQUEST, TS_MSG_NONE, TS_MSG_SVC_REQUEST, 0, 0, 0},
 };
 
 const ts__msg_op *ts__msg_op_info(uint8_t op)
@@ -94,6 +99,8 @@ ts__msg_kind ts__msg_reply_kind(uint8_t op, uint16_t status)
         return TS_MSG_BIN_STATE;
     if (op == TS_OP_NOTIFY) /* notifications always carry status 0 (section 8.14) */
         return status == TS_ST_OK ? TS_MSG_NOTIFY : TS_MSG_NONE;
+    if (op == TS_OP_SVC_REQUEST) /* so do the calls pushed to a service's server (8.54) */
+        return status == TS_ST_OK ? TS_MSG_SVC_REQUEST : TS_MSG_NONE;
     if (status != TS_ST_OK) {
         /*
          * Error replies echo the request's opcode, even one the server does not know, and
@@ -139,7 +146,10 @@ uint64_t ts__msg_reply_limit(uint8_t op, uint16_t status, uint64_t large)
     case TS_MSG_TABLE_STATE:
         return TS_MSG_TABLE_STATE_SIZE;
     case TS_MSG_TABLE_SAMPLES:
+    case TS_MSG_SVC_REQUEST:
         return large;
+    case TS_MSG_SVC_STATE:
+        return TS_MSG_SVC_STATE_SIZE;
     case TS_MSG_ITEMS:
     case TS_MSG_REF_ITEMS:
     case TS_MSG_LIST_REP:
@@ -1106,6 +1116,15 @@ static int decode_kind(ts__msg_kind kind, const uint8_t *body, size_t len, ts__m
     case TS_MSG_WRONG_SHARD:
         rc = ts__msg_wrong_shard_decode(body, len, &d.u.wrong_shard);
         break;
+    case TS_MSG_SVC_REGISTER_REQ:
+        rc = ts__msg_svc_register_req_decode(body, len, &d.u.svc_register);
+        break;
+    case TS_MSG_SVC_STATE:
+        rc = ts__msg_svc_state_decode(body, len, &d.u.svc_state);
+        break;
+    case TS_MSG_SVC_REQUEST:
+        rc = ts__msg_svc_push_decode(body, len, &d.u.svc_push);
+        break;
     case TS_MSG_NONE:
     default:
         return TS_EUNKNOWNOP;
@@ -1406,6 +1425,25 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
         return ts__msg_shard_map_encode_again(&m->u.shard_map, out, cap, len);
     case TS_MSG_WRONG_SHARD:
         return ts__msg_wrong_shard_encode(out, cap, &m->u.wrong_shard, len);
+    case TS_MSG_SVC_REGISTER_REQ:
+        return ts__msg_svc_register_req_encode(out, cap, &m->u.svc_register, len);
+    case TS_MSG_SVC_STATE:
+        return ts__msg_svc_state_encode(out, cap, &m->u.svc_state, len);
+    case TS_MSG_SVC_REQUEST: {
+        const ts__msg_svc_push *q = &m->u.svc_push;
+        size_t head;
+        int rc = ts__msg_svc_push_head_encode(out, cap, q, &head);
+        if (rc != 0)
+            return rc;
+        size_t pad = ts__msg_items_pad(q->rec_len);
+        if (q->rec_len > cap - head || pad > cap - head - q->rec_len)
+            return TS_EMSGSIZE;
+        if (q->rec_len > 0)
+            memcpy(out + head, q->record, (size_t)q->rec_len);
+        memset(out + head + q->rec_len, 0, pad);
+        *len = head + (size_t)q->rec_len + pad;
+        return 0;
+    }
     case TS_MSG_NONE:
     default:
         return TS_EINVAL;

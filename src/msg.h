@@ -113,8 +113,12 @@ typedef enum ts__msg_kind {
     TS_MSG_TABLE_STATE,      /* TABLE STATE, 40 bytes */
     TS_MSG_TABLE_SAMPLES,    /* SAMPLES (TABLE_SAMPLE) */
     /* Sharding (msg_shard.c). */
-    TS_MSG_SHARD_MAP,  /* the SHARD_MAP reply */
-    TS_MSG_WRONG_SHARD /* the body of status WRONG_SHARD (slot, owner, address, message) */
+    TS_MSG_SHARD_MAP,   /* the SHARD_MAP reply */
+    TS_MSG_WRONG_SHARD, /* the body of status WRONG_SHARD (slot, owner, address, message) */
+    /* Services (msg_svc.c). SVC_CALL and SVC_REPLY are uploads; a CALL's answer is ITEMS. */
+    TS_MSG_SVC_REGISTER_REQ, /* name, u32 concurrency, u32 flags */
+    TS_MSG_SVC_STATE,        /* SERVICE STATE, 16 bytes */
+    TS_MSG_SVC_REQUEST       /* the SVC_REQUEST push: head, then the request's record */
 } ts__msg_kind;
 
 /* What one opcode carries (section 8's table). */
@@ -875,6 +879,9 @@ void ts__msg_stream_entry_get(const ts__msg_stream_entries *m, uint32_t i, ts__m
 /* Sharding: SHARD_MAP's reply and WRONG_SHARD's body are declared in msg_shard.h. */
 #include "msg_shard.h"
 
+/* Services: their bodies are declared in msg_svc.h (opcodes 0x25 to 0x27, the push 0x81). */
+#include "msg_svc.h"
+
 /* ---------------------------------------------------------------------------------------------
  * Decoding by opcode: the table above picks the decoder
  */
@@ -919,6 +926,9 @@ typedef struct ts__msg {
         ts__msg_ps_pull_req ps_pull;
         ts__msg_shard_map shard_map;
         ts__msg_wrong_shard wrong_shard;
+        ts__msg_svc_register_req svc_register;
+        ts__msg_svc_state svc_state;
+        ts__msg_svc_push svc_push;
     } u;
 } ts__msg;
 

@@ -62,6 +62,7 @@ static const struct {
     [TS_ST_BACKPRESSURE] = {"BACKPRESSURE", TS_EAGAIN},
     [TS_ST_VERSION_MISMATCH] = {"VERSION_MISMATCH", TS_ECONFLICT},
     [TS_ST_STALE_GRADIENT] = {"STALE_GRADIENT", TS_ESTALE},
+    [TS_ST_SERVICE_GONE] = {"SERVICE_GONE", TS_ESERVICE},
 };
 
 int ts__status_to_err(uint16_t status)
@@ -115,6 +116,8 @@ uint16_t ts__err_to_status(int err)
         return TS_ST_VERSION_MISMATCH;
     case TS_ESTALE:
         return TS_ST_STALE_GRADIENT;
+    case TS_ESERVICE:
+        return TS_ST_SERVICE_GONE;
     default:
         return TS_ST_INTERNAL;
     }
@@ -232,6 +235,14 @@ const char *ts__op_name(uint8_t op)
         return "EMB_PUSH";
     case TS_OP_NOTIFY:
         return "NOTIFY";
+    case TS_OP_SVC_REGISTER:
+        return "SVC_REGISTER";
+    case TS_OP_SVC_CALL:
+        return "SVC_CALL";
+    case TS_OP_SVC_REPLY:
+        return "SVC_REPLY";
+    case TS_OP_SVC_REQUEST:
+        return "SVC_REQUEST";
     default:
         return "UNKNOWN";
     }

@@ -69,6 +69,10 @@ enum {
     TS_OP_TAKE = 0x22,    /* a blocking GET that hands each item to one waiter, in arrival order */
     TS_OP_MGET = 0x23,    /* PEEK several bins in one round trip */
     TS_OP_BARRIER = 0x24, /* wait until a number of parties arrive; reusable */
+    /* Services (requests forwarded to a registered process, answers routed back), 0.6.0. */
+    TS_OP_SVC_REGISTER = 0x25, /* serve a named service on this connection (or stop) */
+    TS_OP_SVC_CALL = 0x26,     /* call a service (an upload: the request record) */
+    TS_OP_SVC_REPLY = 0x27,    /* a server's answer to a call it was handed (an upload) */
     /* Replay tables (a bin kind: prioritized experience replay with a rate limiter), 0.4.0. */
     TS_OP_TABLE_CREATE = 0x28, /* create a replay table */
     TS_OP_TABLE_INSERT = 0x29, /* insert a record with a priority (an upload with fixed fields) */
@@ -85,7 +89,8 @@ enum {
     TS_OP_EMB_CREATE = 0x3B, /* create an embedding table (rows by int64 id, created lazily) */
     TS_OP_EMB_PULL = 0x3C,   /* rows by ids (an upload: the ids tensor) */
     TS_OP_EMB_PUSH = 0x3D,   /* row gradients by ids (an upload with fixed fields) */
-    TS_OP_NOTIFY = 0x80      /* server to client only */
+    TS_OP_NOTIFY = 0x80,     /* server to client only */
+    TS_OP_SVC_REQUEST = 0x81 /* server to client only: a call handed to a service's server */
 };
 
 /* Wire status codes (u16, append-only); the client maps them to TS_E* codes. */
@@ -117,7 +122,9 @@ enum {
     /* A PS_PUSH whose gradient lags the parameter by more than its tolerance (TS_ESTALE; the
      * body is a BIN_STATE with the parameter's current version). */
     TS_ST_STALE_GRADIENT = 21,
-    /* 22 is reserved for the parameter server. */
+    /* A call whose service server disconnected (or stopped serving) while it held or awaited the
+     * call (TS_ESERVICE). */
+    TS_ST_SERVICE_GONE = 22,
     TS_ST_COUNT_
 };
 

@@ -86,7 +86,9 @@ extern "C" {
     XX(ESAVEFAIL, -4016, "write refused: the server cannot save snapshots")                        \
     XX(ECONFLICT, -4017, "version mismatch: the bin changed")                                      \
     /* Added in 0.5.0: a gradient that lags its parameter by more than the tolerance. */           \
-    XX(ESTALE, -116, "gradient too stale for the parameter")
+    XX(ESTALE, -116, "gradient too stale for the parameter")                                       \
+    /* Added in 0.6.0: the server of a service left while it held the call. */                     \
+    XX(ESERVICE, -4018, "service server gone")
 
 /* The codes of TS_ERRNO_MAP as an enum (TS_ENOMEM, ...). Added in 0.1.0. */
 typedef enum ts_errno_e {
