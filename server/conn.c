@@ -14,6 +14,7 @@
 #include "server.h"
 #include "coord.h"
 #include "ps.h"
+#include "service.h"
 #include "stream.h"
 #include "table.h"
 
@@ -626,6 +627,9 @@ static void item_store(tsd_conn *c, tsd_item *it)
     if (c->cur.opcode == TS_OP_TABLE_INSERT) {
         tsd_table_insert(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, c->cur_fixed_len,
                          it); /* table.c */
+    } else if (c->cur.opcode == TS_OP_SVC_CALL || c->cur.opcode == TS_OP_SVC_REPLY) {
+        /* Services have names of their own, apart from bins. */
+        tsd_svc_upload(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, it); /* service.c */
     } else if (c->cur.opcode != TS_OP_PUT && c->cur.opcode != TS_OP_APPEND &&
                tsd_table_refuse_name(c, c->cur.opcode, c->cur.request_id, c->cur_name,
                                      c->cur_name_len)) {
@@ -653,6 +657,26 @@ static void item_store(tsd_conn *c, tsd_item *it)
     upload_timed(c);
 }
 
+/*
+ * 1 when the upload's rest is a message rather than a record: an SVC_REPLY with a status other
+ * than OK (msg_svc.h). Such a message is 1 to TS_MAX_ERRMSG bytes and is not validated.
+ */
+static int carries_message(uint8_t op, const uint8_t *fixed)
+{
+    return op == TS_OP_SVC_REPLY && ts__msg_svc_reply_is_error(fixed);
+}
+
+/* A message-carrying upload (carries_message) of a length out of bounds: BAD_REQUEST. */
+static int message_len_bad(tsd_conn *c, uint8_t op, uint32_t rid, uint64_t len)
+{
+    if (len >= 1 && len <= TS_MAX_ERRMSG)
+        return 0;
+    tsd_conn_fail(c, op, rid, TS_ST_BAD_REQUEST,
+                  "%s with an error status carries a message of 1 to %d bytes, not %llu",
+                  ts__op_name(op), TS_MAX_ERRMSG, (unsigned long long)len);
+    return 1;
+}
+
 static void fail_bad_record(tsd_conn *c, size_t len)
 {
     tsd_conn_fail(c, c->cur.opcode, c->cur.request_id, TS_ST_BAD_RECORD,
@@ -670,7 +694,7 @@ static void fail_short_record(tsd_conn *c, uint8_t op, uint32_t rid, uint64_t rl
 }
 
 /* Results of off-loop work (job.rc). */
-enum { JOB_OK = 0, JOB_BAD_LZ4, JOB_SHORT, JOB_SHORT_RECORD, JOB_BAD_RECORD };
+enum { JOB_OK = 0, JOB_BAD_LZ4, JOB_SHORT, JOB_SHORT_RECORD, JOB_BAD_RECORD, JOB_LONG_MESSAGE };
 
 /*
  * Thread pool: inflate the compressed body (when there is one), move the record to the start
@@ -692,6 +716,12 @@ static void job_work(uv_work_t *req)
         if (ts__msg_upload_decode(data, raw, ts__msg_op_info(c->cur.opcode)->upload_fixed, &m) !=
             0) {
             c->job.rc = JOB_SHORT;
+            return;
+        }
+        if (carries_message(c->cur.opcode, m.fixed)) {
+            /* Off the loop only when inflating to TSD_OFFLOOP_MIN bytes: far past a message. */
+            c->job.rc = JOB_LONG_MESSAGE;
+            c->job.raw = (size_t)m.rec_len;
             return;
         }
         if (m.rec_len < TS_REC_HDR_SIZE) {
@@ -768,6 +798,10 @@ static void job_done(uv_work_t *req, int status)
     case JOB_SHORT_RECORD:
         tsd_item_unref(it);
         fail_short_record(c, op, rid, c->job.raw);
+        break;
+    case JOB_LONG_MESSAGE:
+        tsd_item_unref(it);
+        (void)message_len_bad(c, op, rid, c->job.raw);
         break;
     default:
         fail_bad_record(c, tsd_item_len(it));
@@ -878,6 +912,10 @@ static void item_done(tsd_conn *c)
     c->cur_item = NULL;
     c->rstate = TSD_RS_HDR;
     size_t len = tsd_item_len(it);
+    if (carries_message(c->cur.opcode, c->cur_fixed)) {
+        item_store(c, it); /* a message, checked for its length when its head came */
+        return;
+    }
     if (len >= TSD_OFFLOOP_MIN && job_start(c, it, NULL, 0, len) == 0)
         return;
     if (ts__record_validate(tsd_item_data(it), len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0) {
@@ -949,7 +987,12 @@ static void lz4_done(tsd_conn *c)
                       ts__op_name(op));
         return;
     }
-    if (m.rec_len < TS_REC_HDR_SIZE) {
+    if (carries_message(op, m.fixed)) {
+        if (message_len_bad(c, op, rid, m.rec_len)) {
+            tsd_item_unref(it);
+            return;
+        }
+    } else if (m.rec_len < TS_REC_HDR_SIZE) {
         tsd_item_unref(it);
         fail_short_record(c, op, rid, m.rec_len);
         return;
@@ -1275,7 +1318,10 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
             return 0;
         }
     }
-    if (rlen < TS_REC_HDR_SIZE) {
+    if (carries_message(h->opcode, m.fixed)) {
+        if (message_len_bad(c, h->opcode, h->request_id, rlen))
+            return 0;
+    } else if (rlen < TS_REC_HDR_SIZE) {
         fail_short_record(c, h->opcode, h->request_id, rlen);
         return 0;
     }

@@ -28,6 +28,7 @@
 #include "coord.h"
 #include "ps.h"
 #include "server.h"
+#include "service.h"
 #include "stream.h"
 #include "table.h"
 
@@ -633,6 +634,7 @@ void tsd_notify_conn_gone(tsd_server *srv, tsd_conn *c)
     tsd_stream_conn_gone(srv, c); /* its stream waits (stream.c) */
     tsd_table_conn_gone(srv, c);  /* its replay table waits (table.c) */
     tsd_ps_conn_gone(srv, c);     /* its parameter server requests (ps.c) */
+    tsd_svc_conn_gone(srv, c);    /* its services and calls (service.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;
@@ -649,6 +651,7 @@ size_t tsd_notify_conn_stop(tsd_server *srv, tsd_conn *c)
     size_t n = tsd_stream_conn_stop(srv, c); /* its stream waits (stream.c) */
     n += tsd_table_conn_stop(srv, c);        /* its replay table waits (table.c) */
     n += tsd_ps_conn_stop(srv, c);           /* its parameter server requests (ps.c) */
+    n += tsd_svc_conn_stop(srv, c);          /* its calls to services (service.c) */
     while (c->subs != NULL)
         sub_drop(srv, c->subs);
     int had = c->waiters != NULL;

@@ -18,6 +18,7 @@
 #include "coord.h"
 #include "ps.h"
 #include "server.h"
+#include "service.h"
 #include "stream.h"
 #include "table.h"
 
@@ -1128,6 +1129,9 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
     case TS_OP_PS_PULL:
     case TS_OP_EMB_CREATE:
         tsd_ps_dispatch(c, h, &m); /* ps.c */
+        return;
+    case TS_OP_SVC_REGISTER:
+        tsd_svc_dispatch(c, h, &m); /* service.c */
         return;
     default:
         tsd_conn_fail(c, h->opcode, h->request_id, TS_ST_UNKNOWN_OPCODE, "unknown opcode 0x%02x",

@@ -279,8 +279,9 @@ static void out_abort(tsd_conn *c)
             batch_drop_fds(b, c->mk.nfds);
         }
     }
-    if (!c->mk.active || c->mk.op == TS_OP_NOTIFY || c->mk.op == 0)
-        return; /* A notification is held by its caller; connection-level frames just go. */
+    if (!c->mk.active || c->mk.op == TS_OP_NOTIFY || c->mk.op == TS_OP_SVC_REQUEST || c->mk.op == 0)
+        return; /* A notification or a pushed call is its caller's to retry; connection-level
+                 * frames just go. */
     int rc;
     if (c->mk.body != NULL && (c->mk.body_len <= TSD_EMERG_MSG || c->mk.body_status != 0)) {
         /* The reply itself (an error message may be cut short). */

@@ -11,6 +11,7 @@
 #include "coord.h"
 #include "http.h"
 #include "ps.h"
+#include "service.h"
 #include "stream.h"
 #include "table.h"
 
@@ -751,6 +752,7 @@ void tsd_server_free_store(tsd_server *srv)
     tsd_streams_free(srv);
     tsd_coord_free(srv);
     tsd_ps_free(srv);
+    tsd_svc_free(srv);
     tsd_tables_free(srv);
     tsd_store_free(&srv->store);
 }

@@ -11,6 +11,7 @@
  *   stream.c  streams: logs with server-kept cursors, retention, back-pressure (stream.h)
  *   table.c   replay tables: samplers, removers, a rate limiter that waits (table.h)
  *   ps.c      the parameter server: optimizer steps off the loop, embedding tables (ps.h)
+ *   service.c services: calls forwarded to registered connections, answers routed back
  *   store.c   bins, items, the name hash table, memory accounting, point-in-time passes
  *   view.c    views: passes over the store walked a chunk of bins per loop turn (LIST, SAVE)
  *   slab.c    size classes for the buffers of small records
@@ -940,6 +941,11 @@ typedef struct tsd_conn {
     uint32_t n_watch;               /* subscriptions + waiters, capped by cfg.max_watch */
     struct tsd_swait *swaits;       /* pending stream waits (stream.c; counted in n_watch) */
     struct tsd_twait *twaits;       /* pending replay table waits (table.c; in n_watch) */
+    /* Services (service.c): its registrations, the calls it was handed and has not answered,
+     * and the calls it made that wait for an answer (counted in n_watch). */
+    struct tsd_svc_reg *svc_regs;
+    struct tsd_svc_call *svc_handed;
+    struct tsd_svc_call *svc_calls;
     /* Latency (tsd_stats.timing): ts__now_ns of the last read, and of an upload's header. */
     uint64_t t_in;
     uint64_t up_t0;
@@ -1470,6 +1476,8 @@ struct tsd_server {
     struct tsd_http *http;
     /* The parameter server (ps.c): parameters, embedding tables, waits; on first use, or NULL. */
     struct tsd_ps *ps;
+    /* Services (service.c, service.h): names, registrations, calls; on first use, or NULL. */
+    struct tsd_services *services;
 };
 
 /*
