@@ -554,6 +554,7 @@ void ts__io_shutdown(ts_client_t *c)
     for (ts__sub *s = subs; s != NULL; s = s->next)
         s->linked = 0;
     pthread_mutex_unlock(&c->mu);
+    ts__svc_close(c); /* its registrations (service.c) */
 
     while (list != NULL) {
         ts__req *r = list;

@@ -252,6 +252,7 @@ static void go_ready(ts_client_t *c)
         pthread_mutex_unlock(&c->mu);
     }
     resubscribe(c);
+    ts__svc_reregister(c); /* service.c */
     /* Requests that waited for the connection go out in the order they were made. */
     while (c->state == TS__ST_READY && c->waitq_head != NULL) {
         ts__req *r = c->waitq_head;

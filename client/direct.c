@@ -322,7 +322,7 @@ void ts__quiet_cb(uv_prepare_t *p)
         return;
     pthread_mutex_lock(&c->mu);
     int idle = c->d_ready && c->rd_owner == TS__RD_IO && !c->rd_want && c->subs == NULL &&
-               c->inbox_head == NULL && c->handoff == NULL && c->direct.n == 0;
+               c->svcs == NULL && c->inbox_head == NULL && c->handoff == NULL && c->direct.n == 0;
     if (idle)
         c->rd_owner = TS__RD_FREE;
     pthread_mutex_unlock(&c->mu);
@@ -436,7 +436,7 @@ static size_t read_some(int fd, uint8_t *buf, size_t min, size_t max, uint64_t d
 static void release_reading_locked(ts_client_t *c)
 {
     if (c->rd_want || c->rd_broken || c->pb_len > 0 || c->direct.n > 0 || c->subs != NULL ||
-        c->inbox_head != NULL || c->handoff != NULL) {
+        c->svcs != NULL || c->inbox_head != NULL || c->handoff != NULL) {
         c->rd_owner = TS__RD_IO;
         c->rd_want = 0;
         if (!c->closing)

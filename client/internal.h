@@ -202,6 +202,7 @@ typedef struct ts__req {
         ts__msg_stream_join_state join;
         ts__msg_stream_ack_state ack;
         ts__msg_table_state table; /* TABLE STATE (replay.c) */
+        ts__msg_svc_state svc;     /* SERVICE STATE (service.c) */
     } stream;
 
     /* Completion. */
@@ -377,11 +378,12 @@ struct ts_client_s {
 
     /* Shared with application threads. */
     pthread_mutex_t mu;
-    ts__req *inbox_head; /* under mu */
-    ts__req *inbox_tail; /* under mu */
-    ts__sub *subs;       /* under mu */
-    int closing;         /* under mu: ts_client_free was called */
-    int waiters;         /* under mu: blocking callers between submitting and returning */
+    ts__req *inbox_head;       /* under mu */
+    ts__req *inbox_tail;       /* under mu */
+    ts__sub *subs;             /* under mu */
+    struct ts_service_s *svcs; /* under mu: the services this client serves (service.c) */
+    int closing;               /* under mu: ts_client_free was called */
+    int waiters;               /* under mu: blocking callers between submitting and returning */
     pthread_cond_t open_cond;
     int open_done;      /* under mu */
     int open_status;    /* under mu */
@@ -794,5 +796,15 @@ int ts__reply_bin_state(ts__req *r, const uint8_t *body, size_t len);
 int ts__reply_wrong_shard(ts__req *r, const uint8_t *body, size_t len);
 /* Free an aligned receive body. */
 void ts__body_free(uint8_t *body, size_t len);
+
+/*
+ * service.c, for recv.c, conn.c and client.c (I/O thread): hand an SVC_REQUEST push to its
+ * registration's callback (body owned as dispatch's; 0, or TS_EPROTO for a malformed body), send
+ * SVC_REGISTER again for every registration on a fresh connection, and drop the registrations
+ * when the client closes.
+ */
+int ts__svc_push(ts_client_t *c, uint8_t *body, size_t len, int owned);
+void ts__svc_reregister(ts_client_t *c);
+void ts__svc_close(ts_client_t *c);
 
 #endif /* TS_CLIENT_INTERNAL_H */

@@ -60,7 +60,8 @@ static ts__req *reply_owner(ts_client_t *c, uint32_t id)
 int ts__reply_hdr_check(const ts_client_t *c, const ts__hdr *h, int lz4)
 {
     if (h->opcode == 0 ? h->status == TS_ST_OK || h->request_id != 0
-                       : h->opcode == TS_OP_NOTIFY && (h->status != 0 || h->request_id != 0))
+                       : (h->opcode == TS_OP_NOTIFY || h->opcode == TS_OP_SVC_REQUEST) &&
+                             (h->status != 0 || h->request_id != 0))
         return TS_EPROTO; /* a connection-level error frame, or a notification, out of shape */
     uint64_t max = ts__msg_reply_limit(h->opcode, h->status, c->opts.max_reply_bytes);
     if (h->flags & TS_FLAG_LZ4) {
@@ -236,6 +237,8 @@ static int dispatch(ts_client_t *c, ts__conn *conn, const ts__hdr *h, uint8_t *b
         body_release(body, len, owned);
         return rc;
     }
+    if (h->opcode == TS_OP_SVC_REQUEST)
+        return ts__svc_push(c, body, len, owned); /* service.c; takes the body over */
     if (h->opcode == 0) {
         server_closing(c, conn, h, body, len);
         body_release(body, len, owned);
@@ -296,7 +299,8 @@ void ts__process_stage(ts_client_t *c, ts__conn *conn)
                 ts__conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
             continue;
         }
-        if (h.opcode != TS_OP_NOTIFY && h.opcode != 0 && !reply_awaited(c, h.request_id)) {
+        if (h.opcode != TS_OP_NOTIFY && h.opcode != TS_OP_SVC_REQUEST && h.opcode != 0 &&
+            !reply_awaited(c, h.request_id)) {
             /* The late answer to a request that timed out: skip it, buffering nothing. */
             conn->discard = h.body_len;
             continue;
@@ -304,7 +308,9 @@ void ts__process_stage(ts_client_t *c, ts__conn *conn)
         uint8_t *body = ts__malloc_aligned((size_t)h.body_len);
         if (body == NULL) {
             /* No memory for this body: fail its request and skip the bytes. */
-            ts__req *r = h.opcode != TS_OP_NOTIFY ? reply_owner(c, h.request_id) : NULL;
+            ts__req *r = h.opcode != TS_OP_NOTIFY && h.opcode != TS_OP_SVC_REQUEST
+                             ? reply_owner(c, h.request_id)
+                             : NULL;
             if (r != NULL)
                 ts__req_complete(c, r, TS_ENOMEM);
             conn->discard = h.body_len;

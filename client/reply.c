@@ -423,6 +423,8 @@ int ts__reply_parse_view(ts__req *r, const uint8_t *body, size_t len)
         return ts__msg_stream_ack_state_decode(body, len, &r->stream.ack) != 0 ? TS_EPROTO : 0;
     case TS_MSG_TABLE_STATE:
         return ts__msg_table_state_decode(body, len, &r->stream.table) != 0 ? TS_EPROTO : 0;
+    case TS_MSG_SVC_STATE: /* SVC_REGISTER (service.c) */
+        return ts__msg_svc_state_decode(body, len, &r->stream.svc) != 0 ? TS_EPROTO : 0;
     case TS_MSG_SHARD_MAP: {
         /* The daemon's map (cluster.c adopts it); a daemon that is not sharded has none. */
         ts__msg_shard_map m;

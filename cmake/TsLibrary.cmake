@@ -52,6 +52,7 @@ install(FILES
   ${PROJECT_SOURCE_DIR}/include/tensorshare/coord.h
   ${PROJECT_SOURCE_DIR}/include/tensorshare/ps.h
   ${PROJECT_SOURCE_DIR}/include/tensorshare/replay.h
+  ${PROJECT_SOURCE_DIR}/include/tensorshare/service.h
   ${PROJECT_SOURCE_DIR}/include/tensorshare/stream.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/tensorshare)
 

@@ -1,0 +1,509 @@
+/*
+ * Services on the client (include/tensorshare/service.h). Calling is an upload like PUT (the
+ * service's name and the fixed fields in the request's head, the record sent from the caller's
+ * memory or a copy); its answer is an ITEMS body that reply.c parses like a GET's. Serving is a
+ * registration kept in c->svcs (under mu), registered again after every reconnection; each
+ * SVC_REQUEST push (recv.c) is decoded in place and handed to the registration's callback on
+ * the I/O thread, and an answer is an SVC_REPLY upload whose reply is ignored.
+ *
+ * Threads: ts_call, ts_service_register and ts_service_unregister block (any thread, never a
+ * client callback); ts_call_async, ts_call_reply and ts_call_fail do not (any thread).
+ */
+#include "tensorshare/service.h"
+
+#include "internal.h"
+
+#include "msg.h"
+
+/* A registration (ts_service_register). */
+struct ts_service_s {
+    ts_service_t *next; /* in c->svcs, under mu */
+    atomic_int refs;    /* the list's (while linked) and one per unanswered call */
+    ts_client_t *c;     /* the (shard) client it is registered on */
+    char *name;
+    size_t name_len;
+    uint32_t concurrency;
+    ts_service_cb cb;
+    void *arg;
+    int linked; /* in c->svcs (under mu) */
+    int in_cb;  /* callbacks running now (under mu) */
+    pthread_cond_t cb_done;
+};
+
+/* A call handed to this client. */
+struct ts_call_s {
+    ts_service_t *svc; /* a reference */
+    uint64_t id;
+    uint32_t timeout_ms;
+};
+
+static void svc_unref(ts_service_t *s)
+{
+    if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    pthread_cond_destroy(&s->cb_done);
+    ts__free(s->name);
+    ts__free(s);
+}
+
+/* Check a service name: 1 to 255 bytes. 0 and *len, or the error. */
+static int check_name(const char *s, size_t *len)
+{
+    if (s == NULL || s[0] == '\0')
+        return ts__fail(TS_EINVAL, "no service name");
+    size_t n = strlen(s);
+    if (n > TS_MAX_NAME_LEN)
+        return ts__fail(TS_ENAMETOOLONG, "service name of %zu bytes (at most %d)", n,
+                        TS_MAX_NAME_LEN);
+    *len = n;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Calling
+ */
+
+/* The wire timeout of timeout_ms (positive, or TS_TIMEOUT_DEFAULT). 0 and *wire, or TS_EINVAL. */
+static int call_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire)
+{
+    if (timeout_ms == TS_TIMEOUT_DEFAULT) {
+        *wire = (uint32_t)c->opts.request_timeout_ms;
+        return 0;
+    }
+    if (timeout_ms <= 0)
+        return ts__fail(TS_EINVAL,
+                        "timeout_ms %d: a call needs positive milliseconds or TS_TIMEOUT_DEFAULT",
+                        timeout_ms);
+    *wire = (uint32_t)timeout_ms;
+    return 0;
+}
+
+/* The SVC_CALL request (kind, record attached per copy_flags), or NULL and *rc. */
+static ts__req *call_req(ts_client_t *c, int kind, const char *service, const ts_value_t *request,
+                         int timeout_ms, unsigned flags, unsigned copy_flags, int *rc)
+{
+    size_t nl;
+    uint32_t wire = 0;
+    if ((*rc = check_name(service, &nl)) != 0 || (*rc = call_timeout(c, timeout_ms, &wire)) != 0)
+        return NULL;
+    if (request == NULL || (flags & ~(unsigned)TS_CALL_WAIT) != 0) {
+        *rc = ts__fail(TS_EINVAL, "a call needs a request and known flags (got 0x%x)", flags);
+        return NULL;
+    }
+    ts__req *r = ts__api_req_new(c, kind, TS_OP_SVC_CALL, service, rc);
+    if (r == NULL)
+        return NULL;
+    ts__msg_svc_call_fixed f = {.timeout_ms = wire, .flags = flags};
+    ts__msg_svc_call_fixed_encode(ts__req_upload_fixed(r), &f);
+    *rc = ts__api_attach_record(c, r, request, copy_flags);
+    if (*rc != 0) {
+        ts__req_free(r);
+        *rc = ts__fail(*rc, "the request cannot be encoded: %s", ts_strerror(*rc));
+        return NULL;
+    }
+    /* tensord answers by the call's timeout; the request timeout is the margin past it. */
+    r->deadline_ns =
+        ts__now_ns() + ((uint64_t)wire + (uint64_t)c->opts.request_timeout_ms) * 1000000u;
+    return r;
+}
+
+int ts_call(ts_client_t *c, const char *service, const ts_value_t *request, int timeout_ms,
+            unsigned flags, ts_value_t **answer)
+{
+    c = ts__route(c, service);
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if (answer == NULL)
+        return ts__fail(TS_EINVAL, "no place for the answer");
+    ts__req *r = call_req(c, TS__K_BLOCK, service, request, timeout_ms, flags, TS_BORROW, &rc);
+    if (r == NULL)
+        return rc;
+    ts__req *done;
+    if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
+        return rc;
+    ts_items_t *items = done->res.items;
+    if (items == NULL || items->count != 1) {
+        ts__req_free(done);
+        return ts__fail(TS_EPROTO, "the answer to a call holds no record");
+    }
+    *answer = items->items[0];
+    items->items[0] = NULL;
+    items->count = 0;
+    ts__req_free(done);
+    return 0;
+}
+
+int ts_call_async(ts_client_t *c, const char *service, const ts_value_t *request, int timeout_ms,
+                  unsigned flags, unsigned copy_flags, ts_result_cb cb, void *arg)
+{
+    c = ts__route(c, service);
+    int rc = ts__api_check_call(c, 0);
+    if (rc != 0)
+        return rc;
+    if (copy_flags != TS_BORROW && copy_flags != TS_COPY)
+        return ts__fail(TS_EINVAL, "copy_flags must be TS_BORROW or TS_COPY");
+    ts__req *r = call_req(c, TS__K_ASYNC, service, request, timeout_ms, flags, copy_flags, &rc);
+    if (r == NULL)
+        return rc;
+    return ts__api_run_async(c, r, cb, arg);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Serving
+ */
+
+void ts_service_options_init(ts_service_options_t *opts)
+{
+    if (opts != NULL)
+        opts->concurrency = TS_SERVICE_DEFAULT_CONCURRENCY;
+}
+
+/* Encode an SVC_REGISTER body into r's small buffer. */
+static void register_body(ts__req *r, const char *name, size_t nl, uint32_t concurrency)
+{
+    ts__msg_svc_register_req m = {
+        .name = (const uint8_t *)name, .name_len = nl, .concurrency = concurrency, .flags = 0};
+    size_t len;
+    /* The name was checked and the small buffer holds a name and 32 bytes of fields. */
+    (void)ts__msg_svc_register_req_encode(r->small + TS_HDR_SIZE, sizeof(r->small) - TS_HDR_SIZE,
+                                          &m, &len);
+    r->small_len = len;
+    r->body_len = len;
+}
+
+/* Unlink s from its client's list (mu held); the list's reference becomes the caller's. */
+static int unlink_locked(ts_service_t *s)
+{
+    if (!s->linked)
+        return 0;
+    for (ts_service_t **p = &s->c->svcs; *p != NULL; p = &(*p)->next) {
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    }
+    s->next = NULL;
+    s->linked = 0;
+    return 1;
+}
+
+int ts_service_register(ts_service_t **out, ts_client_t *c, const char *service,
+                        const ts_service_options_t *opts, ts_service_cb cb, void *arg)
+{
+    c = ts__route(c, service);
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    size_t nl;
+    if ((rc = check_name(service, &nl)) != 0)
+        return rc;
+    ts_service_options_t o;
+    ts_service_options_init(&o);
+    if (opts != NULL)
+        o = *opts;
+    if (out == NULL || cb == NULL || o.concurrency < 1 ||
+        o.concurrency > TS_SERVICE_MAX_CONCURRENCY)
+        return ts__fail(TS_EINVAL,
+                        "a registration needs out, a callback and a concurrency of 1 "
+                        "to %d",
+                        TS_SERVICE_MAX_CONCURRENCY);
+    ts_service_t *s = ts__calloc(1, sizeof(*s));
+    if (s == NULL || (s->name = ts__strndup(service, nl)) == NULL) {
+        ts__free(s);
+        return ts__fail(TS_ENOMEM, NULL);
+    }
+    s->c = c;
+    s->name_len = nl;
+    s->concurrency = (uint32_t)o.concurrency;
+    s->cb = cb;
+    s->arg = arg;
+    atomic_init(&s->refs, 1);
+    pthread_cond_init(&s->cb_done, &c->condattr);
+    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, &rc);
+    if (r == NULL) {
+        svc_unref(s);
+        return rc;
+    }
+    r->op = TS_OP_SVC_REGISTER;
+    register_body(r, service, nl, s->concurrency);
+    /* Linked first: calls may be handed over as soon as tensord has the registration. */
+    pthread_mutex_lock(&c->mu);
+    ts_service_t *other = c->svcs;
+    while (other != NULL && strcmp(other->name, service) != 0)
+        other = other->next;
+    if (other != NULL) {
+        pthread_mutex_unlock(&c->mu);
+        ts__req_free(r);
+        svc_unref(s);
+        return ts__fail(TS_EINVAL, "this client already serves '%s'", service);
+    }
+    s->linked = 1;
+    s->next = c->svcs;
+    c->svcs = s;
+    pthread_mutex_unlock(&c->mu);
+    ts__req *done;
+    rc = ts__api_run_blocking(c, r, &done);
+    if (done != NULL)
+        ts__req_free(done);
+    if (rc != 0) {
+        pthread_mutex_lock(&c->mu);
+        int had = unlink_locked(s);
+        pthread_mutex_unlock(&c->mu);
+        if (had)
+            svc_unref(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void ts_service_unregister(ts_service_t *s)
+{
+    if (s == NULL)
+        return;
+    ts_client_t *c = s->c;
+    pthread_mutex_lock(&c->mu);
+    int had = unlink_locked(s);
+    /* No callback runs once this returns (one may be running on the I/O thread now). */
+    while (s->in_cb > 0 && !ts__on_io_thread(c))
+        pthread_cond_wait(&s->cb_done, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    if (had && ts__on_io_thread(c)) {
+        /* From a callback: tell tensord without waiting for its answer. */
+        ts__req *r = ts__calloc(1, sizeof(*r));
+        if (r != NULL) {
+            r->c = c;
+            r->kind = TS__K_FIRE;
+            r->op = TS_OP_SVC_REGISTER;
+            register_body(r, s->name, s->name_len, 0);
+            if (ts__submit(c, r) != 0)
+                ts__req_free(r);
+        }
+    } else if (had && ts__api_check_call(c, 1) == 0) {
+        int rc;
+        ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, &rc);
+        if (r != NULL) {
+            r->op = TS_OP_SVC_REGISTER;
+            register_body(r, s->name, s->name_len, 0);
+            ts__req *done;
+            (void)ts__api_run_blocking(c, r, &done); /* a lost connection ended it anyway */
+            if (done != NULL)
+                ts__req_free(done);
+        }
+    }
+    if (had)
+        svc_unref(s);
+}
+
+/* Submit an SVC_REPLY for call with the fixed fields of status; r's tail is set by the caller. */
+static ts__req *reply_req(ts_call_t *call, uint16_t status, int *rc)
+{
+    ts_service_t *s = call->svc;
+    ts__req *r = ts__api_req_new(s->c, TS__K_ASYNC, TS_OP_SVC_REPLY, s->name, rc);
+    if (r == NULL)
+        return NULL;
+    ts__msg_svc_reply_fixed f = {.call_id = call->id, .status = status};
+    ts__msg_svc_reply_fixed_encode(ts__req_upload_fixed(r), &f);
+    return r;
+}
+
+static void call_release(ts_call_t *call)
+{
+    svc_unref(call->svc);
+    ts__free(call);
+}
+
+int ts_call_reply(ts_call_t *call, const ts_value_t *answer)
+{
+    if (call == NULL)
+        return ts__fail(TS_EINVAL, "no call");
+    int rc;
+    ts__req *r = answer == NULL ? NULL : reply_req(call, TS_ST_OK, &rc);
+    if (answer == NULL)
+        rc = ts__fail(TS_EINVAL, "no answer");
+    if (r != NULL) {
+        rc = ts__api_attach_record(call->svc->c, r, answer, TS_COPY);
+        if (rc != 0) {
+            ts__req_free(r);
+            rc = ts__fail(rc, "the answer cannot be encoded: %s", ts_strerror(rc));
+        } else {
+            rc = ts__api_run_async(call->svc->c, r, NULL, NULL);
+        }
+    }
+    call_release(call);
+    return rc;
+}
+
+int ts_call_fail(ts_call_t *call, int err, const char *msg)
+{
+    if (call == NULL)
+        return ts__fail(TS_EINVAL, "no call");
+    uint16_t status = ts__err_to_status(err);
+    if (!ts__msg_svc_status_allowed(status))
+        status = TS_ST_INTERNAL;
+    if (msg == NULL || msg[0] == '\0')
+        msg = ts_strerror(err);
+    size_t len = strnlen(msg, TS_MAX_ERRMSG);
+    int rc;
+    ts__req *r = reply_req(call, status, &rc);
+    if (r != NULL) {
+        r->flat = ts__malloc_aligned(len);
+        if (r->flat == NULL) {
+            ts__req_free(r);
+            rc = ts__fail(TS_ENOMEM, NULL);
+        } else {
+            memcpy(r->flat, msg, len);
+            r->flat_len = r->flat_cap = len;
+            r->body_len = r->small_len + len;
+            rc = ts__api_run_async(call->svc->c, r, NULL, NULL);
+        }
+    }
+    call_release(call);
+    return rc;
+}
+
+uint32_t ts_call_timeout_ms(const ts_call_t *call)
+{
+    return call != NULL ? call->timeout_ms : 0;
+}
+
+uint64_t ts_call_id(const ts_call_t *call)
+{
+    return call != NULL ? call->id : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The I/O thread's side
+ */
+
+/* Answer a call this client cannot serve (no registration, or no memory) with an error. */
+static void refuse(ts_client_t *c, const ts__msg_svc_push *m, uint16_t status, const char *msg)
+{
+    int rc;
+    char name[TS_MAX_NAME_LEN + 1];
+    memcpy(name, m->name, m->name_len);
+    name[m->name_len] = '\0';
+    ts__req *r = ts__api_req_new(c, TS__K_FIRE, TS_OP_SVC_REPLY, name, &rc);
+    if (r == NULL)
+        return;
+    ts__msg_svc_reply_fixed f = {.call_id = m->call_id, .status = status};
+    ts__msg_svc_reply_fixed_encode(ts__req_upload_fixed(r), &f);
+    size_t len = strlen(msg);
+    r->flat = ts__malloc_aligned(len);
+    if (r->flat == NULL) {
+        ts__req_free(r);
+        return;
+    }
+    memcpy(r->flat, msg, len);
+    r->flat_len = r->flat_cap = len;
+    r->body_len = r->small_len + len;
+    if (ts__submit(c, r) != 0)
+        ts__req_free(r);
+}
+
+int ts__svc_push(ts_client_t *c, uint8_t *body, size_t len, int owned)
+{
+    ts__msg_svc_push m;
+    if (ts__msg_svc_push_decode(body, len, &m) != 0) {
+        if (owned)
+            ts__body_free(body, len);
+        return TS_EPROTO;
+    }
+    pthread_mutex_lock(&c->mu);
+    ts_service_t *s = c->svcs;
+    while (s != NULL && (s->name_len != m.name_len || memcmp(s->name, m.name, m.name_len) != 0))
+        s = s->next;
+    if (s != NULL) {
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+        s->in_cb++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (s == NULL) {
+        refuse(c, &m, TS_ST_SERVICE_GONE, "the client no longer serves this service");
+        if (owned)
+            ts__body_free(body, len);
+        return 0;
+    }
+    /* The record's tensors point into its buffer: a borrowed body is copied first. */
+    uint8_t *buf = body;
+    size_t off = m.head_len;
+    size_t blen = len;
+    if (!owned) {
+        blen = (size_t)m.rec_len > 0 ? (size_t)m.rec_len : 1;
+        buf = ts__malloc_aligned(blen);
+        if (buf != NULL)
+            memcpy(buf, m.record, (size_t)m.rec_len);
+        off = 0;
+    }
+    ts__rbuf *rb = buf != NULL ? ts__rbuf_new(buf, blen, NULL) : NULL;
+    ts_value_t *v = rb != NULL
+                        ? ts__record_decode(rb, off, (size_t)m.rec_len, TS_MAX_DEPTH, TS_MAX_NDIM)
+                        : NULL;
+    ts_call_t *call = v != NULL ? ts__calloc(1, sizeof(*call)) : NULL;
+    if (rb != NULL)
+        ts__rbuf_unref(rb); /* the decoded tree keeps it alive */
+    else if (buf != NULL)
+        ts__body_free(buf, blen);
+    int rc = 0;
+    if (call == NULL) {
+        ts_value_free(v);
+        refuse(c, &m, v == NULL && rb != NULL ? TS_ST_BAD_RECORD : TS_ST_INTERNAL,
+               "the serving client could not take the request (out of memory or a bad record)");
+    } else {
+        call->svc = s; /* the reference taken above */
+        call->id = m.call_id;
+        call->timeout_ms = m.timeout_ms;
+        s->cb(s, call, v, s->arg);
+    }
+    pthread_mutex_lock(&c->mu);
+    if (--s->in_cb == 0)
+        pthread_cond_broadcast(&s->cb_done);
+    pthread_mutex_unlock(&c->mu);
+    if (call == NULL)
+        svc_unref(s);
+    return rc;
+}
+
+void ts__svc_reregister(ts_client_t *c)
+{
+    ts__req *list = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (ts_service_t *s = c->svcs; s != NULL; s = s->next) {
+        ts__req *r = ts__calloc(1, sizeof(*r));
+        if (r == NULL)
+            break; /* not registered on this connection: its callers wait or fail */
+        r->c = c;
+        r->kind = TS__K_FIRE;
+        r->op = TS_OP_SVC_REGISTER;
+        register_body(r, s->name, s->name_len, s->concurrency);
+        r->next = list;
+        list = r;
+    }
+    pthread_mutex_unlock(&c->mu);
+    while (list != NULL) {
+        ts__req *r = list;
+        list = r->next;
+        r->next = NULL;
+        if (c->state == TS__ST_READY)
+            ts__req_send(c, r);
+        else
+            ts__req_free(r);
+    }
+}
+
+void ts__svc_close(ts_client_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    ts_service_t *list = c->svcs;
+    c->svcs = NULL;
+    for (ts_service_t *s = list; s != NULL; s = s->next)
+        s->linked = 0;
+    pthread_mutex_unlock(&c->mu);
+    while (list != NULL) {
+        ts_service_t *s = list;
+        list = s->next;
+        s->next = NULL;
+        svc_unref(s);
+    }
+}

@@ -1,0 +1,530 @@
+/*
+ * Services against a real tensord (include/tensorshare/service.h): calls answered by the
+ * registered server with the caller's own request echoed, many calls from several threads at
+ * once, two servers sharing the load within their concurrency, a server process killed while it
+ * holds a call (the call fails at once with TS_ESERVICE and another server takes the next one),
+ * calls to a service without servers (TS_ENOENT, or waiting with TS_CALL_WAIT), timeouts with the
+ * late answer dropped, errors answered by the server, unregistering, and bad input as raw frames
+ * (a clear error, and nothing changed).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "msg.h"
+#include "record.h"
+#include "tensorshare/service.h"
+#include "test_client_util.h"
+
+#define CALL_THREADS 4
+#define CALLS_EACH   200
+#define LONG_MS      20000
+/* ms; how soon a call held by a server that dies must fail (far below its timeout) */
+#define GONE_MS 3000
+
+static tsh_server srv;
+
+static int group_setup(void **state)
+{
+    (void)state;
+    return tsh_server_start(&srv, NULL);
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    int rc = tsh_server_stop(&srv);
+    tsh_server_cleanup(&srv);
+    return rc == 0 ? 0 : -1;
+}
+
+static ts_client_t *open_client(void)
+{
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    return c;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Servers used by the tests
+ */
+
+/* Echo: answer each call with its request, tag + 1000 * id of the server (counted). */
+typedef struct echo_server {
+    int id;
+    tc_latch served;
+} echo_server;
+
+static void echo_cb(ts_service_t *svc, ts_call_t *call, ts_value_t *request, void *arg)
+{
+    (void)svc;
+    echo_server *e = arg;
+    int64_t tag = tc_tag(request);
+    ts_value_t *ans = tc_item(4, (float)tag, tag + 1000 * e->id);
+    ts_value_free(request);
+    assert_int_equal(ts_call_reply(call, ans), 0);
+    ts_value_free(ans);
+    tc_latch_add(&e->served, 1);
+}
+
+/* Holder: keeps every call it gets until the test answers it (or never does). */
+#define HOLD_MAX 64
+typedef struct holder {
+    pthread_mutex_t mu;
+    ts_call_t *calls[HOLD_MAX];
+    int64_t tags[HOLD_MAX];
+    int n;
+    tc_latch got;
+} holder;
+
+static void hold_cb(ts_service_t *svc, ts_call_t *call, ts_value_t *request, void *arg)
+{
+    (void)svc;
+    holder *h = arg;
+    pthread_mutex_lock(&h->mu);
+    assert_true(h->n < HOLD_MAX);
+    h->tags[h->n] = tc_tag(request);
+    h->calls[h->n++] = call;
+    pthread_mutex_unlock(&h->mu);
+    ts_value_free(request);
+    tc_latch_add(&h->got, 1);
+}
+
+static void holder_init(holder *h)
+{
+    memset(h, 0, sizeof(*h));
+    pthread_mutex_init(&h->mu, NULL);
+    tc_latch_init(&h->got);
+}
+
+static ts_call_t *holder_take(holder *h, int i)
+{
+    pthread_mutex_lock(&h->mu);
+    ts_call_t *c = h->calls[i];
+    h->calls[i] = NULL;
+    pthread_mutex_unlock(&h->mu);
+    return c;
+}
+
+static ts_value_t *make_req(int64_t tag)
+{
+    return tc_item(4, (float)tag, tag);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tests
+ */
+
+typedef struct caller_arg {
+    ts_client_t *c;
+    int base;
+    int bad;
+} caller_arg;
+
+static void *caller_main(void *p)
+{
+    caller_arg *a = p;
+    for (int i = 0; i < CALLS_EACH; i++) {
+        int64_t tag = a->base + i;
+        ts_value_t *req = make_req(tag), *ans = NULL;
+        int rc = ts_call(a->c, "echo", req, LONG_MS, 0, &ans);
+        ts_value_free(req);
+        if (rc != 0 || !tc_check_vec(ans, 4, (float)tag) || tc_tag(ans) != tag + 1000)
+            a->bad++;
+        ts_value_free(ans);
+    }
+    return NULL;
+}
+
+/* Every call gets its own answer, from several threads sharing one client at once. */
+static void test_echo_many(void **state)
+{
+    (void)state;
+    ts_client_t *sc = open_client(), *cc = open_client();
+    echo_server e = {.id = 1};
+    tc_latch_init(&e.served);
+    ts_service_t *svc = NULL;
+    assert_int_equal(ts_service_register(&svc, sc, "echo", NULL, echo_cb, &e), 0);
+    pthread_t th[CALL_THREADS];
+    caller_arg args[CALL_THREADS];
+    for (int t = 0; t < CALL_THREADS; t++) {
+        args[t] = (caller_arg){.c = cc, .base = t * 100000};
+        assert_int_equal(pthread_create(&th[t], NULL, caller_main, &args[t]), 0);
+    }
+    for (int t = 0; t < CALL_THREADS; t++) {
+        pthread_join(th[t], NULL);
+        assert_int_equal(args[t].bad, 0);
+    }
+    assert_int_equal(tc_latch_get(&e.served), CALL_THREADS * CALLS_EACH);
+    ts_service_unregister(svc);
+    /* No server any more: a call fails at once. */
+    ts_value_t *req = make_req(1), *ans = NULL;
+    assert_int_equal(ts_call(cc, "echo", req, LONG_MS, 0, &ans), TS_ENOENT);
+    assert_non_null(strstr(ts_last_error(), "echo"));
+    ts_value_free(req);
+    ts_client_free(cc);
+    ts_client_free(sc);
+    tc_latch_destroy(&e.served);
+}
+
+/* Two servers of concurrency 2 share 8 calls: each holds at most 2, and both get some. */
+static void test_load_sharing(void **state)
+{
+    (void)state;
+    ts_client_t *s1 = open_client(), *s2 = open_client(), *cc = open_client();
+    holder h1, h2;
+    holder_init(&h1);
+    holder_init(&h2);
+    ts_service_options_t o;
+    ts_service_options_init(&o);
+    o.concurrency = 2;
+    ts_service_t *v1, *v2;
+    assert_int_equal(ts_service_register(&v1, s1, "share", &o, hold_cb, &h1), 0);
+    assert_int_equal(ts_service_register(&v2, s2, "share", &o, hold_cb, &h2), 0);
+    tc_latch done;
+    tc_latch_init(&done);
+    for (int i = 0; i < 8; i++) {
+        ts_value_t *req = make_req(i);
+        assert_int_equal(ts_call_async(cc, "share", req, LONG_MS, 0, TS_COPY, NULL, NULL), 0);
+        ts_value_free(req);
+    }
+    /* 4 are handed at once (2 each); the other 4 wait in tensord for room. */
+    assert_int_equal(tc_latch_wait(&h1.got, 2, LONG_MS), 2);
+    assert_int_equal(tc_latch_wait(&h2.got, 2, LONG_MS), 2);
+    tc_sleep_ms(200);
+    assert_int_equal(tc_latch_get(&h1.got) + tc_latch_get(&h2.got), 4);
+    /* Answering one call of server 1 hands it the next (in arrival order: tag 4). */
+    ts_value_t *ans = make_req(0);
+    assert_int_equal(ts_call_reply(holder_take(&h1, 0), ans), 0);
+    assert_int_equal(tc_latch_wait(&h1.got, 3, LONG_MS), 3);
+    assert_int_equal(h1.tags[2], 4);
+    assert_int_equal(tc_latch_get(&h2.got), 2);
+    /* Answer everything as it comes until all 8 are served. */
+    uint64_t t0 = tc_now_ms();
+    int answered = 1;
+    while (answered < 8 && tc_now_ms() - t0 < LONG_MS) {
+        for (holder *h = &h1; h != NULL; h = h == &h1 ? &h2 : NULL) {
+            for (int i = 0; i < h->n; i++) {
+                ts_call_t *c = holder_take(h, i);
+                if (c != NULL) {
+                    assert_int_equal(ts_call_reply(c, ans), 0);
+                    answered++;
+                }
+            }
+        }
+        tc_sleep_ms(5);
+    }
+    assert_int_equal(answered, 8);
+    assert_int_equal(tc_latch_get(&h1.got) + tc_latch_get(&h2.got), 8);
+    assert_true(tc_latch_get(&h1.got) >= 3 && tc_latch_get(&h2.got) >= 2);
+    ts_value_free(ans);
+    ts_service_unregister(v1);
+    ts_service_unregister(v2);
+    ts_client_free(cc);
+    ts_client_free(s1);
+    ts_client_free(s2);
+    tc_latch_destroy(&done);
+}
+
+/* A child process that serves "fragile" and holds every call; it says "r" when registered and
+ * "g" for each call it got, on fd. */
+static void child_server(int fd)
+{
+    ts_client_t *c = NULL;
+    if (ts_client_open(&c, srv.addr, NULL) != 0)
+        _exit(2);
+    holder h;
+    holder_init(&h);
+    ts_service_t *svc;
+    if (ts_service_register(&svc, c, "fragile", NULL, hold_cb, &h) != 0)
+        _exit(3);
+    if (write(fd, "r", 1) != 1)
+        _exit(4);
+    for (long seen = 0;;) {
+        long n = tc_latch_wait(&h.got, seen + 1, 1000);
+        for (; seen < n; seen++)
+            if (write(fd, "g", 1) != 1)
+                _exit(5);
+    }
+}
+
+typedef struct gone_arg {
+    tc_latch done;
+    int status;
+    uint64_t at;
+} gone_arg;
+
+static void gone_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)res;
+    gone_arg *g = arg;
+    g->status = status;
+    g->at = tc_now_ms();
+    tc_latch_add(&g->done, 1);
+}
+
+/* The server holding a call is killed: the call fails at once; another server takes the next. */
+static void test_server_killed(void **state)
+{
+    (void)state;
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        child_server(p[1]);
+        _exit(0);
+    }
+    close(p[1]);
+    char ch = 0;
+    assert_int_equal(read(p[0], &ch, 1), 1);
+    assert_int_equal(ch, 'r');
+    ts_client_t *cc = open_client(), *sc = open_client();
+    gone_arg g = {.status = 1};
+    tc_latch_init(&g.done);
+    ts_value_t *req = make_req(7);
+    assert_int_equal(ts_call_async(cc, "fragile", req, LONG_MS, 0, TS_COPY, gone_cb, &g), 0);
+    assert_int_equal(read(p[0], &ch, 1), 1);
+    assert_int_equal(ch, 'g');
+    /* A second server joins, then the first dies holding the call. */
+    echo_server e = {.id = 2};
+    tc_latch_init(&e.served);
+    ts_service_t *svc;
+    assert_int_equal(ts_service_register(&svc, sc, "fragile", NULL, echo_cb, &e), 0);
+    uint64_t t0 = tc_now_ms();
+    kill(pid, SIGKILL);
+    int wst;
+    waitpid(pid, &wst, 0);
+    close(p[0]);
+    assert_int_equal(tc_latch_wait(&g.done, 1, LONG_MS), 1);
+    assert_int_equal(g.status, TS_ESERVICE);
+    assert_true(g.at - t0 < GONE_MS);
+    /* The next call goes to the server that is left. */
+    ts_value_t *ans = NULL;
+    assert_int_equal(ts_call(cc, "fragile", req, LONG_MS, 0, &ans), 0);
+    assert_int_equal(tc_tag(ans), 7 + 2000);
+    ts_value_free(ans);
+    ts_value_free(req);
+    ts_service_unregister(svc);
+    ts_client_free(sc);
+    ts_client_free(cc);
+    tc_latch_destroy(&g.done);
+    tc_latch_destroy(&e.served);
+}
+
+typedef struct late_reg {
+    ts_client_t *c;
+    ts_service_t *svc;
+    echo_server e;
+} late_reg;
+
+static void *register_later(void *p)
+{
+    late_reg *l = p;
+    tc_sleep_ms(300);
+    assert_int_equal(ts_service_register(&l->svc, l->c, "later", NULL, echo_cb, &l->e), 0);
+    return NULL;
+}
+
+/* Without a server: TS_ENOENT at once, or with TS_CALL_WAIT an answer once one registers. */
+static void test_wait_for_server(void **state)
+{
+    (void)state;
+    ts_client_t *cc = open_client();
+    late_reg l = {.c = open_client(), .e = {.id = 3}};
+    tc_latch_init(&l.e.served);
+    ts_value_t *req = make_req(5), *ans = NULL;
+    assert_int_equal(ts_call(cc, "later", req, LONG_MS, 0, &ans), TS_ENOENT);
+    /* Waiting for a server that does not come: TIMEOUT at the call's own timeout. */
+    uint64_t t0 = tc_now_ms();
+    assert_int_equal(ts_call(cc, "later", req, 200, TS_CALL_WAIT, &ans), TS_ETIMEDOUT);
+    assert_true(tc_now_ms() - t0 >= 150);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, register_later, &l), 0);
+    assert_int_equal(ts_call(cc, "later", req, LONG_MS, TS_CALL_WAIT, &ans), 0);
+    assert_int_equal(tc_tag(ans), 5 + 3000);
+    pthread_join(th, NULL);
+    ts_value_free(ans);
+    ts_value_free(req);
+    ts_service_unregister(l.svc);
+    ts_client_free(l.c);
+    ts_client_free(cc);
+    tc_latch_destroy(&l.e.served);
+}
+
+/* A call that times out at the server: TS_ETIMEDOUT; the late answer is dropped; the server's
+ * place stays taken until it answers. Errors answered by the server reach the caller. */
+static void test_timeout_and_errors(void **state)
+{
+    (void)state;
+    ts_client_t *sc = open_client(), *cc = open_client();
+    holder h;
+    holder_init(&h);
+    ts_service_options_t o;
+    ts_service_options_init(&o);
+    o.concurrency = 1;
+    ts_service_t *svc;
+    assert_int_equal(ts_service_register(&svc, sc, "slow", &o, hold_cb, &h), 0);
+    ts_value_t *req = make_req(9), *ans = NULL;
+    uint64_t t0 = tc_now_ms();
+    assert_int_equal(ts_call(cc, "slow", req, 300, 0, &ans), TS_ETIMEDOUT);
+    assert_true(tc_now_ms() - t0 >= 250);
+    assert_int_equal(tc_latch_get(&h.got), 1);
+    assert_true(ts_call_timeout_ms(h.calls[0]) <= 300);
+    /* The next call waits for the place; answering the first (late: dropped) frees it. */
+    gone_arg g = {.status = 1};
+    tc_latch_init(&g.done);
+    assert_int_equal(ts_call_async(cc, "slow", req, LONG_MS, 0, TS_COPY, gone_cb, &g), 0);
+    tc_sleep_ms(200);
+    assert_int_equal(tc_latch_get(&h.got), 1);
+    assert_int_equal(ts_call_reply(holder_take(&h, 0), req), 0);
+    assert_int_equal(tc_latch_wait(&h.got, 2, LONG_MS), 2);
+    assert_int_equal(ts_call_fail(holder_take(&h, 1), TS_EINVAL, "tag 9 is not accepted here"), 0);
+    assert_int_equal(tc_latch_wait(&g.done, 1, LONG_MS), 1);
+    assert_int_equal(g.status, TS_EINVAL);
+    ts_value_free(req);
+    ts_service_unregister(svc);
+    ts_client_free(cc);
+    ts_client_free(sc);
+    tc_latch_destroy(&g.done);
+}
+
+/* Bad input as raw frames: a clear error, nothing registered or called. */
+static void test_bad_input(void **state)
+{
+    (void)state;
+    int fd = tsh_connect_tcp(srv.port);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_hello(fd), 0);
+    uint8_t body[512];
+    size_t n;
+    ts__hdr h;
+    uint8_t *rb;
+    size_t rl;
+    /* REGISTER: concurrency over the limit, flags, an empty name. */
+    ts__msg_svc_register_req r = {.name = (const uint8_t *)"x", .name_len = 1};
+    const uint32_t concs[] = {TS_SVC_MAX_CONCURRENCY + 1, 1, 1};
+    const uint32_t flags[] = {0, 2, 0};
+    for (int i = 0; i < 3; i++) {
+        r.concurrency = concs[i];
+        r.flags = flags[i];
+        r.name_len = i == 2 ? 0 : 1;
+        assert_int_equal(ts__msg_svc_register_req_encode(body, sizeof(body), &r, &n), 0);
+        assert_int_equal(tsh_send(fd, TS_OP_SVC_REGISTER, 10 + (uint32_t)i, body, n), 0);
+        assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+        assert_int_equal(h.request_id, 10 + (uint32_t)i);
+        assert_int_equal(h.status, TS_ST_INVALID);
+        free(rb);
+    }
+    /* Unregistering what this connection does not serve. */
+    r.concurrency = 0;
+    r.flags = 0;
+    r.name_len = 1;
+    assert_int_equal(ts__msg_svc_register_req_encode(body, sizeof(body), &r, &n), 0);
+    assert_int_equal(tsh_send(fd, TS_OP_SVC_REGISTER, 20, body, n), 0);
+    assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+    assert_int_equal(h.status, TS_ST_NOT_FOUND);
+    free(rb);
+    /* CALL with timeout 0, and with unknown flags. */
+    ts_value_t *v = make_req(1);
+    uint8_t *rec;
+    size_t rec_len;
+    assert_int_equal(ts__record_encode(v, &rec, &rec_len), 0);
+    ts_value_free(v);
+    const uint32_t touts[] = {0, 1000};
+    const uint32_t cflags[] = {0, 0x80};
+    for (int i = 0; i < 2; i++) {
+        uint8_t fixed[TS_MSG_SVC_CALL_FIXED];
+        ts__msg_svc_call_fixed f = {.timeout_ms = touts[i], .flags = cflags[i]};
+        ts__msg_svc_call_fixed_encode(fixed, &f);
+        uint8_t *up = malloc(rec_len + 300);
+        assert_int_equal(ts__msg_upload_encode(up, rec_len + 300, (const uint8_t *)"x", 1, fixed,
+                                               sizeof(fixed), rec, rec_len, &n),
+                         0);
+        assert_int_equal(tsh_send(fd, TS_OP_SVC_CALL, 30 + (uint32_t)i, up, n), 0);
+        free(up);
+        assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+        assert_int_equal(h.request_id, 30 + (uint32_t)i);
+        assert_int_equal(h.status, TS_ST_INVALID);
+        free(rb);
+    }
+    /* REPLY for a call nobody handed us, and with a status no service may send. */
+    const uint16_t sts[] = {TS_ST_OK, TS_ST_WRONG_SHARD};
+    const uint16_t want[] = {TS_ST_NOT_FOUND, TS_ST_INVALID};
+    for (int i = 0; i < 2; i++) {
+        uint8_t fixed[TS_MSG_SVC_REPLY_FIXED];
+        ts__msg_svc_reply_fixed f = {.call_id = 12345, .status = sts[i]};
+        ts__msg_svc_reply_fixed_encode(fixed, &f);
+        uint8_t *up = malloc(rec_len + 300);
+        assert_int_equal(ts__msg_upload_encode(up, rec_len + 300, (const uint8_t *)"x", 1, fixed,
+                                               sizeof(fixed), rec, rec_len, &n),
+                         0);
+        assert_int_equal(tsh_send(fd, TS_OP_SVC_REPLY, 40 + (uint32_t)i, up, n), 0);
+        free(up);
+        assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+        assert_int_equal(h.request_id, 40 + (uint32_t)i);
+        assert_int_equal(h.status, want[i]);
+        free(rb);
+    }
+    /* An error REPLY whose message is longer than an error message: BAD_REQUEST and closed. */
+    {
+        uint8_t fixed[TS_MSG_SVC_REPLY_FIXED];
+        ts__msg_svc_reply_fixed f = {.call_id = 1, .status = TS_ST_INVALID};
+        ts__msg_svc_reply_fixed_encode(fixed, &f);
+        size_t ml = TS_MAX_ERRMSG + 1;
+        uint8_t *msg = calloc(1, ml);
+        memset(msg, 'm', ml);
+        uint8_t *up = malloc(ml + 300);
+        assert_int_equal(ts__msg_upload_encode(up, ml + 300, (const uint8_t *)"x", 1, fixed,
+                                               sizeof(fixed), msg, ml, &n),
+                         0);
+        assert_int_equal(tsh_send(fd, TS_OP_SVC_REPLY, 50, up, n), 0);
+        free(up);
+        free(msg);
+        assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+        assert_int_equal(h.request_id, 50);
+        assert_int_equal(h.status, TS_ST_BAD_REQUEST);
+        free(rb);
+        assert_int_equal(tsh_wait_closed(fd, 5000), 1);
+    }
+    ts__free_aligned(rec, rec_len);
+    close(fd);
+    /* Nothing was registered: the service "x" has no server. */
+    ts_client_t *cc = open_client();
+    ts_value_t *req = make_req(1), *ans = NULL;
+    assert_int_equal(ts_call(cc, "x", req, 1000, 0, &ans), TS_ENOENT);
+    /* The client refuses what the server would. */
+    assert_int_equal(ts_call(cc, "", req, 1000, 0, &ans), TS_EINVAL);
+    assert_int_equal(ts_call(cc, "x", req, 0, 0, &ans), TS_EINVAL);
+    ts_value_free(req);
+    ts_service_t *svc;
+    ts_service_options_t o;
+    ts_service_options_init(&o);
+    o.concurrency = 0;
+    assert_int_equal(ts_service_register(&svc, cc, "x", &o, echo_cb, NULL), TS_EINVAL);
+    ts_client_free(cc);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_echo_many),          cmocka_unit_test(test_load_sharing),
+        cmocka_unit_test(test_server_killed),      cmocka_unit_test(test_wait_for_server),
+        cmocka_unit_test(test_timeout_and_errors), cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
