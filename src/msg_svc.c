@@ -146,7 +146,8 @@ int ts__msg_svc_push_decode(const uint8_t *body, size_t len, ts__msg_svc_push *m
     if (nl == 0 || head > len || rec_len > len - head ||
         len - head - rec_len != ts__msg_items_pad(rec_len) || ts__get_u32le(body + 12) != 0 ||
         !ts__msg_all_zero(body + TS_MSG_SVC_PUSH_FIXED + 1 + nl,
-                          head - TS_MSG_SVC_PUSH_FIXED - 1 - nl))
+                          head - TS_MSG_SVC_PUSH_FIXED - 1 - nl) ||
+        !ts__msg_all_zero(body + head + rec_len, len - head - (size_t)rec_len))
         return TS_EPROTO;
     m->call_id = ts__get_u64le(body);
     m->timeout_ms = ts__get_u32le(body + 8);

@@ -101,8 +101,8 @@ size_t ts__msg_svc_push_head_size(size_t name_len);
 int ts__msg_svc_push_head_encode(uint8_t *out, size_t cap, const ts__msg_svc_push *m, size_t *len);
 /*
  * Decode a whole SVC_REQUEST body: the head (reserved fields and padding zero, a name of 1 to
- * 255 bytes), rec_len bytes of record and its padding (ts__msg_items_pad; not checked for
- * zeros), to the end of the body. 0, or TS_EPROTO.
+ * 255 bytes), rec_len bytes of record and its zero padding (ts__msg_items_pad), to the end of
+ * the body. 0, or TS_EPROTO.
  */
 int ts__msg_svc_push_decode(const uint8_t *body, size_t len, ts__msg_svc_push *m);
 

@@ -102,6 +102,14 @@ static const struct {
     {1, TS_OP_EMB_PUSH, 0},
     {0, TS_OP_PS_PUSH, TS_ST_STALE_GRADIENT},
     {0, TS_OP_PS_PULL, TS_ST_OK},
+    /* Services: SVC_CALL's head has 8 fixed bytes after the name, SVC_REPLY's 16. */
+    {1, TS_OP_SVC_REGISTER, 0},
+    {1, TS_OP_SVC_CALL, 0},
+    {1, TS_OP_SVC_REPLY, 0},
+    {0, TS_OP_SVC_REGISTER, TS_ST_OK},
+    {0, TS_OP_SVC_CALL, TS_ST_OK},
+    {0, TS_OP_SVC_REQUEST, TS_ST_OK},
+    {0, TS_OP_SVC_CALL, TS_ST_SERVICE_GONE},
 };
 
 /* Body limits (bytes) the request mode picks --max-frame from: around the control limit, and big.
@@ -153,6 +161,9 @@ static void same_as_kind(ts__msg_kind kind, size_t fixed, const uint8_t *body, s
         ts__msg_table_keys_req tk;
         ts__msg_table_state tst;
         ts__msg_table_samples tss;
+        ts__msg_svc_register_req svr;
+        ts__msg_svc_state svs;
+        ts__msg_svc_push svp;
     } u;
     int k;
     switch (kind) {
@@ -293,6 +304,15 @@ static void same_as_kind(ts__msg_kind kind, size_t fixed, const uint8_t *body, s
         break;
     case TS_MSG_TABLE_SAMPLES:
         k = ts__msg_table_samples_decode(body, len, &u.tss);
+        break;
+    case TS_MSG_SVC_REGISTER_REQ:
+        k = ts__msg_svc_register_req_decode(body, len, &u.svr);
+        break;
+    case TS_MSG_SVC_STATE:
+        k = ts__msg_svc_state_decode(body, len, &u.svs);
+        break;
+    case TS_MSG_SVC_REQUEST:
+        k = ts__msg_svc_push_decode(body, len, &u.svp);
         break;
     default:
         k = TS_EUNKNOWNOP;
