@@ -3,6 +3,7 @@
  * codec as any item, so every client can read it with the code it already has.
  */
 #include "server.h"
+#include "service.h"
 #include "stream.h"
 #include "table.h"
 
@@ -182,6 +183,18 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "table_inserts", ts2.inserts);
     rc |= put_int(m, "table_samples", ts2.samples);
     rc |= put_int(m, "table_waits", ts2.waits);
+    /* Services (service.c): service_calls_waiting and service_calls_handed are calls now. */
+    tsd_svc_stats sv;
+    tsd_svc_stats_get(srv, &sv);
+    rc |= put_int(m, "services", sv.services);
+    rc |= put_int(m, "service_servers", sv.servers);
+    rc |= put_int(m, "service_calls_waiting", sv.queued);
+    rc |= put_int(m, "service_calls_handed", sv.handed);
+    rc |= put_int(m, "service_calls", sv.calls);
+    rc |= put_int(m, "service_answers", sv.answered);
+    rc |= put_int(m, "service_calls_gone", sv.gone);
+    rc |= put_int(m, "service_timeouts", sv.timeouts);
+    rc |= put_int(m, "service_late_answers", sv.late_replies);
     /* Allocations since start-up ended (the allocation-failure tests size their runs by it). */
     rc |= put_int(m, "allocations", ts__alloc_count() - srv->alloc_base);
     if (rc != 0) {

@@ -551,6 +551,9 @@ static void test_opcode_table(void **state)
         {TS_OP_TAKE, TS_MSG_TAKE_REQ, TS_MSG_ITEMS, 0, 1},
         {TS_OP_MGET, TS_MSG_MGET_REQ, TS_MSG_MGET_REP, 0, 0},
         {TS_OP_BARRIER, TS_MSG_BARRIER_REQ, TS_MSG_BARRIER_STATE, 0, 0},
+        {TS_OP_SVC_REGISTER, TS_MSG_SVC_REGISTER_REQ, TS_MSG_SVC_STATE, 0, 0},
+        {TS_OP_SVC_CALL, TS_MSG_PUT_REQ, TS_MSG_ITEMS, 1, 0},
+        {TS_OP_SVC_REPLY, TS_MSG_PUT_REQ, TS_MSG_EMPTY, 1, 0},
         {TS_OP_TABLE_CREATE, TS_MSG_TABLE_CREATE_REQ, TS_MSG_TABLE_STATE, 0, 1},
         {TS_OP_TABLE_INSERT, TS_MSG_PUT_REQ, TS_MSG_TABLE_STATE, 1, 1},
         {TS_OP_TABLE_SAMPLE, TS_MSG_TABLE_SAMPLE_REQ, TS_MSG_TABLE_SAMPLES, 0, 1},
@@ -566,6 +569,7 @@ static void test_opcode_table(void **state)
         {TS_OP_EMB_PULL, TS_MSG_PUT_REQ, TS_MSG_ITEMS, 1, 0},
         {TS_OP_EMB_PUSH, TS_MSG_PUT_REQ, TS_MSG_BIN_STATE, 1, 1},
         {TS_OP_NOTIFY, TS_MSG_NONE, TS_MSG_NOTIFY, 0, 0},
+        {TS_OP_SVC_REQUEST, TS_MSG_NONE, TS_MSG_SVC_REQUEST, 0, 0},
     };
     int known = 0;
     for (int op = 0; op < 256; op++)
@@ -588,7 +592,7 @@ static void test_opcode_table(void **state)
         /* Every other status carries a message, except WAIT's TIMEOUT. */
         for (uint16_t st = 1; st < TS_ST_COUNT_ + 3; st++) {
             ts__msg_kind k = ts__msg_reply_kind(want[i].op, st);
-            if (want[i].op == TS_OP_NOTIFY)
+            if (want[i].op == TS_OP_NOTIFY || want[i].op == TS_OP_SVC_REQUEST)
                 assert_int_equal(k, TS_MSG_NONE);
             else if (want[i].op == TS_OP_WAIT && st == TS_ST_TIMEOUT)
                 assert_int_equal(k, TS_MSG_BIN_STATE);

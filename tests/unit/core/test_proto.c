@@ -202,6 +202,7 @@ static void test_status_table(void **state)
         {19, "BACKPRESSURE", TS_EAGAIN},
         {20, "VERSION_MISMATCH", TS_ECONFLICT},
         {21, "STALE_GRADIENT", TS_ESTALE},
+        {22, "SERVICE_GONE", TS_ESERVICE},
     };
     assert_int_equal(TS__ARRAY_SIZE(table), TS_ST_COUNT_);
     for (size_t i = 0; i < TS__ARRAY_SIZE(table); i++) {
@@ -230,31 +231,24 @@ static void test_opcode_table(void **state)
         uint8_t op;
         const char *name;
     } table[] = {
-        {0x01, "HELLO"},         {0x02, "PING"},
-        {0x03, "PUT"},           {0x04, "APPEND"},
-        {0x05, "GET"},           {0x06, "PEEK"},
-        {0x07, "DELETE"},        {0x08, "LIST"},
-        {0x09, "LISTEN"},        {0x0A, "UNLISTEN"},
-        {0x0B, "WAIT"},          {0x0C, "STATS"},
-        {0x0D, "SAVE"},          {0x0E, "GET_REF"},
-        {0x0F, "PEEK_REF"},      {0x10, "PUT_FD"},
-        {0x11, "APPEND_FD"},     {0x12, "TENSOR_BIN"},
-        {0x13, "READ_ROWS"},     {0x14, "GATHER_ROWS"},
-        {0x15, "WRITE_ROWS"},    {0x16, "STREAM_CREATE"},
-        {0x17, "STREAM_APPEND"}, {0x18, "STREAM_MARK"},
-        {0x19, "STREAM_CREDIT"}, {0x1A, "STREAM_JOIN"},
-        {0x1B, "STREAM_READ"},   {0x1C, "STREAM_ACK"},
-        {0x1D, "STREAM_LEAVE"},  {0x1E, "STREAM_INFO"},
-        {0x1F, "STREAM_RANGE"},  {0x20, "ADD"},
-        {0x21, "PUT_IF"},        {0x22, "TAKE"},
-        {0x23, "MGET"},          {0x24, "BARRIER"},
-        {0x28, "TABLE_CREATE"},  {0x29, "TABLE_INSERT"},
-        {0x2A, "TABLE_SAMPLE"},  {0x2B, "TABLE_UPDATE"},
-        {0x2C, "TABLE_REMOVE"},  {0x2D, "TABLE_INFO"},
-        {0x30, "SHARD_MAP"},     {0x31, "AUTH_CHALLENGE"},
-        {0x38, "PS_CREATE"},     {0x39, "PS_PUSH"},
-        {0x3A, "PS_PULL"},       {0x3B, "EMB_CREATE"},
-        {0x3C, "EMB_PULL"},      {0x3D, "EMB_PUSH"},
+        {0x01, "HELLO"},         {0x02, "PING"},          {0x03, "PUT"},
+        {0x04, "APPEND"},        {0x05, "GET"},           {0x06, "PEEK"},
+        {0x07, "DELETE"},        {0x08, "LIST"},          {0x09, "LISTEN"},
+        {0x0A, "UNLISTEN"},      {0x0B, "WAIT"},          {0x0C, "STATS"},
+        {0x0D, "SAVE"},          {0x0E, "GET_REF"},       {0x0F, "PEEK_REF"},
+        {0x10, "PUT_FD"},        {0x11, "APPEND_FD"},     {0x12, "TENSOR_BIN"},
+        {0x13, "READ_ROWS"},     {0x14, "GATHER_ROWS"},   {0x15, "WRITE_ROWS"},
+        {0x16, "STREAM_CREATE"}, {0x17, "STREAM_APPEND"}, {0x18, "STREAM_MARK"},
+        {0x19, "STREAM_CREDIT"}, {0x1A, "STREAM_JOIN"},   {0x1B, "STREAM_READ"},
+        {0x1C, "STREAM_ACK"},    {0x1D, "STREAM_LEAVE"},  {0x1E, "STREAM_INFO"},
+        {0x1F, "STREAM_RANGE"},  {0x20, "ADD"},           {0x21, "PUT_IF"},
+        {0x22, "TAKE"},          {0x23, "MGET"},          {0x24, "BARRIER"},
+        {0x25, "SVC_REGISTER"},  {0x26, "SVC_CALL"},      {0x27, "SVC_REPLY"},
+        {0x81, "SVC_REQUEST"},   {0x28, "TABLE_CREATE"},  {0x29, "TABLE_INSERT"},
+        {0x2A, "TABLE_SAMPLE"},  {0x2B, "TABLE_UPDATE"},  {0x2C, "TABLE_REMOVE"},
+        {0x2D, "TABLE_INFO"},    {0x30, "SHARD_MAP"},     {0x31, "AUTH_CHALLENGE"},
+        {0x38, "PS_CREATE"},     {0x39, "PS_PUSH"},       {0x3A, "PS_PULL"},
+        {0x3B, "EMB_CREATE"},    {0x3C, "EMB_PULL"},      {0x3D, "EMB_PUSH"},
         {0x80, "NOTIFY"},
     };
     int known = 0;
@@ -580,6 +574,61 @@ static int build_ps_example(const char *name, fb *out)
     return 0;
 }
 
+/* The examples of services (section 15, "Services"); -1 for a name that is not one of them. */
+static int build_svc_example(const char *name, fb *out)
+{
+    const uint8_t Q = TS_MAGIC_REQ, P = TS_MAGIC_REP;
+    fb b = {.n = 0};
+    if (strcmp(name, "svc-register-req") == 0) {
+        fb_name(&b, "double");
+        fb_u32(&b, 8, "concurrency");
+        fb_u32(&b, 0, "flags");
+        fb_frame(out, Q, TS_OP_SVC_REGISTER, 0, 0, 2, &b);
+    } else if (strcmp(name, "svc-register-rep") == 0) {
+        fb_u32(&b, 1, "servers");
+        fb_u32(&b, 0, "queued");
+        fb_u64(&b, 0, "calls");
+        fb_frame(out, P, TS_OP_SVC_REGISTER, 0, 0, 2, &b);
+    } else if (strcmp(name, "svc-call-req") == 0) {
+        fb_name(&b, "double");
+        fb_u32(&b, 1000, "timeout_ms");
+        fb_u32(&b, 0, "flags");
+        assert_int_equal(fb_record(&b, ts_int_new(21)), 64);
+        fb_frame(out, Q, TS_OP_SVC_CALL, 0, 0, 2, &b);
+    } else if (strcmp(name, "svc-request-push") == 0) {
+        fb_u64(&b, 1, "call_id");
+        fb_u32(&b, 998, "timeout_ms");
+        fb_u32(&b, 0, "reserved");
+        fb_u64(&b, 64, "rec_len");
+        fb_name(&b, "double");
+        fb_zeros(&b, ts__msg_svc_push_head_size(6) - (24 + 7), "padding");
+        assert_int_equal(fb_record(&b, ts_int_new(21)), 64);
+        fb_frame(out, P, TS_OP_SVC_REQUEST, 0, 0, 0, &b);
+    } else if (strcmp(name, "svc-reply-req") == 0) {
+        fb_name(&b, "double");
+        fb_u64(&b, 1, "call_id");
+        fb_u16(&b, 0, "status");
+        fb_u16(&b, 0, "reserved");
+        fb_u32(&b, 0, "reserved");
+        assert_int_equal(fb_record(&b, ts_int_new(42)), 64);
+        fb_frame(out, Q, TS_OP_SVC_REPLY, 0, 0, 3, &b);
+    } else if (strcmp(name, "svc-reply-rep") == 0) {
+        fb_frame(out, P, TS_OP_SVC_REPLY, 0, 0, 3, &b);
+    } else if (strcmp(name, "svc-call-rep") == 0) {
+        ts_value_t *r[1] = {ts_int_new(42)};
+        fb_items(&b, 1, 0, r, 1);
+        fb_frame(out, P, TS_OP_SVC_CALL, 0, 0, 2, &b);
+    } else if (strcmp(name, "svc-call-rep-gone") == 0) {
+        static const char msg[] =
+            "service double: the server handling the call disconnected before answering";
+        fb_put(&b, msg, sizeof(msg) - 1, "message");
+        fb_frame(out, P, TS_OP_SVC_CALL, 0, TS_ST_SERVICE_GONE, 4, &b);
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
 static int build_example(const char *name, fb *out)
 {
     const uint8_t Q = TS_MAGIC_REQ, P = TS_MAGIC_REP;
@@ -893,6 +942,8 @@ static int build_example(const char *name, fb *out)
         fb_frame(out, P, TS_OP_GET, 0, TS_ST_WRONG_SHARD, 3, &b);
     } else if (strncmp(name, "ps-", 3) == 0 || strncmp(name, "emb-", 4) == 0) {
         return build_ps_example(name, out);
+    } else if (strncmp(name, "svc-", 4) == 0) {
+        return build_svc_example(name, out);
     } else {
         return -1;
     }
@@ -964,6 +1015,14 @@ static const char *const example_names[] = {
     "auth-challenge-rep",
     "hello-proof-req",
     "hello-proof-rep",
+    "svc-register-req",
+    "svc-register-rep",
+    "svc-call-req",
+    "svc-request-push",
+    "svc-reply-req",
+    "svc-reply-rep",
+    "svc-call-rep",
+    "svc-call-rep-gone",
 };
 
 /* The PUT example, written out by hand: the codec must produce exactly these bytes. */
