@@ -109,6 +109,22 @@ static void holder_init(holder *h)
     tc_latch_init(&h->got);
 }
 
+static int holder_n(holder *h)
+{
+    pthread_mutex_lock(&h->mu);
+    int n = h->n;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+static int64_t holder_tag(holder *h, int i)
+{
+    pthread_mutex_lock(&h->mu);
+    int64_t t = h->tags[i];
+    pthread_mutex_unlock(&h->mu);
+    return t;
+}
+
 static ts_call_t *holder_take(holder *h, int i)
 {
     pthread_mutex_lock(&h->mu);
@@ -209,14 +225,14 @@ static void test_load_sharing(void **state)
     ts_value_t *ans = make_req(0);
     assert_int_equal(ts_call_reply(holder_take(&h1, 0), ans), 0);
     assert_int_equal(tc_latch_wait(&h1.got, 3, LONG_MS), 3);
-    assert_int_equal(h1.tags[2], 4);
+    assert_int_equal(holder_tag(&h1, 2), 4);
     assert_int_equal(tc_latch_get(&h2.got), 2);
     /* Answer everything as it comes until all 8 are served. */
     uint64_t t0 = tc_now_ms();
     int answered = 1;
     while (answered < 8 && tc_now_ms() - t0 < LONG_MS) {
         for (holder *h = &h1; h != NULL; h = h == &h1 ? &h2 : NULL) {
-            for (int i = 0; i < h->n; i++) {
+            for (int i = 0, n = holder_n(h); i < n; i++) {
                 ts_call_t *c = holder_take(h, i);
                 if (c != NULL) {
                     assert_int_equal(ts_call_reply(c, ans), 0);
@@ -384,14 +400,15 @@ static void test_timeout_and_errors(void **state)
     assert_int_equal(ts_call(cc, "slow", req, 300, 0, &ans), TS_ETIMEDOUT);
     assert_true(tc_now_ms() - t0 >= 250);
     assert_int_equal(tc_latch_get(&h.got), 1);
-    assert_true(ts_call_timeout_ms(h.calls[0]) <= 300);
+    ts_call_t *first = holder_take(&h, 0);
+    assert_true(ts_call_timeout_ms(first) <= 300);
     /* The next call waits for the place; answering the first (late: dropped) frees it. */
     gone_arg g = {.status = 1};
     tc_latch_init(&g.done);
     assert_int_equal(ts_call_async(cc, "slow", req, LONG_MS, 0, TS_COPY, gone_cb, &g), 0);
     tc_sleep_ms(200);
     assert_int_equal(tc_latch_get(&h.got), 1);
-    assert_int_equal(ts_call_reply(holder_take(&h, 0), req), 0);
+    assert_int_equal(ts_call_reply(first, req), 0);
     assert_int_equal(tc_latch_wait(&h.got, 2, LONG_MS), 2);
     assert_int_equal(ts_call_fail(holder_take(&h, 1), TS_EINVAL, "tag 9 is not accepted here"), 0);
     assert_int_equal(tc_latch_wait(&g.done, 1, LONG_MS), 1);
