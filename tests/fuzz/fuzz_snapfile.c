@@ -1,5 +1,5 @@
 /*
- * Fuzz target: the snapshot reader (server/snapfile.c), formats 1 and 2. The input is a
+ * Fuzz target: the snapshot reader (server/snapfile.c), formats 1 to 4. The input is a
  * snapshot file, read from memory twice: as it is, and with every checksum recomputed
  * (snapfile_fix.h), so that mutated lengths, counts, records and stream fields reach the checks
  * behind the checksums. Properties:
@@ -40,6 +40,10 @@ typedef struct fz_sink {
     /* The parameter server (format 4): objects handed over, the last array asked for. */
     uint64_t ps_objects;
     void *ps_array;
+    /* Replay tables (format 3): tables and records handed over, the records they announced, and
+     * the last record asked for. */
+    uint64_t tables, trecords, trecords_due;
+    uint8_t *trecord;
 } fz_sink;
 
 typedef struct fz_group {
@@ -212,9 +216,31 @@ static void *on_ps_array(void *arg, size_t len)
     return s->ps_array;
 }
 
+static int on_table(void *arg, const tsd_snapfile_table *t)
+{
+    fz_sink *s = arg;
+    FZ_CHECK(t->name_len >= 1 && t->capacity >= 1 && t->n_items <= t->capacity);
+    FZ_CHECK(s->trecords == s->trecords_due); /* the last table got all of its records */
+    s->tables++;
+    s->trecords_due += t->n_items;
+    return 0;
+}
+
+static uint8_t *on_trecord(void *arg, size_t len)
+{
+    fz_sink *s = arg;
+    FZ_CHECK(s->tables > 0 && s->trecords < s->trecords_due);
+    s->asked += len;
+    s->trecords++;
+    ts__free(s->trecord);
+    s->trecord = ts__malloc(len ? len : 1);
+    return s->trecord;
+}
+
 static void sink_free(fz_sink *s)
 {
     ts__free(s->ps_array);
+    ts__free(s->trecord);
     for (size_t k = 0; k < s->n_streams; k++) {
         fz_stream *f = &s->streams[k];
         for (uint32_t g = 0; g < f->n_groups; g++) {
@@ -299,6 +325,8 @@ static void check(const uint8_t *data, size_t size)
                               .stream = on_stream,
                               .record = on_record,
                               .group = on_group,
+                              .table = on_table,
+                              .trecord = on_trecord,
                               .param = on_param,
                               .emb = on_emb,
                               .ps_array = on_ps_array};
@@ -330,8 +358,9 @@ static void check(const uint8_t *data, size_t size)
             FZ_CHECK(ts__fz_check_record(s.items[i], s.lens[i]) == 0);
         }
         FZ_CHECK(bytes == head.bytes && sbytes == head.stream_bytes);
-        /* The rewrite holds no parameter server state: only files without any compare. */
-        if (s.ps_objects == 0)
+        FZ_CHECK(s.trecords == s.trecords_due);
+        /* The rewrite holds no tables nor parameter server state: only files without any. */
+        if (s.ps_objects == 0 && s.tables == 0)
             check_rewrite(&s, &head, data, size);
     }
     sink_free(&s);
