@@ -536,12 +536,58 @@ static void test_bad_input(void **state)
     ts_client_free(cc);
 }
 
+/*
+ * tensord restarts: a call in flight fails with the connection, and the server's client
+ * registers again by itself once it has reconnected, so a later call is answered.
+ */
+static void test_register_again_after_restart(void **state)
+{
+    (void)state;
+    ts_client_t *sc = open_client(), *cc = open_client();
+    holder h;
+    holder_init(&h);
+    ts_service_t *svc;
+    assert_int_equal(ts_service_register(&svc, sc, "phoenix", NULL, hold_cb, &h), 0);
+    gone_arg g = {.status = 1};
+    tc_latch_init(&g.done);
+    ts_value_t *req = make_req(11), *ans = NULL;
+    assert_int_equal(ts_call_async(cc, "phoenix", req, LONG_MS, 0, TS_COPY, gone_cb, &g), 0);
+    assert_int_equal(tc_latch_wait(&h.got, 1, LONG_MS), 1);
+    tsh_server_kill(&srv);
+    assert_int_equal(tsh_server_restart(&srv, NULL), 0);
+    assert_int_equal(tc_latch_wait(&g.done, 1, LONG_MS), 1);
+    assert_true(g.status != 0);
+    /* The call held across the restart cannot be answered any more; answering is harmless. */
+    assert_int_equal(ts_call_reply(holder_take(&h, 0), req), 0);
+    /* Once the server's client is back, calls reach it again (the caller waits for it). */
+    gone_arg g2 = {.status = 1};
+    tc_latch_init(&g2.done);
+    assert_int_equal(
+        ts_call_async(cc, "phoenix", req, LONG_MS, TS_CALL_WAIT, TS_COPY, gone_cb, &g2), 0);
+    assert_int_equal(tc_latch_wait(&h.got, 2, LONG_MS), 2);
+    assert_int_equal(holder_tag(&h, 1), 11);
+    assert_int_equal(ts_call_reply(holder_take(&h, 1), req), 0);
+    assert_int_equal(tc_latch_wait(&g2.done, 1, LONG_MS), 1);
+    assert_int_equal(g2.status, 0);
+    (void)ans;
+    ts_value_free(req);
+    ts_service_unregister(svc);
+    ts_client_free(cc);
+    ts_client_free(sc);
+    tc_latch_destroy(&g.done);
+    tc_latch_destroy(&g2.done);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_echo_many),          cmocka_unit_test(test_load_sharing),
-        cmocka_unit_test(test_server_killed),      cmocka_unit_test(test_wait_for_server),
-        cmocka_unit_test(test_timeout_and_errors), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_echo_many),
+        cmocka_unit_test(test_load_sharing),
+        cmocka_unit_test(test_server_killed),
+        cmocka_unit_test(test_wait_for_server),
+        cmocka_unit_test(test_timeout_and_errors),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_register_again_after_restart),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
