@@ -400,18 +400,22 @@ static int hand(tsd_services *v, svc_call *k, svc_reg *r)
     return 0;
 }
 
-/* Hand queued calls to registrations with room, in arrival order. */
+/*
+ * Hand queued calls to registrations with room, in arrival order. A registration whose
+ * connection refuses the frame (out of memory, or being cut off) is skipped; after as many
+ * refusals as there are registrations the calls stay queued for the next answer, registration
+ * or deadline, so the walk is bounded.
+ */
 static void dispatch(tsd_services *v, svc *s)
 {
-    while (s->qhead != NULL) {
+    uint32_t refused = 0;
+    while (s->qhead != NULL && refused <= s->n_regs) {
         svc_reg *r = reg_pick(s);
         if (r == NULL)
             return;
         if (hand(v, s->qhead, r) != 0) {
-            /* Its connection takes no more output (it is being cut off): skip it this time. */
             s->rr = r->snext;
-            if (reg_pick(s) == r)
-                return;
+            refused++;
         }
     }
 }
