@@ -1,18 +1,30 @@
 /*
- * Requesting predictions from a batcher served through tensord (ts_predictor_*): a request is
- * appended to NAME/requests with the name of this predictor's own reply bin, and the answers
- * are taken from that bin and handed to their pending requests. Built on the public client API
- * only.
+ * Requesting predictions from a batcher served through tensord (ts_predictor_*). Built on the
+ * public client API only. Three ways, chosen at open (ts_predictor_options_t.transport):
  *
- * The answers are received by a chain of asynchronous calls on the client's I/O thread: a WAIT
- * on the reply bin whose callback issues the GET and, right behind it, the next WAIT; the GET's
- * callback delivers the answers. Receiving on the I/O thread costs no thread switch between the
- * WAIT's reply, the GET and the delivery (a receiving thread that made the two calls blocking was
- * woken twice per answer). When a call of the chain fails (the connection is down), the predictor's
- * thread restarts the chain after a pause, since the I/O thread must not sleep.
+ * The service (the default): each prediction is a call of the service NAME (ts_call_async, with
+ * TS_CALL_WAIT so that a server that starts or restarts later takes it), its request
+ * {input: <tree>}, its answer {status, version, output | error}. The call's completion may come
+ * after the predictor is freed (the client has no way to withdraw a call), so each call has an
+ * entry of its own, shared by the completion and the predictor: whichever claims it first (an
+ * atomic flag) answers the requester, and a completion that lost never touches the predictor.
+ *
+ * Same-host slots (shmq.c), for blocking predictions, when the server offers them.
+ *
+ * The relay (TS_PREDICTOR_RELAY, for servers older than services): a request is appended to
+ * NAME/requests with the name of this predictor's own reply bin, and the answers are taken from
+ * that bin and handed to their pending requests. The answers are received by a chain of
+ * asynchronous calls on the client's I/O thread: a WAIT on the reply bin whose callback issues the
+ * GET and, right behind it, the next WAIT; the GET's callback delivers the answers. Receiving on
+ * the I/O thread costs no thread switch between the WAIT's reply, the GET and the delivery (a
+ * receiving thread that made the two calls blocking was woken twice per answer). When a call of the
+ * chain fails (the connection is down), the predictor's thread restarts the chain after a pause,
+ * since the I/O thread must not sleep.
  */
 #include "batcher_internal.h"
 #include "shmq.h"
+
+#include "tensorshare/service.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -28,8 +40,32 @@ typedef struct pending_prediction {
     void *arg;
 } pending_prediction;
 
+/*
+ * One call of the service. Two references: the call's completion and the predictor's list. The
+ * one that claims it (claimed 0 -> 1) answers the requester; the entry stays on the list until
+ * a completion that claimed it has answered, so that ts_predictor_free waits for that answer.
+ */
+typedef struct svc_req {
+    struct svc_req *prev, *next; /* p->svc_head, under p->mu, until unlinked by its claimer */
+    ts_predictor_t *p;           /* valid for the claimer only */
+    atomic_int claimed;
+    atomic_int refs;
+    uint64_t deadline_ns; /* 0: none (the service's own limit) */
+    ts_predictor_cb cb;
+    void *arg;
+} svc_req;
+
+/*
+ * ms; the call's timeout for TS_TIMEOUT_INFINITE: the longest tensord accepts (24 hours, as for
+ * a WAIT), after which the prediction fails with TS_ETIMEDOUT.
+ */
+#define TS__SVC_MAX_TIMEOUT_MS (24 * 3600 * 1000)
+
 struct ts_predictor_s {
     ts_client_t *client;
+    char name[TS_MAX_NAME_LEN + 1]; /* the service */
+    int relay;                      /* TS_PREDICTOR_RELAY: through the bins, else the service */
+    svc_req *svc_head;              /* calls of the service not answered yet, under mu */
     char req_bin[TS_MAX_NAME_LEN + 1];
     char reply_bin[TS_MAX_NAME_LEN + 1];
     pthread_mutex_t mu;
@@ -61,7 +97,7 @@ struct ts_predictor_s {
     int shm_state;
     int shm_reclaimed;
     pthread_mutex_t shm_mu;
-    atomic_uint_fast64_t n_shm, n_relayed, n_oversize;
+    atomic_uint_fast64_t n_shm, n_relayed, n_oversize, n_service;
 };
 
 /*
@@ -136,6 +172,168 @@ static void expire(ts_predictor_t *p, uint64_t t, int status, const char *msg)
         r->cb(p, status, NULL, 0, r->arg);
         ts__free(r);
     }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The service
+ */
+
+static void sreq_unref(svc_req *r)
+{
+    if (atomic_fetch_sub(&r->refs, 1) == 1)
+        ts__free(r);
+}
+
+/* 1 when the caller claimed r: it answers the requester, once. */
+static int sreq_claim(svc_req *r)
+{
+    int expect = 0;
+    return atomic_compare_exchange_strong(&r->claimed, &expect, 1);
+}
+
+/* Unlink r from p's list; wake ts_predictor_free when the list became empty. Lock held. */
+static void sreq_unlink(ts_predictor_t *p, svc_req *r)
+{
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        p->svc_head = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+    r->prev = r->next = NULL;
+    if (p->svc_head == NULL)
+        pthread_cond_broadcast(&p->cv);
+}
+
+/*
+ * Fail every call of the service whose deadline passed, as expire does for the relay (all of
+ * them when t is UINT64_MAX). A call claimed by its completion is left to it.
+ */
+static void svc_expire(ts_predictor_t *p, uint64_t t, int status, const char *msg)
+{
+    for (;;) {
+        svc_req *r = NULL;
+        pthread_mutex_lock(&p->mu);
+        for (svc_req *q = p->svc_head; q != NULL && r == NULL; q = q->next) {
+            int due = q->deadline_ns != 0 ? q->deadline_ns <= t : t == UINT64_MAX;
+            if (due && atomic_load(&q->claimed) == 0 && sreq_claim(q)) {
+                r = q;
+                sreq_unlink(p, r);
+            }
+        }
+        pthread_mutex_unlock(&p->mu);
+        if (r == NULL)
+            return;
+        ts_set_last_error(msg);
+        r->cb(p, status, NULL, 0, r->arg);
+        sreq_unref(r); /* the list's reference; the completion drops its own */
+    }
+}
+
+/*
+ * A call's completion (the client's I/O thread): the answer record {status, version, output |
+ * error}, or the call's own failure (TS_ESERVICE when the server holding it left, TS_ETIMEDOUT,
+ * TS_ECONNRESET, ... with the client's message already set on this thread).
+ */
+static void svc_answered(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    svc_req *r = arg;
+    if (!sreq_claim(r)) {
+        sreq_unref(r); /* answered already (deadline, or freed): p may be gone */
+        return;
+    }
+    ts_predictor_t *p = r->p;
+    int64_t st = status, version = 0;
+    ts_value_t *out = NULL;
+    if (status == 0) {
+        const ts_value_t *rec = res != NULL && res->items != NULL && ts_items_count(res->items) == 1
+                                    ? ts_items_at(res->items, 0)
+                                    : NULL;
+        if (rec == NULL || ts_map_get_int(rec, "status", &st) != 0 || st > 0 || st < INT32_MIN)
+            st = TS_EPROTO;
+        if (rec != NULL)
+            ts_map_get_int(rec, "version", &version);
+        const char *msg = NULL;
+        size_t len = 0;
+        if (st == 0) {
+            out = ts_value_clone(ts_map_get(rec, "output"));
+            if (out == NULL)
+                st = ts_map_get(rec, "output") == NULL ? TS_EPROTO : TS_ENOMEM;
+        } else if (rec == NULL || ts_value_string(ts_map_get(rec, "error"), &msg, &len) != 0) {
+            msg = NULL;
+        }
+        if (st != 0 && msg != NULL)
+            ts__set_errorf("%.*s", (int)(len < TS__BERR_LEN ? len : TS__BERR_LEN), msg);
+        else if (st == TS_EPROTO)
+            ts_set_last_error("the service's answer is not a prediction");
+        else if (st != 0)
+            ts_set_last_error(ts_strerror((int)st));
+    }
+    int was = tls_in_predictor;
+    tls_in_predictor = 1; /* a blocking predict from this callback must fail */
+    r->cb(p, (int)st, out, version, r->arg);
+    tls_in_predictor = was;
+    /* Unlinked only now: ts_predictor_free waits for this answer before it frees p. */
+    pthread_mutex_lock(&p->mu);
+    sreq_unlink(p, r);
+    pthread_mutex_unlock(&p->mu);
+    sreq_unref(r);
+    sreq_unref(r);
+}
+
+/* Send one prediction as a call of the service; t: milliseconds, or -1 for none. */
+static int svc_predict(ts_predictor_t *p, const ts_value_t *input, int t, ts_predictor_cb cb,
+                       void *arg)
+{
+    svc_req *r = ts__calloc(1, sizeof(*r));
+    ts_value_t *rec = ts_map_new();
+    int rc = r != NULL && rec != NULL ? 0 : TS_ENOMEM;
+    if (rc == 0)
+        rc = ts_map_set(rec, "input", ts_value_borrow(input));
+    if (rc != 0) {
+        ts__free(r);
+        ts_value_free(rec);
+        return ts__fail(rc, "building the request failed: %s", ts_strerror(rc));
+    }
+    r->p = p;
+    atomic_init(&r->claimed, 0);
+    atomic_init(&r->refs, 2);
+    r->deadline_ns = t > 0 ? ts__now_ns() + (uint64_t)t * 1000000u : 0;
+    r->cb = cb;
+    r->arg = arg;
+    pthread_mutex_lock(&p->mu);
+    r->next = p->svc_head;
+    if (p->svc_head != NULL)
+        p->svc_head->prev = r;
+    p->svc_head = r;
+    if (r->deadline_ns != 0 && r->deadline_ns < p->keeper_until) {
+        p->keeper_until = r->deadline_ns; /* the thread recomputes it when woken */
+        pthread_cond_signal(&p->keeper_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    int wire = t > 0 && t < TS__SVC_MAX_TIMEOUT_MS ? t : TS__SVC_MAX_TIMEOUT_MS;
+    /* TS_COPY: the request is encoded now, so input stays borrowed for this call only. */
+    rc = ts_call_async(p->client, p->name, rec, wire, TS_CALL_WAIT, TS_COPY, svc_answered, r);
+    ts_value_free(rec);
+    if (rc == 0) {
+        atomic_fetch_add(&p->n_service, 1);
+        return 0;
+    }
+    char why[TS__BERR_LEN];
+    snprintf(why, sizeof(why), "%s", ts_last_error());
+    int mine = sreq_claim(r);
+    if (mine) {
+        pthread_mutex_lock(&p->mu);
+        sreq_unlink(p, r);
+        pthread_mutex_unlock(&p->mu);
+        sreq_unref(r);
+    }
+    sreq_unref(r); /* the completion's: never called */
+    if (!mine)
+        return 0; /* its deadline passed meanwhile: the callback had its answer */
+    ts__batcher_set_err("sending the request failed: %s", why);
+    return rc;
 }
 
 /* The WAIT's time limit: TS__REMOTE_WAIT_MS, or less to the nearest deadline. Lock held. */
@@ -272,7 +470,7 @@ static void *receive_main(void *arg)
     for (;;) {
         if (atomic_load(&p->stop))
             break;
-        if (!p->chain_running) {
+        if (p->relay && !p->chain_running) {
             if (p->chain_broken) {
                 /* The connection is down: wait before asking again, without the lock. */
                 pthread_mutex_unlock(&p->mu);
@@ -298,10 +496,16 @@ static void *receive_main(void *arg)
         for (const pending_prediction *r = p->pending; r != NULL; r = r->next)
             if (r->deadline_ns != 0 && r->deadline_ns < until)
                 until = r->deadline_ns;
+        /* Calls of the service: tensord answers at their deadline, unless the connection is
+           down (the client then holds a call made meanwhile up to its own, later, limit). */
+        for (const svc_req *r = p->svc_head; r != NULL; r = r->next)
+            if (r->deadline_ns != 0 && r->deadline_ns < until)
+                until = r->deadline_ns;
         p->keeper_until = until;
         if (ts__cond_wait_until(&p->keeper_cv, &p->mu, until) == ETIMEDOUT) {
             pthread_mutex_unlock(&p->mu);
             expire(p, ts__now_ns(), TS_ETIMEDOUT, "no answer before the deadline");
+            svc_expire(p, ts__now_ns(), TS_ETIMEDOUT, "no answer before the deadline");
             pthread_mutex_lock(&p->mu);
         }
     }
@@ -330,7 +534,7 @@ int ts_predictor_open_with(ts_predictor_t **out, ts_client_t *client, const char
 {
     int transport = opts != NULL ? opts->transport : TS_PREDICTOR_AUTO;
     if (transport != TS_PREDICTOR_AUTO && transport != TS_PREDICTOR_RELAY &&
-        transport != TS_PREDICTOR_SHM) {
+        transport != TS_PREDICTOR_SHM && transport != TS_PREDICTOR_SERVICE) {
         ts__batcher_set_err("transport %d: not a ts_predictor_transport_t", transport);
         return TS_EINVAL;
     }
@@ -344,6 +548,8 @@ int ts_predictor_open_with(ts_predictor_t **out, ts_client_t *client, const char
     if (p == NULL)
         return ts__fail(TS_ENOMEM, NULL);
     p->client = client;
+    p->relay = transport == TS_PREDICTOR_RELAY;
+    snprintf(p->name, sizeof(p->name), "%s", name);
     snprintf(p->req_bin, sizeof(p->req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
     /* A reply bin name nobody else picks: time, address and a process-wide counter, mixed. */
     static atomic_uint_fast64_t counter;
@@ -363,8 +569,9 @@ int ts_predictor_open_with(ts_predictor_t **out, ts_client_t *client, const char
     atomic_init(&p->n_shm, 0);
     atomic_init(&p->n_relayed, 0);
     atomic_init(&p->n_oversize, 0);
+    atomic_init(&p->n_service, 0);
     pthread_mutex_init(&p->shm_mu, NULL);
-    if (transport != TS_PREDICTOR_RELAY) {
+    if (transport == TS_PREDICTOR_AUTO || transport == TS_PREDICTOR_SHM) {
         int rc = ts__shm_attach(client, name, &p->shm);
         if (rc != 0 && transport == TS_PREDICTOR_SHM) {
             char why[TS__BERR_LEN];
@@ -413,11 +620,14 @@ void ts_predictor_stats(ts_predictor_t *p, ts_predictor_stats_t *out)
     out->shm = atomic_load(&p->n_shm);
     out->relayed = atomic_load(&p->n_relayed);
     out->oversize = atomic_load(&p->n_oversize);
+    out->service = atomic_load(&p->n_service);
     pthread_mutex_lock(&p->mu);
     int slot = p->shm_state == 1;
     out->reclaimed = (uint64_t)p->shm_reclaimed;
     pthread_mutex_unlock(&p->mu);
-    out->transport = slot && !ts__shm_gone(p->shm) ? TS_PREDICTOR_SHM : TS_PREDICTOR_RELAY;
+    out->transport = slot && !ts__shm_gone(p->shm) ? TS_PREDICTOR_SHM
+                     : p->relay                    ? TS_PREDICTOR_RELAY
+                                                   : TS_PREDICTOR_SERVICE;
 }
 
 void ts_predictor_free(ts_predictor_t *p)
@@ -428,11 +638,13 @@ void ts_predictor_free(ts_predictor_t *p)
     pthread_mutex_lock(&p->mu);
     pthread_cond_broadcast(&p->keeper_cv);
     pthread_mutex_unlock(&p->mu);
-    /* Wake the receiver from its ts_wait: an item without a pending id is ignored. */
-    ts_value_t *wake = ts_map_new();
-    if (wake != NULL && ts_map_set(wake, "id", ts_int_new(0)) == 0)
-        ts_append(p->client, p->reply_bin, wake, NULL);
-    ts_value_free(wake);
+    if (p->relay) {
+        /* Wake the receiver from its ts_wait: an item without a pending id is ignored. */
+        ts_value_t *wake = ts_map_new();
+        if (wake != NULL && ts_map_set(wake, "id", ts_int_new(0)) == 0)
+            ts_append(p->client, p->reply_bin, wake, NULL);
+        ts_value_free(wake);
+    }
     pthread_join(p->th, NULL);
     /* Appends still in flight call back into p: wait for them (bounded by the client). */
     pthread_mutex_lock(&p->mu);
@@ -440,7 +652,18 @@ void ts_predictor_free(ts_predictor_t *p)
         pthread_cond_wait(&p->cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
     expire(p, UINT64_MAX, TS_ECANCELED, "the predictor was freed");
-    ts_delete(p->client, p->reply_bin, NULL);
+    /*
+     * Calls of the service cannot be withdrawn: the ones not answered yet are cancelled here
+     * (their completions, later, find them claimed and leave p alone), and an answer being
+     * delivered now is waited for.
+     */
+    svc_expire(p, UINT64_MAX, TS_ECANCELED, "the predictor was freed");
+    pthread_mutex_lock(&p->mu);
+    while (p->svc_head != NULL)
+        pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+    if (p->relay)
+        ts_delete(p->client, p->reply_bin, NULL);
     ts__shm_detach(p->shm); /* the thread released the slot */
     pthread_mutex_destroy(&p->shm_mu);
     pthread_cond_destroy(&p->keeper_cv);
@@ -496,6 +719,8 @@ int ts_predictor_predict_async(ts_predictor_t *p, const ts_value_t *input, int t
     int t = timeout_ms == TS_TIMEOUT_DEFAULT    ? TS_PREDICTOR_DEFAULT_TIMEOUT_MS
             : timeout_ms == TS_TIMEOUT_INFINITE ? -1
                                                 : timeout_ms;
+    if (!p->relay)
+        return svc_predict(p, input, t, cb, arg);
     pending_prediction *r = ts__calloc(1, sizeof(*r));
     sent_request *s = ts__calloc(1, sizeof(*s));
     ts_value_t *rec = ts_map_new();

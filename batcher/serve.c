@@ -1,18 +1,29 @@
 /*
- * Serving a batcher through tensord (ts_batcher_serve, ts_batcher_follow_weights): requests are
- * taken from NAME/requests and answered into each requester's reply bin; weight updates are
- * followed from a parameters bin. Built on the public client API only, like a user program; the
- * engine learns of it only through ts_batcher_s.remote and remote_stop.
+ * Serving a batcher through tensord (ts_batcher_serve, ts_batcher_follow_weights): the service
+ * NAME takes remote predictions (each call is submitted to the batcher and answered from its
+ * completion); requests are also taken from NAME/requests and answered into each requester's
+ * reply bin (the relay, for predictors that use it); weight updates are followed from a
+ * parameters bin. Built on the public client API only, like a user program; the engine learns
+ * of it only through ts_batcher_s.remote and remote_stop.
  *
- * Requests are taken by a chain of asynchronous calls on the serving client's I/O thread: a
- * WAIT on NAME/requests whose callback issues the GET, whose callback submits the requests to
- * the batcher and issues the next GET (when items remain) or WAIT. No thread is woken between
- * the WAIT's reply, the GET and the submits (a serve thread making the two calls blocking was
- * woken twice per group of requests). The serve thread only starts the chain and restarts it,
- * after a pause, when a call failed (the connection is down).
+ * The service's calls come on the serving client's I/O thread (ts_service_register's callback),
+ * are submitted without a copy of their input (the request record is kept until the answer),
+ * and are answered with ts_call_reply on the thread that completes the prediction. Each call
+ * stays on the service's list until it is answered, so that stopping can answer the ones still
+ * in the batcher (TS_ECANCELED) and wait for answers being sent: nothing calls ts_call_reply on
+ * the client once ts_batcher_stop_remote has returned.
+ *
+ * The relay's requests are taken by a chain of asynchronous calls on the serving client's I/O
+ * thread: a WAIT on NAME/requests whose callback issues the GET, whose callback submits the
+ * requests to the batcher and issues the next GET (when items remain) or WAIT. No thread is
+ * woken between the WAIT's reply, the GET and the submits (a serve thread making the two calls
+ * blocking was woken twice per group of requests). The serve thread only starts the chain and
+ * restarts it, after a pause, when a call failed (the connection is down).
  */
 #include "batcher_internal.h"
 #include "shmq.h"
+
+#include "tensorshare/service.h"
 
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -35,8 +46,9 @@ struct remote_server {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* chain_running became 0, or stop */
     int chain_running, chain_broken;
-    uint64_t after, seen; /* the WAIT's version, and the version it last reported */
-    shm_server *shm;      /* same-host slots (ts_batcher_serve_shm), or NULL */
+    uint64_t after, seen;   /* the WAIT's version, and the version it last reported */
+    shm_server *shm;        /* same-host slots (ts_batcher_serve_shm), or NULL */
+    struct svc_server *svc; /* the service NAME, or NULL (tensord without services) */
 };
 
 /* The items of one ts_get, shared by the requests decoded from them. */
@@ -450,6 +462,244 @@ static void *serve_main(void *arg)
     return NULL;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The service NAME
+ */
+
+/*
+ * The serving side of the service: refcounted by the server and by every call it has taken
+ * until that call's prediction completed (completions may come after stopping).
+ */
+typedef struct svc_server {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;     /* closed, and the list emptied and replying reached 0 */
+    struct svc_call *head; /* calls not answered yet (doubly linked), under mu */
+    int replying;          /* completions between taking a call and its ts_call_reply's return */
+    int closed;            /* stopping: no call comes any more */
+    atomic_int refs;
+    ts_batcher_t *b;
+    remote_server *rem; /* valid until closed (the callback is not called after that) */
+    ts_service_t *reg;
+} svc_server;
+
+/* One call taken by the service, in the batcher, until its prediction completes. */
+typedef struct svc_call {
+    struct svc_call *prev, *next; /* the server's list, while call is not NULL */
+    svc_server *ss;
+    ts_call_t *call;     /* answered (and set to NULL) exactly once, under ss->mu's claim */
+    ts_value_t *request; /* the caller's record, holding the input the batcher reads */
+    uint64_t id;         /* the batcher's id of the prediction, for ts_batcher_cancel */
+} svc_call;
+
+static void svc_unref(svc_server *ss)
+{
+    if (atomic_fetch_sub(&ss->refs, 1) != 1)
+        return;
+    pthread_cond_destroy(&ss->cv);
+    pthread_mutex_destroy(&ss->mu);
+    ts__free(ss);
+}
+
+/* Unlink k (it is on the list). Lock held. */
+static void svc_unlink(svc_server *ss, svc_call *k)
+{
+    if (k->prev != NULL)
+        k->prev->next = k->next;
+    else
+        ss->head = k->next;
+    if (k->next != NULL)
+        k->next->prev = k->prev;
+    k->prev = k->next = NULL;
+}
+
+/*
+ * Answer call with a prediction's outcome: {status: 0, version, output} (output taken over), or
+ * {status: TS_E*, version, error} for a failed one. The protocol's statuses have no TS_ESCHEMA,
+ * TS_EMODEL or TS_ECANCELED, so failures travel in the record (ts_call_fail would turn them into
+ * TS_ESERVER); only an answer that cannot be built is failed with TS_ENOMEM.
+ */
+static void svc_answer(ts_call_t *call, int status, ts_value_t *output, int64_t version,
+                       const char *msg)
+{
+    ts_value_t *rec = ts_map_new();
+    int rc = rec != NULL ? 0 : TS_ENOMEM;
+    if (rc == 0)
+        rc = ts_map_set(rec, "status", ts_int_new(status));
+    if (rc == 0)
+        rc = ts_map_set(rec, "version", ts_int_new(version));
+    if (rc == 0 && status == 0) {
+        rc = ts_map_set(rec, "output", output);
+        output = NULL;
+    } else if (rc == 0) {
+        const char *m = msg != NULL && msg[0] != '\0' ? msg : ts_strerror(status);
+        rc = ts_map_set(rec, "error", ts_string_new(m, strlen(m)));
+    }
+    ts_value_free(output);
+    /* A reply that cannot be sent is dropped by the client: the caller's deadline covers it. */
+    if (rc == 0)
+        (void)ts_call_reply(call, rec);
+    else
+        (void)ts_call_fail(call, TS_ENOMEM, "the server could not build the answer");
+    ts_value_free(rec);
+}
+
+/* A call's prediction completed (a batcher thread): answer it unless stopping already did. */
+static void svc_done(ts_batcher_t *b, int status, ts_value_t *output, int64_t version, void *arg)
+{
+    (void)b;
+    svc_call *k = arg;
+    svc_server *ss = k->ss;
+    pthread_mutex_lock(&ss->mu);
+    ts_call_t *call = k->call;
+    k->call = NULL;
+    if (call != NULL) {
+        svc_unlink(ss, k);
+        ss->replying++;
+    }
+    pthread_mutex_unlock(&ss->mu);
+    if (call != NULL) {
+        svc_answer(call, status, output, version, status != 0 ? ts_last_error() : NULL);
+        pthread_mutex_lock(&ss->mu);
+        if (--ss->replying == 0 && ss->closed && ss->head == NULL)
+            pthread_cond_broadcast(&ss->cv);
+        pthread_mutex_unlock(&ss->mu);
+    } else {
+        ts_value_free(output); /* answered when its submit failed */
+    }
+    ts_value_free(k->request);
+    ts__free(k);
+    svc_unref(ss);
+}
+
+/*
+ * A call for the service (the serving client's I/O thread, one at a time): check the request
+ * {input: <input tree>} and submit the input, borrowed from the request, with the deadline the
+ * caller has left. A request that is not a map with an input, or whose input does not match the
+ * schema, is malformed: counted, reported, and answered with TS_ESCHEMA.
+ */
+static void svc_request(ts_service_t *reg, ts_call_t *call, ts_value_t *request, void *arg)
+{
+    (void)reg;
+    svc_server *ss = arg;
+    remote_server *rem = ss->rem;
+    const ts_value_t *input =
+        ts_value_type(request) == TS_TYPE_MAP ? ts_map_get(request, "input") : NULL;
+    if (input == NULL) {
+        malformed(rem, "call %llu: not a map with an 'input'",
+                  (unsigned long long)ts_call_id(call));
+        svc_answer(call, TS_ESCHEMA, NULL, 0, "the request is not a map with an 'input'");
+        ts_value_free(request);
+        return;
+    }
+    svc_call *k = ts__calloc(1, sizeof(*k));
+    if (k == NULL) {
+        (void)ts_call_fail(call, TS_ENOMEM, "the server is out of memory");
+        ts_value_free(request);
+        return;
+    }
+    k->ss = ss;
+    k->call = call;
+    k->request = request;
+    atomic_fetch_add(&ss->refs, 1);
+    pthread_mutex_lock(&ss->mu);
+    k->next = ss->head;
+    if (ss->head != NULL)
+        ss->head->prev = k;
+    ss->head = k;
+    pthread_mutex_unlock(&ss->mu);
+    /* The caller's time left, as the batcher's deadline (tensord answers TIMEOUT at it too). */
+    uint32_t left = ts_call_timeout_ms(call);
+    int t = left > (uint32_t)INT32_MAX ? INT32_MAX : left == 0 ? 1 : (int)left;
+    ts_predict_options_t po;
+    ts_predict_options_init(&po);
+    po.timeout_ms = t;
+    /* The id is written before the prediction can complete (under the batcher's lock). */
+    int rc = ts_batcher_predict_async_with(rem->b, input, &po, svc_done, k, &k->id);
+    if (rc == 0)
+        return; /* from here on k belongs to svc_done */
+    char why[TS__BERR_LEN];
+    snprintf(why, sizeof(why), "%s", ts_last_error());
+    if (rc == TS_ESCHEMA)
+        malformed(rem, "call %llu: %s", (unsigned long long)ts_call_id(call), why);
+    /* Never submitted, so never completed: stopping cannot have taken it (it waits for this
+       callback to return before it looks at the list). */
+    pthread_mutex_lock(&ss->mu);
+    svc_unlink(ss, k);
+    k->call = NULL;
+    pthread_mutex_unlock(&ss->mu);
+    svc_answer(call, rc, NULL, 0, why);
+    ts_value_free(request);
+    ts__free(k);
+    svc_unref(ss);
+}
+
+/* The concurrency the service registers with when the options name none. */
+static int svc_default_concurrency(const ts_batcher_t *b)
+{
+    int64_t n = (int64_t)TS_BATCHER_SERVICE_BATCHES * b->max_batch * b->n_rep;
+    if (n < TS_BATCHER_SERVICE_MIN_CONCURRENCY)
+        n = TS_BATCHER_SERVICE_MIN_CONCURRENCY;
+    return n > TS_SERVICE_MAX_CONCURRENCY ? TS_SERVICE_MAX_CONCURRENCY : (int)n;
+}
+
+/*
+ * Register the service name on rem's client (a blocking call). 0 and *out; 0 and NULL when
+ * tensord does not know services (an older one: only the relay serves); or the error.
+ */
+static int svc_start(remote_server *rem, const char *name, int concurrency, svc_server **out)
+{
+    *out = NULL;
+    svc_server *ss = ts__calloc(1, sizeof(*ss));
+    if (ss == NULL)
+        return ts__fail(TS_ENOMEM, NULL);
+    pthread_mutex_init(&ss->mu, NULL);
+    pthread_cond_init(&ss->cv, NULL);
+    atomic_init(&ss->refs, 1);
+    ss->rem = rem;
+    ss->b = rem->b;
+    ts_service_options_t so;
+    ts_service_options_init(&so);
+    so.concurrency = concurrency > 0 ? concurrency : svc_default_concurrency(rem->b);
+    int rc = ts_service_register(&ss->reg, rem->client, name, &so, svc_request, ss);
+    if (rc != 0) {
+        svc_unref(ss);
+        return rc == TS_EUNKNOWNOP ? 0 : rc;
+    }
+    *out = ss;
+    return 0;
+}
+
+/*
+ * Stop the service: no call is taken once tensord confirms; the calls still queued in the
+ * batcher are cancelled (they are answered TS_ECANCELED), and the answers of those in a forward
+ * now are waited for, so that nothing uses the client once this returns.
+ */
+static void svc_stop(svc_server *ss)
+{
+    if (ss == NULL)
+        return;
+    ts_service_unregister(ss->reg); /* no callback runs once it returns */
+    pthread_mutex_lock(&ss->mu);
+    ss->closed = 1;
+    size_t n = 0;
+    for (const svc_call *k = ss->head; k != NULL; k = k->next)
+        n++;
+    uint64_t *ids = n > 0 ? ts__calloc(n, sizeof(*ids)) : NULL;
+    size_t i = 0;
+    for (const svc_call *k = ss->head; k != NULL && ids != NULL; k = k->next)
+        ids[i++] = k->id;
+    pthread_mutex_unlock(&ss->mu);
+    /* Those not queued any more are in a forward (or being answered): they complete soon. */
+    for (size_t j = 0; j < i; j++)
+        (void)ts_batcher_cancel(ss->b, ids[j]);
+    ts__free(ids);
+    pthread_mutex_lock(&ss->mu);
+    while (ss->head != NULL || ss->replying > 0)
+        pthread_cond_wait(&ss->cv, &ss->mu);
+    pthread_mutex_unlock(&ss->mu);
+    svc_unref(ss);
+}
+
 static void params_release(const ts_value_t *params, void *arg)
 {
     (void)params;
@@ -539,23 +789,51 @@ int ts_batcher_serve_with(ts_batcher_t *b, ts_client_t *client, const char *name
                             (int)(TS_MAX_NAME_LEN - strlen(TS_BATCHER_REQ_SUFFIX)));
         return TS_EINVAL;
     }
+    if (opts != NULL &&
+        (opts->service_concurrency < 0 || opts->service_concurrency > TS_SERVICE_MAX_CONCURRENCY)) {
+        ts__batcher_set_err("service_concurrency %d: 0 (the default) to %d",
+                            opts->service_concurrency, TS_SERVICE_MAX_CONCURRENCY);
+        return TS_EINVAL;
+    }
+    /* Reserved under the lock; the service is registered without it (a blocking call). */
     pthread_mutex_lock(&b->mu);
     remote_server *rem = remote_get(b, client);
     int rc = rem == NULL ? TS_EINVAL : rem->serving ? TS_EINVAL : 0;
     if (rc == 0) {
+        rem->serving = 1;
         snprintf(rem->req_bin, sizeof(rem->req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
         if (opts != NULL)
             rem->opts = *opts;
         else
             ts_batcher_serve_options_init(&rem->opts);
-        if (pthread_create(&rem->serve_th, NULL, serve_main, rem) != 0)
-            rc = TS_ENOMEM;
-        else
-            rem->serving = 1;
     }
     pthread_mutex_unlock(&b->mu);
-    if (rc != 0)
+    if (rc != 0) {
         ts__batcher_set_err("already serving, or another client is in use");
+        return rc;
+    }
+    svc_server *ss = NULL;
+    rc = svc_start(rem, name, rem->opts.service_concurrency, &ss);
+    pthread_mutex_lock(&b->mu);
+    if (rc == 0 && b->remote != rem) {
+        rc = TS_EINVAL; /* serving stopped meanwhile: the caller's race */
+        ts__batcher_set_err("serving stopped while the service was registered");
+    }
+    if (rc == 0 && pthread_create(&rem->serve_th, NULL, serve_main, rem) != 0) {
+        rc = TS_ENOMEM;
+        ts__batcher_set_err("cannot start the serve thread");
+    }
+    if (rc == 0)
+        rem->svc = ss;
+    else if (b->remote == rem)
+        rem->serving = 0;
+    pthread_mutex_unlock(&b->mu);
+    if (rc != 0) {
+        char why[TS__BERR_LEN];
+        snprintf(why, sizeof(why), "%s", ts_last_error());
+        svc_stop(ss);
+        ts__batcher_set_err("%s", why);
+    }
     return rc;
 }
 
@@ -629,8 +907,10 @@ static void remote_stop(ts_batcher_t *b)
     pthread_mutex_unlock(&b->mu);
     if (rem == NULL)
         return;
-    /* The slots close first: their requesters relay from now on, while the relay still runs. */
+    /* The slots close first: their requesters use the service from now on, while it runs. */
     ts__shm_serve_stop(rem->shm);
+    /* Then the service: its calls still in the batcher are answered TS_ECANCELED. */
+    svc_stop(rem->svc);
     atomic_store(&rem->stop, 1);
     pthread_mutex_lock(&rem->mu);
     pthread_cond_broadcast(&rem->cv);

@@ -428,7 +428,20 @@ typedef void (*ts_batcher_malformed_cb)(ts_batcher_t *b, int status, void *arg);
 typedef struct ts_batcher_serve_options_s {
     ts_batcher_malformed_cb on_malformed; /* may be NULL (the default): only counted */
     void *on_malformed_arg;               /* passed to on_malformed; never read by the batcher */
+    /*
+     * Calls of the service NAME that tensord hands this server before it has answered them
+     * (ts_service_options_t.concurrency): 0 (the default) for TS_BATCHER_SERVICE_BATCHES x
+     * max_batch x replicas, at least TS_BATCHER_SERVICE_MIN_CONCURRENCY; at most
+     * TS_SERVICE_MAX_CONCURRENCY. Calls past it wait in tensord, where another server of the
+     * same name may take them. Added in 0.6.0.
+     */
+    int service_concurrency;
 } ts_batcher_serve_options_t;
+
+/* The default service concurrency, in batches of max_batch rows per replica. Added in 0.6.0. */
+#define TS_BATCHER_SERVICE_BATCHES 4
+/* calls; the default service concurrency is at least this. Added in 0.6.0. */
+#define TS_BATCHER_SERVICE_MIN_CONCURRENCY 64
 
 /* Fill opts with the defaults (no callback). Added in 0.2.0. */
 TS_EXTERN void ts_batcher_serve_options_init(ts_batcher_serve_options_t *opts);
@@ -525,7 +538,8 @@ typedef enum ts_predictor_transport_e {
     TS_PREDICTOR_AUTO = 0,
     TS_PREDICTOR_RELAY = 1, /* always through the bins on tensord */
     /* slots or fail: ts_predictor_open_with gives TS_ENOTSUP when no slot can be had */
-    TS_PREDICTOR_SHM = 2
+    TS_PREDICTOR_SHM = 2,
+    TS_PREDICTOR_SERVICE = 3 /* always calls of the service NAME. Added in 0.6.0. */
 } ts_predictor_transport_t;
 
 /* The predictor's options; fill with ts_predictor_options_init. Added in 0.3.0. */
@@ -563,6 +577,7 @@ typedef struct ts_predictor_stats_s {
     uint64_t oversize;  /* of relayed: inputs larger than the slot's request area */
     int transport;      /* TS_PREDICTOR_SHM while it holds a usable slot, else RELAY */
     uint64_t reclaimed; /* 1 when its slot was taken over from a requester that died */
+    uint64_t service;   /* requests sent as calls of the service. Added in 0.6.0. */
 } ts_predictor_stats_t;
 
 /* Copy p's counters into *out. Thread-safe. Added in 0.3.0. */

@@ -2,9 +2,9 @@
  * The batcher's same-host slots (ts_batcher_serve_shm) against a real tensord: requesters in
  * other processes answered through the slots; a requester killed mid-request whose slot the
  * next one takes over while the server goes on; a server killed mid-request (its requester
- * fails at once with TS_ECONNRESET, then relays); a server that stops cleanly (requesters relay
- * to the next server); inputs larger than the request area relayed, answers larger than the
- * answer area refused; the forced transports.
+ * fails at once with TS_ECONNRESET, then calls the service); a server that stops cleanly
+ * (requesters call the service of the next server); inputs larger than the request area sent
+ * through the service, answers larger than the answer area refused; the forced transports.
  *
  * Children are forked before the process starts any thread (the batcher's, a client's) and wait
  * on a pipe; every wait is bounded and every child is reaped or killed by its pid.
@@ -256,7 +256,7 @@ static int requester_main(const char *addr, int index, int in, int out)
             rc = 13;
     if (rc == 0) {
         ts_predictor_stats(p, &st);
-        if (st.shm != PROC_REQUESTS || st.relayed != 0)
+        if (st.shm != PROC_REQUESTS || st.relayed != 0 || st.service != 0)
             rc = 14;
     }
     ts_predictor_free(p);
@@ -338,7 +338,7 @@ static int reuser_main(const char *addr, int index, int in, int out)
             rc = 13;
     if (rc == 0) {
         ts_predictor_stats(p, &st);
-        if (st.shm != 20 || st.relayed != 0)
+        if (st.shm != 20 || st.relayed != 0 || st.service != 0)
             rc = 14;
     }
     ts_predictor_free(p);
@@ -447,21 +447,22 @@ static void test_shm_server_killed(void **state)
     assert_int_equal(rc, TS_ECONNRESET);
     assert_non_null(strstr(ts_last_error(), "died"));
     assert_true(took < TIMEOUT_MS);
-    /* From now on the relay, where nobody serves: the request's own deadline. */
+    /* From now on the service, which nobody serves: the request's own deadline. */
     ts_predictor_stats(p, &st);
-    assert_int_equal(st.transport, TS_PREDICTOR_RELAY);
+    assert_int_equal(st.transport, TS_PREDICTOR_SERVICE);
     rc = ts_predictor_predict(p, in, 300, &out, NULL);
     assert_int_equal(rc, TS_ETIMEDOUT);
     ts_predictor_stats(p, &st);
     assert_int_equal(st.shm, 1);
-    assert_int_equal(st.relayed, 1);
+    assert_int_equal(st.service, 1);
+    assert_int_equal(st.relayed, 0);
     ts_value_free(in);
     assert_int_equal(reap(&server), -1);
     /* Its descriptor and object are left behind: a new predictor sees the server is gone. */
     ts_predictor_t *p2 = NULL;
     assert_int_equal(ts_predictor_open(&p2, c, "policy"), 0);
     ts_predictor_stats(p2, &st);
-    assert_int_equal(st.transport, TS_PREDICTOR_RELAY);
+    assert_int_equal(st.transport, TS_PREDICTOR_SERVICE);
     ts_predictor_free(p2);
     /* A killed server leaves its object's name behind: remove it by the descriptor's path. */
     ts_items_t *items = NULL;
@@ -497,7 +498,8 @@ static int stopper_main(const char *addr, int index, int in, int out)
     ts_predictor_stats_t st;
     if (rc == 0) {
         ts_predictor_stats(p, &st);
-        if (st.shm != 5 || st.relayed != 5 || st.transport != TS_PREDICTOR_RELAY)
+        if (st.shm != 5 || st.service != 5 || st.relayed != 0 ||
+            st.transport != TS_PREDICTOR_SERVICE)
             rc = 14;
     }
     ts_predictor_free(p);
@@ -521,7 +523,7 @@ static void test_shm_server_stops(void **state)
     put_byte(q.to, 'g');
     assert_int_equal(get_byte(q.from, WAIT_MS), 's');
     ts_batcher_free(b);
-    /* The next server relays only: the requester falls back to it. */
+    /* The next server offers no slots: the requester calls its service. */
     b = new_batcher(32);
     assert_non_null(b);
     assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
@@ -626,10 +628,11 @@ static void test_shm_sizes_and_transports(void **state)
     assert_int_equal(ts_predictor_open(&p, c, "policy"), 0);
     ts_predictor_stats_t st;
     assert_true(predict_ok(p, 1, 7, WAIT_MS));
-    assert_true(predict_ok(p, 1000, 0, WAIT_MS)); /* 12 000 bytes: relayed */
+    assert_true(predict_ok(p, 1000, 0, WAIT_MS)); /* 12 000 bytes: through the service */
     ts_predictor_stats(p, &st);
     assert_int_equal(st.shm, 1);
-    assert_int_equal(st.relayed, 1);
+    assert_int_equal(st.service, 1);
+    assert_int_equal(st.relayed, 0);
     assert_int_equal(st.oversize, 1);
     assert_int_equal(st.transport, TS_PREDICTOR_SHM);
     /* Fits the request area, not the answer area: refused with a clear error. */
@@ -706,6 +709,7 @@ static void test_shm_look_then_sleep(void **state)
     ts_predictor_stats(p, &st);
     assert_int_equal(st.shm, n + 1);
     assert_int_equal(st.relayed, 0);
+    assert_int_equal(st.service, 0);
     ts_predictor_free(p);
     ts_batcher_free(b);
     ts_client_free(c);
