@@ -249,12 +249,27 @@ ts_client_t *ts__cluster_learn(ts_client_t *c, ts__req *r)
     return to != NULL && to != sh ? to->c : NULL;
 }
 
+static size_t fanout_targets(ts__cluster *cl, ts_client_t **cs, ts__cluster_shard **shs);
+
 ts_client_t *ts__cluster_route(ts_client_t *h, const char *name)
 {
     ts__cluster *cl = h->cl;
     uint16_t slot = name != NULL ? ts__slot(name, strlen(name)) : 0;
     uint16_t k = atomic_load_explicit(&cl->owner[slot], memory_order_acquire);
     return shard_at(cl, k)->c;
+}
+
+ts_client_t *ts__cluster_route_slot(ts_client_t *h, uint16_t slot)
+{
+    ts__cluster *cl = h->cl;
+    uint16_t k = atomic_load_explicit(&cl->owner[slot % TS_SLOTS], memory_order_acquire);
+    return shard_at(cl, k)->c;
+}
+
+size_t ts__cluster_shard_clients(ts_client_t *h, ts_client_t **cs)
+{
+    ts__cluster_shard *shs[TS_SHARD_MAX];
+    return fanout_targets(h->cl, cs, shs);
 }
 
 /* ---------------------------------------------------------------------------------------------

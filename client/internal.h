@@ -708,6 +708,13 @@ void ts__cluster_destroy(ts_client_t *h);
 int ts__cluster_connected(ts_client_t *h);
 /* The shard client that owns name's slot (name NULL: any shard; the caller's checks follow). */
 ts_client_t *ts__cluster_route(ts_client_t *h, const char *name);
+/* The shard client that owns slot (below TS_SLOTS), for calls spread by id (ps.c). */
+ts_client_t *ts__cluster_route_slot(ts_client_t *h, uint16_t slot);
+/*
+ * The shard clients of cluster handle h that own at least one slot, each once, in the order the
+ * handle made them (the map's order first) into cs (TS_SHARD_MAX entries); returns how many.
+ */
+size_t ts__cluster_shard_clients(ts_client_t *h, ts_client_t **cs);
 /* The client a call naming name goes to: c itself, or for a cluster handle its shard client. */
 static inline ts_client_t *ts__route(ts_client_t *c, const char *name)
 {

@@ -12,6 +12,7 @@
 #include "internal.h"
 
 #include "msg.h"
+#include "slot.h"
 
 /* Check a name: at most 255 bytes. 0 and *len, or the error. */
 static int ps_check_name(const char *s, size_t *len)
@@ -45,23 +46,37 @@ static ts__req *ps_flat_req(ts_client_t *c, uint8_t op, size_t len, int *rc)
     return r;
 }
 
+/*
+ * Make an upload of op on name with record item (borrowed: its memory must stay valid until the
+ * request is done) and fixed fields (may be NULL). The request, or NULL with *rc.
+ */
+static ts__req *ps_upload_req(ts_client_t *c, uint8_t op, const char *name, const uint8_t *fixed,
+                              size_t fixed_len, const ts_value_t *item, int *rc)
+{
+    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, op, name, rc);
+    if (r == NULL)
+        return NULL;
+    if (fixed_len > 0)
+        memcpy(ts__req_upload_fixed(r), fixed, fixed_len);
+    *rc = ts__api_attach_record(c, r, item, TS_BORROW);
+    if (*rc != 0) {
+        ts__req_free(r);
+        *rc =
+            ts__fail(*rc, "the %s record cannot be encoded: %s", ts__op_name(op), ts_strerror(*rc));
+        return NULL;
+    }
+    return r;
+}
+
 /* Run an upload of op on name with record item (borrowed) and fixed fields (may be NULL). */
 static int ps_upload(ts_client_t *c, uint8_t op, const char *name, const uint8_t *fixed,
                      size_t fixed_len, const ts_value_t *item, ts__req **done)
 {
     int rc;
     *done = NULL;
-    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, op, name, &rc);
+    ts__req *r = ps_upload_req(c, op, name, fixed, fixed_len, item, &rc);
     if (r == NULL)
         return rc;
-    if (fixed_len > 0)
-        memcpy(ts__req_upload_fixed(r), fixed, fixed_len);
-    rc = ts__api_attach_record(c, r, item, TS_BORROW);
-    if (rc != 0) {
-        ts__req_free(r);
-        return ts__fail(rc, "the %s record cannot be encoded: %s", ts__op_name(op),
-                        ts_strerror(rc));
-    }
     return ts__api_run_blocking(c, r, done);
 }
 
@@ -199,14 +214,9 @@ void ts_emb_options_init(ts_emb_options_t *o, uint32_t dim)
     o->init_scale = 0.05;
 }
 
-int ts_emb_create(ts_client_t *c, const char *name, const ts_emb_options_t *o)
+/* An EMB_CREATE request of table name with settings o for client c, or NULL with *rc. */
+static ts__req *emb_create_req(ts_client_t *c, const char *name, const ts_emb_options_t *o, int *rc)
 {
-    c = ts__route(c, name);
-    int rc = ts__api_check_call(c, 1);
-    if (rc != 0)
-        return rc;
-    if (o == NULL)
-        return ts__fail(TS_EINVAL, "no table settings");
     ts__msg_ps_create_req m = {.name = (const uint8_t *)name,
                                .dim = o->dim,
                                .optimizer = (uint8_t)o->optimizer,
@@ -218,15 +228,84 @@ int ts_emb_create(ts_client_t *c, const char *name, const ts_emb_options_t *o)
                                .beta2 = o->beta2,
                                .eps = o->eps,
                                .init_scale = o->init_scale};
-    if ((rc = ps_check_name(name, &m.name_len)) != 0)
+    m.name_len = strlen(name); /* checked by the caller */
+    size_t len = ts__msg_emb_create_req_size(m.name_len), n;
+    ts__req *r = ps_flat_req(c, TS_OP_EMB_CREATE, len, rc);
+    if (r != NULL)
+        (void)ts__msg_emb_create_req_encode(r->flat, len, &m, &n);
+    return r;
+}
+
+/* The checks every table call makes on its name and settings. */
+static int emb_check(const char *name, const ts_emb_options_t *o)
+{
+    size_t nl;
+    int rc = ps_check_name(name, &nl);
+    if (rc != 0)
         return rc;
+    if (o == NULL)
+        return ts__fail(TS_EINVAL, "no table settings");
     if ((unsigned)o->optimizer > TS_PS_ADAM || (unsigned)o->init > TS_PS_INIT_NORMAL)
         return ts__fail(TS_EINVAL, "unknown optimizer or initializer");
-    size_t len = ts__msg_emb_create_req_size(m.name_len), n;
-    ts__req *r = ps_flat_req(c, TS_OP_EMB_CREATE, len, &rc);
+    return 0;
+}
+
+/*
+ * Run the requests rs[0..n) on the shard clients cs[0..n) at once and check them: 0 when all
+ * succeeded, else the first failure with ts_last_error() naming its shard (by its position in
+ * the cluster's list). Every request that came back stays in rs (NULL for one given up).
+ */
+static int emb_run_all(ts_client_t *const *cs, ts__req **rs, const size_t *shard, size_t n)
+{
+    int rcs[TS_SHARD_MAX];
+    ts__api_run_blocking_all(cs, rs, n, rcs);
+    for (size_t i = 0; i < n; i++) {
+        if (rcs[i] == 0)
+            continue;
+        const char *why = rs[i] != NULL && rs[i]->msg != NULL ? rs[i]->msg : ts_strerror(rcs[i]);
+        return ts__fail(rcs[i], "shard %zu of the cluster: %s", shard[i], why);
+    }
+    return 0;
+}
+
+/* ts_emb_create on cluster handle h: EMB_CREATE on every shard at once. */
+static int emb_create_cluster(ts_client_t *h, const char *name, const ts_emb_options_t *o)
+{
+    int rc = ts__cluster_enter(h);
+    if (rc != 0)
+        return ts__fail(rc, "the client is closing");
+    ts_client_t *cs[TS_SHARD_MAX];
+    ts__req *rs[TS_SHARD_MAX];
+    size_t idx[TS_SHARD_MAX] = {0};
+    size_t k = ts__cluster_shard_clients(h, cs);
+    for (size_t i = 0; i < k; i++) {
+        idx[i] = i;
+        rs[i] = rc == 0 ? emb_create_req(cs[i], name, o, &rc) : NULL;
+    }
+    if (rc == 0)
+        rc = emb_run_all(cs, rs, idx, k);
+    for (size_t i = 0; i < k; i++)
+        ts__req_free(rs[i]);
+    ts__cluster_leave(h);
+    return rc;
+}
+
+int ts_emb_create(ts_client_t *c, const char *name, const ts_emb_options_t *o)
+{
+    if (c != NULL && c->cl != NULL) {
+        int rc = ts__api_check_call(c, 1);
+        if (rc == 0)
+            rc = emb_check(name, o);
+        return rc != 0 ? rc : emb_create_cluster(c, name, o);
+    }
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    if ((rc = emb_check(name, o)) != 0)
+        return rc;
+    ts__req *r = emb_create_req(c, name, o, &rc);
     if (r == NULL)
         return rc;
-    (void)ts__msg_emb_create_req_encode(r->flat, len, &m, &n);
     ts__req *done;
     if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
         return rc;
@@ -281,10 +360,203 @@ static int dedup_ids(const int64_t *ids, size_t n, int64_t **uniq, size_t *nu, s
     return 0;
 }
 
+/*
+ * Rows spread by id over a cluster (docs/PS.md "Several daemons"): the row of id x lives on the
+ * shard that owns the slot of x's 8 little-endian bytes, the cluster's one routing (src/slot.c).
+ */
+static uint16_t emb_id_slot(int64_t id)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)((uint64_t)id >> (8 * i));
+    return ts__slot(b, sizeof(b));
+}
+
+/*
+ * ids[0..n) grouped by shard, the order within each shard kept: the shard clients (cs, *k of
+ * them, the owning shards first), and for each shard j its ids at (*grouped)[off[j]..off[j+1])
+ * whose places in ids are (*from)[off[j]..off[j+1]). grouped and from are the caller's
+ * (ts__free). 0 or TS_ENOMEM.
+ */
+static int emb_group(ts_client_t *h, const int64_t *ids, size_t n, ts_client_t **cs, size_t *k,
+                     size_t *off, int64_t **grouped, size_t **from)
+{
+    size_t nk = ts__cluster_shard_clients(h, cs);
+    uint8_t *sh = ts__malloc(n ? n : 1);
+    int64_t *g = ts__malloc((n ? n : 1) * sizeof(int64_t));
+    size_t *f = ts__malloc((n ? n : 1) * sizeof(size_t));
+    if (sh == NULL || g == NULL || f == NULL) {
+        ts__free(sh);
+        ts__free(g);
+        ts__free(f);
+        return TS_ENOMEM;
+    }
+    size_t count[TS_SHARD_MAX + 1];
+    memset(count, 0, sizeof(count));
+    for (size_t i = 0; i < n; i++) {
+        ts_client_t *to = ts__cluster_route_slot(h, emb_id_slot(ids[i]));
+        size_t j = 0;
+        while (j < nk && cs[j] != to)
+            j++;
+        if (j == nk && nk < TS_SHARD_MAX) /* a shard learned since the list was taken */
+            cs[nk++] = to;
+        if (j >= TS_SHARD_MAX)
+            j = 0; /* cannot happen: every owner is among the handle's shards */
+        sh[i] = (uint8_t)j;
+        count[j]++;
+    }
+    off[0] = 0;
+    for (size_t j = 0; j < nk; j++)
+        off[j + 1] = off[j] + count[j];
+    size_t fill[TS_SHARD_MAX];
+    memcpy(fill, off, nk * sizeof(size_t));
+    for (size_t i = 0; i < n; i++) {
+        size_t at = fill[sh[i]]++;
+        g[at] = ids[i];
+        f[at] = i;
+    }
+    ts__free(sh);
+    *k = nk;
+    *grouped = g;
+    *from = f;
+    return 0;
+}
+
+/*
+ * ts_emb_pull or ts_emb_push (grads non-NULL) on cluster handle h: the ids split by shard, one
+ * EMB_PULL or EMB_PUSH per shard that holds any of them, all sent at once, the rows put back in
+ * the caller's order. A pull sends each id once; a push sends every row (each shard sums the rows
+ * of a duplicate id in the order they come, as one daemon would). *version: the highest of the
+ * versions the shards asked answered.
+ */
+static int emb_split(ts_client_t *h, const char *name, const int64_t *ids, size_t n, uint32_t dim,
+                     const float *grads, double scale, float *out, uint64_t *version)
+{
+    int rc = ts__cluster_enter(h);
+    if (rc != 0)
+        return ts__fail(rc, "the client is closing");
+    int push = grads != NULL;
+    int64_t *uniq = NULL, *grouped = NULL;
+    size_t nu = n, *pos = NULL, *from = NULL;
+    float *gg = NULL;
+    const float **rowp = NULL;
+    ts_client_t *cs[TS_SHARD_MAX];
+    size_t off[TS_SHARD_MAX + 1], k = 0, m = 0;
+    ts_client_t *rc_cs[TS_SHARD_MAX];
+    ts__req *rs[TS_SHARD_MAX];
+    size_t idx[TS_SHARD_MAX] = {0};
+    ts_value_t *vals[TS_SHARD_MAX];
+    const int64_t *send = ids;
+    if (!push) {
+        if (dedup_ids(ids, n, &uniq, &nu, &pos) != 0) {
+            rc = ts__fail(TS_ENOMEM, NULL);
+            goto out;
+        }
+        send = uniq;
+        if ((rowp = ts__malloc((nu ? nu : 1) * sizeof(*rowp))) == NULL) {
+            rc = ts__fail(TS_ENOMEM, NULL);
+            goto out;
+        }
+    }
+    if (emb_group(h, send, nu, cs, &k, off, &grouped, &from) != 0) {
+        rc = ts__fail(TS_ENOMEM, NULL);
+        goto out;
+    }
+    if (push) {
+        /* The gradients in the grouped order: one contiguous record per shard. */
+        size_t bytes;
+        if (__builtin_mul_overflow(nu, (size_t)dim * sizeof(float), &bytes) ||
+            (gg = ts__malloc(bytes ? bytes : 1)) == NULL) {
+            rc = ts__fail(TS_ENOMEM, NULL);
+            goto out;
+        }
+        for (size_t g = 0; g < nu; g++)
+            memcpy(gg + g * dim, grads + from[g] * dim, dim * sizeof(float));
+    }
+    uint8_t fixed[TS_MSG_EMB_PUSH_FIXED];
+    ts__msg_emb_push_fixed_encode(fixed, scale);
+    for (size_t j = 0; j < k && rc == 0; j++) {
+        size_t cnt = off[j + 1] - off[j];
+        if (cnt == 0 && !(nu == 0 && j == 0))
+            continue; /* nothing for this shard (an empty call still asks one, for its version) */
+        int64_t s1[1] = {(int64_t)cnt}, s2[2] = {(int64_t)cnt, (int64_t)dim};
+        ts_value_t *v = ts_tensor_new(TS_INT64, 1, s1, grouped + off[j], TS_BORROW);
+        if (push && v != NULL) {
+            ts_value_t *list = ts_list_new();
+            if (list == NULL || ts_list_push(list, v) != 0) {
+                ts_value_free(v);
+                ts_value_free(list);
+                v = NULL;
+            } else {
+                v = list;
+                if (ts_list_push(list, ts_tensor_new(TS_FLOAT32, 2, s2, gg + off[j] * dim,
+                                                     TS_BORROW)) != 0) {
+                    ts_value_free(list);
+                    v = NULL;
+                }
+            }
+        }
+        if (v == NULL) {
+            rc = ts__fail(TS_ENOMEM, NULL);
+            break;
+        }
+        vals[m] = v;
+        rc_cs[m] = cs[j];
+        idx[m] = j;
+        rs[m] = ps_upload_req(cs[j], push ? TS_OP_EMB_PUSH : TS_OP_EMB_PULL, name,
+                              push ? fixed : NULL, push ? sizeof(fixed) : 0, v, &rc);
+        m++;
+    }
+    if (rc == 0)
+        rc = emb_run_all(rc_cs, rs, idx, m);
+    uint64_t top = 0;
+    for (size_t i = 0; rc == 0 && i < m; i++) {
+        if (push) {
+            top = rs[i]->res.version > top ? rs[i]->res.version : top;
+            continue;
+        }
+        size_t j = idx[i], cnt = off[j + 1] - off[j];
+        ts_items_t *items = rs[i]->res.items;
+        const ts_value_t *root = ts_items_count(items) == 1 ? ts_items_at(items, 0) : NULL;
+        const ts_tensor_t *t = root != NULL ? ts_value_tensor(root) : NULL;
+        if (t == NULL || t->dtype != TS_FLOAT32 || t->ndim != 2 || t->shape[0] != (int64_t)cnt ||
+            t->shape[1] != (int64_t)dim) {
+            rc = ts__fail(TS_EINVAL,
+                          "table '%s' on shard %zu answered rows of another shape than %zu x %u",
+                          name, j, cnt, dim);
+            break;
+        }
+        uint64_t v = ts_items_version(items);
+        top = v > top ? v : top;
+        /* Row g of this shard is distinct id from[off + g]. */
+        const float *rows = t->data;
+        for (size_t g = 0; g < cnt; g++)
+            rowp[from[off[j] + g]] = rows + g * dim;
+    }
+    if (rc == 0 && !push) {
+        for (size_t i = 0; i < n; i++)
+            memcpy(out + i * dim, rowp[pos[i]], dim * sizeof(float));
+    }
+    if (rc == 0 && version != NULL)
+        *version = top;
+    for (size_t i = 0; i < m; i++) {
+        ts__req_free(rs[i]);
+        ts_value_free(vals[i]);
+    }
+out:
+    ts__free(rowp);
+    ts__free(uniq);
+    ts__free(pos);
+    ts__free(grouped);
+    ts__free(from);
+    ts__free(gg);
+    ts__cluster_leave(h);
+    return rc;
+}
+
 int ts_emb_pull(ts_client_t *c, const char *name, const int64_t *ids, size_t n, uint32_t dim,
                 float *out, uint64_t *version)
 {
-    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -293,6 +565,8 @@ int ts_emb_pull(ts_client_t *c, const char *name, const int64_t *ids, size_t n, 
         return rc;
     if ((n > 0 && (ids == NULL || out == NULL)) || dim == 0)
         return ts__fail(TS_EINVAL, "ids, out and a dim above 0 are needed");
+    if (c->cl != NULL)
+        return emb_split(c, name, ids, n, dim, NULL, 0, out, version);
     int64_t *uniq;
     size_t nu, *pos;
     if (dedup_ids(ids, n, &uniq, &nu, &pos) != 0)
@@ -332,7 +606,6 @@ int ts_emb_pull(ts_client_t *c, const char *name, const int64_t *ids, size_t n, 
 int ts_emb_push(ts_client_t *c, const char *name, const int64_t *ids, size_t n, uint32_t dim,
                 const float *grads, double scale, uint64_t *version)
 {
-    c = ts__route(c, name);
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -341,6 +614,9 @@ int ts_emb_push(ts_client_t *c, const char *name, const int64_t *ids, size_t n, 
         return rc;
     if ((n > 0 && (ids == NULL || grads == NULL)) || dim == 0)
         return ts__fail(TS_EINVAL, "ids, grads and a dim above 0 are needed");
+    if (c->cl != NULL)
+        return emb_split(c, name, ids, n, dim, grads != NULL ? grads : (const float *)"", scale,
+                         NULL, version);
     int64_t s1[1] = {(int64_t)n}, s2[2] = {(int64_t)n, (int64_t)dim};
     ts_value_t *list = ts_list_new();
     if (list == NULL || ts_list_push(list, ts_tensor_new(TS_INT64, 1, s1, ids, TS_BORROW)) != 0 ||
@@ -359,4 +635,47 @@ int ts_emb_push(ts_client_t *c, const char *name, const int64_t *ids, size_t n, 
         *version = done->res.version;
     ts__req_free(done);
     return 0;
+}
+
+int ts_emb_versions(ts_client_t *c, const char *name, uint64_t *versions, size_t cap, size_t *n)
+{
+    int rc = ts__api_check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    size_t nl;
+    if ((rc = ps_check_name(name, &nl)) != 0)
+        return rc;
+    if (versions == NULL && cap > 0)
+        return ts__fail(TS_EINVAL, "no room for the versions");
+    int cluster = c->cl != NULL;
+    if (cluster && (rc = ts__cluster_enter(c)) != 0)
+        return ts__fail(rc, "the client is closing");
+    ts_client_t *cs[TS_SHARD_MAX];
+    ts__req *rs[TS_SHARD_MAX];
+    size_t idx[TS_SHARD_MAX] = {0};
+    size_t k = 1;
+    cs[0] = c;
+    if (cluster)
+        k = ts__cluster_shard_clients(c, cs);
+    /* A pull of no ids makes no row and answers the table's version. */
+    int64_t none = 0, shape[1] = {0};
+    ts_value_t *v = ts_tensor_new(TS_INT64, 1, shape, &none, TS_BORROW);
+    if (v == NULL)
+        rc = ts__fail(TS_ENOMEM, NULL);
+    for (size_t i = 0; i < k; i++) {
+        idx[i] = i;
+        rs[i] = rc == 0 ? ps_upload_req(cs[i], TS_OP_EMB_PULL, name, NULL, 0, v, &rc) : NULL;
+    }
+    if (rc == 0)
+        rc = emb_run_all(cs, rs, idx, k);
+    for (size_t i = 0; rc == 0 && i < k && i < cap; i++)
+        versions[i] = ts_items_version(rs[i]->res.items);
+    if (rc == 0 && n != NULL)
+        *n = k;
+    for (size_t i = 0; i < k; i++)
+        ts__req_free(rs[i]);
+    ts_value_free(v);
+    if (cluster)
+        ts__cluster_leave(c);
+    return rc;
 }

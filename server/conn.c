@@ -1289,7 +1289,9 @@ static int start_upload(tsd_conn *c, const ts__hdr *h)
         memcpy(c->cur_fixed, m.fixed, m.fixed_len);
     c->cur_fixed_len = (uint8_t)m.fixed_len;
     uint64_t rlen = m.rec_len;
-    if (tsd_shard_foreign(srv, m.name, m.name_len)) {
+    /* EMB_PULL and EMB_PUSH name a table every shard holds: its rows are spread by id. */
+    int by_id = h->opcode == TS_OP_EMB_PULL || h->opcode == TS_OP_EMB_PUSH;
+    if (!by_id && tsd_shard_foreign(srv, m.name, m.name_len)) {
         /* Another shard's name: nothing reserved, the rest read and dropped, then WRONG_SHARD. */
         c->cur = *h;
         memcpy(c->cur_name, m.name, m.name_len);

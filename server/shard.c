@@ -204,6 +204,9 @@ static void reply_wrong_shard(tsd_conn *c, uint8_t op, uint32_t rid, const uint8
 
 int tsd_shard_refuse(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_t *name, size_t len)
 {
+    /* An embedding table exists on every shard, its rows spread by id (docs/PS.md). */
+    if (op == TS_OP_EMB_PULL || op == TS_OP_EMB_PUSH || op == TS_OP_EMB_CREATE)
+        return 0;
     if (!tsd_shard_foreign(c->srv, name, len))
         return 0;
     reply_wrong_shard(c, op, rid, name, len);
@@ -254,12 +257,14 @@ int tsd_shard_refuse_request(tsd_conn *c, const ts__hdr *h, const ts__msg *m, co
     case TS_MSG_TABLE_REMOVE_REQ:
     case TS_MSG_PS_CREATE_REQ:
     case TS_MSG_PS_PULL_REQ:
-    case TS_MSG_EMB_CREATE_REQ:
         if (len < 1 || (size_t)body[0] > len - 1)
             return 0; /* cannot happen after the decoder; nothing to check */
         return tsd_shard_refuse(c, h->opcode, h->request_id, body + 1, body[0]);
     default:
-        /* HELLO, PING, LIST, STATS, SAVE, SHARD_MAP: local, never WRONG_SHARD. */
+        /*
+         * HELLO, PING, LIST, STATS, SAVE, SHARD_MAP: local, never WRONG_SHARD. EMB_CREATE
+         * neither: an embedding table exists on every shard, its rows spread by id (docs/PS.md).
+         */
         return 0;
     }
 }

@@ -11,8 +11,11 @@
  * version.
  *
  * Every call names its parameter or table and nothing else, so that a client opened on a
- * cluster address routes it like any other call that names a bin (dense parameters by the
- * name's slot; docs/PS.md "Several daemons" for how rows will be split by id).
+ * cluster address routes it like any other call that names a bin: dense parameters by the
+ * name's slot. An embedding table exists on every shard of a cluster and its rows are spread by
+ * id (the slot of the id's 8 little-endian bytes): ts_emb_create goes to every shard, ts_emb_pull
+ * and ts_emb_push split their ids by shard and send the parts at once (since 0.6.0; docs/PS.md
+ * "Several daemons").
  *
  * Conventions are those of tensorshare.h: 0 or a negative TS_E* code with its reason in
  * ts_last_error(), out-parameters written only on success (they may be NULL) except where a
@@ -145,6 +148,17 @@ TS_EXTERN int ts_emb_pull(ts_client_t *c, const char *name, const int64_t *ids, 
  */
 TS_EXTERN int ts_emb_push(ts_client_t *c, const char *name, const int64_t *ids, size_t n,
                           uint32_t dim, const float *grads, double scale, uint64_t *version);
+
+/*
+ * The version of table name on each daemon that holds it: versions[i] for the i-th shard of a
+ * cluster handle (the order of its address list or map file), versions[0] alone for a client of
+ * one daemon; *n gets how many there are (at most the cluster's shards), and only the first cap
+ * are written. One EMB_PULL of no ids per daemon, sent at once; no row is made. On a cluster,
+ * ts_emb_pull's and ts_emb_push's *version is the highest of the shards the call reached; a
+ * worker that needs to know which shard moved keeps this vector instead. Added in 0.6.0.
+ */
+TS_EXTERN int ts_emb_versions(ts_client_t *c, const char *name, uint64_t *versions, size_t cap,
+                              size_t *n);
 
 #ifdef __cplusplus
 }

@@ -133,7 +133,11 @@ static void send_upload(int fd, uint8_t op, uint32_t r, const char *name, const 
     free(body);
 }
 
-/* The opcodes whose request names one bin, stream, table, counter or barrier (no descriptors). */
+/*
+ * The opcodes whose request names one bin, stream, table, counter or barrier (no descriptors).
+ * Not the embedding tables' EMB_CREATE, EMB_PULL and EMB_PUSH: a table exists on every shard,
+ * its rows spread by id (test_ps_cluster).
+ */
 static const uint8_t named_ops[] = {
     TS_OP_GET,           TS_OP_PEEK,         TS_OP_DELETE,        TS_OP_LISTEN,
     TS_OP_UNLISTEN,      TS_OP_WAIT,         TS_OP_TENSOR_BIN,    TS_OP_READ_ROWS,
@@ -141,10 +145,10 @@ static const uint8_t named_ops[] = {
     TS_OP_STREAM_READ,   TS_OP_STREAM_ACK,   TS_OP_STREAM_LEAVE,  TS_OP_STREAM_INFO,
     TS_OP_STREAM_RANGE,  TS_OP_ADD,          TS_OP_TAKE,          TS_OP_BARRIER,
     TS_OP_TABLE_CREATE,  TS_OP_TABLE_SAMPLE, TS_OP_TABLE_UPDATE,  TS_OP_TABLE_REMOVE,
-    TS_OP_TABLE_INFO,    TS_OP_PS_CREATE,    TS_OP_PS_PULL,       TS_OP_EMB_CREATE};
-static const uint8_t upload_ops[] = {
-    TS_OP_PUT,        TS_OP_APPEND,      TS_OP_STREAM_APPEND, TS_OP_PUT_IF,   TS_OP_TABLE_INSERT,
-    TS_OP_WRITE_ROWS, TS_OP_GATHER_ROWS, TS_OP_PS_PUSH,       TS_OP_EMB_PULL, TS_OP_EMB_PUSH};
+    TS_OP_TABLE_INFO,    TS_OP_PS_CREATE,    TS_OP_PS_PULL};
+static const uint8_t upload_ops[] = {TS_OP_PUT,         TS_OP_APPEND,       TS_OP_STREAM_APPEND,
+                                     TS_OP_PUT_IF,      TS_OP_TABLE_INSERT, TS_OP_WRITE_ROWS,
+                                     TS_OP_GATHER_ROWS, TS_OP_PS_PUSH};
 
 /* Send MGET of n names. */
 static void send_mget(int fd, uint32_t r, const char *const *names, uint32_t n)
