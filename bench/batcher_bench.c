@@ -49,9 +49,16 @@
  *     async          the batcher with --max-batch and --max-delay-us.
  *
  * --modes picks among those and limit (comma-separated; default all seven); "remote" adds the
- * blocking single and batched rows through tensord: --tensord starts a private tensord on a free
- * port,
- * --server uses a running one (either implies "remote"). Each repeat runs every selected mode
+ * blocking single and batched rows through tensord, twice: predictors that call the service
+ * NAME (the default transport; group "remote") and predictors that relay through the bins
+ * NAME/requests and their reply bins (TS_PREDICTOR_RELAY; group "relay"), with the ratio of the
+ * two, and the same for remote actors (group rows "actors max ..."): o->threads asynchronous
+ * requesters as in "async", each with its own predictor (as one per actor process; the
+ * predictors on the --clients round-robin), submitting its next request from its answer's
+ * callback on the client's I/O thread. "remote-service" or
+ * "remote-relay" picks one of the transports. --tensord starts a private tensord
+ * on a free port, --server uses a running one (either implies "remote"). Each repeat runs every
+ * selected mode
  * once, in forward order on even repeats and in reverse on odd ones; the summary shows medians
  * over the repeats, and each batched mode's median rate against the better of its two
  * unbatched references. --smoke runs tiny counts once (a test runs it that way).
@@ -227,7 +234,8 @@ typedef struct async_run {
 
 struct actor {
     async_run *run;
-    ts_value_t *in; /* its row, read by the batcher between a submit and its answer */
+    ts_predictor_t *pred; /* remote actors: the predictor it shares with others, else NULL */
+    ts_value_t *in;       /* its row, read by the batcher between a submit and its answer */
     int index;
     int sent; /* requests submitted */
     uint64_t t0;
@@ -246,6 +254,8 @@ static void actor_finish(actor *a)
 
 static void actor_answer(ts_batcher_t *b, int status, ts_value_t *output, int64_t version,
                          void *arg);
+static void remote_actor_answer(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
+                                void *arg);
 
 /* Submit the actor's next request at time now, or finish it. */
 static void actor_step(actor *a, uint64_t now)
@@ -256,7 +266,10 @@ static void actor_step(actor *a, uint64_t now)
     }
     a->sent++;
     a->t0 = now;
-    if (ts_batcher_predict_async(a->run->b, a->in, 0, 60000, actor_answer, a) != 0) {
+    int rc = a->pred != NULL
+                 ? ts_predictor_predict_async(a->pred, a->in, 60000, remote_actor_answer, a)
+                 : ts_batcher_predict_async(a->run->b, a->in, 0, 60000, actor_answer, a);
+    if (rc != 0) {
         a->failures += a->run->o->requests - a->sent + 1;
         actor_finish(a);
     }
@@ -276,8 +289,20 @@ static void actor_answer(ts_batcher_t *b, int status, ts_value_t *output, int64_
     actor_step(a, now);
 }
 
-/* Run the actors on b until each has had o->requests answers. Returns the failures. */
-static int run_actors(const opts *o, ts_batcher_t *b, uint64_t *lat)
+/* A remote actor's answer, on its client's I/O thread: the same as in process. */
+static void remote_actor_answer(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
+                                void *arg)
+{
+    (void)p;
+    actor_answer(NULL, status, output, version, arg);
+}
+
+/*
+ * Run the actors on b until each has had o->requests answers; with preds (n_preds of them),
+ * remote actors, actor i through preds[i % n_preds]. Returns the failures.
+ */
+static int run_actors(const opts *o, ts_batcher_t *b, ts_predictor_t **preds, int n_preds,
+                      uint64_t *lat)
 {
     static actor act[MAX_THREADS];
     async_run r;
@@ -287,7 +312,8 @@ static int run_actors(const opts *o, ts_batcher_t *b, uint64_t *lat)
     pthread_mutex_init(&r.mu, NULL);
     pthread_cond_init(&r.cv, NULL);
     for (int i = 0; i < o->threads; i++) {
-        act[i] = (actor){&r, NULL, i, 0, 0, lat + (size_t)i * (size_t)o->requests, 0};
+        act[i] = (actor){&r, preds != NULL ? preds[i % n_preds] : NULL, NULL, i, 0,
+                         0,  lat + (size_t)i * (size_t)o->requests,     0};
         act[i].in = make_row(i);
     }
     for (int i = 0; i < o->threads; i++)
@@ -353,7 +379,15 @@ static void *direct_worker_main(void *arg)
 /* ---------------------------------------------------------------------------------------------
  * Measurements
  */
-typedef enum kind { K_LIMIT, K_DIRECT, K_BLOCKING, K_ASYNC_DIRECT, K_ASYNC, K_REMOTE } kind;
+typedef enum kind {
+    K_LIMIT,
+    K_DIRECT,
+    K_BLOCKING,
+    K_ASYNC_DIRECT,
+    K_ASYNC,
+    K_REMOTE,
+    K_REMOTE_ASYNC
+} kind;
 
 typedef struct result {
     double rate, cpu_us, p50_us, p99_us, fill; /* cpu_us: process CPU time per request */
@@ -389,7 +423,8 @@ typedef struct mcase {
     const char *token; /* its name in --modes */
     const char *group; /* the kind of requester: blocking, async, remote */
     kind k;
-    int batched; /* --max-batch and --max-delay-us, or one forward per request */
+    int batched;   /* --max-batch and --max-delay-us, or one forward per request */
+    int transport; /* remote: the predictors' ts_predictor_transport_t */
     int on;
     int n; /* repeats measured */
     result r[MAX_REPEATS];
@@ -423,6 +458,8 @@ static void describe(const opts *o, const mcase *c, char *buf, size_t len)
         snprintf(buf, len, "direct, own model");
     else if (c->k == K_ASYNC_DIRECT)
         snprintf(buf, len, "direct, thread per CPU");
+    else if (c->k == K_REMOTE_ASYNC)
+        snprintf(buf, len, "actors max %d, %ld us", o->max_batch, o->delay_us);
     else if (!c->batched)
         snprintf(buf, len, "one forward/request");
     else if (o->min_delay_us > 0)
@@ -464,8 +501,11 @@ static int clone_warm(ts_torch_model_t **out, ts_torch_model_t *proto)
 
 /* Blocking requester threads: own models (direct), the batcher, or predictors. */
 static int run_threads(const opts *o, ts_torch_model_t *proto, ts_batcher_t *b,
-                       ts_client_t **clients, const char *name, span *sp)
+                       ts_client_t **clients, const char *name, int transport, span *sp)
 {
+    ts_predictor_options_t po;
+    ts_predictor_options_init(&po);
+    po.transport = transport;
     static req_thread t[MAX_THREADS];
     static pthread_t th[MAX_THREADS];
     int failures = 0, started = 0;
@@ -475,7 +515,8 @@ static int run_threads(const opts *o, ts_torch_model_t *proto, ts_batcher_t *b,
         t[i] = (req_thread){o, b, NULL, NULL, i, g_lat + (size_t)i * (size_t)o->requests, 0};
         if (proto != NULL && clone_warm(&t[i].own, proto) != 0)
             failures++;
-        if (clients != NULL && ts_predictor_open(&t[i].pred, clients[i % o->clients], name) != 0) {
+        if (clients != NULL &&
+            ts_predictor_open_with(&t[i].pred, clients[i % o->clients], name, &po) != 0) {
             fprintf(stderr, "batcher_bench: predictor %d failed\n", i);
             failures++;
         }
@@ -698,7 +739,7 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
     if (c->k == K_LIMIT)
         return run_limit(o, proto, res);
     if (c->k == K_DIRECT || c->k == K_ASYNC_DIRECT) {
-        failures = c->k == K_DIRECT ? run_threads(o, proto, NULL, NULL, NULL, &sp)
+        failures = c->k == K_DIRECT ? run_threads(o, proto, NULL, NULL, NULL, 0, &sp)
                                     : run_async_direct(o, proto, &sp);
         if (failures == 0)
             finish_result(o, &sp, 1.0, res);
@@ -728,17 +769,42 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
     }
     char name[64];
     snprintf(name, sizeof(name), "bench%d-%d", (int)getpid(), serial++);
-    if (c->k == K_REMOTE && (rc = ts_batcher_serve(b, serve_client, name)) != 0) {
+    int remote = c->k == K_REMOTE || c->k == K_REMOTE_ASYNC;
+    if (remote && (rc = ts_batcher_serve(b, serve_client, name)) != 0) {
         fprintf(stderr, "batcher_bench: serve: %s\n", ts_strerror(rc));
         ts_batcher_free(b);
         return -1;
     }
     if (c->k == K_ASYNC) {
         span_start(&sp);
-        failures = run_actors(o, b, g_lat);
+        failures = run_actors(o, b, NULL, 0, g_lat);
         span_stop(&sp);
+    } else if (c->k == K_REMOTE_ASYNC) {
+        /*
+         * One predictor per actor (as one per actor process), on the clients round-robin; the
+         * actors' callbacks run on their client's I/O thread.
+         */
+        static ts_predictor_t *preds[MAX_THREADS];
+        ts_predictor_options_t po;
+        ts_predictor_options_init(&po);
+        po.transport = c->transport;
+        failures = 0;
+        pin_self(CLIENT_CPU);
+        for (int i = 0; i < o->threads; i++)
+            preds[i] = NULL;
+        for (int i = 0; i < o->threads && failures == 0; i++)
+            failures = ts_predictor_open_with(&preds[i], clients[i % o->clients], name, &po) != 0;
+        if (failures == 0) {
+            span_start(&sp);
+            failures = run_actors(o, b, preds, o->threads, g_lat);
+            span_stop(&sp);
+        }
+        for (int i = 0; i < o->threads; i++)
+            ts_predictor_free(preds[i]);
+        pin_self(SERVER_CPU);
     } else {
-        failures = run_threads(o, NULL, b, c->k == K_REMOTE ? clients : NULL, name, &sp);
+        failures =
+            run_threads(o, NULL, b, c->k == K_REMOTE ? clients : NULL, name, c->transport, &sp);
     }
     ts_batcher_stats_t st;
     ts_batcher_stats(b, &st);
@@ -1108,14 +1174,43 @@ int main(int argc, char **argv)
         {.token = "async-direct", .group = "async", .k = K_ASYNC_DIRECT, .batched = 0},
         {.token = "async-single", .group = "async", .k = K_ASYNC, .batched = 0},
         {.token = "async", .group = "async", .k = K_ASYNC, .batched = 1},
-        {.token = "remote", .group = "remote", .k = K_REMOTE, .batched = 0},
-        {.token = "remote", .group = "remote", .k = K_REMOTE, .batched = 1},
+        {.token = "remote-service",
+         .group = "remote",
+         .k = K_REMOTE,
+         .batched = 0,
+         .transport = TS_PREDICTOR_SERVICE},
+        {.token = "remote-service",
+         .group = "remote",
+         .k = K_REMOTE,
+         .batched = 1,
+         .transport = TS_PREDICTOR_SERVICE},
+        {.token = "remote-relay",
+         .group = "relay",
+         .k = K_REMOTE,
+         .batched = 0,
+         .transport = TS_PREDICTOR_RELAY},
+        {.token = "remote-relay",
+         .group = "relay",
+         .k = K_REMOTE,
+         .batched = 1,
+         .transport = TS_PREDICTOR_RELAY},
+        {.token = "remote-service",
+         .group = "remote",
+         .k = K_REMOTE_ASYNC,
+         .batched = 1,
+         .transport = TS_PREDICTOR_SERVICE},
+        {.token = "remote-relay",
+         .group = "relay",
+         .k = K_REMOTE_ASYNC,
+         .batched = 1,
+         .transport = TS_PREDICTOR_RELAY},
     };
     const int n_cases = (int)(sizeof(cases) / sizeof(cases[0]));
     for (int i = 0; i < n_cases; i++) {
         mcase *c = &cases[i];
-        if (c->k == K_REMOTE)
-            c->on = serve != NULL && !failed && (o.modes == NULL || listed(o.modes, "remote"));
+        if (c->k == K_REMOTE || c->k == K_REMOTE_ASYNC)
+            c->on = serve != NULL && !failed &&
+                    (o.modes == NULL || listed(o.modes, "remote") || listed(o.modes, c->token));
         else
             c->on = o.modes == NULL || listed(o.modes, c->token);
     }
@@ -1156,15 +1251,33 @@ int main(int argc, char **argv)
     const mcase *async_refs[] = {&cases[4], &cases[5]};
     const mcase *all_refs[] = {&cases[1], &cases[2], &cases[4], &cases[5]};
     const mcase *remote_refs[] = {&cases[7]};
+    const mcase *relay_refs[] = {&cases[9]};
     print_ratio("blocking", "blocking mode", &cases[3], blocking_refs, 2);
     print_ratio("async", "async mode", &cases[6], async_refs, 2);
     print_ratio("async", "in-process mode", &cases[6], all_refs, 4);
     print_ratio("remote", "remote mode", &cases[8], remote_refs, 1);
+    print_ratio("relay", "relay mode", &cases[10], relay_refs, 1);
+    /* The service against the relay, each row against its own, measured in the same run. */
+    for (int i = 0; i < 3; i++) {
+        const mcase *svc = i < 2 ? &cases[7 + i] : &cases[11];
+        const mcase *rel = i < 2 ? &cases[9 + i] : &cases[12];
+        if (svc->n == 0 || rel->n == 0)
+            continue;
+        result ms = medians(svc), mr = medians(rel);
+        printf("remote    %-22s  service %.0f req/s = %.2fx the relay through bins (%.0f "
+               "req/s); CPU per request %.1f vs %.1f us; p50 %.0f vs %.0f us\n",
+               i == 0   ? "one forward/request"
+               : i == 1 ? "batched"
+                        : "actors, batched",
+               ms.rate, mr.rate > 0 ? ms.rate / mr.rate : 0.0, mr.rate, ms.cpu_us, mr.cpu_us,
+               ms.p50_us, mr.p50_us);
+    }
     /* Every batched mode against the limit row: the same replicas with no batcher. */
     if (cases[0].n > 0) {
         double limit = medians(&cases[0]).rate;
-        const mcase *batched[] = {&cases[3], &cases[6], &cases[8]};
-        for (int i = 0; i < 3; i++) {
+        const mcase *batched[] = {&cases[3],  &cases[6],  &cases[8],
+                                  &cases[10], &cases[11], &cases[12]};
+        for (int i = 0; i < 6; i++) {
             if (batched[i]->n == 0)
                 continue;
             result m = medians(batched[i]);

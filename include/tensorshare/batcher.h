@@ -385,7 +385,15 @@ TS_EXTERN int ts_batcher_replica_stats(ts_batcher_t *b, int i, ts_batcher_replic
 /* ---------------------------------------------------------------------------------------------
  * Remote use through tensord
  *
- * Bins used, for a served model called NAME:
+ * The service NAME (tensorshare/service.h), for a served model called NAME: each remote
+ * prediction is one call, its request {input: <input tree>} (other keys ignored), its answer
+ * {status: 0, version: int, output: <tree>}, or {status: TS_E* (TS_ESCHEMA, TS_EMODEL,
+ * TS_ETIMEDOUT, TS_ECANCELED, ...), version: int, error: string} for a failed prediction (the
+ * protocol's statuses cannot carry those codes; only an answer that cannot be built is failed
+ * with ts_call_fail, TS_ENOMEM). Added in 0.6.0.
+ *
+ * The relay through bins, kept for predictors that use it (TS_PREDICTOR_RELAY, and those before
+ * 0.6.0):
  *   NAME/requests  requests, appended by remote predictors: a record
  *                  {id: int, reply: string (the predictor's reply bin), timeout_ms: int,
  *                   input: <input tree>}
@@ -398,26 +406,34 @@ TS_EXTERN int ts_batcher_replica_stats(ts_batcher_t *b, int i, ts_batcher_replic
 #define TS_BATCHER_REQ_SUFFIX "/requests"
 
 /*
- * Serve the batcher on tensord under name: requests are taken from NAME/requests in groups
- * (GET with max_items, WAIT between, chained on the client's I/O thread; a thread restarts the
- * chain when the connection comes back), submitted, and each answer is appended to its
- * requester's reply bin. client is borrowed and must outlive the batcher (or
- * ts_batcher_stop_remote). Malformed requests (see ts_batcher_stats_t.malformed) are counted
- * and, when they name an id and a reply bin, answered with TS_ESCHEMA; the others are dropped.
- * One name per batcher; TS_EINVAL when already serving. Added in 0.1.0.
- * Changed in 0.2.0: malformed requests are counted and answered.
+ * Serve the batcher on tensord under name. It registers the service name on client (a blocking
+ * call; the client registers again by itself after a reconnection) with the options'
+ * service_concurrency: each call is handed to this function's callback on the client's I/O
+ * thread, submitted to the batcher at once (its input borrowed from the call's record) with the
+ * time the caller had left as its deadline, and answered with ts_call_reply by the thread that
+ * completes the prediction. Against a tensord without services (TS_EUNKNOWNOP) only the relay
+ * serves. It also serves the relay: requests are taken from NAME/requests in groups (GET with
+ * max_items, WAIT between, chained on the client's I/O thread; a thread restarts the chain when
+ * the connection comes back), submitted, and each answer is appended to its requester's reply
+ * bin. client is borrowed and must outlive the batcher (or ts_batcher_stop_remote). Malformed
+ * requests (see ts_batcher_stats_t.malformed) are counted and answered with TS_ESCHEMA (relayed
+ * ones only when they name an id and a reply bin; the others are dropped). One name per batcher;
+ * TS_EINVAL when already serving or for a bad service_concurrency; the error of
+ * ts_service_register. Added in 0.1.0. Changed in 0.2.0: malformed requests are counted and
+ * answered. Changed in 0.6.0: it serves the service name too.
  */
 TS_EXTERN int ts_batcher_serve(ts_batcher_t *b, ts_client_t *client, const char *name);
 
 /*
- * A malformed request was taken from NAME/requests (see ts_batcher_stats_t.malformed). status
- * is TS_ESCHEMA; ts_last_error() says what was wrong ("not a map", "request 5: no 'input'"). The
- * batcher has already counted it and, when it named an id and a reply bin, answered it with
- * TS_ESCHEMA and that reason; it logs nothing itself. Called on the serving client's I/O thread,
- * one call at a time; keep it short (no requests are taken meanwhile), make no blocking calls
- * on that client from it (they fail with TS_EDEADLK), and do not call ts_batcher_stop_remote
- * or ts_batcher_free from it. Added in 0.2.0. Changed in 0.2.0: it was called on the serve
- * thread.
+ * A malformed request was taken from NAME/requests or called through the service NAME (see
+ * ts_batcher_stats_t.malformed). status is TS_ESCHEMA; ts_last_error() says what was wrong ("not
+ * a map", "request 5: no 'input'", "call 7: not a map with an 'input'", "call 7: <schema
+ * message>"). The batcher has already counted it and answered it with TS_ESCHEMA and that reason
+ * (a relayed one only when it named an id and a reply bin); it logs nothing itself. Called on the
+ * serving client's I/O thread, one call at a time; keep it short (no requests are taken meanwhile),
+ * make no blocking calls on that client from it (they fail with TS_EDEADLK), and do not call
+ * ts_batcher_stop_remote or ts_batcher_free from it. Added in 0.2.0. Changed in 0.2.0: it was
+ * called on the serve thread.
  */
 typedef void (*ts_batcher_malformed_cb)(ts_batcher_t *b, int status, void *arg);
 
@@ -461,8 +477,11 @@ TS_EXTERN int ts_batcher_serve_with(ts_batcher_t *b, ts_client_t *client, const 
 TS_EXTERN int ts_batcher_follow_weights(ts_batcher_t *b, ts_client_t *client, const char *bin);
 
 /*
- * Stop serving and following (waits for those threads, at most about a wait period).
- * Added in 0.1.0.
+ * Stop serving and following (waits for those threads, at most about a wait period). The
+ * service is unregistered (blocking until tensord confirms, at most the client's request
+ * timeout), its calls still queued in the batcher are cancelled (their callers get
+ * TS_ECANCELED) and the answers of those in a forward now are waited for: once this returns,
+ * nothing uses the client any more. Added in 0.1.0. Changed in 0.6.0: the service.
  */
 TS_EXTERN void ts_batcher_stop_remote(ts_batcher_t *b);
 
@@ -526,17 +545,23 @@ TS_EXTERN int ts_batcher_serve_shm(ts_batcher_t *b, ts_client_t *client, const c
 typedef struct ts_predictor_s ts_predictor_t;
 
 /*
- * Open a predictor for the model served as name. client is borrowed and must outlive the
- * predictor. It owns a reply bin (deleted when the predictor is freed) and one thread, which
- * restarts the receiving of answers (done on the client's I/O thread) when the connection comes
- * back. Added in 0.1.0.
+ * Open a predictor for the model served as name (ts_predictor_open_with with the defaults:
+ * TS_PREDICTOR_AUTO). client is borrowed and must outlive the predictor. It owns one thread,
+ * which fails predictions at their deadlines while the connection is down; with the relay it
+ * also owns a reply bin (deleted when the predictor is freed), and its thread restarts the
+ * receiving of answers (done on the client's I/O thread) when the connection comes back.
+ * Added in 0.1.0. Changed in 0.6.0: predictions go through the service NAME.
  */
 TS_EXTERN int ts_predictor_open(ts_predictor_t **out, ts_client_t *client, const char *name);
 /* How a predictor reaches its server (ts_predictor_options_t.transport). Added in 0.3.0. */
 typedef enum ts_predictor_transport_e {
-    /* shared-memory slots when the server advertises them on this host, else the relay */
+    /*
+     * shared-memory slots when the server advertises them on this host, else the service NAME
+     * (Changed in 0.6.0: else the relay before)
+     */
     TS_PREDICTOR_AUTO = 0,
-    TS_PREDICTOR_RELAY = 1, /* always through the bins on tensord */
+    /* always through the bins on tensord (servers before 0.6.0 serve only this) */
+    TS_PREDICTOR_RELAY = 1,
     /* slots or fail: ts_predictor_open_with gives TS_ENOTSUP when no slot can be had */
     TS_PREDICTOR_SHM = 2,
     TS_PREDICTOR_SERVICE = 3 /* always calls of the service NAME. Added in 0.6.0. */
@@ -552,17 +577,19 @@ TS_EXTERN void ts_predictor_options_init(ts_predictor_options_t *opts);
 
 /*
  * ts_predictor_open with options (NULL: the defaults; ts_predictor_open is this with NULL).
- * With TS_PREDICTOR_AUTO, the predictor reads NAME/shm once, here (a blocking call on client),
- * and when the server advertises slots on this host it takes one: its blocking
- * ts_predictor_predict calls then go through the slot, one at a time (a second thread calling
- * at once, an input larger than the request area, and every ts_predictor_predict_async relay
- * through the bins). When the slot's server stops or dies, the request in the slot gets its
- * answer, or TS_ECONNRESET when the server died after taking it (within about
- * TS_PREDICTOR_SHM_CHECK_MS; one it had not taken goes through the relay), or TS_ETIMEDOUT at
- * its deadline, and the predictor relays from then on. Slots whose server already stopped or
- * died are not taken. Same errors as
- * ts_predictor_open, and TS_ENOTSUP for TS_PREDICTOR_SHM without a usable slot.
- * Added in 0.3.0.
+ * With TS_PREDICTOR_AUTO (and TS_PREDICTOR_SHM), the predictor reads NAME/shm once, here (a
+ * blocking call on client), and when the server advertises slots on this host it takes one:
+ * its blocking ts_predictor_predict calls then go through the slot, one at a time (a second
+ * thread calling at once, an input larger than the request area, and every
+ * ts_predictor_predict_async go through the service). When the slot's server stops or dies,
+ * the request in the slot gets its answer, or TS_ECONNRESET when the server died after taking
+ * it (within about TS_PREDICTOR_SHM_CHECK_MS; one it had not taken goes through the service),
+ * or TS_ETIMEDOUT at its deadline, and the predictor calls the service from then on. Slots
+ * whose server already stopped or died are not taken. Predictions through the service are
+ * ts_call_async calls of NAME with TS_CALL_WAIT (a request made while no server serves NAME
+ * waits in tensord for one, up to its deadline). Same errors as ts_predictor_open: TS_EINVAL
+ * (bad arguments or transport), TS_ENOMEM, and TS_ENOTSUP for TS_PREDICTOR_SHM without a usable
+ * slot. Added in 0.3.0. Changed in 0.6.0: the service instead of the relay.
  */
 TS_EXTERN int ts_predictor_open_with(ts_predictor_t **out, ts_client_t *client, const char *name,
                                      const ts_predictor_options_t *opts);
@@ -572,10 +599,15 @@ TS_EXTERN int ts_predictor_open_with(ts_predictor_t **out, ts_client_t *client, 
 
 /* A predictor's counters. Added in 0.3.0. */
 typedef struct ts_predictor_stats_s {
-    uint64_t shm;       /* requests sent through the shared-memory slot */
-    uint64_t relayed;   /* requests sent through the bins */
-    uint64_t oversize;  /* of relayed: inputs larger than the slot's request area */
-    int transport;      /* TS_PREDICTOR_SHM while it holds a usable slot, else RELAY */
+    uint64_t shm;     /* requests sent through the shared-memory slot */
+    uint64_t relayed; /* requests sent through the bins */
+    /* of relayed and service: inputs larger than the slot's request area */
+    uint64_t oversize;
+    /*
+     * TS_PREDICTOR_SHM while it holds a usable slot, else TS_PREDICTOR_RELAY when opened so,
+     * else TS_PREDICTOR_SERVICE (Changed in 0.6.0)
+     */
+    int transport;
     uint64_t reclaimed; /* 1 when its slot was taken over from a requester that died */
     uint64_t service;   /* requests sent as calls of the service. Added in 0.6.0. */
 } ts_predictor_stats_t;
@@ -584,8 +616,10 @@ typedef struct ts_predictor_stats_s {
 TS_EXTERN void ts_predictor_stats(ts_predictor_t *p, ts_predictor_stats_t *out);
 
 /*
- * Outstanding requests complete with TS_ECANCELED; the reply bin is deleted. NULL is a no-op.
- * Added in 0.1.0.
+ * Outstanding requests complete with TS_ECANCELED before this returns; the reply bin (relay) is
+ * deleted. A call of the service cannot be withdrawn from tensord: its answer, if one comes, is
+ * dropped without touching the freed predictor. Must not be called from a predictor callback.
+ * NULL is a no-op. Added in 0.1.0.
  */
 TS_EXTERN void ts_predictor_free(ts_predictor_t *p);
 
@@ -612,10 +646,14 @@ typedef void (*ts_predictor_cb)(ts_predictor_t *p, int status, ts_value_t *outpu
 /*
  * Send a request (input borrowed for the call: it is encoded and sent before this returns).
  * timeout_ms: positive milliseconds, TS_TIMEOUT_DEFAULT for TS_PREDICTOR_DEFAULT_TIMEOUT_MS, or
- * TS_TIMEOUT_INFINITE for none; 0 gives TS_EINVAL. The callback gets TS_ETIMEDOUT when no answer
- * came in time; the server also drops the request if it is still queued there that long after
- * the server took it from the request bin. Any number may be outstanding.
- * Added in 0.2.0. It replaces ts_predictor_submit.
+ * TS_TIMEOUT_INFINITE for none (through the service: the longest call tensord accepts, 24
+ * hours); 0 gives TS_EINVAL. The callback gets TS_ETIMEDOUT when no answer came in time, and
+ * TS_ESERVICE when the serving process holding the call died or lost its connection; the
+ * server also drops the request if it is still queued there when the time is up (measured from
+ * when the server took it). Any number may be outstanding (through the service at most the
+ * serving tensord's --max-watch per connection: TS_ETOOMANY). Errors here: TS_EINVAL,
+ * TS_ENOMEM, and the client's (ts_call_async's or ts_append_async's).
+ * Added in 0.2.0. It replaces ts_predictor_submit. Changed in 0.6.0: TS_ESERVICE.
  */
 TS_EXTERN int ts_predictor_predict_async(ts_predictor_t *p, const ts_value_t *input, int timeout_ms,
                                          ts_predictor_cb cb, void *arg);

@@ -6,15 +6,16 @@
  *           [--params BIN] [--timeout-ms MS] [--threads N] [--stats-s S]
  *           [--min-delay-us US] [--preferred ROWS,...] [--amp bfloat16|float16]
  *
- * Remote workers submit to the bin NAME/requests with ts_predictor_* (batcher.h); tsinfer
- * batches their rows on the model's replicas and appends each answer to its requester's reply
- * bin. With --params it loads every {params, version} a trainer puts into BIN, between forwards.
- * SIGINT or SIGTERM stop it: pending requests are answered with TS_ECANCELED.
+ * Remote workers call the service NAME with ts_predictor_* (batcher.h), or relay through the bin
+ * NAME/requests (TS_PREDICTOR_RELAY); tsinfer batches their rows on the model's replicas and
+ * answers each call (or appends each relayed answer to its requester's reply bin). With --params it
+ * loads every {params, version} a trainer puts into BIN, between forwards. SIGINT or SIGTERM stop
+ * it: pending requests are answered with TS_ECANCELED.
  *
  * ts_batcher_serve_with takes the requests; it counts each malformed request (not a request
- * record, no reply bin, no input, or an input that does not match the schema), answers it with
- * TS_ESCHEMA where it names a reply bin, and reports it to on_malformed, which logs it here (at
- * most LOG_BURST lines per LOG_WINDOW_S seconds).
+ * record, no input, no reply bin for a relayed one, or an input that does not match the
+ * schema), answers it with TS_ESCHEMA (a relayed one where it names a reply bin), and reports it
+ * to on_malformed, which logs it here (at most LOG_BURST lines per LOG_WINDOW_S seconds).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -54,9 +55,10 @@ static void usage(FILE *f)
             "  --preferred ROWS,...  batch sizes that run as soon as the queue reaches them\n"
             "  --amp DTYPE  run the replicas under autocast (bfloat16; float16 on CUDA only)\n"
             "On exit tsinfer prints how many requests were answered, failed (the model failed or\n"
-            "a deadline passed) and were malformed (not a request record, no reply bin, no input,\n"
-            "or an input that does not match --input; each is logged on stderr, at most %d\n"
-            "lines per %d s, and answered with ESCHEMA when it names a reply bin).\n",
+            "a deadline passed) and were malformed (not a request record, no input, no reply bin\n"
+            "for a relayed one, or an input that does not match --input; each is logged on\n"
+            "stderr, at most %d lines per %d s, and answered with ESCHEMA, a relayed one when it\n"
+            "names a reply bin). Workers call the service NAME (or relay through NAME/requests).\n",
             LOG_BURST, LOG_WINDOW_S);
 }
 
