@@ -106,7 +106,8 @@ int ts_ps_create(ts_client_t *c, const char *name, const ts_ps_options_t *o, uin
     ts__msg_ps_create_req m = {.name = (const uint8_t *)name,
                                .optimizer = (uint8_t)o->optimizer,
                                .mode = (uint8_t)o->mode,
-                               .flags = o->lr_staleness ? TS_PS_FLAG_LR_STALENESS : 0,
+                               .flags = (uint8_t)((o->lr_staleness ? TS_PS_FLAG_LR_STALENESS : 0) |
+                                                  (o->keep ? TS_PS_FLAG_KEEP : 0)),
                                .sync_k = o->sync_k,
                                .tolerance = o->tolerance,
                                .lr = o->lr,

@@ -712,7 +712,8 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
     char pn[PS_NAME_CAP], msg[200];
     tsd_name_printable(q->name, q->name_len, pn, sizeof(pn));
     const char *bad = bad_optimizer(q);
-    if (bad == NULL && (q->mode >= TS_PS_MODE_COUNT_ || (q->flags & ~TS_PS_FLAGS_KNOWN) != 0))
+    if (bad == NULL &&
+        (q->mode >= TS_PS_MODE_COUNT_ || (q->flags & ~(TS_PS_FLAGS_KNOWN | TS_PS_FLAG_KEEP)) != 0))
         bad = "unknown mode or flags";
     if (bad == NULL && q->mode == TS_PS_MODE_SYNC &&
         (q->sync_k < 1 || q->sync_k > TSD_PS_MAX_K || q->tolerance >= TSD_PS_RING))
@@ -733,6 +734,26 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
         return;
     }
     ps_param *p = param_find(srv, q->name, q->name_len);
+    if (p != NULL && (q->flags & TS_PS_FLAG_KEEP)) {
+        /*
+         * KEEP: a parameter that already exists (restored from a snapshot, or made by another
+         * worker) keeps its slots and counts when its settings are the same; nothing changes.
+         */
+        uint8_t flags = q->flags & TS_PS_FLAGS_KNOWN;
+        uint32_t k = q->mode == TS_PS_MODE_SYNC ? q->sync_k : 1;
+        if (p->opt != q->optimizer || p->mode != q->mode || p->flags != flags || p->k != k ||
+            p->tolerance != q->tolerance || p->lr != q->lr || p->beta1 != q->beta1 ||
+            p->beta2 != q->beta2 || p->eps != q->eps || p->numel != t.numel) {
+            tsd_reply_err(c, op, rid, TS_ST_INVALID,
+                          "PS_CREATE %s: KEEP: the parameter exists with other settings or "
+                          "another size",
+                          pn);
+            return;
+        }
+        tsd_bin *kb = tsd_store_find(&srv->store, q->name, q->name_len);
+        tsd_reply_state(c, op, rid, TS_ST_OK, kb->version, kb->n_items);
+        return;
+    }
     if (p != NULL && (p->busy || p->q_head != NULL || p->round != NULL)) {
         tsd_reply_err(c, op, rid, TS_ST_INVALID,
                       "PS_CREATE %s: pushes are in flight or a sync step is being formed", pn);
@@ -800,7 +821,7 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
     p->cost += arrays;
     p->opt = q->optimizer;
     p->mode = q->mode;
-    p->flags = q->flags;
+    p->flags = q->flags & TS_PS_FLAGS_KNOWN; /* KEEP is the request's, not the parameter's */
     p->k = q->mode == TS_PS_MODE_SYNC ? q->sync_k : 1;
     p->tolerance = q->tolerance;
     p->lr = q->lr;

@@ -34,7 +34,9 @@ enum {
 enum { TS_PS_MODE_ASYNC = 0, TS_PS_MODE_SYNC = 1, TS_PS_MODE_COUNT_ };
 /* PS_CREATE flags (u8). */
 #define TS_PS_FLAG_LR_STALENESS 0x01 /* async: the learning rate is divided by the staleness */
-#define TS_PS_FLAGS_KNOWN       0x01
+#define TS_PS_FLAGS_KNOWN       0x01 /* the flags a parameter keeps (and snapshots hold) */
+/* A request flag only (since 0.6.0): an existing parameter with the same settings is kept. */
+#define TS_PS_FLAG_KEEP 0x02
 /* Row initializers of an embedding table (u8). */
 enum { TS_PSW_INIT_ZEROS = 0, TS_PSW_INIT_UNIFORM = 1, TS_PSW_INIT_NORMAL = 2, TS_PSW_INIT_COUNT_ };
 

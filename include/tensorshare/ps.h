@@ -68,6 +68,14 @@ typedef struct ts_ps_options_s {
     uint32_t sync_k;    /* sync: gradients averaged into one step (1 to 65536) */
     uint32_t tolerance; /* sync: steps a gradient may lag its parameter (below 1024) */
     int lr_staleness;   /* async: divide the learning rate by the gradient's staleness */
+    /*
+     * ts_ps_create: when the bin already is a parameter with the same settings (one restored
+     * from a snapshot, or made by another worker), keep it as it is (slots, step counts, queued
+     * pushes) instead of resetting it; with other settings (or another element count) the call
+     * is TS_EINVAL and nothing changes. 0 (the default): replace and reset. Sits in what was
+     * padding before 0.6.0, so the struct keeps its size. Added in 0.6.0.
+     */
+    int keep;
     double lr, beta1, beta2, eps;
 } ts_ps_options_t;
 /* Fill o with the defaults. Added in 0.5.0. */
@@ -76,7 +84,9 @@ TS_EXTERN void ts_ps_options_init(ts_ps_options_t *o);
 /*
  * Make bin name (one item whose record's root is a float32 tensor) a parameter with the
  * settings o (NULL: the defaults). Its optimizer slots start at zero. Calling it again replaces
- * the settings and zeroes the slots, unless pushes are in flight (TS_EINVAL). *version: the
+ * the settings and zeroes the slots, unless pushes are in flight (TS_EINVAL), or, with o->keep
+ * set, leaves a parameter of the same settings untouched (the way to start again from a
+ * snapshot without losing the optimizer's state). *version: the
  * bin's version. TS_ENOENT: no such bin; TS_EINVAL: another record or bad settings.
  * Added in 0.5.0.
  */

@@ -52,15 +52,15 @@ static PyObject *ps_raise_versioned(int rc, uint64_t version)
 PyObject *tsp_client_ps_create(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"name", "optimizer", "mode",      "lr",           "beta1", "beta2",
-                            "eps",  "sync_k",    "tolerance", "lr_staleness", NULL};
+                            "eps",  "sync_k",    "tolerance", "lr_staleness", "keep",  NULL};
     ts_ps_options_t o;
     ts_ps_options_init(&o);
     const char *name;
-    int optimizer = (int)o.optimizer, mode = (int)o.mode, lr_staleness = 0;
+    int optimizer = (int)o.optimizer, mode = (int)o.mode, lr_staleness = 0, keep = 0;
     unsigned int sync_k = o.sync_k, tolerance = o.tolerance;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|iiddddIIp:ps_create", names, &name, &optimizer,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|iiddddIIpp:ps_create", names, &name, &optimizer,
                                      &mode, &o.lr, &o.beta1, &o.beta2, &o.eps, &sync_k, &tolerance,
-                                     &lr_staleness))
+                                     &lr_staleness, &keep))
         return NULL;
     if (optimizer < TS_PS_SUM || optimizer > TS_PS_ADAM || mode < TS_PS_ASYNC || mode > TS_PS_SYNC)
         return tsp_raise_msg(TS_EINVAL, "optimizer must be 0..3 and mode 0..1");
@@ -69,6 +69,7 @@ PyObject *tsp_client_ps_create(PyObject *client, PyObject *args, PyObject *kw)
     o.sync_k = sync_k;
     o.tolerance = tolerance;
     o.lr_staleness = lr_staleness;
+    o.keep = keep;
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL)
         return NULL;

@@ -48,12 +48,22 @@ def _array(x, what, dtype):
     return x
 
 
-def create(client, name, value=None, **options):
+def create(client, name, value=None, keep=False, **options):
     """Make bin name a parameter (put value first when given); returns the bin's version.
-    options: optimizer, mode, lr, beta1, beta2, eps, sync_k, tolerance, lr_staleness."""
+    options: optimizer, mode, lr, beta1, beta2, eps, sync_k, tolerance, lr_staleness.
+    keep=True (since 0.6.0): a parameter that already exists with the same settings (restored
+    from a snapshot, or made by another worker) is left as it is, value and optimizer state,
+    and value is not put; other settings raise InvalidArgumentError. Use it when workers may
+    start again against a daemon restarted from its snapshot."""
+    if keep:
+        try:
+            return client.ps_create(name, keep=True, **options)
+        except KeyError:  # BinNotFoundError: nothing to keep yet
+            if value is None:
+                raise
     if value is not None:
         client.put(name, value)
-    return client.ps_create(name, **options)
+    return client.ps_create(name, keep=keep, **options)
 
 
 def push(client, name, grad, base_version=0, scale=1.0):
@@ -111,11 +121,21 @@ class ParameterClient:
     def _bin(self, n):
         return self.prefix + n
 
-    def create(self, model, **options):
+    def create(self, model, keep=False, **options):
         """Put the model's current parameters and make each a parameter with options (one
-        process does this, before the others pull)."""
+        process does this, before the others pull). keep=True (since 0.6.0): parameters that
+        already exist with the same settings (a daemon restarted from its snapshot) keep their
+        values and optimizer state; the next pull() then loads them into model."""
         for n, p in model.named_parameters():
-            self.versions[n] = create(self.client, self._bin(n), p.detach().contiguous(), **options)
+            if keep:
+                try:
+                    self.client.ps_create(self._bin(n), keep=True, **options)
+                    self.versions[n] = 0  # the server's value is not the model's: pull it
+                    continue
+                except KeyError:  # BinNotFoundError: a new parameter
+                    pass
+            self.versions[n] = create(self.client, self._bin(n), p.detach().contiguous(),
+                                      keep=keep, **options)
 
     def pull(self, model):
         """Load every parameter newer than the one last loaded into model, in place. Returns

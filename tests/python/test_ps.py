@@ -94,6 +94,33 @@ def test_parameter_client_on_a_model(client):
     assert torch.allclose(model.bias, start["bias"] - 0.1 * other.bias.grad)
 
 
+def test_create_keep(client):
+    model = torch.nn.Linear(2, 1)
+    pc = ps.ParameterClient(client, model, "k/")
+    pc.create(model, optimizer=ps.ADAM, lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    pc.push(model)
+    # A worker starting again with a fresh model keeps the server's values and Adam state.
+    fresh = torch.nn.Linear(2, 1)
+    pc2 = ps.ParameterClient(client, fresh, "k/")
+    before = {n: ps.pull(client, "k/" + n, tensor_type="torch") for n in pc2.names}
+    pc2.create(fresh, keep=True, optimizer=ps.ADAM, lr=0.1)
+    for n in pc2.names:
+        version, value = ps.pull(client, "k/" + n, tensor_type="torch")
+        assert version == before[n][0]
+        assert torch.equal(value, before[n][1])
+    assert pc2.pull(fresh) == 2
+    for n, p in fresh.named_parameters():
+        assert torch.equal(p.detach(), before[n][1])
+    # Other settings are refused; a new name is made.
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        pc2.create(fresh, keep=True, optimizer=ps.SGD, lr=0.1)
+    assert ps.create(client, "k/new", torch.zeros(2), keep=True) >= 1
+    with pytest.raises(KeyError):
+        ps.create(client, "k/none", keep=True)
+
+
 def test_bad_inputs(client):
     ps.create(client, "b", torch.zeros(4), optimizer=ps.SUM)
     with pytest.raises(TypeError):

@@ -234,6 +234,74 @@ static void test_adam_survives_restart(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
 }
 
+/*
+ * A worker starting again creates its parameters with keep: the restored Adam state stays (the
+ * next step equals a daemon never stopped); other settings are refused with nothing changed; a
+ * bin that is no parameter yet becomes one; without keep the state is reset as before.
+ */
+static void test_create_keep_after_restart(void **state)
+{
+    (void)state;
+    start_saving();
+    assert_int_equal(tsh_server_start(&ref, NULL), 0);
+    ts_client_t *a = open_client(&s), *b = open_client(&ref);
+    make_state(a);
+    make_state(b);
+    for (int k = 0; k < 5; k++) {
+        train_step(a, k);
+        train_step(b, k);
+    }
+    assert_int_equal(ts_save(a), 0);
+    ts_client_free(a);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    restart_saving();
+    a = open_client(&s);
+    ts_ps_options_t o;
+    ts_ps_options_init(&o);
+    o.optimizer = TS_PS_ADAM;
+    o.lr = 0.05;
+    o.keep = 1;
+    uint64_t v0 = 0, v1 = 0;
+    assert_int_equal(ts_ps_pull(a, "w", 0, NULL, &v0), 0);
+    assert_int_equal(ts_ps_create(a, "w", &o, &v1), 0);
+    assert_int_equal(v1, v0);
+    train_step(a, 5);
+    train_step(b, 5);
+    expect_same(a, b);
+    /* Other settings with keep: refused, nothing changed. */
+    o.lr = 0.06;
+    assert_int_equal(ts_ps_create(a, "w", &o, NULL), TS_EINVAL);
+    o.lr = 0.05;
+    o.optimizer = TS_PS_SGD;
+    assert_int_equal(ts_ps_create(a, "w", &o, NULL), TS_EINVAL);
+    o.optimizer = TS_PS_ADAM;
+    train_step(a, 6);
+    train_step(b, 6);
+    expect_same(a, b);
+    /* A bin that is not a parameter yet becomes one with keep. */
+    float v[N_W] = {0};
+    int64_t shape[1] = {N_W};
+    ts_value_t *t = ts_tensor_new(TS_FLOAT32, 1, shape, v, TS_BORROW);
+    assert_non_null(t);
+    assert_int_equal(ts_put(a, "w2", t, NULL), 0);
+    ts_value_free(t);
+    assert_int_equal(ts_ps_create(a, "w2", &o, NULL), 0);
+    ts_tensor_t g = {.data = v, .dtype = TS_FLOAT32, .ndim = 1, .shape = {N_W}};
+    assert_int_equal(ts_ps_push(a, "w2", &g, 0, 1.0, NULL), 0);
+    /* Without keep the slots are reset: the next step no longer equals the reference's. */
+    o.keep = 0;
+    assert_int_equal(ts_ps_create(a, "w", &o, NULL), 0);
+    train_step(a, 7);
+    train_step(b, 7);
+    static ps_state_t x, y;
+    read_state(a, &x);
+    read_state(b, &y);
+    assert_memory_not_equal(x.w, y.w, sizeof(x.w));
+    ts_client_free(a);
+    ts_client_free(b);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
 /* A sync parameter's version ring survives: staleness is judged as before the restart. */
 static void test_staleness_after_restart(void **state)
 {
@@ -573,6 +641,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_adam_survives_restart, teardown),
+        cmocka_unit_test_teardown(test_create_keep_after_restart, teardown),
         cmocka_unit_test_teardown(test_staleness_after_restart, teardown),
         cmocka_unit_test_teardown(test_save_during_pushes, teardown),
         cmocka_unit_test_teardown(test_damaged_ps_refused, teardown),
