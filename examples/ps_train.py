@@ -11,11 +11,16 @@ Distributed run: the MLP's parameters are dense parameters (async SGD on the ser
 embedding is a server-side table (SGD). Workers take batch numbers from a shared counter
 (Client.add), so a worker that dies loses at most the batch it held and a restarted one carries
 on; every batch is trained once in all, as in the single-process run. Halfway through, the
-driver kills worker 1 with SIGKILL and starts it again.
+driver kills worker 1 with SIGKILL and starts it again. At 70% (--restart-at), it restarts
+daemon 1 from its snapshot: SAVE, SIGTERM (whose final snapshot holds everything up to the
+stop), then tensord again on the same port with the same --save file; the workers retry each
+call that fails meanwhile (their clients reconnect by themselves) and carry on with the
+restored parameters, table rows and counter.
 
 The two daemons form a cluster (--shard 0/2 and 1/2, address "A,B"): dense parameters are
-routed by name to either shard. The cluster client does not split an embedding table's rows
-across shards yet (docs/PS.md): the whole table lives on the shard that owns its name.
+routed by name to either shard, and the embedding table exists on both with its rows spread by
+id (docs/PS.md "Several daemons"). Every worker creates the parameters and the table it uses
+with keep=True, which leaves the existing (or restored) ones as they are.
 
     python3 examples/ps_train.py --tensord build/server/tensord            # starts two daemons
     python3 examples/ps_train.py --address 127.0.0.1:7000,127.0.0.1:7001   # uses running ones
@@ -44,13 +49,30 @@ except ImportError:  # run from a source tree: the build's package
     import tensorshare
 from tensorshare import ps  # noqa: E402
 
-EMB = "{clicks}emb"  # the table's name (one shard: rows are not split by id yet)
+EMB = "clicks/emb"  # the table's name (on every shard; its rows spread by id)
 PREFIX = "clicks/mlp/"  # the MLP's parameters, routed by name across the shards
 COUNTER = "clicks/next_batch"
 DENSE = 6  # dense features per sample
 DIM = 8  # embedding width
 TEST = 4096  # held-out samples after the training ones
 START_TIMEOUT_S = 10.0  # seconds a daemon may take to start listening
+RETRY_S = 30.0  # seconds a call is retried while a daemon restarts
+RETRY_SLEEP_S = 0.02  # seconds between two tries
+
+
+def retry(fn):
+    """fn() again while a daemon is away (restarting from its snapshot): connection errors and
+    timeouts, for at most RETRY_S. A push whose connection dropped before its answer may have
+    been applied; retrying it can apply one gradient twice, once per restart at most."""
+    deadline = time.monotonic() + RETRY_S
+    while True:
+        try:
+            return fn()
+        except (tensorshare.ConnectionError, tensorshare.TimeoutError,
+                tensorshare.ConnectionResetError, tensorshare.ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(RETRY_SLEEP_S)
 
 
 def make_data(seed, n, num_ids):
@@ -110,21 +132,29 @@ def worker(args):
     out = open(args.curve, "a")
     with tensorshare.Client(args.address, tensor_type="torch") as c:
         pc = ps.ParameterClient(c, mlp, PREFIX)
+        # What a worker starting (again) does: create with keep, which changes nothing that
+        # exists with these settings; the first pull then loads the server's values.
+        retry(lambda: pc.create(mlp, keep=True, optimizer=ps.SGD, lr=args.lr))
+        retry(lambda: ps.emb_create(c, EMB, DIM, optimizer=ps.SGD, lr=args.lr, seed=args.seed,
+                                    num_ids=args.num_ids))
         while True:
-            b = c.add(COUNTER) - 1
+            b = retry(lambda: c.add(COUNTER)) - 1
             if b >= args.batches:
                 break
             s = batch_slice(args, b % args.batches_per_epoch)
-            pc.pull(mlp)
+            retry(lambda: pc.pull(mlp))
             batch_ids = torch.from_numpy(ids[s])
-            _, rows = ps.emb_pull(c, EMB, batch_ids, DIM)
+            _, rows = retry(lambda: ps.emb_pull(c, EMB, batch_ids, DIM))
             rows.requires_grad_(True)
             loss = batch_loss(mlp, rows, x[s], y[s])
             mlp.zero_grad()
             loss.backward()
-            pc.push(mlp)
+            # Each parameter retried on its own, so that a restart does not push the others twice.
+            for n, p in mlp.named_parameters():
+                retry(lambda: ps.push(c, PREFIX + n, p.grad.contiguous(), pc.versions[n]))
             # The mean loss's row gradients; the server applies lr (SGD) per row.
-            ps.emb_push(c, EMB, batch_ids, rows.grad.contiguous())
+            grads = rows.grad.contiguous()
+            retry(lambda: ps.emb_push(c, EMB, batch_ids, grads))
             out.write("%d,%f\n" % (b, loss.item()))
             out.flush()
             if args.slow_ms:
@@ -132,21 +162,36 @@ def worker(args):
     out.close()
 
 
+def start_daemon(tensord, i, n, folder, port=0):
+    """Shard i of n with --save FOLDER/snapI (loaded again when it exists); (process, address)."""
+    port_file = os.path.join(folder, "port%d" % i)
+    if os.path.exists(port_file):
+        os.unlink(port_file)
+    log = open(os.path.join(folder, "tensord%d.log" % i), "ab")
+    p = subprocess.Popen([tensord, "--port", str(port), "--port-file", port_file, "--shard",
+                          "%d/%d" % (i, n), "--save", os.path.join(folder, "snap%d" % i),
+                          "--log-level", "warn"], stdout=log, stderr=log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not (os.path.exists(port_file) and open(port_file).read().strip()):
+        if time.monotonic() > deadline or p.poll() is not None:
+            raise SystemExit("tensord did not start (see %s)" % folder)
+        time.sleep(0.01)
+    return p, "127.0.0.1:" + open(port_file).read().strip()
+
+
 def start_daemons(tensord, n, folder):
-    procs, addrs = [], []
-    for i in range(n):
-        port_file = os.path.join(folder, "port%d" % i)
-        log = open(os.path.join(folder, "tensord%d.log" % i), "ab")
-        p = subprocess.Popen([tensord, "--port", "0", "--port-file", port_file, "--shard",
-                              "%d/%d" % (i, n), "--log-level", "warn"], stdout=log, stderr=log)
-        procs.append(p)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not (os.path.exists(port_file) and open(port_file).read().strip()):
-            if time.monotonic() > deadline or p.poll() is not None:
-                raise SystemExit("tensord did not start (see %s)" % folder)
-            time.sleep(0.01)
-        addrs.append("127.0.0.1:" + open(port_file).read().strip())
-    return procs, ",".join(addrs)
+    started = [start_daemon(tensord, i, n, folder) for i in range(n)]
+    return [p for p, _ in started], [a for _, a in started]
+
+
+def restart_daemon(args, daemons, addrs, i):
+    """SAVE daemon i, stop it (SIGTERM: its final snapshot), start it again from the file."""
+    with tensorshare.Client(addrs[i]) as one:
+        one.save()
+    daemons[i].send_signal(signal.SIGTERM)
+    daemons[i].wait(START_TIMEOUT_S)
+    port = int(addrs[i].rsplit(":", 1)[1])
+    daemons[i], _ = start_daemon(args.tensord, i, len(daemons), args.tmp, port)
 
 
 def spawn_worker(args, k):
@@ -169,6 +214,9 @@ def main():
     ap.add_argument("--tolerance", type=float, default=0.05,
                     help="largest allowed |distributed - single| final loss")
     ap.add_argument("--no-kill", action="store_true", help="do not kill and restart a worker")
+    ap.add_argument("--restart-at", type=float, default=0.7,
+                    help="fraction of the batches after which daemon 1 is restarted from its "
+                    "snapshot (with --tensord; 0: never)")
     ap.add_argument("--out", default="ps_train_curves.csv")
     ap.add_argument("--slow-ms", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -182,9 +230,10 @@ def main():
                    str(args.batch), "--epochs", str(args.epochs), "--seed", str(args.seed),
                    "--slow-ms", str(args.slow_ms)]
     args.tmp = tempfile.mkdtemp(prefix="ps_train-")
-    daemons = []
+    daemons, addrs = [], []
     if args.tensord:
-        daemons, args.address = start_daemons(args.tensord, 2, args.tmp)
+        daemons, addrs = start_daemons(args.tensord, 2, args.tmp)
+        args.address = ",".join(addrs)
     if not args.address:
         raise SystemExit("give --tensord or --address")
     try:
@@ -204,22 +253,32 @@ def main():
                 make_mlp(args.seed), optimizer=ps.SGD, lr=args.lr)
             t0 = time.monotonic()
             workers = [spawn_worker(args, k) for k in range(args.workers)]
-            killed = False
+            killed = restarted = False
+            events = []
             while any(w.poll() is None for w in workers):
-                done = c.add(COUNTER, 0)
+                done = retry(lambda: c.add(COUNTER, 0))
                 if not killed and not args.no_kill and done >= args.batches // 2:
                     workers[1].send_signal(signal.SIGKILL)
                     workers[1].wait()
                     workers[1] = spawn_worker(args, 1)
                     killed = True
+                    events.append((done, "worker 1 killed"))
                     print("killed worker 1 at batch %d and restarted it" % done)
+                if (not restarted and daemons and args.restart_at > 0 and
+                        done >= int(args.batches * args.restart_at)):
+                    t = time.monotonic()
+                    restart_daemon(args, daemons, addrs, 1)
+                    restarted = True
+                    events.append((done, "daemon 1 restarted from its snapshot"))
+                    print("restarted daemon 1 from its snapshot at batch %d (%.2f s down)"
+                          % (done, time.monotonic() - t))
                 time.sleep(0.02)
             if any(w.returncode != 0 for w in workers):
                 raise SystemExit("a worker failed")
             wall = time.monotonic() - t0
             mlp = make_mlp(args.seed)
-            ps.ParameterClient(c, mlp, PREFIX).pull(mlp)
-            _, rows = ps.emb_pull(c, EMB, torch.from_numpy(test[0]), DIM)
+            retry(lambda: ps.ParameterClient(c, mlp, PREFIX).pull(mlp))
+            _, rows = retry(lambda: ps.emb_pull(c, EMB, torch.from_numpy(test[0]), DIM))
             with torch.no_grad():
                 dist_final = batch_loss(mlp, rows, test[1], test[2]).item()
         t1 = time.monotonic()
@@ -230,7 +289,7 @@ def main():
             with open(os.path.join(args.tmp, "curve%d.csv" % k)) as f:
                 dist_curve += [(int(b), float(v)) for b, v in csv.reader(f)]
         dist_curve.sort()
-        write_curves(args.out, local_curve, dist_curve)
+        write_curves(args.out, local_curve, dist_curve, events)
         print("batches %d of %d samples, %d workers, lr %g" % (args.batches, args.batch,
                                                               args.workers, args.lr))
         print("single process: final held-out loss %.4f (%.1f s)" % (local_final, local_wall))
@@ -245,10 +304,12 @@ def main():
             p.wait(10)
 
 
-def write_curves(path, local_curve, dist_curve):
+def write_curves(path, local_curve, dist_curve, events):
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["run", "batch", "loss"])
+        for b, what in events:
+            w.writerow(["event:" + what, b, 0])
         for b, v in local_curve:
             w.writerow(["single", b, v])
         for b, v in dist_curve:

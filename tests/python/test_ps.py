@@ -153,7 +153,8 @@ def test_bad_inputs(client):
 
 def test_example_ps_train(tmp_path):
     """examples/ps_train.py in a small configuration: four workers on two daemons (one worker
-    killed and restarted), the final loss within the tolerance of one process's."""
+    killed and restarted, one daemon restarted from its snapshot), the final loss within the
+    tolerance of one process's."""
     import os
     import subprocess
     import sys
@@ -171,5 +172,6 @@ def test_example_ps_train(tmp_path):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "killed worker 1" in r.stdout
+    assert "restarted daemon 1 from its snapshot" in r.stdout
     assert "final held-out loss" in r.stdout
     assert (tmp_path / "curves.csv").exists()
