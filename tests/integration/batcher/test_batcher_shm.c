@@ -447,11 +447,14 @@ static void test_shm_server_killed(void **state)
     assert_int_equal(rc, TS_ECONNRESET);
     assert_non_null(strstr(ts_last_error(), "died"));
     assert_true(took < TIMEOUT_MS);
-    /* From now on the service, which nobody serves: the request's own deadline. */
+    /*
+     * From now on the service, which nobody serves: the request's own deadline, or TS_ESERVICE
+     * when tensord handed the call to the dead server before it saw its connection close.
+     */
     ts_predictor_stats(p, &st);
     assert_int_equal(st.transport, TS_PREDICTOR_SERVICE);
     rc = ts_predictor_predict(p, in, 300, &out, NULL);
-    assert_int_equal(rc, TS_ETIMEDOUT);
+    assert_true(rc == TS_ETIMEDOUT || rc == TS_ESERVICE);
     ts_predictor_stats(p, &st);
     assert_int_equal(st.shm, 1);
     assert_int_equal(st.service, 1);
