@@ -812,8 +812,9 @@ int ts_predictor_predict(ts_predictor_t *p, const ts_value_t *input, int timeout
         return TS_EDEADLK;
     }
     /*
-     * The same-host slot first: one blocking caller at a time (others relay); an input the slot
-     * cannot take, and a request the closed slots never took, go through the relay.
+     * The same-host slot first: one blocking caller at a time (the others call the service);
+     * an input the slot cannot take, and a request the closed slots never took, go through the
+     * service.
      */
     if (p->shm != NULL && pthread_mutex_trylock(&p->shm_mu) == 0) {
         int sent = 0, rc = TS_ECONNRESET;

@@ -1,6 +1,6 @@
 /*
  * Same-host slots: requesters on the serving process's host exchange requests and answers with
- * it through shared memory instead of relaying them through tensord bins.
+ * it through shared memory instead of sending them through tensord.
  *
  * The region is a POSIX shared-memory object (/dev/shm, mode 0600, a random name) that the
  * server creates, reserves in full (posix_fallocate: a full /dev/shm fails here, not later as a
@@ -58,7 +58,7 @@
 #define TS__SHM_MAX_REGION ((size_t)4 << 30)
 /* bytes; the default answer area without an output schema, at least */
 #define TS__SHM_MIN_ANSWER ((size_t)64 << 10)
-/* bytes; a map key carried through a slot at most (longer ones relay) */
+/* bytes; a map key carried through a slot at most (longer ones go through tensord) */
 #define TS__SHM_MAX_KEY 255
 /* ms; the slot thread sleeps at most this long on its bell, then checks for a stop */
 #define TS__SHM_NAP_MS 200
@@ -100,7 +100,7 @@ typedef struct shm_header {
     uint64_t req_bytes, ans_bytes;
     uint64_t region_bytes;
     int32_t pid;           /* the serving process */
-    atomic_uint closed;    /* no new requests: requesters relay */
+    atomic_uint closed;    /* no new requests: requesters go through tensord */
     atomic_uint stopped;   /* the slot thread ended: what it took is final (taken_seq) */
     atomic_uint bell;      /* rung by requesters; the slot thread's futex */
     atomic_uint sleeping;  /* the slot thread sleeps (or is about to) on bell */
