@@ -13,8 +13,11 @@
  *          capture (STATS snapshot_loop_us), the writer's time (snapshot_last_ms), how long SAVE
  *          took, the longest PING and the longest one-row EMB_PUSH meanwhile (pushes wait while
  *          the table is copied), three SAVEs with a push between them
+ *   --shards S  instead of the three: pulls and pushes of K random rows of a [N, D] table on a
+ *          cluster of S tensord (TCP, "--shard i/S", the rows spread by id) against the same on
+ *          one tensord (TCP): what splitting the ids and asking the shards at once costs or saves
  * usage: ps_bench [--tensord PATH] [--workers W] [--floats F] [--steps S] [--rows K]
- *                 [--table N] [--dim D] [--pings P] [--big M] [--snapshot R]
+ *                 [--table N] [--dim D] [--pings P] [--big M] [--snapshot R] [--shards S]
  * Nothing here is a test: the figures are only meaningful as ratios taken in the same run.
  */
 #include <pthread.h>
@@ -34,9 +37,12 @@
 static struct {
     const char *tensord;
     int workers, steps, pings;
-    long floats, rows, table, dim, big, snap;
+    long floats, rows, table, dim, big, snap, shards;
     char addr[300];
-} g = {TS_TENSORD_PATH, 8, 20, 2000, 1L << 20, 65536, 10000000, 64, 16L << 20, 0, ""};
+} g = {TS_TENSORD_PATH, 8, 20, 2000, 1L << 20, 65536, 10000000, 64, 16L << 20, 0, 0, ""};
+
+/* shards the --shards run starts at most (a tensord each) */
+#define PS_BENCH_MAX_SHARDS 8
 
 static void die(const char *what, int rc)
 {
@@ -304,6 +310,129 @@ static int snapshot_run(void)
     return 0;
 }
 
+/* Start tensord on a free TCP port with the extra arguments a (NULL-terminated); its pid. */
+static pid_t start_tcp(const char *dir, const char *tag, const char *const *a, int *port)
+{
+    char ps[16], log[300];
+    *port = bench_free_port();
+    snprintf(ps, sizeof(ps), "%d", *port);
+    snprintf(log, sizeof(log), "%s/%s.log", dir, tag);
+    char *argv[16] = {(char *)g.tensord, "--port", ps, "--log-level", "warn"};
+    int n = 5;
+    for (; a != NULL && *a != NULL && n < 15; a++)
+        argv[n++] = (char *)*a;
+    argv[n] = NULL;
+    pid_t pid = bench_spawn(argv, 0, log);
+    if (pid < 0 || bench_wait_listening(*port, NULL, BENCH_START_S) != 0) {
+        fprintf(stderr, "ps_bench: tensord did not start; see %s\n", log);
+        bench_stop(pid);
+        return -1;
+    }
+    return pid;
+}
+
+/* Mean seconds of reps pulls (push 0) or pushes of g.rows random rows on c, the table warmed. */
+static double rows_time(ts_client_t *c, int push, int reps)
+{
+    int64_t *ids = malloc((size_t)g.rows * sizeof(int64_t));
+    float *buf = malloc((size_t)g.rows * (size_t)g.dim * sizeof(float));
+    for (long i = 0; i < g.rows * g.dim; i++)
+        buf[i] = 0.001f * (float)(i % 5);
+    uint64_t seed = 88172645463325252ull;
+    double total = 0;
+    int rc;
+    for (int r = 0; r < reps + 1; r++) {
+        for (long i = 0; i < g.rows; i++) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            ids[i] = (int64_t)(seed % (uint64_t)g.table);
+        }
+        /* Make the rows first: the steady state of a trained table. */
+        if ((rc = ts_emb_pull(c, "emb", ids, (size_t)g.rows, (uint32_t)g.dim, buf, NULL)) != 0)
+            die("emb pull", rc);
+        double t0 = bench_now();
+        rc = push ? ts_emb_push(c, "emb", ids, (size_t)g.rows, (uint32_t)g.dim, buf, 1.0, NULL)
+                  : ts_emb_pull(c, "emb", ids, (size_t)g.rows, (uint32_t)g.dim, buf, NULL);
+        if (rc != 0)
+            die(push ? "emb push" : "emb pull", rc);
+        if (r > 0)
+            total += bench_now() - t0;
+    }
+    free(ids);
+    free(buf);
+    return total / reps;
+}
+
+static int shards_run(void)
+{
+    if (g.shards < 1 || g.shards > PS_BENCH_MAX_SHARDS) {
+        fprintf(stderr, "ps_bench: 1 to %d shards\n", PS_BENCH_MAX_SHARDS);
+        return 2;
+    }
+    char dir[] = "/tmp/ps_bench.XXXXXX";
+    if (mkdtemp(dir) == NULL)
+        return 1;
+    pid_t pids[PS_BENCH_MAX_SHARDS + 1];
+    int n = 0, port, ok = 1;
+    char list[PS_BENCH_MAX_SHARDS * 24] = "", one[32] = "";
+    for (long i = 0; i < g.shards && ok; i++) {
+        char spec[48], tag[32];
+        snprintf(spec, sizeof(spec), "%ld/%ld", i, g.shards);
+        snprintf(tag, sizeof(tag), "shard%ld", i);
+        const char *a[] = {"--shard", spec, NULL};
+        pids[n] = start_tcp(dir, tag, a, &port);
+        ok = pids[n] > 0;
+        n += ok;
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof(list) - l, "%s127.0.0.1:%d", i > 0 ? "," : "", port);
+    }
+    if (ok) {
+        pids[n] = start_tcp(dir, "one", NULL, &port);
+        ok = pids[n] > 0;
+        n += ok;
+        snprintf(one, sizeof(one), "127.0.0.1:%d", port);
+    }
+    if (!ok) {
+        for (int i = 0; i < n; i++)
+            bench_stop(pids[i]);
+        return 1;
+    }
+    bench_print_machine();
+    double t[2][2];
+    const char *addrs[2] = {one, list};
+    for (int k = 0; k < 2; k++) {
+        snprintf(g.addr, sizeof(g.addr), "%s", addrs[k]);
+        ts_client_t *c = open_client();
+        ts_emb_options_t e;
+        ts_emb_options_init(&e, (uint32_t)g.dim);
+        e.num_ids = (uint64_t)g.table;
+        int rc = ts_emb_create(c, "emb", &e);
+        if (rc != 0)
+            die("emb create", rc);
+        t[k][0] = rows_time(c, 0, 5);
+        t[k][1] = rows_time(c, 1, 5);
+        ts_client_free(c);
+    }
+    printf("rows on %ld shards (TCP): pull of %ld random rows of [%ld, %ld]: %.2f ms (one "
+           "tensord: %.2f ms, %.2fx); push of as many row gradients (SGD): %.2f ms (one tensord: "
+           "%.2f ms, %.2fx)\n",
+           g.shards, g.rows, g.table, g.dim, t[1][0] * 1e3, t[0][0] * 1e3, t[1][0] / t[0][0],
+           t[1][1] * 1e3, t[0][1] * 1e3, t[1][1] / t[0][1]);
+    for (int i = 0; i < n; i++)
+        bench_stop(pids[i]);
+    for (long i = 0; i <= g.shards; i++) {
+        char log[300];
+        if (i < g.shards)
+            snprintf(log, sizeof(log), "%s/shard%ld.log", dir, i);
+        else
+            snprintf(log, sizeof(log), "%s/one.log", dir);
+        unlink(log);
+    }
+    rmdir(dir);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -328,6 +457,8 @@ int main(int argc, char **argv)
             g.big = strtol(v, NULL, 10);
         else if (strcmp(f, "--snapshot") == 0)
             g.snap = strtol(v, NULL, 10);
+        else if (strcmp(f, "--shards") == 0)
+            g.shards = strtol(v, NULL, 10);
         else {
             fprintf(stderr, "ps_bench: unknown flag %s\n", f);
             return 2;
@@ -339,6 +470,8 @@ int main(int argc, char **argv)
     }
     if (g.snap > 0)
         return snapshot_run();
+    if (g.shards > 0)
+        return shards_run();
     char dir[] = "/tmp/ps_bench.XXXXXX";
     if (mkdtemp(dir) == NULL)
         return 1;
