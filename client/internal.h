@@ -382,6 +382,7 @@ struct ts_client_s {
     ts__req *inbox_tail;       /* under mu */
     ts__sub *subs;             /* under mu */
     struct ts_service_s *svcs; /* under mu: the services this client serves (service.c) */
+    atomic_uint svc_epoch;     /* bumps with every connection that registers them (service.c) */
     int closing;               /* under mu: ts_client_free was called */
     int waiters;               /* under mu: blocking callers between submitting and returning */
     pthread_cond_t open_cond;

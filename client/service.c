@@ -35,7 +35,17 @@ struct ts_call_s {
     ts_service_t *svc; /* a reference */
     uint64_t id;
     uint32_t timeout_ms;
+    unsigned epoch; /* c->svc_epoch when it was handed over: its connection */
 };
+
+/*
+ * 1 when call came on a connection that is gone: tensord failed it when the connection closed,
+ * so an answer is dropped here rather than sent on a later connection.
+ */
+static int call_stale(const ts_call_t *call)
+{
+    return atomic_load_explicit(&call->svc->c->svc_epoch, memory_order_acquire) != call->epoch;
+}
 
 static void svc_unref(ts_service_t *s)
 {
@@ -318,6 +328,10 @@ int ts_call_reply(ts_call_t *call, const ts_value_t *answer)
 {
     if (call == NULL)
         return ts__fail(TS_EINVAL, "no call");
+    if (answer != NULL && call_stale(call)) {
+        call_release(call);
+        return 0;
+    }
     int rc;
     ts__req *r = answer == NULL ? NULL : reply_req(call, TS_ST_OK, &rc);
     if (answer == NULL)
@@ -339,6 +353,10 @@ int ts_call_fail(ts_call_t *call, int err, const char *msg)
 {
     if (call == NULL)
         return ts__fail(TS_EINVAL, "no call");
+    if (call_stale(call)) {
+        call_release(call);
+        return 0;
+    }
     uint16_t status = ts__err_to_status(err);
     if (!ts__msg_svc_status_allowed(status))
         status = TS_ST_INTERNAL;
@@ -454,6 +472,7 @@ int ts__svc_push(ts_client_t *c, uint8_t *body, size_t len, int owned)
         call->svc = s; /* the reference taken above */
         call->id = m.call_id;
         call->timeout_ms = m.timeout_ms;
+        call->epoch = atomic_load_explicit(&c->svc_epoch, memory_order_acquire);
         s->cb(s, call, v, s->arg);
     }
     pthread_mutex_lock(&c->mu);
@@ -467,6 +486,8 @@ int ts__svc_push(ts_client_t *c, uint8_t *body, size_t len, int owned)
 
 void ts__svc_reregister(ts_client_t *c)
 {
+    /* Calls handed on the connection before this one can no longer be answered (call_stale). */
+    atomic_fetch_add_explicit(&c->svc_epoch, 1, memory_order_acq_rel);
     ts__req *list = NULL;
     pthread_mutex_lock(&c->mu);
     for (ts_service_t *s = c->svcs; s != NULL; s = s->next) {

@@ -96,7 +96,12 @@ static tsd_services *services(tsd_server *srv)
         return NULL;
     }
     v->srv = srv;
-    v->next_id = 1;
+    /*
+     * Call ids start at a random point of [1, 2^62) each time tensord starts, so an answer a
+     * server sends for a call of an earlier run (it reconnected to a restarted tensord) never
+     * names a call of this one.
+     */
+    v->next_id = (srv->server_id >> 2) | 1;
     srv->services = v;
     return v;
 }
