@@ -374,16 +374,32 @@ static uint16_t emb_id_slot(int64_t id)
 }
 
 /*
- * ids[0..n) grouped by shard, the order within each shard kept: the shard clients (cs, *k of
- * them, the owning shards first), and for each shard j its ids at (*grouped)[off[j]..off[j+1])
- * whose places in ids are (*from)[off[j]..off[j+1]). grouped and from are the caller's
- * (ts__free). 0 or TS_ENOMEM.
+ * The per-shard arrays of one split call, on the heap: a cluster may have TS_SHARD_MAX shards,
+ * which would make them tens of KiB on the caller's stack.
  */
-static int emb_group(ts_client_t *h, const int64_t *ids, size_t n, ts_client_t **cs, size_t *k,
-                     size_t *off, int64_t **grouped, size_t **from)
+typedef struct emb_shards {
+    ts_client_t *cs[TS_SHARD_MAX];     /* the shard clients, the owning shards first */
+    size_t off[TS_SHARD_MAX + 1];      /* shard j's ids are grouped[off[j]..off[j + 1]) */
+    size_t fill[TS_SHARD_MAX];         /* grouping: the next free place of each shard */
+    ts_client_t *req_cs[TS_SHARD_MAX]; /* the requests sent: their clients, */
+    ts__req *rs[TS_SHARD_MAX];         /* the requests, */
+    size_t idx[TS_SHARD_MAX];          /* the shard (index into cs) of each, */
+    ts_value_t *vals[TS_SHARD_MAX];    /* and the records they borrow */
+} emb_shards;
+
+/*
+ * ids[0..n) grouped by shard, the order within each shard kept: the shard clients (s->cs, *k of
+ * them), and for each shard j its ids at (*grouped)[s->off[j]..s->off[j+1]) whose places in ids
+ * are (*from)[s->off[j]..s->off[j+1]). grouped and from are the caller's (ts__free). 0 or
+ * TS_ENOMEM.
+ */
+static int emb_group(ts_client_t *h, const int64_t *ids, size_t n, emb_shards *s, size_t *k,
+                     int64_t **grouped, size_t **from)
 {
+    ts_client_t **cs = s->cs;
+    size_t *off = s->off, *count = s->fill;
     size_t nk = ts__cluster_shard_clients(h, cs);
-    uint8_t *sh = ts__malloc(n ? n : 1);
+    uint16_t *sh = ts__malloc((n ? n : 1) * sizeof(uint16_t));
     int64_t *g = ts__malloc((n ? n : 1) * sizeof(int64_t));
     size_t *f = ts__malloc((n ? n : 1) * sizeof(size_t));
     if (sh == NULL || g == NULL || f == NULL) {
@@ -392,8 +408,7 @@ static int emb_group(ts_client_t *h, const int64_t *ids, size_t n, ts_client_t *
         ts__free(f);
         return TS_ENOMEM;
     }
-    size_t count[TS_SHARD_MAX + 1];
-    memset(count, 0, sizeof(count));
+    memset(count, 0, sizeof(s->fill));
     for (size_t i = 0; i < n; i++) {
         ts_client_t *to = ts__cluster_route_slot(h, emb_id_slot(ids[i]));
         size_t j = 0;
@@ -403,13 +418,13 @@ static int emb_group(ts_client_t *h, const int64_t *ids, size_t n, ts_client_t *
             cs[nk++] = to;
         if (j >= TS_SHARD_MAX)
             j = 0; /* cannot happen: every owner is among the handle's shards */
-        sh[i] = (uint8_t)j;
+        sh[i] = (uint16_t)j;
         count[j]++;
     }
     off[0] = 0;
     for (size_t j = 0; j < nk; j++)
         off[j + 1] = off[j] + count[j];
-    size_t fill[TS_SHARD_MAX];
+    size_t *fill = s->fill;
     memcpy(fill, off, nk * sizeof(size_t));
     for (size_t i = 0; i < n; i++) {
         size_t at = fill[sh[i]]++;
@@ -441,12 +456,16 @@ static int emb_split(ts_client_t *h, const char *name, const int64_t *ids, size_
     size_t nu = n, *pos = NULL, *from = NULL;
     float *gg = NULL;
     const float **rowp = NULL;
-    ts_client_t *cs[TS_SHARD_MAX];
-    size_t off[TS_SHARD_MAX + 1], k = 0, m = 0;
-    ts_client_t *rc_cs[TS_SHARD_MAX];
-    ts__req *rs[TS_SHARD_MAX];
-    size_t idx[TS_SHARD_MAX] = {0};
-    ts_value_t *vals[TS_SHARD_MAX];
+    size_t k = 0, m = 0;
+    emb_shards *s = ts__calloc(1, sizeof(*s));
+    if (s == NULL) {
+        ts__cluster_leave(h);
+        return ts__fail(TS_ENOMEM, NULL);
+    }
+    ts_client_t **cs = s->cs, **rc_cs = s->req_cs;
+    size_t *off = s->off, *idx = s->idx;
+    ts__req **rs = s->rs;
+    ts_value_t **vals = s->vals;
     const int64_t *send = ids;
     if (!push) {
         if (dedup_ids(ids, n, &uniq, &nu, &pos) != 0) {
@@ -459,7 +478,7 @@ static int emb_split(ts_client_t *h, const char *name, const int64_t *ids, size_
             goto out;
         }
     }
-    if (emb_group(h, send, nu, cs, &k, off, &grouped, &from) != 0) {
+    if (emb_group(h, send, nu, s, &k, &grouped, &from) != 0) {
         rc = ts__fail(TS_ENOMEM, NULL);
         goto out;
     }
@@ -545,6 +564,7 @@ static int emb_split(ts_client_t *h, const char *name, const int64_t *ids, size_
         ts_value_free(vals[i]);
     }
 out:
+    ts__free(s);
     ts__free(rowp);
     ts__free(uniq);
     ts__free(pos);
