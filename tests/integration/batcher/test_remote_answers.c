@@ -194,8 +194,8 @@ static void test_many_outstanding_answered_once(void **state)
  * tensord is killed while the batcher computes a batch of 64, so that the batch's answers are
  * appended (and queued behind the first) while the serving connection is down. Every request
  * gets exactly one callback, its answer or an error, and once tensord is back the same server
- * answers new requests: no answer was left queued with nobody to send it. The predictor uses
- * the relay (the answers' queue is the relay's; test_batcher_service covers the service).
+ * answers new requests: no answer was left queued with nobody to send it, and no answer to a
+ * call of the lost connection reaches a call of the new one. The predictor calls the service.
  */
 static void test_lost_connection_answers_in_flight(void **state)
 {
@@ -211,7 +211,7 @@ static void test_lost_connection_answers_in_flight(void **state)
     ts_predictor_t *p = NULL;
     ts_predictor_options_t po;
     ts_predictor_options_init(&po);
-    po.transport = TS_PREDICTOR_RELAY;
+    po.transport = TS_PREDICTOR_SERVICE;
     assert_int_equal(ts_predictor_open_with(&p, wc, "lost", &po), 0);
     enum { N = 64 };
     static tally t;
