@@ -32,6 +32,7 @@ examples/ps_plot.py draws the CSV).
 import argparse
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -302,6 +303,8 @@ def main():
         for p in daemons:
             p.send_signal(signal.SIGTERM)
             p.wait(10)
+        # The workers' curves, the daemons' logs, ports and snapshots.
+        shutil.rmtree(args.tmp, ignore_errors=True)
 
 
 def write_curves(path, local_curve, dist_curve, events):
