@@ -254,6 +254,45 @@ PyObject *tsp_client_emb_pull(PyObject *client, PyObject *args, PyObject *kw)
     return r;
 }
 
+/* Shards a cluster handle may have (docs/CLUSTER.md): the vector's largest size. */
+#define TSP_EMB_MAX_SHARDS 1024
+
+PyObject *tsp_client_emb_versions(PyObject *client, PyObject *args, PyObject *kw)
+{
+    static char *names[] = {"name", NULL};
+    const char *name;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s:emb_versions", names, &name))
+        return NULL;
+    uint64_t *v = PyMem_Malloc(TSP_EMB_MAX_SHARDS * sizeof(*v));
+    if (v == NULL)
+        return PyErr_NoMemory();
+    ts_client_t *c = tsp_client_enter(client);
+    PyObject *r = NULL;
+    if (c != NULL) {
+        size_t n = 0;
+        int rc;
+        Py_BEGIN_ALLOW_THREADS rc = ts_emb_versions(c, name, v, TSP_EMB_MAX_SHARDS, &n);
+        Py_END_ALLOW_THREADS tsp_client_leave(client);
+        if (rc != 0) {
+            r = tsp_raise(rc);
+        } else {
+            if (n > TSP_EMB_MAX_SHARDS)
+                n = TSP_EMB_MAX_SHARDS;
+            r = PyList_New((Py_ssize_t)n);
+            for (size_t i = 0; r != NULL && i < n; i++) {
+                PyObject *x = PyLong_FromUnsignedLongLong(v[i]);
+                if (x == NULL) {
+                    Py_CLEAR(r);
+                    break;
+                }
+                PyList_SET_ITEM(r, (Py_ssize_t)i, x);
+            }
+        }
+    }
+    PyMem_Free(v);
+    return r;
+}
+
 PyObject *tsp_client_emb_push(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"name", "ids", "grads", "scale", NULL};

@@ -411,6 +411,7 @@ PyObject *tsp_client_ps_pull(PyObject *client, PyObject *args, PyObject *kw);
 PyObject *tsp_client_emb_create(PyObject *client, PyObject *args, PyObject *kw);
 PyObject *tsp_client_emb_pull(PyObject *client, PyObject *args, PyObject *kw);
 PyObject *tsp_client_emb_push(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_emb_versions(PyObject *client, PyObject *args, PyObject *kw);
 #define TSP_PS_CLIENT_METHODS                                                                      \
     TSP_STREAM_METHOD(ps_create, "ps_create(name, optimizer=1, mode=0, lr=0.01, beta1=0.9, "       \
                                  "beta2=0.999, eps=1e-8, sync_k=1, tolerance=0, "                  \
@@ -423,7 +424,9 @@ PyObject *tsp_client_emb_push(PyObject *client, PyObject *args, PyObject *kw);
                                   "lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, init_scale=0.05)")   \
     TSP_STREAM_METHOD(emb_pull, "emb_pull(name, ids, out) -> int\n\nRows of int64 ids into "       \
                                 "float32 out [n, dim]; returns the table's version.")              \
-    TSP_STREAM_METHOD(emb_push, "emb_push(name, ids, grads, scale=1.0) -> int\n\nRow gradients.")
+    TSP_STREAM_METHOD(emb_push, "emb_push(name, ids, grads, scale=1.0) -> int\n\nRow gradients.")  \
+    TSP_STREAM_METHOD(emb_versions, "emb_versions(name) -> list of int\n\nThe table's version "    \
+                                    "on each shard (one entry for a client of one daemon).")
 
 /*
  * coord.c: the Client's coordination methods (METH_VARARGS | METH_KEYWORDS; client.c lists them

@@ -107,6 +107,12 @@ def emb_push(client, name, ids, grads, scale=1.0):
                            _array(grads, "grads", _np.float32), scale)
 
 
+def emb_versions(client, name):
+    """The table's version on each shard of a cluster client, in the order of its addresses (a
+    list of one for a client of one daemon); no row is made."""
+    return client.emb_versions(name)
+
+
 class ParameterClient:
     """One worker's view of a model's parameters on the server: bin prefix + the parameter's
     name for each of model.named_parameters(), and the version of each last loaded (the

@@ -58,6 +58,8 @@ def test_embedding_order_and_duplicates(client):
     # numpy in, numpy out; duplicates copied to every place.
     _, r2 = ps.emb_pull(client, "emb", np.array([1, 1], dtype=np.int64), 3)
     assert isinstance(r2, np.ndarray) and (r2[0] == r2[1]).all()
+    # One daemon: a vector of one version, the table's.
+    assert ps.emb_versions(client, "emb") == [version]
 
 
 def test_embedding_seeded_rows_same_on_two_daemons(start_tensord):
