@@ -1389,6 +1389,7 @@ static PyMethodDef client_methods[] = {
     TSP_STREAM_CLIENT_METHODS
     TSP_COORD_CLIENT_METHODS
     TSP_PS_CLIENT_METHODS
+    TSP_SERVICE_CLIENT_METHODS
     TSP_REPLAY_CLIENT_METHODS
     /* clang-format on */
     {"delete", (PyCFunction)(void (*)(void))client_delete, FAST,

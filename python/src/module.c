@@ -307,7 +307,7 @@ PyMODINIT_FUNC PyInit__tensorshare(void)
     }
     if (init_exceptions(m) < 0 || tsp_view_type_init(m) < 0 || tsp_convert_init(m) < 0 ||
         tsp_client_type_init(m) < 0 || tsp_rl_init(m) < 0 || tsp_predictor_init(m) < 0 ||
-        tsp_shm_init(m) < 0 || tsp_stream_init(m) < 0) {
+        tsp_shm_init(m) < 0 || tsp_stream_init(m) < 0 || tsp_service_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

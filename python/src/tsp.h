@@ -488,4 +488,21 @@ PyObject *tsp_client_table_info(PyObject *client, PyObject *args, PyObject *kw);
     TSP_STREAM_METHOD(table_info, "table_info(name) -> dict\n\nSettings, counters and the rate "   \
                                   "limiter's state.")
 
+/*
+ * Defined by service.c: Client.call and Client._serve (the registration behind Client.serve,
+ * tensorshare/service.py), the _ServiceHandle type and ServiceGoneError. Added in 0.6.0.
+ */
+int tsp_service_init(PyObject *module);
+PyObject *tsp_client_call(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client__serve(PyObject *client, PyObject *args, PyObject *kw);
+PyObject *tsp_client_serve(PyObject *client, PyObject *args, PyObject *kw);
+#define TSP_SERVICE_CLIENT_METHODS                                                                 \
+    TSP_STREAM_METHOD(call, "call(service, request, timeout=None, wait_for_server=False, *, "      \
+                            "tensor_type=None) -> answer\n\nCall a service and wait for its "      \
+                            "answer (docs/PYTHON.md, Services).")                                  \
+    TSP_STREAM_METHOD(serve, "serve(service, handler, concurrency=64, workers=None) -> Service"    \
+                             "\n\nServe service: handler(request) -> answer runs on worker "       \
+                             "threads (docs/PYTHON.md, Services).")                                \
+    TSP_STREAM_METHOD(_serve, "_serve(service, concurrency=64) -> _ServiceHandle")
+
 #endif /* TSP_H */

@@ -29,6 +29,7 @@ from ._tensorshare import (  # noqa: F401
     Notification,
     RecordError,
     ServerError,
+    ServiceGoneError,
     SharedBuffer,
     StaleGradientError,
     TimeoutError,
@@ -61,6 +62,7 @@ _os.register_at_fork(after_in_child=_fail_the_parents_futures)
 
 from .predictor import Predictor  # noqa: E402,F401
 from .rl import NO_FILTER, Batch, Params, RLTrainer, RLWorker  # noqa: E402,F401
+from .service import Service  # noqa: E402,F401
 from .stream import StreamConsumer, StreamEntries, StreamEntry, StreamProducer  # noqa: E402,F401
 
 __all__ = [
@@ -72,6 +74,7 @@ __all__ = [
     "RLTrainer", "RLWorker", "Params", "Batch", "NO_FILTER", "Predictor",
     "BackpressureError", "StreamProducer", "StreamConsumer", "StreamEntry", "StreamEntries",
     "STREAM_READ_MAX", "VersionMismatchError", "StaleGradientError",
+    "ServiceGoneError", "Service",
 ]
 
 

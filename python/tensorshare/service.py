@@ -1,0 +1,98 @@
+"""Services: serve a named service from Python (Client.serve) and call it (Client.call).
+
+Threading: the library hands each call to a C callback on the client's I/O thread, which only
+queues it (without the GIL) and returns. ``workers`` Python threads (daemon threads, started by
+``Service``) take calls from that queue, run ``handler(request)`` with the GIL like any Python
+code, and answer. A handler may therefore block, and may call other tensorshare methods (even
+``Client.call`` on the same client). An exception in the handler answers the call with an error:
+``ValueError`` as ``InvalidArgumentError`` (TS_EINVAL), a ``tensorshare.Error`` with its own code,
+anything else as ``ServerError`` (TS_ESERVER); the message is ``str(exception)``.
+"""
+import threading
+
+from . import _tensorshare
+
+__all__ = ["Service"]
+
+# The TS_E* codes (include/tensorshare/tensorshare.h) a failing handler answers with.
+_EINVAL = _tensorshare._TS_EINVAL
+_ESERVER = _tensorshare._TS_ESERVER
+
+
+# seconds; how long a worker waits for a call before it checks whether the service was closed
+_POLL_S = 0.1
+
+
+class Service:
+    """This client serving ``name``: ``handler(request) -> answer`` runs on ``workers`` threads.
+
+    Use as a context manager or call ``close()``: it stops new calls (tensord confirms), lets the
+    workers finish the calls they hold, and answers the calls still queued with an error.
+    """
+
+    def __init__(self, client, name, handler, concurrency=64, workers=None):
+        if not callable(handler):
+            raise TypeError("handler must be callable")
+        if workers is None:
+            workers = min(concurrency, 8)
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.name = name
+        self._handler = handler
+        self._stop = threading.Event()
+        self._handle = client._serve(name, concurrency)
+        self._threads = [threading.Thread(target=self._run, name="tensorshare-service-%s-%d" % (name, i),
+                                          daemon=True) for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self):
+        h = self._handle
+        while not self._stop.is_set():
+            try:
+                got = h.next(_POLL_S)
+            except Exception:  # a request that could not be converted: already answered
+                continue
+            if got is None:
+                continue
+            call, request = got
+            try:
+                answer = self._handler(request)
+            except ValueError as e:
+                h.fail(call, _EINVAL, str(e) or type(e).__name__)
+                continue
+            except _tensorshare.Error as e:
+                h.fail(call, getattr(e, "code", 0) or _ESERVER, str(e))
+                continue
+            except BaseException as e:  # noqa: B902 - any failure answers the caller
+                h.fail(call, _ESERVER, str(e) or type(e).__name__)
+                continue
+            try:
+                h.reply(call, answer)
+            except Exception as e:  # an answer that cannot be sent (unsupported value)
+                try:
+                    h.fail(call, _EINVAL, "the handler's answer: %s" % e)
+                except Exception:
+                    pass
+
+    def close(self):
+        """Stop serving; return once the workers have answered the calls they held."""
+        if self._stop.is_set():
+            return
+        self._handle.close()
+        self._stop.set()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def serve(client, name, handler, concurrency=64, workers=None):
+    """Client.serve: see Service."""
+    return Service(client, name, handler, concurrency, workers)

@@ -1,0 +1,141 @@
+"""Services from Python: Client.call and Client.serve against a real tensord."""
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensorshare as ts
+
+# seconds; the most any single wait in these tests may take on a loaded 2-core machine
+WAIT_S = 10.0
+
+# A serving process: serves "svc" from the address in argv[1]; mode "hang" never answers,
+# "echo" answers with the request. Prints "ready" once registered.
+SERVER = r"""
+import sys, time
+sys.path.insert(0, %r)
+import tensorshare as ts
+c = ts.Client(sys.argv[1], tensor_type="numpy")
+mode = sys.argv[2]
+def handler(req):
+    if mode == "hang":
+        time.sleep(3600)
+    return req
+s = c.serve("svc", handler, workers=2)
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+def start_server(address, mode):
+    path = os.environ.get("TS_PYTHONPATH") or os.path.join(os.path.dirname(ts.__file__), "..")
+    p = subprocess.Popen([sys.executable, "-c", SERVER % path, address, mode],
+                         stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.strip() == "ready", line
+    return p
+
+
+def stop_server(p):
+    if p.poll() is None:
+        p.send_signal(signal.SIGKILL)
+    p.wait(timeout=WAIT_S)
+
+
+def test_echo(client, tensord):
+    c2 = ts.Client(tensord.address, tensor_type="numpy")
+    try:
+        with c2.serve("echo", lambda req: {"x": req["x"] * 2, "tag": req["tag"]}):
+            x = np.arange(6, dtype=np.float32).reshape(2, 3)
+            ans = client.call("echo", {"x": x, "tag": "hello"}, timeout=WAIT_S, tensor_type="numpy")
+            np.testing.assert_array_equal(np.asarray(ans["x"]), x * 2)
+            assert ans["tag"] == "hello"
+    finally:
+        c2.close()
+
+
+def test_same_client_serves_and_calls(client):
+    with client.serve("inc", lambda req: req + 1, workers=1):
+        assert [client.call("inc", i, timeout=WAIT_S) for i in range(5)] == [1, 2, 3, 4, 5]
+
+
+def test_handler_exception_reaches_caller(client):
+    def handler(req):
+        if req == "bad":
+            raise ValueError("bad request")
+        raise RuntimeError("it broke")
+
+    with client.serve("fails", handler):
+        with pytest.raises(ts.InvalidArgumentError, match="bad request"):
+            client.call("fails", "bad", timeout=WAIT_S)
+        with pytest.raises(ts.ServerError, match="it broke"):
+            client.call("fails", "other", timeout=WAIT_S)
+
+
+def test_no_server(client):
+    with pytest.raises(ts.BinNotFoundError):
+        client.call("nobody", 1, timeout=WAIT_S)
+
+
+def test_timeout(client):
+    release = threading.Event()
+
+    def handler(req):
+        release.wait(WAIT_S)
+        return req
+
+    with client.serve("slow", handler, workers=1):
+        t0 = time.monotonic()
+        with pytest.raises(ts.TimeoutError):
+            client.call("slow", 1, timeout=0.3)
+        assert time.monotonic() - t0 < WAIT_S
+        release.set()
+
+
+def test_wait_for_server_times_out(client):
+    with pytest.raises(ts.TimeoutError):
+        client.call("later", 1, timeout=0.3, wait_for_server=True)
+
+
+def test_server_killed_mid_call(client, tensord):
+    hang = start_server(tensord.address, "hang")
+    try:
+        result = {}
+
+        def caller():
+            try:
+                client.call("svc", 1, timeout=WAIT_S * 3)
+            except BaseException as e:  # noqa: B902 - handed to the test thread
+                result["exc"] = e
+
+        t = threading.Thread(target=caller)
+        t.start()
+        time.sleep(0.3)  # the call reaches the hanging handler
+        t0 = time.monotonic()
+        stop_server(hang)
+        t.join(WAIT_S)
+        assert not t.is_alive()
+        assert isinstance(result.get("exc"), ts.ServiceGoneError), result
+        assert isinstance(result["exc"], ts.Error)
+        assert time.monotonic() - t0 < WAIT_S
+        echo = start_server(tensord.address, "echo")
+        try:
+            assert client.call("svc", 7, timeout=WAIT_S) == 7
+        finally:
+            stop_server(echo)
+    finally:
+        stop_server(hang)
+
+
+def test_close_stops_serving(client):
+    s = client.serve("gone", lambda req: req)
+    assert client.call("gone", 3, timeout=WAIT_S) == 3
+    s.close()
+    s.close()
+    with pytest.raises(ts.BinNotFoundError):
+        client.call("gone", 3, timeout=WAIT_S)
