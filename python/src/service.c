@@ -36,6 +36,7 @@ typedef struct {
     PyObject_HEAD ts_service_t *svc; /* NULL once closed */
     svc_queue_t *q;
     PyObject *client; /* owned: the client must outlive the registration */
+    int entered;      /* counted as a user of client (tsp_client_enter) until closed */
 } ServiceHandle;
 
 static PyObject *ServiceGoneError;
@@ -121,6 +122,11 @@ static void handle_close(ServiceHandle *h)
         pthread_cond_broadcast(&h->q->cv);
         pthread_mutex_unlock(&h->q->mu);
         queue_fail_all(h->q, TS_ESHUTDOWN, "the server stopped serving");
+    }
+    /* Only now may a close() of the Client free the ts_client_t the calls point into. */
+    if (h->entered) {
+        h->entered = 0;
+        tsp_client_leave(h->client);
     }
 }
 
@@ -274,6 +280,7 @@ PyObject *tsp_client__serve(PyObject *client, PyObject *args, PyObject *kw)
         return NULL;
     h->svc = NULL;
     h->client = NULL;
+    h->entered = 0;
     h->q = calloc(1, sizeof *h->q);
     if (h->q == NULL) {
         Py_DECREF(h);
@@ -283,20 +290,23 @@ PyObject *tsp_client__serve(PyObject *client, PyObject *args, PyObject *kw)
     pthread_cond_init(&h->q->cv, NULL);
     Py_INCREF(client);
     h->client = client;
+    /* The handle stays a user of the client until it is closed (see tsp_client_enter): calls and
+     * the registration point into the ts_client_t. */
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL) {
         Py_DECREF(h);
         return NULL;
     }
+    h->entered = 1;
     ts_service_options_t o;
     ts_service_options_init(&o);
     o.concurrency = concurrency;
     ts_service_t *svc = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = ts_service_register(&svc, c, name, &o, svc_on_call, h->q);
-    Py_END_ALLOW_THREADS tsp_client_leave(client);
-    if (rc != 0) {
-        Py_DECREF(h);
+    Py_END_ALLOW_THREADS if (rc != 0)
+    {
+        Py_DECREF(h); /* leaves the client */
         return tsp_raise(rc);
     }
     h->svc = svc;

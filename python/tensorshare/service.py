@@ -26,8 +26,9 @@ _POLL_S = 0.1
 class Service:
     """This client serving ``name``: ``handler(request) -> answer`` runs on ``workers`` threads.
 
-    Use as a context manager or call ``close()``: it stops new calls (tensord confirms), lets the
-    workers finish the calls they hold, and answers the calls still queued with an error.
+    Use as a context manager or call ``close()``: the workers finish the calls they hold, then the
+    registration ends (tensord confirms) and the calls still queued are answered with an error.
+    The Client stays open (its close() takes effect) until the Service is closed.
     """
 
     def __init__(self, client, name, handler, concurrency=64, workers=None):
@@ -79,11 +80,13 @@ class Service:
         """Stop serving; return once the workers have answered the calls they held."""
         if self._stop.is_set():
             return
-        self._handle.close()
+        # The workers finish the calls they hold first; then the registration goes, the calls
+        # still queued are answered with an error, and the Client may be closed.
         self._stop.set()
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()
+        self._handle.close()
 
     def __enter__(self):
         return self

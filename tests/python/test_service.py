@@ -139,3 +139,15 @@ def test_close_stops_serving(client):
     s.close()
     with pytest.raises(ts.BinNotFoundError):
         client.call("gone", 3, timeout=WAIT_S)
+
+
+def test_client_closed_before_service(client, tensord):
+    c = ts.Client(tensord.address)
+    s = c.serve("order", lambda req: req)
+    c.close()  # the connection stays until the Service is closed
+    with pytest.raises(ts.CancelledError):
+        c.call("order", 5, timeout=WAIT_S)
+    assert client.call("order", 5, timeout=WAIT_S) == 5
+    s.close()
+    with pytest.raises(ts.BinNotFoundError):
+        client.call("order", 5, timeout=WAIT_S)
