@@ -42,8 +42,9 @@ class Service:
         self._handler = handler
         self._stop = threading.Event()
         self._handle = client._serve(name, concurrency)
-        self._threads = [threading.Thread(target=self._run, name="tensorshare-service-%s-%d" % (name, i),
-                                          daemon=True) for i in range(workers)]
+        self._threads = [threading.Thread(target=self._run, daemon=True,
+                                          name="tensorshare-service-%s-%d" % (name, i))
+                         for i in range(workers)]
         for t in self._threads:
             t.start()
 
