@@ -1652,12 +1652,16 @@ static void test_preferred_and_replica_stats(void **state)
         assert_int_equal(
             ts_batcher_predict_async(b, a[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &a[i]), 0);
     }
-    /* Four single rows reach the preferred size 4 (the size 3 on the way did not hold them). */
+    /*
+     * Four single rows are answered at once although partial batches wait 20 s: as one batch
+     * of the preferred size 4, or, when the replica took the first three as soon as they made
+     * the preferred size 3 (a race with this thread's submits on a loaded machine), as 3 + 1.
+     */
     assert_true(acount_wait(&c, 4));
     assert_int_equal(c.ok, 4);
     ts_batcher_stats_t st;
     ts_batcher_stats(b, &st);
-    assert_int_equal(st.batches, 1);
+    assert_true(st.batches == 1 || st.batches == 2);
     assert_int_equal(st.rows, 4);
     for (int i = 0; i < 4; i++)
         ts_value_free(a[i].in);

