@@ -10,8 +10,11 @@ document is right is marked xfail(strict=True) with the reason.
 Every socket read has a deadline (IO_TIMEOUT_S) and every loop a bound; the daemons come from
 conftest.py (started on an ephemeral 127.0.0.1 port, stopped by PID).
 """
+import array
+import fcntl
 import hashlib
 import hmac
+import mmap
 import math
 import os
 import re
@@ -399,6 +402,12 @@ class Conn:
         assert rep.status == OK, rep
         return rep.body
 
+    def waiting(self, rid):
+        """True when the request is still unanswered after the server handled it: a PING sent
+        after it is answered (requests of a connection are handled in order, section 6)."""
+        self.ok(OP["PING"])
+        return self.nothing_arrives(0.05) and not any(f.rid == rid for f in self.pending)
+
     def nothing_arrives(self, seconds):
         """True when no frame arrives within the time."""
         try:
@@ -741,6 +750,8 @@ BAD_HEADERS = [
      BAD_REQUEST),
     ("STREAM_JOIN empty group",
      frame(OP["STREAM_JOIN"], name("s") + name("") + name("m") + bytes(8), rid=9), BAD_REQUEST),
+    ("GET_REF without FDS", frame(0x0E, name("x") + bytes(4), rid=9), BAD_REQUEST),
+    ("PUT_FD without FDS", frame(0x10, name("x") + struct.pack("<Q", 64), rid=9), BAD_REQUEST),
     ("SVC_REPLY empty message",
      frame(OP["SVC_REPLY"], name("svc") + struct.pack("<QHHI", 1, INVALID, 0, 0), rid=9),
      BAD_REQUEST),
@@ -873,7 +884,7 @@ def test_listen_and_wait(tensord):
     with Conn(tensord.port) as a, Conn(tensord.port) as b:
         assert bin_state(a.ok(OP["LISTEN"], name("q"))) == (0, 0)
         rid = a.send(OP["WAIT"], name("q") + struct.pack("<QI", 0, 5000))
-        assert a.nothing_arrives(0.2)  # the WAIT is pending
+        assert a.waiting(rid)  # the WAIT is pending
         v1, _ = bin_state(b.ok(OP["PUT"], name("q") + int_record(1)))
         w = a.reply(rid)
         assert w.status == OK and bin_state(w.body) == (v1, 1)
@@ -934,7 +945,7 @@ def test_coordination(tensord):
         assert v4 > v3
         # TAKE waits and is served by an APPEND of another connection
         rid = a.send(OP["TAKE"], name("jobs") + struct.pack("<II", 1, 5000))
-        assert a.nothing_arrives(0.2)
+        assert a.waiting(rid)
         b.ok(OP["APPEND"], name("jobs") + int_record(11))
         b.ok(OP["APPEND"], name("jobs") + int_record(12))
         rep = a.reply(rid)
@@ -963,7 +974,7 @@ def test_coordination(tensord):
         assert pos == len(body) and found == [1, 0, 1]
         # BARRIER of two parties on two connections; a third party count is INVALID meanwhile
         rid = a.send(OP["BARRIER"], name("bar") + struct.pack("<II", 2, 5000))
-        assert a.nothing_arrives(0.2)
+        assert a.waiting(rid)
         error_reply(b.call(OP["BARRIER"], name("bar") + struct.pack("<II", 3, 5000)), INVALID)
         rb = b.ok(OP["BARRIER"], name("bar") + struct.pack("<II", 2, 5000))
         ra = a.reply(rid)
@@ -1092,7 +1103,7 @@ def test_ps_dumps_and_sync_steps(tensord):
         assert rep == shifted(EX["ps-create-rep"], [0x18], delta)
         # push A (the dump, base_version patched) waits for the second gradient of the step
         c.sock.sendall(shifted(EX["ps-push-req"], [0x1A], delta))
-        assert c.nothing_arrives(0.2)
+        assert c.waiting(3)
         grad = encode_record(tensor_of(9, (2,), [3.0, 4.0]))
         v1, n = bin_state(c2.ok(OP["PS_PUSH"], name("w") + struct.pack("<Qd", v0, 1.0) + grad))
         assert v1 > v0 and n == 0
@@ -1107,6 +1118,7 @@ def test_ps_dumps_and_sync_steps(tensord):
         v2, _ = bin_state(c2.ok(OP["PS_PUSH"], name("w") + struct.pack("<Qd", v1, 1.0) + grad))
         assert bin_state(c.reply(r1).body) == (v2, 0)
         r2 = c.send(OP["PS_PUSH"], name("w") + struct.pack("<Qd", v1, 1.0) + grad)
+        c.ok(OP["PING"])  # the connection's requests are handled in order: r2 is in first
         rep = c2.call(OP["PS_PUSH"], name("w") + struct.pack("<Qd", v0, 1.0) + grad)
         assert rep.status == STALE_GRADIENT and bin_state(rep.body) == (v2, 1)
         # PS_PULL not newer: the dump's layout
@@ -1218,14 +1230,14 @@ def test_services(tensord):
         error_reply(srv.call(OP["SVC_REGISTER"], name("s") + struct.pack("<II", 0, 0)), NOT_FOUND)
         # WAIT flag: the call waits for a server, then is handed to it at once
         rid = caller.send(OP["SVC_CALL"], name("s") + struct.pack("<II", 5000, 1) + body)
-        assert caller.nothing_arrives(0.2)
+        assert caller.waiting(rid)
         st = srv.ok(OP["SVC_REGISTER"], name("s") + struct.pack("<II", 1, 0))
         assert struct.unpack("<IIQ", st)[0] == 1
         call_id, left, svc, rec = svc_request(srv.push(OP["SVC_REQUEST"]))
         assert svc == b"s" and rec == body and 1 <= left <= 5000
         # concurrency 1: a second call queues until the first is answered
         rid2 = caller.send(OP["SVC_CALL"], name("s") + struct.pack("<II", 5000, 0) + body)
-        assert srv.nothing_arrives(0.2)
+        assert caller.waiting(rid2) and srv.nothing_arrives(0.1)
         # an error answer: the caller gets the server's status and message
         assert srv.ok(OP["SVC_REPLY"], name("s") + struct.pack("<QHHI", call_id, INVALID, 0, 0)
                       + b"bad input") == b""
@@ -1398,7 +1410,7 @@ def test_shutdown(start_tensord):
     c = Conn(d.port)
     try:
         rid = c.send(OP["WAIT"], name("never") + struct.pack("<QI", 0, 60000))
-        assert c.nothing_arrives(0.2)
+        assert c.waiting(rid)
         d.proc.send_signal(15)
         rep = c.reply(rid)
         error_reply(rep, 15, OP["WAIT"], rid)
@@ -1408,3 +1420,190 @@ def test_shutdown(start_tensord):
         assert c.closed_by_server()
     finally:
         c.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# More of what sections 8.23 to 8.54 promise
+
+
+def test_streams_and_tables_as_bins(tensord):
+    """Streams and tables in LIST, WAIT, LISTEN and DELETE (sections 8.23 to 8.38)."""
+    with Conn(tensord.port) as c:
+        c.ok(OP["STREAM_CREATE"], name("s") + struct.pack("<QQIIII", 2, 0, 0, 0, 0, 0))
+        assert bin_state(c.ok(OP["LISTEN"], name("s"))) == (0, 0)
+        for i in range(3):  # max_entries 2: the first entry is dropped by the third append
+            st = c.ok(OP["STREAM_APPEND"], name("s") + int_record(i))
+            assert struct.unpack("<QQII", st) == (i + 1, max(1, i), 2**32 - 1, min(i + 1, 2))
+        c.ok(OP["STREAM_MARK"], name("s") + struct.pack("<Q", 9))
+        for i in range(4):
+            f = c.push(OP["NOTIFY"])
+            assert struct.unpack_from("<QIBB", f.body) == (i + 1, min(i + 1, 2), 2, 0)
+        lst = c.ok(OP["LIST"])
+        assert name("s") + struct.pack("<IQQ", 2, 64, 4) in lst
+        info = decode_record(c.ok(OP["STREAM_INFO"], name("s")))
+        assert info["credit"] == -1 and info["first_id"] == 3
+        assert bin_state(c.ok(OP["DELETE"], name("s"))) == (4, 2)
+        f = c.push(OP["NOTIFY"])
+        assert struct.unpack_from("<QIBB", f.body)[1:3] == (0, 4)
+        c.ok(OP["TABLE_CREATE"], name("t") + struct.pack("<QQdddIBBH", 4, 1, 1.0, 0.0, 1.0, 0,
+                                                          0, 0, 0))
+        c.ok(OP["LISTEN"], name("t"))
+        c.ok(OP["TABLE_INSERT"], name("t") + struct.pack("<dII", 1.0, 0, 0) + int_record(1))
+        c.ok(OP["TABLE_INSERT"], name("t") + struct.pack("<dII", 2.0, 0, 0) + int_record(2))
+        assert bin_state(c.ok(OP["DELETE"], name("t"))) == (2, 2)
+        f = c.push(OP["NOTIFY"])  # only the DELETE of a table notifies
+        assert struct.unpack_from("<QIBB", f.body) == (2, 0, 4, 0) and f.body[14:] == name("t")
+        # MGET naming a stream is INVALID as a whole
+        c.ok(OP["STREAM_CREATE"], name("s2") + struct.pack("<QQIIII", 2, 0, 0, 0, 0, 0))
+        error_reply(c.call(OP["MGET"], struct.pack("<II", 2, 0) + name("x") + name("s2")),
+                    INVALID)
+
+
+def test_services_more(start_tensord):
+    d = start_tensord("--max-watch", "1")
+    with Conn(d.port) as srv, Conn(d.port) as caller, Conn(d.port) as other:
+        body = int_record(1)
+        srv.ok(OP["SVC_REGISTER"], name("a") + struct.pack("<II", 1, 0))
+        srv.ok(OP["SVC_REGISTER"], name("b") + struct.pack("<II", 1, 0))
+        ra = caller.send(OP["SVC_CALL"], name("a") + struct.pack("<II", 5000, 0) + body)
+        call_a, _, _, _ = svc_request(srv.push(OP["SVC_REQUEST"]))
+        # past --max-watch (1): TOO_MANY_CLIENTS, the connection stays
+        error_reply(caller.call(OP["SVC_CALL"], name("a") + struct.pack("<II", 5000, 0) + body),
+                    10)
+        caller.ok(OP["PING"])
+        # an answer naming another service than the call's is INVALID
+        error_reply(srv.call(OP["SVC_REPLY"], name("b") + struct.pack("<QHHI", call_a, 0, 0, 0) +
+                             body), INVALID)
+        # a call queued behind the held one, then the server leaves: both SERVICE_GONE
+        rb = other.send(OP["SVC_CALL"], name("a") + struct.pack("<II", 5000, 0) + body)
+        assert other.waiting(rb)
+        srv.close()
+        error_reply(caller.reply(ra), SERVICE_GONE, OP["SVC_CALL"], ra)
+        error_reply(other.reply(rb), SERVICE_GONE, OP["SVC_CALL"], rb)
+        stats = decode_record(caller.ok(OP["STATS"]))
+        assert stats["service_calls_gone"] == 2 and stats["service_servers"] == 0
+
+
+def test_svc_register_zero_keeps_the_held_call(tensord):
+    """Section 8.51: concurrency 0 ends the registration; the calls it holds may be answered."""
+    with Conn(tensord.port) as srv, Conn(tensord.port) as caller:
+        body = int_record(3)
+        srv.ok(OP["SVC_REGISTER"], name("z") + struct.pack("<II", 2, 0))
+        rid = caller.send(OP["SVC_CALL"], name("z") + struct.pack("<II", 5000, 0) + body)
+        call, _, _, _ = svc_request(srv.push(OP["SVC_REQUEST"]))
+        st = srv.ok(OP["SVC_REGISTER"], name("z") + struct.pack("<II", 0, 0))
+        assert struct.unpack("<IIQ", st)[:2] == (0, 0)
+        srv.ok(OP["SVC_REPLY"], name("z") + struct.pack("<QHHI", call, 0, 0, 0) + body)
+        assert items(caller.reply(rid).body)[2] == [body]
+        error_reply(caller.call(OP["SVC_CALL"], name("z") + struct.pack("<II", 500, 0) + body),
+                    NOT_FOUND)
+
+
+def test_watch_limit_and_barrier_timeout(start_tensord):
+    d = start_tensord("--max-watch", "1")
+    with Conn(d.port) as c:
+        rid = c.send(OP["WAIT"], name("w") + struct.pack("<QI", 0, 5000))
+        error_reply(c.call(OP["WAIT"], name("w") + struct.pack("<QI", 0, 5000)), INVALID)
+        error_reply(c.call(OP["LISTEN"], name("w")), INVALID)
+        c.ok(OP["PUT"], name("w") + int_record(1))
+        assert c.reply(rid).status == OK
+        error_reply(c.call(OP["BARRIER"], name("b") + struct.pack("<II", 2, 100)), TIMEOUT)
+        error_reply(c.call(OP["BARRIER"], name("b") + struct.pack("<II", 0, 100)), INVALID)
+
+
+def test_ps_more(tensord):
+    with Conn(tensord.port) as c:
+        settings = struct.pack("<BBBBIII4d", 1, 0, 0, 0, 1, 0, 0, 0.1, 0.9, 0.999, 1e-8)
+        error_reply(c.call(OP["PS_CREATE"], name("p") + settings), NOT_FOUND)
+        c.ok(OP["PUT"], name("p") + encode_record(tensor_of(9, (3,), [1.0, 1.0, 1.0])))
+        v0, n = bin_state(c.ok(OP["PS_CREATE"], name("p") + settings))
+        assert n == 1
+        keep = struct.pack("<BBBBIII4d", 1, 0, 2, 0, 1, 0, 0, 0.1, 0.9, 0.999, 1e-8)
+        assert bin_state(c.ok(OP["PS_CREATE"], name("p") + keep)) == (v0, 1)
+        other = struct.pack("<BBBBIII4d", 1, 0, 2, 0, 1, 0, 0, 0.2, 0.9, 0.999, 1e-8)
+        error_reply(c.call(OP["PS_CREATE"], name("p") + other), INVALID)
+        # async SGD: one step per push
+        g = encode_record(tensor_of(9, (3,), [1.0, 2.0, 3.0]))
+        v1, n = bin_state(c.ok(OP["PS_PUSH"], name("p") + struct.pack("<Qd", 0, 1.0) + g))
+        assert v1 > v0 and n == 0
+        _, _, recs = items(c.ok(OP["PS_PULL"], name("p") + struct.pack("<Q", v0)))
+        got = struct.unpack("<3f", decode_record(recs[0]).data)
+        assert all(abs(a - b) < 1e-6 for a, b in zip(got, (0.9, 0.8, 0.7)))
+        bad = encode_record(tensor_of(9, (2,), [1.0, 2.0]))
+        error_reply(c.call(OP["PS_PUSH"], name("p") + struct.pack("<Qd", 0, 1.0) + bad), INVALID)
+        error_reply(c.call(OP["PS_PUSH"], name("q") + struct.pack("<Qd", 0, 1.0) + g), NOT_FOUND)
+        error_reply(c.call(OP["PS_PULL"], name("q") + struct.pack("<Q", 0)), NOT_FOUND)
+        ids = encode_record(tensor_of(6, (1,), [0]))
+        error_reply(c.call(OP["EMB_PULL"], name("noemb") + ids), NOT_FOUND)
+
+
+# ---------------------------------------------------------------------------------------------
+# By reference (sections 8.15 to 8.18): the ref examples of section 15 on the unix socket
+
+
+def recv_frame_with_fds(sock, timeout=IO_TIMEOUT_S):
+    """One frame and the descriptors that came with it (SCM_RIGHTS)."""
+    deadline = time.monotonic() + timeout
+    data, fds = b"", []
+    need = 24
+    for _ in range(MAX_FRAMES_SCANNED):
+        if len(data) >= need:
+            break
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        chunk, anc, _, _ = sock.recvmsg(need - len(data), socket.CMSG_SPACE(16 * 4))
+        if not chunk:
+            raise Closed()
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(payload[:len(payload) - len(payload) % 4])
+                fds.extend(a)
+        data += chunk
+        if len(data) >= 24:
+            need = 24 + HEADER.unpack_from(data)[8]
+    return Frame(data), fds
+
+
+def test_by_reference_dumps(tensord):
+    if not hasattr(os, "memfd_create"):
+        pytest.skip("no memfd_create")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(IO_TIMEOUT_S)
+    s.connect(tensord.unix_path)
+    fd = os.memfd_create("rec", os.MFD_ALLOW_SEALING)
+    got_fds = []
+    try:
+        s.sendall(EX["hello-fds-req"])
+        rep, _ = recv_frame_with_fds(s)
+        assert rep.raw[:0x28] == EX["hello-fds-rep"][:0x28]
+        record = encode_record({"t": Tensor(2, (4194304,), bytes(range(256)) * 16384)})
+        assert len(record) == 4194368
+        os.write(fd, record)
+        os.ftruncate(fd, 4198400)
+        s.sendmsg([EX["put-fd-req"]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                        array.array("i", [fd]))])
+        rep, _ = recv_frame_with_fds(s)
+        delta = u64_at(rep.raw, 0x18) - u64_at(EX["put-fd-rep"], 0x18)
+        assert rep.raw == shifted(EX["put-fd-rep"], [0x18], delta)
+        # the server sealed the memfd: the writer cannot change it any more
+        with pytest.raises(PermissionError):
+            os.pwrite(fd, b"x", 0)
+        s.sendall(frame(OP["APPEND"], name("frames") + int_record(41), rid=3))
+        rep, _ = recv_frame_with_fds(s)
+        assert bin_state(rep.body) == (u64_at(EX["put-fd-rep"], 0x18) + delta + 1, 2)
+        s.sendall(EX["peek-ref-req"])
+        rep, got_fds = recv_frame_with_fds(s)
+        assert rep.raw == shifted(EX["peek-ref-rep"], [0x18], delta)
+        assert len(got_fds) == 1
+        st = os.fstat(got_fds[0])
+        assert st.st_size == 4198400
+        with mmap.mmap(got_fds[0], 4198400, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+            assert m[:len(record)] == record
+        if hasattr(fcntl, "F_GET_SEALS"):
+            seals = fcntl.fcntl(got_fds[0], fcntl.F_GET_SEALS)
+            assert seals & fcntl.F_SEAL_WRITE and seals & fcntl.F_SEAL_GROW
+    finally:
+        for f in got_fds:
+            os.close(f)
+        os.close(fd)
+        s.close()
