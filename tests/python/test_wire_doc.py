@@ -1607,3 +1607,241 @@ def test_by_reference_dumps(tensord):
             os.close(f)
         os.close(fd)
         s.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals that keep the connection, and malformed bodies that close it, request by request
+
+TABLE_OK = struct.pack("<QQdddIBBH", 4, 1, 1.0, 0.0, 1.0, 0, 0, 0, 0)
+PS_OK = struct.pack("<BBBBIII4d", 1, 0, 0, 0, 1, 0, 0, 0.1, 0.9, 0.999, 1e-8)
+EMB_OK = struct.pack("<IBBHQQ5d", 4, 1, 0, 0, 1, 0, 0.1, 0.9, 0.999, 1e-8, 0.0)
+
+
+def setup_kinds(c):
+    c.ok(OP["PUT"], name("plain") + int_record(1))
+    c.ok(OP["PUT"], name("f32") + encode_record(tensor_of(9, (2,), [1.0, 2.0])))
+    c.ok(OP["STREAM_CREATE"], name("st") + struct.pack("<QQIIII", 8, 0, 0, 0, 0, 0))
+    c.ok(OP["TABLE_CREATE"], name("tb") + TABLE_OK)
+    c.ok(OP["EMB_CREATE"], name("em") + EMB_OK)
+
+
+REFUSALS = [
+    # (what, opcode, body, status): each answered with the status, the connection kept
+    ("ADD on a stream", "ADD", name("st") + struct.pack("<q", 1), INVALID),
+    ("PUT_IF on a stream", "PUT_IF", name("st") + struct.pack("<Q", 0) + int_record(1), INVALID),
+    ("TAKE on a stream", "TAKE", name("st") + struct.pack("<II", 0, 0), INVALID),
+    ("APPEND on a table", "APPEND", name("tb") + int_record(1), INVALID),
+    ("STREAM_APPEND on a plain bin", "STREAM_APPEND", name("plain") + int_record(1), INVALID),
+    ("STREAM_APPEND on nothing", "STREAM_APPEND", name("none") + int_record(1), NOT_FOUND),
+    ("TABLE_INSERT on nothing", "TABLE_INSERT",
+     name("none") + struct.pack("<dII", 1.0, 0, 0) + int_record(1), NOT_FOUND),
+    ("TABLE_INSERT NaN priority", "TABLE_INSERT",
+     name("tb") + struct.pack("<dII", float("nan"), 0, 0) + int_record(1), INVALID),
+    ("TABLE_SAMPLE n 0", "TABLE_SAMPLE", name("tb") + struct.pack("<II", 0, 0), INVALID),
+    ("TABLE_CREATE name taken", "TABLE_CREATE", name("plain") + TABLE_OK, INVALID),
+    ("TABLE_CREATE small error_buffer", "TABLE_CREATE",
+     name("t2") + struct.pack("<QQdddIBBH", 4, 1, 2.0, 1.5, 1.0, 0, 0, 0, 0), INVALID),
+    ("TABLE_CREATE capacity 0", "TABLE_CREATE",
+     name("t2") + struct.pack("<QQdddIBBH", 0, 1, 1.0, 0.0, 1.0, 0, 0, 0, 0), INVALID),
+    ("STREAM_CREATE window above max_entries", "STREAM_CREATE",
+     name("s3") + struct.pack("<QQIIII", 4, 0, 0, 5, 0, 0), INVALID),
+    ("STREAM_CREATE on a plain bin", "STREAM_CREATE",
+     name("plain") + struct.pack("<QQIIII", 4, 0, 0, 0, 0, 0), INVALID),
+    ("STREAM_JOIN start 2", "STREAM_JOIN", join_body("st", "g", "m", start=2), INVALID),
+    ("STREAM_READ unjoined", "STREAM_READ",
+     name("st") + name("g") + name("m") + struct.pack("<QII", 0, 1, 0), NOT_FOUND),
+    ("STREAM_RANGE max_entries 0", "STREAM_RANGE", name("st") + struct.pack("<QII", 0, 0, 0),
+     INVALID),
+    ("STREAM_RANGE after_id past last_id", "STREAM_RANGE",
+     name("st") + struct.pack("<QII", 5, 1, 0), INVALID),
+    ("STREAM_LEAVE unknown group", "STREAM_LEAVE", name("st") + name("g") + name(""), NOT_FOUND),
+    ("MGET of a table", "MGET", struct.pack("<II", 1, 0) + name("tb"), INVALID),
+    ("BARRIER parties over 65536", "BARRIER", name("b") + struct.pack("<II", 65537, 0), INVALID),
+    ("PS_CREATE on an int", "PS_CREATE", name("plain") + PS_OK, INVALID),
+    ("PS_CREATE unknown flag", "PS_CREATE",
+     name("f32") + struct.pack("<BBBBIII4d", 1, 0, 4, 0, 1, 0, 0, 0.1, 0.9, 0.999, 1e-8),
+     INVALID),
+    ("PS_PUSH on a bin that is no parameter", "PS_PUSH",
+     name("f32") + struct.pack("<Qd", 0, 1.0) + encode_record(tensor_of(9, (2,), [1, 1])),
+     NOT_FOUND),
+    ("EMB_CREATE other settings", "EMB_CREATE",
+     name("em") + struct.pack("<IBBHQQ5d", 8, 1, 0, 0, 1, 0, 0.1, 0.9, 0.999, 1e-8, 0.0), INVALID),
+    ("EMB_CREATE dim 0", "EMB_CREATE",
+     name("e2") + struct.pack("<IBBHQQ5d", 0, 1, 0, 0, 1, 0, 0.1, 0.9, 0.999, 1e-8, 0.0), INVALID),
+    ("EMB_PUSH NaN", "EMB_PUSH", name("em") + struct.pack("<d", 1.0) + encode_record(
+        [tensor_of(6, (1,), [1]), tensor_of(9, (1, 4), [float("nan"), 0, 0, 0])]), INVALID),
+    ("EMB_PUSH one tensor", "EMB_PUSH", name("em") + struct.pack("<d", 1.0) +
+     encode_record(tensor_of(6, (1,), [1])), INVALID),
+    ("SVC_CALL timeout over 24 h", "SVC_CALL",
+     name("svc") + struct.pack("<II", 86400001, 0) + int_record(1), INVALID),
+    ("SVC_CALL empty name", "SVC_CALL", name("") + struct.pack("<II", 100, 0) + int_record(1),
+     INVALID),
+    ("SVC_REGISTER flags", "SVC_REGISTER", name("svc") + struct.pack("<II", 1, 1), INVALID),
+    ("SVC_REGISTER empty name", "SVC_REGISTER", name("") + struct.pack("<II", 1, 0), INVALID),
+    ("SVC_REPLY status 11", "SVC_REPLY", name("svc") + struct.pack("<QHHI", 1, 11, 0, 0) + b"m",
+     INVALID),
+    ("SVC_REPLY status 23", "SVC_REPLY", name("svc") + struct.pack("<QHHI", 1, 23, 0, 0) + b"m",
+     INVALID),
+    ("SVC_REPLY reserved u16", "SVC_REPLY",
+     name("svc") + struct.pack("<QHHI", 1, 0, 1, 0) + int_record(1), INVALID),
+    ("SVC_REPLY reserved u32", "SVC_REPLY",
+     name("svc") + struct.pack("<QHHI", 1, 0, 0, 1) + int_record(1), INVALID),
+    ("SVC_REPLY of no call", "SVC_REPLY",
+     name("svc") + struct.pack("<QHHI", 1, 0, 0, 0) + int_record(1), NOT_FOUND),
+    ("TENSOR_BIN on a bin", "TENSOR_BIN" if "TENSOR_BIN" in OP else 0x12,
+     name("plain") + struct.pack("<BBHQ", 9, 1, 0, 4), INVALID),
+    ("TENSOR_BIN ndim 0", 0x12, name("tbin") + struct.pack("<BBH", 9, 0, 0), INVALID),
+]
+
+
+@pytest.mark.parametrize("what,op,body,status", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_refusals_keep_the_connection(tensord, what, op, body, status):
+    with Conn(tensord.port) as c:
+        setup_kinds(c)
+        code = OP[op] if isinstance(op, str) else op
+        rep = c.call(code, body)
+        error_reply(rep, status, code)
+        c.ok(OP["PING"])
+
+
+MALFORMED = [
+    # (what, opcode, body): BAD_REQUEST and the connection closes
+    ("TABLE_CREATE reserved", "TABLE_CREATE",
+     name("t9") + struct.pack("<QQdddIBBH", 4, 1, 1.0, 0.0, 1.0, 0, 0, 0, 1)),
+    ("TABLE_INSERT reserved", "TABLE_INSERT",
+     name("tb") + struct.pack("<dII", 1.0, 0, 1) + int_record(1)),
+    ("TABLE_UPDATE short", "TABLE_UPDATE", name("tb") + struct.pack("<II", 2, 0) + bytes(16)),
+    ("TABLE_REMOVE reserved", "TABLE_REMOVE", name("tb") + struct.pack("<II", 0, 1)),
+    ("PUT_IF ends in its fixed fields", "PUT_IF", name("x") + bytes(5)),
+    ("MGET n 0", "MGET", struct.pack("<II", 0, 0)),
+    ("MGET n 257", "MGET", struct.pack("<II", 257, 0) + name("") * 257),
+    ("MGET bytes after the names", "MGET", struct.pack("<II", 1, 0) + name("a") + b"\0"),
+    ("PS_CREATE reserved", "PS_CREATE",
+     name("f32") + struct.pack("<BBBBIII4d", 1, 0, 0, 1, 1, 0, 0, 0.1, 0.9, 0.999, 1e-8)),
+    ("PS_CREATE short", "PS_CREATE", name("f32") + PS_OK[:-1]),
+    ("EMB_CREATE reserved", "EMB_CREATE",
+     name("em") + struct.pack("<IBBHQQ5d", 4, 1, 0, 1, 1, 0, 0.1, 0.9, 0.999, 1e-8, 0.0)),
+    ("STREAM_CREATE short", "STREAM_CREATE", name("s") + bytes(31)),
+    ("STREAM_JOIN reserved", "STREAM_JOIN",
+     name("st") + name("g") + name("m") + struct.pack("<BBHI", 0, 1, 0, 0)),
+    ("STREAM_READ empty member", "STREAM_READ",
+     name("st") + name("g") + name("") + struct.pack("<QII", 0, 1, 0)),
+    ("SVC_REGISTER short", "SVC_REGISTER", name("svc") + bytes(7)),
+    ("SVC_REPLY message over 1024", "SVC_REPLY",
+     name("svc") + struct.pack("<QHHI", 1, INVALID, 0, 0) + b"m" * 1025),
+    ("SHARD_MAP with a body", "SHARD_MAP", b"\0"),
+    ("PING with a body", "PING", b"\0"),
+    ("TENSOR_BIN dims missing", 0x12, name("tbin") + struct.pack("<BBHQ", 9, 2, 0, 4)),
+]
+
+
+@pytest.mark.parametrize("what,op,body", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_bodies_close(tensord, what, op, body):
+    with Conn(tensord.port) as c:
+        setup_kinds(c)
+        code = OP[op] if isinstance(op, str) else op
+        rid = c.send(code, body)
+        error_reply(c.reply(rid), BAD_REQUEST, code, rid)
+        assert c.closed_by_server()
+
+
+def test_more_promises(start_tensord):
+    d = start_tensord("--max-watch", "1")
+    with Conn(d.port) as a, Conn(d.port) as b:
+        # LISTEN again at the limit is answered like the first
+        assert bin_state(a.ok(OP["LISTEN"], name("x"))) == (0, 0)
+        assert bin_state(a.ok(OP["LISTEN"], name("x"))) == (0, 0)
+        a.ok(OP["UNLISTEN"], name("x"))
+        # a DELETE leaves a TAKE waiting for the next items
+        b.ok(OP["PUT"], name("q") + int_record(1))
+        b.ok(OP["DELETE"], name("q"))
+        rid = a.send(OP["TAKE"], name("q") + struct.pack("<II", 0, 5000))
+        assert a.waiting(rid)
+        b.ok(OP["PUT"], name("q") + int_record(2))
+        b.ok(OP["DELETE"], name("q"))
+        rep = a.reply(rid)
+        assert rep.status == OK and items(rep.body)[2] == [int_record(2)]
+        # a barrier is reusable: the second release is generation 2
+        for gen in (1, 2):
+            rid = a.send(OP["BARRIER"], name("b") + struct.pack("<II", 2, 5000))
+            assert a.waiting(rid)
+            assert b.ok(OP["BARRIER"], name("b") + struct.pack("<II", 2, 5000)) == \
+                struct.pack("<QII", gen, 2, 0)
+            assert a.reply(rid).body == struct.pack("<QII", gen, 2, 0)
+
+
+def test_stream_redelivery(tensord):
+    """Sections 8.27 to 8.29: a member that joins again gets its pending entries again."""
+    with Conn(tensord.port) as c:
+        c.ok(OP["STREAM_CREATE"], name("r") + struct.pack("<QQIIII", 8, 0, 0, 0, 0, 0))
+        for i in range(2):
+            c.ok(OP["STREAM_APPEND"], name("r") + int_record(i))
+        rd = name("r") + name("g") + name("m")
+        c.ok(OP["STREAM_JOIN"], join_body("r", "g", "m"))
+        _, _, _, got = entries(c.ok(OP["STREAM_READ"], rd + struct.pack("<QII", 0, 8, 0)))
+        assert [h["id"] for h, _ in got] == [1, 2]
+        ack = c.ok(OP["STREAM_ACK"], rd + struct.pack("<QQI", 2, 2, 5))
+        assert struct.unpack("<QQII", ack)[0] == 0  # rows: nothing acknowledged
+        error_reply(c.call(OP["STREAM_ACK"], rd + struct.pack("<QQI", 1, 2, 5)), INVALID)
+        error_reply(c.call(OP["STREAM_READ"], rd + struct.pack("<QII", 3, 1, 0)), INVALID)
+        js = struct.unpack("<QQQIIII", c.ok(OP["STREAM_JOIN"], join_body("r", "g", "m")))
+        assert js[:6] == (3, 1, 0, 2, 1, 0)  # pending 2; rows_done of the oldest (id 1) is 0
+        _, _, _, got = entries(c.ok(OP["STREAM_READ"], rd + struct.pack("<QII", 1, 8, 0)))
+        assert [(h["id"], h["deliveries"], h["flags"], h["rows_done"]) for h, _ in got] == \
+            [(2, 2, 1, 5)]
+        info = decode_record(c.ok(OP["STREAM_INFO"], name("r")))
+        assert info["groups"][0]["pending"] == 1 and info["groups"][0]["floor"] == 2
+
+
+def test_changes_that_take_versions(tensord):
+    """Section 9: the change counter (STATS `version`) moves for the changes it lists."""
+    with Conn(tensord.port) as c:
+        def counter():
+            return decode_record(c.ok(OP["STATS"]))["version"]
+
+        def takes(op, body, expect=True):
+            before = counter()
+            rep = c.ok(OP[op], body)
+            assert counter() == before + (1 if expect else 0), op
+            return rep
+
+        v0, _ = bin_state(takes("PUT", name("w") + encode_record(tensor_of(9, (2,), [0, 0]))))
+        # new settings move the counter (the next snapshot must hold them), not the bin's version
+        assert bin_state(takes("PS_CREATE", name("w") + PS_OK)) == (v0, 1)
+        keep = PS_OK[:2] + b"\x02" + PS_OK[3:]
+        assert bin_state(takes("PS_CREATE", name("w") + keep, expect=False)) == (v0, 1)
+        v, _ = bin_state(takes("PS_PUSH", name("w") + struct.pack("<Qd", 0, 1.0) +
+                               encode_record(tensor_of(9, (2,), [1, 1]))))
+        assert v == counter()
+        v, _ = bin_state(takes("EMB_CREATE", name("em") + EMB_OK))
+        assert v == counter()
+        takes("EMB_CREATE", name("em") + EMB_OK, expect=False)
+        takes("EMB_PULL", name("em") + encode_record(tensor_of(6, (1,), [3])), expect=False)
+        takes("EMB_PUSH", name("em") + struct.pack("<d", 1.0) + encode_record(
+            [tensor_of(6, (1,), [3]), tensor_of(9, (1, 4), [1, 1, 1, 1])]))
+        # these move the counter without giving its value to a bin
+        takes("TABLE_CREATE", name("tb") + TABLE_OK)
+        for op, body in [
+                ("TABLE_INSERT", name("tb") + struct.pack("<dII", 1.0, 0, 0) + int_record(1)),
+                ("TABLE_SAMPLE", name("tb") + struct.pack("<II", 1, 0)),
+                ("TABLE_UPDATE", name("tb") + struct.pack("<II", 1, 0) + struct.pack("<Qd", 1, 2)),
+                ("TABLE_REMOVE", name("tb") + struct.pack("<II", 1, 0) + struct.pack("<Q", 1)),
+                ("BARRIER", name("b") + struct.pack("<II", 1, 0)),
+                ("SVC_REGISTER", name("s") + struct.pack("<II", 1, 0))]:
+            takes(op, body, expect=False)
+        takes("DELETE", name("tb"))
+        rd = name("st") + name("g") + name("m")
+        for op, body in [
+                ("STREAM_CREATE", name("st") + struct.pack("<QQIIII", 8, 0, 0, 0, 0, 0)),
+                ("STREAM_APPEND", name("st") + int_record(1)),
+                ("STREAM_MARK", name("st") + struct.pack("<Q", 1)),
+                ("STREAM_JOIN", join_body("st", "g", "m")),
+                ("STREAM_READ", rd + struct.pack("<QII", 0, 8, 0)),
+                ("STREAM_READ", rd + struct.pack("<QII", 0, 8, 0)),  # hands out nothing
+                ("STREAM_ACK", rd + struct.pack("<QQI", 1, 2, 0)),
+                ("STREAM_LEAVE", rd),
+                ("DELETE", name("st"))]:
+            takes(op, body)
+        takes("DELETE", name("none"), expect=False)
+        takes("PEEK", name("w") + struct.pack("<I", 0), expect=False)
+        takes("ADD", name("n") + struct.pack("<q", 1))
