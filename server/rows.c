@@ -283,6 +283,35 @@ static tsd_item *tensor_item_new(tsd_server *srv, size_t len)
     return it;
 }
 
+int tsd_rows_tensor_item(tsd_server *srv, size_t len, tsd_item **out)
+{
+    /*
+     * With --data-dir (and a record of at least --data-min bytes) the tensor lives in a file,
+     * zero-filled, and comes back as a tensor bin after a restart; its pages count against
+     * --max-disk (checked by tsd_datadir_alloc), not --max-memory, as every item in a file. Else
+     * it counts against --max-memory. Either way the store takes a reservation of its length
+     * when it links the item (tsd_store_add), so one is made here: for a file without a check.
+     */
+    tsd_item *it = NULL;
+    int drc = tsd_datadir_alloc(srv, len, &it);
+    if (drc < 0)
+        return drc;
+    if (drc == 0) {
+        srv->store.reserved += len;
+        ((tsd_item_own *)(void *)it)->live = 1;
+    } else if (tsd_store_reserve(&srv->store, len) != 0) {
+        return TSD_TENSOR_ITEM_LIMIT;
+    } else {
+        it = tensor_item_new(srv, len);
+        if (it == NULL) {
+            tsd_store_unreserve(&srv->store, len);
+            return TSD_TENSOR_ITEM_NOMEM;
+        }
+    }
+    *out = it;
+    return 0;
+}
+
 static void op_tensor_bin(tsd_conn *c, const ts__hdr *h, const ts__msg_tensor_bin_req *m)
 {
     tsd_server *srv = c->srv;
@@ -310,35 +339,22 @@ static void op_tensor_bin(tsd_conn *c, const ts__hdr *h, const ts__msg_tensor_bi
         tsd_reply_err(c, op, rid, TS_ST_INVALID, "bin %s exists (DELETE it first)", pn);
         return;
     }
-    /*
-     * With --data-dir (and a record of at least --data-min bytes) the tensor lives in a file,
-     * zero-filled, and comes back as a tensor bin after a restart; its pages count against
-     * --max-disk (checked by tsd_datadir_alloc), not --max-memory, as every item in a file. Else
-     * it counts against --max-memory. Either way the store takes a reservation of its length
-     * when it links the item (tsd_store_add), so one is made here: for a file without a check.
-     */
     tsd_item *it = NULL;
-    int drc = tsd_datadir_alloc(srv, (size_t)rec_len, &it);
-    if (drc < 0) {
+    int trc = tsd_rows_tensor_item(srv, (size_t)rec_len, &it);
+    if (trc < 0) {
         char msg[TS_MAX_ERRMSG];
-        tsd_datadir_refusal(srv, drc, (size_t)rec_len, msg, sizeof(msg));
+        tsd_datadir_refusal(srv, trc, (size_t)rec_len, msg, sizeof(msg));
         tsd_reply_msg(c, op, rid, TS_ST_OUT_OF_MEMORY, msg, strlen(msg));
         return;
     }
-    if (drc == 0) {
-        srv->store.reserved += rec_len;
-        ((tsd_item_own *)(void *)it)->live = 1;
-    } else if (tsd_store_reserve(&srv->store, rec_len) != 0) {
+    if (trc == TSD_TENSOR_ITEM_LIMIT) {
         srv->stats.oom_rejections++;
         tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY,
                       "memory limit reached (--max-memory): the tensor bin needs %llu bytes",
                       (unsigned long long)rec_len);
         return;
-    } else {
-        it = tensor_item_new(srv, (size_t)rec_len);
     }
-    if (it == NULL) {
-        tsd_store_unreserve(&srv->store, rec_len);
+    if (trc == TSD_TENSOR_ITEM_NOMEM) {
         srv->stats.out_of_memory++;
         tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY,
                       "tensord is out of memory: the %llu-byte tensor could not be allocated",

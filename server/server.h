@@ -1170,6 +1170,20 @@ int tsd_auth_check(tsd_server *srv, const uint8_t *token, size_t len);
 #define TSD_MAX_GATHER_ROWS ((uint64_t)1 << 22)
 /* 1 when b is a tensor bin: its one item is live (made by TENSOR_BIN, written in place). */
 int tsd_bin_is_tensor(const tsd_bin *b);
+/*
+ * The item of a new tensor bin, as TENSOR_BIN makes it (snapshot.c restores tensor bins through
+ * it too): len bytes, zero-filled and marked live, in a --data-dir file when the data directory
+ * takes a record of len bytes (against --max-disk), else in a memfd or on the heap (against
+ * --max-memory), with a reservation of len bytes on the store that tsd_store_add consumes. The
+ * caller writes the record's head and links it, then calls tsd_datadir_commit with
+ * TSD_DATADIR_TENSOR. Returns 0 and *out (one reference); TSD_TENSOR_ITEM_LIMIT when --max-memory
+ * refuses it; TSD_TENSOR_ITEM_NOMEM when the memory could not be had; or tsd_datadir_alloc's
+ * negative code when its file is refused (tsd_datadir_refusal says why). Nothing is reserved but
+ * on success.
+ */
+#define TSD_TENSOR_ITEM_LIMIT 1
+#define TSD_TENSOR_ITEM_NOMEM 2
+int tsd_rows_tensor_item(tsd_server *srv, size_t len, tsd_item **out);
 /* Handle TENSOR_BIN or READ_ROWS (m decoded by tsd_op_dispatch). */
 void tsd_rows_dispatch(tsd_conn *c, const ts__hdr *h, const ts__msg *m);
 /*

@@ -5,14 +5,17 @@
  *
  * The file (all integers little-endian):
  *   header, 64 bytes:
- *      0 u8[8] magic "TSDSNAP\0"     8 u32 format (1 or 2)   12 u32 0
+ *      0 u8[8] magic "TSDSNAP\0"     8 u32 format (1 to 5)   12 u32 0
  *     16 u64 change counter          24 u64 bins             32 u64 items (of bins)
  *     40 u64 record bytes (of bins)  48 u64 wall clock, ms   56 u64 hash of bytes 0..55
  *   then per bin, in name order:
- *     u8 name_len, name, u64 version, u32 n_items, u32 0, n_items x u64 item length,
- *     u64 hash of the bin header so far;
+ *     u8 name_len, name, u64 version, u32 n_items, u32 flags (formats 1 to 4: 0), n_items x u64
+ *     item length, u64 hash of the bin header so far;
  *     then per item: its record bytes, u64 hash of them
- *   format 2 only, the streams section: its header, 40 bytes:
+ *   format 5 bin flags: bit 0 a tensor bin (TENSOR_BIN), which holds exactly one item whose record
+ *   is one tensor of a known dtype with 1 to 8 dims, laid out as TENSOR_BIN makes it (msg.h,
+ *   ts__rows_rec_size), and is restored as a tensor bin; every other bit must be 0
+ *   from format 2 on, the streams section: its header, 40 bytes:
  *      0 u8[8] magic "TSDSTRM\0"     8 u64 streams           16 u64 records (of streams)
  *     24 u64 record bytes (of streams)                       32 u64 hash of bytes 0..31
  *   then per stream, in name order:
@@ -28,7 +31,7 @@
  *       else 1..255), name, u32 n_pending, u32 0, u64 hash of this header; the pending table:
  *       n_pending rows of 16 bytes, ids ascending: u64 id, u32 deliveries, u32 rows_done; u64
  *       hash of the table
- *   format 3 only, the replay tables section: its header, 40 bytes:
+ *   from format 3 on, the replay tables section: its header, 40 bytes:
  *      0 u8[8] magic "TSDTABL\0"     8 u64 tables            16 u64 items (of tables)
  *     24 u64 record bytes (of tables)                        32 u64 hash of bytes 0..31
  *   then per table, in name order:
@@ -39,7 +42,7 @@
  *     the item table: n_items rows of 40 bytes, keys ascending: u64 key, f64 priority, u64 record
  *     length, u64 age in ms at the snapshot, u32 times_sampled, u32 0; u64 hash of the table;
  *     per item, in key order: its record bytes, u64 hash of them
- *   format 4 only, the parameter server section: its header, 40 bytes:
+ *   from format 4 on, the parameter server section: its header, 40 bytes:
  *      0 u8[8] magic "TSDPSRV\0"     8 u64 parameters        16 u64 embedding tables
  *     24 u64 rows (of tables)                                32 u64 hash of bytes 0..31
  *   then per parameter (its bin's name; in the order they were taken):
@@ -68,6 +71,7 @@
  */
 #include "snapfile.h"
 
+#include "msg.h"
 #include "msg_ps.h"
 #include "msg_table.h"
 #include "proto.h"
@@ -123,6 +127,11 @@
 #define SNAP_MEMBER_MIN (SNAP_MEMBER_FIXED + 8 + 8)
 /* Members of a group in a file: the members a group may have, and its orphans. */
 #define SNAP_MAX_MEMBERS (TS_STREAM_MAX_MEMBERS + 1)
+/*
+ * Bytes of the head of a tensor bin's record at most (ts__rows_rec_head_size of TS_MAX_NDIM
+ * dims: the record header and the tensor's meta, 16 + 21 + 8 x 8, rounded up to 64).
+ */
+#define SNAP_TENSOR_HEAD_MAX 128
 /* Bytes of a bin name in a message: each byte may become up to 4 (a UTF-8 sequence). */
 #define SNAP_NAME_MSG (TS_MAX_NAME_LEN * 4 + 1)
 
@@ -559,6 +568,10 @@ int tsd_snapfile_write_ps(int fd, const tsd_snapfile_head *head, const tsd_snapf
         (format == 1 && head->n_streams != 0) || (format < 3 && head->n_tables != 0) ||
         (format < 4 && (n_params != 0 || n_embs != 0)))
         return -EINVAL;
+    for (size_t b = 0; b < head->n_bins; b++)
+        if ((bins[b].flags & ~TSD_SNAP_BIN_KNOWN) != 0 ||
+            (format < TSD_SNAP_FORMAT_FLAGS && bins[b].flags != 0))
+            return -EINVAL;
     snap_writer w = {.fd = fd};
     w.buf = ts__malloc(SNAP_WBUF);
     if (w.buf == NULL)
@@ -600,7 +613,7 @@ int tsd_snapfile_write_ps(int fd, const tsd_snapfile_head *head, const tsd_snapf
         p += sb->name_len;
         ts__put_u64le(p, sb->version);
         ts__put_u32le(p + 8, sb->n_items);
-        ts__put_u32le(p + 12, 0);
+        ts__put_u32le(p + 12, sb->flags);
         p += 16;
         for (uint32_t i = 0; i < sb->n_items; i++, p += 8) {
             const uint8_t *data;
@@ -671,7 +684,8 @@ typedef struct snap_reader {
     const tsd_snapfile_sink *sink;
     char *err;
     size_t err_cap;
-    int rc; /* what the reader returns when it fails */
+    int rc;          /* what the reader returns when it fails */
+    uint32_t format; /* the file's, once its header is read */
 } snap_reader;
 
 static void fail(snap_reader *r, int rc, const char *kind, const char *fmt, va_list ap)
@@ -827,6 +841,35 @@ static int r_grow(snap_reader *r, void **buf, size_t *cap, size_t need)
     return 0;
 }
 
+/*
+ * 1 when rec (len bytes, a valid record) is what a tensor bin holds: a root that is one tensor of
+ * a known dtype with 1 to TS_MAX_NDIM dims, laid out exactly as TENSOR_BIN lays it out (its head
+ * byte for byte, then the data to the record's end), which is what WRITE_ROWS writes into.
+ */
+static int tensor_record(const uint8_t *rec, size_t len)
+{
+    /* The meta after the record header: type, dtype, ndim, 2 reserved, the dims. */
+    if (len < TS_REC_HDR_SIZE + 3)
+        return 0;
+    const uint8_t *meta = rec + TS_REC_HDR_SIZE;
+    uint8_t dtype = meta[1];
+    unsigned ndim = meta[2];
+    if (ndim < 1 || ndim > TS_MAX_NDIM || ts_dtype_size((ts_dtype_t)dtype) == 0)
+        return 0;
+    size_t head = ts__rows_rec_head_size(ndim);
+    uint8_t want[SNAP_TENSOR_HEAD_MAX];
+    if (head > sizeof(want) || head > len)
+        return 0;
+    uint64_t dims[TS_MAX_NDIM];
+    for (unsigned i = 0; i < ndim; i++)
+        dims[i] = ts__get_u64le(meta + 5 + (size_t)i * 8);
+    uint64_t size;
+    if (ts__rows_rec_size(dtype, ndim, dims, &size) != 0 || size != len)
+        return 0;
+    ts__rows_rec_head_write(want, dtype, ndim, dims, len - head);
+    return memcmp(want, rec, head) == 0;
+}
+
 /* Read and check one bin (header, item lengths, items), handing it to the sink. 0 or -1. */
 static int read_bin(snap_reader *r, snap_count *c, uint64_t index)
 {
@@ -863,13 +906,20 @@ static int read_bin(snap_reader *r, snap_count *c, uint64_t index)
     uint64_t h = tsd_hash64(hb, hlen, 0);
     if (h != ts__get_u64le(hash))
         return bad(r, "checksum mismatch in the header of bin %llu", (unsigned long long)index);
-    if (ts__get_u32le(hb + 1 + nl + 12) != 0)
+    uint32_t flags = ts__get_u32le(hb + 1 + nl + 12);
+    if (r->format < TSD_SNAP_FORMAT_FLAGS && flags != 0)
         return bad(r, "bin %llu: a reserved field is not 0", (unsigned long long)index);
+    if ((flags & ~TSD_SNAP_BIN_KNOWN) != 0)
+        return bad(r, "bin %llu: unknown flags 0x%x", (unsigned long long)index,
+                   (unsigned)(flags & ~TSD_SNAP_BIN_KNOWN));
     c->acc = chain(c->acc, h);
     const uint8_t *name = hb + 1;
     uint64_t version = ts__get_u64le(hb + 1 + nl);
     char pn[SNAP_NAME_MSG];
     printable(r, name, nl, pn, sizeof(pn));
+    int tensor = (flags & TSD_SNAP_BIN_TENSOR) != 0;
+    if (tensor && n != 1)
+        return bad(r, "bin '%s' is marked a tensor bin but holds %u items, not 1", pn, n);
     /* The whole item list first: no allocation for a bin whose lengths cannot all fit. */
     uint64_t need = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -879,7 +929,7 @@ static int read_bin(snap_reader *r, snap_count *c, uint64_t index)
                        (unsigned long long)len, (unsigned long long)(r->left - need));
         need += len + 8;
     }
-    if (r->sink->bin(r->sink->arg, name, nl, version, n) != 0)
+    if (r->sink->bin(r->sink->arg, name, nl, version, n, flags) != 0)
         return other(r, TS_ENOMEM, "out of memory loading it");
     for (uint32_t i = 0; i < n; i++) {
         size_t len = (size_t)ts__get_u64le(hb + SNAP_BIN_FIXED + nl + (size_t)i * 8);
@@ -895,6 +945,11 @@ static int read_bin(snap_reader *r, snap_count *c, uint64_t index)
         /* The validator and limits a PUT of this record meets. */
         if (ts__record_validate(data, len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) != 0)
             return bad(r, "item %u of bin '%s' is not a valid record", i, pn);
+        if (tensor && !tensor_record(data, len))
+            return bad(r,
+                       "bin '%s' is marked a tensor bin but its record is not one tensor of a "
+                       "known dtype with 1 to %d dims laid out as TENSOR_BIN makes it",
+                       pn, TS_MAX_NDIM);
         c->acc = chain(c->acc, h);
         c->items_seen++;
         c->bytes_seen += len;
@@ -1686,6 +1741,7 @@ static int read_all(snap_reader *r, tsd_snapfile_head *out)
     }
     if (ts__get_u32le(hdr + 12) != 0)
         return bad(r, "a reserved field of the file header is not 0");
+    r->format = format;
     tsd_snapfile_head head = {
         .counter = ts__get_u64le(hdr + 16),
         .n_bins = ts__get_u64le(hdr + 24),

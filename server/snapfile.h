@@ -20,9 +20,11 @@
  * The format version this tensord writes (in the header). It reads every version from
  * TSD_SNAP_FORMAT_MIN on: format 1 (tensorshare 0.1 to 0.3) holds bins only; format 2 adds the
  * streams section after the bins; format 3 (0.5.0) adds the replay tables section after the
- * streams; format 4 (0.6.0) adds the parameter server section after the replay tables.
+ * streams; format 4 (0.6.0) adds the parameter server section after the replay tables; format 5
+ * (0.6.0 too) gives each bin a flags word where formats 1 to 4 had a reserved 0 (bit 0: a tensor
+ * bin, restored as one), which is the only difference.
  */
-#define TSD_SNAP_FORMAT     4
+#define TSD_SNAP_FORMAT     5
 #define TSD_SNAP_FORMAT_MIN 1
 #define TSD_SNAP_HDR_SIZE   64 /* bytes of the file header */
 #define TSD_SNAP_END_SIZE   32 /* bytes of the trailer */
@@ -52,6 +54,17 @@
 #define TSD_PS_MAX_ROWS ((uint64_t)1 << 31)
 /* Bytes of one row of a parameter's version ring (format 4): u64 version, u64 step count. */
 #define TSD_SNAP_RING_SIZE 16
+
+/*
+ * A bin's flags (format 5; the word after its item count). TSD_SNAP_BIN_TENSOR: a tensor bin
+ * (TENSOR_BIN): it holds exactly one item, a record whose root is one tensor of a known dtype with
+ * 1 to TS_MAX_NDIM dims laid out canonically (ts__rows_rec_size in msg.h), and it comes back as a
+ * tensor bin. Other bits are refused.
+ */
+#define TSD_SNAP_BIN_TENSOR 0x1u
+#define TSD_SNAP_BIN_KNOWN  TSD_SNAP_BIN_TENSOR
+/* The first format with bin flags (before it the word is a reserved 0). */
+#define TSD_SNAP_FORMAT_FLAGS 5
 
 /* A 64-bit hash of len bytes (xxHash64-style); the snapshot checksums. */
 uint64_t tsd_hash64(const void *p, size_t len, uint64_t seed);
@@ -88,6 +101,7 @@ typedef struct tsd_snapfile_bin {
     size_t first;        /* index of its first item, as the item function counts them */
     uint64_t version;
     uint32_t n_items; /* its items are first .. first + n_items - 1 */
+    uint32_t flags;   /* TSD_SNAP_BIN_*; 0 in formats before 5 */
     uint8_t name_len;
 } tsd_snapfile_bin;
 
@@ -315,7 +329,7 @@ int tsd_snapfile_write_all(int fd, const tsd_snapfile_head *head, const tsd_snap
  * parameter of ps (its header, ring and slots), then every embedding table (its header, ids,
  * rows and Adam step counts); ps may be NULL (an empty section). head's n_params, n_embs and
  * n_rows are ignored: the section's counts come from ps. -EINVAL for a non-empty ps in a format
- * before 4.
+ * before 4, and for a bin with flags in a format before 5.
  */
 int tsd_snapfile_write_ps(int fd, const tsd_snapfile_head *head, const tsd_snapfile_bin *bins,
                           const tsd_snapfile_stream *streams, const tsd_snapfile_table *tables,
@@ -329,10 +343,13 @@ int tsd_snapfile_write_ps(int fd, const tsd_snapfile_head *head, const tsd_snapf
 typedef struct tsd_snapfile_sink {
     void *arg; /* passed to the functions; the reader never reads it */
     /*
-     * A bin begins: its name (borrowed for the call), version and item count; its n_items
-     * items come next. 0 to go on, anything else stops the reader (out of memory).
+     * A bin begins: its name (borrowed for the call), version, item count and flags
+     * (TSD_SNAP_BIN_*, only known bits; 0 before format 5); its n_items items come next. A bin
+     * flagged TSD_SNAP_BIN_TENSOR has one item, which the reader refuses after reading it unless
+     * it is a tensor bin's record. 0 to go on, anything else stops the reader (out of memory).
      */
-    int (*bin)(void *arg, const uint8_t *name, size_t name_len, uint64_t version, uint32_t n_items);
+    int (*bin)(void *arg, const uint8_t *name, size_t name_len, uint64_t version, uint32_t n_items,
+               uint32_t flags);
     /*
      * Memory for the next item's len bytes (TS_REC_HDR_SIZE <= len <= the bytes left): the
      * reader reads the record into it, then checks its checksum and validates it as tensord

@@ -35,6 +35,9 @@
  * never half-loaded. Streams are rebuilt as the reader hands them over (each record checked and
  * validated before its entry is added, each group whole and checked before it is added); when
  * anything after them turns out bad, every stream rebuilt so far goes again with the bins.
+ * A tensor bin goes in flagged as one (format 5) and its item is made on loading as TENSOR_BIN
+ * makes one (tsd_rows_tensor_item: a live item in a memfd or on the heap), so that it comes back
+ * a tensor bin that WRITE_ROWS writes in place and PUT, APPEND and GET refuse.
  */
 #include "server.h"
 
@@ -420,6 +423,7 @@ static int snap_emit(tsd_pass *p, const tsd_bin *bin)
     sb->name_len = bin->node.name_len;
     sb->version = bin->version;
     sb->n_items = bin->n_items;
+    sb->flags = tsd_bin_is_tensor(bin) ? TSD_SNAP_BIN_TENSOR : 0;
     sb->first = job->n_items;
     for (tsd_item *it = bin->head; it != NULL; it = it->next) {
         tsd_item_ref(it);
@@ -1187,6 +1191,7 @@ typedef struct load_bin {
     size_t first;    /* index of its first item in the loader's items */
     uint64_t version;
     uint32_t n_items;
+    uint32_t flags; /* TSD_SNAP_BIN_* */
     uint8_t name_len;
 } load_bin;
 
@@ -1239,7 +1244,7 @@ static int grow(void **arr, size_t *cap, size_t n, size_t more, size_t sz)
 }
 
 static int load_on_bin(void *arg, const uint8_t *name, size_t name_len, uint64_t version,
-                       uint32_t n_items)
+                       uint32_t n_items, uint32_t flags)
 {
     loader *ld = arg;
     if (grow((void **)&ld->bins, &ld->bins_cap, ld->n_bins, 1, sizeof(*ld->bins)) != 0 ||
@@ -1251,6 +1256,7 @@ static int load_on_bin(void *arg, const uint8_t *name, size_t name_len, uint64_t
     lb->name_len = (uint8_t)name_len;
     lb->version = version;
     lb->n_items = n_items;
+    lb->flags = flags;
     lb->first = ld->n_items;
     if (name_len > 0)
         memcpy(ld->names + ld->names_len, name, name_len);
@@ -1262,9 +1268,20 @@ static uint8_t *load_on_item(void *arg, size_t len)
 {
     loader *ld = arg;
     /* Room was made for the bin's items when it began. */
-    tsd_item *it = tsd_item_new(len);
-    if (it == NULL)
-        return NULL;
+    tsd_item *it = NULL;
+    if ((ld->bins[ld->n_bins - 1].flags & TSD_SNAP_BIN_TENSOR) != 0) {
+        /*
+         * A tensor bin's item is made as TENSOR_BIN makes one (a live item in a memfd or on the
+         * heap, or a --data-dir file), with the store reservation that linking it consumes; the
+         * reader fills it. --max-memory is lifted during the load, as for every item.
+         */
+        if (tsd_rows_tensor_item(ld->srv, len, &it) != 0)
+            return NULL;
+    } else {
+        it = tsd_item_new(len);
+        if (it == NULL)
+            return NULL;
+    }
     ld->items[ld->n_items++] = it;
     return tsd_item_data(it);
 }
@@ -1571,15 +1588,21 @@ int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, cha
                      twice ? "appears twice" : "is also a stream or a replay table");
             goto unwind;
         }
+        /* A tensor bin's item holds its reservation since it was made (load_on_item). */
+        int tensor = (lb->flags & TSD_SNAP_BIN_TENSOR) != 0;
         for (uint32_t i = 0; i < lb->n_items; i++) {
             tsd_item *it = ld.items[lb->first + i];
-            store->reserved += tsd_item_len(it); /* tsd_store_add consumes a reservation */
+            if (!tensor)
+                store->reserved += tsd_item_len(it); /* tsd_store_add consumes a reservation */
             if (tsd_store_add(store, name, lb->name_len, it, 0, lb->version) == NULL) {
                 store->reserved -= tsd_item_len(it);
                 snprintf(err, err_cap, "snapshot %s: out of memory loading it", path);
                 goto unwind;
             }
             ld.items[lb->first + i] = NULL;
+            if (tensor)
+                (void)tsd_datadir_commit(srv, it, name, lb->name_len,
+                                         TSD_DATADIR_TENSOR | TSD_DATADIR_REPLACE);
         }
     }
     /* The parameters go onto their bins, now in the store. */

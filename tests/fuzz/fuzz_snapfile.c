@@ -1,5 +1,5 @@
 /*
- * Fuzz target: the snapshot reader (server/snapfile.c), formats 1 to 4. The input is a
+ * Fuzz target: the snapshot reader (server/snapfile.c), formats 1 to 5. The input is a
  * snapshot file, read from memory twice: as it is, and with every checksum recomputed
  * (snapfile_fix.h), so that mutated lengths, counts, records and stream fields reach the checks
  * behind the checksums. Properties:
@@ -8,7 +8,9 @@
  *     bins and items, streams, records and groups it handed over match the counts and sums of
  *     the header and the streams section, every item and record is a valid record
  *     (ts__fz_check_record), every stream keeps the rules (dense ids, pending ids inside
- *     [first_id, next_id), ascending per member, once per group), and writing them again in
+ *     [first_id, next_id), ascending per member, once per group), a bin's flags are known bits
+ *     only, none before format 5, a tensor bin (format 5) holds one item that is one tensor of a
+ *     known dtype with 1 to 8 dims laid out as TENSOR_BIN makes it, and writing them again in
  *     the file's format gives back exactly the input (one encoding of each snapshot).
  */
 #define _GNU_SOURCE /* memfd_create */
@@ -19,6 +21,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "msg.h"
 #include "proto.h"
 #include "snapfile_fix.h"
 
@@ -76,7 +79,7 @@ static int fz_grow(void **arr, size_t *cap, size_t n, size_t sz)
 }
 
 static int on_bin(void *arg, const uint8_t *name, size_t name_len, uint64_t version,
-                  uint32_t n_items)
+                  uint32_t n_items, uint32_t flags)
 {
     fz_sink *s = arg;
     FZ_CHECK(name_len <= TS_MAX_NAME_LEN);
@@ -94,6 +97,7 @@ static int on_bin(void *arg, const uint8_t *name, size_t name_len, uint64_t vers
                                               .first = s->n_items,
                                               .version = version,
                                               .n_items = n_items,
+                                              .flags = flags,
                                               .name_len = (uint8_t)name_len};
     return 0;
 }
@@ -271,6 +275,39 @@ static void item_of(void *arg, size_t index, const uint8_t **data, size_t *len)
     *len = s->lens[index];
 }
 
+/*
+ * 1 when rec is what a tensor bin holds, checked here apart from the reader: its root decodes to
+ * one tensor of a known dtype with 1 to TS_MAX_NDIM dims, and the record is exactly
+ * ts__rows_rec_size of that shape, with the head TENSOR_BIN writes.
+ */
+static int fz_tensor_record(const uint8_t *rec, size_t len)
+{
+    uint8_t *copy = ts__malloc_aligned(len);
+    FZ_CHECK(copy != NULL);
+    memcpy(copy, rec, len);
+    ts__rbuf *rb = ts__rbuf_new(copy, len, NULL);
+    FZ_CHECK(rb != NULL);
+    ts_value_t *v = ts__record_decode(rb, 0, len, TS_MAX_DEPTH, TS_MAX_NDIM);
+    ts__rbuf_unref(rb);
+    int ok = 0;
+    const ts_tensor_t *t = v != NULL ? ts_value_tensor(v) : NULL;
+    if (t != NULL && t->ndim >= 1 && t->ndim <= TS_MAX_NDIM) {
+        uint64_t dims[TS_MAX_NDIM], size;
+        for (int i = 0; i < t->ndim; i++)
+            dims[i] = (uint64_t)t->shape[i];
+        size_t head = ts__rows_rec_head_size((unsigned)t->ndim);
+        uint8_t want[128];
+        if (ts__rows_rec_size((uint8_t)t->dtype, (unsigned)t->ndim, dims, &size) == 0 &&
+            size == len && head <= sizeof(want) && head <= len) {
+            ts__rows_rec_head_write(want, (uint8_t)t->dtype, (unsigned)t->ndim, dims, len - head);
+            ok = memcmp(want, rec, head) == 0;
+        }
+    }
+    if (v != NULL)
+        ts__record_tree_free(v);
+    return ok;
+}
+
 /* Write what was read back to a file in memory; it must be the input, byte for byte. */
 static void check_rewrite(fz_sink *s, const tsd_snapfile_head *head, const uint8_t *data,
                           size_t size)
@@ -347,6 +384,13 @@ static void check(const uint8_t *data, size_t size)
         size_t items = 0;
         for (size_t b = 0; b < s.n_bins; b++) {
             FZ_CHECK(s.bins[b].first == items);
+            uint32_t fl = s.bins[b].flags;
+            FZ_CHECK((fl & ~TSD_SNAP_BIN_KNOWN) == 0);
+            FZ_CHECK(head.format >= TSD_SNAP_FORMAT_FLAGS || fl == 0);
+            if ((fl & TSD_SNAP_BIN_TENSOR) != 0) {
+                FZ_CHECK(s.bins[b].n_items == 1);
+                FZ_CHECK(fz_tensor_record(s.items[items], s.lens[items]));
+            }
             items += s.bins[b].n_items;
         }
         FZ_CHECK(items == head.n_items);

@@ -538,7 +538,7 @@ static void test_damaged_ps_refused(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
     size_t len;
     uint8_t *good = read_file(snap, &len);
-    assert_int_equal(ts__get_u32le(good + 8), 4);
+    assert_int_equal(ts__get_u32le(good + 8), TSD_SNAP_FORMAT);
     uint8_t *bad = malloc(len);
     assert_non_null(bad);
     const uint8_t *sec = memmem(good, len, "TSDPSRV", 8);
@@ -627,7 +627,7 @@ static void test_format_3_loads(void **state)
     close(fd);
     assert_int_equal(tsh_server_stop(&s), 0);
     uint8_t *now = read_file(snap, &len);
-    assert_int_equal(ts__get_u32le(now + 8), 4);
+    assert_int_equal(ts__get_u32le(now + 8), TSD_SNAP_FORMAT);
     assert_non_null(memmem(now, len, "TSDPSRV", 8));
     free(now);
     restart_saving();

@@ -734,7 +734,7 @@ static void test_rows_data_dir(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
-/* SAVE writes a tensor bin as a plain record holding its rows; it loads back as a plain bin. */
+/* SAVE writes a tensor bin with its rows; it loads back as a tensor bin. */
 static void test_rows_save(void **state)
 {
     (void)state;
@@ -757,8 +757,16 @@ static void test_rows_save(void **state)
     rows_reply r;
     read_rows(fd, "t", 0, NULL, 3, 5, &r);
     assert_true(r.v[0] == 7.0f && r.v[COLS] == 8.0f);
-    /* A plain bin now: PUT replaces it. */
-    tsu_put_int(fd, TS_OP_PUT, "t", 1, NULL);
+    /* Still a tensor bin (snapshot format 5): PUT is refused, WRITE_ROWS writes in place. */
+    size_t rl;
+    uint8_t *rec = tsu_rec_int(1, &rl);
+    assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 9, "t", rec, rl), 0);
+    tsu_rec_free(rec, rl);
+    tsu_expect(fd, &f, TS_OP_PUT, 9, TS_ST_INVALID);
+    tsu_frame_free(&f);
+    write_rows(fd, "t", 10, 1, 5.0f);
+    read_rows(fd, "t", 0, NULL, 10, 11, &r);
+    assert_true(r.v[0] == 5.0f);
     close(fd);
     assert_int_equal(tsh_server_stop(&srv), 0);
     tsh_server_cleanup(&srv);
