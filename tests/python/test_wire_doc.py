@@ -1845,3 +1845,164 @@ def test_changes_that_take_versions(tensord):
         takes("DELETE", name("none"), expect=False)
         takes("PEEK", name("w") + struct.pack("<I", 0), expect=False)
         takes("ADD", name("n") + struct.pack("<q", 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipelining, memory limits, waits on the server (sections 6, 8.3, 8.8, 8.26, 8.33 to 8.35)
+
+
+def test_pipelining_and_big_list(tensord):
+    """Section 6: replies in request order; section 8.8: a LIST of 4096 bins or more is built
+    off the loop and keeps its place among the connection's replies."""
+    n_bins = 4100
+    with Conn(tensord.port) as c:
+        rec = int_record(5)
+        data = b"".join(frame(OP["PUT"], name("b%05d" % i) + rec, rid=1000 + i)
+                        for i in range(n_bins))
+        data += frame(OP["LIST"], rid=50)
+        data += frame(OP["GET"], name("b00000") + struct.pack("<I", 0), rid=51)
+        data += frame(OP["PING"], rid=52)
+        c.sock.sendall(data)
+        rids = []
+        for _ in range(n_bins + 3):
+            f = c.read_frame()
+            assert f.status == OK, f
+            rids.append(f.rid)
+            if f.rid == 50:
+                body = f.body
+        assert rids == list(range(1000, 1000 + n_bins)) + [50, 51, 52]
+        assert struct.unpack_from("<II", body) == (n_bins, 0)
+        # every PUT before the LIST is in it, sorted, and the GET after it is not
+        first = body[8:8 + 1 + 6]
+        assert first == name("b00000") and len(body) == 8 + n_bins * (1 + 6 + 20)
+
+
+def test_memory_limit_keeps_the_connection(start_tensord):
+    d = start_tensord("--max-memory", "4m")
+    with Conn(d.port) as c:
+        big = encode_record(Blob(bytes(8 << 20)))
+        rep = c.call(OP["PUT"], name("big") + big)
+        error_reply(rep, 6, OP["PUT"])
+        c.ok(OP["PING"])
+        error_reply(c.call(OP["PEEK"], name("big") + struct.pack("<I", 0)), NOT_FOUND)
+        # decided on the name and fixed fields: the record is dropped unchecked
+        error_reply(c.call(OP["TABLE_INSERT"], name("none") + struct.pack("<dII", 1.0, 0, 0) +
+                           big), NOT_FOUND)
+        error_reply(c.call(OP["STREAM_APPEND"], name("none") + big), NOT_FOUND)
+        c.ok(OP["PING"])
+
+
+def test_waits_on_the_server(tensord):
+    with Conn(tensord.port) as a, Conn(tensord.port) as b:
+        # a table sample waits for min_size_to_sample items
+        a.ok(OP["TABLE_CREATE"], name("t") + struct.pack("<QQdddIBBH", 8, 2, 1.0, 0.0, 0.0, 0,
+                                                          0, 2, 0))
+        rid = a.send(OP["TABLE_SAMPLE"], name("t") + struct.pack("<II", 1, 5000))
+        assert a.waiting(rid)
+        info = decode_record(b.ok(OP["TABLE_INFO"], name("t")))
+        assert info["waiting_samples"] == 1 and info["can_sample"] == 0
+        for v in (1, 2):
+            b.ok(OP["TABLE_INSERT"], name("t") + struct.pack("<dII", 1.0, 0, 0) + int_record(v))
+        rep = a.reply(rid)
+        assert rep.status == OK and struct.unpack_from("<QII", rep.body) == (2, 1, 0)
+        # a STREAM_CREDIT waits for an acknowledgement
+        a.ok(OP["STREAM_CREATE"], name("s") + struct.pack("<QQIIII", 4, 0, 0, 1, 0, 0))
+        a.ok(OP["STREAM_JOIN"], join_body("s", "g", "m"))
+        a.ok(OP["STREAM_APPEND"], name("s") + int_record(1))
+        rid = a.send(OP["STREAM_CREDIT"], name("s") + struct.pack("<I", 5000))
+        assert a.waiting(rid)
+        rd = name("s") + name("g") + name("m")
+        entries(b.ok(OP["STREAM_READ"], rd + struct.pack("<QII", 0, 1, 0)))
+        b.ok(OP["STREAM_ACK"], rd + struct.pack("<QQI", 1, 1, 0))
+        rep = a.reply(rid)
+        assert rep.status == OK and struct.unpack_from("<I", rep.body, 36)[0] == 1
+        # a STREAM_READ waits for an append
+        rid = a.send(OP["STREAM_READ"], rd + struct.pack("<QII", 0, 4, 5000))
+        assert a.waiting(rid)
+        b.ok(OP["STREAM_APPEND"], name("s") + int_record(2))
+        _, last, _, got = entries(a.reply(rid).body)
+        assert last == 2 and [h["id"] for h, _ in got] == [2]
+
+
+def test_auth_challenge_twice_closes(tensord):
+    with Conn(tensord.port, hello=False) as c:
+        c.ok(OP["AUTH_CHALLENGE"], bytes(32))
+        rid = c.send(OP["AUTH_CHALLENGE"], bytes(32))
+        error_reply(c.reply(rid), BAD_REQUEST, OP["AUTH_CHALLENGE"], rid)
+        assert c.closed_by_server()
+
+
+def test_lz4_upload_rules(tensord):
+    """Section 11 rule 4: an upload's raw_len is at least 1 and its block within LZ4's bound."""
+    cases = [
+        ("raw_len 0 upload", struct.pack("<Q", 0) + b"\x00"),
+        ("block over the bound", struct.pack("<Q", 1) + lz4_literals(b"\x00") + bytes(17)),
+    ]
+    for what, body in cases:
+        with Conn(tensord.port, hello_flags=0x01) as c:
+            if c.hello_body[1] != 0x01:
+                pytest.skip("this tensord was built without LZ4")
+            rid = c.send(OP["PUT"], body, flags=1)
+            error_reply(c.reply(rid), BAD_REQUEST, OP["PUT"], rid)
+            assert c.closed_by_server(), what
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharding (section 14)
+
+
+def crc16_xmodem(data):
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def slot(n):
+    n = n.encode() if isinstance(n, str) else n
+    i = n.find(b"{")
+    if i >= 0:
+        j = n.find(b"}", i + 1)
+        if j > i + 1:
+            n = n[i + 1:j]
+    return crc16_xmodem(n) % 16384
+
+
+def test_slots_of_the_doc():
+    assert crc16_xmodem(b"123456789") == 0x31C3
+    assert slot("{exp7}.params") == slot("{exp7}.experience") == 6867
+    assert slot("params") == 1749 and slot("{}params") == 3613 and slot("") == 0
+    assert slot("{{a}}") == slot("{a")
+
+
+def test_sharded_requests(start_tensord, tmp_path):
+    path = tmp_path / "map"
+    path.write_text("epoch 3\n10.0.0.1:8000\n10.0.0.2:8000\n")
+    d = start_tensord("--cluster-map", str(path), "--shard", "1")
+    theirs = "params"  # slot 1749: shard 0's
+    mine = next("n%d" % i for i in range(1000) if slot("n%d" % i) >= 8192)
+    with Conn(d.port) as c:
+        def wrong(op, body):
+            rep = c.call(OP[op], body)
+            assert rep.status == WRONG_SHARD, (op, rep)
+            sl, owner, alen, res, epoch = struct.unpack_from("<HHHHQ", rep.body)
+            assert (sl, owner, alen, res, epoch) == (1749, 0, 13, 0, 3)
+            assert rep.body[16:29] == b"10.0.0.1:8000"
+
+        wrong("PUT", name(theirs) + int_record(1))
+        wrong("PS_PULL", name(theirs) + struct.pack("<Q", 0))
+        wrong("MGET", struct.pack("<II", 2, 0) + name(mine) + name(theirs))
+        wrong("BARRIER", name(theirs) + struct.pack("<II", 1, 0))
+        c.ok(OP["PUT"], name(mine) + int_record(1))
+        # embedding tables are served whatever their name
+        c.ok(OP["EMB_CREATE"], name(theirs) + EMB_OK)
+        # sections 8.51 and 14.3: a sharded server checks a service's slot as it would a bin's
+        wrong("SVC_REGISTER", name(theirs) + struct.pack("<II", 1, 0))
+        wrong("SVC_CALL", name(theirs) + struct.pack("<II", 100, 0) + int_record(1))
+        wrong("SVC_REPLY", name(theirs) + struct.pack("<QHHI", 1, 0, 0, 0) + int_record(1))
+        c.ok(OP["SVC_REGISTER"], name(mine) + struct.pack("<II", 1, 0))
+        stats = decode_record(c.ok(OP["STATS"]))
+        assert (stats["shard"], stats["shards"], stats["map_epoch"]) == (1, 2, 3)
