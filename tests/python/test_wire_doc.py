@@ -2006,3 +2006,25 @@ def test_sharded_requests(start_tensord, tmp_path):
         c.ok(OP["SVC_REGISTER"], name(mine) + struct.pack("<II", 1, 0))
         stats = decode_record(c.ok(OP["STATS"]))
         assert (stats["shard"], stats["shards"], stats["map_epoch"]) == (1, 2, 3)
+
+
+def test_get_that_leaves_items_and_rows_of_any_bin(tensord):
+    """Sections 8.11 and 9: a GET that leaves items answers a WAIT; 8.20: READ_ROWS by key."""
+    with Conn(tensord.port) as c:
+        c.ok(OP["PUT"], name("g") + int_record(1))
+        v2, _ = bin_state(c.ok(OP["APPEND"], name("g") + int_record(2)))
+        rid = c.send(OP["WAIT"], name("g") + struct.pack("<QI", v2, 5000))
+        ver, rem, recs = items(c.ok(OP["GET"], name("g") + struct.pack("<I", 1)))
+        assert ver > v2 and rem == 1 and recs == [int_record(1)]
+        assert bin_state(c.reply(rid).body) == (ver, 1)
+        t = tensor_of(5, (3, 2), list(range(6)))
+        c.ok(OP["APPEND"], name("g") + encode_record({"x": t}))
+        body = c.ok(0x13, name("g") + struct.pack("<iH", -1, 1) + b"x" + struct.pack("<QQ", 1, 3))
+        v, rem, recs = items(body)
+        assert rem == 2 and recs == [encode_record(Tensor(5, (2, 2), t.data[8:]))]
+        error_reply(c.call(0x13, name("g") + struct.pack("<iH", 0, 0) + struct.pack("<QQ", 0, 1)),
+                    INVALID)
+        error_reply(c.call(0x13, name("g") + struct.pack("<iH", -1, 1) + b"x" +
+                           struct.pack("<QQ", 2, 5)), INVALID)
+        error_reply(c.call(0x13, name("g") + struct.pack("<iH", -1, 1) + b"y" +
+                           struct.pack("<QQ", 0, 1)), NOT_FOUND)
