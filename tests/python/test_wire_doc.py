@@ -418,23 +418,24 @@ class Conn:
         return False
 
     def closed_by_server(self, timeout=IO_TIMEOUT_S):
-        """Reads (and drops) until the server ends the stream; True when it did in time."""
+        """True when the server ends the stream in time with nothing more on it (section 13:
+        after an error that closes, it reads no more frames, so a PING sent now is not
+        answered), and the frames read so far held nothing unexpected."""
+        assert not self.buf and not self.pending, (self.buf, self.pending)
         deadline = time.monotonic() + timeout
-        self.buf = b""
-        for _ in range(MAX_FRAMES_SCANNED):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self.sock.settimeout(left)
-            try:
-                chunk = self.sock.recv(65536)
-            except socket.timeout:
-                return False
-            except ConnectionResetError:
-                return True
-            if not chunk:
-                return True
-        return False
+        try:
+            self.sock.sendall(frame(OP["PING"], rid=4242))
+        except OSError:
+            pass  # the server may have closed already
+        self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = self.sock.recv(65536)
+        except socket.timeout:
+            return False
+        except ConnectionResetError:
+            return True
+        assert chunk == b"", ("bytes after the error that closes", chunk)
+        return True
 
 
 def error_reply(rep, status, op=None, rid=None):
@@ -883,6 +884,13 @@ def test_shard_dumps(start_tensord, tmp_path):
 def test_listen_and_wait(tensord):
     with Conn(tensord.port) as a, Conn(tensord.port) as b:
         assert bin_state(a.ok(OP["LISTEN"], name("q"))) == (0, 0)
+        # the connection that makes a change gets its reply before the change's NOTIFY
+        a.send(OP["APPEND"], name("own") + int_record(0), rid=77)
+        a.send(OP["LISTEN"], name("own"), rid=79)
+        a.send(OP["APPEND"], name("own") + int_record(0), rid=78)
+        got = [(f.rid, f.opcode) for f in (a.read_frame() for _ in range(4))]
+        assert got == [(77, OP["APPEND"]), (79, OP["LISTEN"]), (78, OP["APPEND"]),
+                       (0, OP["NOTIFY"])]
         rid = a.send(OP["WAIT"], name("q") + struct.pack("<QI", 0, 5000))
         assert a.waiting(rid)  # the WAIT is pending
         v1, _ = bin_state(b.ok(OP["PUT"], name("q") + int_record(1)))
