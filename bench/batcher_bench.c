@@ -56,12 +56,11 @@
  * requesters as in "async", each with its own predictor (as one per actor process; the
  * predictors on the --clients round-robin), submitting its next request from its answer's
  * callback on the client's I/O thread. "remote-service" or
- * "remote-relay" picks one of the transports. --tensord starts a private tensord
- * on a free port, --server uses a running one (either implies "remote"). Each repeat runs every
- * selected mode
- * once, in forward order on even repeats and in reverse on odd ones; the summary shows medians
- * over the repeats, and each batched mode's median rate against the better of its two
- * unbatched references. --smoke runs tiny counts once (a test runs it that way).
+ * "remote-relay" picks one of the transports, "actors" the two remote actor rows alone. --tensord
+ * starts a private tensord on a free port, --server uses a running one (either implies "remote").
+ * Each repeat runs every selected mode once, in forward order on even repeats and in reverse on odd
+ * ones; the summary shows medians over the repeats, and each batched mode's median rate against the
+ * better of its two unbatched references. --smoke runs tiny counts once (a test runs it that way).
  *
  * "cpu us" is the CPU time of the whole process (every thread) during the run, per request: it
  * moves less than the rate when other programs share the machine. Latency is from a request's
@@ -1210,7 +1209,8 @@ int main(int argc, char **argv)
         mcase *c = &cases[i];
         if (c->k == K_REMOTE || c->k == K_REMOTE_ASYNC)
             c->on = serve != NULL && !failed &&
-                    (o.modes == NULL || listed(o.modes, "remote") || listed(o.modes, c->token));
+                    (o.modes == NULL || listed(o.modes, "remote") || listed(o.modes, c->token) ||
+                     (c->k == K_REMOTE_ASYNC && listed(o.modes, "actors")));
         else
             c->on = o.modes == NULL || listed(o.modes, c->token);
     }

@@ -43,11 +43,11 @@ for n in ${CLIENTS//,/ }; do
     : >"$models/ts.$n" && : >"$models/single.$n" && : >"$models/spread.$n"
     for r in $(seq 1 "$ROUNDS"); do
         run_ts() {
-            out=$("$bench" --model "$models/mlp.pt" --modes remote --threads "$n" --clients "$n" \
+            out=$("$bench" --model "$models/mlp.pt" --modes remote-service --threads "$n" --clients "$n" \
                 --requests "$REQUESTS" --repeats 1 --max-batch "$MAX_BATCH" "${delay[@]}" \
                 --placement cpu:1 --pin --tensord "$BUILD/server/tensord" 2>/dev/null)
-            echo "$out" | awk '$1=="remote" && $0 ~ /median/ && $0 ~ /max/ {print $(NF-4)}' >>"$models/ts.$n"
-            echo "$out" | awk '$1=="remote" && $0 ~ /median/ && $0 ~ /one forward/ {print $(NF-4)}' >>"$models/single.$n"
+            echo "$out" | awk '$1=="remote" && $2=="max" && $0 ~ /median/ {print $(NF-4)}' >>"$models/ts.$n"
+            echo "$out" | awk '$1=="remote" && $2=="one" && $0 ~ /median/ {print $(NF-4)}' >>"$models/single.$n"
         }
         run_spread() {
             TORCHSPREAD_DIR=$TORCHSPREAD_DIR "$PY" bench/torchspread_bench.py --clients "$n" \
