@@ -734,7 +734,16 @@ BAD_HEADERS = [
     ("control body over 4096", frame(OP["DELETE"], b"", rid=9, body_len=4097), TOO_LARGE),
     ("unknown opcode over max_body", frame(0x7F, b"", rid=9, body_len=2**31), TOO_LARGE),
     ("upload over max_body", frame(OP["PUT"], b"", rid=9, body_len=2**30 + 1), TOO_LARGE),
+    # the order of section 5's rules: the first one broken decides
+    ("magic before version", frame(OP["PING"], rid=9, magic=0x55, version=2), BAD_REQUEST),
+    ("LZ4 flag before max_body", frame(OP["PUT"], b"", rid=9, flags=1, body_len=2**31),
+     BAD_REQUEST),
+    ("unknown opcode before the control limit", frame(0x7F, b"", rid=9, body_len=5000),
+     UNKNOWN_OPCODE),
     ("body too short", frame(OP["GET"], name("x"), rid=9), BAD_REQUEST),
+    ("READ_ROWS key over 1024",
+     frame(0x13, name("x") + struct.pack("<iH", 0, 1025) + b"k" * 1025 + bytes(16), rid=9),
+     BAD_REQUEST),
     ("bytes left over", frame(OP["DELETE"], name("x") + b"\0", rid=9), BAD_REQUEST),
     ("name past the body", frame(OP["DELETE"], b"\x05ab", rid=9), BAD_REQUEST),
     ("empty upload", frame(OP["PUT"], b"", rid=9), BAD_REQUEST),
@@ -775,6 +784,10 @@ BEFORE_HELLO = [
      OP["HELLO"]),
     ("HELLO flag LZ4 and 5000 bytes",
      frame(OP["HELLO"], b"", rid=3, flags=1, body_len=5000), TOO_LARGE, OP["HELLO"]),
+    ("PING of 5000 bytes before HELLO", frame(OP["PING"], b"", rid=3, body_len=5000), TOO_LARGE,
+     OP["PING"]),
+    ("status before the size before HELLO", frame(OP["HELLO"], b"", rid=3, status=1,
+                                                  body_len=5000), BAD_REQUEST, OP["HELLO"]),
     ("max_version 0", frame(OP["HELLO"], struct.pack("<BBH", 0, 0, 0), rid=3),
      UNSUPPORTED_VERSION, OP["HELLO"]),
     ("AUTH_CHALLENGE of 31 bytes", frame(OP["AUTH_CHALLENGE"], bytes(31), rid=3), BAD_REQUEST,
@@ -2036,3 +2049,70 @@ def test_get_that_leaves_items_and_rows_of_any_bin(tensord):
                            struct.pack("<QQ", 2, 5)), INVALID)
         error_reply(c.call(0x13, name("g") + struct.pack("<iH", -1, 1) + b"y" +
                            struct.pack("<QQ", 0, 1)), NOT_FOUND)
+
+
+def unix_conn(path, flags):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(IO_TIMEOUT_S)
+    s.connect(path)
+    s.sendall(frame(OP["HELLO"], struct.pack("<BBH", 1, flags, 0), rid=1))
+    rep, _ = recv_frame_with_fds(s)
+    assert rep.status == OK
+    return s, rep.body[1]
+
+
+def send_with_fds(sock, data, fds):
+    sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+
+
+def test_descriptor_rules(tensord):
+    """Sections 8.17 and 13: descriptors on the unix socket."""
+    if not hasattr(os, "memfd_create"):
+        pytest.skip("no memfd_create")
+    r, w = os.pipe()
+    fds = [r, w]
+    try:
+        # without FDS, descriptors are closed at once and never counted
+        s, granted = unix_conn(tensord.unix_path, 0)
+        with s:
+            assert granted == 0
+            send_with_fds(s, frame(OP["PING"], rid=2), [r] * 17)
+            rep, got = recv_frame_with_fds(s)
+            assert (rep.rid, rep.status, got) == (2, OK, [])
+        # with FDS: a pipe is not a sealable memfd (INVALID, the connection stays)
+        s, granted = unix_conn(tensord.unix_path, 0x02)
+        with s:
+            assert granted == 0x02
+            send_with_fds(s, frame(0x10, name("x") + struct.pack("<Q", 64), rid=2), [r])
+            rep, _ = recv_frame_with_fds(s)
+            assert (rep.rid, rep.status) == (2, INVALID), rep
+            # a memfd still mapped writable is refused too
+            m = os.memfd_create("w", os.MFD_ALLOW_SEALING)
+            fds.append(m)
+            os.write(m, int_record(1))
+            with mmap.mmap(m, 64, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE):
+                send_with_fds(s, frame(0x10, name("x") + struct.pack("<Q", 64), rid=3), [m])
+                rep, _ = recv_frame_with_fds(s)
+                assert (rep.rid, rep.status) == (3, INVALID), rep
+            send_with_fds(s, frame(0x10, name("x") + struct.pack("<Q", 64), rid=4), [m])
+            rep, _ = recv_frame_with_fds(s)
+            assert (rep.rid, rep.status) == (4, OK), rep
+            # a PUT_FD without a descriptor: BAD_REQUEST, closed
+            s.sendall(frame(0x10, name("x") + struct.pack("<Q", 64), rid=5))
+            rep, _ = recv_frame_with_fds(s)
+            assert (rep.rid, rep.status) == (5, BAD_REQUEST), rep
+        # more than 16 descriptors not claimed: BAD_REQUEST with opcode 0, closed
+        s, _ = unix_conn(tensord.unix_path, 0x02)
+        with s:
+            send_with_fds(s, frame(OP["PING"], rid=2), [r] * 17)
+            frames = []
+            for _ in range(3):
+                try:
+                    rep, _ = recv_frame_with_fds(s)
+                except Closed:
+                    break
+                frames.append((rep.opcode, rep.rid, rep.status))
+            assert (0, 0, BAD_REQUEST) in frames, frames
+    finally:
+        for f in fds:
+            os.close(f)
