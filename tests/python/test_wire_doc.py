@@ -2116,3 +2116,23 @@ def test_descriptor_rules(tensord):
     finally:
         for f in fds:
             os.close(f)
+
+
+def test_slow_reader(start_tensord):
+    """Sections 5, 7 and 13: a client that does not read its replies is cut off with
+    SLOW_READER (opcode 0, request id 0) once its queued output passes --max-output."""
+    d = start_tensord("--max-output", "1048576")
+    with Conn(d.port) as c:
+        c.ok(OP["PUT"], name("big") + encode_record(Blob(bytes(512 << 10))))
+        c.sock.sendall(b"".join(frame(OP["PEEK"], name("big") + struct.pack("<I", 0), rid=10 + i)
+                                for i in range(64)))
+        time.sleep(0.5)
+        frames = []
+        for _ in range(80):
+            try:
+                f = c.read_frame()
+            except Closed:
+                break
+            frames.append((f.opcode, f.rid, f.status))
+        assert frames and frames[-1] == (0, 0, 14), frames[-3:]
+        assert all(st == OK for _, _, st in frames[:-1])
