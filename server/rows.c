@@ -181,7 +181,7 @@ static void reply_no_item(tsd_conn *c, const ts__hdr *h, int64_t idx, uint32_t n
 /*
  * Answer a READ_ROWS or GATHER_ROWS with k rows of t: an ITEMS body of one record whose root is
  * a tensor of shape [k, dims[1..]]. The rows are copied now into the record: from src, k
- * contiguous rows, when index is NULL; else row index[i] of t for each i. The copy counts against
+ * contiguous rows, when src is not NULL; else row index[i] of t for each i. The copy counts against
  * --max-memory until the reply has been written (as orphaned bytes: tsd_item_unref takes them
  * off when the write lets it go).
  */
@@ -220,7 +220,7 @@ static void reply_rows(tsd_conn *c, const ts__hdr *h, const tsd_bin *bin, const 
     size_t head = ts__rows_rec_head_size(t->ndim);
     ts__rows_rec_head_write(p, t->dtype, t->ndim, dims, data_len);
     size_t rb = (size_t)t->row_bytes;
-    if (index == NULL) {
+    if (src != NULL) {
         if (data_len > 0)
             memcpy(p + head, src, (size_t)data_len);
     } else {

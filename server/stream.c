@@ -1666,7 +1666,7 @@ static void op_read(tsd_conn *c, const ts__hdr *h, tsd_stream *st, const uint8_t
     tsd_server *srv = c->srv;
     uint8_t op = h->opcode;
     uint32_t rid = h->request_id;
-    tsd_stream_group *g;
+    tsd_stream_group *g = NULL;
     tsd_stream_member *m = joined(c, h, st, gname, glen, mname, mlen, &g);
     if (m == NULL)
         return;
@@ -1716,7 +1716,7 @@ static void op_ack(tsd_conn *c, const ts__hdr *h, tsd_stream *st, const uint8_t 
     tsd_server *srv = c->srv;
     uint8_t op = h->opcode;
     uint32_t rid = h->request_id;
-    tsd_stream_group *g;
+    tsd_stream_group *g = NULL;
     tsd_stream_member *m = joined(c, h, st, gname, glen, mname, mlen, &g);
     if (m == NULL)
         return;
