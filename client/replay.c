@@ -290,7 +290,7 @@ static int keys_call(ts_client_t *c, uint8_t op, const char *name, size_t n, con
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
-    size_t len;
+    size_t len = 0;
     if ((rc = check_name(name, &len)) != 0)
         return rc;
     if (n > 0 && keys == NULL)

@@ -92,7 +92,7 @@ static int call_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire)
 static ts__req *call_req(ts_client_t *c, int kind, const char *service, const ts_value_t *request,
                          int timeout_ms, unsigned flags, unsigned copy_flags, int *rc)
 {
-    size_t nl;
+    size_t nl = 0;
     uint32_t wire = 0;
     if ((*rc = check_name(service, &nl)) != 0 || (*rc = call_timeout(c, timeout_ms, &wire)) != 0)
         return NULL;
@@ -205,7 +205,7 @@ int ts_service_register(ts_service_t **out, ts_client_t *c, const char *service,
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
-    size_t nl;
+    size_t nl = 0;
     if ((rc = check_name(service, &nl)) != 0)
         return rc;
     ts_service_options_t o;

@@ -635,7 +635,7 @@ struct ts_stream_producer_s {
 int ts_stream_producer_open(ts_stream_producer_t **out, ts_client_t *c, const char *name,
                             const ts_stream_config_t *cfg, int block_ms)
 {
-    size_t len;
+    size_t len = 0;
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
@@ -644,7 +644,7 @@ int ts_stream_producer_open(ts_stream_producer_t **out, ts_client_t *c, const ch
     if ((rc = check_id("stream", name, &len)) != 0 ||
         (rc = check_helper_timeout("block_ms", block_ms)) != 0)
         return rc;
-    ts_stream_state_t st;
+    ts_stream_state_t st = {0};
     if (cfg != NULL) {
         rc = ts_stream_create(c, name, cfg, &st);
     } else {
@@ -682,7 +682,7 @@ static int producer_wait(ts_stream_producer_t *p, int infinite, uint64_t deadlin
         if (ms == 0)
             return ts__fail(TS_ETIMEDOUT, "stream '%s' had no credit within the producer's %d ms",
                             p->name, p->block_ms);
-        ts_stream_state_t st;
+        ts_stream_state_t st = {0};
         int rc = ts_stream_credit(p->c, p->name, (int)ms, &st);
         if (rc == 0) {
             p->credit = st.credit;
@@ -705,7 +705,7 @@ int ts_stream_producer_push(ts_stream_producer_t *p, const ts_value_t *item, uin
         if (p->credit == 0 && p->block_ms != 0 &&
             (rc = producer_wait(p, infinite, deadline_ns)) != 0)
             return rc;
-        ts_stream_append_t res;
+        ts_stream_append_t res = {0};
         rc = ts_stream_append(p->c, p->name, item, &res);
         if (rc == 0) {
             p->credit = res.credit;
@@ -726,7 +726,7 @@ int ts_stream_producer_end_epoch(ts_stream_producer_t *p, uint64_t tag, uint64_t
 {
     if (p == NULL)
         return ts__fail(TS_EINVAL, "no producer");
-    ts_stream_append_t res;
+    ts_stream_append_t res = {0};
     int rc = ts_stream_mark(p->c, p->name, tag, &res);
     if (rc != 0)
         return rc;
