@@ -1,7 +1,10 @@
 /*
  * tsinfer end to end: a real tensord, tsinfer serving the generated MLP on two CPU replicas,
  * remote predictors comparing its answers with a local forward, a trainer publishing new
- * weights into the parameters bin, then SIGTERM and a clean exit.
+ * weights into the parameters bin, then SIGTERM and a clean exit; with --shm, a predictor on the
+ * same host reaches tsinfer through a shared-memory slot (its shm counter counts every
+ * prediction) and gets the local forward's answers; --shm with a slot count out of range is a
+ * usage error.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -223,6 +226,172 @@ static void test_tsinfer(void **state)
     tsh_server_cleanup(&srv);
 }
 
+/* Run tsinfer with args until it exits (at most 30 s); its exit status, or -1. */
+static int run_tsinfer(const char *const *args, const char *log)
+{
+    pid_t pid = start_tsinfer(args, log);
+    int st = 0, exited = 0;
+    for (int i = 0; i < 3000 && !exited; i++) {
+        exited = waitpid(pid, &st, WNOHANG) == pid;
+        if (!exited)
+            sleep_ms(10);
+    }
+    if (!exited) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -1;
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Bytes of a log file read back at most. */
+#define LOG_CAP 65536
+
+/* The file's text (at most LOG_CAP - 1 bytes) in a static buffer. */
+static const char *slurp(const char *path)
+{
+    static char out[LOG_CAP];
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        out[fread(out, 1, sizeof(out) - 1, f)] = '\0';
+        fclose(f);
+    }
+    return out;
+}
+
+/* test_tsinfer_shm's tensord and tsinfer, stopped by PID by the teardown when it fails. */
+static tsh_server shm_srv;
+static pid_t shm_pid;
+
+static int shm_teardown(void **state)
+{
+    (void)state;
+    if (shm_pid > 0) {
+        kill(shm_pid, SIGKILL);
+        waitpid(shm_pid, NULL, 0);
+    }
+    shm_pid = 0;
+    if (shm_srv.pid > 0)
+        (void)tsh_server_stop(&shm_srv);
+    if (shm_srv.dir[0] != '\0')
+        tsh_server_cleanup(&shm_srv);
+    memset(&shm_srv, 0, sizeof(shm_srv));
+    return 0;
+}
+
+/*
+ * tsinfer --shm 4 over TCP: a predictor on this host that insists on a slot (TS_PREDICTOR_SHM)
+ * gets one, every prediction goes through it (its shm counter, nothing through the service),
+ * and each answer is the local model's.
+ */
+static void test_tsinfer_shm(void **state)
+{
+    (void)state;
+    const char *exe = getenv("TS_TSINFER");
+    const char *dir = getenv("TS_MODELS_DIR");
+    assert_non_null(exe);
+    assert_non_null(dir);
+    char model[600];
+    snprintf(model, sizeof(model), "%s/mlp.pt", dir);
+    tsh_server *srv = &shm_srv;
+    assert_int_equal(tsh_server_start(srv, NULL), 0);
+    const char *args[] = {exe,          "--server",    srv->addr, "--model",    model,
+                          "--name",     "policy",      "--input", ":float32:8", "--output",
+                          ":float32:4", "--max-batch", "16",      "--device",   "cpu:1",
+                          "--threads",  "1",           "--shm",   "4",          NULL};
+    char log[600];
+    snprintf(log, sizeof(log), "%s/tsinfer.log", shm_srv.dir);
+    shm_pid = start_tsinfer(args, log);
+    assert_true(shm_pid > 0);
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, srv->addr, NULL), 0);
+    /* The slots are advertised in policy/shm once tsinfer is up (its start-up loads the model). */
+    int up = 0;
+    for (int i = 0; i < 3000 && !up; i++) {
+        ts_items_t *d = NULL;
+        up = ts_peek(c, "policy/shm", 1, &d) == 0 && ts_items_count(d) == 1;
+        ts_items_free(d);
+        if (!up)
+            sleep_ms(10);
+    }
+    if (!up)
+        print_error("tsinfer's output:\n%s\n", slurp(log));
+    assert_true(up);
+    ts_predictor_options_t po;
+    ts_predictor_options_init(&po);
+    po.transport = TS_PREDICTOR_SHM;
+    ts_predictor_t *p = NULL;
+    int rc = ts_predictor_open_with(&p, c, "policy", &po);
+    if (rc != 0)
+        print_error("open: %s: %s\n", ts_strerror(rc), ts_last_error());
+    assert_int_equal(rc, 0);
+    ts_torch_model_t *local = NULL;
+    assert_int_equal(ts_torch_load_file(&local, model, "cpu"), 0);
+    for (int i = 0; i < 20; i++) {
+        ts_value_t *x = rows_of(1 + i % 4, 300 + i), *y = NULL, *want = NULL;
+        int64_t version = -1;
+        rc = ts_predictor_predict(p, x, 60000, &y, &version);
+        if (rc != 0)
+            print_error("predict: %s: %s\n", ts_strerror(rc), ts_last_error());
+        assert_int_equal(rc, 0);
+        assert_int_equal(version, 0);
+        assert_int_equal(ts_torch_forward(local, x, &want), 0);
+        assert_true(close_enough(y, want, 1.0f));
+        ts_value_free(want);
+        ts_value_free(y);
+        ts_value_free(x);
+    }
+    ts_predictor_stats_t ps;
+    ts_predictor_stats(p, &ps);
+    assert_int_equal(ps.shm, 20);
+    assert_int_equal(ps.service, 0);
+    assert_int_equal(ps.relayed, 0);
+    assert_int_equal(ps.transport, TS_PREDICTOR_SHM);
+    ts_predictor_free(p);
+    int st = stop_tsinfer(shm_pid);
+    shm_pid = 0;
+    assert_int_equal(st, 0);
+    const char *out = slurp(log);
+    if (strstr(out, "4 shared-memory slots in policy/shm") == NULL)
+        print_error("tsinfer's output:\n%s\n", out);
+    assert_non_null(strstr(out, "4 shared-memory slots in policy/shm"));
+    assert_non_null(strstr(out, "tsinfer: stopped: 20 requests answered, 0 failed"));
+    /* Stopping took the advertisement away. */
+    ts_items_t *d = NULL;
+    assert_int_equal(ts_peek(c, "policy/shm", 1, &d), TS_ENOENT);
+    ts_client_free(c);
+    ts_torch_model_free(local);
+    assert_int_equal(tsh_server_stop(srv), 0);
+}
+
+/* --shm with a slot count that is not 1..TS_BATCHER_SHM_MAX_SLOTS: exit status 2 and why. */
+static void test_tsinfer_shm_usage(void **state)
+{
+    (void)state;
+    const char *exe = getenv("TS_TSINFER");
+    assert_non_null(exe);
+    char log[] = "/tmp/ts-tsinfer-shm-XXXXXX";
+    int fd = mkstemp(log);
+    assert_true(fd >= 0);
+    close(fd);
+    static const char *const bad[] = {"0", "1025", "x", "-3", "4s"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char *args[] = {exe,      "--server", "127.0.0.1:1", "--model", "m.pt", "--name",
+                              "policy", "--input",  ":float32:8",  "--shm",   bad[i], NULL};
+        assert_int_equal(run_tsinfer(args, log), 2);
+        const char *out = slurp(log);
+        if (strstr(out, "SLOTS is a number of slots from 1 to 1024") == NULL)
+            print_error("--shm %s: %s\n", bad[i], out);
+        assert_non_null(strstr(out, "SLOTS is a number of slots from 1 to 1024"));
+    }
+    /* --help names the option and what it needs. */
+    const char *help[] = {exe, "--help", NULL};
+    assert_int_equal(run_tsinfer(help, log), 0);
+    assert_non_null(strstr(slurp(log), "--shm [SLOTS]"));
+    unlink(log);
+}
+
 /* tsinfer refuses a CUDA device on this CPU-only build with a clear message. */
 static void test_tsinfer_cuda(void **state)
 {
@@ -256,6 +425,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tsinfer),
         cmocka_unit_test(test_tsinfer_cuda),
+        cmocka_unit_test_teardown(test_tsinfer_shm, shm_teardown),
+        cmocka_unit_test(test_tsinfer_shm_usage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

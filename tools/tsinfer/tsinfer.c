@@ -5,10 +5,13 @@
  *           [--output :float32:4] [--max-batch 64] [--max-delay-us 500] [--device cpu:2]
  *           [--params BIN] [--timeout-ms MS] [--threads N] [--stats-s S]
  *           [--min-delay-us US] [--preferred ROWS,...] [--amp bfloat16|float16]
+ *           [--shm [SLOTS]]
  *
  * Remote workers call the service NAME with ts_predictor_* (batcher.h), or relay through the bin
  * NAME/requests (TS_PREDICTOR_RELAY); tsinfer batches their rows on the model's replicas and
- * answers each call (or appends each relayed answer to its requester's reply bin). With --params it
+ * answers each call (or appends each relayed answer to its requester's reply bin). With --shm it
+ * also offers shared-memory slots (ts_batcher_serve_shm, advertised in the bin NAME/shm) to the
+ * predictors on its own host, whose blocking predictions then skip tensord. With --params it
  * loads every {params, version} a trainer puts into BIN, between forwards. SIGINT or SIGTERM stop
  * it: pending requests are answered with TS_ECANCELED.
  *
@@ -42,7 +45,7 @@ static void usage(FILE *f)
             "               [--output SCHEMA] [--max-batch ROWS] [--max-delay-us US]\n"
             "               [--device PLACEMENT] [--params BIN] [--timeout-ms MS]\n"
             "               [--threads N] [--stats-s S] [--min-delay-us US]\n"
-            "               [--preferred ROWS,...] [--amp bfloat16|float16]\n"
+            "               [--preferred ROWS,...] [--amp bfloat16|float16] [--shm [SLOTS]]\n"
             "  SCHEMA     comma-separated fields NAME:DTYPE:DIMS, per row (no batch dimension),\n"
             "             e.g. obs.x:float32:4x4,obs.id:int64: ; an empty NAME is a bare tensor\n"
             "             (:float32:8). DIMS is empty for one value per row.\n"
@@ -54,12 +57,22 @@ static void usage(FILE *f)
             "  --min-delay-us US  hold a partial batch at least this long (default 0)\n"
             "  --preferred ROWS,...  batch sizes that run as soon as the queue reaches them\n"
             "  --amp DTYPE  run the replicas under autocast (bfloat16; float16 on CUDA only)\n"
+            "  --shm [SLOTS]  also offer SLOTS shared-memory slots (default %d, 1 to %d) to\n"
+            "             predictors on tsinfer's own host, advertised in the bin NAME/shm: a\n"
+            "             predictor takes one when it runs on the same host as tsinfer (the\n"
+            "             same boot id), can open tsinfer's /dev/shm object (the same /dev/shm,\n"
+            "             so not from another container, and the same user: the object is mode\n"
+            "             0600) and a slot is free; its blocking predictions then go through the\n"
+            "             slot instead of tensord. Every other predictor, and an input larger\n"
+            "             than a slot, calls the service as before. tensord itself may be on\n"
+            "             any host. The statistics lines count slot requests with the others\n"
+            "             (the predictors' own statistics tell them apart)\n"
             "On exit tsinfer prints how many requests were answered, failed (the model failed or\n"
             "a deadline passed) and were malformed (not a request record, no input, no reply bin\n"
             "for a relayed one, or an input that does not match --input; each is logged on\n"
             "stderr, at most %d lines per %d s, and answered with ESCHEMA, a relayed one when it\n"
             "names a reply bin). Workers call the service NAME (or relay through NAME/requests).\n",
-            LOG_BURST, LOG_WINDOW_S);
+            TS_BATCHER_SHM_DEFAULT_SLOTS, TS_BATCHER_SHM_MAX_SLOTS, LOG_BURST, LOG_WINDOW_S);
 }
 
 /* Parse a decimal number in [lo, hi]. 0 or -1. */
@@ -233,6 +246,7 @@ int main(int argc, char **argv)
     char *in_spec = NULL, *out_spec = NULL;
     long max_batch = 64, delay_us = 500, timeout_ms = 30000, threads = 0, stats_s = 0;
     long min_delay_us = 0;
+    long shm_slots = 0; /* --shm: slots offered on this host (0: none) */
     const char *preferred = NULL, *amp = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -241,6 +255,20 @@ int main(int argc, char **argv)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
+        }
+        if (strcmp(a, "--shm") == 0) {
+            /* SLOTS is optional: the next argument is it unless it is another option. */
+            shm_slots = TS_BATCHER_SHM_DEFAULT_SLOTS;
+            if (v == NULL || strncmp(v, "--", 2) == 0)
+                continue;
+            if (parse_long(v, 1, TS_BATCHER_SHM_MAX_SLOTS, &shm_slots) != 0) {
+                fprintf(stderr, "tsinfer: --shm %s: SLOTS is a number of slots from 1 to %d\n", v,
+                        TS_BATCHER_SHM_MAX_SLOTS);
+                usage(stderr);
+                return 2;
+            }
+            i++;
+            continue;
         }
         if (v == NULL) {
             bad = 1;
@@ -374,6 +402,15 @@ int main(int argc, char **argv)
         if (rc != 0)
             fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_last_error());
     }
+    if (rc == 0 && shm_slots > 0) {
+        ts_batcher_shm_options_t shm;
+        ts_batcher_shm_options_init(&shm);
+        shm.slots = (int)shm_slots;
+        rc = ts_batcher_serve_shm(b, client, name, &shm);
+        if (rc != 0)
+            fprintf(stderr, "tsinfer: --shm %ld: %s: %s\n", shm_slots, ts_strerror(rc),
+                    ts_last_error());
+    }
     if (rc == 0 && params != NULL) {
         rc = ts_batcher_follow_weights(b, client, params);
         if (rc != 0)
@@ -384,7 +421,10 @@ int main(int argc, char **argv)
                server, ts_batcher_replicas(b));
         for (int i = 0; i < ts_batcher_replicas(b); i++)
             printf("%s%s", i ? " " : "", ts_batcher_device(b, i));
-        printf("], max batch %ld, max delay %ld us\n", max_batch, delay_us);
+        printf("], max batch %ld, max delay %ld us", max_batch, delay_us);
+        if (shm_slots > 0)
+            printf(", %ld shared-memory slots in %s%s", shm_slots, name, TS_BATCHER_SHM_SUFFIX);
+        printf("\n");
         fflush(stdout);
         /* Wait for a signal; with --stats-s, print the counters each time that passes. */
         for (;;) {
