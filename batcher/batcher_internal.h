@@ -39,6 +39,11 @@
 #define TS__REQ_CACHE_MAX     4096
 /* request ids an answering thread takes from the batcher's counter at a time */
 #define TS__ID_BLOCK 256
+/*
+ * batches; while holding partial batches for returning requesters gains less than a row per
+ * hold, one batch in this many holds anyway, to notice when it pays again (gather())
+ */
+#define TS__HOLD_PROBE 16
 /* requests; room under max_queued an answering thread reserves at a time (ctx_reserve) */
 #define TS__PENDING_BLOCK 64
 
@@ -239,6 +244,12 @@ struct ts_batcher_s {
      */
     size_t returning;
     uint64_t forward_ns; /* a forward's duration, a moving average (see gather()) */
+    /*
+     * What holding a partial batch for returning requesters has gained: rows that joined during
+     * a hold, times 16, a moving average over about eight holds; and the batches gathered
+     * without a hold since the last one. See gather().
+     */
+    uint32_t hold_gain16, hold_skips;
     /* The answer helpers (opts.answer_threads): their own lock, queue of parts and threads. */
     pthread_mutex_t ans_mu;
     pthread_cond_t ans_cv;
