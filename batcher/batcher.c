@@ -867,10 +867,10 @@ static batch_fit fit_rows(const ts_batcher_t *b)
  * lose less by running in the next batch than the batch would lose by waiting (remote
  * requesters, a tensord round trip away, come back much later than a small forward takes, and
  * this is what keeps batching from slowing them down). Nor does it hold at all while holds have
- * lately gained less than a row each (b->hold_gain16): a timed sleep meant to last a forward of
- * a few microseconds lasts tens on a busy machine, a cost every request of the batch pays, and
- * requesters that rarely come back within it make that cost a loss (measured with eight remote
- * blocking requesters: batched 0.81-0.89x of one forward per request with every hold, 1.03-1.10x
+ * lately gained fewer rows than were waiting in the batch (b->hold_gain16): the hold costs every
+ * waiting request its length, a rows that joins saves about as much, and a timed sleep meant to
+ * last a forward of a few microseconds lasts tens on a busy machine (measured with eight remote
+ * blocking requesters: batched 0.81-0.89x of one forward per request with every hold, 0.92-1.10x
  * with this rule). One batch in TS__HOLD_PROBE holds anyway, to see whether holding pays again.
  * It still waits min_delay_ns after its oldest request, never past max_delay_ns; a batch that
  * waited out max_delay_ns shows that the missing requesters are not coming back soon, and the
@@ -922,9 +922,11 @@ static int gather(replica *r)
         pthread_cond_timedwait(&b->collect_cv, &b->mu, &ts);
     }
     if (held_from >= 0) {
+        /* Rows gained per row that waited (held_from >= 1: a hold needs a queued request). */
         uint64_t gained = take > held_from ? (uint64_t)(take - held_from) : 0;
-        gained = gained < (uint64_t)b->max_batch ? gained : (uint64_t)b->max_batch;
-        b->hold_gain16 = (uint32_t)((b->hold_gain16 * 7u + gained * 16u) / 8u);
+        uint64_t per16 = gained * 16u / (uint64_t)(held_from > 0 ? held_from : 1);
+        per16 = per16 < TS__HOLD_GAIN_CAP16 ? per16 : TS__HOLD_GAIN_CAP16;
+        b->hold_gain16 = (uint32_t)((b->hold_gain16 * 7u + per16) / 8u);
     }
     int n = 0;
     int64_t rows = 0;

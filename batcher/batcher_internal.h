@@ -44,6 +44,8 @@
  * hold, one batch in this many holds anyway, to notice when it pays again (gather())
  */
 #define TS__HOLD_PROBE 16
+/* rows gained per row waiting, times 16; one hold counts at most this much in the average */
+#define TS__HOLD_GAIN_CAP16 256
 /* requests; room under max_queued an answering thread reserves at a time (ctx_reserve) */
 #define TS__PENDING_BLOCK 64
 
@@ -245,9 +247,9 @@ struct ts_batcher_s {
     size_t returning;
     uint64_t forward_ns; /* a forward's duration, a moving average (see gather()) */
     /*
-     * What holding a partial batch for returning requesters has gained: rows that joined during
-     * a hold, times 16, a moving average over about eight holds; and the batches gathered
-     * without a hold since the last one. See gather().
+     * What holding a partial batch for returning requesters has gained: the rows that joined
+     * during a hold per row that was waiting, times 16, a moving average over about eight holds;
+     * and the batches gathered without a hold since the last one. See gather().
      */
     uint32_t hold_gain16, hold_skips;
     /* The answer helpers (opts.answer_threads): their own lock, queue of parts and threads. */
