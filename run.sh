@@ -122,6 +122,16 @@ test)
     rc=0
     echo "== style: clang-format, banned functions"
     if lint; then PASSED=$((PASSED + 1)); else FAILED=$((FAILED + 1)); rc=1; fi
+    # GCC warns about some things (possibly uninitialized values, null arguments) only when -O3
+    # inlines more, so a Release build that users make must compile cleanly too: compile only.
+    echo "== Release build at -O3 (compile only; warnings are errors)"
+    if build build-o3 -DCMAKE_BUILD_TYPE=Release -DTS_WERROR=ON -DTS_SANITIZE= \
+        -DTS_WITH_TORCH=OFF; then
+        PASSED=$((PASSED + 1))
+    else
+        FAILED=$((FAILED + 1))
+        rc=1
+    fi
     echo "== release build (warnings are errors)"
     build build -DTS_WERROR=ON -DTS_SANITIZE=
     check build "" || rc=1
