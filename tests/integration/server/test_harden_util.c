@@ -162,3 +162,74 @@ int th_write_file(const char *path, const void *data, size_t len)
     int ok = write(fd, data, len) == (ssize_t)len;
     return close(fd) == 0 && ok ? 0 : -1;
 }
+
+uint8_t *th_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long n = ftell(f);
+    assert_true(n >= 0);
+    assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+    uint8_t *b = malloc((size_t)n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+void th_saving_start(th_saving *f)
+{
+    assert_int_equal(tsh_server_start(&f->srv, NULL), 0);
+    assert_int_equal(tsh_server_stop(&f->srv), 0);
+    snprintf(f->snap, sizeof(f->snap), "%s/snap", f->srv.dir);
+    snprintf(f->errfile, sizeof(f->errfile), "%s/stderr", f->srv.dir);
+    snprintf(f->copy, sizeof(f->copy), "%s/copy", f->srv.dir);
+    th_saving_restart(f);
+}
+
+void th_saving_restart(th_saving *f)
+{
+    const char *args[] = {"--save", f->snap, NULL};
+    assert_int_equal(tsh_server_restart(&f->srv, args), 0);
+}
+
+void th_saving_teardown(th_saving *f)
+{
+    if (f->srv.pid > 0)
+        tsh_server_kill(&f->srv);
+    if (f->srv.dir[0] != '\0') {
+        /* The snapshot's temporary file and the lock files tensord leaves beside each file. */
+        const char *suffix[] = {".tmp", ".lock"};
+        const char *base[] = {f->snap, f->copy};
+        char p[450];
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) {
+                snprintf(p, sizeof(p), "%s%s", base[i], suffix[j]);
+                unlink(p);
+            }
+        unlink(f->snap);
+        unlink(f->errfile);
+        unlink(f->copy);
+        tsh_server_cleanup(&f->srv);
+    }
+    memset(f, 0, sizeof(*f));
+}
+
+void th_saving_expect_refused(th_saving *f, const uint8_t *data, size_t len, const char *problem)
+{
+    assert_int_equal(th_write_file(f->copy, data, len), 0);
+    const char *args[] = {"--port", "0", "--save", f->copy, NULL};
+    int st = th_run_tensord(args, f->errfile, 20000);
+    if (st != 3 || !th_file_contains(f->errfile, f->copy) ||
+        !th_file_contains(f->errfile, problem)) {
+        print_error("exit %d, want 3 and \"%s\"\n", st, problem);
+        fail();
+    }
+    size_t n;
+    uint8_t *after = th_read_file(f->copy, &n);
+    assert_int_equal(n, len);
+    assert_memory_equal(after, data, len);
+    free(after);
+}

@@ -42,5 +42,28 @@ int th_slow(void);
 void th_small_asan_quarantine(void);
 /* Write len bytes to path (0600). 0 or -1. */
 int th_write_file(const char *path, const void *data, size_t len);
+/* The whole file at path in a new buffer (free() it; one byte more than *len); asserts. */
+uint8_t *th_read_file(const char *path, size_t *len);
+
+/*
+ * A tensord that snapshots (--save) into its own directory, and the files the snapshot tests
+ * keep beside it there: snap (the --save file), errfile (a stderr log) and copy (a second
+ * snapshot file a test writes or loads).
+ */
+typedef struct th_saving_s {
+    tsh_server srv;
+    char snap[400], errfile[400], copy[400];
+} th_saving;
+/* Start tensord with --save snap (the paths are known once its directory exists); asserts. */
+void th_saving_start(th_saving *f);
+/* Restart it with the same --save; asserts. */
+void th_saving_restart(th_saving *f);
+/* Kill it if it runs, remove the files and the directory, and zero f. */
+void th_saving_teardown(th_saving *f);
+/*
+ * Write data to f->copy and check that a tensord started with --save on it refuses it: exit
+ * status 3, a message naming the file and problem, and the file left as it was; asserts.
+ */
+void th_saving_expect_refused(th_saving *f, const uint8_t *data, size_t len, const char *problem);
 
 #endif /* TS_TEST_HARDEN_UTIL_H */

@@ -35,8 +35,8 @@
 #define DIM   8
 #define N_IDS 6
 
-static tsh_server s, ref;
-static char snap[400], errfile[400], copy[400];
+static tsh_server ref;
+static th_saving sv; /* the tensord under test, saving into sv.snap */
 
 static int teardown(void **state)
 {
@@ -46,41 +46,8 @@ static int teardown(void **state)
     if (ref.dir[0] != '\0')
         tsh_server_cleanup(&ref);
     memset(&ref, 0, sizeof(ref));
-    if (s.pid > 0)
-        tsh_server_kill(&s);
-    if (s.dir[0] != '\0') {
-        char p[450];
-        snprintf(p, sizeof(p), "%s.tmp", snap);
-        unlink(p);
-        snprintf(p, sizeof(p), "%s.lock", snap);
-        unlink(p);
-        snprintf(p, sizeof(p), "%s.lock", copy);
-        unlink(p);
-        unlink(snap);
-        unlink(errfile);
-        unlink(copy);
-        tsh_server_cleanup(&s);
-    }
-    memset(&s, 0, sizeof(s));
+    th_saving_teardown(&sv);
     return 0;
-}
-
-/* Start tensord with --save PATH in its own directory (the path is known once it exists). */
-static void start_saving(void)
-{
-    assert_int_equal(tsh_server_start(&s, NULL), 0);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    snprintf(snap, sizeof(snap), "%s/snap", s.dir);
-    snprintf(errfile, sizeof(errfile), "%s/stderr", s.dir);
-    snprintf(copy, sizeof(copy), "%s/copy", s.dir);
-    const char *args[] = {"--save", snap, NULL};
-    assert_int_equal(tsh_server_restart(&s, args), 0);
-}
-
-static void restart_saving(void)
-{
-    const char *args[] = {"--save", snap, NULL};
-    assert_int_equal(tsh_server_restart(&s, args), 0);
 }
 
 static ts_client_t *open_client(const tsh_server *srv)
@@ -91,21 +58,6 @@ static ts_client_t *open_client(const tsh_server *srv)
     o.request_timeout_ms = 20000;
     assert_int_equal(ts_client_open(&c, srv->addr, &o), 0);
     return c;
-}
-
-static uint8_t *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -191,9 +143,9 @@ static void expect_same(ts_client_t *a, ts_client_t *b)
 static void test_adam_survives_restart(void **state)
 {
     (void)state;
-    start_saving();
+    th_saving_start(&sv);
     assert_int_equal(tsh_server_start(&ref, NULL), 0);
-    ts_client_t *a = open_client(&s), *b = open_client(&ref);
+    ts_client_t *a = open_client(&sv.srv), *b = open_client(&ref);
     make_state(a);
     make_state(b);
     for (int k = 0; k < 5; k++) {
@@ -204,18 +156,18 @@ static void test_adam_survives_restart(void **state)
     /* SAVE, then a stop that has nothing more to write. */
     assert_int_equal(ts_save(a), 0);
     ts_client_free(a);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    restart_saving();
-    a = open_client(&s);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    th_saving_restart(&sv);
+    a = open_client(&sv.srv);
     expect_same(a, b);
     train_step(a, 5);
     train_step(b, 5);
     expect_same(a, b);
     /* The final snapshot at SIGTERM keeps the state too. */
     ts_client_free(a);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    restart_saving();
-    a = open_client(&s);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    th_saving_restart(&sv);
+    a = open_client(&sv.srv);
     for (int k = 6; k < 9; k++) {
         train_step(a, k);
         train_step(b, k);
@@ -231,7 +183,7 @@ static void test_adam_survives_restart(void **state)
     assert_int_equal(ts_emb_create(a, "emb", &e), 0);
     ts_client_free(a);
     ts_client_free(b);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
 }
 
 /*
@@ -242,9 +194,9 @@ static void test_adam_survives_restart(void **state)
 static void test_create_keep_after_restart(void **state)
 {
     (void)state;
-    start_saving();
+    th_saving_start(&sv);
     assert_int_equal(tsh_server_start(&ref, NULL), 0);
-    ts_client_t *a = open_client(&s), *b = open_client(&ref);
+    ts_client_t *a = open_client(&sv.srv), *b = open_client(&ref);
     make_state(a);
     make_state(b);
     for (int k = 0; k < 5; k++) {
@@ -253,9 +205,9 @@ static void test_create_keep_after_restart(void **state)
     }
     assert_int_equal(ts_save(a), 0);
     ts_client_free(a);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    restart_saving();
-    a = open_client(&s);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    th_saving_restart(&sv);
+    a = open_client(&sv.srv);
     ts_ps_options_t o;
     ts_ps_options_init(&o);
     o.optimizer = TS_PS_ADAM;
@@ -299,15 +251,15 @@ static void test_create_keep_after_restart(void **state)
     assert_memory_not_equal(x.w, y.w, sizeof(x.w));
     ts_client_free(a);
     ts_client_free(b);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
 }
 
 /* A sync parameter's version ring survives: staleness is judged as before the restart. */
 static void test_staleness_after_restart(void **state)
 {
     (void)state;
-    start_saving();
-    ts_client_t *c = open_client(&s);
+    th_saving_start(&sv);
+    ts_client_t *c = open_client(&sv.srv);
     float z[8] = {0}, g[8] = {1, 1, 1, 1, 1, 1, 1, 1};
     int64_t shape[1] = {8};
     ts_value_t *v = ts_tensor_new(TS_FLOAT32, 1, shape, z, TS_BORROW);
@@ -326,9 +278,9 @@ static void test_staleness_after_restart(void **state)
     assert_int_equal(ts_ps_push(c, "stale", &t, v1, 1.0, &v2), 0);
     assert_int_equal(ts_save(c), 0);
     ts_client_free(c);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    restart_saving();
-    c = open_client(&s);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    th_saving_restart(&sv);
+    c = open_client(&sv.srv);
     /* Two steps behind, tolerance 1: refused, the current version handed back. */
     assert_int_equal(ts_ps_push(c, "stale", &t, v0, 1.0, &cur), TS_ESTALE);
     assert_true(cur == v2);
@@ -341,7 +293,7 @@ static void test_staleness_after_restart(void **state)
     assert_true(((const float *)w->data)[0] == 3.0f && ((const float *)w->data)[7] == 3.0f);
     ts_items_free(items);
     ts_client_free(c);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -410,7 +362,7 @@ typedef struct big_pusher {
 static void *big_push_thread(void *arg)
 {
     big_pusher *b = arg;
-    ts_client_t *c = open_client(&s);
+    ts_client_t *c = open_client(&sv.srv);
     /* Until the daemon is killed under it (then a push fails: the end of the run). */
     for (int k = 0; k < BIG_PUSHES && b->rc == 0; k++) {
         ts_tensor_t t = {.data = big_g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {NB}};
@@ -432,9 +384,9 @@ static void test_save_during_pushes(void **state)
         rows_ids[i] = i * 3;
     for (int i = 0; i < NR * DIM; i++)
         rows_g[i] = (float)(i % 9) / 9.0f - 0.4f;
-    start_saving();
+    th_saving_start(&sv);
     assert_int_equal(tsh_server_start(&ref, NULL), 0);
-    ts_client_t *a = open_client(&s), *b = open_client(&ref);
+    ts_client_t *a = open_client(&sv.srv), *b = open_client(&ref);
     make_big(a);
     make_big(b);
     big_pusher bp = {.rc = 0};
@@ -451,10 +403,10 @@ static void test_save_during_pushes(void **state)
      * Killed while the pushes still run (no final snapshot): the file holds what the last SAVE
      * took, somewhere among them.
      */
-    tsh_server_kill(&s);
+    tsh_server_kill(&sv.srv);
     pthread_join(th, NULL);
-    restart_saving();
-    a = open_client(&s);
+    th_saving_restart(&sv);
+    a = open_client(&sv.srv);
     static float x[NB], y[NB], rx[NR * DIM], ry[NR * DIM];
     read_big(a, x);
     int k = 0;
@@ -491,35 +443,18 @@ static void test_save_during_pushes(void **state)
     assert_memory_equal(rx, ry, sizeof(rx));
     ts_client_free(a);
     ts_client_free(b);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Damaged files and old formats
  */
 
-/* tensord must refuse copy (exit 3, naming it and the problem) and leave it as it was. */
-static void expect_refused(const uint8_t *data, size_t len, const char *problem)
-{
-    assert_int_equal(th_write_file(copy, data, len), 0);
-    const char *args[] = {"--port", "0", "--save", copy, NULL};
-    int st = th_run_tensord(args, errfile, 20000);
-    if (st != 3 || !th_file_contains(errfile, copy) || !th_file_contains(errfile, problem)) {
-        print_error("exit %d, want 3 and \"%s\"\n", st, problem);
-        fail();
-    }
-    size_t n;
-    uint8_t *after = read_file(copy, &n);
-    assert_int_equal(n, len);
-    assert_memory_equal(after, data, len);
-    free(after);
-}
-
 static void test_damaged_ps_refused(void **state)
 {
     (void)state;
-    start_saving();
-    ts_client_t *c = open_client(&s);
+    th_saving_start(&sv);
+    ts_client_t *c = open_client(&sv.srv);
     /* An SGD parameter (no slots) of 4 floats first, then a momentum table of 2 rows. */
     float z[4] = {0};
     int64_t shape[1] = {4};
@@ -535,9 +470,9 @@ static void test_damaged_ps_refused(void **state)
     float g[4] = {1, 2, 3, 4};
     assert_int_equal(ts_emb_push(c, "t", two, 2, 2, g, 1.0, NULL), 0);
     ts_client_free(c);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     size_t len;
-    uint8_t *good = read_file(snap, &len);
+    uint8_t *good = th_read_file(sv.snap, &len);
     assert_int_equal(ts__get_u32le(good + 8), TSD_SNAP_FORMAT);
     uint8_t *bad = malloc(len);
     assert_non_null(bad);
@@ -553,34 +488,34 @@ static void test_damaged_ps_refused(void **state)
     /* A flipped bit in the parameter's name: its header's checksum fails. */
     memcpy(bad, good, len);
     bad[ph + 1] ^= 0x01;
-    expect_refused(bad, len, "checksum mismatch in the header of parameter 0");
+    th_saving_expect_refused(&sv, bad, len, "checksum mismatch in the header of parameter 0");
     /* An optimizer out of range, every checksum right. */
     memcpy(bad, good, len);
     bad[pf] = 9;
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "parameter 'p': the optimizer is out of range");
+    th_saving_expect_refused(&sv, bad, len, "parameter 'p': the optimizer is out of range");
     /* A parameter whose bin is not in the file. */
     memcpy(bad, good, len);
     bad[ph + 1] = 'q';
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "parameter 'q': no such bin");
+    th_saving_expect_refused(&sv, bad, len, "parameter 'q': no such bin");
     /* A parameter of another size than its bin's tensor. */
     memcpy(bad, good, len);
     ts__put_u64le(bad + pf + 48, 5);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "its bin holds 4 elements, its state is for 5");
+    th_saving_expect_refused(&sv, bad, len, "its bin holds 4 elements, its state is for 5");
     /* The same id twice in the table. */
     memcpy(bad, good, len);
     memcpy(bad + tids + 8, bad + tids, 8);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "embedding table 't' holds id");
+    th_saving_expect_refused(&sv, bad, len, "embedding table 't' holds id");
     /* A negative id. */
     memcpy(bad, good, len);
     ts__put_u64le(bad + tids, UINT64_MAX);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "row 0 has id -1, out of range");
+    th_saving_expect_refused(&sv, bad, len, "row 0 has id -1, out of range");
     /* The file cut short inside the section. */
-    expect_refused(good, len - 1, "truncated");
+    th_saving_expect_refused(&sv, good, len - 1, "truncated");
     free(bad);
     free(good);
 }
@@ -598,43 +533,43 @@ static void old_item(void *arg, size_t index, const uint8_t **data, size_t *len)
 static void test_format_3_loads(void **state)
 {
     (void)state;
-    start_saving();
-    assert_int_equal(tsh_server_stop(&s), 0);
+    th_saving_start(&sv);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     size_t rl;
     uint8_t *r = tsu_rec_int(1, &rl);
     tsu_frame rec = {.body = r, .len = rl};
     tsd_snapfile_bin bin = {
         .name = (const uint8_t *)"old", .name_len = 3, .version = 4, .n_items = 1};
     tsd_snapfile_head head = {.counter = 4, .n_bins = 1, .n_items = 1, .bytes = rl, .format = 3};
-    FILE *f = fopen(snap, "wb");
+    FILE *f = fopen(sv.snap, "wb");
     assert_non_null(f);
     assert_int_equal(tsd_snapfile_write_all(fileno(f), &head, &bin, NULL, NULL, old_item, &rec), 0);
     fclose(f);
     ts__free_aligned(r, rl);
     size_t len;
-    uint8_t *old = read_file(snap, &len);
+    uint8_t *old = th_read_file(sv.snap, &len);
     assert_int_equal(ts__get_u32le(old + 8), 3);
     assert_null(memmem(old, len, "TSDPSRV", 8));
     free(old);
-    restart_saving();
-    ts_client_t *c = open_client(&s);
+    th_saving_restart(&sv);
+    ts_client_t *c = open_client(&sv.srv);
     ts_emb_options_t e;
     ts_emb_options_init(&e, 4);
     assert_int_equal(ts_emb_create(c, "t", &e), 0);
     ts_client_free(c);
-    int fd = tsu_client(&s);
+    int fd = tsu_client(&sv.srv);
     assert_int_equal(tsu_stat(fd, "bins"), 1);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    uint8_t *now = read_file(snap, &len);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    uint8_t *now = th_read_file(sv.snap, &len);
     assert_int_equal(ts__get_u32le(now + 8), TSD_SNAP_FORMAT);
     assert_non_null(memmem(now, len, "TSDPSRV", 8));
     free(now);
-    restart_saving();
-    fd = tsu_client(&s);
+    th_saving_restart(&sv);
+    fd = tsu_client(&sv.srv);
     assert_int_equal(tsu_stat(fd, "bins"), 1);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
 }
 
 int main(void)

@@ -26,64 +26,14 @@
 #include "snapfile_fix.h"
 #include "test_harden_util.h"
 
-static tsh_server s;
-static char snap[400], errfile[400], copy[400];
+static th_saving sv; /* the tensord under test, saving into sv.snap */
 static uint32_t rid = 1;
 
 static int teardown(void **state)
 {
     (void)state;
-    if (s.pid > 0)
-        tsh_server_kill(&s);
-    if (s.dir[0] != '\0') {
-        char p[450];
-        snprintf(p, sizeof(p), "%s.tmp", snap);
-        unlink(p);
-        snprintf(p, sizeof(p), "%s.lock", snap);
-        unlink(p);
-        snprintf(p, sizeof(p), "%s.lock", copy);
-        unlink(p);
-        unlink(snap);
-        unlink(errfile);
-        unlink(copy);
-        tsh_server_cleanup(&s);
-    }
-    memset(&s, 0, sizeof(s));
+    th_saving_teardown(&sv);
     return 0;
-}
-
-/* Start tensord with --save PATH in its own directory (the path is known once it exists). */
-static void start_saving(void)
-{
-    assert_int_equal(tsh_server_start(&s, NULL), 0);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    snprintf(snap, sizeof(snap), "%s/snap", s.dir);
-    snprintf(errfile, sizeof(errfile), "%s/stderr", s.dir);
-    snprintf(copy, sizeof(copy), "%s/copy", s.dir);
-    const char *args[] = {"--save", snap, NULL};
-    assert_int_equal(tsh_server_restart(&s, args), 0);
-}
-
-static void restart_saving(void)
-{
-    const char *args[] = {"--save", snap, NULL};
-    assert_int_equal(tsh_server_restart(&s, args), 0);
-}
-
-/* The whole file at path, into a new buffer. */
-static uint8_t *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = ts__malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -313,8 +263,8 @@ static const char *const info_keys[] = {"first_id",   "last_id",     "entries",
 static void test_streams_survive_restart(void **state)
 {
     (void)state;
-    start_saving();
-    int fd = tsu_client(&s);
+    th_saving_start(&sv);
+    int fd = tsu_client(&sv.srv);
     /* Retention settings that keep everything here (an hour of age, a MiB of records). */
     create(fd, "events", 100, 1 << 20, 3600000, 50, 60000);
     /* Ids 1..10: ints, a marker (6), a 100 KB record (7), ints. */
@@ -376,9 +326,9 @@ static void test_streams_survive_restart(void **state)
     tsu_expect(fd, &f, TS_OP_SAVE, rid++, TS_ST_OK);
     tsu_frame_free(&f);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    restart_saving();
-    fd = tsu_client(&s);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    th_saving_restart(&sv);
+    fd = tsu_client(&sv.srv);
 
     /* The same settings, ids and sizes; the same entries, byte for byte. */
     for (size_t k = 0; k < TS__ARRAY_SIZE(info_keys); k++)
@@ -448,7 +398,7 @@ static void test_streams_survive_restart(void **state)
     expect_entry(&b.e[0], N_ENTRIES + 1, 1, 0, 0);
     tsu_frame_free(&b.f);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     for (uint64_t id = 1; id <= N_ENTRIES; id++)
         if (rec[id] != NULL)
             tsu_rec_free(rec[id], rlen[id]);
@@ -457,8 +407,8 @@ static void test_streams_survive_restart(void **state)
 static void test_trimmed_stream_keeps_ids(void **state)
 {
     (void)state;
-    start_saving();
-    int fd = tsu_client(&s);
+    th_saving_start(&sv);
+    int fd = tsu_client(&sv.srv);
     /* Each record is larger than max_bytes: retention drops it as soon as it is in. */
     create(fd, "trimmed", 10, 20, 0, 0, 0);
     join(fd, "trimmed", "g", "m");
@@ -471,9 +421,9 @@ static void test_trimmed_stream_keeps_ids(void **state)
     assert_int_equal(info_int(fd, "trimmed", "entries"), 0);
     close(fd);
     /* No SAVE: the final snapshot at SIGTERM holds it. */
-    assert_int_equal(tsh_server_stop(&s), 0);
-    restart_saving();
-    fd = tsu_client(&s);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    th_saving_restart(&sv);
+    fd = tsu_client(&sv.srv);
     assert_int_equal(info_int(fd, "trimmed", "first_id"), 4);
     assert_int_equal(info_int(fd, "trimmed", "last_id"), 3);
     assert_int_equal(info_int(fd, "trimmed", "max_bytes"), 20);
@@ -489,7 +439,7 @@ static void test_trimmed_stream_keeps_ids(void **state)
     assert_int_equal(b.e[0].tag, 7);
     tsu_frame_free(&b.f);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     tsu_rec_free(r, l);
 }
 
@@ -497,48 +447,31 @@ static void test_trimmed_stream_keeps_ids(void **state)
 static void test_format_1_loads(void **state)
 {
     (void)state;
-    start_saving();
-    assert_int_equal(tsh_server_stop(&s), 0);
+    th_saving_start(&sv);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     size_t len;
     char *old = tsh_read_source_file("tests/fuzz/corpus/fuzz_snapfile/four_bins", &len);
     assert_non_null(old);
     assert_int_equal(ts__get_u32le((const uint8_t *)old + 8), 1);
-    assert_int_equal(th_write_file(snap, old, len), 0);
-    restart_saving();
-    int fd = tsu_client(&s);
+    assert_int_equal(th_write_file(sv.snap, old, len), 0);
+    th_saving_restart(&sv);
+    int fd = tsu_client(&sv.srv);
     assert_int_equal(tsu_stat(fd, "bins"), 4);
     assert_int_equal(tsu_stat(fd, "items"), 6);
     create(fd, "after", 5, 0, 0, 0, 0);
     assert_int_equal(mark(fd, "after", 1), 1);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    uint8_t *now = read_file(snap, &len);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    uint8_t *now = th_read_file(sv.snap, &len);
     assert_int_equal(ts__get_u32le(now + 8), TSD_SNAP_FORMAT);
-    ts__free(now);
-    restart_saving();
-    fd = tsu_client(&s);
+    free(now);
+    th_saving_restart(&sv);
+    fd = tsu_client(&sv.srv);
     assert_int_equal(tsu_stat(fd, "items"), 6);
     assert_int_equal(info_int(fd, "after", "last_id"), 1);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     free(old);
-}
-
-/* tensord must refuse copy (exit 3, naming it and the problem) and leave it as it was. */
-static void expect_refused(const uint8_t *data, size_t len, const char *problem)
-{
-    assert_int_equal(th_write_file(copy, data, len), 0);
-    const char *args[] = {"--port", "0", "--save", copy, NULL};
-    int st = th_run_tensord(args, errfile, 20000);
-    if (st != 3 || !th_file_contains(errfile, copy) || !th_file_contains(errfile, problem)) {
-        print_error("exit %d, want 3 and \"%s\"\n", st, problem);
-        fail();
-    }
-    size_t n;
-    uint8_t *after = read_file(copy, &n);
-    assert_int_equal(n, len);
-    assert_memory_equal(after, data, len);
-    ts__free(after);
 }
 
 /* The record of the clash file's bin. */
@@ -589,8 +522,8 @@ static uint8_t *clash_file(size_t *len)
 static void test_broken_streams_refused(void **state)
 {
     (void)state;
-    start_saving();
-    int fd = tsu_client(&s);
+    th_saving_start(&sv);
+    int fd = tsu_client(&sv.srv);
     create(fd, "q", 10, 0, 0, 0, 0);
     for (int i = 0; i < 4; i++)
         assert_int_equal(mark(fd, "q", (uint64_t)i), (uint64_t)i + 1);
@@ -611,9 +544,9 @@ static void test_broken_streams_refused(void **state)
     ack(fd, "q", "grp", "m2", 4, 4, 2);
     leave(fd, "q", "grp", "m3");
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     size_t len;
-    uint8_t *good = read_file(snap, &len);
+    uint8_t *good = th_read_file(sv.snap, &len);
     const char *seed = getenv("TS_STREAM_SEED");
     if (seed != NULL)
         assert_int_equal(th_write_file(seed, good, len), 0);
@@ -627,32 +560,32 @@ static void test_broken_streams_refused(void **state)
     memcpy(bad, good, len);
     ts__put_u64le(bad + row, 1);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "group 'grp' of stream 'q': entry 1 is pending twice");
+    th_saving_expect_refused(&sv, bad, len, "group 'grp' of stream 'q': entry 1 is pending twice");
     /* The same row pointing past the group's cursor. */
     memcpy(bad, good, len);
     ts__put_u64le(bad + row, 7);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "pending id 7 is not above");
+    th_saving_expect_refused(&sv, bad, len, "pending id 7 is not above");
     /* A flipped bit in the stream's name (no bins: the stream follows the section's header). */
     size_t name = TSD_SNAP_HDR_SIZE + TSD_SNAP_SEC_SIZE + 1;
     assert_int_equal(good[name], 'q');
     memcpy(bad, good, len);
     bad[name] ^= 0x01;
-    expect_refused(bad, len, "checksum mismatch in the header of stream 0");
+    th_saving_expect_refused(&sv, bad, len, "checksum mismatch in the header of stream 0");
     /* A bin and a stream of one name: each is good, together they are not. */
     size_t clash_len;
     uint8_t *clash = clash_file(&clash_len);
-    expect_refused(clash, clash_len, "bin 'q' is also a stream");
+    th_saving_expect_refused(&sv, clash, clash_len, "bin 'q' is also a stream");
     ts__free(clash);
     /* The good one still loads. */
-    assert_int_equal(th_write_file(snap, good, len), 0);
-    restart_saving();
-    fd = tsu_client(&s);
+    assert_int_equal(th_write_file(sv.snap, good, len), 0);
+    th_saving_restart(&sv);
+    fd = tsu_client(&sv.srv);
     assert_int_equal(info_int(fd, "q", "last_id"), 5);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     ts__free(bad);
-    ts__free(good);
+    free(good);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -745,8 +678,8 @@ static ts__msg_table_state table_update(int fd, const char *name, uint32_t n, co
 static void test_tables_survive_restart(void **state)
 {
     (void)state;
-    start_saving();
-    int fd = tsu_client(&s);
+    th_saving_start(&sv);
+    int fd = tsu_client(&sv.srv);
     /* A FIFO table that has evicted (capacity 4, 6 inserts) and a prioritized one sampled. */
     table_create(fd, "fifo", 4, TS_TABLE_SAMPLER_FIFO, TS_TABLE_REMOVER_FIFO, 1.0, 0.0, 0);
     for (int i = 0; i < 6; i++)
@@ -761,14 +694,14 @@ static void test_tables_survive_restart(void **state)
     table_create(fd, "empty", 10, TS_TABLE_SAMPLER_UNIFORM, TS_TABLE_REMOVER_FIFO, 1.0, 0.0, 0);
     ts__msg_table_state before = table_update(fd, "prio", 0, NULL, NULL);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     size_t len;
-    uint8_t *file = read_file(snap, &len);
+    uint8_t *file = th_read_file(sv.snap, &len);
     assert_int_equal(ts__get_u32le(file + 8), TSD_SNAP_FORMAT);
-    ts__free(file);
+    free(file);
 
-    restart_saving();
-    fd = tsu_client(&s);
+    th_saving_restart(&sv);
+    fd = tsu_client(&sv.srv);
     ts__msg_table_state st = table_update(fd, "fifo", 0, NULL, NULL);
     assert_int_equal(st.size, 4);
     assert_int_equal(st.inserts, 6);
@@ -799,22 +732,22 @@ static void test_tables_survive_restart(void **state)
     /* Tables are not bins. */
     assert_int_equal(tsu_stat(fd, "bins"), 0);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
 }
 
 /* A damaged replay table section is refused as other damaged sections are: exit 3, named. */
 static void test_broken_tables_refused(void **state)
 {
     (void)state;
-    start_saving();
-    int fd = tsu_client(&s);
+    th_saving_start(&sv);
+    int fd = tsu_client(&sv.srv);
     table_create(fd, "tbl", 8, TS_TABLE_SAMPLER_UNIFORM, TS_TABLE_REMOVER_FIFO, 1.0, 0.0, 0);
     for (int i = 0; i < 3; i++)
         (void)table_insert(fd, "tbl", i, 1.0 + i);
     close(fd);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     size_t len;
-    uint8_t *good = read_file(snap, &len);
+    uint8_t *good = th_read_file(sv.snap, &len);
     uint8_t *bad = ts__malloc(len);
     assert_non_null(bad);
     const uint8_t *sec = memmem(good, len, "TSDTABL", 8);
@@ -824,17 +757,18 @@ static void test_broken_tables_refused(void **state)
     /* A flipped bit in the table's name: its header's checksum fails. */
     memcpy(bad, good, len);
     bad[hdr + 1] ^= 0x01;
-    expect_refused(bad, len, "checksum mismatch in the header of replay table 0");
+    th_saving_expect_refused(&sv, bad, len, "checksum mismatch in the header of replay table 0");
     /* Keys out of order, every checksum right. */
     memcpy(bad, good, len);
     ts__put_u64le(bad + rows + TSD_SNAP_TITEM_SIZE, 9);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "item 1 of replay table 'tbl' (key 9) breaks a rule of tables");
+    th_saving_expect_refused(&sv, bad, len,
+                             "item 1 of replay table 'tbl' (key 9) breaks a rule of tables");
     /* Counters that disagree with the items held. */
     memcpy(bad, good, len);
     ts__put_u64le(bad + hdr + 1 + 3 + 56, 7);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "do not agree");
+    th_saving_expect_refused(&sv, bad, len, "do not agree");
     /* A priority the table refuses (negative). */
     memcpy(bad, good, len);
     uint64_t neg;
@@ -842,9 +776,9 @@ static void test_broken_tables_refused(void **state)
     memcpy(&neg, &d, sizeof(neg));
     ts__put_u64le(bad + rows + 8, neg);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "breaks a rule of tables");
+    th_saving_expect_refused(&sv, bad, len, "breaks a rule of tables");
     ts__free(bad);
-    ts__free(good);
+    free(good);
 }
 
 int main(void)

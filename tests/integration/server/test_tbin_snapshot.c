@@ -30,47 +30,13 @@
 #define ROWS 64 /* rows of the tensor bin the tests make */
 #define COLS 16 /* float32 columns per row */
 
-static tsh_server s;
-static char snap[400], errfile[400], copy[400];
+static th_saving sv; /* the tensord under test, saving into sv.snap */
 
 static int teardown(void **state)
 {
     (void)state;
-    if (s.pid > 0)
-        tsh_server_kill(&s);
-    if (s.dir[0] != '\0') {
-        char p[450];
-        snprintf(p, sizeof(p), "%s.tmp", snap);
-        unlink(p);
-        snprintf(p, sizeof(p), "%s.lock", snap);
-        unlink(p);
-        snprintf(p, sizeof(p), "%s.lock", copy);
-        unlink(p);
-        unlink(snap);
-        unlink(errfile);
-        unlink(copy);
-        tsh_server_cleanup(&s);
-    }
-    memset(&s, 0, sizeof(s));
+    th_saving_teardown(&sv);
     return 0;
-}
-
-/* Start tensord with --save PATH in its own directory (the path is known once it exists). */
-static void start_saving(void)
-{
-    assert_int_equal(tsh_server_start(&s, NULL), 0);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    snprintf(snap, sizeof(snap), "%s/snap", s.dir);
-    snprintf(errfile, sizeof(errfile), "%s/stderr", s.dir);
-    snprintf(copy, sizeof(copy), "%s/copy", s.dir);
-    const char *args[] = {"--save", snap, NULL};
-    assert_int_equal(tsh_server_restart(&s, args), 0);
-}
-
-static void restart_saving(void)
-{
-    const char *args[] = {"--save", snap, NULL};
-    assert_int_equal(tsh_server_restart(&s, args), 0);
 }
 
 static ts_client_t *open_client(void)
@@ -79,23 +45,8 @@ static ts_client_t *open_client(void)
     ts_client_options_t o;
     ts_client_options_init(&o);
     o.request_timeout_ms = 20000;
-    assert_int_equal(ts_client_open(&c, s.addr, &o), 0);
+    assert_int_equal(ts_client_open(&c, sv.srv.addr, &o), 0);
     return c;
-}
-
-static uint8_t *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
 }
 
 /* Write k rows from start, row r's column j holding r * 100 + j + add. Returns the version. */
@@ -175,7 +126,7 @@ static size_t flags_of_t(const uint8_t *file, size_t len)
 static void test_tensor_bin_survives_restart(void **state)
 {
     (void)state;
-    start_saving();
+    th_saving_start(&sv);
     ts_client_t *c = open_client();
     int64_t shape[2] = {ROWS, COLS};
     assert_int_equal(ts_tensor_bin_create(c, "t", TS_FLOAT32, 2, shape, NULL), 0);
@@ -185,20 +136,20 @@ static void test_tensor_bin_survives_restart(void **state)
     assert_int_equal(ts_put(c, "p", one, NULL), 0);
     assert_int_equal(ts_save(c), 0);
     ts_client_free(c);
-    int fd = tsu_client(&s);
+    int fd = tsu_client(&sv.srv);
     int64_t bytes = tsu_stat(fd, "bytes");
     close(fd);
-    tsh_server_kill(&s); /* what SAVE wrote, not the final snapshot */
+    tsh_server_kill(&sv.srv); /* what SAVE wrote, not the final snapshot */
     size_t len;
-    uint8_t *file = read_file(snap, &len);
+    uint8_t *file = th_read_file(sv.snap, &len);
     assert_int_equal(ts__get_u32le(file + 8), TSD_SNAP_FORMAT);
     assert_int_equal(ts__get_u32le(file + flags_of_t(file, len)), TSD_SNAP_BIN_TENSOR);
     free(file);
 
-    restart_saving();
+    th_saving_restart(&sv);
     c = open_client();
     /* Made as TENSOR_BIN makes it: in a memfd, the same bytes held as before. */
-    fd = tsu_client(&s);
+    fd = tsu_client(&sv.srv);
     assert_true(tsu_stat(fd, "shm_items") >= 1);
     assert_int_equal(tsu_stat(fd, "bytes"), bytes);
     close(fd);
@@ -212,8 +163,8 @@ static void test_tensor_bin_survives_restart(void **state)
     expect_rows(c, version, 0, ROWS, 0.25f);
     ts_client_free(c);
     /* The final snapshot at SIGTERM keeps it a tensor bin too. */
-    assert_int_equal(tsh_server_stop(&s), 0);
-    restart_saving();
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    th_saving_restart(&sv);
     c = open_client();
     expect_rows(c, version, 0, ROWS, 0.25f);
     expect_tensor_bin(c);
@@ -223,7 +174,7 @@ static void test_tensor_bin_survives_restart(void **state)
     assert_int_equal(ts_put(c, "t", one, NULL), 0);
     ts_value_free(one);
     ts_client_free(c);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
 }
 
 /* The records of the format 4 file's bins: "p" an int, "t" a tensor bin's record. */
@@ -305,16 +256,16 @@ static void write_file(const char *path, uint32_t format, uint32_t t_flags, int 
 static void test_format_4_loads(void **state)
 {
     (void)state;
-    start_saving();
-    assert_int_equal(tsh_server_stop(&s), 0);
+    th_saving_start(&sv);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     /* Format 4 has no bin flags: the writer refuses a tensor bin in it. */
-    write_file(snap, 4, TSD_SNAP_BIN_TENSOR, 0, -EINVAL);
-    write_file(snap, 4, 0, 0, 0);
+    write_file(sv.snap, 4, TSD_SNAP_BIN_TENSOR, 0, -EINVAL);
+    write_file(sv.snap, 4, 0, 0, 0);
     size_t len;
-    uint8_t *old = read_file(snap, &len);
+    uint8_t *old = th_read_file(sv.snap, &len);
     assert_int_equal(ts__get_u32le(old + 8), 4);
     free(old);
-    restart_saving();
+    th_saving_restart(&sv);
     ts_client_t *c = open_client();
     /* As before format 5: the tensor record is a plain bin, WRITE_ROWS refused, PUT replaces. */
     ts_items_t *it = NULL;
@@ -329,85 +280,71 @@ static void test_format_4_loads(void **state)
     assert_int_equal(ts_put(c, "t", one, NULL), 0);
     ts_value_free(one);
     ts_client_free(c);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    uint8_t *now = read_file(snap, &len);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    uint8_t *now = th_read_file(sv.snap, &len);
     assert_int_equal(ts__get_u32le(now + 8), TSD_SNAP_FORMAT);
     free(now);
-}
-
-/* tensord must refuse copy (exit 3, naming it and the problem) and leave it as it was. */
-static void expect_refused(const uint8_t *data, size_t len, const char *problem)
-{
-    assert_int_equal(th_write_file(copy, data, len), 0);
-    const char *args[] = {"--port", "0", "--save", copy, NULL};
-    int st = th_run_tensord(args, errfile, 20000);
-    if (st != 3 || !th_file_contains(errfile, copy) || !th_file_contains(errfile, problem)) {
-        print_error("exit %d, want 3 and \"%s\"\n", st, problem);
-        fail();
-    }
-    size_t n;
-    uint8_t *after = read_file(copy, &n);
-    assert_int_equal(n, len);
-    assert_memory_equal(after, data, len);
-    free(after);
 }
 
 static void test_damaged_flag_refused(void **state)
 {
     (void)state;
-    start_saving();
-    assert_int_equal(tsh_server_stop(&s), 0);
-    write_file(snap, TSD_SNAP_FORMAT, TSD_SNAP_BIN_TENSOR, 0, 0);
+    th_saving_start(&sv);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    write_file(sv.snap, TSD_SNAP_FORMAT, TSD_SNAP_BIN_TENSOR, 0, 0);
     size_t len;
-    uint8_t *good = read_file(snap, &len);
+    uint8_t *good = th_read_file(sv.snap, &len);
     size_t ft = flags_of_t(good, len);
     size_t fp = TSD_SNAP_HDR_SIZE + 1 + 1 + 12; /* "p"'s flags, the first bin */
     uint8_t *bad = malloc(len);
     assert_non_null(bad);
     /* The good file loads: "t" is a tensor bin. */
-    restart_saving();
+    th_saving_restart(&sv);
     ts_client_t *c = open_client();
     expect_tensor_bin(c);
     ts_client_free(c);
-    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
     /* An unknown bit. */
     memcpy(bad, good, len);
     ts__put_u32le(bad + ft, TSD_SNAP_BIN_TENSOR | 0x2u);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "bin 1: unknown flags 0x2");
+    th_saving_expect_refused(&sv, bad, len, "bin 1: unknown flags 0x2");
     /* The tensor flag on an int record. */
     memcpy(bad, good, len);
     ts__put_u32le(bad + fp, TSD_SNAP_BIN_TENSOR);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "bin 'p' is marked a tensor bin but its record is not one tensor");
+    th_saving_expect_refused(&sv, bad, len,
+                             "bin 'p' is marked a tensor bin but its record is not one tensor");
     /* The flags in a format 4 file: there they are a reserved field. */
     memcpy(bad, good, len);
     ts__put_u32le(bad + 8, 4);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "bin 1: a reserved field is not 0");
+    th_saving_expect_refused(&sv, bad, len, "bin 1: a reserved field is not 0");
     free(bad);
     free(good);
     /* The tensor flag on a map holding a tensor. */
-    write_file(copy, TSD_SNAP_FORMAT, TSD_SNAP_BIN_TENSOR, 1, 0);
-    good = read_file(copy, &len);
-    expect_refused(good, len, "bin 't' is marked a tensor bin but its record is not one tensor");
+    write_file(sv.copy, TSD_SNAP_FORMAT, TSD_SNAP_BIN_TENSOR, 1, 0);
+    good = th_read_file(sv.copy, &len);
+    th_saving_expect_refused(&sv, good, len,
+                             "bin 't' is marked a tensor bin but its record is not one tensor");
     free(good);
     /* The tensor flag on a bin of three items. */
-    restart_saving();
+    th_saving_restart(&sv);
     c = open_client();
     ts_value_t *one = ts_int_new(1);
     assert_int_equal(ts_append(c, "p", one, NULL), 0);
     assert_int_equal(ts_append(c, "p", one, NULL), 0);
     ts_value_free(one);
     ts_client_free(c);
-    assert_int_equal(tsh_server_stop(&s), 0);
-    good = read_file(snap, &len);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    good = th_read_file(sv.snap, &len);
     bad = malloc(len);
     assert_non_null(bad);
     memcpy(bad, good, len);
     ts__put_u32le(bad + fp, TSD_SNAP_BIN_TENSOR);
     snapfix_rehash(bad, len);
-    expect_refused(bad, len, "bin 'p' is marked a tensor bin but holds 3 items, not 1");
+    th_saving_expect_refused(&sv, bad, len,
+                             "bin 'p' is marked a tensor bin but holds 3 items, not 1");
     free(bad);
     free(good);
 }
