@@ -32,7 +32,6 @@ static char logfile[400];
 /* The snapshot directory d (inside the test's directory), for the tests that break it. */
 static char dsub[300], dgone[310];
 
-static uint8_t *read_file(const char *path, size_t *len);
 static void subdir_cleanup(void);
 
 static int kill_leftover(void **state)
@@ -356,10 +355,10 @@ static void test_tmp_symlink_not_followed(void **state)
     save(fd, 1);
     /* The link's target is untouched; the snapshot is a private regular file. */
     size_t n;
-    uint8_t *b = read_file(copy, &n);
+    uint8_t *b = th_read_file(copy, &n);
     assert_int_equal(n, 8);
     assert_memory_equal(b, "precious", 8);
-    ts__free(b);
+    free(b);
     struct stat st;
     assert_int_equal(stat(copy, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0644);
@@ -592,21 +591,6 @@ static void test_sigkill_under_load(void **state)
  * Damaged snapshots
  */
 
-static uint8_t *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = ts__malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
 /* tensord must refuse copy (exit 3, naming it and the problem) and leave it as it was. */
 static void expect_refused(const uint8_t *data, size_t len, const char *problem)
 {
@@ -618,10 +602,10 @@ static void expect_refused(const uint8_t *data, size_t len, const char *problem)
         fail();
     }
     size_t n;
-    uint8_t *after = read_file(copy, &n);
+    uint8_t *after = th_read_file(copy, &n);
     assert_int_equal(n, len);
     assert_memory_equal(after, data, len);
-    ts__free(after);
+    free(after);
 }
 
 static void test_damaged_snapshots_refused(void **state)
@@ -638,7 +622,7 @@ static void test_damaged_snapshots_refused(void **state)
     close(fd);
     assert_int_equal(tsh_server_stop(&s), 0);
     size_t len;
-    uint8_t *good = read_file(snap, &len);
+    uint8_t *good = th_read_file(snap, &len);
     uint8_t *bad = ts__malloc(len + 64);
     assert_non_null(bad);
     int tried = 0;
@@ -672,7 +656,7 @@ static void test_damaged_snapshots_refused(void **state)
     close(fd);
     assert_int_equal(tsh_server_stop(&s), 0);
     ts__free(bad);
-    ts__free(good);
+    free(good);
 }
 
 int main(void)
