@@ -1,0 +1,541 @@
+"""Attacks on a real tensord written from docs/SAFETY.md (and docs/PROTOCOL.md for the frames).
+
+Each test takes one promise of SAFETY.md (a limit, its default, what happens past it, what bad
+input gets) and checks it against a tensord started for the test with small limits, over raw
+sockets (the frame and record helpers come from test_wire_doc.py, itself written from
+docs/PROTOCOL.md alone). A promise the server breaks while the document is right is marked
+xfail(strict=True) with the reason.
+
+Every read has a deadline, every loop a bound; the daemons come from conftest.py (ephemeral
+127.0.0.1 ports, stopped by PID).
+"""
+import os
+import re
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+
+import test_wire_doc as W
+from conftest import tensord_path
+
+OP = W.OP
+Conn = W.Conn
+frame = W.frame
+name = W.name
+OK, BAD_REQUEST, BAD_RECORD, TOO_LARGE, TIMEOUT, INVALID = 0, 2, 4, 5, 12, 17
+OUT_OF_MEMORY, TOO_MANY_CLIENTS, SLOW_READER = 6, 10, 14
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAFETY_PATH = os.path.join(HERE, "..", "..", "docs", "SAFETY.md")
+
+# bytes; how much tensord's resident set may grow while it is attacked with lengths it must
+# refuse (or reserve in 64 KiB steps) before allocating: far below any of the declared sizes
+RSS_SLACK = 48 << 20
+# seconds; the longest a test waits for a state the server reaches asynchronously
+SETTLE_S = 5.0
+
+
+def safety_text():
+    with open(SAFETY_PATH, encoding="utf-8") as f:
+        return f.read()
+
+
+def rss(d):
+    with open("/proc/%d/status" % d.proc.pid) as f:
+        m = re.search(r"VmRSS:\s+(\d+) kB", f.read())
+    return int(m.group(1)) * 1024
+
+
+def stats(c):
+    return W.decode_record(c.ok(OP["STATS"]))
+
+
+def alive(d):
+    """The daemon runs and serves a fresh client a PUT and a PEEK."""
+    assert d.proc.poll() is None
+    with Conn(d.port) as c:
+        c.ok(OP["PUT"], name("alive") + W.int_record(7))
+        _, _, recs = W.items(c.ok(OP["PEEK"], name("alive") + struct.pack("<I", 0)))
+        assert recs == [W.int_record(7)]
+
+
+def message(f):
+    return f.body.decode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------------------------------------
+# The flags: defaults of the Flags table against --help, bad values, size suffixes
+
+
+def doc_flag_defaults():
+    out = {}
+    for m in re.finditer(r"^\| `(--[a-z-]+)[^`]*` \| ([^|]+) \|", safety_text(), re.M):
+        out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+SIZE = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def test_limit_defaults_in_help():
+    """Flags table and Limits table: each limit's default is what --help shows."""
+    doc = doc_flag_defaults()
+    help_text = subprocess.run([tensord_path(), "--help"], capture_output=True, text=True,
+                               timeout=10).stdout
+    for flag in ("--max-frame", "--max-clients", "--max-unauth-clients", "--body-timeout",
+                 "--max-output", "--output-soft", "--output-soft-seconds", "--notify-backlog",
+                 "--max-watch", "--hello-timeout"):
+        line = re.search(r"^\s+%s [^\n]*(\n\s{20,}[^\n-][^\n]*)*" % re.escape(flag), help_text,
+                         re.M)
+        assert line, flag
+        shown = re.findall(r"\[([^\]]+)\]", line.group(0))[-1]
+        value = doc[flag]
+        m = re.fullmatch(r"(\d+)([kmg])?", value)
+        assert m, (flag, value)
+        n = int(m.group(1)) * SIZE.get(m.group(2), 1)
+        assert shown.split(" = ")[0] == str(n), (flag, value, shown)
+    assert "3/4 of RAM" in doc["--max-memory"]
+
+
+@pytest.mark.parametrize("flags", [("--max-frame", "abc"), ("--max-clients", "x"),
+                                   ("--max-watch", "-1"), ("--no-such-flag",),
+                                   ("--body-timeout", "1.5s")])
+def test_bad_flag_values_exit_2(flags, tmp_path):
+    """Flags: a value a flag cannot take, or an unknown flag: exit status 2."""
+    p = subprocess.run([tensord_path(), "--port", "0", "--port-file", str(tmp_path / "p")] +
+                       list(flags), capture_output=True, timeout=10)
+    assert p.returncode == 2, (flags, p.stderr[-400:])
+
+
+# ---------------------------------------------------------------------------------------------
+# --max-frame and the fixed body limits
+
+
+def test_max_frame_at_and_past_the_limit(start_tensord):
+    """--max-frame 64k: announced as max_body 65536; a body of exactly 65536 is taken; 65537 is
+    TOO_LARGE on its header alone and the connection closes."""
+    d = start_tensord("--max-frame", "64k")
+    with Conn(d.port) as c:
+        assert struct.unpack_from("<Q", c.hello_body, 8)[0] == 65536
+        head = name("edge")
+        rec = W.encode_record(W.Blob(b""))
+        blob_len = 65536 - len(head) - len(rec)
+        rec = W.encode_record(W.Blob(bytes(blob_len)))
+        while len(head) + len(rec) > 65536:  # alignment padding: shrink until it fits
+            blob_len -= 1
+            rec = W.encode_record(W.Blob(bytes(blob_len)))
+        body = head + rec
+        assert len(body) <= 65536
+        c.ok(OP["PUT"], body)
+        # a body declared one byte over: only the header is sent
+        c.sock.sendall(frame(OP["PUT"], b"", rid=50, body_len=65537))
+        W.error_reply(c.read_frame(), TOO_LARGE, OP["PUT"], 50)
+        assert c.closed_by_server()
+    alive(d)
+
+
+def test_control_body_limit(tensord):
+    """(fixed) control bodies 4096 bytes: a GET declaring 4097 is TOO_LARGE, closed."""
+    with Conn(tensord.port) as c:
+        c.sock.sendall(frame(OP["GET"], b"", rid=5, body_len=4097))
+        W.error_reply(c.read_frame(), TOO_LARGE, OP["GET"], 5)
+        assert c.closed_by_server()
+
+
+def test_hello_of_4096_bytes_is_taken(tensord):
+    """Before HELLO 4096 bytes: a HELLO body of exactly 4096 (a 4092-byte token, the largest)
+    is read; a server without a token accepts any token."""
+    with Conn(tensord.port, hello=False) as c:
+        body = struct.pack("<BBH", 1, 0, 4092) + b"t" * 4092
+        assert len(body) == 4096
+        assert c.call(OP["HELLO"], body).status == OK
+        c.ok(OP["PING"])
+
+
+def test_huge_declared_lengths_allocate_nothing(start_tensord):
+    """Every limit is checked before the memory it protects is allocated: headers declaring
+    2^64-1, 2^63, max_frame+1 bytes, and uploads of 900 MiB (under --max-frame) whose bodies
+    never come, leave tensord's RSS small; an upload reserves 64 KiB when its header is in."""
+    d = start_tensord("--max-frame", "1g", "--body-timeout", "0")
+    before = rss(d)
+    for n in (2**64 - 1, 2**63, (1 << 30) + 1):
+        with Conn(d.port) as c:
+            c.sock.sendall(frame(OP["PUT"], b"", rid=3, body_len=n))
+            W.error_reply(c.read_frame(), TOO_LARGE, OP["PUT"], 3)
+            assert c.closed_by_server()
+    held = []
+    try:
+        for i in range(20):
+            c = Conn(d.port)
+            held.append(c)
+            c.sock.sendall(frame(OP["PUT"], name("h%d" % i) + b"TSR\x01", rid=3,
+                                 body_len=900 << 20))
+        with Conn(d.port) as c:
+            c.ok(OP["PING"])
+            reserved = stats(c)["bytes_reserved"]
+            assert reserved <= 20 * (64 << 10) + (1 << 20), reserved
+        assert rss(d) - before < RSS_SLACK, (before, rss(d))
+    finally:
+        for c in held:
+            c.close()
+    alive(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compressed bodies that lie about their raw length
+
+
+def lz4_conn(port):
+    c = Conn(port, hello_flags=0x01)
+    if c.hello_body[1] != 0x01:
+        c.close()
+        pytest.skip("this tensord was built without LZ4")
+    return c
+
+
+def test_lz4_raw_length_over_max_frame_refused_on_8_bytes(start_tensord):
+    """A compressed body's raw length is checked as soon as its first 8 bytes are in: over
+    --max-frame for an upload, TOO_LARGE and closed, before the rest of the body is sent."""
+    d = start_tensord("--max-frame", "1m")
+    before = rss(d)
+    with lz4_conn(d.port) as c:
+        c.sock.sendall(frame(OP["PUT"], struct.pack("<Q", (1 << 20) + 1), rid=4, flags=1,
+                             body_len=1000))
+        W.error_reply(c.read_frame(), TOO_LARGE, OP["PUT"], 4)
+        assert c.closed_by_server()
+    assert rss(d) - before < RSS_SLACK
+    alive(d)
+
+
+def test_lz4_raw_length_over_lz4_limit(start_tensord):
+    """Above 0x7E000000 (LZ4's own limit): TOO_LARGE, closed, even under --max-frame."""
+    d = start_tensord("--max-frame", "4g")
+    with lz4_conn(d.port) as c:
+        c.sock.sendall(frame(OP["PUT"], struct.pack("<Q", 0x7E000001), rid=4, flags=1,
+                             body_len=100))
+        W.error_reply(c.read_frame(), TOO_LARGE, OP["PUT"], 4)
+        assert c.closed_by_server()
+    with lz4_conn(d.port) as c:  # exactly LZ4's limit is not refused on its raw length
+        c.sock.sendall(frame(OP["PUT"], struct.pack("<Q", 0x7E000000), rid=4, flags=1,
+                             body_len=100))
+        assert c.nothing_arrives(0.3)
+    alive(d)
+
+
+def test_lz4_control_raw_length_over_4096(tensord):
+    """Any other request: a raw length above 4096 is TOO_LARGE, closed (a PING here)."""
+    with lz4_conn(tensord.port) as c:
+        c.sock.sendall(frame(OP["PING"], struct.pack("<Q", 4097) + b"\x00", rid=6, flags=1))
+        W.error_reply(c.read_frame(), TOO_LARGE, OP["PING"], 6)
+        assert c.closed_by_server()
+
+
+def test_lz4_bomb_counted_before_inflating(start_tensord):
+    """A compressed upload whose raw length (64 MiB, under --max-frame) passes --max-memory
+    (4m) is OUT_OF_MEMORY before it is inflated: nothing changes, the connection carries on."""
+    d = start_tensord("--max-memory", "4m")
+    before = rss(d)
+    with lz4_conn(d.port) as c:
+        c.ok(OP["PUT"], name("keep") + W.int_record(1))
+        body = struct.pack("<Q", 64 << 20) + W.lz4_literals(name("keep") + W.int_record(2))
+        rep = c.call(OP["PUT"], body, flags=1)
+        W.error_reply(rep, OUT_OF_MEMORY, OP["PUT"])
+        c.ok(OP["PING"])
+        _, _, recs = W.items(c.ok(OP["PEEK"], name("keep") + struct.pack("<I", 0)))
+        assert recs == [W.int_record(1)]
+    assert rss(d) - before < RSS_SLACK
+
+
+def test_lz4_raw_length_smaller_than_the_block(tensord):
+    """Bad LZ4 data: a block that decodes to more than its announced raw length: BAD_REQUEST,
+    closed, nothing stored."""
+    with lz4_conn(tensord.port) as c:
+        raw = name("liar") + W.int_record(3)
+        c.sock.sendall(frame(OP["PUT"], struct.pack("<Q", len(raw) - 8) + W.lz4_literals(raw),
+                             rid=8, flags=1))
+        W.error_reply(c.read_frame(), BAD_REQUEST, OP["PUT"], 8)
+        assert c.closed_by_server()
+    with Conn(tensord.port) as c:
+        W.error_reply(c.call(OP["PEEK"], name("liar") + struct.pack("<I", 0)), 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Records nested past the depth limit
+
+
+def nested(levels):
+    v = 1
+    for _ in range(levels - 1):
+        v = [v]
+    return v
+
+
+def deep_chain(levels):
+    """A record of `levels` nested one-item lists around an int, encoded without recursion."""
+    meta = struct.pack("<BI", 2, 1) * (levels - 1) + struct.pack("<Bq", 4, 1)
+    pad = W.align64(16 + len(meta)) - 16 - len(meta)
+    return struct.pack("<4sIQ", b"TSR\x01", len(meta), 0) + meta + bytes(pad)
+
+
+def test_nesting_depth(tensord):
+    """PROTOCOL.md 10.6 (SAFETY.md Bad input: a record that fails validation): 32 levels are
+    taken; 33 (and a deep hand-made chain of 10000) are BAD_RECORD, closed, bin not created."""
+    with Conn(tensord.port) as c:
+        c.ok(OP["PUT"], name("d32") + W.encode_record(nested(32)))
+        assert deep_chain(32) == W.encode_record(nested(32))
+    for what, rec in (("33", W.encode_record(nested(33))),
+                      ("10000", deep_chain(10000))):
+        with Conn(tensord.port) as c:
+            c.sock.sendall(frame(OP["PUT"], name("deep") + rec, rid=9))
+            W.error_reply(c.read_frame(), BAD_RECORD, OP["PUT"], 9)
+            assert c.closed_by_server(), what
+    with Conn(tensord.port) as c:
+        W.error_reply(c.call(OP["PEEK"], name("deep") + struct.pack("<I", 0)), 1)
+    alive(tensord)
+
+
+# ---------------------------------------------------------------------------------------------
+# Connection limits and deadlines
+
+
+def test_max_clients_message_and_place_freed(start_tensord):
+    """--max-clients 2: the next connection gets TOO_MANY_CLIENTS (opcode 0, request id 0,
+    "too many clients (limit 2)") at once and is closed; it never counts; a freed place is
+    taken again."""
+    d = start_tensord("--max-clients", "2")
+    a, b = Conn(d.port), Conn(d.port)
+    try:
+        with Conn(d.port, hello=False) as x:
+            f = x.read_frame()
+            assert (f.opcode, f.rid, f.status) == (0, 0, TOO_MANY_CLIENTS), f
+            assert "too many clients (limit 2)" in message(f), f
+            assert x.closed_by_server()
+        a.ok(OP["PING"])
+        b.close()
+        deadline = time.monotonic() + SETTLE_S
+        while True:  # the freed place: the server sees b's close asynchronously
+            c = Conn(d.port, hello=False)
+            c.sock.sendall(frame(OP["HELLO"], struct.pack("<BBH", 1, 0, 0), rid=1))
+            f = c.read_frame()
+            c.close()
+            if f.status == OK or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert f.status == OK, f
+    finally:
+        a.close()
+        b.close()
+
+
+def test_max_unauth_clients_evicts_the_oldest(start_tensord):
+    """--max-unauth-clients 2: a third connection before HELLO evicts the oldest with
+    TOO_MANY_CLIENTS "too many clients before HELLO (limit 2): the oldest is closed"; the
+    others stay and may say HELLO; authenticated clients are not touched."""
+    d = start_tensord("--max-unauth-clients", "2")
+    with Conn(d.port) as authed:
+        conns = []
+        try:
+            for _ in range(3):
+                conns.append(Conn(d.port, hello=False))
+                time.sleep(0.05)
+            f = conns[0].read_frame()
+            assert (f.opcode, f.rid, f.status) == (0, 0, TOO_MANY_CLIENTS), f
+            assert "too many clients before HELLO (limit 2): the oldest is closed" in message(f)
+            assert conns[0].closed_by_server()
+            for c in conns[1:]:
+                assert c.call(OP["HELLO"], struct.pack("<BBH", 1, 0, 0)).status == OK
+                c.ok(OP["PING"])
+            authed.ok(OP["PING"])
+        finally:
+            for c in conns:
+                c.close()
+
+
+def test_hello_timeout_counts_and_zero_means_none(start_tensord):
+    """--hello-timeout: TIMEOUT (opcode 0, request id 0), closed, STATS hello_timeouts counts
+    it; --hello-timeout 0: a silent connection stays open."""
+    d = start_tensord("--hello-timeout", "300")
+    with Conn(d.port, hello=False) as c:
+        f = c.read_frame(SETTLE_S)
+        assert (f.opcode, f.rid, f.status) == (0, 0, TIMEOUT), f
+        assert c.closed_by_server()
+    with Conn(d.port) as c:
+        assert stats(c)["hello_timeouts"] >= 1
+    d0 = start_tensord("--hello-timeout", "0")
+    with Conn(d0.port, hello=False) as c:
+        assert c.nothing_arrives(1.0)
+        assert c.call(OP["HELLO"], struct.pack("<BBH", 1, 0, 0)).status == OK
+
+
+def test_body_timeout_mid_body(start_tensord):
+    """--body-timeout 1: an upload whose body stops arriving gets TIMEOUT with the documented
+    message and is closed, its reservation returned, STATS body_timeouts counts it; a connection
+    idle between frames is not cut."""
+    d = start_tensord("--body-timeout", "1")
+    idle = Conn(d.port)
+    try:
+        with Conn(d.port) as c:
+            c.sock.sendall(frame(OP["PUT"], name("slow") + b"TSR\x01", rid=2, body_len=1 << 20))
+            f = c.read_frame(SETTLE_S)
+            assert (f.opcode, f.rid, f.status) == (0, 0, TIMEOUT), f
+            assert ("no bytes of the frame being received for 1 s (--body-timeout)"
+                    in message(f)), f
+            assert c.closed_by_server()
+        time.sleep(0.6)  # idle ran past 1 s in all
+        idle.ok(OP["PING"])
+        s = stats(idle)
+        assert s["body_timeouts"] >= 1
+        assert s["bytes_reserved"] < 64 << 10, s["bytes_reserved"]
+    finally:
+        idle.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Slow readers
+
+
+def test_slow_reader_cut_others_served(start_tensord):
+    """--max-output 1m: a client that never reads is cut off with SLOW_READER ("output limit of
+    1048576 bytes exceeded: reading too slowly"), while another client is served throughout."""
+    d = start_tensord("--max-output", "1m")
+    with Conn(d.port) as c, Conn(d.port) as other:
+        c.ok(OP["PUT"], name("big") + W.encode_record(W.Blob(bytes(256 << 10))))
+        c.sock.sendall(b"".join(frame(OP["PEEK"], name("big") + struct.pack("<I", 0), rid=10 + i)
+                                for i in range(64)))
+        for _ in range(5):
+            other.ok(OP["PING"])
+            time.sleep(0.05)
+        last = None
+        for _ in range(100):
+            try:
+                last = c.read_frame()
+            except W.Closed:
+                break
+        assert last is not None and (last.opcode, last.rid, last.status) == (0, 0, SLOW_READER)
+        assert "output limit of 1048576 bytes exceeded: reading too slowly" in message(last)
+        other.ok(OP["PING"])
+    alive(d)
+
+
+def test_output_soft_limit(start_tensord):
+    """--output-soft 1m --output-soft-seconds 1: output that stays above 1 MiB for a second is
+    cut off ("output over the soft limit ..."), well under --max-output."""
+    d = start_tensord("--output-soft", "1m", "--output-soft-seconds", "1",
+                      "--max-output", "256m")
+    with Conn(d.port) as c:
+        c.ok(OP["PUT"], name("big") + W.encode_record(W.Blob(bytes(1 << 20))))
+        c.sock.sendall(b"".join(frame(OP["PEEK"], name("big") + struct.pack("<I", 0), rid=10 + i)
+                                for i in range(24)))
+        time.sleep(2.5)
+        last = None
+        for _ in range(40):
+            try:
+                last = c.read_frame()
+            except W.Closed:
+                break
+        assert last is not None and (last.opcode, last.rid, last.status) == (0, 0, SLOW_READER)
+        assert "output over the soft limit" in message(last), last
+
+
+# ---------------------------------------------------------------------------------------------
+# --max-memory and --max-watch
+
+
+def test_memory_refusal_changes_nothing(start_tensord):
+    """--max-memory 2m: a PUT replacing a bin with more than the limit is OUT_OF_MEMORY with
+    "memory limit reached: U of L bytes used (items ...", the old item stays, its version does
+    not move, the connection carries on; reads and deletes keep working."""
+    d = start_tensord("--max-memory", "2m")
+    with Conn(d.port) as c:
+        c.ok(OP["PUT"], name("m") + W.int_record(1))
+        rep = c.call(OP["PUT"], name("m") + W.encode_record(W.Blob(bytes(3 << 20))))
+        W.error_reply(rep, OUT_OF_MEMORY, OP["PUT"])
+        assert re.search(r"memory limit reached: \d+ of 2097152 bytes used \(items", message(rep)), \
+            message(rep)
+        _, _, recs = W.items(c.ok(OP["PEEK"], name("m") + struct.pack("<I", 0)))
+        assert recs == [W.int_record(1)]
+        assert W.bin_state(c.ok(OP["PUT"], name("m2") + W.int_record(2)))[1] == 1
+        assert W.bin_state(c.ok(OP["DELETE"], name("m")))[1] == 1  # the items deleted
+        assert stats(c)["bytes_reserved"] < 64 << 10
+
+
+def test_max_watch_rules(start_tensord):
+    """--max-watch 2: a repeated LISTEN at the cap is OK; a WAIT with timeout 0 is answered at
+    once and never refused; past the cap LISTEN is INVALID with the documented message and the
+    connection carries on; an UNLISTEN frees a place."""
+    d = start_tensord("--max-watch", "2")
+    with Conn(d.port) as c:
+        c.ok(OP["LISTEN"], name("a"))
+        c.ok(OP["LISTEN"], name("b"))
+        c.ok(OP["LISTEN"], name("a"))  # already listened: adds nothing
+        rep = c.call(OP["WAIT"], name("z") + struct.pack("<QI", 0, 0))
+        assert rep.status != INVALID, rep
+        rep = c.call(OP["LISTEN"], name("c"))
+        W.error_reply(rep, INVALID, OP["LISTEN"])
+        assert "too many subscriptions and pending waits on this connection" in message(rep)
+        c.ok(OP["PING"])
+        c.ok(OP["UNLISTEN"], name("b"))
+        c.ok(OP["LISTEN"], name("c"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Garbage, half frames, connection churn
+
+
+def test_garbage_and_half_frames_then_disconnect(start_tensord):
+    """Bad input: random bytes, an HTTP request, a reply's magic get BAD_REQUEST "bad magic";
+    frames cut short then closed leave nothing behind; the server survives and another client
+    is served throughout."""
+    d = start_tensord()
+    rnd = __import__("random").Random(7)
+    before = rss(d)
+    with Conn(d.port) as keeper:
+        for data in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+                     frame(OP["PING"], magic=W.MAGIC_REP, rid=1)):
+            with Conn(d.port, hello=False) as c:
+                c.sock.sendall(data)
+                f = c.read_frame()
+                assert f.status == BAD_REQUEST and "bad magic" in message(f), f
+                assert c.closed_by_server()
+        for i in range(40):
+            s = socket.create_connection(("127.0.0.1", d.port), timeout=W.IO_TIMEOUT_S)
+            if i % 3 == 0:
+                s.sendall(bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 200))))
+            elif i % 3 == 1:
+                s.sendall(frame(OP["HELLO"], struct.pack("<BBH", 1, 0, 0))[:rnd.randrange(1, 24)])
+            else:
+                s.sendall(frame(OP["HELLO"], struct.pack("<BBH", 1, 0, 0)) +
+                          frame(OP["PUT"], name("half") + W.int_record(1))[:40])
+            s.close()
+            if i % 10 == 0:
+                keeper.ok(OP["PING"])
+        keeper.ok(OP["PING"])
+        W.error_reply(keeper.call(OP["PEEK"], name("half") + struct.pack("<I", 0)), 1)
+        deadline = time.monotonic() + SETTLE_S
+        while stats(keeper)["bytes_reserved"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stats(keeper)["bytes_reserved"] == 0
+    assert rss(d) - before < RSS_SLACK
+    alive(d)
+
+
+def test_many_connections_opened_and_dropped(start_tensord):
+    """300 connections opened and dropped (a third before HELLO, a third after, a third with a
+    request in flight): the server survives, STATS connections_unauth comes back to 0."""
+    d = start_tensord()
+    for i in range(300):
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=W.IO_TIMEOUT_S)
+        if i % 3:
+            s.sendall(frame(OP["HELLO"], struct.pack("<BBH", 1, 0, 0)))
+        if i % 3 == 2:
+            s.sendall(frame(OP["STATS"], rid=2))
+        s.close()
+    with Conn(d.port) as c:
+        deadline = time.monotonic() + SETTLE_S
+        while stats(c)["connections_unauth"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stats(c)["connections_unauth"] == 0
+    alive(d)
