@@ -716,3 +716,68 @@ def test_http_head_limit(start_tensord, tmp_path):
         s.close()
         assert got.split(b" ")[1] == code, got[:200]
     alive(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Boundaries of the fixed limits, orphaned items, the close grace
+
+
+def test_control_body_of_exactly_4096_is_read(tensord):
+    """Control bodies 4096 bytes: a DELETE of exactly 4096 bytes is not TOO_LARGE (it is read
+    and found malformed: trailing bytes); an LZ4 control body whose compressed length is over
+    4096 is TOO_LARGE."""
+    with Conn(tensord.port) as c:
+        c.sock.sendall(frame(OP["DELETE"], name("x") + bytes(4096 - 2), rid=7))
+        W.error_reply(c.read_frame(), BAD_REQUEST, OP["DELETE"], 7)
+        assert c.closed_by_server()
+    with lz4_conn(tensord.port) as c:
+        c.sock.sendall(frame(OP["DELETE"], struct.pack("<Q", 2) + bytes(4100), rid=7, flags=1))
+        W.error_reply(c.read_frame(), TOO_LARGE, OP["DELETE"], 7)
+        assert c.closed_by_server()
+
+
+def test_unknown_opcode_body_never_buffered(start_tensord):
+    """Unknown opcode: UNKNOWN_OPCODE, the body is never buffered (512 MiB declared, RSS stays
+    small), closed."""
+    d = start_tensord()
+    before = rss(d)
+    with Conn(d.port) as c:
+        c.sock.sendall(frame(0x7E, b"", rid=8, body_len=512 << 20) + bytes(1 << 20))
+        W.error_reply(c.read_frame(), 3, 0x7E, 8)
+        assert c.closed_by_server()
+    assert rss(d) - before < RSS_SLACK
+    alive(d)
+
+
+def test_orphaned_items_stay_counted(start_tensord):
+    """An item deleted while a queued PEEK reply of a reader that does not read still holds it
+    stays counted (orphaned_bytes, part of used_memory) until the reply is written."""
+    d = start_tensord("--max-output", "256m")
+    with Conn(d.port) as reader, Conn(d.port) as other:
+        rec = W.encode_record(W.Blob(bytes(8 << 20)))
+        other.ok(OP["PUT"], name("o") + rec)
+        rids = [reader.send(OP["PEEK"], name("o") + struct.pack("<I", 0)) for _ in range(4)]
+        time.sleep(0.3)
+        other.ok(OP["DELETE"], name("o"))
+        s = stats(other)
+        assert s["orphaned_bytes"] >= len(rec), s["orphaned_bytes"]
+        for rid in rids:
+            assert W.items(reader.reply(rid).body)[2] == [rec]
+        deadline = time.monotonic() + SETTLE_S
+        while stats(other)["orphaned_bytes"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stats(other)["orphaned_bytes"] == 0
+
+
+def test_close_grace_when_the_client_stays(tensord):
+    """Closing waits for the reply to be written and the client's close, at most 5 s: a client
+    that gets TOO_LARGE and neither reads further nor closes sees the connection end within
+    about 5 s."""
+    with Conn(tensord.port) as c:
+        c.sock.sendall(frame(OP["PUT"], b"", rid=3, body_len=2**64 - 1))
+        W.error_reply(c.read_frame(), TOO_LARGE, OP["PUT"], 3)
+        c.sock.settimeout(8.0)
+        try:
+            assert c.sock.recv(100) == b""
+        except ConnectionResetError:
+            pass
