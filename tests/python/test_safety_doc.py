@@ -10,6 +10,7 @@ Every read has a deadline, every loop a bound; the daemons come from conftest.py
 127.0.0.1 ports, stopped by PID).
 """
 import os
+import platform
 import re
 import socket
 import struct
@@ -781,3 +782,51 @@ def test_close_grace_when_the_client_stays(tensord):
             assert c.sock.recv(100) == b""
         except ConnectionResetError:
             pass
+
+
+# ---------------------------------------------------------------------------------------------
+# What --max-memory counts: watches and connections
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the sizes are given for x86-64")
+def test_watch_bytes_as_documented(tensord):
+    """--max-watch: a subscription 96 bytes, a pending WAIT 96 bytes, per watched bin name 105
+    bytes plus the name (x86-64), in STATS watch_bytes and bytes_reserved."""
+    with Conn(tensord.port) as c, Conn(tensord.port) as c2:
+        w0 = stats(c)["watch_bytes"]
+        c.ok(OP["LISTEN"], name("abc"))
+        w1 = stats(c)["watch_bytes"]
+        assert w1 - w0 == 96 + 105 + 3
+        c2.ok(OP["LISTEN"], name("abc"))  # the name is watched already
+        w2 = stats(c)["watch_bytes"]
+        assert w2 - w1 == 96
+        rid = c2.send(OP["WAIT"], name("wxyz") + struct.pack("<QI", 0, 5000))
+        assert c2.waiting(rid)
+        s = stats(c)
+        assert s["watch_bytes"] - w2 == 96 + 105 + 4
+        assert s["bytes_reserved"] >= s["watch_bytes"]
+
+
+def test_connections_counted_not_refused(start_tensord):
+    """--max-memory 512k: each connection counts (its object and 16 KiB input buffer,
+    connection_bytes) but is never refused for the limit; past it uploads are OUT_OF_MEMORY,
+    a PING still works, and once the connections close the upload works."""
+    d = start_tensord("--max-memory", "512k")
+    conns = []
+    try:
+        for _ in range(40):
+            conns.append(Conn(d.port))
+        s = stats(conns[0])
+        assert s["connection_bytes"] >= 40 * (16 << 10)
+        assert s["used_memory"] > 512 << 10
+        W.error_reply(conns[0].call(OP["PUT"], name("x") + W.int_record(1)), OUT_OF_MEMORY)
+        conns[0].ok(OP["PING"])
+    finally:
+        for c in conns[1:]:
+            c.close()
+    c = conns[0]
+    deadline = time.monotonic() + SETTLE_S
+    while stats(c)["used_memory"] > 256 << 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.ok(OP["PUT"], name("x") + W.int_record(1))
+    c.close()
