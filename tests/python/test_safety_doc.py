@@ -830,3 +830,61 @@ def test_connections_counted_not_refused(start_tensord):
         time.sleep(0.05)
     c.ok(OP["PUT"], name("x") + W.int_record(1))
     c.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Trickles and partial frames
+
+
+def test_trickles(start_tensord):
+    """An upload whose body trickles holds 64 KiB; a body that keeps arriving, a byte each half
+    second, is not cut by --body-timeout 1; a half HELLO header, or an AUTH_CHALLENGE and no
+    HELLO, is cut by --hello-timeout with TIMEOUT (opcode 0, request id 0)."""
+    d = start_tensord("--hello-timeout", "400", "--body-timeout", "1")
+    with Conn(d.port) as c, Conn(d.port) as t:
+        t.sock.sendall(frame(OP["PUT"], name("t") + b"TSR\x01", rid=5, body_len=1 << 20))
+        deadline = time.monotonic() + SETTLE_S
+        while stats(c)["bytes_reserved"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert stats(c)["bytes_reserved"] == 64 << 10
+        body = name("tr") + W.int_record(5)
+        c.sock.sendall(frame(OP["PUT"], body[:-6], rid=9, body_len=len(body)))
+        for i in range(6):
+            time.sleep(0.5)
+            c.sock.sendall(body[len(body) - 6 + i:len(body) - 5 + i])
+        assert c.reply(9).status == OK
+    with Conn(d.port, hello=False) as h:
+        h.sock.sendall(frame(OP["HELLO"], struct.pack("<BBH", 1, 0, 0))[:12])
+        f = h.read_frame(SETTLE_S)
+        assert (f.opcode, f.rid, f.status) == (0, 0, TIMEOUT), f
+        assert h.closed_by_server()
+    with Conn(d.port, hello=False) as a:
+        assert a.call(OP["AUTH_CHALLENGE"], bytes(32)).status == OK
+        f = a.read_frame(SETTLE_S)
+        assert (f.opcode, f.rid, f.status) == (0, 0, TIMEOUT), f
+        assert a.closed_by_server()
+
+
+def test_slow_reader_of_small_replies(start_tensord):
+    """--max-output 64k: a client that pipelines PINGs and never reads their replies is cut off
+    with SLOW_READER too (bounded: at most 200 sends of 96 KiB, each with a deadline); another
+    client is served meanwhile."""
+    d = start_tensord("--max-output", "64k")
+    with Conn(d.port) as c, Conn(d.port) as other:
+        pings = b"".join(frame(OP["PING"], rid=10 + i) for i in range(4096))
+        c.sock.settimeout(0.5)
+        try:
+            for _ in range(200):
+                c.sock.sendall(pings)
+        except OSError:
+            pass  # the server stopped reading or closed
+        other.ok(OP["PING"])
+        assert stats(other)["output_bytes"] < 1 << 20
+        last = None
+        for _ in range(1 << 20):
+            try:
+                last = c.read_frame(SETTLE_S)
+            except W.Closed:
+                break
+        assert last is not None and (last.opcode, last.rid, last.status) == (0, 0, SLOW_READER)
+    alive(d)
