@@ -103,12 +103,24 @@ def test_limit_defaults_in_help():
 
 @pytest.mark.parametrize("flags", [("--max-frame", "abc"), ("--max-clients", "x"),
                                    ("--max-watch", "-1"), ("--no-such-flag",),
-                                   ("--body-timeout", "1.5s")])
+                                   ("--body-timeout", "1.5s"), ("--max-frame", "0"),
+                                   ("--max-clients", "0"), ("--max-unauth-clients", "0"),
+                                   ("--max-watch", "0"), ("--body-timeout", "86401"),
+                                   ("--max-frame", "1.5m"), ("--max-frame", "64kb")])
 def test_bad_flag_values_exit_2(flags, tmp_path):
     """Flags: a value a flag cannot take, or an unknown flag: exit status 2."""
     p = subprocess.run([tensord_path(), "--port", "0", "--port-file", str(tmp_path / "p")] +
                        list(flags), capture_output=True, timeout=10)
     assert p.returncode == 2, (flags, p.stderr[-400:])
+
+
+@pytest.mark.parametrize("value,n", [("64K", 65536), ("2M", 2 << 20), ("3g", 3 << 30),
+                                     ("4096", 4096)])
+def test_size_suffixes(start_tensord, value, n):
+    """Sizes take k, m, g or K, M, G (powers of 1024): HELLO announces --max-frame in bytes."""
+    d = start_tensord("--max-frame", value, "--max-clients", "1k", "--body-timeout", "86400")
+    with Conn(d.port) as c:
+        assert struct.unpack_from("<Q", c.hello_body, 8)[0] == n
 
 
 # ---------------------------------------------------------------------------------------------
