@@ -900,3 +900,51 @@ def test_slow_reader_of_small_replies(start_tensord):
                 break
         assert last is not None and (last.opcode, last.rid, last.status) == (0, 0, SLOW_READER)
     alive(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshots (Persistence, Exit status) and the unauthenticated flood
+
+
+def test_snapshot_refusals(start_tensord, tmp_path):
+    """--save: a damaged file is exit status 3 and left as it was; a missing directory, a
+    PATH.lock that is a symbolic link, or a PATH another tensord holds: exit status 2; SAVE
+    without --save is INVALID; with it, SAVE writes the file."""
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"TSNAPxx" + bytes(100))
+    p = run_tensord(["--save", str(junk)])
+    assert p.returncode == 3, p.stderr[-300:]
+    assert junk.read_bytes() == b"TSNAPxx" + bytes(100)
+    assert run_tensord(["--save", str(tmp_path / "no" / "snap")]).returncode == 2
+    os.symlink(str(tmp_path / "elsewhere"), str(tmp_path / "linked.lock"))
+    assert run_tensord(["--save", str(tmp_path / "linked")]).returncode == 2
+    assert not os.path.exists(str(tmp_path / "elsewhere"))
+    with Conn(start_tensord().port) as c:
+        W.error_reply(c.call(OP["SAVE"]), INVALID, OP["SAVE"])
+    snap = str(tmp_path / "snap")
+    d = start_tensord("--save", snap, "--save-interval", "0")
+    p = run_tensord(["--save", snap])
+    assert p.returncode == 2 and b"in use" in p.stderr, p.stderr[-300:]
+    with Conn(d.port) as c:
+        c.ok(OP["PUT"], name("s") + W.int_record(1))
+        c.ok(OP["SAVE"])
+    assert os.path.getsize(snap) > 0
+
+
+def test_unauth_flood_does_not_keep_clients_out(start_tensord):
+    """--max-unauth-clients 5: 50 connections that never say HELLO do not keep out a client
+    that connects and says HELLO promptly, nor an authenticated one."""
+    d = start_tensord("--max-unauth-clients", "5")
+    flood = []
+    try:
+        with Conn(d.port) as before:
+            for _ in range(50):
+                flood.append(socket.create_connection(("127.0.0.1", d.port),
+                                                      timeout=W.IO_TIMEOUT_S))
+            with Conn(d.port) as c:
+                c.ok(OP["PING"])
+            before.ok(OP["PING"])
+            assert stats(before)["connections_unauth"] <= 5
+    finally:
+        for s in flood:
+            s.close()
