@@ -948,3 +948,16 @@ def test_unauth_flood_does_not_keep_clients_out(start_tensord):
     finally:
         for s in flood:
             s.close()
+
+
+def test_service_calls_count_against_max_watch(start_tensord):
+    """services: a call waiting for a server counts against its caller's --max-watch as a
+    pending WAIT; past it TOO_MANY_CLIENTS and the connection stays open."""
+    d = start_tensord("--max-watch", "1")
+    with Conn(d.port) as caller:
+        body = W.int_record(1)
+        rid = caller.send(OP["SVC_CALL"], name("s") + struct.pack("<II", 5000, 1) + body)
+        assert caller.waiting(rid)
+        rep = caller.call(OP["SVC_CALL"], name("s") + struct.pack("<II", 5000, 1) + body)
+        W.error_reply(rep, TOO_MANY_CLIENTS, OP["SVC_CALL"])
+        caller.ok(OP["PING"])
