@@ -961,3 +961,24 @@ def test_service_calls_count_against_max_watch(start_tensord):
         rep = caller.call(OP["SVC_CALL"], name("s") + struct.pack("<II", 5000, 1) + body)
         W.error_reply(rep, TOO_MANY_CLIENTS, OP["SVC_CALL"])
         caller.ok(OP["PING"])
+
+
+def tensor_bin(n, dtype, dims, reserved=0):
+    return name(n) + struct.pack("<BBH", dtype, len(dims), reserved) + b"".join(
+        struct.pack("<Q", x) for x in dims)
+
+
+def test_tensor_bin_sizes_refused_before_allocation(start_tensord):
+    """tensor bins: a size that overflows 64 bits or a dim above 2^63-1 is INVALID; a record
+    over --max-memory (4m) is OUT_OF_MEMORY, nothing made; 0 or 9 dimensions INVALID; all with
+    the connection open and tensord's RSS small."""
+    d = start_tensord("--max-memory", "4m")
+    before = rss(d)
+    with Conn(d.port) as c:
+        for dims, status in (((1 << 62, 8), INVALID), ((1 << 63,), INVALID),
+                             ((1 << 40, 1 << 20), OUT_OF_MEMORY), ((1024, 1024), OUT_OF_MEMORY),
+                             ((), INVALID), ((1,) * 9, INVALID)):
+            W.error_reply(c.call(OP.get("TENSOR_BIN", 0x12), tensor_bin("tb", 9, dims)), status)
+            W.error_reply(c.call(OP["PEEK"], name("tb") + struct.pack("<I", 0)), 1)
+        assert W.bin_state(c.ok(0x12, tensor_bin("tb", 9, (16, 4))))[1] == 1
+    assert rss(d) - before < RSS_SLACK
