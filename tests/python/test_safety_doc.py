@@ -982,3 +982,31 @@ def test_tensor_bin_sizes_refused_before_allocation(start_tensord):
             W.error_reply(c.call(OP["PEEK"], name("tb") + struct.pack("<I", 0)), 1)
         assert W.bin_state(c.ok(0x12, tensor_bin("tb", 9, (16, 4))))[1] == 1
     assert rss(d) - before < RSS_SLACK
+
+
+def test_http_connection_limit(start_tensord, tmp_path):
+    """HTTP connections 64 (fixed): a 65th is accepted and closed at once; the binary
+    protocol's connections are counted apart and not affected; a freed place serves again."""
+    d = start_tensord("--http-port", "0", "--http-port-file", str(tmp_path / "hp"))
+    hp = int((tmp_path / "hp").read_text().strip())
+    held = []
+    try:
+        for _ in range(64):
+            held.append(socket.create_connection(("127.0.0.1", hp), timeout=W.IO_TIMEOUT_S))
+        time.sleep(0.2)
+        extra = socket.create_connection(("127.0.0.1", hp), timeout=W.IO_TIMEOUT_S)
+        try:
+            assert extra.recv(100) == b""
+        except ConnectionResetError:
+            pass
+        extra.close()
+        alive(d)
+        held.pop().close()
+        time.sleep(0.2)
+        s = socket.create_connection(("127.0.0.1", hp), timeout=W.IO_TIMEOUT_S)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.1 200")
+        s.close()
+    finally:
+        for s in held:
+            s.close()
