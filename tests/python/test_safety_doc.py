@@ -1010,3 +1010,20 @@ def test_http_connection_limit(start_tensord, tmp_path):
     finally:
         for s in held:
             s.close()
+
+
+def test_refused_uploads_keep_the_stream_in_step(start_tensord):
+    """When a reservation would pass --max-memory the rest of the body is read and dropped: a
+    PING pipelined behind a refused 6 MiB PUT (plain, then LZ4 announcing 64 MiB) is answered
+    in order, and the store is unchanged."""
+    d = start_tensord("--max-memory", "4m")
+    with lz4_conn(d.port) as c:
+        big = name("p") + W.encode_record(W.Blob(bytes(6 << 20)))
+        bomb = struct.pack("<Q", 64 << 20) + W.lz4_literals(name("p") + W.int_record(2))
+        c.sock.sendall(frame(OP["PUT"], big, rid=20) + frame(OP["PING"], rid=21) +
+                       frame(OP["PUT"], bomb, rid=22, flags=1) + frame(OP["PING"], rid=23))
+        got = [c.read_frame() for _ in range(4)]
+        assert [(f.rid, f.status) for f in got] == [(20, OUT_OF_MEMORY), (21, OK),
+                                                    (22, OUT_OF_MEMORY), (23, OK)], got
+        W.error_reply(c.call(OP["PEEK"], name("p") + struct.pack("<I", 0)), 1)
+        assert stats(c)["bytes_reserved"] == 0
