@@ -1027,3 +1027,19 @@ def test_refused_uploads_keep_the_stream_in_step(start_tensord):
                                                     (22, OUT_OF_MEMORY), (23, OK)], got
         W.error_reply(c.call(OP["PEEK"], name("p") + struct.pack("<I", 0)), 1)
         assert stats(c)["bytes_reserved"] == 0
+
+
+def test_output_soft_limit_forgives_a_reader_that_catches_up(start_tensord):
+    """--output-soft 1m --output-soft-seconds 2: output above 1 MiB for less than 2 s, read in
+    time, is not cut off, and a second burst later starts a new period."""
+    d = start_tensord("--output-soft", "1m", "--output-soft-seconds", "2", "--max-output", "256m")
+    with Conn(d.port) as c:
+        rec = W.encode_record(W.Blob(bytes(1 << 20)))
+        c.ok(OP["PUT"], name("big") + rec)
+        for _ in range(2):
+            rids = [c.send(OP["PEEK"], name("big") + struct.pack("<I", 0)) for _ in range(12)]
+            time.sleep(0.5)
+            for rid in rids:
+                assert c.reply(rid).status == OK
+            time.sleep(1.0)
+        c.ok(OP["PING"])
