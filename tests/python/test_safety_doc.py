@@ -1043,3 +1043,42 @@ def test_output_soft_limit_forgives_a_reader_that_catches_up(start_tensord):
                 assert c.reply(rid).status == OK
             time.sleep(1.0)
         c.ok(OP["PING"])
+
+
+def test_eviction_mid_frame_and_on_the_unix_socket(start_tensord):
+    """--max-unauth-clients 2 --hello-timeout 500, on the unix socket as on TCP: the oldest
+    connection before HELLO is evicted even halfway through its HELLO body or after its
+    AUTH_CHALLENGE; a silent unix connection gets the HELLO deadline; the daemon serves on."""
+    d = start_tensord("--max-unauth-clients", "2", "--hello-timeout", "500")
+    socks = []
+    try:
+        half = socket.create_connection(("127.0.0.1", d.port), timeout=W.IO_TIMEOUT_S)
+        half.sendall(frame(OP["HELLO"], struct.pack("<BBH", 1, 0, 4) + b"to", rid=1,
+                           body_len=8))
+        socks.append(half)
+        time.sleep(0.05)
+        chal = Conn(d.port, hello=False)
+        socks.append(chal.sock)
+        assert chal.call(OP["AUTH_CHALLENGE"], bytes(32)).status == OK
+        time.sleep(0.05)
+        for _ in range(2):
+            u = socket.socket(socket.AF_UNIX)
+            u.settimeout(W.IO_TIMEOUT_S)
+            u.connect(d.unix_path)
+            socks.append(u)
+            time.sleep(0.05)
+        for s in socks[:2]:  # both TCP ones evicted, oldest first
+            head = s.recv(24)
+            assert len(head) == 24 and head[4] == TOO_MANY_CLIENTS, head
+        u = socks[-1]
+        data = b""
+        for _ in range(10):
+            chunk = u.recv(1024)
+            if not chunk:
+                break
+            data += chunk
+        assert len(data) >= 24 and W.HEADER.unpack_from(data)[4] == TIMEOUT, data
+    finally:
+        for s in socks:
+            s.close()
+    alive(d)
