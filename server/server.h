@@ -10,6 +10,7 @@
  *   rows.c    tensor bins and row access (TENSOR_BIN, READ_ROWS, GATHER_ROWS, WRITE_ROWS)
  *   stream.c  streams: logs with server-kept cursors, retention, back-pressure (stream.h)
  *   table.c   replay tables: samplers, removers, a rate limiter that waits (table.h)
+ *   heap.h    the sift steps of the index-tracking min-heaps that stream.c and table.c keep
  *   ps.c      the parameter server: optimizer steps off the loop, embedding tables (ps.h)
  *   service.c services: calls forwarded to registered connections, answers routed back
  *   store.c   bins, items, the name hash table, memory accounting, point-in-time passes

@@ -25,6 +25,7 @@
  * last_seen is refreshed when that read is answered.
  */
 #include "stream.h"
+#include "heap.h"
 
 #include "msg.h"
 #include "record.h"
@@ -839,48 +840,34 @@ static void reply_backpressure(tsd_conn *c, uint8_t op, uint32_t rid, const tsd_
  * Waits: the deadline heap and its timer
  */
 
-static int heap_before(const tsd_swait *a, const tsd_swait *b)
+static int heap_before(const void *a, const void *b)
 {
-    return a->deadline < b->deadline || (a->deadline == b->deadline && a->seq < b->seq);
+    const tsd_swait *x = a, *y = b;
+    return x->deadline < y->deadline || (x->deadline == y->deadline && x->seq < y->seq);
 }
 
-static void heap_set(tsd_streams *s, size_t i, tsd_swait *w)
+static void *heap_get(void *h, size_t i)
 {
-    s->heap[i] = w;
+    return ((tsd_streams *)h)->heap[i];
+}
+
+static void heap_set(void *h, size_t i, void *x)
+{
+    tsd_swait *w = x;
+    ((tsd_streams *)h)->heap[i] = w;
     w->heap_idx = i;
 }
 
+static const tsd_heap_ops wait_heap = {heap_get, heap_set, heap_before};
+
 static void heap_up(tsd_streams *s, size_t i)
 {
-    tsd_swait *w = s->heap[i];
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!heap_before(w, s->heap[parent]))
-            break;
-        heap_set(s, i, s->heap[parent]);
-        i = parent;
-    }
-    heap_set(s, i, w);
+    tsd_heap_up(s, i, &wait_heap);
 }
 
 static void heap_down(tsd_streams *s, size_t i)
 {
-    tsd_swait *w = s->heap[i];
-    for (;;) {
-        size_t l = 2 * i + 1, m = i;
-        const tsd_swait *best = w;
-        if (l < s->heap_n && heap_before(s->heap[l], best)) {
-            m = l;
-            best = s->heap[l];
-        }
-        if (l + 1 < s->heap_n && heap_before(s->heap[l + 1], best))
-            m = l + 1;
-        if (m == i)
-            break;
-        heap_set(s, i, s->heap[m]);
-        i = m;
-    }
-    heap_set(s, i, w);
+    tsd_heap_down(s, i, s->heap_n, &wait_heap);
 }
 
 static void heap_remove(tsd_streams *s, tsd_swait *w)

@@ -27,6 +27,7 @@
  * closes. Requests that arrive while others of their kind wait queue behind them.
  */
 #include "table.h"
+#include "heap.h"
 #include "snapfile.h"
 #include "stream.h"
 
@@ -198,48 +199,34 @@ static uint32_t tree_find(const tsd_table *t, double u)
     return pos < t->n ? pos : t->n - 1; /* rounding at the very end of the range */
 }
 
-static int heap_less(const titem *a, const titem *b)
+static int heap_less(const void *a, const void *b)
 {
-    return a->priority < b->priority || (a->priority == b->priority && a->key < b->key);
+    const titem *x = a, *y = b;
+    return x->priority < y->priority || (x->priority == y->priority && x->key < y->key);
 }
 
-static void hset(tsd_table *t, uint32_t i, titem *x)
+static void *hget(void *h, size_t i)
 {
-    t->heap[i] = x;
-    x->heap_idx = i;
+    return ((tsd_table *)h)->heap[i];
 }
+
+static void hset(void *h, size_t i, void *p)
+{
+    titem *x = p;
+    ((tsd_table *)h)->heap[i] = x;
+    x->heap_idx = (uint32_t)i; /* i < t->n, a uint32_t */
+}
+
+static const tsd_heap_ops item_heap = {hget, hset, heap_less};
 
 static void hup(tsd_table *t, uint32_t i)
 {
-    titem *x = t->heap[i];
-    while (i > 0) {
-        uint32_t p = (i - 1) / 2;
-        if (!heap_less(x, t->heap[p]))
-            break;
-        hset(t, i, t->heap[p]);
-        i = p;
-    }
-    hset(t, i, x);
+    tsd_heap_up(t, i, &item_heap);
 }
 
 static void hdown(tsd_table *t, uint32_t i)
 {
-    titem *x = t->heap[i];
-    for (;;) {
-        uint32_t l = 2 * i + 1, m = i;
-        const titem *best = x;
-        if (l < t->n && heap_less(t->heap[l], best)) {
-            m = l;
-            best = t->heap[l];
-        }
-        if (l + 1 < t->n && heap_less(t->heap[l + 1], best))
-            m = l + 1;
-        if (m == i)
-            break;
-        hset(t, i, t->heap[m]);
-        i = m;
-    }
-    hset(t, i, x);
+    tsd_heap_down(t, i, t->n, &item_heap);
 }
 
 static titem *key_find(const tsd_table *t, uint64_t key)
@@ -562,48 +549,34 @@ static void reply_oom(tsd_conn *c, uint8_t op, uint32_t rid, int rc, const char 
  * Waits: the deadline heap and its timer
  */
 
-static int wbefore(const tsd_twait *a, const tsd_twait *b)
+static int wbefore(const void *a, const void *b)
 {
-    return a->deadline < b->deadline || (a->deadline == b->deadline && a->seq < b->seq);
+    const tsd_twait *x = a, *y = b;
+    return x->deadline < y->deadline || (x->deadline == y->deadline && x->seq < y->seq);
 }
 
-static void wset(tsd_tables *s, size_t i, tsd_twait *w)
+static void *wget(void *h, size_t i)
 {
-    s->heap[i] = w;
+    return ((tsd_tables *)h)->heap[i];
+}
+
+static void wset(void *h, size_t i, void *x)
+{
+    tsd_twait *w = x;
+    ((tsd_tables *)h)->heap[i] = w;
     w->heap_idx = i;
 }
 
+static const tsd_heap_ops wait_heap = {wget, wset, wbefore};
+
 static void wup(tsd_tables *s, size_t i)
 {
-    tsd_twait *w = s->heap[i];
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!wbefore(w, s->heap[p]))
-            break;
-        wset(s, i, s->heap[p]);
-        i = p;
-    }
-    wset(s, i, w);
+    tsd_heap_up(s, i, &wait_heap);
 }
 
 static void wdown(tsd_tables *s, size_t i)
 {
-    tsd_twait *w = s->heap[i];
-    for (;;) {
-        size_t l = 2 * i + 1, m = i;
-        const tsd_twait *best = w;
-        if (l < s->heap_n && wbefore(s->heap[l], best)) {
-            m = l;
-            best = s->heap[l];
-        }
-        if (l + 1 < s->heap_n && wbefore(s->heap[l + 1], best))
-            m = l + 1;
-        if (m == i)
-            break;
-        wset(s, i, s->heap[m]);
-        i = m;
-    }
-    wset(s, i, w);
+    tsd_heap_down(s, i, s->heap_n, &wait_heap);
 }
 
 static void handle_free(uv_handle_t *h)
