@@ -29,6 +29,55 @@ int ts__reply_bin_state(ts__req *r, const uint8_t *body, size_t len)
 }
 
 /*
+ * The steps every record-list parser below shares (ITEMS, ENTRIES, SAMPLES, MGET), kept in one
+ * place so that they cannot drift apart in how they free a body or tell a corrupt record from a
+ * failed allocation.
+ *
+ * items_new: the zeroed result block of `size` bytes and the reference-counted buffer that takes
+ * over body. On failure frees whatever was made, body included, and returns TS_ENOMEM.
+ */
+static int items_new(uint8_t *body, size_t len, size_t size, ts_items_t **items, ts__rbuf **buf)
+{
+    *items = ts__calloc(1, size);
+    *buf = ts__rbuf_new(body, len, NULL);
+    if (*items == NULL || *buf == NULL) {
+        ts__free(*items);
+        ts__free(*buf);
+        ts__body_free(body, len);
+        return TS_ENOMEM;
+    }
+    return 0;
+}
+
+/*
+ * Decodes the record at [off, off + rec_len) of buf's data in place into *v. When decoding fails
+ * the record is validated again to tell the two causes apart: a valid record means an allocation
+ * failed (TS_ENOMEM), an invalid one that the server sent a corrupt body (TS_EPROTO).
+ */
+static int record_decode(ts__rbuf *buf, size_t off, size_t rec_len, ts_value_t **v)
+{
+    *v = ts__record_decode(buf, off, rec_len, TS_MAX_DEPTH, TS_MAX_NDIM);
+    if (*v != NULL)
+        return 0;
+    return ts__record_validate(buf->data + off, rec_len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) == 0
+               ? TS_ENOMEM
+               : TS_EPROTO;
+}
+
+/* Drops the parser's reference to buf (the decoded trees keep it alive), then hands items to
+ * *out when rc is 0, or frees items and returns rc. */
+static int items_done(ts_items_t *items, ts__rbuf *buf, int rc, ts_items_t **out)
+{
+    ts__rbuf_unref(buf);
+    if (rc != 0) {
+        ts_items_free(items);
+        return rc;
+    }
+    *out = items;
+    return 0;
+}
+
+/*
  * Parse a TS_ITEMS body: decode every item in place (tensors point into body). Takes over body
  * in every case. Returns 0 and *out, or TS_EPROTO / TS_ENOMEM.
  */
@@ -40,14 +89,11 @@ static int parse_items(uint8_t *body, size_t len, ts_items_t **out)
         return TS_EPROTO;
     }
     /* The decoder found every item's length inside the body: n_items is bounded by len / 8. */
-    ts_items_t *items = ts__calloc(1, sizeof(*items) + (size_t)m.n_items * sizeof(ts_value_t *));
-    ts__rbuf *buf = ts__rbuf_new(body, len, NULL);
-    if (items == NULL || buf == NULL) {
-        ts__free(items);
-        ts__free(buf);
-        ts__body_free(body, len);
+    ts_items_t *items;
+    ts__rbuf *buf;
+    if (items_new(body, len, sizeof(*items) + (size_t)m.n_items * sizeof(ts_value_t *), &items,
+                  &buf) != 0)
         return TS_ENOMEM;
-    }
     items->version = m.version;
     items->remaining = m.remaining;
     int rc = 0;
@@ -55,22 +101,12 @@ static int parse_items(uint8_t *body, size_t len, ts_items_t **out)
     size_t off, rec_len;
     ts__msg_items_iter_init(&m, &it);
     while (rc == 0 && ts__msg_items_next(&m, &it, &off, &rec_len)) {
-        ts_value_t *v = ts__record_decode(buf, off, rec_len, TS_MAX_DEPTH, TS_MAX_NDIM);
-        if (v == NULL) {
-            rc = ts__record_validate(body + off, rec_len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) == 0
-                     ? TS_ENOMEM
-                     : TS_EPROTO;
+        ts_value_t *v;
+        if ((rc = record_decode(buf, off, rec_len, &v)) != 0)
             break;
-        }
         items->items[items->count++] = v;
     }
-    ts__rbuf_unref(buf); /* the decoded trees keep it alive */
-    if (rc != 0) {
-        ts_items_free(items);
-        return rc;
-    }
-    *out = items;
-    return 0;
+    return items_done(items, buf, rc, out);
 }
 
 /*
@@ -90,14 +126,10 @@ static int parse_entries(uint8_t *body, size_t len, ts_items_t **out)
     size_t n = m.n;
     size_t size = sizeof(ts_items_t) + n * sizeof(ts_value_t *) + sizeof(ts__stream_tail) +
                   n * sizeof(ts__stream_head);
-    ts_items_t *items = ts__calloc(1, size);
-    ts__rbuf *buf = ts__rbuf_new(body, len, NULL);
-    if (items == NULL || buf == NULL) {
-        ts__free(items);
-        ts__free(buf);
-        ts__body_free(body, len);
+    ts_items_t *items;
+    ts__rbuf *buf;
+    if (items_new(body, len, size, &items, &buf) != 0)
         return TS_ENOMEM;
-    }
     items->version = m.last_id;
     items->remaining = m.n;
     ts__stream_tail *tail = ts__items_stream_tail(items);
@@ -119,24 +151,12 @@ static int parse_entries(uint8_t *body, size_t len, ts_items_t **out)
         ts_value_t *v = NULL;
         if (e.kind == TS_STREAM_ENTRY_RECORD) {
             size_t off = (size_t)(e.record - body);
-            v = ts__record_decode(buf, off, (size_t)e.len, TS_MAX_DEPTH, TS_MAX_NDIM);
-            if (v == NULL) {
-                rc = ts__record_validate(body + off, (size_t)e.len, TS_MAX_DEPTH, TS_MAX_NDIM,
-                                         NULL) == 0
-                         ? TS_ENOMEM
-                         : TS_EPROTO;
+            if ((rc = record_decode(buf, off, (size_t)e.len, &v)) != 0)
                 break;
-            }
         }
         items->items[items->count++] = v;
     }
-    ts__rbuf_unref(buf); /* the decoded trees keep it alive */
-    if (rc != 0) {
-        ts_items_free(items);
-        return rc;
-    }
-    *out = items;
-    return 0;
+    return items_done(items, buf, rc, out);
 }
 
 /*
@@ -155,14 +175,10 @@ static int parse_samples(uint8_t *body, size_t len, ts_items_t **out)
     size_t n = m.n;
     size_t size = sizeof(ts_items_t) + n * sizeof(ts_value_t *) + sizeof(ts__table_tail) +
                   n * sizeof(ts__table_head);
-    ts_items_t *items = ts__calloc(1, size);
-    ts__rbuf *buf = ts__rbuf_new(body, len, NULL);
-    if (items == NULL || buf == NULL) {
-        ts__free(items);
-        ts__free(buf);
-        ts__body_free(body, len);
+    ts_items_t *items;
+    ts__rbuf *buf;
+    if (items_new(body, len, size, &items, &buf) != 0)
         return TS_ENOMEM;
-    }
     items->version = m.size;
     items->remaining = m.n;
     ts__table_tail *tail = ts__items_table_tail(items);
@@ -177,23 +193,12 @@ static int parse_samples(uint8_t *body, size_t len, ts_items_t **out)
         h->probability = e.probability;
         h->times_sampled = e.times_sampled;
         size_t off = (size_t)(e.record - body);
-        ts_value_t *v = ts__record_decode(buf, off, (size_t)e.len, TS_MAX_DEPTH, TS_MAX_NDIM);
-        if (v == NULL) {
-            rc =
-                ts__record_validate(body + off, (size_t)e.len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) == 0
-                    ? TS_ENOMEM
-                    : TS_EPROTO;
+        ts_value_t *v;
+        if ((rc = record_decode(buf, off, (size_t)e.len, &v)) != 0)
             break;
-        }
         items->items[items->count++] = v;
     }
-    ts__rbuf_unref(buf); /* the decoded trees keep it alive */
-    if (rc != 0) {
-        ts_items_free(items);
-        return rc;
-    }
-    *out = items;
-    return 0;
+    return items_done(items, buf, rc, out);
 }
 
 static int cmp_bins(const void *a, const void *b)
@@ -248,11 +253,8 @@ static int parse_stats(uint8_t *body, size_t len, ts_value_t **out)
         ts__body_free(body, len);
         return TS_ENOMEM;
     }
-    ts_value_t *v = ts__record_decode(buf, 0, len, TS_MAX_DEPTH, TS_MAX_NDIM);
-    int rc = 0;
-    if (v == NULL)
-        rc = ts__record_validate(body, len, TS_MAX_DEPTH, TS_MAX_NDIM, NULL) == 0 ? TS_ENOMEM
-                                                                                  : TS_EPROTO;
+    ts_value_t *v;
+    int rc = record_decode(buf, 0, len, &v);
     ts__rbuf_unref(buf);
     if (rc == 0)
         *out = v;
@@ -278,15 +280,13 @@ static int parse_mget(uint8_t *body, size_t len, ts_items_t **out)
         ts__msg_mget_rep_get(&m, i, &found, &it);
         total += found ? it.n_items : 0;
     }
-    ts_items_t *items = ts__calloc(1, sizeof(*items) + total * sizeof(ts_value_t *) +
-                                          (size_t)m.n * sizeof(ts__mget_head));
-    ts__rbuf *buf = ts__rbuf_new(body, len, NULL);
-    if (items == NULL || buf == NULL) {
-        ts__free(items);
-        ts__free(buf);
-        ts__body_free(body, len);
+    ts_items_t *items;
+    ts__rbuf *buf;
+    if (items_new(body, len,
+                  sizeof(*items) + total * sizeof(ts_value_t *) +
+                      (size_t)m.n * sizeof(ts__mget_head),
+                  &items, &buf) != 0)
         return TS_ENOMEM;
-    }
     /* The heads follow items[total]; count reaches total only when every record is decoded. */
     ts__mget_head *heads = (ts__mget_head *)(void *)(items->items + total);
     items->remaining = m.n;
@@ -305,23 +305,12 @@ static int parse_mget(uint8_t *body, size_t len, ts_items_t **out)
         ts__msg_items_iter iter;
         ts__msg_items_iter_init(&it, &iter);
         while (rc == 0 && ts__msg_items_next(&it, &iter, &off, &rec_len)) {
-            ts_value_t *v = ts__record_decode(buf, base + off, rec_len, TS_MAX_DEPTH, TS_MAX_NDIM);
-            if (v == NULL)
-                rc = ts__record_validate(body + base + off, rec_len, TS_MAX_DEPTH, TS_MAX_NDIM,
-                                         NULL) == 0
-                         ? TS_ENOMEM
-                         : TS_EPROTO;
-            else
+            ts_value_t *v;
+            if ((rc = record_decode(buf, base + off, rec_len, &v)) == 0)
                 items->items[items->count++] = v;
         }
     }
-    ts__rbuf_unref(buf);
-    if (rc != 0) {
-        ts_items_free(items);
-        return rc;
-    }
-    *out = items;
-    return 0;
+    return items_done(items, buf, rc, out);
 }
 
 int ts__reply_keeps_body(uint8_t op)
