@@ -704,6 +704,20 @@ static const char *bad_optimizer(const ts__msg_ps_create_req *q)
     return NULL;
 }
 
+/*
+ * Names a parameter's or embedding table's hash node: the name bytes are copied into storage
+ * (the object's own tail, name_len bytes) and hashed. Creation and snapshot restore of both kinds
+ * name their nodes this way; the caller has checked len against the name limit (a uint8_t).
+ */
+static void node_name_set(tsd_hnode *node, uint8_t *storage, const uint8_t *name, size_t len)
+{
+    node->name = storage;
+    node->name_len = (uint8_t)len;
+    if (len > 0)
+        memcpy(node->name, name, len);
+    node->hash = tsd_hash(name, len);
+}
+
 static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_req *q)
 {
     tsd_server *srv = c->srv;
@@ -791,11 +805,7 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
             return;
         }
         p->srv = srv;
-        p->node.name = (uint8_t *)(p + 1);
-        p->node.name_len = (uint8_t)q->name_len;
-        if (q->name_len > 0)
-            memcpy(p->node.name, q->name, q->name_len);
-        p->node.hash = tsd_hash(q->name, q->name_len);
+        node_name_set(&p->node, (uint8_t *)(p + 1), q->name, q->name_len);
     } else {
         param_free_arrays(p); /* their charge was given back above */
     }
@@ -1348,11 +1358,7 @@ static void op_emb_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create
         return;
     }
     t->srv = srv;
-    t->node.name = (uint8_t *)(t + 1);
-    t->node.name_len = (uint8_t)q->name_len;
-    if (q->name_len > 0)
-        memcpy(t->node.name, q->name, q->name_len);
-    t->node.hash = tsd_hash(q->name, q->name_len);
+    node_name_set(&t->node, (uint8_t *)(t + 1), q->name, q->name_len);
     t->dim = q->dim;
     t->opt = q->optimizer;
     t->init = q->init;
@@ -1981,11 +1987,7 @@ int tsd_ps_restore_param(tsd_server *srv, const char *path, const tsd_snapfile_p
         return -1;
     }
     p->srv = srv;
-    p->node.name = (uint8_t *)(p + 1);
-    p->node.name_len = q->name_len;
-    if (q->name_len > 0)
-        memcpy(p->node.name, q->name, q->name_len);
-    p->node.hash = tsd_hash(q->name, q->name_len);
+    node_name_set(&p->node, (uint8_t *)(p + 1), q->name, q->name_len);
     p->opt = q->opt;
     p->mode = q->mode;
     p->flags = q->flags;
@@ -2033,11 +2035,7 @@ int tsd_ps_restore_emb(tsd_server *srv, const char *path, const tsd_snapfile_emb
         return -1;
     }
     t->srv = srv;
-    t->node.name = (uint8_t *)(t + 1);
-    t->node.name_len = q->name_len;
-    if (q->name_len > 0)
-        memcpy(t->node.name, q->name, q->name_len);
-    t->node.hash = tsd_hash(q->name, q->name_len);
+    node_name_set(&t->node, (uint8_t *)(t + 1), q->name, q->name_len);
     t->dim = q->dim;
     t->opt = q->opt;
     t->init = q->init;
