@@ -735,6 +735,24 @@ int ts__api_check_call(ts_client_t *c, int blocking)
     return check_call(c, blocking);
 }
 
+/*
+ * The wire form of a wait of timeout_ms (tensorshare.h "Timeouts": 0 does not wait,
+ * TS_TIMEOUT_DEFAULT is the request timeout, any other negative value, TS_TIMEOUT_INFINITE
+ * included, is refused with TS_EINVAL). One copy for every operation that sends a wait.
+ */
+int ts__wire_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire)
+{
+    if (timeout_ms == TS_TIMEOUT_DEFAULT)
+        *wire = (uint32_t)c->opts.request_timeout_ms;
+    else if (timeout_ms >= 0)
+        *wire = (uint32_t)timeout_ms;
+    else
+        return ts__fail(TS_EINVAL,
+                        "timeout_ms %d: expected milliseconds >= 0 or TS_TIMEOUT_DEFAULT",
+                        timeout_ms);
+    return 0;
+}
+
 ts__req *ts__api_req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, int *rc)
 {
     return req_new(c, kind, op, bin, NULL, rc);

@@ -116,23 +116,6 @@ int ts_put_if(ts_client_t *c, const char *name, uint64_t expected_version, const
     return rc;
 }
 
-/*
- * The wire form of a wait of timeout_ms (tensorshare.h "Timeouts": 0 does not wait,
- * TS_TIMEOUT_DEFAULT is the request timeout, TS_TIMEOUT_INFINITE is refused). 0 and *wire.
- */
-static int wire_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire)
-{
-    if (timeout_ms == TS_TIMEOUT_DEFAULT)
-        *wire = (uint32_t)c->opts.request_timeout_ms;
-    else if (timeout_ms >= 0)
-        *wire = (uint32_t)timeout_ms;
-    else
-        return ts__fail(TS_EINVAL,
-                        "timeout_ms %d: expected milliseconds >= 0 or TS_TIMEOUT_DEFAULT",
-                        timeout_ms);
-    return 0;
-}
-
 int ts_take(ts_client_t *c, const char *name, size_t max_items, int timeout_ms, ts_items_t **out)
 {
     c = ts__route(c, name);
@@ -142,7 +125,7 @@ int ts_take(ts_client_t *c, const char *name, size_t max_items, int timeout_ms, 
     ts__msg_coord_req m = {.name = (const uint8_t *)name,
                            .count = max_items > UINT32_MAX ? UINT32_MAX : (uint32_t)max_items};
     if ((rc = check_name(name, &m.name_len)) != 0 ||
-        (rc = wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
+        (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
     if (out == NULL)
         return ts__fail(TS_EINVAL, "no place for the items");
@@ -244,7 +227,7 @@ int ts_barrier(ts_client_t *c, const char *name, uint32_t parties, int timeout_m
         return rc;
     ts__msg_coord_req m = {.name = (const uint8_t *)name, .count = parties};
     if ((rc = check_name(name, &m.name_len)) != 0 ||
-        (rc = wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
+        (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
     size_t len = ts__msg_barrier_req_size(m.name_len), n;
     ts__req *r = flat_req(c, TS_OP_BARRIER, len, m.timeout_ms, &rc);

@@ -669,6 +669,9 @@ void ts__lane_destroy(ts_client_t *c);
 int ts__api_check_call(ts_client_t *c, int blocking);
 ts__req *ts__api_req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, int *rc);
 int ts__api_run_blocking(ts_client_t *c, ts__req *r, ts__req **out);
+/* The wire form of an operation's wait of timeout_ms into *wire: 0, or TS_EINVAL with the
+ * message set (api.c; tensorshare.h "Timeouts"). Any thread. */
+int ts__wire_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire);
 /*
  * Attach item as the record of r, an upload whose head (name and fixed fields) r's small buffer
  * holds: sent from the caller's memory (TS_BORROW), copied (TS_COPY), or the whole body as one

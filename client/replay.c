@@ -44,20 +44,6 @@ static int check_name(const char *s, size_t *len)
     return 0;
 }
 
-/* The wire form of a wait (0, ms, or TS_TIMEOUT_DEFAULT = the request timeout). */
-static int wire_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire)
-{
-    if (timeout_ms == TS_TIMEOUT_DEFAULT)
-        *wire = (uint32_t)c->opts.request_timeout_ms;
-    else if (timeout_ms >= 0)
-        *wire = (uint32_t)timeout_ms;
-    else
-        return ts__fail(TS_EINVAL,
-                        "timeout_ms %d: expected milliseconds >= 0 or TS_TIMEOUT_DEFAULT",
-                        timeout_ms);
-    return 0;
-}
-
 /* A request the server may hold for wait_ms gets that much more time than the request timeout. */
 static void extend_deadline(const ts_client_t *c, ts__req *r, uint32_t wait_ms)
 {
@@ -162,7 +148,7 @@ int ts_table_insert(ts_client_t *c, const char *name, const ts_value_t *item, do
         return rc;
     size_t len;
     uint32_t wait_ms = 0;
-    if ((rc = check_name(name, &len)) != 0 || (rc = wire_timeout(c, timeout_ms, &wait_ms)) != 0)
+    if ((rc = check_name(name, &len)) != 0 || (rc = ts__wire_timeout(c, timeout_ms, &wait_ms)) != 0)
         return rc;
     if (item == NULL)
         return ts__fail(TS_EINVAL, "no item to insert");
@@ -202,7 +188,7 @@ int ts_table_sample(ts_client_t *c, const char *name, size_t n, int timeout_ms,
         return rc;
     ts__msg_table_sample_req m = {.name = (const uint8_t *)name};
     if ((rc = check_name(name, &m.name_len)) != 0 ||
-        (rc = wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
+        (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
     if (n < 1 || n > TS_TABLE_SAMPLE_MAX)
         return ts__fail(TS_EINVAL, "n %zu: expected 1 to %d", n, TS_TABLE_SAMPLE_MAX);

@@ -46,23 +46,6 @@ static int check_id(const char *what, const char *s, size_t *len)
     return 0;
 }
 
-/*
- * The wire form of a wait of timeout_ms (tensorshare.h "Timeouts": 0 does not wait,
- * TS_TIMEOUT_DEFAULT is the request timeout). 0 and *wire, or TS_EINVAL.
- */
-static int wire_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire)
-{
-    if (timeout_ms == TS_TIMEOUT_DEFAULT)
-        *wire = (uint32_t)c->opts.request_timeout_ms;
-    else if (timeout_ms >= 0)
-        *wire = (uint32_t)timeout_ms;
-    else
-        return ts__fail(TS_EINVAL,
-                        "timeout_ms %d: expected milliseconds >= 0 or TS_TIMEOUT_DEFAULT",
-                        timeout_ms);
-    return 0;
-}
-
 typedef int (*enc_fn)(uint8_t *out, size_t cap, const void *m, size_t *len);
 
 /*
@@ -392,7 +375,7 @@ int ts_stream_credit(ts_client_t *c, const char *name, int timeout_ms, ts_stream
         return rc;
     ts__msg_stream_credit_req m = {.name = (const uint8_t *)name};
     if ((rc = check_id("stream", name, &m.name_len)) != 0 ||
-        (rc = wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
+        (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
     ts__req *r = flat_req(c, TS_OP_STREAM_CREDIT, ts__msg_stream_credit_req_size(m.name_len),
                           enc_credit, &m, m.timeout_ms, &rc);
@@ -483,7 +466,7 @@ int ts_stream_read(ts_client_t *c, const char *name, const char *group, const ch
     ts__msg_stream_member_req m;
     if ((rc = member_ids(&m, name, group, member, 0)) != 0 ||
         (rc = check_max_entries(max_entries)) != 0 ||
-        (rc = wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
+        (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
     if (out == NULL)
         return ts__fail(TS_EINVAL, "no output");
@@ -576,7 +559,7 @@ int ts_stream_range(ts_client_t *c, const char *name, uint64_t after_id, size_t 
     ts__msg_stream_range_req m = {.name = (const uint8_t *)name, .after_id = after_id};
     if ((rc = check_id("stream", name, &m.name_len)) != 0 ||
         (rc = check_max_entries(max_entries)) != 0 ||
-        (rc = wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
+        (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
     if (out == NULL)
         return ts__fail(TS_EINVAL, "no output");
