@@ -1,7 +1,7 @@
 /*
  * zc_bench: same-host zero copy, measured against its physical references in one run.
  *
- *   zc_bench [--repeats N] [--max-mib M] [--readers R] [--skip curve,put,pss] [--no-pin]
+ *   zc_bench [--repeats N] [--max-mib M] [--readers R] [--skip curve,put,pss,drop] [--no-pin]
  *            [--tensord PATH]
  *
  * It starts its own tensord (pinned to cpu0, the client to cpu1) with a unix socket and reports:
@@ -13,13 +13,19 @@
  *          ts_put through the socket;
  *   pss    R reader processes (default 8) each map the same 1 GiB item by reference and read
  *          every page: the proportional set sizes of the readers and of tensord, and the growth of
- *          the machine's shared and anonymous memory (/proc/meminfo).
+ *          the machine's shared and anonymous memory (/proc/meminfo);
+ *   drop   DELETE of a 1 GiB item held in a client's shared buffer (tensord holds its last
+ *          reference) while a second connection sends PINGs: the worst PING round trip, with the
+ *          release on tensord's reclaim thread against the reference, the release on the loop
+ *          thread (a tensord started with TSD_RECLAIM_OFF=1); each repeat starts both afresh.
  * The systems of a row alternate (the reference first on odd repeats); tables show medians over
  * the repeats. Nothing here is a test: the numbers are meaningful as ratios within one run.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +58,7 @@ static struct {
     int repeats;
     size_t max_mib;
     int readers;
-    int skip_curve, skip_put, skip_pss;
+    int skip_curve, skip_put, skip_pss, skip_drop;
     char dir[128];
     char sock[256];
     char addr[300];
@@ -468,13 +474,107 @@ static void case_pss(ts_client_t *c)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * drop: what a large release costs everybody else
+ */
+
+#define DROP_PING_GAP_US 200   /* us between PINGs */
+#define DROP_SETTLE_US   50000 /* us of PINGs before and after the DELETE */
+
+static struct {
+    pthread_t thr;
+    atomic_int stop;
+    double worst;
+    int rc;
+} dp;
+
+static void *drop_pinger(void *arg)
+{
+    ts_client_t *pc = arg;
+    bench_pin_self(1);
+    while (!atomic_load(&dp.stop)) {
+        double t0 = bench_now();
+        int rc = ts_ping(pc);
+        double d = bench_now() - t0;
+        if (rc != 0) {
+            dp.rc = rc;
+            break;
+        }
+        if (d > dp.worst)
+            dp.worst = d;
+        usleep(DROP_PING_GAP_US);
+    }
+    return NULL;
+}
+
+/* One DELETE of a PSS_SIZE shared item on a fresh tensord; the worst PING and the DELETE's time. */
+static void drop_once(int reclaim_off, double *worst_s, double *delete_s)
+{
+    if (g.pid > 0)
+        bench_stop(g.pid);
+    g.pid = -1;
+    setenv("TSD_RECLAIM_OFF", reclaim_off ? "1" : "0", 1);
+    int rc = start_tensord();
+    unsetenv("TSD_RECLAIM_OFF");
+    if (rc != 0)
+        exit(1);
+    ts_client_t *c = client_open();
+    ts_client_t *pc = client_open();
+    shared_put(c, "zc.drop", PSS_SIZE, NULL);
+    dp.worst = 0;
+    dp.rc = 0;
+    atomic_store(&dp.stop, 0);
+    if (pthread_create(&dp.thr, NULL, drop_pinger, pc) != 0)
+        die("pthread_create", TS_ENOMEM);
+    usleep(DROP_SETTLE_US);
+    double t0 = bench_now();
+    rc = ts_delete(c, "zc.drop", NULL);
+    double t1 = bench_now();
+    usleep(DROP_SETTLE_US);
+    atomic_store(&dp.stop, 1);
+    pthread_join(dp.thr, NULL);
+    if (rc != 0)
+        die("ts_delete", rc);
+    if (dp.rc != 0)
+        die("ts_ping", dp.rc);
+    *worst_s = dp.worst;
+    *delete_s = t1 - t0;
+    ts_client_free(pc);
+    ts_client_free(c);
+}
+
+static void case_drop(void)
+{
+    double wo[MAX_REPEATS], wr[MAX_REPEATS], dl[MAX_REPEATS], dr[MAX_REPEATS];
+    for (int r = 0; r < g.repeats; r++) {
+        int first_off = r & 1; /* the reference first on odd repeats */
+        for (int k = 0; k < 2; k++) {
+            int off = k == 0 ? first_off : !first_off;
+            if (off)
+                drop_once(1, &wo[r], &dl[r]);
+            else
+                drop_once(0, &wr[r], &dr[r]);
+        }
+    }
+    double mo = bench_median(wo, (size_t)g.repeats), mr = bench_median(wr, (size_t)g.repeats);
+    printf("\n#### DELETE of a %zu MiB shared item while another connection PINGs (median ms)\n\n",
+           PSS_SIZE / MIB);
+    printf("| release | worst PING | DELETE |\n|---|---|---|\n");
+    printf("| on the loop thread (TSD_RECLAIM_OFF=1, reference) | %.2f | %.2f |\n", mo * 1e3,
+           bench_median(dl, (size_t)g.repeats) * 1e3);
+    printf("| on the reclaim thread (default) | %.2f | %.2f |\n", mr * 1e3,
+           bench_median(dr, (size_t)g.repeats) * 1e3);
+    printf("\nworst PING, reference / default: %.1fx\n", mo / mr);
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Driver
  */
 
 static void usage(void)
 {
     fprintf(stderr, "usage: zc_bench [--repeats N] [--max-mib M] [--readers R] "
-                    "[--skip curve,put,pss] [--no-pin] [--tensord PATH]\n");
+                    "[--skip curve,put,pss,drop] [--no-pin] [--tensord PATH]\n");
     exit(2);
 }
 
@@ -503,6 +603,7 @@ int main(int argc, char **argv)
             g.skip_curve = strstr(v, "curve") != NULL;
             g.skip_put = strstr(v, "put") != NULL;
             g.skip_pss = strstr(v, "pss") != NULL;
+            g.skip_drop = strstr(v, "drop") != NULL;
             i++;
         } else if (strcmp(a, "--no-pin") == 0) {
             bench_set_pinning(0);
@@ -531,7 +632,10 @@ int main(int argc, char **argv)
     if (!g.skip_pss)
         case_pss(c);
     ts_client_free(c);
-    bench_stop(g.pid);
+    if (!g.skip_drop)
+        case_drop(); /* starts tensords of its own */
+    if (g.pid > 0)
+        bench_stop(g.pid);
     char cmd[200];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g.dir);
     if (system(cmd) != 0)

@@ -311,7 +311,7 @@ void tsd_datadir_release(tsd_item_own *own)
 {
     dd_file *f = own->ext;
     tsd_datadir *dd = f->dd;
-    (void)munmap(f->map, f->map_len);
+    tsd_reclaim_unmap(f->map, f->map_len, -1);
     /* Files of items stored and never let go of stay: that is what survives a restart. */
     if (!f->committed || f->dropped == 1) {
         char name[DD_NAME_CAP];

@@ -629,6 +629,7 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
         srv->server_id = srv->version ^ ((uint64_t)getpid() << 32);
 
     tsd_shm_init(srv);
+    (void)tsd_reclaim_start(); /* without it, releases happen on the loop thread */
     int rc = tsd_store_init(&srv->store, cfg->max_memory);
     if (rc == 0)
         rc = tsd_htab_init(&srv->watches);
@@ -886,4 +887,5 @@ void tsd_server_free(tsd_server *srv)
     tsd_htab_free(&srv->watches);
     tsd_snapshot_free(srv);
     tsd_pool_drain();
+    tsd_reclaim_stop(); /* after the last release: the queue ends empty */
 }

@@ -16,6 +16,7 @@
  *   store.c   bins, items, the name hash table, memory accounting, point-in-time passes
  *   view.c    views: passes over the store walked a chunk of bins per loop turn (LIST, SAVE)
  *   slab.c    size classes for the buffers of small records
+ *   reclaim.c large mappings and buffers given back to the kernel on a thread of their own
  *   notify.c  listeners (subscriptions) and waiters
  *   stats.c   counters and the STATS reply
  *   shard.c   sharding: --shard and --cluster-map, the slot check, WRONG_SHARD and SHARD_MAP
@@ -370,6 +371,33 @@ void tsd_pool_drain(void);
 uint64_t tsd_pool_bytes(void);
 
 /* ---------------------------------------------------------------------------------------------
+ * Reclaim (reclaim.c): releases of at least TSD_RECLAIM_MIN bytes (unmapping, closing a memfd,
+ * freeing a large buffer) go to one thread of their own, so that the kernel's time to take the
+ * pages back is not the loop's. At most TSD_RECLAIM_MAX_PENDING bytes wait at a time; past it,
+ * and without the thread, a release happens at once. Called on the loop thread.
+ */
+#define TSD_RECLAIM_MIN         ((size_t)4 << 20)   /* bytes; smaller releases happen at once */
+#define TSD_RECLAIM_MAX_PENDING ((uint64_t)1 << 30) /* bytes waiting, at most (plus one release)   \
+                                                     */
+#define TSD_RECLAIM_MAX_JOBS 64u /* releases waiting, at most (each may hold a descriptor) */
+
+typedef struct tsd_reclaim_stats {
+    uint64_t pending_bytes; /* handed to the thread and not yet released */
+    uint64_t jobs;          /* since start: releases handed to the thread */
+    uint64_t bytes;         /* since start: their bytes */
+} tsd_reclaim_stats;
+
+/* Start the thread (tsd_server_init); -1 when it cannot start (releases then happen at once). */
+int tsd_reclaim_start(void);
+/* Finish every queued release and end the thread (tsd_server_free). */
+void tsd_reclaim_stop(void);
+/* munmap(addr, len) when addr is not NULL, then close(fd) when fd >= 0. */
+void tsd_reclaim_unmap(void *addr, size_t len, int fd);
+/* ts__free_aligned(p, len). */
+void tsd_reclaim_free_aligned(void *p, size_t len);
+void tsd_reclaim_stats_get(tsd_reclaim_stats *st);
+
+/* ---------------------------------------------------------------------------------------------
  * Shared memory (shm.c): items held in memfds, descriptors handed to clients (GET_REF) and taken
  * from them (PUT_FD). Loop thread only, like the pool; the state is the process's.
  */
@@ -383,7 +411,8 @@ typedef struct tsd_server tsd_server;
 #define TSD_MAX_PENDING_FDS 16u
 /*
  * Descriptors kept out of the items' budget besides one per --max-clients connection: listeners,
- * the loop's own, snapshot files, data-dir files opened to be sent, log and standard streams.
+ * the loop's own, snapshot files, data-dir files opened to be sent, log and standard streams,
+ * and the memfds of releases waiting for the reclaim thread (at most TSD_RECLAIM_MAX_JOBS).
  */
 #define TSD_FD_RESERVE 256u
 /* Server memfds kept for reuse (never handed out), and their bytes at most. */

@@ -100,8 +100,7 @@ static size_t memfd_size(size_t len)
 
 static void pool_drop(size_t i)
 {
-    (void)munmap(shm.pool[i].map, shm.pool[i].len);
-    (void)close(shm.pool[i].fd);
+    tsd_reclaim_unmap(shm.pool[i].map, shm.pool[i].len, shm.pool[i].fd);
     shm.pool_bytes -= shm.pool[i].len;
     shm.fds_used--;
     shm.pool_n--;
@@ -347,9 +346,8 @@ void tsd_shm_release(tsd_item_own *own)
             shm.st.fds_held--;
         if (own->backing == TSD_BACK_MEMFD && own->fd >= 0 && pool_keep(own))
             break; /* the descriptor stays counted in fds_used, now the pool's */
-        (void)munmap(own->data, own->alloc_len);
-        if (own->fd >= 0)
-            (void)close(own->fd);
+        /* The kernel's time to take the pages back is the reclaim thread's (reclaim.c). */
+        tsd_reclaim_unmap(own->data, own->alloc_len, own->fd);
         if (own->counted)
             shm.fds_used--;
         break;

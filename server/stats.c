@@ -162,6 +162,12 @@ static ts_value_t *build(tsd_server *srv)
     rc |= put_int(m, "fds_received", sh.fds_received);
     rc |= put_int(m, "fds_pending", sh.fds_pending);
     rc |= put_int(m, "puts_fd", sh.puts_fd);
+    /* Large releases on the reclaim thread (reclaim.c). */
+    tsd_reclaim_stats rs;
+    tsd_reclaim_stats_get(&rs);
+    rc |= put_int(m, "reclaim_pending_bytes", rs.pending_bytes);
+    rc |= put_int(m, "reclaim_jobs", rs.jobs);
+    rc |= put_int(m, "reclaim_bytes", rs.bytes);
     /* Streams (stream.c): stream_groups_stale is counted now; stream_waits are pending reads,
      * ranges and credit waits (also in watch_bytes). */
     tsd_stream_stats ss2;

@@ -66,13 +66,13 @@ static uint8_t *buf_get(size_t alloc_len)
 static void buf_put(uint8_t *b, size_t alloc_len)
 {
     if (alloc_len < TSD_POOL_MIN || alloc_len > TSD_POOL_MAX_BYTES) {
-        ts__free_aligned(b, alloc_len);
+        tsd_reclaim_free_aligned(b, alloc_len);
         return;
     }
     /* Make room by dropping the oldest entries; the newest size is the likeliest to recur. */
     while (pool.n > 0 &&
            (pool.n == TSD_POOL_MAX_BUFS || pool.bytes + alloc_len > TSD_POOL_MAX_BYTES)) {
-        ts__free_aligned(pool.buf[0], pool.len[0]);
+        tsd_reclaim_free_aligned(pool.buf[0], pool.len[0]);
         pool.bytes -= pool.len[0];
         memmove(pool.buf, pool.buf + 1, (pool.n - 1) * sizeof(pool.buf[0]));
         memmove(pool.len, pool.len + 1, (pool.n - 1) * sizeof(pool.len[0]));

@@ -6,7 +6,8 @@
  * after the commit (EPERM); a descriptor that is not a memfd; a frame that claims a descriptor it
  * lacks; too many stray descriptors; FDS refused over TCP; --max-memory against PUT_FD; and a
  * client killed while it holds mappings and has descriptors in flight, after which the daemon's
- * counters and descriptors come back to where they were.
+ * counters and descriptors come back to where they were; large items given back on the reclaim
+ * thread.
  */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -456,6 +457,57 @@ static void test_ref_reads(void **state)
     /* Every item is gone: no descriptor is held for one any more. */
     assert_int_equal(stat_wait("fds_held", 0), 0);
     assert_int_equal(stat_of("shm_items"), 0);
+}
+
+/*
+ * Large items dropped (DELETE) are given back on the reclaim thread: STATS counts the releases
+ * handed to it, nothing stays pending, and every memfd the items held is closed, both tensord's
+ * own (an upload handed out by PEEK_REF, never reused) and a client's PUT_FD buffer.
+ */
+static void test_reclaim(void **state)
+{
+    (void)state;
+    const size_t big = (size_t)6 << 20; /* over TSD_RECLAIM_MIN (4 MiB) */
+    int fd = fd_client();
+    int64_t jobs0 = stat_of("reclaim_jobs"), bytes0 = stat_of("reclaim_bytes");
+    int base_items = server_fds_to("/memfd:tensord-item");
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes(big, 21, &len);
+    uint32_t n;
+    tsu_store(fd, TS_OP_PUT, "own", rec, len, &n);
+    ref_reply r;
+    get_ref(fd, TS_OP_PEEK_REF, "own", 0, &r);
+    assert_int_equal(r.e[0].where, TS_REF_FD);
+    void *base;
+    size_t size;
+    assert_memory_equal(map_entry(&r, 0, &base, &size), rec, len);
+    ref_free(&r);
+    int mfd = memfd_with(rec, len, len);
+    uint32_t id = rid++;
+    send_put_fd(fd, TS_OP_PUT_FD, id, "theirs", len, mfd);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_PUT_FD, id, TS_ST_OK);
+    tsu_frame_free(&f);
+    close(mfd);
+    assert_int_equal(server_fds_to("/memfd:test-put"), 1);
+
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(tsu_send_name(fd, TS_OP_DELETE, rid, i == 0 ? "own" : "theirs", NULL, 0),
+                         0);
+        tsu_expect(fd, &f, TS_OP_DELETE, rid++, TS_ST_OK);
+        tsu_frame_free(&f);
+    }
+    assert_int_equal(stat_wait("reclaim_pending_bytes", 0), 0);
+    assert_int_equal(stat_of("reclaim_jobs"), jobs0 + 2);
+    assert_true(stat_of("reclaim_bytes") >= bytes0 + 2 * (int64_t)len);
+    assert_int_equal(stat_of("shm_items"), 0);
+    /* The daemon holds neither memfd any more; only the client's mapping keeps its pages. */
+    assert_int_equal(server_fds_to("/memfd:test-put"), 0);
+    assert_true(server_fds_to("/memfd:tensord-item") <= base_items);
+    assert_memory_equal(base, rec, len);
+    munmap(base, size);
+    tsu_rec_free(rec, len);
+    close(fd);
 }
 
 /* --shm-min 0: large items go inline too. */
@@ -936,6 +988,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fds_refused_over_tcp, start, stop),
         cmocka_unit_test_setup_teardown(test_put_fd_max_memory, start_small_memory, stop),
         cmocka_unit_test_setup_teardown(test_client_killed, start, stop),
+        cmocka_unit_test_setup_teardown(test_reclaim, start, stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
