@@ -758,6 +758,41 @@ ts__req *ts__api_req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, 
     return req_new(c, kind, op, bin, NULL, rc);
 }
 
+void ts__req_hold_for(const ts_client_t *c, ts__req *r, uint32_t wait_ms)
+{
+    if (wait_ms > 0)
+        r->deadline_ns =
+            ts__now_ns() + ((uint64_t)wait_ms + (uint64_t)c->opts.request_timeout_ms) * 1000000u;
+}
+
+ts__req *ts__api_flat_req(ts_client_t *c, int kind, uint8_t op, size_t cap, ts__flat_enc encode,
+                          const void *ctx, uint32_t wait_ms, int *rc)
+{
+    /* Made as a PING (no name, no upload head), then given its opcode and flat body. */
+    ts__req *r = req_new(c, kind, TS_OP_PING, NULL, NULL, rc);
+    if (r == NULL)
+        return NULL;
+    r->op = op;
+    r->flat = ts__malloc_aligned(cap);
+    if (r->flat == NULL) {
+        ts__req_free(r);
+        *rc = ts__fail(TS_ENOMEM, NULL);
+        return NULL;
+    }
+    r->flat_cap = cap;
+    size_t n = cap;
+    if (encode != NULL && (*rc = encode(r->flat, cap, ctx, &n)) != 0) {
+        ts__req_free(r);
+        ts__fail(*rc, "the %s request cannot be encoded: %s", ts__op_name(op), ts_strerror(*rc));
+        return NULL;
+    }
+    r->flat_len = n;
+    r->small_len = 0;
+    r->body_len = n;
+    ts__req_hold_for(c, r, wait_ms);
+    return r;
+}
+
 int ts__api_attach_record(ts_client_t *c, ts__req *r, const ts_value_t *item, unsigned flags)
 {
     return attach_record(c, r, item, flags);

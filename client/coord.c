@@ -26,33 +26,6 @@ static int check_name(const char *s, size_t *len)
     return 0;
 }
 
-/*
- * A blocking request for op whose whole body is the len bytes encode wrote into a fresh buffer
- * (the caller encodes into r->flat). A request the server may hold for wait_ms gets that much
- * more time on top of the request timeout. NULL and *rc on failure (the message set).
- */
-static ts__req *flat_req(ts_client_t *c, uint8_t op, size_t len, uint32_t wait_ms, int *rc)
-{
-    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, rc);
-    if (r == NULL)
-        return NULL;
-    r->op = op;
-    r->flat = ts__malloc_aligned(len);
-    if (r->flat == NULL) {
-        ts__req_free(r);
-        *rc = ts__fail(TS_ENOMEM, NULL);
-        return NULL;
-    }
-    r->flat_cap = len;
-    r->flat_len = len;
-    r->small_len = 0;
-    r->body_len = len;
-    if (wait_ms > 0)
-        r->deadline_ns =
-            ts__now_ns() + ((uint64_t)wait_ms + (uint64_t)c->opts.request_timeout_ms) * 1000000u;
-    return r;
-}
-
 int ts_add(ts_client_t *c, const char *name, int64_t delta, int64_t *value, uint64_t *version)
 {
     c = ts__route(c, name);
@@ -63,7 +36,7 @@ int ts_add(ts_client_t *c, const char *name, int64_t delta, int64_t *value, uint
     if ((rc = check_name(name, &m.name_len)) != 0)
         return rc;
     size_t len = ts__msg_add_req_size(m.name_len), n;
-    ts__req *r = flat_req(c, TS_OP_ADD, len, 0, &rc);
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_ADD, len, NULL, NULL, 0, &rc);
     if (r == NULL)
         return rc;
     (void)ts__msg_add_req_encode(r->flat, len, &m, &n); /* the name was checked, room is exact */
@@ -130,7 +103,7 @@ int ts_take(ts_client_t *c, const char *name, size_t max_items, int timeout_ms, 
     if (out == NULL)
         return ts__fail(TS_EINVAL, "no place for the items");
     size_t len = ts__msg_take_req_size(m.name_len), n;
-    ts__req *r = flat_req(c, TS_OP_TAKE, len, m.timeout_ms, &rc);
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_TAKE, len, NULL, NULL, m.timeout_ms, &rc);
     if (r == NULL)
         return rc;
     (void)ts__msg_take_req_encode(r->flat, len, &m, &n);
@@ -181,7 +154,7 @@ int ts_mget(ts_client_t *c, const char *const *names, size_t n, size_t max_items
     if (len > TS_MAX_CTRL_BODY)
         return ts__fail(TS_EMSGSIZE, "MGET body of %zu bytes exceeds the control limit (%d)", len,
                         TS_MAX_CTRL_BODY);
-    ts__req *r = flat_req(c, TS_OP_MGET, len, 0, &rc);
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_MGET, len, NULL, NULL, 0, &rc);
     if (r == NULL)
         return rc;
     uint32_t mi = max_items > UINT32_MAX ? UINT32_MAX : (uint32_t)max_items;
@@ -230,7 +203,8 @@ int ts_barrier(ts_client_t *c, const char *name, uint32_t parties, int timeout_m
         (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
     size_t len = ts__msg_barrier_req_size(m.name_len), n;
-    ts__req *r = flat_req(c, TS_OP_BARRIER, len, m.timeout_ms, &rc);
+    ts__req *r =
+        ts__api_flat_req(c, TS__K_BLOCK, TS_OP_BARRIER, len, NULL, NULL, m.timeout_ms, &rc);
     if (r == NULL)
         return rc;
     (void)ts__msg_barrier_req_encode(r->flat, len, &m, &n);

@@ -672,6 +672,19 @@ int ts__api_run_blocking(ts_client_t *c, ts__req *r, ts__req **out);
 /* The wire form of an operation's wait of timeout_ms into *wire: 0, or TS_EINVAL with the
  * message set (api.c; tensorshare.h "Timeouts"). Any thread. */
 int ts__wire_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire);
+/* Encodes a request body from ctx into out (cap bytes): 0 and *len, or an error code. */
+typedef int (*ts__flat_enc)(uint8_t *out, size_t cap, const void *ctx, size_t *len);
+/*
+ * A request of kind (TS__K_BLOCK, ...) for op whose whole body lies in a fresh buffer of cap
+ * bytes, r->flat: what encode wrote there from ctx, or, with encode NULL, cap bytes the caller
+ * writes before running it. A request the server may hold for wait_ms (a wait sent on the wire)
+ * gets that much more time than the request timeout (ts__req_hold_for). NULL and *rc on failure,
+ * the message set. One copy for the operation files whose bodies have no record (api.c).
+ */
+ts__req *ts__api_flat_req(ts_client_t *c, int kind, uint8_t op, size_t cap, ts__flat_enc encode,
+                          const void *ctx, uint32_t wait_ms, int *rc);
+/* Give r, which the server may hold for wait_ms, that much more time than the request timeout. */
+void ts__req_hold_for(const ts_client_t *c, ts__req *r, uint32_t wait_ms);
 /*
  * Attach item as the record of r, an upload whose head (name and fixed fields) r's small buffer
  * holds: sent from the caller's memory (TS_BORROW), copied (TS_COPY), or the whole body as one

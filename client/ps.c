@@ -26,26 +26,6 @@ static int ps_check_name(const char *s, size_t *len)
     return 0;
 }
 
-/* A blocking request for op whose body is len bytes the caller encodes into r->flat. */
-static ts__req *ps_flat_req(ts_client_t *c, uint8_t op, size_t len, int *rc)
-{
-    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, rc);
-    if (r == NULL)
-        return NULL;
-    r->op = op;
-    r->flat = ts__malloc_aligned(len);
-    if (r->flat == NULL) {
-        ts__req_free(r);
-        *rc = ts__fail(TS_ENOMEM, NULL);
-        return NULL;
-    }
-    r->flat_cap = len;
-    r->flat_len = len;
-    r->small_len = 0;
-    r->body_len = len;
-    return r;
-}
-
 /*
  * Make an upload of op on name with record item (borrowed: its memory must stay valid until the
  * request is done) and fixed fields (may be NULL). The request, or NULL with *rc.
@@ -119,7 +99,7 @@ int ts_ps_create(ts_client_t *c, const char *name, const ts_ps_options_t *o, uin
     if ((unsigned)o->optimizer > TS_PS_ADAM || (unsigned)o->mode > TS_PS_SYNC)
         return ts__fail(TS_EINVAL, "unknown optimizer or mode");
     size_t len = ts__msg_ps_create_req_size(m.name_len), n;
-    ts__req *r = ps_flat_req(c, TS_OP_PS_CREATE, len, &rc);
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_PS_CREATE, len, NULL, NULL, 0, &rc);
     if (r == NULL)
         return rc;
     (void)ts__msg_ps_create_req_encode(r->flat, len, &m, &n); /* the name was checked */
@@ -179,7 +159,7 @@ int ts_ps_pull(ts_client_t *c, const char *name, uint64_t if_newer_than, ts_item
     if ((rc = ps_check_name(name, &m.name_len)) != 0)
         return rc;
     size_t len = ts__msg_ps_pull_req_size(m.name_len), n;
-    ts__req *r = ps_flat_req(c, TS_OP_PS_PULL, len, &rc);
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_PS_PULL, len, NULL, NULL, 0, &rc);
     if (r == NULL)
         return rc;
     (void)ts__msg_ps_pull_req_encode(r->flat, len, &m, &n);
@@ -231,7 +211,7 @@ static ts__req *emb_create_req(ts_client_t *c, const char *name, const ts_emb_op
                                .init_scale = o->init_scale};
     m.name_len = strlen(name); /* checked by the caller */
     size_t len = ts__msg_emb_create_req_size(m.name_len), n;
-    ts__req *r = ps_flat_req(c, TS_OP_EMB_CREATE, len, rc);
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_EMB_CREATE, len, NULL, NULL, 0, rc);
     if (r != NULL)
         (void)ts__msg_emb_create_req_encode(r->flat, len, &m, &n);
     return r;

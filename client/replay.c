@@ -44,34 +44,13 @@ static int check_name(const char *s, size_t *len)
     return 0;
 }
 
-/* A request the server may hold for wait_ms gets that much more time than the request timeout. */
-static void extend_deadline(const ts_client_t *c, ts__req *r, uint32_t wait_ms)
-{
-    if (wait_ms > 0)
-        r->deadline_ns =
-            ts__now_ns() + ((uint64_t)wait_ms + (uint64_t)c->opts.request_timeout_ms) * 1000000u;
-}
-
 /* A blocking request whose body (len bytes) is in body: copied into the request. */
 static ts__req *flat_req(ts_client_t *c, uint8_t op, const uint8_t *body, size_t len,
                          uint32_t wait_ms, int *rc)
 {
-    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, rc);
-    if (r == NULL)
-        return NULL;
-    r->op = op;
-    r->flat = ts__malloc_aligned(len);
-    if (r->flat == NULL) {
-        ts__req_free(r);
-        *rc = ts__fail(TS_ENOMEM, NULL);
-        return NULL;
-    }
-    memcpy(r->flat, body, len);
-    r->flat_cap = len;
-    r->flat_len = len;
-    r->small_len = 0;
-    r->body_len = len;
-    extend_deadline(c, r, wait_ms);
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, op, len, NULL, NULL, wait_ms, rc);
+    if (r != NULL)
+        memcpy(r->flat, body, len);
     return r;
 }
 
@@ -169,7 +148,7 @@ int ts_table_insert(ts_client_t *c, const char *name, const ts_value_t *item, do
     r->body_len = r->small_len + e.total;
     r->enc = e;
     r->borrowed = 1;
-    extend_deadline(c, r, wait_ms);
+    ts__req_hold_for(c, r, wait_ms);
     ts__req *done;
     if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
         return rc;

@@ -10,39 +10,6 @@
 
 #include "msg.h"
 
-/*
- * A request of kind (TS__K_BLOCK or TS__K_ASYNC) for op whose whole body is the len bytes that
- * encode writes into a fresh buffer of that size (ctx is encode's). NULL and *rc on failure (the
- * message set).
- */
-static ts__req *flat_req(ts_client_t *c, int kind, uint8_t op, size_t len,
-                         int (*encode)(uint8_t *out, size_t cap, const void *ctx, size_t *len),
-                         const void *ctx, int *rc)
-{
-    ts__req *r = ts__api_req_new(c, kind, TS_OP_PING, NULL, rc);
-    if (r == NULL)
-        return NULL;
-    r->op = op;
-    r->flat = ts__malloc_aligned(len);
-    if (r->flat == NULL) {
-        ts__req_free(r);
-        *rc = ts__fail(TS_ENOMEM, NULL);
-        return NULL;
-    }
-    r->flat_cap = len;
-    size_t n = 0;
-    *rc = encode(r->flat, len, ctx, &n);
-    if (*rc != 0) {
-        ts__req_free(r);
-        ts__fail(*rc, NULL);
-        return NULL;
-    }
-    r->flat_len = n;
-    r->small_len = 0;
-    r->body_len = n;
-    return r;
-}
-
 static int enc_tensor_bin(uint8_t *out, size_t cap, const void *ctx, size_t *len)
 {
     return ts__msg_tensor_bin_req_encode(out, cap, ctx, len);
@@ -136,8 +103,9 @@ static ts__req *tensor_bin_req(ts_client_t *c, int kind, const char *bin, ts_dty
                        TS_MAX_NAME_LEN);
         return NULL;
     }
-    return flat_req(c, kind, TS_OP_TENSOR_BIN, ts__msg_tensor_bin_req_size(m.name_len, m.ndim),
-                    enc_tensor_bin, &m, rc);
+    return ts__api_flat_req(c, kind, TS_OP_TENSOR_BIN,
+                            ts__msg_tensor_bin_req_size(m.name_len, m.ndim), enc_tensor_bin, &m, 0,
+                            rc);
 }
 
 /* The READ_ROWS request of kind; NULL and *rc. */
@@ -164,8 +132,9 @@ static ts__req *read_req(ts_client_t *c, int kind, const char *bin, int item, co
         *rc = ts__fail(TS_EINVAL, "key of %zu bytes (at most %d)", m.key_len, TS_MSG_MAX_ROWS_KEY);
         return NULL;
     }
-    return flat_req(c, kind, TS_OP_READ_ROWS, ts__msg_read_rows_req_size(m.name_len, m.key_len),
-                    enc_read_rows, &m, rc);
+    return ts__api_flat_req(c, kind, TS_OP_READ_ROWS,
+                            ts__msg_read_rows_req_size(m.name_len, m.key_len), enc_read_rows, &m, 0,
+                            rc);
 }
 
 /* The GATHER_ROWS request of kind; NULL and *rc. */

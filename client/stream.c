@@ -46,43 +46,6 @@ static int check_id(const char *what, const char *s, size_t *len)
     return 0;
 }
 
-typedef int (*enc_fn)(uint8_t *out, size_t cap, const void *m, size_t *len);
-
-/*
- * A blocking request for op whose whole body is the len bytes encode writes from m into a fresh
- * buffer. A request the server may hold for wait_ms gets that much more time on top of the
- * request timeout, as a WAIT does. NULL and *rc on failure (the message set).
- */
-static ts__req *flat_req(ts_client_t *c, uint8_t op, size_t len, enc_fn encode, const void *m,
-                         uint32_t wait_ms, int *rc)
-{
-    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, rc);
-    if (r == NULL)
-        return NULL;
-    r->op = op;
-    r->flat = ts__malloc_aligned(len);
-    if (r->flat == NULL) {
-        ts__req_free(r);
-        *rc = ts__fail(TS_ENOMEM, NULL);
-        return NULL;
-    }
-    r->flat_cap = len;
-    size_t n = 0;
-    *rc = encode(r->flat, len, m, &n);
-    if (*rc != 0) {
-        ts__req_free(r);
-        ts__fail(*rc, "the %s request cannot be encoded: %s", ts__op_name(op), ts_strerror(*rc));
-        return NULL;
-    }
-    r->flat_len = n;
-    r->small_len = 0;
-    r->body_len = n;
-    if (wait_ms > 0)
-        r->deadline_ns =
-            ts__now_ns() + ((uint64_t)wait_ms + (uint64_t)c->opts.request_timeout_ms) * 1000000u;
-    return r;
-}
-
 static int enc_create(uint8_t *out, size_t cap, const void *m, size_t *len)
 {
     return ts__msg_stream_create_req_encode(out, cap, m, len);
@@ -305,8 +268,9 @@ int ts_stream_create(ts_client_t *c, const char *name, const ts_stream_config_t 
     rc = check_id("stream", name, &m.name_len);
     if (rc != 0)
         return rc;
-    ts__req *r = flat_req(c, TS_OP_STREAM_CREATE, ts__msg_stream_create_req_size(m.name_len),
-                          enc_create, &m, 0, &rc);
+    ts__req *r =
+        ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_CREATE,
+                         ts__msg_stream_create_req_size(m.name_len), enc_create, &m, 0, &rc);
     ts__req *done;
     if (r == NULL || (rc = run(c, r, &done)) != 0)
         return rc;
@@ -357,8 +321,8 @@ int ts_stream_mark(ts_client_t *c, const char *name, uint64_t tag, ts_stream_app
     ts__msg_stream_mark_req m = {.name = (const uint8_t *)name, .tag = tag};
     if ((rc = check_id("stream", name, &m.name_len)) != 0)
         return rc;
-    ts__req *r = flat_req(c, TS_OP_STREAM_MARK, ts__msg_stream_mark_req_size(m.name_len), enc_mark,
-                          &m, 0, &rc);
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_MARK,
+                                  ts__msg_stream_mark_req_size(m.name_len), enc_mark, &m, 0, &rc);
     ts__req *done;
     if (r == NULL || (rc = run(c, r, &done)) != 0)
         return rc;
@@ -377,8 +341,9 @@ int ts_stream_credit(ts_client_t *c, const char *name, int timeout_ms, ts_stream
     if ((rc = check_id("stream", name, &m.name_len)) != 0 ||
         (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
-    ts__req *r = flat_req(c, TS_OP_STREAM_CREDIT, ts__msg_stream_credit_req_size(m.name_len),
-                          enc_credit, &m, m.timeout_ms, &rc);
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_CREDIT,
+                                  ts__msg_stream_credit_req_size(m.name_len), enc_credit, &m,
+                                  m.timeout_ms, &rc);
     ts__req *done;
     if (r == NULL || (rc = run(c, r, &done)) != 0)
         return rc;
@@ -410,9 +375,9 @@ int ts_stream_join(ts_client_t *c, const char *name, const char *group, const ch
                         lease_ms);
     m.start = start == TS_STREAM_NEWEST ? TS_STREAM_START_NEWEST : TS_STREAM_START_OLDEST;
     m.lease_ms = (uint32_t)lease_ms;
-    ts__req *r = flat_req(c, TS_OP_STREAM_JOIN,
-                          ts__msg_stream_join_req_size(m.name_len, m.group_len, m.member_len),
-                          enc_join, &m, 0, &rc);
+    ts__req *r = ts__api_flat_req(
+        c, TS__K_BLOCK, TS_OP_STREAM_JOIN,
+        ts__msg_stream_join_req_size(m.name_len, m.group_len, m.member_len), enc_join, &m, 0, &rc);
     ts__req *done;
     if (r == NULL || (rc = run(c, r, &done)) != 0)
         return rc;
@@ -472,9 +437,10 @@ int ts_stream_read(ts_client_t *c, const char *name, const char *group, const ch
         return ts__fail(TS_EINVAL, "no output");
     m.ack_through = ack_through;
     m.max_entries = (uint32_t)max_entries;
-    ts__req *r = flat_req(c, TS_OP_STREAM_READ,
-                          ts__msg_stream_read_req_size(m.name_len, m.group_len, m.member_len),
-                          enc_read, &m, m.timeout_ms, &rc);
+    ts__req *r =
+        ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_READ,
+                         ts__msg_stream_read_req_size(m.name_len, m.group_len, m.member_len),
+                         enc_read, &m, m.timeout_ms, &rc);
     return r == NULL ? rc : run_entries(c, r, out);
 }
 
@@ -491,9 +457,9 @@ int ts_stream_ack(ts_client_t *c, const char *name, const char *group, const cha
     m.first = first;
     m.last = last;
     m.rows = rows;
-    ts__req *r = flat_req(c, TS_OP_STREAM_ACK,
-                          ts__msg_stream_ack_req_size(m.name_len, m.group_len, m.member_len),
-                          enc_ack, &m, 0, &rc);
+    ts__req *r = ts__api_flat_req(
+        c, TS__K_BLOCK, TS_OP_STREAM_ACK,
+        ts__msg_stream_ack_req_size(m.name_len, m.group_len, m.member_len), enc_ack, &m, 0, &rc);
     ts__req *done;
     if (r == NULL || (rc = run(c, r, &done)) != 0)
         return rc;
@@ -517,9 +483,10 @@ int ts_stream_leave(ts_client_t *c, const char *name, const char *group, const c
     ts__msg_stream_member_req m;
     if ((rc = member_ids(&m, name, group, member, 1)) != 0)
         return rc;
-    ts__req *r = flat_req(c, TS_OP_STREAM_LEAVE,
-                          ts__msg_stream_leave_req_size(m.name_len, m.group_len, m.member_len),
-                          enc_leave, &m, 0, &rc);
+    ts__req *r =
+        ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_LEAVE,
+                         ts__msg_stream_leave_req_size(m.name_len, m.group_len, m.member_len),
+                         enc_leave, &m, 0, &rc);
     ts__req *done;
     if (r == NULL || (rc = run(c, r, &done)) != 0)
         return rc;
@@ -564,8 +531,9 @@ int ts_stream_range(ts_client_t *c, const char *name, uint64_t after_id, size_t 
     if (out == NULL)
         return ts__fail(TS_EINVAL, "no output");
     m.max_entries = (uint32_t)max_entries;
-    ts__req *r = flat_req(c, TS_OP_STREAM_RANGE, ts__msg_stream_range_req_size(m.name_len),
-                          enc_range, &m, m.timeout_ms, &rc);
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_RANGE,
+                                  ts__msg_stream_range_req_size(m.name_len), enc_range, &m,
+                                  m.timeout_ms, &rc);
     return r == NULL ? rc : run_entries(c, r, out);
 }
 
