@@ -15,30 +15,26 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "common.h"
+#include "batcher_test_util.h"
 #include "harness.h"
 #include "tensorshare/batcher.h"
 
-/* The model: {x: float32[3]} -> {y: float32[3] = x * scale}; weights {scale: float32}. */
+/*
+ * The model: {x: float32[3]} -> {y: float32[3] = x * scale}, slowed down by tb_delay_us; weights
+ * {scale: float32}. It takes the shared schema and batcher options, not the shared model, which
+ * has no weights to follow.
+ */
 typedef struct smodel {
     ts_model_t base;
     float scale;
 } smodel;
 
-static atomic_int g_delay_us;
-
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
-}
-
 static int sm_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
 {
-    if (atomic_load(&g_delay_us) > 0)
-        sleep_us(atomic_load(&g_delay_us));
+    if (atomic_load(&tb_delay_us) > 0)
+        tb_sleep_us(atomic_load(&tb_delay_us));
     const ts_tensor_t *x = ts_map_get_tensor(in, "x");
     ts_value_t *y = ts_tensor_new(TS_FLOAT32, 2, x->shape, x->data, TS_COPY);
     ts_value_t *o = ts_map_new();
@@ -90,8 +86,6 @@ static int sm_create(const char *device, int replica, ts_model_t **out, void *ar
     return 0;
 }
 
-static const ts_field_t schema[] = {{"x", TS_FLOAT32, 1, {3}}};
-
 typedef struct world {
     tsh_server srv;
     ts_client_t *serve_client; /* the batcher's */
@@ -109,12 +103,7 @@ static int setup(void **state)
         ts_client_open(&w.client, w.srv.addr, NULL) != 0)
         return -1;
     ts_batcher_options_t cfg;
-    ts_batcher_options_init(&cfg);
-    cfg.inputs = schema;
-    cfg.n_inputs = 1;
-    cfg.max_batch = 32;
-    cfg.max_delay_us = 2000;
-    cfg.placement = "cpu:2";
+    tb_options(&cfg, 32, 2000, "cpu:2");
     cfg.create = sm_create;
     if (ts_batcher_new(&w.b, &cfg) != 0)
         return -1;
@@ -135,30 +124,6 @@ static int teardown(void **state)
     return rc == 0 ? 0 : -1;
 }
 
-static ts_value_t *request(int64_t rows, int64_t base)
-{
-    int64_t shape[2] = {rows, 3};
-    ts_value_t *x = ts_tensor_alloc(TS_FLOAT32, 2, shape);
-    assert_non_null(x);
-    float *d = ts_value_tensor(x)->data;
-    for (int64_t i = 0; i < rows * 3; i++)
-        d[i] = (float)(base + i);
-    ts_value_t *m = ts_map_new();
-    assert_int_equal(ts_map_set(m, "x", x), 0);
-    return m;
-}
-
-static int check(const ts_value_t *out, int64_t rows, int64_t base, float scale)
-{
-    const ts_tensor_t *y = ts_map_get_tensor(out, "y");
-    if (y == NULL || y->ndim != 2 || y->shape[0] != rows || y->shape[1] != 3)
-        return 0;
-    for (int64_t i = 0; i < rows * 3; i++)
-        if (((const float *)y->data)[i] != (float)(base + i) * scale)
-            return 0;
-    return 1;
-}
-
 typedef struct worker {
     world *w;
     int index;
@@ -172,10 +137,10 @@ static void *worker_main(void *arg)
     k->ok = ts_predictor_open(&p, k->w->client, "policy") == 0;
     for (int i = 0; k->ok && i < 10; i++) {
         int64_t rows = 1 + (k->index + i) % 4, base = k->index * 10000 + i * 100;
-        ts_value_t *in = request(rows, base), *out = NULL;
+        ts_value_t *in = tb_request(rows, base), *out = NULL;
         int64_t version = -1;
         int rc = ts_predictor_predict(p, in, 20000, &out, &version);
-        if (rc != 0 || version != 0 || !check(out, rows, base, 1.0f)) {
+        if (rc != 0 || version != 0 || !tb_check(out, rows, base, 1.0f)) {
             print_error("worker %d: rc %s (%s)\n", k->index, ts_err_name(rc), ts_last_error());
             k->ok = 0;
         }
@@ -205,13 +170,9 @@ static void test_remote_blocking(void **state)
     assert_true(st.requests >= N * 10);
 }
 
-typedef struct acount {
-    pthread_mutex_t mu;
-    int done, ok, status_seen;
-} acount;
-
+/* What one asynchronous prediction expects, and the tally its completion is counted in. */
 typedef struct actx {
-    acount *c;
+    tb_tally *c;
     int64_t rows, base;
     float scale;
 } actx;
@@ -221,27 +182,9 @@ static void remote_cb(ts_predictor_t *p, int status, ts_value_t *out, int64_t ve
     (void)p;
     (void)version;
     actx *a = arg;
-    int good = status == 0 && check(out, a->rows, a->base, a->scale);
+    int good = status == 0 && tb_check(out, a->rows, a->base, a->scale);
     ts_value_free(out);
-    pthread_mutex_lock(&a->c->mu);
-    a->c->ok += good;
-    if (status != 0)
-        a->c->status_seen = status;
-    a->c->done++;
-    pthread_mutex_unlock(&a->c->mu);
-}
-
-static int wait_done(acount *c, int n, int max_ms)
-{
-    for (int i = 0; i < max_ms / 10; i++) {
-        pthread_mutex_lock(&c->mu);
-        int d = c->done;
-        pthread_mutex_unlock(&c->mu);
-        if (d >= n)
-            return 1;
-        sleep_us(10000);
-    }
-    return 0;
+    tb_tally_add(a->c, status, good);
 }
 
 static void test_remote_async(void **state)
@@ -251,16 +194,15 @@ static void test_remote_async(void **state)
     assert_int_equal(ts_predictor_open(&p, w->client, "policy"), 0);
     enum { N = 100 };
     static actx a[N];
-    acount c;
-    memset(&c, 0, sizeof(c));
-    pthread_mutex_init(&c.mu, NULL);
+    tb_tally c;
+    tb_tally_init(&c);
     for (int i = 0; i < N; i++) {
         a[i] = (actx){&c, 1 + i % 3, (int64_t)i * 10, 1.0f};
-        ts_value_t *in = request(a[i].rows, a[i].base);
+        ts_value_t *in = tb_request(a[i].rows, a[i].base);
         assert_int_equal(ts_predictor_predict_async(p, in, 20000, remote_cb, &a[i]), 0);
         ts_value_free(in); /* borrowed for the call only */
     }
-    assert_true(wait_done(&c, N, 30000));
+    assert_true(tb_tally_wait(&c, N, 30000));
     assert_int_equal(c.ok, N);
     ts_predictor_free(p);
 }
@@ -277,9 +219,9 @@ static void test_remote_schema_error(void **state)
     assert_non_null(strstr(ts_last_error(), "shape"));
     ts_value_free(in);
     /* The predictor keeps working. */
-    in = request(2, 1);
+    in = tb_request(2, 1);
     assert_int_equal(ts_predictor_predict(p, in, 20000, &out, NULL), 0);
-    assert_true(check(out, 2, 1, 1.0f));
+    assert_true(tb_check(out, 2, 1, 1.0f));
     ts_value_free(out);
     ts_value_free(in);
     ts_predictor_free(p);
@@ -303,14 +245,14 @@ static void test_remote_weights(void **state)
     int64_t version = 0;
     int tries = 0;
     for (; tries < 500 && version != 5; tries++) {
-        ts_value_t *in = request(1, 3), *out = NULL;
+        ts_value_t *in = tb_request(1, 3), *out = NULL;
         assert_int_equal(ts_predictor_predict(p, in, 20000, &out, &version), 0);
         /* Every answer is consistent with the version it reports. */
-        assert_true(check(out, 1, 3, version == 5 ? 5.0f : 1.0f));
+        assert_true(tb_check(out, 1, 3, version == 5 ? 5.0f : 1.0f));
         ts_value_free(out);
         ts_value_free(in);
         if (version != 5)
-            sleep_us(20000);
+            tb_sleep_us(20000);
     }
     assert_int_equal(version, 5);
     ts_predictor_free(p);
@@ -322,7 +264,7 @@ static void test_remote_deadline(void **state)
     world *w = *state;
     ts_predictor_t *p = NULL;
     assert_int_equal(ts_predictor_open(&p, w->client, "nobody"), 0);
-    ts_value_t *in = request(1, 0), *out = NULL;
+    ts_value_t *in = tb_request(1, 0), *out = NULL;
     uint64_t t0 = ts__now_ns();
     assert_int_equal(ts_predictor_predict(p, in, 300, &out, NULL), TS_ETIMEDOUT);
     double ms = (double)(ts__now_ns() - t0) / 1e6;
@@ -338,20 +280,19 @@ static void test_predictor_free_cancels(void **state)
     world *w = *state;
     ts_predictor_t *p = NULL;
     assert_int_equal(ts_predictor_open(&p, w->client, "nobody2"), 0);
-    acount c;
-    memset(&c, 0, sizeof(c));
-    pthread_mutex_init(&c.mu, NULL);
+    tb_tally c;
+    tb_tally_init(&c);
     actx a[5];
     for (int i = 0; i < 5; i++) {
         a[i] = (actx){&c, 1, 0, 1.0f};
-        ts_value_t *in = request(1, 0);
+        ts_value_t *in = tb_request(1, 0);
         assert_int_equal(ts_predictor_predict_async(p, in, TS_TIMEOUT_INFINITE, remote_cb, &a[i]),
                          0);
         ts_value_free(in);
     }
     ts_predictor_free(p);
     assert_int_equal(c.done, 5);
-    assert_int_equal(c.status_seen, TS_ECANCELED);
+    assert_int_equal(c.last_status, TS_ECANCELED);
     ts_delete(w->client, "nobody2/requests", NULL);
 }
 
@@ -363,28 +304,21 @@ static void test_predictor_free_cancels(void **state)
 static void test_remote_survives_restart(void **state)
 {
     (void)state;
-    tsh_server srv;
-    assert_int_equal(tsh_server_start(&srv, NULL), 0);
-    ts_client_t *sc = NULL, *wc = NULL;
-    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
-    assert_int_equal(ts_client_open(&wc, srv.addr, NULL), 0);
+    tb_world w;
+    tb_world_open(&w);
     ts_batcher_options_t cfg;
-    ts_batcher_options_init(&cfg);
-    cfg.inputs = schema;
-    cfg.n_inputs = 1;
-    cfg.max_batch = 8;
-    cfg.max_delay_us = 1000;
+    tb_options(&cfg, 8, 1000, NULL);
     cfg.create = sm_create;
     ts_batcher_t *b = NULL;
     assert_int_equal(ts_batcher_new(&b, &cfg), 0);
-    assert_int_equal(ts_batcher_serve(b, sc, "restart"), 0);
+    assert_int_equal(ts_batcher_serve(b, w.sc, "restart"), 0);
     ts_predictor_t *p = NULL;
-    assert_int_equal(ts_predictor_open(&p, wc, "restart"), 0);
-    ts_value_t *in = request(1, 40), *out = NULL;
+    assert_int_equal(ts_predictor_open(&p, w.c, "restart"), 0);
+    ts_value_t *in = tb_request(1, 40), *out = NULL;
     assert_int_equal(ts_predictor_predict(p, in, 10000, &out, NULL), 0);
     ts_value_free(out);
-    tsh_server_kill(&srv);
-    assert_int_equal(tsh_server_restart(&srv, NULL), 0);
+    tsh_server_kill(&w.srv);
+    assert_int_equal(tsh_server_restart(&w.srv, NULL), 0);
     /* The reply bin went with the old server: the chain waits on the new one's. */
     int rc = -1;
     for (int i = 0; i < 40 && rc != 0; i++) {
@@ -396,21 +330,14 @@ static void test_remote_survives_restart(void **state)
     ts_value_free(in);
     ts_predictor_free(p);
     ts_batcher_free(b);
-    ts_client_free(wc);
-    ts_client_free(sc);
-    assert_int_equal(tsh_server_stop(&srv), 0);
-    tsh_server_cleanup(&srv);
+    tb_world_close(&w);
 }
 
 /* A second batcher on the same model, one row per forward and no batching delay. */
 static ts_batcher_t *one_row_batcher(void)
 {
     ts_batcher_options_t cfg;
-    ts_batcher_options_init(&cfg);
-    cfg.inputs = schema;
-    cfg.n_inputs = 1;
-    cfg.max_batch = 1;
-    cfg.max_delay_us = 0;
+    tb_options(&cfg, 1, 0, NULL);
     cfg.create = sm_create;
     ts_batcher_t *b = NULL;
     assert_int_equal(ts_batcher_new(&b, &cfg), 0);
@@ -423,16 +350,15 @@ static void test_remote_shutdown(void **state)
     world *w = *state;
     ts_batcher_t *b = one_row_batcher();
     assert_int_equal(ts_batcher_serve(b, w->serve_client, "slow"), 0);
-    atomic_store(&g_delay_us, 100000);
+    atomic_store(&tb_delay_us, 100000);
     ts_predictor_t *p = NULL;
     assert_int_equal(ts_predictor_open(&p, w->client, "slow"), 0);
-    acount c;
-    memset(&c, 0, sizeof(c));
-    pthread_mutex_init(&c.mu, NULL);
+    tb_tally c;
+    tb_tally_init(&c);
     actx a[10];
     for (int i = 0; i < 10; i++) {
         a[i] = (actx){&c, 1, i, 1.0f};
-        ts_value_t *in = request(1, i);
+        ts_value_t *in = tb_request(1, i);
         assert_int_equal(ts_predictor_predict_async(p, in, 30000, remote_cb, &a[i]), 0);
         ts_value_free(in);
     }
@@ -442,13 +368,13 @@ static void test_remote_shutdown(void **state)
         ts_batcher_stats(b, &st);
         if (st.queued >= 5)
             break;
-        sleep_us(10000);
+        tb_sleep_us(10000);
     }
     ts_batcher_free(b);
-    atomic_store(&g_delay_us, 0);
-    assert_true(wait_done(&c, 10, 20000));
+    atomic_store(&tb_delay_us, 0);
+    assert_true(tb_tally_wait(&c, 10, 20000));
     assert_true(c.ok >= 1);
-    assert_int_equal(c.status_seen, TS_ECANCELED);
+    assert_int_equal(c.last_status, TS_ECANCELED);
     ts_predictor_free(p);
 }
 
@@ -506,7 +432,7 @@ static void test_remote_malformed(void **state)
         ts_batcher_stats(b, &st);
         if (st.malformed >= 3)
             break;
-        sleep_us(10000);
+        tb_sleep_us(10000);
     }
     assert_int_equal(st.malformed, 3);
     ts_items_t *answer = NULL;
@@ -514,7 +440,7 @@ static void test_remote_malformed(void **state)
     for (int i = 0; i < 1000 && rc == TS_ENOENT; i++) {
         rc = ts_get(w->client, "bad/reply/x", 0, &answer);
         if (rc == TS_ENOENT)
-            sleep_us(10000);
+            tb_sleep_us(10000);
     }
     assert_int_equal(rc, 0);
     int64_t status = 0, id = 0;

@@ -23,99 +23,27 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
+#include "batcher_test_util.h"
 #include "harness.h"
 #include "tensorshare/batcher.h"
 #include "tensorshare/service.h"
 
 #define WAIT_MS 20000 /* ms; the limit of every wait that should end much sooner */
 
-/* The model: {x: float32[3]} -> {y: float32[3] = 2 x + 1}, after g_delay_us. */
-static atomic_int g_delay_us;
+/* The model: the shared toy model with offset 1, {y = 2 x + 1}, slowed down by tb_delay_us. */
+static float g_offset = 1.0f;
 
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static int m_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
-{
-    (void)m;
-    if (atomic_load(&g_delay_us) > 0)
-        sleep_us(atomic_load(&g_delay_us));
-    const ts_tensor_t *x = ts_map_get_tensor(in, "x");
-    ts_value_t *y = ts_tensor_new(TS_FLOAT32, 2, x->shape, x->data, TS_COPY);
-    ts_value_t *o = ts_map_new();
-    if (y == NULL || o == NULL || ts_map_set(o, "y", y) != 0) {
-        ts_value_free(o);
-        return TS_ENOMEM;
-    }
-    float *d = ts_value_tensor(y)->data;
-    for (int64_t i = 0; i < rows * 3; i++)
-        d[i] = 2.0f * d[i] + 1.0f;
-    *out = o;
-    return 0;
-}
-
-static void m_free(ts_model_t *m)
-{
-    ts__free(m);
-}
-
-static const ts_model_ops_t m_ops = {m_forward, NULL, m_free};
-
-static int m_create(const char *device, int replica, ts_model_t **out, void *arg)
-{
-    (void)device;
-    (void)replica;
-    (void)arg;
-    ts_model_t *m = ts__calloc(1, sizeof(*m));
-    if (m == NULL)
-        return TS_ENOMEM;
-    m->ops = &m_ops;
-    *out = m;
-    return 0;
-}
-
-static const ts_field_t schema[] = {{"x", TS_FLOAT32, 1, {3}}};
-
+/* A batcher of the toy model on two CPU replicas, or NULL (the forked server calls it too). */
 static ts_batcher_t *new_batcher(int max_batch, int64_t version)
 {
     ts_batcher_options_t cfg;
-    ts_batcher_options_init(&cfg);
-    cfg.inputs = schema;
-    cfg.n_inputs = 1;
-    cfg.max_batch = max_batch;
-    cfg.max_delay_us = 1000;
-    cfg.placement = "cpu:2";
+    tb_options(&cfg, max_batch, 1000, "cpu:2");
     cfg.version = version;
-    cfg.create = m_create;
-    ts_batcher_t *b = NULL;
-    return ts_batcher_new(&b, &cfg) == 0 ? b : NULL;
-}
-
-static ts_value_t *request(int64_t rows, int64_t base)
-{
-    int64_t shape[2] = {rows, 3};
-    ts_value_t *x = ts_tensor_alloc(TS_FLOAT32, 2, shape);
-    assert_non_null(x);
-    float *d = ts_value_tensor(x)->data;
-    for (int64_t i = 0; i < rows * 3; i++)
-        d[i] = (float)(base + i);
-    ts_value_t *m = ts_map_new();
-    assert_int_equal(ts_map_set(m, "x", x), 0);
-    return m;
+    cfg.create_arg = &g_offset;
+    return tb_batcher(&cfg);
 }
 
 /* 1 when a and b hold the same {y} tensor, bit for bit. */
@@ -127,45 +55,13 @@ static int same_output(const ts_value_t *a, const ts_value_t *b)
            memcmp(x->data, y->data, (size_t)(x->shape[0] * x->shape[1]) * sizeof(float)) == 0;
 }
 
-/* Completions of asynchronous predictions. */
-typedef struct tally {
-    pthread_mutex_t mu;
-    int done, ok, last_status;
-    int statuses[64];
-    char last_msg[256];
-} tally;
-
+/* Counts an asynchronous prediction's completion in the tb_tally that arg points to. */
 static void on_answer(ts_predictor_t *p, int status, ts_value_t *out, int64_t version, void *arg)
 {
     (void)p;
     (void)version;
-    tally *t = arg;
-    pthread_mutex_lock(&t->mu);
-    if (t->done < 64)
-        t->statuses[t->done] = status;
-    t->done++;
-    t->ok += status == 0 && ts_map_get_tensor(out, "y") != NULL;
-    if (status != 0) {
-        t->last_status = status;
-        snprintf(t->last_msg, sizeof(t->last_msg), "%s", ts_last_error());
-    }
-    pthread_mutex_unlock(&t->mu);
+    tb_tally_add(arg, status, status == 0 && ts_map_get_tensor(out, "y") != NULL);
     ts_value_free(out);
-}
-
-static int tally_wait(tally *t, int n, int max_ms)
-{
-    uint64_t end = now_ms() + (uint64_t)max_ms;
-    for (;;) {
-        pthread_mutex_lock(&t->mu);
-        int d = t->done;
-        pthread_mutex_unlock(&t->mu);
-        if (d >= n)
-            return 1;
-        if (now_ms() > end)
-            return 0;
-        sleep_us(2000);
-    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -179,7 +75,7 @@ typedef struct child {
 /* The child: serve "killme" with a slow model, say 'r', and wait to be killed. */
 static void child_main(const char *addr, int out)
 {
-    atomic_store(&g_delay_us, 5000000); /* every forward outlasts the test's wait */
+    atomic_store(&tb_delay_us, 5000000); /* every forward outlasts the test's wait */
     ts_client_t *c = NULL;
     ts_batcher_t *b = new_batcher(4, 0);
     if (b == NULL || ts_client_open(&c, addr, NULL) != 0 || ts_batcher_serve(b, c, "killme") != 0)
@@ -188,7 +84,7 @@ static void child_main(const char *addr, int out)
     if (write(out, &r, 1) != 1)
         _exit(3);
     for (int i = 0; i < 600; i++)
-        sleep_us(100000); /* 60 s at most; the parent kills it long before */
+        tb_sleep_us(100000); /* 60 s at most; the parent kills it long before */
     _exit(4);
 }
 
@@ -216,27 +112,26 @@ static void test_server_killed_mid_request(void **state)
     assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
     ts_predictor_t *p = NULL;
     assert_int_equal(ts_predictor_open(&p, c, "killme"), 0);
-    static tally t;
-    memset(&t, 0, sizeof(t));
-    pthread_mutex_init(&t.mu, NULL);
+    static tb_tally t;
+    tb_tally_init(&t);
     enum { N = 3 };
     for (int i = 0; i < N; i++) {
-        ts_value_t *in = request(1, i);
+        ts_value_t *in = tb_request(1, i);
         assert_int_equal(ts_predictor_predict_async(p, in, WAIT_MS, on_answer, &t), 0);
         ts_value_free(in);
     }
     /* The server holds them (its forwards take 5 s): none is answered yet. */
-    sleep_us(300000);
+    tb_sleep_us(300000);
     pthread_mutex_lock(&t.mu);
     assert_int_equal(t.done, 0);
     pthread_mutex_unlock(&t.mu);
-    uint64_t t0 = now_ms();
+    uint64_t t0 = tb_now_ms();
     assert_int_equal(kill(k.pid, SIGKILL), 0);
     assert_int_equal(waitpid(k.pid, NULL, 0), k.pid);
     close(k.from);
     /* Failed at once, not at their 20 s deadline. */
-    assert_true(tally_wait(&t, N, 5000));
-    assert_true(now_ms() - t0 < 5000);
+    assert_true(tb_tally_wait(&t, N, 5000));
+    assert_true(tb_now_ms() - t0 < 5000);
     for (int i = 0; i < N; i++)
         assert_int_equal(t.statuses[i], TS_ESERVICE);
     assert_int_equal(t.ok, 0);
@@ -247,7 +142,7 @@ static void test_server_killed_mid_request(void **state)
     ts_batcher_t *b = new_batcher(4, 3);
     assert_non_null(b);
     assert_int_equal(ts_batcher_serve(b, sc, "killme"), 0);
-    ts_value_t *in = request(2, 10), *out = NULL;
+    ts_value_t *in = tb_request(2, 10), *out = NULL;
     int64_t version = -1;
     assert_int_equal(ts_predictor_predict(p, in, WAIT_MS, &out, &version), 0);
     assert_int_equal(version, 3);
@@ -265,7 +160,7 @@ static void test_server_killed_mid_request(void **state)
     ts_batcher_free(b);
     ts_client_free(sc);
     ts_client_free(c);
-    pthread_mutex_destroy(&t.mu);
+    tb_tally_destroy(&t);
     assert_int_equal(tsh_server_stop(&srv), 0);
     tsh_server_cleanup(&srv);
 }
@@ -273,31 +168,23 @@ static void test_server_killed_mid_request(void **state)
 /* ---------------------------------------------------------------------------------------------
  * Answers through the service and the relay, equal to the in-process ones
  */
+/* A tensord with a serving and a requesting client, and a batcher of version 7 not serving yet. */
 typedef struct world {
-    tsh_server srv;
-    ts_client_t *sc, *c;
+    tb_world t;
     ts_batcher_t *b;
 } world;
 
-static int world_open(world *w)
+static void world_open(world *w)
 {
-    memset(w, 0, sizeof(*w));
-    if (tsh_server_start(&w->srv, NULL) != 0)
-        return -1;
-    if (ts_client_open(&w->sc, w->srv.addr, NULL) != 0 ||
-        ts_client_open(&w->c, w->srv.addr, NULL) != 0)
-        return -1;
+    tb_world_open(&w->t);
     w->b = new_batcher(16, 7);
-    return w->b != NULL ? 0 : -1;
+    assert_non_null(w->b);
 }
 
 static void world_close(world *w)
 {
     ts_batcher_free(w->b);
-    ts_client_free(w->c);
-    ts_client_free(w->sc);
-    assert_int_equal(tsh_server_stop(&w->srv), 0);
-    tsh_server_cleanup(&w->srv);
+    tb_world_close(&w->t);
 }
 
 /* n blocking predictions of 1 to 4 rows through p, each equal to the batcher's own answer. */
@@ -305,7 +192,7 @@ static void predict_equal(world *w, ts_predictor_t *p, int n)
 {
     for (int i = 0; i < n; i++) {
         int64_t rows = 1 + i % 4;
-        ts_value_t *in = request(rows, i * 100), *out = NULL, *want = NULL;
+        ts_value_t *in = tb_request(rows, i * 100), *out = NULL, *want = NULL;
         int64_t version = -1;
         assert_int_equal(ts_predictor_predict(p, in, WAIT_MS, &out, &version), 0);
         assert_int_equal(version, 7);
@@ -321,24 +208,23 @@ static void test_service_answers_match(void **state)
 {
     (void)state;
     world w;
-    assert_int_equal(world_open(&w), 0);
-    assert_int_equal(ts_batcher_serve(w.b, w.sc, "policy"), 0);
+    world_open(&w);
+    assert_int_equal(ts_batcher_serve(w.b, w.t.sc, "policy"), 0);
     ts_predictor_options_t po;
     ts_predictor_options_init(&po);
     po.transport = TS_PREDICTOR_SERVICE;
     ts_predictor_t *p = NULL;
-    assert_int_equal(ts_predictor_open_with(&p, w.c, "policy", &po), 0);
+    assert_int_equal(ts_predictor_open_with(&p, w.t.c, "policy", &po), 0);
     predict_equal(&w, p, 12);
     /* Asynchronous ones too, many outstanding. */
-    static tally t;
-    memset(&t, 0, sizeof(t));
-    pthread_mutex_init(&t.mu, NULL);
+    static tb_tally t;
+    tb_tally_init(&t);
     for (int i = 0; i < 50; i++) {
-        ts_value_t *in = request(1, i);
+        ts_value_t *in = tb_request(1, i);
         assert_int_equal(ts_predictor_predict_async(p, in, WAIT_MS, on_answer, &t), 0);
         ts_value_free(in);
     }
-    assert_true(tally_wait(&t, 50, WAIT_MS));
+    assert_true(tb_tally_wait(&t, 50, WAIT_MS));
     assert_int_equal(t.ok, 50);
     ts_predictor_stats_t st;
     ts_predictor_stats(p, &st);
@@ -348,7 +234,7 @@ static void test_service_answers_match(void **state)
     assert_int_equal(st.shm, 0);
     ts_predictor_free(p);
     /* AUTO without slots on offer: the service. */
-    assert_int_equal(ts_predictor_open(&p, w.c, "policy"), 0);
+    assert_int_equal(ts_predictor_open(&p, w.t.c, "policy"), 0);
     predict_equal(&w, p, 3);
     ts_predictor_stats(p, &st);
     assert_int_equal(st.transport, TS_PREDICTOR_SERVICE);
@@ -356,8 +242,8 @@ static void test_service_answers_match(void **state)
     ts_predictor_free(p);
     /* No bin was used: neither the requests bin nor a reply bin exists. */
     ts_items_t *items = NULL;
-    assert_int_equal(ts_peek(w.c, "policy/requests", 0, &items), TS_ENOENT);
-    pthread_mutex_destroy(&t.mu);
+    assert_int_equal(ts_peek(w.t.c, "policy/requests", 0, &items), TS_ENOENT);
+    tb_tally_destroy(&t);
     world_close(&w);
 }
 
@@ -366,14 +252,14 @@ static void test_service_record(void **state)
 {
     (void)state;
     world w;
-    assert_int_equal(world_open(&w), 0);
+    world_open(&w);
     ts_batcher_serve_options_t so;
     ts_batcher_serve_options_init(&so);
     so.service_concurrency = 8;
-    assert_int_equal(ts_batcher_serve_with(w.b, w.sc, "policy", &so), 0);
+    assert_int_equal(ts_batcher_serve_with(w.b, w.t.sc, "policy", &so), 0);
     ts_value_t *req = ts_map_new(), *ans = NULL;
-    assert_int_equal(ts_map_set(req, "input", request(2, 5)), 0);
-    assert_int_equal(ts_call(w.c, "policy", req, WAIT_MS, 0, &ans), 0);
+    assert_int_equal(ts_map_set(req, "input", tb_request(2, 5)), 0);
+    assert_int_equal(ts_call(w.t.c, "policy", req, WAIT_MS, 0, &ans), 0);
     int64_t status = -1, version = -1;
     assert_int_equal(ts_map_get_int(ans, "status", &status), 0);
     assert_int_equal(ts_map_get_int(ans, "version", &version), 0);
@@ -387,7 +273,7 @@ static void test_service_record(void **state)
     ts_value_free(req);
     /* Not a map with an input: TS_ESCHEMA in the record, counted as malformed. */
     req = ts_int_new(3);
-    assert_int_equal(ts_call(w.c, "policy", req, WAIT_MS, 0, &ans), 0);
+    assert_int_equal(ts_call(w.t.c, "policy", req, WAIT_MS, 0, &ans), 0);
     assert_int_equal(ts_map_get_int(ans, "status", &status), 0);
     assert_int_equal(status, TS_ESCHEMA);
     assert_non_null(ts_map_get(ans, "error"));
@@ -398,7 +284,7 @@ static void test_service_record(void **state)
     assert_int_equal(bst.malformed, 1);
     /* An input that does not match the schema: TS_ESCHEMA to the predictor, with the reason. */
     ts_predictor_t *p = NULL;
-    assert_int_equal(ts_predictor_open(&p, w.c, "policy"), 0);
+    assert_int_equal(ts_predictor_open(&p, w.t.c, "policy"), 0);
     int64_t shape[2] = {1, 4};
     ts_value_t *in = ts_map_new(), *out = NULL;
     assert_int_equal(ts_map_set(in, "x", ts_tensor_alloc(TS_FLOAT32, 2, shape)), 0);
@@ -409,7 +295,7 @@ static void test_service_record(void **state)
     /* A bad concurrency is refused. */
     ts_batcher_t *b2 = new_batcher(4, 0);
     so.service_concurrency = -1;
-    assert_int_equal(ts_batcher_serve_with(b2, w.sc, "other", &so), TS_EINVAL);
+    assert_int_equal(ts_batcher_serve_with(b2, w.t.sc, "other", &so), TS_EINVAL);
     ts_batcher_free(b2);
     world_close(&w);
 }
@@ -418,13 +304,13 @@ static void test_relay_when_selected(void **state)
 {
     (void)state;
     world w;
-    assert_int_equal(world_open(&w), 0);
-    assert_int_equal(ts_batcher_serve(w.b, w.sc, "policy"), 0);
+    world_open(&w);
+    assert_int_equal(ts_batcher_serve(w.b, w.t.sc, "policy"), 0);
     ts_predictor_options_t po;
     ts_predictor_options_init(&po);
     po.transport = TS_PREDICTOR_RELAY;
     ts_predictor_t *p = NULL;
-    assert_int_equal(ts_predictor_open_with(&p, w.c, "policy", &po), 0);
+    assert_int_equal(ts_predictor_open_with(&p, w.t.c, "policy", &po), 0);
     predict_equal(&w, p, 8);
     ts_predictor_stats_t st;
     ts_predictor_stats(p, &st);
@@ -448,19 +334,18 @@ static void test_stop_remote_with_calls(void **state)
 {
     (void)state;
     world w;
-    assert_int_equal(world_open(&w), 0);
+    world_open(&w);
     ts_batcher_t *b = new_batcher(1, 0);
     assert_non_null(b);
-    assert_int_equal(ts_batcher_serve(b, w.sc, "slow"), 0);
+    assert_int_equal(ts_batcher_serve(b, w.t.sc, "slow"), 0);
     ts_predictor_t *p = NULL;
-    assert_int_equal(ts_predictor_open(&p, w.c, "slow"), 0);
-    atomic_store(&g_delay_us, 300000);
-    static tally t;
-    memset(&t, 0, sizeof(t));
-    pthread_mutex_init(&t.mu, NULL);
+    assert_int_equal(ts_predictor_open(&p, w.t.c, "slow"), 0);
+    atomic_store(&tb_delay_us, 300000);
+    static tb_tally t;
+    tb_tally_init(&t);
     enum { N = 6 };
     for (int i = 0; i < N; i++) {
-        ts_value_t *in = request(1, i);
+        ts_value_t *in = tb_request(1, i);
         assert_int_equal(ts_predictor_predict_async(p, in, WAIT_MS, on_answer, &t), 0);
         ts_value_free(in);
     }
@@ -469,18 +354,18 @@ static void test_stop_remote_with_calls(void **state)
         ts_batcher_stats(b, &st);
         if (st.submitted >= N)
             break;
-        sleep_us(5000);
+        tb_sleep_us(5000);
     }
     ts_batcher_stop_remote(b);
-    ts_client_free(w.sc);
-    w.sc = NULL;
-    assert_true(tally_wait(&t, N, WAIT_MS));
+    ts_client_free(w.t.sc);
+    w.t.sc = NULL;
+    assert_true(tb_tally_wait(&t, N, WAIT_MS));
     assert_true(t.ok <= 2);
     assert_int_equal(t.last_status, TS_ECANCELED);
     ts_batcher_free(b); /* the forward's completion ran or runs now: it finds its call answered */
-    atomic_store(&g_delay_us, 0);
+    atomic_store(&tb_delay_us, 0);
     ts_predictor_free(p);
-    pthread_mutex_destroy(&t.mu);
+    tb_tally_destroy(&t);
     world_close(&w);
 }
 
@@ -492,31 +377,30 @@ static void test_predictor_free_with_calls_out(void **state)
 {
     (void)state;
     world w;
-    assert_int_equal(world_open(&w), 0);
-    assert_int_equal(ts_batcher_serve(w.b, w.sc, "policy"), 0);
-    atomic_store(&g_delay_us, 200000);
+    world_open(&w);
+    assert_int_equal(ts_batcher_serve(w.b, w.t.sc, "policy"), 0);
+    atomic_store(&tb_delay_us, 200000);
     ts_predictor_t *p = NULL;
-    assert_int_equal(ts_predictor_open(&p, w.c, "policy"), 0);
-    static tally t;
-    memset(&t, 0, sizeof(t));
-    pthread_mutex_init(&t.mu, NULL);
+    assert_int_equal(ts_predictor_open(&p, w.t.c, "policy"), 0);
+    static tb_tally t;
+    tb_tally_init(&t);
     enum { N = 5 };
     for (int i = 0; i < N; i++) {
-        ts_value_t *in = request(1, i);
+        ts_value_t *in = tb_request(1, i);
         assert_int_equal(ts_predictor_predict_async(p, in, TS_TIMEOUT_INFINITE, on_answer, &t), 0);
         ts_value_free(in);
     }
-    sleep_us(50000);
+    tb_sleep_us(50000);
     ts_predictor_free(p);
     assert_int_equal(t.done, N);
     assert_int_equal(t.last_status, TS_ECANCELED);
-    sleep_us(500000); /* the answers arrive now, for a predictor that is gone */
-    atomic_store(&g_delay_us, 0);
+    tb_sleep_us(500000); /* the answers arrive now, for a predictor that is gone */
+    atomic_store(&tb_delay_us, 0);
     /* The client and the server carry on. */
-    assert_int_equal(ts_predictor_open(&p, w.c, "policy"), 0);
+    assert_int_equal(ts_predictor_open(&p, w.t.c, "policy"), 0);
     predict_equal(&w, p, 2);
     ts_predictor_free(p);
-    pthread_mutex_destroy(&t.mu);
+    tb_tally_destroy(&t);
     world_close(&w);
 }
 

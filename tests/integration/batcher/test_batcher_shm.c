@@ -25,121 +25,31 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
+#include "batcher_test_util.h"
 #include "harness.h"
 #include "tensorshare/batcher.h"
 
 /* ms; the most any child or step of these tests is waited for */
 #define WAIT_MS 20000
 
-/* The model: {x: float32[3]} -> {y: float32[3] = x * 2}. */
-static atomic_int g_delay_us;
+/* The model is the shared toy model without an offset: {y = 2 x}, slowed down by tb_delay_us. */
+#define DELAY_US 2000 /* us; every batcher's max_delay_us */
 
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static int sm_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
-{
-    (void)m;
-    if (atomic_load(&g_delay_us) > 0)
-        sleep_us(atomic_load(&g_delay_us));
-    const ts_tensor_t *x = ts_map_get_tensor(in, "x");
-    ts_value_t *y = ts_tensor_new(TS_FLOAT32, 2, x->shape, x->data, TS_COPY);
-    ts_value_t *o = ts_map_new();
-    if (y == NULL || o == NULL || ts_map_set(o, "y", y) != 0) {
-        ts_value_free(o);
-        return TS_ENOMEM;
-    }
-    float *d = ts_value_tensor(ts_map_get(o, "y"))->data;
-    for (int64_t i = 0; i < rows * 3; i++)
-        d[i] *= 2.0f;
-    *out = o;
-    return 0;
-}
-
-static void sm_free(ts_model_t *m)
-{
-    ts__free(m);
-}
-
-static const ts_model_ops_t sm_ops = {sm_forward, NULL, sm_free};
-
-static int sm_create(const char *device, int replica, ts_model_t **out, void *arg)
-{
-    (void)arg;
-    (void)device;
-    (void)replica;
-    ts_model_t *m = ts__calloc(1, sizeof(*m));
-    if (m == NULL)
-        return TS_ENOMEM;
-    m->ops = &sm_ops;
-    *out = m;
-    return 0;
-}
-
-static const ts_field_t schema[] = {{"x", TS_FLOAT32, 1, {3}}};
-
-static ts_batcher_t *new_batcher_on(int max_batch, const char *placement)
-{
-    ts_batcher_options_t cfg;
-    ts_batcher_options_init(&cfg);
-    cfg.inputs = schema;
-    cfg.n_inputs = 1;
-    cfg.max_batch = max_batch;
-    cfg.max_delay_us = 2000;
-    cfg.placement = placement;
-    cfg.create = sm_create;
-    ts_batcher_t *b = NULL;
-    return ts_batcher_new(&b, &cfg) == 0 ? b : NULL;
-}
-
+/* A batcher of the toy model on two CPU replicas, or NULL (children call it too: no asserts). */
 static ts_batcher_t *new_batcher(int max_batch)
 {
-    return new_batcher_on(max_batch, "cpu:2");
-}
-
-static ts_value_t *request(int64_t rows, int64_t base)
-{
-    int64_t shape[2] = {rows, 3};
-    ts_value_t *x = ts_tensor_alloc(TS_FLOAT32, 2, shape);
-    float *d = ts_value_tensor(x)->data;
-    for (int64_t i = 0; i < rows * 3; i++)
-        d[i] = (float)(base + i);
-    ts_value_t *m = ts_map_new();
-    ts_map_set(m, "x", x);
-    return m;
-}
-
-static int check(const ts_value_t *out, int64_t rows, int64_t base)
-{
-    const ts_tensor_t *y = ts_map_get_tensor(out, "y");
-    if (y == NULL || y->ndim != 2 || y->shape[0] != rows || y->shape[1] != 3)
-        return 0;
-    for (int64_t i = 0; i < rows * 3; i++)
-        if (((const float *)y->data)[i] != (float)(base + i) * 2.0f)
-            return 0;
-    return 1;
+    return tb_new_batcher(max_batch, DELAY_US, "cpu:2");
 }
 
 /* One prediction of rows rows; 1 when it was answered right. */
 static int predict_ok(ts_predictor_t *p, int64_t rows, int64_t base, int timeout_ms)
 {
-    ts_value_t *in = request(rows, base), *out = NULL;
+    ts_value_t *in = tb_request_try(rows, base), *out = NULL;
     int rc = ts_predictor_predict(p, in, timeout_ms, &out, NULL);
-    int ok = rc == 0 && check(out, rows, base);
+    int ok = rc == 0 && tb_check(out, rows, base, 2.0f);
     if (!ok)
         fprintf(stderr, "predict %lld rows: %s (%s)\n", (long long)rows, ts_err_name(rc),
                 ts_last_error());
@@ -200,14 +110,14 @@ static char get_byte(int fd, int ms)
 static int reap(child *c)
 {
     int status = 0;
-    for (uint64_t until = now_ms() + WAIT_MS; now_ms() < until;) {
+    for (uint64_t until = tb_now_ms() + WAIT_MS; tb_now_ms() < until;) {
         pid_t r = waitpid(c->pid, &status, WNOHANG);
         if (r == c->pid) {
             close(c->to);
             close(c->from);
             return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
         }
-        sleep_us(5000);
+        tb_sleep_us(5000);
     }
     kill(c->pid, SIGKILL);
     waitpid(c->pid, &status, 0);
@@ -366,18 +276,18 @@ static void test_shm_requester_killed(void **state)
     put_byte(victim.to, 'g');
     assert_int_equal(get_byte(victim.from, WAIT_MS), 'r');
     /* Its request will sit in a slow forward when it dies. */
-    atomic_store(&g_delay_us, 300000);
+    atomic_store(&tb_delay_us, 300000);
     put_byte(victim.to, 'g');
     ts_batcher_stats_t st;
-    uint64_t until = now_ms() + WAIT_MS;
+    uint64_t until = tb_now_ms() + WAIT_MS;
     do {
-        sleep_us(2000);
+        tb_sleep_us(2000);
         ts_batcher_stats(b, &st);
-    } while (st.submitted < 1 && now_ms() < until);
+    } while (st.submitted < 1 && tb_now_ms() < until);
     assert_int_equal(st.submitted, 1);
     kill(victim.pid, SIGKILL);
     assert_int_equal(reap(&victim), -1);
-    atomic_store(&g_delay_us, 0);
+    atomic_store(&tb_delay_us, 0);
     put_byte(reuser.to, 'g');
     assert_int_equal(reap(&reuser), 0);
     ts_batcher_stats(b, &st);
@@ -397,7 +307,7 @@ static int server_main(const char *addr, int index, int in, int out)
     ts_client_t *sc = NULL;
     if (ts_client_open(&sc, addr, NULL) != 0)
         return 10;
-    atomic_store(&g_delay_us, 5000000); /* every forward outlives the test's kill */
+    atomic_store(&tb_delay_us, 5000000); /* every forward outlives the test's kill */
     ts_batcher_t *b = new_batcher(32);
     if (b == NULL || ts_batcher_serve(b, sc, "policy") != 0 ||
         ts_batcher_serve_shm(b, sc, "policy", NULL) != 0)
@@ -415,7 +325,7 @@ typedef struct killer {
 static void *killer_main(void *arg)
 {
     killer *k = arg;
-    sleep_us((long)k->after_ms * 1000);
+    tb_sleep_us((long)k->after_ms * 1000);
     kill(k->pid, SIGKILL);
     return NULL;
 }
@@ -439,10 +349,10 @@ static void test_shm_server_killed(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, killer_main, &k), 0);
     enum { TIMEOUT_MS = 10000 };
-    uint64_t t0 = now_ms();
-    ts_value_t *in = request(1, 0), *out = NULL;
+    uint64_t t0 = tb_now_ms();
+    ts_value_t *in = tb_request_try(1, 0), *out = NULL;
     int rc = ts_predictor_predict(p, in, TIMEOUT_MS, &out, NULL);
-    uint64_t took = now_ms() - t0;
+    uint64_t took = tb_now_ms() - t0;
     pthread_join(th, NULL);
     assert_int_equal(rc, TS_ECONNRESET);
     assert_non_null(strstr(ts_last_error(), "died"));
@@ -551,9 +461,9 @@ static int one_request_main(const char *addr, int index, int in, int out)
     int rc = child_open(addr, TS_PREDICTOR_SHM, &c, &p);
     if (rc != 0)
         return rc;
-    ts_value_t *x = request(1, index * 10), *y = NULL;
+    ts_value_t *x = tb_request_try(1, index * 10), *y = NULL;
     rc = ts_predictor_predict(p, x, WAIT_MS, &y, NULL);
-    int code = rc == 0 && check(y, 1, index * 10) ? 0 : rc == TS_ECANCELED ? 20 : 30;
+    int code = rc == 0 && tb_check(y, 1, index * 10, 2.0f) ? 0 : rc == TS_ECANCELED ? 20 : 30;
     if (code == 30)
         fprintf(stderr, "child %d: %s (%s)\n", index, ts_err_name(rc), ts_last_error());
     ts_value_free(y);
@@ -573,29 +483,29 @@ static void test_shm_free_while_in_flight(void **state)
         assert_int_equal(spawn(&k[i], one_request_main, srv.addr, i), 0);
     ts_client_t *sc = NULL;
     assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
-    ts_batcher_t *b = new_batcher_on(32, "cpu:1");
+    ts_batcher_t *b = tb_new_batcher(32, DELAY_US, "cpu:1");
     assert_non_null(b);
     assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
     assert_int_equal(ts_batcher_serve_shm(b, sc, "policy", NULL), 0);
     /* The first request sits in a slow forward, the second waits in the queue behind it. */
-    atomic_store(&g_delay_us, 300000);
+    atomic_store(&tb_delay_us, 300000);
     put_byte(k[0].to, 'g');
     ts_batcher_stats_t st;
-    uint64_t until = now_ms() + WAIT_MS;
+    uint64_t until = tb_now_ms() + WAIT_MS;
     do {
-        sleep_us(2000);
+        tb_sleep_us(2000);
         ts_batcher_stats(b, &st);
-    } while (st.batches == 0 && st.submitted < 1 && now_ms() < until);
-    sleep_us(20000); /* the replica takes it into its forward */
+    } while (st.batches == 0 && st.submitted < 1 && tb_now_ms() < until);
+    tb_sleep_us(20000); /* the replica takes it into its forward */
     put_byte(k[1].to, 'g');
     do {
-        sleep_us(2000);
+        tb_sleep_us(2000);
         ts_batcher_stats(b, &st);
-    } while (st.submitted < 2 && now_ms() < until);
+    } while (st.submitted < 2 && tb_now_ms() < until);
     assert_int_equal(st.submitted, 2);
     /* The slots close and their region stays mapped until both answers are written. */
     ts_batcher_free(b);
-    atomic_store(&g_delay_us, 0);
+    atomic_store(&tb_delay_us, 0);
     assert_int_equal(reap(&k[0]), 0);
     assert_int_equal(reap(&k[1]), 20);
     ts_client_free(sc);
@@ -609,26 +519,23 @@ static void test_shm_free_while_in_flight(void **state)
 static void test_shm_sizes_and_transports(void **state)
 {
     (void)state;
-    tsh_server srv;
-    assert_int_equal(tsh_server_start(&srv, NULL), 0);
-    ts_client_t *sc = NULL, *c = NULL;
-    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
-    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    tb_world w;
+    tb_world_open(&w);
     ts_predictor_t *p = NULL;
     ts_predictor_options_t po;
     ts_predictor_options_init(&po);
     po.transport = TS_PREDICTOR_SHM;
     /* Nobody offers slots yet. */
-    assert_int_equal(ts_predictor_open_with(&p, c, "policy", &po), TS_ENOTSUP);
+    assert_int_equal(ts_predictor_open_with(&p, w.c, "policy", &po), TS_ENOTSUP);
     ts_batcher_t *b = new_batcher(2048);
     assert_non_null(b);
     ts_batcher_shm_options_t so;
     ts_batcher_shm_options_init(&so);
     so.request_bytes = 8192; /* about 600 rows of x */
     so.answer_bytes = 4096;  /* about 300 rows of y */
-    assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
-    assert_int_equal(ts_batcher_serve_shm(b, sc, "policy", &so), 0);
-    assert_int_equal(ts_predictor_open(&p, c, "policy"), 0);
+    assert_int_equal(ts_batcher_serve(b, w.sc, "policy"), 0);
+    assert_int_equal(ts_batcher_serve_shm(b, w.sc, "policy", &so), 0);
+    assert_int_equal(ts_predictor_open(&p, w.c, "policy"), 0);
     ts_predictor_stats_t st;
     assert_true(predict_ok(p, 1, 7, WAIT_MS));
     assert_true(predict_ok(p, 1000, 0, WAIT_MS)); /* 12 000 bytes: through the service */
@@ -639,7 +546,7 @@ static void test_shm_sizes_and_transports(void **state)
     assert_int_equal(st.oversize, 1);
     assert_int_equal(st.transport, TS_PREDICTOR_SHM);
     /* Fits the request area, not the answer area: refused with a clear error. */
-    ts_value_t *in = request(400, 0), *out = NULL;
+    ts_value_t *in = tb_request_try(400, 0), *out = NULL;
     assert_int_equal(ts_predictor_predict(p, in, WAIT_MS, &out, NULL), TS_EMSGSIZE);
     assert_non_null(strstr(ts_last_error(), "answer area"));
     ts_value_free(in);
@@ -652,7 +559,7 @@ static void test_shm_sizes_and_transports(void **state)
     ts_predictor_free(p);
     /* Forced relay. */
     po.transport = TS_PREDICTOR_RELAY;
-    assert_int_equal(ts_predictor_open_with(&p, c, "policy", &po), 0);
+    assert_int_equal(ts_predictor_open_with(&p, w.c, "policy", &po), 0);
     assert_true(predict_ok(p, 2, 9, WAIT_MS));
     ts_predictor_stats(p, &st);
     assert_int_equal(st.shm, 0);
@@ -660,12 +567,9 @@ static void test_shm_sizes_and_transports(void **state)
     assert_int_equal(st.transport, TS_PREDICTOR_RELAY);
     ts_predictor_free(p);
     po.transport = 7;
-    assert_int_equal(ts_predictor_open_with(&p, c, "policy", &po), TS_EINVAL);
+    assert_int_equal(ts_predictor_open_with(&p, w.c, "policy", &po), TS_EINVAL);
     ts_batcher_free(b);
-    ts_client_free(c);
-    ts_client_free(sc);
-    assert_int_equal(tsh_server_stop(&srv), 0);
-    tsh_server_cleanup(&srv);
+    tb_world_close(&w);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -682,29 +586,26 @@ static void test_shm_sizes_and_transports(void **state)
 static void test_shm_look_then_sleep(void **state)
 {
     (void)state;
-    tsh_server srv;
-    assert_int_equal(tsh_server_start(&srv, NULL), 0);
-    ts_client_t *sc = NULL, *c = NULL;
-    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
-    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    tb_world w;
+    tb_world_open(&w);
     ts_batcher_t *b = new_batcher(64);
     assert_non_null(b);
-    assert_int_equal(ts_batcher_serve(b, sc, "policy"), 0);
-    assert_int_equal(ts_batcher_serve_shm(b, sc, "policy", NULL), 0);
+    assert_int_equal(ts_batcher_serve(b, w.sc, "policy"), 0);
+    assert_int_equal(ts_batcher_serve_shm(b, w.sc, "policy", NULL), 0);
     ts_predictor_t *p = NULL;
-    assert_int_equal(ts_predictor_open(&p, c, "policy"), 0);
+    assert_int_equal(ts_predictor_open(&p, w.c, "policy"), 0);
     int n = 0;
     for (int i = 0; i < LOOK_QUICK; i++, n++)
         assert_true(predict_ok(p, 1, n, WAIT_MS));
-    atomic_store(&g_delay_us, SLOW_US);
+    atomic_store(&tb_delay_us, SLOW_US);
     for (int i = 0; i < LOOK_SLOW; i++, n++)
         assert_true(predict_ok(p, 1, n, WAIT_MS));
     /* A 1 ms deadline against a 50 ms forward: the look and the sleep both end by it. */
-    atomic_store(&g_delay_us, 50000);
-    ts_value_t *in = request(1, 0), *out = NULL;
+    atomic_store(&tb_delay_us, 50000);
+    ts_value_t *in = tb_request_try(1, 0), *out = NULL;
     assert_int_equal(ts_predictor_predict(p, in, 1, &out, NULL), TS_ETIMEDOUT);
     ts_value_free(in);
-    atomic_store(&g_delay_us, 0);
+    atomic_store(&tb_delay_us, 0);
     /* The late answer of the timed-out request lands in the slot and is not taken for a new one. */
     for (int i = 0; i < 2 * LOOK_QUICK + 64; i++, n++)
         assert_true(predict_ok(p, 1, n, WAIT_MS));
@@ -715,10 +616,7 @@ static void test_shm_look_then_sleep(void **state)
     assert_int_equal(st.service, 0);
     ts_predictor_free(p);
     ts_batcher_free(b);
-    ts_client_free(c);
-    ts_client_free(sc);
-    assert_int_equal(tsh_server_stop(&srv), 0);
-    tsh_server_cleanup(&srv);
+    tb_world_close(&w);
 }
 
 int main(void)

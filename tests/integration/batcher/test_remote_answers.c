@@ -13,93 +13,17 @@
 
 #include <cmocka.h>
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "common.h"
+#include "batcher_test_util.h"
 #include "harness.h"
 #include "tensorshare/batcher.h"
 
-/* The model: {x: float32[3]} -> {y: float32[3] = x * 2}, after g_delay_us of "compute". */
-static atomic_int g_delay_us;
-
-static void sleep_us(long us)
-{
-    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-    nanosleep(&ts, NULL);
-}
-
-static int m_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
-{
-    (void)m;
-    if (atomic_load(&g_delay_us) > 0)
-        sleep_us(atomic_load(&g_delay_us));
-    const ts_tensor_t *x = ts_map_get_tensor(in, "x");
-    ts_value_t *y = ts_tensor_new(TS_FLOAT32, 2, x->shape, x->data, TS_COPY);
-    ts_value_t *o = ts_map_new();
-    if (y == NULL || o == NULL || ts_map_set(o, "y", y) != 0) {
-        ts_value_free(o);
-        return TS_ENOMEM;
-    }
-    float *d = ts_value_tensor(y)->data;
-    for (int64_t i = 0; i < rows * 3; i++)
-        d[i] *= 2.0f;
-    *out = o;
-    return 0;
-}
-
-static void m_free(ts_model_t *m)
-{
-    ts__free(m);
-}
-
-static const ts_model_ops_t m_ops = {m_forward, NULL, m_free};
-
-static int m_create(const char *device, int replica, ts_model_t **out, void *arg)
-{
-    (void)arg;
-    (void)device;
-    (void)replica;
-    ts_model_t *m = ts__calloc(1, sizeof(*m));
-    if (m == NULL)
-        return TS_ENOMEM;
-    m->ops = &m_ops;
-    *out = m;
-    return 0;
-}
-
-static const ts_field_t schema[] = {{"x", TS_FLOAT32, 1, {3}}};
-
-static ts_batcher_t *new_batcher(int max_batch, const char *placement)
-{
-    ts_batcher_options_t cfg;
-    ts_batcher_options_init(&cfg);
-    cfg.inputs = schema;
-    cfg.n_inputs = 1;
-    cfg.max_batch = max_batch;
-    cfg.max_delay_us = 1000;
-    cfg.placement = placement;
-    cfg.create = m_create;
-    ts_batcher_t *b = NULL;
-    assert_int_equal(ts_batcher_new(&b, &cfg), 0);
-    return b;
-}
-
-static ts_value_t *request(int64_t base)
-{
-    int64_t shape[2] = {1, 3};
-    ts_value_t *x = ts_tensor_alloc(TS_FLOAT32, 2, shape);
-    assert_non_null(x);
-    float *d = ts_value_tensor(x)->data;
-    for (int i = 0; i < 3; i++)
-        d[i] = (float)(base + i);
-    ts_value_t *m = ts_map_new();
-    assert_int_equal(ts_map_set(m, "x", x), 0);
-    return m;
-}
+/* The model is the shared toy model without an offset: {y = 2 x}, slowed down by tb_delay_us. */
+#define DELAY_US 1000 /* us; every batcher's max_delay_us */
 
 enum { MAX_REQ = 512 };
 
@@ -121,13 +45,7 @@ static void on_answer(ts_predictor_t *p, int status, ts_value_t *out, int64_t ve
     (void)p;
     (void)version;
     slot *s = arg;
-    int good = 0;
-    if (status == 0) {
-        const ts_tensor_t *y = ts_map_get_tensor(out, "y");
-        good = y != NULL && y->ndim == 2 && y->shape[0] == 1 && y->shape[1] == 3;
-        for (int i = 0; good && i < 3; i++)
-            good = ((const float *)y->data)[i] == 2.0f * (float)(s->index * 10 + i);
-    }
+    int good = status == 0 && tb_check(out, 1, (int64_t)s->index * 10, 2.0f);
     ts_value_free(out);
     atomic_fetch_add(&s->t->calls[s->index], 1);
     atomic_fetch_add(good ? &s->t->good[s->index] : &s->t->failed[s->index], 1);
@@ -140,7 +58,7 @@ static int wait_total(tally *t, int n, int max_ms)
     for (int i = 0; i < max_ms / 5; i++) {
         if (atomic_load(&t->total) >= n)
             return 1;
-        sleep_us(5000);
+        tb_sleep_us(5000);
     }
     return atomic_load(&t->total) >= n;
 }
@@ -153,29 +71,27 @@ static int wait_total(tally *t, int n, int max_ms)
 static void test_many_outstanding_answered_once(void **state)
 {
     (void)state;
-    tsh_server srv;
-    assert_int_equal(tsh_server_start(&srv, NULL), 0);
-    ts_client_t *sc = NULL, *wc = NULL;
-    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
-    assert_int_equal(ts_client_open(&wc, srv.addr, NULL), 0);
-    atomic_store(&g_delay_us, 300);
-    ts_batcher_t *b = new_batcher(16, "cpu:2");
-    assert_int_equal(ts_batcher_serve(b, sc, "many"), 0);
+    tb_world w;
+    tb_world_open(&w);
+    atomic_store(&tb_delay_us, 300);
+    ts_batcher_t *b = tb_new_batcher(16, DELAY_US, "cpu:2");
+    assert_non_null(b);
+    assert_int_equal(ts_batcher_serve(b, w.sc, "many"), 0);
     enum { P = 4, PER = 100, N = P * PER };
     static tally t;
     memset(&t, 0, sizeof(t));
     static slot s[N];
     ts_predictor_t *p[P];
     for (int i = 0; i < P; i++)
-        assert_int_equal(ts_predictor_open(&p[i], wc, "many"), 0);
+        assert_int_equal(ts_predictor_open(&p[i], w.c, "many"), 0);
     for (int i = 0; i < N; i++) {
         s[i] = (slot){&t, i};
-        ts_value_t *in = request((int64_t)i * 10);
+        ts_value_t *in = tb_request(1, (int64_t)i * 10);
         assert_int_equal(ts_predictor_predict_async(p[i % P], in, 20000, on_answer, &s[i]), 0);
         ts_value_free(in);
     }
     assert_true(wait_total(&t, N, 30000));
-    sleep_us(50000); /* a second answer to any request would come now */
+    tb_sleep_us(50000); /* a second answer to any request would come now */
     for (int i = 0; i < N; i++) {
         assert_int_equal(atomic_load(&t.calls[i]), 1);
         assert_int_equal(atomic_load(&t.good[i]), 1);
@@ -183,11 +99,8 @@ static void test_many_outstanding_answered_once(void **state)
     for (int i = 0; i < P; i++)
         ts_predictor_free(p[i]);
     ts_batcher_free(b);
-    atomic_store(&g_delay_us, 0);
-    ts_client_free(wc);
-    ts_client_free(sc);
-    assert_int_equal(tsh_server_stop(&srv), 0);
-    tsh_server_cleanup(&srv);
+    atomic_store(&tb_delay_us, 0);
+    tb_world_close(&w);
 }
 
 /*
@@ -200,26 +113,24 @@ static void test_many_outstanding_answered_once(void **state)
 static void test_lost_connection_answers_in_flight(void **state)
 {
     (void)state;
-    tsh_server srv;
-    assert_int_equal(tsh_server_start(&srv, NULL), 0);
-    ts_client_t *sc = NULL, *wc = NULL;
-    assert_int_equal(ts_client_open(&sc, srv.addr, NULL), 0);
-    assert_int_equal(ts_client_open(&wc, srv.addr, NULL), 0);
-    atomic_store(&g_delay_us, 300000);
-    ts_batcher_t *b = new_batcher(64, "cpu:1");
-    assert_int_equal(ts_batcher_serve(b, sc, "lost"), 0);
+    tb_world w;
+    tb_world_open(&w);
+    atomic_store(&tb_delay_us, 300000);
+    ts_batcher_t *b = tb_new_batcher(64, DELAY_US, "cpu:1");
+    assert_non_null(b);
+    assert_int_equal(ts_batcher_serve(b, w.sc, "lost"), 0);
     ts_predictor_t *p = NULL;
     ts_predictor_options_t po;
     ts_predictor_options_init(&po);
     po.transport = TS_PREDICTOR_SERVICE;
-    assert_int_equal(ts_predictor_open_with(&p, wc, "lost", &po), 0);
+    assert_int_equal(ts_predictor_open_with(&p, w.c, "lost", &po), 0);
     enum { N = 64 };
     static tally t;
     memset(&t, 0, sizeof(t));
     static slot s[N];
     for (int i = 0; i < N; i++) {
         s[i] = (slot){&t, i};
-        ts_value_t *in = request((int64_t)i * 10);
+        ts_value_t *in = tb_request(1, (int64_t)i * 10);
         assert_int_equal(ts_predictor_predict_async(p, in, 3000, on_answer, &s[i]), 0);
         ts_value_free(in);
     }
@@ -229,18 +140,18 @@ static void test_lost_connection_answers_in_flight(void **state)
         ts_batcher_stats(b, &st);
         if (st.submitted >= N)
             break;
-        sleep_us(5000);
+        tb_sleep_us(5000);
     }
     assert_true(st.submitted >= N);
-    tsh_server_kill(&srv);
+    tsh_server_kill(&w.srv);
     assert_true(wait_total(&t, N, 10000));
-    sleep_us(50000);
+    tb_sleep_us(50000);
     for (int i = 0; i < N; i++)
         assert_int_equal(atomic_load(&t.calls[i]), 1);
-    atomic_store(&g_delay_us, 0);
-    assert_int_equal(tsh_server_restart(&srv, NULL), 0);
+    atomic_store(&tb_delay_us, 0);
+    assert_int_equal(tsh_server_restart(&w.srv, NULL), 0);
     /* Both clients reconnect; the server then answers again (one forward of 1 row). */
-    ts_value_t *in = request(70), *out = NULL;
+    ts_value_t *in = tb_request(1, 70), *out = NULL;
     int rc = -1;
     for (int i = 0; i < 40 && rc != 0; i++) {
         out = NULL;
@@ -254,7 +165,7 @@ static void test_lost_connection_answers_in_flight(void **state)
     static slot s2[N];
     for (int i = 0; i < N; i++) {
         s2[i] = (slot){&t2, i};
-        ts_value_t *x = request((int64_t)i * 10);
+        ts_value_t *x = tb_request(1, (int64_t)i * 10);
         assert_int_equal(ts_predictor_predict_async(p, x, 10000, on_answer, &s2[i]), 0);
         ts_value_free(x);
     }
@@ -264,10 +175,7 @@ static void test_lost_connection_answers_in_flight(void **state)
     ts_value_free(in);
     ts_predictor_free(p);
     ts_batcher_free(b);
-    ts_client_free(wc);
-    ts_client_free(sc);
-    assert_int_equal(tsh_server_stop(&srv), 0);
-    tsh_server_cleanup(&srv);
+    tb_world_close(&w);
 }
 
 int main(void)
