@@ -233,6 +233,43 @@ static double run_copy_get(ts_client_t *c, size_t size, int iters, void *buf)
     return bench_median(s, (size_t)iters);
 }
 
+/*
+ * The floor of any read by reference on this machine: mapping a memfd of size bytes read-only and
+ * reading its first page, then unmapping it, in this process alone (no server, no socket). Median
+ * seconds of each over MAP_FLOOR_ITERS tries.
+ */
+#define MAP_FLOOR_ITERS 50
+
+static void map_floor(size_t size, double *map_s, double *unmap_s)
+{
+    int fd = memfd_create("zc-floor", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0)
+        die("memfd_create", TS_ENOMEM);
+    void *w = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (w == MAP_FAILED)
+        die("mmap", TS_ENOMEM);
+    memset(w, 0x3c, size);
+    munmap(w, size);
+    double m[MAP_FLOOR_ITERS], u[MAP_FLOOR_ITERS];
+    volatile uint8_t sink = 0;
+    for (int i = 0; i < MAP_FLOOR_ITERS; i++) {
+        double t0 = bench_now();
+        const uint8_t *p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED)
+            die("mmap", TS_ENOMEM);
+        sink += p[0];
+        double t1 = bench_now();
+        munmap((void *)p, size);
+        double t2 = bench_now();
+        m[i] = t1 - t0;
+        u[i] = t2 - t1;
+    }
+    (void)sink;
+    close(fd);
+    *map_s = bench_median(m, MAP_FLOOR_ITERS);
+    *unmap_s = bench_median(u, MAP_FLOOR_ITERS);
+}
+
 static void case_curve(ts_client_t *c)
 {
     size_t sizes[16], ns = 0;
@@ -242,6 +279,11 @@ static void case_curve(ts_client_t *c)
     if (buf == NULL)
         die("allocation", TS_ENOMEM);
     bench_fill(buf, COPY_MAX_MIB * MIB, 0, 1);
+    double fm, fu;
+    map_floor(64 * MIB, &fm, &fu);
+    printf("\nthis machine, one process, a 64 MiB memfd: mmap + first page read %.1f us, munmap "
+           "%.1f us (the floor of a read by reference)\n",
+           fm * 1e6, fu * 1e6);
     printf("\n#### Get by reference (unix socket, one float32 tensor; median us per call)\n\n");
     printf("| size | get_ref | peek_ref | free (munmap) | PING after the free | get (copy) | "
            "copy / get_ref |\n");
