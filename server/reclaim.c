@@ -98,12 +98,8 @@ int tsd_reclaim_start(void)
         return -1;
     }
     /* The signals stay the loop thread's (libuv's handlers), as for the thread pool. */
-    sigset_t set, old;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &set, &old);
+    sigset_t old;
+    tsd_signals_block(&old);
     rc.stopping = 0;
     int err = pthread_create(&rc.thread, NULL, reclaim_main, NULL);
     pthread_sigmask(SIG_SETMASK, &old, NULL);

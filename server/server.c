@@ -598,14 +598,20 @@ static void pool_noop_done(uv_work_t *req, int status)
  * loop thread blocks them meanwhile (tsd_server_release_signals), and so must every other
  * thread, or one of them could take the default action in that moment.
  */
-static void pool_start(tsd_server *srv)
+void tsd_signals_block(sigset_t *old)
 {
-    sigset_t set, old;
+    sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &set, &old);
+    pthread_sigmask(SIG_BLOCK, &set, old);
+}
+
+static void pool_start(tsd_server *srv)
+{
+    sigset_t old;
+    tsd_signals_block(&old);
     if (uv_queue_work(srv->loop, &srv->pool_warm, pool_noop, pool_noop_done) != 0)
         tsd_log(TSD_LOG_WARN, "cannot start the thread pool yet");
     pthread_sigmask(SIG_SETMASK, &old, NULL);

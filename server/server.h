@@ -28,6 +28,7 @@
 #ifndef TSD_SERVER_H
 #define TSD_SERVER_H
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -376,9 +377,10 @@ uint64_t tsd_pool_bytes(void);
  * pages back is not the loop's. At most TSD_RECLAIM_MAX_PENDING bytes wait at a time; past it,
  * and without the thread, a release happens at once. Called on the loop thread.
  */
-#define TSD_RECLAIM_MIN         ((size_t)4 << 20)   /* bytes; smaller releases happen at once */
-#define TSD_RECLAIM_MAX_PENDING ((uint64_t)1 << 30) /* bytes waiting, at most (plus one release)   \
-                                                     */
+#define TSD_RECLAIM_MIN ((size_t)4 << 20) /* bytes; smaller releases happen at once */
+#define TSD_RECLAIM_MAX_PENDING                                                                    \
+    ((uint64_t)1 << 30)          /* bytes waiting, at most (plus one release)                      \
+                                  */
 #define TSD_RECLAIM_MAX_JOBS 64u /* releases waiting, at most (each may hold a descriptor) */
 
 typedef struct tsd_reclaim_stats {
@@ -387,6 +389,12 @@ typedef struct tsd_reclaim_stats {
     uint64_t bytes;         /* since start: their bytes */
 } tsd_reclaim_stats;
 
+/*
+ * Block SIGINT, SIGTERM and SIGHUP in the calling thread (*old: the mask before, to restore
+ * with pthread_sigmask), so that a thread it starts meanwhile inherits the block and those
+ * signals only ever reach the loop thread (server.c, pool_start, says why). server.c.
+ */
+void tsd_signals_block(sigset_t *old);
 /* Start the thread (tsd_server_init); -1 when it cannot start (releases then happen at once). */
 int tsd_reclaim_start(void);
 /* Finish every queued release and end the thread (tsd_server_free). */
