@@ -95,6 +95,18 @@ static void predictor_leave(predictor_object *self)
         predictor_free(self);
 }
 
+/* What predictor_init hands to predictor_open (tsp_client_open), and the predictor opened. */
+typedef struct predictor_open_arg {
+    const char *name;
+    ts_predictor_t *p;
+} predictor_open_arg;
+
+static int predictor_open(ts_client_t *c, void *arg)
+{
+    predictor_open_arg *a = arg;
+    return ts_predictor_open(&a->p, c, a->name);
+}
+
 static int predictor_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
 {
     predictor_object *self = (predictor_object *)self_obj;
@@ -106,31 +118,17 @@ static int predictor_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "Predictor.__init__ called twice");
         return -1;
     }
-    const char *cname = PyUnicode_AsUTF8(name);
-    if (cname == NULL)
-        return -1;
-    ts_client_t *c = tsp_client_enter(client);
-    if (c == NULL)
+    predictor_open_arg a = {PyUnicode_AsUTF8(name), NULL};
+    if (a.name == NULL)
         return -1;
     tsp_tensor_type_t tt;
-    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0) {
-        tsp_client_leave(client);
+    if (tsp_client_open(client, tt_obj, predictor_open, &a, &tt) < 0)
         return -1;
-    }
-    ts_predictor_t *p = NULL;
-    PyThreadState *nogil = PyEval_SaveThread();
-    int rc = ts_predictor_open(&p, c, cname);
-    PyEval_RestoreThread(nogil);
-    if (rc != 0) {
-        tsp_raise(rc);
-        tsp_client_leave(client);
-        return -1;
-    }
     Py_INCREF(client);
     Py_INCREF(name);
     self->client = client;
     self->name = name;
-    self->p = p;
+    self->p = a.p;
     self->fork_generation = tsp_fork_generation;
     self->tensor_type = tt;
     return 0;
@@ -148,19 +146,30 @@ static PyObject *answer_to_py(ts_value_t *output, int64_t version, tsp_tensor_ty
     return res;
 }
 
-static PyObject *predictor_predict(PyObject *self_obj, PyObject *args, PyObject *kwds)
+/*
+ * The arguments of predict and predict_async (input, timeout=None, *, return_version=False),
+ * then predictor_enter: the predictor (the caller leaves it), or NULL with an exception.
+ */
+static ts_predictor_t *predict_enter(predictor_object *self, PyObject *args, PyObject *kwds,
+                                     PyObject **input, int *timeout_ms, int *with_version)
 {
     static char *kwlist[] = {"input", "timeout", "return_version", NULL};
-    PyObject *input, *timeout_obj = Py_None;
-    int with_version = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O$p", kwlist, &input, &timeout_obj,
-                                     &with_version))
+    PyObject *timeout_obj = Py_None;
+    *with_version = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O$p", kwlist, input, &timeout_obj,
+                                     with_version))
         return NULL;
-    int timeout_ms;
-    if (predict_timeout(timeout_obj, &timeout_ms) < 0)
+    if (predict_timeout(timeout_obj, timeout_ms) < 0)
         return NULL;
+    return predictor_enter(self);
+}
+
+static PyObject *predictor_predict(PyObject *self_obj, PyObject *args, PyObject *kwds)
+{
     predictor_object *self = (predictor_object *)self_obj;
-    ts_predictor_t *p = predictor_enter(self);
+    PyObject *input;
+    int timeout_ms, with_version;
+    ts_predictor_t *p = predict_enter(self, args, kwds, &input, &timeout_ms, &with_version);
     if (p == NULL)
         return NULL;
     tsp_send_t s;
@@ -268,17 +277,10 @@ static void on_prediction(ts_predictor_t *p, int status, ts_value_t *output, int
 
 static PyObject *predictor_predict_async(PyObject *self_obj, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"input", "timeout", "return_version", NULL};
-    PyObject *input, *timeout_obj = Py_None;
-    int with_version = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O$p", kwlist, &input, &timeout_obj,
-                                     &with_version))
-        return NULL;
-    int timeout_ms;
-    if (predict_timeout(timeout_obj, &timeout_ms) < 0)
-        return NULL;
     predictor_object *self = (predictor_object *)self_obj;
-    ts_predictor_t *p = predictor_enter(self);
+    PyObject *input;
+    int timeout_ms, with_version;
+    ts_predictor_t *p = predict_enter(self, args, kwds, &input, &timeout_ms, &with_version);
     if (p == NULL)
         return NULL;
     PyObject *fut = NULL;

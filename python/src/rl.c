@@ -167,6 +167,62 @@ static void base_close(rl_base *b)
         base_free(b);
 }
 
+/* What base_open hands to the trainer's or the worker's constructor, and what it made. */
+typedef struct rl_open_arg {
+    const ts_rl_options_t *options;
+    void *handle; /* the ts_rl_trainer_t or ts_rl_worker_t made */
+} rl_open_arg;
+
+/*
+ * The end of __init__ for both: enter client, make the C object with open_fn (an rl_open_arg
+ * as its argument) and take both into b. 0, or -1 with an exception and b unchanged.
+ */
+static int base_open(rl_base *b, PyObject *client, PyObject *tt_obj, const ts_rl_options_t *o,
+                     tsp_open_fn open_fn, void (*free_handle)(void *h))
+{
+    rl_open_arg a = {o, NULL};
+    tsp_tensor_type_t tt;
+    if (tsp_client_open(client, tt_obj, open_fn, &a, &tt) < 0)
+        return -1;
+    Py_INCREF(client);
+    b->client = client;
+    b->handle = a.handle;
+    b->fork_generation = tsp_fork_generation;
+    b->tensor_type = tt;
+    b->free_handle = free_handle;
+    return 0;
+}
+
+/*
+ * Call wait_fn(ctx, slice) with the GIL released, in slices of at most TSP_RL_SLICE_MS, until
+ * it answers other than TS_ETIMEDOUT or timeout_ms (TS_TIMEOUT_INFINITE: no limit, 0: one call
+ * that does not wait) has passed; between two slices a pending signal's handler runs. 0 with
+ * the last answer in *rc, or -1 with the exception the handler raised.
+ */
+static int wait_in_slices(int timeout_ms, int (*wait_fn)(void *ctx, int slice_ms), void *ctx,
+                          int *rc)
+{
+    int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+    for (;;) {
+        int slice = timeout_ms;
+        if (timeout_ms == TS_TIMEOUT_INFINITE) {
+            slice = TSP_RL_SLICE_MS;
+        } else if (timeout_ms > 0) {
+            int64_t left = deadline - now_ms();
+            slice = left <= 0 ? 0 : left > TSP_RL_SLICE_MS ? TSP_RL_SLICE_MS : (int)left;
+        }
+        PyThreadState *nogil = PyEval_SaveThread();
+        *rc = wait_fn(ctx, slice);
+        PyEval_RestoreThread(nogil);
+        if (*rc != TS_ETIMEDOUT || slice == 0)
+            return 0;
+        if (timeout_ms != TS_TIMEOUT_INFINITE && now_ms() >= deadline)
+            return 0;
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * RLTrainer
  */
@@ -178,6 +234,16 @@ typedef struct trainer_object {
 static void trainer_free_handle(void *h)
 {
     ts_rl_trainer_free(h);
+}
+
+/* base_open's constructor of a trainer. */
+static int trainer_open(ts_client_t *c, void *arg)
+{
+    rl_open_arg *a = arg;
+    ts_rl_trainer_t *t = NULL;
+    int rc = ts_rl_trainer_new(&t, c, a->options);
+    a->handle = t;
+    return rc;
 }
 
 static int trainer_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
@@ -208,32 +274,7 @@ static int trainer_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
         return -1;
     }
     o.staleness_tolerance = tolerance;
-    ts_client_t *c = tsp_client_enter(client);
-    if (c == NULL)
-        return -1;
-    tsp_tensor_type_t tt;
-    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0) {
-        tsp_client_leave(client);
-        return -1;
-    }
-    ts_rl_trainer_t *t = NULL;
-    int rc;
-    PyThreadState *nogil = PyEval_SaveThread();
-    rc = ts_rl_trainer_new(&t, c, &o);
-    PyEval_RestoreThread(nogil);
-    if (rc != 0) {
-        tsp_raise(rc);
-        tsp_client_leave(client);
-        return -1;
-    }
-    Py_INCREF(client);
-    self->base.client = client;
-    self->base.handle = t;
-    self->base.fork_generation = tsp_fork_generation;
-    self->base.tensor_type = tt;
-    self->base.free_handle = trainer_free_handle;
-    self->base.what = "RLTrainer";
-    return 0;
+    return base_open(&self->base, client, tt_obj, &o, trainer_open, trainer_free_handle);
 }
 
 static PyObject *trainer_publish(PyObject *self_obj, PyObject *params)
@@ -371,6 +412,20 @@ out:
     return res;
 }
 
+/* What a collect passes to collect_slice, and the batch it got. */
+typedef struct collect_ctx {
+    ts_rl_trainer_t *t;
+    size_t max_items;
+    ts_rl_batch_t *batch;
+} collect_ctx;
+
+/* One slice of a collect (wait_in_slices). */
+static int collect_slice(void *arg, int slice_ms)
+{
+    collect_ctx *ctx = arg;
+    return ts_rl_trainer_collect(ctx->t, ctx->max_items, slice_ms, &ctx->batch);
+}
+
 static PyObject *trainer_collect(PyObject *self_obj, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"max_items", "timeout", NULL};
@@ -399,30 +454,14 @@ static PyObject *trainer_collect(PyObject *self_obj, PyObject *args, PyObject *k
         base_leave(b);
         return NULL;
     }
-    int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
-    ts_rl_batch_t *batch = NULL;
+    collect_ctx ctx = {t, (size_t)max_items, NULL};
     int rc;
-    for (;;) {
-        int slice = timeout_ms;
-        if (timeout_ms == TS_TIMEOUT_INFINITE) {
-            slice = TSP_RL_SLICE_MS;
-        } else if (timeout_ms > 0) {
-            int64_t left = deadline - now_ms();
-            slice = left <= 0 ? 0 : left > TSP_RL_SLICE_MS ? TSP_RL_SLICE_MS : (int)left;
-        }
-        PyThreadState *nogil = PyEval_SaveThread();
-        rc = ts_rl_trainer_collect(t, (size_t)max_items, slice, &batch);
-        PyEval_RestoreThread(nogil);
-        if (rc != TS_ETIMEDOUT || slice == 0)
-            break;
-        if (timeout_ms != TS_TIMEOUT_INFINITE && now_ms() >= deadline)
-            break;
-        if (PyErr_CheckSignals() < 0) {
-            tsp_owner_unref(owner);
-            base_leave(b);
-            return NULL;
-        }
+    if (wait_in_slices(timeout_ms, collect_slice, &ctx, &rc) < 0) {
+        tsp_owner_unref(owner);
+        base_leave(b);
+        return NULL;
     }
+    ts_rl_batch_t *batch = ctx.batch;
     PyObject *res;
     if (rc == 0) {
         slot->batch = batch;
@@ -580,6 +619,16 @@ static void worker_free_handle(void *h)
     ts_rl_worker_free(h);
 }
 
+/* base_open's constructor of a worker. */
+static int worker_open(ts_client_t *c, void *arg)
+{
+    rl_open_arg *a = arg;
+    ts_rl_worker_t *w = NULL;
+    int rc = ts_rl_worker_new(&w, c, a->options);
+    a->handle = w;
+    return rc;
+}
+
 static const char *event_name(ts_rl_event_t ev)
 {
     switch (ev) {
@@ -688,32 +737,7 @@ static int worker_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
     self->borrowed = PyList_New(0);
     if (self->borrowed == NULL)
         return -1;
-    ts_client_t *c = tsp_client_enter(client);
-    if (c == NULL)
-        return -1;
-    tsp_tensor_type_t tt;
-    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0) {
-        tsp_client_leave(client);
-        return -1;
-    }
-    ts_rl_worker_t *w = NULL;
-    int rc;
-    PyThreadState *nogil = PyEval_SaveThread();
-    rc = ts_rl_worker_new(&w, c, &o);
-    PyEval_RestoreThread(nogil);
-    if (rc != 0) {
-        tsp_raise(rc);
-        tsp_client_leave(client);
-        return -1;
-    }
-    Py_INCREF(client);
-    self->base.client = client;
-    self->base.handle = w;
-    self->base.fork_generation = tsp_fork_generation;
-    self->base.tensor_type = tt;
-    self->base.free_handle = worker_free_handle;
-    self->base.what = "RLWorker";
-    return 0;
+    return base_open(&self->base, client, tt_obj, &o, worker_open, worker_free_handle);
 }
 
 static void params_release(void *arg)
@@ -762,6 +786,19 @@ static PyObject *worker_params(PyObject *self_obj, PyObject *unused)
     return res;
 }
 
+/* What an await passes to await_slice, and the parameters it got. */
+typedef struct await_ctx {
+    ts_rl_worker_t *w;
+    ts_rl_params_t *params;
+} await_ctx;
+
+/* One slice of an await_params (wait_in_slices). */
+static int await_slice(void *arg, int slice_ms)
+{
+    await_ctx *ctx = arg;
+    return ts_rl_worker_await(ctx->w, slice_ms, &ctx->params);
+}
+
 static PyObject *worker_await(PyObject *self_obj, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"timeout", NULL};
@@ -775,30 +812,13 @@ static PyObject *worker_await(PyObject *self_obj, PyObject *args, PyObject *kwds
     ts_rl_worker_t *w = worker_enter(self);
     if (w == NULL)
         return NULL;
-    int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
-    ts_rl_params_t *p = NULL;
+    await_ctx ctx = {w, NULL};
     int rc;
-    for (;;) {
-        int slice = timeout_ms;
-        if (timeout_ms == TS_TIMEOUT_INFINITE) {
-            slice = TSP_RL_SLICE_MS;
-        } else if (timeout_ms > 0) {
-            int64_t left = deadline - now_ms();
-            slice = left <= 0 ? 0 : left > TSP_RL_SLICE_MS ? TSP_RL_SLICE_MS : (int)left;
-        }
-        PyThreadState *nogil = PyEval_SaveThread();
-        rc = ts_rl_worker_await(w, slice, &p);
-        PyEval_RestoreThread(nogil);
-        if (rc != TS_ETIMEDOUT || slice == 0)
-            break;
-        if (timeout_ms != TS_TIMEOUT_INFINITE && now_ms() >= deadline)
-            break;
-        if (PyErr_CheckSignals() < 0) {
-            base_leave(&self->base);
-            return NULL;
-        }
+    if (wait_in_slices(timeout_ms, await_slice, &ctx, &rc) < 0) {
+        base_leave(&self->base);
+        return NULL;
     }
-    PyObject *res = rc == 0 ? params_to_py(p, self->base.tensor_type) : tsp_raise(rc);
+    PyObject *res = rc == 0 ? params_to_py(ctx.params, self->base.tensor_type) : tsp_raise(rc);
     base_leave(&self->base);
     return res;
 }

@@ -275,6 +275,19 @@ ts_client_t *tsp_client_enter(PyObject *obj);
 void tsp_client_leave(PyObject *obj);
 /* The tensor_type a Client hands received tensors in (TSP_TENSOR_TORCH or _NUMPY). */
 tsp_tensor_type_t tsp_client_tensor_type(PyObject *obj);
+/*
+ * Opens the C object of something that uses a Client for its whole life: called with the GIL
+ * released and with the entered client; arg is the caller's. A ts_ status (0: opened).
+ */
+typedef int (*tsp_open_fn)(ts_client_t *c, void *arg);
+/*
+ * Create such an object (common_args.c): enter client (tsp_client_enter), parse the tensor_type
+ * argument tt_obj into *tt (the Client's own as the default), then call open_fn(c, arg) without
+ * the GIL. 0 with the client entered (the caller leaves it when the object is freed and keeps
+ * its own reference to client), or -1 with an exception and the client not entered.
+ */
+int tsp_client_open(PyObject *client, PyObject *tt_obj, tsp_open_fn open_fn, void *arg,
+                    tsp_tensor_type_t *tt);
 
 /*
  * Run Python code from a library callback on a thread the interpreter did not start (the
