@@ -148,35 +148,38 @@ static PyObject *answer_to_py(ts_value_t *output, int64_t version, tsp_tensor_ty
 
 /*
  * The arguments of predict and predict_async (input, timeout=None, *, return_version=False),
- * then predictor_enter: the predictor (the caller leaves it), or NULL with an exception.
+ * then predictor_enter and the input's encoding into *s: the predictor (the caller clears s and
+ * leaves the predictor), or NULL with an exception and nothing to undo.
  */
 static ts_predictor_t *predict_enter(predictor_object *self, PyObject *args, PyObject *kwds,
-                                     PyObject **input, int *timeout_ms, int *with_version)
+                                     tsp_send_t *s, int *timeout_ms, int *with_version)
 {
     static char *kwlist[] = {"input", "timeout", "return_version", NULL};
-    PyObject *timeout_obj = Py_None;
+    PyObject *input, *timeout_obj = Py_None;
     *with_version = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O$p", kwlist, input, &timeout_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O$p", kwlist, &input, &timeout_obj,
                                      with_version))
         return NULL;
     if (predict_timeout(timeout_obj, timeout_ms) < 0)
         return NULL;
-    return predictor_enter(self);
+    ts_predictor_t *p = predictor_enter(self);
+    if (p == NULL)
+        return NULL;
+    if (tsp_send_init(s, input) < 0) {
+        predictor_leave(self);
+        return NULL;
+    }
+    return p;
 }
 
 static PyObject *predictor_predict(PyObject *self_obj, PyObject *args, PyObject *kwds)
 {
     predictor_object *self = (predictor_object *)self_obj;
-    PyObject *input;
+    tsp_send_t s;
     int timeout_ms, with_version;
-    ts_predictor_t *p = predict_enter(self, args, kwds, &input, &timeout_ms, &with_version);
+    ts_predictor_t *p = predict_enter(self, args, kwds, &s, &timeout_ms, &with_version);
     if (p == NULL)
         return NULL;
-    tsp_send_t s;
-    if (tsp_send_init(&s, input) < 0) {
-        predictor_leave(self);
-        return NULL;
-    }
     ts_value_t *output = NULL;
     int64_t version = -1;
     PyThreadState *nogil = PyEval_SaveThread();
@@ -278,28 +281,24 @@ static void on_prediction(ts_predictor_t *p, int status, ts_value_t *output, int
 static PyObject *predictor_predict_async(PyObject *self_obj, PyObject *args, PyObject *kwds)
 {
     predictor_object *self = (predictor_object *)self_obj;
-    PyObject *input;
+    tsp_send_t s;
     int timeout_ms, with_version;
-    ts_predictor_t *p = predict_enter(self, args, kwds, &input, &timeout_ms, &with_version);
+    ts_predictor_t *p = predict_enter(self, args, kwds, &s, &timeout_ms, &with_version);
     if (p == NULL)
         return NULL;
-    PyObject *fut = NULL;
     predict_req *req = NULL;
-    tsp_send_t s;
-    if (tsp_send_init(&s, input) < 0)
-        goto fail;
-    fut = PyObject_CallNoArgs(future_class);
+    PyObject *fut = PyObject_CallNoArgs(future_class);
     if (fut == NULL)
-        goto fail_send;
+        goto fail;
     /* Running from the start: a request on its way cannot be withdrawn. */
     PyObject *r = PyObject_CallMethod(fut, "set_running_or_notify_cancel", NULL);
     if (r == NULL)
-        goto fail_send;
+        goto fail;
     Py_DECREF(r);
     req = PyMem_Malloc(sizeof(*req));
     if (req == NULL) {
         PyErr_NoMemory();
-        goto fail_send;
+        goto fail;
     }
     Py_INCREF(fut);
     req->pend.future = fut;
@@ -325,9 +324,8 @@ static PyObject *predictor_predict_async(PyObject *self_obj, PyObject *args, PyO
     predictor_leave(self);
     return fut;
 
-fail_send:
-    tsp_send_clear(&s);
 fail:
+    tsp_send_clear(&s);
     Py_XDECREF(fut);
     predictor_leave(self);
     return NULL;
