@@ -46,53 +46,40 @@ static int predict_timeout(PyObject *obj, int *out)
     return 0;
 }
 
+/*
+ * u.handle is the ts_predictor_t, with its users counted in u; freeing it (GIL released)
+ * completes the outstanding futures with CancelledError.
+ */
 typedef struct predictor_object {
-    PyObject_HEAD PyObject *client; /* the tensorshare.Client, entered while open */
-    ts_predictor_t *p;              /* NULL once freed */
-    PyObject *name;                 /* the served model's name (str) */
-    int users;                      /* calls running on p (counted with the GIL held) */
-    int closing;                    /* close() was called; the last user frees p */
-    unsigned long fork_generation;  /* tsp_fork_generation when opened */
-    tsp_tensor_type_t tensor_type;  /* how output tensors are handed out */
+    tsp_client_user u; /* first: the object's head */
+    PyObject *name;    /* the served model's name (str) */
 } predictor_object;
 
-/* Free the predictor (GIL released: outstanding futures complete with CancelledError). */
-static void predictor_free(predictor_object *self)
+static void predictor_free_handle(void *h)
 {
-    ts_predictor_t *p = self->p;
-    self->p = NULL;
-    if (p != NULL && self->fork_generation == tsp_fork_generation) {
-        PyThreadState *nogil = PyEval_SaveThread();
-        ts_predictor_free(p);
-        PyEval_RestoreThread(nogil);
-    }
-    if (self->client != NULL) {
-        if (p != NULL)
-            tsp_client_leave(self->client);
-        Py_CLEAR(self->client);
-    }
+    ts_predictor_free(h);
 }
 
+/* Start a call: the predictor, or NULL with an exception (closed, or used after fork). */
 static ts_predictor_t *predictor_enter(predictor_object *self)
 {
-    if (self->p == NULL || self->closing) {
-        tsp_raise_msg(TS_ECANCELED, self->closing ? "the Predictor is closed"
-                                                  : "the Predictor is not initialised");
+    if (self->u.handle == NULL || self->u.closing) {
+        tsp_raise_msg(TS_ECANCELED, self->u.closing ? "the Predictor is closed"
+                                                    : "the Predictor is not initialised");
         return NULL;
     }
-    if (self->fork_generation != tsp_fork_generation) {
+    if (self->u.fork_generation != tsp_fork_generation) {
         tsp_raise_msg(TS_ENOTCONN,
                       "this Predictor was opened before os.fork(): open a new one in the child");
         return NULL;
     }
-    self->users++;
-    return self->p;
+    self->u.users++;
+    return self->u.handle;
 }
 
 static void predictor_leave(predictor_object *self)
 {
-    if (--self->users == 0 && self->closing)
-        predictor_free(self);
+    tsp_client_user_leave(&self->u);
 }
 
 /* What predictor_init hands to predictor_open (tsp_client_open), and the predictor opened. */
@@ -114,7 +101,7 @@ static int predictor_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
     PyObject *client, *name, *tt_obj = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OU|$O", kwlist, &client, &name, &tt_obj))
         return -1;
-    if (self->p != NULL || self->closing) {
+    if (self->u.handle != NULL || self->u.closing) {
         PyErr_SetString(PyExc_RuntimeError, "Predictor.__init__ called twice");
         return -1;
     }
@@ -126,11 +113,12 @@ static int predictor_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
         return -1;
     Py_INCREF(client);
     Py_INCREF(name);
-    self->client = client;
+    self->u.client = client;
     self->name = name;
-    self->p = a.p;
-    self->fork_generation = tsp_fork_generation;
-    self->tensor_type = tt;
+    self->u.handle = a.p;
+    self->u.fork_generation = tsp_fork_generation;
+    self->u.tensor_type = tt;
+    self->u.free_handle = predictor_free_handle;
     return 0;
 }
 
@@ -186,7 +174,7 @@ static PyObject *predictor_predict(PyObject *self_obj, PyObject *args, PyObject 
     int rc = ts_predictor_predict(p, s.value, timeout_ms, &output, &version);
     PyEval_RestoreThread(nogil);
     PyObject *res =
-        rc == 0 ? answer_to_py(output, version, self->tensor_type, with_version) : tsp_raise(rc);
+        rc == 0 ? answer_to_py(output, version, self->u.tensor_type, with_version) : tsp_raise(rc);
     tsp_send_clear(&s);
     predictor_leave(self);
     return res;
@@ -302,7 +290,7 @@ static PyObject *predictor_predict_async(PyObject *self_obj, PyObject *args, PyO
     }
     Py_INCREF(fut);
     req->pend.future = fut;
-    req->tensor_type = self->tensor_type;
+    req->tensor_type = self->u.tensor_type;
     req->with_version = with_version;
     /* Linked before the GIL is released: the answer may come before the call returns. */
     tsp_pending_link(&pending_reqs, &req->pend);
@@ -331,34 +319,14 @@ fail:
     return NULL;
 }
 
-static PyObject *predictor_close(PyObject *self_obj, PyObject *unused)
-{
-    (void)unused;
-    predictor_object *self = (predictor_object *)self_obj;
-    if (!self->closing) {
-        self->closing = 1;
-        if (self->users == 0)
-            predictor_free(self);
-    }
-    Py_RETURN_NONE;
-}
-
 static PyObject *predictor_enter_method(PyObject *self_obj, PyObject *unused)
 {
     (void)unused;
     predictor_object *self = (predictor_object *)self_obj;
-    if (self->p == NULL || self->closing)
+    if (self->u.handle == NULL || self->u.closing)
         return tsp_raise_msg(TS_ECANCELED, "the Predictor is closed");
     Py_INCREF(self_obj);
     return self_obj;
-}
-
-static PyObject *predictor_exit_method(PyObject *self_obj, PyObject *args)
-{
-    (void)args;
-    PyObject *r = predictor_close(self_obj, NULL);
-    Py_XDECREF(r);
-    Py_RETURN_FALSE;
 }
 
 static PyObject *predictor_get_name(PyObject *self_obj, void *closure)
@@ -371,37 +339,14 @@ static PyObject *predictor_get_name(PyObject *self_obj, void *closure)
     return self->name;
 }
 
-static PyObject *predictor_get_closed(PyObject *self_obj, void *closure)
-{
-    (void)closure;
-    predictor_object *self = (predictor_object *)self_obj;
-    return PyBool_FromLong(self->p == NULL || self->closing);
-}
-
-static PyObject *predictor_get_client(PyObject *self_obj, void *closure)
-{
-    (void)closure;
-    predictor_object *self = (predictor_object *)self_obj;
-    if (self->client == NULL)
-        Py_RETURN_NONE;
-    Py_INCREF(self->client);
-    return self->client;
-}
-
 static void predictor_dealloc(PyObject *self_obj)
 {
     predictor_object *self = (predictor_object *)self_obj;
     PyObject_GC_UnTrack(self_obj);
-    self->closing = 1;
-    predictor_free(self);
+    self->u.closing = 1;
+    tsp_client_user_free(&self->u);
     Py_CLEAR(self->name);
     Py_TYPE(self_obj)->tp_free(self_obj);
-}
-
-static int predictor_traverse(PyObject *self_obj, visitproc visit, void *arg)
-{
-    Py_VISIT(((predictor_object *)self_obj)->client);
-    return 0;
 }
 
 static PyMethodDef predictor_methods[] = {
@@ -413,16 +358,16 @@ static PyMethodDef predictor_methods[] = {
      METH_VARARGS | METH_KEYWORDS,
      "predict_async(input, timeout=None, *, return_version=False) -> concurrent.futures.Future\n\n"
      "As predict, without waiting: the Future completes on the predictor's receiver thread."},
-    {"close", predictor_close, METH_NOARGS,
+    {"close", tsp_client_user_close_method, METH_NOARGS,
      "close(): outstanding predictions fail with CancelledError; the reply bin is deleted"},
     {"__enter__", predictor_enter_method, METH_NOARGS, NULL},
-    {"__exit__", predictor_exit_method, METH_VARARGS, NULL},
+    {"__exit__", tsp_client_user_exit_method, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef predictor_getset[] = {
     {"name", predictor_get_name, NULL, "the served model's name", NULL},
-    {"closed", predictor_get_closed, NULL, "True after close()", NULL},
-    {"client", predictor_get_client, NULL, "the tensorshare.Client (None after close)", NULL},
+    {"closed", tsp_client_user_get_closed, NULL, "True after close()", NULL},
+    {"client", tsp_client_user_get_client, NULL, "the tensorshare.Client (None after close)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject predictor_type = {
@@ -433,7 +378,7 @@ static PyTypeObject predictor_type = {
     .tp_new = PyType_GenericNew,
     .tp_init = predictor_init,
     .tp_dealloc = predictor_dealloc,
-    .tp_traverse = predictor_traverse,
+    .tp_traverse = tsp_client_user_traverse,
     .tp_methods = predictor_methods,
     .tp_getset = predictor_getset,
 };

@@ -101,70 +101,35 @@ static int fill_options(ts_rl_options_t *o, const rl_kw *kw)
     return 0;
 }
 
-/* What the trainer and the worker have in common: the Client and the call accounting. */
+/*
+ * What the trainer and the worker have in common: the Client and the call accounting (u.handle
+ * is the ts_rl_trainer_t or ts_rl_worker_t; freeing a worker waits for its adds and runs event
+ * callbacks, which tsp_client_user_free allows by releasing the GIL).
+ */
 typedef struct rl_base {
-    PyObject_HEAD PyObject *client; /* the tensorshare.Client, entered while open */
-    void *handle;                   /* ts_rl_trainer_t or ts_rl_worker_t; NULL once freed */
-    int users;                      /* calls running on handle (counted with the GIL held) */
-    int closing;                    /* close() was called; the last user frees handle */
-    unsigned long fork_generation;  /* tsp_fork_generation when created */
-    tsp_tensor_type_t tensor_type;  /* how received tensors are handed out */
-    void (*free_handle)(void *h);   /* ts_rl_trainer_free or ts_rl_worker_free */
-    const char *what;               /* "RLTrainer" or "RLWorker", for messages */
+    tsp_client_user u; /* first: the object's head */
+    const char *what;  /* "RLTrainer" or "RLWorker", for messages */
 } rl_base;
-
-/* Free the C object (GIL released: a worker waits for its adds and runs event callbacks). */
-static void base_free(rl_base *b)
-{
-    void *h = b->handle;
-    b->handle = NULL;
-    if (h != NULL && b->fork_generation == tsp_fork_generation) {
-        PyThreadState *nogil = PyEval_SaveThread();
-        b->free_handle(h);
-        PyEval_RestoreThread(nogil);
-    }
-    /* In a child after fork the library's threads are gone: the object is left as it is. */
-    if (b->client != NULL) {
-        if (h != NULL)
-            tsp_client_leave(b->client);
-        Py_CLEAR(b->client);
-    }
-}
 
 /* Start a call: the handle, or NULL with an exception (closed, or used after fork). */
 static void *base_enter(rl_base *b)
 {
-    if (b->handle == NULL || b->closing) {
+    if (b->u.handle == NULL || b->u.closing) {
         char msg[64];
         snprintf(msg, sizeof(msg), "the %s is %s", b->what != NULL ? b->what : "object",
-                 b->closing ? "closed" : "not initialised");
+                 b->u.closing ? "closed" : "not initialised");
         tsp_raise_msg(TS_ECANCELED, msg);
         return NULL;
     }
-    if (b->fork_generation != tsp_fork_generation) {
+    if (b->u.fork_generation != tsp_fork_generation) {
         char msg[128];
         snprintf(msg, sizeof(msg),
                  "this %s was created before os.fork(): create a new one in the child", b->what);
         tsp_raise_msg(TS_ENOTCONN, msg);
         return NULL;
     }
-    b->users++;
-    return b->handle;
-}
-
-static void base_leave(rl_base *b)
-{
-    if (--b->users == 0 && b->closing)
-        base_free(b);
-}
-
-static void base_close(rl_base *b)
-{
-    if (b->closing)
-        return;
-    b->closing = 1;
-    if (b->users == 0)
-        base_free(b);
+    b->u.users++;
+    return b->u.handle;
 }
 
 /* What base_open hands to the trainer's or the worker's constructor, and what it made. */
@@ -185,11 +150,11 @@ static int base_open(rl_base *b, PyObject *client, PyObject *tt_obj, const ts_rl
     if (tsp_client_open(client, tt_obj, open_fn, &a, &tt) < 0)
         return -1;
     Py_INCREF(client);
-    b->client = client;
-    b->handle = a.handle;
-    b->fork_generation = tsp_fork_generation;
-    b->tensor_type = tt;
-    b->free_handle = free_handle;
+    b->u.client = client;
+    b->u.handle = a.handle;
+    b->u.fork_generation = tsp_fork_generation;
+    b->u.tensor_type = tt;
+    b->u.free_handle = free_handle;
     return 0;
 }
 
@@ -261,7 +226,7 @@ static int trainer_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
                                      &tt_obj))
         return -1;
     self->base.what = "RLTrainer";
-    if (self->base.handle != NULL || self->base.closing) {
+    if (self->base.u.handle != NULL || self->base.u.closing) {
         PyErr_SetString(PyExc_RuntimeError, "RLTrainer.__init__ called twice");
         return -1;
     }
@@ -285,7 +250,7 @@ static PyObject *trainer_publish(PyObject *self_obj, PyObject *params)
         return NULL;
     tsp_send_t s;
     if (tsp_send_init(&s, params) < 0) {
-        base_leave(b);
+        tsp_client_user_leave(&b->u);
         return NULL;
     }
     int64_t version = -1;
@@ -295,7 +260,7 @@ static PyObject *trainer_publish(PyObject *self_obj, PyObject *params)
     PyEval_RestoreThread(nogil);
     PyObject *res = rc == 0 ? PyLong_FromLongLong(version) : tsp_raise(rc);
     tsp_send_clear(&s);
-    base_leave(b);
+    tsp_client_user_leave(&b->u);
     return res;
 }
 
@@ -450,28 +415,28 @@ static PyObject *trainer_collect(PyObject *self_obj, PyObject *args, PyObject *k
      */
     batch_slot *slot = NULL;
     tsp_owner_t *owner = NULL;
-    if (tsp_tensor_type_ready(b->tensor_type) < 0 || (owner = batch_owner_new(&slot)) == NULL) {
-        base_leave(b);
+    if (tsp_tensor_type_ready(b->u.tensor_type) < 0 || (owner = batch_owner_new(&slot)) == NULL) {
+        tsp_client_user_leave(&b->u);
         return NULL;
     }
     collect_ctx ctx = {t, (size_t)max_items, NULL};
     int rc;
     if (wait_in_slices(timeout_ms, collect_slice, &ctx, &rc) < 0) {
         tsp_owner_unref(owner);
-        base_leave(b);
+        tsp_client_user_leave(&b->u);
         return NULL;
     }
     ts_rl_batch_t *batch = ctx.batch;
     PyObject *res;
     if (rc == 0) {
         slot->batch = batch;
-        res = batch_to_py(batch, b->tensor_type, owner);
+        res = batch_to_py(batch, b->u.tensor_type, owner);
     } else {
         res = tsp_raise(rc);
     }
     /* The views hold their own references: the batch goes when the last of them does. */
     tsp_owner_unref(owner);
-    base_leave(b);
+    tsp_client_user_leave(&b->u);
     return res;
 }
 
@@ -486,7 +451,7 @@ static PyObject *trainer_get_version(PyObject *self_obj, void *closure)
     PyThreadState *nogil = PyEval_SaveThread();
     v = ts_rl_trainer_version(t);
     PyEval_RestoreThread(nogil);
-    base_leave(b);
+    tsp_client_user_leave(&b->u);
     return PyLong_FromLongLong(v);
 }
 
@@ -501,7 +466,7 @@ static PyObject *trainer_stats(PyObject *self_obj, PyObject *unused)
     PyThreadState *nogil = PyEval_SaveThread();
     ts_rl_trainer_stats(t, &st);
     PyEval_RestoreThread(nogil);
-    base_leave(b);
+    tsp_client_user_leave(&b->u);
     return Py_BuildValue("{sLsLsLsKsKsKsKsK}", "version", (long long)st.version, "resumed_from",
                          (long long)st.resumed_from, "newest_seen", (long long)st.newest_seen,
                          "published", (unsigned long long)st.published, "publish_failed",
@@ -511,60 +476,23 @@ static PyObject *trainer_stats(PyObject *self_obj, PyObject *unused)
                          (unsigned long long)st.dropped_malformed);
 }
 
-static PyObject *base_close_method(PyObject *self_obj, PyObject *unused)
-{
-    (void)unused;
-    base_close((rl_base *)self_obj);
-    Py_RETURN_NONE;
-}
-
 static PyObject *base_enter_method(PyObject *self_obj, PyObject *unused)
 {
     (void)unused;
     rl_base *b = (rl_base *)self_obj;
-    if (b->handle == NULL || b->closing)
+    if (b->u.handle == NULL || b->u.closing)
         return tsp_raise_msg(TS_ECANCELED, "closed");
     Py_INCREF(self_obj);
     return self_obj;
-}
-
-static PyObject *base_exit_method(PyObject *self_obj, PyObject *args)
-{
-    (void)args;
-    base_close((rl_base *)self_obj);
-    Py_RETURN_FALSE;
-}
-
-static PyObject *base_get_closed(PyObject *self_obj, void *closure)
-{
-    (void)closure;
-    rl_base *b = (rl_base *)self_obj;
-    return PyBool_FromLong(b->handle == NULL || b->closing);
-}
-
-static PyObject *base_get_client(PyObject *self_obj, void *closure)
-{
-    (void)closure;
-    rl_base *b = (rl_base *)self_obj;
-    if (b->client == NULL)
-        Py_RETURN_NONE;
-    Py_INCREF(b->client);
-    return b->client;
 }
 
 static void base_dealloc(PyObject *self_obj)
 {
     rl_base *b = (rl_base *)self_obj;
     PyObject_GC_UnTrack(self_obj);
-    b->closing = 1;
-    base_free(b);
+    b->u.closing = 1;
+    tsp_client_user_free(&b->u);
     Py_TYPE(self_obj)->tp_free(self_obj);
-}
-
-static int base_traverse(PyObject *self_obj, visitproc visit, void *arg)
-{
-    Py_VISIT(((rl_base *)self_obj)->client);
-    return 0;
 }
 
 static PyMethodDef trainer_methods[] = {
@@ -578,16 +506,16 @@ static PyMethodDef trainer_methods[] = {
      "the items taken cannot all be converted, the exception carries them in .items: "
      "(data, version) pairs, None for those that could not be made."},
     {"stats", trainer_stats, METH_NOARGS, "stats() -> dict of the trainer's counters"},
-    {"close", base_close_method, METH_NOARGS, "close(): free the trainer (idempotent)"},
+    {"close", tsp_client_user_close_method, METH_NOARGS, "close(): free the trainer (idempotent)"},
     {"__enter__", base_enter_method, METH_NOARGS, NULL},
-    {"__exit__", base_exit_method, METH_VARARGS, NULL},
+    {"__exit__", tsp_client_user_exit_method, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef trainer_getset[] = {
     {"version", trainer_get_version, NULL,
      "the newest version published or resumed from, -1 when none", NULL},
-    {"closed", base_get_closed, NULL, "True after close()", NULL},
-    {"client", base_get_client, NULL, "the tensorshare.Client (None after close)", NULL},
+    {"closed", tsp_client_user_get_closed, NULL, "True after close()", NULL},
+    {"client", tsp_client_user_get_client, NULL, "the tensorshare.Client (None after close)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject trainer_type = {
@@ -598,7 +526,7 @@ static PyTypeObject trainer_type = {
     .tp_new = PyType_GenericNew,
     .tp_init = trainer_init,
     .tp_dealloc = base_dealloc,
-    .tp_traverse = base_traverse,
+    .tp_traverse = tsp_client_user_traverse,
     .tp_methods = trainer_methods,
     .tp_getset = trainer_getset,
 };
@@ -711,7 +639,7 @@ static int worker_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
                                      &kw.timeout, &on_event, &tt_obj))
         return -1;
     self->base.what = "RLWorker";
-    if (self->base.handle != NULL || self->base.closing) {
+    if (self->base.u.handle != NULL || self->base.u.closing) {
         PyErr_SetString(PyExc_RuntimeError, "RLWorker.__init__ called twice");
         return -1;
     }
@@ -780,9 +708,9 @@ static PyObject *worker_params(PyObject *self_obj, PyObject *unused)
         Py_INCREF(Py_None);
         res = Py_None;
     } else {
-        res = rc == 0 ? params_to_py(p, self->base.tensor_type) : tsp_raise(rc);
+        res = rc == 0 ? params_to_py(p, self->base.u.tensor_type) : tsp_raise(rc);
     }
-    base_leave(&self->base);
+    tsp_client_user_leave(&self->base.u);
     return res;
 }
 
@@ -815,11 +743,11 @@ static PyObject *worker_await(PyObject *self_obj, PyObject *args, PyObject *kwds
     await_ctx ctx = {w, NULL};
     int rc;
     if (wait_in_slices(timeout_ms, await_slice, &ctx, &rc) < 0) {
-        base_leave(&self->base);
+        tsp_client_user_leave(&self->base.u);
         return NULL;
     }
-    PyObject *res = rc == 0 ? params_to_py(ctx.params, self->base.tensor_type) : tsp_raise(rc);
-    base_leave(&self->base);
+    PyObject *res = rc == 0 ? params_to_py(ctx.params, self->base.u.tensor_type) : tsp_raise(rc);
+    tsp_client_user_leave(&self->base.u);
     return res;
 }
 
@@ -846,12 +774,12 @@ static PyObject *worker_add(PyObject *self_obj, PyObject *args, PyObject *kwds)
         return NULL;
     tsp_send_t *s = PyMem_Malloc(sizeof(*s));
     if (s == NULL) {
-        base_leave(&self->base);
+        tsp_client_user_leave(&self->base.u);
         return PyErr_NoMemory();
     }
     if (tsp_send_init(s, data) < 0) {
         PyMem_Free(s);
-        base_leave(&self->base);
+        tsp_client_user_leave(&self->base.u);
         return NULL;
     }
     unsigned flags = (copy ? TS_COPY : TS_BORROW) | (block ? 0u : TS_RL_NONBLOCK);
@@ -873,14 +801,14 @@ static PyObject *worker_add(PyObject *self_obj, PyObject *args, PyObject *kwds)
         PyObject *cap = PyCapsule_New(s, "tensorshare.rl.send", send_capsule_free);
         if (cap == NULL) {
             /* Cannot keep it safely: leak rather than free memory the library still reads. */
-            base_leave(&self->base);
+            tsp_client_user_leave(&self->base.u);
             return NULL;
         }
         res = PyList_Append(self->borrowed, cap) == 0 ? Py_None : NULL;
         Py_DECREF(cap);
     }
     Py_XINCREF(res);
-    base_leave(&self->base);
+    tsp_client_user_leave(&self->base.u);
     return res;
 }
 
@@ -906,11 +834,11 @@ static PyObject *worker_flush(PyObject *self_obj, PyObject *args, PyObject *kwds
     if (st.in_flight == 0 && PyList_GET_SIZE(self->borrowed) > 0) {
         /* Every add was answered: the library reads none of the borrowed memory any more. */
         if (PyList_SetSlice(self->borrowed, 0, PyList_GET_SIZE(self->borrowed), NULL) < 0) {
-            base_leave(&self->base);
+            tsp_client_user_leave(&self->base.u);
             return NULL;
         }
     }
-    base_leave(&self->base);
+    tsp_client_user_leave(&self->base.u);
     if (rc != 0)
         return tsp_raise(rc);
     Py_RETURN_NONE;
@@ -927,7 +855,7 @@ static PyObject *worker_stats(PyObject *self_obj, PyObject *unused)
     PyThreadState *nogil = PyEval_SaveThread();
     ts_rl_worker_stats(w, &st);
     PyEval_RestoreThread(nogil);
-    base_leave(&self->base);
+    tsp_client_user_leave(&self->base.u);
     return Py_BuildValue(
         "{sLsLsKsKsKsKsKsIsKsKsO}", "version", (long long)st.version, "retrieved_version",
         (long long)st.retrieved_version, "updates", (unsigned long long)st.updates, "ignored_older",
@@ -944,8 +872,8 @@ static PyObject *worker_close(PyObject *self_obj, PyObject *unused)
     worker_object *self = (worker_object *)self_obj;
     if (self->event_thread != 0 && self->event_thread == PyThread_get_thread_ident())
         return tsp_raise_msg(TS_EDEADLK, "RLWorker.close() cannot be called from on_event");
-    base_close(&self->base);
-    if (self->base.handle == NULL && self->borrowed != NULL)
+    tsp_client_user_close(&self->base.u);
+    if (self->base.u.handle == NULL && self->borrowed != NULL)
         (void)PyList_SetSlice(self->borrowed, 0, PyList_GET_SIZE(self->borrowed), NULL);
     if (PyErr_Occurred())
         return NULL;
@@ -966,10 +894,10 @@ static void worker_dealloc(PyObject *self_obj)
 {
     worker_object *self = (worker_object *)self_obj;
     PyObject_GC_UnTrack(self_obj);
-    self->base.closing = 1;
-    base_free(&self->base);
+    self->base.u.closing = 1;
+    tsp_client_user_free(&self->base.u);
     /* In a child after fork the library may still hold the memory: leak it then. */
-    if (self->base.fork_generation == tsp_fork_generation)
+    if (self->base.u.fork_generation == tsp_fork_generation)
         Py_CLEAR(self->borrowed);
     Py_CLEAR(self->on_event);
     Py_TYPE(self_obj)->tp_free(self_obj);
@@ -980,7 +908,7 @@ static int worker_traverse(PyObject *self_obj, visitproc visit, void *arg)
     worker_object *self = (worker_object *)self_obj;
     Py_VISIT(self->on_event);
     Py_VISIT(self->borrowed);
-    return base_traverse(self_obj, visit, arg);
+    return tsp_client_user_traverse(self_obj, visit, arg);
 }
 
 static PyMethodDef worker_methods[] = {
@@ -1001,8 +929,8 @@ static PyMethodDef worker_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef worker_getset[] = {
-    {"closed", base_get_closed, NULL, "True after close()", NULL},
-    {"client", base_get_client, NULL, "the tensorshare.Client (None after close)", NULL},
+    {"closed", tsp_client_user_get_closed, NULL, "True after close()", NULL},
+    {"client", tsp_client_user_get_client, NULL, "the tensorshare.Client (None after close)", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject worker_type = {

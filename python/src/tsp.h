@@ -288,6 +288,38 @@ typedef int (*tsp_open_fn)(ts_client_t *c, void *arg);
  */
 int tsp_client_open(PyObject *client, PyObject *tt_obj, tsp_open_fn open_fn, void *arg,
                     tsp_tensor_type_t *tt);
+/*
+ * The head of such an object's Python type (the RL trainer and worker, the Predictor): the
+ * Client it keeps entered and the accounting of the calls running on its C object. Several
+ * threads may call it: each call counts itself (with the GIL held) between the type's own enter
+ * function and tsp_client_user_leave, and close() frees the C object only when the last user
+ * has left. The functions below are common_args.c's; each takes the GIL held.
+ */
+typedef struct tsp_client_user {
+    PyObject_HEAD PyObject *client; /* the tensorshare.Client, entered while open */
+    void *handle;                   /* the C object; NULL once freed */
+    int users;                      /* calls running on handle */
+    int closing;                    /* close() was called; the last user frees handle */
+    unsigned long fork_generation;  /* tsp_fork_generation when created */
+    tsp_tensor_type_t tensor_type;  /* how received tensors are handed out */
+    void (*free_handle)(void *h);   /* frees handle (called without the GIL) */
+} tsp_client_user;
+/*
+ * Free the C object (GIL released meanwhile) and leave the Client; in a child after fork only
+ * the Client's reference is dropped (the library's threads are gone). Idempotent.
+ */
+void tsp_client_user_free(tsp_client_user *u);
+/* End a call: the last one out after close() frees the C object. */
+void tsp_client_user_leave(tsp_client_user *u);
+/* Mark u closed, freeing the C object now when no call runs on it. Idempotent. */
+void tsp_client_user_close(tsp_client_user *u);
+/* close() -> None, __exit__(...) -> False (closes), and the closed and client getters. */
+PyObject *tsp_client_user_close_method(PyObject *self, PyObject *unused);
+PyObject *tsp_client_user_exit_method(PyObject *self, PyObject *args);
+PyObject *tsp_client_user_get_closed(PyObject *self, void *closure);
+PyObject *tsp_client_user_get_client(PyObject *self, void *closure);
+/* tp_traverse: visits the Client. */
+int tsp_client_user_traverse(PyObject *self, visitproc visit, void *arg);
 
 /*
  * Run Python code from a library callback on a thread the interpreter did not start (the
