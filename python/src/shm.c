@@ -28,10 +28,7 @@ typedef struct tsp_shared {
 typedef struct tsp_segment {
     PyObject_HEAD tsp_shared *owner; /* a strong reference */
     const ts_tensor_t *t;            /* inside owner's tree */
-    Py_ssize_t shape[TS_MAX_NDIM];
-    Py_ssize_t strides[TS_MAX_NDIM];
-    Py_ssize_t len;
-    Py_ssize_t itemsize;
+    tsp_layout layout;               /* of t */
 } tsp_segment;
 
 static PyTypeObject shared_type;
@@ -40,38 +37,6 @@ static PyTypeObject segment_type;
 /* ---------------------------------------------------------------------------------------------
  * Segment: one tensor of a shared buffer, writable through the buffer protocol
  */
-
-static const char *seg_format(ts_dtype_t d)
-{
-    switch (d) {
-    case TS_BOOL:
-        return "?";
-    case TS_UINT8:
-        return "B";
-    case TS_INT8:
-        return "b";
-    case TS_INT16:
-        return "h";
-    case TS_INT32:
-        return "i";
-    case TS_INT64:
-        return "q";
-    case TS_FLOAT16:
-        return "e";
-    case TS_BFLOAT16:
-        return "H"; /* the raw 16 bits, as received bfloat16 tensors */
-    case TS_FLOAT32:
-        return "f";
-    case TS_FLOAT64:
-        return "d";
-    case TS_COMPLEX64:
-        return "Zf";
-    case TS_COMPLEX128:
-        return "Zd";
-    default:
-        return "B";
-    }
-}
 
 static int segment_getbuffer(PyObject *self, Py_buffer *b, int flags)
 {
@@ -82,27 +47,13 @@ static int segment_getbuffer(PyObject *self, Py_buffer *b, int flags)
         return -1;
     }
     if ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS) {
-        int big = 0;
-        for (int i = 0; i < s->t->ndim; i++)
-            big += s->shape[i] > 1;
-        if (big > 1) {
+        if (tsp_layout_big_dims(&s->layout) > 1) {
             PyErr_SetString(PyExc_BufferError, "shared tensors are C-contiguous");
             b->obj = NULL;
             return -1;
         }
     }
-    b->buf = s->t->data;
-    b->obj = self;
-    Py_INCREF(self);
-    b->len = s->len;
-    b->readonly = 0;
-    b->itemsize = s->itemsize;
-    b->format = (flags & PyBUF_FORMAT) ? (char *)seg_format(s->t->dtype) : NULL;
-    b->ndim = s->t->ndim;
-    b->shape = (flags & PyBUF_ND) == PyBUF_ND ? s->shape : NULL;
-    b->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? s->strides : NULL;
-    b->suboffsets = NULL;
-    b->internal = NULL;
+    tsp_layout_export(&s->layout, b, self, s->t->data, 0, flags);
     return 0;
 }
 
@@ -136,14 +87,7 @@ static tsp_segment *segment_new(tsp_shared *owner, const ts_tensor_t *t)
     s->owner = owner;
     owner->segments++;
     s->t = t;
-    s->itemsize = (Py_ssize_t)ts_dtype_size(t->dtype);
-    Py_ssize_t stride = s->itemsize;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        s->shape[i] = (Py_ssize_t)t->shape[i];
-        s->strides[i] = stride;
-        stride *= s->shape[i];
-    }
-    s->len = (Py_ssize_t)ts_tensor_nbytes(t);
+    tsp_layout_init(&s->layout, t->dtype, t->ndim, t->shape);
     return s;
 }
 
@@ -152,8 +96,6 @@ static struct {
     PyObject *torch_frombuffer;
     PyObject *torch_empty;
     PyObject *torch_dtypes[TS_COMPLEX128 + 1]; /* torch.<name> by ts dtype */
-    PyObject *np_asarray;
-    PyObject *np_bfloat16;
 } cache;
 
 static int torch_ready(void)
@@ -181,30 +123,6 @@ static int torch_ready(void)
     memcpy(cache.torch_dtypes, dts, sizeof(dts));
     cache.torch_empty = em;
     cache.torch_frombuffer = fb;
-    return 0;
-}
-
-static int numpy_ready(void)
-{
-    if (cache.np_asarray != NULL)
-        return 0;
-    PyObject *np = PyImport_ImportModule("numpy");
-    if (np == NULL)
-        return -1;
-    PyObject *asarray = PyObject_GetAttrString(np, "asarray");
-    PyObject *bf = PyObject_GetAttrString(tsp_state.module, "numpy_bfloat16");
-    if (bf == NULL) {
-        PyErr_Clear();
-        bf = PyObject_CallMethod(np, "dtype", "([(ss)])", "bfloat16", "<u2");
-    }
-    Py_DECREF(np);
-    if (asarray == NULL || bf == NULL) {
-        Py_XDECREF(asarray);
-        Py_XDECREF(bf);
-        return -1;
-    }
-    cache.np_bfloat16 = bf;
-    cache.np_asarray = asarray;
     return 0;
 }
 
@@ -259,15 +177,16 @@ static PyObject *tensor_over(tsp_shared *self, const ts_tensor_t *t)
         Py_DECREF(flat);
         return r;
     }
-    if (numpy_ready() < 0)
+    PyObject *np_asarray, *np_bfloat16;
+    if (tsp_numpy_ready(&np_asarray, &np_bfloat16) < 0)
         return NULL;
     tsp_segment *seg = segment_new(self, t);
     if (seg == NULL)
         return NULL;
-    PyObject *a = PyObject_CallOneArg(cache.np_asarray, (PyObject *)seg);
+    PyObject *a = PyObject_CallOneArg(np_asarray, (PyObject *)seg);
     Py_DECREF(seg);
     if (a != NULL && t->dtype == TS_BFLOAT16) {
-        PyObject *v = PyObject_CallMethod(a, "view", "(O)", cache.np_bfloat16);
+        PyObject *v = PyObject_CallMethod(a, "view", "(O)", np_bfloat16);
         Py_DECREF(a);
         a = v;
     }

@@ -550,4 +550,33 @@ PyObject *tsp_client_serve(PyObject *client, PyObject *args, PyObject *kw);
                              "threads (docs/PYTHON.md, Services).")                                \
     TSP_STREAM_METHOD(_serve, "_serve(service, concurrency=64) -> _ServiceHandle")
 
+/* ---------------------------------------------------------------------------------------------
+ * Buffer-protocol exports of one dense tensor (view.c; used by view.c's View and shm.c's
+ * segments). Added in 0.6.0.
+ */
+/* The memory layout of a C-contiguous tensor, as a Py_buffer describes it. */
+typedef struct tsp_layout {
+    Py_ssize_t shape[TS_MAX_NDIM];
+    Py_ssize_t strides[TS_MAX_NDIM]; /* bytes, C order */
+    Py_ssize_t len;                  /* bytes of the whole tensor */
+    Py_ssize_t itemsize;             /* bytes of one element */
+    int ndim;
+    ts_dtype_t dtype;
+} tsp_layout;
+/* Fill l for a tensor of dtype with ndim (0..TS_MAX_NDIM) dimensions shape. */
+void tsp_layout_init(tsp_layout *l, ts_dtype_t dtype, int ndim, const int64_t *shape);
+/* How many dimensions of l are > 1 (the memory is Fortran-ordered too when at most one is). */
+int tsp_layout_big_dims(const tsp_layout *l);
+/*
+ * Fill b for a getbuffer of obj over buf laid out as l, as flags ask (shape, strides, format);
+ * b->obj takes a new reference on obj. The caller has refused what it cannot give.
+ */
+void tsp_layout_export(const tsp_layout *l, Py_buffer *b, PyObject *obj, void *buf, int readonly,
+                       int flags);
+/*
+ * Import numpy once (kept for the process); 0 with numpy.asarray in *asarray and the bfloat16
+ * dtype of received arrays in *bfloat16 (borrowed; either may be NULL), or -1 with an exception.
+ */
+int tsp_numpy_ready(PyObject **asarray, PyObject **bfloat16);
+
 #endif /* TSP_H */

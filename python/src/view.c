@@ -115,13 +115,13 @@ long tsp_live_exports(void)
 
 typedef struct tsp_view {
     PyObject_HEAD tsp_export *e;
-    Py_ssize_t shape[TS_MAX_NDIM];
-    Py_ssize_t strides[TS_MAX_NDIM];
-    Py_ssize_t len;
-    Py_ssize_t itemsize;
+    tsp_layout layout; /* of e's tensor, with e's dtype */
 } tsp_view;
 
-/* The PEP 3118 format of a dtype (bfloat16 as its raw 16 bits; see tsp_tensor_to_py). */
+/*
+ * The PEP 3118 format of a dtype (bfloat16 as its raw 16 bits, which tsp_tensor_to_py and shared
+ * buffers then view as the bfloat16 dtype).
+ */
 static const char *dtype_format(ts_dtype_t d)
 {
     switch (d) {
@@ -154,6 +154,47 @@ static const char *dtype_format(ts_dtype_t d)
     }
 }
 
+void tsp_layout_init(tsp_layout *l, ts_dtype_t dtype, int ndim, const int64_t *shape)
+{
+    l->dtype = dtype;
+    l->ndim = ndim;
+    l->itemsize = (Py_ssize_t)ts_dtype_size(dtype);
+    /* Unsigned: a dimension of 0 makes any product valid (see ts_tensor_numel). */
+    size_t stride = (size_t)l->itemsize;
+    for (int i = ndim - 1; i >= 0; i--) {
+        l->shape[i] = (Py_ssize_t)shape[i];
+        l->strides[i] = (Py_ssize_t)stride;
+        stride *= (size_t)shape[i];
+    }
+    l->len = (Py_ssize_t)stride;
+}
+
+int tsp_layout_big_dims(const tsp_layout *l)
+{
+    int big = 0;
+    for (int i = 0; i < l->ndim; i++)
+        big += l->shape[i] > 1;
+    return big;
+}
+
+void tsp_layout_export(const tsp_layout *l, Py_buffer *b, PyObject *obj, void *buf, int readonly,
+                       int flags)
+{
+    b->buf = buf;
+    b->obj = obj;
+    Py_INCREF(obj);
+    b->len = l->len;
+    b->readonly = readonly;
+    b->itemsize = l->itemsize;
+    b->format = (flags & PyBUF_FORMAT) ? (char *)dtype_format(l->dtype) : NULL;
+    b->ndim = l->ndim;
+    /* The shape and strides arrays live in l, inside obj, which b keeps alive. */
+    b->shape = (flags & PyBUF_ND) == PyBUF_ND ? (Py_ssize_t *)l->shape : NULL;
+    b->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? (Py_ssize_t *)l->strides : NULL;
+    b->suboffsets = NULL;
+    b->internal = NULL;
+}
+
 static int view_getbuffer(PyObject *self, Py_buffer *b, int flags)
 {
     tsp_view *v = (tsp_view *)self;
@@ -168,28 +209,14 @@ static int view_getbuffer(PyObject *self, Py_buffer *b, int flags)
          * The memory is C-ordered: it is Fortran-ordered too only with at most one dimension
          * > 1, or with no element at all.
          */
-        int big = 0;
-        for (int i = 0; i < d->ndim; i++)
-            big += v->shape[i] > 1;
-        if (big > 1 && v->len > 0) {
+        if (tsp_layout_big_dims(&v->layout) > 1 && v->layout.len > 0) {
             PyErr_SetString(PyExc_BufferError,
                             "received tensors are C-contiguous, not Fortran-contiguous");
             b->obj = NULL;
             return -1;
         }
     }
-    b->buf = (char *)d->data + d->byte_offset;
-    b->obj = self;
-    Py_INCREF(self);
-    b->len = v->len;
-    b->readonly = 1;
-    b->itemsize = v->itemsize;
-    b->format = (flags & PyBUF_FORMAT) ? (char *)dtype_format(v->e->dtype) : NULL;
-    b->ndim = d->ndim;
-    b->shape = (flags & PyBUF_ND) == PyBUF_ND ? v->shape : NULL;
-    b->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? v->strides : NULL;
-    b->suboffsets = NULL;
-    b->internal = NULL;
+    tsp_layout_export(&v->layout, b, self, (char *)d->data + d->byte_offset, 1, flags);
     return 0;
 }
 
@@ -225,14 +252,7 @@ static PyObject *view_new(tsp_export *e)
     }
     v->e = e;
     const DLTensor *d = &e->mt.dl_tensor;
-    v->itemsize = (Py_ssize_t)ts_dtype_size(e->dtype);
-    Py_ssize_t n = 1;
-    for (int i = d->ndim - 1; i >= 0; i--) {
-        v->shape[i] = (Py_ssize_t)d->shape[i];
-        v->strides[i] = n * v->itemsize;
-        n *= v->shape[i];
-    }
-    v->len = n * v->itemsize;
+    tsp_layout_init(&v->layout, e->dtype, d->ndim, d->shape);
     return (PyObject *)v;
 }
 
@@ -291,6 +311,17 @@ static int numpy_ready(void)
     }
     cache.np_bfloat16 = bf;
     cache.np_asarray = asarray;
+    return 0;
+}
+
+int tsp_numpy_ready(PyObject **asarray_out, PyObject **bfloat16_out)
+{
+    if (numpy_ready() < 0)
+        return -1;
+    if (asarray_out != NULL)
+        *asarray_out = cache.np_asarray;
+    if (bfloat16_out != NULL)
+        *bfloat16_out = cache.np_bfloat16;
     return 0;
 }
 
