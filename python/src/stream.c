@@ -547,6 +547,26 @@ PyObject *tsp_client_stream_join(PyObject *client, PyObject *args, PyObject *kw)
 }
 
 /*
+ * The optional arguments stream_read and stream_range share: the first id (ack_through or
+ * after_id, named what), max_entries, timeout_ms (0 when absent) and tensor_type.
+ */
+static int read_args(PyObject *client, PyObject *id_obj, const char *what, PyObject *max_obj,
+                     PyObject *timeout_obj, PyObject *tt_obj, uint64_t *id, size_t *max_entries,
+                     int *timeout_ms, tsp_tensor_type_t *tt)
+{
+    unsigned long long max = TSP_STREAM_DEFAULT_READ;
+    *id = 0;
+    *timeout_ms = 0;
+    if (u64_arg(id_obj, what, id) < 0 ||
+        uint_arg(max_obj, "max_entries", TS_STREAM_READ_MAX, &max) < 0 ||
+        (timeout_obj != NULL && timeout_ms_arg(timeout_obj, timeout_ms) < 0) ||
+        tensor_type_arg(tt_obj, client, tt) < 0)
+        return -1;
+    *max_entries = (size_t)max;
+    return 0;
+}
+
+/*
  * stream_read and stream_range: one request per slice until entries come or the timeout
  * passes (then an empty StreamEntries). ack_through goes with the first request only.
  */
@@ -598,16 +618,14 @@ PyObject *tsp_client_stream_read(PyObject *client, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sss|OOO$O:stream_read", names, &name, &group,
                                      &member, &ack_obj, &max_obj, &timeout_obj, &tt_obj))
         return NULL;
-    uint64_t ack_through = 0;
-    unsigned long long max_entries = TSP_STREAM_DEFAULT_READ;
-    int timeout_ms = 0;
+    uint64_t ack_through;
+    size_t max_entries;
+    int timeout_ms;
     tsp_tensor_type_t tt;
-    if (u64_arg(ack_obj, "ack_through", &ack_through) < 0 ||
-        uint_arg(max_obj, "max_entries", TS_STREAM_READ_MAX, &max_entries) < 0 ||
-        (timeout_obj != NULL && timeout_ms_arg(timeout_obj, &timeout_ms) < 0) ||
-        tensor_type_arg(tt_obj, client, &tt) < 0)
+    if (read_args(client, ack_obj, "ack_through", max_obj, timeout_obj, tt_obj, &ack_through,
+                  &max_entries, &timeout_ms, &tt) < 0)
         return NULL;
-    return read_impl(client, name, group, member, ack_through, (size_t)max_entries, timeout_ms, tt);
+    return read_impl(client, name, group, member, ack_through, max_entries, timeout_ms, tt);
 }
 
 PyObject *tsp_client_stream_range(PyObject *client, PyObject *args, PyObject *kw)
@@ -618,16 +636,14 @@ PyObject *tsp_client_stream_range(PyObject *client, PyObject *args, PyObject *kw
     if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OOO$O:stream_range", names, &name, &after_obj,
                                      &max_obj, &timeout_obj, &tt_obj))
         return NULL;
-    uint64_t after_id = 0;
-    unsigned long long max_entries = TSP_STREAM_DEFAULT_READ;
-    int timeout_ms = 0;
+    uint64_t after_id;
+    size_t max_entries;
+    int timeout_ms;
     tsp_tensor_type_t tt;
-    if (u64_arg(after_obj, "after_id", &after_id) < 0 ||
-        uint_arg(max_obj, "max_entries", TS_STREAM_READ_MAX, &max_entries) < 0 ||
-        (timeout_obj != NULL && timeout_ms_arg(timeout_obj, &timeout_ms) < 0) ||
-        tensor_type_arg(tt_obj, client, &tt) < 0)
+    if (read_args(client, after_obj, "after_id", max_obj, timeout_obj, tt_obj, &after_id,
+                  &max_entries, &timeout_ms, &tt) < 0)
         return NULL;
-    return read_impl(client, name, NULL, NULL, after_id, (size_t)max_entries, timeout_ms, tt);
+    return read_impl(client, name, NULL, NULL, after_id, max_entries, timeout_ms, tt);
 }
 
 PyObject *tsp_client_stream_ack(PyObject *client, PyObject *args, PyObject *kw)
@@ -728,6 +744,32 @@ typedef struct helper_base {
 
 static int base_close(helper_base *b, int arg);
 
+/* Take b's lock, waiting for it with the GIL released. */
+static void base_lock(helper_base *b)
+{
+    if (!PyThread_acquire_lock(b->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(b->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+/* -1 with RuntimeError when b already has a handle or a lock (__init__ called again). */
+static int base_unused(const helper_base *b, const char *what)
+{
+    if (b->handle == NULL && b->lock == NULL)
+        return 0;
+    PyErr_Format(PyExc_RuntimeError, "%s.__init__ called twice", what);
+    return -1;
+}
+
+/* A new reference to obj, or to None when obj is NULL. */
+static PyObject *ref_or_none(PyObject *obj)
+{
+    PyObject *r = obj != NULL ? obj : Py_None;
+    Py_INCREF(r);
+    return r;
+}
+
 /*
  * Start a call: take the lock (waiting with the GIL released) and return the handle, or NULL
  * with an exception (closed, or used after fork) and the lock not held.
@@ -755,10 +797,7 @@ static void *base_enter(helper_base *b)
         PyErr_SetString(PyExc_RuntimeError, msg);
         return NULL;
     }
-    if (!PyThread_acquire_lock(b->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(b->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
+    base_lock(b);
     if (b->handle == NULL || b->closing) { /* closed while we waited */
         PyThread_release_lock(b->lock);
         char msg[64];
@@ -821,10 +860,7 @@ static int base_close(helper_base *b, int arg)
         b->close_arg = arg;
         return 0;
     }
-    if (!PyThread_acquire_lock(b->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS PyThread_acquire_lock(b->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
+    base_lock(b);
     h = b->handle; /* NULL when another thread closed it while we waited */
     b->handle = NULL;
     int rc = 0;
@@ -844,10 +880,8 @@ static int base_init(helper_base *b, const char *what, PyObject *client, PyObjec
                      int (*free_handle)(void *h, int arg))
 {
     b->what = what;
-    if (b->handle != NULL || b->lock != NULL) {
-        PyErr_Format(PyExc_RuntimeError, "%s.__init__ called twice", what);
+    if (base_unused(b, what) < 0)
         return -1;
-    }
     b->lock = PyThread_allocate_lock();
     if (b->lock == NULL) {
         PyErr_NoMemory();
@@ -862,8 +896,12 @@ static int base_init(helper_base *b, const char *what, PyObject *client, PyObjec
     return 0;
 }
 
-static void base_dealloc_fields(helper_base *b)
+/* A dealloc's first part: stop GC tracking, close (freeing the handle), drop b's fields. */
+static void base_dealloc(PyObject *self_obj)
 {
+    helper_base *b = (helper_base *)self_obj;
+    PyObject_GC_UnTrack(self_obj);
+    base_close(b, 0);
     Py_CLEAR(b->client);
     Py_CLEAR(b->name);
     /* In a child after fork a parent's thread may have held it: left alone. */
@@ -889,18 +927,13 @@ static PyObject *base_get_client(PyObject *self_obj, void *closure)
 {
     (void)closure;
     helper_base *b = (helper_base *)self_obj;
-    PyObject *c = b->client != NULL && b->handle != NULL ? b->client : Py_None;
-    Py_INCREF(c);
-    return c;
+    return ref_or_none(b->handle != NULL ? b->client : NULL);
 }
 
 static PyObject *base_get_name(PyObject *self_obj, void *closure)
 {
     (void)closure;
-    helper_base *b = (helper_base *)self_obj;
-    PyObject *n = b->name != NULL ? b->name : Py_None;
-    Py_INCREF(n);
-    return n;
+    return ref_or_none(((helper_base *)self_obj)->name);
 }
 
 static PyObject *base_enter_cm(PyObject *self_obj, PyObject *unused)
@@ -944,10 +977,8 @@ static int producer_init(PyObject *self_obj, PyObject *args, PyObject *kw)
     if ((config != Py_None && config_from_dict(config, &cfg) < 0) ||
         timeout_ms_arg(block_obj, &block_ms) < 0)
         return -1;
-    if (self->base.handle != NULL || self->base.lock != NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "StreamProducer.__init__ called twice");
+    if (base_unused(&self->base, "StreamProducer") < 0)
         return -1;
-    }
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL)
         return -1;
@@ -1068,10 +1099,7 @@ static PyObject *producer_get_last_id(PyObject *self_obj, void *closure)
 
 static void producer_dealloc(PyObject *self_obj)
 {
-    producer_object *self = (producer_object *)self_obj;
-    PyObject_GC_UnTrack(self_obj);
-    base_close(&self->base, 0);
-    base_dealloc_fields(&self->base);
+    base_dealloc(self_obj);
     Py_TYPE(self_obj)->tp_free(self_obj);
 }
 
@@ -1175,10 +1203,8 @@ static int consumer_init(PyObject *self_obj, PyObject *args, PyObject *kw)
     }
     o.prefetch = (uint32_t)prefetch;
     o.timeout_ms = helper_slice(timeout_ms);
-    if (self->base.handle != NULL || self->base.lock != NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "StreamConsumer.__init__ called twice");
+    if (base_unused(&self->base, "StreamConsumer") < 0)
         return -1;
-    }
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL)
         return -1;
@@ -1334,36 +1360,25 @@ static PyObject *consumer_exit_cm(PyObject *self_obj, PyObject *args)
 static PyObject *consumer_get_epoch(PyObject *self_obj, void *closure)
 {
     (void)closure;
-    consumer_object *self = (consumer_object *)self_obj;
-    PyObject *e = self->epoch != NULL ? self->epoch : Py_None;
-    Py_INCREF(e);
-    return e;
+    return ref_or_none(((consumer_object *)self_obj)->epoch);
 }
 
 static PyObject *consumer_get_group(PyObject *self_obj, void *closure)
 {
     (void)closure;
-    PyObject *g = ((consumer_object *)self_obj)->group;
-    g = g != NULL ? g : Py_None;
-    Py_INCREF(g);
-    return g;
+    return ref_or_none(((consumer_object *)self_obj)->group);
 }
 
 static PyObject *consumer_get_member(PyObject *self_obj, void *closure)
 {
     (void)closure;
-    PyObject *m = ((consumer_object *)self_obj)->member;
-    m = m != NULL ? m : Py_None;
-    Py_INCREF(m);
-    return m;
+    return ref_or_none(((consumer_object *)self_obj)->member);
 }
 
 static void consumer_dealloc(PyObject *self_obj)
 {
     consumer_object *self = (consumer_object *)self_obj;
-    PyObject_GC_UnTrack(self_obj);
-    base_close(&self->base, 0);
-    base_dealloc_fields(&self->base);
+    base_dealloc(self_obj);
     Py_CLEAR(self->group);
     Py_CLEAR(self->member);
     Py_CLEAR(self->epoch);
