@@ -12,6 +12,7 @@
  * Client at exit: its atexit handler is registered before tsp_rl_init runs, so handlers the
  * bindings register run before it), rl.c and
  * predictor.c (the RL and predictor bindings, initialised by tsp_rl_init / tsp_predictor_init),
+ * common_args.c (what those bindings share: opening an object on a Client and its life cycle),
  * stream.c (the Client's stream methods, the stream producer and consumer: tsp_stream_init).
  *
  * Rules that hold for every function below unless its comment says otherwise:
