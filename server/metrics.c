@@ -277,6 +277,11 @@ int tsd_metrics_render(const tsd_server *srv, tsd_text *t)
            ds.disk_bytes);
     single(t, "tensord_disk_limit_bytes", "gauge",
            "--max-disk; 0 means unlimited or no --data-dir.", ds.max_disk);
+    tsd_reclaim_stats rs;
+    tsd_reclaim_stats_get(&rs);
+    single(t, "tensord_reclaim_pending_bytes", "gauge",
+           "Memory of dropped items still being given back by the reclaim thread.",
+           rs.pending_bytes);
     const tsd_streams *sx = srv->streams;
     single(t, "tensord_streams", "gauge", "Streams.", sx != NULL ? sx->table.count : 0);
     single(t, "tensord_stream_entries", "gauge", "Entries kept in streams.",

@@ -361,6 +361,7 @@ static void test_empty(void **state)
                                         "tensord_snapshot_age_seconds",
                                         "tensord_snapshot_failures_total",
                                         "tensord_disk_bytes",
+                                        "tensord_reclaim_pending_bytes",
                                         "tensord_streams",
                                         "tensord_tables",
                                         "tensord_uptime_seconds",
