@@ -22,7 +22,7 @@
 
 typedef struct reclaim_job {
     struct reclaim_job *next;
-    void *addr; /* mapping to unmap (TSD_RECLAIM_UNMAP) or buffer to free (FREE_ALIGNED) */
+    void *addr; /* a mapping to unmap (RECLAIM_UNMAP), or a buffer for ts__free_aligned */
     size_t len;
     int fd; /* closed after the unmap; -1 when none */
     int kind;
