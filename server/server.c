@@ -591,13 +591,6 @@ static void pool_noop_done(uv_work_t *req, int status)
     (void)status;
 }
 
-/*
- * Start libuv's thread pool now, with SIGINT, SIGTERM and SIGHUP blocked, so that its threads
- * inherit that mask and those signals only ever reach the loop thread. At exit the signal
- * handles are closed (which restores the default action) before the signals are ignored; the
- * loop thread blocks them meanwhile (tsd_server_release_signals), and so must every other
- * thread, or one of them could take the default action in that moment.
- */
 void tsd_signals_block(sigset_t *old)
 {
     sigset_t set;
@@ -608,6 +601,13 @@ void tsd_signals_block(sigset_t *old)
     pthread_sigmask(SIG_BLOCK, &set, old);
 }
 
+/*
+ * Start libuv's thread pool now, with SIGINT, SIGTERM and SIGHUP blocked, so that its threads
+ * inherit that mask and those signals only ever reach the loop thread. At exit the signal
+ * handles are closed (which restores the default action) before the signals are ignored; the
+ * loop thread blocks them meanwhile (tsd_server_release_signals), and so must every other
+ * thread, or one of them could take the default action in that moment.
+ */
 static void pool_start(tsd_server *srv)
 {
     sigset_t old;

@@ -12,7 +12,7 @@
  * Client at exit: its atexit handler is registered before tsp_rl_init runs, so handlers the
  * bindings register run before it), rl.c and
  * predictor.c (the RL and predictor bindings, initialised by tsp_rl_init / tsp_predictor_init),
- * common_args.c (what those bindings share: opening an object on a Client and its life cycle),
+ * client_user.c (what those bindings share: opening an object on a Client and its life cycle),
  * stream.c (the Client's stream methods, the stream producer and consumer: tsp_stream_init).
  *
  * Rules that hold for every function below unless its comment says otherwise:
@@ -282,7 +282,7 @@ tsp_tensor_type_t tsp_client_tensor_type(PyObject *obj);
  */
 typedef int (*tsp_open_fn)(ts_client_t *c, void *arg);
 /*
- * Create such an object (common_args.c): enter client (tsp_client_enter), parse the tensor_type
+ * Create such an object (client_user.c): enter client (tsp_client_enter), parse the tensor_type
  * argument tt_obj into *tt (the Client's own as the default), then call open_fn(c, arg) without
  * the GIL. 0 with the client entered (the caller leaves it when the object is freed and keeps
  * its own reference to client), or -1 with an exception and the client not entered.
@@ -294,7 +294,7 @@ int tsp_client_open(PyObject *client, PyObject *tt_obj, tsp_open_fn open_fn, voi
  * Client it keeps entered and the accounting of the calls running on its C object. Several
  * threads may call it: each call counts itself (with the GIL held) between the type's own enter
  * function and tsp_client_user_leave, and close() frees the C object only when the last user
- * has left. The functions below are common_args.c's; each takes the GIL held.
+ * has left. The functions below are client_user.c's; each takes the GIL held.
  */
 typedef struct tsp_client_user {
     PyObject_HEAD PyObject *client; /* the tensorshare.Client, entered while open */

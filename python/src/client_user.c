@@ -1,5 +1,5 @@
 /*
- * common_args.c: what the objects living on a tensorshare.Client (the RL trainer and worker of
+ * client_user.c: what the objects living on a tensorshare.Client (the RL trainer and worker of
  * rl.c, the predictor of predictor.c) do alike: their creation (tsp_client_open) and their life
  * cycle (tsp_client_user: call accounting, free, close, the closed and client getters), kept in
  * one place so that their reference counting and their errors cannot drift apart.
