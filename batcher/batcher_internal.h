@@ -198,7 +198,38 @@ typedef struct replica {
     batch_request **picked;        /* the requests of the current batch */
     ts_batcher_replica_stats_t st; /* under the batcher's lock */
     answer_ctx ctx;                /* the requests its callbacks submit */
+    /*
+     * overlap_answers: the batches whose answers this replica handed to the helpers, each with
+     * its own array of requests (picked is the array of the slot being gathered into).
+     */
+    struct answer_slot *slots; /* TS__ANSWER_SLOTS of them, or NULL */
+    int slot_next;             /* the slot picked belongs to */
+    struct output_box *outbox; /* its batch outputs released elsewhere, freed here (batcher.c) */
 } replica;
+
+/*
+ * batches; with overlap_answers, a replica's batches handed to the helpers and not answered yet,
+ * plus the one it gathers or computes: two are double buffering (one batch computes while the
+ * one before it is answered).
+ */
+#define TS__ANSWER_SLOTS 2
+
+/*
+ * ns; an answer helper that finds no part to answer keeps looking (yielding the core between
+ * looks) this long before it sleeps, and with overlap_answers so does a replica that finds the
+ * queue empty while parts are being answered (their callbacks are about to submit): a part
+ * posted meanwhile, or requests queued meanwhile, cost no futex wake-up and no wake-up latency
+ * (tens of microseconds on a virtual machine, as long as answering a batch of a small model).
+ * Bounded, as shmq.c's looks: an idle batcher stops spending CPU almost at once.
+ */
+#define TS__ANSWER_SPIN_NS 50000u
+
+/* One batch handed to the helpers (overlap_answers): its requests and its parts. */
+typedef struct answer_slot {
+    batch_request **reqs;      /* max_batch entries */
+    struct answer_part *parts; /* one per helper */
+    int left;                  /* parts not answered yet; under ans_mu */
+} answer_slot;
 
 /* A part of a batch's answers given to the helper threads (answer_threads). */
 typedef struct answer_part {
@@ -209,7 +240,9 @@ typedef struct answer_part {
     const ts_value_t *out;
     struct shared_output *shared;
     int64_t version;
-    struct answer_join *join; /* counts the parts still being answered */
+    struct answer_join *join; /* counts the parts still being answered, or NULL: */
+    struct replica *rep;      /* ... overlap_answers: the replica whose batch this is */
+    answer_slot *slot;        /* ... and the slot that holds its requests */
 } answer_part;
 
 /* The remote serving state (serve.c), opaque to the engine. */
@@ -255,7 +288,11 @@ struct ts_batcher_s {
     /* The answer helpers (opts.answer_threads): their own lock, queue of parts and threads. */
     pthread_mutex_t ans_mu;
     pthread_cond_t ans_cv;
-    answer_part *ans_head;
+    pthread_cond_t slot_cv; /* overlap_answers: a replica waits for a slot's answers */
+    int overlap;            /* overlap_answers (with helpers) */
+    answer_part *ans_head, *ans_tail;
+    atomic_uint ans_posted; /* parts posted so far (for the helpers' looks) */
+    atomic_int ans_open;    /* overlap_answers: parts posted and not answered yet */
     int ans_stop;
     int n_answerers;
     pthread_t *answerers;

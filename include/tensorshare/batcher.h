@@ -21,7 +21,9 @@
  * the other idle replicas wait for it to finish gathering, so that one batch fills before the
  * next starts. docs/BATCHER.md has the details and the measurements behind the defaults.
  *
- * Threads: each replica runs on its own thread; a timer thread enforces request deadlines.
+ * Threads: each replica runs on its own thread ("ts-replica-N"); a timer thread ("ts-timer")
+ * enforces request deadlines; answer helpers ("ts-answer-N", answer_threads) are optional. The
+ * names are what top -H, perf and /proc/PID/task/TID/comm show (since 0.7.0).
  * Every function here is thread-safe unless its comment says otherwise.
  */
 #ifndef TENSORSHARE_BATCHER_H
@@ -166,9 +168,26 @@ typedef struct ts_batcher_options_s {
      * TS_BATCHER_SPLIT_ANSWERS requests is cut into parts answered by the replica and up to N
      * helpers at once (shared by the replicas), so that a fast device does not wait for one
      * thread to call a thousand callbacks. Callbacks then also run on those helper threads.
-     * At most TS_BATCHER_MAX_ANSWER_THREADS. Added in 0.2.0.
+     * A helper with nothing to answer looks again (yielding the core) for up to 50 us before
+     * it sleeps. At most TS_BATCHER_MAX_ANSWER_THREADS. Added in 0.2.0.
      */
     int answer_threads;
+    /*
+     * With answer_threads > 0: a replica hands each finished batch's answers to the helpers
+     * (cut into parts of at least TS_BATCHER_SPLIT_ANSWERS requests, at most one per helper; a
+     * smaller batch is one part) and gathers and runs its next batch at once, answering none
+     * itself; it waits only while the batch before the previous one is still being answered
+     * (two batches in flight per replica: one computes while the one before it is answered).
+     * This pays when more requests wait than one batch holds (more requesters than max_batch,
+     * or several requests each): with exactly max_batch requesters the next batch is made of
+     * this one's answered requesters and cannot start before they are answered. Callbacks then
+     * run on the helpers only (a failed forward's on the replica), and answers of successive
+     * batches may reach them out of batch order. While answers are being handed out, a replica
+     * that finds the queue empty looks again (yielding the core) for up to 50 us before it
+     * sleeps. Needs answer_threads >= 1 (else ts_batcher_new gives TS_EINVAL). Default 0
+     * (off). Added in 0.7.0.
+     */
+    int overlap_answers;
 } ts_batcher_options_t;
 
 /* The most preferred batch sizes and priority levels a batcher takes. Added in 0.2.0. */
@@ -214,8 +233,9 @@ TS_EXTERN int ts_batcher_replicas(const ts_batcher_t *b);
 TS_EXTERN const char *ts_batcher_device(const ts_batcher_t *b, int i);
 
 /*
- * Completion of a prediction, called exactly once, on a batcher thread (a replica's, the timer's,
- * or the one in ts_batcher_free), never from inside ts_batcher_predict_async. status is 0, or
+ * Completion of a prediction, called exactly once, on a batcher thread (a replica's, an answer
+ * helper's, the timer's, or the one in ts_batcher_free), never from inside
+ * ts_batcher_predict_async. status is 0, or
  * TS_ESCHEMA, TS_EMODEL, TS_ETIMEDOUT, TS_ECANCELED, with its reason in ts_last_error(). On
  * success output holds exactly the request's rows (transferred: free it with ts_value_free) and
  * version is the weight version that computed it. Keep the callback short: it runs on the

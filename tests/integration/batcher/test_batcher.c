@@ -3,6 +3,7 @@
  * many submitters, queue delay, schema errors, model failures, weight updates between forwards,
  * deadlines, shutdown and placement.
  */
+#define _GNU_SOURCE /* pthread_getname_np */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1067,8 +1068,8 @@ static void loop_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t versio
 
 static void run_loop(ts_batcher_t *b, int n_actors, int n_requests)
 {
-    static loop_actor la[256];
-    assert_true(n_actors <= 256);
+    static loop_actor la[1024];
+    assert_true(n_actors <= 1024);
     acount c;
     acount_init(&c);
     for (int i = 0; i < n_actors; i++) {
@@ -1176,6 +1177,101 @@ static void test_answer_threads(void **state)
     ts_batcher_t *bad = NULL;
     assert_int_equal(ts_batcher_new(&bad, &cfg), TS_EINVAL);
     ts_batcher_free(b);
+}
+
+/* Where a callback ran: its thread's name (the batcher names its threads). */
+typedef struct where {
+    acount c;
+    char name[32];
+    int good;
+} where;
+
+static void where_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
+{
+    (void)b;
+    (void)version;
+    where *w = arg;
+    w->good = status == 0 && check_answer(out, 1, 70, 1.0f);
+    ts_value_free(out);
+    (void)pthread_getname_np(pthread_self(), w->name, sizeof(w->name));
+    pthread_mutex_lock(&w->c.mu);
+    w->c.done++;
+    pthread_cond_broadcast(&w->c.cv);
+    pthread_mutex_unlock(&w->c.mu);
+}
+
+/*
+ * overlap_answers: a replica hands each batch's answers to the helpers and runs its next batch
+ * meanwhile. Twice max_batch actors in a closed loop keep two batches in flight; every answer
+ * still holds exactly its rows, and the counters add up. Callbacks run on the helpers only
+ * (also a lone request's), and the option needs helpers.
+ */
+static void test_overlap_answers(void **state)
+{
+    (void)state;
+    for (int helpers = 1; helpers <= 3; helpers += 2) {
+        ts_batcher_options_t cfg;
+        test_options(&cfg, helpers == 1 ? "cpu" : "cpu:2", 128, 500);
+        cfg.answer_threads = helpers;
+        cfg.overlap_answers = 1;
+        ts_batcher_t *b = make_with(&cfg);
+        enum { A = 256, R = 30 };
+        run_loop(b, A, R);
+        ts_batcher_stats_t st;
+        ts_batcher_stats(b, &st);
+        print_message("    %d helper(s): %llu requests in %llu batches\n", helpers,
+                      (unsigned long long)st.requests, (unsigned long long)st.batches);
+        assert_int_equal(st.requests, A * R);
+        assert_int_equal(st.submitted, st.requests + st.failed);
+        assert_int_equal(st.failed, 0);
+        assert_int_equal(st.rows, A * R);
+        uint64_t batches = 0, requests = 0, out_ns = 0;
+        for (int i = 0; i < ts_batcher_replicas(b); i++) {
+            ts_batcher_replica_stats_t rs;
+            assert_int_equal(ts_batcher_replica_stats(b, i, &rs), 0);
+            batches += rs.batches;
+            requests += rs.requests;
+            out_ns += rs.output_ns;
+        }
+        assert_int_equal(batches, st.batches);
+        assert_int_equal(requests, st.requests);
+        assert_true(out_ns > 0); /* counted by the helpers */
+
+        /* Mixed row counts from outside the batcher, answered row by row. */
+        enum { N = 600 };
+        static actx ctx[N];
+        acount c;
+        acount_init(&c);
+        for (int i = 0; i < N; i++) {
+            ctx[i] = (actx){&c, 1 + i % 3, (int64_t)i * 10, 1.0f, NULL};
+            ctx[i].in = request(ctx[i].rows, ctx[i].base);
+            assert_int_equal(
+                ts_batcher_predict_async(b, ctx[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &ctx[i]),
+                0);
+        }
+        assert_true(acount_wait(&c, N));
+        assert_int_equal(c.ok, N);
+        for (int i = 0; i < N; i++)
+            ts_value_free(ctx[i].in);
+
+        /* A lone request is answered by a helper too. */
+        static where w;
+        memset(&w, 0, sizeof(w));
+        acount_init(&w.c);
+        ts_value_t *in = request(1, 70);
+        assert_int_equal(ts_batcher_predict_async(b, in, 0, TS_TIMEOUT_DEFAULT, where_cb, &w), 0);
+        assert_true(acount_wait(&w.c, 1));
+        assert_true(w.good);
+        assert_int_equal(strncmp(w.name, "ts-answer-", 10), 0);
+        ts_value_free(in);
+        ts_batcher_free(b);
+    }
+    ts_batcher_options_t cfg;
+    test_options(&cfg, "cpu", 8, 500);
+    cfg.overlap_answers = 1; /* without helpers */
+    ts_batcher_t *bad = NULL;
+    assert_int_equal(ts_batcher_new(&bad, &cfg), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "answer_threads"));
 }
 
 /* Blocking requester threads, each predicting in a loop until told to stop. */
@@ -1460,10 +1556,11 @@ static void parent_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t vers
 static void test_callback_submits_cancel_timeout(void **state)
 {
     (void)state;
-    for (int helpers = 0; helpers < 2; helpers++) {
+    for (int helpers = 0; helpers < 3; helpers++) {
         ts_batcher_options_t cfg;
         test_options(&cfg, "cpu", 8, 0);
-        cfg.answer_threads = helpers;
+        cfg.answer_threads = helpers > 0; /* the third round: the helper answers alone */
+        cfg.overlap_answers = helpers == 2;
         ts_batcher_t *b = make_with(&cfg);
         static child_run cr;
         memset(&cr, 0, sizeof(cr));
@@ -1603,10 +1700,12 @@ static void test_free_while_answering(void **state)
     (void)state;
     enum { A = 200 };
     static stop_actor act[A];
-    for (int round = 0; round < 6; round++) {
+    for (int round = 0; round < 10; round++) {
         ts_batcher_options_t cfg;
         test_options(&cfg, round % 2 ? "cpu:2" : "cpu", 128, 500);
-        cfg.answer_threads = round / 2; /* 0, 1 and 2 helpers */
+        /* 0, 1 and 2 helpers helping, then 1 and 2 answering alone (overlap_answers) */
+        cfg.answer_threads = round < 6 ? round / 2 : round / 2 - 2;
+        cfg.overlap_answers = round >= 6;
         ts_batcher_t *b = make_with(&cfg);
         for (int i = 0; i < A; i++) {
             act[i].base = (int64_t)i * 10;
@@ -1617,7 +1716,7 @@ static void test_free_while_answering(void **state)
             assert_int_equal(
                 ts_batcher_predict_async(b, act[i].in, 0, TS_TIMEOUT_DEFAULT, stop_cb, &act[i]), 0);
         }
-        sleep_us(5000 + round * 3000);
+        sleep_us(5000 + (round % 6) * 3000);
         ts_batcher_free(b);
         int total = 0;
         for (int i = 0; i < A; i++) {
@@ -1983,6 +2082,7 @@ int main(void)
         cmocka_unit_test(test_closed_loop),
         cmocka_unit_test(test_never_wait_for_nothing),
         cmocka_unit_test(test_answer_threads),
+        cmocka_unit_test(test_overlap_answers),
         cmocka_unit_test(test_callback_submits_cancel_timeout),
         cmocka_unit_test(test_callback_submits_queue_bound),
         cmocka_unit_test(test_free_while_answering),
