@@ -299,7 +299,8 @@ static void test_tsinfer_shm(void **state)
     const char *args[] = {exe,          "--server",    srv->addr, "--model",    model,
                           "--name",     "policy",      "--input", ":float32:8", "--output",
                           ":float32:4", "--max-batch", "16",      "--device",   "cpu:1",
-                          "--threads",  "1",           "--shm",   "4",          NULL};
+                          "--threads",  "1",           "--shm",   "4",          "--answer-threads",
+                          "1",          "--overlap",   NULL};
     char log[600];
     snprintf(log, sizeof(log), "%s/tsinfer.log", shm_srv.dir);
     shm_pid = start_tsinfer(args, log);
@@ -389,6 +390,29 @@ static void test_tsinfer_shm_usage(void **state)
     const char *help[] = {exe, "--help", NULL};
     assert_int_equal(run_tsinfer(help, log), 0);
     assert_non_null(strstr(slurp(log), "--shm [SLOTS]"));
+    assert_non_null(strstr(slurp(log), "--answer-threads N [--overlap]"));
+    unlink(log);
+}
+
+/* --overlap needs answer helpers: tsinfer says so and exits with status 1. */
+static void test_tsinfer_overlap_usage(void **state)
+{
+    (void)state;
+    const char *exe = getenv("TS_TSINFER");
+    const char *dir = getenv("TS_MODELS_DIR");
+    char model[600];
+    snprintf(model, sizeof(model), "%s/mlp.pt", dir);
+    char log[] = "/tmp/ts-tsinfer-overlap-XXXXXX";
+    int fd = mkstemp(log);
+    assert_true(fd >= 0);
+    close(fd);
+    const char *args[] = {exe,      "--server", "127.0.0.1:1", "--model",   model, "--name",
+                          "policy", "--input",  ":float32:8",  "--overlap", NULL};
+    assert_int_equal(run_tsinfer(args, log), 1);
+    const char *out = slurp(log);
+    if (strstr(out, "overlap_answers needs answer_threads") == NULL)
+        print_error("tsinfer's output:\n%s\n", out);
+    assert_non_null(strstr(out, "overlap_answers needs answer_threads"));
     unlink(log);
 }
 
@@ -415,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_tsinfer_cuda),
         cmocka_unit_test_teardown(test_tsinfer_shm, shm_teardown),
         cmocka_unit_test(test_tsinfer_shm_usage),
+        cmocka_unit_test(test_tsinfer_overlap_usage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

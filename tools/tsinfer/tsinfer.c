@@ -5,7 +5,7 @@
  *           [--output :float32:4] [--max-batch 64] [--max-delay-us 500] [--device cpu:2]
  *           [--params BIN] [--timeout-ms MS] [--threads N] [--stats-s S]
  *           [--min-delay-us US] [--preferred ROWS,...] [--amp bfloat16|float16]
- *           [--shm [SLOTS]]
+ *           [--shm [SLOTS]] [--answer-threads N [--overlap]]
  *
  * Remote workers call the service NAME with ts_predictor_* (batcher.h), or relay through the bin
  * NAME/requests (TS_PREDICTOR_RELAY); tsinfer batches their rows on the model's replicas and
@@ -46,6 +46,7 @@ static void usage(FILE *f)
             "               [--device PLACEMENT] [--params BIN] [--timeout-ms MS]\n"
             "               [--threads N] [--stats-s S] [--min-delay-us US]\n"
             "               [--preferred ROWS,...] [--amp bfloat16|float16] [--shm [SLOTS]]\n"
+            "               [--answer-threads N [--overlap]]\n"
             "  SCHEMA     comma-separated fields NAME:DTYPE:DIMS, per row (no batch dimension),\n"
             "             e.g. obs.x:float32:4x4,obs.id:int64: ; an empty NAME is a bare tensor\n"
             "             (:float32:8). DIMS is empty for one value per row.\n"
@@ -57,6 +58,10 @@ static void usage(FILE *f)
             "  --min-delay-us US  hold a partial batch at least this long (default 0)\n"
             "  --preferred ROWS,...  batch sizes that run as soon as the queue reaches them\n"
             "  --amp DTYPE  run the replicas under autocast (bfloat16; float16 on CUDA only)\n"
+            "  --answer-threads N  threads (0 to %d, default 0) that help the replicas hand out\n"
+            "             large batches' answers; with --overlap they hand out every batch's\n"
+            "             answers while the replica runs its next batch (two batches in flight\n"
+            "             per replica: for fast devices with more requests waiting than a batch)\n"
             "  --shm [SLOTS]  also offer SLOTS shared-memory slots (default %d, 1 to %d) to\n"
             "             predictors on tsinfer's own host, advertised in the bin NAME/shm: a\n"
             "             predictor takes one when it runs on the same host as tsinfer (the\n"
@@ -72,7 +77,8 @@ static void usage(FILE *f)
             "for a relayed one, or an input that does not match --input; each is logged on\n"
             "stderr, at most %d lines per %d s, and answered with ESCHEMA, a relayed one when it\n"
             "names a reply bin). Workers call the service NAME (or relay through NAME/requests).\n",
-            TS_BATCHER_SHM_DEFAULT_SLOTS, TS_BATCHER_SHM_MAX_SLOTS, LOG_BURST, LOG_WINDOW_S);
+            TS_BATCHER_MAX_ANSWER_THREADS, TS_BATCHER_SHM_DEFAULT_SLOTS, TS_BATCHER_SHM_MAX_SLOTS,
+            LOG_BURST, LOG_WINDOW_S);
 }
 
 /* Parse a decimal number in [lo, hi]. 0 or -1. */
@@ -246,6 +252,8 @@ int main(int argc, char **argv)
     char *in_spec = NULL, *out_spec = NULL;
     long max_batch = 64, delay_us = 500, timeout_ms = 30000, threads = 0, stats_s = 0;
     long min_delay_us = 0;
+    long answer_threads = 0;
+    int overlap = 0;
     long shm_slots = 0; /* --shm: slots offered on this host (0: none) */
     const char *preferred = NULL, *amp = NULL;
     for (int i = 1; i < argc; i++) {
@@ -255,6 +263,10 @@ int main(int argc, char **argv)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
             return 0;
+        }
+        if (strcmp(a, "--overlap") == 0) {
+            overlap = 1;
+            continue;
         }
         if (strcmp(a, "--shm") == 0) {
             /* SLOTS is optional: the next argument is it unless it is another option. */
@@ -292,6 +304,8 @@ int main(int argc, char **argv)
             bad = parse_long(v, 0, 60000000, &delay_us);
         } else if (strcmp(a, "--min-delay-us") == 0) {
             bad = parse_long(v, 0, 60000000, &min_delay_us);
+        } else if (strcmp(a, "--answer-threads") == 0) {
+            bad = parse_long(v, 0, TS_BATCHER_MAX_ANSWER_THREADS, &answer_threads);
         } else if (strcmp(a, "--preferred") == 0) {
             preferred = v;
         } else if (strcmp(a, "--amp") == 0) {
@@ -358,6 +372,8 @@ int main(int argc, char **argv)
     ts_batcher_options_t cfg;
     ts_batcher_options_init(&cfg);
     cfg.min_delay_us = min_delay_us;
+    cfg.answer_threads = (int)answer_threads;
+    cfg.overlap_answers = overlap;
     cfg.preferred_batch = sizes;
     cfg.n_preferred = n_sizes;
     cfg.inputs = in;
