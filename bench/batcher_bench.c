@@ -8,7 +8,7 @@
  *   batcher_bench [--model mlp.pt | --mlp 8,2048,2048,2048,4] [--threads 64] [--requests 200]
  *                 [--placement cpu:2] [--max-batch 64] [--max-delay-us 500]
  *                 [--min-delay-us 0] [--amp bfloat16|float16] [--answer-threads 0]
- *                 [--repeats 3] [--pin]
+ *                 [--overlap] [--repeats 3] [--pin]
  *                 [--tensord PATH | --server ADDR] [--clients 8] [--modes LIST] [--smoke]
  *
  * The model takes a bare [rows, IN] float32 tensor and returns [rows, OUT]: tests/shim's mlp.pt
@@ -18,7 +18,9 @@
  * is the number of requesters. Every answer is checked against the model's own answer for that
  * requester's row (float32; with --amp the replicas run under autocast and the check allows
  * autocast's precision). --pin puts the serving side (replicas, tensord, the serve thread) on
- * cpu0 and the requesters on cpu1, as bench/run.sh does. TS_BENCH_SIZES=1 in the environment
+ * cpu0 and the requesters on cpu1, as bench/run.sh does (the batcher's answer helpers, which
+ * call the requesters' callbacks, with the requesters). --overlap sets overlap_answers (with
+ * --answer-threads 1 or more). TS_BENCH_SIZES=1 in the environment
  * prints each batched run's batch-size histogram per replica (ts_batcher_replica_stats) on
  * stderr, with the time per batch of the input copy, the forward and the answers (slicing the
  * output and the callbacks, which resubmit).
@@ -69,6 +71,7 @@
  * the other requesters served before it.
  */
 #define _GNU_SOURCE /* sched_setaffinity */
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -129,6 +132,7 @@ typedef struct opts {
     long min_delay_us;
     const char *amp;    /* --amp bfloat16|float16, or NULL */
     int answer_threads; /* the batcher's answer_threads */
+    int overlap;        /* the batcher's overlap_answers */
 } opts;
 
 /* The CPU of each role when pinning (bench/run.sh's: servers cpu0, clients cpu1). */
@@ -183,6 +187,36 @@ static int answer_ok(const ts_value_t *out, int i)
         if (absf(got[k] - want[k]) > g_tol_abs + g_tol_rel * absf(want[k]))
             return 0;
     return 1;
+}
+
+/*
+ * Pin every thread of this process whose name begins with prefix to cpu when pinning (the
+ * batcher names its threads "ts-replica-N", "ts-answer-N", "ts-timer").
+ */
+static void pin_named(const char *prefix, int cpu)
+{
+    if (!g_pin)
+        return;
+    DIR *d = opendir("/proc/self/task");
+    if (d == NULL)
+        return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], comm[32] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        if (fgets(comm, sizeof(comm), f) != NULL && strncmp(comm, prefix, strlen(prefix)) == 0)
+            (void)sched_setaffinity((pid_t)strtol(e->d_name, NULL, 10), sizeof(set), &set);
+        fclose(f);
+    }
+    closedir(d);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -756,6 +790,7 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
     cfg.max_delay_us = c->batched ? o->delay_us : 0;
     cfg.min_delay_us = c->batched ? o->min_delay_us : 0;
     cfg.answer_threads = o->answer_threads;
+    cfg.overlap_answers = o->overlap && o->answer_threads > 0;
     cfg.placement = o->placement;
     cfg.cuda_devices = ts_torch_cuda_device_count();
     cfg.create = warm_create;
@@ -766,6 +801,8 @@ static int measure(const opts *o, ts_torch_model_t *proto, const mcase *c, ts_cl
         fprintf(stderr, "batcher_bench: %s: %s\n", ts_strerror(rc), ts_last_error());
         return -1;
     }
+    /* The helpers run the requesters' callbacks: the client CPU (the replicas stay on cpu0). */
+    pin_named("ts-answer-", CLIENT_CPU);
     char name[64];
     snprintf(name, sizeof(name), "bench%d-%d", (int)getpid(), serial++);
     int remote = c->k == K_REMOTE || c->k == K_REMOTE_ASYNC;
@@ -1014,7 +1051,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 int main(int argc, char **argv)
 {
-    opts o = {NULL, 64, 200, 64, 8, 3, 500, "cpu:2", NULL, NULL, NULL, NULL, 0, 0, NULL, 0};
+    opts o = {NULL, 64, 200, 64, 8, 3, 500, "cpu:2", NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 0};
     int min_delay = 0;
     int smoke = 0, delay = 500;
     char model_buf[600];
@@ -1026,6 +1063,9 @@ int main(int argc, char **argv)
             takes = 0;
         } else if (strcmp(a, "--pin") == 0) {
             o.pin = 1;
+            takes = 0;
+        } else if (strcmp(a, "--overlap") == 0) {
+            o.overlap = 1;
             takes = 0;
         } else if (strcmp(a, "--model") == 0) {
             o.model = v;
