@@ -3,8 +3,9 @@
 # the torch-labelled tests (they exercise cuda:0 when a GPU is visible: placements, weights,
 # autocast in float16, each model on its own stream), then batcher_bench's limit and ratio rows
 # with the big MLP (8 -> 2048 x 3 -> 4, float32) on cuda:0 at max batch 256 and 1024: one
-# replica, with 8 and 2 answer helper threads, two replicas (two batches in flight on the GPU)
-# with and without per-model streams, float16 autocast; and the small MLP on cuda:0.
+# replica, with 8 answer helper threads, with helpers answering while the replica runs the next
+# batch (overlap_answers, twice max batch requesters), two replicas (two batches in flight on
+# the GPU), float16 autocast; and the small MLP on cuda:0.
 # Not part of the CI suite (CI machines have no GPU, and Debian's libtorch is CPU-only). Takes
 # about 6 minutes on one H100 with 16 cores; every step has its own time limit, and a step that
 # fails or runs out of time marks the run failed without stopping the others.
@@ -85,14 +86,16 @@ if [ -x "$TS_MAKE_MODELS" ] && "$TS_MAKE_MODELS" "$models" >/dev/null 2>&1 && [ 
     # The same with 8 threads helping to hand out the answers of each batch.
     run_bench "${big[@]}" --placement cuda:0 --max-batch 1024 --threads 1024 --requests 500 \
         --modes limit,async --answer-threads 8
-    run_bench "${big[@]}" --placement cuda:0 --max-batch 1024 --threads 1024 --requests 500 \
-        --modes async --answer-threads 2
-    # Two replicas on the one GPU (two batches in flight, each on its own stream), and the same
-    # without the per-model streams.
+    # overlap_answers: the helpers hand out one batch's answers while the replica runs the next
+    # (two batches in flight per replica), with twice max batch requesters so that the next
+    # batch is waiting.
+    run_bench "${big[@]}" --placement cuda:0 --max-batch 256 --threads 512 --requests 1000 \
+        --modes limit,async --answer-threads 2 --overlap
+    run_bench "${big[@]}" --placement cuda:0 --max-batch 1024 --threads 2048 --requests 250 \
+        --modes limit,async --answer-threads 4 --overlap
+    # Two replicas on the one GPU (two batches in flight, each on its own stream).
     run_bench "${big[@]}" --placement 'cuda:0*2' --max-batch 1024 --threads 1024 --requests 500 \
         --modes limit,async
-    TS_TORCH_STREAMS=0 run_bench "${big[@]}" --placement 'cuda:0*2' --max-batch 1024 \
-        --threads 1024 --requests 500 --modes limit,async
     run_bench "${big[@]}" --placement 'cuda:0*2' --max-batch 1024 --threads 2048 --requests 250 \
         --modes limit,async --answer-threads 8
     # Mixed precision: float16 autocast at max batch 1024.
