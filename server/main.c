@@ -472,6 +472,7 @@ static void raise_nofile(const tsd_config *cfg)
 
 int main(int argc, char **argv)
 {
+    ts__alloc_count_enable(); /* STATS "allocations" */
     tsd_config cfg;
     tsd_config_defaults(&cfg);
     const char *token_file = NULL;

@@ -15,12 +15,21 @@
     ((size_t)960) /* bytes; up to here aligned buffers are carved from malloc (see below) */
 
 static atomic_long fail_countdown = -1;
+/*
+ * The allocation count is kept only once a program asks for it (tensord, for STATS): one
+ * counter written by every allocation of every thread would move its cache line between the
+ * cores of a multi-threaded client (a batcher's replica and its answer helpers, each
+ * allocating per batch or per request) on every allocation. Unwritten, both words stay shared
+ * in every core's cache.
+ */
+static atomic_int counting;
 static atomic_ulong alloc_count;
 
 /* Returns 1 when this allocation must fail (testing), 0 otherwise. */
 static int should_fail(void)
 {
-    atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed);
+    if (atomic_load_explicit(&counting, memory_order_relaxed))
+        atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed);
     long n = atomic_load_explicit(&fail_countdown, memory_order_relaxed);
     if (n < 0)
         return 0;
@@ -31,6 +40,11 @@ static int should_fail(void)
 void ts__alloc_fail_after(long n)
 {
     atomic_store(&fail_countdown, n <= 0 ? -1 : n);
+}
+
+void ts__alloc_count_enable(void)
+{
+    atomic_store(&counting, 1);
 }
 
 unsigned long ts__alloc_count(void)

@@ -57,9 +57,11 @@ void ts__alloc_cache_enable(size_t max_bytes);
 
 /*
  * Testing hooks. ts__alloc_fail_after(n): the n-th allocation from now fails (n = 1: the next
- * one); n < 0 disables failures. ts__alloc_count(): allocations made since start.
+ * one); n < 0 disables failures. ts__alloc_count(): allocations made since
+ * ts__alloc_count_enable() (0 without it: counting is off until a program turns it on).
  */
 void ts__alloc_fail_after(long n);
+void ts__alloc_count_enable(void);
 unsigned long ts__alloc_count(void);
 
 /* Little-endian field access; never cast a struct over wire bytes. */

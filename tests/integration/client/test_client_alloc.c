@@ -191,6 +191,7 @@ static void test_every_allocation_fails_once(void **state)
 
 int main(void)
 {
+    ts__alloc_count_enable(); /* off unless asked for: this test counts the client's */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_allocation_fails_once),
     };

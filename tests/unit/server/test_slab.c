@@ -328,6 +328,7 @@ static void test_store_overhead(void **state)
 
 int main(void)
 {
+    ts__alloc_count_enable(); /* test_allocation_failures counts allocations */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_size_classes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_slots_do_not_overlap, setup, teardown),
