@@ -180,8 +180,9 @@ typedef struct ts_batcher_options_s {
      * (two batches in flight per replica: one computes while the one before it is answered).
      * This pays when more requests wait than one batch holds (more requesters than max_batch,
      * or several requests each): with exactly max_batch requesters the next batch is made of
-     * this one's answered requesters and cannot start before they are answered. Callbacks then
-     * run on the helpers only (a failed forward's on the replica), and answers of successive
+     * this one's answered requesters and cannot start before they are answered. A batch's
+     * answers then reach their callbacks on the helpers only (a failed forward's on the replica;
+     * timeouts and cancellations on the timer thread as always), and answers of successive
      * batches may reach them out of batch order. While answers are being handed out, a replica
      * that finds the queue empty looks again (yielding the core) for up to 50 us before it
      * sleeps. Needs answer_threads >= 1 (else ts_batcher_new gives TS_EINVAL). Default 0
