@@ -34,6 +34,8 @@ static _Thread_local int tls_in_batcher;
  */
 static _Thread_local answer_ctx *tls_ctx;
 
+void (*ts__batcher_look_hook)(void);
+
 void ts__batcher_set_err(const char *fmt, ...)
 {
     char msg[TS__BERR_LEN];
@@ -329,7 +331,8 @@ static int is_preferred(const ts_batcher_t *b, int64_t rows);
  * Queue the requests that c's callbacks submitted, in their order, as the submit itself would
  * have: the deadline heap, the counters, and the wake-ups (the gathering replica when the batch
  * can no longer grow or no more rows are expected; the timer for an earlier deadline; no idle
- * replica, since the replica of this batch comes back to the queue right after). Lock held.
+ * replica, since the replica of this batch comes back to the queue right after, except with
+ * overlap_answers, where the helper that calls this wakes one itself). Lock held.
  */
 static void answer_ctx_flush(ts_batcher_t *b, answer_ctx *c)
 {
@@ -663,11 +666,13 @@ typedef struct shared_output {
  * overlap_answers, a small MLP's 64-row forwards took 10-30 % longer than back to back.
  * A stack pushed by any thread and taken whole by the replica. The box outlives its batcher
  * while outputs are still held (answers kept after ts_batcher_free): each unreleased output
- * holds a reference, the replica one; whoever drops the last frees what is left.
+ * holds a reference, the replica one; whoever drops the last frees what is left. Once the
+ * batcher has closed it, outputs are freed where they are released.
  */
 typedef struct output_box {
     _Atomic(shared_output *) head;
     atomic_int refs;
+    atomic_int closed; /* the batcher is gone: outputs are freed where they are released */
 } output_box;
 
 static void output_free(shared_output *s)
@@ -704,6 +709,12 @@ static void shared_unref(void *p)
         output_box *x = s->box;
         if (x == NULL) {
             output_free(s);
+            return;
+        }
+        if (atomic_load_explicit(&x->closed, memory_order_relaxed)) {
+            /* (One pushed while the batcher closes it is freed with the box, by its last user.) */
+            output_free(s);
+            box_unref(x);
             return;
         }
         shared_output *head = atomic_load_explicit(&x->head, memory_order_relaxed);
@@ -1238,16 +1249,23 @@ static void *replica_main(void *arg)
     tls_ctx = &r->ctx;
     name_thread("replica", r->index);
     pthread_mutex_lock(&b->mu);
+    int looked = 0; /* looked for requests since the last wait or batch (overlap_answers) */
     for (;;) {
         replica_update(r);
         if (b->stopping)
             break;
         if (b->wt != NULL && b->wt->gen > r->gen)
             continue; /* a newer update came while loading */
-        if (b->head == NULL && !b->collecting && b->overlap &&
+        if (b->head == NULL && !b->collecting && b->overlap && !looked &&
             atomic_load_explicit(&b->ans_open, memory_order_relaxed) > 0) {
-            /* Answers are being handed out: their callbacks' requests are about to come. */
+            /*
+             * Answers are being handed out: their callbacks' requests are about to come. Then
+             * back to the top, with the lock: a weight update published meanwhile broadcast to
+             * nobody, and is loaded there before this thread sleeps.
+             */
             pthread_mutex_unlock(&b->mu);
+            if (ts__batcher_look_hook != NULL)
+                ts__batcher_look_hook();
             uint64_t until = ts__now_ns() + TS__ANSWER_SPIN_NS;
             while (atomic_load_explicit(&b->queued_hint, memory_order_relaxed) == 0 &&
                    atomic_load_explicit(&b->ans_open, memory_order_relaxed) > 0 &&
@@ -1255,13 +1273,15 @@ static void *replica_main(void *arg)
                    ts__now_ns() < until)
                 sched_yield();
             pthread_mutex_lock(&b->mu);
-            if (b->head != NULL || b->stopping)
-                continue;
+            looked = 1;
+            continue;
         }
         if (b->head == NULL || b->collecting) {
             pthread_cond_wait(&b->work_cv, &b->mu);
+            looked = 0;
             continue;
         }
+        looked = 0;
         b->collecting = 1;
         int n = gather(r);
         b->collecting = 0;
@@ -1425,8 +1445,11 @@ static void destroy(ts_batcher_t *b)
             ts__free(r->slots);
         }
         ts__free(r->picked);
-        if (r->outbox != NULL)
+        if (r->outbox != NULL) {
+            atomic_store(&r->outbox->closed, 1);
+            box_drain(r->outbox);
             box_unref(r->outbox); /* frees it unless answers are still held */
+        }
         answer_ctx_destroy(&r->ctx);
     }
     ts__free(b->rep);
@@ -1565,6 +1588,7 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *cfg)
         if (r->outbox != NULL) {
             atomic_init(&r->outbox->head, NULL);
             atomic_init(&r->outbox->refs, 1);
+            atomic_init(&r->outbox->closed, 0);
         }
         if (r->batch_leaf == NULL || r->picked == NULL || r->outbox == NULL ||
             (r->batch = ts__schema_alloc(b->in, b->n_in, b->max_batch, r->batch_leaf)) == NULL) {
@@ -1766,7 +1790,8 @@ int ts_batcher_predict_async_with(ts_batcher_t *b, const ts_value_t *input,
      * list under one acquisition of the lock once its callbacks are over (answer_ctx_flush):
      * with a thousand requesters answered by one batch, a thousand acquisitions of the one
      * lock (contended when helpers answer parts of the batch at once) become one per thread
-     * and batch. Nothing is woken: that thread's replica takes the queue right after. The
+     * and batch. Nothing is woken here: that thread's replica takes the queue right after
+     * (with overlap_answers the helper wakes an idle replica once it has queued them). The
      * queue bound counts these requests too; near it, or when stopping, the submit takes the
      * lock as any other.
      */

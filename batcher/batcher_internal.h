@@ -49,6 +49,13 @@
 /* requests; room under max_queued an answering thread reserves at a time (ctx_reserve) */
 #define TS__PENDING_BLOCK 64
 
+/*
+ * Tests only (NULL otherwise): called on a replica's thread, without the lock, as it starts
+ * looking for the requests of answers being handed out (overlap_answers), so that a test can
+ * act during the look.
+ */
+extern void (*ts__batcher_look_hook)(void);
+
 /* Set the calling thread's ts_last_error() message, printf-style (cut at TS__BERR_LEN). */
 void ts__batcher_set_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Nonzero on the batcher's own threads, where a blocking call would wait for itself. */

@@ -175,18 +175,21 @@ typedef struct ts_batcher_options_s {
     /*
      * With answer_threads > 0: a replica hands each finished batch's answers to the helpers
      * (cut into parts of at least TS_BATCHER_SPLIT_ANSWERS requests, at most one per helper; a
-     * smaller batch is one part) and gathers and runs its next batch at once, answering none
-     * itself; it waits only while the batch before the previous one is still being answered
-     * (two batches in flight per replica: one computes while the one before it is answered).
-     * This pays when more requests wait than one batch holds (more requesters than max_batch,
-     * or several requests each): with exactly max_batch requesters the next batch is made of
-     * this one's answered requesters and cannot start before they are answered. A batch's
-     * answers then reach their callbacks on the helpers only (a failed forward's on the replica;
-     * timeouts and cancellations on the timer thread as always), and answers of successive
-     * batches may reach them out of batch order. While answers are being handed out, a replica
-     * that finds the queue empty looks again (yielding the core) for up to 50 us before it
-     * sleeps. Needs answer_threads >= 1 (else ts_batcher_new gives TS_EINVAL). Default 0
-     * (off). Added in 0.7.0.
+     * smaller batch is one part) and goes on to gather its next batch at once (by the batching
+     * rule, which may still hold a partial batch for requesters being answered), answering
+     * none itself; it waits only while the batch before the previous one is still being
+     * answered (two batches in flight per replica: one computes while the one before it is
+     * answered). This pays when more requests wait than one batch holds (more requesters than
+     * max_batch, or several requests each): with exactly max_batch requesters the next batch
+     * is made of this one's answered requesters and cannot start before they are answered. A
+     * batch's answers then reach their callbacks on the helpers only (those of a failed
+     * forward, or of a batch whose output could not be shared for lack of memory, on the
+     * replica; timeouts and cancellations on the timer thread as always), and answers of
+     * successive batches may reach them out of batch order. The replica's output time
+     * (ts_batcher_replica_stats) is then the helpers' time answering its batches, summed over
+     * the parts. While answers are being handed out, a replica that finds the queue empty
+     * looks again (yielding the core) for up to 50 us before it sleeps. Needs answer_threads
+     * >= 1 (else ts_batcher_new gives TS_EINVAL). Default 0 (off). Added in 0.7.0.
      */
     int overlap_answers;
 } ts_batcher_options_t;

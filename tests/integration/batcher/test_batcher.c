@@ -1200,6 +1200,87 @@ static void where_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t versi
     pthread_mutex_unlock(&w->c.mu);
 }
 
+/* A callback that takes its time on the helper, so that answers are being handed out. */
+static void slow_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
+{
+    (void)b;
+    (void)status;
+    (void)version;
+    ts_value_free(out);
+    sleep_us(50000);
+    atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+/* The engine's test hook (batcher/batcher_internal.h; this test links the engine's objects). */
+extern void (*ts__batcher_look_hook)(void);
+
+/* The replica's look, held open until the test has published its weights. */
+static atomic_int g_looking, g_published;
+
+static void look_hook(void)
+{
+    atomic_store(&g_looking, 1);
+    for (int i = 0; i < 2000 && !atomic_load(&g_published); i++)
+        sleep_us(1000);
+}
+
+static void *publish_main(void *arg)
+{
+    ts_batcher_t *b = arg;
+    for (int i = 0; i < 2000 && !atomic_load(&g_looking); i++)
+        sleep_us(1000);
+    ts_value_t *p = scale_params(2.0f);
+    /* Published before the look ends, then waited for: the replica must load it. */
+    intptr_t rc = ts_batcher_load_weights_async(b, p, 2, release_cb, NULL);
+    atomic_store(&g_published, 1);
+    return (void *)rc;
+}
+
+/*
+ * overlap_answers: while a helper hands out answers, the replica looks for their requests before
+ * it sleeps. Weights published during that look are loaded right after it, not at the next
+ * request (a blocking load would otherwise time out, or wait for the next request forever with
+ * TS_TIMEOUT_INFINITE). The test hook holds the look open until the weights are published.
+ */
+static void test_overlap_weights(void **state)
+{
+    (void)state;
+    ts_batcher_options_t cfg;
+    test_options(&cfg, "cpu", 8, 0);
+    cfg.answer_threads = 1;
+    cfg.overlap_answers = 1;
+    ts_batcher_t *b = make_with(&cfg);
+    atomic_int answered;
+    atomic_init(&answered, 0);
+    atomic_store(&g_looking, 0);
+    atomic_store(&g_published, 0);
+    atomic_store(&g_released, 0);
+    ts__batcher_look_hook = look_hook;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, publish_main, b), 0);
+    ts_value_t *in = request(1, 4);
+    assert_int_equal(ts_batcher_predict_async(b, in, 0, TS_TIMEOUT_DEFAULT, slow_cb, &answered), 0);
+    void *rc = NULL;
+    pthread_join(th, &rc);
+    assert_int_equal((intptr_t)rc, 0);
+    assert_true(atomic_load(&g_looking));
+    /* Loaded while the helper still sits in the 50 ms callback, with no request queued. */
+    int64_t lo = -1;
+    for (int i = 0; i < 2000 && lo != 2; i++) {
+        ts_batcher_versions(b, &lo, NULL);
+        if (lo != 2)
+            sleep_us(1000);
+    }
+    ts__batcher_look_hook = NULL;
+    assert_int_equal(lo, 2);
+    for (int i = 0; i < 2000 && atomic_load(&answered) < 1; i++)
+        sleep_us(1000);
+    assert_int_equal(atomic_load(&answered), 1);
+    ts_batcher_free(b);
+    assert_int_equal(atomic_load(&g_released), 1);
+    ts_value_free(in);
+}
+
 /*
  * overlap_answers: a replica hands each batch's answers to the helpers and runs its next batch
  * meanwhile. Twice max_batch actors in a closed loop keep two batches in flight; every answer
@@ -2083,6 +2164,7 @@ int main(void)
         cmocka_unit_test(test_never_wait_for_nothing),
         cmocka_unit_test(test_answer_threads),
         cmocka_unit_test(test_overlap_answers),
+        cmocka_unit_test(test_overlap_weights),
         cmocka_unit_test(test_callback_submits_cancel_timeout),
         cmocka_unit_test(test_callback_submits_queue_bound),
         cmocka_unit_test(test_free_while_answering),
