@@ -57,11 +57,12 @@ int ts__batcher_on_own_thread(void)
  */
 static void name_thread(const char *role, int index)
 {
-    char name[16];
+    char name[32];
     if (index >= 0)
         snprintf(name, sizeof(name), "ts-%s-%d", role, index);
     else
         snprintf(name, sizeof(name), "ts-%s", role);
+    name[15] = '\0'; /* Linux's limit: 15 bytes and the terminator */
 #ifdef __linux__
     (void)pthread_setname_np(pthread_self(), name);
 #endif
