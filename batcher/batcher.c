@@ -890,6 +890,26 @@ static void *answerer_main(void *arg)
 }
 
 /*
+ * Cut a batch's n requests (reqs) into parts parts of as equal a count as can be, in order:
+ * each is like tmpl, with its own requests and its first row in the batch output.
+ */
+static void cut_parts(answer_part *part, int parts, batch_request **reqs, int n, answer_part tmpl)
+{
+    int first = 0;
+    int64_t off = 0;
+    for (int k = 0; k < parts; k++) {
+        int count = n / parts + (k < n % parts);
+        part[k] = tmpl;
+        part[k].reqs = reqs + first;
+        part[k].n = count;
+        part[k].off = off;
+        for (int i = first; i < first + count; i++)
+            off += reqs[i]->rows;
+        first += count;
+    }
+}
+
+/*
  * overlap_answers: hand a batch's n requests (r->picked, its slot's array) to the helpers in
  * parts of at least TS_BATCHER_SPLIT_ANSWERS requests, one per helper at most, and return at
  * once; then make the next slot the one to gather into, waiting until its answers are out. Each
@@ -901,17 +921,9 @@ static void answer_overlap(ts_batcher_t *b, replica *r, int n, const ts_value_t 
     answer_slot *slot = &r->slots[r->slot_next];
     int parts = n / TS_BATCHER_SPLIT_ANSWERS;
     parts = parts < 1 ? 1 : parts > b->n_answerers ? b->n_answerers : parts;
-    int first = 0;
-    int64_t off = 0;
-    for (int k = 0; k < parts; k++) {
-        int count = n / parts + (k < n % parts);
-        atomic_fetch_add(&s->refs, 1);
-        slot->parts[k] =
-            (answer_part){NULL, slot->reqs + first, count, off, out, s, version, NULL, r, slot};
-        for (int i = first; i < first + count; i++)
-            off += slot->reqs[i]->rows;
-        first += count;
-    }
+    cut_parts(slot->parts, parts, slot->reqs, n,
+              (answer_part){NULL, NULL, 0, 0, out, s, version, NULL, r, slot});
+    atomic_fetch_add(&s->refs, parts);
     atomic_fetch_add_explicit(&b->ans_open, parts, memory_order_relaxed);
     pthread_mutex_lock(&b->ans_mu);
     atomic_fetch_add_explicit(&b->ans_posted, (unsigned)parts, memory_order_relaxed);
@@ -955,16 +967,8 @@ static void answer_split(ts_batcher_t *b, replica *r, int n, const ts_value_t *o
     pthread_mutex_init(&j.mu, NULL);
     pthread_cond_init(&j.cv, NULL);
     j.left = parts - 1;
-    int first = 0;
-    int64_t off = 0;
-    for (int k = 0; k < parts; k++) {
-        int count = n / parts + (k < n % parts);
-        part[k] =
-            (answer_part){NULL, r->picked + first, count, off, out, s, version, &j, NULL, NULL};
-        for (int i = first; i < first + count; i++)
-            off += r->picked[i]->rows;
-        first += count;
-    }
+    cut_parts(part, parts, r->picked, n,
+              (answer_part){NULL, NULL, 0, 0, out, s, version, &j, NULL, NULL});
     pthread_mutex_lock(&b->ans_mu);
     atomic_fetch_add_explicit(&b->ans_posted, (unsigned)(parts - 1), memory_order_relaxed);
     for (int k = parts - 1; k >= 1; k--) {

@@ -404,6 +404,15 @@ static void async_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t versi
     pthread_mutex_unlock(&c->mu);
 }
 
+/* One answer more (from a callback). */
+static void acount_done(acount *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->done++;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void acount_init(acount *c)
 {
     memset(c, 0, sizeof(*c));
@@ -990,10 +999,7 @@ static void dslot_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t versi
     d->status = status;
     d->good = status == 0 && check_answer(out, 1, d->base, 1.0f);
     ts_value_free(out);
-    pthread_mutex_lock(&d->c->mu);
-    d->c->done++;
-    pthread_cond_broadcast(&d->c->cv);
-    pthread_mutex_unlock(&d->c->mu);
+    acount_done(d->c);
 }
 
 static void test_deadline_heap(void **state)
@@ -1060,10 +1066,7 @@ static void loop_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t versio
             return;
         a->bad++;
     }
-    pthread_mutex_lock(&a->c->mu);
-    a->c->done++;
-    pthread_cond_broadcast(&a->c->cv);
-    pthread_mutex_unlock(&a->c->mu);
+    acount_done(a->c);
 }
 
 static void run_loop(ts_batcher_t *b, int n_actors, int n_requests)
@@ -1194,10 +1197,7 @@ static void where_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t versi
     w->good = status == 0 && check_answer(out, 1, 70, 1.0f);
     ts_value_free(out);
     (void)pthread_getname_np(pthread_self(), w->name, sizeof(w->name));
-    pthread_mutex_lock(&w->c.mu);
-    w->c.done++;
-    pthread_cond_broadcast(&w->c.cv);
-    pthread_mutex_unlock(&w->c.mu);
+    acount_done(&w->c);
 }
 
 /* A callback that takes its time on the helper, so that answers are being handed out. */
