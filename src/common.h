@@ -92,5 +92,23 @@ static inline uint64_t ts__get_u64le(const uint8_t *p)
 {
     return (uint64_t)ts__get_u32le(p) | ((uint64_t)ts__get_u32le(p + 4) << 32);
 }
+/*
+ * An IEEE 754 binary64 travels as the u64 of its bits; memcpy moves the bits without the
+ * aliasing a pointer cast would break.
+ */
+_Static_assert(sizeof(double) == 8, "doubles are IEEE 754 binary64");
+static inline void ts__put_f64le(uint8_t *p, double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, sizeof(u));
+    ts__put_u64le(p, u);
+}
+static inline double ts__get_f64le(const uint8_t *p)
+{
+    uint64_t u = ts__get_u64le(p);
+    double v;
+    memcpy(&v, &u, sizeof(v));
+    return v;
+}
 
 #endif /* TS_COMMON_H */

@@ -11,22 +11,6 @@ _Static_assert(TS_MSG_PS_PUSH_FIXED <= TS_MSG_MAX_UPLOAD_FIXED, "PS_PUSH's fixed
 _Static_assert(TS_MSG_EMB_PUSH_FIXED <= TS_MSG_MAX_UPLOAD_FIXED, "EMB_PUSH's fixed part fits");
 _Static_assert(TS_MAX_CTRL_BODY >= 1 + TS_MAX_NAME_LEN + TS_MSG_EMB_CREATE_FIXED,
                "the parameter server's control requests fit the control body limit");
-_Static_assert(sizeof(double) == 8, "doubles are IEEE 754 binary64");
-
-static void ps_put_f64(uint8_t *p, double v)
-{
-    uint64_t u;
-    memcpy(&u, &v, sizeof(u));
-    ts__put_u64le(p, u);
-}
-
-static double ps_get_f64(const uint8_t *p)
-{
-    uint64_t u = ts__get_u64le(p);
-    double v;
-    memcpy(&v, &u, sizeof(v));
-    return v;
-}
 
 /*
  * Read the name and exactly fixed bytes after it: 0 with *name, *name_len and *p (the fixed
@@ -70,10 +54,10 @@ int ts__msg_ps_create_req_encode(uint8_t *out, size_t cap, const ts__msg_ps_crea
     ts__put_u32le(p + 4, m->sync_k);
     ts__put_u32le(p + 8, m->tolerance);
     ts__put_u32le(p + 12, 0);
-    ps_put_f64(p + 16, m->lr);
-    ps_put_f64(p + 24, m->beta1);
-    ps_put_f64(p + 32, m->beta2);
-    ps_put_f64(p + 40, m->eps);
+    ts__put_f64le(p + 16, m->lr);
+    ts__put_f64le(p + 24, m->beta1);
+    ts__put_f64le(p + 32, m->beta2);
+    ts__put_f64le(p + 40, m->eps);
     *len = need;
     return 0;
 }
@@ -94,10 +78,10 @@ int ts__msg_ps_create_req_decode(const uint8_t *body, size_t len, ts__msg_ps_cre
     m->flags = p[2];
     m->sync_k = ts__get_u32le(p + 4);
     m->tolerance = ts__get_u32le(p + 8);
-    m->lr = ps_get_f64(p + 16);
-    m->beta1 = ps_get_f64(p + 24);
-    m->beta2 = ps_get_f64(p + 32);
-    m->eps = ps_get_f64(p + 40);
+    m->lr = ts__get_f64le(p + 16);
+    m->beta1 = ts__get_f64le(p + 24);
+    m->beta2 = ts__get_f64le(p + 32);
+    m->eps = ts__get_f64le(p + 40);
     return 0;
 }
 
@@ -122,11 +106,11 @@ int ts__msg_emb_create_req_encode(uint8_t *out, size_t cap, const ts__msg_ps_cre
     p[7] = 0;
     ts__put_u64le(p + 8, m->seed);
     ts__put_u64le(p + 16, m->num_ids);
-    ps_put_f64(p + 24, m->lr);
-    ps_put_f64(p + 32, m->beta1);
-    ps_put_f64(p + 40, m->beta2);
-    ps_put_f64(p + 48, m->eps);
-    ps_put_f64(p + 56, m->init_scale);
+    ts__put_f64le(p + 24, m->lr);
+    ts__put_f64le(p + 32, m->beta1);
+    ts__put_f64le(p + 40, m->beta2);
+    ts__put_f64le(p + 48, m->eps);
+    ts__put_f64le(p + 56, m->init_scale);
     *len = need;
     return 0;
 }
@@ -147,11 +131,11 @@ int ts__msg_emb_create_req_decode(const uint8_t *body, size_t len, ts__msg_ps_cr
     m->init = p[5];
     m->seed = ts__get_u64le(p + 8);
     m->num_ids = ts__get_u64le(p + 16);
-    m->lr = ps_get_f64(p + 24);
-    m->beta1 = ps_get_f64(p + 32);
-    m->beta2 = ps_get_f64(p + 40);
-    m->eps = ps_get_f64(p + 48);
-    m->init_scale = ps_get_f64(p + 56);
+    m->lr = ts__get_f64le(p + 24);
+    m->beta1 = ts__get_f64le(p + 32);
+    m->beta2 = ts__get_f64le(p + 40);
+    m->eps = ts__get_f64le(p + 48);
+    m->init_scale = ts__get_f64le(p + 56);
     return 0;
 }
 
@@ -188,21 +172,21 @@ int ts__msg_ps_pull_req_decode(const uint8_t *body, size_t len, ts__msg_ps_pull_
 void ts__msg_ps_push_fixed_encode(uint8_t out[TS_MSG_PS_PUSH_FIXED], const ts__msg_ps_push_fixed *m)
 {
     ts__put_u64le(out, m->base_version);
-    ps_put_f64(out + 8, m->scale);
+    ts__put_f64le(out + 8, m->scale);
 }
 
 void ts__msg_ps_push_fixed_decode(const uint8_t in[TS_MSG_PS_PUSH_FIXED], ts__msg_ps_push_fixed *m)
 {
     m->base_version = ts__get_u64le(in);
-    m->scale = ps_get_f64(in + 8);
+    m->scale = ts__get_f64le(in + 8);
 }
 
 void ts__msg_emb_push_fixed_encode(uint8_t out[TS_MSG_EMB_PUSH_FIXED], double scale)
 {
-    ps_put_f64(out, scale);
+    ts__put_f64le(out, scale);
 }
 
 double ts__msg_emb_push_fixed_decode(const uint8_t in[TS_MSG_EMB_PUSH_FIXED])
 {
-    return ps_get_f64(in);
+    return ts__get_f64le(in);
 }

@@ -15,22 +15,6 @@ _Static_assert(TS_MSG_TABLE_SAMPLE_HEAD == 4 * 8 + 2 * 4, "SAMPLES head layout")
 _Static_assert(1 + 255 + TS_MSG_TABLE_KEYS_FIXED + (size_t)TS_TABLE_MAX_KEYS * 16 <=
                    TS_MAX_CTRL_BODY,
                "the largest TABLE_UPDATE fits the control body limit");
-_Static_assert(sizeof(double) == 8, "doubles are IEEE 754 binary64");
-
-static void put_f64(uint8_t *p, double v)
-{
-    uint64_t u;
-    memcpy(&u, &v, sizeof(u));
-    ts__put_u64le(p, u);
-}
-
-static double get_f64(const uint8_t *p)
-{
-    uint64_t u = ts__get_u64le(p);
-    double v;
-    memcpy(&v, &u, sizeof(v));
-    return v;
-}
 
 static void rd_f64(ts__rd *r, double *v)
 {
@@ -59,9 +43,9 @@ int ts__msg_table_create_req_encode(uint8_t *out, size_t cap, const ts__msg_tabl
     uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
     ts__put_u64le(p, m->capacity);
     ts__put_u64le(p + 8, m->min_size_to_sample);
-    put_f64(p + 16, m->samples_per_insert);
-    put_f64(p + 24, m->error_buffer);
-    put_f64(p + 32, m->priority_exponent);
+    ts__put_f64le(p + 16, m->samples_per_insert);
+    ts__put_f64le(p + 24, m->error_buffer);
+    ts__put_f64le(p + 32, m->priority_exponent);
     ts__put_u32le(p + 40, m->max_times_sampled);
     p[44] = m->remover;
     p[45] = m->sampler;
@@ -100,7 +84,7 @@ int ts__msg_table_create_req_decode(const uint8_t *body, size_t len, ts__msg_tab
 void ts__msg_table_insert_fixed_encode(uint8_t out[TS_MSG_TABLE_INSERT_FIXED],
                                        const ts__msg_table_insert_fixed *m)
 {
-    put_f64(out, m->priority);
+    ts__put_f64le(out, m->priority);
     ts__put_u32le(out + 8, m->timeout_ms);
     ts__put_u32le(out + 12, 0);
 }
@@ -110,7 +94,7 @@ int ts__msg_table_insert_fixed_decode(const uint8_t in[TS_MSG_TABLE_INSERT_FIXED
 {
     if (ts__get_u32le(in + 12) != 0)
         return TS_EPROTO;
-    m->priority = get_f64(in);
+    m->priority = ts__get_f64le(in);
     m->timeout_ms = ts__get_u32le(in + 8);
     return 0;
 }
@@ -183,7 +167,7 @@ int ts__msg_table_keys_req_encode(uint8_t *out, size_t cap, const uint8_t *name,
         ts__put_u64le(p, keys[i]);
         p += 8;
         if (wp) {
-            put_f64(p, priorities[i]);
+            ts__put_f64le(p, priorities[i]);
             p += 8;
         }
     }
@@ -227,7 +211,7 @@ void ts__msg_table_key_at(const ts__msg_table_keys_req *m, uint32_t i, uint64_t 
     assert(i < m->n);
     const uint8_t *p = m->pairs + (size_t)i * (m->with_priority ? 16u : 8u);
     *key = ts__get_u64le(p);
-    *priority = m->with_priority ? get_f64(p + 8) : 0.0;
+    *priority = m->with_priority ? ts__get_f64le(p + 8) : 0.0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -276,7 +260,7 @@ void ts__msg_table_samples_set(uint8_t *head, uint32_t i, const ts__msg_table_sa
     uint8_t *p = head + TS_MSG_TABLE_SAMPLES_FIXED + (size_t)i * TS_MSG_TABLE_SAMPLE_HEAD;
     ts__put_u64le(p, e->key);
     ts__put_u64le(p + 8, e->len);
-    put_f64(p + 16, e->probability);
+    ts__put_f64le(p + 16, e->probability);
     ts__put_u64le(p + 24, e->age_ms);
     ts__put_u32le(p + 32, e->times_sampled);
     ts__put_u32le(p + 36, 0);
@@ -325,7 +309,7 @@ static void head_get(const uint8_t *body, uint32_t i, ts__msg_table_sample *e)
     const uint8_t *p = body + TS_MSG_TABLE_SAMPLES_FIXED + (size_t)i * TS_MSG_TABLE_SAMPLE_HEAD;
     e->key = ts__get_u64le(p);
     e->len = ts__get_u64le(p + 8);
-    e->probability = get_f64(p + 16);
+    e->probability = ts__get_f64le(p + 16);
     e->age_ms = ts__get_u64le(p + 24);
     e->times_sampled = ts__get_u32le(p + 32);
     e->record = NULL;
