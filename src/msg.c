@@ -289,6 +289,18 @@ size_t ts__msg_put_name(uint8_t *p, const uint8_t *name, size_t name_len)
     return 1 + name_len;
 }
 
+int ts__msg_name_head_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                             size_t fixed_len, uint8_t **fields)
+{
+    if (name_len > TS_MAX_NAME_LEN)
+        return TS_ENAMETOOLONG;
+    /* Written so that no fixed_len a caller could pass makes the sum wrap. */
+    if (fixed_len > cap || 1 + name_len > cap - fixed_len)
+        return TS_EMSGSIZE;
+    *fields = out + ts__msg_put_name(out, name, name_len);
+    return 0;
+}
+
 /* 1 when the n bytes at p are all zero. */
 int ts__msg_all_zero(const uint8_t *p, size_t n)
 {
@@ -428,18 +440,17 @@ enum { NAME_ONLY = 0, NAME_GET = TS_MSG_GET_REQ_FIXED, NAME_WAIT = TS_MSG_WAIT_R
 static int name_req_encode(uint8_t *out, size_t cap, const ts__msg_name_req *m, size_t *len,
                            size_t tail)
 {
-    size_t need = 1 + m->name_len + tail;
-    int rc = room(need, cap, m->name_len);
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, m->name, m->name_len, tail, &p);
     if (rc != 0)
         return rc;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
     if (tail == NAME_GET) {
         ts__put_u32le(p, m->max_items);
     } else if (tail == NAME_WAIT) {
         ts__put_u64le(p, m->after_version);
         ts__put_u32le(p + 8, m->timeout_ms);
     }
-    *len = need;
+    *len = 1 + m->name_len + tail;
     return 0;
 }
 
@@ -527,16 +538,15 @@ int ts__msg_upload_head_encode(uint8_t *out, size_t cap, const uint8_t *name, si
 {
     if (fixed_len > TS_MSG_MAX_UPLOAD_FIXED)
         return TS_EINVAL;
-    size_t head = 1 + name_len + fixed_len;
-    int rc = room(head, cap, name_len);
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, name, name_len, fixed_len, &p);
     if (rc != 0)
         return rc;
-    size_t off = ts__msg_put_name(out, name, name_len);
     if (fixed != NULL && fixed_len > 0)
-        memcpy(out + off, fixed, fixed_len);
+        memcpy(p, fixed, fixed_len);
     else if (fixed_len > 0)
-        memset(out + off, 0, fixed_len);
-    *len = head;
+        memset(p, 0, fixed_len);
+    *len = ts__msg_upload_head_size(name_len, fixed_len);
     return 0;
 }
 
@@ -808,15 +818,16 @@ size_t ts__msg_list_entry_size(size_t name_len)
 
 int ts__msg_list_entry_encode(uint8_t *out, size_t cap, const ts__msg_list_entry *e, size_t *len)
 {
-    size_t need = ts__msg_list_entry_size(e->name_len);
-    int rc = room(need, cap, e->name_len);
+    /* The fields after the name: all of an entry's least size but the name's length byte. */
+    uint8_t *p;
+    int rc =
+        ts__msg_name_head_encode(out, cap, e->name, e->name_len, TS_MSG_LIST_ENTRY_MIN - 1, &p);
     if (rc != 0)
         return rc;
-    uint8_t *p = out + ts__msg_put_name(out, e->name, e->name_len);
     ts__put_u32le(p, e->n_items);
     ts__put_u64le(p + 4, e->bytes);
     ts__put_u64le(p + 12, e->version);
-    *len = need;
+    *len = ts__msg_list_entry_size(e->name_len);
     return 0;
 }
 

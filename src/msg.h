@@ -233,7 +233,7 @@ uint16_t ts__msg_hdr_rule_status(ts__msg_hdr_rule rule);
  */
 
 /*
- * Pieces every body codec shares (msg.c; msg_stream.c, msg_table.c and msg_coord.c use them).
+ * Pieces every body codec shares (msg.c; the other msg_*.c files use them).
  * ts__msg_rd_end: 0 when r read its whole body without error, else TS_EPROTO.
  * ts__msg_put_name: write a name (u8 length, then its bytes) at p and return the bytes written;
  * the caller checked name_len <= 255 and the room. ts__msg_all_zero: 1 when the n bytes at p are
@@ -242,6 +242,14 @@ uint16_t ts__msg_hdr_rule_status(ts__msg_hdr_rule rule);
 int ts__msg_rd_end(const ts__rd *r);
 size_t ts__msg_put_name(uint8_t *p, const uint8_t *name, size_t name_len);
 int ts__msg_all_zero(const uint8_t *p, size_t n);
+/*
+ * Start a body that is a name, then fixed_len bytes of fields: TS_ENAMETOOLONG for a name over
+ * TS_MAX_NAME_LEN, else TS_EMSGSIZE when the 1 + name_len + fixed_len bytes do not fit in cap
+ * (nothing is written after either); else write the name and return 0 with *fields pointing
+ * where the fields go, which the caller then writes in full. Pure, any thread.
+ */
+int ts__msg_name_head_encode(uint8_t *out, size_t cap, const uint8_t *name, size_t name_len,
+                             size_t fixed_len, uint8_t **fields);
 /*
  * Read a u8 length and its bytes into *s (NULL when empty) and *len; a name shorter than min_len
  * (1 for a stream group or member, which may not be empty) sets r's error. Added in 0.5.0.

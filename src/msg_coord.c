@@ -20,19 +20,18 @@ enum { COORD_ADD, COORD_TAKE, COORD_BARRIER };
 static int coord_encode(uint8_t *out, size_t cap, const ts__msg_coord_req *m, size_t *len,
                         int which)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = 1 + m->name_len + 8;
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    /* ADD's delta and TAKE's or BARRIER's two u32 take the same 8 bytes. */
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, m->name, m->name_len, 8, &p);
+    if (rc != 0)
+        return rc;
     if (which == COORD_ADD) {
         ts__put_u64le(p, (uint64_t)m->delta);
     } else {
         ts__put_u32le(p, m->count);
         ts__put_u32le(p + 4, m->timeout_ms);
     }
-    *len = need;
+    *len = 1 + m->name_len + 8;
     return 0;
 }
 

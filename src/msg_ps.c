@@ -41,12 +41,10 @@ size_t ts__msg_ps_create_req_size(size_t name_len)
 int ts__msg_ps_create_req_encode(uint8_t *out, size_t cap, const ts__msg_ps_create_req *m,
                                  size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_ps_create_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_PS_CREATE_FIXED, &p);
+    if (rc != 0)
+        return rc;
     p[0] = m->optimizer;
     p[1] = m->mode;
     p[2] = m->flags;
@@ -58,7 +56,7 @@ int ts__msg_ps_create_req_encode(uint8_t *out, size_t cap, const ts__msg_ps_crea
     ts__put_f64le(p + 24, m->beta1);
     ts__put_f64le(p + 32, m->beta2);
     ts__put_f64le(p + 40, m->eps);
-    *len = need;
+    *len = ts__msg_ps_create_req_size(m->name_len);
     return 0;
 }
 
@@ -93,12 +91,10 @@ size_t ts__msg_emb_create_req_size(size_t name_len)
 int ts__msg_emb_create_req_encode(uint8_t *out, size_t cap, const ts__msg_ps_create_req *m,
                                   size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_emb_create_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_EMB_CREATE_FIXED, &p);
+    if (rc != 0)
+        return rc;
     ts__put_u32le(p, m->dim);
     p[4] = m->optimizer;
     p[5] = m->init;
@@ -111,7 +107,7 @@ int ts__msg_emb_create_req_encode(uint8_t *out, size_t cap, const ts__msg_ps_cre
     ts__put_f64le(p + 40, m->beta2);
     ts__put_f64le(p + 48, m->eps);
     ts__put_f64le(p + 56, m->init_scale);
-    *len = need;
+    *len = ts__msg_emb_create_req_size(m->name_len);
     return 0;
 }
 
@@ -146,14 +142,12 @@ size_t ts__msg_ps_pull_req_size(size_t name_len)
 
 int ts__msg_ps_pull_req_encode(uint8_t *out, size_t cap, const ts__msg_ps_pull_req *m, size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_ps_pull_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_PS_PULL_FIXED, &p);
+    if (rc != 0)
+        return rc;
     ts__put_u64le(p, m->if_newer_than);
-    *len = need;
+    *len = ts__msg_ps_pull_req_size(m->name_len);
     return 0;
 }
 

@@ -209,16 +209,12 @@ size_t ts__msg_put_fd_req_size(size_t name_len)
 
 int ts__msg_put_fd_req_encode(uint8_t *out, size_t cap, const ts__msg_put_fd_req *m, size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_put_fd_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    out[0] = (uint8_t)m->name_len;
-    if (m->name_len > 0)
-        memcpy(out + 1, m->name, m->name_len);
-    ts__put_u64le(out + 1 + m->name_len, m->rec_len);
-    *len = need;
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_PUT_FD_FIXED, &p);
+    if (rc != 0)
+        return rc;
+    ts__put_u64le(p, m->rec_len);
+    *len = ts__msg_put_fd_req_size(m->name_len);
     return 0;
 }
 

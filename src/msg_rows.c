@@ -33,25 +33,23 @@ size_t ts__msg_tensor_bin_req_size(size_t name_len, unsigned ndim)
 int ts__msg_tensor_bin_req_encode(uint8_t *out, size_t cap, const ts__msg_tensor_bin_req *m,
                                   size_t *len)
 {
+    /* A name too long is the first error, before the dims are looked at. */
     if (m->name_len > TS_MAX_NAME_LEN)
         return TS_ENAMETOOLONG;
     if (m->ndim > TS_MAX_NDIM)
         return TS_EINVAL;
-    size_t need = ts__msg_tensor_bin_req_size(m->name_len, m->ndim);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out;
-    *p++ = (uint8_t)m->name_len;
-    if (m->name_len > 0)
-        memcpy(p, m->name, m->name_len);
-    p += m->name_len;
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, m->name, m->name_len,
+                                      TS_MSG_TENSOR_BIN_FIXED + 8 * (size_t)m->ndim, &p);
+    if (rc != 0)
+        return rc;
     *p++ = m->dtype;
     *p++ = m->ndim;
     ts__put_u16le(p, 0);
     p += 2;
     for (unsigned i = 0; i < m->ndim; i++, p += 8)
         ts__put_u64le(p, m->dims[i]);
-    *len = need;
+    *len = ts__msg_tensor_bin_req_size(m->name_len, m->ndim);
     return 0;
 }
 
@@ -94,18 +92,16 @@ size_t ts__msg_read_rows_req_size(size_t name_len, size_t key_len)
 int ts__msg_read_rows_req_encode(uint8_t *out, size_t cap, const ts__msg_read_rows_req *m,
                                  size_t *len)
 {
+    /* A name too long is the first error, before the key is looked at. */
     if (m->name_len > TS_MAX_NAME_LEN)
         return TS_ENAMETOOLONG;
     if (m->key_len > TS_MSG_MAX_ROWS_KEY)
         return TS_EINVAL;
-    size_t need = ts__msg_read_rows_req_size(m->name_len, m->key_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out;
-    *p++ = (uint8_t)m->name_len;
-    if (m->name_len > 0)
-        memcpy(p, m->name, m->name_len);
-    p += m->name_len;
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, m->name, m->name_len,
+                                      TS_MSG_READ_ROWS_FIXED + m->key_len, &p);
+    if (rc != 0)
+        return rc;
     ts__put_u32le(p, (uint32_t)m->item);
     ts__put_u16le(p + 4, (uint16_t)m->key_len);
     p += 6;
@@ -114,7 +110,7 @@ int ts__msg_read_rows_req_encode(uint8_t *out, size_t cap, const ts__msg_read_ro
     p += m->key_len;
     ts__put_u64le(p, m->start);
     ts__put_u64le(p + 8, m->end);
-    *len = need;
+    *len = ts__msg_read_rows_req_size(m->name_len, m->key_len);
     return 0;
 }
 

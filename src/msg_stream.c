@@ -37,19 +37,18 @@ size_t ts__msg_stream_create_req_size(size_t name_len)
 int ts__msg_stream_create_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_create_req *m,
                                      size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_stream_create_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    uint8_t *p;
+    int rc =
+        ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_STREAM_CREATE_FIXED, &p);
+    if (rc != 0)
+        return rc;
     ts__put_u64le(p, m->max_entries);
     ts__put_u64le(p + 8, m->max_bytes);
     ts__put_u32le(p + 16, m->max_age_ms);
     ts__put_u32le(p + 20, m->window);
     ts__put_u32le(p + 24, m->lease_ms);
     ts__put_u32le(p + 28, m->flags);
-    *len = need;
+    *len = ts__msg_stream_create_req_size(m->name_len);
     return 0;
 }
 
@@ -80,14 +79,12 @@ size_t ts__msg_stream_mark_req_size(size_t name_len)
 int ts__msg_stream_mark_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_mark_req *m,
                                    size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_stream_mark_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_STREAM_MARK_FIXED, &p);
+    if (rc != 0)
+        return rc;
     ts__put_u64le(p, m->tag);
-    *len = need;
+    *len = ts__msg_stream_mark_req_size(m->name_len);
     return 0;
 }
 
@@ -113,14 +110,13 @@ size_t ts__msg_stream_credit_req_size(size_t name_len)
 int ts__msg_stream_credit_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_credit_req *m,
                                      size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_stream_credit_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    uint8_t *p;
+    int rc =
+        ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_STREAM_CREDIT_FIXED, &p);
+    if (rc != 0)
+        return rc;
     ts__put_u32le(p, m->timeout_ms);
-    *len = need;
+    *len = ts__msg_stream_credit_req_size(m->name_len);
     return 0;
 }
 
@@ -146,16 +142,15 @@ size_t ts__msg_stream_range_req_size(size_t name_len)
 int ts__msg_stream_range_req_encode(uint8_t *out, size_t cap, const ts__msg_stream_range_req *m,
                                     size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_stream_range_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    uint8_t *p;
+    int rc =
+        ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_STREAM_RANGE_FIXED, &p);
+    if (rc != 0)
+        return rc;
     ts__put_u64le(p, m->after_id);
     ts__put_u32le(p + 8, m->max_entries);
     ts__put_u32le(p + 12, m->timeout_ms);
-    *len = need;
+    *len = ts__msg_stream_range_req_size(m->name_len);
     return 0;
 }
 

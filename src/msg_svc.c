@@ -20,15 +20,14 @@ size_t ts__msg_svc_register_req_size(size_t name_len)
 int ts__msg_svc_register_req_encode(uint8_t *out, size_t cap, const ts__msg_svc_register_req *m,
                                     size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_svc_register_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    uint8_t *p;
+    int rc =
+        ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_SVC_REGISTER_FIXED, &p);
+    if (rc != 0)
+        return rc;
     ts__put_u32le(p, m->concurrency);
     ts__put_u32le(p + 4, m->flags);
-    *len = need;
+    *len = ts__msg_svc_register_req_size(m->name_len);
     return 0;
 }
 

@@ -35,12 +35,11 @@ size_t ts__msg_table_create_req_size(size_t name_len)
 int ts__msg_table_create_req_encode(uint8_t *out, size_t cap, const ts__msg_table_create_req *m,
                                     size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_table_create_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    uint8_t *p;
+    int rc =
+        ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_TABLE_CREATE_FIXED, &p);
+    if (rc != 0)
+        return rc;
     ts__put_u64le(p, m->capacity);
     ts__put_u64le(p + 8, m->min_size_to_sample);
     ts__put_f64le(p + 16, m->samples_per_insert);
@@ -50,7 +49,7 @@ int ts__msg_table_create_req_encode(uint8_t *out, size_t cap, const ts__msg_tabl
     p[44] = m->remover;
     p[45] = m->sampler;
     ts__put_u16le(p + 46, 0);
-    *len = need;
+    *len = ts__msg_table_create_req_size(m->name_len);
     return 0;
 }
 
@@ -111,15 +110,14 @@ size_t ts__msg_table_sample_req_size(size_t name_len)
 int ts__msg_table_sample_req_encode(uint8_t *out, size_t cap, const ts__msg_table_sample_req *m,
                                     size_t *len)
 {
-    if (m->name_len > TS_MAX_NAME_LEN)
-        return TS_ENAMETOOLONG;
-    size_t need = ts__msg_table_sample_req_size(m->name_len);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, m->name, m->name_len);
+    uint8_t *p;
+    int rc =
+        ts__msg_name_head_encode(out, cap, m->name, m->name_len, TS_MSG_TABLE_SAMPLE_FIXED, &p);
+    if (rc != 0)
+        return rc;
     ts__put_u32le(p, m->n);
     ts__put_u32le(p + 4, m->timeout_ms);
-    *len = need;
+    *len = ts__msg_table_sample_req_size(m->name_len);
     return 0;
 }
 
@@ -151,15 +149,17 @@ int ts__msg_table_keys_req_encode(uint8_t *out, size_t cap, const uint8_t *name,
                                   uint32_t n, const uint64_t *keys, const double *priorities,
                                   size_t *len)
 {
+    /* A name too long is the first error, before the count is looked at. */
     if (name_len > TS_MAX_NAME_LEN)
         return TS_ENAMETOOLONG;
     if (n > TS_TABLE_MAX_KEYS)
         return TS_EINVAL;
     int wp = priorities != NULL;
-    size_t need = ts__msg_table_keys_req_size(name_len, n, wp);
-    if (need > cap)
-        return TS_EMSGSIZE;
-    uint8_t *p = out + ts__msg_put_name(out, name, name_len);
+    uint8_t *p;
+    int rc = ts__msg_name_head_encode(out, cap, name, name_len,
+                                      TS_MSG_TABLE_KEYS_FIXED + (size_t)n * (wp ? 16u : 8u), &p);
+    if (rc != 0)
+        return rc;
     ts__put_u32le(p, n);
     ts__put_u32le(p + 4, 0);
     p += TS_MSG_TABLE_KEYS_FIXED;
@@ -171,7 +171,7 @@ int ts__msg_table_keys_req_encode(uint8_t *out, size_t cap, const uint8_t *name,
             p += 8;
         }
     }
-    *len = need;
+    *len = ts__msg_table_keys_req_size(name_len, n, wp);
     return 0;
 }
 
