@@ -680,15 +680,47 @@ size_t ts__msg_items_pad(uint64_t rec_len)
     return (size_t)((TS__ALIGN - rec_len % TS__ALIGN) % TS__ALIGN);
 }
 
+int ts__msg_add_padded(uint64_t *total, uint64_t rec_len)
+{
+    uint64_t padded, sum;
+    if (ts__align_up_checked(rec_len, TS__ALIGN, &padded) != 0 ||
+        __builtin_add_overflow(*total, padded, &sum))
+        return TS_EMSGSIZE;
+    *total = sum;
+    return 0;
+}
+
+int ts__msg_put_padded(uint8_t *out, size_t cap, size_t *off, const uint8_t *rec, uint64_t rec_len)
+{
+    size_t pad = ts__msg_items_pad(rec_len);
+    /* Each side is checked against what is left, so no sum can wrap. */
+    if (rec_len > cap - *off || pad > cap - *off - (size_t)rec_len)
+        return TS_EMSGSIZE;
+    if (rec_len > 0)
+        memcpy(out + *off, rec, (size_t)rec_len);
+    memset(out + *off + rec_len, 0, pad);
+    *off += (size_t)rec_len + pad;
+    return 0;
+}
+
+int ts__msg_skip_padded(const uint8_t *body, size_t len, uint64_t *off, uint64_t rec_len)
+{
+    uint64_t padded, end;
+    if (ts__align_up_checked(rec_len, TS__ALIGN, &padded) != 0 ||
+        __builtin_add_overflow(*off, padded, &end) || end > len)
+        return TS_EPROTO;
+    if (!ts__msg_all_zero(body + *off + rec_len, (size_t)(padded - rec_len)))
+        return TS_EPROTO;
+    *off = end;
+    return 0;
+}
+
 int ts__msg_items_size(uint32_t n, const uint64_t *item_lens, uint64_t *size)
 {
     uint64_t total = items_head(n);
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t padded;
-        if (ts__align_up_checked(item_lens[i], TS__ALIGN, &padded) != 0 ||
-            __builtin_add_overflow(total, padded, &total))
+    for (uint32_t i = 0; i < n; i++)
+        if (ts__msg_add_padded(&total, item_lens[i]) != 0)
             return TS_EMSGSIZE;
-    }
 #if SIZE_MAX < UINT64_MAX
     if (total > SIZE_MAX)
         return TS_EMSGSIZE;
@@ -729,13 +761,9 @@ int ts__msg_items_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t re
     int rc = ts__msg_items_head_encode(out, cap, version, n, remaining, rec_lens, &off);
     assert(rc == 0);
     (void)rc;
-    for (uint32_t i = 0; i < n; i++) {
-        size_t rl = (size_t)rec_lens[i], pad = ts__msg_items_pad(rec_lens[i]);
-        if (rl > 0)
-            memcpy(out + off, recs[i], rl);
-        memset(out + off + rl, 0, pad);
-        off += rl + pad;
-    }
+    /* total <= cap bounds every running offset: no record can fail to fit. */
+    for (uint32_t i = 0; i < n; i++)
+        (void)ts__msg_put_padded(out, cap, &off, recs[i], rec_lens[i]);
     *len = off;
     return 0;
 }
@@ -761,13 +789,8 @@ int ts__msg_items_decode(const uint8_t *body, size_t len, ts__msg_items *m)
     uint64_t off = head;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t rec_len = ts__get_u64le(body + TS_MSG_ITEMS_FIXED + 8 * (size_t)i);
-        uint64_t padded, end;
-        if (ts__align_up_checked(rec_len, TS__ALIGN, &padded) != 0 ||
-            __builtin_add_overflow(off, padded, &end) || end > len)
+        if (ts__msg_skip_padded(body, len, &off, rec_len) != 0)
             return TS_EPROTO;
-        if (!ts__msg_all_zero(body + off + rec_len, (size_t)(padded - rec_len)))
-            return TS_EPROTO;
-        off = end;
     }
     if (off != len)
         return TS_EPROTO;
@@ -1182,14 +1205,9 @@ static int items_encode_again(const ts__msg_items *it, uint8_t *out, size_t cap,
     size_t roff, rlen;
     ts__msg_items_iter_init(it, &iter);
     for (uint32_t i = 0; ts__msg_items_next(it, &iter, &roff, &rlen); i++) {
-        size_t pad = ts__msg_items_pad(rlen);
-        if (rlen > cap - off || pad > cap - off - rlen)
+        if (ts__msg_put_padded(out, cap, &off, it->body + roff, rlen) != 0)
             return TS_EMSGSIZE;
         ts__msg_items_set_len(out, i, rlen);
-        if (rlen > 0)
-            memcpy(out + off, it->body + roff, rlen);
-        memset(out + off + rlen, 0, pad);
-        off += rlen + pad;
     }
     *len = off;
     return 0;
@@ -1237,14 +1255,9 @@ static int entries_encode_again(const ts__msg_stream_entries *s, uint8_t *out, s
     ts__msg_stream_entry e;
     ts__msg_stream_entries_iter_init(s, &it);
     for (uint32_t i = 0; ts__msg_stream_entries_next(s, &it, &e); i++) {
-        size_t rl = (size_t)e.len, pad = ts__msg_items_pad(e.len);
-        if (rl > cap - off || pad > cap - off - rl)
+        if (ts__msg_put_padded(out, cap, &off, e.record, e.len) != 0)
             return TS_EMSGSIZE;
         ts__msg_stream_entries_set(out, i, &e);
-        if (rl > 0)
-            memcpy(out + off, e.record, rl);
-        memset(out + off + rl, 0, pad);
-        off += rl + pad;
     }
     *len = off;
     return 0;
@@ -1278,14 +1291,9 @@ static int samples_encode_again(const ts__msg_table_samples *s, uint8_t *out, si
     for (uint32_t i = 0; rc == 0 && i < s->n; i++) {
         ts__msg_table_sample e;
         ts__msg_table_sample_get(s, i, &e);
-        size_t rl = (size_t)e.len, pad = ts__msg_items_pad(e.len);
-        if (rl > cap - off || pad > cap - off - rl)
+        if (ts__msg_put_padded(out, cap, &off, e.record, e.len) != 0)
             return TS_EMSGSIZE;
         ts__msg_table_samples_set(out, i, &e);
-        if (rl > 0)
-            memcpy(out + off, e.record, rl);
-        memset(out + off + rl, 0, pad);
-        off += rl + pad;
     }
     if (rc == 0)
         *len = off;
@@ -1442,18 +1450,13 @@ int ts__msg_encode(const ts__msg *m, uint8_t *out, size_t cap, size_t *len)
         return ts__msg_svc_state_encode(out, cap, &m->u.svc_state, len);
     case TS_MSG_SVC_REQUEST: {
         const ts__msg_svc_push *q = &m->u.svc_push;
-        size_t head;
-        int rc = ts__msg_svc_push_head_encode(out, cap, q, &head);
-        if (rc != 0)
-            return rc;
-        size_t pad = ts__msg_items_pad(q->rec_len);
-        if (q->rec_len > cap - head || pad > cap - head - q->rec_len)
-            return TS_EMSGSIZE;
-        if (q->rec_len > 0)
-            memcpy(out + head, q->record, (size_t)q->rec_len);
-        memset(out + head + q->rec_len, 0, pad);
-        *len = head + (size_t)q->rec_len + pad;
-        return 0;
+        size_t off;
+        int rc = ts__msg_svc_push_head_encode(out, cap, q, &off);
+        if (rc == 0)
+            rc = ts__msg_put_padded(out, cap, &off, q->record, q->rec_len);
+        if (rc == 0)
+            *len = off;
+        return rc;
     }
     case TS_MSG_NONE:
     default:

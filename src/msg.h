@@ -406,6 +406,20 @@ int ts__msg_items_head_encode(uint8_t *out, size_t cap, uint64_t version, uint32
 void ts__msg_items_set_len(uint8_t *head, uint32_t i, uint64_t item_len);
 /* The zero bytes that follow a record of rec_len bytes in an ITEMS body (0 to 63). */
 size_t ts__msg_items_pad(uint64_t rec_len);
+/*
+ * Records padded with zeros to a multiple of 64, one after the other, as ITEMS, REF_ITEMS,
+ * ENTRIES, SAMPLES and the SVC_REQUEST push lay them out. Pure, any thread.
+ * ts__msg_add_padded: add rec_len, padded, to *total; TS_EMSGSIZE (*total unchanged) when that
+ * would wrap 64 bits.
+ * ts__msg_put_padded: write rec_len bytes of rec and their padding at out + *off (*off <= cap)
+ * and move *off past them; TS_EMSGSIZE, with nothing written, when they do not fit in cap.
+ * ts__msg_skip_padded: step *off (<= len) over a record of rec_len bytes and its padding in a
+ * body of len bytes; TS_EPROTO when they run past the body (checked without wrapping) or the
+ * padding is not all zero.
+ */
+int ts__msg_add_padded(uint64_t *total, uint64_t rec_len);
+int ts__msg_put_padded(uint8_t *out, size_t cap, size_t *off, const uint8_t *rec, uint64_t rec_len);
+int ts__msg_skip_padded(const uint8_t *body, size_t len, uint64_t *off, uint64_t rec_len);
 /* The whole body from records in memory. */
 int ts__msg_items_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t remaining, uint32_t n,
                          const uint8_t *const *recs, const uint64_t *rec_lens, size_t *len);

@@ -17,15 +17,6 @@ uint64_t ts__msg_ref_head_size(uint32_t n)
            ~(uint64_t)(TS__ALIGN - 1);
 }
 
-/* 1 when the n bytes at p are all zero. */
-static int zeros(const uint8_t *p, size_t n)
-{
-    uint8_t acc = 0;
-    for (size_t i = 0; i < n; i++)
-        acc |= p[i];
-    return acc == 0;
-}
-
 /* 0 when entry e can be encoded or was validly decoded (the offset of inline ones aside). */
 static int entry_check(const ts__msg_ref_entry *e)
 {
@@ -53,9 +44,7 @@ int ts__msg_ref_size(uint32_t n, const ts__msg_ref_entry *e, uint64_t *size)
                 return TS_EINVAL;
             continue;
         }
-        uint64_t padded;
-        if (ts__align_up_checked(e[i].length, TS__ALIGN, &padded) != 0 ||
-            __builtin_add_overflow(total, padded, &total))
+        if (ts__msg_add_padded(&total, e[i].length) != 0)
             return TS_EMSGSIZE;
     }
     if (total > SIZE_MAX)
@@ -119,15 +108,10 @@ int ts__msg_ref_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t rema
     rc = ts__msg_ref_head_encode(out, cap, version, remaining, n, e, &off);
     if (rc != 0)
         return rc;
-    for (uint32_t i = 0; i < n; i++) {
-        if (e[i].where != TS_REF_INLINE)
-            continue;
-        size_t rl = (size_t)e[i].length, pad = ts__msg_items_pad(e[i].length);
-        if (rl > 0)
-            memcpy(out + off, recs[i], rl);
-        memset(out + off + rl, 0, pad);
-        off += rl + pad;
-    }
+    /* total <= cap bounds every running offset: no record can fail to fit. */
+    for (uint32_t i = 0; i < n; i++)
+        if (e[i].where == TS_REF_INLINE)
+            (void)ts__msg_put_padded(out, cap, &off, recs[i], e[i].length);
     *len = off;
     return 0;
 }
@@ -158,7 +142,7 @@ int ts__msg_ref_decode(const uint8_t *body, size_t len, ts__msg_ref_items *m)
     if (head > len)
         return TS_EPROTO;
     uint64_t ents_end = TS_MSG_REF_FIXED + (uint64_t)TS_MSG_REF_ENTRY * n;
-    if (!zeros(body + ents_end, (size_t)(head - ents_end)))
+    if (!ts__msg_all_zero(body + ents_end, (size_t)(head - ents_end)))
         return TS_EPROTO;
     uint64_t off = head;
     uint32_t fds = 0;
@@ -173,13 +157,8 @@ int ts__msg_ref_decode(const uint8_t *body, size_t len, ts__msg_ref_items *m)
             continue;
         }
         /* Inline records lie one after the other in entry order, each padded to 64. */
-        uint64_t padded, end;
-        if (e.offset != off || ts__align_up_checked(e.length, TS__ALIGN, &padded) != 0 ||
-            __builtin_add_overflow(off, padded, &end) || end > len)
+        if (e.offset != off || ts__msg_skip_padded(body, len, &off, e.length) != 0)
             return TS_EPROTO;
-        if (!zeros(body + off + e.length, (size_t)(padded - e.length)))
-            return TS_EPROTO;
-        off = end;
     }
     if (off != len || fds != n_fds)
         return TS_EPROTO;

@@ -460,12 +460,9 @@ int ts__msg_stream_entries_size(uint32_t n, const ts__msg_stream_entry *e, uint6
     if (n > TS_STREAM_MAX_READ)
         return TS_EINVAL;
     uint64_t total = ts__msg_stream_entries_head_size(n);
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t padded;
-        if (ts__align_up_checked(e[i].len, TS__ALIGN, &padded) != 0 ||
-            __builtin_add_overflow(total, padded, &total))
+    for (uint32_t i = 0; i < n; i++)
+        if (ts__msg_add_padded(&total, e[i].len) != 0)
             return TS_EMSGSIZE;
-    }
 #if SIZE_MAX < UINT64_MAX
     if (total > SIZE_MAX)
         return TS_EMSGSIZE;
@@ -549,14 +546,9 @@ int ts__msg_stream_entries_encode(uint8_t *out, size_t cap, uint64_t first_id, u
     rc = ts__msg_stream_entries_head_encode(out, cap, first_id, last_id, lost, n, e, &off);
     assert(rc == 0);
     (void)rc;
-    for (uint32_t i = 0; i < n; i++) {
-        /* The size check bounds every running offset by total, so nothing here can wrap. */
-        size_t rl = (size_t)e[i].len, pad = ts__msg_items_pad(e[i].len);
-        if (rl > 0)
-            memcpy(out + off, e[i].record, rl);
-        memset(out + off + rl, 0, pad);
-        off += rl + pad;
-    }
+    /* The size check bounds every running offset by total: no record can fail to fit. */
+    for (uint32_t i = 0; i < n; i++)
+        (void)ts__msg_put_padded(out, cap, &off, e[i].record, e[i].len);
     *len = off;
     return 0;
 }
@@ -582,13 +574,8 @@ int ts__msg_stream_entries_decode(const uint8_t *body, size_t len, ts__msg_strea
         if (entry_check(&e) != 0)
             return TS_EPROTO;
         /* Records lie one after the other in entry order, each padded with zeros to 64. */
-        uint64_t padded, end;
-        if (ts__align_up_checked(e.len, TS__ALIGN, &padded) != 0 ||
-            __builtin_add_overflow(off, padded, &end) || end > len)
+        if (ts__msg_skip_padded(body, len, &off, e.len) != 0)
             return TS_EPROTO;
-        if (!ts__msg_all_zero(body + off + e.len, (size_t)(padded - e.len)))
-            return TS_EPROTO;
-        off = end;
     }
     if (off != len)
         return TS_EPROTO;

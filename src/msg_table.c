@@ -291,15 +291,9 @@ int ts__msg_table_samples_encode(uint8_t *out, size_t cap, uint64_t size, uint32
     int rc = ts__msg_table_samples_head_encode(out, cap, size, n, e, &off);
     if (rc != 0)
         return rc;
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t pad = ts__msg_items_pad(e[i].len);
-        if (e[i].len > cap - off || pad > cap - off - e[i].len)
+    for (uint32_t i = 0; i < n; i++)
+        if (ts__msg_put_padded(out, cap, &off, e[i].record, e[i].len) != 0)
             return TS_EMSGSIZE;
-        if (e[i].len > 0)
-            memcpy(out + off, e[i].record, (size_t)e[i].len);
-        memset(out + off + e[i].len, 0, (size_t)pad);
-        off += (size_t)(e[i].len + pad);
-    }
     *len = off;
     return 0;
 }
@@ -335,12 +329,8 @@ int ts__msg_table_samples_decode(const uint8_t *body, size_t len, ts__msg_table_
         if (ts__get_u32le(body + TS_MSG_TABLE_SAMPLES_FIXED + (size_t)i * TS_MSG_TABLE_SAMPLE_HEAD +
                           36) != 0)
             return TS_EPROTO;
-        uint64_t pad = ts__msg_items_pad(e.len);
-        if (e.len > len - off || pad > len - off - e.len)
+        if (ts__msg_skip_padded(body, len, &off, e.len) != 0)
             return TS_EPROTO;
-        if (!ts__msg_all_zero(body + off + e.len, (size_t)pad))
-            return TS_EPROTO;
-        off += e.len + pad;
     }
     if (off != len)
         return TS_EPROTO;
