@@ -715,6 +715,14 @@ int ts__msg_skip_padded(const uint8_t *body, size_t len, uint64_t *off, uint64_t
     return 0;
 }
 
+int ts__msg_head_check(const uint8_t *body, size_t len, uint64_t used, uint64_t head)
+{
+    /* The bounds first: the padding is only read once it is known to be in the body. */
+    if (head > len || !ts__msg_all_zero(body + used, (size_t)(head - used)))
+        return TS_EPROTO;
+    return 0;
+}
+
 int ts__msg_items_size(uint32_t n, const uint64_t *item_lens, uint64_t *size)
 {
     uint64_t total = items_head(n);
@@ -781,10 +789,7 @@ int ts__msg_items_decode(const uint8_t *body, size_t len, ts__msg_items *m)
         return TS_EPROTO;
     /* The lengths must lie in the body before anything is sized or walked by n. */
     uint64_t head = items_head(n);
-    if (head > len)
-        return TS_EPROTO;
-    uint64_t lens_end = TS_MSG_ITEMS_FIXED + 8 * (uint64_t)n;
-    if (!ts__msg_all_zero(body + lens_end, (size_t)(head - lens_end)))
+    if (ts__msg_head_check(body, len, TS_MSG_ITEMS_FIXED + 8 * (uint64_t)n, head) != 0)
         return TS_EPROTO;
     uint64_t off = head;
     for (uint32_t i = 0; i < n; i++) {

@@ -420,6 +420,12 @@ size_t ts__msg_items_pad(uint64_t rec_len);
 int ts__msg_add_padded(uint64_t *total, uint64_t rec_len);
 int ts__msg_put_padded(uint8_t *out, size_t cap, size_t *off, const uint8_t *rec, uint64_t rec_len);
 int ts__msg_skip_padded(const uint8_t *body, size_t len, uint64_t *off, uint64_t rec_len);
+/*
+ * The check of a head that a count n sizes (ITEMS, REF_ITEMS, ENTRIES, SAMPLES, MGET's reply):
+ * 0 when its head bytes lie inside a body of len bytes and are zero from used (its fields' end,
+ * <= head) on; else TS_EPROTO. Pure, any thread.
+ */
+int ts__msg_head_check(const uint8_t *body, size_t len, uint64_t used, uint64_t head);
 /* The whole body from records in memory. */
 int ts__msg_items_encode(uint8_t *out, size_t cap, uint64_t version, uint32_t remaining, uint32_t n,
                          const uint8_t *const *recs, const uint64_t *rec_lens, size_t *len);

@@ -257,12 +257,9 @@ int ts__msg_mget_rep_decode(const uint8_t *body, size_t len, ts__msg_mget_rep *m
     if (n > TS_MGET_MAX_NAMES || ts__get_u32le(body + 4) != 0)
         return TS_EPROTO;
     size_t head = (size_t)ts__msg_mget_head_size(n);
-    if (len < head)
+    if (ts__msg_head_check(body, len, TS_MSG_MGET_REP_FIXED + (uint64_t)n * TS_MSG_MGET_ENTRY,
+                           head) != 0)
         return TS_EPROTO;
-    size_t entries_end = TS_MSG_MGET_REP_FIXED + (size_t)n * TS_MSG_MGET_ENTRY;
-    for (size_t i = entries_end; i < head; i++)
-        if (body[i] != 0)
-            return TS_EPROTO;
     uint64_t off = head;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *e = body + TS_MSG_MGET_REP_FIXED + (size_t)i * TS_MSG_MGET_ENTRY;

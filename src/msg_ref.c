@@ -139,10 +139,7 @@ int ts__msg_ref_decode(const uint8_t *body, size_t len, ts__msg_ref_items *m)
     if (ts__get_u32le(body + 20) != 0 || n > TS_MAX_REF_ITEMS)
         return TS_EPROTO;
     uint64_t head = ts__msg_ref_head_size(n);
-    if (head > len)
-        return TS_EPROTO;
-    uint64_t ents_end = TS_MSG_REF_FIXED + (uint64_t)TS_MSG_REF_ENTRY * n;
-    if (!ts__msg_all_zero(body + ents_end, (size_t)(head - ents_end)))
+    if (ts__msg_head_check(body, len, TS_MSG_REF_FIXED + (uint64_t)TS_MSG_REF_ENTRY * n, head) != 0)
         return TS_EPROTO;
     uint64_t off = head;
     uint32_t fds = 0;

@@ -562,10 +562,8 @@ int ts__msg_stream_entries_decode(const uint8_t *body, size_t len, ts__msg_strea
         return TS_EPROTO;
     /* The entry heads must lie in the body before anything is walked by n. */
     uint64_t head = ts__msg_stream_entries_head_size(n);
-    if (head > len)
-        return TS_EPROTO;
     uint64_t heads_end = TS_MSG_STREAM_ENTRIES_FIXED + (uint64_t)TS_MSG_STREAM_ENTRY_HEAD * n;
-    if (!ts__msg_all_zero(body + heads_end, (size_t)(head - heads_end)))
+    if (ts__msg_head_check(body, len, heads_end, head) != 0)
         return TS_EPROTO;
     uint64_t off = head;
     for (uint32_t i = 0; i < n; i++) {

@@ -317,10 +317,8 @@ int ts__msg_table_samples_decode(const uint8_t *body, size_t len, ts__msg_table_
     if (n < 1 || n > TS_TABLE_MAX_SAMPLE || ts__get_u32le(body + 12) != 0)
         return TS_EPROTO;
     uint64_t head = ts__msg_table_samples_head_size(n);
-    if (head > len)
-        return TS_EPROTO;
-    size_t used = TS_MSG_TABLE_SAMPLES_FIXED + (size_t)n * TS_MSG_TABLE_SAMPLE_HEAD;
-    if (!ts__msg_all_zero(body + used, (size_t)head - used))
+    uint64_t used = TS_MSG_TABLE_SAMPLES_FIXED + (uint64_t)n * TS_MSG_TABLE_SAMPLE_HEAD;
+    if (ts__msg_head_check(body, len, used, head) != 0)
         return TS_EPROTO;
     uint64_t off = head;
     for (uint32_t i = 0; i < n; i++) {
