@@ -46,44 +46,39 @@ static int check_id(const char *what, const char *s, size_t *len)
     return 0;
 }
 
-static int enc_create(uint8_t *out, size_t cap, const void *m, size_t *len)
-{
-    return ts__msg_stream_create_req_encode(out, cap, m, len);
-}
+/*
+ * The fields of a stream request without a record, for enc_stream: op says which encoder writes
+ * the body, and so which ts__msg_stream_*_req m points to.
+ */
+typedef struct stream_body {
+    uint8_t op;
+    const void *m;
+} stream_body;
 
-static int enc_mark(uint8_t *out, size_t cap, const void *m, size_t *len)
+/* The ts__flat_enc of every stream request without a record: b->op's encoder on b->m. */
+static int enc_stream(uint8_t *out, size_t cap, const void *ctx, size_t *len)
 {
-    return ts__msg_stream_mark_req_encode(out, cap, m, len);
-}
-
-static int enc_credit(uint8_t *out, size_t cap, const void *m, size_t *len)
-{
-    return ts__msg_stream_credit_req_encode(out, cap, m, len);
-}
-
-static int enc_join(uint8_t *out, size_t cap, const void *m, size_t *len)
-{
-    return ts__msg_stream_join_req_encode(out, cap, m, len);
-}
-
-static int enc_read(uint8_t *out, size_t cap, const void *m, size_t *len)
-{
-    return ts__msg_stream_read_req_encode(out, cap, m, len);
-}
-
-static int enc_ack(uint8_t *out, size_t cap, const void *m, size_t *len)
-{
-    return ts__msg_stream_ack_req_encode(out, cap, m, len);
-}
-
-static int enc_leave(uint8_t *out, size_t cap, const void *m, size_t *len)
-{
-    return ts__msg_stream_leave_req_encode(out, cap, m, len);
-}
-
-static int enc_range(uint8_t *out, size_t cap, const void *m, size_t *len)
-{
-    return ts__msg_stream_range_req_encode(out, cap, m, len);
+    const stream_body *b = ctx;
+    switch (b->op) {
+    case TS_OP_STREAM_CREATE:
+        return ts__msg_stream_create_req_encode(out, cap, b->m, len);
+    case TS_OP_STREAM_MARK:
+        return ts__msg_stream_mark_req_encode(out, cap, b->m, len);
+    case TS_OP_STREAM_CREDIT:
+        return ts__msg_stream_credit_req_encode(out, cap, b->m, len);
+    case TS_OP_STREAM_JOIN:
+        return ts__msg_stream_join_req_encode(out, cap, b->m, len);
+    case TS_OP_STREAM_READ:
+        return ts__msg_stream_read_req_encode(out, cap, b->m, len);
+    case TS_OP_STREAM_ACK:
+        return ts__msg_stream_ack_req_encode(out, cap, b->m, len);
+    case TS_OP_STREAM_LEAVE:
+        return ts__msg_stream_leave_req_encode(out, cap, b->m, len);
+    case TS_OP_STREAM_RANGE:
+        return ts__msg_stream_range_req_encode(out, cap, b->m, len);
+    default:
+        return TS_EINVAL; /* not a request of this file */
+    }
 }
 
 /*
@@ -105,10 +100,18 @@ static int member_ids(ts__msg_stream_member_req *m, const char *name, const char
     return rc;
 }
 
-/* Run r to its end: 0 with *done the completed request (the caller frees it), or the error. */
-static int run(ts_client_t *c, ts__req *r, ts__req **done)
+/*
+ * Send stream request op, whose body of cap bytes enc_stream writes from m, and wait for its end
+ * (the server may hold it for wait_ms, sent in m). 0 with *done the completed request (the caller
+ * frees it), or the error, its message set.
+ */
+static int call(ts_client_t *c, uint8_t op, size_t cap, const void *m, uint32_t wait_ms,
+                ts__req **done)
 {
-    return ts__api_run_blocking(c, r, done);
+    stream_body b = {.op = op, .m = m};
+    int rc;
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, op, cap, enc_stream, &b, wait_ms, &rc);
+    return r == NULL ? rc : ts__api_run_blocking(c, r, done);
 }
 
 static void state_out(const ts__msg_stream_state *m, ts_stream_state_t *st)
@@ -268,11 +271,9 @@ int ts_stream_create(ts_client_t *c, const char *name, const ts_stream_config_t 
     rc = check_id("stream", name, &m.name_len);
     if (rc != 0)
         return rc;
-    ts__req *r =
-        ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_CREATE,
-                         ts__msg_stream_create_req_size(m.name_len), enc_create, &m, 0, &rc);
     ts__req *done;
-    if (r == NULL || (rc = run(c, r, &done)) != 0)
+    rc = call(c, TS_OP_STREAM_CREATE, ts__msg_stream_create_req_size(m.name_len), &m, 0, &done);
+    if (rc != 0)
         return rc;
     state_out(&done->stream.state, st);
     ts__req_free(done);
@@ -305,7 +306,7 @@ int ts_stream_append(ts_client_t *c, const char *name, const ts_value_t *item,
     r->enc = e;
     r->borrowed = 1;
     ts__req *done;
-    if ((rc = run(c, r, &done)) != 0)
+    if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
         return rc;
     append_out(&done->stream.append, res);
     ts__req_free(done);
@@ -321,10 +322,9 @@ int ts_stream_mark(ts_client_t *c, const char *name, uint64_t tag, ts_stream_app
     ts__msg_stream_mark_req m = {.name = (const uint8_t *)name, .tag = tag};
     if ((rc = check_id("stream", name, &m.name_len)) != 0)
         return rc;
-    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_MARK,
-                                  ts__msg_stream_mark_req_size(m.name_len), enc_mark, &m, 0, &rc);
     ts__req *done;
-    if (r == NULL || (rc = run(c, r, &done)) != 0)
+    rc = call(c, TS_OP_STREAM_MARK, ts__msg_stream_mark_req_size(m.name_len), &m, 0, &done);
+    if (rc != 0)
         return rc;
     append_out(&done->stream.append, res);
     ts__req_free(done);
@@ -341,11 +341,10 @@ int ts_stream_credit(ts_client_t *c, const char *name, int timeout_ms, ts_stream
     if ((rc = check_id("stream", name, &m.name_len)) != 0 ||
         (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
-    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_CREDIT,
-                                  ts__msg_stream_credit_req_size(m.name_len), enc_credit, &m,
-                                  m.timeout_ms, &rc);
     ts__req *done;
-    if (r == NULL || (rc = run(c, r, &done)) != 0)
+    rc = call(c, TS_OP_STREAM_CREDIT, ts__msg_stream_credit_req_size(m.name_len), &m, m.timeout_ms,
+              &done);
+    if (rc != 0)
         return rc;
     ts__msg_stream_state s = done->stream.state;
     ts__req_free(done);
@@ -375,11 +374,10 @@ int ts_stream_join(ts_client_t *c, const char *name, const char *group, const ch
                         lease_ms);
     m.start = start == TS_STREAM_NEWEST ? TS_STREAM_START_NEWEST : TS_STREAM_START_OLDEST;
     m.lease_ms = (uint32_t)lease_ms;
-    ts__req *r = ts__api_flat_req(
-        c, TS__K_BLOCK, TS_OP_STREAM_JOIN,
-        ts__msg_stream_join_req_size(m.name_len, m.group_len, m.member_len), enc_join, &m, 0, &rc);
     ts__req *done;
-    if (r == NULL || (rc = run(c, r, &done)) != 0)
+    rc = call(c, TS_OP_STREAM_JOIN,
+              ts__msg_stream_join_req_size(m.name_len, m.group_len, m.member_len), &m, 0, &done);
+    if (rc != 0)
         return rc;
     if (res != NULL) {
         const ts__msg_stream_join_state *j = &done->stream.join;
@@ -403,11 +401,15 @@ static int check_max_entries(size_t max_entries)
     return 0;
 }
 
-/* Run an ENTRIES request r: 0 and *out, or the error. */
-static int run_entries(ts_client_t *c, ts__req *r, ts_stream_batch_t **out)
+/*
+ * Send ENTRIES request op (STREAM_READ, STREAM_RANGE: as call) and wait for its end: 0 and *out,
+ * or the error.
+ */
+static int call_entries(ts_client_t *c, uint8_t op, size_t cap, const void *m, uint32_t wait_ms,
+                        ts_stream_batch_t **out)
 {
     ts__req *done;
-    int rc = run(c, r, &done);
+    int rc = call(c, op, cap, m, wait_ms, &done);
     if (rc != 0)
         return rc;
     ts_items_t *items = done->res.items;
@@ -437,11 +439,9 @@ int ts_stream_read(ts_client_t *c, const char *name, const char *group, const ch
         return ts__fail(TS_EINVAL, "no output");
     m.ack_through = ack_through;
     m.max_entries = (uint32_t)max_entries;
-    ts__req *r =
-        ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_READ,
-                         ts__msg_stream_read_req_size(m.name_len, m.group_len, m.member_len),
-                         enc_read, &m, m.timeout_ms, &rc);
-    return r == NULL ? rc : run_entries(c, r, out);
+    return call_entries(c, TS_OP_STREAM_READ,
+                        ts__msg_stream_read_req_size(m.name_len, m.group_len, m.member_len), &m,
+                        m.timeout_ms, out);
 }
 
 int ts_stream_ack(ts_client_t *c, const char *name, const char *group, const char *member,
@@ -457,11 +457,10 @@ int ts_stream_ack(ts_client_t *c, const char *name, const char *group, const cha
     m.first = first;
     m.last = last;
     m.rows = rows;
-    ts__req *r = ts__api_flat_req(
-        c, TS__K_BLOCK, TS_OP_STREAM_ACK,
-        ts__msg_stream_ack_req_size(m.name_len, m.group_len, m.member_len), enc_ack, &m, 0, &rc);
     ts__req *done;
-    if (r == NULL || (rc = run(c, r, &done)) != 0)
+    rc = call(c, TS_OP_STREAM_ACK,
+              ts__msg_stream_ack_req_size(m.name_len, m.group_len, m.member_len), &m, 0, &done);
+    if (rc != 0)
         return rc;
     if (res != NULL) {
         res->acked = done->stream.ack.acked;
@@ -483,12 +482,10 @@ int ts_stream_leave(ts_client_t *c, const char *name, const char *group, const c
     ts__msg_stream_member_req m;
     if ((rc = member_ids(&m, name, group, member, 1)) != 0)
         return rc;
-    ts__req *r =
-        ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_LEAVE,
-                         ts__msg_stream_leave_req_size(m.name_len, m.group_len, m.member_len),
-                         enc_leave, &m, 0, &rc);
     ts__req *done;
-    if (r == NULL || (rc = run(c, r, &done)) != 0)
+    rc = call(c, TS_OP_STREAM_LEAVE,
+              ts__msg_stream_leave_req_size(m.name_len, m.group_len, m.member_len), &m, 0, &done);
+    if (rc != 0)
         return rc;
     state_out(&done->stream.state, st);
     ts__req_free(done);
@@ -508,7 +505,7 @@ int ts_stream_info(ts_client_t *c, const char *name, ts_value_t **out)
         return ts__fail(TS_EINVAL, "no output");
     ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_STREAM_INFO, name, &rc);
     ts__req *done;
-    if (r == NULL || (rc = run(c, r, &done)) != 0)
+    if (r == NULL || (rc = ts__api_run_blocking(c, r, &done)) != 0)
         return rc;
     *out = done->res.value;
     done->res.value = NULL;
@@ -531,10 +528,8 @@ int ts_stream_range(ts_client_t *c, const char *name, uint64_t after_id, size_t 
     if (out == NULL)
         return ts__fail(TS_EINVAL, "no output");
     m.max_entries = (uint32_t)max_entries;
-    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_STREAM_RANGE,
-                                  ts__msg_stream_range_req_size(m.name_len), enc_range, &m,
-                                  m.timeout_ms, &rc);
-    return r == NULL ? rc : run_entries(c, r, out);
+    return call_entries(c, TS_OP_STREAM_RANGE, ts__msg_stream_range_req_size(m.name_len), &m,
+                        m.timeout_ms, out);
 }
 
 /* ---------------------------------------------------------------------------------------------
