@@ -758,6 +758,58 @@ ts__req *ts__api_req_new(ts_client_t *c, int kind, uint8_t op, const char *bin, 
     return req_new(c, kind, op, bin, NULL, rc);
 }
 
+/*
+ * The names of streams, their groups and members, and of replay tables: 1 to TS_MAX_NAME_LEN
+ * bytes, what naming the object in the messages. One copy, so that stream.c and replay.c refuse a
+ * name in the same words.
+ */
+int ts__api_check_id(const char *what, const char *s, size_t *len)
+{
+    if (s == NULL || s[0] == '\0')
+        return ts__fail(TS_EINVAL, "no %s name (1 to %d bytes)", what, TS_MAX_NAME_LEN);
+    size_t n = strlen(s);
+    if (n > TS_MAX_NAME_LEN)
+        return ts__fail(TS_ENAMETOOLONG, "%s name of %zu bytes (at most %d)", what, n,
+                        TS_MAX_NAME_LEN);
+    *len = n;
+    return 0;
+}
+
+int ts__api_info(ts_client_t *c, uint8_t op, const char *what, const char *name, ts_value_t **out)
+{
+    c = ts__route(c, name);
+    int rc = check_call(c, 1);
+    if (rc != 0)
+        return rc;
+    size_t len;
+    if ((rc = ts__api_check_id(what, name, &len)) != 0)
+        return rc;
+    if (out == NULL)
+        return ts__fail(TS_EINVAL, "no output");
+    ts__req *r = req_new(c, TS__K_BLOCK, op, name, NULL, &rc);
+    ts__req *done;
+    if (r == NULL || (rc = run_blocking(c, r, &done)) != 0)
+        return rc;
+    *out = done->res.value;
+    done->res.value = NULL;
+    ts__req_free(done);
+    return 0;
+}
+
+int ts__api_borrow_record(ts__req *r, const ts_value_t *item)
+{
+    ts__enc e;
+    int rc = ts__record_plan(item, &e);
+    if (rc != 0) {
+        ts__req_free(r);
+        return ts__fail(rc, "the item cannot be encoded: %s", ts_strerror(rc));
+    }
+    r->body_len = r->small_len + e.total;
+    r->enc = e;
+    r->borrowed = 1;
+    return 0;
+}
+
 void ts__req_hold_for(const ts_client_t *c, ts__req *r, uint32_t wait_ms)
 {
     if (wait_ms > 0)

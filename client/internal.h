@@ -672,6 +672,20 @@ int ts__api_run_blocking(ts_client_t *c, ts__req *r, ts__req **out);
 /* The wire form of an operation's wait of timeout_ms into *wire: 0, or TS_EINVAL with the
  * message set (api.c; tensorshare.h "Timeouts"). Any thread. */
 int ts__wire_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire);
+/* The name check of stream.c and replay.c (api.c): 0 and *len, or the error, its message set. */
+int ts__api_check_id(const char *what, const char *s, size_t *len);
+/*
+ * The INFO call of a stream or a replay table (op STREAM_INFO or TABLE_INFO, what "stream" or
+ * "table" for the messages): a blocking request on name whose reply value is handed to *out
+ * (transferred). 0, or the error with its message set.
+ */
+int ts__api_info(ts_client_t *c, uint8_t op, const char *what, const char *name, ts_value_t **out);
+/*
+ * Attach item's record to r, an upload whose head r's small buffer holds, sent from the caller's
+ * memory as it is: a blocking STREAM_APPEND's or TABLE_INSERT's, never copied or compressed. 0, or
+ * the encoding error with its message set and r freed.
+ */
+int ts__api_borrow_record(ts__req *r, const ts_value_t *item);
 /* Encodes a request body from ctx into out (cap bytes): 0 and *len, or an error code. */
 typedef int (*ts__flat_enc)(uint8_t *out, size_t cap, const void *ctx, size_t *len);
 /*

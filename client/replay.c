@@ -32,18 +32,6 @@ struct ts_table_sample_s {
     ts_items_t *items; /* the records, and the heads after them (internal.h) */
 };
 
-static int check_name(const char *s, size_t *len)
-{
-    if (s == NULL || s[0] == '\0')
-        return ts__fail(TS_EINVAL, "no table name (1 to %d bytes)", TS_MAX_NAME_LEN);
-    size_t n = strlen(s);
-    if (n > TS_MAX_NAME_LEN)
-        return ts__fail(TS_ENAMETOOLONG, "table name of %zu bytes (at most %d)", n,
-                        TS_MAX_NAME_LEN);
-    *len = n;
-    return 0;
-}
-
 /* A blocking request whose body (len bytes) is in body: copied into the request. */
 static ts__req *flat_req(ts_client_t *c, uint8_t op, const uint8_t *body, size_t len,
                          uint32_t wait_ms, int *rc)
@@ -100,7 +88,7 @@ int ts_table_create(ts_client_t *c, const char *name, const ts_table_config_t *c
                                   .max_times_sampled = cfg->max_times_sampled,
                                   .remover = (uint8_t)cfg->remover,
                                   .sampler = (uint8_t)cfg->sampler};
-    if ((rc = check_name(name, &m.name_len)) != 0)
+    if ((rc = ts__api_check_id("table", name, &m.name_len)) != 0)
         return rc;
     /* The server checks every value (INVALID); only what cannot travel is refused here. */
     if ((unsigned)cfg->sampler > 255u || (unsigned)cfg->remover > 255u)
@@ -127,7 +115,8 @@ int ts_table_insert(ts_client_t *c, const char *name, const ts_value_t *item, do
         return rc;
     size_t len;
     uint32_t wait_ms = 0;
-    if ((rc = check_name(name, &len)) != 0 || (rc = ts__wire_timeout(c, timeout_ms, &wait_ms)) != 0)
+    if ((rc = ts__api_check_id("table", name, &len)) != 0 ||
+        (rc = ts__wire_timeout(c, timeout_ms, &wait_ms)) != 0)
         return rc;
     if (item == NULL)
         return ts__fail(TS_EINVAL, "no item to insert");
@@ -139,15 +128,8 @@ int ts_table_insert(ts_client_t *c, const char *name, const ts_value_t *item, do
         return rc;
     ts__msg_table_insert_fixed f = {.priority = priority, .timeout_ms = wait_ms};
     ts__msg_table_insert_fixed_encode(ts__req_upload_fixed(r), &f);
-    ts__enc e;
-    rc = ts__record_plan(item, &e);
-    if (rc != 0) {
-        ts__req_free(r);
-        return ts__fail(rc, "the item cannot be encoded: %s", ts_strerror(rc));
-    }
-    r->body_len = r->small_len + e.total;
-    r->enc = e;
-    r->borrowed = 1;
+    if ((rc = ts__api_borrow_record(r, item)) != 0)
+        return rc;
     ts__req_hold_for(c, r, wait_ms);
     ts__req *done;
     if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
@@ -166,7 +148,7 @@ int ts_table_sample(ts_client_t *c, const char *name, size_t n, int timeout_ms,
     if (rc != 0)
         return rc;
     ts__msg_table_sample_req m = {.name = (const uint8_t *)name};
-    if ((rc = check_name(name, &m.name_len)) != 0 ||
+    if ((rc = ts__api_check_id("table", name, &m.name_len)) != 0 ||
         (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
     if (n < 1 || n > TS_TABLE_SAMPLE_MAX)
@@ -256,7 +238,7 @@ static int keys_call(ts_client_t *c, uint8_t op, const char *name, size_t n, con
     if (rc != 0)
         return rc;
     size_t len = 0;
-    if ((rc = check_name(name, &len)) != 0)
+    if ((rc = ts__api_check_id("table", name, &len)) != 0)
         return rc;
     if (n > 0 && keys == NULL)
         return ts__fail(TS_EINVAL, "no keys");
@@ -311,21 +293,5 @@ int ts_table_remove(ts_client_t *c, const char *name, size_t n, const uint64_t *
 
 int ts_table_info(ts_client_t *c, const char *name, ts_value_t **out)
 {
-    c = ts__route(c, name);
-    int rc = ts__api_check_call(c, 1);
-    if (rc != 0)
-        return rc;
-    size_t len;
-    if ((rc = check_name(name, &len)) != 0)
-        return rc;
-    if (out == NULL)
-        return ts__fail(TS_EINVAL, "no output");
-    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_TABLE_INFO, name, &rc);
-    ts__req *done;
-    if (r == NULL || (rc = ts__api_run_blocking(c, r, &done)) != 0)
-        return rc;
-    *out = done->res.value;
-    done->res.value = NULL;
-    ts__req_free(done);
-    return 0;
+    return ts__api_info(c, TS_OP_TABLE_INFO, "table", name, out);
 }

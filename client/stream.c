@@ -33,19 +33,6 @@
  * Requests
  */
 
-/* Check one name (stream, group or member): 1 to 255 bytes. 0 and *len, or the error. */
-static int check_id(const char *what, const char *s, size_t *len)
-{
-    if (s == NULL || s[0] == '\0')
-        return ts__fail(TS_EINVAL, "no %s name (1 to %d bytes)", what, TS_MAX_NAME_LEN);
-    size_t n = strlen(s);
-    if (n > TS_MAX_NAME_LEN)
-        return ts__fail(TS_ENAMETOOLONG, "%s name of %zu bytes (at most %d)", what, n,
-                        TS_MAX_NAME_LEN);
-    *len = n;
-    return 0;
-}
-
 /*
  * The fields of a stream request without a record, for enc_stream: op says which encoder writes
  * the body, and so which ts__msg_stream_*_req m points to.
@@ -89,11 +76,11 @@ static int member_ids(ts__msg_stream_member_req *m, const char *name, const char
                       const char *member, int allow_no_member)
 {
     memset(m, 0, sizeof(*m));
-    int rc = check_id("stream", name, &m->name_len);
+    int rc = ts__api_check_id("stream", name, &m->name_len);
     if (rc == 0)
-        rc = check_id("group", group, &m->group_len);
+        rc = ts__api_check_id("group", group, &m->group_len);
     if (rc == 0 && !(allow_no_member && member == NULL))
-        rc = check_id("member", member, &m->member_len);
+        rc = ts__api_check_id("member", member, &m->member_len);
     m->name = (const uint8_t *)name;
     m->group = (const uint8_t *)group;
     m->member = m->member_len > 0 ? (const uint8_t *)member : NULL;
@@ -268,7 +255,7 @@ int ts_stream_create(ts_client_t *c, const char *name, const ts_stream_config_t 
                                    .window = cfg->window,
                                    .lease_ms = cfg->lease_ms,
                                    .flags = 0};
-    rc = check_id("stream", name, &m.name_len);
+    rc = ts__api_check_id("stream", name, &m.name_len);
     if (rc != 0)
         return rc;
     ts__req *done;
@@ -288,23 +275,14 @@ int ts_stream_append(ts_client_t *c, const char *name, const ts_value_t *item,
     if (rc != 0)
         return rc;
     size_t len;
-    if ((rc = check_id("stream", name, &len)) != 0)
+    if ((rc = ts__api_check_id("stream", name, &len)) != 0)
         return rc;
     if (item == NULL)
         return ts__fail(TS_EINVAL, "no item to append");
     /* The body is a PUT's: the name, then the record, sent from the caller's memory. */
     ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_STREAM_APPEND, name, &rc);
-    if (r == NULL)
+    if (r == NULL || (rc = ts__api_borrow_record(r, item)) != 0)
         return rc;
-    ts__enc e;
-    rc = ts__record_plan(item, &e);
-    if (rc != 0) {
-        ts__req_free(r);
-        return ts__fail(rc, "the item cannot be encoded: %s", ts_strerror(rc));
-    }
-    r->body_len = r->small_len + e.total;
-    r->enc = e;
-    r->borrowed = 1;
     ts__req *done;
     if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
         return rc;
@@ -320,7 +298,7 @@ int ts_stream_mark(ts_client_t *c, const char *name, uint64_t tag, ts_stream_app
     if (rc != 0)
         return rc;
     ts__msg_stream_mark_req m = {.name = (const uint8_t *)name, .tag = tag};
-    if ((rc = check_id("stream", name, &m.name_len)) != 0)
+    if ((rc = ts__api_check_id("stream", name, &m.name_len)) != 0)
         return rc;
     ts__req *done;
     rc = call(c, TS_OP_STREAM_MARK, ts__msg_stream_mark_req_size(m.name_len), &m, 0, &done);
@@ -338,7 +316,7 @@ int ts_stream_credit(ts_client_t *c, const char *name, int timeout_ms, ts_stream
     if (rc != 0)
         return rc;
     ts__msg_stream_credit_req m = {.name = (const uint8_t *)name};
-    if ((rc = check_id("stream", name, &m.name_len)) != 0 ||
+    if ((rc = ts__api_check_id("stream", name, &m.name_len)) != 0 ||
         (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
     ts__req *done;
@@ -494,23 +472,7 @@ int ts_stream_leave(ts_client_t *c, const char *name, const char *group, const c
 
 int ts_stream_info(ts_client_t *c, const char *name, ts_value_t **out)
 {
-    c = ts__route(c, name);
-    int rc = ts__api_check_call(c, 1);
-    if (rc != 0)
-        return rc;
-    size_t len;
-    if ((rc = check_id("stream", name, &len)) != 0)
-        return rc;
-    if (out == NULL)
-        return ts__fail(TS_EINVAL, "no output");
-    ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_STREAM_INFO, name, &rc);
-    ts__req *done;
-    if (r == NULL || (rc = ts__api_run_blocking(c, r, &done)) != 0)
-        return rc;
-    *out = done->res.value;
-    done->res.value = NULL;
-    ts__req_free(done);
-    return 0;
+    return ts__api_info(c, TS_OP_STREAM_INFO, "stream", name, out);
 }
 
 int ts_stream_range(ts_client_t *c, const char *name, uint64_t after_id, size_t max_entries,
@@ -521,7 +483,7 @@ int ts_stream_range(ts_client_t *c, const char *name, uint64_t after_id, size_t 
     if (rc != 0)
         return rc;
     ts__msg_stream_range_req m = {.name = (const uint8_t *)name, .after_id = after_id};
-    if ((rc = check_id("stream", name, &m.name_len)) != 0 ||
+    if ((rc = ts__api_check_id("stream", name, &m.name_len)) != 0 ||
         (rc = check_max_entries(max_entries)) != 0 ||
         (rc = ts__wire_timeout(c, timeout_ms, &m.timeout_ms)) != 0)
         return rc;
@@ -587,7 +549,7 @@ int ts_stream_producer_open(ts_stream_producer_t **out, ts_client_t *c, const ch
         return rc;
     if (out == NULL)
         return ts__fail(TS_EINVAL, "no output");
-    if ((rc = check_id("stream", name, &len)) != 0 ||
+    if ((rc = ts__api_check_id("stream", name, &len)) != 0 ||
         (rc = check_helper_timeout("block_ms", block_ms)) != 0)
         return rc;
     ts_stream_state_t st = {0};
