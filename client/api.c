@@ -294,6 +294,30 @@ static int run_async(ts_client_t *c, ts__req *r, ts_result_cb cb, void *arg)
  * Blocking operations
  */
 
+/*
+ * The PUT or APPEND (op) request of kind on bin with item's record attached per flags (see
+ * attach_record), made after the call checks. NULL and *rc on failure: TS_EINVAL without a bin or
+ * an item, or the error with its message set.
+ */
+static ts__req *store_req(ts_client_t *c, int kind, uint8_t op, const char *bin,
+                          const ts_value_t *item, unsigned flags, int *rc)
+{
+    if (bin == NULL || item == NULL) {
+        *rc = TS_EINVAL;
+        return NULL;
+    }
+    ts__req *r = req_new(c, kind, op, bin, NULL, rc);
+    if (r == NULL)
+        return NULL;
+    *rc = attach_record(c, r, item, flags);
+    if (*rc != 0) {
+        ts__req_free(r);
+        *rc = ts__fail(*rc, "the item cannot be encoded: %s", ts_strerror(*rc));
+        return NULL;
+    }
+    return r;
+}
+
 static int store_op(ts_client_t *c, uint8_t op, const char *bin, const ts_value_t *item,
                     uint64_t *version)
 {
@@ -301,17 +325,10 @@ static int store_op(ts_client_t *c, uint8_t op, const char *bin, const ts_value_
     int rc = check_call(c, 1);
     if (rc != 0)
         return rc;
-    if (bin == NULL || item == NULL)
-        return TS_EINVAL;
-    ts__req *r = req_new(c, TS__K_BLOCK, op, bin, NULL, &rc);
+    /* The call waits, so the tensors are sent straight from the caller's memory. */
+    ts__req *r = store_req(c, TS__K_BLOCK, op, bin, item, TS_BORROW, &rc);
     if (r == NULL)
         return rc;
-    /* The call waits, so the tensors are sent straight from the caller's memory. */
-    rc = attach_record(c, r, item, TS_BORROW);
-    if (rc != 0) {
-        ts__req_free(r);
-        return ts__fail(rc, "the item cannot be encoded: %s", ts_strerror(rc));
-    }
     ts__req *done;
     rc = run_blocking(c, r, &done);
     if (rc == 0) {
@@ -483,26 +500,26 @@ int ts_stats(ts_client_t *c, ts_value_t **out)
     return rc;
 }
 
-int ts_ping(ts_client_t *c)
+/* PING or SAVE (op): a request without a bin or results, sent to every shard of a cluster. */
+static int server_op(ts_client_t *c, uint8_t op)
 {
     if (c != NULL && c->cl != NULL)
-        return ts__cluster_each(c, TS_OP_PING);
+        return ts__cluster_each(c, op);
     ts__req *done;
-    int rc = simple_blocking(c, 1, TS_OP_PING, NULL, NULL, &done);
+    int rc = simple_blocking(c, 1, op, NULL, NULL, &done);
     if (rc == 0)
         ts__req_free(done);
     return rc;
 }
 
+int ts_ping(ts_client_t *c)
+{
+    return server_op(c, TS_OP_PING);
+}
+
 int ts_save(ts_client_t *c)
 {
-    if (c != NULL && c->cl != NULL)
-        return ts__cluster_each(c, TS_OP_SAVE);
-    ts__req *done;
-    int rc = simple_blocking(c, 1, TS_OP_SAVE, NULL, NULL, &done);
-    if (rc == 0)
-        ts__req_free(done);
-    return rc;
+    return server_op(c, TS_OP_SAVE);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -516,16 +533,9 @@ static int store_async(ts_client_t *c, uint8_t op, const char *bin, const ts_val
     int rc = check_call(c, 0);
     if (rc != 0)
         return rc;
-    if (bin == NULL || item == NULL)
-        return TS_EINVAL;
-    ts__req *r = req_new(c, TS__K_ASYNC, op, bin, NULL, &rc);
+    ts__req *r = store_req(c, TS__K_ASYNC, op, bin, item, flags, &rc);
     if (r == NULL)
         return rc;
-    rc = attach_record(c, r, item, flags);
-    if (rc != 0) {
-        ts__req_free(r);
-        return ts__fail(rc, "the item cannot be encoded: %s", ts_strerror(rc));
-    }
     return run_async(c, r, cb, arg);
 }
 
@@ -556,20 +566,24 @@ static int simple_async(ts_client_t *c, uint8_t op, const char *bin, const ts__m
     return run_async(c, r, cb, arg);
 }
 
-int ts_get_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_cb cb, void *arg)
+/* GET or PEEK (op), as fetch_op but completed by cb. */
+static int fetch_async(ts_client_t *c, uint8_t op, const char *bin, size_t max_items,
+                       ts_result_cb cb, void *arg)
 {
     if (bin == NULL)
         return TS_EINVAL;
     ts__msg_name_req args = max_items_args(max_items);
-    return simple_async(c, TS_OP_GET, bin, &args, cb, arg);
+    return simple_async(c, op, bin, &args, cb, arg);
+}
+
+int ts_get_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_cb cb, void *arg)
+{
+    return fetch_async(c, TS_OP_GET, bin, max_items, cb, arg);
 }
 
 int ts_peek_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_cb cb, void *arg)
 {
-    if (bin == NULL)
-        return TS_EINVAL;
-    ts__msg_name_req args = max_items_args(max_items);
-    return simple_async(c, TS_OP_PEEK, bin, &args, cb, arg);
+    return fetch_async(c, TS_OP_PEEK, bin, max_items, cb, arg);
 }
 
 int ts_delete_async(ts_client_t *c, const char *bin, ts_result_cb cb, void *arg)
