@@ -32,16 +32,6 @@ struct ts_table_sample_s {
     ts_items_t *items; /* the records, and the heads after them (internal.h) */
 };
 
-/* A blocking request whose body (len bytes) is in body: copied into the request. */
-static ts__req *flat_req(ts_client_t *c, uint8_t op, const uint8_t *body, size_t len,
-                         uint32_t wait_ms, int *rc)
-{
-    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, op, len, NULL, NULL, wait_ms, rc);
-    if (r != NULL)
-        memcpy(r->flat, body, len);
-    return r;
-}
-
 static void state_out(const ts__msg_table_state *m, ts_table_state_t *st)
 {
     if (st == NULL)
@@ -93,13 +83,13 @@ int ts_table_create(ts_client_t *c, const char *name, const ts_table_config_t *c
     /* The server checks every value (INVALID); only what cannot travel is refused here. */
     if ((unsigned)cfg->sampler > 255u || (unsigned)cfg->remover > 255u)
         return ts__fail(TS_EINVAL, "unknown sampler or remover");
-    uint8_t body[1 + TS_MAX_NAME_LEN + TS_MSG_TABLE_CREATE_FIXED];
-    size_t len;
-    if ((rc = ts__msg_table_create_req_encode(body, sizeof(body), &m, &len)) != 0)
-        return ts__fail(rc, NULL);
-    ts__req *r = flat_req(c, TS_OP_TABLE_CREATE, body, len, 0, &rc);
+    size_t len = ts__msg_table_create_req_size(m.name_len), n;
+    ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, TS_OP_TABLE_CREATE, len, NULL, NULL, 0, &rc);
+    if (r == NULL)
+        return rc;
+    (void)ts__msg_table_create_req_encode(r->flat, len, &m, &n); /* the name was checked */
     ts__req *done;
-    if (r == NULL || (rc = ts__api_run_blocking(c, r, &done)) != 0)
+    if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
         return rc;
     state_out(&done->stream.table, st);
     ts__req_free(done);
@@ -156,13 +146,14 @@ int ts_table_sample(ts_client_t *c, const char *name, size_t n, int timeout_ms,
     if (out == NULL)
         return ts__fail(TS_EINVAL, "no output");
     m.n = (uint32_t)n;
-    uint8_t body[1 + TS_MAX_NAME_LEN + TS_MSG_TABLE_SAMPLE_FIXED];
-    size_t len;
-    if ((rc = ts__msg_table_sample_req_encode(body, sizeof(body), &m, &len)) != 0)
-        return ts__fail(rc, NULL);
-    ts__req *r = flat_req(c, TS_OP_TABLE_SAMPLE, body, len, m.timeout_ms, &rc);
+    size_t len = ts__msg_table_sample_req_size(m.name_len), blen;
+    ts__req *r =
+        ts__api_flat_req(c, TS__K_BLOCK, TS_OP_TABLE_SAMPLE, len, NULL, NULL, m.timeout_ms, &rc);
+    if (r == NULL)
+        return rc;
+    (void)ts__msg_table_sample_req_encode(r->flat, len, &m, &blen);
     ts__req *done;
-    if (r == NULL || (rc = ts__api_run_blocking(c, r, &done)) != 0)
+    if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
         return rc;
     ts_table_sample_t *s = ts__calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -250,16 +241,16 @@ static int keys_call(ts_client_t *c, uint8_t op, const char *name, size_t n, con
     size_t off = 0;
     do {
         size_t k = n - off < TS_TABLE_MAX_KEYS ? n - off : TS_TABLE_MAX_KEYS;
-        uint8_t body[1 + TS_MAX_NAME_LEN + TS_MSG_TABLE_KEYS_FIXED + TS_TABLE_MAX_KEYS * 16];
-        size_t blen;
-        rc = ts__msg_table_keys_req_encode(body, sizeof(body), (const uint8_t *)name, len,
-                                           (uint32_t)k, keys + off,
-                                           priorities != NULL ? priorities + off : NULL, &blen);
-        if (rc != 0)
-            return ts__fail(rc, NULL);
-        ts__req *r = flat_req(c, op, body, blen, 0, &rc);
+        size_t blen = ts__msg_table_keys_req_size(len, (uint32_t)k, priorities != NULL), wrote;
+        ts__req *r = ts__api_flat_req(c, TS__K_BLOCK, op, blen, NULL, NULL, 0, &rc);
+        if (r == NULL)
+            return rc;
+        /* The name was checked and k is at most TS_TABLE_MAX_KEYS: room is exact. */
+        (void)ts__msg_table_keys_req_encode(r->flat, blen, (const uint8_t *)name, len, (uint32_t)k,
+                                            keys + off,
+                                            priorities != NULL ? priorities + off : NULL, &wrote);
         ts__req *done;
-        if (r == NULL || (rc = ts__api_run_blocking(c, r, &done)) != 0)
+        if ((rc = ts__api_run_blocking(c, r, &done)) != 0)
             return rc;
         uint32_t d = sum.done, s = sum.skipped;
         state_out(&done->stream.table, &sum);
