@@ -360,14 +360,23 @@ static void w_piece(snap_writer *w, uint64_t *acc, const uint8_t *p, size_t n)
     *acc = chain(*acc, h);
 }
 
+/*
+ * The start of every named header: name_len, then the name (none when name_len is 0, and the
+ * pointer may then be NULL). Returns where the header's fields go.
+ */
+static uint8_t *put_name(uint8_t *p, const uint8_t *name, uint8_t name_len)
+{
+    *p++ = name_len;
+    if (name_len > 0)
+        memcpy(p, name, name_len);
+    return p + name_len;
+}
+
 /* One group: its header, then each member's header and pending table. */
 static void write_group(snap_writer *w, uint64_t *acc, const tsd_snapfile_group *g)
 {
     uint8_t b[SNAP_GROUP_FIXED + UINT8_MAX];
-    uint8_t *p = b;
-    *p++ = g->name_len;
-    memcpy(p, g->name, g->name_len);
-    p += g->name_len;
+    uint8_t *p = put_name(b, g->name, g->name_len);
     ts__put_u64le(p, g->next_id);
     ts__put_u64le(p + 8, g->lost);
     ts__put_u32le(p + 16, g->lease_ms);
@@ -375,11 +384,7 @@ static void write_group(snap_writer *w, uint64_t *acc, const tsd_snapfile_group 
     w_piece(w, acc, b, SNAP_GROUP_FIXED + (size_t)g->name_len);
     for (uint32_t k = 0; k < g->n_members; k++) {
         const tsd_snapfile_member *m = &g->members[k];
-        p = b;
-        *p++ = m->name_len;
-        if (m->name_len > 0)
-            memcpy(p, m->name, m->name_len);
-        p += m->name_len;
+        p = put_name(b, m->name, m->name_len);
         ts__put_u32le(p, m->n_pend);
         ts__put_u32le(p + 4, 0);
         w_piece(w, acc, b, SNAP_MEMBER_FIXED + (size_t)m->name_len);
@@ -392,10 +397,7 @@ static void write_stream(snap_writer *w, uint64_t *acc, const tsd_snapfile_strea
                          tsd_snapfile_item_fn item, void *arg)
 {
     uint8_t b[SNAP_STREAM_FIXED + UINT8_MAX];
-    uint8_t *p = b;
-    *p++ = st->name_len;
-    memcpy(p, st->name, st->name_len);
-    p += st->name_len;
+    uint8_t *p = put_name(b, st->name, st->name_len);
     ts__put_u64le(p, st->max_entries);
     ts__put_u64le(p + 8, st->max_bytes);
     ts__put_u32le(p + 16, st->max_age_ms);
@@ -455,10 +457,7 @@ static void write_table(snap_writer *w, uint64_t *acc, const tsd_snapfile_table 
                         tsd_snapfile_item_fn item, void *arg)
 {
     uint8_t hb[1 + UINT8_MAX + SNAP_TABLE_FIXED];
-    uint8_t *p = hb;
-    *p++ = t->name_len;
-    memcpy(p, t->name, t->name_len);
-    p += t->name_len;
+    uint8_t *p = put_name(hb, t->name, t->name_len);
     ts__put_u64le(p, t->capacity);
     ts__put_u64le(p + 8, t->min_size);
     put_f64(p + 16, t->spi);
@@ -487,11 +486,7 @@ static void write_table(snap_writer *w, uint64_t *acc, const tsd_snapfile_table 
 static void write_param(snap_writer *w, uint64_t *acc, const tsd_snapfile_param *q)
 {
     uint8_t hb[1 + UINT8_MAX + SNAP_PARAM_FIXED];
-    uint8_t *p = hb;
-    *p++ = q->name_len;
-    if (q->name_len > 0)
-        memcpy(p, q->name, q->name_len);
-    p += q->name_len;
+    uint8_t *p = put_name(hb, q->name, q->name_len);
     p[0] = q->opt;
     p[1] = q->mode;
     p[2] = q->flags;
@@ -517,11 +512,7 @@ static void write_param(snap_writer *w, uint64_t *acc, const tsd_snapfile_param 
 static void write_emb(snap_writer *w, uint64_t *acc, const tsd_snapfile_emb *t)
 {
     uint8_t hb[1 + UINT8_MAX + SNAP_EMB_FIXED];
-    uint8_t *p = hb;
-    *p++ = t->name_len;
-    if (t->name_len > 0)
-        memcpy(p, t->name, t->name_len);
-    p += t->name_len;
+    uint8_t *p = put_name(hb, t->name, t->name_len);
     ts__put_u32le(p, t->dim);
     p[4] = t->opt;
     p[5] = t->init;
@@ -607,11 +598,7 @@ int tsd_snapfile_write_ps(int fd, const tsd_snapfile_head *head, const tsd_snapf
             bh = nb;
             bh_cap = need;
         }
-        uint8_t *p = bh;
-        *p++ = sb->name_len;
-        if (sb->name_len > 0)
-            memcpy(p, sb->name, sb->name_len);
-        p += sb->name_len;
+        uint8_t *p = put_name(bh, sb->name, sb->name_len);
         ts__put_u64le(p, sb->version);
         ts__put_u32le(p + 8, sb->n_items);
         ts__put_u32le(p + 12, sb->flags);
@@ -622,18 +609,12 @@ int tsd_snapfile_write_ps(int fd, const tsd_snapfile_head *head, const tsd_snapf
             item(arg, sb->first + i, &data, &len);
             ts__put_u64le(p, len);
         }
-        h = tsd_hash64(bh, need, 0);
-        w_put(&w, bh, need);
-        w_u64(&w, h);
-        acc = chain(acc, h);
+        w_piece(&w, &acc, bh, need);
         for (uint32_t i = 0; i < sb->n_items; i++) {
             const uint8_t *data;
             size_t len;
             item(arg, sb->first + i, &data, &len);
-            h = tsd_hash64(data, len, 0);
-            w_put(&w, data, len);
-            w_u64(&w, h);
-            acc = chain(acc, h);
+            w_piece(&w, &acc, data, len);
         }
     }
     ts__free(bh);
