@@ -958,6 +958,28 @@ static int read_hashed(snap_reader *r, snap_count *c, uint8_t *p, size_t n, cons
     return 0;
 }
 
+/*
+ * Read a header that starts with its name: name_len, the name, then rest bytes of fields, into
+ * fx (room for 1 + 255 + rest), with the hash of all of it; check the hash and fold it in.
+ * Returns the name's length, or -1.
+ */
+static int read_named(snap_reader *r, snap_count *c, uint8_t *fx, size_t rest, const char *what)
+{
+    if (r_read(r, fx, 1, what) != 0)
+        return -1;
+    size_t nl = fx[0];
+    if (r_read(r, fx + 1, nl + rest, what) != 0)
+        return -1;
+    uint8_t hash[8];
+    if (r_read(r, hash, 8, what) != 0)
+        return -1;
+    uint64_t h = tsd_hash64(fx, 1 + nl + rest, 0);
+    if (h != ts__get_u64le(hash))
+        return bad(r, "checksum mismatch in %s", what);
+    c->acc = chain(c->acc, h);
+    return (int)nl;
+}
+
 static int u64_cmp(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -972,18 +994,10 @@ static int read_member(snap_reader *r, snap_count *c, const snap_in_stream *in, 
     uint8_t mh[SNAP_MEMBER_FIXED + UINT8_MAX];
     snprintf(what, sizeof(what), "the header of member %u of group '%s' of stream '%s'", k, gpn,
              in->pn);
-    if (r_read(r, mh, 1, what) != 0)
+    int got = read_named(r, c, mh, SNAP_MEMBER_FIXED - 1, what);
+    if (got < 0)
         return -1;
-    size_t nl = mh[0];
-    if (r_read(r, mh + 1, nl + 8, what) != 0)
-        return -1;
-    uint8_t hash[8];
-    if (r_read(r, hash, 8, what) != 0)
-        return -1;
-    uint64_t h = tsd_hash64(mh, SNAP_MEMBER_FIXED + nl, 0);
-    if (h != ts__get_u64le(hash))
-        return bad(r, "checksum mismatch in %s", what);
-    c->acc = chain(c->acc, h);
+    size_t nl = (size_t)got;
     uint32_t n_pend = ts__get_u32le(mh + 1 + nl);
     if (ts__get_u32le(mh + 1 + nl + 4) != 0)
         return bad(r, "member %u of group '%s' of stream '%s': a reserved field is not 0", k, gpn,
@@ -1041,18 +1055,10 @@ static int read_group(snap_reader *r, snap_count *c, const snap_in_stream *in, u
     char what[SNAP_NAME_MSG + 64];
     uint8_t fx[SNAP_GROUP_FIXED + UINT8_MAX];
     snprintf(what, sizeof(what), "the header of group %u of stream '%s'", gi, in->pn);
-    if (r_read(r, fx, 1, what) != 0)
+    int got = read_named(r, c, fx, SNAP_GROUP_FIXED - 1, what);
+    if (got < 0)
         return -1;
-    size_t nl = fx[0];
-    if (r_read(r, fx + 1, nl + 24, what) != 0)
-        return -1;
-    uint8_t hash[8];
-    if (r_read(r, hash, 8, what) != 0)
-        return -1;
-    uint64_t h = tsd_hash64(fx, SNAP_GROUP_FIXED + nl, 0);
-    if (h != ts__get_u64le(hash))
-        return bad(r, "checksum mismatch in %s", what);
-    c->acc = chain(c->acc, h);
+    size_t nl = (size_t)got;
     if (nl == 0)
         return bad(r, "group %u of stream '%s' has an empty name", gi, in->pn);
     const uint8_t *name = fx + 1;
@@ -1154,18 +1160,10 @@ static int read_stream(snap_reader *r, snap_count *c, uint64_t index)
     char what[SNAP_NAME_MSG + 64];
     uint8_t fx[SNAP_STREAM_FIXED + UINT8_MAX];
     snprintf(what, sizeof(what), "the header of stream %llu", (unsigned long long)index);
-    if (r_read(r, fx, 1, what) != 0)
+    int got = read_named(r, c, fx, SNAP_STREAM_FIXED - 1, what);
+    if (got < 0)
         return -1;
-    size_t nl = fx[0];
-    if (r_read(r, fx + 1, nl + 48, what) != 0)
-        return -1;
-    uint8_t hash[8];
-    if (r_read(r, hash, 8, what) != 0)
-        return -1;
-    uint64_t h = tsd_hash64(fx, SNAP_STREAM_FIXED + nl, 0);
-    if (h != ts__get_u64le(hash))
-        return bad(r, "checksum mismatch in %s", what);
-    c->acc = chain(c->acc, h);
+    size_t nl = (size_t)got;
     if (nl == 0)
         return bad(r, "stream %llu has an empty name", (unsigned long long)index);
     const uint8_t *q = fx + 1 + nl;
@@ -1339,18 +1337,10 @@ static int read_table(snap_reader *r, snap_count *c, uint64_t index)
     char what[SNAP_NAME_MSG + 64];
     uint8_t fx[1 + UINT8_MAX + SNAP_TABLE_FIXED];
     snprintf(what, sizeof(what), "the header of replay table %llu", (unsigned long long)index);
-    if (r_read(r, fx, 1, what) != 0)
+    int got = read_named(r, c, fx, SNAP_TABLE_FIXED, what);
+    if (got < 0)
         return -1;
-    size_t nl = fx[0];
-    if (r_read(r, fx + 1, nl + SNAP_TABLE_FIXED, what) != 0)
-        return -1;
-    uint8_t hash[8];
-    if (r_read(r, hash, 8, what) != 0)
-        return -1;
-    uint64_t h = tsd_hash64(fx, 1 + nl + SNAP_TABLE_FIXED, 0);
-    if (h != ts__get_u64le(hash))
-        return bad(r, "checksum mismatch in %s", what);
-    c->acc = chain(c->acc, h);
+    size_t nl = (size_t)got;
     if (nl == 0)
         return bad(r, "replay table %llu has an empty name", (unsigned long long)index);
     const uint8_t *q = fx + 1 + nl;
@@ -1502,18 +1492,10 @@ static int read_param(snap_reader *r, snap_count *c, uint64_t index)
     char what[SNAP_NAME_MSG + 64];
     uint8_t fx[1 + UINT8_MAX + SNAP_PARAM_FIXED];
     snprintf(what, sizeof(what), "the header of parameter %llu", (unsigned long long)index);
-    if (r_read(r, fx, 1, what) != 0)
+    int got = read_named(r, c, fx, SNAP_PARAM_FIXED, what);
+    if (got < 0)
         return -1;
-    size_t nl = fx[0];
-    if (r_read(r, fx + 1, nl + SNAP_PARAM_FIXED, what) != 0)
-        return -1;
-    uint8_t hash[8];
-    if (r_read(r, hash, 8, what) != 0)
-        return -1;
-    uint64_t h = tsd_hash64(fx, 1 + nl + SNAP_PARAM_FIXED, 0);
-    if (h != ts__get_u64le(hash))
-        return bad(r, "checksum mismatch in %s", what);
-    c->acc = chain(c->acc, h);
+    size_t nl = (size_t)got;
     const uint8_t *q = fx + 1 + nl;
     tsd_snapfile_param p = {.name = fx + 1,
                             .name_len = (uint8_t)nl,
@@ -1594,18 +1576,10 @@ static int read_emb(snap_reader *r, snap_count *c, uint64_t index)
     char what[SNAP_NAME_MSG + 64];
     uint8_t fx[1 + UINT8_MAX + SNAP_EMB_FIXED];
     snprintf(what, sizeof(what), "the header of embedding table %llu", (unsigned long long)index);
-    if (r_read(r, fx, 1, what) != 0)
+    int got = read_named(r, c, fx, SNAP_EMB_FIXED, what);
+    if (got < 0)
         return -1;
-    size_t nl = fx[0];
-    if (r_read(r, fx + 1, nl + SNAP_EMB_FIXED, what) != 0)
-        return -1;
-    uint8_t hash[8];
-    if (r_read(r, hash, 8, what) != 0)
-        return -1;
-    uint64_t h = tsd_hash64(fx, 1 + nl + SNAP_EMB_FIXED, 0);
-    if (h != ts__get_u64le(hash))
-        return bad(r, "checksum mismatch in %s", what);
-    c->acc = chain(c->acc, h);
+    size_t nl = (size_t)got;
     const uint8_t *q = fx + 1 + nl;
     tsd_snapfile_emb t = {.name = fx + 1,
                           .name_len = (uint8_t)nl,
