@@ -1,11 +1,12 @@
 /*
- * heap.h - the sift steps of an index-tracking binary min-heap, shared by the stream and table
- * code (internal to tensord).
+ * heap.h - the sift steps of an index-tracking binary min-heap, shared by the deadline heap of
+ * waits and the table code (internal to tensord).
  *
- * The stream waits, the table waits and the lowest-priority table remover each keep an array of
- * pointers ordered as a binary min-heap whose elements remember their own slot (so that one can
- * be removed from the middle). Only the order and the slot bookkeeping differ between them, so
- * the sift loops live here once and each user supplies three small callbacks. Loop thread only.
+ * The waits' deadline heap (deadline.c, one for streams and one for tables) and the
+ * lowest-priority table remover each keep an array of pointers ordered as a binary min-heap
+ * whose elements remember their own slot (so that one can be removed from the middle). Only the
+ * order and the slot bookkeeping differ between them, so the sift loops live here once and each
+ * user supplies three small callbacks. Loop thread only.
  */
 #ifndef TSD_HEAP_H
 #define TSD_HEAP_H

@@ -10,7 +10,8 @@
  *   rows.c    tensor bins and row access (TENSOR_BIN, READ_ROWS, GATHER_ROWS, WRITE_ROWS)
  *   stream.c  streams: logs with server-kept cursors, retention, back-pressure (stream.h)
  *   table.c   replay tables: samplers, removers, a rate limiter that waits (table.h)
- *   heap.h    the sift steps of the index-tracking min-heaps that stream.c and table.c keep
+ *   heap.h    the sift steps of the index-tracking min-heaps of deadline.c and table.c
+ *   deadline.c  the deadline heap and timer of the waits stream.c and table.c park (deadline.h)
  *   ps.c      the parameter server: optimizer steps off the loop, embedding tables (ps.h)
  *   service.c services: calls forwarded to registered connections, answers routed back
  *   store.c   bins, items, the name hash table, memory accounting, point-in-time passes

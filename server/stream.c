@@ -25,7 +25,6 @@
  * last_seen is refreshed when that read is answered.
  */
 #include "stream.h"
-#include "heap.h"
 
 #include "msg.h"
 #include "record.h"
@@ -57,13 +56,11 @@ typedef struct handed {
 
 /* A pending STREAM_READ, STREAM_RANGE or STREAM_CREDIT. */
 struct tsd_swait {
+    tsd_deadline dl; /* first: the deadline heap points here */
     tsd_stream *st;
     tsd_conn *c;
     uint32_t rid;
     uint8_t op;
-    uint64_t deadline; /* uv_now ms */
-    uint64_t seq;      /* arrival order: equal deadlines time out in this order */
-    size_t heap_idx;
     tsd_swait *sprev, *snext; /* in the stream */
     tsd_swait *cprev, *cnext; /* in the connection */
     uint64_t after_id;        /* RANGE */
@@ -840,47 +837,6 @@ static void reply_backpressure(tsd_conn *c, uint8_t op, uint32_t rid, const tsd_
  * Waits: the deadline heap and its timer
  */
 
-static int heap_before(const void *a, const void *b)
-{
-    const tsd_swait *x = a, *y = b;
-    return x->deadline < y->deadline || (x->deadline == y->deadline && x->seq < y->seq);
-}
-
-static void *heap_get(void *h, size_t i)
-{
-    return ((tsd_streams *)h)->heap[i];
-}
-
-static void heap_set(void *h, size_t i, void *x)
-{
-    tsd_swait *w = x;
-    ((tsd_streams *)h)->heap[i] = w;
-    w->heap_idx = i;
-}
-
-static const tsd_heap_ops wait_heap = {heap_get, heap_set, heap_before};
-
-static void heap_up(tsd_streams *s, size_t i)
-{
-    tsd_heap_up(s, i, &wait_heap);
-}
-
-static void heap_down(tsd_streams *s, size_t i)
-{
-    tsd_heap_down(s, i, s->heap_n, &wait_heap);
-}
-
-static void heap_remove(tsd_streams *s, tsd_swait *w)
-{
-    size_t i = w->heap_idx;
-    tsd_swait *last = s->heap[--s->heap_n];
-    if (i < s->heap_n) {
-        heap_set(s, i, last);
-        heap_up(s, i);
-        heap_down(s, last->heap_idx);
-    }
-}
-
 static void handle_free(uv_handle_t *h)
 {
     ts__free(h);
@@ -891,22 +847,7 @@ static void on_wait_timer(uv_timer_t *t);
 /* Arm the timer for the earliest deadline, or close it when no wait is left. */
 static void timer_rearm(tsd_server *srv)
 {
-    tsd_streams *s = sx(srv);
-    if (s->heap_n == 0) {
-        if (s->timer != NULL) {
-            uv_timer_stop(s->timer);
-            uv_close((uv_handle_t *)s->timer, handle_free);
-            s->timer = NULL;
-        }
-        ts__free(s->heap);
-        s->heap = NULL;
-        s->heap_cap = 0;
-        return;
-    }
-    if (s->timer == NULL)
-        return; /* made by wait_add before any wait is linked */
-    uint64_t now = now_ms(srv), due = s->heap[0]->deadline;
-    uv_timer_start(s->timer, on_wait_timer, due > now ? due - now : 0, 0);
+    tsd_deadlines_rearm(&sx(srv)->deadlines, now_ms(srv), on_wait_timer);
 }
 
 /* Unlink and free a wait (no answer here). The caller rearms the timer. */
@@ -935,7 +876,7 @@ static void wait_drop(tsd_server *srv, tsd_swait *w)
         member_touch(w->g, w->m, now_ms(srv));
     }
     w->c->n_watch--;
-    heap_remove(s, w);
+    tsd_deadlines_remove(&s->deadlines, &w->dl);
     s->n_waits--;
     ts__free(w);
     tsd_store_unreserve(&srv->store, SWAIT_COST);
@@ -998,21 +939,8 @@ static int wait_add(tsd_conn *c, tsd_stream *st, uint8_t op, uint32_t rid, uint3
         srv->stats.oom_rejections++;
         return TS_EOOM;
     }
-    if (s->timer == NULL) {
-        s->timer = ts__malloc(sizeof(*s->timer));
-        if (s->timer == NULL)
-            goto nomem;
-        uv_timer_init(srv->loop, s->timer);
-        s->timer->data = srv;
-    }
-    if (s->heap_n == s->heap_cap) {
-        size_t cap = s->heap_cap != 0 ? s->heap_cap * 2 : 16;
-        tsd_swait **arr = ts__realloc(s->heap, cap * sizeof(*arr));
-        if (arr == NULL)
-            goto nomem;
-        s->heap = arr;
-        s->heap_cap = cap;
-    }
+    if (tsd_deadlines_reserve(&s->deadlines, srv->loop, srv) != 0)
+        goto nomem;
     tsd_swait *w = ts__calloc(1, sizeof(*w));
     if (w == NULL)
         goto nomem;
@@ -1023,8 +951,6 @@ static int wait_add(tsd_conn *c, tsd_stream *st, uint8_t op, uint32_t rid, uint3
     w->c = c;
     w->rid = rid;
     w->op = op;
-    w->deadline = now_ms(srv) + timeout_ms;
-    w->seq = s->seq++;
     /* Oldest first: the waiting readers of a work queue are served in their order of arrival. */
     w->sprev = st->waits_tail;
     if (st->waits_tail != NULL)
@@ -1038,15 +964,13 @@ static int wait_add(tsd_conn *c, tsd_stream *st, uint8_t op, uint32_t rid, uint3
     c->swaits = w;
     c->n_watch++;
     s->n_waits++;
-    s->heap[s->heap_n++] = w;
-    heap_up(s, s->heap_n - 1);
-    if (s->heap[0] == w)
+    if (tsd_deadlines_push(&s->deadlines, &w->dl, now_ms(srv) + timeout_ms))
         timer_rearm(srv);
     *out = w;
     return 0;
 nomem:
     tsd_store_unreserve(&srv->store, SWAIT_COST);
-    if (s->heap_n == 0)
+    if (s->deadlines.n == 0)
         timer_rearm(srv);
     return TS_ENOMEM;
 }
@@ -1276,9 +1200,9 @@ static void on_wait_timer(uv_timer_t *t)
     tsd_server *srv = t->data;
     tsd_streams *s = sx(srv);
     uint64_t now = now_ms(srv);
-    for (uint32_t k = 0; k < TSD_WAKE_BUDGET && s->heap_n > 0; k++) {
-        tsd_swait *w = s->heap[0];
-        if (w->deadline > now)
+    for (uint32_t k = 0; k < TSD_WAKE_BUDGET && s->deadlines.n > 0; k++) {
+        tsd_swait *w = (tsd_swait *)tsd_deadlines_first(&s->deadlines);
+        if (w->dl.deadline > now)
             break;
         tsd_stream *st = w->st;
         if (w->op == TS_OP_STREAM_CREDIT) {
@@ -2117,11 +2041,7 @@ void tsd_streams_stop(tsd_server *srv)
     if (s == NULL)
         return;
     (void)tsd_stream_each(srv, close_timers, NULL);
-    if (s->timer != NULL) {
-        uv_timer_stop(s->timer);
-        uv_close((uv_handle_t *)s->timer, handle_free);
-        s->timer = NULL;
-    }
+    tsd_deadlines_stop(&s->deadlines);
 }
 
 static int free_one(tsd_stream *st, void *arg)
@@ -2142,11 +2062,7 @@ void tsd_streams_free(tsd_server *srv)
         return;
     (void)tsd_stream_each(srv, free_one, srv);
     tsd_htab_free(&s->table);
-    if (s->timer != NULL) {
-        uv_close((uv_handle_t *)s->timer, handle_free);
-        s->timer = NULL;
-    }
-    ts__free(s->heap);
+    tsd_deadlines_free(&s->deadlines);
     ts__free(s);
     srv->streams = NULL;
 }

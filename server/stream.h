@@ -22,6 +22,7 @@
 
 #include <stdint.h>
 
+#include "deadline.h"
 #include "server.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -120,10 +121,7 @@ typedef struct tsd_stream {
 typedef struct tsd_streams {
     tsd_htab table; /* tsd_stream by name */
     /* Pending waits by deadline: a binary min-heap and one timer (allocated while needed). */
-    tsd_swait **heap;
-    size_t heap_n, heap_cap;
-    uint64_t seq;
-    uv_timer_t *timer;
+    tsd_deadlines deadlines;
     /* Counters for STATS (the rest is computed when asked). */
     uint64_t entries;      /* entries kept, all streams */
     uint64_t bytes;        /* record bytes kept, all streams */

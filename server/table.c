@@ -27,6 +27,7 @@
  * closes. Requests that arrive while others of their kind wait queue behind them.
  */
 #include "table.h"
+#include "deadline.h"
 #include "heap.h"
 #include "snapfile.h"
 #include "stream.h"
@@ -86,12 +87,11 @@ struct tsd_table {
 };
 
 struct tsd_twait {
+    tsd_deadline dl; /* first: the deadline heap points here */
     tsd_table *t;
     tsd_conn *c;
     uint32_t rid;
     uint8_t op;
-    uint64_t deadline, seq;
-    size_t heap_idx;
     tsd_twait *prev, *next;   /* in its table's queue */
     tsd_twait *cprev, *cnext; /* in its connection */
     tsd_item *it;             /* INSERT: the record (reference and held reservation) */
@@ -104,10 +104,8 @@ struct tsd_twait {
 
 typedef struct tsd_tables {
     tsd_htab table;
-    tsd_twait **heap;
-    size_t heap_n, heap_cap;
-    uint64_t seq, rng, n_waits;
-    uv_timer_t *timer;
+    tsd_deadlines deadlines;
+    uint64_t rng, n_waits;
 } tsd_tables;
 
 /* One draw of a SAMPLE reply (the record referenced until the reply is queued). */
@@ -549,61 +547,11 @@ static void reply_oom(tsd_conn *c, uint8_t op, uint32_t rid, int rc, const char 
  * Waits: the deadline heap and its timer
  */
 
-static int wbefore(const void *a, const void *b)
-{
-    const tsd_twait *x = a, *y = b;
-    return x->deadline < y->deadline || (x->deadline == y->deadline && x->seq < y->seq);
-}
-
-static void *wget(void *h, size_t i)
-{
-    return ((tsd_tables *)h)->heap[i];
-}
-
-static void wset(void *h, size_t i, void *x)
-{
-    tsd_twait *w = x;
-    ((tsd_tables *)h)->heap[i] = w;
-    w->heap_idx = i;
-}
-
-static const tsd_heap_ops wait_heap = {wget, wset, wbefore};
-
-static void wup(tsd_tables *s, size_t i)
-{
-    tsd_heap_up(s, i, &wait_heap);
-}
-
-static void wdown(tsd_tables *s, size_t i)
-{
-    tsd_heap_down(s, i, s->heap_n, &wait_heap);
-}
-
-static void handle_free(uv_handle_t *h)
-{
-    ts__free(h);
-}
-
 static void on_timer(uv_timer_t *timer);
 
 static void timer_rearm(tsd_server *srv)
 {
-    tsd_tables *s = tx(srv);
-    if (s->heap_n == 0) {
-        if (s->timer != NULL) {
-            uv_timer_stop(s->timer);
-            uv_close((uv_handle_t *)s->timer, handle_free);
-            s->timer = NULL;
-        }
-        ts__free(s->heap);
-        s->heap = NULL;
-        s->heap_cap = 0;
-        return;
-    }
-    if (s->timer == NULL)
-        return;
-    uint64_t now = now_ms(srv), due = s->heap[0]->deadline;
-    uv_timer_start(s->timer, on_timer, due > now ? due - now : 0, 0);
+    tsd_deadlines_rearm(&tx(srv)->deadlines, now_ms(srv), on_timer);
 }
 
 /* Unlink and free w (no answer here); an insert's record is released. The caller rearms. */
@@ -635,13 +583,7 @@ static void wait_drop(tsd_server *srv, tsd_twait *w)
     if (w->it != NULL)
         tsd_store_item_drop(&srv->store, w->it, 1);
     w->c->n_watch--;
-    size_t i = w->heap_idx;
-    tsd_twait *last = s->heap[--s->heap_n];
-    if (i < s->heap_n) {
-        wset(s, i, last);
-        wup(s, i);
-        wdown(s, last->heap_idx);
-    }
+    tsd_deadlines_remove(&s->deadlines, &w->dl);
     s->n_waits--;
     ts__free(w);
     tsd_store_unreserve(&srv->store, TWAIT_COST);
@@ -660,21 +602,8 @@ static int wait_add(tsd_conn *c, tsd_table *t, uint8_t op, uint32_t rid, uint32_
         srv->stats.oom_rejections++;
         return TS_EOOM;
     }
-    if (s->timer == NULL) {
-        s->timer = ts__malloc(sizeof(*s->timer));
-        if (s->timer == NULL)
-            goto nomem;
-        uv_timer_init(srv->loop, s->timer);
-        s->timer->data = srv;
-    }
-    if (s->heap_n == s->heap_cap) {
-        size_t cap = s->heap_cap != 0 ? s->heap_cap * 2 : 16;
-        tsd_twait **arr = ts__realloc(s->heap, cap * sizeof(*arr));
-        if (arr == NULL)
-            goto nomem;
-        s->heap = arr;
-        s->heap_cap = cap;
-    }
+    if (tsd_deadlines_reserve(&s->deadlines, srv->loop, srv) != 0)
+        goto nomem;
     tsd_twait *w = ts__calloc(1, sizeof(*w));
     if (w == NULL)
         goto nomem;
@@ -685,8 +614,6 @@ static int wait_add(tsd_conn *c, tsd_table *t, uint8_t op, uint32_t rid, uint32_
     w->c = c;
     w->rid = rid;
     w->op = op;
-    w->deadline = now_ms(srv) + timeout_ms;
-    w->seq = s->seq++;
     int ins = op == TS_OP_TABLE_INSERT;
     tsd_twait **head = ins ? &t->ins_head : &t->smp_head;
     tsd_twait **tail = ins ? &t->ins_tail : &t->smp_tail;
@@ -706,15 +633,13 @@ static int wait_add(tsd_conn *c, tsd_table *t, uint8_t op, uint32_t rid, uint32_
     c->twaits = w;
     c->n_watch++;
     s->n_waits++;
-    s->heap[s->heap_n++] = w;
-    wup(s, s->heap_n - 1);
-    if (s->heap[0] == w)
+    if (tsd_deadlines_push(&s->deadlines, &w->dl, now_ms(srv) + timeout_ms))
         timer_rearm(srv);
     *out = w;
     return 0;
 nomem:
     tsd_store_unreserve(&srv->store, TWAIT_COST);
-    if (s->heap_n == 0)
+    if (s->deadlines.n == 0)
         timer_rearm(srv);
     return TS_ENOMEM;
 }
@@ -800,8 +725,8 @@ static void on_timer(uv_timer_t *timer)
     tsd_server *srv = timer->data;
     tsd_tables *s = tx(srv);
     uint64_t now = now_ms(srv);
-    while (s->heap_n > 0 && s->heap[0]->deadline <= now) {
-        tsd_twait *w = s->heap[0];
+    while (s->deadlines.n > 0 && tsd_deadlines_first(&s->deadlines)->deadline <= now) {
+        tsd_twait *w = (tsd_twait *)tsd_deadlines_first(&s->deadlines);
         char pn[TNAME_CAP];
         printable(w->t->node.name, w->t->node.name_len, pn);
         tsd_reply_err(w->c, w->op, w->rid, TS_ST_TIMEOUT,
@@ -973,11 +898,9 @@ void tsd_table_stats_get(tsd_server *srv, tsd_table_stats *out)
 void tsd_tables_stop(tsd_server *srv)
 {
     tsd_tables *s = tx(srv);
-    if (s == NULL || s->timer == NULL)
+    if (s == NULL)
         return;
-    uv_timer_stop(s->timer);
-    uv_close((uv_handle_t *)s->timer, handle_free);
-    s->timer = NULL;
+    tsd_deadlines_stop(&s->deadlines);
 }
 
 static int free_one(tsd_table *t, void *arg)
@@ -997,11 +920,7 @@ void tsd_tables_free(tsd_server *srv)
         return;
     (void)tsd_table_each(srv, free_one, srv);
     tsd_htab_free(&s->table);
-    if (s->timer != NULL) {
-        uv_close((uv_handle_t *)s->timer, handle_free);
-        s->timer = NULL;
-    }
-    ts__free(s->heap);
+    tsd_deadlines_free(&s->deadlines);
     ts__free(s);
     srv->tables = NULL;
 }
