@@ -593,6 +593,27 @@ void tsd_reply_state(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uin
     tsd_reply(c, op, rid, status, body, len);
 }
 
+void tsd_reply_oom(tsd_conn *c, uint8_t op, uint32_t rid, int rc, const char *what)
+{
+    if (rc == TS_EOOM) {
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "memory limit reached (--max-memory) %s",
+                      what);
+    } else {
+        c->srv->stats.out_of_memory++;
+        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory %s", what);
+    }
+}
+
+void tsd_reply_wait_error(tsd_conn *c, uint8_t op, uint32_t rid, int rc)
+{
+    if (rc == TS_ETOOMANY)
+        tsd_reply_err(c, op, rid, TS_ST_INVALID,
+                      "too many subscriptions and pending waits on this connection "
+                      "(--max-watch)");
+    else
+        tsd_reply_oom(c, op, rid, rc, "waiting");
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Flushing and closing
  */

@@ -1112,6 +1112,16 @@ void tsd_reply_err(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, const
 void tsd_reply_state(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t version,
                      uint32_t n_items);
 /*
+ * OUT_OF_MEMORY for a request that did not get its memory: rc TS_EOOM is --max-memory, anything
+ * else tensord's own allocation failing (counted in stats.out_of_memory). what ends the message.
+ */
+void tsd_reply_oom(tsd_conn *c, uint8_t op, uint32_t rid, int rc, const char *what);
+/*
+ * The answer to a stream or table request that could not wait: rc TS_ETOOMANY (--max-watch) is
+ * INVALID, the rest as tsd_reply_oom (... "waiting").
+ */
+void tsd_reply_wait_error(tsd_conn *c, uint8_t op, uint32_t rid, int rc);
+/*
  * A protocol error: queue an error reply (status, message), stop reading, close after the reply
  * is written. Counts in stats.
  */

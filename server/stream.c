@@ -806,17 +806,6 @@ static void reply_not_stream(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_
     reply_msg_status(c, op, rid, TS_ST_INVALID, "bin '%s' is not a stream", name, len);
 }
 
-static void reply_oom(tsd_conn *c, uint8_t op, uint32_t rid, int rc, const char *what)
-{
-    if (rc == TS_EOOM) {
-        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "memory limit reached (--max-memory) %s",
-                      what);
-    } else {
-        c->srv->stats.out_of_memory++;
-        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory %s", what);
-    }
-}
-
 static void reply_backpressure(tsd_conn *c, uint8_t op, uint32_t rid, const tsd_stream *st)
 {
     const tsd_stream_group *g = NULL;
@@ -973,16 +962,6 @@ nomem:
     if (s->deadlines.n == 0)
         timer_rearm(srv);
     return TS_ENOMEM;
-}
-
-static void reply_wait_error(tsd_conn *c, uint8_t op, uint32_t rid, int rc)
-{
-    if (rc == TS_ETOOMANY)
-        tsd_reply_err(c, op, rid, TS_ST_INVALID,
-                      "too many subscriptions and pending waits on this connection "
-                      "(--max-watch)");
-    else
-        reply_oom(c, op, rid, rc, "waiting");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1361,7 +1340,7 @@ static void op_create(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
     if (st == NULL) {
         int rc = stream_new(srv, name, len, cfg, 1, &st);
         if (rc != 0) {
-            reply_oom(c, h->opcode, h->request_id, rc, "creating a stream");
+            tsd_reply_oom(c, h->opcode, h->request_id, rc, "creating a stream");
             return;
         }
     } else {
@@ -1384,7 +1363,7 @@ static void append_entry(tsd_conn *c, const ts__hdr *h, tsd_stream *st, tsd_item
             tsd_store_unreserve(&srv->store, tsd_item_len(it));
             tsd_item_unref(it);
         }
-        reply_oom(c, h->opcode, h->request_id, rc, "appending to a stream");
+        tsd_reply_oom(c, h->opcode, h->request_id, rc, "appending to a stream");
         return;
     }
     uint64_t now = now_ms(srv);
@@ -1449,7 +1428,7 @@ static void op_credit(tsd_conn *c, const ts__hdr *h, tsd_stream *st, uint32_t ti
     tsd_swait *w;
     int rc = wait_add(c, st, h->opcode, h->request_id, timeout_ms, &w);
     if (rc != 0) {
-        reply_wait_error(c, h->opcode, h->request_id, rc);
+        tsd_reply_wait_error(c, h->opcode, h->request_id, rc);
         return;
     }
     lease_rearm(c->srv, st);
@@ -1484,7 +1463,7 @@ static void op_join(tsd_conn *c, const ts__hdr *h, tsd_stream *st, const uint8_t
         int rc = group_new(srv, st, gname, glen, start == 0 ? st->first_id : st->last_id + 1,
                            lease_ms != 0 ? lease_ms : st->cfg.lease_ms, &g);
         if (rc != 0) {
-            reply_oom(c, op, rid, rc, "adding a group");
+            tsd_reply_oom(c, op, rid, rc, "adding a group");
             return;
         }
         made_group = 1;
@@ -1501,7 +1480,7 @@ static void op_join(tsd_conn *c, const ts__hdr *h, tsd_stream *st, const uint8_t
                 tsd_reply_err(c, op, rid, TS_ST_INVALID, "the group has %u members already (limit)",
                               TS_STREAM_MAX_MEMBERS);
             else
-                reply_oom(c, op, rid, rc, "adding a member");
+                tsd_reply_oom(c, op, rid, rc, "adding a member");
             return;
         }
     }
@@ -1599,14 +1578,14 @@ static void op_read(tsd_conn *c, const ts__hdr *h, tsd_stream *st, const uint8_t
     if (c->out_blocked) {
         /* No reply can go out any more (the connection is on its way out). */
     } else if (n < 0) {
-        reply_oom(c, op, rid, n, "handing out entries");
+        tsd_reply_oom(c, op, rid, n, "handing out entries");
     } else if (n > 0 || timeout_ms == 0) {
         reply_entries(c, op, rid, st, g->lost, (uint32_t)n);
     } else {
         tsd_swait *w;
         int rc = wait_add(c, st, op, rid, timeout_ms, &w);
         if (rc != 0) {
-            reply_wait_error(c, op, rid, rc);
+            tsd_reply_wait_error(c, op, rid, rc);
         } else {
             w->g = g;
             w->m = m;
@@ -1721,7 +1700,7 @@ static void op_range(tsd_conn *c, const ts__hdr *h, tsd_stream *st, uint64_t aft
     tsd_swait *w;
     int rc = wait_add(c, st, op, rid, timeout_ms, &w);
     if (rc != 0) {
-        reply_wait_error(c, op, rid, rc);
+        tsd_reply_wait_error(c, op, rid, rc);
         return;
     }
     w->after_id = after_id;

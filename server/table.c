@@ -532,17 +532,6 @@ static void reply_no_table(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_t 
         tsd_reply_err(c, op, rid, TS_ST_NOT_FOUND, "no such replay table: '%s'", pn);
 }
 
-static void reply_oom(tsd_conn *c, uint8_t op, uint32_t rid, int rc, const char *what)
-{
-    if (rc == TS_EOOM) {
-        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "memory limit reached (--max-memory) %s",
-                      what);
-    } else {
-        c->srv->stats.out_of_memory++;
-        tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory %s", what);
-    }
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Waits: the deadline heap and its timer
  */
@@ -644,16 +633,6 @@ nomem:
     return TS_ENOMEM;
 }
 
-static void reply_wait_error(tsd_conn *c, uint8_t op, uint32_t rid, int rc)
-{
-    if (rc == TS_ETOOMANY)
-        tsd_reply_err(c, op, rid, TS_ST_INVALID,
-                      "too many subscriptions and pending waits on this connection "
-                      "(--max-watch)");
-    else
-        reply_oom(c, op, rid, rc, "waiting");
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Inserting and serving the queues
  */
@@ -703,7 +682,7 @@ static void serve(tsd_table *t)
                 w->it = NULL; /* the table's now */
                 reply_state(w->c, w->op, w->rid, t, key, 1, 0);
             } else {
-                reply_oom(w->c, w->op, w->rid, rc, "inserting into a replay table");
+                tsd_reply_oom(w->c, w->op, w->rid, rc, "inserting into a replay table");
             }
             wait_drop(srv, w);
             moved = any = 1;
@@ -1028,7 +1007,7 @@ static void op_create(tsd_conn *c, const ts__hdr *h, const ts__msg_table_create_
     int rc = table_new(srv, q->name, q->name_len, q->capacity, q->min_size_to_sample, spi, eb,
                        q->priority_exponent, q->max_times_sampled, q->remover, q->sampler, &t);
     if (rc != 0) {
-        reply_oom(c, op, rid, rc, "creating a replay table");
+        tsd_reply_oom(c, op, rid, rc, "creating a replay table");
         return;
     }
     (void)tsd_server_next_version(srv);
@@ -1075,7 +1054,7 @@ void tsd_table_insert(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
         int rc = insert_now(t, item, f.priority, &key);
         if (rc != 0) {
             tsd_store_item_drop(&srv->store, item, 0);
-            reply_oom(c, op, rid, rc, "inserting into a replay table");
+            tsd_reply_oom(c, op, rid, rc, "inserting into a replay table");
             return;
         }
         reply_state(c, op, rid, t, key, 1, 0);
@@ -1092,7 +1071,7 @@ void tsd_table_insert(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t
     int rc = wait_add(c, t, op, rid, f.timeout_ms, &w);
     if (rc != 0) {
         tsd_store_item_drop(&srv->store, item, 0);
-        reply_wait_error(c, op, rid, rc);
+        tsd_reply_wait_error(c, op, rid, rc);
         return;
     }
     w->it = item;
@@ -1168,7 +1147,7 @@ static void op_sample(tsd_conn *c, const ts__hdr *h, tsd_table *t, uint32_t n, u
     tsd_twait *w;
     int rc = wait_add(c, t, h->opcode, h->request_id, timeout_ms, &w);
     if (rc != 0) {
-        reply_wait_error(c, h->opcode, h->request_id, rc);
+        tsd_reply_wait_error(c, h->opcode, h->request_id, rc);
         return;
     }
     w->n = n;
