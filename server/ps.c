@@ -1967,25 +1967,40 @@ void tsd_ps_snapshot_free(tsd_ps_snap *snap)
  * Loading a snapshot (ps.h), before the loop runs
  */
 
+/*
+ * The first steps of loading a parameter (embs 0) or an embedding table (embs 1) named name: the
+ * parameter server's state, a check that no other one of its kind has the name, and a zeroed
+ * block of size bytes with room for the name after them. The block, or NULL with the message in
+ * err.
+ */
+static void *restore_block(tsd_server *srv, const char *path, int embs, const uint8_t *name,
+                           uint8_t name_len, size_t size, char *err, size_t err_cap)
+{
+    const char *kind = embs ? "embedding table" : "parameter";
+    char pn[PS_NAME_CAP];
+    tsd_name_printable(name, name_len, pn, sizeof(pn));
+    tsd_ps *ps = ps_state(srv);
+    if (ps == NULL) {
+        snprintf(err, err_cap, "snapshot %s: out of memory loading %s '%s'", path, kind, pn);
+        return NULL;
+    }
+    if (tsd_htab_find(embs ? &ps->embs : &ps->params, name, name_len) != NULL) {
+        snprintf(err, err_cap, "snapshot %s is damaged: %s '%s' appears twice", path, kind, pn);
+        return NULL;
+    }
+    void *b = ts__calloc(1, size + name_len);
+    if (b == NULL)
+        snprintf(err, err_cap, "snapshot %s: out of memory loading %s '%s'", path, kind, pn);
+    return b;
+}
+
 int tsd_ps_restore_param(tsd_server *srv, const char *path, const tsd_snapfile_param *q, char *err,
                          size_t err_cap)
 {
-    char pn[PS_NAME_CAP];
-    tsd_name_printable(q->name, q->name_len, pn, sizeof(pn));
-    tsd_ps *ps = ps_state(srv);
-    if (ps == NULL) {
-        snprintf(err, err_cap, "snapshot %s: out of memory loading parameter '%s'", path, pn);
+    ps_param *p = restore_block(srv, path, 0, q->name, q->name_len, sizeof(*p), err, err_cap);
+    if (p == NULL)
         return -1;
-    }
-    if (param_find(srv, q->name, q->name_len) != NULL) {
-        snprintf(err, err_cap, "snapshot %s is damaged: parameter '%s' appears twice", path, pn);
-        return -1;
-    }
-    ps_param *p = ts__calloc(1, sizeof(*p) + q->name_len);
-    if (p == NULL) {
-        snprintf(err, err_cap, "snapshot %s: out of memory loading parameter '%s'", path, pn);
-        return -1;
-    }
+    tsd_ps *ps = srv->ps;
     p->srv = srv;
     node_name_set(&p->node, (uint8_t *)(p + 1), q->name, q->name_len);
     p->opt = q->opt;
@@ -2017,23 +2032,10 @@ int tsd_ps_restore_param(tsd_server *srv, const char *path, const tsd_snapfile_p
 int tsd_ps_restore_emb(tsd_server *srv, const char *path, const tsd_snapfile_emb *q, char *err,
                        size_t err_cap)
 {
-    char pn[PS_NAME_CAP];
-    tsd_name_printable(q->name, q->name_len, pn, sizeof(pn));
-    tsd_ps *ps = ps_state(srv);
-    if (ps == NULL) {
-        snprintf(err, err_cap, "snapshot %s: out of memory loading embedding table '%s'", path, pn);
+    ps_emb *t = restore_block(srv, path, 1, q->name, q->name_len, sizeof(*t), err, err_cap);
+    if (t == NULL)
         return -1;
-    }
-    if (emb_find(srv, q->name, q->name_len) != NULL) {
-        snprintf(err, err_cap, "snapshot %s is damaged: embedding table '%s' appears twice", path,
-                 pn);
-        return -1;
-    }
-    ps_emb *t = ts__calloc(1, sizeof(*t) + q->name_len);
-    if (t == NULL) {
-        snprintf(err, err_cap, "snapshot %s: out of memory loading embedding table '%s'", path, pn);
-        return -1;
-    }
+    tsd_ps *ps = srv->ps;
     t->srv = srv;
     node_name_set(&t->node, (uint8_t *)(t + 1), q->name, q->name_len);
     t->dim = q->dim;
