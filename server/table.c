@@ -331,6 +331,26 @@ static uint64_t titem_cost(void)
     return tsd_heap_block(sizeof(titem));
 }
 
+/*
+ * A zeroed item, with room made for it in t (grow) and its cost charged. 0 with *out, or
+ * TS_EOOM/TS_ENOMEM (its cost is not charged then).
+ */
+static int item_new(tsd_server *srv, tsd_table *t, titem **out)
+{
+    int rc = grow(srv, t);
+    if (rc == 0)
+        rc = tsd_store_charge(srv, &t->cost, titem_cost());
+    if (rc != 0)
+        return rc;
+    titem *x = ts__calloc(1, sizeof(*x));
+    if (x == NULL) {
+        tsd_store_uncharge(srv, &t->cost, titem_cost());
+        return TS_ENOMEM;
+    }
+    *out = x;
+    return 0;
+}
+
 /* Remove x (a delete for the rate limiter) and free it; orphan as tsd_store_item_drop's. */
 static void item_unlink(tsd_server *srv, tsd_table *t, titem *x, int orphan)
 {
@@ -646,16 +666,10 @@ static int insert_now(tsd_table *t, tsd_item *it, double priority, uint64_t *key
     tsd_server *srv = t->srv;
     if (t->n >= t->cfg.capacity)
         item_unlink(srv, t, remover_pick(t), 1);
-    int rc = grow(srv, t);
-    if (rc == 0)
-        rc = tsd_store_charge(srv, &t->cost, titem_cost());
+    titem *x;
+    int rc = item_new(srv, t, &x);
     if (rc != 0)
         return rc;
-    titem *x = ts__calloc(1, sizeof(*x));
-    if (x == NULL) {
-        tsd_store_uncharge(srv, &t->cost, titem_cost());
-        return TS_ENOMEM;
-    }
     x->key = t->next_key++;
     x->priority = priority;
     x->it = it;
@@ -1372,16 +1386,10 @@ int tsd_table_restore_item(tsd_server *srv, tsd_table *t, uint64_t key, double p
     if (!priority_ok(&t->cfg, priority) || t->n >= t->cfg.capacity || key >= t->next_key ||
         (t->newest != NULL && key <= t->newest->key))
         return TS_EINVAL;
-    int rc = grow(srv, t);
-    if (rc == 0)
-        rc = tsd_store_charge(srv, &t->cost, titem_cost());
+    titem *x;
+    int rc = item_new(srv, t, &x);
     if (rc != 0)
         return rc;
-    titem *x = ts__calloc(1, sizeof(*x));
-    if (x == NULL) {
-        tsd_store_uncharge(srv, &t->cost, titem_cost());
-        return TS_ENOMEM;
-    }
     tsd_store_item_take(&srv->store, it);
     x->key = key;
     x->priority = priority;
