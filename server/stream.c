@@ -383,33 +383,66 @@ static void group_free(tsd_server *srv, tsd_stream *st, tsd_stream_group *g)
     ts__free(g);
 }
 
+/*
+ * The full array arr of *cap pointers (the groups, or a group's members) grown for one more: to
+ * first, then doubling, at most max, the growth charged to st. The array, perhaps moved, with
+ * *cap raised; or NULL with *rc TS_EOOM or TS_ENOMEM, and arr and *cap as they were.
+ */
+static void *ptrs_grow(tsd_server *srv, tsd_stream *st, void *arr, uint32_t *cap, uint32_t first,
+                       uint32_t max, int *rc)
+{
+    uint32_t n = *cap != 0 ? *cap * 2 : first;
+    if (n > max)
+        n = max;
+    uint64_t delta = (uint64_t)(n - *cap) * sizeof(void *);
+    if (tsd_store_charge(srv, &st->cost, delta) != 0) {
+        *rc = TS_EOOM;
+        return NULL;
+    }
+    void *grown = ts__realloc(arr, n * sizeof(void *));
+    if (grown == NULL) {
+        tsd_store_uncharge(srv, &st->cost, delta);
+        *rc = TS_ENOMEM;
+        return NULL;
+    }
+    *cap = n;
+    return grown;
+}
+
+/*
+ * A zeroed block of size bytes (a group or a member, its name after it), its heap block charged
+ * to st. NULL with *rc TS_EOOM or TS_ENOMEM.
+ */
+static void *named_calloc(tsd_server *srv, tsd_stream *st, size_t size, int *rc)
+{
+    uint64_t cost = tsd_heap_block(size);
+    if (tsd_store_charge(srv, &st->cost, cost) != 0) {
+        *rc = TS_EOOM;
+        return NULL;
+    }
+    void *b = ts__calloc(1, size);
+    if (b == NULL) {
+        tsd_store_uncharge(srv, &st->cost, cost);
+        *rc = TS_ENOMEM;
+    }
+    return b;
+}
+
 /* A new group of st (not yet linked). TS_EOOM, TS_ENOMEM. */
 static int group_new(tsd_server *srv, tsd_stream *st, const uint8_t *name, size_t len,
                      uint64_t next_id, uint32_t lease_ms, tsd_stream_group **out)
 {
+    int rc = 0;
     if (st->n_groups == st->groups_cap) {
-        uint32_t cap = st->groups_cap != 0 ? st->groups_cap * 2 : 4;
-        if (cap > TS_STREAM_MAX_GROUPS)
-            cap = TS_STREAM_MAX_GROUPS;
-        uint64_t delta = (uint64_t)(cap - st->groups_cap) * sizeof(*st->groups);
-        if (tsd_store_charge(srv, &st->cost, delta) != 0)
-            return TS_EOOM;
-        tsd_stream_group **arr = ts__realloc(st->groups, cap * sizeof(*arr));
-        if (arr == NULL) {
-            tsd_store_uncharge(srv, &st->cost, delta);
-            return TS_ENOMEM;
-        }
+        tsd_stream_group **arr =
+            ptrs_grow(srv, st, st->groups, &st->groups_cap, 4, TS_STREAM_MAX_GROUPS, &rc);
+        if (arr == NULL)
+            return rc;
         st->groups = arr;
-        st->groups_cap = cap;
     }
-    uint64_t cost = tsd_heap_block(sizeof(tsd_stream_group) + len);
-    if (tsd_store_charge(srv, &st->cost, cost) != 0)
-        return TS_EOOM;
-    tsd_stream_group *g = ts__calloc(1, sizeof(*g) + len);
-    if (g == NULL) {
-        tsd_store_uncharge(srv, &st->cost, cost);
-        return TS_ENOMEM;
-    }
+    tsd_stream_group *g = named_calloc(srv, st, sizeof(*g) + len, &rc);
+    if (g == NULL)
+        return rc;
     g->name = (uint8_t *)(g + 1);
     memcpy(g->name, name, len);
     g->name_len = (uint8_t)len;
@@ -425,29 +458,17 @@ static int group_new(tsd_server *srv, tsd_stream *st, const uint8_t *name, size_
 static int member_new(tsd_server *srv, tsd_stream *st, tsd_stream_group *g, const uint8_t *name,
                       size_t len, uint64_t now, tsd_stream_member **out)
 {
+    int rc = 0;
     if (g->n_members == g->members_cap) {
-        uint32_t cap = g->members_cap != 0 ? g->members_cap * 2 : 2;
-        if (cap > TS_STREAM_MAX_MEMBERS)
-            cap = TS_STREAM_MAX_MEMBERS;
-        uint64_t delta = (uint64_t)(cap - g->members_cap) * sizeof(*g->members);
-        if (tsd_store_charge(srv, &st->cost, delta) != 0)
-            return TS_EOOM;
-        tsd_stream_member **arr = ts__realloc(g->members, cap * sizeof(*arr));
-        if (arr == NULL) {
-            tsd_store_uncharge(srv, &st->cost, delta);
-            return TS_ENOMEM;
-        }
+        tsd_stream_member **arr =
+            ptrs_grow(srv, st, g->members, &g->members_cap, 2, TS_STREAM_MAX_MEMBERS, &rc);
+        if (arr == NULL)
+            return rc;
         g->members = arr;
-        g->members_cap = cap;
     }
-    uint64_t cost = tsd_heap_block(sizeof(tsd_stream_member) + len);
-    if (tsd_store_charge(srv, &st->cost, cost) != 0)
-        return TS_EOOM;
-    tsd_stream_member *m = ts__calloc(1, sizeof(*m) + len);
-    if (m == NULL) {
-        tsd_store_uncharge(srv, &st->cost, cost);
-        return TS_ENOMEM;
-    }
+    tsd_stream_member *m = named_calloc(srv, st, sizeof(*m) + len, &rc);
+    if (m == NULL)
+        return rc;
     m->name = (uint8_t *)(m + 1);
     memcpy(m->name, name, len);
     m->name_len = (uint8_t)len;
