@@ -391,25 +391,6 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
  * Start and stop
  */
 
-/* Write port to path atomically (a temporary file beside it, then rename). 0 or -1. */
-static int write_port_file(const char *path, int port)
-{
-    char tmp[4096];
-    int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
-    if (n < 0 || (size_t)n >= sizeof(tmp))
-        return -1;
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL)
-        return -1;
-    int ok = fprintf(f, "%d\n", port) > 0;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        (void)unlink(tmp);
-        return -1;
-    }
-    return 0;
-}
-
 /* A listening TCP socket on host:port; the bound port in *bound. fd, or a negative code. */
 static int listen_on(const char *host, int port, int *bound)
 {
@@ -483,7 +464,7 @@ int tsd_http_start(tsd_server *srv)
         rc = uv_timer_start(&h->sweep, on_sweep, TSD_HTTP_SWEEP_MS, TSD_HTTP_SWEEP_MS);
     if (rc != 0)
         return rc;
-    if (cfg->http_port_file != NULL && write_port_file(cfg->http_port_file, h->port) != 0) {
+    if (cfg->http_port_file != NULL && tsd_write_port_file(cfg->http_port_file, h->port) != 0) {
         tsd_log(TSD_LOG_ERROR, "cannot write --http-port-file %s", cfg->http_port_file);
         return UV_EIO;
     }

@@ -348,8 +348,7 @@ static void on_save_timer(uv_timer_t *t)
     tsd_snapshot_tick(t->data);
 }
 
-/* Write the bound port to path atomically (temporary file + rename). 0 or -1. */
-static int write_port_file(const char *path, int port)
+int tsd_write_port_file(const char *path, int port)
 {
     char tmp[4096];
     int n = snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
@@ -728,7 +727,7 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
         if (rc != 0)
             return rc;
     }
-    if (cfg->port_file != NULL && write_port_file(cfg->port_file, srv->bound_port) != 0) {
+    if (cfg->port_file != NULL && tsd_write_port_file(cfg->port_file, srv->bound_port) != 0) {
         tsd_log(TSD_LOG_ERROR, "cannot write --port-file %s", cfg->port_file);
         return UV_EIO;
     }

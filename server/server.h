@@ -1581,5 +1581,10 @@ void tsd_server_fd_blocked(tsd_server *srv, tsd_conn *c);
 void tsd_server_fd_unblock(tsd_server *srv, tsd_conn *c);
 /* Free the store once (shutdown; after the final snapshot has its references). */
 void tsd_server_free_store(tsd_server *srv);
+/*
+ * Write port to path atomically (a temporary file beside it, then rename), for --port-file and
+ * --http-port-file. 0 or -1.
+ */
+int tsd_write_port_file(const char *path, int port);
 
 #endif /* TSD_SERVER_H */
