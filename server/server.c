@@ -348,6 +348,24 @@ static void on_save_timer(uv_timer_t *t)
     tsd_snapshot_tick(t->data);
 }
 
+int tsd_flag_string(const char *flag, const char *val, int argc, char **argv, int *i,
+                    const char **dst)
+{
+    if (val == NULL) {
+        if (*i + 1 >= argc) {
+            fprintf(stderr, "tensord: %s needs a value (see --help)\n", flag);
+            return -1;
+        }
+        val = argv[++*i];
+    }
+    if (val[0] == '\0') {
+        fprintf(stderr, "tensord: bad value for %s: ''\n", flag);
+        return -1;
+    }
+    *dst = val;
+    return 1;
+}
+
 int tsd_write_port_file(const char *path, int port)
 {
     char tmp[4096];

@@ -1010,6 +1010,14 @@ void tsd_conn_cron(tsd_conn *c, uint64_t now);
 void tsd_conn_resume_read(tsd_conn *c);
 
 /*
+ * The value of a flag that takes a string that must not be empty (server.c): val when the flag
+ * came as --flag=val, else the next argument (*i moves past it). 1 with *dst set, or -1 after
+ * printing why (no value, or an empty one).
+ */
+int tsd_flag_string(const char *flag, const char *val, int argc, char **argv, int *i,
+                    const char **dst);
+
+/*
  * Sharding (shard.c, docs/PROTOCOL.md section 14). tsd_shard_flag: parse --shard or
  * --cluster-map (1: taken, 0: not one, -1: bad, printed); tsd_shard_usage: their --help lines;
  * tsd_shard_setup: make cfg->shard_map from them (0, or -1 after printing why; no flags: no

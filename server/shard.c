@@ -51,19 +51,7 @@ int tsd_shard_flag(tsd_config *cfg, const char *flag, const char *val, int argc,
         dst = &cfg->cluster_map_path;
     else
         return 0;
-    if (val == NULL) {
-        if (*i + 1 >= argc) {
-            fprintf(stderr, "tensord: %s needs a value (see --help)\n", flag);
-            return -1;
-        }
-        val = argv[++*i];
-    }
-    if (val[0] == '\0') {
-        fprintf(stderr, "tensord: bad value for %s: ''\n", flag);
-        return -1;
-    }
-    *dst = val;
-    return 1;
+    return tsd_flag_string(flag, val, argc, argv, i, dst);
 }
 
 void tsd_shard_usage(FILE *f)

@@ -55,19 +55,7 @@ int tsd_tls_flag(tsd_config *cfg, const char *flag, const char *val, int argc, c
     (void)dst;
     return -1;
 #else
-    if (val == NULL) {
-        if (*i + 1 >= argc) {
-            fprintf(stderr, "tensord: %s needs a value (see --help)\n", flag);
-            return -1;
-        }
-        val = argv[++*i];
-    }
-    if (val[0] == '\0') {
-        fprintf(stderr, "tensord: bad value for %s: ''\n", flag);
-        return -1;
-    }
-    *dst = val;
-    return 1;
+    return tsd_flag_string(flag, val, argc, argv, i, dst);
 #endif
 }
 
