@@ -5,6 +5,7 @@
 #include "heap.h"
 
 #include "common.h"
+#include "server.h"
 
 /* Earlier deadline first; among equal deadlines, the one that arrived first. */
 static int before(const void *a, const void *b)
@@ -85,6 +86,43 @@ void tsd_deadlines_rearm(tsd_deadlines *q, uint64_t now, uv_timer_cb cb)
         return; /* made by tsd_deadlines_reserve before any wait is parked */
     uint64_t due = q->heap[0]->deadline;
     uv_timer_start(q->timer, cb, due > now ? due - now : 0, 0);
+}
+
+void *tsd_wait_new(tsd_deadlines *q, tsd_conn *c, size_t size, uint64_t cost, int *rc)
+{
+    tsd_server *srv = c->srv;
+    if (c->n_watch >= srv->cfg.max_watch) {
+        *rc = TS_ETOOMANY;
+        return NULL;
+    }
+    if (tsd_store_reserve(&srv->store, cost) != 0) {
+        srv->stats.oom_rejections++;
+        *rc = TS_EOOM;
+        return NULL;
+    }
+    void *w = NULL;
+    if (tsd_deadlines_reserve(q, srv->loop, srv) == 0)
+        w = ts__calloc(1, size);
+    if (w == NULL) {
+        tsd_store_unreserve(&srv->store, cost);
+        if (q->n == 0)
+            tsd_deadlines_rearm(q, 0, NULL); /* closes a timer made for nothing */
+        *rc = TS_ENOMEM;
+        return NULL;
+    }
+    srv->stats.watch_bytes += cost;
+    c->n_watch++;
+    return w;
+}
+
+void tsd_wait_free(tsd_deadlines *q, tsd_conn *c, tsd_deadline *d, uint64_t cost)
+{
+    tsd_server *srv = c->srv;
+    c->n_watch--;
+    tsd_deadlines_remove(q, d);
+    ts__free(d);
+    tsd_store_unreserve(&srv->store, cost);
+    srv->stats.watch_bytes -= cost;
 }
 
 void tsd_deadlines_stop(tsd_deadlines *q)

@@ -6,7 +6,8 @@
  * that the rate limiter holds back, each park until something answers them or their deadline
  * passes. Each of the two kinds keeps all its waits in one binary min-heap by deadline, with one
  * timer for the earliest; the heap and the timer exist only while a wait is parked, so an idle
- * server holds neither. Loop thread only.
+ * server holds neither. Every wait of either kind counts the same way against --max-watch and
+ * --max-memory, which tsd_wait_new and tsd_wait_free keep. Loop thread only.
  */
 #ifndef TSD_DEADLINE_H
 #define TSD_DEADLINE_H
@@ -15,6 +16,8 @@
 #include <stdint.h>
 
 #include <uv.h>
+
+#include "server.h"
 
 /*
  * A wait's place in its heap. It is the wait's first member, so that a pointer to it is a
@@ -61,6 +64,20 @@ static inline tsd_deadline *tsd_deadlines_first(const tsd_deadlines *q)
  * or, when no wait is parked, close the timer and give the heap's memory back.
  */
 void tsd_deadlines_rearm(tsd_deadlines *q, uint64_t now, uv_timer_cb cb);
+
+/*
+ * A new wait of size bytes, zeroed, for a request of c, with room made in q for its deadline:
+ * counted in c->n_watch against --max-watch, and as cost bytes against --max-memory and in STATS
+ * watch_bytes. The wait starts with its tsd_deadline; the caller links and pushes it. The wait,
+ * or NULL with *rc TS_ETOOMANY, TS_EOOM (counted in stats.oom_rejections) or TS_ENOMEM.
+ */
+void *tsd_wait_new(tsd_deadlines *q, tsd_conn *c, size_t size, uint64_t cost, int *rc);
+
+/*
+ * Undo tsd_wait_new for the wait that d starts, parked in q and unlinked by the caller: out of
+ * the heap, its counts and cost given back, freed. The caller rearms the timer.
+ */
+void tsd_wait_free(tsd_deadlines *q, tsd_conn *c, tsd_deadline *d, uint64_t cost);
 
 /* Shutdown: stop and close the timer, if any (the waits are answered by the caller). */
 void tsd_deadlines_stop(tsd_deadlines *q);

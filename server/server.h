@@ -11,7 +11,7 @@
  *   stream.c  streams: logs with server-kept cursors, retention, back-pressure (stream.h)
  *   table.c   replay tables: samplers, removers, a rate limiter that waits (table.h)
  *   heap.h    the sift steps of the index-tracking min-heaps of deadline.c and table.c
- *   deadline.c  the deadline heap and timer of the waits stream.c and table.c park (deadline.h)
+ *   deadline.c  the waits stream.c and table.c park: their limits, deadline heap and timer
  *   ps.c      the parameter server: optimizer steps off the loop, embedding tables (ps.h)
  *   service.c services: calls forwarded to registered connections, answers routed back
  *   store.c   bins, items, the name hash table, memory accounting, point-in-time passes

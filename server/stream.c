@@ -885,12 +885,8 @@ static void wait_drop(tsd_server *srv, tsd_swait *w)
         /* It was reading until now: its lease starts over from here. */
         member_touch(w->g, w->m, now_ms(srv));
     }
-    w->c->n_watch--;
-    tsd_deadlines_remove(&s->deadlines, &w->dl);
     s->n_waits--;
-    ts__free(w);
-    tsd_store_unreserve(&srv->store, SWAIT_COST);
-    srv->stats.watch_bytes -= SWAIT_COST;
+    tsd_wait_free(&s->deadlines, w->c, &w->dl, SWAIT_COST);
 }
 
 /*
@@ -943,18 +939,10 @@ static int wait_add(tsd_conn *c, tsd_stream *st, uint8_t op, uint32_t rid, uint3
 {
     tsd_server *srv = c->srv;
     tsd_streams *s = sx(srv);
-    if (c->n_watch >= srv->cfg.max_watch)
-        return TS_ETOOMANY;
-    if (tsd_store_reserve(&srv->store, SWAIT_COST) != 0) {
-        srv->stats.oom_rejections++;
-        return TS_EOOM;
-    }
-    if (tsd_deadlines_reserve(&s->deadlines, srv->loop, srv) != 0)
-        goto nomem;
-    tsd_swait *w = ts__calloc(1, sizeof(*w));
+    int rc = 0;
+    tsd_swait *w = tsd_wait_new(&s->deadlines, c, sizeof(*w), SWAIT_COST, &rc);
     if (w == NULL)
-        goto nomem;
-    srv->stats.watch_bytes += SWAIT_COST;
+        return rc;
     if (timeout_ms > TSD_MAX_WAIT_MS)
         timeout_ms = TSD_MAX_WAIT_MS;
     w->st = st;
@@ -972,17 +960,11 @@ static int wait_add(tsd_conn *c, tsd_stream *st, uint8_t op, uint32_t rid, uint3
     if (c->swaits != NULL)
         c->swaits->cprev = w;
     c->swaits = w;
-    c->n_watch++;
     s->n_waits++;
     if (tsd_deadlines_push(&s->deadlines, &w->dl, now_ms(srv) + timeout_ms))
         timer_rearm(srv);
     *out = w;
     return 0;
-nomem:
-    tsd_store_unreserve(&srv->store, SWAIT_COST);
-    if (s->deadlines.n == 0)
-        timer_rearm(srv);
-    return TS_ENOMEM;
 }
 
 /* ---------------------------------------------------------------------------------------------

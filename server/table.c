@@ -591,12 +591,8 @@ static void wait_drop(tsd_server *srv, tsd_twait *w)
         w->cnext->cprev = w->cprev;
     if (w->it != NULL)
         tsd_store_item_drop(&srv->store, w->it, 1);
-    w->c->n_watch--;
-    tsd_deadlines_remove(&s->deadlines, &w->dl);
     s->n_waits--;
-    ts__free(w);
-    tsd_store_unreserve(&srv->store, TWAIT_COST);
-    srv->stats.watch_bytes -= TWAIT_COST;
+    tsd_wait_free(&s->deadlines, w->c, &w->dl, TWAIT_COST);
 }
 
 /* Park a request. 0; TS_ETOOMANY (--max-watch); TS_EOOM; TS_ENOMEM. */
@@ -605,18 +601,10 @@ static int wait_add(tsd_conn *c, tsd_table *t, uint8_t op, uint32_t rid, uint32_
 {
     tsd_server *srv = c->srv;
     tsd_tables *s = tx(srv);
-    if (c->n_watch >= srv->cfg.max_watch)
-        return TS_ETOOMANY;
-    if (tsd_store_reserve(&srv->store, TWAIT_COST) != 0) {
-        srv->stats.oom_rejections++;
-        return TS_EOOM;
-    }
-    if (tsd_deadlines_reserve(&s->deadlines, srv->loop, srv) != 0)
-        goto nomem;
-    tsd_twait *w = ts__calloc(1, sizeof(*w));
+    int rc = 0;
+    tsd_twait *w = tsd_wait_new(&s->deadlines, c, sizeof(*w), TWAIT_COST, &rc);
     if (w == NULL)
-        goto nomem;
-    srv->stats.watch_bytes += TWAIT_COST;
+        return rc;
     if (timeout_ms > TSD_MAX_WAIT_MS)
         timeout_ms = TSD_MAX_WAIT_MS;
     w->t = t;
@@ -640,17 +628,11 @@ static int wait_add(tsd_conn *c, tsd_table *t, uint8_t op, uint32_t rid, uint32_
     if (c->twaits != NULL)
         c->twaits->cprev = w;
     c->twaits = w;
-    c->n_watch++;
     s->n_waits++;
     if (tsd_deadlines_push(&s->deadlines, &w->dl, now_ms(srv) + timeout_ms))
         timer_rearm(srv);
     *out = w;
     return 0;
-nomem:
-    tsd_store_unreserve(&srv->store, TWAIT_COST);
-    if (s->deadlines.n == 0)
-        timer_rearm(srv);
-    return TS_ENOMEM;
 }
 
 /* ---------------------------------------------------------------------------------------------
