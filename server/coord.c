@@ -354,51 +354,6 @@ static void reply_wait_status(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t st
         tsd_reply_err(c, op, rid, status, "memory limit reached (--max-memory) waiting");
 }
 
-/*
- * Answer a TAKE with up to max_items (0 = all) items of bin, removed: an ITEMS reply exactly as
- * GET's, then the GET notification. 0, or -1 when the connection takes no more output (nothing
- * changed).
- */
-static int take_reply(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_t *name, size_t nl,
-                      tsd_bin *bin, uint32_t max_items)
-{
-    tsd_server *srv = c->srv;
-    if (tsd_out_begin(c, op, rid) != 0)
-        return -1;
-    uint32_t n = bin->n_items;
-    if (max_items != 0 && max_items < n)
-        n = max_items;
-    uint64_t body_len = ts__items_head_size(n);
-    tsd_item *it = bin->head;
-    for (uint32_t i = 0; i < n; i++, it = it->next)
-        body_len += tsd_item_len(it) + ts__msg_items_pad(tsd_item_len(it));
-    uint32_t remaining = bin->n_items - n;
-    if (tsd_out_hdr(c, op, rid, TS_ST_OK, body_len) != 0)
-        return -1;
-    size_t head = (size_t)ts__items_head_size(n);
-    uint8_t *p = tsd_out_bytes(c, head);
-    if (p == NULL)
-        return -1;
-    size_t hlen;
-    (void)ts__msg_items_head_encode(p, head, srv->version + 1, n, remaining, NULL, &hlen);
-    it = bin->head;
-    for (uint32_t i = 0; i < n; i++, it = it->next)
-        ts__msg_items_set_len(p, i, tsd_item_len(it));
-    it = bin->head;
-    for (uint32_t i = 0; i < n && it != NULL; i++, it = it->next)
-        if (tsd_out_item(c, it, 1) != 0)
-            return -1;
-    uint64_t version = tsd_server_next_version(srv);
-    for (uint32_t i = 0; i < n; i++)
-        tsd_item_unref(tsd_store_pop(&srv->store, bin));
-    if (bin->n_items == 0)
-        tsd_store_remove(&srv->store, bin);
-    else
-        bin->version = version;
-    tsd_notify_change(srv, name, nl, version, remaining, TS_NOTE_GET);
-    return 0;
-}
-
 /* TAKE: the items now when the bin has some and nobody waits before us; else wait in line. */
 static void op_take(tsd_conn *c, const ts__hdr *h, const ts__msg_coord_req *q)
 {
@@ -423,7 +378,7 @@ static void op_take(tsd_conn *c, const ts__hdr *h, const ts__msg_coord_req *q)
     /* First come, first served: a TAKE never passes one that waits already. */
     int queued = queue_get(srv, &k->takes, q->name, q->name_len, 0) != NULL;
     if (bin != NULL && bin->n_items > 0 && !queued) {
-        (void)take_reply(c, h->opcode, h->request_id, q->name, q->name_len, bin, q->count);
+        (void)tsd_reply_items(c, h->opcode, h->request_id, q->name, q->name_len, bin, q->count, 1);
         return;
     }
     if (q->timeout_ms == 0) {
@@ -458,7 +413,7 @@ void tsd_coord_changed(tsd_server *srv, const uint8_t *name, size_t len)
         tsd_conn *c = w->c;
         uint32_t rid = w->rid, max_items = w->max_items;
         wait_drop(srv, w);
-        (void)take_reply(c, TS_OP_TAKE, rid, name, len, bin, max_items);
+        (void)tsd_reply_items(c, TS_OP_TAKE, rid, name, len, bin, max_items, 1);
     }
     k->serving = 0;
 }

@@ -178,23 +178,13 @@ static void op_hello(tsd_conn *c, const ts__hdr *h, const ts__msg_hello_req *m)
     tsd_reply(c, h->opcode, h->request_id, TS_ST_OK, body, len);
 }
 
-/* GET (remove = 1) and PEEK: the oldest max_items items of a bin as a TS_ITEMS reply. */
-static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl,
-                   uint32_t max_items, int remove)
+int tsd_reply_items(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_t *name, size_t nl,
+                    tsd_bin *bin, uint32_t max_items, int remove)
 {
     tsd_server *srv = c->srv;
-    tsd_bin *bin = tsd_store_find(&srv->store, name, nl);
-    if (bin == NULL) {
-        reply_not_found(c, h, "no such bin", name, nl);
-        return;
-    }
-    if (remove && tsd_bin_is_tensor(bin)) {
-        reply_tensor_bin(c, h, name, nl);
-        return;
-    }
     /* A connection that takes no more output changes nothing: the items would be lost. */
-    if (tsd_out_begin(c, h->opcode, h->request_id) != 0)
-        return;
+    if (tsd_out_begin(c, op, rid) != 0)
+        return -1;
     uint32_t n = bin->n_items;
     if (max_items != 0 && max_items < n)
         n = max_items;
@@ -205,12 +195,12 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
     uint64_t version = remove ? srv->version + 1 : bin->version;
     uint32_t remaining = bin->n_items - (remove ? n : 0);
 
-    if (tsd_out_hdr(c, h->opcode, h->request_id, TS_ST_OK, body_len) != 0)
-        return;
+    if (tsd_out_hdr(c, op, rid, TS_ST_OK, body_len) != 0)
+        return -1;
     size_t head = (size_t)ts__items_head_size(n);
     uint8_t *p = tsd_out_bytes(c, head);
     if (p == NULL)
-        return;
+        return -1;
     size_t hlen;
     (void)ts__msg_items_head_encode(p, head, version, n, remaining, NULL, &hlen);
     it = bin->head;
@@ -224,9 +214,9 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
     it = bin->head;
     for (uint32_t i = 0; i < n && it != NULL; i++, it = it->next)
         if (tsd_out_item(c, it, 1) != 0)
-            return;
+            return -1;
     if (!remove)
-        return;
+        return 0;
     version = tsd_server_next_version(srv);
     for (uint32_t i = 0; i < n; i++)
         tsd_item_unref(tsd_store_pop(&srv->store, bin));
@@ -235,6 +225,23 @@ static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl
     else
         bin->version = version;
     tsd_notify_change(srv, name, nl, version, remaining, TS_NOTE_GET);
+    return 0;
+}
+
+/* GET (remove = 1) and PEEK: the oldest max_items items of a bin as a TS_ITEMS reply. */
+static void op_get(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t nl,
+                   uint32_t max_items, int remove)
+{
+    tsd_bin *bin = tsd_store_find(&c->srv->store, name, nl);
+    if (bin == NULL) {
+        reply_not_found(c, h, "no such bin", name, nl);
+        return;
+    }
+    if (remove && tsd_bin_is_tensor(bin)) {
+        reply_tensor_bin(c, h, name, nl);
+        return;
+    }
+    (void)tsd_reply_items(c, h->opcode, h->request_id, name, nl, bin, max_items, remove);
 }
 
 void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t name_len,

@@ -1209,6 +1209,13 @@ void tsd_op_dispatch(tsd_conn *c, const ts__hdr *h, const uint8_t *body, size_t 
 void tsd_op_store(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t name_len,
                   tsd_item *item);
 /*
+ * Answer op/rid with the oldest max_items (0: all) items of bin (named name) as an ITEMS reply.
+ * With remove (GET, TAKE) they then leave the bin as one change, notified as a GET. 0, or -1
+ * when the connection takes no more output (nothing changed then).
+ */
+int tsd_reply_items(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_t *name, size_t nl,
+                    tsd_bin *bin, uint32_t max_items, int remove);
+/*
  * Check a HELLO token against the configured one, in time that depends only on the configured
  * token's length. 0 when acceptable (or no token is configured), TS_EAUTH otherwise.
  */
