@@ -439,10 +439,10 @@ void tsd_store_item_release(tsd_store *s, tsd_item *it)
 }
 
 /*
- * Unref every item of bin and free it (the bin must already be unlinked). count_orphans is 0 only
- * when the store itself goes: items still referenced then must not point at it.
+ * Unref every item of b and leave it empty. count_orphans is 0 only when the store itself goes:
+ * items still referenced then must not point at it.
  */
-static void bin_destroy(tsd_store *s, tsd_bin *b, int count_orphans)
+static void bin_empty(tsd_store *s, tsd_bin *b, int count_orphans)
 {
     tsd_item *it = b->head;
     while (it != NULL) {
@@ -458,6 +458,15 @@ static void bin_destroy(tsd_store *s, tsd_bin *b, int count_orphans)
         tsd_item_unref(it);
         it = next;
     }
+    b->head = b->tail = NULL;
+    b->n_items = 0;
+    b->bytes = 0;
+}
+
+/* Empty b (bin_empty) and free it; it must already be unlinked. */
+static void bin_destroy(tsd_store *s, tsd_bin *b, int count_orphans)
+{
+    bin_empty(s, b, count_orphans);
     s->overhead -= bin_cost(b->node.name_len);
     s->name_bytes -= b->node.name_len;
     ts__free(b);
@@ -537,23 +546,8 @@ tsd_bin *tsd_store_add(tsd_store *s, const uint8_t *name, size_t len, tsd_item *
     } else {
         pass_capture(s, b);
     }
-    if (replace) {
-        tsd_item *it = b->head;
-        while (it != NULL) {
-            tsd_item *next = it->next;
-            it->next = NULL;
-            s->held -= tsd_item_mem(it);
-            s->overhead -= tsd_item_overhead(it);
-            s->n_items--;
-            tsd_datadir_drop(NULL, it);
-            tsd_store_item_release(s, it);
-            tsd_item_unref(it);
-            it = next;
-        }
-        b->head = b->tail = NULL;
-        b->n_items = 0;
-        b->bytes = 0;
-    }
+    if (replace)
+        bin_empty(s, b, 1);
     item->next = NULL;
     if (b->tail != NULL)
         b->tail->next = item;
