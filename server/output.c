@@ -366,6 +366,25 @@ fail:
     return NULL;
 }
 
+/*
+ * Keep it (a reference the caller took) in the pending batch until the batch is written. The
+ * batch, or NULL when it cannot be had or grown: the reference is dropped and the output aborted.
+ */
+static tsd_wbatch *batch_keep(tsd_conn *c, tsd_item *it)
+{
+    tsd_wbatch *b = pending(c);
+    if (b == NULL ||
+        grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(*b->items)) != 0) {
+        if (b != NULL)
+            batch_account(c, b);
+        tsd_item_unref(it);
+        out_abort(c);
+        return NULL;
+    }
+    b->items[b->nitems++] = it;
+    return b;
+}
+
 int tsd_out_item(tsd_conn *c, tsd_item *it, int ref)
 {
     if (ref)
@@ -374,16 +393,9 @@ int tsd_out_item(tsd_conn *c, tsd_item *it, int ref)
         tsd_item_unref(it);
         return -1;
     }
-    tsd_wbatch *b = pending(c);
-    if (b == NULL ||
-        grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(*b->items)) != 0) {
-        if (b != NULL)
-            batch_account(c, b);
-        tsd_item_unref(it);
-        out_abort(c);
+    tsd_wbatch *b = batch_keep(c, it);
+    if (b == NULL)
         return -1;
-    }
-    b->items[b->nitems++] = it;
     /* Large items go out as several bounded buffers, so one write never pins a huge region. */
     uint8_t *data = tsd_item_data(it);
     size_t len = tsd_item_len(it);
@@ -410,16 +422,14 @@ int tsd_out_item(tsd_conn *c, tsd_item *it, int ref)
 int tsd_out_hold(tsd_conn *c, tsd_item *it)
 {
     tsd_item_ref(it);
-    tsd_wbatch *b = c->mk.failed ? NULL : pending(c);
-    if (b == NULL ||
-        grow((void **)&b->items, &b->items_cap, b->nitems + 1, sizeof(*b->items)) != 0) {
-        if (b != NULL)
-            batch_account(c, b);
+    if (c->mk.failed) {
         tsd_item_unref(it);
         out_abort(c);
         return -1;
     }
-    b->items[b->nitems++] = it;
+    tsd_wbatch *b = batch_keep(c, it);
+    if (b == NULL)
+        return -1;
     batch_account(c, b);
     return 0;
 }
