@@ -33,7 +33,12 @@ static void handle_free(uv_handle_t *h)
     ts__free(h);
 }
 
-int tsd_deadlines_reserve(tsd_deadlines *q, uv_loop_t *loop, void *data)
+/*
+ * Room for one more wait: the timer (its data set to data) when there is none, and a heap slot.
+ * 0, or TS_ENOMEM with what was made kept (tsd_deadlines_rearm closes it again when no wait is
+ * parked).
+ */
+static int deadlines_reserve(tsd_deadlines *q, uv_loop_t *loop, void *data)
 {
     if (q->timer == NULL) {
         q->timer = ts__malloc(sizeof(*q->timer));
@@ -83,7 +88,7 @@ void tsd_deadlines_rearm(tsd_deadlines *q, uint64_t now, uv_timer_cb cb)
         return;
     }
     if (q->timer == NULL)
-        return; /* made by tsd_deadlines_reserve before any wait is parked */
+        return; /* made by tsd_wait_new before any wait is parked */
     uint64_t due = q->heap[0]->deadline;
     uv_timer_start(q->timer, cb, due > now ? due - now : 0, 0);
 }
@@ -101,7 +106,7 @@ void *tsd_wait_new(tsd_deadlines *q, tsd_conn *c, size_t size, uint64_t cost, in
         return NULL;
     }
     void *w = NULL;
-    if (tsd_deadlines_reserve(q, srv->loop, srv) == 0)
+    if (deadlines_reserve(q, srv->loop, srv) == 0)
         w = ts__calloc(1, size);
     if (w == NULL) {
         tsd_store_unreserve(&srv->store, cost);

@@ -34,19 +34,12 @@ typedef struct tsd_deadlines {
     tsd_deadline **heap; /* heap[0 .. n), earliest first; NULL while no wait is parked */
     size_t n, cap;
     uint64_t seq;      /* the next wait's arrival number */
-    uv_timer_t *timer; /* made by tsd_deadlines_reserve, closed when the heap empties */
+    uv_timer_t *timer; /* made with the first wait, closed when the heap empties */
 } tsd_deadlines;
 
 /*
- * Room for one more wait: the timer (its data set to data) when there is none, and a heap slot.
- * 0, or TS_ENOMEM with what was made kept (tsd_deadlines_rearm closes it again when no wait is
- * parked).
- */
-int tsd_deadlines_reserve(tsd_deadlines *q, uv_loop_t *loop, void *data);
-
-/*
  * Park d (borrowed until tsd_deadlines_remove) at deadline, after its equals, in the slot
- * tsd_deadlines_reserve made. Nonzero when d is now the earliest, and the timer wants rearming.
+ * tsd_wait_new made. Nonzero when d is now the earliest, and the timer wants rearming.
  */
 int tsd_deadlines_push(tsd_deadlines *q, tsd_deadline *d, uint64_t deadline);
 
