@@ -16,6 +16,7 @@
 #include "record.h"
 #include "sha256.h"
 #include "coord.h"
+#include "names.h"
 #include "ps.h"
 #include "server.h"
 #include "service.h"
@@ -308,11 +309,7 @@ static int ent_cmp(const void *pa, const void *pb)
 {
     const uint8_t *a = *(const uint8_t *const *)pa;
     const uint8_t *b = *(const uint8_t *const *)pb;
-    size_t n = a[0] < b[0] ? a[0] : b[0];
-    int r = n > 0 ? memcmp(a + 1, b + 1, n) : 0;
-    if (r != 0)
-        return r;
-    return (a[0] > b[0]) - (a[0] < b[0]);
+    return tsd_name_cmp(a + 1, a[0], b + 1, b[0]);
 }
 
 /* One LIST entry in wire form at p (room for ts__msg_list_entry_size); the byte after it. */
@@ -343,16 +340,6 @@ static void stream_entry(const tsd_stream *st, ts__msg_list_entry *e)
     e->version = st->last_id;
 }
 
-/* Order two names as ent_cmp orders entries: by bytes, a prefix first. */
-static int name_cmp(const uint8_t *a, size_t al, const uint8_t *b, size_t bl)
-{
-    size_t n = al < bl ? al : bl;
-    int r = n > 0 ? memcmp(a, b, n) : 0;
-    if (r != 0)
-        return r;
-    return (al > bl) - (al < bl);
-}
-
 /* The streams' and tables' entries of a small LIST. */
 typedef struct list_ext {
     ts__msg_list_entry *e;
@@ -369,7 +356,7 @@ static int list_ext_table(tsd_table *t, void *arg)
 static int ext_cmp(const void *pa, const void *pb)
 {
     const ts__msg_list_entry *a = pa, *b = pb;
-    return name_cmp(a->name, a->name_len, b->name, b->name_len);
+    return tsd_name_cmp(a->name, a->name_len, b->name, b->name_len);
 }
 
 /* A small LIST: sorted and encoded right away, on the loop. */
@@ -418,8 +405,8 @@ static void list_inline(tsd_conn *c, const ts__hdr *h)
             /* Bins, streams and tables share one namespace: merge the two sorted lists. */
             size_t i = 0, k = 0;
             while (i < n || k < ns) {
-                if (k == ns || (i < n && name_cmp(bins[i]->node.name, bins[i]->node.name_len,
-                                                  ext[k].name, ext[k].name_len) < 0))
+                if (k == ns || (i < n && tsd_name_cmp(bins[i]->node.name, bins[i]->node.name_len,
+                                                      ext[k].name, ext[k].name_len) < 0))
                     p = put_entry(p, bins[i++]);
                 else
                     p = put_entry_of(p, &ext[k++]);

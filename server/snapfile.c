@@ -70,6 +70,7 @@
  * copying them again.
  */
 #include "snapfile.h"
+#include "names.h"
 
 #include "msg.h"
 #include "msg_ps.h"
@@ -230,24 +231,11 @@ static uint64_t chain(uint64_t acc, uint64_t h)
  * Writing
  */
 
-/*
- * The order bins, streams and tables are written in: bytewise, a name before any longer name it
- * begins. A name of length 0 may have a NULL pointer, which memcmp must not see.
- */
-static int name_cmp(const uint8_t *x, uint8_t x_len, const uint8_t *y, uint8_t y_len)
-{
-    size_t n = x_len < y_len ? x_len : y_len;
-    int r = n > 0 ? memcmp(x, y, n) : 0;
-    if (r != 0)
-        return r;
-    return (x_len > y_len) - (x_len < y_len);
-}
-
 static int bin_cmp(const void *a, const void *b)
 {
     const tsd_snapfile_bin *x = a;
     const tsd_snapfile_bin *y = b;
-    return name_cmp(x->name, x->name_len, y->name, y->name_len);
+    return tsd_name_cmp(x->name, x->name_len, y->name, y->name_len);
 }
 
 void tsd_snapfile_sort(tsd_snapfile_bin *bins, size_t n)
@@ -260,7 +248,7 @@ static int stream_cmp(const void *a, const void *b)
 {
     const tsd_snapfile_stream *x = a;
     const tsd_snapfile_stream *y = b;
-    return name_cmp(x->name, x->name_len, y->name, y->name_len);
+    return tsd_name_cmp(x->name, x->name_len, y->name, y->name_len);
 }
 
 void tsd_snapfile_sort_streams(tsd_snapfile_stream *streams, size_t n)
@@ -273,7 +261,7 @@ static int table_cmp(const void *a, const void *b)
 {
     const tsd_snapfile_table *x = a;
     const tsd_snapfile_table *y = b;
-    return name_cmp(x->name, x->name_len, y->name, y->name_len);
+    return tsd_name_cmp(x->name, x->name_len, y->name, y->name_len);
 }
 
 void tsd_snapfile_sort_tables(tsd_snapfile_table *tables, size_t n)

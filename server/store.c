@@ -3,6 +3,7 @@
  * structures: nothing here touches a socket or the loop, so the unit tests drive it directly.
  */
 #include "server.h"
+#include "names.h"
 
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -770,11 +771,7 @@ static int bin_cmp(const void *a, const void *b)
 {
     const tsd_bin *x = *(const tsd_bin *const *)a;
     const tsd_bin *y = *(const tsd_bin *const *)b;
-    size_t n = x->node.name_len < y->node.name_len ? x->node.name_len : y->node.name_len;
-    int r = n > 0 ? memcmp(x->node.name, y->node.name, n) : 0;
-    if (r != 0)
-        return r;
-    return (x->node.name_len > y->node.name_len) - (x->node.name_len < y->node.name_len);
+    return tsd_name_cmp(x->node.name, x->node.name_len, y->node.name, y->node.name_len);
 }
 
 int tsd_store_sorted(tsd_store *s, tsd_bin ***out, size_t *n)

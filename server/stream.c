@@ -25,6 +25,7 @@
  * last_seen is refreshed when that read is answered.
  */
 #include "stream.h"
+#include "names.h"
 
 #include "msg.h"
 #include "record.h"
@@ -1916,11 +1917,7 @@ static int by_name(const void *pa, const void *pb)
 {
     const tsd_stream *a = *(const tsd_stream *const *)pa;
     const tsd_stream *b = *(const tsd_stream *const *)pb;
-    size_t n = a->node.name_len < b->node.name_len ? a->node.name_len : b->node.name_len;
-    int r = n > 0 ? memcmp(a->node.name, b->node.name, n) : 0;
-    if (r != 0)
-        return r;
-    return (a->node.name_len > b->node.name_len) - (a->node.name_len < b->node.name_len);
+    return tsd_name_cmp(a->node.name, a->node.name_len, b->node.name, b->node.name_len);
 }
 
 typedef struct collect_ctx {
