@@ -410,21 +410,6 @@ static void write_stream(snap_writer *w, uint64_t *acc, const tsd_snapfile_strea
         write_group(w, acc, &st->groups[g]);
 }
 
-static void put_f64(uint8_t *p, double v)
-{
-    uint64_t u;
-    memcpy(&u, &v, sizeof(u));
-    ts__put_u64le(p, u);
-}
-
-static double get_f64(const uint8_t *p)
-{
-    uint64_t u = ts__get_u64le(p);
-    double v;
-    memcpy(&v, &u, sizeof(v));
-    return v;
-}
-
 /* A section's 40-byte header: magic, its three counts, the hash of those 32 bytes. */
 static void write_section(snap_writer *w, uint64_t *acc, const char *magic, uint64_t n,
                           uint64_t records, uint64_t bytes)
@@ -448,9 +433,9 @@ static void write_table(snap_writer *w, uint64_t *acc, const tsd_snapfile_table 
     uint8_t *p = put_name(hb, t->name, t->name_len);
     ts__put_u64le(p, t->capacity);
     ts__put_u64le(p + 8, t->min_size);
-    put_f64(p + 16, t->spi);
-    put_f64(p + 24, t->error_buffer);
-    put_f64(p + 32, t->exponent);
+    ts__put_f64le(p + 16, t->spi);
+    ts__put_f64le(p + 24, t->error_buffer);
+    ts__put_f64le(p + 32, t->exponent);
     ts__put_u32le(p + 40, t->max_times);
     p[44] = t->remover;
     p[45] = t->sampler;
@@ -482,10 +467,10 @@ static void write_param(snap_writer *w, uint64_t *acc, const tsd_snapfile_param 
     ts__put_u32le(p + 4, q->k);
     ts__put_u32le(p + 8, q->tolerance);
     ts__put_u32le(p + 12, q->ring_n);
-    put_f64(p + 16, q->lr);
-    put_f64(p + 24, q->beta1);
-    put_f64(p + 32, q->beta2);
-    put_f64(p + 40, q->eps);
+    ts__put_f64le(p + 16, q->lr);
+    ts__put_f64le(p + 24, q->beta1);
+    ts__put_f64le(p + 32, q->beta2);
+    ts__put_f64le(p + 40, q->eps);
     ts__put_u64le(p + 48, q->numel);
     ts__put_u64le(p + 56, q->adam_t);
     ts__put_u64le(p + 64, q->steps);
@@ -507,11 +492,11 @@ static void write_emb(snap_writer *w, uint64_t *acc, const tsd_snapfile_emb *t)
     ts__put_u16le(p + 6, 0);
     ts__put_u64le(p + 8, t->seed);
     ts__put_u64le(p + 16, t->num_ids);
-    put_f64(p + 24, t->lr);
-    put_f64(p + 32, t->beta1);
-    put_f64(p + 40, t->beta2);
-    put_f64(p + 48, t->eps);
-    put_f64(p + 56, t->init_scale);
+    ts__put_f64le(p + 24, t->lr);
+    ts__put_f64le(p + 32, t->beta1);
+    ts__put_f64le(p + 40, t->beta2);
+    ts__put_f64le(p + 48, t->eps);
+    ts__put_f64le(p + 56, t->init_scale);
     ts__put_u64le(p + 64, t->version);
     ts__put_u64le(p + 72, t->n_rows);
     w_piece(w, acc, hb, 1 + (size_t)t->name_len + SNAP_EMB_FIXED);
@@ -1336,9 +1321,9 @@ static int read_table(snap_reader *r, snap_count *c, uint64_t index)
                             .name_len = (uint8_t)nl,
                             .capacity = ts__get_u64le(q),
                             .min_size = ts__get_u64le(q + 8),
-                            .spi = get_f64(q + 16),
-                            .error_buffer = get_f64(q + 24),
-                            .exponent = get_f64(q + 32),
+                            .spi = ts__get_f64le(q + 16),
+                            .error_buffer = ts__get_f64le(q + 24),
+                            .exponent = ts__get_f64le(q + 32),
                             .max_times = ts__get_u32le(q + 40),
                             .remover = q[44],
                             .sampler = q[45],
@@ -1493,10 +1478,10 @@ static int read_param(snap_reader *r, snap_count *c, uint64_t index)
                             .k = ts__get_u32le(q + 4),
                             .tolerance = ts__get_u32le(q + 8),
                             .ring_n = ts__get_u32le(q + 12),
-                            .lr = get_f64(q + 16),
-                            .beta1 = get_f64(q + 24),
-                            .beta2 = get_f64(q + 32),
-                            .eps = get_f64(q + 40),
+                            .lr = ts__get_f64le(q + 16),
+                            .beta1 = ts__get_f64le(q + 24),
+                            .beta2 = ts__get_f64le(q + 32),
+                            .eps = ts__get_f64le(q + 40),
                             .numel = ts__get_u64le(q + 48),
                             .adam_t = ts__get_u64le(q + 56),
                             .steps = ts__get_u64le(q + 64),
@@ -1576,11 +1561,11 @@ static int read_emb(snap_reader *r, snap_count *c, uint64_t index)
                           .init = q[5],
                           .seed = ts__get_u64le(q + 8),
                           .num_ids = ts__get_u64le(q + 16),
-                          .lr = get_f64(q + 24),
-                          .beta1 = get_f64(q + 32),
-                          .beta2 = get_f64(q + 40),
-                          .eps = get_f64(q + 48),
-                          .init_scale = get_f64(q + 56),
+                          .lr = ts__get_f64le(q + 24),
+                          .beta1 = ts__get_f64le(q + 32),
+                          .beta2 = ts__get_f64le(q + 40),
+                          .eps = ts__get_f64le(q + 48),
+                          .init_scale = ts__get_f64le(q + 56),
                           .version = ts__get_u64le(q + 64),
                           .n_rows = ts__get_u64le(q + 72)};
     char pn[SNAP_NAME_MSG];
