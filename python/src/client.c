@@ -134,6 +134,13 @@ tsp_tensor_type_t tsp_client_tensor_type(PyObject *obj)
     return tt != TSP_TENSOR_DEFAULT ? tt : tsp_tensor_type_default();
 }
 
+int tsp_client_tensor_type_arg(PyObject *obj, PyObject *client, tsp_tensor_type_t *out)
+{
+    if (tsp_tensor_type_from_py(obj, tsp_client_tensor_type(client), out) < 0)
+        return -1;
+    return tsp_tensor_type_ready(*out);
+}
+
 /* Marks the client closed and frees it unless it is in use (then the last user does). */
 static void do_close(tsp_client *self)
 {

@@ -32,14 +32,6 @@ static int coord_timeout(PyObject *obj, int *out)
     return 0;
 }
 
-/* The tensor_type argument, defaulting to the client's, with its module imported. */
-static int coord_tensor_type(PyObject *obj, PyObject *client, tsp_tensor_type_t *out)
-{
-    if (tsp_tensor_type_from_py(obj, tsp_client_tensor_type(client), out) < 0)
-        return -1;
-    return tsp_tensor_type_ready(*out);
-}
-
 PyObject *tsp_client_add(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"name", "delta", NULL};
@@ -111,7 +103,8 @@ PyObject *tsp_client_take(PyObject *client, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_ValueError, "max_items must be >= 0");
         return NULL;
     }
-    if (coord_timeout(timeout_obj, &timeout_ms) < 0 || coord_tensor_type(tt_obj, client, &tt) < 0)
+    if (coord_timeout(timeout_obj, &timeout_ms) < 0 ||
+        tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
         return NULL;
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL)
@@ -137,7 +130,7 @@ PyObject *tsp_client_mget(PyObject *client, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_ValueError, "max_items must be >= 0");
         return NULL;
     }
-    if (coord_tensor_type(tt_obj, client, &tt) < 0)
+    if (tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
         return NULL;
     PyObject *seq = PySequence_Fast(seq_obj, "names must be a sequence of str");
     if (seq == NULL)

@@ -119,8 +119,7 @@ PyObject *tsp_client_read_rows(PyObject *client, PyObject *args, PyObject *kw)
         key_arg(key_obj, &key) < 0)
         return NULL;
     tsp_tensor_type_t tt;
-    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0 ||
-        tsp_tensor_type_ready(tt) < 0)
+    if (tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
         return NULL;
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL)
@@ -144,8 +143,7 @@ PyObject *tsp_client_gather_rows(PyObject *client, PyObject *args, PyObject *kw)
         key_arg(key_obj, &key) < 0)
         return NULL;
     tsp_tensor_type_t tt;
-    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0 ||
-        tsp_tensor_type_ready(tt) < 0)
+    if (tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
         return NULL;
     /*
      * The index: any int64 tensor of one dimension (numpy, torch, a buffer), sent from its own

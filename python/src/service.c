@@ -367,8 +367,7 @@ PyObject *tsp_client_call(PyObject *client, PyObject *args, PyObject *kw)
             timeout_ms = 1;
     }
     tsp_tensor_type_t tt;
-    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0 ||
-        tsp_tensor_type_ready(tt) < 0)
+    if (tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
         return NULL;
     tsp_send_t s;
     if (tsp_send_init(&s, request) < 0)

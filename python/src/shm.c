@@ -590,8 +590,7 @@ PyObject *tsp_client_shared(PyObject *client, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     tsp_tensor_type_t tt;
-    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), &tt) < 0 ||
-        tsp_tensor_type_ready(tt) < 0)
+    if (tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
         return NULL;
     ts_client_t *c = tsp_client_enter(client); /* a closed Client refuses here too */
     if (c == NULL)

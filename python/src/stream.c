@@ -148,14 +148,6 @@ static int start_arg(PyObject *obj, ts_stream_start_t *out)
     return -1;
 }
 
-/* The tensor_type argument, defaulting to the client's, with its module imported. */
-static int tensor_type_arg(PyObject *obj, PyObject *client, tsp_tensor_type_t *out)
-{
-    if (tsp_tensor_type_from_py(obj, tsp_client_tensor_type(client), out) < 0)
-        return -1;
-    return tsp_tensor_type_ready(*out);
-}
-
 /* The settings of a stream, by name (max_entries, max_bytes, max_age_ms, window, lease_ms). */
 enum { CFG_MAX_ENTRIES, CFG_MAX_BYTES, CFG_MAX_AGE_MS, CFG_WINDOW, CFG_LEASE_MS, CFG_N };
 static const char *const cfg_names[CFG_N] = {"max_entries", "max_bytes", "max_age_ms", "window",
@@ -560,7 +552,7 @@ static int read_args(PyObject *client, PyObject *id_obj, const char *what, PyObj
     if (u64_arg(id_obj, what, id) < 0 ||
         uint_arg(max_obj, "max_entries", TS_STREAM_READ_MAX, &max) < 0 ||
         (timeout_obj != NULL && timeout_ms_arg(timeout_obj, timeout_ms) < 0) ||
-        tensor_type_arg(tt_obj, client, tt) < 0)
+        tsp_client_tensor_type_arg(tt_obj, client, tt) < 0)
         return -1;
     *max_entries = (size_t)max;
     return 0;
@@ -1194,7 +1186,8 @@ static int consumer_init(PyObject *self_obj, PyObject *args, PyObject *kw)
     if (start_arg(start_obj, &o.start) < 0 || u32_arg(rows_obj, "batch_rows", &o.batch_rows) < 0 ||
         uint_arg(prefetch_obj, "prefetch", TS_STREAM_READ_MAX, &prefetch) < 0 ||
         ms_arg(lease_obj, "lease_ms", &o.lease_ms) < 0 ||
-        timeout_ms_arg(timeout_obj, &timeout_ms) < 0 || tensor_type_arg(tt_obj, client, &tt) < 0)
+        timeout_ms_arg(timeout_obj, &timeout_ms) < 0 ||
+        tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
         return -1;
     if (prefetch == 0) {
         PyErr_Format(PyExc_ValueError, "prefetch must be an int from 1 to %d, not 0",

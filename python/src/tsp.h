@@ -277,6 +277,12 @@ void tsp_client_leave(PyObject *obj);
 /* The tensor_type a Client hands received tensors in (TSP_TENSOR_TORCH or _NUMPY). */
 tsp_tensor_type_t tsp_client_tensor_type(PyObject *obj);
 /*
+ * A tensor_type argument (NULL or None: the Client's) with its module imported, so that a
+ * missing module fails the call before it asks the server (tsp_tensor_type_ready). 0, or -1
+ * with an exception.
+ */
+int tsp_client_tensor_type_arg(PyObject *obj, PyObject *client, tsp_tensor_type_t *out);
+/*
  * Opens the C object of something that uses a Client for its whole life: called with the GIL
  * released and with the entered client; arg is the caller's. A ts_ status (0: opened).
  */
