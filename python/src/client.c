@@ -668,6 +668,25 @@ static PyObject *client_stats(PyObject *obj, PyObject *unused)
     return r;
 }
 
+PyObject *tsp_client_info(PyObject *client, PyObject *args, PyObject *kw, const char *format,
+                          tsp_info_fn info)
+{
+    static char *names[] = {"name", NULL};
+    const char *name;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, format, names, &name))
+        return NULL;
+    ts_client_t *c = tsp_client_enter(client);
+    if (c == NULL)
+        return NULL;
+    ts_value_t *v = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS rc = info(c, name, &v);
+    Py_END_ALLOW_THREADS PyObject *r =
+        rc == 0 ? tsp_value_to_py_owned(v, tsp_client_tensor_type(client)) : tsp_raise(rc);
+    tsp_client_leave(client);
+    return r;
+}
+
 /* ping and save: no arguments, no result. */
 static PyObject *simple_impl(PyObject *obj, int save)
 {

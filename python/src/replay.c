@@ -276,18 +276,5 @@ PyObject *tsp_client_table_remove(PyObject *client, PyObject *args, PyObject *kw
 
 PyObject *tsp_client_table_info(PyObject *client, PyObject *args, PyObject *kw)
 {
-    static char *names[] = {"name", NULL};
-    const char *name;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s:table_info", names, &name))
-        return NULL;
-    ts_client_t *c = tsp_client_enter(client);
-    if (c == NULL)
-        return NULL;
-    ts_value_t *v = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS rc = ts_table_info(c, name, &v);
-    Py_END_ALLOW_THREADS PyObject *r =
-        rc == 0 ? tsp_value_to_py_owned(v, tsp_client_tensor_type(client)) : tsp_raise(rc);
-    tsp_client_leave(client);
-    return r;
+    return tsp_client_info(client, args, kw, "s:table_info", ts_table_info);
 }

@@ -282,6 +282,15 @@ tsp_tensor_type_t tsp_client_tensor_type(PyObject *obj);
  * with an exception.
  */
 int tsp_client_tensor_type_arg(PyObject *obj, PyObject *client, tsp_tensor_type_t *out);
+/* A library call that describes the object called name (ts_stream_info, ts_table_info). */
+typedef int (*tsp_info_fn)(ts_client_t *c, const char *name, ts_value_t **out);
+/*
+ * The body of a Client method that takes a name and returns info's description of it as Python
+ * values: format parses the one argument ("s:stream_info"), info runs with the GIL released.
+ * NULL with an exception.
+ */
+PyObject *tsp_client_info(PyObject *client, PyObject *args, PyObject *kw, const char *format,
+                          tsp_info_fn info);
 /*
  * Opens the C object of something that uses a Client for its whole life: called with the GIL
  * released and with the entered client; arg is the caller's. A ts_ status (0: opened).
