@@ -75,12 +75,7 @@ PyObject *tsp_client_put_if(PyObject *client, PyObject *args, PyObject *kw)
         r = PyLong_FromUnsignedLongLong(version);
     } else if (rc == TS_ECONFLICT) {
         /* The exception carries the version to retry with. */
-        PyObject *exc = tsp_exception_new(rc, ts_last_error());
-        PyObject *v = PyLong_FromUnsignedLongLong(version);
-        if (exc != NULL && v != NULL && PyObject_SetAttrString(exc, "current_version", v) == 0)
-            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-        Py_XDECREF(v);
-        Py_XDECREF(exc);
+        tsp_raise_versioned(rc, version);
     } else {
         r = tsp_raise(rc);
     }

@@ -216,6 +216,17 @@ PyObject *tsp_raise(int status)
     return tsp_raise_msg(status, ts_last_error());
 }
 
+PyObject *tsp_raise_versioned(int status, uint64_t version)
+{
+    PyObject *exc = tsp_exception_new(status, ts_last_error());
+    PyObject *v = PyLong_FromUnsignedLongLong(version);
+    if (exc != NULL && v != NULL && PyObject_SetAttrString(exc, "current_version", v) == 0)
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    Py_XDECREF(v);
+    Py_XDECREF(exc);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Library threads calling into Python
  */

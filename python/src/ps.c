@@ -37,18 +37,6 @@ static int ps_buffer(PyObject *obj, const char *what, const char *fmt, size_t it
     return 0;
 }
 
-/* The StaleGradientError (or another status's exception) with current_version set. */
-static PyObject *ps_raise_versioned(int rc, uint64_t version)
-{
-    PyObject *exc = tsp_exception_new(rc, ts_last_error());
-    PyObject *v = PyLong_FromUnsignedLongLong(version);
-    if (exc != NULL && v != NULL && PyObject_SetAttrString(exc, "current_version", v) == 0)
-        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-    Py_XDECREF(v);
-    Py_XDECREF(exc);
-    return NULL;
-}
-
 PyObject *tsp_client_ps_create(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"name", "optimizer", "mode",      "lr",           "beta1", "beta2",
@@ -120,7 +108,7 @@ PyObject *tsp_client_ps_push(PyObject *client, PyObject *args, PyObject *kw)
     if (rc == 0)
         r = PyLong_FromUnsignedLongLong(version);
     else if (rc == TS_ESTALE)
-        r = ps_raise_versioned(rc, version);
+        r = tsp_raise_versioned(rc, version);
     else
         r = tsp_raise(rc);
     tsp_client_leave(client);

@@ -133,6 +133,12 @@ PyObject *tsp_raise(int status);
 /* As tsp_raise, with the message given (NULL: ts_strerror(status)). */
 PyObject *tsp_raise_msg(int status, const char *message);
 /*
+ * Raise the exception for a status that carries a version (TS_ECONFLICT of a lost put_if,
+ * TS_ESTALE of a too stale ps_push), with ts_last_error() as its message and its
+ * current_version set to version, the one to read and retry with. Returns NULL.
+ */
+PyObject *tsp_raise_versioned(int status, uint64_t version);
+/*
  * The exception instance for status and message (not raised), for futures and callbacks; a new
  * reference, or NULL with an exception set.
  */
