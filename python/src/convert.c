@@ -731,28 +731,19 @@ PyObject *tsp_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt)
     return l;
 }
 
-PyObject *tsp_taken_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt)
+void tsp_hand_over_items(size_t n, tsp_item_fn item, void *arg, const char *note_fmt)
 {
-    if (tt == TSP_TENSOR_DEFAULT)
-        tt = tsp_tensor_type_default();
-    PyObject *r = tsp_items_to_py(items, tt);
-    if (r != NULL)
-        return r;
     PyObject *type, *val, *tb;
     PyErr_Fetch(&type, &val, &tb);
     PyErr_NormalizeException(&type, &val, &tb);
     if (val == NULL) {
         PyErr_Restore(type, val, tb);
-        return NULL;
+        return;
     }
-    /*
-     * The items are out of the bin already: convert each one on its own, so that one that
-     * cannot be made loses only itself, and hand them over on the exception.
-     */
-    size_t n = ts_items_count(items), lost = 0;
+    size_t lost = 0;
     PyObject *all = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; all != NULL && i < n; i++) {
-        PyObject *x = tsp_value_to_py(ts_items_at(items, i), tt);
+        PyObject *x = item(arg, i);
         if (x == NULL) {
             PyErr_Clear();
             x = Py_None;
@@ -764,10 +755,7 @@ PyObject *tsp_taken_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt)
     if (all == NULL || PyObject_SetAttrString(val, "items", all) < 0) {
         PyErr_Clear(); /* no memory even for that: the original exception goes on alone */
     } else {
-        PyObject *note = PyUnicode_FromFormat(
-            "tensorshare: the get took %zu items out of the bin; they are in this exception's "
-            ".items, oldest first (None for the %zu that could not be converted)",
-            n, lost);
+        PyObject *note = PyUnicode_FromFormat(note_fmt, n, lost);
         PyObject *added = note != NULL ? PyObject_CallMethod(val, "add_note", "O", note) : NULL;
         Py_XDECREF(added);
         Py_XDECREF(note);
@@ -776,6 +764,37 @@ PyObject *tsp_taken_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt)
     }
     Py_XDECREF(all);
     PyErr_Restore(type, val, tb);
+}
+
+/* What taken_item converts: the items of a get, to tensors of type tt. */
+typedef struct taken_items {
+    const ts_items_t *items;
+    tsp_tensor_type_t tt;
+} taken_items;
+
+/* The i-th item of a get on its own (tsp_item_fn). */
+static PyObject *taken_item(void *arg, size_t i)
+{
+    const taken_items *t = arg;
+    return tsp_value_to_py(ts_items_at(t->items, i), t->tt);
+}
+
+PyObject *tsp_taken_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt)
+{
+    if (tt == TSP_TENSOR_DEFAULT)
+        tt = tsp_tensor_type_default();
+    PyObject *r = tsp_items_to_py(items, tt);
+    if (r != NULL)
+        return r;
+    /*
+     * The items are out of the bin already: convert each one on its own, so that one that
+     * cannot be made loses only itself, and hand them over on the exception.
+     */
+    taken_items t = {items, tt};
+    tsp_hand_over_items(ts_items_count(items), taken_item, &t,
+                        "tensorshare: the get took %zu items out of the bin; they are in this "
+                        "exception's .items, oldest first (None for the %zu that could not be "
+                        "converted)");
     return NULL;
 }
 

@@ -296,6 +296,25 @@ static tsp_owner_t *batch_owner_new(batch_slot **slot_out)
     return owner;
 }
 
+/* What batch_item converts: a collected batch, whose memory owner keeps. */
+typedef struct batch_items {
+    const ts_rl_batch_t *batch;
+    tsp_tensor_type_t tt;
+    tsp_owner_t *owner;
+} batch_items;
+
+/* The i-th item of a collected batch on its own, as a (data, version) pair (tsp_item_fn). */
+static PyObject *batch_item(void *arg, size_t i)
+{
+    const batch_items *b = arg;
+    PyObject *d = tsp_value_to_py_ex(ts_rl_batch_data(b->batch, i), b->tt, b->owner);
+    PyObject *v = d != NULL ? PyLong_FromLongLong(ts_rl_batch_version(b->batch, i)) : NULL;
+    PyObject *pair = v != NULL ? PyTuple_Pack(2, d, v) : NULL;
+    Py_XDECREF(d);
+    Py_XDECREF(v);
+    return pair;
+}
+
 /*
  * After the conversion of a collected batch failed (the current exception): the items are out
  * of the data bin already, so nothing may be lost silently. Convert each item on its own and
@@ -305,45 +324,11 @@ static tsp_owner_t *batch_owner_new(batch_slot **slot_out)
  */
 static void batch_hand_over(const ts_rl_batch_t *batch, tsp_tensor_type_t tt, tsp_owner_t *owner)
 {
-    PyObject *type, *val, *tb;
-    PyErr_Fetch(&type, &val, &tb);
-    PyErr_NormalizeException(&type, &val, &tb);
-    if (val == NULL) {
-        PyErr_Restore(type, val, tb);
-        return;
-    }
-    size_t n = ts_rl_batch_count(batch), lost = 0;
-    PyObject *all = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; all != NULL && i < n; i++) {
-        PyObject *d = tsp_value_to_py_ex(ts_rl_batch_data(batch, i), tt, owner);
-        PyObject *v = d != NULL ? PyLong_FromLongLong(ts_rl_batch_version(batch, i)) : NULL;
-        PyObject *pair = v != NULL ? PyTuple_Pack(2, d, v) : NULL;
-        Py_XDECREF(d);
-        Py_XDECREF(v);
-        if (pair == NULL) {
-            PyErr_Clear();
-            pair = Py_None;
-            Py_INCREF(pair);
-            lost++;
-        }
-        PyList_SET_ITEM(all, (Py_ssize_t)i, pair);
-    }
-    if (all == NULL || PyObject_SetAttrString(val, "items", all) < 0) {
-        PyErr_Clear();
-    } else {
-        PyObject *note = PyUnicode_FromFormat(
-            "tensorshare: the collect took %zu items out of the data bin; they are in this "
-            "exception's .items, oldest first, as (data, version) pairs (None for the %zu that "
-            "could not be converted)",
-            n, lost);
-        PyObject *added = note != NULL ? PyObject_CallMethod(val, "add_note", "O", note) : NULL;
-        Py_XDECREF(added);
-        Py_XDECREF(note);
-        if (added == NULL)
-            PyErr_Clear(); /* add_note is new in Python 3.11: .items is the promise */
-    }
-    Py_XDECREF(all);
-    PyErr_Restore(type, val, tb);
+    batch_items b = {batch, tt, owner};
+    tsp_hand_over_items(ts_rl_batch_count(batch), batch_item, &b,
+                        "tensorshare: the collect took %zu items out of the data bin; they are "
+                        "in this exception's .items, oldest first, as (data, version) pairs (None "
+                        "for the %zu that could not be converted)");
 }
 
 /*

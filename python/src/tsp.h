@@ -258,6 +258,16 @@ PyObject *tsp_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt);
  * for those that could not be; None is never a record), and a note (Python 3.11+) saying so.
  */
 PyObject *tsp_taken_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt);
+/* Makes the i-th item handed over: a new reference, or NULL with an exception. */
+typedef PyObject *(*tsp_item_fn)(void *arg, size_t i);
+/*
+ * After the conversion of n items already taken out of their bin failed (the current
+ * exception), so that none is lost silently: make each on its own with item(arg, i) and hand
+ * them over on the exception as .items, oldest first, None for one that could not be made,
+ * with a note (Python 3.11+) made of note_fmt, whose two %zu are n and the number lost. When
+ * even the list cannot be made the exception goes on alone. The exception stays set.
+ */
+void tsp_hand_over_items(size_t n, tsp_item_fn item, void *arg, const char *note_fmt);
 
 /* ---------------------------------------------------------------------------------------------
  * The Client
