@@ -281,6 +281,18 @@ int tsp_client_type_init(PyObject *module);
 int tsp_view_type_init(PyObject *module);
 int tsp_convert_init(PyObject *module);
 
+int tsp_add_type(PyObject *module, PyTypeObject *type, const char *name)
+{
+    if (PyType_Ready(type) < 0)
+        return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *mod_strerror(PyObject *self, PyObject *arg)
 {
     (void)self;

@@ -400,13 +400,8 @@ int tsp_predictor_init(PyObject *module)
     Py_DECREF(futures);
     if (future_class == NULL)
         return -1;
-    if (PyType_Ready(&predictor_type) < 0)
+    if (tsp_add_type(module, &predictor_type, "_Predictor") < 0)
         return -1;
-    Py_INCREF(&predictor_type);
-    if (PyModule_AddObject(module, "_Predictor", (PyObject *)&predictor_type) < 0) {
-        Py_DECREF(&predictor_type);
-        return -1;
-    }
     return PyModule_AddIntConstant(module, "PREDICTOR_DEFAULT_TIMEOUT_MS",
                                    TS_PREDICTOR_DEFAULT_TIMEOUT_MS);
 }

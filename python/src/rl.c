@@ -935,22 +935,10 @@ static PyTypeObject worker_type = {
  * Registration
  */
 
-static int add_type(PyObject *module, PyTypeObject *type, const char *name)
-{
-    if (PyType_Ready(type) < 0)
-        return -1;
-    Py_INCREF(type);
-    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
-        Py_DECREF(type);
-        return -1;
-    }
-    return 0;
-}
-
 int tsp_rl_init(PyObject *module)
 {
-    if (add_type(module, &trainer_type, "_RLTrainer") < 0 ||
-        add_type(module, &worker_type, "_RLWorker") < 0)
+    if (tsp_add_type(module, &trainer_type, "_RLTrainer") < 0 ||
+        tsp_add_type(module, &worker_type, "_RLWorker") < 0)
         return -1;
     return PyModule_AddIntConstant(module, "RL_NO_FILTER", TS_RL_NO_FILTER);
 }

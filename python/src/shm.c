@@ -689,12 +689,7 @@ PyObject *tsp_client_append_shared(PyObject *client, PyObject *const *args, Py_s
 
 int tsp_shm_init(PyObject *module)
 {
-    if (PyType_Ready(&segment_type) < 0 || PyType_Ready(&shared_type) < 0)
+    if (PyType_Ready(&segment_type) < 0)
         return -1;
-    Py_INCREF(&shared_type);
-    if (PyModule_AddObject(module, "SharedBuffer", (PyObject *)&shared_type) < 0) {
-        Py_DECREF(&shared_type);
-        return -1;
-    }
-    return 0;
+    return tsp_add_type(module, &shared_type, "SharedBuffer");
 }

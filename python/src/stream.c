@@ -1430,24 +1430,12 @@ static PyTypeObject consumer_type = {
  * Module init
  */
 
-static int add_type(PyObject *module, PyTypeObject *t, const char *name)
-{
-    if (PyType_Ready(t) < 0)
-        return -1;
-    Py_INCREF(t);
-    if (PyModule_AddObject(module, name, (PyObject *)t) < 0) {
-        Py_DECREF(t);
-        return -1;
-    }
-    return 0;
-}
-
 int tsp_stream_init(PyObject *module)
 {
     entries_type.tp_base = &PyList_Type;
-    if (add_type(module, &entries_type, "StreamEntries") < 0 ||
-        add_type(module, &producer_type, "_StreamProducer") < 0 ||
-        add_type(module, &consumer_type, "_StreamConsumer") < 0)
+    if (tsp_add_type(module, &entries_type, "StreamEntries") < 0 ||
+        tsp_add_type(module, &producer_type, "_StreamProducer") < 0 ||
+        tsp_add_type(module, &consumer_type, "_StreamConsumer") < 0)
         return -1;
     entry_type = PyStructSequence_NewType(&entry_desc);
     if (entry_type == NULL)

@@ -118,6 +118,11 @@ int tsp_rl_init(PyObject *module);
 int tsp_predictor_init(PyObject *module);
 /* Defined by stream.c: StreamEntry, StreamEntries, _StreamProducer, _StreamConsumer. */
 int tsp_stream_init(PyObject *module);
+/*
+ * For the files' init functions (module.c): ready a static type and add it to module as name
+ * (the module takes a reference of its own). 0, or -1 with an exception.
+ */
+int tsp_add_type(PyObject *module, PyTypeObject *type, const char *name);
 
 /* ---------------------------------------------------------------------------------------------
  * Errors
