@@ -435,6 +435,26 @@ static int acount_wait(acount *c, int n)
     return ok;
 }
 
+/*
+ * n asynchronous requests of 1, 2 and 3 rows in turn (request i's rows start at i * 10), each
+ * answer checked row by row by async_cb; returns once all n are answered and correct, with
+ * their inputs freed. ctx holds n entries.
+ */
+static void submit_mixed(ts_batcher_t *b, actx *ctx, int n, acount *c)
+{
+    acount_init(c);
+    for (int i = 0; i < n; i++) {
+        ctx[i] = (actx){c, 1 + i % 3, (int64_t)i * 10, 1.0f, NULL};
+        ctx[i].in = request(ctx[i].rows, ctx[i].base);
+        assert_int_equal(
+            ts_batcher_predict_async(b, ctx[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &ctx[i]), 0);
+    }
+    assert_true(acount_wait(c, n));
+    assert_int_equal(c->ok, n);
+    for (int i = 0; i < n; i++)
+        ts_value_free(ctx[i].in);
+}
+
 static void test_async(void **state)
 {
     (void)state;
@@ -1165,17 +1185,7 @@ static void test_answer_threads(void **state)
     enum { N = 600 };
     static actx ctx[N];
     acount c;
-    acount_init(&c);
-    for (int i = 0; i < N; i++) {
-        ctx[i] = (actx){&c, 1 + i % 3, (int64_t)i * 10, 1.0f, NULL};
-        ctx[i].in = request(ctx[i].rows, ctx[i].base);
-        assert_int_equal(
-            ts_batcher_predict_async(b, ctx[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &ctx[i]), 0);
-    }
-    assert_true(acount_wait(&c, N));
-    assert_int_equal(c.ok, N);
-    for (int i = 0; i < N; i++)
-        ts_value_free(ctx[i].in);
+    submit_mixed(b, ctx, N, &c);
     cfg.answer_threads = TS_BATCHER_MAX_ANSWER_THREADS + 1;
     ts_batcher_t *bad = NULL;
     assert_int_equal(ts_batcher_new(&bad, &cfg), TS_EINVAL);
@@ -1322,18 +1332,7 @@ static void test_overlap_answers(void **state)
         enum { N = 600 };
         static actx ctx[N];
         acount c;
-        acount_init(&c);
-        for (int i = 0; i < N; i++) {
-            ctx[i] = (actx){&c, 1 + i % 3, (int64_t)i * 10, 1.0f, NULL};
-            ctx[i].in = request(ctx[i].rows, ctx[i].base);
-            assert_int_equal(
-                ts_batcher_predict_async(b, ctx[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &ctx[i]),
-                0);
-        }
-        assert_true(acount_wait(&c, N));
-        assert_int_equal(c.ok, N);
-        for (int i = 0; i < N; i++)
-            ts_value_free(ctx[i].in);
+        submit_mixed(b, ctx, N, &c);
 
         /* A lone request is answered by a helper too. */
         static where w;
@@ -1859,15 +1858,7 @@ static void test_preferred_and_replica_stats(void **state)
     enum { N = 300 };
     static actx m[N];
     acount c2;
-    acount_init(&c2);
-    for (int i = 0; i < N; i++) {
-        m[i] = (actx){&c2, 1 + i % 3, (int64_t)i * 10, 1.0f, NULL};
-        m[i].in = request(m[i].rows, m[i].base);
-        assert_int_equal(
-            ts_batcher_predict_async(b, m[i].in, 0, TS_TIMEOUT_DEFAULT, async_cb, &m[i]), 0);
-    }
-    assert_true(acount_wait(&c2, N));
-    assert_int_equal(c2.ok, N);
+    submit_mixed(b, m, N, &c2);
     ts_batcher_stats(b, &st);
     uint64_t batches = 0, rows = 0, reqs = 0, hist = 0;
     for (int i = 0; i < ts_batcher_replicas(b); i++) {
@@ -1889,8 +1880,6 @@ static void test_preferred_and_replica_stats(void **state)
     assert_int_equal(reqs, N);
     assert_int_equal(st.submitted, N);
     assert_int_equal(st.requests, N);
-    for (int i = 0; i < N; i++)
-        ts_value_free(m[i].in);
     ts_batcher_free(b);
 }
 
