@@ -251,6 +251,12 @@ static int check_call(ts_client_t *c, int blocking)
     return 0;
 }
 
+/* TS_EINVAL for a request of op called without what (a bin name, out, ...), with that message. */
+static int missing(uint8_t op, const char *what)
+{
+    return ts__fail(TS_EINVAL, "%s needs %s (got NULL)", ts__op_name(op), what);
+}
+
 /*
  * Run a blocking request to the end. On success (and for a WAIT that timed out on the server,
  * which carries the bin's state) r is returned in *out for the caller to read and free; else
@@ -303,7 +309,7 @@ static ts__req *store_req(ts_client_t *c, int kind, uint8_t op, const char *bin,
                           const ts_value_t *item, unsigned flags, int *rc)
 {
     if (bin == NULL || item == NULL) {
-        *rc = TS_EINVAL;
+        *rc = missing(op, bin == NULL ? "a bin name" : "an item");
         return NULL;
     }
     ts__req *r = req_new(c, kind, op, bin, NULL, rc);
@@ -360,18 +366,19 @@ static ts__msg_name_req max_items_args(size_t max_items)
 
 /*
  * Run a blocking request without a record: op on bin (NULL for none) with the arguments args.
- * args_ok is the caller's own argument check, made after the call checks like everywhere else.
+ * lacks is what the caller's own argument check found missing (NULL: nothing), reported after
+ * the call checks like everywhere else.
  * Returns 0 with *done the completed request (free it with ts__req_free), or an error.
  */
-static int simple_blocking(ts_client_t *c, int args_ok, uint8_t op, const char *bin,
+static int simple_blocking(ts_client_t *c, const char *lacks, uint8_t op, const char *bin,
                            const ts__msg_name_req *args, ts__req **done)
 {
     c = ts__route(c, bin);
     int rc = check_call(c, 1);
     if (rc != 0)
         return rc;
-    if (!args_ok)
-        return TS_EINVAL;
+    if (lacks != NULL)
+        return missing(op, lacks);
     ts__req *r = req_new(c, TS__K_BLOCK, op, bin, args, &rc);
     if (r == NULL)
         return rc;
@@ -382,7 +389,11 @@ static int fetch_op(ts_client_t *c, uint8_t op, const char *bin, size_t max_item
 {
     ts__msg_name_req args = max_items_args(max_items);
     ts__req *done;
-    int rc = simple_blocking(c, bin != NULL && out != NULL, op, bin, &args, &done);
+    int rc = simple_blocking(c,
+                             bin == NULL   ? "a bin name"
+                             : out == NULL ? "an out pointer"
+                                           : NULL,
+                             op, bin, &args, &done);
     if (rc == 0) {
         *out = done->res.items;
         done->res.items = NULL;
@@ -404,7 +415,7 @@ int ts_peek(ts_client_t *c, const char *bin, size_t max_items, ts_items_t **out)
 int ts_delete(ts_client_t *c, const char *bin, uint32_t *n_removed)
 {
     ts__req *done;
-    int rc = simple_blocking(c, bin != NULL, TS_OP_DELETE, bin, NULL, &done);
+    int rc = simple_blocking(c, bin == NULL ? "a bin name" : NULL, TS_OP_DELETE, bin, NULL, &done);
     if (rc == 0) {
         if (n_removed != NULL)
             *n_removed = done->res.n_items;
@@ -418,7 +429,8 @@ int ts_list(ts_client_t *c, ts_bin_list_t **out)
     if (c != NULL && c->cl != NULL)
         return ts__cluster_list(c, out);
     ts__req *done;
-    int rc = simple_blocking(c, out != NULL, TS_OP_LIST, NULL, NULL, &done);
+    int rc =
+        simple_blocking(c, out == NULL ? "an out pointer" : NULL, TS_OP_LIST, NULL, NULL, &done);
     if (rc == 0) {
         *out = done->res.bins;
         done->res.bins = NULL;
@@ -470,7 +482,7 @@ int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout
     if (rc != 0)
         return rc;
     if (bin == NULL)
-        return TS_EINVAL;
+        return missing(TS_OP_WAIT, "a bin name");
     ts__req *r = wait_req(c, TS__K_BLOCK, bin, after_version, timeout_ms, &rc);
     if (r == NULL)
         return rc;
@@ -491,7 +503,8 @@ int ts_stats(ts_client_t *c, ts_value_t **out)
     if (c != NULL && c->cl != NULL)
         return ts__cluster_stats(c, out);
     ts__req *done;
-    int rc = simple_blocking(c, out != NULL, TS_OP_STATS, NULL, NULL, &done);
+    int rc =
+        simple_blocking(c, out == NULL ? "an out pointer" : NULL, TS_OP_STATS, NULL, NULL, &done);
     if (rc == 0) {
         *out = done->res.value;
         done->res.value = NULL;
@@ -506,7 +519,7 @@ static int server_op(ts_client_t *c, uint8_t op)
     if (c != NULL && c->cl != NULL)
         return ts__cluster_each(c, op);
     ts__req *done;
-    int rc = simple_blocking(c, 1, op, NULL, NULL, &done);
+    int rc = simple_blocking(c, NULL, op, NULL, NULL, &done);
     if (rc == 0)
         ts__req_free(done);
     return rc;
@@ -571,7 +584,7 @@ static int fetch_async(ts_client_t *c, uint8_t op, const char *bin, size_t max_i
                        ts_result_cb cb, void *arg)
 {
     if (bin == NULL)
-        return TS_EINVAL;
+        return missing(op, "a bin name");
     ts__msg_name_req args = max_items_args(max_items);
     return simple_async(c, op, bin, &args, cb, arg);
 }
@@ -589,7 +602,7 @@ int ts_peek_async(ts_client_t *c, const char *bin, size_t max_items, ts_result_c
 int ts_delete_async(ts_client_t *c, const char *bin, ts_result_cb cb, void *arg)
 {
     if (bin == NULL)
-        return TS_EINVAL;
+        return missing(TS_OP_DELETE, "a bin name");
     return simple_async(c, TS_OP_DELETE, bin, NULL, cb, arg);
 }
 
@@ -616,7 +629,7 @@ int ts_wait_async(ts_client_t *c, const char *bin, uint64_t after_version, int t
     if (rc != 0)
         return rc;
     if (bin == NULL)
-        return TS_EINVAL;
+        return missing(TS_OP_WAIT, "a bin name");
     ts__req *r = wait_req(c, TS__K_ASYNC, bin, after_version, timeout_ms, &rc);
     if (r == NULL)
         return rc;
@@ -639,7 +652,7 @@ static int listen_on(ts_client_t *c, const char *bin, ts_notify_cb cb, void *arg
     if (rc != 0)
         return rc;
     if (bin == NULL || cb == NULL)
-        return TS_EINVAL;
+        return missing(TS_OP_LISTEN, bin == NULL ? "a bin name" : "a callback");
     ts__req *r = req_new(c, TS__K_BLOCK, TS_OP_LISTEN, bin, NULL, &rc);
     if (r == NULL)
         return rc;
@@ -715,7 +728,7 @@ int ts_unlisten(ts_client_t *c, const char *bin)
     if (rc != 0)
         return rc;
     if (bin == NULL)
-        return TS_EINVAL;
+        return missing(TS_OP_UNLISTEN, "a bin name");
     ts__req *r = req_new(c, TS__K_UNLISTEN, TS_OP_UNLISTEN, bin, NULL, &rc);
     if (r == NULL)
         return rc;
@@ -729,7 +742,10 @@ int ts_unlisten(ts_client_t *c, const char *bin)
         rc = c->closing ? TS_ECANCELED : TS_ENOENT;
         pthread_mutex_unlock(&c->mu);
         ts__req_free(r);
-        return rc;
+        return ts__fail(rc,
+                        rc == TS_ENOENT ? "this client does not listen to '%s'"
+                                        : "the client is closing (%s)",
+                        bin);
     }
     *p = s->next;
     s->next = NULL;

@@ -135,9 +135,9 @@ void ts__conn_fail_reason(ts_client_t *c, ts__conn *conn, int err, const char *m
     c->state = TS__ST_BACKOFF;
     atomic_store(&c->connected, 0);
     uv_timer_stop(&c->retry);
-    /* After a protocol violation any reply in flight may be the broken one: say so. */
+    /* After a protocol violation any reply in flight may be the broken one: say so, and how. */
     int ferr = server_reason || err == TS_EPROTO ? err : TS_ECONNRESET;
-    const char *fmsg = server_reason ? msg : NULL;
+    const char *fmsg = server_reason || err == TS_EPROTO ? msg : NULL;
     ts__fail_inflight(c, ferr, fmsg);
     ts__fail_list(c, dlist, ferr, fmsg);
     if (server_reason) {

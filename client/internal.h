@@ -378,13 +378,14 @@ struct ts_client_s {
 
     /* Shared with application threads. */
     pthread_mutex_t mu;
-    ts__req *inbox_head;       /* under mu */
-    ts__req *inbox_tail;       /* under mu */
-    ts__sub *subs;             /* under mu */
-    struct ts_service_s *svcs; /* under mu: the services this client serves (service.c) */
-    atomic_uint svc_epoch;     /* bumps with every connection that registers them (service.c) */
-    int closing;               /* under mu: ts_client_free was called */
-    int waiters;               /* under mu: blocking callers between submitting and returning */
+    ts__req *inbox_head;               /* under mu */
+    ts__req *inbox_tail;               /* under mu */
+    ts__sub *subs;                     /* under mu */
+    struct ts_service_s *svcs;         /* under mu: the services this client serves (service.c) */
+    struct ts__svc_anchor *svc_anchor; /* under mu: what its calls hold of it (service.c) */
+    atomic_uint svc_epoch; /* bumps with every connection that registers them (service.c) */
+    int closing;           /* under mu: ts_client_free was called */
+    int waiters;           /* under mu: blocking callers between submitting and returning */
     pthread_cond_t open_cond;
     int open_done;      /* under mu */
     int open_status;    /* under mu */

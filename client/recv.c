@@ -73,6 +73,21 @@ int ts__reply_hdr_check(const ts_client_t *c, const ts__hdr *h, int lz4)
     return h->body_len <= max ? 0 : TS_EPROTO;
 }
 
+/* Why ts__reply_hdr_check refused h, in buf (n bytes): a body over its bound is named as such. */
+static const char *hdr_refusal(const ts_client_t *c, const ts__hdr *h, char *buf, size_t n)
+{
+    uint64_t max = ts__msg_reply_limit(h->opcode, h->status, c->opts.max_reply_bytes);
+    if (h->opcode == 0 || (h->flags & TS_FLAG_LZ4) != 0 || h->body_len <= max)
+        return "malformed frame from the server";
+    if (h->status == TS_ST_OK && max == c->opts.max_reply_bytes)
+        snprintf(buf, n, "a %s reply of %llu bytes is over the client's max_reply_bytes (%llu)",
+                 ts__op_name(h->opcode), (unsigned long long)h->body_len, (unsigned long long)max);
+    else
+        snprintf(buf, n, "a %s reply of %llu bytes is over the %llu its kind may have",
+                 ts__op_name(h->opcode), (unsigned long long)h->body_len, (unsigned long long)max);
+    return buf;
+}
+
 /*
  * Deliver a NOTIFY frame to the subscription for its bin. Returns 0, or TS_EPROTO when the body
  * is malformed. A notification whose event the client does not know (PROTOCOL.md 8.14: a client
@@ -284,9 +299,13 @@ void ts__process_stage(ts_client_t *c, ts__conn *conn)
         if (avail < TS_HDR_SIZE)
             break;
         ts__hdr h;
-        if (ts__hdr_decode(conn->stage + pos, TS_MAGIC_REP, &h) != 0 ||
-            ts__reply_hdr_check(c, &h, conn->lz4) != 0) {
+        if (ts__hdr_decode(conn->stage + pos, TS_MAGIC_REP, &h) != 0) {
             ts__conn_fail(c, conn, TS_EPROTO, "malformed frame from the server");
+            return;
+        }
+        if (ts__reply_hdr_check(c, &h, conn->lz4) != 0) {
+            char why[160];
+            ts__conn_fail(c, conn, TS_EPROTO, hdr_refusal(c, &h, why, sizeof(why)));
             return;
         }
         pos += TS_HDR_SIZE;

@@ -8,6 +8,10 @@
  *
  * Threads: ts_call, ts_service_register and ts_service_unregister block (any thread, never a
  * client callback); ts_call_async, ts_call_reply and ts_call_fail do not (any thread).
+ *
+ * A call may be answered after its client is freed (a worker thread still holding it while the
+ * program shuts down): calls reach the client only through its anchor, which the client lets go
+ * of when it closes, so such an answer is dropped like one for a lost connection.
  */
 #include "tensorshare/service.h"
 
@@ -15,11 +19,53 @@
 
 #include "msg.h"
 
+/*
+ * What the calls of a client hold of it, one per client that serves (c->svc_anchor). Answers
+ * are sent under the read lock while c is set; the client's closing clears c under the write
+ * lock (ts__svc_close), so no answer reaches a client being freed.
+ */
+typedef struct ts__svc_anchor {
+    atomic_int refs;       /* the client's (until it closes) and one per registration */
+    atomic_int gone;       /* set before c is cleared, so that answers stop taking the lock */
+    pthread_rwlock_t lock; /* read: an answer being sent; write: the client closing */
+    ts_client_t *c;        /* under lock; NULL once the client has closed */
+} ts__svc_anchor;
+
+static void anchor_unref(ts__svc_anchor *a)
+{
+    if (atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    pthread_rwlock_destroy(&a->lock);
+    ts__free(a);
+}
+
+/* c's anchor, made on first use, with a reference for the caller; NULL without memory. Under mu. */
+static ts__svc_anchor *anchor_get_locked(ts_client_t *c)
+{
+    ts__svc_anchor *a = c->svc_anchor;
+    if (a == NULL) {
+        a = ts__calloc(1, sizeof(*a));
+        if (a == NULL)
+            return NULL;
+        if (pthread_rwlock_init(&a->lock, NULL) != 0) {
+            ts__free(a);
+            return NULL;
+        }
+        atomic_init(&a->refs, 1); /* the client's */
+        atomic_init(&a->gone, 0);
+        a->c = c;
+        c->svc_anchor = a;
+    }
+    atomic_fetch_add_explicit(&a->refs, 1, memory_order_relaxed);
+    return a;
+}
+
 /* A registration (ts_service_register). */
 struct ts_service_s {
-    ts_service_t *next; /* in c->svcs, under mu */
-    atomic_int refs;    /* the list's (while linked) and one per unanswered call */
-    ts_client_t *c;     /* the (shard) client it is registered on */
+    ts_service_t *next;     /* in c->svcs, under mu */
+    atomic_int refs;        /* the list's (while linked) and one per unanswered call */
+    ts_client_t *c;         /* the (shard) client it is registered on */
+    ts__svc_anchor *anchor; /* a reference: how its calls reach c */
     char *name;
     size_t name_len;
     uint32_t concurrency;
@@ -39,18 +85,35 @@ struct ts_call_s {
 };
 
 /*
- * 1 when call came on a connection that is gone: tensord failed it when the connection closed,
- * so an answer is dropped here rather than sent on a later connection.
+ * The client to answer call on, with its anchor's read lock held (release it with
+ * call_leave), or NULL when the answer is to be dropped: the client has closed, or call came on
+ * a connection that is gone (tensord failed it when the connection closed, so it is not sent on
+ * a later connection).
  */
-static int call_stale(const ts_call_t *call)
+static ts_client_t *call_enter(const ts_call_t *call)
 {
-    return atomic_load_explicit(&call->svc->c->svc_epoch, memory_order_acquire) != call->epoch;
+    ts__svc_anchor *a = call->svc->anchor;
+    if (atomic_load_explicit(&a->gone, memory_order_acquire))
+        return NULL;
+    pthread_rwlock_rdlock(&a->lock);
+    ts_client_t *c = a->c;
+    if (c != NULL && atomic_load_explicit(&c->svc_epoch, memory_order_acquire) == call->epoch)
+        return c;
+    pthread_rwlock_unlock(&a->lock);
+    return NULL;
+}
+
+static void call_leave(const ts_call_t *call)
+{
+    pthread_rwlock_unlock(&call->svc->anchor->lock);
 }
 
 static void svc_unref(ts_service_t *s)
 {
     if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
         return;
+    if (s->anchor != NULL)
+        anchor_unref(s->anchor);
     pthread_cond_destroy(&s->cb_done);
     ts__free(s->name);
     ts__free(s);
@@ -242,11 +305,16 @@ int ts_service_register(ts_service_t **out, ts_client_t *c, const char *service,
     ts_service_t *other = c->svcs;
     while (other != NULL && strcmp(other->name, service) != 0)
         other = other->next;
-    if (other != NULL) {
+    if (other != NULL || c->closing || (s->anchor = anchor_get_locked(c)) == NULL) {
+        rc = other != NULL ? TS_EINVAL : c->closing ? TS_ECANCELED : TS_ENOMEM;
         pthread_mutex_unlock(&c->mu);
         ts__req_free(r);
         svc_unref(s);
-        return ts__fail(TS_EINVAL, "this client already serves '%s'", service);
+        return ts__fail(rc,
+                        rc == TS_EINVAL   ? "this client already serves '%s'"
+                        : rc == TS_ENOMEM ? "no memory to register '%s'"
+                                          : "the client is closing (%s)",
+                        service);
     }
     s->linked = 1;
     s->next = c->svcs;
@@ -306,11 +374,11 @@ void ts_service_unregister(ts_service_t *s)
         svc_unref(s);
 }
 
-/* Submit an SVC_REPLY for call with the fixed fields of status; r's tail is set by the caller. */
-static ts__req *reply_req(ts_call_t *call, uint16_t status, int *rc)
+/* An SVC_REPLY on c for call with the fixed fields of status; r's tail is set by the caller. */
+static ts__req *reply_req(ts_client_t *c, ts_call_t *call, uint16_t status, int *rc)
 {
     ts_service_t *s = call->svc;
-    ts__req *r = ts__api_req_new(s->c, TS__K_ASYNC, TS_OP_SVC_REPLY, s->name, rc);
+    ts__req *r = ts__api_req_new(c, TS__K_ASYNC, TS_OP_SVC_REPLY, s->name, rc);
     if (r == NULL)
         return NULL;
     ts__msg_svc_reply_fixed f = {.call_id = call->id, .status = status};
@@ -324,27 +392,40 @@ static void call_release(ts_call_t *call)
     ts__free(call);
 }
 
+/* Send r, an answer on c: one the closing client no longer sends is dropped (0). */
+static int reply_send(ts_client_t *c, ts__req *r)
+{
+    int rc = ts__api_run_async(c, r, NULL, NULL);
+    if (rc == TS_ECANCELED)
+        ts__set_last_error(NULL, 0);
+    return rc == TS_ECANCELED ? 0 : rc;
+}
+
 int ts_call_reply(ts_call_t *call, const ts_value_t *answer)
 {
     if (call == NULL)
         return ts__fail(TS_EINVAL, "no call");
-    if (answer != NULL && call_stale(call)) {
+    if (answer == NULL) {
+        call_release(call);
+        return ts__fail(TS_EINVAL, "no answer");
+    }
+    ts_client_t *c = call_enter(call);
+    if (c == NULL) {
         call_release(call);
         return 0;
     }
     int rc;
-    ts__req *r = answer == NULL ? NULL : reply_req(call, TS_ST_OK, &rc);
-    if (answer == NULL)
-        rc = ts__fail(TS_EINVAL, "no answer");
+    ts__req *r = reply_req(c, call, TS_ST_OK, &rc);
     if (r != NULL) {
-        rc = ts__api_attach_record(call->svc->c, r, answer, TS_COPY);
+        rc = ts__api_attach_record(c, r, answer, TS_COPY);
         if (rc != 0) {
             ts__req_free(r);
             rc = ts__fail(rc, "the answer cannot be encoded: %s", ts_strerror(rc));
         } else {
-            rc = ts__api_run_async(call->svc->c, r, NULL, NULL);
+            rc = reply_send(c, r);
         }
     }
+    call_leave(call);
     call_release(call);
     return rc;
 }
@@ -353,7 +434,8 @@ int ts_call_fail(ts_call_t *call, int err, const char *msg)
 {
     if (call == NULL)
         return ts__fail(TS_EINVAL, "no call");
-    if (call_stale(call)) {
+    ts_client_t *c = call_enter(call);
+    if (c == NULL) {
         call_release(call);
         return 0;
     }
@@ -364,7 +446,7 @@ int ts_call_fail(ts_call_t *call, int err, const char *msg)
         msg = ts_strerror(err);
     size_t len = strnlen(msg, TS_MAX_ERRMSG);
     int rc;
-    ts__req *r = reply_req(call, status, &rc);
+    ts__req *r = reply_req(c, call, status, &rc);
     if (r != NULL) {
         r->flat = ts__malloc_aligned(len);
         if (r->flat == NULL) {
@@ -374,9 +456,10 @@ int ts_call_fail(ts_call_t *call, int err, const char *msg)
             memcpy(r->flat, msg, len);
             r->flat_len = r->flat_cap = len;
             r->body_len = r->small_len + len;
-            rc = ts__api_run_async(call->svc->c, r, NULL, NULL);
+            rc = reply_send(c, r);
         }
     }
+    call_leave(call);
     call_release(call);
     return rc;
 }
@@ -520,7 +603,17 @@ void ts__svc_close(ts_client_t *c)
     c->svcs = NULL;
     for (ts_service_t *s = list; s != NULL; s = s->next)
         s->linked = 0;
+    ts__svc_anchor *a = c->svc_anchor;
+    c->svc_anchor = NULL;
     pthread_mutex_unlock(&c->mu);
+    if (a != NULL) {
+        /* Answers being sent finish first; later ones find no client and are dropped. */
+        atomic_store_explicit(&a->gone, 1, memory_order_release);
+        pthread_rwlock_wrlock(&a->lock);
+        a->c = NULL;
+        pthread_rwlock_unlock(&a->lock);
+        anchor_unref(a);
+    }
     while (list != NULL) {
         ts_service_t *s = list;
         list = s->next;

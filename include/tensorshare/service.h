@@ -109,15 +109,18 @@ TS_EXTERN int ts_service_register(ts_service_t **out, ts_client_t *c, const char
  * Stop serving: no new calls are handed to this server (blocks until tensord confirms, at most
  * the request timeout); calls already handed may still be answered, and cb is not called again
  * once this returns. Frees svc once its calls are answered. NULL is a no-op. Any thread, never
- * from a client callback. Added in 0.6.0.
+ * from a client callback. ts_client_free ends the client's registrations itself and releases
+ * their handles: a handle is not used after it (calls already handed stay valid: see
+ * ts_call_reply). Added in 0.6.0.
  */
 TS_EXTERN void ts_service_unregister(ts_service_t *svc);
 
 /*
  * Answer call with answer (copied now; it may be freed when this returns) and release call.
  * Non-blocking; any thread. An answer that cannot be delivered (the caller timed out or left,
- * or the connection to tensord was lost) is dropped. 0, or TS_EINVAL (NULL call or answer),
- * TS_ENOMEM, an encoding error; call is released in every case. Added in 0.6.0.
+ * the connection to tensord was lost, or the serving client was freed, even while this call ran)
+ * is dropped and 0 returned. 0, or TS_EINVAL (NULL call or answer), TS_ENOMEM, an encoding
+ * error; call is released in every case. Added in 0.6.0.
  */
 TS_EXTERN int ts_call_reply(ts_call_t *call, const ts_value_t *answer);
 

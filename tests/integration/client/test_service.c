@@ -422,6 +422,86 @@ static void test_timeout_and_errors(void **state)
     tc_latch_destroy(&g.done);
 }
 
+typedef struct late_answerer {
+    holder *h;
+    int from, to; /* the held calls it answers, in turn */
+    int bad;      /* answers that did not return 0 */
+} late_answerer;
+
+static void *answer_late(void *p)
+{
+    late_answerer *a = p;
+    ts_value_t *ans = make_req(1);
+    for (int i = a->from; i < a->to; i++) {
+        ts_call_t *call = holder_take(a->h, i);
+        int rc = i % 2 == 0 ? ts_call_reply(call, ans) : ts_call_fail(call, TS_EINVAL, "late");
+        if (rc != 0)
+            a->bad++;
+    }
+    ts_value_free(ans);
+    return NULL;
+}
+
+/*
+ * Calls held by a worker while the program frees the serving client: answering them afterwards
+ * (or while ts_client_free runs) drops the answer and returns 0, and their callers get
+ * TS_ESERVICE at once. Under the sanitizers this also shows that no freed client is touched.
+ */
+static void test_answer_after_client_free(void **state)
+{
+    (void)state;
+    enum { HELD = 8 };
+    ts_client_t *cc = open_client();
+    gone_arg g[HELD];
+    ts_value_t *req = make_req(11);
+    for (int round = 0; round < 2; round++) {
+        ts_client_t *sc = open_client();
+        holder h;
+        holder_init(&h);
+        ts_service_t *svc;
+        assert_int_equal(ts_service_register(&svc, sc, "held", NULL, hold_cb, &h), 0);
+        for (int i = 0; i < HELD; i++) {
+            g[i] = (gone_arg){.status = 1};
+            tc_latch_init(&g[i].done);
+            assert_int_equal(ts_call_async(cc, "held", req, LONG_MS, 0, TS_COPY, gone_cb, &g[i]),
+                             0);
+        }
+        assert_int_equal(tc_latch_wait(&h.got, HELD, LONG_MS), HELD);
+        /* Two answered before, the rest after (round 0) or while the client is freed (1). */
+        late_answerer early = {.h = &h, .from = 0, .to = 2};
+        (void)answer_late(&early);
+        assert_int_equal(early.bad, 0);
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(tc_latch_wait(&g[i].done, 1, LONG_MS), 1);
+            assert_int_equal(g[i].status, i == 0 ? 0 : TS_EINVAL);
+        }
+        late_answerer late = {.h = &h, .from = 2, .to = HELD};
+        pthread_t th;
+        if (round == 1)
+            assert_int_equal(pthread_create(&th, NULL, answer_late, &late), 0);
+        ts_client_free(sc); /* svc ends with it (service.h) */
+        if (round == 1)
+            assert_int_equal(pthread_join(th, NULL), 0);
+        else
+            (void)answer_late(&late);
+        assert_int_equal(late.bad, 0);
+        for (int i = 0; i < HELD; i++) {
+            assert_int_equal(tc_latch_wait(&g[i].done, 1, LONG_MS), 1);
+            /* After the free: failed. During it: failed, or answered if it went out first. */
+            if (i >= 2 && round == 0)
+                assert_int_equal(g[i].status, TS_ESERVICE);
+            else if (i >= 2)
+                assert_true(g[i].status == TS_ESERVICE ||
+                            g[i].status == (i % 2 == 0 ? 0 : TS_EINVAL));
+            tc_latch_destroy(&g[i].done);
+        }
+        tc_latch_destroy(&h.got);
+        pthread_mutex_destroy(&h.mu);
+    }
+    ts_value_free(req);
+    ts_client_free(cc);
+}
+
 /* Bad input as raw frames: a clear error, nothing registered or called. */
 static void test_bad_input(void **state)
 {
@@ -597,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_server_killed),
         cmocka_unit_test(test_wait_for_server),
         cmocka_unit_test(test_timeout_and_errors),
+        cmocka_unit_test(test_answer_after_client_free),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_register_again_after_restart),
     };
