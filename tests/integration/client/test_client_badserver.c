@@ -664,6 +664,10 @@ static void test_reply_shapes(void **state)
             } else {
                 assert_int_equal(rc, TS_EPROTO);
                 assert_int_equal(wait_for(&f.client_closed, closed + 1), closed + 1);
+                /* A reply over the client's own limit says so, not "malformed". */
+                if (mode == M_HUGE_OK &&
+                    (op == TS_OP_GET || op == TS_OP_PEEK || op == TS_OP_LIST || op == TS_OP_STATS))
+                    assert_non_null(strstr(msg, "over the client's max_reply_bytes"));
             }
             /* The next call works, on the same connection unless this one had to go. */
             assert_int_equal(do_op(c, op), 0);
