@@ -80,6 +80,17 @@ void tsd_server_flush(tsd_server *srv)
         srv->dirty = c->dirty_next;
         c->dirty_next = NULL;
         c->dirty = 0;
+        if (c->close_after_flush && !c->let_go && !c->closing) {
+            /*
+             * It is closing (an error, a slow reader, its peer's end): it holds nothing from
+             * now on, as if closed already. Its waits and subscriptions go, and the calls it
+             * held as a service's server are answered SERVICE_GONE now, not when the grace
+             * period ends. Here, outside every walk of those lists; what this answers on other
+             * connections marks them dirty, and this loop flushes them too.
+             */
+            c->let_go = 1;
+            tsd_notify_conn_gone(srv, c);
+        }
         tsd_conn_flush(c);
     }
 }

@@ -870,6 +870,7 @@ typedef struct tsd_conn {
     int lz4;                 /* the client may send TS_FLAG_LZ4 bodies */
     int closing;             /* uv_close called */
     int close_after_flush;   /* close once every queued write is done */
+    int let_go;              /* closing: its waits, subscriptions and services were dropped */
     int out_blocked;         /* no further output is accepted (cut off, or closing) */
     uint64_t close_deadline; /* uv_now ms; forced close of a lingering connection */
     int eof;                 /* the peer closed its side */

@@ -506,6 +506,43 @@ static void test_take_fifo(void **state)
         close(fd[i]);
 }
 
+/*
+ * A connection that breaks the protocol holds nothing from its error on (PROTOCOL.md section 13),
+ * though tensord keeps it open for up to its grace period to write the error: its barrier
+ * arrival is withdrawn (a second party arriving is not released with it) and its TAKE no
+ * longer takes items.
+ */
+static void test_erred_connection_withdrawn(void **state)
+{
+    (void)state;
+    int fd = raw_conn(&srv);
+    raw_wait_req(fd, TS_OP_BARRIER, 10, "erred-bar", 2, LONG_MS);
+    raw_wait_req(fd, TS_OP_TAKE, 11, "erred-q", 1, LONG_MS);
+    /* A PING with a body: BAD_REQUEST, and the connection closes (the socket is left open). */
+    uint8_t junk = 0;
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 12, &junk, 1), 0);
+    ts__hdr h;
+    uint8_t *b = NULL;
+    size_t bl = 0;
+    assert_int_equal(tsh_recv(fd, &h, &b, &bl), 0);
+    assert_int_equal(h.request_id, 12);
+    assert_int_equal(h.status, TS_ST_BAD_REQUEST);
+    free(b);
+    /* The other party waits alone: its arrival times out rather than being released. */
+    uint64_t gen = 0;
+    assert_int_equal(ts_barrier(cl, "erred-bar", 2, 300, &gen), TS_ETIMEDOUT);
+    /* An item appended now stays for a live taker. */
+    ts_value_t *it = int_item(5);
+    assert_int_equal(ts_append(cl, "erred-q", it, NULL), 0);
+    ts_value_free(it);
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_take(cl, "erred-q", 1, LONG_MS, &items), 0);
+    assert_int_equal(ts_items_count(items), 1);
+    ts_items_free(items);
+    assert_int_equal(tsh_wait_closed(fd, 10000), 1);
+    close(fd);
+}
+
 typedef struct taker {
     ts_client_t *c;
     int errors;
@@ -832,14 +869,23 @@ int main(int argc, char **argv)
     if (argc == 4 && strcmp(argv[1], "--barrier") == 0)
         return barrier_process(argv[2]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_add_basic),        cmocka_unit_test(test_add_bad),
-        cmocka_unit_test(test_add_contended),    cmocka_unit_test(test_put_if_basic),
-        cmocka_unit_test(test_put_if_contended), cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_take_fifo),        cmocka_unit_test(test_take_competing),
-        cmocka_unit_test(test_take_timeout),     cmocka_unit_test(test_mget),
-        cmocka_unit_test(test_barrier),          cmocka_unit_test(test_barrier_bad),
-        cmocka_unit_test(test_wait_shutdown),    cmocka_unit_test(test_put_if_lz4),
-        cmocka_unit_test(test_barrier_memory),   cmocka_unit_test(test_mget_other_kinds),
+        cmocka_unit_test(test_add_basic),
+        cmocka_unit_test(test_add_bad),
+        cmocka_unit_test(test_add_contended),
+        cmocka_unit_test(test_put_if_basic),
+        cmocka_unit_test(test_put_if_contended),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_take_fifo),
+        cmocka_unit_test(test_erred_connection_withdrawn),
+        cmocka_unit_test(test_take_competing),
+        cmocka_unit_test(test_take_timeout),
+        cmocka_unit_test(test_mget),
+        cmocka_unit_test(test_barrier),
+        cmocka_unit_test(test_barrier_bad),
+        cmocka_unit_test(test_wait_shutdown),
+        cmocka_unit_test(test_put_if_lz4),
+        cmocka_unit_test(test_barrier_memory),
+        cmocka_unit_test(test_mget_other_kinds),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

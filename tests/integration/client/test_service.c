@@ -502,6 +502,52 @@ static void test_answer_after_client_free(void **state)
     ts_client_free(cc);
 }
 
+/*
+ * A server whose connection breaks the protocol while it holds a call: the caller gets
+ * TS_ESERVICE at once (PROTOCOL.md section 13), not when tensord's grace period for writing the
+ * error ends; the server's socket is left open meanwhile.
+ */
+static void test_erred_server(void **state)
+{
+    (void)state;
+    int fd = tsh_connect_tcp(srv.port);
+    assert_true(fd >= 0);
+    assert_int_equal(tsh_hello(fd), 0);
+    uint8_t body[512];
+    size_t n;
+    ts__msg_svc_register_req r = {
+        .name = (const uint8_t *)"erred", .name_len = 5, .concurrency = 1};
+    assert_int_equal(ts__msg_svc_register_req_encode(body, sizeof(body), &r, &n), 0);
+    assert_int_equal(tsh_send(fd, TS_OP_SVC_REGISTER, 1, body, n), 0);
+    ts__hdr h;
+    uint8_t *rb = NULL;
+    size_t rl = 0;
+    assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+    assert_int_equal(h.status, TS_ST_OK);
+    free(rb);
+    ts_client_t *cc = open_client();
+    gone_arg g = {.status = 1};
+    tc_latch_init(&g.done);
+    ts_value_t *req = make_req(3);
+    assert_int_equal(ts_call_async(cc, "erred", req, LONG_MS, 0, TS_COPY, gone_cb, &g), 0);
+    assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+    assert_int_equal(h.opcode, TS_OP_SVC_REQUEST);
+    free(rb);
+    uint64_t t0 = tc_now_ms();
+    uint8_t junk = 0;
+    assert_int_equal(tsh_send(fd, TS_OP_PING, 2, &junk, 1), 0); /* BAD_REQUEST, closing */
+    assert_int_equal(tc_latch_wait(&g.done, 1, LONG_MS), 1);
+    assert_int_equal(g.status, TS_ESERVICE);
+    assert_true(g.at - t0 < GONE_MS);
+    assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
+    assert_int_equal(h.status, TS_ST_BAD_REQUEST);
+    free(rb);
+    close(fd);
+    ts_value_free(req);
+    ts_client_free(cc);
+    tc_latch_destroy(&g.done);
+}
+
 /* Bad input as raw frames: a clear error, nothing registered or called. */
 static void test_bad_input(void **state)
 {
@@ -678,6 +724,7 @@ int main(void)
         cmocka_unit_test(test_wait_for_server),
         cmocka_unit_test(test_timeout_and_errors),
         cmocka_unit_test(test_answer_after_client_free),
+        cmocka_unit_test(test_erred_server),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_register_again_after_restart),
     };
