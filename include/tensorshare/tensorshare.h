@@ -407,8 +407,12 @@ TS_EXTERN void ts_bin_list_free(ts_bin_list_t *list);
  * callback returns TS_EDEADLK instead of deadlocking. If the connection drops, requests in
  * flight fail with TS_ECONNRESET, the client reconnects on its own with backoff, and
  * subscriptions are re-established. A server that breaks the protocol (a malformed frame) is
- * treated the same way, except that the requests in flight fail with TS_EPROTO. See
- * docs/THREADING.md. Added in 0.1.0.
+ * treated the same way, except that the requests in flight fail with TS_EPROTO. When tensord
+ * stops cleanly (SIGTERM or SIGINT), it answers every request in flight, the ones waiting on the
+ * server (ts_wait, ts_take, stream reads, ...) included, with SHUTTING_DOWN, then closes the
+ * connection (docs/PROTOCOL.md section 13): those requests fail with TS_ESHUTDOWN ("tensord is
+ * shutting down"), and the client reconnects as above. TS_ECONNRESET is for a connection lost
+ * otherwise. See docs/THREADING.md. Added in 0.1.0.
  */
 typedef struct ts_client_s ts_client_t;
 
