@@ -211,7 +211,7 @@ TS_EXTERN int ts_stream_leave(ts_client_t *c, const char *name, const char *grou
                               const char *member, ts_stream_state_t *st);
 /*
  * The stream's settings, ids, groups and members as a map (docs/STREAMS.md lists the keys).
- * Added in 0.4.0.
+ * *out is yours (ts_value_free). Added in 0.4.0.
  */
 TS_EXTERN int ts_stream_info(ts_client_t *c, const char *name, ts_value_t **out);
 /*

@@ -229,7 +229,14 @@ TS_EXTERN size_t ts_tensor_nbytes(const ts_tensor_t *t);
  *
  * Values you build are owned by you until added to a container (ownership then transfers to the
  * container) or freed with ts_value_free. Values received from a server live inside one buffer
- * and are read-only; they stay valid until the object that returned them is freed. Added in 0.1.0.
+ * and are read-only. A received record handed to you on its own, as a ts_value_t *, is yours:
+ * free the whole tree (and its buffer) with ts_value_free. These are ts_stats's *out (and
+ * res->value of ts_stats_async, when the callback keeps it), ts_stream_info's and ts_table_info's
+ * *out, ts_call's *answer, the request of a ts_service_cb and ts_stream_consumer_next's *value.
+ * Every other received value is part of the object that returned it and stays valid until that
+ * object is freed: the records of a ts_items_t (ts_items_free), ts_rl_batch_data's
+ * (ts_rl_batch_free), ts_rl_params_value's (the last ts_rl_params_release) and ts_shared_value's
+ * (ts_shared_free), and every value inside a received tree. Added in 0.1.0.
  */
 typedef enum ts_type_e {
     TS_TYPE_MAP = 1,
@@ -304,8 +311,10 @@ TS_EXTERN int ts_map_set(ts_value_t *map, const char *key, ts_value_t *child);
 TS_EXTERN int ts_list_push(ts_value_t *list, ts_value_t *child);
 
 /*
- * Free a value you own, with all its children. Never call it on a received value.
- * Added in 0.1.0.
+ * Free a value you own, with all its children: one you built, or a received record that is yours
+ * (see "Values and records" above: ts_stats's *out, ts_call's *answer, ...). Never call it on a
+ * received value that is part of another object (an item of a ts_items_t, a value inside a
+ * received tree). Added in 0.1.0.
  */
 TS_EXTERN void ts_value_free(ts_value_t *v);
 
@@ -517,7 +526,8 @@ typedef struct ts_result_s {
     uint32_t n_items;    /* items in the bin after the operation; for delete, items removed */
     ts_items_t *items;   /* get and peek: set to NULL to keep them, else freed after the cb */
     ts_bin_list_t *bins; /* list: set to NULL to keep it, else freed after the callback */
-    ts_value_t *value;   /* stats: a map; set to NULL to keep it, else freed after the cb */
+    ts_value_t *value;   /* stats: a map; set to NULL to keep it (then ts_value_free it), else
+                            freed after the callback */
 } ts_result_t;
 
 /*
@@ -567,8 +577,8 @@ TS_EXTERN int ts_list(ts_client_t *c, ts_bin_list_t **out);
 TS_EXTERN int ts_wait(ts_client_t *c, const char *bin, uint64_t after_version, int timeout_ms,
                       uint64_t *version, uint32_t *n_items);
 /*
- * Server statistics as a map of ints (uptime_s, connections, bins, items, bytes, ...).
- * Added in 0.1.0.
+ * Server statistics as a map of ints (uptime_s, connections, bins, items, bytes, ...). *out is
+ * yours: free it with ts_value_free. Added in 0.1.0.
  */
 TS_EXTERN int ts_stats(ts_client_t *c, ts_value_t **out);
 /* A round trip to the server. Added in 0.1.0. */
