@@ -783,8 +783,9 @@ TS_EXTERN int ts_tensor_bin_create(ts_client_t *c, const char *bin, ts_dtype_t d
  * a tensor bin's one item is 0 or -1): the item's root tensor when key is NULL or "", else the
  * tensor under key in its root map. *out holds one item whose root is a tensor of shape
  * [end - start, shape[1..]] (yours: ts_items_free; its version is the bin's). Errors: TS_ENOENT
- * (no such bin or key), TS_EINVAL (no such item, not a tensor, a tensor of 0 dimensions, rows
- * out of range, a key over 1024 bytes), TS_EOOM. Added in 0.3.0.
+ * (no such bin or key), TS_EINVAL (no such item, a key given for an item whose root is not a
+ * map, not a tensor, a tensor of 0 dimensions, rows out of range, a key over 1024 bytes),
+ * TS_EOOM. Added in 0.3.0.
  */
 TS_EXTERN int ts_rows_read(ts_client_t *c, const char *bin, int item, const char *key,
                            int64_t start, int64_t end, ts_items_t **out);
