@@ -126,7 +126,7 @@ typedef struct ts_emb_options_s {
     ts_ps_optimizer_t optimizer;
     ts_ps_init_t init;
     uint64_t seed;    /* the initializer's seed: the same on every daemon gives the same rows */
-    uint64_t num_ids; /* ids must be below it; 0: any id >= 0 */
+    uint64_t num_ids; /* ids must be below it (at most 2^63 - 1); 0: any id >= 0 */
     double lr, beta1, beta2, eps;
     double init_scale;
 } ts_emb_options_t;
