@@ -161,11 +161,13 @@ TS_EXTERN int ts_emb_push(ts_client_t *c, const char *name, const int64_t *ids, 
 
 /*
  * The version of table name on each daemon that holds it: versions[i] for the i-th shard of a
- * cluster handle (the order of its address list or map file), versions[0] alone for a client of
- * one daemon; *n gets how many there are (at most the cluster's shards), and only the first cap
- * are written. One EMB_PULL of no ids per daemon, sent at once; no row is made. On a cluster,
- * ts_emb_pull's and ts_emb_push's *version is the highest of the shards the call reached; a
- * worker that needs to know which shard moved keeps this vector instead. Added in 0.6.0.
+ * cluster handle that owns slots, in the order of the addresses given to ts_client_open (its list
+ * or map file; addresses learned later from the daemons follow), which may differ from the
+ * shard order of the daemons' map; versions[0] alone for a client of one daemon; *n gets how
+ * many there are (at most the cluster's shards), and only the first cap are written. One
+ * EMB_PULL of no ids per daemon, sent at once; no row is made. On a cluster, ts_emb_pull's and
+ * ts_emb_push's *version is the highest of the shards the call reached; a worker that needs to
+ * know which shard moved keeps this vector instead. Added in 0.6.0.
  */
 TS_EXTERN int ts_emb_versions(ts_client_t *c, const char *name, uint64_t *versions, size_t cap,
                               size_t *n);
