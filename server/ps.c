@@ -477,12 +477,14 @@ static void dense_step(ps_param *p, float *w, const float *g, float gs, double l
         p->adam_t++;
         double bc1 = 1.0 - pow(p->beta1, (double)p->adam_t);
         double bc2 = 1.0 - pow(p->beta2, (double)p->adam_t);
+        /* 1 - beta in double, rounded once: 1.0f - (float)0.999 is 1.3e-5 off 0.001. */
         float b1 = (float)p->beta1, b2 = (float)p->beta2, eps = (float)p->eps;
+        float c1 = (float)(1.0 - p->beta1), c2 = (float)(1.0 - p->beta2);
         float a = (float)(lr / bc1), rbc2 = (float)(1.0 / bc2);
         for (uint64_t i = 0; i < n; i++) {
             float gi = gs * g[i];
-            p->slot1[i] = b1 * p->slot1[i] + (1.0f - b1) * gi;
-            p->slot2[i] = b2 * p->slot2[i] + (1.0f - b2) * gi * gi;
+            p->slot1[i] = b1 * p->slot1[i] + c1 * gi;
+            p->slot2[i] = b2 * p->slot2[i] + c2 * gi * gi;
             w[i] -= a * p->slot1[i] / (sqrtf(p->slot2[i] * rbc2) + eps);
         }
         break;
@@ -1131,11 +1133,12 @@ static void row_step(ps_emb *t, uint32_t r, const float *g)
         double bc1 = 1.0 - pow(t->beta1, (double)st);
         double bc2 = 1.0 - pow(t->beta2, (double)st);
         float b1 = (float)t->beta1, b2 = (float)t->beta2, eps = (float)t->eps;
+        float c1 = (float)(1.0 - t->beta1), c2 = (float)(1.0 - t->beta2); /* as dense_step's */
         float a = (float)(t->lr / bc1), rbc2 = (float)(1.0 / bc2);
         float *m = w + d, *v = w + 2 * (size_t)d;
         for (uint32_t j = 0; j < d; j++) {
-            m[j] = b1 * m[j] + (1.0f - b1) * g[j];
-            v[j] = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
+            m[j] = b1 * m[j] + c1 * g[j];
+            v[j] = b2 * v[j] + c2 * g[j] * g[j];
             w[j] -= a * m[j] / (sqrtf(v[j] * rbc2) + eps);
         }
         break;
@@ -1470,6 +1473,12 @@ static void emb_upload(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_
 
 void tsd_ps_dispatch(tsd_conn *c, const ts__hdr *h, const ts__msg *m)
 {
+    /* Creating changes what a snapshot holds: refused while they fail, as STREAM_CREATE is. */
+    if ((h->opcode == TS_OP_PS_CREATE || h->opcode == TS_OP_EMB_CREATE) &&
+        tsd_writes_refused(c->srv)) {
+        tsd_refuse_write(c, h->opcode, h->request_id);
+        return;
+    }
     switch (h->opcode) {
     case TS_OP_PS_CREATE:
         op_ps_create(c, h, &m->u.ps_create);

@@ -391,6 +391,15 @@ static void test_momentum_adam(void **state)
     assert_int_equal(ts_ps_push(cl, "adam", &t, 0, 1.0, NULL), 0);
     (void)pull_param(cl, "adam", w, 2);
     assert_true(fabsf(w[0] - 0.6f) < 1e-5f && fabsf(w[1] - 1.4f) < 1e-5f);
+    /*
+     * The first step from 0 is lr exactly, to a few float32 ulps (PS.md: 1 - beta computed in
+     * double and rounded once; 1.0f - 0.999f would make it 0.10000066).
+     */
+    put_param("adam0", 2, 0.0f);
+    assert_int_equal(ts_ps_create(cl, "adam0", &o, NULL), 0);
+    assert_int_equal(ts_ps_push(cl, "adam0", &t, 0, 1.0, NULL), 0);
+    (void)pull_param(cl, "adam0", w, 2);
+    assert_true(fabsf(w[0] + 0.1f) < 3e-8f && fabsf(w[1] - 0.1f) < 3e-8f);
 }
 
 /* Rows are made lazily by a counter-based initializer: two daemons give identical rows. */
