@@ -23,6 +23,7 @@ static ts_value_t *build(tsd_server *srv)
         uint8_t op;
     } ops[] = {
         {"ops_hello", TS_OP_HELLO},
+        {"ops_auth_challenge", TS_OP_AUTH_CHALLENGE},
         {"ops_ping", TS_OP_PING},
         {"ops_put", TS_OP_PUT},
         {"ops_append", TS_OP_APPEND},
@@ -64,7 +65,16 @@ static ts_value_t *build(tsd_server *srv)
         {"ops_table_update", TS_OP_TABLE_UPDATE},
         {"ops_table_remove", TS_OP_TABLE_REMOVE},
         {"ops_table_info", TS_OP_TABLE_INFO},
+        {"ops_svc_register", TS_OP_SVC_REGISTER},
+        {"ops_svc_call", TS_OP_SVC_CALL},
+        {"ops_svc_reply", TS_OP_SVC_REPLY},
         {"ops_shard_map", TS_OP_SHARD_MAP},
+        {"ops_ps_create", TS_OP_PS_CREATE},
+        {"ops_ps_push", TS_OP_PS_PUSH},
+        {"ops_ps_pull", TS_OP_PS_PULL},
+        {"ops_emb_create", TS_OP_EMB_CREATE},
+        {"ops_emb_pull", TS_OP_EMB_PULL},
+        {"ops_emb_push", TS_OP_EMB_PUSH},
     };
     ts_value_t *m = ts_map_new();
     if (m == NULL)

@@ -477,6 +477,18 @@ static void test_save_failing_as_documented(void **state)
     for (int i = 0; i < 4; i++)
         if (tsu_stat(fd, keys[i]) != ops[i] + 1)
             fail_msg("%s did not count the request refused with SAVE_FAILING", keys[i]);
+    /* Creating a parameter or an embedding table is refused too (a missing bin included). */
+    ts__msg_ps_create_req pc = {.name = (const uint8_t *)"missing",
+                                .name_len = 7,
+                                .optimizer = TS_PS_OPT_SGD,
+                                .lr = 0.1,
+                                .dim = 4};
+    uint8_t pbody[256];
+    size_t pn;
+    assert_int_equal(ts__msg_ps_create_req_encode(pbody, sizeof(pbody), &pc, &pn), 0);
+    expect_status(fd, TS_OP_PS_CREATE, 25, pbody, pn, TS_ST_SAVE_FAILING);
+    assert_int_equal(ts__msg_emb_create_req_encode(pbody, sizeof(pbody), &pc, &pn), 0);
+    expect_status(fd, TS_OP_EMB_CREATE, 26, pbody, pn, TS_ST_SAVE_FAILING);
     /* Reads go on, LISTEN and UNLISTEN included. */
     n = tsh_name_body(body, sizeof(body), "a", "\0\0\0\0", 4);
     expect_status(fd, TS_OP_PEEK, 7, body, n, TS_ST_OK);
