@@ -318,7 +318,7 @@ static ts__req *store_req(ts_client_t *c, int kind, uint8_t op, const char *bin,
     *rc = attach_record(c, r, item, flags);
     if (*rc != 0) {
         ts__req_free(r);
-        *rc = ts__fail(*rc, "the item cannot be encoded: %s", ts_strerror(*rc));
+        *rc = ts__fail(*rc, "the item cannot be encoded: %s", ts__record_plan_why(*rc));
         return NULL;
     }
     return r;
@@ -832,7 +832,7 @@ int ts__api_borrow_record(ts__req *r, const ts_value_t *item)
     int rc = ts__record_plan(item, &e);
     if (rc != 0) {
         ts__req_free(r);
-        return ts__fail(rc, "the item cannot be encoded: %s", ts_strerror(rc));
+        return ts__fail(rc, "the item cannot be encoded: %s", ts__record_plan_why(rc));
     }
     r->body_len = r->small_len + e.total;
     r->enc = e;

@@ -72,7 +72,7 @@ int ts_put_if(ts_client_t *c, const char *name, uint64_t expected_version, const
     rc = ts__api_attach_record(c, r, item, TS_BORROW);
     if (rc != 0) {
         ts__req_free(r);
-        return ts__fail(rc, "the item cannot be encoded: %s", ts_strerror(rc));
+        return ts__fail(rc, "the item cannot be encoded: %s", ts__record_plan_why(rc));
     }
     ts__req *done;
     rc = ts__api_run_blocking(c, r, &done);
@@ -140,9 +140,11 @@ int ts_mget(ts_client_t *c, const char *const *names, size_t n, size_t max_items
     int rc = ts__api_check_call(c, 1);
     if (rc != 0)
         return rc;
-    if (names == NULL || out == NULL || n == 0 || n > TS_MGET_MAX)
-        return ts__fail(TS_EINVAL, "MGET of %zu names: expected 1 to %d names and a result array",
-                        n, TS_MGET_MAX);
+    if (n == 0 || n > TS_MGET_MAX)
+        return ts__fail(TS_EINVAL, "MGET of %zu names: expected 1 to %d", n, TS_MGET_MAX);
+    if (names == NULL || out == NULL)
+        return ts__fail(TS_EINVAL, "MGET needs %s (got NULL)",
+                        names == NULL ? "the names" : "an out pointer");
     const uint8_t *ptrs[TS_MGET_MAX];
     size_t lens[TS_MGET_MAX];
     for (size_t i = 0; i < n; i++) {

@@ -41,8 +41,8 @@ static ts__req *ps_upload_req(ts_client_t *c, uint8_t op, const char *name, cons
     *rc = ts__api_attach_record(c, r, item, TS_BORROW);
     if (*rc != 0) {
         ts__req_free(r);
-        *rc =
-            ts__fail(*rc, "the %s record cannot be encoded: %s", ts__op_name(op), ts_strerror(*rc));
+        *rc = ts__fail(*rc, "the %s record cannot be encoded: %s", ts__op_name(op),
+                       ts__record_plan_why(*rc));
         return NULL;
     }
     return r;

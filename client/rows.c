@@ -38,7 +38,8 @@ static ts__req *record_req(ts_client_t *c, int kind, uint8_t op, const char *bin
     *rc = ts__record_plan(root, &e);
     if (*rc != 0) {
         ts__req_free(r);
-        ts__fail(*rc, "the %s request cannot be encoded: %s", ts__op_name(op), ts_strerror(*rc));
+        ts__fail(*rc, "the %s request cannot be encoded: %s", ts__op_name(op),
+                 ts__record_plan_why(*rc));
         return NULL;
     }
     r->body_len = r->small_len + e.total;

@@ -171,7 +171,7 @@ static ts__req *call_req(ts_client_t *c, int kind, const char *service, const ts
     *rc = ts__api_attach_record(c, r, request, copy_flags);
     if (*rc != 0) {
         ts__req_free(r);
-        *rc = ts__fail(*rc, "the request cannot be encoded: %s", ts_strerror(*rc));
+        *rc = ts__fail(*rc, "the request cannot be encoded: %s", ts__record_plan_why(*rc));
         return NULL;
     }
     /* tensord answers by the call's timeout; the request timeout is the margin past it. */
@@ -420,7 +420,7 @@ int ts_call_reply(ts_call_t *call, const ts_value_t *answer)
         rc = ts__api_attach_record(c, r, answer, TS_COPY);
         if (rc != 0) {
             ts__req_free(r);
-            rc = ts__fail(rc, "the answer cannot be encoded: %s", ts_strerror(rc));
+            rc = ts__fail(rc, "the answer cannot be encoded: %s", ts__record_plan_why(rc));
         } else {
             rc = reply_send(c, r);
         }

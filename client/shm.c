@@ -806,7 +806,7 @@ int ts_shared_new(const ts_value_t *layout, ts_shared_t **out)
     ts__enc e;
     int rc = ts__record_plan(layout, &e);
     if (rc != 0)
-        return ts__fail(rc, "the layout cannot be encoded: %s", ts_strerror(rc));
+        return ts__fail(rc, "the layout cannot be encoded: %s", ts__record_plan_why(rc));
     uint8_t *kinds = e.nsegs > 0 ? ts__malloc(e.nsegs) : NULL;
     ts_shared_t *sh = ts__calloc(1, sizeof(*sh));
     if (sh == NULL || (e.nsegs > 0 && kinds == NULL) || e.total > SIZE_MAX) {

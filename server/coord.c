@@ -69,7 +69,7 @@ static void op_add(tsd_conn *c, const ts__hdr *h, const ts__msg_coord_req *q)
     if (bin != NULL && counter_value(bin, &cur) != 0) {
         tsd_name_printable(q->name, q->name_len, pn, sizeof(pn));
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
-                      "ADD on bin %s: not a counter (a counter holds one item whose record is an "
+                      "ADD on bin '%s': not a counter (a counter holds one item whose record is an "
                       "int; this bin holds %u items)",
                       pn, bin->n_items);
         return;
@@ -77,7 +77,7 @@ static void op_add(tsd_conn *c, const ts__hdr *h, const ts__msg_coord_req *q)
     if (__builtin_add_overflow(cur, q->delta, &next)) {
         tsd_name_printable(q->name, q->name_len, pn, sizeof(pn));
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
-                      "ADD of %lld to counter %s (%lld) overflows int64", (long long)q->delta, pn,
+                      "ADD of %lld to counter '%s' (%lld) overflows int64", (long long)q->delta, pn,
                       (long long)cur);
         return;
     }

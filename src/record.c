@@ -464,6 +464,15 @@ static void pwrite(const ts_value_t *v, wstate *s)
     }
 }
 
+_Static_assert(TS_MAX_DEPTH == 32, "ts__record_plan_why names the depth limit");
+
+const char *ts__record_plan_why(int rc)
+{
+    if (rc == TS_EINVAL)
+        return "nested deeper than 32 levels, or more than 4 GiB of keys, strings and shapes";
+    return ts_strerror(rc);
+}
+
 int ts__record_plan(const ts_value_t *root, ts__enc *e)
 {
     memset(e, 0, sizeof(*e));

@@ -102,6 +102,8 @@ extern const uint8_t ts__zeros[TS__ALIGN];
 
 /* Build the plan; TS_EINVAL for a tree beyond the protocol's limits, TS_ENOMEM. */
 int ts__record_plan(const ts_value_t *root, ts__enc *e);
+/* What ts__record_plan's error rc means, for a message: the limits for TS_EINVAL. */
+const char *ts__record_plan_why(int rc);
 void ts__enc_free(ts__enc *e);
 /* Copy the planned record into out (at least e->total bytes). */
 void ts__enc_copy(const ts__enc *e, uint8_t *out);

@@ -276,13 +276,42 @@ static void test_bad_arguments(void **state)
     name[255] = '\0'; /* 255 bytes is the longest name */
     assert_int_equal(ts_put(cl, name, it, NULL), 0);
     assert_int_equal(ts_delete(cl, name, NULL), 0);
-    assert_int_equal(ts_put(cl, NULL, it, NULL), TS_EINVAL);
-    assert_int_equal(ts_put(cl, "x", NULL, NULL), TS_EINVAL);
-    assert_int_equal(ts_put(NULL, "x", it, NULL), TS_EINVAL);
-    assert_int_equal(ts_get(cl, "x", 0, NULL), TS_EINVAL);
-    assert_int_equal(ts_put_async(cl, "x", NULL, 0, slot_cb, NULL), TS_EINVAL);
-    assert_int_equal(ts_listen(cl, "x", NULL, NULL), TS_EINVAL);
-    assert_int_equal(ts_unlisten(cl, "never-listened"), TS_ENOENT);
+    /* Each refusal says what is missing (tensorshare.h, "Error messages"). */
+#define REFUSED(call, code, words)                                                                 \
+    do {                                                                                           \
+        ts_set_last_error("");                                                                     \
+        assert_int_equal((call), (code));                                                          \
+        if (strstr(ts_last_error(), (words)) == NULL)                                              \
+            fail_msg("%s: message '%s', expected '%s' in it", #call, ts_last_error(), (words));    \
+    } while (0)
+    REFUSED(ts_put(cl, NULL, it, NULL), TS_EINVAL, "PUT needs a bin name");
+    REFUSED(ts_put(cl, "x", NULL, NULL), TS_EINVAL, "PUT needs an item");
+    REFUSED(ts_append(cl, "x", NULL, NULL), TS_EINVAL, "APPEND needs an item");
+    REFUSED(ts_put(NULL, "x", it, NULL), TS_EINVAL, "no client");
+    REFUSED(ts_get(cl, "x", 0, NULL), TS_EINVAL, "GET needs an out pointer");
+    REFUSED(ts_get(cl, NULL, 0, &items), TS_EINVAL, "GET needs a bin name");
+    REFUSED(ts_peek(cl, "x", 0, NULL), TS_EINVAL, "PEEK needs an out pointer");
+    REFUSED(ts_delete(cl, NULL, NULL), TS_EINVAL, "DELETE needs a bin name");
+    REFUSED(ts_list(cl, NULL), TS_EINVAL, "LIST needs an out pointer");
+    REFUSED(ts_stats(cl, NULL), TS_EINVAL, "STATS needs an out pointer");
+    REFUSED(ts_wait(cl, NULL, 0, 10, NULL, NULL), TS_EINVAL, "WAIT needs a bin name");
+    REFUSED(ts_put_async(cl, "x", NULL, 0, slot_cb, NULL), TS_EINVAL, "PUT needs an item");
+    REFUSED(ts_get_async(cl, NULL, 0, slot_cb, NULL), TS_EINVAL, "GET needs a bin name");
+    REFUSED(ts_delete_async(cl, NULL, slot_cb, NULL), TS_EINVAL, "DELETE needs a bin name");
+    REFUSED(ts_wait_async(cl, NULL, 0, 10, slot_cb, NULL), TS_EINVAL, "WAIT needs a bin name");
+    REFUSED(ts_listen(cl, "x", NULL, NULL), TS_EINVAL, "LISTEN needs a callback");
+    REFUSED(ts_unlisten(cl, NULL), TS_EINVAL, "UNLISTEN needs a bin name");
+    REFUSED(ts_unlisten(cl, "never-listened"), TS_ENOENT, "does not listen to 'never-listened'");
+    /* A record nested past TS_MAX_DEPTH says so. */
+    ts_value_t *deep = ts_map_new(), *cur = deep;
+    for (int i = 0; i < TS_MAX_DEPTH; i++) {
+        ts_value_t *next = ts_map_new();
+        assert_int_equal(ts_map_set(cur, "d", next), 0);
+        cur = next;
+    }
+    REFUSED(ts_put(cl, "x", deep, NULL), TS_EINVAL, "nested deeper than 32 levels");
+    ts_value_free(deep);
+#undef REFUSED
     ts_value_free(it);
 }
 

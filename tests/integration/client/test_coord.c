@@ -132,7 +132,7 @@ static void test_add_bad(void **state)
     ts_value_free(it);
     assert_int_equal(ts_add(cl, "two", 1, &value, NULL), TS_EINVAL);
     assert_true(value == 42);
-    assert_non_null(strstr(ts_last_error(), "not a counter"));
+    assert_non_null(strstr(ts_last_error(), "ADD on bin 'two': not a counter"));
     ts_items_t *items = NULL;
     assert_int_equal(ts_peek(cl, "two", 0, &items), 0);
     assert_true(ts_items_count(items) == 2 && ts_items_version(items) == before);
@@ -148,6 +148,8 @@ static void test_add_bad(void **state)
     /* Overflow, both ways. */
     assert_int_equal(ts_add(cl, "big", INT64_MAX, NULL, &before), 0);
     assert_int_equal(ts_add(cl, "big", 1, NULL, NULL), TS_EINVAL);
+    assert_string_equal(ts_last_error(),
+                        "ADD of 1 to counter 'big' (9223372036854775807) overflows int64");
     assert_non_null(strstr(ts_last_error(), "overflows"));
     assert_true(peek_counter("big", &after) == INT64_MAX && after == before);
     assert_int_equal(ts_add(cl, "small", INT64_MIN, NULL, NULL), 0);
@@ -645,6 +647,8 @@ static void test_mget(void **state)
     ts_items_free(out[2]);
     /* Bounds: 0 names, too many, a body over the control limit. */
     assert_int_equal(ts_mget(cl, names, 0, 0, out), TS_EINVAL);
+    assert_int_equal(ts_mget(cl, NULL, 1, 0, out), TS_EINVAL);
+    assert_string_equal(ts_last_error(), "MGET needs the names (got NULL)");
     static const char *many[TS_MGET_MAX + 1];
     static char longn[TS_MAX_NAME_LEN + 1];
     memset(longn, 'n', TS_MAX_NAME_LEN);
