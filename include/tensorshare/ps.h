@@ -144,8 +144,10 @@ TS_EXTERN int ts_emb_create(ts_client_t *c, const char *name, const ts_emb_optio
  * Read the rows of ids[0..n) (each >= 0 and below the table's num_ids) into out, n x dim floats
  * in the order of ids (dim must be the table's). Rows that do not exist yet are created by the
  * table's initializer first. Duplicate ids are sent once and copied back to every place they
- * appear. *version: the table's version. TS_EINVAL: an id out of range or another dim (nothing
- * created). Added in 0.5.0.
+ * appear. *version: the table's version. TS_EINVAL: an id out of range (nothing created), or
+ * another dim: the request carries no dim, so the client finds the mismatch in the answer, and
+ * rows the pull made for new ids stay in the table (as a pull with the right dim would have made
+ * them; out is not written). Added in 0.5.0.
  */
 TS_EXTERN int ts_emb_pull(ts_client_t *c, const char *name, const int64_t *ids, size_t n,
                           uint32_t dim, float *out, uint64_t *version);
