@@ -480,20 +480,22 @@ static size_t take_buffered(tsd_conn *c, uint8_t *dst, uint64_t want)
 
 /*
  * Write into msg (cap bytes) what fills the memory limit, for OUT_OF_MEMORY replies: the
- * counted total and its parts, so an operator sees whether items, bins, queued output, uploads
- * in progress or connections hold it.
+ * counted total and every part of it (they add up to the total, see tsd_store_used), so an
+ * operator sees whether items, items kept alive by replies or snapshots, bins, queued output,
+ * uploads in progress or connections hold it.
  */
 static void oom_message(const tsd_server *srv, uint64_t need, char *msg, size_t cap)
 {
     const tsd_store *st = &srv->store;
     snprintf(msg, cap,
-             "memory limit reached: %llu of %llu bytes used (items %llu, bin and item overhead "
-             "%llu, output buffers %llu, uploads in progress %llu, connections %llu); %llu more "
-             "needed",
+             "memory limit reached: %llu of %llu bytes used (items %llu, orphaned items %llu, bin "
+             "and item overhead %llu, output buffers %llu, uploads in progress %llu, connections "
+             "%llu); %llu more needed",
              (unsigned long long)tsd_store_used(st), (unsigned long long)st->max_memory,
-             (unsigned long long)st->held, (unsigned long long)st->overhead,
-             (unsigned long long)st->output, (unsigned long long)st->reserved,
-             (unsigned long long)st->conns, (unsigned long long)need);
+             (unsigned long long)st->held, (unsigned long long)st->orphaned_bytes,
+             (unsigned long long)st->overhead, (unsigned long long)st->output,
+             (unsigned long long)st->reserved, (unsigned long long)st->conns,
+             (unsigned long long)need);
 }
 
 /*
@@ -611,18 +613,19 @@ static int reserve_ahead(tsd_conn *c)
     return -1;
 }
 
-/* Hand a validated record to the store (the reservation now covers exactly the record). */
-static void item_store(tsd_conn *c, tsd_item *it)
+/*
+ * Hand a validated record to its handler. The reservation covers the record's length (which the
+ * handler consumes: linked into the store, taken by a stream or table, or returned) and, apart,
+ * the item's overhead (item_store). 1 when the handler ran, 0 when the upload was refused first.
+ */
+static int item_dispatch(tsd_conn *c, tsd_item *it, size_t len)
 {
-    size_t len = tsd_item_len(it);
-    tsd_store_unreserve(&c->srv->store, c->cur_reserved - len);
-    c->cur_reserved = 0;
     /* A compressed upload's name is known once inflated: another shard's is refused now. */
     if (tsd_shard_refuse(c, c->cur.opcode, c->cur.request_id, c->cur_name, c->cur_name_len)) {
         c->srv->stats.ops[c->cur.opcode]++;
         tsd_store_unreserve(&c->srv->store, len);
         tsd_item_unref(it);
-        return;
+        return 0;
     }
     if (c->cur.opcode == TS_OP_TABLE_INSERT) {
         tsd_table_insert(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, c->cur_fixed_len,
@@ -654,7 +657,42 @@ static void item_store(tsd_conn *c, tsd_item *it)
                       it); /* ps.c */
     else
         tsd_op_store(c, &c->cur, c->cur_name, c->cur_name_len, it);
-    upload_timed(c);
+    return 1;
+}
+
+/*
+ * Hand a validated record to the store. What the item takes once stored, its record bytes plus
+ * its overhead (the rounding of its buffer and its header: tsd_item_overhead), is reserved
+ * first, so that --max-memory bounds the allocation and not only the bytes received: past the
+ * limit the upload is answered OUT_OF_MEMORY and nothing is stored. The overhead's part stays
+ * reserved while the handler runs (which counts it as the store's overhead when it keeps the
+ * item), so nothing the handler charges meanwhile can take its place.
+ */
+static void item_store(tsd_conn *c, tsd_item *it)
+{
+    tsd_server *srv = c->srv;
+    size_t len = tsd_item_len(it);
+    uint64_t extra = tsd_item_overhead(it);
+    uint64_t cost = (uint64_t)len + extra;
+    if (cost > c->cur_reserved && tsd_store_reserve(&srv->store, cost - c->cur_reserved) != 0) {
+        tsd_store_unreserve(&srv->store, c->cur_reserved);
+        c->cur_reserved = 0;
+        tsd_item_unref(it);
+        srv->stats.ops[c->cur.opcode]++;
+        srv->stats.oom_rejections++;
+        char msg[TS_MAX_ERRMSG];
+        oom_message(srv, cost, msg, sizeof(msg));
+        tsd_reply_msg(c, c->cur.opcode, c->cur.request_id, TS_ST_OUT_OF_MEMORY, msg, strlen(msg));
+        upload_timed(c);
+        return;
+    }
+    if (c->cur_reserved > cost)
+        tsd_store_unreserve(&srv->store, c->cur_reserved - cost);
+    c->cur_reserved = 0;
+    int ran = item_dispatch(c, it, len);
+    tsd_store_unreserve(&srv->store, extra);
+    if (ran)
+        upload_timed(c);
 }
 
 /*

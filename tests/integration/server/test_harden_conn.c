@@ -78,6 +78,61 @@ static int lz4_client(void)
     return fd;
 }
 
+/* Send a PUT whose body (name and record) is LZ4-compressed, on a connection that asked for it. */
+static void send_lz4_put(int fd, uint32_t rid, const char *name, const uint8_t *rec, size_t len)
+{
+    size_t nl = strlen(name);
+    size_t raw = 1 + nl + len;
+    uint8_t *body = malloc(raw);
+    assert_non_null(body);
+    body[0] = (uint8_t)nl;
+    memcpy(body + 1, name, nl);
+    memcpy(body + 1 + nl, rec, len);
+    size_t cap = ts__lz4_bound(raw);
+    uint8_t *frame = malloc(TS_HDR_SIZE + cap);
+    assert_non_null(frame);
+    size_t clen = 0;
+    assert_int_equal(ts__lz4_compress(body, raw, frame + TS_HDR_SIZE, cap, &clen), 0);
+    free(body);
+    ts__hdr h = {.magic = TS_MAGIC_REQ,
+                 .version = TS_PROTO_VERSION,
+                 .opcode = TS_OP_PUT,
+                 .flags = TS_FLAG_LZ4,
+                 .request_id = rid,
+                 .body_len = clen};
+    ts__hdr_encode(&h, frame);
+    assert_int_equal(tsh_write_all(fd, frame, TS_HDR_SIZE + clen), 0);
+    free(frame);
+}
+
+/*
+ * f is an OUT_OF_MEMORY reply for the memory limit: its message names the total used and every
+ * part of it, and the parts add up to the total. Returns the orphaned items' part.
+ */
+static unsigned long long expect_oom_parts(const tsu_frame *f)
+{
+    static const char head[] = "memory limit reached: ";
+    const uint8_t *p = memmem(f->body, f->len, head, sizeof(head) - 1);
+    assert_non_null(p);
+    char msg[TS_MAX_ERRMSG + 1];
+    size_t n = f->len - (size_t)(p - f->body);
+    if (n > TS_MAX_ERRMSG)
+        n = TS_MAX_ERRMSG;
+    memcpy(msg, p, n);
+    msg[n] = '\0';
+    unsigned long long used, limit, items, orphaned, overhead, output, uploads, conns, need;
+    assert_int_equal(sscanf(msg,
+                            "memory limit reached: %llu of %llu bytes used (items %llu, orphaned "
+                            "items %llu, bin and item overhead %llu, output buffers %llu, uploads "
+                            "in progress %llu, connections %llu); %llu more needed",
+                            &used, &limit, &items, &orphaned, &overhead, &output, &uploads, &conns,
+                            &need),
+                     9);
+    assert_true(items + orphaned + overhead + output + uploads + conns == used);
+    assert_true(need > 0);
+    return orphaned;
+}
+
 /*
  * Uploads that declare large bodies and stop halfway reserve only what arrived plus one step,
  * so they do not lock every other writer out with OUT_OF_MEMORY.
@@ -617,7 +672,7 @@ static void test_queued_output_counted(void **state)
 static void test_orphaned_reply_counted(void **state)
 {
     (void)state;
-    const char *args[] = {"--max-output", "64m", NULL};
+    const char *args[] = {"--max-output", "64m", "--max-memory", "32m", NULL};
     assert_int_equal(tsh_server_start(&s, args), 0);
     int fd = tsu_client(&s);
     size_t len;
@@ -643,6 +698,14 @@ static void test_orphaned_reply_counted(void **state)
     int64_t used = tsu_stat(fd, "used_memory");
     assert_true(orphaned >= (int64_t)8 << 20);
     assert_true(used >= tsu_stat(fd, "bytes") + orphaned);
+    /* An upload refused meanwhile names the orphaned bytes among the parts of what is used. */
+    uint8_t *over = tsu_rec_bytes((size_t)24 << 20, 8, &len);
+    assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 20, "over", over, len), 0);
+    tsu_frame f;
+    tsu_expect(fd, &f, TS_OP_PUT, 20, TS_ST_OUT_OF_MEMORY);
+    assert_true(expect_oom_parts(&f) >= (8ull << 20));
+    tsu_frame_free(&f);
+    tsu_rec_free(over, len);
     /* Once the reader goes, its reply and the replaced item are freed. */
     close(rd);
     for (int i = 0; i < 300 && orphaned != 0; i++) {
@@ -652,6 +715,49 @@ static void test_orphaned_reply_counted(void **state)
     }
     assert_int_equal(orphaned, 0);
     assert_true(tsu_stat(fd, "used_memory") < used_before - (7 << 20));
+    close(fd);
+    stop_server();
+}
+
+/*
+ * An item of 4 MiB or more sits in a buffer rounded up to 2 MiB, and the rounding counts against
+ * --max-memory: an upload whose record fits the limit but whose buffer does not is refused (raw
+ * or compressed, PUT or APPEND), nothing is stored, and used_memory never passes the limit.
+ */
+static void test_buffer_rounding_counted(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-memory", "7m", NULL};
+    assert_int_equal(tsh_server_start(&s, args), 0);
+    int fd = tsu_client(&s);
+    int zfd = lz4_client();
+    size_t len;
+    uint8_t *rec = tsu_rec_bytes((size_t)6 << 20, 6, &len); /* a buffer of 8 MiB */
+    tsu_frame f;
+    assert_int_equal(tsu_send_store(fd, TS_OP_PUT, 2, "x", rec, len), 0);
+    tsu_expect(fd, &f, TS_OP_PUT, 2, TS_ST_OUT_OF_MEMORY);
+    (void)expect_oom_parts(&f);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_send_store(fd, TS_OP_APPEND, 3, "x", rec, len), 0);
+    tsu_expect(fd, &f, TS_OP_APPEND, 3, TS_ST_OUT_OF_MEMORY);
+    tsu_frame_free(&f);
+    send_lz4_put(zfd, 4, "x", rec, len);
+    tsu_expect(zfd, &f, TS_OP_PUT, 4, TS_ST_OUT_OF_MEMORY);
+    (void)expect_oom_parts(&f);
+    tsu_frame_free(&f);
+    tsu_rec_free(rec, len);
+    assert_int_equal(tsu_send_get(fd, TS_OP_PEEK, 5, "x", 1), 0);
+    tsu_expect(fd, &f, TS_OP_PEEK, 5, TS_ST_NOT_FOUND);
+    tsu_frame_free(&f);
+    assert_int_equal(tsu_stat(fd, "bytes_reserved"), 0);
+    assert_true(tsu_stat(fd, "used_memory") <= 7 << 20);
+    /* A record of 5 MiB (a 6 MiB buffer) fits: stored, its rounding counted, under the limit. */
+    rec = tsu_rec_bytes((size_t)5 << 20, 7, &len);
+    tsu_store(fd, TS_OP_PUT, "y", rec, len, NULL);
+    tsu_rec_free(rec, len);
+    assert_true(tsu_stat(fd, "overhead_bytes") >= ((int64_t)1 << 20) - 64);
+    assert_true(tsu_stat(fd, "used_memory") <= 7 << 20);
+    close(zfd);
     close(fd);
     stop_server();
 }
@@ -667,6 +773,7 @@ int main(void)
         T(test_unauth_flood_leaves_room),        T(test_bytes_sent),
         T(test_trickling_uploads_leave_room),    T(test_bin_overhead_counted),
         T(test_queued_output_counted),           T(test_orphaned_reply_counted),
+        T(test_buffer_rounding_counted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
