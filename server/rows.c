@@ -299,14 +299,31 @@ int tsd_rows_tensor_item(tsd_server *srv, size_t len, tsd_item **out)
     if (drc == 0) {
         srv->store.reserved += len;
         ((tsd_item_own *)(void *)it)->live = 1;
-    } else if (tsd_store_reserve(&srv->store, len) != 0) {
-        return TSD_TENSOR_ITEM_LIMIT;
     } else {
+        /*
+         * What the item takes once stored, not only its record, must fit: the record with the
+         * rounding of a large buffer (to TSD_POOL_ROUND, on the heap or in a memfd alike) is
+         * reserved before anything is allocated; the rest of its overhead (its header, a small
+         * memfd's page) is checked once it exists, before the store counts it.
+         */
+        if (len > SIZE_MAX - TSD_POOL_ROUND)
+            return TSD_TENSOR_ITEM_LIMIT; /* no count of bytes used leaves room for it */
+        uint64_t round = len < TSD_POOL_MIN ? 0 : ts__align_up(len, TSD_POOL_ROUND) - len;
+        if (tsd_store_reserve(&srv->store, len + round) != 0)
+            return TSD_TENSOR_ITEM_LIMIT;
         it = tensor_item_new(srv, len);
         if (it == NULL) {
-            tsd_store_unreserve(&srv->store, len);
+            tsd_store_unreserve(&srv->store, len + round);
             return TSD_TENSOR_ITEM_NOMEM;
         }
+        uint64_t rest = tsd_item_overhead(it) - round;
+        tsd_store_unreserve(&srv->store, round);
+        if (tsd_store_reserve(&srv->store, rest) != 0) {
+            tsd_item_unref(it);
+            tsd_store_unreserve(&srv->store, len);
+            return TSD_TENSOR_ITEM_LIMIT;
+        }
+        tsd_store_unreserve(&srv->store, rest);
     }
     *out = it;
     return 0;
@@ -329,8 +346,10 @@ static void op_tensor_bin(tsd_conn *c, const ts__hdr *h, const ts__msg_tensor_bi
     uint64_t rec_len;
     if (ts__rows_rec_size(m->dtype, m->ndim, m->dims, &rec_len) != 0) {
         tsd_reply_err(c, op, rid, TS_ST_INVALID,
-                      "a tensor of this shape does not fit in a record (a dim over 2^63 - 1, or "
-                      "more than 2^64 bytes)");
+                      "a tensor of this shape does not fit in a record: a dim is over 2^63 - 1, "
+                      "or the record (its %zu-byte head and the tensor's data) would take 2^64 "
+                      "bytes or more",
+                      ts__rows_rec_head_size(m->ndim));
         return;
     }
     if (tsd_store_find(&srv->store, m->name, m->name_len) != NULL) {
@@ -350,7 +369,8 @@ static void op_tensor_bin(tsd_conn *c, const ts__hdr *h, const ts__msg_tensor_bi
     if (trc == TSD_TENSOR_ITEM_LIMIT) {
         srv->stats.oom_rejections++;
         tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY,
-                      "memory limit reached (--max-memory): the tensor bin needs %llu bytes",
+                      "memory limit reached (--max-memory): the tensor bin's %llu-byte record, "
+                      "with the rounding of its buffer and its header, does not fit",
                       (unsigned long long)rec_len);
         return;
     }

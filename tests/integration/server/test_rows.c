@@ -5,6 +5,7 @@
  * says), the tensor bin's refusal of PUT, APPEND and GET, notifications (event 5) and WAIT,
  * concurrent writers into disjoint rows, the memory limit on replies, and SAVE of a tensor bin.
  */
+#define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -310,6 +311,14 @@ static void test_tensor_bin_refusals(void **state)
     id = rid++;
     send_tensor_bin(fd, id, "u", TS_FLOAT64, 2, wide); /* more than 2^64 bytes */
     expect_err_open(fd, TS_OP_TENSOR_BIN, id, TS_ST_INVALID);
+    /* 2^64 - 2 bytes of data fit 64 bits, but not with the record's head: the message says so. */
+    uint64_t edge[2] = {(uint64_t)INT64_MAX, 2};
+    id = rid++;
+    send_tensor_bin(fd, id, "u", TS_UINT8, 2, edge);
+    tsu_frame ef;
+    tsu_expect(fd, &ef, TS_OP_TENSOR_BIN, id, TS_ST_INVALID);
+    assert_non_null(memmem(ef.body, ef.len, "its 64-byte head and the tensor's data", 38));
+    tsu_frame_free(&ef);
     uint64_t huge[1] = {(uint64_t)1 << 50};
     id = rid++;
     send_tensor_bin(fd, id, "u", TS_UINT8, 1, huge); /* 1 PiB: past the memory limit */
@@ -665,6 +674,25 @@ static void test_rows_memory(void **state)
     uint64_t dims2[1] = {(uint64_t)32 << 20};
     send_tensor_bin(fd, 2, "u", TS_UINT8, 1, dims2); /* 32 MiB: over the limit */
     tsu_expect(fd, &f, TS_OP_TENSOR_BIN, 2, TS_ST_OUT_OF_MEMORY);
+    tsu_frame_free(&f);
+    /*
+     * A record of 14 MiB and 65 bytes fits beside the first bin, but its buffer, rounded up to
+     * 16 MiB, does not: refused, nothing made. One of 12 MiB and 64 bytes (a 14 MiB buffer) fits,
+     * and the rounding counted keeps used_memory under the limit.
+     */
+    uint64_t dims3[1] = {((uint64_t)14 << 20) + 1};
+    send_tensor_bin(fd, 10, "r", TS_UINT8, 1, dims3);
+    tsu_expect(fd, &f, TS_OP_TENSOR_BIN, 10, TS_ST_OUT_OF_MEMORY);
+    assert_non_null(memmem(f.body, f.len, "rounding of its buffer", 22));
+    tsu_frame_free(&f);
+    uint64_t dims4[1] = {(uint64_t)12 << 20};
+    send_tensor_bin(fd, 11, "r", TS_UINT8, 1, dims4);
+    tsu_expect(fd, &f, TS_OP_TENSOR_BIN, 11, TS_ST_OK);
+    tsu_frame_free(&f);
+    assert_true(tsu_stat(fd, "used_memory") <= 16777216);
+    assert_true(tsu_stat(fd, "overhead_bytes") >= ((int64_t)2 << 20) - 64);
+    assert_int_equal(tsu_send_name(fd, TS_OP_DELETE, 12, "r", NULL, 0), 0);
+    tsu_expect(fd, &f, TS_OP_DELETE, 12, TS_ST_OK);
     tsu_frame_free(&f);
     /* 20 000 copies of a 1 KiB row: a 20 MB reply, over the limit. */
     enum { N = 20000 };
