@@ -22,6 +22,8 @@
 static void write_pending(tsd_conn *c);
 static void fdq_drain(tsd_conn *c);
 static struct tsd_wbatch *fdq_pop(tsd_conn *c);
+static void on_write(uv_write_t *req, int status);
+static void batch_failed(tsd_conn *c, struct tsd_wbatch *b, int rc);
 
 /* Write the header of a reply (or notification) frame at p (TS_HDR_SIZE bytes). */
 static void put_reply_hdr(uint8_t *p, uint8_t op, uint32_t rid, uint16_t status, uint64_t body_len)
@@ -203,11 +205,24 @@ static int emerg_send(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, co
         return -1;
     write_pending(c);
     /*
-     * Frames waiting behind a descriptor frame cannot be overtaken; an emergency frame cannot
-     * wait with them (it has no batch), so there is no room for it (the caller closes).
+     * An emergency frame has no batch, so it cannot wait in fdq: the batches waiting there for
+     * the write in flight are handed to libuv first, so that it goes after them. Frames waiting
+     * behind a descriptor frame cannot be overtaken, so there is no room for it then (the caller
+     * closes).
      */
-    if (c->fdq_head != NULL)
-        return -1;
+    for (const tsd_wbatch *w = c->fdq_head; w != NULL; w = w->fdq_next)
+        if (w->nfds > 0)
+            return -1;
+    while (c->fdq_head != NULL && !c->closing) {
+        tsd_wbatch *w = fdq_pop(c);
+        w->req.data = w;
+        int rc = tsd_stream_write(c, &w->req, w->bufs, (unsigned int)w->nk, on_write);
+        if (rc != 0) {
+            batch_failed(c, w, rc);
+            return -1;
+        }
+        c->writes_in_flight++;
+    }
     if (c->closing || (c->close_deadline == 0 && c->close_after_flush))
         return -1; /* the write failed: the peer is gone */
     if (len > TSD_EMERG_MSG)
@@ -447,8 +462,9 @@ int tsd_out_hdr(tsd_conn *c, uint8_t op, uint32_t rid, uint16_t status, uint64_t
 }
 
 /*
- * The connection reads slower than it asks: drop what is not yet written, tell it why, and
- * close it once that is written (or after the grace period).
+ * The connection reads slower than it asks: drop what is not yet handed to the socket (the
+ * pending batch and those waiting in fdq: all but the one write in flight, see batch_go), tell
+ * it why once that write is done, and close it once that is written (or after the grace period).
  */
 static void cut_off_slow_reader(tsd_conn *c, uint64_t queued, int soft)
 {
@@ -763,8 +779,8 @@ static void batch_failed(tsd_conn *c, tsd_wbatch *b, int rc)
 
 /*
  * Write b, whose uv_bufs are built (b->nk of them), now that nothing waits before it in fdq.
- * 0 when it was written or handed to libuv; 1 when it must wait (it went to the head of fdq:
- * a descriptor batch behind earlier writes, or one whose socket was full); -1 on failure (the
+ * 0 when it was written or handed to libuv; 1 when it must wait (it went to fdq: a batch behind
+ * a write still in flight, or a descriptor batch whose socket was full); -1 on failure (the
  * connection is closing).
  */
 static int batch_go(tsd_conn *c, tsd_wbatch *b, int at_head)
@@ -820,10 +836,15 @@ static int batch_go(tsd_conn *c, tsd_wbatch *b, int at_head)
             batch_release(c, b);
             return 0;
         }
-    } else if (b->nfds > 0) {
-        /* Earlier writes are still queued in libuv: wait for them (on_write drains fdq). */
-        tsd_log(TSD_LOG_DEBUG, "conn %llu: a descriptor frame waits for %u writes",
-                (unsigned long long)c->id, c->writes_in_flight);
+    } else {
+        /*
+         * An earlier write is still with the socket: wait for it (on_write drains fdq). One
+         * write at a time is handed to libuv, which cannot take back what it was handed, so
+         * that a slow reader cut off (cut_off_slow_reader) is sent nothing beyond that write.
+         */
+        if (b->nfds > 0)
+            tsd_log(TSD_LOG_DEBUG, "conn %llu: a descriptor frame waits for %u writes",
+                    (unsigned long long)c->id, c->writes_in_flight);
         if (at_head) {
             b->fdq_next = c->fdq_head;
             c->fdq_head = b;

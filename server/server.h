@@ -964,6 +964,8 @@ typedef struct tsd_conn {
      * until a frame claims them (at most TSD_MAX_PENDING_FDS). Batches that carry descriptors
      * are sent with sendmsg when nothing is queued before them; until then they wait in fdq, and
      * every later batch behind them (fdq_bytes: their bytes), so the order on the wire stays.
+     * Every other batch waits in fdq too while a write is in flight: libuv is handed one write
+     * at a time, so a slow reader's cut-off drops all the rest (output.c, batch_go).
      */
     int fds_ok;
     int fds_in[TSD_MAX_PENDING_FDS];

@@ -314,7 +314,10 @@ static void test_soft_output_limit(void **state)
     /* What it asks after the cut-off is no longer read. */
     for (uint32_t i = 0; i < 8; i++)
         (void)tsu_send_get(slow, TS_OP_PEEK, 100 + i, "weights", 0);
-    /* It sees the replies already on their way, then the reason, then the close. */
+    /*
+     * It sees the replies of the one write handed to the socket before the cut-off, then the
+     * reason, then the close: the replies still waiting behind that write were dropped.
+     */
     int replies = 0;
     for (;;) {
         tsu_frame f;
@@ -334,7 +337,7 @@ static void test_soft_output_limit(void **state)
     close(slow);
     print_message("soft limit: %d of 24 replies sent before the cut-off; RSS %ld -> %ld KiB\n",
                   replies, rss0, rss1);
-    assert_int_equal(replies, 24);
+    assert_true(replies >= 1 && replies <= 12);
     /* Replies reference the stored item: queueing 24 of them costs no copies. */
     assert_true(rss1 - rss0 < 16 * 1024);
     ping(other, 1);
