@@ -708,6 +708,17 @@ static int option_timeout(int value, const char *name, int *out)
     return 0;
 }
 
+/*
+ * The length of token without its trailing spaces, tabs, CRs and LFs: tensord drops the same
+ * from its own token, so that a token file written with a newline works on both sides.
+ */
+static size_t token_trim(const char *t, size_t n)
+{
+    while (n > 0 && (t[n - 1] == '\n' || t[n - 1] == '\r' || t[n - 1] == ' ' || t[n - 1] == '\t'))
+        n--;
+    return n;
+}
+
 /* Copy opts with defaults for unset fields. */
 static int setup_options(ts_client_t *c, const ts_client_options_t *opts)
 {
@@ -718,25 +729,32 @@ static int setup_options(ts_client_t *c, const ts_client_options_t *opts)
         if (rc == 0)
             rc = option_timeout(opts->request_timeout_ms, "request_timeout_ms",
                                 &c->opts.request_timeout_ms);
+        if (rc == 0)
+            rc = option_timeout(opts->reconnect_min_ms, "reconnect_min_ms",
+                                &c->opts.reconnect_min_ms);
+        if (rc == 0)
+            rc = option_timeout(opts->reconnect_max_ms, "reconnect_max_ms",
+                                &c->opts.reconnect_max_ms);
         if (rc != 0)
             return rc;
-        if (opts->reconnect_min_ms > 0)
-            c->opts.reconnect_min_ms = opts->reconnect_min_ms;
-        if (opts->reconnect_max_ms > 0)
-            c->opts.reconnect_max_ms = opts->reconnect_max_ms;
+        if (c->opts.reconnect_max_ms < c->opts.reconnect_min_ms)
+            return ts__fail(TS_EINVAL, "reconnect_max_ms %d is below reconnect_min_ms %d",
+                            c->opts.reconnect_max_ms, c->opts.reconnect_min_ms);
         c->opts.compress_min = opts->compress_min;
         if (opts->max_reply_bytes > 0)
             c->opts.max_reply_bytes = opts->max_reply_bytes < TS__MAX_REPLY_BODY
                                           ? opts->max_reply_bytes
                                           : TS__MAX_REPLY_BODY;
     }
-    if (c->opts.reconnect_max_ms < c->opts.reconnect_min_ms)
-        c->opts.reconnect_max_ms = c->opts.reconnect_min_ms;
     c->opts.auth_token = NULL;
-    const char *token =
-        opts != NULL && opts->auth_token != NULL ? opts->auth_token : getenv("TS_AUTH_TOKEN");
+    int from_env = opts == NULL || opts->auth_token == NULL;
+    const char *token = from_env ? getenv("TS_AUTH_TOKEN") : opts->auth_token;
     if (token != NULL && token[0] != '\0') {
-        c->token_len = strlen(token);
+        /* tensord's rule (server/main.c): a newline left by an editor or echo is not part of it. */
+        c->token_len = token_trim(token, strlen(token));
+        if (c->token_len == 0)
+            return ts__fail(TS_EINVAL, "%s is empty after trimming trailing whitespace",
+                            from_env ? "TS_AUTH_TOKEN" : "auth_token");
         if (c->token_len > TS_MAX_TOKEN_LEN)
             return ts__fail(TS_EINVAL, "auth token longer than %d bytes", TS_MAX_TOKEN_LEN);
         c->token = ts__strndup(token, c->token_len);
@@ -888,7 +906,9 @@ int ts__client_setup_options(ts_client_t *c, const ts_client_options_t *opts)
 
 int ts_client_open(ts_client_t **out, const char *address, const ts_client_options_t *opts)
 {
-    if (out == NULL || address == NULL)
+    if (out == NULL)
+        return ts__fail(TS_EINVAL, "ts_client_open needs a place for the client (out is NULL)");
+    if (address == NULL)
         return ts__fail(TS_EINVAL, "ts_client_open needs an address");
     ts__set_last_error(NULL, 0);
     if (ts__cluster_address(address))

@@ -565,6 +565,8 @@ int ts__parse_address(ts_client_t *c, const char *address)
         c->tls = 1; /* the tls options apply (ts__client_tls_setup) */
     if (strncmp(a, "tcp://", 6) == 0 || strncmp(a, "tls://", 6) == 0)
         a += 6;
+    else if (strstr(a, "://") != NULL)
+        return TS_EINVAL; /* another scheme ("http://..."), not a host to resolve */
     const char *colon = strrchr(a, ':');
     if (colon == NULL || colon == a || colon[1] == '\0')
         return TS_EINVAL;
@@ -580,6 +582,10 @@ int ts__parse_address(ts_client_t *c, const char *address)
         h++;
         hl -= 2;
     }
+    /* No host name or IP address holds these; "[h1:p1,h2:p2]:8000" is not one address. */
+    for (size_t i = 0; i < hl; i++)
+        if ((unsigned char)h[i] <= 0x20 || strchr("/[],", h[i]) != NULL)
+            return TS_EINVAL;
     c->host = ts__strndup(h, hl);
     c->port = (int)port;
     return c->host != NULL ? 0 : TS_ENOMEM;

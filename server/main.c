@@ -407,7 +407,9 @@ static int load_token(tsd_config *cfg, const char *file)
             return -1;
         }
         if (n == 0) {
-            fprintf(stderr, "tensord: --auth-token-file %s is empty\n", file);
+            fprintf(stderr,
+                    "tensord: --auth-token-file %s is empty after trimming trailing whitespace\n",
+                    file);
             return -1;
         }
     } else {
@@ -415,7 +417,12 @@ static int load_token(tsd_config *cfg, const char *file)
         if (env == NULL || env[0] == '\0')
             return 0;
         n = token_trim((const uint8_t *)env, strlen(env));
-        if (n > TSD_MAX_TOKEN || n == 0) {
+        if (n == 0) {
+            fprintf(stderr, "tensord: TS_AUTH_TOKEN is empty after trimming trailing "
+                            "whitespace (unset it to run without a token)\n");
+            return -1;
+        }
+        if (n > TSD_MAX_TOKEN) {
             fprintf(stderr, "tensord: TS_AUTH_TOKEN must hold 1 to %d bytes\n", TSD_MAX_TOKEN);
             return -1;
         }

@@ -427,10 +427,13 @@ typedef struct ts_client_s ts_client_t;
 
 /*
  * The client's options; fill with ts_client_options_init, then change fields. The timeouts
- * are positive milliseconds, or TS_TIMEOUT_DEFAULT for the built-in default; 0 and
- * TS_TIMEOUT_INFINITE give TS_EINVAL at ts_client_open (a request without a deadline could hang
- * its caller forever on a dead server).
- * Added in 0.2.0. It replaces ts_options_t.
+ * and the reconnect backoff (the _ms fields) are positive milliseconds, or TS_TIMEOUT_DEFAULT
+ * for the built-in default; 0 and TS_TIMEOUT_INFINITE give TS_EINVAL at ts_client_open (a
+ * request without a deadline could hang its caller forever on a dead server), and so does a
+ * reconnect_max_ms below reconnect_min_ms (after defaults), with ts_last_error() naming the field.
+ * Added in 0.2.0. It replaces ts_options_t. Changed in 0.7.0: the reconnect fields are checked
+ * (before, 0 and other negative values meant the default, and a maximum below the minimum was
+ * raised to it).
  */
 typedef struct ts_client_options_s {
     int connect_timeout_ms; /* first connection and each reconnect attempt; default 5000 */
@@ -439,11 +442,16 @@ typedef struct ts_client_options_s {
      * asynchronous request, and of a wait's reply beyond its own timeout; default 30000.
      */
     int request_timeout_ms;
-    int reconnect_min_ms;   /* first backoff after a lost connection; default 50 */
-    int reconnect_max_ms;   /* backoff doubles up to this; default 2000 */
-    const char *auth_token; /* copied; NULL: take TS_AUTH_TOKEN from the environment */
-    size_t compress_min;    /* lz4-compress frames at least this large (if the server agrees);
-                               0 = never; default 0 (see docs/PERFORMANCE.md) */
+    int reconnect_min_ms; /* first backoff after a lost connection; default 50 */
+    int reconnect_max_ms; /* backoff doubles up to this; default 2000 */
+    /*
+     * Copied; NULL: take TS_AUTH_TOKEN from the environment; "": none. Trailing spaces, tabs,
+     * CRs and LFs are not part of the token (tensord drops them from its own too); a token of
+     * nothing else gives TS_EINVAL at ts_client_open. Changed in 0.7.0: trimmed.
+     */
+    const char *auth_token;
+    size_t compress_min; /* lz4-compress frames at least this large (if the server agrees);
+                            0 = never; default 0 (see docs/PERFORMANCE.md) */
     /*
      * The largest reply body the client accepts, in bytes (after decompression): GET and PEEK
      * replies (all the items they return together), LIST and STATS. Checked on the reply's
@@ -480,10 +488,13 @@ TS_EXTERN void ts_client_options_init(ts_client_options_t *opts);
 
 /*
  * Connect to a tensord. address is "host:port", "[v6addr]:port", "tcp://host:port",
- * "unix:/path" or "unix:///path". opts may be NULL for the defaults. Blocks until connected and
- * the handshake is done, or the connect timeout passes (TS_ETIMEDOUT). A refused connection
- * fails at once (TS_ECONNREFUSED; also for a missing unix socket), an unresolvable host gives
- * TS_ENOTCONN, a malformed address or timeout option TS_EINVAL; ts_last_error() then says why.
+ * "tls://host:port" (docs/TLS.md), "unix:/path" or "unix:///path"; out receives the client.
+ * opts may be NULL for the defaults. Blocks until connected and the handshake is done, or the
+ * connect timeout passes (TS_ETIMEDOUT). A refused connection fails at once (TS_ECONNREFUSED;
+ * also for a missing unix socket), an unresolvable host gives TS_ENOTCONN; a NULL out or
+ * address, an invalid option and a malformed address ("malformed address '...'": one with
+ * another scheme, such as "http://", a host with '/', '[', ']', ',' or a blank in it, a port
+ * missing or outside 1..65535) give TS_EINVAL; ts_last_error() then says why.
  * Added in 0.1.0.
  *
  * A cluster of sharded tensord (docs/CLUSTER.md): address is a comma-separated list of such

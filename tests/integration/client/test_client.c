@@ -107,16 +107,40 @@ static void slot_free(slot *s)
 static void test_open_rejects_bad_addresses(void **state)
 {
     (void)state;
-    static const char *const bad[] = {"",           "nohost",  "host:", ":80",    "host:0",
-                                      "host:70000", "host:8x", "unix:", "[::1:80"};
+    /*
+     * Another scheme is not a host name to resolve, and no host holds '/', '[', ']' or a blank
+     * ("[h1:p1,h2:p2]:8000", from wrapping a shard list as a host, is a list of two bad ones).
+     */
+    static const char *const bad[] = {"",
+                                      "nohost",
+                                      "host:",
+                                      ":80",
+                                      "host:0",
+                                      "host:70000",
+                                      "host:8x",
+                                      "unix:",
+                                      "[::1:80",
+                                      "http://127.0.0.1:80",
+                                      "udp://127.0.0.1:80",
+                                      "tls://unix:/tmp/x.sock",
+                                      "a/b:80",
+                                      "a]:80",
+                                      "a b:80",
+                                      "[x,y]:1",
+                                      "[127.0.0.1:1,127.0.0.1:2]:8000"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ts_client_t *c = NULL;
-        assert_int_equal(ts_client_open(&c, bad[i], NULL), TS_EINVAL);
+        int rc = ts_client_open(&c, bad[i], NULL);
+        if (rc != TS_EINVAL)
+            fail_msg("'%s': %s (%s), expected TS_EINVAL", bad[i], ts_err_name(rc), ts_last_error());
+        assert_non_null(strstr(ts_last_error(), "malformed address"));
         assert_null(c);
     }
     ts_client_t *c;
     assert_int_equal(ts_client_open(NULL, srv.addr, NULL), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "out is NULL"));
     assert_int_equal(ts_client_open(&c, NULL, NULL), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "needs an address"));
 }
 
 static void test_open_every_address_form(void **state)
@@ -664,6 +688,43 @@ static void test_wait_timeout_convention(void **state)
     o.connect_timeout_ms = TS_TIMEOUT_DEFAULT;
     assert_int_equal(ts_client_open(&c, srv.addr, &o), 0);
     ts_client_free(c);
+
+    /* The reconnect backoff follows the same rule, and its maximum is not below its minimum. */
+    static const int bad_backoff[][2] = {{0, 100},
+                                         {-5, 100},
+                                         {TS_TIMEOUT_INFINITE, 100},
+                                         {20, 0},
+                                         {20, -7},
+                                         {20, TS_TIMEOUT_INFINITE},
+                                         {500, 100},
+                                         {5000, TS_TIMEOUT_DEFAULT}}; /* above max's 2000 */
+    for (size_t i = 0; i < sizeof(bad_backoff) / sizeof(bad_backoff[0]); i++) {
+        ts_client_options_init(&o);
+        o.reconnect_min_ms = bad_backoff[i][0];
+        o.reconnect_max_ms = bad_backoff[i][1];
+        c = NULL;
+        assert_int_equal(ts_client_open(&c, srv.addr, &o), TS_EINVAL);
+        assert_null(c);
+        assert_non_null(strstr(ts_last_error(), "reconnect_m"));
+    }
+    /* The cluster client checks them too, before it starts any shard. */
+    char list[160];
+    snprintf(list, sizeof(list), "%s,%s", srv.addr, srv.addr);
+    ts_client_options_init(&o);
+    o.reconnect_max_ms = 10;
+    assert_int_equal(ts_client_open(&c, list, &o), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "reconnect_max_ms 10 is below reconnect_min_ms 50"));
+    static const int good_backoff[][2] = {{TS_TIMEOUT_DEFAULT, TS_TIMEOUT_DEFAULT},
+                                          {100, 100},
+                                          {TS_TIMEOUT_DEFAULT, 50},
+                                          {3000, 60000}};
+    for (size_t i = 0; i < sizeof(good_backoff) / sizeof(good_backoff[0]); i++) {
+        ts_client_options_init(&o);
+        o.reconnect_min_ms = good_backoff[i][0];
+        o.reconnect_max_ms = good_backoff[i][1];
+        assert_int_equal(ts_client_open(&c, srv.addr, &o), 0);
+        ts_client_free(c);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------

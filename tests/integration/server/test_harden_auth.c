@@ -184,12 +184,37 @@ static void test_token_file(void **state)
 static void test_token_env(void **state)
 {
     (void)state;
-    setenv("TS_AUTH_TOKEN", TOKEN, 1);
+    /* Trailing whitespace is not part of the token, on either side. */
+    setenv("TS_AUTH_TOKEN", TOKEN " \t\r\n", 1);
     const char *args[] = {"--allow-plain-token", NULL};
     int rc = tsh_server_start(&s, args);
-    unsetenv("TS_AUTH_TOKEN");
     assert_int_equal(rc, 0);
     check_token_cases(&s);
+    /* The library client, given the same variable, proves the same token. */
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.connect_timeout_ms = 3000;
+    ts_client_t *c;
+    rc = ts_client_open(&c, s.addr, &o);
+    if (rc != 0)
+        fail_msg("TS_AUTH_TOKEN with a trailing newline: %s (%s)", ts_err_name(rc),
+                 ts_last_error());
+    assert_int_equal(ts_ping(c), 0);
+    ts_client_free(c);
+    unsetenv("TS_AUTH_TOKEN");
+    o.auth_token = TOKEN " ";
+    assert_int_equal(ts_client_open(&c, s.addr, &o), 0);
+    assert_int_equal(ts_ping(c), 0);
+    ts_client_free(c);
+    /* Nothing left after trimming: refused, not taken for no token. */
+    o.auth_token = " \n";
+    assert_int_equal(ts_client_open(&c, s.addr, &o), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "auth_token is empty after trimming"));
+    setenv("TS_AUTH_TOKEN", "\t", 1);
+    o.auth_token = NULL;
+    assert_int_equal(ts_client_open(&c, s.addr, &o), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "TS_AUTH_TOKEN is empty after trimming"));
+    unsetenv("TS_AUTH_TOKEN");
     assert_int_equal(tsh_server_stop(&s), 0);
     tsh_server_cleanup(&s);
 }
@@ -207,6 +232,13 @@ static void test_bad_token_config(void **state)
     const char *a2[] = {"--port", "0", "--auth-token-file", missing, NULL};
     assert_int_equal(th_run_tensord(a2, errfile, 10000), 2);
     assert_true(th_file_contains(errfile, missing));
+    /* A variable of whitespace only is an empty token, which is said as such. */
+    setenv("TS_AUTH_TOKEN", " \n", 1);
+    const char *a3[] = {"--port", "0", NULL};
+    int rc = th_run_tensord(a3, errfile, 10000);
+    unsetenv("TS_AUTH_TOKEN");
+    assert_int_equal(rc, 2);
+    assert_true(th_file_contains(errfile, "TS_AUTH_TOKEN is empty after trimming"));
     unlink(empty);
 }
 
