@@ -48,9 +48,8 @@ typedef struct ts__cluster_shard ts__cluster_shard;
 struct ts__cluster_shard {
     struct ts__cluster *cl;
     ts_client_t *c;
-    char *address; /* as in the map or list */
-    int pos;       /* its index in the map it came from, or -1 (learned later) */
-    char label[TS__SHARD_LABEL_MAX];
+    char *address;    /* as in the map or list */
+    int pos;          /* its index in the map it came from, or -1 (learned later) */
     atomic_int self;  /* the index its daemon reported in SHARD_MAP; -1 unknown */
     int map_answered; /* under cl->mu: a SHARD_MAP answer (any) came since it was made */
     /* The shard client's I/O thread only. */
@@ -68,7 +67,7 @@ struct ts__cluster {
     atomic_uint n_shards;     /* entries of shards[] */
     _Atomic(ts__cluster_shard *) shards[TS_SHARD_MAX];
     _Atomic uint16_t owner[TS_SLOTS]; /* slot -> index into shards[] */
-    atomic_ullong redirects;          /* WRONG_SHARD answers followed */
+    atomic_ullong redirects;          /* WRONG_SHARD answers learned from (ts__cluster_learn) */
     atomic_ullong maps;               /* newer maps adopted */
 };
 
@@ -93,8 +92,27 @@ static ts__cluster_shard *shard_at(ts__cluster *cl, unsigned k)
 }
 
 /*
+ * A shard's description for messages into buf (TS__SHARD_LABEL_MAX bytes): "shard N (ADDRESS)"
+ * with the index STATS reports for it (the one its daemon reported, else its place in the map it
+ * came from), or "shard at ADDRESS" when it has neither. Returns buf.
+ */
+static const char *shard_label(const ts__cluster_shard *sh, char *buf)
+{
+    int index = atomic_load(&sh->self);
+    if (index < 0)
+        index = sh->pos;
+    if (index >= 0)
+        snprintf(buf, TS__SHARD_LABEL_MAX, "shard %d (%s)", index, sh->address);
+    else
+        snprintf(buf, TS__SHARD_LABEL_MAX, "shard at %s", sh->address);
+    return buf;
+}
+
+/*
  * The index of the shard client for address, made (and connecting in the background) when the
- * client has none yet; -1 when closing, full, or out of memory. mu held.
+ * client has none yet; else TS_ECANCELED when closing, TS_EINVAL when it would be client
+ * number TS_SHARD_MAX + 1, TS_ENOMEM, or what starting the shard client failed with (TS_EINVAL
+ * with a message for a malformed address). mu held.
  */
 static int shard_find_or_add_locked(ts__cluster *cl, ts_client_t *h, const char *address, int pos)
 {
@@ -103,24 +121,23 @@ static int shard_find_or_add_locked(ts__cluster *cl, ts_client_t *h, const char 
         if (strcmp(addr_key(shard_at(cl, k)->address), addr_key(address)) == 0)
             return (int)k;
     }
-    if (atomic_load(&cl->closing) || n >= TS_SHARD_MAX)
-        return -1;
+    if (atomic_load(&cl->closing))
+        return TS_ECANCELED;
+    if (n >= TS_SHARD_MAX)
+        return TS_EINVAL;
     ts__cluster_shard *sh = ts__calloc(1, sizeof(*sh));
     if (sh == NULL || (sh->address = ts__strndup(address, strlen(address))) == NULL) {
         ts__free(sh);
-        return -1;
+        return TS_ENOMEM;
     }
     sh->cl = cl;
     sh->pos = pos;
     atomic_init(&sh->self, -1);
-    if (pos >= 0)
-        snprintf(sh->label, sizeof(sh->label), "shard %d (%s)", pos, address);
-    else
-        snprintf(sh->label, sizeof(sh->label), "shard at %s", address);
-    if (ts__client_start(&sh->c, address, &cl->opts, h, sh) != 0) {
+    int rc = ts__client_start(&sh->c, address, &cl->opts, h, sh);
+    if (rc != 0) {
         ts__free(sh->address);
         ts__free(sh);
-        return -1;
+        return rc;
     }
     atomic_store_explicit(&cl->shards[n], sh, memory_order_release);
     atomic_store(&cl->n_shards, n + 1);
@@ -356,10 +373,9 @@ int ts__cluster_block(ts_client_t *c, ts__req *r, int *gone)
 
 int ts__cluster_redirect_async(ts_client_t *c, ts__req *r)
 {
-    if (r->redirects >= TS__CLUSTER_REDIRECTS)
-        return 0;
+    /* Learned (and counted) even when the request gives up, as on the blocking path. */
     ts_client_t *next = ts__cluster_learn(c, r);
-    if (next == NULL)
+    if (next == NULL || r->redirects >= TS__CLUSTER_REDIRECTS)
         return 0;
     /*
      * From this I/O thread into the owner's inbox. Every shard client outlives the others'
@@ -386,8 +402,10 @@ void ts__cluster_shard_ready(ts_client_t *c)
 void ts__cluster_shard_failed(ts_client_t *c, int err, const char *msg)
 {
     ts__cluster_shard *sh = c->shard;
+    char label[TS__SHARD_LABEL_MAX];
+    shard_label(sh, label);
     sh->down = 1;
-    snprintf(sh->down_msg, sizeof(sh->down_msg), "%s is down: %s", sh->label,
+    snprintf(sh->down_msg, sizeof(sh->down_msg), "%s is down: %s", label,
              msg != NULL ? msg : ts_strerror(err));
     /* What waited for this connection fails now, not at its deadline. */
     ts__req *w = c->waitq_head;
@@ -398,7 +416,7 @@ void ts__cluster_shard_failed(ts_client_t *c, int err, const char *msg)
         /* The opening thread learns of the first failure; the client goes on trying. */
         c->open_done = 1;
         c->open_status = err;
-        snprintf(c->open_msg, sizeof(c->open_msg), "%.120s: %.120s", sh->label,
+        snprintf(c->open_msg, sizeof(c->open_msg), "%.120s: %.120s", label,
                  msg != NULL ? msg : ts_strerror(err));
         pthread_cond_broadcast(&c->open_cond);
     }
@@ -505,11 +523,16 @@ int ts__cluster_open(ts_client_t **out, const char *address, const ts_client_opt
 
     /* Every shard connects at once; the open waits for each one's first verdict. */
     int idx[TS_SHARD_MAX];
+    char start_err[TS_MAX_ERROR_LEN + 1] = "";
     pthread_mutex_lock(&cl->mu);
     for (uint32_t i = 0; i < m->n_shards && rc == 0; i++) {
         idx[i] = shard_find_or_add_locked(cl, h, m->addrs[i], (int)i);
-        if (idx[i] < 0)
-            rc = TS_ENOMEM;
+        if (idx[i] < 0) {
+            /* Kept before ts__cluster_free below, which may set messages of its own. */
+            rc = idx[i];
+            snprintf(start_err, sizeof(start_err), "%s (shard %u of '%s')",
+                     rc == TS_ENOMEM ? ts_strerror(rc) : ts_last_error(), (unsigned)i, address);
+        }
     }
     for (uint32_t s = 0; s < TS_SLOTS && rc == 0; s++)
         atomic_init(&cl->owner[s], (uint16_t)idx[m->owner[s]]);
@@ -557,6 +580,8 @@ int ts__cluster_open(ts_client_t **out, const char *address, const ts_client_opt
         return 0;
     }
     ts__cluster_free(h);
+    if (start_err[0] != '\0')
+        return ts__fail(rc, "%s", start_err);
     if (mlen > 0)
         return ts__fail(rc, "no shard of the cluster answered: %s", msg);
     return ts__fail(rc, NULL);
@@ -677,7 +702,8 @@ static int first_failure(const fan_part *parts, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (parts[i].status == 0)
             continue;
-        const char *label = parts[i].sh->label;
+        char buf[TS__SHARD_LABEL_MAX];
+        const char *label = shard_label(parts[i].sh, buf);
         const char *msg = parts[i].msg != NULL ? parts[i].msg : ts_strerror(parts[i].status);
         if (strncmp(msg, label, strlen(label)) == 0)
             return ts__fail(parts[i].status, "%s", msg);

@@ -16,6 +16,7 @@
 
 #include "cluster.h"
 #include "harness.h"
+#include "slot.h"
 #include "test_client_util.h"
 #include "tensorshare/coord.h"
 #include "tensorshare/replay.h"
@@ -498,11 +499,82 @@ static void test_stale_map_redirects_and_learns(void **state)
     ts_client_free(c);
 }
 
+/* A slot ping-ponged between two daemons with contradictory maps ends after 3 redirects. */
+static void test_redirects_counted_exactly(void **state)
+{
+    (void)state;
+    tsc_cluster pp;
+    assert_int_equal(tsc_start(&pp, 2, NULL), 0);
+    /*
+     * Each daemon's map gives it the lower slots and the upper ones to the other: a name in
+     * the upper slots is answered WRONG_SHARD by both, back and forth.
+     */
+    char maps[2][512];
+    unsigned split = (unsigned)ts__slot_split_first(1, 2);
+    for (int i = 0; i < 2; i++) {
+        snprintf(maps[i], sizeof(maps[i]), "%s/pingpong.map", pp.srv[i].dir);
+        FILE *f = fopen(maps[i], "w");
+        assert_non_null(f);
+        fprintf(f, "epoch 2\n%s %u-%u\n%s %u-%u\n", pp.srv[0].addr, i == 0 ? 0 : split,
+                i == 0 ? split - 1 : TS_SLOTS - 1, pp.srv[1].addr, i == 0 ? split : 0,
+                i == 0 ? TS_SLOTS - 1 : split - 1);
+        assert_int_equal(fclose(f), 0);
+        tsc_kill(&pp, i);
+        const char *extra[] = {"--cluster-map", maps[i], NULL};
+        assert_int_equal(tsc_restart(&pp, i, extra), 0);
+    }
+    ts_client_t *c = open_list(pp.list);
+    char name[64];
+    tsc_name_for(name, sizeof(name), "pingpong", 0, 1, 2);
+    /*
+     * Every WRONG_SHARD answer counts, the one that ends the request included: the first
+     * answer and 3 redirects' answers, 4 in all, as the daemons' wrong_shard counters say.
+     */
+    int64_t before = redirects(c);
+    ts_value_t *it = tc_item(1, 0, 0);
+    assert_int_equal(ts_put(c, name, it, NULL), TS_EWRONGSHARD);
+    assert_int_equal(redirects(c) - before, 4);
+    before = redirects(c);
+    seen as;
+    seen_init(&as);
+    assert_int_equal(ts_put_async(c, name, it, TS_COPY, result_cb, &as), 0);
+    assert_int_equal(tc_latch_wait(&as.done, 1, TC_WAIT_MS), 1);
+    assert_int_equal(atomic_load(&as.status), TS_EWRONGSHARD);
+    tc_latch_destroy(&as.done);
+    assert_int_equal(redirects(c) - before, 4);
+    ts_value_free(it);
+    int64_t answered = 0;
+    for (int i = 0; i < 2; i++) {
+        ts_value_t *st = NULL;
+        ts_client_t *one = NULL;
+        assert_int_equal(ts_client_open(&one, pp.srv[i].addr, NULL), 0);
+        assert_int_equal(ts_stats(one, &st), 0);
+        int64_t w = 0;
+        assert_int_equal(ts_map_get_int(st, "wrong_shard", &w), 0);
+        answered += w;
+        ts_value_free(st);
+        ts_client_free(one);
+    }
+    assert_int_equal(answered, redirects(c));
+    ts_client_free(c);
+    tsc_stop(&pp);
+}
+
 static void test_bad_addresses(void **state)
 {
     (void)state;
     ts_client_t *c = NULL;
     assert_int_equal(ts_client_open(&c, "127.0.0.1:1,,127.0.0.1:2", NULL), TS_EINVAL);
+    /* A list entry that is no address is TS_EINVAL, naming it, before anything connects. */
+    static const char *const bad[] = {"[x,y]:1", "[127.0.0.1:1,127.0.0.1:2]:8000",
+                                      "127.0.0.1:1,http://127.0.0.1:2", "127.0.0.1:1,nohost"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc = ts_client_open(&c, bad[i], NULL);
+        if (rc != TS_EINVAL)
+            fail_msg("'%s': %s (%s), expected TS_EINVAL", bad[i], ts_err_name(rc), ts_last_error());
+        assert_non_null(strstr(ts_last_error(), "malformed address"));
+        assert_non_null(strstr(ts_last_error(), bad[i]));
+    }
     assert_int_equal(ts_client_open(&c, "cluster:/nonexistent/map", NULL), TS_EINVAL);
     assert_non_null(strstr(ts_last_error(), "/nonexistent/map"));
     /* No shard answers: the open fails as a single client's does. */
@@ -607,6 +679,59 @@ static void test_shard_down_and_back(void **state)
         tc_sleep_ms(10);
 }
 
+/*
+ * A shard that is down is named by its index in the map, as STATS names it, not by its place in
+ * the list given to ts_client_open.
+ */
+static void test_down_shard_named_by_index(void **state)
+{
+    (void)state;
+    const int order[N] = {2, 0, 1};
+    char list[TSC_LIST_MAX];
+    assert_int_equal(tsc_list(&cc, order, list, sizeof(list)), 0);
+    ts_client_t *c = open_list(list);
+    char lost[64];
+    tsc_name_for(lost, sizeof(lost), "index", 0, 1, N);
+    put_tag(c, lost, 1, NULL);
+    tsc_kill(&cc, 1); /* third in the list, shard 1 in the map */
+    int rc = 0;
+    for (int i = 0; i < 200 && rc != TS_ENOTCONN; i++) {
+        ts_value_t *it = tc_item(1, 0, 0);
+        rc = ts_put(c, lost, it, NULL);
+        ts_value_free(it);
+        if (rc != TS_ENOTCONN)
+            tc_sleep_ms(10);
+    }
+    assert_int_equal(rc, TS_ENOTCONN);
+    char want[128];
+    snprintf(want, sizeof(want), "shard 1 (%s) is down", cc.srv[1].addr);
+    if (strstr(ts_last_error(), want) == NULL)
+        fail_msg("'%s' does not say '%s'", ts_last_error(), want);
+    ts_value_t *st = NULL;
+    assert_int_equal(ts_stats(c, &st), 0);
+    const ts_value_t *shards = ts_map_get(st, "shards");
+    assert_non_null(shards);
+    int found = 0;
+    for (size_t k = 0; k < ts_value_len(shards); k++) {
+        const ts_value_t *one = ts_list_at(shards, k);
+        const char *a = NULL;
+        size_t alen = 0;
+        int64_t index = -1;
+        assert_int_equal(ts_value_string(ts_map_get(one, "address"), &a, &alen), 0);
+        assert_int_equal(ts_map_get_int(one, "shard", &index), 0);
+        if (alen == strlen(cc.srv[1].addr) && memcmp(a, cc.srv[1].addr, alen) == 0) {
+            assert_int_equal(index, 1);
+            found = 1;
+        }
+    }
+    assert_true(found);
+    ts_value_free(st);
+    ts_client_free(c);
+    assert_int_equal(tsc_restart(&cc, 1, NULL), 0);
+    for (int i = 0; i < 500 && ts_ping(plain[1]) != 0; i++)
+        tc_sleep_ms(10);
+}
+
 static void test_open_with_a_shard_down(void **state)
 {
     (void)state;
@@ -667,8 +792,10 @@ int main(void)
         cmocka_unit_test(test_every_named_call_routes),
         cmocka_unit_test(test_list_and_stats_merged),
         cmocka_unit_test(test_stale_map_redirects_and_learns),
+        cmocka_unit_test(test_redirects_counted_exactly),
         cmocka_unit_test(test_bad_addresses),
         cmocka_unit_test(test_shard_down_and_back),
+        cmocka_unit_test(test_down_shard_named_by_index),
         cmocka_unit_test(test_open_with_a_shard_down),
         cmocka_unit_test(test_free_from_callback),
     };
