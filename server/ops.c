@@ -910,6 +910,10 @@ static void op_put_fd(tsd_conn *c, const ts__hdr *h, const ts__msg_put_fd_req *m
         if (rc == -EBUSY)
             tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
                           "shared buffer is still mapped writable");
+        else if (rc == -EFBIG)
+            tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
+                          "shared buffer's file is larger than 2^46 bytes (the most tensord "
+                          "maps)");
         else if (rc == -ERANGE)
             tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INVALID,
                           "record_len %llu is 0 or past the end of the shared buffer",

@@ -473,7 +473,7 @@ int tsd_shm_ref(tsd_item *it, int *fd, int *owned, uint64_t *off, uint64_t *file
  * rounded up to pages, what it counts against --max-memory); fd is taken then (kept for GET_REF,
  * or closed when the fd budget is spent). On failure fd stays the caller's: -EBUSY when it is
  * still mapped writable somewhere; -EINVAL when it is not a memfd that can be sealed; -ERANGE
- * when rec_len is 0 or past its end; TS_ENOMEM.
+ * when rec_len is 0 or past its end; -EFBIG when the file is larger than 2^46 bytes; TS_ENOMEM.
  */
 int tsd_shm_adopt(tsd_server *srv, int fd, uint64_t rec_len, tsd_item **out);
 /* Release the backing of an own item that is not on the heap (last reference; store.c). */

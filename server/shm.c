@@ -285,7 +285,7 @@ int tsd_shm_adopt(tsd_server *srv, int fd, uint64_t rec_len, tsd_item **out)
     if (rec_len == 0 || rec_len > size)
         return -ERANGE;
     if (size > TSD_SHM_MAX_FILE)
-        return -ERANGE;
+        return -EFBIG;
     size_t map_len = ts__align_up((size_t)size, TSD_SHM_PAGE);
     void *map = mmap(NULL, map_len, PROT_READ, MAP_SHARED, fd, 0);
     if (map == MAP_FAILED && errno == EPERM)

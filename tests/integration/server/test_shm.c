@@ -610,6 +610,16 @@ static void test_put_fd_refusals(void **state)
     send_put_fd(fd, TS_OP_PUT_FD, id, "w", len + 1, mfd2);
     tsu_expect(fd, &f, TS_OP_PUT_FD, id, TS_ST_INVALID);
     tsu_frame_free(&f);
+    /* A file larger than tensord maps: said as such, whatever record_len is. */
+    int mfd3 = memfd_with(rec, len, len);
+    assert_int_equal(ftruncate(mfd3, (off_t)((uint64_t)1 << 46) + 4096), 0);
+    id = rid++;
+    send_put_fd(fd, TS_OP_PUT_FD, id, "w", len, mfd3);
+    tsu_expect(fd, &f, TS_OP_PUT_FD, id, TS_ST_INVALID);
+    assert_non_null(memmem(f.body, f.len, "larger than 2^46 bytes", 22));
+    assert_null(memmem(f.body, f.len, "record_len", 10));
+    tsu_frame_free(&f);
+    close(mfd3);
     /* A regular file is no memfd. */
     char path[400];
     snprintf(path, sizeof(path), "%s/plain.bin", srv.dir);
