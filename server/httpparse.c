@@ -143,8 +143,18 @@ int tsd_http_parse_head(const char *p, size_t n, tsd_http_req *q)
 
 size_t tsd_http_head_end(const char *p, size_t n)
 {
-    for (size_t i = 3; i < n; i++)
-        if (p[i] == '\n' && p[i - 1] == '\r' && p[i - 2] == '\n' && p[i - 3] == '\r')
+    for (size_t i = 0; i < n; i++) {
+        /*
+         * A bare LF or CR ends the head at once: tsd_http_parse_head refuses it (400), where
+         * waiting for a CRLF CRLF that a client using bare LFs never sends would hold the
+         * connection until the idle timeout without an answer.
+         */
+        if (p[i] == '\n' && (i == 0 || p[i - 1] != '\r'))
             return i + 1;
+        if (p[i] == '\r' && i + 1 < n && p[i + 1] != '\n')
+            return i + 2;
+        if (i >= 3 && p[i] == '\n' && p[i - 1] == '\r' && p[i - 2] == '\n' && p[i - 3] == '\r')
+            return i + 1;
+    }
     return 0;
 }

@@ -37,7 +37,11 @@ typedef struct tsd_http_req {
  */
 int tsd_http_parse_head(const char *p, size_t n, tsd_http_req *q);
 
-/* The length of the head at the start of p[0..n), through its CRLF CRLF, or 0 when incomplete. */
+/*
+ * The length of the head at the start of p[0..n), through its CRLF CRLF, or 0 when incomplete.
+ * A bare LF or bare CR before that ends the head just after it (so that tsd_http_parse_head,
+ * which refuses it, answers it at once).
+ */
 size_t tsd_http_head_end(const char *p, size_t n);
 
 #endif /* TSD_HTTPPARSE_H */

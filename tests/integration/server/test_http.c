@@ -324,6 +324,21 @@ static void test_refusals(void **state)
     };
     for (size_t i = 0; i < TS__ARRAY_SIZE(bad); i++)
         EXPECT(fx, bad[i], 400, 0);
+    /*
+     * Bare LFs or CRs without any CRLF CRLF: refused at the first one, not left waiting for a
+     * blank line that never comes.
+     */
+    static const char *const bare[] = {
+        "GET /healthz HTTP/1.1\nHost: x\n\n",
+        "GET /healthz HTTP/1.1\r\nHost: x\n\n",
+        "GET /healthz HTTP/1.1\rHost: x\r\r",
+        "GET /healthz HTTP/1.1\r\nHost: x\r\n\n",
+    };
+    for (size_t i = 0; i < TS__ARRAY_SIZE(bare); i++) {
+        long t0 = now_ms();
+        EXPECT(fx, bare[i], 400, 0);
+        assert_true(now_ms() - t0 < 2000);
+    }
     /* A NUL inside the head. */
     static const char nul[] = "GET /healthz HTTP/1.1\r\nHost: x\0y\r\n\r\n";
     expect(fx, nul, sizeof(nul) - 1, 400, 0);
