@@ -57,6 +57,19 @@ void tsd_conn_cron(tsd_conn *c, uint64_t now)
     if (!c->helloed && !c->uncounted && srv->cfg.hello_timeout_ms > 0 &&
         now - c->accepted_ms >= srv->cfg.hello_timeout_ms) {
         srv->stats.hello_timeouts++;
+        if (tsd_conn_tls_handshaking(c)) {
+            /*
+             * Without a finished handshake the TIMEOUT frame cannot be sent (only TLS records
+             * go on this connection): close at the deadline, instead of after the grace that
+             * tsd_conn_fail gives a reply to be written.
+             */
+            srv->stats.protocol_errors++;
+            tsd_log(TSD_LOG_INFO,
+                    "conn %llu (%s): protocol error: no TLS handshake within %u ms of connecting",
+                    (unsigned long long)c->id, c->peer, srv->cfg.hello_timeout_ms);
+            tsd_conn_close(c);
+            return;
+        }
         tsd_conn_fail(c, 0, 0, TS_ST_TIMEOUT, "no HELLO within %u ms of connecting",
                       srv->cfg.hello_timeout_ms);
         return;

@@ -1047,13 +1047,15 @@ void tsd_shard_map_reply(tsd_conn *c, const ts__hdr *h);
  * TLS (tls.c). tsd_tls_flag: parse a --tls-* flag (1: taken, 0: not one, -1: bad, printed; a
  * build without TLS refuses them); tsd_tls_usage: their --help lines; tsd_tls_setup: check them
  * and make cfg->tls_ctx (0, or -1 after printing why); tsd_tls_cleanup: free it at exit.
- * tsd_conn_tls_start: TLS on accepted TCP connection c (0, or -1: close it).
+ * tsd_conn_tls_start: TLS on accepted TCP connection c (0, or -1: close it);
+ * tsd_conn_tls_handshaking: 1 while c is a TLS connection whose handshake has not completed.
  */
 int tsd_tls_flag(tsd_config *cfg, const char *flag, const char *val, int argc, char **argv, int *i);
 void tsd_tls_usage(FILE *f);
 int tsd_tls_setup(tsd_config *cfg);
 void tsd_tls_cleanup(tsd_config *cfg);
 int tsd_conn_tls_start(tsd_conn *c);
+int tsd_conn_tls_handshaking(const tsd_conn *c);
 /*
  * A connection's stream calls, used instead of libuv's: through TLS when c->tls is set (the
  * handshake runs first by itself; try_write then always says UV_EAGAIN), plain otherwise.

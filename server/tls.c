@@ -163,6 +163,16 @@ int tsd_conn_tls_start(tsd_conn *c)
 #define TLS_OF(c) ((ts__tls *)(void *)(c)->tls)
 #endif
 
+int tsd_conn_tls_handshaking(const tsd_conn *c)
+{
+#ifdef TS_WITH_TLS
+    if (c->tls != NULL)
+        return !ts__tls_established((const ts__tls *)(const void *)c->tls);
+#endif
+    (void)c;
+    return 0;
+}
+
 int tsd_read_start(tsd_conn *c, uv_alloc_cb alloc_cb, uv_read_cb read_cb)
 {
 #ifdef TS_WITH_TLS
