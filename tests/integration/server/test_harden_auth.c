@@ -317,6 +317,44 @@ static void test_bad_flags_exit_2(void **state)
     assert_int_equal(th_run_tensord(a2, errfile, 10000), 2);
     const char *a3[] = {"--help", NULL};
     assert_int_equal(th_run_tensord(a3, errfile, 10000), 0);
+    /* Each numeric flag's range as SAFETY.md's Limits gives it: one past either end is refused. */
+    static const char *const out_of_range[][2] = {
+        {"--port", "65536"},
+        {"--http-port", "64k"},
+        {"--max-frame", "0"},
+        {"--max-clients", "0"},
+        {"--max-clients", "4g"},
+        {"--max-unauth-clients", "4294967296"},
+        {"--max-watch", "0"},
+        {"--hello-timeout", "4g"},
+        {"--body-timeout", "86401"},
+        {"--output-soft-seconds", "31536001"},
+        {"--save-interval", "1g"},
+        {"--max-disk", "18446744073709551615"},
+        {"--max-memory", "18446744073709551616"},
+        {"--max-output", "17179869184g"},
+    };
+    for (size_t i = 0; i < sizeof(out_of_range) / sizeof(out_of_range[0]); i++) {
+        const char *a[] = {"--port", "0", out_of_range[i][0], out_of_range[i][1], NULL};
+        if (th_run_tensord(a, errfile, 10000) != 2)
+            fail_msg("%s %s was not refused", out_of_range[i][0], out_of_range[i][1]);
+        assert_true(th_file_contains(errfile, "bad value for"));
+    }
+    /* The upper ends themselves are taken. */
+    const char *top[] = {"--hello-timeout",
+                         "4294967295",
+                         "--body-timeout",
+                         "86400",
+                         "--output-soft-seconds",
+                         "31536000",
+                         "--save-interval",
+                         "31536000",
+                         "--max-watch",
+                         "4294967295",
+                         NULL};
+    assert_int_equal(tsh_server_start(&s, top), 0);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    tsh_server_cleanup(&s);
 }
 
 int main(void)
