@@ -79,6 +79,11 @@ static const char usage_text[] =
     "  -H, --host H          server host                               [127.0.0.1]\n"
     "  -p, --port P          server TCP port                           [8000]\n"
     "  -u, --unix PATH       connect to a unix socket instead\n"
+    "  -a, --address ADDR    the server's whole address instead of -H/-p/-u, as the library\n"
+    "                        takes it: HOST:PORT, tls://HOST:PORT, unix:PATH, a cluster's\n"
+    "                        H1:P1,H2:P2,... or cluster:MAPFILE (docs/CLUSTER.md, TLS.md)\n"
+    "      --tls-ca FILE     (tls://) the CA the server's certificate must chain to (PEM);\n"
+    "                        without it TS_TLS_CA, else the system's store\n"
     "  -t, --timeout MS      request timeout; for wait, how long to wait\n"
     "  -T, --token-file F    read the server's token from F (trailing whitespace ignored);\n"
     "                        without it the token comes from TS_AUTH_TOKEN, if set\n"
@@ -443,11 +448,12 @@ static const ts_tensor_t *first_tensor(const ts_value_t *v)
 
 /* What the command line asked for. */
 typedef struct args {
-    const char *host, *unix_path, *token_file, *out;
+    const char *host, *unix_path, *address, *tls_ca, *token_file, *out;
     long port;
-    int timeout_ms; /* 0: the library's default */
-    long count;     /* --count; -1 when not given */
-    double watch_s; /* --watch; 0 when not given */
+    int place_given; /* -H, -p or -u was given (they and --address exclude each other) */
+    int timeout_ms;  /* 0: the library's default */
+    long count;      /* --count; -1 when not given */
+    double watch_s;  /* --watch; 0 when not given */
     const char *cmd;
     int nargs;
     char **args;
@@ -997,10 +1003,15 @@ static const struct command {
     {"save", 0, 0, 0, ""},
 };
 
+/* getopt_long's value for options without a short form (above every char). */
+#define LONG_TLS_CA 256
+
 static const struct option long_opts[] = {
     {"host", required_argument, NULL, 'H'},
     {"port", required_argument, NULL, 'p'},
     {"unix", required_argument, NULL, 'u'},
+    {"address", required_argument, NULL, 'a'},
+    {"tls-ca", required_argument, NULL, LONG_TLS_CA},
     {"timeout", required_argument, NULL, 't'},
     {"token-file", required_argument, NULL, 'T'},
     {"out", required_argument, NULL, 'o'},
@@ -1011,7 +1022,7 @@ static const struct option long_opts[] = {
     {NULL, 0, NULL, 0},
 };
 /* Leading ':' : a missing value is reported as ':' rather than '?'. */
-static const char short_opts[] = ":H:p:u:t:T:o:n:w:hV";
+static const char short_opts[] = ":H:p:u:a:t:T:o:n:w:hV";
 
 /*
  * Negative numbers ("put b -2.5") would read as options. Before getopt sees them they are
@@ -1079,10 +1090,25 @@ static int parse_args(int argc, char **argv, args_t *a)
                    TSCTL_PROTOCOL_VERSION);
             return 0;
         case 'H':
+            /* Not a host: a scheme or a shard list would be wrapped into "[...]:8000". */
+            if (strstr(v, "://") != NULL || strchr(v, ',') != NULL)
+                return usage_error("'%s' is not a host for --host; give a whole address with "
+                                   "--address",
+                                   v);
             a->host = v;
+            a->place_given = 1;
             break;
         case 'u':
             a->unix_path = v;
+            a->place_given = 1;
+            break;
+        case 'a':
+            if (v[0] == '\0')
+                return usage_error("bad value '' for --address");
+            a->address = v;
+            break;
+        case LONG_TLS_CA:
+            a->tls_ca = v;
             break;
         case 'T':
             a->token_file = v;
@@ -1091,6 +1117,7 @@ static int parse_args(int argc, char **argv, args_t *a)
             if (parse_u64(v, 1, 65535, &n) != 0)
                 return usage_error("bad value '%s' for --port (1 to 65535)", v);
             a->port = (long)n;
+            a->place_given = 1;
             break;
         case 't':
             if (parse_u64(v, 1, INT32_MAX, &n) != 0)
@@ -1137,6 +1164,9 @@ static int parse_args(int argc, char **argv, args_t *a)
         }
         }
     }
+    if (a->address != NULL && a->place_given)
+        return usage_error("--address gives the whole address: leave out --host, --port and "
+                           "--unix");
     if (optind >= argc)
         return usage_error("no command given");
     a->cmd = unhide(argv[optind]);
@@ -1195,6 +1225,7 @@ int main(int argc, char **argv)
     ts_client_options_init(&opts);
     if (a.timeout_ms > 0)
         opts.request_timeout_ms = a.timeout_ms;
+    opts.tls_ca_file = a.tls_ca; /* NULL: TS_TLS_CA, else the system's store */
     static char token[4096];
     if (a.token_file != NULL) {
         if (read_token(a.token_file, token, sizeof(token)) != 0) {
@@ -1204,9 +1235,11 @@ int main(int argc, char **argv)
         opts.auth_token = token;
     }
     ts_client_t *c;
-    int rc = ts_client_open(&c, address, &opts);
+    int rc = ts_client_open(&c, a.address != NULL ? a.address : address, &opts);
     if (rc != 0) {
         status = report("connect", rc);
+        if (rc == TS_EINVAL)
+            status = EXIT_USAGE; /* a malformed --address or an unreadable --tls-ca */
         if (rc == TS_EAUTH)
             auth_hint(a.token_file);
         free(negated);

@@ -19,6 +19,9 @@
 #include "harness.h"
 #include "npy.h"
 #include "test_client_util.h"
+#ifdef TS_WITH_TLS
+#include "tls_certs.h"
+#endif
 
 static tsh_server srv;
 static char tsctl[600], quickstart[600], port_arg[16], out_path[300];
@@ -520,6 +523,68 @@ static void test_tsctl_auth_errors(void **state)
                      0);
 }
 
+/*
+ * --address takes whatever ts_client_open takes (tcp://, unix:, tls://, a shard list), and
+ * refuses to be mixed with -H/-p/-u; -H refuses a whole address; --tls-ca (or TS_TLS_CA) is the
+ * CA a tls:// server's certificate is checked against.
+ */
+static void test_tsctl_address(void **state)
+{
+    (void)state;
+    char tcp[64], tcp_list[160];
+    snprintf(tcp, sizeof(tcp), "tcp://127.0.0.1:%d", srv.port);
+    snprintf(tcp_list, sizeof(tcp_list), "127.0.0.1:%d,127.0.0.1:%d", srv.port, srv.port);
+    assert_int_equal(run((const char *const[]){tsctl, "--address", tcp, "ping", NULL}), 0);
+    assert_int_equal(run((const char *const[]){tsctl, "-a", srv.unix_addr, "ping", NULL}), 0);
+    assert_int_equal(run((const char *const[]){tsctl, "-a", tcp_list, "ping", NULL}), 0);
+    /* Malformed: a usage error naming the address, not a resolver's failure. */
+    static const char *const bad[] = {"http://127.0.0.1:80", "h1:1,h2:p2", "[x,y]:1"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(run((const char *const[]){tsctl, "-a", bad[i], "ping", NULL}), 2);
+        assert_true(output_has("malformed address"));
+    }
+    assert_int_equal(run((const char *const[]){tsctl, "-a", tcp, "-p", port_arg, "ping", NULL}), 2);
+    assert_true(output_has("leave out --host, --port and --unix"));
+    assert_int_equal(run((const char *const[]){tsctl, "-H", "h1:1,h2:2", "ping", NULL}), 2);
+    assert_true(output_has("--address"));
+    assert_int_equal(run((const char *const[]){tsctl, "-H", "tls://127.0.0.1", "ping", NULL}), 2);
+    assert_true(output_has("--address"));
+    assert_int_equal(run((const char *const[]){tsctl, "--help", NULL}), 0);
+    assert_true(output_has("--address ADDR"));
+    assert_true(output_has("--tls-ca FILE"));
+#ifdef TS_WITH_TLS
+    tls_certs certs;
+    assert_int_equal(tls_certs_make(&certs), 0);
+    const char *const args[] = {"--tls-cert", certs.server_cert, "--tls-key", certs.server_key,
+                                NULL};
+    assert_int_equal(aux_start(args), 0);
+    char tls[64];
+    snprintf(tls, sizeof(tls), "tls://127.0.0.1:%d", aux.port);
+    unsetenv("TS_TLS_CA");
+    assert_int_equal(
+        run((const char *const[]){tsctl, "-a", tls, "--tls-ca", certs.ca, "ping", NULL}), 0);
+    assert_int_equal(run((const char *const[]){tsctl, "-a", tls, "--tls-ca", certs.ca, "put",
+                                               "tlsbin", "1.5", NULL}),
+                     0);
+    assert_int_equal(
+        run((const char *const[]){tsctl, "-a", tls, "--tls-ca", certs.ca, "peek", "tlsbin", NULL}),
+        0);
+    assert_true(output_has("1.5"));
+    /* A CA that did not sign the server's certificate: refused (TS_EAUTH). */
+    assert_int_equal(
+        run((const char *const[]){tsctl, "-a", tls, "--tls-ca", certs.other_ca, "ping", NULL}), 1);
+    assert_true(output_has("certificate"));
+    /* The library's TS_TLS_CA serves as well. */
+    setenv("TS_TLS_CA", certs.ca, 1);
+    assert_int_equal(run((const char *const[]){tsctl, "-a", tls, "ping", NULL}), 0);
+    unsetenv("TS_TLS_CA");
+    /* Plain TCP to the TLS port fails, and says the server closed the connection. */
+    assert_int_equal(run((const char *const[]){tsctl, "-p", aux_port, "ping", NULL}), 1);
+    assert_int_equal(aux_teardown(NULL), 0);
+    tls_certs_remove(&certs);
+#endif
+}
+
 /* A server at its client limit closes the connection with TOO_MANY_CLIENTS: tsctl says so. */
 static void test_tsctl_server_reason(void **state)
 {
@@ -567,6 +632,7 @@ int main(void)
         cmocka_unit_test(test_tsctl_get_out_keeps_items),
         cmocka_unit_test(test_tsctl_options),
         cmocka_unit_test(test_tsctl_list_escapes),
+        cmocka_unit_test(test_tsctl_address),
         cmocka_unit_test_setup_teardown(test_tsctl_auth_errors, auth_setup, aux_teardown),
         cmocka_unit_test_setup_teardown(test_tsctl_server_reason, full_setup, aux_teardown),
         cmocka_unit_test(test_tsctl_stats_watch),
