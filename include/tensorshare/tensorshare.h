@@ -431,7 +431,7 @@ typedef struct ts_client_s ts_client_t;
  * for the built-in default; 0 and TS_TIMEOUT_INFINITE give TS_EINVAL at ts_client_open (a
  * request without a deadline could hang its caller forever on a dead server), and so does a
  * reconnect_max_ms below reconnect_min_ms (after defaults), with ts_last_error() naming the field.
- * Added in 0.2.0. It replaces ts_options_t. Changed in 0.7.0: the reconnect fields are checked
+ * Added in 0.2.0. It replaces ts_options_t. Changed in 0.7.1: the reconnect fields are checked
  * (before, 0 and other negative values meant the default, and a maximum below the minimum was
  * raised to it).
  */
@@ -447,7 +447,7 @@ typedef struct ts_client_options_s {
     /*
      * Copied; NULL: take TS_AUTH_TOKEN from the environment; "": none. Trailing spaces, tabs,
      * CRs and LFs are not part of the token (tensord drops them from its own too); a token of
-     * nothing else gives TS_EINVAL at ts_client_open. Changed in 0.7.0: trimmed.
+     * nothing else gives TS_EINVAL at ts_client_open. Changed in 0.7.1: trimmed.
      */
     const char *auth_token;
     size_t compress_min; /* lz4-compress frames at least this large (if the server agrees);
