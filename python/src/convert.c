@@ -25,7 +25,7 @@ static struct {
     PyObject *s_resolve_conj, *s_resolve_neg, *s_layout, *s_device;         /* names */
 } cv;
 
-/* Raise RecordError (code 0: found before sending) with a formatted message; returns NULL. */
+/* Raise RecordError (EBADRECORD, found before sending) with a formatted message; returns NULL. */
 static void *record_error(const char *fmt, ...)
 {
     char msg[512];
@@ -33,7 +33,7 @@ static void *record_error(const char *fmt, ...)
     va_start(ap, fmt);
     PyOS_vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    PyObject *exc = tsp_exception_make(tsp_state.RecordError, 0, msg);
+    PyObject *exc = tsp_exception_make(tsp_state.RecordError, TS_EBADRECORD, msg);
     if (exc != NULL) {
         PyErr_SetObject(tsp_state.RecordError, exc);
         Py_DECREF(exc);

@@ -29,8 +29,91 @@ typedef struct exc_def {
     PyObject **slot;
     PyObject **parent; /* a tensorshare class to derive from instead of Error, or NULL */
     PyObject *builtin; /* the builtin base, or NULL */
+    int code;          /* the class's code (set_class_code) */
     const char *doc;
 } exc_def;
+
+/*
+ * Error.__init__(self, *args): the base classes' __init__, then the attributes every
+ * tensorshare.Error carries, whoever made it (the package, or a program raising one itself):
+ * code and name come from the class (see set_class_code) until the package sets the status's,
+ * and message is the first argument as a str (KeyError's str() would quote it), or the code's
+ * ts_strerror() without arguments. Bound as an instancemethod, so args[0] is self.
+ */
+static PyObject *error_init(PyObject *unused, PyObject *args, PyObject *kw)
+{
+    (void)unused;
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (n < 1) {
+        PyErr_SetString(PyExc_TypeError, "Error.__init__ needs self");
+        return NULL;
+    }
+    PyObject *self = PyTuple_GET_ITEM(args, 0);
+    PyObject *rest = PyTuple_GetSlice(args, 1, n);
+    if (rest == NULL)
+        return NULL;
+    PyObject *super =
+        PyObject_CallFunctionObjArgs((PyObject *)&PySuper_Type, tsp_state.Error, self, NULL);
+    PyObject *init = super != NULL ? PyObject_GetAttrString(super, "__init__") : NULL;
+    PyObject *r = init != NULL ? PyObject_Call(init, rest, kw) : NULL;
+    Py_XDECREF(init);
+    Py_XDECREF(super);
+    PyObject *msg = NULL;
+    if (r != NULL && n > 1) {
+        msg = PyObject_Str(PyTuple_GET_ITEM(rest, 0));
+    } else if (r != NULL) {
+        PyObject *code = PyObject_GetAttrString(self, "code");
+        long c = code != NULL ? PyLong_AsLong(code) : -1;
+        Py_XDECREF(code);
+        if (!PyErr_Occurred())
+            msg = PyUnicode_FromString(c != 0 ? ts_strerror((int)c) : "");
+    }
+    Py_DECREF(rest);
+    if (msg == NULL || PyObject_SetAttrString(self, "message", msg) < 0) {
+        Py_XDECREF(msg);
+        Py_XDECREF(r);
+        return NULL;
+    }
+    Py_DECREF(msg);
+    return r;
+}
+
+static PyMethodDef error_init_def = {"__init__", (PyCFunction)(void (*)(void))error_init,
+                                     METH_VARARGS | METH_KEYWORDS, NULL};
+
+/*
+ * The class attributes code and name of cls: the TS_E* code its instances carry when nobody
+ * set one (an instance a program made, an error the package found itself): the class's first
+ * code in docs/PYTHON.md's table; 0 and "" for Error itself. 0 or -1.
+ */
+static int set_class_code(PyObject *cls, int code)
+{
+    PyObject *c = PyLong_FromLong(code);
+    PyObject *name = PyUnicode_FromString(code != 0 ? ts_err_name(code) : "");
+    int rc = c == NULL || name == NULL || PyObject_SetAttrString(cls, "code", c) < 0 ||
+                     PyObject_SetAttrString(cls, "name", name) < 0
+                 ? -1
+                 : 0;
+    Py_XDECREF(c);
+    Py_XDECREF(name);
+    return rc;
+}
+
+int tsp_exception_subclass(PyObject *module, const char *name, const char *doc, int code,
+                           PyObject **out)
+{
+    char qualname[96];
+    snprintf(qualname, sizeof(qualname), "tensorshare.%s", name);
+    PyObject *cls = PyErr_NewExceptionWithDoc(qualname, doc, tsp_state.Error, NULL);
+    if (cls == NULL)
+        return -1;
+    if (set_class_code(cls, code) < 0 || PyModule_AddObjectRef(module, name, cls) < 0) {
+        Py_DECREF(cls);
+        return -1;
+    }
+    *out = cls;
+    return 0;
+}
 
 /* Makes one class with bases (parent or Error, builtin); 0 or -1. */
 static int make_exception(PyObject *module, const exc_def *d)
@@ -46,6 +129,10 @@ static int make_exception(PyObject *module, const exc_def *d)
     Py_DECREF(bases);
     if (cls == NULL)
         return -1;
+    if (set_class_code(cls, d->code) < 0) {
+        Py_DECREF(cls);
+        return -1;
+    }
     *d->slot = cls;
     Py_INCREF(cls);
     if (PyModule_AddObject(module, d->name, cls) < 0) {
@@ -58,13 +145,23 @@ static int make_exception(PyObject *module, const exc_def *d)
 /* Creates Error and every subclass, and adds them to the module; 0 or -1. */
 static int init_exceptions(PyObject *module)
 {
+    PyObject *init_fn = PyCFunction_New(&error_init_def, NULL);
+    PyObject *init = init_fn != NULL ? PyInstanceMethod_New(init_fn) : NULL;
+    PyObject *dict = init != NULL ? Py_BuildValue("{sO}", "__init__", init) : NULL;
+    Py_XDECREF(init_fn);
+    Py_XDECREF(init);
+    if (dict == NULL)
+        return -1;
     tsp_state.Error = PyErr_NewExceptionWithDoc(
         "tensorshare.Error",
-        "Base class of every tensorshare error. Attributes: code (the TS_E* number, negative; 0 "
-        "for an error found before anything was sent), name (such as 'ETIMEDOUT'; '' for "
-        "code 0) and message (the server's or the local reason).",
-        PyExc_Exception, NULL);
-    if (tsp_state.Error == NULL)
+        "Base class of every tensorshare error. Attributes: code (the TS_E* number, negative), "
+        "name (such as 'ETIMEDOUT') and message (the server's or the local reason). An error "
+        "found before anything was sent has the code the library gives it, or its class's "
+        "code (the class attribute code: InvalidArgumentError's is EINVAL); a plain Error made "
+        "by a program has code 0 and name ''.",
+        PyExc_Exception, dict);
+    Py_DECREF(dict);
+    if (tsp_state.Error == NULL || set_class_code(tsp_state.Error, 0) < 0)
         return -1;
     Py_INCREF(tsp_state.Error);
     if (PyModule_AddObject(module, "Error", tsp_state.Error) < 0) {
@@ -72,39 +169,40 @@ static int init_exceptions(PyObject *module)
         return -1;
     }
     const exc_def defs[] = {
-        {"TimeoutError", &tsp_state.TimeoutError, NULL, PyExc_TimeoutError,
+        {"TimeoutError", &tsp_state.TimeoutError, NULL, PyExc_TimeoutError, TS_ETIMEDOUT,
          "The operation did not complete in time (ETIMEDOUT)."},
-        {"ConnectionError", &tsp_state.ConnectionError, NULL, PyExc_ConnectionError,
+        {"ConnectionError", &tsp_state.ConnectionError, NULL, PyExc_ConnectionError, TS_ENOTCONN,
          "No usable connection to tensord (ENOTCONN, ESLOW, ESHUTDOWN, ETOOMANY, EPROTO, "
          "EVERSION), or a Client used after os.fork()."},
         {"ConnectionResetError", &tsp_state.ConnectionResetError, &tsp_state.ConnectionError,
-         PyExc_ConnectionResetError,
+         PyExc_ConnectionResetError, TS_ECONNRESET,
          "The connection was lost while the request was in flight (ECONNRESET)."},
         {"ConnectionRefusedError", &tsp_state.ConnectionRefusedError, &tsp_state.ConnectionError,
-         PyExc_ConnectionRefusedError, "tensord refused the connection (ECONNREFUSED)."},
-        {"BinNotFoundError", &tsp_state.BinNotFoundError, NULL, PyExc_KeyError,
+         PyExc_ConnectionRefusedError, TS_ECONNREFUSED,
+         "tensord refused the connection (ECONNREFUSED)."},
+        {"BinNotFoundError", &tsp_state.BinNotFoundError, NULL, PyExc_KeyError, TS_ENOENT,
          "The bin does not exist (ENOENT)."},
-        {"RecordError", &tsp_state.RecordError, NULL, PyExc_ValueError,
+        {"RecordError", &tsp_state.RecordError, NULL, PyExc_ValueError, TS_EBADRECORD,
          "A value cannot be sent as a record (refused before anything was sent), or the "
          "server found a record malformed (EBADRECORD, ETYPE, ESCHEMA)."},
-        {"InvalidArgumentError", &tsp_state.InvalidArgumentError, NULL, PyExc_ValueError,
+        {"InvalidArgumentError", &tsp_state.InvalidArgumentError, NULL, PyExc_ValueError, TS_EINVAL,
          "An argument was refused (EINVAL, ENAMETOOLONG, EMSGSIZE)."},
         {"AuthenticationError", &tsp_state.AuthenticationError, NULL, PyExc_PermissionError,
-         "The token was missing or wrong (EAUTH, EACCES)."},
-        {"CancelledError", &tsp_state.CancelledError, NULL, NULL,
+         TS_EAUTH, "The token was missing or wrong (EAUTH, EACCES)."},
+        {"CancelledError", &tsp_state.CancelledError, NULL, NULL, TS_ECANCELED,
          "The client was closed (ECANCELED)."},
-        {"DeadlockError", &tsp_state.DeadlockError, NULL, PyExc_RuntimeError,
+        {"DeadlockError", &tsp_state.DeadlockError, NULL, PyExc_RuntimeError, TS_EDEADLK,
          "A blocking call was made from a callback on the client's I/O thread (EDEADLK): use "
          "the *_async form there."},
-        {"ServerError", &tsp_state.ServerError, NULL, NULL,
+        {"ServerError", &tsp_state.ServerError, NULL, NULL, TS_ESERVER,
          "The server could not do it (EOOM, ESERVER, ESAVEFAIL, EUNKNOWNOP, EWRONGSHARD)."},
-        {"VersionMismatchError", &tsp_state.VersionMismatchError, NULL, NULL,
+        {"VersionMismatchError", &tsp_state.VersionMismatchError, NULL, NULL, TS_ECONFLICT,
          "A put_if lost: the bin's version was not the one expected (ECONFLICT); "
          "current_version holds the bin's version (0: no such bin) to read and retry with."},
-        {"StaleGradientError", &tsp_state.StaleGradientError, NULL, NULL,
+        {"StaleGradientError", &tsp_state.StaleGradientError, NULL, NULL, TS_ESTALE,
          "A sync ps_push's gradient lags its parameter by more than the tolerance (ESTALE); "
          "nothing changed; current_version holds the parameter's version to pull and retry."},
-        {"BackpressureError", &tsp_state.BackpressureError, NULL, PyExc_BlockingIOError,
+        {"BackpressureError", &tsp_state.BackpressureError, NULL, PyExc_BlockingIOError, TS_EAGAIN,
          "No room now, nothing was done (EAGAIN): a stream's window is full (a group is "
          "`window` entries behind), or RLWorker.add(block=False) found max_in_flight adds on "
          "their way. Try again later."},
@@ -154,6 +252,8 @@ PyObject *tsp_exception_class(int status)
         return tsp_state.VersionMismatchError;
     case TS_ESTALE:
         return tsp_state.StaleGradientError;
+    case TS_ESERVICE:
+        return tsp_state.ServiceGoneError;
     case TS_EOOM:
     case TS_ESERVER:
     case TS_ESAVEFAIL:
@@ -184,14 +284,15 @@ PyObject *tsp_exception_make(PyObject *cls, int status, const char *message)
         Py_DECREF(msg);
         return NULL;
     }
+    Py_DECREF(msg);
+    if (status == 0) /* Error.__init__ gave it the class's code and the message */
+        return exc;
     PyObject *code = PyLong_FromLong(status);
-    PyObject *name = PyUnicode_FromString(status != 0 ? ts_err_name(status) : "");
+    PyObject *name = PyUnicode_FromString(ts_err_name(status));
     int bad = code == NULL || name == NULL || PyObject_SetAttrString(exc, "code", code) < 0 ||
-              PyObject_SetAttrString(exc, "name", name) < 0 ||
-              PyObject_SetAttrString(exc, "message", msg) < 0;
+              PyObject_SetAttrString(exc, "name", name) < 0;
     Py_XDECREF(code);
     Py_XDECREF(name);
-    Py_DECREF(msg);
     if (bad) {
         Py_DECREF(exc);
         return NULL;

@@ -39,8 +39,6 @@ typedef struct {
     int entered;      /* counted as a user of client (tsp_client_enter) until closed */
 } ServiceHandle;
 
-static PyObject *ServiceGoneError;
-
 /* The capsule name of an unanswered call handed to Python. */
 static const char CALL_CAPSULE[] = "tensorshare._service_call";
 
@@ -383,14 +381,6 @@ PyObject *tsp_client_call(PyObject *client, PyObject *args, PyObject *kw)
         ts_call(c, name, s.value, timeout_ms, wait ? TS_CALL_WAIT : 0u, &answer);
     Py_END_ALLOW_THREADS tsp_send_clear(&s);
     tsp_client_leave(client);
-    if (rc == TS_ESERVICE) {
-        PyObject *e = tsp_exception_make(ServiceGoneError, rc, ts_last_error());
-        if (e != NULL) {
-            PyErr_SetObject(ServiceGoneError, e);
-            Py_DECREF(e);
-        }
-        return NULL;
-    }
     if (rc != 0)
         return tsp_raise(rc);
     return tsp_value_to_py_owned(answer, tt);
@@ -400,15 +390,12 @@ int tsp_service_init(PyObject *module)
 {
     if (PyType_Ready(&handle_type) < 0)
         return -1;
-    ServiceGoneError = PyErr_NewExceptionWithDoc(
-        "tensorshare.ServiceGoneError",
-        "The server holding a call disconnected (or the last server left before the call was "
-        "handed to one) (TS_ESERVICE).",
-        tsp_state.Error, NULL);
-    if (ServiceGoneError == NULL)
+    if (tsp_exception_subclass(module, "ServiceGoneError",
+                               "The server holding a call disconnected (or the last server left "
+                               "before the call was handed to one) (TS_ESERVICE).",
+                               TS_ESERVICE, &tsp_state.ServiceGoneError) < 0)
         return -1;
-    if (PyModule_AddObjectRef(module, "ServiceGoneError", ServiceGoneError) < 0 ||
-        PyModule_AddIntConstant(module, "_TS_EINVAL", TS_EINVAL) < 0 ||
+    if (PyModule_AddIntConstant(module, "_TS_EINVAL", TS_EINVAL) < 0 ||
         PyModule_AddIntConstant(module, "_TS_ESERVER", TS_ESERVER) < 0)
         return -1;
     return 0;

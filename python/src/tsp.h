@@ -102,6 +102,7 @@ typedef struct tsp_state_s {
     PyObject *StaleGradientError;     /* (Error): ESTALE (a ps_push too stale; .current_version) */
     PyObject *BackpressureError;      /* (Error, builtins.BlockingIOError): EAGAIN (a stream's
                                          window is full; no room for an add) */
+    PyObject *ServiceGoneError;       /* (Error): ESERVICE (service.c makes it) */
     PyTypeObject *ClientType;         /* tensorshare.Client */
     PyTypeObject *ViewType;           /* the owner of a received tensor's memory (view.c) */
     PyObject *BinInfoType;            /* named tuple (n_items, bytes, version) */
@@ -148,8 +149,17 @@ PyObject *tsp_raise_versioned(int status, uint64_t version);
  * reference, or NULL with an exception set.
  */
 PyObject *tsp_exception_new(int status, const char *message);
-/* As tsp_exception_new, of class cls (one of tsp_state's; status 0: found locally). */
+/*
+ * As tsp_exception_new, of class cls (one of tsp_state's); status 0 leaves the instance the
+ * class's code and name (an error the package found itself).
+ */
 PyObject *tsp_exception_make(PyObject *cls, int status, const char *message);
+/*
+ * Make the exception class tensorshare.<name> (a subclass of Error, whose instances carry code
+ * by default), add it to module and put it in *out (a new reference). 0, or -1.
+ */
+int tsp_exception_subclass(PyObject *module, const char *name, const char *doc, int code,
+                           PyObject **out);
 /* The class for a status (borrowed; Error for codes without a class of their own). */
 PyObject *tsp_exception_class(int status);
 

@@ -570,3 +570,31 @@ def test_close_while_other_threads_are_inside_calls(tensord):
     assert c.closed
     with tensorshare.Client(tensord.address) as other:
         other.ping()
+
+
+def test_every_error_carries_code_name_and_message(client, tensord):
+    # Found by the library before sending: its code.
+    with pytest.raises(tensorshare.InvalidArgumentError) as info:
+        client.put("n" * 256, 1)
+    assert (info.value.code, info.value.name) == (-36, "ENAMETOOLONG")
+    # Found by the package itself: its class's code, and a message.
+    for call, cls, name in [
+            (lambda: client.create_tensor_bin("x", "float23", (2,)), "InvalidArgumentError",
+             "EINVAL"),
+            (lambda: client.create_tensor_bin("x", "float32", ()), "InvalidArgumentError",
+             "EINVAL"),
+            (lambda: client.put("x", {"a": None}), "RecordError", "EBADRECORD")]:
+        with pytest.raises(getattr(tensorshare, cls)) as info:
+            call()
+        e = info.value
+        assert e.name == name and e.code == getattr(tensorshare, cls).code < 0
+        assert e.message and e.message == str(e.args[0])
+    # Made by a program: the class's code when it has one; message without KeyError's quotes.
+    e = tensorshare.BinNotFoundError("custom")
+    assert (e.code, e.name, e.message, str(e)) == (-2, "ENOENT", "custom", "'custom'")
+    assert (tensorshare.TimeoutError("t").name, tensorshare.ServiceGoneError("g").name) == (
+        "ETIMEDOUT", "ESERVICE")
+    assert tensorshare.InvalidArgumentError().message == "invalid argument"
+    plain = tensorshare.Error("x")
+    assert (plain.code, plain.name, plain.message) == (0, "", "x")
+
