@@ -7,6 +7,7 @@
 #include "tsp.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 tsp_state_t tsp_state;
@@ -272,10 +273,24 @@ PyObject *tsp_exception_new(int status, const char *message)
     return tsp_exception_make(tsp_exception_class(status), status, message);
 }
 
+/*
+ * The C library's words for giving a token ("TS_AUTH_TOKEN or the auth_token option", in
+ * tensord's EAUTH message), and what a Python program gives instead.
+ */
+#define C_TOKEN_HINT  "TS_AUTH_TOKEN or the auth_token option"
+#define PY_TOKEN_HINT "the Client's token= or token_file= argument, or TS_AUTH_TOKEN"
+
 PyObject *tsp_exception_make(PyObject *cls, int status, const char *message)
 {
     if (message == NULL || message[0] == '\0')
         message = status != 0 ? ts_strerror(status) : "error";
+    char hinted[1024];
+    const char *hint = status == TS_EAUTH ? strstr(message, C_TOKEN_HINT) : NULL;
+    if (hint != NULL) {
+        snprintf(hinted, sizeof(hinted), "%.*s%s%s", (int)(hint - message), message, PY_TOKEN_HINT,
+                 hint + strlen(C_TOKEN_HINT));
+        message = hinted;
+    }
     PyObject *msg = PyUnicode_DecodeUTF8(message, (Py_ssize_t)strlen(message), "replace");
     if (msg == NULL)
         return NULL;

@@ -598,3 +598,14 @@ def test_every_error_carries_code_name_and_message(client, tensord):
     plain = tensorshare.Error("x")
     assert (plain.code, plain.name, plain.message) == (0, "", "x")
 
+
+def test_auth_hint_names_the_python_arguments(start_tensord, tmp_path, monkeypatch):
+    monkeypatch.delenv("TS_AUTH_TOKEN", raising=False)
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    d = start_tensord("--auth-token-file", str(token_file))
+    with pytest.raises(tensorshare.AuthenticationError) as info:
+        tensorshare.Client(d.address)
+    assert "token=" in info.value.message and "token_file=" in info.value.message
+    assert "auth_token option" not in info.value.message
+
