@@ -281,17 +281,57 @@ static ts_dtype_t dtype_from_py(PyObject *obj)
     return d;
 }
 
-/* A (dtype, shape) pair of a layout: 1 and the spec, 0 when obj is not one, -1 on error. */
+/*
+ * Whether obj stands for a dtype as the first element of a (dtype, shape) pair: a str, a
+ * torch.dtype, a numpy dtype, or a type (numpy's scalar types such as numpy.float32, and the
+ * Python types numpy.dtype reads, such as float).
+ */
+static int is_dtype_like(PyObject *obj)
+{
+    if (PyUnicode_Check(obj) || PyType_Check(obj))
+        return 1;
+    if (strcmp(Py_TYPE(obj)->tp_name, "torch.dtype") == 0)
+        return 1;
+    /* A numpy dtype exists only once numpy was imported. */
+    PyObject *name = PyUnicode_FromString("numpy");
+    PyObject *np = name != NULL ? PyImport_GetModule(name) : NULL;
+    Py_XDECREF(name);
+    PyObject *np_dtype = np != NULL ? PyObject_GetAttrString(np, "dtype") : NULL;
+    Py_XDECREF(np);
+    int r = np_dtype != NULL ? PyObject_IsInstance(obj, np_dtype) : 0;
+    Py_XDECREF(np_dtype);
+    PyErr_Clear();
+    return r > 0;
+}
+
+/*
+ * A (dtype, shape) pair of a layout: a tuple of two whose first element is dtype-like
+ * (is_dtype_like). 1 and the spec, 0 when obj is not a pair (a plain value), -1 with RecordError
+ * when it is one but its dtype is not one of the 12 or its shape is not a tuple or list of ints.
+ */
 static int spec_from_py(PyObject *obj, ts_value_t **out)
 {
-    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 2)
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 2 ||
+        !is_dtype_like(PyTuple_GET_ITEM(obj, 0)))
         return 0;
+    PyObject *dtype = PyTuple_GET_ITEM(obj, 0);
     PyObject *shape = PyTuple_GET_ITEM(obj, 1);
-    if (!PyTuple_Check(shape) && !PyList_Check(shape))
-        return 0;
-    ts_dtype_t d = dtype_from_py(PyTuple_GET_ITEM(obj, 0));
-    if (d == TS_DTYPE_INVALID)
-        return 0;
+    ts_dtype_t d = dtype_from_py(dtype);
+    if (d == TS_DTYPE_INVALID) {
+        PyErr_Format(tsp_state.RecordError,
+                     "unsupported dtype %R in a layout's (dtype, shape) pair: bool, uint8, int8, "
+                     "int16, int32, int64, float16, bfloat16, float32, float64, complex64 or "
+                     "complex128",
+                     dtype);
+        return -1;
+    }
+    if (!PyTuple_Check(shape) && !PyList_Check(shape)) {
+        PyErr_Format(tsp_state.RecordError,
+                     "the shape of a layout's (dtype, shape) pair is a tuple or list of ints, "
+                     "not %.100s",
+                     Py_TYPE(shape)->tp_name);
+        return -1;
+    }
     Py_ssize_t nd = PySequence_Size(shape);
     if (nd > TS_MAX_NDIM) {
         PyErr_Format(tsp_state.RecordError, "a shared tensor has at most %d dimensions",
@@ -301,6 +341,14 @@ static int spec_from_py(PyObject *obj, ts_value_t **out)
     int64_t dims[TS_MAX_NDIM];
     for (Py_ssize_t i = 0; i < nd; i++) {
         PyObject *x = PySequence_GetItem(shape, i);
+        if (x != NULL && (!PyLong_Check(x) || PyBool_Check(x))) {
+            PyErr_Format(tsp_state.RecordError,
+                         "the shape of a layout's (dtype, shape) pair is a tuple or list of "
+                         "ints, not of %.100s",
+                         Py_TYPE(x)->tp_name);
+            Py_DECREF(x);
+            return -1;
+        }
         long long v = x != NULL ? PyLong_AsLongLong(x) : -1;
         Py_XDECREF(x);
         if (v == -1 && PyErr_Occurred())
@@ -602,6 +650,16 @@ PyObject *tsp_client_shared(PyObject *client, PyObject *const *args, Py_ssize_t 
     ts_value_t *v = layout_from_py(layout, pins, 1);
     if (v == NULL) {
         Py_DECREF(pins);
+        return NULL;
+    }
+    ts_type_t root = ts_value_type(v);
+    if (root != TS_TYPE_MAP && root != TS_TYPE_LIST && root != TS_TYPE_TENSOR) {
+        ts_value_free(v);
+        Py_DECREF(pins);
+        PyErr_Format(tsp_state.RecordError,
+                     "a layout's root is a dict, a list, a (dtype, shape) pair or a tensor, not "
+                     "%.100s",
+                     Py_TYPE(layout)->tp_name);
         return NULL;
     }
     ts_shared_t *sh = NULL;

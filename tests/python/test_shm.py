@@ -226,3 +226,34 @@ def test_no_fd_leak(tensord):
     c.close()
     gc.collect()
     assert open_fds() == fds0
+
+
+@pytest.mark.parametrize("layout,what", [
+    ({"x": ("float23", (2,))}, "'float23'"),
+    ({"x": ("uint16", (2,))}, "'uint16'"),
+    ({"x": (np.uint16, (2,))}, "uint16"),
+    ({"x": (np.dtype("uint32"), (2,))}, "uint32"),
+    ({"x": (dict, (2,))}, "dict"),
+    ({"x": ("float32", 2)}, "shape"),
+    ({"x": ("float32", (2.0,))}, "shape"),
+    (5, "root"),
+    ("float32", "root"),
+])
+def test_shared_layout_pairs_are_checked(uclient, layout, what):
+    with pytest.raises(tensorshare.RecordError, match=what):
+        uclient.shared(layout)
+
+
+def test_shared_layout_pairs_and_plain_lists(uclient):
+    buf = uclient.shared({"a": ("float32", (2,)), "b": (np.float64, [1]), "c": (float, ()),
+                          "d": ["float32", (2,)], "e": (1, 2)}, tensor_type="numpy")
+    value = buf.value
+    assert value["a"].dtype == np.float32 and value["a"].shape == (2,)
+    assert value["b"].dtype == np.float64 and value["c"].shape == ()
+    assert value["d"] == ["float32", [2]] and value["e"] == [1, 2]
+    del value
+    buf.close()
+    root = uclient.shared(("int32", (3,)), tensor_type="numpy")
+    assert root.value.shape == (3,)
+    root.close()
+
