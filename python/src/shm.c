@@ -23,6 +23,7 @@ typedef struct tsp_shared {
     Py_ssize_t segments; /* Segment objects alive (each holds a reference on this object) */
     int committed;       /* handed to the server: its memory is withdrawn */
     int busy;            /* a commit is running (without the GIL) */
+    int closed;          /* left its with block with tensors alive: freed with the last one */
 } tsp_shared;
 
 typedef struct tsp_segment {
@@ -442,9 +443,9 @@ static const ts_value_t *shared_tree(tsp_shared *self)
         PyErr_SetString(PyExc_ValueError, "the shared buffer is being committed");
         return NULL;
     }
-    const ts_value_t *v = self->sh != NULL ? ts_shared_value(self->sh) : NULL;
+    const ts_value_t *v = self->sh != NULL && !self->closed ? ts_shared_value(self->sh) : NULL;
     if (v == NULL)
-        PyErr_SetString(PyExc_ValueError, self->sh == NULL
+        PyErr_SetString(PyExc_ValueError, self->sh == NULL || self->closed
                                               ? "the shared buffer is closed"
                                               : "the shared buffer was committed: it is the "
                                                 "server's now");
@@ -572,9 +573,20 @@ static PyObject *shared_enter(PyObject *obj, PyObject *unused)
     return obj;
 }
 
+/*
+ * Leaving a with block closes the buffer; when tensors over it are still alive, it is only
+ * marked closed (no more tensors, no commit) and its memory goes with the buffer object, once
+ * the last tensor is gone (each holds a reference): the live tensors stay valid, and an
+ * exception leaving the block is not replaced by a BufferError.
+ */
 static PyObject *shared_exit(PyObject *obj, PyObject *args)
 {
     (void)args;
+    tsp_shared *self = (tsp_shared *)obj;
+    if (self->segments > 0 && !self->busy) {
+        self->closed = 1;
+        Py_RETURN_NONE;
+    }
     return shared_close(obj, NULL);
 }
 
@@ -679,6 +691,7 @@ PyObject *tsp_client_shared(PyObject *client, PyObject *const *args, Py_ssize_t 
     self->segments = 0;
     self->committed = 0;
     self->busy = 0;
+    self->closed = 0;
     return (PyObject *)self;
 }
 
@@ -708,9 +721,10 @@ static PyObject *commit(PyObject *client, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     tsp_shared *buf = (tsp_shared *)args[1];
-    if (buf->sh == NULL || buf->busy) {
-        PyErr_SetString(PyExc_ValueError, buf->sh == NULL ? "the shared buffer is closed"
-                                                          : "the shared buffer is being committed");
+    if (buf->sh == NULL || buf->closed || buf->busy) {
+        PyErr_SetString(PyExc_ValueError, buf->sh == NULL || buf->closed
+                                              ? "the shared buffer is closed"
+                                              : "the shared buffer is being committed");
         return NULL;
     }
     if (no_live_tensors(buf, "committing the buffer") < 0)

@@ -257,3 +257,20 @@ def test_shared_layout_pairs_and_plain_lists(uclient):
     assert root.value.shape == (3,)
     root.close()
 
+
+def test_shared_with_block_keeps_live_tensors_valid(uclient):
+    with uclient.shared({"x": ("float32", (4,))}, tensor_type="numpy") as buf:
+        x = buf["x"]
+        x[:] = 3.0
+    assert x.tolist() == [3.0] * 4  # still mapped after the block
+    with pytest.raises(ValueError, match="closed"):
+        buf["x"]
+    with pytest.raises(ValueError, match="closed"):
+        uclient.put_shared("b", buf)
+    x[0] = 1.0
+    del x
+    gc.collect()
+    with pytest.raises(RuntimeError, match="boom"):
+        with uclient.shared({"y": ("uint8", (2,))}) as b2:
+            y = b2["y"]  # noqa: F841 - alive when the exception leaves the block
+            raise RuntimeError("boom")
