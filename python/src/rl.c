@@ -161,11 +161,12 @@ static int base_open(rl_base *b, PyObject *client, PyObject *tt_obj, const ts_rl
 /*
  * Call wait_fn(ctx, slice) with the GIL released, in slices of at most TSP_RL_SLICE_MS, until
  * it answers other than TS_ETIMEDOUT or timeout_ms (TS_TIMEOUT_INFINITE: no limit, 0: one call
- * that does not wait) has passed; between two slices a pending signal's handler runs. 0 with
- * the last answer in *rc, or -1 with the exception the handler raised.
+ * that does not wait) has passed; between two slices a pending signal's handler runs, and a
+ * close() of b from another thread ends the wait (TS_ECANCELED, within one slice). 0 with the
+ * last answer in *rc, or -1 with the exception the handler raised.
  */
-static int wait_in_slices(int timeout_ms, int (*wait_fn)(void *ctx, int slice_ms), void *ctx,
-                          int *rc)
+static int wait_in_slices(const rl_base *b, int timeout_ms, int (*wait_fn)(void *ctx, int slice_ms),
+                          void *ctx, int *rc)
 {
     int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
     for (;;) {
@@ -179,6 +180,10 @@ static int wait_in_slices(int timeout_ms, int (*wait_fn)(void *ctx, int slice_ms
         PyThreadState *nogil = PyEval_SaveThread();
         *rc = wait_fn(ctx, slice);
         PyEval_RestoreThread(nogil);
+        if (*rc == TS_ETIMEDOUT && b->u.closing && slice > 0) {
+            *rc = TS_ECANCELED;
+            return 0;
+        }
         if (*rc != TS_ETIMEDOUT || slice == 0)
             return 0;
         if (timeout_ms != TS_TIMEOUT_INFINITE && now_ms() >= deadline)
@@ -186,6 +191,17 @@ static int wait_in_slices(int timeout_ms, int (*wait_fn)(void *ctx, int slice_ms
         if (PyErr_CheckSignals() < 0)
             return -1;
     }
+}
+
+/* Raise the exception for a wait's answer rc (TS_ECANCELED: b was closed meanwhile). NULL. */
+static PyObject *wait_raise(const rl_base *b, int rc)
+{
+    if (rc == TS_ECANCELED && b->u.closing) {
+        char msg[64];
+        snprintf(msg, sizeof(msg), "the %s was closed", b->what);
+        return tsp_raise_msg(TS_ECANCELED, msg);
+    }
+    return tsp_raise(rc);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -406,7 +422,7 @@ static PyObject *trainer_collect(PyObject *self_obj, PyObject *args, PyObject *k
     }
     collect_ctx ctx = {t, (size_t)max_items, NULL};
     int rc;
-    if (wait_in_slices(timeout_ms, collect_slice, &ctx, &rc) < 0) {
+    if (wait_in_slices(b, timeout_ms, collect_slice, &ctx, &rc) < 0) {
         tsp_owner_unref(owner);
         tsp_client_user_leave(&b->u);
         return NULL;
@@ -417,7 +433,7 @@ static PyObject *trainer_collect(PyObject *self_obj, PyObject *args, PyObject *k
         slot->batch = batch;
         res = batch_to_py(batch, b->u.tensor_type, owner);
     } else {
-        res = tsp_raise(rc);
+        res = wait_raise(b, rc);
     }
     /* The views hold their own references: the batch goes when the last of them does. */
     tsp_owner_unref(owner);
@@ -727,11 +743,12 @@ static PyObject *worker_await(PyObject *self_obj, PyObject *args, PyObject *kwds
         return NULL;
     await_ctx ctx = {w, NULL};
     int rc;
-    if (wait_in_slices(timeout_ms, await_slice, &ctx, &rc) < 0) {
+    if (wait_in_slices(&self->base, timeout_ms, await_slice, &ctx, &rc) < 0) {
         tsp_client_user_leave(&self->base.u);
         return NULL;
     }
-    PyObject *res = rc == 0 ? params_to_py(ctx.params, self->base.u.tensor_type) : tsp_raise(rc);
+    PyObject *res =
+        rc == 0 ? params_to_py(ctx.params, self->base.u.tensor_type) : wait_raise(&self->base, rc);
     tsp_client_user_leave(&self->base.u);
     return res;
 }

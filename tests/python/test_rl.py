@@ -374,3 +374,35 @@ def test_collect_that_cannot_make_tensors_takes_nothing(tensord):
                        capture_output=True, text=True, timeout=WAIT_S * 2, env=_env())
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["ImportError", "1"], p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_close_from_another_thread_ends_collect_and_await(client, timeout):
+    trainer = RLTrainer(client, prefix="cl/")
+    worker = RLWorker(client, prefix="cl/")
+    out = {}
+
+    def wait(name, fn):
+        t0 = time.monotonic()
+        try:
+            out[name] = fn(timeout=timeout)
+        except BaseException as e:  # noqa: B902 - the test looks at what it was
+            out[name] = e
+        out[name + "_s"] = time.monotonic() - t0
+
+    threads = [threading.Thread(target=wait, args=("collect", lambda timeout: trainer.collect(
+                   1, timeout=timeout))),
+               threading.Thread(target=wait, args=("await", worker.await_params))]
+    for t in threads:
+        t.start()
+    time.sleep(0.4)
+    trainer.close()
+    worker.close()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    for name in ("collect", "await"):
+        assert isinstance(out[name], tensorshare.CancelledError), out[name]
+        assert out[name].name == "ECANCELED" and "closed" in out[name].message
+        assert out[name + "_s"] < 5
+
