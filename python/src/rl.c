@@ -91,12 +91,8 @@ static int fill_options(ts_rl_options_t *o, const rl_kw *kw)
     if (o->data_bin == NULL)
         o->data_bin = "data";
     int ms;
-    if (timeout_from_py(kw->timeout, 30000, &ms) < 0)
+    if (timeout_from_py(kw->timeout, 30000, &ms) < 0) /* 0: do not wait, as rl.h allows */
         return -1;
-    if (ms == 0) {
-        PyErr_SetString(PyExc_ValueError, "timeout must be positive (or None or inf)");
-        return -1;
-    }
     o->timeout_ms = ms;
     return 0;
 }

@@ -406,3 +406,20 @@ def test_close_from_another_thread_ends_collect_and_await(client, timeout):
         assert out[name].name == "ECANCELED" and "closed" in out[name].message
         assert out[name + "_s"] < 5
 
+
+def test_constructor_timeout_zero_does_not_wait(client):
+    trainer = RLTrainer(client, prefix="t0/", timeout=0)
+    trainer.publish({"a": 1})
+    worker = RLWorker(client, prefix="t0/", timeout=0, max_in_flight=1)
+    assert worker.params().version == 0
+    # The first add may still be on its way: with no wait allowed, the next one cannot queue.
+    for _ in range(50):
+        try:
+            worker.add({"x": 1})
+        except tensorshare.TimeoutError:
+            break
+    worker.flush(10)
+    t0 = time.monotonic()
+    worker.close()
+    trainer.close()
+    assert time.monotonic() - t0 < 5
