@@ -9,6 +9,7 @@
  */
 #include "tsp.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* The name of a dtype given as a str ("float32"), a numpy dtype or a torch dtype. */
@@ -201,6 +202,70 @@ PyObject *tsp_client_gather_rows(PyObject *client, PyObject *args, PyObject *kw)
     return r;
 }
 
+/*
+ * Whether rows_obj is raw bytes without a dtype of their own: bytes, bytearray, or a memoryview
+ * of at most one dimension of bytes (format B, b or c). write_rows sends those as rows of the
+ * bin's dtype; typed buffers (numpy, torch, array.array, a cast memoryview) keep theirs.
+ */
+static int is_raw_bytes(PyObject *obj)
+{
+    if (PyBytes_Check(obj) || PyByteArray_Check(obj))
+        return 1;
+    if (!PyMemoryView_Check(obj))
+        return 0;
+    const Py_buffer *b = PyMemoryView_GET_BUFFER(obj);
+    const char *f = b->format != NULL ? b->format : "B";
+    if (f[0] == '@' || f[0] == '=' || f[0] == '<' || f[0] == '>' || f[0] == '!')
+        f++;
+    return b->ndim <= 1 && b->itemsize == 1 && (f[0] == 'B' || f[0] == 'b' || f[0] == 'c') &&
+           f[1] == '\0';
+}
+
+/*
+ * The tensor write_rows sends for raw bytes (is_raw_bytes; their memory in view, C-contiguous):
+ * whole rows of the bin's dtype and row shape, which a read of 0 rows learns from the server.
+ * A new value borrowing view->buf, or NULL with an exception. The client is entered.
+ */
+static ts_value_t *raw_rows(ts_client_t *c, const char *bin, const Py_buffer *view)
+{
+    ts_items_t *probe = NULL;
+    int rc;
+    PyThreadState *nogil = PyEval_SaveThread();
+    rc = ts_rows_read(c, bin, 0, NULL, 0, 0, &probe);
+    PyEval_RestoreThread(nogil);
+    if (rc != 0) {
+        tsp_raise(rc);
+        return NULL;
+    }
+    const ts_tensor_t *t = ts_value_tensor(ts_items_at(probe, 0));
+    if (t == NULL || t->ndim < 1) {
+        ts_items_free(probe);
+        tsp_raise_msg(TS_EPROTO, "the server's reply holds no rows");
+        return NULL;
+    }
+    int64_t shape[TS_MAX_NDIM];
+    size_t row_bytes = ts_dtype_size(t->dtype);
+    for (int i = 1; i < t->ndim; i++) {
+        shape[i] = t->shape[i];
+        row_bytes *= (size_t)t->shape[i];
+    }
+    ts_dtype_t dtype = t->dtype;
+    int ndim = t->ndim;
+    ts_items_free(probe);
+    size_t len = (size_t)view->len;
+    if (row_bytes == 0 ? len != 0 : len % row_bytes != 0) {
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "write_rows: %zu bytes are not whole rows of %s (%zu bytes each)", len,
+                 ts_dtype_name(dtype), row_bytes);
+        tsp_raise_msg(TS_EINVAL, msg);
+        return NULL;
+    }
+    shape[0] = row_bytes == 0 ? 0 : (int64_t)(len / row_bytes);
+    ts_value_t *v = ts_tensor_new(dtype, ndim, shape, len == 0 ? NULL : view->buf, TS_BORROW);
+    return v != NULL ? v : (ts_value_t *)PyErr_NoMemory();
+}
+
 PyObject *tsp_client_write_rows(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"bin", "start", "rows", NULL};
@@ -209,22 +274,37 @@ PyObject *tsp_client_write_rows(PyObject *client, PyObject *args, PyObject *kw)
     PyObject *rows_obj;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "sLO:write_rows", names, &bin, &start, &rows_obj))
         return NULL;
-    tsp_send_t s;
-    if (tsp_send_init(&s, rows_obj) < 0)
-        return NULL;
-    if (ts_value_type(s.value) != TS_TYPE_TENSOR) {
-        tsp_send_clear(&s);
-        return tsp_raise_msg(TS_EINVAL, "write_rows: rows must be a tensor");
+    tsp_send_t s = {NULL, NULL};
+    Py_buffer raw;
+    int is_raw = is_raw_bytes(rows_obj);
+    if (is_raw) {
+        if (PyObject_GetBuffer(rows_obj, &raw, PyBUF_C_CONTIGUOUS) < 0)
+            return NULL;
+    } else {
+        if (tsp_send_init(&s, rows_obj) < 0)
+            return NULL;
+        if (ts_value_type(s.value) != TS_TYPE_TENSOR) {
+            tsp_send_clear(&s);
+            return tsp_raise_msg(TS_EINVAL, "write_rows: rows must be a tensor or a buffer");
+        }
     }
     ts_client_t *c = tsp_client_enter(client);
     PyObject *r = NULL;
     if (c != NULL) {
-        uint64_t version = 0;
-        int rc;
-        Py_BEGIN_ALLOW_THREADS rc = ts_rows_write(c, bin, start, s.value, &version);
-        Py_END_ALLOW_THREADS r = rc == 0 ? PyLong_FromUnsignedLongLong(version) : tsp_raise(rc);
+        ts_value_t *rows = is_raw ? raw_rows(c, bin, &raw) : s.value;
+        if (rows != NULL) {
+            uint64_t version = 0;
+            int rc;
+            Py_BEGIN_ALLOW_THREADS rc = ts_rows_write(c, bin, start, rows, &version);
+            Py_END_ALLOW_THREADS r = rc == 0 ? PyLong_FromUnsignedLongLong(version) : tsp_raise(rc);
+            if (is_raw)
+                ts_value_free(rows);
+        }
         tsp_client_leave(client);
     }
-    tsp_send_clear(&s);
+    if (is_raw)
+        PyBuffer_Release(&raw);
+    else
+        tsp_send_clear(&s);
     return r;
 }

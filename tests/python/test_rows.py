@@ -172,3 +172,20 @@ def test_peek_ref_follows_writes(tensord):
         assert m[7, 0] == 3.5  # the mapping is the bin's memory
     finally:
         c.close()
+
+
+def test_raw_bytes_are_rows_of_the_bins_dtype(client):
+    client.create_tensor_bin("raw", "int64", (3, 2))
+    client.write_rows("raw", 1, np.array([[1, 2], [3, 4]], np.int64).tobytes())
+    client.write_rows("raw", 0, bytearray(np.array([[7, 8]], np.int64).tobytes()))
+    client.write_rows("raw", 0, memoryview(b""))
+    assert client.read_rows("raw", 0, 3, tensor_type="numpy").tolist() == [[7, 8], [1, 2], [3, 4]]
+    with pytest.raises(tensorshare.InvalidArgumentError, match="whole rows"):
+        client.write_rows("raw", 0, b"x" * 15)
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        client.write_rows("raw", 2, b"x" * 32)  # two rows from row 2 of 3
+    with pytest.raises(tensorshare.BinNotFoundError):
+        client.write_rows("no-such-bin", 0, b"x" * 16)
+    # A typed buffer keeps its own dtype and shape.
+    client.write_rows("raw", 2, memoryview(bytearray(16)).cast("q", (1, 2)))
+    assert client.read_rows("raw", 2, 3, tensor_type="numpy").tolist() == [[0, 0]]
