@@ -1,8 +1,8 @@
 /*
  * The Client's parameter-server methods (include/tensorshare/ps.h; docs/PS.md): ps_create,
  * ps_push, ps_pull, emb_create, emb_pull and emb_push. Tensors arrive as objects with the
- * buffer protocol (a numpy array; tensorshare/ps.py turns a CPU torch tensor into one that
- * shares its memory), float32 and C-contiguous, and are read or written in place, never copied.
+ * buffer protocol (a numpy array) or as CPU torch tensors (viewed through numpy: the same
+ * memory), float32 and C-contiguous, and are read or written in place, never copied.
  * Each call is one blocking call of the C client made without the GIL; a stale gradient becomes
  * StaleGradientError carrying the parameter's current version.
  */
@@ -12,16 +12,48 @@
 
 #include "tensorshare/ps.h"
 
-/* Get a C-contiguous buffer of obj whose items are format fmt ("f" or "q"). -1 with an error. */
+/*
+ * A torch tensor as a numpy array over the same memory (tensor.detach().numpy(): no copy), for
+ * the buffer protocol torch tensors lack; NULL without an exception for anything else, or for a
+ * tensor numpy cannot view (not on the CPU).
+ */
+static PyObject *torch_as_numpy(PyObject *obj)
+{
+    PyObject *mod = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__module__");
+    const char *m = mod != NULL && PyUnicode_Check(mod) ? PyUnicode_AsUTF8(mod) : NULL;
+    int is_torch = m != NULL && strncmp(m, "torch", 5) == 0;
+    Py_XDECREF(mod);
+    PyObject *arr = NULL;
+    if (is_torch) {
+        PyObject *d = PyObject_CallMethod(obj, "detach", NULL);
+        arr = d != NULL ? PyObject_CallMethod(d, "numpy", NULL) : NULL;
+        Py_XDECREF(d);
+    }
+    PyErr_Clear();
+    return arr;
+}
+
+/*
+ * Get a C-contiguous buffer of obj (an object with the buffer protocol, such as a numpy array,
+ * or a CPU torch tensor) whose items are format fmt ("f" or "q"). -1 with an error.
+ */
 static int ps_buffer(PyObject *obj, const char *what, const char *fmt, size_t itemsize,
                      int writable, Py_buffer *view)
 {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, view, flags) < 0) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s must be a C-contiguous%s array with the buffer protocol",
-                     what, writable ? " writable" : "");
-        return -1;
+        PyObject *arr = torch_as_numpy(obj);
+        int rc = arr != NULL ? PyObject_GetBuffer(arr, view, flags) : -1;
+        Py_XDECREF(arr); /* on success view->obj holds it */
+        if (rc < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "%s must be a C-contiguous%s %s CPU tensor (numpy, torch or another "
+                         "buffer)",
+                         what, writable ? " writable" : "", fmt[0] == 'f' ? "float32" : "int64");
+            return -1;
+        }
     }
     const char *f = view->format != NULL ? view->format : "B";
     if (f[0] == '<' || f[0] == '=' || f[0] == '@')
@@ -121,7 +153,7 @@ PyObject *tsp_client_ps_pull(PyObject *client, PyObject *args, PyObject *kw)
     const char *name;
     unsigned long long newer = 0;
     PyObject *tt_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|KO:ps_pull", names, &name, &newer, &tt_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|K$O:ps_pull", names, &name, &newer, &tt_obj))
         return NULL;
     tsp_tensor_type_t tt;
     if (tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)

@@ -177,3 +177,19 @@ def test_example_ps_train(tmp_path):
     assert "restarted daemon 1 from its snapshot" in r.stdout
     assert "final held-out loss" in r.stdout
     assert (tmp_path / "curves.csv").exists()
+
+
+def test_client_calls_take_torch_tensors(client):
+    client.put("tp", torch.zeros(4))
+    client.ps_create("tp", optimizer=ps.SUM)
+    v = client.ps_push("tp", torch.ones(4))
+    assert client.ps_pull("tp", tensor_type="torch")[0] == v
+    client.emb_create("te", 3)
+    out = torch.full((2, 3), 9.0)
+    client.emb_pull("te", torch.tensor([1, 2]), out)
+    assert not torch.equal(out, torch.full((2, 3), 9.0))  # written in place
+    client.emb_push("te", torch.tensor([1, 2]), torch.ones(2, 3))
+    with pytest.raises(TypeError, match="C-contiguous"):
+        client.ps_push("tp", torch.ones(4, 2).t())
+    with pytest.raises(TypeError):
+        client.ps_push("tp", torch.ones(4, dtype=torch.float64))
