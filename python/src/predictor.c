@@ -135,6 +135,33 @@ static PyObject *answer_to_py(ts_value_t *output, int64_t version, tsp_tensor_ty
 }
 
 /*
+ * Whether v holds a tensor of 0 rows (a first dimension of 0). Every field of a served schema
+ * has a batch dimension of 1 or more rows (docs/BATCHER.md), so such an input is refused here,
+ * before it is sent.
+ */
+static int has_empty_rows(const ts_value_t *v)
+{
+    switch (ts_value_type(v)) {
+    case TS_TYPE_TENSOR: {
+        const ts_tensor_t *t = ts_value_tensor(v);
+        return t->ndim >= 1 && t->shape[0] == 0;
+    }
+    case TS_TYPE_MAP:
+        for (size_t i = 0; i < ts_value_len(v); i++)
+            if (has_empty_rows(ts_map_value_at(v, i)))
+                return 1;
+        return 0;
+    case TS_TYPE_LIST:
+        for (size_t i = 0; i < ts_value_len(v); i++)
+            if (has_empty_rows(ts_list_at(v, i)))
+                return 1;
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+/*
  * The arguments of predict and predict_async (input, timeout=None, *, return_version=False),
  * then predictor_enter and the input's encoding into *s: the predictor (the caller clears s and
  * leaves the predictor), or NULL with an exception and nothing to undo.
@@ -155,6 +182,13 @@ static ts_predictor_t *predict_enter(predictor_object *self, PyObject *args, PyO
         return NULL;
     if (tsp_send_init(s, input) < 0) {
         predictor_leave(self);
+        return NULL;
+    }
+    if (has_empty_rows(s->value)) {
+        tsp_send_clear(s);
+        predictor_leave(self);
+        tsp_raise_msg(TS_ESCHEMA, "the input has a tensor of 0 rows: a prediction takes at least "
+                                  "one row");
         return NULL;
     }
     return p;

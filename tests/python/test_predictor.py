@@ -200,3 +200,14 @@ def test_a_parents_pending_prediction_fails_in_the_child(tensord):
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["child", "0", "parent", "pending", "False", "after", "close",
                                 "CancelledError", "1"], p.stdout + p.stderr
+
+
+def test_an_input_of_zero_rows_is_refused_before_sending(client):
+    # No model is needed: the input is refused before anything is sent.
+    with Predictor(client, "nobody") as p:
+        for bad in (np.zeros((0, IN), np.float32), {"x": np.zeros((0, IN), np.float32)}):
+            with pytest.raises(tensorshare.RecordError, match="0 rows") as info:
+                p.predict(bad, timeout=1.0)
+            assert info.value.name == "ESCHEMA"
+            with pytest.raises(tensorshare.RecordError, match="0 rows"):
+                p.predict_async(bad, timeout=1.0)
