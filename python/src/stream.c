@@ -45,9 +45,9 @@
  * Arguments
  */
 
-/* An int argument from 0 to max (NULL: *out unchanged); -1 with an exception. */
-static int uint_arg(PyObject *obj, const char *what, unsigned long long max,
-                    unsigned long long *out)
+/* An int argument from min to max (NULL: *out unchanged); -1 with an exception. */
+static int uint_range_arg(PyObject *obj, const char *what, unsigned long long min,
+                          unsigned long long max, unsigned long long *out)
 {
     if (obj == NULL)
         return 0;
@@ -62,17 +62,25 @@ static int uint_arg(PyObject *obj, const char *what, unsigned long long max,
         PyErr_Clear();
         v = max + 1; /* negative or too large: the message below */
         if (max == ULLONG_MAX) {
-            PyErr_Format(PyExc_ValueError, "%s must be an int from 0 to 2**64-1, not %R", what,
-                         obj);
+            PyErr_Format(PyExc_ValueError, "%s must be an int from %llu to 2**64-1, not %R", what,
+                         min, obj);
             return -1;
         }
     }
-    if (v > max) {
-        PyErr_Format(PyExc_ValueError, "%s must be an int from 0 to %llu, not %R", what, max, obj);
+    if (v < min || v > max) {
+        PyErr_Format(PyExc_ValueError, "%s must be an int from %llu to %llu, not %R", what, min,
+                     max, obj);
         return -1;
     }
     *out = v;
     return 0;
+}
+
+/* An int argument from 0 to max (NULL: *out unchanged); -1 with an exception. */
+static int uint_arg(PyObject *obj, const char *what, unsigned long long max,
+                    unsigned long long *out)
+{
+    return uint_range_arg(obj, what, 0, max, out);
 }
 
 static int u32_arg(PyObject *obj, const char *what, uint32_t *out)
@@ -103,14 +111,14 @@ static int ms_arg(PyObject *obj, const char *what, int *out)
     return 0;
 }
 
-/* A timeout in ms: None (or absent) gives TS_TIMEOUT_INFINITE, else 0..INT_MAX. */
-static int timeout_ms_arg(PyObject *obj, int *out)
+/* A timeout in ms named what: None (or absent) gives TS_TIMEOUT_INFINITE, else 0..INT_MAX. */
+static int timeout_ms_arg(PyObject *obj, const char *what, int *out)
 {
     *out = TS_TIMEOUT_INFINITE;
     if (obj == NULL || obj == Py_None)
         return 0;
     *out = 0;
-    return ms_arg(obj, "timeout_ms", out);
+    return ms_arg(obj, what, out);
 }
 
 /* The UTF-8 of a name given as a str (valid while it lives), refusing NUL characters, which
@@ -478,7 +486,7 @@ PyObject *tsp_client_stream_credit(PyObject *client, PyObject *args, PyObject *k
     PyObject *timeout_obj = NULL;
     int timeout_ms;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:stream_credit", names, &name, &timeout_obj) ||
-        timeout_ms_arg(timeout_obj, &timeout_ms) < 0)
+        timeout_ms_arg(timeout_obj, "timeout_ms", &timeout_ms) < 0)
         return NULL;
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL)
@@ -550,8 +558,8 @@ static int read_args(PyObject *client, PyObject *id_obj, const char *what, PyObj
     *id = 0;
     *timeout_ms = 0;
     if (u64_arg(id_obj, what, id) < 0 ||
-        uint_arg(max_obj, "max_entries", TS_STREAM_READ_MAX, &max) < 0 ||
-        (timeout_obj != NULL && timeout_ms_arg(timeout_obj, timeout_ms) < 0) ||
+        uint_range_arg(max_obj, "max_entries", 1, TS_STREAM_READ_MAX, &max) < 0 ||
+        (timeout_obj != NULL && timeout_ms_arg(timeout_obj, "timeout_ms", timeout_ms) < 0) ||
         tsp_client_tensor_type_arg(tt_obj, client, tt) < 0)
         return -1;
     *max_entries = (size_t)max;
@@ -955,7 +963,7 @@ static int producer_init(PyObject *self_obj, PyObject *args, PyObject *kw)
     ts_stream_config_t cfg;
     int block_ms;
     if ((config != Py_None && config_from_dict(config, &cfg) < 0) ||
-        timeout_ms_arg(block_obj, &block_ms) < 0)
+        timeout_ms_arg(block_obj, "block_ms", &block_ms) < 0)
         return -1;
     if (base_unused(&self->base, "StreamProducer") < 0)
         return -1;
@@ -1174,7 +1182,7 @@ static int consumer_init(PyObject *self_obj, PyObject *args, PyObject *kw)
     if (start_arg(start_obj, &o.start) < 0 || u32_arg(rows_obj, "batch_rows", &o.batch_rows) < 0 ||
         uint_arg(prefetch_obj, "prefetch", TS_STREAM_READ_MAX, &prefetch) < 0 ||
         ms_arg(lease_obj, "lease_ms", &o.lease_ms) < 0 ||
-        timeout_ms_arg(timeout_obj, &timeout_ms) < 0 ||
+        timeout_ms_arg(timeout_obj, "timeout_ms", &timeout_ms) < 0 ||
         tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
         return -1;
     if (prefetch == 0) {

@@ -490,3 +490,14 @@ def test_lost_entries_are_counted(client):
         assert c.lost == 6 and c.first_id == c.last_id == 10
     r = client.stream_range("l")
     assert [e.id for e in r] == [7, 8, 9, 10] and r.first_id == 7
+
+
+def test_argument_messages_name_the_argument(client):
+    client.stream_create("msgs")
+    for bad in (0, tensorshare.STREAM_READ_MAX + 1):
+        with pytest.raises(ValueError, match="max_entries must be an int from 1 to 1024"):
+            client.stream_read("msgs", "g", "m", max_entries=bad)
+        with pytest.raises(ValueError, match="from 1 to 1024"):
+            client.stream_range("msgs", max_entries=bad)
+    with pytest.raises(ValueError, match="block_ms"):
+        tensorshare.StreamProducer(client, "msgs", block_ms=-1)
