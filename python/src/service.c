@@ -119,7 +119,8 @@ static void handle_close(ServiceHandle *h)
         h->q->closed = 1;
         pthread_cond_broadcast(&h->q->cv);
         pthread_mutex_unlock(&h->q->mu);
-        queue_fail_all(h->q, TS_ESHUTDOWN, "the server stopped serving");
+        /* Not started, so not run: the caller may call again (ServiceGoneError). */
+        queue_fail_all(h->q, TS_ESERVICE, "the server stopped serving before the call started");
     }
     /* Only now may a close() of the Client free the ts_client_t the calls point into. */
     if (h->entered) {

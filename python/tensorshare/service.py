@@ -5,8 +5,9 @@ queues it (without the GIL) and returns. ``workers`` Python threads (daemon thre
 ``Service``) take calls from that queue, run ``handler(request)`` with the GIL like any Python
 code, and answer. A handler may therefore block, and may call other tensorshare methods (even
 ``Client.call`` on the same client). An exception in the handler answers the call with an error:
-``ValueError`` as ``InvalidArgumentError`` (TS_EINVAL), a ``tensorshare.Error`` with its own code,
-anything else as ``ServerError`` (TS_ESERVER); the message is ``str(exception)``.
+a ``tensorshare.Error`` with its ``code`` and ``message`` (a code with no wire status, such as
+ECANCELED, arrives as TS_ESERVER), another ``ValueError`` as ``InvalidArgumentError`` (TS_EINVAL),
+anything else as ``ServerError`` (TS_ESERVER) with ``str(exception)`` as the message.
 """
 import threading
 
@@ -26,14 +27,17 @@ _POLL_S = 0.1
 class Service:
     """This client serving ``name``: ``handler(request) -> answer`` runs on ``workers`` threads.
 
-    Use as a context manager or call ``close()``: the workers finish the calls they hold, then the
-    registration ends (tensord confirms) and the calls still queued are answered with an error.
-    The Client stays open (its close() takes effect) until the Service is closed.
+    Use as a context manager or call ``close()``: the workers finish the calls they are running,
+    then the registration ends (tensord confirms) and the calls handed to this server that no
+    worker started are answered with TS_ESERVICE (``ServiceGoneError`` for their callers; they did
+    not run). The Client stays open (its close() takes effect) until the Service is closed.
     """
 
     def __init__(self, client, name, handler, concurrency=64, workers=None):
         if not callable(handler):
             raise TypeError("handler must be callable")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
         if workers is None:
             workers = min(concurrency, 8)
         if workers < 1:
@@ -60,11 +64,14 @@ class Service:
             call, request = got
             try:
                 answer = self._handler(request)
+            except _tensorshare.Error as e:
+                # Before ValueError: RecordError and InvalidArgumentError keep their own code.
+                # message, not str(e): a KeyError's str (BinNotFoundError) quotes it.
+                h.fail(call, getattr(e, "code", 0) or _ESERVER,
+                       getattr(e, "message", None) or str(e) or type(e).__name__)
+                continue
             except ValueError as e:
                 h.fail(call, _EINVAL, str(e) or type(e).__name__)
-                continue
-            except _tensorshare.Error as e:
-                h.fail(call, getattr(e, "code", 0) or _ESERVER, str(e))
                 continue
             except BaseException as e:  # noqa: B902 - any failure answers the caller
                 h.fail(call, _ESERVER, str(e) or type(e).__name__)
@@ -81,8 +88,8 @@ class Service:
         """Stop serving; return once the workers have answered the calls they held."""
         if self._stop.is_set():
             return
-        # The workers finish the calls they hold first; then the registration goes, the calls
-        # still queued are answered with an error, and the Client may be closed.
+        # The workers finish the calls they are running first; then the registration goes, the
+        # calls still queued are answered with TS_ESERVICE, and the Client may be closed.
         self._stop.set()
         for t in self._threads:
             if t is not threading.current_thread():
@@ -97,6 +104,15 @@ class Service:
         return False
 
 
-def serve(client, name, handler, concurrency=64, workers=None):
-    """Client.serve: see Service."""
-    return Service(client, name, handler, concurrency, workers)
+def serve(client, service=None, handler=None, concurrency=64, workers=None, *, name=None):
+    """Client.serve(service, handler, concurrency=64, workers=None): see Service.
+
+    ``name=`` is accepted as another spelling of ``service=``.
+    """
+    if name is not None:
+        if service is not None:
+            raise TypeError("serve() got both service and name")
+        service = name
+    if service is None or handler is None:
+        raise TypeError("serve() needs service and handler")
+    return Service(client, service, handler, concurrency, workers)

@@ -151,3 +151,69 @@ def test_client_closed_before_service(client, tensord):
     s.close()
     with pytest.raises(ts.BinNotFoundError):
         client.call("order", 5, timeout=WAIT_S)
+
+
+def test_handler_raising_a_tensorshare_error_answers_with_its_code(client):
+    def handler(req):
+        if req == "missing":
+            raise ts.BinNotFoundError("no such user")
+        if req == "record":
+            raise ts.RecordError("bad record")
+        raise ts.CancelledError("stopped")  # ECANCELED has no wire status
+
+    with client.serve(service="typed", handler=handler):
+        with pytest.raises(ts.BinNotFoundError) as info:
+            client.call("typed", "missing", timeout=WAIT_S)
+        assert info.value.message == "no such user" and info.value.name == "ENOENT"
+        with pytest.raises(ts.RecordError) as info:
+            client.call("typed", "record", timeout=WAIT_S)
+        assert info.value.name == "EBADRECORD" and info.value.message == "bad record"
+        with pytest.raises(ts.ServerError, match="stopped"):
+            client.call("typed", "other", timeout=WAIT_S)
+
+
+def test_close_answers_queued_calls_with_service_gone(client, tensord):
+    started = threading.Event()
+    release = threading.Event()
+
+    def handler(req):
+        started.set()
+        release.wait(WAIT_S)
+        return req
+
+    svc = client.serve("queued", handler, concurrency=4, workers=1)
+    caller = ts.Client(tensord.address)
+    results = {}
+
+    def call(i):
+        try:
+            results[i] = caller.call("queued", i, timeout=WAIT_S)
+        except ts.Error as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    try:
+        threads[0].start()
+        assert started.wait(WAIT_S)
+        for t in threads[1:]:
+            t.start()
+        time.sleep(0.3)  # the other calls reach this server's queue (concurrency 4)
+        closer = threading.Thread(target=svc.close)
+        closer.start()
+        time.sleep(0.1)
+        release.set()
+        closer.join(WAIT_S)
+        for t in threads:
+            t.join(WAIT_S)
+    finally:
+        release.set()
+        caller.close()
+    done = [r for r in results.values() if not isinstance(r, Exception)]
+    gone = [r for r in results.values() if isinstance(r, Exception)]
+    assert len(results) == 4 and len(done) >= 1
+    assert gone and all(isinstance(e, ts.ServiceGoneError) for e in gone), gone
+
+
+def test_serve_checks_concurrency_first(client):
+    with pytest.raises(ValueError, match="concurrency"):
+        client.serve("c0", lambda r: r, concurrency=0)
