@@ -1036,7 +1036,6 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
     static const char *const get_names[] = {"bin", "max_items", "tensor_type"};
     static const char *const bin_names[] = {"bin"};
     static const char *const wait_names[] = {"bin", "after_version", "timeout"};
-    static const char *const stats_names[] = {"tensor_type"};
     static const char *const fn[] = {"put_async",  "append_async", "get_async",
                                      "peek_async", "delete_async", "list_async",
                                      "wait_async", "stats_async",  "ping_async"};
@@ -1056,9 +1055,6 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
         break;
     case OP_WAIT:
         rc = bind(fn[op], args, nargs, kwnames, wait_names, 3, 3, 1, a);
-        break;
-    case OP_STATS:
-        rc = bind(fn[op], args, nargs, kwnames, stats_names, 1, 0, 0, a);
         break;
     default:
         rc = bind(fn[op], args, nargs, kwnames, NULL, 0, 0, 0, a);
@@ -1084,8 +1080,6 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
     if ((op == OP_GET || op == OP_PEEK) && (size_arg(a[1], "max_items", &max_items) < 0 ||
                                             tsp_tensor_type_from_py(a[2], ctx->tt, &ctx->tt) < 0 ||
                                             tsp_tensor_type_ready(ctx->tt) < 0))
-        goto fail;
-    if (op == OP_STATS && tsp_tensor_type_from_py(a[0], ctx->tt, &ctx->tt) < 0)
         goto fail;
     if (op == OP_WAIT) {
         if (version_arg(a[1], &after) < 0)

@@ -505,9 +505,11 @@ PyObject *tsp_client_emb_pull(PyObject *client, PyObject *args, PyObject *kw);
 PyObject *tsp_client_emb_push(PyObject *client, PyObject *args, PyObject *kw);
 PyObject *tsp_client_emb_versions(PyObject *client, PyObject *args, PyObject *kw);
 #define TSP_PS_CLIENT_METHODS                                                                      \
-    TSP_STREAM_METHOD(ps_create, "ps_create(name, optimizer=1, mode=0, lr=0.01, beta1=0.9, "       \
-                                 "beta2=0.999, eps=1e-8, sync_k=1, tolerance=0, "                  \
-                                 "lr_staleness=False) -> int\n\nMake bin name a parameter.")       \
+    TSP_STREAM_METHOD(ps_create,                                                                   \
+                      "ps_create(name, optimizer=1, mode=0, lr=0.01, beta1=0.9, "                  \
+                      "beta2=0.999, eps=1e-8, sync_k=1, tolerance=0, "                             \
+                      "lr_staleness=False, keep=False) -> int\n\nMake bin name a parameter "       \
+                      "(keep: leave one with the same settings as it is).")                        \
     TSP_STREAM_METHOD(ps_push, "ps_push(name, grad, base_version=0, scale=1.0) -> int\n\nPush a "  \
                                "float32 gradient; StaleGradientError (.current_version).")         \
     TSP_STREAM_METHOD(ps_pull, "ps_pull(name, if_newer_than=0, *, tensor_type=None) -> "           \

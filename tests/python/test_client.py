@@ -609,3 +609,8 @@ def test_auth_hint_names_the_python_arguments(start_tensord, tmp_path, monkeypat
     assert "token=" in info.value.message and "token_file=" in info.value.message
     assert "auth_token option" not in info.value.message
 
+
+def test_stats_async_takes_no_arguments_like_stats(client):
+    assert "bins" in client.stats_async().result(PATIENCE_S)
+    with pytest.raises(TypeError):
+        client.stats_async(tensor_type="numpy")
