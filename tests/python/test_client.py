@@ -614,3 +614,13 @@ def test_stats_async_takes_no_arguments_like_stats(client):
     assert "bins" in client.stats_async().result(PATIENCE_S)
     with pytest.raises(TypeError):
         client.stats_async(tensor_type="numpy")
+
+
+def test_documented_async_forms_and_a_second_listen(client):
+    # docs/PYTHON.md lists exactly these _async forms.
+    forms = {n[:-len("_async")] for n in dir(client) if n.endswith("_async")}
+    assert forms == {"put", "append", "get", "peek", "delete", "list", "wait", "stats", "ping"}
+    client.listen("twice", lambda n: None)
+    with pytest.raises(tensorshare.InvalidArgumentError):
+        client.listen("twice", lambda n: None)
+    client.unlisten("twice")
