@@ -175,9 +175,14 @@ int ts__schema_check(const schema_field *f, int n, const ts_value_t *root, int64
         }
         if (r == 0)
             r = t->shape[0];
-        if (t->shape[0] != r || r < 1 || r > max_rows) {
-            snprintf(msg, msglen, "field '%s' has %lld rows, expected %lld (1..%lld)", f[i].name,
-                     (long long)t->shape[0], (long long)r, (long long)max_rows);
+        if (t->shape[0] < 1 || t->shape[0] > max_rows) {
+            snprintf(msg, msglen, "field '%s' has %lld rows, expected 1 to %lld", f[i].name,
+                     (long long)t->shape[0], (long long)max_rows);
+            return TS_ESCHEMA;
+        }
+        if (t->shape[0] != r) {
+            snprintf(msg, msglen, "field '%s' has %lld rows, expected %lld as the fields before it",
+                     f[i].name, (long long)t->shape[0], (long long)r);
             return TS_ESCHEMA;
         }
         if (leaves != NULL)

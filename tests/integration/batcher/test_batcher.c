@@ -599,6 +599,7 @@ static void test_schema_errors(void **state)
     int64_t s4[2] = {3, 4};
     assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT32, 2, s4)), 0);
     assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
+    assert_non_null(strstr(ts_last_error(), "as the fields before it"));
     ts_value_free(in);
     /* An extra entry. */
     in = request(2, 0);
@@ -613,6 +614,7 @@ static void test_schema_errors(void **state)
     /* Zero rows. */
     in = request(0, 0);
     assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
+    assert_non_null(strstr(ts_last_error(), "has 0 rows, expected 1 to 8"));
     ts_value_free(in);
     /* A bare tensor where a map is expected. */
     int64_t s5[2] = {1, 4};
