@@ -354,7 +354,13 @@ static void read_rows(ts_client_t *c, float *out)
     assert_int_equal(ts_emb_pull(c, "rows", rows_ids, NR, DIM, out, NULL), 0);
 }
 
+/*
+ * The pusher's client is opened by the test's own thread (an assertion may fail only there), and
+ * the saves begin once its first push is in, so that they always run among pushes.
+ */
 typedef struct big_pusher {
+    ts_client_t *c;
+    atomic_int pushed; /* pushes of both done */
     atomic_int done;
     int rc;
 } big_pusher;
@@ -362,15 +368,15 @@ typedef struct big_pusher {
 static void *big_push_thread(void *arg)
 {
     big_pusher *b = arg;
-    ts_client_t *c = open_client(&sv.srv);
     /* Until the daemon is killed under it (then a push fails: the end of the run). */
     for (int k = 0; k < BIG_PUSHES && b->rc == 0; k++) {
         ts_tensor_t t = {.data = big_g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {NB}};
-        if (ts_ps_push(c, "big", &t, 0, 1.0, NULL) != 0 ||
-            ts_emb_push(c, "rows", rows_ids, NR, DIM, rows_g, 1.0, NULL) != 0)
+        if (ts_ps_push(b->c, "big", &t, 0, 1.0, NULL) != 0 ||
+            ts_emb_push(b->c, "rows", rows_ids, NR, DIM, rows_g, 1.0, NULL) != 0)
             b->rc = -1;
+        else
+            atomic_fetch_add(&b->pushed, 1);
     }
-    ts_client_free(c);
     atomic_store(&b->done, 1);
     return NULL;
 }
@@ -389,10 +395,22 @@ static void test_save_during_pushes(void **state)
     ts_client_t *a = open_client(&sv.srv), *b = open_client(&ref);
     make_big(a);
     make_big(b);
+    /*
+     * A push made just after the kill waits for a reconnection up to the request timeout: 5 s
+     * for this client, so that the end of the run does not wait 20 s.
+     */
+    ts_client_options_t po;
+    ts_client_options_init(&po);
+    po.request_timeout_ms = 5000;
     big_pusher bp = {.rc = 0};
+    assert_int_equal(ts_client_open(&bp.c, sv.srv.addr, &po), 0);
+    atomic_init(&bp.pushed, 0);
     atomic_init(&bp.done, 0);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, big_push_thread, &bp), 0);
+    for (int i = 0; i < 2000 && atomic_load(&bp.pushed) == 0 && !atomic_load(&bp.done); i++)
+        usleep(5000); /* at most 10 s */
+    assert_true(atomic_load(&bp.pushed) > 0);
     int saves = 0;
     while (!atomic_load(&bp.done) && saves < BIG_SAVES) {
         assert_int_equal(ts_save(a), 0);
@@ -405,6 +423,7 @@ static void test_save_during_pushes(void **state)
      */
     tsh_server_kill(&sv.srv);
     pthread_join(th, NULL);
+    ts_client_free(bp.c);
     th_saving_restart(&sv);
     a = open_client(&sv.srv);
     static float x[NB], y[NB], rx[NR * DIM], ry[NR * DIM];
