@@ -79,8 +79,9 @@ typedef struct ps_param {
     ps_wait *round;             /* sync: pushes in acc, answered when their step applies */
     int busy;
     uv_work_t work;
-    tsd_item *job_old; /* the record the job starts from */
-    tsd_item *job_new; /* the copy it writes; NULL when it applied nothing */
+    tsd_item *job_old;  /* the record the job starts from */
+    tsd_item *job_new;  /* the copy it writes; NULL when it applied nothing */
+    uint64_t job_extra; /* job_new's overhead (buffer rounding, header), reserved until stored */
     int job_used;
     size_t data_off; /* the tensor data's offset in the record */
     uint64_t job_steps;
@@ -590,6 +591,9 @@ static void param_done(uv_work_t *req, int status)
         tsd_store_unreserve(&srv->store, len);
         tsd_item_unref(it);
     }
+    /* Stored, its overhead is counted as the store's own; dropped, it is gone. */
+    tsd_store_unreserve(&srv->store, p->job_extra);
+    p->job_extra = 0;
     tsd_item_unref(p->job_old);
     p->job_old = NULL;
     /* Answer the job's pushes; a sync push waits for the step it is part of. */
@@ -660,6 +664,17 @@ static void param_kick(tsd_server *srv, ps_param *p)
             srv->stats.out_of_memory++;
             st = TS_ST_OUT_OF_MEMORY;
             snprintf(msg, sizeof(msg), "tensord is out of memory: no item for the new value");
+        } else if (tsd_store_reserve(&srv->store, tsd_item_overhead(nu)) != 0) {
+            /* What the new value's buffer really takes, as for an upload (conn.c, item_store). */
+            tsd_store_unreserve(&srv->store, len);
+            srv->stats.oom_rejections++;
+            st = TS_ST_OUT_OF_MEMORY;
+            snprintf(msg, sizeof(msg),
+                     "memory limit reached (--max-memory): the new value of the parameter needs "
+                     "%llu bytes with its buffer",
+                     (unsigned long long)(len + tsd_item_overhead(nu)));
+            tsd_item_unref(nu);
+            nu = NULL;
         }
     }
     if (st != TS_ST_OK) {
@@ -679,6 +694,7 @@ static void param_kick(tsd_server *srv, ps_param *p)
     p->job_old = old;
     tsd_item_ref(old);
     p->job_new = nu;
+    p->job_extra = tsd_item_overhead(nu);
     p->data_off = (size_t)(t.data - tsd_item_data(old));
     p->busy = 1;
     srv->ps->running++;

@@ -606,6 +606,45 @@ static void test_max_memory(void **state)
     free(d);
 }
 
+/*
+ * A step's new value counts what its buffer really takes: a parameter of 4 MiB + 64 bytes of
+ * data sits in a 6 MiB buffer, so while a step runs the old value and the waiting gradient (12
+ * MiB with their buffers) and the new value (6 MiB) need over 18 MiB: under --max-memory 17m
+ * the push is refused with nothing changed (counting only the new value's record, about 16.8
+ * MB, it went through), and under 20m it is applied and used_memory stays under the limit.
+ */
+static void test_step_counts_buffer(void **state)
+{
+    (void)state;
+    size_t n = 1024 * 1024 + 16;
+    float *d = calloc(n, sizeof(float));
+    int64_t shape[1] = {(int64_t)n};
+    ts_tensor_t g = {.data = d, .dtype = TS_FLOAT32, .ndim = 1, .shape = {(int64_t)n}};
+    const char *limits[2] = {"17m", "20m"};
+    for (int i = 0; i < 2; i++) {
+        const char *args[] = {"--max-memory", limits[i], NULL};
+        assert_int_equal(tsh_server_start(&extra, args), 0);
+        assert_int_equal(ts_client_open(&extra_cl, extra.addr, NULL), 0);
+        ts_value_t *t = ts_tensor_new(TS_FLOAT32, 1, shape, d, TS_BORROW);
+        uint64_t v0 = 0;
+        assert_int_equal(ts_put(extra_cl, "big", t, &v0), 0);
+        ts_value_free(t);
+        ts_ps_options_t o = opts(TS_PS_SGD, TS_PS_ASYNC, 0.1);
+        assert_int_equal(ts_ps_create(extra_cl, "big", &o, NULL), 0);
+        uint64_t v = 0;
+        int rc = ts_ps_push(extra_cl, "big", &g, 0, 1.0, &v);
+        assert_int_equal(rc, i == 0 ? TS_EOOM : 0);
+        int64_t max = i == 0 ? 17 << 20 : 20 << 20;
+        assert_true(stat_int(extra_cl, "used_memory") <= max);
+        ts_client_free(extra_cl);
+        extra_cl = NULL;
+        assert_int_equal(tsh_server_stop(&extra), 0);
+        tsh_server_cleanup(&extra);
+        memset(&extra, 0, sizeof(extra));
+    }
+    free(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -620,6 +659,7 @@ int main(void)
         cmocka_unit_test(test_emb_duplicates),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test_teardown(test_max_memory, extra_teardown),
+        cmocka_unit_test_teardown(test_step_counts_buffer, extra_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
