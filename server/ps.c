@@ -53,11 +53,12 @@ struct ps_wait {
     /* Inside item: the gradient (PS_PUSH, EMB_PUSH) and the ids (EMB_PULL, EMB_PUSH). */
     const float *grad;
     const int64_t *ids;
-    uint64_t n;        /* ids */
-    tsd_item *reply;   /* EMB_PULL: the reply record, filled by the job */
-    uint64_t new_rows; /* rows the job created for this request */
-    uint64_t version;  /* the version of the answer */
-    uint32_t pending;  /* PS_PUSH sync: gradients in the step being formed when answered */
+    uint64_t n;          /* ids */
+    tsd_item *reply;     /* EMB_PULL: the reply record, filled by the job */
+    uint64_t reply_over; /* its overhead, charged until it is answered (its bytes: orphaned) */
+    uint64_t new_rows;   /* rows the job created for this request */
+    uint64_t version;    /* the version of the answer */
+    uint32_t pending;    /* PS_PUSH sync: gradients in the step being formed when answered */
 };
 
 typedef struct ps_param {
@@ -297,6 +298,7 @@ static void wait_free(tsd_server *srv, ps_wait *w)
     if (w->anext != NULL)
         w->anext->aprev = w->aprev;
     drop_upload(srv, w->item);
+    tsd_store_uncharge(srv, NULL, w->reply_over);
     if (w->reply != NULL)
         tsd_item_unref(w->reply);
     ts__free(w);
@@ -313,10 +315,9 @@ static void wait_answer(tsd_server *srv, ps_wait *w)
             tsd_item *rec = w->reply;
             w->reply = NULL;
             uint64_t rec_len = tsd_item_len(rec);
-            /* From here the copy counts as bytes kept alive by a reply only. */
-            rec->orphan_of = &srv->store;
-            atomic_fetch_or_explicit(&rec->refs, TSD_ITEM_ORPHANED, memory_order_acq_rel);
-            srv->store.orphaned_bytes += rec_len;
+            /* From here the copy counts as bytes kept alive by a reply only (orphaned). */
+            tsd_store_uncharge(srv, NULL, w->reply_over);
+            w->reply_over = 0;
             uint64_t body_len = ts__items_head_size(1) + rec_len + ts__msg_items_pad(rec_len);
             size_t ihead = (size_t)ts__items_head_size(1);
             uint8_t *q = NULL;
@@ -1106,11 +1107,33 @@ static uint32_t emb_row(ps_emb *t, int64_t id, uint64_t *created)
     return r;
 }
 
-/* Check a request's ids against t's range; NULL or the message. */
+/*
+ * Rows t needs for n more ids, of which some may be there already: n when its arrays hold them
+ * all anyway, else the ids it does not have (an id missing twice counts twice: an upper bound).
+ * Only reads t: on the thread pool while t runs a job, or on the loop while it does not.
+ */
+static uint64_t emb_new_rows(const ps_emb *t, const int64_t *ids, uint64_t n)
+{
+    uint64_t want = t->count + n;
+    if (t->cap == 0 || (rows_cap_for(want) <= t->rows_cap && hash_cap_for(want) <= t->cap))
+        return n; /* no rows yet, or room for them all */
+    uint64_t missing = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t h = mix64((uint64_t)ids[i]) & (t->cap - 1);
+        while (t->keys[h] >= 0 && t->keys[h] != ids[i])
+            h = (h + 1) & (t->cap - 1);
+        missing += t->keys[h] < 0;
+    }
+    return missing;
+}
+
+/* Check a request's ids against t's range; NULL or the message ("" when msg is NULL). */
 static const char *bad_ids(const ps_emb *t, const int64_t *ids, uint64_t n, char *msg, size_t cap)
 {
     for (uint64_t i = 0; i < n; i++) {
         if (ids[i] < 0 || (t->num_ids != 0 && (uint64_t)ids[i] >= t->num_ids)) {
+            if (msg == NULL)
+                return "";
             snprintf(msg, cap, "id %lld (index %llu) is out of range [0, %llu)", (long long)ids[i],
                      (unsigned long long)i,
                      (unsigned long long)(t->num_ids ? t->num_ids : (uint64_t)INT64_MAX));
@@ -1172,7 +1195,7 @@ static void emb_pull_work(ps_emb *t, ps_wait *x)
         wait_fail(x, TS_ST_INVALID, msg);
         return;
     }
-    if (emb_reserve(t, t->count + x->n) != 0) {
+    if (emb_reserve(t, t->count + emb_new_rows(t, x->ids, x->n)) != 0) {
         wait_fail(x, TS_ST_OUT_OF_MEMORY, "tensord is out of memory growing the table");
         return;
     }
@@ -1211,7 +1234,7 @@ static void emb_push_work(ps_emb *t, ps_wait *x)
     uint32_t *urow = ts__malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
     float *acc = ts__calloc((size_t)(n ? n : 1), (size_t)d * sizeof(float));
     if (slot_row == NULL || slot_u == NULL || urow == NULL || acc == NULL ||
-        emb_reserve(t, t->count + n) != 0) {
+        emb_reserve(t, t->count + emb_new_rows(t, x->ids, n)) != 0) {
         wait_fail(x, TS_ST_OUT_OF_MEMORY, "tensord is out of memory applying row gradients");
         goto out;
     }
@@ -1296,13 +1319,27 @@ static void emb_kick(tsd_server *srv, ps_emb *t)
 {
     if (t->busy || t->q_head == NULL || ps_paused(srv))
         return;
-    /* Charge the growth of the worst case (every id new) ahead; emb_done settles it. */
+    /*
+     * Charge the growth of the worst case (every id new) ahead; emb_done settles it. When that
+     * does not fit, count the ids the table lacks (a lookup each, on the loop, only then), so
+     * that reading and updating rows that exist never fails for rows that would not be made.
+     */
     uint64_t n = 0;
     for (ps_wait *x = t->q_head; x != NULL; x = x->next)
         n += x->n;
     uint64_t worst = emb_bytes(t, t->count + n);
     uint64_t ahead = worst > t->cost ? worst - t->cost : 0;
-    if (t->count + n > TSD_PS_MAX_ROWS || tsd_store_charge(srv, NULL, ahead) != 0) {
+    int fits = t->count + n <= TSD_PS_MAX_ROWS && tsd_store_charge(srv, NULL, ahead) == 0;
+    if (!fits) {
+        n = 0;
+        for (ps_wait *x = t->q_head; x != NULL; x = x->next)
+            if (x->ids != NULL && bad_ids(t, x->ids, x->n, NULL, 0) == NULL)
+                n += emb_new_rows(t, x->ids, x->n);
+        worst = emb_bytes(t, t->count + n);
+        ahead = worst > t->cost ? worst - t->cost : 0;
+        fits = t->count + n <= TSD_PS_MAX_ROWS && tsd_store_charge(srv, NULL, ahead) == 0;
+    }
+    if (!fits) {
         while (t->q_head != NULL) {
             ps_wait *x = t->q_head;
             t->q_head = x->next;
@@ -1444,23 +1481,47 @@ static void emb_upload(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_
     }
     uint64_t n = tt[0].numel;
     tsd_item *reply = NULL;
+    uint64_t over = 0;
     if (!push) {
-        uint64_t dims[2] = {n, t->dim}, rec_len, data_len;
-        if (ts__rows_rec_size(TS_FLOAT32, 2, dims, &rec_len) != 0 ||
-            ts__rows_tensor_bytes(TS_FLOAT32, 2, dims, &data_len) != 0 ||
-            tsd_store_reserve(&srv->store, rec_len) != 0) {
-            drop_upload(srv, item);
+        /*
+         * The reply is made now and filled by the job: from here it counts against --max-memory
+         * as a reply's copy does (orphaned_bytes), its header and the rounding of its buffer as
+         * item overhead until it is answered, so pulls queued behind one another cannot together
+         * pass the limit. What it takes, rounding included, must fit before it is allocated.
+         */
+        uint64_t dims[2] = {n, t->dim}, rec_len, data_len, round = 0;
+        int fits = ts__rows_rec_size(TS_FLOAT32, 2, dims, &rec_len) == 0 &&
+                   ts__rows_tensor_bytes(TS_FLOAT32, 2, dims, &data_len) == 0 &&
+                   rec_len <= SIZE_MAX - TSD_POOL_ROUND;
+        if (fits) {
+            round = rec_len < TSD_POOL_MIN ? 0 : ts__align_up(rec_len, TSD_POOL_ROUND) - rec_len;
+            fits = tsd_store_reserve(&srv->store, rec_len + round) == 0;
+        }
+        if (fits) {
+            reply = tsd_item_new((size_t)rec_len);
+            tsd_store_unreserve(&srv->store, rec_len + round);
+            if (reply == NULL) {
+                drop_upload(srv, item);
+                srv->stats.out_of_memory++;
+                tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
+                return;
+            }
+            reply->orphan_of = &srv->store;
+            atomic_fetch_or_explicit(&reply->refs, TSD_ITEM_ORPHANED, memory_order_acq_rel);
+            srv->store.orphaned_bytes += rec_len;
+            over = tsd_item_overhead(reply);
+            fits = tsd_store_charge(srv, NULL, over) == 0;
+            if (!fits) {
+                tsd_item_unref(reply); /* and its orphaned bytes */
+                over = 0;
+            }
+        } else {
             srv->stats.oom_rejections++;
+        }
+        if (!fits) {
+            drop_upload(srv, item);
             tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY,
                           "memory limit reached (--max-memory): the reply's rows do not fit");
-            return;
-        }
-        tsd_store_unreserve(&srv->store, rec_len);
-        reply = tsd_item_new((size_t)rec_len);
-        if (reply == NULL) {
-            drop_upload(srv, item);
-            srv->stats.out_of_memory++;
-            tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
             return;
         }
         ts__rows_rec_head_write(tsd_item_data(reply), TS_FLOAT32, 2, dims, data_len);
@@ -1468,12 +1529,14 @@ static void emb_upload(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_
     ps_wait *w = wait_new(srv, c, h, item);
     if (w == NULL) {
         drop_upload(srv, item);
+        tsd_store_uncharge(srv, NULL, over);
         if (reply != NULL)
             tsd_item_unref(reply);
         tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
         return;
     }
     w->reply = reply;
+    w->reply_over = over;
     w->ids = (const int64_t *)(const void *)tt[0].data;
     w->n = n;
     w->scale = scale;

@@ -782,6 +782,41 @@ def test_orphaned_items_stay_counted(start_tensord):
         assert stats(other)["orphaned_bytes"] == 0
 
 
+def test_emb_pull_replies_count_while_queued(start_tensord):
+    """An EMB_PULL's reply, made when the pull arrives and filled by its job, counts against
+    --max-memory while the pull waits (bytes_reserved): eight pulls of 4 MB each, sent at once
+    under a 22 MiB limit, are not all made: the ones past the limit are answered
+    OUT_OF_MEMORY, the rest are filled, and nothing stays reserved afterwards."""
+    d = start_tensord("--max-memory", "22m")
+    dim, n = 8192, 127  # 32 KiB rows; a reply of 127 rows is 4 MB, under the 4 MiB rounding
+    with Conn(d.port) as c:
+        create = name("e") + struct.pack("<IBBHQQddddd", dim, 1, 1, 0, 7, 0, 0.01, 0.9,
+                                          0.999, 1e-8, 0.05)
+        c.ok(OP["EMB_CREATE"], create)
+        ids = W.encode_record(W.tensor_of(6, (n,), list(range(n))))
+        c.ok(OP["EMB_PULL"], name("e") + ids)  # makes the rows: 4 MB of the limit
+        base = stats(c)
+        reply_len = n * dim * 4
+        fits = (base["max_memory"] - base["used_memory"]) // reply_len
+        assert 1 <= fits < 8, (base, fits)
+        rids = list(range(100, 108))
+        c.sock.sendall(b"".join(W.frame(OP["EMB_PULL"], name("e") + ids, rid=r) for r in rids))
+        got = [c.reply(r) for r in rids]
+        oks = [f for f in got if f.status == OK]
+        refused = [f for f in got if f.status == OUT_OF_MEMORY]
+        assert len(oks) + len(refused) == 8, [f.status for f in got]
+        assert 1 <= len(oks) <= fits and refused, ([f.status for f in got], fits)
+        assert all("the reply's rows do not fit" in message(f) for f in refused)
+        for f in oks:
+            assert len(W.items(f.body)[2][0]) >= reply_len
+        deadline = time.monotonic() + SETTLE_S
+        while stats(c)["bytes_reserved"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = stats(c)
+        assert after["bytes_reserved"] == 0 and after["orphaned_bytes"] == 0, after
+        assert after["overhead_bytes"] == base["overhead_bytes"], (base, after)
+
+
 def test_close_grace_when_the_client_stays(tensord):
     """Closing waits for the reply to be written and the client's close, at most 5 s: a client
     that gets TOO_LARGE and neither reads further nor closes sees the connection end within

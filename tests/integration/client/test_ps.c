@@ -645,6 +645,52 @@ static void test_step_counts_buffer(void **state)
     free(d);
 }
 
+/*
+ * Rows that exist are read and updated near the limit: 512 rows of 32 KiB (16 MiB) under
+ * --max-memory 44m, then a pull of all 512 (a 16 MiB reply, in an 18 MiB buffer) and a push to
+ * all 512 (a 16 MiB gradient) go through, though room for 512 more rows (the arrays doubled to
+ * 32 MiB) would not fit with them; 512 new ids are refused, with nothing made.
+ */
+static void test_existing_rows_near_limit(void **state)
+{
+    (void)state;
+    const char *args[] = {"--max-memory", "44m", NULL};
+    assert_int_equal(tsh_server_start(&extra, args), 0);
+    assert_int_equal(ts_client_open(&extra_cl, extra.addr, NULL), 0);
+    enum { DIM = 8192, N = 512 };
+    ts_emb_options_t e;
+    ts_emb_options_init(&e, DIM);
+    assert_int_equal(ts_emb_create(extra_cl, "near", &e), 0);
+    int64_t *ids = malloc(N * sizeof(int64_t));
+    float *rows = malloc((size_t)N * DIM * sizeof(float));
+    float *again = malloc((size_t)N * DIM * sizeof(float));
+    float *grads = calloc((size_t)N * DIM, sizeof(float));
+    assert_non_null(ids);
+    assert_non_null(rows);
+    assert_non_null(again);
+    assert_non_null(grads);
+    for (int64_t i = 0; i < N; i++)
+        ids[i] = i;
+    for (int64_t i = 0; i < N; i += 128) /* made a quarter at a time */
+        assert_int_equal(ts_emb_pull(extra_cl, "near", ids + i, 128, DIM, rows, NULL), 0);
+    int64_t overhead = stat_int(extra_cl, "overhead_bytes");
+    assert_int_equal(ts_emb_pull(extra_cl, "near", ids, N, DIM, rows, NULL), 0);
+    assert_int_equal(ts_emb_push(extra_cl, "near", ids, N, DIM, grads, 1.0, NULL), 0);
+    assert_int_equal(ts_emb_pull(extra_cl, "near", ids, N, DIM, again, NULL), 0);
+    assert_memory_equal(rows, again, (size_t)N * DIM * sizeof(float)); /* zero gradients */
+    /* The arrays did not grow for rows that were there. */
+    assert_int_equal(stat_int(extra_cl, "overhead_bytes"), overhead);
+    for (int64_t i = 0; i < N; i++)
+        ids[i] = N + i;
+    assert_int_equal(ts_emb_pull(extra_cl, "near", ids, N, DIM, rows, NULL), TS_EOOM);
+    assert_int_equal(stat_int(extra_cl, "overhead_bytes"), overhead);
+    assert_true(stat_int(extra_cl, "used_memory") <= 44 << 20);
+    free(ids);
+    free(rows);
+    free(again);
+    free(grads);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -660,6 +706,7 @@ int main(void)
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test_teardown(test_max_memory, extra_teardown),
         cmocka_unit_test_teardown(test_step_counts_buffer, extra_teardown),
+        cmocka_unit_test_teardown(test_existing_rows_near_limit, extra_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
