@@ -215,7 +215,7 @@ static int fds_claim(tsd_conn *c)
 }
 
 /* Close every descriptor c still holds (received ones not claimed, one claimed and unused). */
-static void fds_close_all(tsd_conn *c)
+void tsd_conn_fds_close(tsd_conn *c)
 {
     while (c->n_fds_in > 0)
         (void)close(fds_claim(c));
@@ -246,7 +246,7 @@ void tsd_conn_close(tsd_conn *c)
     }
     tsd_conn_drop_upload(c);
     tsd_out_drop_pending(c);
-    fds_close_all(c);
+    tsd_conn_fds_close(c);
     if (c->dirty) {
         for (tsd_conn **p = &srv->dirty; *p != NULL; p = &(*p)->dirty_next) {
             if (*p == c) {

@@ -162,6 +162,7 @@ void tsd_conn_begin_closing(tsd_conn *c)
         c->close_deadline = uv_now(c->srv->loop) + TSD_CLOSE_GRACE_MS;
     }
     c->rstate = TSD_RS_DEAD;
+    tsd_conn_fds_close(c); /* no later frame can claim them */
     tsd_server_mark_dirty(c->srv, c);
 }
 

@@ -1150,6 +1150,8 @@ uint64_t tsd_conn_unwritten(tsd_conn *c);
  * the grace deadline).
  */
 void tsd_conn_begin_closing(tsd_conn *c);
+/* Close every descriptor c received and holds unclaimed (and one claimed, not yet taken). */
+void tsd_conn_fds_close(tsd_conn *c);
 /* A connection on its way out whose output is all written: send FIN, then close. */
 void tsd_conn_maybe_finish(tsd_conn *c);
 /*
