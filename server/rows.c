@@ -468,20 +468,26 @@ static int parse_args(tsd_conn *c, const ts__hdr *h, const ts_value_t *root, int
                       ts__op_name(op));
         return -1;
     }
+    unsigned seen = 0; /* a bit per known key: each may be given once */
     for (size_t i = 0; i < ts_value_len(root); i++) {
         const char *k = ts_map_key_at(root, i);
         const ts_value_t *v = ts_map_value_at(root, i);
         int ok;
+        unsigned bit;
         if (gather && strcmp(k, "item") == 0) {
+            bit = 1;
             ok = ts_value_int(v, &a->item) == 0;
         } else if (gather && strcmp(k, "key") == 0) {
             const char *s;
+            bit = 2;
             ok = ts_value_string(v, &s, &a->key_len) == 0;
             a->key = (const uint8_t *)s;
         } else if (!gather && strcmp(k, "start") == 0) {
+            bit = 4;
             ok = ts_value_int(v, &a->start) == 0;
             a->have_start = 1;
         } else if (strcmp(k, tkey) == 0) {
+            bit = 8;
             a->tensor = ts_value_tensor(v);
             ok = a->tensor != NULL;
         } else {
@@ -493,6 +499,12 @@ static int parse_args(tsd_conn *c, const ts__hdr *h, const ts_value_t *root, int
                           ts__op_name(op));
             return -1;
         }
+        if (seen & bit) {
+            tsd_reply_err(c, op, rid, TS_ST_INVALID, "%s: \"%s\" is given twice", ts__op_name(op),
+                          k);
+            return -1;
+        }
+        seen |= bit;
         if (!ok) {
             tsd_reply_err(c, op, rid, TS_ST_INVALID, "%s: \"%s\" has the wrong type",
                           ts__op_name(op), k);

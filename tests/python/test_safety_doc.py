@@ -1019,6 +1019,29 @@ def test_tensor_bin_sizes_refused_before_allocation(start_tensord):
     assert rss(d) - before < RSS_SLACK
 
 
+def test_rows_record_key_given_twice(tensord):
+    """Sections 8.21 and 8.22: a GATHER_ROWS or WRITE_ROWS record names each key once; a key
+    given twice (here "start" 0 then 9, or "index" twice) is INVALID, nothing written, the
+    connection open."""
+    W_OP, G_OP = OP.get("WRITE_ROWS", 0x15), OP.get("GATHER_ROWS", 0x14)
+    with Conn(tensord.port) as c:
+        c.ok(0x12, tensor_bin("tw", 9, (16, 4)))
+        rows = W.tensor_of(9, (1, 4), [1.0, 2.0, 3.0, 4.0])
+        # "start" and b"start" encode the same key: the map carries it twice.
+        twice = W.encode_record({"start": 0, "rows": rows, b"start": 9})
+        rep = c.call(W_OP, name("tw") + twice)
+        W.error_reply(rep, INVALID)
+        assert '"start" is given twice' in message(rep)
+        ix = W.tensor_of(6, (1,), [0])
+        rep = c.call(G_OP, name("tw") + W.encode_record({"index": ix, b"index": ix}))
+        W.error_reply(rep, INVALID)
+        assert '"index" is given twice' in message(rep)
+        # Nothing was written: row 9 (and row 0) are still zeros; the connection still serves.
+        got = W.items(c.ok(G_OP, name("tw") + W.encode_record({"index": W.tensor_of(
+            6, (2,), [0, 9])})))[2][0]
+        assert W.decode_record(got).data == bytes(32)
+
+
 def test_http_connection_limit(start_tensord, tmp_path):
     """HTTP connections 64 (fixed): a 65th is accepted and closed at once; the binary
     protocol's connections are counted apart and not affected; a freed place serves again."""
