@@ -391,12 +391,14 @@ static void item_unlink(tsd_server *srv, tsd_table *t, titem *x, int orphan)
     tsd_store_item_drop(&srv->store, x->it, orphan);
     ts__free(x);
     tsd_store_uncharge(srv, &t->cost, titem_cost());
+    (void)tsd_server_next_version(srv); /* a change a snapshot must hold */
 }
 
 /* Change x's priority (already checked). */
 static void item_reprioritize(tsd_table *t, titem *x, double priority)
 {
     x->priority = priority;
+    (void)tsd_server_next_version(t->srv);
     tree_set(t, x->pos, weight_of(t, priority));
     if (t->cfg.remover == TS_TABLE_REMOVER_LOWEST) {
         hup(t, x->heap_idx);
@@ -481,6 +483,7 @@ static uint32_t draw_many(tsd_table *t, uint32_t max)
         titem *x = draw(t, &prob);
         x->times_sampled++;
         t->samples++;
+        (void)tsd_server_next_version(srv); /* times_sampled and samples are in a snapshot */
         drawn *d = &g_drawn[k++];
         d->it = x->it;
         tsd_item_ref(x->it);
@@ -660,6 +663,7 @@ static int insert_now(tsd_table *t, tsd_item *it, double priority, uint64_t *key
     t->bytes += tsd_item_len(it);
     t->inserts++;
     *key = x->key;
+    (void)tsd_server_next_version(srv);
     return 0;
 }
 

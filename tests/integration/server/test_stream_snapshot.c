@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -731,6 +732,46 @@ static void test_tables_survive_restart(void **state)
     assert_int_equal(st.size, 0);
     /* Tables are not bins. */
     assert_int_equal(tsu_stat(fd, "bins"), 0);
+    /*
+     * Item changes alone (no table made or deleted, no bin changed since the snapshot loaded)
+     * are changes a snapshot holds: an insert, samples and new priorities survive the next
+     * restart too.
+     */
+    double prio2[5] = {4.0, 0.25, 2.5, 1.5, 0.75};
+    assert_int_equal(table_update(fd, "prio", 5, keys, prio2).done, 5);
+    before = table_update(fd, "prio", 0, NULL, NULL);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    th_saving_restart(&sv);
+    fd = tsu_client(&sv.srv);
+    st = table_update(fd, "prio", 0, NULL, NULL);
+    assert_int_equal(st.size, before.size);
+    assert_int_equal(st.inserts, before.inserts);
+    assert_int_equal(st.samples, before.samples);
+    /* The new priorities: a draw's probability is its priority over their sum (10, with the
+     * item of priority 1 inserted after the first restart). */
+    tsu_frame f2;
+    q = (ts__msg_table_sample_req){
+        .name = (const uint8_t *)"prio", .name_len = 4, .n = 1, .timeout_ms = 0};
+    assert_int_equal(ts__msg_table_sample_req_encode(body, sizeof(body), &q, &bl), 0);
+    expect_ok(fd, TS_OP_TABLE_SAMPLE, send_body(fd, TS_OP_TABLE_SAMPLE, body, bl), &f2);
+    assert_int_equal(ts__msg_table_samples_decode(f2.body, f2.len, &m), 0);
+    ts__msg_table_sample_get(&m, 0, &e);
+    double want = 1.0;
+    for (int i = 0; i < 5; i++)
+        if (e.key == keys[i])
+            want = prio2[i];
+    assert_true(fabs(e.probability - want / 10.0) < 1e-9);
+    tsu_frame_free(&f2);
+    /* An insert alone after a load is kept too. */
+    uint64_t k = table_insert(fd, "prio", 300, 1.0);
+    close(fd);
+    assert_int_equal(tsh_server_stop(&sv.srv), 0);
+    th_saving_restart(&sv);
+    fd = tsu_client(&sv.srv);
+    st = table_update(fd, "prio", 1, &k, prio2);
+    assert_int_equal(st.done, 1);
+    assert_int_equal(st.inserts, before.inserts + 1);
     close(fd);
     assert_int_equal(tsh_server_stop(&sv.srv), 0);
 }
