@@ -263,7 +263,8 @@ int tsd_metrics_render(const tsd_server *srv, tsd_text *t)
 
     single(t, "tensord_bins", "gauge", "Bins held.", store->bins.count);
     single(t, "tensord_items", "gauge", "Items held in bins.", store->n_items);
-    single(t, "tensord_stored_bytes", "gauge", "Record bytes of the items held in bins.",
+    single(t, "tensord_stored_bytes", "gauge",
+           "Record bytes held in memory (bins, stream entries, table items, queued calls).",
            store->held);
     single(t, "tensord_memory_used_bytes", "gauge",
            "Bytes counted against --max-memory (items, bookkeeping, queued output, uploads, "
