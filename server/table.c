@@ -714,6 +714,7 @@ static void on_timer(uv_timer_t *timer)
         wait_drop(srv, w);
     }
     timer_rearm(srv);
+    tsd_server_flush(srv); /* the answers go now, not at the next turn that flushes */
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -519,7 +519,11 @@ static void test_waits(void **state)
     insert_tag("w3", 0, 1); /* size 1 = min_size: free */
     insert_tag("w3", 1, 1); /* diff 2 = max_diff */
     ts_value_t *it = tc_item(2, 0, 0);
+    /* Answered at its deadline by the tables' own timer (it waited for a later 500 ms turn). */
+    uint64_t t0 = tc_now_ms();
     assert_int_equal(ts_table_insert(cl, "w3", it, 1, 100, NULL), TS_ETIMEDOUT);
+    uint64_t took = tc_now_ms() - t0;
+    assert_true(took >= 100 && took < 400);
     assert_int_equal(ts_table_insert(cl, "w3", it, 1, 0, NULL), TS_ETIMEDOUT);
     ts_value_free(it);
     assert_int_equal(info_int("w3", "size"), 2);
