@@ -754,6 +754,9 @@ static void op_wait(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t n
                     uint32_t timeout_ms)
 {
     tsd_server *srv = c->srv;
+    /* A replay table's inserts wake nobody: WAIT on its name would only time out. */
+    if (tsd_table_refuse_name(c, h->opcode, h->request_id, name, nl))
+        return;
     /*
      * The rule, here as on every later change (notify.c): the bin exists and its version is
      * above after. A missing bin (never made, emptied by GET, deleted) has version 0 and never

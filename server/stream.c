@@ -26,6 +26,7 @@
  */
 #include "stream.h"
 #include "names.h"
+#include "table.h"
 
 #include "msg.h"
 #include "record.h"
@@ -1385,7 +1386,10 @@ uint16_t tsd_stream_append_check(tsd_server *srv, const uint8_t *name, size_t le
 {
     tsd_stream *st = tsd_stream_find(srv, name, len);
     if (st == NULL)
-        return tsd_store_find(&srv->store, name, len) != NULL ? TS_ST_INVALID : TS_ST_NOT_FOUND;
+        return tsd_store_find(&srv->store, name, len) != NULL ||
+                       tsd_table_find(srv, name, len) != NULL
+                   ? TS_ST_INVALID
+                   : TS_ST_NOT_FOUND;
     return stream_credit(st, now_ms(srv), NULL) == 0 ? TS_ST_BACKPRESSURE : TS_ST_OK;
 }
 
@@ -1395,6 +1399,8 @@ void tsd_stream_refuse_append(tsd_conn *c, const ts__hdr *h, const uint8_t *name
     tsd_stream *st = tsd_stream_find(c->srv, name, len);
     if (status == TS_ST_BACKPRESSURE && st != NULL)
         reply_backpressure(c, h->opcode, h->request_id, st);
+    else if (status == TS_ST_INVALID && st == NULL && tsd_table_find(c->srv, name, len) != NULL)
+        (void)tsd_table_refuse_name(c, h->opcode, h->request_id, name, len);
     else if (status == TS_ST_INVALID)
         reply_not_stream(c, h->opcode, h->request_id, name, len);
     else if (status == TS_ST_BACKPRESSURE)

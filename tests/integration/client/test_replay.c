@@ -588,6 +588,14 @@ static void test_names(void **state)
     assert_int_equal(ts_table_sample(cl, "strm", 1, 0, &s), TS_EINVAL);
     assert_int_equal(ts_table_sample(cl, "nope", 1, 0, &s), TS_ENOENT);
     assert_int_equal(ts_table_insert(cl, "nope", it, 1, 0, NULL), TS_ENOENT);
+    /* A stream append and a WAIT on a table's name are refused as the others are (they were
+     * NOT_FOUND, and a WAIT that could only time out). */
+    assert_int_equal(ts_stream_append(cl, "tab", it, NULL), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "is a replay table"));
+    uint64_t wv = 0;
+    uint32_t wn = 0;
+    assert_int_equal(ts_wait(cl, "tab", 0, 1000, &wv, &wn), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "is a replay table"));
     ts_value_free(it);
     /* LIST shows the table: n_items = size, version = inserts. */
     ts_bin_list_t *list = NULL;
