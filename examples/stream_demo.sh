@@ -92,13 +92,13 @@ echo "stream_demo: tensord at $addr, logs in $tmp"
 # finds epoch 0 partly gone; the credit window keeps live consumers at most a third of an epoch
 # (16 entries at most) behind. The producer starts making batches once the first three
 # consumers have joined.
-keep=$((bpe * 3 / 2 + 1))
+replay=$((bpe * 3 / 2 + 1))
 window=$((bpe / 3))
 [ $window -le 16 ] || window=16
 [ $window -ge 1 ] || window=1
 common="--address $addr --name images --epochs $epochs --timeout-s 60"
 "$producer" --address "$addr" --name images --fresh --epochs "$epochs" \
-    --batches-per-epoch "$bpe" --rows 32 --max-entries $keep --window $window --lease-ms 5000 \
+    --batches-per-epoch "$bpe" --rows 32 --max-entries $replay --window $window --lease-ms 5000 \
     --wait-consumers 3 \
     >"$tmp/producer.log" 2>&1 &
 ppid_=$!
