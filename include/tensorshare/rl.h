@@ -261,7 +261,9 @@ TS_EXTERN int ts_rl_worker_await(ts_rl_worker_t *w, int timeout_ms, ts_rl_params
  * during the call; with TS_BORROW it must stay valid until ts_rl_worker_flush returns. When
  * max_in_flight items or bytes are already in flight, waits for room up to the options' timeout_ms
  * (TS_ETIMEDOUT), or returns TS_EAGAIN at once with TS_RL_NONBLOCK. A failure found later, when
- * the daemon answers, is counted, reported to on_event and returned by ts_rl_worker_flush.
+ * the daemon answers, is counted, reported to on_event and returned by ts_rl_worker_flush. Into a
+ * replay table (options' replay) the add is one blocking insert instead: it returns the insert's
+ * result itself (counted in added or add_failed, never left for ts_rl_worker_flush).
  * Added in 0.1.0.
  */
 TS_EXTERN int ts_rl_worker_add(ts_rl_worker_t *w, const ts_value_t *data, unsigned flags);
@@ -282,7 +284,7 @@ typedef struct ts_rl_worker_stats_s {
     uint64_t ignored_older;    /* parameter sets ignored because they were not newer */
     uint64_t params_failed;    /* failed or malformed reads of the parameters bin */
     uint64_t added;            /* adds the daemon confirmed */
-    uint64_t add_failed;       /* adds that failed after they were sent */
+    uint64_t add_failed;       /* adds that failed after they were sent (a replay insert: failed) */
     unsigned in_flight;        /* adds not answered yet */
     uint64_t disconnects;      /* connection losses seen */
     uint64_t resubscribes;     /* subscriptions re-established after a reconnect */
