@@ -12,11 +12,11 @@
  * Rate limiter (Reverb's): with spi = samples_per_insert and the band
  * [min_size_to_sample * spi - error_buffer, min_size_to_sample * spi + error_buffer], an insert
  * waits while (inserts + 1) * spi - samples would pass the band's top (unless the table holds
- * at most min_size_to_sample items after it: a full table keeps its size), and a draw waits while the table holds fewer
- * than min_size_to_sample items or inserts * spi - (samples + 1) would fall under the band's
- * bottom. error_buffer 0 turns the ratio off. The waits happen on the server: a blocked insert or
- * sample costs no polling, and is released by the other side's progress or ends with
- * TS_ETIMEDOUT at its timeout.
+ * at most min_size_to_sample items after it: a full table keeps its size), and a draw waits while
+ * the table holds fewer than min_size_to_sample items or inserts * spi - (samples + 1) would fall
+ * under the band's bottom. error_buffer 0 turns the ratio off. The waits happen on the server: a
+ * blocked insert or sample costs no polling, and is released by the other side's progress or ends
+ * with TS_ETIMEDOUT at its timeout.
  *
  * The wire form is docs/PROTOCOL.md 8.33 to 8.38; the RL side is docs/RL.md "Replay tables".
  *
