@@ -3,10 +3,11 @@
  * until SIGINT/SIGTERM, tear everything down, exit 0). SIGHUP is ignored.
  *
  * Exit status: 0 after a clean shutdown; 1 when start-up or the final snapshot failed;
- * 2 for bad flags or an unsafe configuration (a non-loopback --host without a token, a --unix
- * socket another process answers on, a --save directory that does not exist or a --save file
- * another tensord holds, a --data-dir that cannot be made or that another tensord holds,
- * --data-dir with --save); 3 when the --save snapshot exists but is damaged or unreadable.
+ * 2 for bad flags or an unsafe configuration (a --host that is not a numeric address, a
+ * non-loopback --host without a token, a --unix socket another process answers on, a --save
+ * directory that does not exist, a --save PATH that is a directory or that another tensord
+ * holds, a --data-dir that cannot be made or that another tensord holds, --data-dir with
+ * --save); 3 when the --save snapshot exists but is damaged or unreadable.
  */
 #include "server.h"
 #include "http.h"
@@ -61,14 +62,14 @@ static void usage(FILE *f)
             "clients.\n\n"
             "Listening:\n"
             "  --port N              TCP port (0 = ephemeral)                    [%d]\n"
-            "  --host ADDR           address to bind (IPv4 or IPv6)              [%s]\n"
+            "  --host ADDR           address to bind (numeric IPv4 or IPv6)      [%s]\n"
             "                        anything but 127.0.0.0/8 or ::1 needs a token or --insecure\n"
             "  --unix PATH           also listen on a unix socket; a stale socket file is\n"
             "                        removed, one another process answers on is refused\n"
             "  --port-file PATH      once listening, write the TCP port there (atomically)\n"
             "  --http-port N         also serve GET /healthz, /readyz and /metrics (Prometheus)\n"
             "                        over HTTP on this port (0 = ephemeral)     [off]\n"
-            "  --http-host ADDR      address of the HTTP listener               [--host]\n"
+            "  --http-host ADDR      address of the HTTP listener (numeric)     [--host]\n"
             "  --http-port-file PATH once listening, write the HTTP port there (atomically)\n"
             "Authentication:\n"
             "  --auth-token-file PATH  shared secret every client must present in HELLO (trailing\n"
@@ -135,10 +136,24 @@ static void usage(FILE *f)
             "--save; more of them meanwhile are logged and change nothing). SIGHUP is ignored\n"
             "(logged), so a closed terminal does not stop tensord.\n"
             "Exit status: 0 clean shutdown, 1 failure, 2 bad flags or unsafe configuration\n"
-            "(--unix in use, --save directory missing or --save held by another tensord,\n"
-            "--data-dir unusable or held by another tensord, --data-dir with --save),\n"
+            "(--unix in use, --save directory missing, --save a directory or held by another\n"
+            "tensord, --data-dir unusable or held by another tensord, --data-dir with --save),\n"
             "3 damaged snapshot.\n",
             d.save_interval_s);
+}
+
+/*
+ * 1 when host is a numeric IPv4 or IPv6 address, as the listeners take it (an IPv6 address may
+ * carry a %zone); 0 otherwise (a host name such as localhost, a port, garbage). Names are not
+ * resolved: a name could stand for several addresses, or another one after a DNS change.
+ */
+static int host_ok(const char *host)
+{
+    struct sockaddr_in6 a6;
+    struct sockaddr_in a4;
+    if (strchr(host, ':') != NULL)
+        return uv_ip6_addr(host, 0, &a6) == 0;
+    return uv_ip4_addr(host, 0, &a4) == 0;
 }
 
 /* Parse a decimal number with an optional k/m/g suffix. 0 or -1. */
@@ -260,8 +275,18 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
         if (strcmp(flag, "--port") == 0) {
             bad = parse_size(val, &n) != 0 || n > 65535;
             cfg->port = (int)n;
-        } else if (strcmp(flag, "--host") == 0) {
-            cfg->host = val;
+        } else if (strcmp(flag, "--host") == 0 || strcmp(flag, "--http-host") == 0) {
+            if (!host_ok(val)) {
+                fprintf(stderr,
+                        "tensord: bad value for %s: '%s': only a numeric IPv4 or IPv6 address "
+                        "is taken (such as 127.0.0.1, 0.0.0.0, ::1 or ::; no host name, no port)\n",
+                        flag, val);
+                return -1;
+            }
+            if (strcmp(flag, "--host") == 0)
+                cfg->host = val;
+            else
+                cfg->http_host = val;
         } else if (strcmp(flag, "--unix") == 0) {
             cfg->unix_path = val;
         } else if (strcmp(flag, "--port-file") == 0) {
@@ -269,9 +294,6 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
         } else if (strcmp(flag, "--http-port") == 0) {
             bad = parse_size(val, &n) != 0 || n > 65535;
             cfg->http_port = (int)n;
-        } else if (strcmp(flag, "--http-host") == 0) {
-            bad = val[0] == '\0';
-            cfg->http_host = val;
         } else if (strcmp(flag, "--http-port-file") == 0) {
             bad = val[0] == '\0';
             cfg->http_port_file = val;

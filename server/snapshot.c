@@ -1141,6 +1141,14 @@ int tsd_snapshot_prepare(tsd_server *srv, char *err, size_t err_cap)
         snprintf(err, err_cap, "--save %s: %s is not a directory; refusing to start", path, dir);
         return -1;
     }
+    /* A directory would only fail at load as a damaged snapshot (exit 3): name the mistake. */
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(err, err_cap,
+                 "--save %s is a directory: give the path of the snapshot file (for example "
+                 "%s/tensord.snap); refusing to start",
+                 path, path);
+        return -1;
+    }
     /*
      * Two daemons writing one snapshot would each overwrite the other's data. The lock lives on
      * a file of its own beside the snapshot (the snapshot itself is replaced by rename) and is

@@ -253,6 +253,26 @@ static void test_non_loopback_needs_token(void **state)
         assert_true(th_file_contains(errfile, "refusing to listen"));
         assert_true(th_file_contains(errfile, "--insecure"));
     }
+    /*
+     * Only numeric addresses are taken, with or without --insecure: a host name, a port or
+     * garbage is a bad value (exit status 2) named as such, not an unsafe address.
+     */
+    static const char *const not_numeric[] = {"localhost", "example.com", "127.0.0.1:8000",
+                                              "1.2.3",     "::zz",        ""};
+    for (size_t i = 0; i < TS__ARRAY_SIZE(not_numeric); i++) {
+        for (int insecure = 0; insecure < 2; insecure++) {
+            const char *a[] = {
+                "--port", "0", "--host", not_numeric[i], insecure ? "--insecure" : NULL, NULL};
+            if (th_run_tensord(a, errfile, 10000) != 2)
+                fail_msg("--host '%s' was not refused with exit status 2", not_numeric[i]);
+            assert_true(th_file_contains(errfile, "only a numeric IPv4 or IPv6 address"));
+            assert_false(th_file_contains(errfile, "refusing to listen"));
+        }
+        const char *h[] = {"--port", "0", "--http-port", "0", "--http-host", not_numeric[i], NULL};
+        if (th_run_tensord(h, errfile, 10000) != 2)
+            fail_msg("--http-host '%s' was not refused with exit status 2", not_numeric[i]);
+        assert_true(th_file_contains(errfile, "bad value for --http-host"));
+    }
     /* Loopback needs nothing. */
     const char *lo[] = {"--host", "127.0.0.2", NULL};
     assert_int_equal(tsh_server_start(&s, lo), 0);

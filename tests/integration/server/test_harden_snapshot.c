@@ -381,7 +381,10 @@ static void test_tmp_symlink_not_followed(void **state)
     subdir_cleanup();
 }
 
-/* A --save directory that does not exist, and a --save file another daemon holds. */
+/*
+ * A --save directory that does not exist, a --save PATH that is a directory, and a --save file
+ * another daemon holds.
+ */
 static void test_save_path_checked_at_start(void **state)
 {
     (void)state;
@@ -392,6 +395,13 @@ static void test_save_path_checked_at_start(void **state)
     int st = th_run_tensord(a1, errfile, 5000 * th_slow());
     if (st != 2 || !th_file_contains(errfile, "missing-dir")) {
         print_error("--save in a missing directory: exit %d, want 2 naming it\n", st);
+        fail();
+    }
+    /* A --save PATH that is a directory is a configuration error too, not a damaged file. */
+    const char *ad[] = {"--port", "0", "--save", s.dir, NULL};
+    st = th_run_tensord(ad, errfile, 5000 * th_slow());
+    if (st != 2 || !th_file_contains(errfile, "is a directory")) {
+        print_error("--save naming a directory: exit %d, want 2 and \"is a directory\"\n", st);
         fail();
     }
     /* The running daemon holds its --save path: a second one refuses it. */
