@@ -751,7 +751,116 @@ static int merge_list(const fan_part *parts, size_t n, ts_bin_list_t **out)
     return 0;
 }
 
-/* Add src's entries into dst: integers summed, anything else kept from the first shard. */
+/*
+ * The STATS keys that add up over the shards, besides every ops_* counter: counters of events
+ * (bytes sent, errors, timeouts ...) and gauges of what each daemon holds (bins, bytes,
+ * connections ...), whose sum is the cluster's total. Every other key is taken from the first
+ * shard that answered: limits (max_frame, max_memory, max_disk, fds_budget), identities
+ * (server_id, version, shard, shards, map_epoch), flags (last_save_ok), times and durations
+ * (uptime_ms, last_save_time, snapshot_last_ms, view_turn_max_us ...), whose sum means nothing.
+ * So a key a newer tensord adds is not summed until it is listed here. docs/CLUSTER.md lists
+ * the same keys.
+ */
+static const char *const k_summed[] = {
+    "connections",
+    "connections_total",
+    "rejected_clients",
+    "connections_unauth",
+    "bins",
+    "items",
+    "bytes",
+    "bytes_reserved",
+    "used_memory",
+    "overhead_bytes",
+    "output_bytes",
+    "connection_bytes",
+    "orphaned_bytes",
+    "slabs",
+    "slab_bytes",
+    "slab_meta_bytes",
+    "slab_slots_used",
+    "slab_empty_kept_bytes",
+    "listeners",
+    "waiters",
+    "watch_bytes",
+    "wake_deferred",
+    "lists_offloop",
+    "notifications_sent",
+    "protocol_errors",
+    "oom_rejections",
+    "slow_readers",
+    "bytes_received",
+    "bytes_sent",
+    "body_timeouts",
+    "auth_failures",
+    "hello_timeouts",
+    "notes_coalesced",
+    "out_of_memory",
+    "accept_pauses",
+    "snapshots",
+    "snapshot_failures",
+    "writes_refused",
+    "wrong_shard",
+    "view_passes",
+    "view_active",
+    "view_captures",
+    "disk_bytes",
+    "disk_files",
+    "disk_loaded",
+    "disk_damaged",
+    "disk_refused",
+    "shm_items",
+    "shm_bytes",
+    "shm_pool_bytes",
+    "fds_held",
+    "fds_sent",
+    "fds_received",
+    "fds_pending",
+    "puts_fd",
+    "reclaim_pending_bytes",
+    "reclaim_jobs",
+    "reclaim_bytes",
+    "streams",
+    "stream_entries",
+    "stream_bytes",
+    "stream_groups",
+    "stream_groups_stale",
+    "stream_backpressure",
+    "stream_entries_lost",
+    "stream_waits",
+    "tables",
+    "table_items",
+    "table_bytes",
+    "table_inserts",
+    "table_samples",
+    "table_waits",
+    "services",
+    "service_servers",
+    "service_calls_waiting",
+    "service_calls_handed",
+    "service_calls",
+    "service_answers",
+    "service_calls_gone",
+    "service_timeouts",
+    "service_late_answers",
+    "allocations",
+};
+
+/* 1 when the STATS key adds up over the shards (see k_summed). */
+static int stats_summed(const char *key)
+{
+    if (strncmp(key, "ops_", 4) == 0)
+        return 1;
+    for (size_t i = 0; i < TS__ARRAY_SIZE(k_summed); i++)
+        if (strcmp(key, k_summed[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/*
+ * Add src's entries into dst: the integers of the keys that add up (stats_summed) summed,
+ * anything else kept from the first shard.
+ */
 static int stats_sum(ts_value_t *dst, const ts_value_t *src)
 {
     size_t n = ts_value_len(src);
@@ -763,7 +872,7 @@ static int stats_sum(ts_value_t *dst, const ts_value_t *src)
         int rc = 0;
         if (have == NULL)
             rc = ts_map_set(dst, key, ts_value_clone(v));
-        else if (ts_value_int(have, &a) == 0 && ts_value_int(v, &b) == 0)
+        else if (stats_summed(key) && ts_value_int(have, &a) == 0 && ts_value_int(v, &b) == 0)
             rc = ts_map_set(dst, key, ts_int_new((int64_t)((uint64_t)a + (uint64_t)b)));
         if (rc != 0)
             return rc;
@@ -772,8 +881,8 @@ static int stats_sum(ts_value_t *dst, const ts_value_t *src)
 }
 
 /*
- * STATS merged: the shards' integer counters summed (gauges such as bins and bytes too: they
- * are the cluster's totals), other entries from the first shard that answered; plus
+ * STATS merged: the counters and gauges that add up summed (stats_summed: ops_*, bins, bytes
+ * ... are the cluster's totals), other entries from the first shard that answered; plus
  * "shards" (a list with each shard's own map, with "shard" and "address" added, or for a shard
  * that did not answer only those and "error"), "shards_down", "cluster_epoch" (the map the client
  * follows), "cluster_redirects" (WRONG_SHARD answers this client followed) and "cluster_maps"

@@ -386,6 +386,33 @@ static void test_list_and_stats_merged(void **state)
         sum += b;
     }
     assert_int_equal(bins, sum);
+    /*
+     * Only counters and gauges that add up are summed (docs/CLUSTER.md lists them); limits,
+     * identities, flags and times are the first shard's.
+     */
+    static const char *const summed[] = {"ops_stats", "ops_list", "items", "bytes_sent"};
+    static const char *const first[] = {"server_id", "version",    "shard",        "map_epoch",
+                                        "max_frame", "max_memory", "last_save_ok", "uptime_ms"};
+    for (size_t k = 0; k < TS__ARRAY_SIZE(summed); k++) {
+        int64_t all = -1, added = 0;
+        assert_int_equal(ts_map_get_int(st, summed[k], &all), 0);
+        for (int i = 0; i < N; i++) {
+            int64_t one = 0;
+            assert_int_equal(ts_map_get_int(ts_list_at(shards, (size_t)i), summed[k], &one), 0);
+            added += one;
+        }
+        if (all != added)
+            fail_msg("%s: %lld, the shards sum to %lld", summed[k], (long long)all,
+                     (long long)added);
+    }
+    for (size_t k = 0; k < TS__ARRAY_SIZE(first); k++) {
+        int64_t all = -1, one = -2;
+        assert_int_equal(ts_map_get_int(st, first[k], &all), 0);
+        assert_int_equal(ts_map_get_int(ts_list_at(shards, 0), first[k], &one), 0);
+        if (all != one)
+            fail_msg("%s: %lld, the first shard's is %lld", first[k], (long long)all,
+                     (long long)one);
+    }
     int64_t maps = -1, epoch = -1;
     assert_int_equal(ts_map_get_int(st, "cluster_maps", &maps), 0);
     assert_int_equal(ts_map_get_int(st, "cluster_epoch", &epoch), 0);
