@@ -73,6 +73,13 @@ check() {
     return $rc
 }
 
+# build_failed DIR: a build that failed counts as one failed stage; its tests are skipped (the
+# other stages still run, and the summary line still comes).
+build_failed() {
+    echo "run.sh: the build in $1 failed: its tests are skipped (counted as one failure)"
+    FAILED=$((FAILED + 1))
+}
+
 # lint: every C/C++ file is clang-formatted; no sprintf/strcpy/strcat/strtok/atoi anywhere, and
 # raw malloc/calloc/realloc/free only in src/alloc.c (everything else goes through ts__malloc).
 lint() {
@@ -132,24 +139,42 @@ test)
         FAILED=$((FAILED + 1))
         rc=1
     fi
+    # Each build runs as an if condition, so a failed one is counted (build_failed) instead of
+    # ending the script under set -e before the summary line.
     echo "== release build (warnings are errors)"
-    build build -DTS_WERROR=ON -DTS_SANITIZE=
-    check build "" || rc=1
+    if build build -DTS_WERROR=ON -DTS_SANITIZE=; then
+        check build "" || rc=1
+    else
+        build_failed build
+        rc=1
+    fi
     echo "== AddressSanitizer + UndefinedBehaviorSanitizer"
-    build build-asan -DTS_WERROR=ON -DTS_SANITIZE=address,undefined \
-        -DTS_TEST_TIMEOUT_MULTIPLIER=3 -DTS_BUILD_BENCH=OFF
-    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-        check build-asan "" || rc=1
+    if build build-asan -DTS_WERROR=ON -DTS_SANITIZE=address,undefined \
+        -DTS_TEST_TIMEOUT_MULTIPLIER=3 -DTS_BUILD_BENCH=OFF; then
+        ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+            check build-asan "" || rc=1
+    else
+        build_failed build-asan
+        rc=1
+    fi
     echo "== ThreadSanitizer (unit and client tests; the batcher's timing-sensitive tests run in the release and ASan builds)"
-    build build-tsan -DTS_WERROR=ON -DTS_SANITIZE=thread -DTS_WITH_TORCH=OFF \
-        -DTS_TEST_TIMEOUT_MULTIPLIER=4 -DTS_BUILD_BENCH=OFF
-    TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
-        check build-tsan "unit|client" || rc=1
+    if build build-tsan -DTS_WERROR=ON -DTS_SANITIZE=thread -DTS_WITH_TORCH=OFF \
+        -DTS_TEST_TIMEOUT_MULTIPLIER=4 -DTS_BUILD_BENCH=OFF; then
+        TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
+            check build-tsan "unit|client" || rc=1
+    else
+        build_failed build-tsan
+        rc=1
+    fi
     echo "== libFuzzer targets (clang, ASan + UBSan, bounded time each)"
-    CC=clang BUILD_TARGET=fuzz_all build build-fuzz -DTS_WERROR=ON \
+    if CC=clang BUILD_TARGET=fuzz_all build build-fuzz -DTS_WERROR=ON \
         -DTS_SANITIZE=address,undefined -DTS_WITH_TORCH=OFF -DTS_BUILD_BENCH=OFF \
-        -DTS_BUILD_EXAMPLES=OFF
-    check build-fuzz "fuzz" || rc=1
+        -DTS_BUILD_EXAMPLES=OFF; then
+        check build-fuzz "fuzz" || rc=1
+    else
+        build_failed build-fuzz
+        rc=1
+    fi
     echo "run.sh test: ${PASSED} passed, ${FAILED} failed"
     exit $rc
     ;;
