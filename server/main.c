@@ -25,6 +25,14 @@
 /* Bytes; a HELLO body (4 bytes + token) must fit the pre-HELLO frame limit. */
 #define TSD_MAX_TOKEN (TS_MAX_PREAUTH_BODY - 4)
 
+/*
+ * Bytes; the smallest --max-frame. Every body is held to --max-frame too, so below this a HELLO
+ * with a long token, or a control request of full size, could never be sent.
+ */
+#define TSD_MIN_MAX_FRAME 4096u
+_Static_assert(TSD_MIN_MAX_FRAME >= TS_MAX_PREAUTH_BODY && TSD_MIN_MAX_FRAME >= TS_MAX_CTRL_BODY,
+               "HELLO and every control body fit the smallest --max-frame");
+
 void tsd_config_defaults(tsd_config *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
@@ -80,7 +88,8 @@ static void usage(FILE *f)
             "  --hello-timeout MS    close connections that do not complete HELLO in time,\n"
             "                        0 = never                                   [%u]\n"
             "Limits:\n"
-            "  --max-frame BYTES     largest request body                        [%llu = 1g]\n"
+            "  --max-frame BYTES     largest request body, at least 4096 (so that HELLO\n"
+            "                        and every control request fit)              [%llu = 1g]\n"
             "  --max-memory BYTES    memory clients make tensord hold (items, bins, queued\n"
             "                        output, uploads, connections), 0 = unlimited [%llu = 3/4 of "
             "RAM]\n"
@@ -272,6 +281,7 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
         }
         uint64_t n = 0;
         int bad = 0;
+        const char *range = ""; /* said after a bad value, where the range is not obvious */
         if (strcmp(flag, "--port") == 0) {
             bad = parse_size(val, &n) != 0 || n > 65535;
             cfg->port = (int)n;
@@ -298,7 +308,8 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
             bad = val[0] == '\0';
             cfg->http_port_file = val;
         } else if (strcmp(flag, "--max-frame") == 0) {
-            bad = parse_size(val, &n) != 0 || n == 0;
+            bad = parse_size(val, &n) != 0 || n < TSD_MIN_MAX_FRAME;
+            range = " (at least 4096, so that HELLO and every control request fit)";
             cfg->max_frame = n;
         } else if (strcmp(flag, "--max-memory") == 0) {
             bad = parse_size(val, &n) != 0;
@@ -361,7 +372,7 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
             return -1;
         }
         if (bad) {
-            fprintf(stderr, "tensord: bad value for %s: '%s'\n", flag, val);
+            fprintf(stderr, "tensord: bad value for %s: '%s'%s\n", flag, val, range);
             return -1;
         }
     }

@@ -106,7 +106,8 @@ def test_limit_defaults_in_help():
                                    ("--body-timeout", "1.5s"), ("--max-frame", "0"),
                                    ("--max-clients", "0"), ("--max-unauth-clients", "0"),
                                    ("--max-watch", "0"), ("--body-timeout", "86401"),
-                                   ("--max-frame", "1.5m"), ("--max-frame", "64kb")])
+                                   ("--max-frame", "1.5m"), ("--max-frame", "64kb"),
+                                   ("--max-frame", "1"), ("--max-frame", "4095")])
 def test_bad_flag_values_exit_2(flags, tmp_path):
     """Flags: a value a flag cannot take, or an unknown flag: exit status 2."""
     p = subprocess.run([tensord_path(), "--port", "0", "--port-file", str(tmp_path / "p")] +

@@ -342,6 +342,8 @@ static void test_bad_flags_exit_2(void **state)
         {"--port", "65536"},
         {"--http-port", "64k"},
         {"--max-frame", "0"},
+        {"--max-frame", "1"},
+        {"--max-frame", "4095"},
         {"--max-clients", "0"},
         {"--max-clients", "4g"},
         {"--max-unauth-clients", "4294967296"},
@@ -360,8 +362,10 @@ static void test_bad_flags_exit_2(void **state)
             fail_msg("%s %s was not refused", out_of_range[i][0], out_of_range[i][1]);
         assert_true(th_file_contains(errfile, "bad value for"));
     }
-    /* The upper ends themselves are taken. */
-    const char *top[] = {"--hello-timeout",
+    /* The ends themselves are taken; at the smallest --max-frame a client still gets in. */
+    const char *top[] = {"--max-frame",
+                         "4096",
+                         "--hello-timeout",
                          "4294967295",
                          "--body-timeout",
                          "86400",
@@ -373,6 +377,7 @@ static void test_bad_flags_exit_2(void **state)
                          "4294967295",
                          NULL};
     assert_int_equal(tsh_server_start(&s, top), 0);
+    tsu_check_healthy(&s);
     assert_int_equal(tsh_server_stop(&s), 0);
     tsh_server_cleanup(&s);
 }
