@@ -413,9 +413,7 @@ static int load_token(tsd_config *cfg, const char *file)
         }
         struct stat st;
         if (fstat(fd, &st) == 0 && (st.st_mode & 077) != 0)
-            fprintf(stderr,
-                    "tensord: warning: --auth-token-file %s can be read by other users "
-                    "(chmod 600 it)\n",
+            tsd_log(TSD_LOG_WARN, "--auth-token-file %s can be read by other users (chmod 600 it)",
                     file);
         for (;;) {
             ssize_t k = read(fd, g_token + n, sizeof(g_token) - n);
@@ -519,6 +517,8 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &cfg, &token_file);
     if (rc != 0)
         return rc > 0 ? 0 : TSD_EXIT_USAGE;
+    /* From here on, warnings go through the log, in its format and at its level. */
+    tsd_log_set_level(cfg.log_level);
     if (load_token(&cfg, token_file) != 0)
         return TSD_EXIT_USAGE;
     if (tsd_tls_setup(&cfg) != 0)
@@ -532,7 +532,6 @@ int main(int argc, char **argv)
                 cfg.host);
         return TSD_EXIT_USAGE;
     }
-    tsd_log_set_level(cfg.log_level);
     if (!is_loopback(cfg.host) && cfg.auth_token == NULL)
         tsd_log(TSD_LOG_WARN, "--insecure: listening on %s without authentication", cfg.host);
     raise_nofile(&cfg);

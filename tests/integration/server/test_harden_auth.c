@@ -13,6 +13,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -240,6 +241,27 @@ static void test_bad_token_config(void **state)
     assert_int_equal(rc, 2);
     assert_true(th_file_contains(errfile, "TS_AUTH_TOKEN is empty after trimming"));
     unlink(empty);
+    /*
+     * A token file others can read is warned about in the log's format, and --log-level error
+     * silences it like any warning (the --save in a missing directory ends the start after it).
+     */
+    char open_file[320], no_dir[320];
+    snprintf(open_file, sizeof(open_file), "%s/open", dir);
+    snprintf(no_dir, sizeof(no_dir), "%s/no-such-dir/snap", dir);
+    assert_int_equal(th_write_file(open_file, TOKEN, strlen(TOKEN)), 0);
+    assert_int_equal(chmod(open_file, 0644), 0);
+    const char *a4[] = {"--port", "0", "--auth-token-file", open_file, "--save", no_dir, NULL};
+    assert_int_equal(th_run_tensord(a4, errfile, 10000), 2);
+    assert_true(th_file_contains(errfile, "] warn: --auth-token-file"));
+    assert_true(th_file_contains(errfile, "can be read by other users"));
+    assert_false(th_file_contains(errfile, "tensord: warning"));
+    const char *a5[] = {"--port",  "0",           "--auth-token-file",
+                        open_file, "--log-level", "error",
+                        "--save",  no_dir,        NULL};
+    assert_int_equal(th_run_tensord(a5, errfile, 10000), 2);
+    assert_false(th_file_contains(errfile, "can be read by other users"));
+    assert_true(th_file_contains(errfile, "no-such-dir")); /* the error is still logged */
+    unlink(open_file);
 }
 
 static void test_non_loopback_needs_token(void **state)
