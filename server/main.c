@@ -221,6 +221,14 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
             flag = name;
             val = eq + 1;
         }
+        static const char *const no_value[] = {"--help", "--version", "--insecure", "--no-fds",
+                                               "--allow-plain-token"};
+        for (size_t k = 0; k < TS__ARRAY_SIZE(no_value) && val != NULL; k++) {
+            if (strcmp(flag, no_value[k]) == 0) {
+                fprintf(stderr, "tensord: %s takes no value (see --help)\n", flag);
+                return -1;
+            }
+        }
         if (strcmp(flag, "--help") == 0 || strcmp(flag, "-h") == 0) {
             usage(stdout);
             return 1;
@@ -229,15 +237,15 @@ static int parse_args(int argc, char **argv, tsd_config *cfg, const char **token
             printf("tensord %s\n", TS_VERSION_STRING);
             return 1;
         }
-        if (strcmp(flag, "--insecure") == 0 && val == NULL) {
+        if (strcmp(flag, "--insecure") == 0) {
             cfg->insecure = 1;
             continue;
         }
-        if (strcmp(flag, "--no-fds") == 0 && val == NULL) {
+        if (strcmp(flag, "--no-fds") == 0) {
             cfg->no_fds = 1;
             continue;
         }
-        if (strcmp(flag, "--allow-plain-token") == 0 && val == NULL) {
+        if (strcmp(flag, "--allow-plain-token") == 0) {
             cfg->allow_plain_token = 1;
             continue;
         }

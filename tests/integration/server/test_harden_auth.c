@@ -359,6 +359,16 @@ static void test_bad_flags_exit_2(void **state)
     assert_int_equal(th_run_tensord(a2, errfile, 10000), 2);
     const char *a3[] = {"--help", NULL};
     assert_int_equal(th_run_tensord(a3, errfile, 10000), 0);
+    /* A value given to a flag that takes none is named as such, not as an unknown flag. */
+    static const char *const no_value[] = {"--insecure=yes", "--no-fds=1",
+                                           "--allow-plain-token=", "--help=x", "--version=1"};
+    for (size_t i = 0; i < TS__ARRAY_SIZE(no_value); i++) {
+        const char *a[] = {"--port", "0", no_value[i], NULL};
+        if (th_run_tensord(a, errfile, 10000) != 2)
+            fail_msg("%s was not refused with exit status 2", no_value[i]);
+        assert_true(th_file_contains(errfile, "takes no value"));
+        assert_false(th_file_contains(errfile, "unknown flag"));
+    }
     /* Each numeric flag's range as SAFETY.md's Limits gives it: one past either end is refused. */
     static const char *const out_of_range[][2] = {
         {"--port", "65536"},
