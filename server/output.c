@@ -1042,18 +1042,36 @@ static size_t utf8_len(const uint8_t *p, size_t left)
 
 void tsd_name_printable(const uint8_t *name, size_t len, char *out, size_t cap)
 {
+    static const char hex[] = "0123456789abcdef";
     size_t o = 0;
     size_t i = 0;
-    while (i < len && o + 5 < cap) {
+    while (i < len) {
         size_t n = utf8_len(name + i, len - i);
-        if (n == 1 && name[i] >= 0x20 && name[i] != 0x7F) {
+        int c1 = n == 2 && name[i] == 0xC2 && name[i + 1] <= 0x9F; /* U+0080..U+009F */
+        if (n == 1 && name[i] >= 0x20 && name[i] != 0x7F && name[i] != '\\') {
+            if (o + 1 >= cap)
+                break;
             out[o++] = (char)name[i];
-        } else if (n > 1) {
+        } else if (n == 1 && name[i] == '\\') {
+            if (o + 2 >= cap)
+                break;
+            out[o++] = '\\';
+            out[o++] = '\\';
+        } else if (n > 1 && !c1) {
+            if (o + n >= cap)
+                break;
             memcpy(out + o, name + i, n);
             o += n;
         } else {
-            out[o++] = '?';
-            n = 1;
+            n = n > 1 ? n : 1; /* a C1 control's two bytes, or one control or invalid byte */
+            if (o + 4 * n >= cap)
+                break;
+            for (size_t k = 0; k < n; k++) {
+                out[o++] = '\\';
+                out[o++] = 'x';
+                out[o++] = hex[name[i + k] >> 4];
+                out[o++] = hex[name[i + k] & 15];
+            }
         }
         i += n;
     }

@@ -1194,7 +1194,12 @@ void tsd_out_fd_retry(tsd_conn *c);
 /* Free the batches kept for reuse (freeing the connection). */
 void tsd_out_free_cache(tsd_conn *c);
 
-/* Copy a bin name into out (cap bytes incl. NUL) as printable UTF-8 for messages. */
+/*
+ * Copy a bin name into out (cap bytes incl. NUL) as printable UTF-8 for messages and the log:
+ * bytes below 0x20, 0x7f, the C1 controls (U+0080..U+009F) and bytes of invalid UTF-8 become
+ * \xNN and a backslash \\, as tsctl prints names. A byte takes at most 4, so a cap of
+ * TS_MAX_NAME_LEN * 4 + 1 holds any name; a smaller one cuts it at a whole character.
+ */
 void tsd_name_printable(const uint8_t *name, size_t len, char *out, size_t cap);
 
 /* ---------------------------------------------------------------------------------------------

@@ -430,7 +430,10 @@ static void test_tsctl_options(void **state)
     assert_true(output_has("Commands:"));
 }
 
-/* list escapes control characters, backslashes and invalid UTF-8 in bin names. */
+/*
+ * list escapes control characters, backslashes and invalid UTF-8 in bin names, and so do the
+ * error messages that name a bin.
+ */
 static void test_tsctl_list_escapes(void **state)
 {
     (void)state;
@@ -445,6 +448,10 @@ static void test_tsctl_list_escapes(void **state)
     assert_true(output_has("red\\x1b[31mX\\x7f"));
     assert_true(output_has("back\\\\slash\\xff"));
     assert_true(output_has("caf\xc3\xa9")); /* valid UTF-8 is shown as it is */
+    /* Error messages name a bin the same way (the server escapes it in its message). */
+    assert_int_equal(TSCTL("peek", "no\x01such\x1b[31mred\xff\\\xc2\x85"), 4);
+    assert_false(output_has_control());
+    assert_true(output_has("no such bin: no\\x01such\\x1b[31mred\\xff\\\\\\xc2\\x85"));
     assert_int_equal(ts_delete(c, "red\x1b[31mX\x7f", NULL), 0);
     assert_int_equal(ts_delete(c, "back\\slash\xff", NULL), 0);
     assert_int_equal(ts_delete(c, "caf\xc3\xa9", NULL), 0);
