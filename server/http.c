@@ -3,7 +3,8 @@
  * tensord's loop thread and on a listener of its own. It answers GET and HEAD of /healthz,
  * /readyz and /metrics; any other path 404, any other method on those paths 405, anything
  * malformed 400, a head past TSD_HTTP_MAX_HEAD 431, a request with a body 413, an HTTP version
- * other than 1.0 or 1.1 505 (those four close the connection). Keep-alive works as HTTP/1.1
+ * other than 1.0 or 1.1 505 (those four close the connection, after a FIN and a bounded drain
+ * of the client's input, see drain_start). Keep-alive works as HTTP/1.1
  * says; requests on one connection are answered one at a time, in order (input is not read
  * while a response is being written), so a connection holds at most one head and one response.
  *
@@ -48,9 +49,12 @@ struct tsd_http_conn {
     tsd_http_conn *prev, *next;
     uint64_t deadline; /* uv_now ms: the next request (or this response) must be done by then */
     int closing;
-    int writing;     /* a response is being written: input is not read meanwhile */
-    int close_after; /* close once the response is written */
+    int writing;      /* a response is being written: input is not read meanwhile */
+    int close_after;  /* close once the response is written */
+    int draining;     /* that response is written: input is read and dropped until the close */
+    uint64_t drained; /* bytes dropped so far */
     uv_write_t wreq;
+    uv_shutdown_t shut;
     char status[256]; /* the status line and headers of the response being written */
     tsd_text body;    /* the metrics page being written (other bodies are fixed text) */
     size_t len;       /* bytes of head buffered */
@@ -221,6 +225,30 @@ static void on_sweep(uv_timer_t *t)
  * Responses
  */
 
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    tsd_http_conn *c = req->data;
+    /* Cancelled by conn_close (the connection is not freed before this runs), or failed. */
+    if (!c->closing && status < 0)
+        conn_close(c);
+}
+
+/*
+ * The response that ends c is written: send FIN, then read and drop the client's input until it
+ * closes, TSD_HTTP_DRAIN_MAX bytes have come or TSD_HTTP_DRAIN_MS have passed (the sweep), so
+ * that the close does not reset the connection with input unread (the binary protocol drains
+ * the same way).
+ */
+static void drain_start(tsd_http_conn *c)
+{
+    c->draining = 1;
+    c->deadline = uv_now(c->h->srv->loop) + TSD_HTTP_DRAIN_MS;
+    c->shut.data = c;
+    if (uv_shutdown(&c->shut, (uv_stream_t *)&c->tcp, on_shutdown) != 0 ||
+        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) != 0)
+        conn_close(c);
+}
+
 static void on_written(uv_write_t *req, int status)
 {
     tsd_http_conn *c = req->data;
@@ -228,8 +256,12 @@ static void on_written(uv_write_t *req, int status)
     tsd_text_free(&c->body);
     if (c->closing)
         return;
-    if (status < 0 || c->close_after) {
+    if (status < 0) {
         conn_close(c);
+        return;
+    }
+    if (c->close_after) {
+        drain_start(c);
         return;
     }
     /* The next request has a full idle period from now. */
@@ -368,9 +400,14 @@ static void process(tsd_http_conn *c)
 
 static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf)
 {
+    /* Input being drained is read here and dropped (one loop thread: one buffer serves all). */
+    static char discard[16384];
     tsd_http_conn *c = handle->data;
     (void)suggested;
-    *buf = uv_buf_init(c->head + c->len, (unsigned)(TSD_HTTP_MAX_HEAD - c->len));
+    if (c->draining)
+        *buf = uv_buf_init(discard, sizeof(discard));
+    else
+        *buf = uv_buf_init(c->head + c->len, (unsigned)(TSD_HTTP_MAX_HEAD - c->len));
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
@@ -380,7 +417,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if (c->closing)
         return;
     if (nread < 0) {
-        conn_close(c);
+        conn_close(c); /* the client closed (after our FIN, when draining), or an error */
+        return;
+    }
+    if (c->draining) {
+        c->drained += (uint64_t)nread;
+        if (c->drained > TSD_HTTP_DRAIN_MAX)
+            conn_close(c);
         return;
     }
     c->len += (size_t)nread;

@@ -30,6 +30,14 @@
 #define TSD_HTTP_ACCEPT_BATCH 16u
 /* ms; accepting pauses this long when the process is out of descriptors. */
 #define TSD_HTTP_ACCEPT_PAUSE_MS 1000u
+/*
+ * After a response that ends the connection, tensord sends FIN and reads and drops what the
+ * client still sends until it closes, at most this many bytes and this long (then it closes
+ * anyway): closing with input unread would reset the connection, which can destroy the
+ * response before the client reads it.
+ */
+#define TSD_HTTP_DRAIN_MAX (1024u * 1024u) /* bytes */
+#define TSD_HTTP_DRAIN_MS  5000u           /* ms */
 
 typedef struct tsd_http tsd_http;
 

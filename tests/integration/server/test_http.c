@@ -366,6 +366,35 @@ static void test_refusals(void **state)
     memcpy(big, pre, strlen(pre));
     expect(fx, big, MAX_HEAD + 64, 431, 0);
     free(big);
+    /*
+     * A head far past the limit in one go, and more bytes after the refusal: the client reads
+     * the 431 and then the end of the stream, never a reset (tensord sends FIN and drains what
+     * is left before it closes; a close with input unread would reset the connection).
+     */
+    size_t flood_len = 4 * MAX_HEAD;
+    char *flood = malloc(flood_len);
+    assert_non_null(flood);
+    memset(flood, 'a', flood_len);
+    memcpy(flood, pre, strlen(pre));
+    for (int round = 0; round < 3; round++) {
+        int fd = tsh_connect_tcp(fx->http);
+        assert_true(fd >= 0);
+        assert_int_equal(tsh_write_all(fd, flood, flood_len), 0);
+        sleep_ms(100);
+        assert_int_equal(tsh_write_all(fd, flood, 4096), 0);
+        resp r;
+        assert_int_equal(read_resp(fd, &r, 0), 0);
+        assert_int_equal(r.code, 431);
+        resp_free(&r);
+        char rest;
+        errno = 0;
+        ssize_t k = recv(fd, &rest, 1, 0);
+        if (k != 0)
+            fail_msg("after the 431: recv %zd (%s), expected the end of the stream", k,
+                     strerror(errno));
+        close(fd);
+    }
+    free(flood);
     /* tensord itself is unharmed. */
     tsu_check_healthy(&fx->s);
 }
