@@ -99,7 +99,7 @@ static void usage(FILE *f)
             "  --body-timeout S      close a connection whose frame (header or body) stops\n"
             "                        arriving for S seconds, 0 = never          [%u]\n"
             "  --max-output BYTES    unwritten output per connection before it is cut off as a\n"
-            "                        slow reader (SLOW_READER)                   [%llu = 256m]\n"
+            "                        slow reader (SLOW_READER), 0 = none may wait [%llu = 256m]\n"
             "  --output-soft BYTES   ... or when it stays above this for         [%llu = 64m]\n"
             "  --output-soft-seconds N  this many seconds, 0 BYTES = off          [%u]\n"
             "  --notify-backlog BYTES  unwritten output above which a listener's notifications\n"

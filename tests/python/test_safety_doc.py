@@ -612,6 +612,35 @@ def test_one_reply_over_max_output_is_fine(start_tensord):
         c.ok(OP["PING"])
 
 
+def test_max_output_zero(start_tensord):
+    """--max-output 0: no output may wait in tensord. A client that reads each reply, or pipelines
+    requests whose replies the socket takes at once, is served; a reply about to be queued while
+    an earlier one is still unwritten (a 16 MiB PEEK the client does not read) cuts the
+    connection off ("output limit of 0 bytes exceeded")."""
+    d = start_tensord("--max-output", "0")
+    with Conn(d.port) as c:
+        for _ in range(3):
+            c.ok(OP["PING"])
+        c.sock.sendall(b"".join(frame(OP["PING"], b"", rid=100 + i) for i in range(16)))
+        for i in range(16):
+            assert c.reply(100 + i).status == OK
+        c.ok(OP["PUT"], name("big") + W.encode_record(W.Blob(bytes(16 << 20))))
+        c.sock.sendall(frame(OP["PEEK"], name("big") + struct.pack("<I", 0), rid=200))
+        time.sleep(0.3)
+        c.sock.sendall(frame(OP["PING"], b"", rid=201))
+        time.sleep(0.3)
+        frames = []
+        for _ in range(10):
+            try:
+                frames.append(c.read_frame())
+            except W.Closed:
+                break
+        assert [(f.opcode, f.rid, f.status) for f in frames] == [
+            (OP["PEEK"], 200, OK), (0, 0, SLOW_READER)], frames
+        assert "output limit of 0 bytes exceeded" in message(frames[-1])
+    alive(d)
+
+
 def test_body_timeout_zero_is_none(start_tensord):
     """--body-timeout 0: a frame that stops halfway is never cut."""
     d = start_tensord("--body-timeout", "0")
