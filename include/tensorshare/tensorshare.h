@@ -731,6 +731,16 @@ TS_EXTERN ts_value_t *ts_tensor_spec_new(ts_dtype_t dtype, int ndim, const int64
  * (ints, floats, strings, byte strings, keys) is copied. 0 and *out (yours: ts_shared_free), or
  * TS_EINVAL (NULL arguments, a layout beyond the protocol's limits), TS_ENOMEM, TS_ENOTSUP (no
  * memfd on this system). Any thread. Added in 0.3.0.
+ *
+ * Memory: the buffer is a memfd of ts_shared_size bytes. This call allocates all its pages when
+ * it is at most 64 MiB, or at most half of MemAvailable in /proc/meminfo (a memory cgroup's
+ * limit is not consulted): one allocation costs less than a fault per page when every tensor is
+ * then written. A larger buffer (or any when /proc/meminfo cannot be read) takes a page only
+ * when the page is first touched (read or written; this call writes the record's head and byte
+ * strings, a commit that sends the record over TCP reads all of it), so a buffer larger than the
+ * memory can be made and only what is used counts; a page touched when no memory is left fails
+ * as any page fault does (the kernel's OOM killer). The pages stay until ts_shared_free, or,
+ * once committed, are the server's.
  */
 TS_EXTERN int ts_shared_new(const ts_value_t *layout, ts_shared_t **out);
 /*

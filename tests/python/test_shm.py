@@ -274,3 +274,29 @@ def test_shared_with_block_keeps_live_tensors_valid(uclient):
         with uclient.shared({"y": ("uint8", (2,))}) as b2:
             y = b2["y"]  # noqa: F841 - alive when the exception leaves the block
             raise RuntimeError("boom")
+
+
+def proc_kib(path, name):
+    with open(path) as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return int(line.split()[1])
+    return None
+
+
+def test_shared_larger_than_memory_takes_only_what_is_used(uclient):
+    n = 1 << 38  # float32: 1 TiB, never allocated up front
+    avail = proc_kib("/proc/meminfo", "MemAvailable")
+    if avail is None or avail * 1024 // 2 >= n * 4:
+        pytest.skip("a machine this large prefaults the buffer")
+    rss0 = proc_kib("/proc/self/status", "VmRSS")
+    buf = uclient.shared({"x": ("float32", (n,))}, tensor_type="numpy")
+    assert buf.nbytes > n * 4
+    x = buf["x"]
+    x[0] = 1.0
+    x[n - 1] = 2.0
+    assert x[0] == 1.0 and x[n - 1] == 2.0
+    assert proc_kib("/proc/self/status", "VmRSS") - rss0 < 16 * 1024
+    assert proc_kib("/proc/self/status", "RssShmem") < 16 * 1024
+    del x
+    buf.close()

@@ -356,6 +356,57 @@ static void test_shared_put_append(void **state)
     assert_null(ts_tensor_spec_new(TS_FLOAT32, 1, (int64_t[]){-1}));
 }
 
+/* A "Name:   N kB" line of /proc/self/status or /proc/meminfo, in KiB; -1 when absent. */
+static long long proc_kib(const char *file, const char *name)
+{
+    FILE *f = fopen(file, "r");
+    if (f == NULL)
+        return -1;
+    char line[256];
+    long long kib = -1;
+    size_t n = strlen(name);
+    while (kib < 0 && fgets(line, sizeof(line), f) != NULL)
+        if (strncmp(line, name, n) == 0 && line[n] == ':')
+            kib = strtoll(line + n + 1, NULL, 10);
+    fclose(f);
+    return kib;
+}
+
+/*
+ * A shared buffer far larger than the memory (1 TiB) takes none at its creation: its pages come
+ * as they are written, and writing a few takes a few pages. (Prefaulting it would run the
+ * machine out of memory.)
+ */
+static void test_shared_larger_than_memory(void **state)
+{
+    (void)state;
+    int64_t n = (int64_t)1 << 38; /* float32: 1 TiB */
+    long long avail = proc_kib("/proc/meminfo", "MemAvailable");
+    if (avail < 0 || (unsigned long long)avail * 1024 / 2 >= (unsigned long long)n * 4)
+        skip(); /* the buffer would be prefaulted on a machine this large */
+    long long rss0 = proc_kib("/proc/self/status", "VmRSS");
+    assert_true(rss0 > 0);
+    ts_value_t *layout = ts_map_new();
+    assert_int_equal(ts_map_set(layout, "x", ts_tensor_spec_new(TS_FLOAT32, 1, &n)), 0);
+    ts_shared_t *sh = NULL;
+    assert_int_equal(ts_shared_new(layout, &sh), 0);
+    ts_value_free(layout);
+    assert_true(ts_shared_size(sh) > (size_t)n * 4);
+    const ts_tensor_t *t = ts_map_get_tensor(ts_shared_value(sh), "x");
+    assert_non_null(t);
+    assert_int_equal(t->shape[0], n);
+    float *x = t->data;
+    x[0] = 1.0f;
+    x[n / 2] = 2.0f;
+    x[n - 1] = 3.0f;
+    assert_true(x[1] == 0.0f && x[n / 2] == 2.0f && x[n - 1] == 3.0f);
+    long long rss1 = proc_kib("/proc/self/status", "VmRSS");
+    long long shmem = proc_kib("/proc/self/status", "RssShmem");
+    assert_true(rss1 - rss0 < 16 * 1024);
+    assert_true(shmem >= 0 && shmem < 16 * 1024);
+    ts_shared_free(sh);
+}
+
 #define SEGV_EXIT 77 /* the exit status of a child whose write faulted */
 static void segv_exit(int sig)
 {
@@ -1135,6 +1186,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ref_fallback_no_fds),
         cmocka_unit_test(test_ref_mapping_outlives_item),
         cmocka_unit_test(test_shared_put_append),
+        cmocka_unit_test(test_shared_larger_than_memory),
         cmocka_unit_test(test_shared_write_after_commit),
         cmocka_unit_test(test_shared_mapped_elsewhere),
         cmocka_unit_test(test_ref_from_callback),
