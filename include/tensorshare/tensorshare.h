@@ -699,7 +699,12 @@ TS_EXTERN int ts_unlisten(ts_client_t *c, const char *bin);
  * per call (max_items 0 or above it means TS_REF_MAX_ITEMS); ts_items_remaining tells the rest.
  * Over TCP or without descriptors from the server these are ts_get and ts_peek (max_items as
  * given). Blocking (the client's request timeout; TS_EDEADLK from a client callback); calls of
- * several threads on one client take turns on the lane. Errors: those of ts_get, plus TS_EPROTO
+ * several threads on one client take turns on the lane. The lane is a second connection: these
+ * calls, ts_shared_put and ts_shared_append are ordered among themselves and with blocking
+ * calls, but not with asynchronous requests still in flight on the client's connection (a
+ * ts_put_async's item may not be there yet, and may arrive after a later ts_shared_put); wait
+ * for their callbacks first (docs/THREADING.md "Ordering guarantees"). Errors: those of ts_get,
+ * plus TS_EPROTO
  * when the server's reply or a descriptor it sent is malformed (the lane is then closed and
  * every descriptor received closed), TS_ECANCELED when the client is freed meanwhile. *out is
  * yours (ts_items_free unmaps). Any thread. Added in 0.3.0.
@@ -763,7 +768,10 @@ TS_EXTERN size_t ts_shared_size(const ts_shared_t *sh);
  * writable" when another process, such as a forked child, still maps it): when the server had
  * not sealed the memfd, the buffer is writable again and may be committed again; when it had,
  * it may only be committed again, unchanged. Blocking, any thread (one at a time per buffer).
- * Added in 0.3.0.
+ * On a unix socket the commit goes on the descriptor lane (see ts_get_ref): it is ordered with
+ * blocking calls but not with asynchronous requests still in flight on the client's connection
+ * (after ts_put_async(c, bin, A) and ts_shared_put(c, bin, B), the bin may hold A); wait for
+ * their callbacks first. Added in 0.3.0.
  */
 TS_EXTERN int ts_shared_put(ts_client_t *c, const char *bin, ts_shared_t *sh, uint64_t *version);
 TS_EXTERN int ts_shared_append(ts_client_t *c, const char *bin, ts_shared_t *sh, uint64_t *version);

@@ -407,6 +407,30 @@ static void test_shared_larger_than_memory(void **state)
     ts_shared_free(sh);
 }
 
+/*
+ * The lane is a second connection: a commit after an asynchronous put of the same thread is
+ * ordered by a blocking call in between (docs/THREADING.md "Ordering guarantees").
+ */
+static void test_shared_put_after_async_put(void **state)
+{
+    (void)state;
+    for (int i = 1; i <= 20; i++) {
+        ts_value_t *a = ts_map_new();
+        assert_int_equal(ts_map_set(a, "step", ts_int_new(-i)), 0);
+        assert_int_equal(ts_put_async(cl, "shorder", a, 0, NULL, NULL), 0);
+        ts_value_free(a);
+        assert_int_equal(ts_ping(cl), 0);
+        ts_shared_t *sh = new_shared(1, i);
+        assert_int_equal(ts_shared_put(cl, "shorder", sh, NULL), 0);
+        ts_shared_free(sh);
+        ts_items_t *items;
+        assert_int_equal(ts_peek(cl, "shorder", 0, &items), 0);
+        assert_int_equal(ts_items_count(items), 1);
+        check_shared(ts_items_at(items, 0), 1, i);
+        ts_items_free(items);
+    }
+}
+
 #define SEGV_EXIT 77 /* the exit status of a child whose write faulted */
 static void segv_exit(int sig)
 {
@@ -1187,6 +1211,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_ref_mapping_outlives_item),
         cmocka_unit_test(test_shared_put_append),
         cmocka_unit_test(test_shared_larger_than_memory),
+        cmocka_unit_test(test_shared_put_after_async_put),
         cmocka_unit_test(test_shared_write_after_commit),
         cmocka_unit_test(test_shared_mapped_elsewhere),
         cmocka_unit_test(test_ref_from_callback),
