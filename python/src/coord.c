@@ -137,10 +137,12 @@ PyObject *tsp_client_mget(PyObject *client, PyObject *args, PyObject *kw)
     }
     const char *cn[TS_MGET_MAX];
     for (Py_ssize_t i = 0; i < n; i++) {
-        cn[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+        cn[i] = tsp_c_string(PySequence_Fast_GET_ITEM(seq, i));
         if (cn[i] == NULL) {
             Py_DECREF(seq);
-            return NULL;
+            return PyErr_Occurred()
+                       ? NULL
+                       : tsp_raise_msg(TS_EINVAL, "a bin name cannot contain NUL characters");
         }
     }
     ts_client_t *c = tsp_client_enter(client);

@@ -327,6 +327,13 @@ PyObject *tsp_raise_msg(int status, const char *message)
     return NULL;
 }
 
+const char *tsp_c_string(PyObject *s)
+{
+    Py_ssize_t len;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &len);
+    return u != NULL && (size_t)len != strlen(u) ? NULL : u;
+}
+
 PyObject *tsp_raise(int status)
 {
     return tsp_raise_msg(status, ts_last_error());

@@ -105,9 +105,12 @@ static int predictor_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "Predictor.__init__ called twice");
         return -1;
     }
-    predictor_open_arg a = {PyUnicode_AsUTF8(name), NULL};
-    if (a.name == NULL)
+    predictor_open_arg a = {tsp_c_string(name), NULL};
+    if (a.name == NULL) {
+        if (!PyErr_Occurred())
+            tsp_raise_msg(TS_EINVAL, "a service name cannot contain NUL characters");
         return -1;
+    }
     tsp_tensor_type_t tt;
     if (tsp_client_open(client, tt_obj, predictor_open, &a, &tt) < 0)
         return -1;

@@ -70,7 +70,9 @@ static int opt_str(PyObject *obj, const char *what, const char **out)
         PyErr_Format(PyExc_TypeError, "%s must be a str or None", what);
         return -1;
     }
-    *out = PyUnicode_AsUTF8(obj);
+    *out = tsp_c_string(obj);
+    if (*out == NULL && !PyErr_Occurred())
+        PyErr_Format(tsp_state.InvalidArgumentError, "%s cannot contain NUL characters", what);
     return *out == NULL ? -1 : 0;
 }
 

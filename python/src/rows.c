@@ -21,8 +21,10 @@ static ts_dtype_t dtype_arg(PyObject *obj)
                                        : PyObject_Str(obj);
     if (s == NULL)
         return TS_DTYPE_INVALID;
-    const char *name = PyUnicode_AsUTF8(s);
+    const char *name = tsp_c_string(s);
     ts_dtype_t d = TS_DTYPE_INVALID;
+    if (name == NULL && !PyErr_Occurred())
+        PyErr_Format(tsp_state.InvalidArgumentError, "unknown dtype %R", obj);
     if (name != NULL) {
         /* str(torch.float32) is "torch.float32"; str(numpy.dtype("float32")) is "float32". */
         if (strncmp(name, "torch.", 6) == 0)
@@ -69,7 +71,9 @@ static int key_arg(PyObject *obj, const char **key)
     *key = NULL;
     if (obj == NULL || obj == Py_None)
         return 0;
-    *key = PyUnicode_AsUTF8(obj);
+    *key = tsp_c_string(obj);
+    if (*key == NULL && !PyErr_Occurred())
+        tsp_raise_msg(TS_EINVAL, "a key cannot contain NUL characters");
     return *key == NULL ? -1 : 0;
 }
 

@@ -241,7 +241,7 @@ static ts_dtype_t dtype_from_py(PyObject *obj)
 {
     ts_dtype_t d = TS_DTYPE_INVALID;
     if (PyUnicode_Check(obj)) {
-        const char *s = PyUnicode_AsUTF8(obj);
+        const char *s = tsp_c_string(obj);
         if (s == NULL) {
             PyErr_Clear();
             return TS_DTYPE_INVALID;
@@ -388,10 +388,12 @@ static ts_value_t *layout_from_py(PyObject *obj, PyObject *pins, int depth)
         PyObject *k, *v;
         Py_ssize_t pos = 0;
         while (PyDict_Next(obj, &pos, &k, &v)) {
-            const char *key = PyUnicode_Check(k) ? PyUnicode_AsUTF8(k) : NULL;
+            const char *key = PyUnicode_Check(k) ? tsp_c_string(k) : NULL;
             if (key == NULL) {
                 if (!PyErr_Occurred())
-                    PyErr_SetString(tsp_state.RecordError, "layout keys are str");
+                    PyErr_SetString(tsp_state.RecordError, PyUnicode_Check(k)
+                                                               ? "a dict key with a NUL character"
+                                                               : "layout keys are str");
                 ts_value_free(m);
                 return NULL;
             }
@@ -456,7 +458,7 @@ static const ts_value_t *shared_tree(tsp_shared *self)
 static const ts_value_t *step(const ts_value_t *v, PyObject *key)
 {
     if (PyUnicode_Check(key) && ts_value_type(v) == TS_TYPE_MAP) {
-        const char *k = PyUnicode_AsUTF8(key);
+        const char *k = tsp_c_string(key); /* a key with a NUL is no key of the map */
         const ts_value_t *x = k != NULL ? ts_map_get(v, k) : NULL;
         if (x == NULL && !PyErr_Occurred())
             PyErr_SetObject(PyExc_KeyError, key);
@@ -634,7 +636,7 @@ PyObject *tsp_client_shared(PyObject *client, PyObject *const *args, Py_ssize_t 
     PyObject *tt_obj = NULL;
     Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nkw; i++) {
-        const char *k = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
+        const char *k = tsp_c_string(PyTuple_GET_ITEM(kwnames, i));
         if (k != NULL && strcmp(k, "tensor_type") == 0) {
             tt_obj = args[nargs + i];
         } else if (k != NULL && strcmp(k, "layout") == 0 && layout == NULL) {

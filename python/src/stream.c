@@ -144,7 +144,7 @@ static int start_arg(PyObject *obj, ts_stream_start_t *out)
     *out = TS_STREAM_OLDEST;
     if (obj == NULL)
         return 0;
-    const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
+    const char *s = PyUnicode_Check(obj) ? tsp_c_string(obj) : NULL;
     if (s != NULL && strcmp(s, "oldest") == 0)
         return 0;
     if (s != NULL && strcmp(s, "newest") == 0) {

@@ -139,6 +139,12 @@ PyObject *tsp_raise(int status);
 /* As tsp_raise, with the message given (NULL: ts_strerror(status)). */
 PyObject *tsp_raise_msg(int status, const char *message);
 /*
+ * The UTF-8 of a str that the library takes as a C string (valid while s lives): NULL with an
+ * exception when s is not a str or cannot be encoded, NULL without one when it holds a NUL
+ * character, which would silently cut the C string short (the caller raises its own error).
+ */
+const char *tsp_c_string(PyObject *s);
+/*
  * Raise the exception for a status that carries a version (TS_ECONFLICT of a lost put_if,
  * TS_ESTALE of a too stale ps_push), with ts_last_error() as its message and its
  * current_version set to version, the one to read and retry with. Returns NULL.

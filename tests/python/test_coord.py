@@ -103,6 +103,8 @@ def test_mget(client):
         client.mget([])
     with pytest.raises(tensorshare.InvalidArgumentError):
         client.mget(["x"] * 257)
+    with pytest.raises(tensorshare.InvalidArgumentError, match="NUL"):
+        client.mget(["a\0zzz"])  # not bin "a"
 
 
 def test_barrier(tensord):

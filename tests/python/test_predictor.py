@@ -211,3 +211,9 @@ def test_an_input_of_zero_rows_is_refused_before_sending(client):
             assert info.value.name == "ESCHEMA"
             with pytest.raises(tensorshare.RecordError, match="0 rows"):
                 p.predict_async(bad, timeout=1.0)
+
+
+def test_a_service_name_with_nul_is_refused(client):
+    # "policy\0x" would be cut to "policy" by the library.
+    with pytest.raises(tensorshare.InvalidArgumentError, match="NUL"):
+        Predictor(client, "policy\0x")

@@ -423,3 +423,11 @@ def test_constructor_timeout_zero_does_not_wait(client):
     worker.close()
     trainer.close()
     assert time.monotonic() - t0 < 5
+
+
+def test_names_with_nul_are_refused(client):
+    # The library would cut them short: "t/\0x" would be the prefix "t/".
+    with pytest.raises(tensorshare.InvalidArgumentError, match="prefix"):
+        RLTrainer(client, prefix="t/\0x")
+    with pytest.raises(tensorshare.InvalidArgumentError, match="params_bin"):
+        RLWorker(client, params_bin="p\0x")

@@ -108,6 +108,21 @@ def test_bad_inputs(client):
     client.ping()
 
 
+def test_nul_in_a_key_dtype_or_name_is_refused(client):
+    """A str the library takes as a C string would be cut at a NUL: "a\0zzz" is not key "a"."""
+    client.put("kk", {"a": np.arange(4, dtype=np.float32)})
+    client.create_tensor_bin("tb", "float32", (4,))
+    with pytest.raises(tensorshare.InvalidArgumentError, match="NUL"):
+        client.read_rows("kk", 0, 2, key="a\0zzz")
+    with pytest.raises(tensorshare.InvalidArgumentError, match="NUL"):
+        client.gather_rows("kk", [0], key="a\0zzz")
+    with pytest.raises(ValueError):
+        client.write_rows("tb\0x", 0, np.zeros(1, np.float32))
+    with pytest.raises(tensorshare.InvalidArgumentError, match="dtype"):
+        client.create_tensor_bin("tn", "float32\0x", (2,))
+    assert client.read_rows("kk", 0, 2, key="a").tolist() == [0.0, 1.0]
+
+
 def test_listener_sees_rows_events(client, tensord):
     seen = []
     done = threading.Event()

@@ -300,3 +300,17 @@ def test_shared_larger_than_memory_takes_only_what_is_used(uclient):
     assert proc_kib("/proc/self/status", "RssShmem") < 16 * 1024
     del x
     buf.close()
+
+
+def test_shared_nul_in_a_key_or_dtype_is_refused(uclient):
+    with pytest.raises(tensorshare.RecordError, match="NUL"):
+        uclient.shared({"a\0b": ("int8", (2,)), "a": 5})
+    with pytest.raises(tensorshare.RecordError):
+        uclient.shared({"a": ("int8\0x", (2,))})
+    with pytest.raises(TypeError):
+        uclient.shared({"a": ("int8", (2,))}, **{"tensor_type\0x": "numpy"})
+    buf = uclient.shared({"a": ("int8", (2,))}, tensor_type="numpy")
+    with pytest.raises(KeyError):
+        buf["a\0b"]
+    assert buf["a"].shape == (2,)
+    buf.close()

@@ -306,6 +306,8 @@ def test_bad_inputs(client):
     with pytest.raises(ValueError):
         client.stream_join("s", "g", "m", start="middle")
     with pytest.raises(ValueError):
+        client.stream_join("s", "g", "m", start="oldest\0x")
+    with pytest.raises(ValueError):
         client.stream_read("s", "g", "m", max_entries=tensorshare.STREAM_READ_MAX + 1)
     with pytest.raises(ValueError):
         client.stream_create("t", max_age_ms=-1)
