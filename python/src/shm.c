@@ -557,6 +557,8 @@ static PyObject *shared_close(PyObject *obj, PyObject *unused)
 {
     (void)unused;
     tsp_shared *self = (tsp_shared *)obj;
+    if (self->closed)
+        Py_RETURN_NONE; /* a with block closed it: the memory goes with the last tensor */
     if (self->busy) {
         PyErr_SetString(PyExc_ValueError, "the shared buffer is being committed");
         return NULL;
@@ -596,7 +598,7 @@ static PyMethodDef shared_methods[] = {
     {"keys", shared_keys, METH_NOARGS, "keys() -> list\n\nThe root map's keys."},
     {"close", shared_close, METH_NOARGS,
      "close() -> None\n\nFree the buffer (a committed item stays on the server). BufferError "
-     "while tensors over it are alive."},
+     "while tensors over it are alive; nothing once it is closed."},
     {"__enter__", shared_enter, METH_NOARGS, NULL},
     {"__exit__", shared_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
