@@ -429,7 +429,12 @@ static void connect_cb(uv_connect_t *req, int status)
     if (conn->closing)
         return;
     if (status < 0) {
-        ts__conn_fail(c, conn, map_connect_err(status), uv_strerror(status));
+        /* On a unix socket, EACCES is the file system's word: say which permission is missing. */
+        const char *msg = status == UV_EACCES && c->unix_path != NULL
+                              ? "permission denied connecting to the socket (its file's mode, or "
+                                "a directory's on its path, refuses this user)"
+                              : uv_strerror(status);
+        ts__conn_fail(c, conn, map_connect_err(status), msg);
         return;
     }
     if (c->tls_ctx != NULL && conn->tls == NULL && ts__conn_tls_start(c, conn) != 0) {

@@ -491,10 +491,12 @@ TS_EXTERN void ts_client_options_init(ts_client_options_t *opts);
  * "tls://host:port" (docs/TLS.md), "unix:/path" or "unix:///path"; out receives the client.
  * opts may be NULL for the defaults. Blocks until connected and the handshake is done, or the
  * connect timeout passes (TS_ETIMEDOUT). A refused connection fails at once (TS_ECONNREFUSED;
- * also for a missing unix socket), an unresolvable host gives TS_ENOTCONN; a NULL out or
- * address, an invalid option and a malformed address ("malformed address '...'": one with
- * another scheme, such as "http://", a host with '/', '[', ']', ',' or a blank in it, a port
- * missing or outside 1..65535) give TS_EINVAL; ts_last_error() then says why.
+ * also for a missing unix socket), and so does a unix socket this user may not connect to
+ * (TS_EACCES, "permission denied connecting to the socket": its file's mode, or a directory's
+ * on its path, refuses it); an unresolvable host gives TS_ENOTCONN; a NULL out or address, an
+ * invalid option and a malformed address ("malformed address '...'": one with another scheme,
+ * such as "http://", a host with '/', '[', ']', ',' or a blank in it, a port missing or outside
+ * 1..65535) give TS_EINVAL; ts_last_error() then says why.
  * Added in 0.1.0.
  *
  * A cluster of sharded tensord (docs/CLUSTER.md): address is a comma-separated list of such

@@ -189,7 +189,9 @@ static int init_exceptions(PyObject *module)
         {"InvalidArgumentError", &tsp_state.InvalidArgumentError, NULL, PyExc_ValueError, TS_EINVAL,
          "An argument was refused (EINVAL, ENAMETOOLONG, EMSGSIZE)."},
         {"AuthenticationError", &tsp_state.AuthenticationError, NULL, PyExc_PermissionError,
-         TS_EAUTH, "The token was missing or wrong (EAUTH, EACCES)."},
+         TS_EAUTH,
+         "The token was missing or wrong (EAUTH), or the unix socket's file mode refuses this "
+         "user (EACCES)."},
         {"CancelledError", &tsp_state.CancelledError, NULL, NULL, TS_ECANCELED,
          "The client was closed (ECANCELED)."},
         {"DeadlockError", &tsp_state.DeadlockError, NULL, PyExc_RuntimeError, TS_EDEADLK,

@@ -1,5 +1,7 @@
 """tensorshare.Client at the edges: arguments with NUL characters, and what a get that took
 items out of a bin does when their conversion fails."""
+import os
+import socket
 import threading
 
 import pytest
@@ -206,3 +208,43 @@ def test_calls_leak_no_python_objects(client):
     grown = sum(s.count_diff for s in after.compare_to(before, "filename") if s.count_diff > 0)
     assert grown < rounds, [str(s) for s in after.compare_to(before, "traceback")[:3]]
     assert _tensorshare._live_views() == views
+
+
+def test_a_unix_socket_this_user_may_not_open_is_a_permission_error(tmp_path):
+    """EACCES from connect() (the socket file's mode) is AuthenticationError, a PermissionError,
+    whose message says the permission is missing. As root it is tried by a child made nobody."""
+    path = str(tmp_path / "s.sock")
+    os.chmod(tmp_path, 0o755)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        srv.bind(path)
+        srv.listen(4)
+        os.chmod(path, 0)
+
+        def attempt():
+            try:
+                tensorshare.Client("unix:" + path, timeout=5)
+            except tensorshare.AuthenticationError as e:
+                ok = isinstance(e, PermissionError) and e.name == "EACCES"
+                return "ok" if ok and "permission denied connecting to" in e.message else repr(e)
+            return "opened"
+
+        if os.geteuid() != 0:
+            assert attempt() == "ok"
+            return
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                os.write(w, attempt().encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            got = f.read()
+        os.waitpid(pid, 0)
+        assert got == "ok"
+    finally:
+        srv.close()

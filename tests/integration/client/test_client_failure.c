@@ -14,6 +14,9 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -54,6 +57,61 @@ static void test_connect_refused(void **state)
     assert_non_null(strstr(ts_last_error(), addr));
     assert_int_equal(ts_client_open(&c, "unix:/nonexistent/tensord.sock", &o), TS_ECONNREFUSED);
     assert_int_equal(ts_client_open(&c, "no-such-host.invalid:8000", &o), TS_ENOTCONN);
+}
+
+/* Open addr and check it fails with TS_EACCES and a message that says so; 0 when it does. */
+static int open_denied(const char *addr)
+{
+    ts_client_t *c = NULL;
+    int rc = ts_client_open(&c, addr, NULL);
+    printf("connect to a unix socket without permission: %s: %s\n", ts_err_name(rc),
+           ts_last_error());
+    fflush(stdout);
+    return rc == TS_EACCES && c == NULL &&
+                   strstr(ts_last_error(), "permission denied connecting to") != NULL &&
+                   strstr(ts_last_error(), addr) != NULL
+               ? 0
+               : 1;
+}
+
+/*
+ * A unix socket this user may not connect to (its mode is 0) gives TS_EACCES at once, with a
+ * message that names the socket. As root, the check runs in a child that became nobody.
+ */
+static void test_connect_permission_denied(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ts-eacces.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(chmod(dir, 0755), 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%s/s.sock", dir);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    assert_int_equal(chmod(a.sun_path, 0), 0);
+    char addr[sizeof(a.sun_path) + 8];
+    snprintf(addr, sizeof(addr), "unix:%s", a.sun_path);
+    int result;
+    if (geteuid() != 0) {
+        result = open_denied(addr);
+    } else {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            if (setgid(65534) != 0 || setuid(65534) != 0)
+                _exit(2);
+            _exit(open_denied(addr));
+        }
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        result = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
+    }
+    close(fd);
+    unlink(a.sun_path);
+    rmdir(dir);
+    assert_int_equal(result, 0);
 }
 
 /* A socket that completes TCP handshakes (the kernel's backlog) but never answers. */
@@ -602,6 +660,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_connect_refused),
+        cmocka_unit_test(test_connect_permission_denied),
         cmocka_unit_test(test_connect_timeout),
         cmocka_unit_test(test_request_timeouts_and_late_replies),
         cmocka_unit_test(test_requests_wait_for_reconnect),
