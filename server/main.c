@@ -125,7 +125,7 @@ static void usage(FILE *f)
             "                        and periodically (atomic: temporary file, fsync, rename);\n"
             "                        its directory must exist; PATH.lock keeps a second\n"
             "                        tensord from using the same PATH\n"
-            "  --save-interval N     seconds between snapshots when bins changed, 0 = only\n"
+            "  --save-interval N     seconds between snapshots when data changed, 0 = only\n"
             "                        on SAVE and shutdown                        [%u]\n"
             "  --stop-writes-on-save-error yes|no  after a failed snapshot, refuse the requests\n"
             "                        that change bins (SAVE_FAILING) until one succeeds [yes]\n"
