@@ -1840,13 +1840,15 @@ def test_changes_that_take_versions(tensord):
         takes("EMB_PULL", name("em") + encode_record(tensor_of(6, (1,), [3])), expect=False)
         takes("EMB_PUSH", name("em") + struct.pack("<d", 1.0) + encode_record(
             [tensor_of(6, (1,), [3]), tensor_of(9, (1, 4), [1, 1, 1, 1])]))
-        # these move the counter without giving its value to a bin
+        # these move the counter without giving its value to a bin (a step per item touched)
         takes("TABLE_CREATE", name("tb") + TABLE_OK)
         for op, body in [
                 ("TABLE_INSERT", name("tb") + struct.pack("<dII", 1.0, 0, 0) + int_record(1)),
                 ("TABLE_SAMPLE", name("tb") + struct.pack("<II", 1, 0)),
                 ("TABLE_UPDATE", name("tb") + struct.pack("<II", 1, 0) + struct.pack("<Qd", 1, 2)),
-                ("TABLE_REMOVE", name("tb") + struct.pack("<II", 1, 0) + struct.pack("<Q", 1)),
+                ("TABLE_REMOVE", name("tb") + struct.pack("<II", 1, 0) + struct.pack("<Q", 1))]:
+            takes(op, body)
+        for op, body in [
                 ("BARRIER", name("b") + struct.pack("<II", 1, 0)),
                 ("SVC_REGISTER", name("s") + struct.pack("<II", 1, 0))]:
             takes(op, body, expect=False)
