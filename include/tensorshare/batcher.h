@@ -257,8 +257,12 @@ typedef void (*ts_predict_cb)(ts_batcher_t *b, int status, ts_value_t *output, i
 
 /*
  * Queue a request. input is a value tree matching the input schema, every tensor with the same
- * leading row count (1..max_batch). input is retained (read by a replica thread) until the
- * callback is called, unless flags has TS_COPY (then it is copied now). timeout_ms is the
+ * leading row count (1..max_batch). input is borrowed until the callback: the batcher takes no
+ * copy and no reference, and a replica thread reads it later, so it must stay valid and
+ * unchanged until the callback is called (or until ts_batcher_cancel returned 0 for the
+ * request; a deadline, a cancellation and ts_batcher_free all end in the callback), unless
+ * flags has TS_COPY (then it is copied now and may be freed as soon as this returns). When
+ * this returns an error, input is not kept. timeout_ms is the
  * request's deadline: positive milliseconds, TS_TIMEOUT_DEFAULT for the options' timeout_ms, or
  * TS_TIMEOUT_INFINITE for none; 0 gives TS_EINVAL (a prediction cannot be answered without
  * waiting). A request that does not match the schema fails here with TS_ESCHEMA and the
