@@ -131,6 +131,22 @@ static const ts_value_t *field_find(const schema_field *f, const ts_value_t *roo
     return v;
 }
 
+/* bytes; "[d0, d1, ...]" of up to TS_MAX_NDIM int64 dimensions, cut (with "...") past this */
+#define SHAPE_TEXT_LEN 96
+
+/* Write "[d0, d1, ...]" (ndim values of shape) into buf; cut short when buf is too small. */
+static void shape_text(char *buf, size_t len, const int64_t *shape, int ndim)
+{
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < ndim && at < len; d++)
+        at +=
+            (size_t)snprintf(buf + at, len - at, "%s%lld", d > 0 ? ", " : "", (long long)shape[d]);
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
+    else if (len >= 4)
+        memcpy(buf + len - 4, "...", 4);
+}
+
 /* Leaves of a tree: every value that is not a map. */
 static size_t count_leaves(const ts_value_t *v)
 {
@@ -163,14 +179,32 @@ int ts__schema_check(const schema_field *f, int n, const ts_value_t *root, int64
                      ts_dtype_name(f[i].dtype));
             return TS_ESCHEMA;
         }
-        int ok = t->ndim == f[i].ndim + 1;
-        for (int d = 0; ok && d < f[i].ndim; d++)
-            ok = t->shape[d + 1] == f[i].shape[d];
-        if (!ok) {
+        if (t->ndim != f[i].ndim + 1) {
+            char has[SHAPE_TEXT_LEN], want[SHAPE_TEXT_LEN];
+            shape_text(has, sizeof(has), t->shape, t->ndim);
+            shape_text(want, sizeof(want), f[i].shape, f[i].ndim);
+            if (f[i].ndim == 0)
+                snprintf(msg, msglen,
+                         "field '%s' has shape %s, expected 1 dimension (the batch dimension: "
+                         "one value per row)",
+                         f[i].name, has);
+            else
+                snprintf(msg, msglen,
+                         "field '%s' has shape %s, expected %d dimensions (the batch dimension, "
+                         "then the per-row shape %s)",
+                         f[i].name, has, f[i].ndim + 1, want);
+            return TS_ESCHEMA;
+        }
+        for (int d = 0; d < f[i].ndim; d++) {
+            if (t->shape[d + 1] == f[i].shape[d])
+                continue;
+            char has[SHAPE_TEXT_LEN], want[SHAPE_TEXT_LEN];
+            shape_text(has, sizeof(has), t->shape + 1, f[i].ndim);
+            shape_text(want, sizeof(want), f[i].shape, f[i].ndim);
             snprintf(msg, msglen,
-                     "field '%s' has the wrong shape (ndim %d, expected a batch "
-                     "dimension then %d per-row dimensions)",
-                     f[i].name, (int)t->ndim, f[i].ndim);
+                     "field '%s' has per-row shape %s, expected %s (per-row dimension %d is "
+                     "%lld, expected %lld)",
+                     f[i].name, has, want, d, (long long)t->shape[d + 1], (long long)f[i].shape[d]);
             return TS_ESCHEMA;
         }
         if (r == 0)

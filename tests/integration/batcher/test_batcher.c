@@ -591,10 +591,25 @@ static void test_schema_errors(void **state)
     assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT64, 2, s2)), 0);
     assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
     assert_non_null(strstr(ts_last_error(), "float64"));
-    /* Wrong per-row shape. */
+    /* Wrong per-row shape: the message gives both shapes and the dimension that differs. */
     int64_t s3[2] = {2, 5};
     assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT32, 2, s3)), 0);
     assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
+    assert_string_equal(ts_last_error(), "field 'obs.x' has per-row shape [5], expected [4] "
+                                         "(per-row dimension 0 is 5, expected 4)");
+    /* Too few or too many dimensions. */
+    int64_t s1[1] = {2};
+    assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT32, 1, s1)), 0);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
+    assert_string_equal(ts_last_error(), "field 'obs.x' has shape [2], expected 2 dimensions (the "
+                                         "batch dimension, then the per-row shape [4])");
+    int64_t s2x4[2] = {2, 4};
+    assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT32, 2, s2x4)), 0);
+    assert_int_equal(ts_map_set(obs, "id", ts_tensor_alloc(TS_INT64, 2, s2x4)), 0);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
+    assert_string_equal(ts_last_error(), "field 'obs.id' has shape [2, 4], expected 1 dimension "
+                                         "(the batch dimension: one value per row)");
+    assert_int_equal(ts_map_set(obs, "id", ts_tensor_alloc(TS_INT64, 1, s1)), 0);
     /* Row counts that disagree between fields. */
     int64_t s4[2] = {3, 4};
     assert_int_equal(ts_map_set(obs, "x", ts_tensor_alloc(TS_FLOAT32, 2, s4)), 0);
@@ -630,6 +645,31 @@ static void test_schema_errors(void **state)
     ts_batcher_stats_t st;
     ts_batcher_stats(b, &st);
     assert_int_equal(st.failed, 0);
+    ts_batcher_free(b);
+}
+
+/*
+ * An output that does not match the output schema fails its batch with TS_EMODEL, and the
+ * message says which per-row dimension differs, as a request's schema error does.
+ */
+static void test_output_schema_mismatch(void **state)
+{
+    (void)state;
+    const ts_field_t wrong_out[] = {
+        {"y", TS_FLOAT32, 1, {5}},
+        {"id", TS_INT64, 0, {0}},
+        {"batch", TS_INT64, 0, {0}},
+    };
+    ts_batcher_options_t cfg;
+    test_options(&cfg, "cpu", 4, 0);
+    cfg.outputs = wrong_out;
+    ts_batcher_t *b = make_with(&cfg);
+    ts_value_t *in = request(2, 0), *out = NULL;
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_EMODEL);
+    assert_string_equal(ts_last_error(),
+                        "model output does not match the schema: field 'y' has per-row shape "
+                        "[4], expected [5] (per-row dimension 0 is 4, expected 5)");
+    ts_value_free(in);
     ts_batcher_free(b);
 }
 
@@ -2148,6 +2188,7 @@ int main(void)
         cmocka_unit_test(test_never_split),
         cmocka_unit_test(test_schema_errors),
         cmocka_unit_test(test_model_failure),
+        cmocka_unit_test(test_output_schema_mismatch),
         cmocka_unit_test(test_predict_batch_wakeups),
         cmocka_unit_test(test_weights_midstream),
         cmocka_unit_test(test_weights_async),
