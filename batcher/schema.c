@@ -88,18 +88,27 @@ int ts__schema_copy(const ts_field_t *in, int n, const char *what, schema_field 
         f[i].dtype = s->dtype;
         f[i].ndim = s->ndim;
         size_t rb = esize;
-        for (int d = 0; d < s->ndim; d++) {
+        for (int d = 0; d < s->ndim && rc == 0; d++) {
             f[i].shape[d] = s->shape[d];
-            if (s->shape[d] < 0 || __builtin_mul_overflow(rb, (size_t)s->shape[d], &rb)) {
-                ts__batcher_set_err("%s schema: field '%s' has a bad shape", what, s->name);
+            if (s->shape[d] < 0) {
+                ts__batcher_set_err("%s schema: field '%s' has a negative per-row dimension %d "
+                                    "(%lld)",
+                                    what, s->name, d, (long long)s->shape[d]);
+                rc = TS_EINVAL;
+            } else if (__builtin_mul_overflow(rb, (size_t)s->shape[d], &rb)) {
+                ts__batcher_set_err("%s schema: field '%s' has a per-row shape whose size in "
+                                    "bytes overflows (at per-row dimension %d)",
+                                    what, s->name, d);
                 rc = TS_EINVAL;
             }
         }
+        if (rc != 0)
+            break;
         f[i].row_bytes = rb;
-        if (rc == 0)
-            rc = field_split(&f[i]);
+        rc = field_split(&f[i]);
         if (rc == TS_EINVAL)
-            ts__batcher_set_err("%s schema: bad field name '%s'", what, s->name);
+            ts__batcher_set_err("%s schema: bad field name '%s' (an empty component)", what,
+                                s->name);
     }
     for (int i = 0; i < n && rc == 0; i++) {
         if (f[i].nparts == 0 && n > 1) {

@@ -2004,9 +2004,28 @@ static void test_placement(void **state)
     cfg.inputs = empty_part;
     cfg.n_inputs = 1;
     assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "bad field name 'a..b'"));
     const ts_field_t bad_dtype[] = {{"a", TS_DTYPE_INVALID, 0, {0}}};
     cfg.inputs = bad_dtype;
     assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    /* A negative or overflowing per-row dimension says so (not "bad field name"). */
+    const ts_field_t negative[] = {{"", TS_FLOAT32, 2, {3, -1}}};
+    cfg.inputs = negative;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    assert_string_equal(ts_last_error(),
+                        "input schema: field '' has a negative per-row dimension 1 (-1)");
+    const ts_field_t huge[] = {{"x", TS_FLOAT64, 2, {INT64_MAX / 2, 8}}};
+    cfg.inputs = huge;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    assert_string_equal(ts_last_error(), "input schema: field 'x' has a per-row shape whose size "
+                                         "in bytes overflows (at per-row dimension 0)");
+    cfg.inputs = in_schema;
+    cfg.n_inputs = 2;
+    cfg.outputs = negative;
+    cfg.n_outputs = 1;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+    assert_string_equal(ts_last_error(),
+                        "output schema: field '' has a negative per-row dimension 1 (-1)");
 }
 
 /* A model over bare tensors, without an output schema: y = 2x for a [rows, 3] float64 input. */
