@@ -483,8 +483,11 @@ static void replica_update(replica *r)
     pthread_mutex_unlock(&b->mu);
     /* A model reports why it failed in ts_last_error(); an empty one means it did not say. */
     ts_set_last_error(NULL);
-    int rc = r->model->ops->load_weights != NULL ? r->model->ops->load_weights(r->model, w->params)
-                                                 : TS_ENOTSUP;
+    int rc = TS_ENOTSUP;
+    if (r->model->ops->load_weights != NULL)
+        rc = r->model->ops->load_weights(r->model, w->params);
+    else
+        ts_set_last_error("the model has no load_weights (it takes no weights)");
     const char *err = ts_last_error();
     pthread_mutex_lock(&b->mu);
     w->users--;
@@ -1478,22 +1481,55 @@ static void destroy(ts_batcher_t *b)
 int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *cfg)
 {
     ts_set_last_error(NULL);
-    if (out == NULL || cfg == NULL || cfg->create == NULL || cfg->max_batch < 1 ||
-        cfg->max_delay_us < 0 || cfg->n_inputs < 1) {
-        ts__batcher_set_err("options need a model factory, an input schema and max_batch >= 1");
+    if (out == NULL || cfg == NULL) {
+        ts__batcher_set_err("ts_batcher_new needs out and options");
+        return TS_EINVAL;
+    }
+    if (cfg->create == NULL) {
+        ts__batcher_set_err("options: create (the model factory) is required");
+        return TS_EINVAL;
+    }
+    if (cfg->n_inputs < 1) {
+        ts__batcher_set_err("options: n_inputs %d: the input schema needs 1..%d fields",
+                            cfg->n_inputs, TS_BATCHER_MAX_FIELDS);
+        return TS_EINVAL;
+    }
+    if (cfg->max_batch < 1) {
+        ts__batcher_set_err("options: max_batch %d: at least 1 row", cfg->max_batch);
+        return TS_EINVAL;
+    }
+    if (cfg->max_delay_us < 0) {
+        ts__batcher_set_err("options: max_delay_us %lld: 0 or more microseconds",
+                            (long long)cfg->max_delay_us);
+        return TS_EINVAL;
+    }
+    if (cfg->min_delay_us < 0 || cfg->min_delay_us > cfg->max_delay_us) {
+        ts__batcher_set_err("options: min_delay_us %lld: 0..max_delay_us (%lld)",
+                            (long long)cfg->min_delay_us, (long long)cfg->max_delay_us);
+        return TS_EINVAL;
+    }
+    if (cfg->priority_levels < 0 || cfg->priority_levels > TS_BATCHER_MAX_PRIORITIES) {
+        ts__batcher_set_err("options: priority_levels %d: 1..%d (0: the default, 1)",
+                            cfg->priority_levels, TS_BATCHER_MAX_PRIORITIES);
         return TS_EINVAL;
     }
     int levels = cfg->priority_levels > 0 ? cfg->priority_levels : 1;
-    if (cfg->min_delay_us < 0 || cfg->min_delay_us > cfg->max_delay_us ||
-        levels > TS_BATCHER_MAX_PRIORITIES || cfg->default_priority < 0 ||
-        cfg->default_priority >= levels || cfg->n_preferred < 0 ||
-        cfg->n_preferred > TS_BATCHER_MAX_PREFERRED || cfg->answer_threads < 0 ||
-        cfg->answer_threads > TS_BATCHER_MAX_ANSWER_THREADS ||
-        (cfg->n_preferred > 0 && cfg->preferred_batch == NULL)) {
-        ts__batcher_set_err("options: min_delay_us must be 0..max_delay_us, priority_levels "
-                            "1..%d with default_priority below it, n_preferred 0..%d, "
-                            "answer_threads 0..%d",
-                            TS_BATCHER_MAX_PRIORITIES, TS_BATCHER_MAX_PREFERRED,
+    if (cfg->default_priority < 0 || cfg->default_priority >= levels) {
+        ts__batcher_set_err("options: default_priority %d: 0..%d (below priority_levels, %d)",
+                            cfg->default_priority, levels - 1, levels);
+        return TS_EINVAL;
+    }
+    if (cfg->n_preferred < 0 || cfg->n_preferred > TS_BATCHER_MAX_PREFERRED) {
+        ts__batcher_set_err("options: n_preferred %d: 0..%d", cfg->n_preferred,
+                            TS_BATCHER_MAX_PREFERRED);
+        return TS_EINVAL;
+    }
+    if (cfg->n_preferred > 0 && cfg->preferred_batch == NULL) {
+        ts__batcher_set_err("options: n_preferred %d with preferred_batch NULL", cfg->n_preferred);
+        return TS_EINVAL;
+    }
+    if (cfg->answer_threads < 0 || cfg->answer_threads > TS_BATCHER_MAX_ANSWER_THREADS) {
+        ts__batcher_set_err("options: answer_threads %d: 0..%d", cfg->answer_threads,
                             TS_BATCHER_MAX_ANSWER_THREADS);
         return TS_EINVAL;
     }

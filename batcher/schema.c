@@ -167,6 +167,43 @@ static size_t count_leaves(const ts_value_t *v)
     return n;
 }
 
+/*
+ * Find the first entry of the map v that no field names, depth first. v is at depth d of the
+ * tree, on the path of the first d parts of field f[on]. Writes the entry's dotted path into
+ * path and returns 1, or returns 0 when every entry is a field or on the way to one. The
+ * recursion goes no deeper than the fields' paths.
+ */
+static int find_extra(const schema_field *f, int n, int on, int d, const ts_value_t *v, char *path,
+                      size_t len)
+{
+    for (size_t k = 0; k < ts_value_len(v); k++) {
+        const char *key = ts_map_key_at(v, k);
+        int named = -1, exact = 0;
+        for (int j = 0; j < n && !exact; j++) {
+            int same = f[j].nparts > d && strcmp(f[j].parts[d], key) == 0;
+            for (int p = 0; same && p < d; p++)
+                same = strcmp(f[j].parts[p], f[on].parts[p]) == 0;
+            if (same) {
+                named = j;
+                exact = f[j].nparts == d + 1;
+            }
+        }
+        if (named < 0) {
+            size_t at = 0;
+            for (int p = 0; p < d && at < len; p++)
+                at += (size_t)snprintf(path + at, len - at, "%s.", f[on].parts[p]);
+            if (at < len)
+                snprintf(path + at, len - at, "%s", key);
+            return 1;
+        }
+        const ts_value_t *c = ts_map_value_at(v, k);
+        if (!exact && ts_value_type(c) == TS_TYPE_MAP &&
+            find_extra(f, n, named, d + 1, c, path, len))
+            return 1;
+    }
+    return 0;
+}
+
 int ts__schema_check(const schema_field *f, int n, const ts_value_t *root, int64_t max_rows,
                      int64_t *rows, const ts_tensor_t **leaves, char *msg, size_t msglen)
 {
@@ -216,6 +253,11 @@ int ts__schema_check(const schema_field *f, int n, const ts_value_t *root, int64
                      f[i].name, has, want, d, (long long)t->shape[d + 1], (long long)f[i].shape[d]);
             return TS_ESCHEMA;
         }
+        if (*rows > 0 && t->shape[0] != *rows) {
+            snprintf(msg, msglen, "field '%s' has %lld rows, expected %lld", f[i].name,
+                     (long long)t->shape[0], (long long)*rows);
+            return TS_ESCHEMA;
+        }
         if (r == 0)
             r = t->shape[0];
         if (t->shape[0] < 1 || t->shape[0] > max_rows) {
@@ -232,7 +274,12 @@ int ts__schema_check(const schema_field *f, int n, const ts_value_t *root, int64
             leaves[i] = t;
     }
     if (count_leaves(root) != (size_t)n) {
-        snprintf(msg, msglen, "the value has entries the schema does not name");
+        /* Every field was found, so root is a map (a bare tensor has one leaf, and n >= 1). */
+        char path[TS__BERR_LEN] = "";
+        if (find_extra(f, n, 0, 0, root, path, sizeof(path)))
+            snprintf(msg, msglen, "the value has an entry the schema does not name: '%s'", path);
+        else
+            snprintf(msg, msglen, "the value has entries the schema does not name");
         return TS_ESCHEMA;
     }
     *rows = r;

@@ -621,6 +621,17 @@ static void test_schema_errors(void **state)
     assert_int_equal(ts_map_set(in, "extra", ts_int_new(1)), 0);
     assert_int_equal(ts_batcher_predict_async(b, in, 0, TS_TIMEOUT_DEFAULT, async_cb, NULL),
                      TS_ESCHEMA);
+    assert_string_equal(ts_last_error(),
+                        "the value has an entry the schema does not name: 'extra'");
+    ts_value_free(in);
+    /* One deeper, beside the fields of its map: named by its dotted path. */
+    in = request(2, 0);
+    obs = (ts_value_t *)ts_map_get(in, "obs");
+    assert_int_equal(ts_map_set(obs, "more", ts_map_new()), 0);
+    assert_int_equal(ts_map_set((ts_value_t *)ts_map_get(obs, "more"), "z", ts_int_new(1)), 0);
+    assert_int_equal(ts_batcher_predict(b, in, TS_TIMEOUT_DEFAULT, &out, NULL), TS_ESCHEMA);
+    assert_string_equal(ts_last_error(),
+                        "the value has an entry the schema does not name: 'obs.more'");
     ts_value_free(in);
     /* More rows than max_batch: a request is never split, so it can never run. */
     in = request(9, 0);
@@ -2028,6 +2039,131 @@ static void test_placement(void **state)
                         "output schema: field '' has a negative per-row dimension 1 (-1)");
 }
 
+/* A model that answers one row more than its batch has: [rows + 1, 3] float64 zeros. */
+static int extra_row_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
+{
+    (void)m;
+    (void)in;
+    int64_t shape[2] = {rows + 1, 3};
+    *out = ts_tensor_alloc(TS_FLOAT64, 2, shape);
+    return *out != NULL ? 0 : TS_ENOMEM;
+}
+
+static const ts_model_ops_t extra_row_ops = {extra_row_forward, NULL, cm_free};
+
+static int extra_row_create(const char *device, int replica, ts_model_t **out, void *arg)
+{
+    (void)arg;
+    (void)device;
+    (void)replica;
+    cmodel *c = ts__calloc(1, sizeof(*c));
+    if (c == NULL)
+        return TS_ENOMEM;
+    c->base.ops = &extra_row_ops;
+    *out = &c->base;
+    return 0;
+}
+
+/*
+ * Each bad option of ts_batcher_new gets TS_EINVAL with its own message naming the field and
+ * its range; a model without load_weights refuses weights with TS_ENOTSUP, saying so; an
+ * output of the wrong row count names the batch's.
+ */
+static void test_option_messages(void **state)
+{
+    (void)state;
+    const ts_field_t in[] = {{"", TS_FLOAT64, 1, {3}}};
+    ts_batcher_options_t cfg;
+    ts_batcher_t *b = NULL;
+    static const struct {
+        int what;
+        const char *message;
+    } cases[] = {
+        {0, "options: max_delay_us -1: 0 or more microseconds"},
+        {1, "options: n_preferred 17: 0..16"},
+        {2, "options: n_preferred 2 with preferred_batch NULL"},
+        {3, "options: answer_threads 65: 0..64"},
+        {4, "options: min_delay_us 600: 0..max_delay_us (500)"},
+        {5, "options: priority_levels 17: 1..16 (0: the default, 1)"},
+        {6, "options: priority_levels -1: 1..16 (0: the default, 1)"},
+        {7, "options: default_priority 2: 0..1 (below priority_levels, 2)"},
+        {8, "options: max_batch 0: at least 1 row"},
+        {9, "options: n_inputs 0: the input schema needs 1..64 fields"},
+        {10, "options: create (the model factory) is required"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ts_batcher_options_init(&cfg);
+        cfg.inputs = in;
+        cfg.n_inputs = 1;
+        cfg.create = extra_row_create;
+        switch (cases[i].what) {
+        case 0:
+            cfg.max_delay_us = -1;
+            break;
+        case 1:
+            cfg.n_preferred = 17;
+            break;
+        case 2:
+            cfg.n_preferred = 2;
+            break;
+        case 3:
+            cfg.answer_threads = 65;
+            break;
+        case 4:
+            cfg.min_delay_us = 600;
+            break;
+        case 5:
+            cfg.priority_levels = 17;
+            break;
+        case 6:
+            cfg.priority_levels = -1;
+            break;
+        case 7:
+            cfg.priority_levels = 2;
+            cfg.default_priority = 2;
+            break;
+        case 8:
+            cfg.max_batch = 0;
+            break;
+        case 9:
+            cfg.n_inputs = 0;
+            break;
+        default:
+            cfg.create = NULL;
+            break;
+        }
+        assert_int_equal(ts_batcher_new(&b, &cfg), TS_EINVAL);
+        assert_string_equal(ts_last_error(), cases[i].message);
+    }
+    /* priority_levels 0 is the default, one level. */
+    ts_batcher_options_init(&cfg);
+    cfg.inputs = in;
+    cfg.n_inputs = 1;
+    cfg.outputs = in;
+    cfg.n_outputs = 1;
+    cfg.max_batch = 4;
+    cfg.max_delay_us = 0;
+    cfg.create = extra_row_create;
+    cfg.priority_levels = 0;
+    assert_int_equal(ts_batcher_new(&b, &cfg), 0);
+    ts_predict_options_t po;
+    ts_predict_options_init(&po);
+    po.priority = 1;
+    int64_t shape[2] = {3, 3};
+    ts_value_t *x = ts_tensor_alloc(TS_FLOAT64, 2, shape), *out = NULL;
+    assert_int_equal(ts_batcher_predict_async_with(b, x, &po, async_cb, NULL, NULL), TS_EINVAL);
+    /* Four rows answered for a batch of three: the batch's count is the one expected. */
+    assert_int_equal(ts_batcher_predict(b, x, TS_TIMEOUT_DEFAULT, &out, NULL), TS_EMODEL);
+    assert_string_equal(ts_last_error(),
+                        "model output does not match the schema: field '' has 4 rows, expected 3");
+    /* No load_weights: weights are refused, and the message says why. */
+    assert_int_equal(ts_batcher_load_weights(b, x, 1, TS_TIMEOUT_DEFAULT), TS_ENOTSUP);
+    assert_string_equal(ts_last_error(),
+                        "replica 0 (cpu): the model has no load_weights (it takes no weights)");
+    ts_value_free(x);
+    ts_batcher_free(b);
+}
+
 /* A model over bare tensors, without an output schema: y = 2x for a [rows, 3] float64 input. */
 static int bare_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
 {
@@ -2230,6 +2366,7 @@ int main(void)
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_bare_tensor),
         cmocka_unit_test(test_timeouts_and_messages),
+        cmocka_unit_test(test_option_messages),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (atomic_load(&g_overlaps) != 0) {
