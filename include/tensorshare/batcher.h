@@ -15,11 +15,15 @@
  * queued requests, in order, while they fit in max_batch rows. It runs at once when the batch is
  * full, when the next queued request does not fit, when the rows reach a preferred batch size,
  * or when no further request can be expected soon: every requester the batcher knows of is
- * already waiting (queued or in a batch), or the replica found the queue empty after its last
- * batch. Otherwise it waits for more rows, up to max_delay_us after the oldest request's
- * arrival. A request is never split over two batches. While one replica is gathering a batch,
- * the other idle replicas wait for it to finish gathering, so that one batch fills before the
- * next starts. docs/BATCHER.md has the details and the measurements behind the defaults.
+ * already waiting (queued or in a batch; so a lone request to an idle batcher runs at once).
+ * Otherwise, while requesters that a batch answered have not submitted again, it waits for
+ * them, but no longer than about one forward takes (from when the replica began gathering),
+ * and not at all while such waits have lately gained fewer rows than were already waiting (one
+ * batch in 16 waits anyway, to see whether waiting pays again). A partial batch is still held at
+ * least min_delay_us after its oldest request's arrival, and never past max_delay_us after it. A
+ * request is never split over two batches. While one replica is gathering a batch, the other idle
+ * replicas wait for it to finish gathering, so that one batch fills before the next starts.
+ * docs/BATCHER.md has the details and the measurements behind the defaults.
  *
  * Threads: each replica runs on its own thread ("ts-replica-N"); a timer thread ("ts-timer")
  * enforces request deadlines; answer helpers ("ts-answer-N", answer_threads) are optional. The
@@ -524,14 +528,15 @@ TS_EXTERN void ts_batcher_stop_remote(ts_batcher_t *b);
  * {path, token, pid, boot_id, slots, request_bytes, answer_bytes}. A predictor opened on NAME
  * reads that record at open and uses the slots when its host's boot id is the same and it can
  * open the object and find the same token in it (so it is on the same host, in the same /dev/shm
- * and allowed to); otherwise, and whenever a slot cannot be used, it relays through the bins as
- * before. docs/BATCHER.md ("Same host: shared-memory slots") has the protocol.
+ * and allowed to); otherwise, and whenever a slot cannot be used, it calls the service NAME
+ * (see ts_predictor_open_with). docs/BATCHER.md ("Same host: shared-memory slots") has the
+ * protocol.
  */
 #define TS_BATCHER_SHM_SUFFIX        "/shm" /* the descriptor bin: NAME/shm. Added in 0.3.0. */
 #define TS_BATCHER_SHM_DEFAULT_SLOTS 64     /* slots, when the options name none. Added in 0.3.0. */
 /* slots per serving process at most: the serving thread scans them all. Added in 0.3.0. */
 #define TS_BATCHER_SHM_MAX_SLOTS 1024
-/* bytes; one request or answer area at most (64 MiB): bigger requests relay. Added in 0.3.0. */
+/* bytes; one request or answer area at most (64 MiB). Added in 0.3.0. */
 #define TS_BATCHER_SHM_MAX_AREA ((size_t)64 << 20)
 
 /* The same-host options; fill with ts_batcher_shm_options_init. Added in 0.3.0. */
@@ -543,7 +548,8 @@ typedef struct ts_batcher_shm_options_s {
      * TS_BATCHER_SHM_MAX_AREA). The default request area holds a request of max_batch rows of
      * the input schema; the default answer area holds max_batch rows of the output schema, or,
      * without one, as much as the request area and at least 64 KiB. An input that does not fit
-     * goes through the relay; an answer that does not fit is answered TS_EMSGSIZE.
+     * goes through the service NAME instead (ts_predictor_stats_t.oversize); an answer that does
+     * not fit is answered TS_EMSGSIZE.
      */
     size_t request_bytes;
     size_t answer_bytes;
@@ -558,11 +564,13 @@ TS_EXTERN void ts_batcher_shm_options_init(ts_batcher_shm_options_t *opts);
  * slots and submits them (answers are written into the slots by the threads that answer them),
  * and puts the descriptor record into NAME/shm through client (a blocking call, on this thread).
  * Use it beside ts_batcher_serve with the same client and name: predictors on other hosts, or
- * that find no free slot, relay through NAME/requests. A requester that dies mid-request
- * never blocks the server: its slot is taken over by the next predictor that finds its owner
- * dead (the answer to its last request is discarded). ts_batcher_stop_remote and
- * ts_batcher_free close the slots (predictors waiting get the answers still to come, then use
- * the relay), delete NAME/shm and remove the object's name. Returns 0; TS_EINVAL (bad
+ * that find no free slot, call the service NAME that ts_batcher_serve serves. A requester that
+ * dies mid-request never blocks the server: its slot is taken over by the next predictor that
+ * finds its owner dead (the answer to its last request is discarded). ts_batcher_stop_remote
+ * and ts_batcher_free close the slots (a request the server had taken still gets its answer, or
+ * TS_ECANCELED from ts_batcher_free; one it had not taken goes through the service in the same
+ * call, and the predictors call the service from then on), delete NAME/shm and remove the
+ * object's name. Returns 0; TS_EINVAL (bad
  * arguments or options, already offering slots, or another client than serve's); TS_ENOMEM;
  * the error of shm_open, mmap or ts_put (ts_last_error() says which). Added in 0.3.0.
  */
