@@ -583,7 +583,7 @@ static void *slot_main(void *arg)
             futex_wait(&h->bell, rung, (uint64_t)TS__SHM_NAP_MS * 1000000u);
         atomic_store(&h->sleeping, 0);
     }
-    /* What was taken is final: requesters whose request was not take it to the relay. */
+    /* What was taken is final: requesters whose request was not send it to the service. */
     atomic_store(&h->stopped, 1);
     pthread_mutex_unlock(&h->alive);
     return NULL;
@@ -669,7 +669,7 @@ int ts__shm_serve_start(ts_batcher_t *b, ts_client_t *client, const char *name,
         an = b->n_out > 0 ? schema_bytes(b->out, b->n_out, b->max_batch)
                           : (rq > TS__SHM_MIN_ANSWER ? rq : TS__SHM_MIN_ANSWER);
     if (rq > TS_BATCHER_SHM_MAX_AREA)
-        rq = TS_BATCHER_SHM_MAX_AREA; /* larger requests relay */
+        rq = TS_BATCHER_SHM_MAX_AREA; /* larger requests go through the service */
     if (an > TS_BATCHER_SHM_MAX_AREA)
         an = TS_BATCHER_SHM_MAX_AREA;
     rq = align_up(rq, TS__SHM_PAGE);
@@ -775,7 +775,7 @@ void ts__shm_serve_stop(shm_server *s)
     atomic_fetch_add(&h->bell, 1);
     futex_wake(&h->bell, 1);
     pthread_join(s->th, NULL);
-    /* Waiting requesters look again: the ones whose request was not taken relay it. */
+    /* Waiting requesters look again: those whose request was not taken call the service. */
     for (uint32_t i = 0; i < s->nslots; i++)
         futex_wake(&slot_at(s->map, i)->ans_seq, INT_MAX);
     shm_unlink(s->path);
@@ -1026,7 +1026,7 @@ int ts__shm_predict(shm_client *c, const ts_value_t *input, int timeout_ms, ts_v
         if (st == 2) {
             atomic_store(&c->gone, 1);
             if (atomic_load(&sl->taken_seq) != seq)
-                *sent = 0; /* never taken: the caller relays it (another server may serve) */
+                *sent = 0; /* never taken: the caller calls the service (another server may) */
             return ts__fail(TS_ECONNRESET,
                             "the serving process (pid %d) of the shared-memory slots died",
                             (int)c->server_pid);
@@ -1034,7 +1034,7 @@ int ts__shm_predict(shm_client *c, const ts_value_t *input, int timeout_ms, ts_v
         if (st == 1) {
             atomic_store(&c->gone, 1);
             if (atomic_load(&sl->taken_seq) != seq) {
-                *sent = 0; /* never taken: the caller relays it */
+                *sent = 0; /* never taken: the caller calls the service */
                 return ts__fail(TS_ECONNRESET, "the shared-memory slots closed");
             }
         }

@@ -51,14 +51,14 @@ void ts__shm_detach(shm_client *c);
 /*
  * One blocking request through the claimed slot (one caller at a time). Returns the answer's
  * status (0: *output is the caller's, *version set). *sent is 0 when nothing reached the server
- * (then the caller may relay): TS_EMSGSIZE (the input does not fit the request area),
+ * (then the caller may call the service): TS_EMSGSIZE (the input does not fit the request area),
  * TS_ENOTSUP (an input the slots cannot carry: lists, strings, bytes), TS_ECONNRESET (the
  * server is closed or gone). With *sent 1: TS_ETIMEDOUT at the deadline, TS_ECONNRESET when the
  * server died while the request was in the slot, or the server's answer.
  */
 int ts__shm_predict(shm_client *c, const ts_value_t *input, int timeout_ms, ts_value_t **output,
                     int64_t *version, int *sent);
-/* Nonzero once the server closed its slots or died: the predictor relays from then on. */
+/* Nonzero once the server closed its slots or died: the predictor calls the service from then. */
 int ts__shm_gone(shm_client *c);
 
 #endif /* TS_BATCHER_SHMQ_H */
