@@ -414,6 +414,12 @@ static void answer(ts_batcher_t *b, batch_request *r, int status, ts_value_t *ou
     req_free(b, r);
 }
 
+/* 1 when rc is one of the negative TS_E* codes (what a model or factory must return). */
+static int is_ts_error(int rc)
+{
+    return rc < 0 && strcmp(ts_err_name(rc), "UNKNOWN") != 0;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Weight updates
  */
@@ -489,6 +495,13 @@ static void replica_update(replica *r)
     else
         ts_set_last_error("the model has no load_weights (it takes no weights)");
     const char *err = ts_last_error();
+    char odd[TS__BERR_LEN];
+    if (rc != 0 && !is_ts_error(rc)) {
+        snprintf(odd, sizeof(odd), "load_weights returned %d, not a TS_E* code%s%.180s%s", rc,
+                 err[0] ? " (" : "", err, err[0] ? ")" : "");
+        err = odd;
+        rc = TS_EMODEL;
+    }
     pthread_mutex_lock(&b->mu);
     w->users--;
     w->done++;
@@ -1641,10 +1654,18 @@ int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *cfg)
         /* The factory says why it failed in ts_last_error() (empty: it did not say). */
         ts_set_last_error(NULL);
         rc = cfg->create(r->device, i, &m, cfg->create_arg);
-        if (rc != 0)
+        if (rc != 0 && !is_ts_error(rc)) {
+            /* Callers test for TS_E* codes: a positive or unknown one would pass as another. */
+            const char *said = ts_last_error();
+            snprintf(err, sizeof(err), "the factory returned %d, not a TS_E* code%s%.180s%s", rc,
+                     said[0] ? " (" : "", said, said[0] ? ")" : "");
+            rc = TS_EMODEL;
+        } else if (rc != 0) {
             snprintf(err, sizeof(err), "%s", ts_last_error());
-        else if (m == NULL || m->ops == NULL || m->ops->forward == NULL)
-            rc = TS_EINVAL, snprintf(err, sizeof(err), "the factory returned no usable model");
+        } else if (m == NULL || m->ops == NULL || m->ops->forward == NULL) {
+            rc = TS_EINVAL;
+            snprintf(err, sizeof(err), "the factory returned no usable model");
+        }
         if (rc != 0) {
             ts__batcher_set_err("model for replica %d on %s: %s", i, r->device,
                                 err[0] ? err : ts_strerror(rc));

@@ -59,7 +59,8 @@ typedef struct ts_model_ops_s {
      * Load new weights (a state dict: a map of name to tensor, nested maps allowed) borrowed for
      * the call. Called on the replica's thread between two forwards, never during one. May be
      * NULL when the model has no weights to load (updates then fail with TS_ENOTSUP). A failure
-     * returns a TS_E* code with its reason set by ts_set_last_error(), as for forward.
+     * returns a TS_E* code with its reason set by ts_set_last_error(), as for forward (any other
+     * non-zero value is reported as TS_EMODEL).
      */
     int (*load_weights)(ts_model_t *m, const ts_value_t *params);
     /* Free the model. Called once, on the thread that frees the batcher. */
@@ -79,7 +80,9 @@ struct ts_model_s {
  * Create one replica's model for device ("cpu" or "cuda:N"); replica numbers count from 0.
  * Called by ts_batcher_new on its caller's thread, once per replica; arg is the options'
  * create_arg. On failure return a TS_E* code with its reason set by ts_set_last_error();
- * ts_batcher_new then frees the replicas already made and fails with that code and message.
+ * ts_batcher_new then frees the replicas already made and fails with that code and message
+ * (any other non-zero value, positive or not a TS_E* code, becomes TS_EMODEL with a message
+ * that gives the value).
  * Added in 0.1.0. Changed in 0.2.0: arg comes last; err and errlen are gone.
  */
 typedef int (*ts_model_create_cb)(const char *device, int replica, ts_model_t **out, void *arg);
@@ -117,14 +120,14 @@ typedef struct ts_batcher_options_s {
      */
     const ts_field_t *outputs;
     int n_outputs;
-    int max_batch; /* rows per forward; default 64 */
+    int max_batch; /* rows per forward (at least 1); default 64 */
     /*
      * Wait at most this long for more rows after the oldest request's arrival, while the batch
      * can still grow and more requests can be expected (see the batching rule); default 500.
      */
     int64_t max_delay_us;
     /*
-     * Where replicas run, a comma-separated list (default "cpu"):
+     * Where replicas run, a comma-separated list (default "cpu"; NULL and "" also mean "cpu"):
      *   cpu        one replica on a CPU thread;   cpu:N   N replicas on CPU threads
      *   cuda:I     one replica on CUDA device I;  cuda:I*K  K replicas on device I
      *   cuda*K     K replicas on every CUDA device (cuda_devices of them; "cuda" = cuda*1)
@@ -139,8 +142,9 @@ typedef struct ts_batcher_options_s {
      * ts_batcher_new); default 30000.
      */
     int timeout_ms;
-    size_t max_queued; /* requests waiting at most; further ones get TS_EAGAIN; default 65536 */
-    int64_t version;   /* weight version the models start with; default 0 */
+    /* requests waiting at most; further ones get TS_EAGAIN; default (and 0 means) 65536 */
+    size_t max_queued;
+    int64_t version;           /* weight version the models start with; default 0 */
     ts_model_create_cb create; /* required */
     void *create_arg;          /* passed to create; never read by the batcher */
     /*
@@ -157,7 +161,8 @@ typedef struct ts_batcher_options_s {
     const int *preferred_batch;
     int n_preferred;
     /*
-     * Priority levels (1..TS_BATCHER_MAX_PRIORITIES; default 1). Level 0 is the most urgent: a
+     * Priority levels (1..TS_BATCHER_MAX_PRIORITIES; default 1, and 0 means 1; a negative
+     * value gives TS_EINVAL at ts_batcher_new). Level 0 is the most urgent: a
      * batch takes every queued request of level 0 before any of level 1, and so on; within a
      * level, arrival order. default_priority is the level of requests that name none
      * (ts_predict_options_t.priority < 0, and every ts_batcher_predict_async); default 0.
@@ -219,9 +224,10 @@ typedef struct ts_batcher_s ts_batcher_t;
 
 /*
  * Create the models (through opts->create, on this thread) and start the replica threads.
- * Returns 0 and *out, or TS_EINVAL (bad schema, placement or timeout), TS_ENOTSUP (a cuda
- * placement with no CUDA device), TS_ENOMEM, or the model factory's error. ts_last_error() then
- * tells why. Added in 0.1.0.
+ * Returns 0 and *out, or TS_EINVAL (an option out of its range, a bad schema, placement or
+ * timeout; the message names the field), TS_ENOTSUP (a cuda placement with no CUDA device),
+ * TS_ENOMEM, or the model factory's error (TS_EMODEL when the factory returned a value that is
+ * not a TS_E* code). ts_last_error() then tells why. Added in 0.1.0.
  */
 TS_EXTERN int ts_batcher_new(ts_batcher_t **out, const ts_batcher_options_t *opts);
 
@@ -545,11 +551,12 @@ typedef struct ts_batcher_shm_options_s {
     int slots;
     /*
      * Bytes of each slot's request and answer areas (0: the default; at most
-     * TS_BATCHER_SHM_MAX_AREA). The default request area holds a request of max_batch rows of
-     * the input schema; the default answer area holds max_batch rows of the output schema, or,
-     * without one, as much as the request area and at least 64 KiB. An input that does not fit
-     * goes through the service NAME instead (ts_predictor_stats_t.oversize); an answer that does
-     * not fit is answered TS_EMSGSIZE.
+     * TS_BATCHER_SHM_MAX_AREA), each rounded up to a multiple of 4096 (a page; the descriptor
+     * record in NAME/shm gives the rounded sizes). The default request area holds a request of
+     * max_batch rows of the input schema; the default answer area holds max_batch rows of the
+     * output schema, or, without one, as much as the request area and at least 64 KiB. An input
+     * that does not fit goes through the service NAME instead (ts_predictor_stats_t.oversize); an
+     * answer that does not fit is answered TS_EMSGSIZE.
      */
     size_t request_bytes;
     size_t answer_bytes;

@@ -2064,6 +2064,75 @@ static int extra_row_create(const char *device, int replica, ts_model_t **out, v
     return 0;
 }
 
+/* A factory that breaks the contract: it returns 5, not 0 or a TS_E* code. */
+static int five_create(const char *device, int replica, ts_model_t **out, void *arg)
+{
+    (void)device;
+    (void)replica;
+    (void)out;
+    (void)arg;
+    ts_set_last_error("five");
+    return 5;
+}
+
+/* A model whose load_weights returns 5, not 0 or a TS_E* code. */
+static int five_load(ts_model_t *m, const ts_value_t *params)
+{
+    (void)m;
+    (void)params;
+    return 5;
+}
+
+static const ts_model_ops_t five_load_ops = {extra_row_forward, five_load, cm_free};
+
+static int five_load_create(const char *device, int replica, ts_model_t **out, void *arg)
+{
+    int rc = extra_row_create(device, replica, out, arg);
+    if (rc == 0)
+        (*out)->ops = &five_load_ops;
+    return rc;
+}
+
+/*
+ * The options' quiet defaults (batcher.h): placement NULL or "" is "cpu", max_queued 0 the
+ * default bound. A factory or load_weights that returns a value other than 0 or a TS_E* code
+ * gives TS_EMODEL with a message naming the value, never the value itself.
+ */
+static void test_option_defaults_and_bad_returns(void **state)
+{
+    (void)state;
+    const ts_field_t in[] = {{"", TS_FLOAT64, 1, {3}}};
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
+    cfg.inputs = in;
+    cfg.n_inputs = 1;
+    cfg.create = extra_row_create;
+    cfg.max_queued = 0;
+    ts_batcher_t *b = NULL;
+    const char *cpu[] = {NULL, ""};
+    for (int i = 0; i < 2; i++) {
+        cfg.placement = cpu[i];
+        assert_int_equal(ts_batcher_new(&b, &cfg), 0);
+        assert_int_equal(ts_batcher_replicas(b), 1);
+        assert_string_equal(ts_batcher_device(b, 0), "cpu");
+        ts_batcher_free(b);
+    }
+    cfg.create = five_create;
+    assert_int_equal(ts_batcher_new(&b, &cfg), TS_EMODEL);
+    assert_string_equal(
+        ts_last_error(),
+        "model for replica 0 on cpu: the factory returned 5, not a TS_E* code (five)");
+    cfg.create = five_load_create;
+    assert_int_equal(ts_batcher_new(&b, &cfg), 0);
+    int64_t shape[2] = {1, 3};
+    ts_value_t *x = ts_tensor_alloc(TS_FLOAT64, 2, shape);
+    assert_int_equal(ts_batcher_load_weights(b, x, 1, TS_TIMEOUT_DEFAULT), TS_EMODEL);
+    assert_string_equal(ts_last_error(),
+                        "replica 0 (cpu): load_weights returned 5, not a TS_E* code");
+    ts_value_free(x);
+    ts_batcher_free(b);
+}
+
 /*
  * Each bad option of ts_batcher_new gets TS_EINVAL with its own message naming the field and
  * its range; a model without load_weights refuses weights with TS_ENOTSUP, saying so; an
@@ -2367,6 +2436,7 @@ int main(void)
         cmocka_unit_test(test_bare_tensor),
         cmocka_unit_test(test_timeouts_and_messages),
         cmocka_unit_test(test_option_messages),
+        cmocka_unit_test(test_option_defaults_and_bad_returns),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     if (atomic_load(&g_overlaps) != 0) {

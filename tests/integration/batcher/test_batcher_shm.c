@@ -531,10 +531,19 @@ static void test_shm_sizes_and_transports(void **state)
     assert_non_null(b);
     ts_batcher_shm_options_t so;
     ts_batcher_shm_options_init(&so);
-    so.request_bytes = 8192; /* about 600 rows of x */
+    so.request_bytes = 5000; /* rounded up to 8192: about 600 rows of x */
     so.answer_bytes = 4096;  /* about 300 rows of y */
     assert_int_equal(ts_batcher_serve(b, w.sc, "policy"), 0);
     assert_int_equal(ts_batcher_serve_shm(b, w.sc, "policy", &so), 0);
+    /* The descriptor gives the areas' sizes, rounded up to pages as batcher.h says. */
+    ts_items_t *desc = NULL;
+    assert_int_equal(ts_peek(w.c, "policy/shm", 1, &desc), 0);
+    int64_t req_bytes = 0, ans_bytes = 0;
+    assert_int_equal(ts_map_get_int(ts_items_at(desc, 0), "request_bytes", &req_bytes), 0);
+    assert_int_equal(ts_map_get_int(ts_items_at(desc, 0), "answer_bytes", &ans_bytes), 0);
+    assert_int_equal(req_bytes, 8192);
+    assert_int_equal(ans_bytes, 4096);
+    ts_items_free(desc);
     assert_int_equal(ts_predictor_open(&p, w.c, "policy"), 0);
     ts_predictor_stats_t st;
     assert_true(predict_ok(p, 1, 7, WAIT_MS));
