@@ -95,7 +95,9 @@ typedef int (*ts_model_create_cb)(const char *device, int replica, ts_model_t **
  * One tensor of a schema. name is a dotted path into nested maps ("obs.image" is the tensor
  * under key "image" of the map under key "obs"); the empty name means the whole value is this
  * one tensor (a schema with a single unnamed field takes and returns bare tensors). shape is
- * per row: it leaves out the batch dimension. Added in 0.1.0.
+ * per row: it leaves out the batch dimension. A dimension may be 0 (the field's rows then hold
+ * no values, as a tensor of such a shape does); a negative one gives TS_EINVAL at
+ * ts_batcher_new. Added in 0.1.0.
  */
 typedef struct ts_field_s {
     const char *name;

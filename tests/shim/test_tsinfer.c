@@ -394,6 +394,52 @@ static void test_tsinfer_shm_usage(void **state)
     unlink(log);
 }
 
+/*
+ * Configuration errors: tsinfer exits with status 2 and says why, before it loads the model or
+ * connects (the server here does not exist).
+ */
+static void test_tsinfer_config_errors(void **state)
+{
+    (void)state;
+    const char *exe = getenv("TS_TSINFER");
+    const char *dir = getenv("TS_MODELS_DIR");
+    assert_non_null(exe);
+    assert_non_null(dir);
+    char model[600];
+    snprintf(model, sizeof(model), "%s/mlp.pt", dir);
+    char log[] = "/tmp/ts-tsinfer-config-XXXXXX";
+    int fd = mkstemp(log);
+    assert_true(fd >= 0);
+    close(fd);
+    /* Each case: its arguments after the required ones (which an argument here replaces), and
+       a piece of the message. */
+    static const struct {
+        const char *argv[4];
+        const char *message;
+    } bad[] = {
+        {{"--input", "x:float32:4x"}, "field 'x': bad dimensions"},
+        {{"--input", "x:float32:4x4x"}, "field 'x': bad dimensions"},
+        {{"--input", "x:float32: 4"}, "field 'x': bad dimensions"},
+        {{"--input", "x:float32:+4"}, "field 'x': bad dimensions"},
+        {{"--output", "y:float32:4x"}, "field 'y': bad dimensions"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        const char *args[16] = {exe,      "--server", "127.0.0.1:1", "--model",   model,
+                                "--name", "policy",   "--input",     ":float32:8"};
+        int n = 9;
+        for (int k = 0; k < 4 && bad[i].argv[k] != NULL; k++)
+            args[n++] = bad[i].argv[k];
+        int st = run_tsinfer(args, log);
+        const char *out = slurp(log);
+        if (st != 2 || strstr(out, bad[i].message) == NULL)
+            print_error("case %zu (%s %s): exit %d: %s\n", i, bad[i].argv[0],
+                        bad[i].argv[1] != NULL ? bad[i].argv[1] : "", st, out);
+        assert_int_equal(st, 2);
+        assert_non_null(strstr(out, bad[i].message));
+    }
+    unlink(log);
+}
+
 /* --overlap needs answer helpers: tsinfer says so and exits with status 1. */
 static void test_tsinfer_overlap_usage(void **state)
 {
@@ -440,6 +486,7 @@ int main(void)
         cmocka_unit_test_teardown(test_tsinfer_shm, shm_teardown),
         cmocka_unit_test(test_tsinfer_shm_usage),
         cmocka_unit_test(test_tsinfer_overlap_usage),
+        cmocka_unit_test(test_tsinfer_config_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

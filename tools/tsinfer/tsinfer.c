@@ -49,7 +49,8 @@ static void usage(FILE *f)
             "               [--answer-threads N [--overlap]]\n"
             "  SCHEMA     comma-separated fields NAME:DTYPE:DIMS, per row (no batch dimension),\n"
             "             e.g. obs.x:float32:4x4,obs.id:int64: ; an empty NAME is a bare tensor\n"
-            "             (:float32:8). DIMS is empty for one value per row.\n"
+            "             (:float32:8). DIMS is empty for one value per row; a dimension\n"
+            "             may be 0 (the field's rows then hold no values)\n"
             "  PLACEMENT  cpu, cpu:N, cuda:I, cuda:I*K, cuda*K, cuda/N, comma-separated\n"
             "             (default cpu)\n"
             "  --stats-s S  print the statistics every S seconds (default 0: on exit only): one\n"
@@ -126,14 +127,20 @@ static int parse_schema(char *buf, ts_field_t *fields)
             fprintf(stderr, "tsinfer: field '%s': unknown dtype '%s'\n", tok, c1 + 1);
             return -1;
         }
+        /* DIMS: empty, or decimal numbers joined by single x's and nothing else ("4x", "4 "
+           and "+4" are refused). */
         char *dims = c2 + 1;
         while (*dims != '\0') {
             char *x = strchr(dims, 'x');
             if (x != NULL)
                 *x = '\0';
             long d;
-            if (f->ndim >= TS_MAX_NDIM - 1 || parse_long(dims, 0, INT32_MAX, &d) != 0) {
-                fprintf(stderr, "tsinfer: field '%s': bad dimensions\n", tok);
+            if (f->ndim >= TS_MAX_NDIM - 1 || dims[strspn(dims, "0123456789")] != '\0' ||
+                parse_long(dims, 0, INT32_MAX, &d) != 0 || (x != NULL && x[1] == '\0')) {
+                fprintf(stderr,
+                        "tsinfer: field '%s': bad dimensions (DIMS is empty or up to %d numbers "
+                        "of 0 to %d joined by x, e.g. 4x4)\n",
+                        tok, TS_MAX_NDIM - 1, INT32_MAX);
                 return -1;
             }
             f->shape[f->ndim++] = d;

@@ -1532,6 +1532,24 @@ static void pslot_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t versi
     pthread_mutex_unlock(&p->c->mu);
 }
 
+/* A zero-size-row answer's callback: good is the answer's rows when it is [rows, 3, 0]. */
+static void zero_cb(ts_batcher_t *b, int status, ts_value_t *out, int64_t version, void *arg)
+{
+    (void)b;
+    (void)version;
+    pslot *p = arg;
+    const ts_tensor_t *t = status == 0 ? ts_value_tensor(out) : NULL;
+    p->status = status;
+    p->good =
+        t != NULL && t->ndim == 3 && t->shape[1] == 3 && t->shape[2] == 0 ? (int)t->shape[0] : -1;
+    ts_value_free(out);
+    pthread_mutex_lock(&p->c->mu);
+    p->calls++;
+    p->c->done++;
+    pthread_cond_broadcast(&p->c->cv);
+    pthread_mutex_unlock(&p->c->mu);
+}
+
 /* Under load (the replica busy, a queue behind it), every urgent request is served first. */
 static void test_priorities(void **state)
 {
@@ -2328,6 +2346,73 @@ static void test_bare_tensor(void **state)
     ts_batcher_free(b);
 }
 
+/* A model that answers its batch as it is (a copy): y = x. */
+static int echo_forward(ts_model_t *m, const ts_value_t *in, int64_t rows, ts_value_t **out)
+{
+    (void)m;
+    (void)rows;
+    *out = ts_value_clone(in);
+    return *out != NULL ? 0 : TS_ENOMEM;
+}
+
+static const ts_model_ops_t echo_ops = {echo_forward, NULL, cm_free};
+
+static int echo_create(const char *device, int replica, ts_model_t **out, void *arg)
+{
+    (void)arg;
+    (void)device;
+    (void)replica;
+    cmodel *c = ts__calloc(1, sizeof(*c));
+    if (c == NULL)
+        return TS_ENOMEM;
+    c->base.ops = &echo_ops;
+    *out = &c->base;
+    return 0;
+}
+
+/*
+ * A per-row dimension may be 0 (batcher.h, ts_field_t): a field of zero-size rows holds no
+ * values, and requests of it are batched and answered like any other, each requester getting
+ * its own rows back.
+ */
+static void test_zero_size_rows(void **state)
+{
+    (void)state;
+    const ts_field_t in[] = {{"", TS_FLOAT32, 2, {3, 0}}};
+    ts_batcher_options_t cfg;
+    ts_batcher_options_init(&cfg);
+    cfg.inputs = in;
+    cfg.n_inputs = 1;
+    cfg.outputs = in;
+    cfg.n_outputs = 1;
+    cfg.max_batch = 5;
+    cfg.max_delay_us = 20000000;         /* the second request fills the batch long before this */
+    cfg.min_delay_us = cfg.max_delay_us; /* held: the first request waits for the second */
+    cfg.create = echo_create;
+    ts_batcher_t *b = make_with(&cfg);
+    acount c;
+    acount_init(&c);
+    pslot p[2];
+    for (int i = 0; i < 2; i++) {
+        int64_t shape[3] = {2 + i, 3, 0};
+        p[i] = (pslot){&c, ts_tensor_alloc(TS_FLOAT32, 3, shape), 0, 0, -1, 0, -1, 0};
+        assert_non_null(p[i].in);
+        assert_int_equal(
+            ts_batcher_predict_async(b, p[i].in, 0, TS_TIMEOUT_DEFAULT, zero_cb, &p[i]), 0);
+    }
+    assert_true(acount_wait(&c, 2));
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(p[i].status, 0);
+        assert_int_equal(p[i].good, 2 + i); /* the rows that came back */
+        ts_value_free(p[i].in);
+    }
+    ts_batcher_stats_t st;
+    ts_batcher_stats(b, &st);
+    assert_int_equal(st.batches, 1);
+    assert_int_equal(st.rows, 5);
+    ts_batcher_free(b);
+}
+
 /* A failed prediction's callback: its status and the message it finds in ts_last_error(). */
 typedef struct failed_answer {
     atomic_int done;
@@ -2434,6 +2519,7 @@ int main(void)
         cmocka_unit_test(test_shutdown),
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_bare_tensor),
+        cmocka_unit_test(test_zero_size_rows),
         cmocka_unit_test(test_timeouts_and_messages),
         cmocka_unit_test(test_option_messages),
         cmocka_unit_test(test_option_defaults_and_bad_returns),
