@@ -122,6 +122,8 @@ static void test_tsinfer(void **state)
                           "cpu:2",
                           "--params",
                           "policy/params",
+                          "--timeout-ms",
+                          "-1", /* no deadline for relayed requests that name none */
                           "--threads",
                           "1",
                           "--stats-s",
@@ -391,6 +393,8 @@ static void test_tsinfer_shm_usage(void **state)
     assert_int_equal(run_tsinfer(help, log), 0);
     assert_non_null(strstr(slurp(log), "--shm [SLOTS]"));
     assert_non_null(strstr(slurp(log), "--answer-threads N [--overlap]"));
+    assert_non_null(strstr(slurp(log), "or -1 for none"));
+    assert_non_null(strstr(slurp(log), "Exit status: 0 after SIGINT or SIGTERM; 2 for"));
     unlink(log);
 }
 
@@ -411,6 +415,9 @@ static void test_tsinfer_config_errors(void **state)
     int fd = mkstemp(log);
     assert_true(fd >= 0);
     close(fd);
+    /* NAME/requests must be a bin name: NAME has at most 255 - 9 bytes. */
+    static char long_name[248];
+    memset(long_name, 'n', sizeof(long_name) - 1);
     /* Each case: its arguments after the required ones (which an argument here replaces), and
        a piece of the message. */
     static const struct {
@@ -422,6 +429,15 @@ static void test_tsinfer_config_errors(void **state)
         {{"--input", "x:float32: 4"}, "field 'x': bad dimensions"},
         {{"--input", "x:float32:+4"}, "field 'x': bad dimensions"},
         {{"--output", "y:float32:4x"}, "field 'y': bad dimensions"},
+        {{"--name", ""}, "--name '': 1 to 246 bytes"},
+        {{"--name", long_name}, ": 1 to 246 bytes"},
+        {{"--params", ""}, "--params '': a bin name of 1 to 255 bytes"},
+        {{"--overlap"}, "overlap_answers needs answer_threads >= 1"},
+        {{"--min-delay-us", "600", "--max-delay-us", "500"}, "min_delay_us 600: 0..max_delay_us"},
+        {{"--timeout-ms", "0"}, "timeout_ms must be positive"},
+        {{"--input", "a:float32:2,a.b:float32:2"}, "fields 'a' and 'a.b' overlap"},
+        {{"--device", "gpu"}, "placement 'gpu'"},
+        {{"--timeout-ms", "-2"}, "bad argument '--timeout-ms'"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         const char *args[16] = {exe,      "--server", "127.0.0.1:1", "--model",   model,
@@ -436,11 +452,14 @@ static void test_tsinfer_config_errors(void **state)
                         bad[i].argv[1] != NULL ? bad[i].argv[1] : "", st, out);
         assert_int_equal(st, 2);
         assert_non_null(strstr(out, bad[i].message));
+        /* Refused before serving: no statistics lines. */
+        assert_null(strstr(out, "stopped:"));
     }
     unlink(log);
 }
 
-/* --overlap needs answer helpers: tsinfer says so and exits with status 1. */
+/* --overlap needs answer helpers: tsinfer says so and exits with status 2 (a configuration
+   error). */
 static void test_tsinfer_overlap_usage(void **state)
 {
     (void)state;
@@ -454,7 +473,7 @@ static void test_tsinfer_overlap_usage(void **state)
     close(fd);
     const char *args[] = {exe,      "--server", "127.0.0.1:1", "--model",   model, "--name",
                           "policy", "--input",  ":float32:8",  "--overlap", NULL};
-    assert_int_equal(run_tsinfer(args, log), 1);
+    assert_int_equal(run_tsinfer(args, log), 2);
     const char *out = slurp(log);
     if (strstr(out, "overlap_answers needs answer_threads") == NULL)
         print_error("tsinfer's output:\n%s\n", out);
@@ -474,8 +493,9 @@ static void test_tsinfer_cuda(void **state)
     snprintf(model, sizeof(model), "%s/mlp.pt", dir);
     const char *args[] = {exe,      "--server", "127.0.0.1:1", "--model",  model,    "--name",
                           "policy", "--input",  ":float32:8",  "--device", "cuda:0", NULL};
-    /* It exits by itself (run_tsinfer gives -1 otherwise), with status 1. */
-    assert_int_equal(run_tsinfer(args, NULL), 1);
+    /* It exits by itself (run_tsinfer gives -1 otherwise), with status 2: a configuration
+       error. */
+    assert_int_equal(run_tsinfer(args, NULL), 2);
 }
 
 int main(void)

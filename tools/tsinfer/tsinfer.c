@@ -53,6 +53,13 @@ static void usage(FILE *f)
             "             may be 0 (the field's rows then hold no values)\n"
             "  PLACEMENT  cpu, cpu:N, cuda:I, cuda:I*K, cuda*K, cuda/N, comma-separated\n"
             "             (default cpu)\n"
+            "  --name NAME  serve the service NAME and the relay's bin NAME/requests (NAME:\n"
+            "             1 to %zu bytes)\n"
+            "  --params BIN  load every {params, version} put into the bin BIN, between\n"
+            "             forwards\n"
+            "  --timeout-ms MS  the deadline in the queue of a request that names none (a\n"
+            "             relayed record without timeout_ms, or with 0): positive milliseconds,\n"
+            "             or -1 for none (default 30000; predictors' requests carry their own)\n"
             "  --stats-s S  print the statistics every S seconds (default 0: on exit only): one\n"
             "             line for the batcher, then one per replica with its mean queue, input\n"
             "             copy, compute and output times and its batch sizes\n"
@@ -77,9 +84,15 @@ static void usage(FILE *f)
             "a deadline passed) and were malformed (not a request record, no input, no reply bin\n"
             "for a relayed one, or an input that does not match --input; each is logged on\n"
             "stderr, at most %d lines per %d s, and answered with ESCHEMA, a relayed one when it\n"
-            "names a reply bin). Workers call the service NAME (or relay through NAME/requests).\n",
-            TS_BATCHER_MAX_ANSWER_THREADS, TS_BATCHER_SHM_DEFAULT_SLOTS, TS_BATCHER_SHM_MAX_SLOTS,
-            LOG_BURST, LOG_WINDOW_S);
+            "names a reply bin). Workers call the service NAME (or relay through NAME/requests).\n"
+            "Exit status: 0 after SIGINT or SIGTERM; 2 for a configuration error, before it\n"
+            "connects (an argument that is missing or does not parse, a --name or --params\n"
+            "that is not a bin name, or options the batcher or the shim refuse: --overlap\n"
+            "without --answer-threads, --min-delay-us above --max-delay-us, --timeout-ms 0,\n"
+            "overlapping fields, a --device this build or machine lacks); 1 when loading the\n"
+            "model, making its replicas, connecting to tensord or serving fails.\n",
+            TS_MAX_NAME_LEN - strlen(TS_BATCHER_REQ_SUFFIX), TS_BATCHER_MAX_ANSWER_THREADS,
+            TS_BATCHER_SHM_DEFAULT_SLOTS, TS_BATCHER_SHM_MAX_SLOTS, LOG_BURST, LOG_WINDOW_S);
 }
 
 /* Parse a decimal number in [lo, hi]. 0 or -1. */
@@ -338,11 +351,30 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    /* Everything that can be checked without the model or the server is checked first. */
+    size_t name_max = TS_MAX_NAME_LEN - strlen(TS_BATCHER_REQ_SUFFIX);
+    if (name[0] == '\0' || strlen(name) > name_max) {
+        fprintf(stderr, "tsinfer: --name '%s': 1 to %zu bytes (NAME%s is a bin name)\n", name,
+                name_max, TS_BATCHER_REQ_SUFFIX);
+        return 2;
+    }
+    if (params != NULL && (params[0] == '\0' || strlen(params) > TS_MAX_NAME_LEN)) {
+        fprintf(stderr, "tsinfer: --params '%s': a bin name of 1 to %d bytes\n", params,
+                TS_MAX_NAME_LEN);
+        return 2;
+    }
     ts_field_t in[MAX_FIELDS], out[MAX_FIELDS];
     int n_in = parse_schema(in_spec, in);
     int n_out = out_spec != NULL ? parse_schema(out_spec, out) : 0;
     if (n_in <= 0 || n_out < 0)
         return 2;
+    int sizes[TS_BATCHER_MAX_PREFERRED];
+    int n_sizes = preferred != NULL ? parse_sizes(preferred, max_batch, sizes) : 0;
+    if (n_sizes < 0) {
+        fprintf(stderr, "tsinfer: --preferred %s: up to %d sizes of 1..%ld rows\n", preferred,
+                TS_BATCHER_MAX_PREFERRED, max_batch);
+        return 2;
+    }
 
     /* Signals are taken by sigwait below; every thread started from here inherits the mask. */
     sigset_t sigs;
@@ -365,16 +397,8 @@ int main(int argc, char **argv)
         if (rc != 0) {
             fprintf(stderr, "tsinfer: --amp %s: %s\n", amp, ts_last_error());
             ts_torch_model_free(proto);
-            return 1;
+            return 2;
         }
-    }
-    int sizes[TS_BATCHER_MAX_PREFERRED];
-    int n_sizes = preferred != NULL ? parse_sizes(preferred, max_batch, sizes) : 0;
-    if (n_sizes < 0) {
-        fprintf(stderr, "tsinfer: --preferred %s: up to %d sizes of 1..%ld rows\n", preferred,
-                TS_BATCHER_MAX_PREFERRED, max_batch);
-        ts_torch_model_free(proto);
-        return 2;
     }
     ts_batcher_options_t cfg;
     ts_batcher_options_init(&cfg);
@@ -399,7 +423,8 @@ int main(int argc, char **argv)
     if (rc != 0) {
         fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_last_error());
         ts_torch_model_free(proto);
-        return 1;
+        /* Refused options (and a device this build or machine lacks) are configuration errors. */
+        return rc == TS_EINVAL || rc == TS_ENOTSUP ? 2 : 1;
     }
     ts_client_t *client = NULL;
     rc = ts_client_open(&client, server, NULL);
@@ -415,16 +440,11 @@ int main(int argc, char **argv)
     ts_batcher_serve_options_init(&so);
     so.on_malformed = on_malformed;
     so.on_malformed_arg = &logs;
-    if (strlen(name) + strlen(TS_BATCHER_REQ_SUFFIX) > TS_MAX_NAME_LEN) {
-        fprintf(stderr, "tsinfer: --name %s: at most %d bytes\n", name,
-                (int)(TS_MAX_NAME_LEN - strlen(TS_BATCHER_REQ_SUFFIX)));
-        rc = TS_ENAMETOOLONG;
-    } else {
-        snprintf(logs.req_bin, sizeof(logs.req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
-        rc = ts_batcher_serve_with(b, client, name, &so);
-        if (rc != 0)
-            fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_last_error());
-    }
+    snprintf(logs.req_bin, sizeof(logs.req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
+    rc = ts_batcher_serve_with(b, client, name, &so);
+    int served = rc == 0; /* requests may have come in: the statistics are printed on exit */
+    if (rc != 0)
+        fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_last_error());
     if (rc == 0 && shm_slots > 0) {
         ts_batcher_shm_options_t shm;
         ts_batcher_shm_options_init(&shm);
@@ -461,7 +481,8 @@ int main(int argc, char **argv)
     }
     ts_batcher_stop_remote(b);
     /* Before the batcher goes: requests still queued are cancelled by ts_batcher_free. */
-    print_stats("stopped", b);
+    if (served)
+        print_stats("stopped", b);
     ts_batcher_free(b);
     ts_client_free(client);
     ts_torch_model_free(proto);
