@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -168,7 +169,6 @@ static void test_tsinfer(void **state)
     assert_int_equal(ts_map_set(bad, "reply", ts_string_new("policy/reply/x", 14)), 0);
     assert_int_equal(ts_append(c, "policy/requests", bad, NULL), 0);
     ts_value_free(bad);
-
     /* The trainer publishes weights with out_scale 2 as version 1. */
     ts_value_t *sd = NULL;
     assert_int_equal(ts_torch_state_dict(local, &sd), 0);
@@ -260,6 +260,93 @@ static const char *slurp(const char *path)
         fclose(f);
     }
     return out;
+}
+
+/* Completions of test_tsinfer_counts's asynchronous predictions. */
+static atomic_int counts_done;
+
+static void counts_cb(ts_predictor_t *p, int status, ts_value_t *output, int64_t version, void *arg)
+{
+    (void)p;
+    (void)status;
+    (void)version;
+    (void)arg;
+    ts_value_free(output);
+    atomic_fetch_add(&counts_done, 1);
+}
+
+/*
+ * tsinfer's "failed" is the model's failures and the deadlines passed, not the cancellations
+ * (counted apart): a slow MLP (1024 wide, built here) whose output never matches --output fails
+ * every forward; a flood of calls is still queued when SIGTERM comes, so those are cancelled.
+ * Once serving stopped every call is answered or cancelled, so the "stopped" lines add up:
+ * submitted = answered + failed + cancelled.
+ */
+static void test_tsinfer_counts(void **state)
+{
+    (void)state;
+    const char *exe = getenv("TS_TSINFER");
+    const char *make_models = getenv("TS_MAKE_MODELS");
+    assert_non_null(exe);
+    assert_non_null(make_models);
+    tsh_server srv;
+    assert_int_equal(tsh_server_start(&srv, NULL), 0);
+    char model[600];
+    snprintf(model, sizeof(model), "%s/slow.pt", srv.dir);
+    const char *make[] = {make_models, "--mlp", "8,1024,1024,1024,4", model, NULL};
+    assert_int_equal(run_tsinfer(make, NULL), 0);
+    const char *args[] = {exe,          "--server",  srv.addr,     "--model",
+                          model,        "--name",    "counts",     "--input",
+                          ":float32:8", "--output",  ":float32:5", "--max-batch",
+                          "1",          "--threads", "1",          NULL};
+    char log[600];
+    snprintf(log, sizeof(log), "%s/tsinfer.log", srv.dir);
+    pid_t pid = start_tsinfer(args, log);
+    assert_true(pid > 0);
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, c, "counts"), 0);
+    ts_value_t *x = rows_of(1, 0), *y = NULL;
+    /* Waits for tsinfer's start-up; the output has 4 columns, not 5. */
+    assert_int_equal(ts_predictor_predict(p, x, 60000, &y, NULL), TS_EMODEL);
+    assert_non_null(strstr(ts_last_error(), "per-row shape [4], expected [5]"));
+    atomic_store(&counts_done, 0);
+    int sent = 0;
+    for (int i = 0; i < 200; i++)
+        sent += ts_predictor_predict_async(p, x, 60000, counts_cb, NULL) == 0;
+    /* Stop once tsinfer works through them (at most 10 s on): most are still queued there. */
+    for (int i = 0; i < 1000 && atomic_load(&counts_done) < 2; i++)
+        sleep_ms(10);
+    assert_int_equal(stop_tsinfer(pid), 0);
+    ts_predictor_free(p); /* completes whatever is still outstanding */
+    assert_int_equal(atomic_load(&counts_done), sent);
+    const char *out = slurp(log);
+    const char *line1 = strstr(out, "tsinfer: stopped: ");
+    const char *line2 = line1 != NULL ? strstr(line1 + 1, "tsinfer: stopped: ") : NULL;
+    if (line2 == NULL)
+        print_error("tsinfer's output:\n%s\n", out);
+    assert_non_null(line2);
+    unsigned long long answered = 0, failed = 0, malformed = 0;
+    unsigned long long submitted = 0, timed_out = 0, cancelled = 0;
+    assert_int_equal(sscanf(line1,
+                            "tsinfer: stopped: %llu requests answered, %llu failed, %llu "
+                            "malformed",
+                            &answered, &failed, &malformed),
+                     3);
+    assert_int_equal(sscanf(line2,
+                            "tsinfer: stopped: %llu submitted, %llu timed out, %llu cancelled",
+                            &submitted, &timed_out, &cancelled),
+                     3);
+    print_message("%llu submitted, %llu failed, %llu cancelled\n", submitted, failed, cancelled);
+    assert_int_equal(answered, 0);
+    assert_true(failed >= 1);
+    assert_int_equal(timed_out, 0);
+    assert_int_equal(submitted, answered + failed + cancelled);
+    ts_value_free(x);
+    ts_client_free(c);
+    assert_int_equal(tsh_server_stop(&srv), 0);
+    tsh_server_cleanup(&srv);
 }
 
 /* test_tsinfer_shm's tensord and tsinfer, stopped by PID by the teardown when it fails. */
@@ -507,6 +594,7 @@ int main(void)
         cmocka_unit_test(test_tsinfer_shm_usage),
         cmocka_unit_test(test_tsinfer_overlap_usage),
         cmocka_unit_test(test_tsinfer_config_errors),
+        cmocka_unit_test(test_tsinfer_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

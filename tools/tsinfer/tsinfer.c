@@ -60,9 +60,9 @@ static void usage(FILE *f)
             "  --timeout-ms MS  the deadline in the queue of a request that names none (a\n"
             "             relayed record without timeout_ms, or with 0): positive milliseconds,\n"
             "             or -1 for none (default 30000; predictors' requests carry their own)\n"
-            "  --stats-s S  print the statistics every S seconds (default 0: on exit only): one\n"
-            "             line for the batcher, then one per replica with its mean queue, input\n"
-            "             copy, compute and output times and its batch sizes\n"
+            "  --stats-s S  print the statistics every S seconds (default 0: on exit only): two\n"
+            "             lines for the batcher (below), then one per replica with its mean\n"
+            "             queue, input copy, compute and output times and its batch sizes\n"
             "  --min-delay-us US  hold a partial batch at least this long (default 0)\n"
             "  --preferred ROWS,...  batch sizes that run as soon as the queue reaches them\n"
             "  --amp DTYPE  run the replicas under autocast (bfloat16; float16 on CUDA only)\n"
@@ -82,9 +82,13 @@ static void usage(FILE *f)
             "             (the predictors' own statistics tell them apart)\n"
             "On exit tsinfer prints how many requests were answered, failed (the model failed or\n"
             "a deadline passed) and were malformed (not a request record, no input, no reply bin\n"
-            "for a relayed one, or an input that does not match --input; each is logged on\n"
-            "stderr, at most %d lines per %d s, and answered with ESCHEMA, a relayed one when it\n"
-            "names a reply bin). Workers call the service NAME (or relay through NAME/requests).\n"
+            "for a relayed one, or an input that does not match --input: answered with ESCHEMA,\n"
+            "or EPROTO for a slot's request that does not decode, a relayed one only when it\n"
+            "names a reply bin; logged on stderr, at most %d lines per %d s, those of the --shm\n"
+            "slots excepted), then how many were submitted, timed out (of the failed),\n"
+            "cancelled (service calls still queued when it stops; relayed and slot requests\n"
+            "still queued then are cancelled after the line, uncounted) and refused (queue\n"
+            "full). Workers call the service NAME (or relay through NAME/requests).\n"
             "Exit status: 0 after SIGINT or SIGTERM; 2 for a configuration error, before it\n"
             "connects (an argument that is missing or does not parse, a --name or --params\n"
             "that is not a bin name, or options the batcher or the shim refuse: --overlap\n"
@@ -206,9 +210,11 @@ static double mean_us(uint64_t sum_ns, uint64_t n)
 }
 
 /*
- * The statistics, printed every --stats-s seconds and on exit: the batcher's line, then one line
- * per replica (Triton's split of the time: queue per request; input copy, compute and output per
- * batch; then the batch sizes, bucket by bucket, the empty ones left out).
+ * The statistics, printed every --stats-s seconds and on exit: the batcher's two lines, then one
+ * line per replica (Triton's split of the time: queue per request; input copy, compute and output
+ * per batch; then the batch sizes, bucket by bucket, the empty ones left out). "failed" is the
+ * model's failures and the deadlines passed; cancellations are counted apart, on the second line
+ * (ts_batcher_stats_t.failed counts both).
  */
 static void print_stats(const char *when, ts_batcher_t *b)
 {
@@ -216,7 +222,7 @@ static void print_stats(const char *when, ts_batcher_t *b)
     ts_batcher_stats(b, &st);
     printf("tsinfer: %s: %llu requests answered, %llu failed, %llu malformed, %llu batches, "
            "%.2f rows per batch\n",
-           when, (unsigned long long)st.requests, (unsigned long long)st.failed,
+           when, (unsigned long long)st.requests, (unsigned long long)(st.failed - st.cancelled),
            (unsigned long long)st.malformed, (unsigned long long)st.batches,
            st.batches ? (double)st.rows / (double)st.batches : 0.0);
     printf("tsinfer: %s: %llu submitted, %llu timed out, %llu cancelled, %llu refused (queue "
