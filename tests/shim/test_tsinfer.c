@@ -27,6 +27,7 @@
 #include "common.h"
 #include "harness.h"
 #include "tensorshare/batcher.h"
+#include "tensorshare/service.h"
 #include "tensorshare/torch.h"
 
 static void sleep_ms(long ms)
@@ -169,6 +170,17 @@ static void test_tsinfer(void **state)
     assert_int_equal(ts_map_set(bad, "reply", ts_string_new("policy/reply/x", 14)), 0);
     assert_int_equal(ts_append(c, "policy/requests", bad, NULL), 0);
     ts_value_free(bad);
+    /* A malformed call of the service: answered with ESCHEMA, logged as a call of the service. */
+    bad = ts_map_new();
+    assert_int_equal(ts_map_set(bad, "x", ts_int_new(1)), 0);
+    ts_value_t *reply = NULL;
+    assert_int_equal(ts_call(c, "policy", bad, 30000, 0, &reply), 0);
+    int64_t call_status = 0;
+    assert_int_equal(ts_map_get_int(reply, "status", &call_status), 0);
+    assert_int_equal(call_status, TS_ESCHEMA);
+    ts_value_free(reply);
+    ts_value_free(bad);
+
     /* The trainer publishes weights with out_scale 2 as version 1. */
     ts_value_t *sd = NULL;
     assert_int_equal(ts_torch_state_dict(local, &sd), 0);
@@ -202,11 +214,11 @@ static void test_tsinfer(void **state)
     assert_non_null(f);
     out[fread(out, 1, sizeof(out) - 1, f)] = '\0';
     fclose(f);
-    if (strstr(out, "3 malformed") == NULL)
+    if (strstr(out, "4 malformed") == NULL)
         print_error("tsinfer's output:\n%s\n", out);
     assert_non_null(strstr(out, "tsinfer: running: "));
     assert_non_null(strstr(out, "tsinfer: stopped: "));
-    assert_non_null(strstr(out, "0 failed, 3 malformed"));
+    assert_non_null(strstr(out, "0 failed, 4 malformed"));
     /* Per replica: the time split and the batch sizes (Triton's statistics). */
     assert_non_null(strstr(out, "tsinfer:   replica 0 (cpu): "));
     assert_non_null(strstr(out, "us per request, input "));
@@ -214,6 +226,8 @@ static void test_tsinfer(void **state)
     assert_non_null(strstr(out, "malformed request in policy/requests: not a map"));
     assert_non_null(strstr(out, "request 5: no 'reply' bin name"));
     assert_non_null(strstr(out, "request 5: no 'input'"));
+    assert_non_null(strstr(out, "malformed call of the service policy: call "));
+    assert_null(strstr(out, "malformed request in policy/requests: call "));
     /* The request that named a reply bin was answered with the reason. */
     ts_items_t *answer = NULL;
     assert_int_equal(ts_get(c, "policy/reply/x", 0, &answer), 0);

@@ -174,14 +174,17 @@ static int parse_schema(char *buf, ts_field_t *fields)
  * Logging malformed requests, which ts_batcher_serve counts, answers and reports to on_malformed
  */
 typedef struct log_state {
-    char req_bin[TS_MAX_NAME_LEN + 1];
+    const char *name;                  /* the service */
+    char req_bin[TS_MAX_NAME_LEN + 1]; /* the relay's bin, NAME/requests */
     /* Log rate limit; used on the serve thread only (on_malformed is never called concurrently). */
     time_t window_start;
     unsigned logged, suppressed;
 } log_state;
 
 /* Log a malformed request (its reason in ts_last_error()), at most LOG_BURST lines per
-   LOG_WINDOW_S seconds; the lines left out are counted and summed up when the window ends. */
+   LOG_WINDOW_S seconds; the lines left out are counted and summed up when the window ends. A
+   call of the service has a reason that starts with "call N: " (batcher.h,
+   ts_batcher_malformed_cb); the others were taken from the relay's bin. */
 static void on_malformed(ts_batcher_t *b, int status, void *arg)
 {
     (void)b;
@@ -200,7 +203,11 @@ static void on_malformed(ts_batcher_t *b, int status, void *arg)
         return;
     }
     ls->logged++;
-    fprintf(stderr, "tsinfer: malformed request in %s: %s\n", ls->req_bin, ts_last_error());
+    const char *why = ts_last_error();
+    if (strncmp(why, "call ", 5) == 0)
+        fprintf(stderr, "tsinfer: malformed call of the service %s: %s\n", ls->name, why);
+    else
+        fprintf(stderr, "tsinfer: malformed request in %s: %s\n", ls->req_bin, why);
 }
 
 /* Mean of a sum of nanoseconds over n, in microseconds (0 when n is 0). */
@@ -446,6 +453,7 @@ int main(int argc, char **argv)
     ts_batcher_serve_options_init(&so);
     so.on_malformed = on_malformed;
     so.on_malformed_arg = &logs;
+    logs.name = name;
     snprintf(logs.req_bin, sizeof(logs.req_bin), "%s%s", name, TS_BATCHER_REQ_SUFFIX);
     rc = ts_batcher_serve_with(b, client, name, &so);
     int served = rc == 0; /* requests may have come in: the statistics are printed on exit */
