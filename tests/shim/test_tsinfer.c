@@ -216,6 +216,8 @@ static void test_tsinfer(void **state)
     fclose(f);
     if (strstr(out, "4 malformed") == NULL)
         print_error("tsinfer's output:\n%s\n", out);
+    assert_non_null(strstr(out, "tsinfer: serving the service policy (and the relay's bin "
+                                "policy/requests) on "));
     assert_non_null(strstr(out, "tsinfer: running: "));
     assert_non_null(strstr(out, "tsinfer: stopped: "));
     assert_non_null(strstr(out, "0 failed, 4 malformed"));

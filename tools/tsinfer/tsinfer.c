@@ -474,8 +474,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_last_error());
     }
     if (rc == 0) {
-        printf("tsinfer: serving %s%s on %s with %d replica(s) [", name, TS_BATCHER_REQ_SUFFIX,
-               server, ts_batcher_replicas(b));
+        printf("tsinfer: serving the service %s (and the relay's bin %s%s) on %s with %d "
+               "replica(s) [",
+               name, name, TS_BATCHER_REQ_SUFFIX, server, ts_batcher_replicas(b));
         for (int i = 0; i < ts_batcher_replicas(b); i++)
             printf("%s%s", i ? " " : "", ts_batcher_device(b, i));
         printf("], max batch %ld, max delay %ld us", max_batch, delay_us);
