@@ -512,7 +512,10 @@ TS_EXTERN int ts_batcher_serve_with(ts_batcher_t *b, ts_client_t *client, const 
 /*
  * Follow a parameters bin: a thread waits for new items in bin and publishes each new
  * {params, version} to the replicas (as ts_batcher_load_weights_async). client as for serve.
- * Added in 0.1.0.
+ * Nothing reports an update that a replica does not load (it keeps its weights and version;
+ * ts_batcher_stats_t.weight_loads counts only the loads that succeeded), nor an item that is
+ * not {params, version} (skipped): to learn of them, load each item with ts_batcher_load_weights
+ * on a thread of your own, as tsinfer does. Added in 0.1.0.
  */
 TS_EXTERN int ts_batcher_follow_weights(ts_batcher_t *b, ts_client_t *client, const char *bin);
 

@@ -93,6 +93,8 @@ static int stop_tsinfer(pid_t pid)
     return -1;
 }
 
+static const char *slurp(const char *path);
+
 static void test_tsinfer(void **state)
 {
     (void)state;
@@ -206,6 +208,38 @@ static void test_tsinfer(void **state)
             sleep_ms(20);
     }
     assert_int_equal(version, 1);
+
+    /* A state dict the model refuses (out_scale of 3, not 4), then an item without params: each
+       is logged, and the replicas keep version 1. */
+    assert_int_equal(ts_torch_state_dict(local, &sd), 0);
+    int64_t three = 3;
+    assert_int_equal(
+        ts_map_set(sd, "out_scale", ts_tensor_new(TS_FLOAT32, 1, &three, two, TS_COPY)), 0);
+    rec = ts_map_new();
+    assert_int_equal(ts_map_set(rec, "params", sd), 0);
+    assert_int_equal(ts_map_set(rec, "version", ts_int_new(2)), 0);
+    assert_int_equal(ts_put(c, "policy/params", rec, NULL), 0);
+    ts_value_free(rec);
+    const char *refused = "tsinfer: --params policy/params: version 2 not loaded: replica ";
+    for (int i = 0; i < 1000 && strstr(slurp(log), refused) == NULL; i++)
+        sleep_ms(10);
+    if (strstr(slurp(log), refused) == NULL)
+        print_error("tsinfer's output:\n%s\n", slurp(log));
+    assert_non_null(strstr(slurp(log), refused));
+    assert_non_null(strstr(slurp(log), "shape mismatch: out_scale [3] (model [4])"));
+    rec = ts_map_new();
+    assert_int_equal(ts_map_set(rec, "version", ts_int_new(3)), 0);
+    assert_int_equal(ts_put(c, "policy/params", rec, NULL), 0);
+    ts_value_free(rec);
+    const char *ignored = "is not {params, version}: ignored";
+    for (int i = 0; i < 1000 && strstr(slurp(log), ignored) == NULL; i++)
+        sleep_ms(10);
+    assert_non_null(strstr(slurp(log), ignored));
+    ts_value_t *x1 = rows_of(2, 900), *y1 = NULL;
+    assert_int_equal(ts_predictor_predict(p, x1, 30000, &y1, &version), 0);
+    assert_int_equal(version, 1);
+    ts_value_free(y1);
+    ts_value_free(x1);
 
     sleep_ms(1100); /* at least one periodic statistics line (--stats-s 1) */
     assert_int_equal(stop_tsinfer(pid), 0);

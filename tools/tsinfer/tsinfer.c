@@ -12,8 +12,9 @@
  * answers each call (or appends each relayed answer to its requester's reply bin). With --shm it
  * also offers shared-memory slots (ts_batcher_serve_shm, advertised in the bin NAME/shm) to the
  * predictors on its own host, whose blocking predictions then skip tensord. With --params it
- * loads every {params, version} a trainer puts into BIN, between forwards. SIGINT or SIGTERM stop
- * it: pending requests are answered with TS_ECANCELED.
+ * loads every {params, version} a trainer puts into BIN, between forwards, and logs each one that
+ * a replica does not load. SIGINT or SIGTERM stop it: pending requests are answered with
+ * TS_ECANCELED.
  *
  * ts_batcher_serve_with takes the requests; it counts each malformed request (not a request
  * record, no input, no reply bin for a relayed one, or an input that does not match the
@@ -23,6 +24,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,10 @@
 #define STATS_MAX_S  86400 /* s; --stats-s: at most a day between statistics lines */
 #define STATS_IDLE_S 3600  /* s; without --stats-s, the signal wait wakes this rarely */
 #define LOG_WINDOW_S 10    /* ... of this many seconds; the rest are counted, then summed up */
+/* ms; --params: one wait for the bin lasts this long at most, so that stopping is prompt */
+#define FOLLOW_WAIT_MS 200
+/* ms; --params: the pause after a wait or a read that failed (the connection is down) */
+#define FOLLOW_RETRY_MS 50
 
 static void usage(FILE *f)
 {
@@ -56,7 +62,8 @@ static void usage(FILE *f)
             "  --name NAME  serve the service NAME and the relay's bin NAME/requests (NAME:\n"
             "             1 to %zu bytes)\n"
             "  --params BIN  load every {params, version} put into the bin BIN, between\n"
-            "             forwards\n"
+            "             forwards; a version a replica does not load (it keeps its weights) or\n"
+            "             an item that is not {params, version} is logged on stderr\n"
             "  --timeout-ms MS  the deadline in the queue of a request that names none (a\n"
             "             relayed record without timeout_ms, or with 0): positive milliseconds,\n"
             "             or -1 for none (default 30000; predictors' requests carry their own)\n"
@@ -79,7 +86,11 @@ static void usage(FILE *f)
             "             slot instead of tensord. Every other predictor, and an input larger\n"
             "             than a slot, calls the service as before. tensord itself may be on\n"
             "             any host. The statistics lines count slot requests with the others\n"
-            "             (the predictors' own statistics tell them apart)\n"
+            "             (the predictors' own statistics tell them apart)\n",
+            TS_MAX_NAME_LEN - strlen(TS_BATCHER_REQ_SUFFIX), TS_BATCHER_MAX_ANSWER_THREADS,
+            TS_BATCHER_SHM_DEFAULT_SLOTS, TS_BATCHER_SHM_MAX_SLOTS);
+    /* Two strings: C99 compilers need not take one over 4095 bytes. */
+    fprintf(f,
             "On exit tsinfer prints how many requests were answered, failed (the model failed or\n"
             "a deadline passed) and were malformed (not a request record, no input, no reply bin\n"
             "for a relayed one, or an input that does not match --input: answered with ESCHEMA,\n"
@@ -95,8 +106,7 @@ static void usage(FILE *f)
             "without --answer-threads, --min-delay-us above --max-delay-us, --timeout-ms 0,\n"
             "overlapping fields, a --device this build or machine lacks); 1 when loading the\n"
             "model, making its replicas, connecting to tensord or serving fails.\n",
-            TS_MAX_NAME_LEN - strlen(TS_BATCHER_REQ_SUFFIX), TS_BATCHER_MAX_ANSWER_THREADS,
-            TS_BATCHER_SHM_DEFAULT_SLOTS, TS_BATCHER_SHM_MAX_SLOTS, LOG_BURST, LOG_WINDOW_S);
+            LOG_BURST, LOG_WINDOW_S);
 }
 
 /* Parse a decimal number in [lo, hi]. 0 or -1. */
@@ -208,6 +218,72 @@ static void on_malformed(ts_batcher_t *b, int status, void *arg)
         fprintf(stderr, "tsinfer: malformed call of the service %s: %s\n", ls->name, why);
     else
         fprintf(stderr, "tsinfer: malformed request in %s: %s\n", ls->req_bin, why);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Following --params. ts_batcher_follow_weights publishes each update without waiting and never
+ * says when a replica refuses one; this thread loads each newest {params, version} with the
+ * blocking ts_batcher_load_weights instead, so that a refused update is logged with its version
+ * and the loader's message (the replicas that refuse it keep their weights and version).
+ */
+typedef struct follower {
+    ts_batcher_t *b;
+    ts_client_t *client;
+    const char *bin;
+    atomic_int stop;
+} follower;
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* Wait for the bin to change, then load its newest item into every replica; until stop is set. */
+static void *follow_main(void *arg)
+{
+    follower *f = arg;
+    uint64_t after = 0;
+    while (!atomic_load(&f->stop)) {
+        uint64_t v = 0;
+        int rc = ts_wait(f->client, f->bin, after, FOLLOW_WAIT_MS, &v, NULL);
+        if (rc == TS_ETIMEDOUT)
+            continue;
+        if (rc != 0) {
+            sleep_ms(FOLLOW_RETRY_MS);
+            continue;
+        }
+        ts_items_t *items = NULL;
+        rc = ts_peek(f->client, f->bin, 0, &items);
+        if (rc == TS_ENOENT) {
+            after = v;
+            continue;
+        }
+        if (rc != 0) {
+            sleep_ms(FOLLOW_RETRY_MS);
+            continue;
+        }
+        after = ts_items_version(items);
+        /* The newest item wins (a trainer puts one; appended ones are read newest first). */
+        size_t n = ts_items_count(items);
+        const ts_value_t *rec = n > 0 ? ts_items_at(items, n - 1) : NULL;
+        const ts_value_t *params = rec != NULL ? ts_map_get(rec, "params") : NULL;
+        int64_t version = 0;
+        if (params == NULL || ts_map_get_int(rec, "version", &version) != 0) {
+            fprintf(stderr,
+                    "tsinfer: --params %s: the newest item (bin version %llu) is not {params, "
+                    "version}: ignored\n",
+                    f->bin, (unsigned long long)after);
+        } else {
+            /* Replicas load between forwards: the wait lasts about a forward and a load. */
+            rc = ts_batcher_load_weights(f->b, params, version, TS_TIMEOUT_INFINITE);
+            if (rc != 0)
+                fprintf(stderr, "tsinfer: --params %s: version %lld not loaded: %s\n", f->bin,
+                        (long long)version, ts_last_error());
+        }
+        ts_items_free(items);
+    }
+    return NULL;
 }
 
 /* Mean of a sum of nanoseconds over n, in microseconds (0 when n is 0). */
@@ -468,10 +544,21 @@ int main(int argc, char **argv)
             fprintf(stderr, "tsinfer: --shm %ld: %s: %s\n", shm_slots, ts_strerror(rc),
                     ts_last_error());
     }
+    static follower fol;
+    pthread_t follow_th;
+    int following = 0;
     if (rc == 0 && params != NULL) {
-        rc = ts_batcher_follow_weights(b, client, params);
-        if (rc != 0)
-            fprintf(stderr, "tsinfer: %s: %s\n", ts_strerror(rc), ts_last_error());
+        fol.b = b;
+        fol.client = client;
+        fol.bin = params;
+        atomic_init(&fol.stop, 0);
+        if (pthread_create(&follow_th, NULL, follow_main, &fol) != 0) {
+            fprintf(stderr, "tsinfer: --params %s: cannot start the thread that follows it\n",
+                    params);
+            rc = TS_ENOMEM;
+        } else {
+            following = 1;
+        }
     }
     if (rc == 0) {
         printf("tsinfer: serving the service %s (and the relay's bin %s%s) on %s with %d "
@@ -493,6 +580,10 @@ int main(int argc, char **argv)
             if (sig < 0 && errno == EAGAIN && stats_s > 0)
                 print_stats("running", b);
         }
+    }
+    if (following) {
+        atomic_store(&fol.stop, 1);
+        pthread_join(follow_th, NULL);
     }
     ts_batcher_stop_remote(b);
     /* Before the batcher goes: requests still queued are cancelled by ts_batcher_free. */
