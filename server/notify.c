@@ -623,6 +623,8 @@ void tsd_notify_change(tsd_server *srv, const uint8_t *name, size_t len, uint64_
                        uint32_t n_items, uint8_t event)
 {
     notify_watchers(srv, name, len, version, n_items, event);
+    /* A sync step being formed for a parameter whose bin lost its tensor (ps.c). */
+    tsd_ps_bin_changed(srv, name, len);
     /* Then the takers waiting for items (coord.c): their GETs notify after this change. */
     tsd_coord_changed(srv, name, len);
 }

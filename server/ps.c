@@ -20,6 +20,7 @@
 #include "ps.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "msg.h"
 #include "record.h"
@@ -400,8 +401,10 @@ static void ring_add(ps_param *p, uint64_t v, uint64_t steps)
  */
 static uint64_t staleness(const ps_param *p, uint64_t base, uint64_t cur)
 {
-    if (base == 0 || base >= cur)
+    if (base == 0 || base == cur)
         return 0;
+    if (base > cur)
+        return TSD_PS_RING; /* a version the parameter never had: unknown */
     for (uint32_t i = 0; i < p->ring_n; i++) {
         uint32_t j = (p->ring_head + TSD_PS_RING - 1 - i) % TSD_PS_RING;
         if (p->ring_ver[j] == base)
@@ -559,6 +562,23 @@ static void round_fail(tsd_server *srv, ps_param *p, uint16_t st, const char *ms
         wait_answer(srv, x);
     }
     p->acc_n = 0;
+}
+
+void tsd_ps_bin_changed(tsd_server *srv, const uint8_t *name, size_t len)
+{
+    if (srv->ps == NULL)
+        return;
+    ps_param *p = param_find(srv, name, len);
+    if (p == NULL || p->busy || p->round == NULL)
+        return; /* a step being applied checks the bin again when it is done */
+    tsd_item *it;
+    ps_tensor t;
+    char msg[160], full[240];
+    uint16_t st = param_value(srv, name, len, p->numel, &it, &t, msg, sizeof(msg));
+    if (st == TS_ST_OK || st == TS_ST_OUT_OF_MEMORY)
+        return; /* still one float32 tensor of its size: the step goes on */
+    snprintf(full, sizeof(full), "the parameter's bin changed while its step was forming: %s", msg);
+    round_fail(srv, p, st, full);
 }
 
 /* Loop thread: publish the job's result, answer its pushes, start the next job. */
@@ -1107,24 +1127,55 @@ static uint32_t emb_row(ps_emb *t, int64_t id, uint64_t *created)
     return r;
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
 /*
- * Rows t needs for n more ids, of which some may be there already: n when its arrays hold them
- * all anyway, else the ids it does not have (an id missing twice counts twice: an upper bound).
- * Only reads t: on the thread pool while t runs a job, or on the loop while it does not.
+ * The ids of ids[0..n) that t does not hold, each counted once (n, an upper bound, when there is
+ * no memory to tell repeats apart). Only reads t: on the thread pool while t runs a job, or on
+ * the loop while it does not.
  */
+static uint64_t emb_missing(const ps_emb *t, const int64_t *ids, uint64_t n)
+{
+    if (n == 0)
+        return 0;
+    int64_t *miss = ts__malloc((size_t)n * sizeof(int64_t));
+    if (miss == NULL)
+        return n;
+    uint64_t m = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        int held = 0;
+        if (t->cap > 0) {
+            uint64_t h = mix64((uint64_t)ids[i]) & (t->cap - 1);
+            while (t->keys[h] >= 0 && t->keys[h] != ids[i])
+                h = (h + 1) & (t->cap - 1);
+            held = t->keys[h] >= 0;
+        }
+        if (!held)
+            miss[m++] = ids[i];
+    }
+    uint64_t distinct = 0;
+    if (m > 0) {
+        qsort(miss, (size_t)m, sizeof(int64_t), cmp_i64);
+        distinct = 1;
+        for (uint64_t i = 1; i < m; i++)
+            distinct += miss[i] != miss[i - 1];
+    }
+    ts__free(miss);
+    return distinct;
+}
+
+/* Rows t must have room for before n more ids: n when its arrays hold them all anyway (nothing
+ * grows), else the ids it lacks (emb_missing). */
 static uint64_t emb_new_rows(const ps_emb *t, const int64_t *ids, uint64_t n)
 {
     uint64_t want = t->count + n;
-    if (t->cap == 0 || (rows_cap_for(want) <= t->rows_cap && hash_cap_for(want) <= t->cap))
-        return n; /* no rows yet, or room for them all */
-    uint64_t missing = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t h = mix64((uint64_t)ids[i]) & (t->cap - 1);
-        while (t->keys[h] >= 0 && t->keys[h] != ids[i])
-            h = (h + 1) & (t->cap - 1);
-        missing += t->keys[h] < 0;
-    }
-    return missing;
+    if (t->cap > 0 && rows_cap_for(want) <= t->rows_cap && hash_cap_for(want) <= t->cap)
+        return n;
+    return emb_missing(t, ids, n);
 }
 
 /* Check a request's ids against t's range; NULL or the message ("" when msg is NULL). */
@@ -1315,44 +1366,65 @@ static void emb_done(uv_work_t *req, int status)
     ps_quiet_check(srv);
 }
 
+/* 1 when n more bytes fit --max-memory now (nothing is counted or charged). */
+static int store_fits(tsd_server *srv, uint64_t n)
+{
+    if (n == 0 || tsd_store_reserve(&srv->store, n) != 0)
+        return n == 0;
+    tsd_store_unreserve(&srv->store, n);
+    return 1;
+}
+
 static void emb_kick(tsd_server *srv, ps_emb *t)
 {
     if (t->busy || t->q_head == NULL || ps_paused(srv))
         return;
     /*
      * Charge the growth of the worst case (every id new) ahead; emb_done settles it. When that
-     * does not fit, count the ids the table lacks (a lookup each, on the loop, only then), so
-     * that reading and updating rows that exist never fails for rows that would not be made.
+     * does not fit, take the waiting requests in order, each with the ids the table lacks (a
+     * lookup each, on the loop, only then), while their new rows fit: reading and updating rows
+     * that exist never fails for rows that would not be made, and a request whose new rows do
+     * not fit fails alone.
      */
     uint64_t n = 0;
     for (ps_wait *x = t->q_head; x != NULL; x = x->next)
         n += x->n;
     uint64_t worst = emb_bytes(t, t->count + n);
     uint64_t ahead = worst > t->cost ? worst - t->cost : 0;
-    int fits = t->count + n <= TSD_PS_MAX_ROWS && tsd_store_charge(srv, NULL, ahead) == 0;
-    if (!fits) {
-        n = 0;
-        for (ps_wait *x = t->q_head; x != NULL; x = x->next)
-            if (x->ids != NULL && bad_ids(t, x->ids, x->n, NULL, 0) == NULL)
-                n += emb_new_rows(t, x->ids, x->n);
-        worst = emb_bytes(t, t->count + n);
-        ahead = worst > t->cost ? worst - t->cost : 0;
-        fits = t->count + n <= TSD_PS_MAX_ROWS && tsd_store_charge(srv, NULL, ahead) == 0;
-    }
-    if (!fits) {
-        while (t->q_head != NULL) {
-            ps_wait *x = t->q_head;
-            t->q_head = x->next;
-            wait_fail(x, TS_ST_OUT_OF_MEMORY,
-                      "memory limit reached (--max-memory): the table cannot grow by the rows "
-                      "asked for");
-            wait_answer(srv, x);
+    ps_wait *job = t->q_head;
+    if (t->count + n > TSD_PS_MAX_ROWS || !store_fits(srv, ahead)) {
+        ps_wait *x = t->q_head, **tail = &job;
+        uint64_t rows = 0;
+        job = NULL;
+        ahead = 0;
+        while (x != NULL) {
+            ps_wait *next = x->next;
+            x->next = NULL;
+            uint64_t m = bad_ids(t, x->ids, x->n, NULL, 0) == NULL ? emb_missing(t, x->ids, x->n)
+                                                                   : 0; /* fails, makes none */
+            uint64_t want = emb_bytes(t, t->count + rows + m);
+            uint64_t a = want > t->cost ? want - t->cost : 0;
+            if (t->count + rows + m <= TSD_PS_MAX_ROWS && store_fits(srv, a)) {
+                rows += m;
+                ahead = a;
+                *tail = x;
+                tail = &x->next;
+            } else {
+                srv->stats.oom_rejections++;
+                wait_fail(x, TS_ST_OUT_OF_MEMORY,
+                          "memory limit reached (--max-memory): the table cannot grow by the rows "
+                          "asked for");
+                wait_answer(srv, x);
+            }
+            x = next;
         }
-        t->q_tail = NULL;
-        return;
+        t->q_head = t->q_tail = NULL;
+        if (job == NULL)
+            return;
     }
+    (void)tsd_store_charge(srv, NULL, ahead); /* fits: checked above */
     t->pending = ahead;
-    t->job = t->q_head;
+    t->job = job;
     t->q_head = t->q_tail = NULL;
     t->busy = 1;
     srv->ps->running++;

@@ -29,6 +29,12 @@ void tsd_ps_upload(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t na
 /* A closing connection: its pending requests are finished without an answer. */
 void tsd_ps_conn_gone(tsd_server *srv, tsd_conn *c);
 /*
+ * Bin name changed by a request (not by a step of its parameter): a sync step being formed for
+ * a parameter whose bin no longer holds its tensor (deleted, or replaced by something else) is
+ * answered with the error at once, and its accumulator starts over.
+ */
+void tsd_ps_bin_changed(tsd_server *srv, const uint8_t *name, size_t len);
+/*
  * tensord is stopping: answer c's pending requests SHUTTING_DOWN (a sync push keeps its
  * contribution to the step being formed). Returns how many.
  */

@@ -697,11 +697,13 @@ int tsd_server_init(tsd_server *srv, uv_loop_t *loop, const tsd_config *cfg)
             tsd_log(TSD_LOG_INFO, "loaded snapshot %s: %zu bins, %llu items, %llu bytes",
                     cfg->save_path, srv->store.bins.count, (unsigned long long)srv->store.n_items,
                     (unsigned long long)srv->store.held);
-            if (srv->store.max_memory != 0 && srv->store.held > srv->store.max_memory)
+            uint64_t used = tsd_store_used(&srv->store);
+            if (srv->store.max_memory != 0 && used > srv->store.max_memory)
                 tsd_log(TSD_LOG_WARN,
-                        "the snapshot holds more than --max-memory (%llu bytes): uploads are "
-                        "refused until bins are removed",
-                        (unsigned long long)srv->store.max_memory);
+                        "the snapshot takes more than --max-memory (%llu of %llu bytes, with "
+                        "streams, tables and the parameter server's state): requests that need "
+                        "memory are refused until data is removed",
+                        (unsigned long long)used, (unsigned long long)srv->store.max_memory);
         } else {
             tsd_log(TSD_LOG_INFO, "no snapshot at %s yet: starting empty", cfg->save_path);
         }

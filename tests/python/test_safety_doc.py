@@ -847,6 +847,52 @@ def test_emb_pull_replies_count_while_queued(start_tensord):
         assert after["overhead_bytes"] == base["overhead_bytes"], (base, after)
 
 
+def test_emb_rows_that_exist_near_the_limit(start_tensord):
+    """docs/PS.md, Memory: near --max-memory, pulls and pushes of rows a table holds go through
+    even when the worst case (every id new) would not fit, several of them queued together
+    included; an id repeated in one request is one new row; a request whose new rows do not
+    fit fails alone; each refusal is one oom_rejections."""
+    d = start_tensord("--max-memory", "9m")
+    dim = 64
+
+    def ids_rec(ids):
+        return W.encode_record(W.tensor_of(6, (len(ids),), ids))
+
+    def push_body(ids):
+        g = W.tensor_of(9, (len(ids), dim), [0.001] * (len(ids) * dim))
+        return name("t") + struct.pack("<d", 1.0) + W.encode_record([W.tensor_of(
+            6, (len(ids),), ids), g])
+
+    def pipelined(c, reqs):
+        rid0 = 9000
+        c.sock.sendall(b"".join(W.frame(op, body, rid=rid0 + i) for i, (op, body) in
+                                enumerate(reqs)))
+        return [c.reply(rid0 + i).status for i in range(len(reqs))]
+
+    with Conn(d.port) as c:
+        # Adam, 64 floats a row: 5000 rows (capacity 8192) take about 6.5 of the 9 MiB
+        c.ok(OP["EMB_CREATE"], name("t") + struct.pack("<IBBHQQddddd", dim, 3, 1, 0, 0, 0,
+                                                          0.01, 0.9, 0.999, 1e-8, 0.05))
+        for k in range(5):
+            c.ok(OP["EMB_PULL"], name("t") + ids_rec(list(range(k * 1000, k * 1000 + 1000))))
+        oom0 = stats(c)["oom_rejections"]
+        held = list(range(1100))  # 5000 + 4 x 1100 rows would pass the capacity: it would grow
+        assert pipelined(c, [(OP["EMB_PULL"], name("t") + ids_rec(held))] * 4) == [OK] * 4
+        assert pipelined(c, [(OP["EMB_PUSH"], push_body(held))] * 4) == [OK] * 4
+        assert stats(c)["oom_rejections"] == oom0
+        # one new id named 3300 times is one new row
+        c.ok(OP["EMB_PUSH"], push_body([999999] * 3300))
+        # 4000 new ids do not fit: that pull fails, the pulls around it do not
+        new = list(range(100000, 104000))
+        assert pipelined(c, [(OP["EMB_PULL"], name("t") + ids_rec(held)),
+                             (OP["EMB_PULL"], name("t") + ids_rec(new)),
+                             (OP["EMB_PULL"], name("t") + ids_rec(held[:10]))]) == \
+            [OK, OUT_OF_MEMORY, OK]
+        s = stats(c)
+        assert s["oom_rejections"] == oom0 + 1
+        assert s["used_memory"] <= s["max_memory"]
+
+
 def test_close_grace_when_the_client_stays(tensord):
     """Closing waits for the reply to be written and the client's close, at most 5 s: a client
     that gets TOO_LARGE and neither reads further nor closes sees the connection end within
@@ -994,6 +1040,27 @@ def test_snapshot_refusals(start_tensord, tmp_path):
         c.ok(OP["PUT"], name("s") + W.int_record(1))
         c.ok(OP["SAVE"])
     assert os.path.getsize(snap) > 0
+
+
+def test_snapshot_over_the_limit_warns(start_tensord, tmp_path):
+    """docs/PS.md, Loading: a snapshot that takes more than --max-memory (here an embedding
+    table's 6 MB under 4m) is loaded whole and tensord warns, naming what it takes."""
+    snap = str(tmp_path / "snap")
+    d = start_tensord("--save", snap, "--save-interval", "0", "--max-memory", "64m")
+    with Conn(d.port) as c:
+        c.ok(OP["EMB_CREATE"], name("t") + struct.pack("<IBBHQQddddd", 64, 3, 1, 0, 0, 0, 0.01,
+                                                          0.9, 0.999, 1e-8, 0.05))
+        ids = list(range(5000))
+        c.ok(OP["EMB_PULL"], name("t") + W.encode_record(W.tensor_of(6, (len(ids),), ids)))
+        c.ok(OP["SAVE"])
+    d.stop()
+    d = start_tensord("--save", snap, "--save-interval", "0", "--max-memory", "4m")
+    with Conn(d.port) as c:
+        s = stats(c)
+        assert s["used_memory"] > s["max_memory"], s
+    with open(d.log_path, errors="replace") as f:
+        log = f.read()
+    assert "warn: the snapshot takes more than --max-memory" in log, log[-2000:]
 
 
 def test_unauth_flood_does_not_keep_clients_out(start_tensord):

@@ -237,8 +237,10 @@ static void test_sync_stale_rejected(void **state)
     /* One step behind is within the tolerance. */
     assert_int_equal(ts_ps_push(cl, "stale", &t, v1, 1.0, &v), 0);
     assert_true(pull_param(cl, "stale", w, 8) == v && w[7] == 3.0f);
-    /* An unknown (older than remembered, or never published) version counts as too old. */
+    /* An unknown (older than remembered, or never published) version counts as too old, and
+     * so does one above the current version (it counted as current before). */
     assert_int_equal(ts_ps_push(cl, "stale", &t, 1, 1.0, NULL), TS_ESTALE);
+    assert_int_equal(ts_ps_push(cl, "stale", &t, v + 1000, 1.0, NULL), TS_ESTALE);
 }
 
 /* A push waiting in a sync step, on a client of its own. */
@@ -277,12 +279,21 @@ static void test_sync_step_of_deleted_bin(void **state)
     assert_int_equal(pthread_create(&th, NULL, push_one, &w), 0);
     /* Let the first push reach the server and wait there (a sync step needs two). */
     tc_sleep_ms(300);
+    /* The DELETE answers the waiting push at once (it waited for the next push before). */
     assert_int_equal(ts_delete(cl, "gone", NULL), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    assert_int_equal(w.rc, TS_ENOENT);
     float g[4] = {1, 1, 1, 1};
     ts_tensor_t t = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {4}};
     assert_int_equal(ts_ps_push(cl, "gone", &t, 0, 1.0, NULL), TS_ENOENT);
+    /* A PUT of another size does the same (INVALID); one of the same size keeps the step. */
+    put_param("gone", 4, 0.0f);
+    w.rc = 1;
+    assert_int_equal(pthread_create(&th, NULL, push_one, &w), 0);
+    tc_sleep_ms(300);
+    put_param("gone", 5, 0.0f);
     assert_int_equal(pthread_join(th, NULL), 0);
-    assert_int_equal(w.rc, TS_ENOENT);
+    assert_int_equal(w.rc, TS_EINVAL);
 }
 
 static void test_pull_if_newer(void **state)
