@@ -1,11 +1,12 @@
 /*
  * module.c: the tensorshare._tensorshare module: its state, the exception classes and the
- * mapping of TS_E* codes onto them, fork detection, the GIL helpers for library threads, and
- * the init function that registers every type (the Client here, the RL and predictor bindings
- * through tsp_rl_init and tsp_predictor_init).
+ * mapping of TS_E* codes onto them, the checks of int arguments, fork detection, the GIL helpers
+ * for library threads, and the init function that registers every type (the Client here, the RL
+ * and predictor bindings through tsp_rl_init and tsp_predictor_init).
  */
 #include "tsp.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -350,6 +351,129 @@ PyObject *tsp_raise_versioned(int status, uint64_t version)
     Py_XDECREF(v);
     Py_XDECREF(exc);
     return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Integer arguments
+ */
+
+/* A range's bound as the messages write it: the 64-bit extremes as powers of two. */
+static const char *ubound(unsigned long long v, char *buf, size_t cap)
+{
+    if (v == ULLONG_MAX)
+        return "2**64-1";
+    snprintf(buf, cap, "%llu", v);
+    return buf;
+}
+
+static const char *sbound(long long v, char *buf, size_t cap)
+{
+    if (v == LLONG_MIN)
+        return "-2**63";
+    if (v == LLONG_MAX)
+        return "2**63-1";
+    snprintf(buf, cap, "%lld", v);
+    return buf;
+}
+
+/* ValueError (or, einval, InvalidArgumentError) for obj outside lo..hi; returns -1. */
+static int range_error(PyObject *obj, const char *what, const char *lo, const char *hi, int einval)
+{
+    PyObject *msg =
+        PyUnicode_FromFormat("%s must be an int from %s to %s, not %R", what, lo, hi, obj);
+    if (msg == NULL)
+        return -1;
+    if (einval) {
+        const char *m = PyUnicode_AsUTF8(msg);
+        if (m != NULL)
+            tsp_raise_msg(TS_EINVAL, m);
+    } else {
+        PyErr_SetObject(PyExc_ValueError, msg);
+    }
+    Py_DECREF(msg);
+    return -1;
+}
+
+/* obj as an int (a new reference), or NULL with TypeError: a bool or no __index__. */
+static PyObject *index_arg(PyObject *obj, const char *what)
+{
+    if (PyBool_Check(obj) || !PyIndex_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %s", what, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return PyNumber_Index(obj);
+}
+
+/* tsp_uint_arg's body; einval: InvalidArgumentError instead of ValueError. */
+static int uint_arg(PyObject *obj, const char *what, unsigned long long min, unsigned long long max,
+                    int einval, unsigned long long *out)
+{
+    if (obj == NULL)
+        return 0;
+    PyObject *i = index_arg(obj, what);
+    if (i == NULL)
+        return -1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(i);
+    Py_DECREF(i);
+    int outside = 0;
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear(); /* negative, or over 2**64-1 */
+        outside = 1;
+    }
+    if (outside || v < min || v > max) {
+        char lo[24], hi[24];
+        return range_error(obj, what, ubound(min, lo, sizeof(lo)), ubound(max, hi, sizeof(hi)),
+                           einval);
+    }
+    *out = v;
+    return 0;
+}
+
+int tsp_uint_arg(PyObject *obj, const char *what, unsigned long long min, unsigned long long max,
+                 unsigned long long *out)
+{
+    return uint_arg(obj, what, min, max, 0, out);
+}
+
+int tsp_uint_arg_einval(PyObject *obj, const char *what, unsigned long long min,
+                        unsigned long long max, unsigned long long *out)
+{
+    return uint_arg(obj, what, min, max, 1, out);
+}
+
+int tsp_int_arg(PyObject *obj, const char *what, long long min, long long max, long long *out)
+{
+    if (obj == NULL)
+        return 0;
+    PyObject *i = index_arg(obj, what);
+    if (i == NULL)
+        return -1;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(i, &overflow);
+    Py_DECREF(i);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow != 0 || v < min || v > max) {
+        char lo[24], hi[24];
+        return range_error(obj, what, sbound(min, lo, sizeof(lo)), sbound(max, hi, sizeof(hi)), 0);
+    }
+    *out = v;
+    return 0;
+}
+
+int tsp_ms_arg(PyObject *obj, const char *what, int none_ms, int *out)
+{
+    if (obj == NULL || obj == Py_None) {
+        *out = none_ms;
+        return 0;
+    }
+    unsigned long long v = 0;
+    if (tsp_uint_arg(obj, what, 0, INT_MAX, &v) < 0)
+        return -1;
+    *out = (int)v;
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -45,42 +45,11 @@
  * Arguments
  */
 
-/* An int argument from min to max (NULL: *out unchanged); -1 with an exception. */
-static int uint_range_arg(PyObject *obj, const char *what, unsigned long long min,
-                          unsigned long long max, unsigned long long *out)
-{
-    if (obj == NULL)
-        return 0;
-    if (!PyLong_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %s", what, Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return -1;
-        PyErr_Clear();
-        v = max + 1; /* negative or too large: the message below */
-        if (max == ULLONG_MAX) {
-            PyErr_Format(PyExc_ValueError, "%s must be an int from %llu to 2**64-1, not %R", what,
-                         min, obj);
-            return -1;
-        }
-    }
-    if (v < min || v > max) {
-        PyErr_Format(PyExc_ValueError, "%s must be an int from %llu to %llu, not %R", what, min,
-                     max, obj);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* An int argument from 0 to max (NULL: *out unchanged); -1 with an exception. */
+/* An int argument from 0 to max (NULL: *out unchanged); -1 with an exception (tsp_uint_arg). */
 static int uint_arg(PyObject *obj, const char *what, unsigned long long max,
                     unsigned long long *out)
 {
-    return uint_range_arg(obj, what, 0, max, out);
+    return tsp_uint_arg(obj, what, 0, max, out);
 }
 
 static int u32_arg(PyObject *obj, const char *what, uint32_t *out)
@@ -114,11 +83,7 @@ static int ms_arg(PyObject *obj, const char *what, int *out)
 /* A timeout in ms named what: None (or absent) gives TS_TIMEOUT_INFINITE, else 0..INT_MAX. */
 static int timeout_ms_arg(PyObject *obj, const char *what, int *out)
 {
-    *out = TS_TIMEOUT_INFINITE;
-    if (obj == NULL || obj == Py_None)
-        return 0;
-    *out = 0;
-    return ms_arg(obj, what, out);
+    return tsp_ms_arg(obj, what, TS_TIMEOUT_INFINITE, out);
 }
 
 /* The UTF-8 of a name given as a str (valid while it lives), refusing NUL characters, which
@@ -558,7 +523,7 @@ static int read_args(PyObject *client, PyObject *id_obj, const char *what, PyObj
     *id = 0;
     *timeout_ms = 0;
     if (u64_arg(id_obj, what, id) < 0 ||
-        uint_range_arg(max_obj, "max_entries", 1, TS_STREAM_READ_MAX, &max) < 0 ||
+        tsp_uint_arg(max_obj, "max_entries", 1, TS_STREAM_READ_MAX, &max) < 0 ||
         (timeout_obj != NULL && timeout_ms_arg(timeout_obj, "timeout_ms", timeout_ms) < 0) ||
         tsp_client_tensor_type_arg(tt_obj, client, tt) < 0)
         return -1;

@@ -126,6 +126,31 @@ int tsp_stream_init(PyObject *module);
 int tsp_add_type(PyObject *module, PyTypeObject *type, const char *name);
 
 /* ---------------------------------------------------------------------------------------------
+ * Integer arguments
+ *
+ * An int argument is an int or another object with __index__ (a NumPy integer), never a bool
+ * or a float (TypeError: "window must be an int, not float"). One out of its range raises
+ * ValueError naming the argument and the range, "window must be an int from 0 to 4294967295,
+ * not -1" (the 64-bit bounds are written 2**64-1, -2**63 and 2**63-1), so that no value is
+ * silently cut to the width of the C type it is passed as.
+ */
+
+/* An int argument from min to max (obj NULL: *out unchanged); 0, or -1 with an exception. */
+int tsp_uint_arg(PyObject *obj, const char *what, unsigned long long min, unsigned long long max,
+                 unsigned long long *out);
+/* As tsp_uint_arg, for a signed range. */
+int tsp_int_arg(PyObject *obj, const char *what, long long min, long long max, long long *out);
+/*
+ * As tsp_uint_arg, raising InvalidArgumentError (a ValueError) for a value out of range, where
+ * that is what the library would raise, or what docs/PYTHON.md says bad values raise (the
+ * replay tables' arguments).
+ */
+int tsp_uint_arg_einval(PyObject *obj, const char *what, unsigned long long min,
+                        unsigned long long max, unsigned long long *out);
+/* A wait in ms: None (or obj NULL) gives none_ms, else an int from 0 to INT_MAX. */
+int tsp_ms_arg(PyObject *obj, const char *what, int none_ms, int *out);
+
+/* ---------------------------------------------------------------------------------------------
  * Errors
  */
 

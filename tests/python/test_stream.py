@@ -503,3 +503,27 @@ def test_argument_messages_name_the_argument(client):
             client.stream_range("msgs", max_entries=bad)
     with pytest.raises(ValueError, match="block_ms"):
         tensorshare.StreamProducer(client, "msgs", block_ms=-1)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda c: c.stream_create("ints", window=True), "window must be an int, not bool"),
+    (lambda c: c.stream_create("ints", max_entries=8.0), "max_entries must be an int, not float"),
+    (lambda c: c.stream_range("ints", after_id=False), "after_id must be an int, not bool"),
+    (lambda c: c.stream_credit("ints", timeout_ms=True), "timeout_ms must be an int, not bool"),
+    (lambda c: tensorshare.StreamConsumer(c, "ints", "g", batch_rows=True),
+     "batch_rows must be an int, not bool"),
+])
+def test_int_arguments_refuse_bools_and_floats(client, call, message):
+    client.stream_create("ints", max_entries=8)
+    with pytest.raises(TypeError, match=message):
+        call(client)
+    assert client.stream_info("ints")["max_entries"] == 8
+
+
+def test_int_arguments_take_numpy_ints(client):
+    st = client.stream_create("np", max_entries=np.uint32(8), window=np.int64(4))
+    assert st["window"] == 4 and client.stream_info("np")["max_entries"] == 8
+    client.stream_append("np", 1)
+    assert [e.id for e in client.stream_range("np", after_id=np.int64(0))] == [1]
+    with pytest.raises(ValueError, match="window must be an int from 0 to 4294967295"):
+        client.stream_create("np", window=np.int64(-1))
