@@ -6,26 +6,15 @@
  */
 #include "tsp.h"
 
-#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 
 #include "tensorshare/replay.h"
 
 /* A wait in ms: None (or absent) gives the request timeout, else 0..INT_MAX. */
 static int wait_arg(PyObject *obj, int *out)
 {
-    *out = TS_TIMEOUT_DEFAULT;
-    if (obj == NULL || obj == Py_None)
-        return 0;
-    long v = PyLong_AsLong(obj);
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    if (v < 0 || v > INT_MAX) {
-        PyErr_SetString(PyExc_ValueError, "timeout_ms must be None or 0..2**31-1");
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
+    return tsp_ms_arg(obj, "timeout_ms", TS_TIMEOUT_DEFAULT, out);
 }
 
 /* Index of s in names[0..n), or -1 with ValueError. */
@@ -61,13 +50,18 @@ PyObject *tsp_client_table_create(PyObject *client, PyObject *args, PyObject *kw
     static const char *const samplers[] = {"uniform", "prioritized", "fifo", "lifo"};
     static const char *const removers[] = {"fifo", "lifo", "lowest_priority"};
     const char *name, *sampler = "uniform", *remover = "fifo";
+    PyObject *capacity_obj = NULL, *max_times_obj = NULL, *min_size_obj = NULL;
     ts_table_config_t cfg;
     ts_table_config_init(&cfg);
     unsigned long long capacity = cfg.capacity, min_size = cfg.min_size_to_sample;
-    unsigned int max_times = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|KssdIKdd:table_create", names, &name, &capacity,
-                                     &sampler, &remover, &cfg.priority_exponent, &max_times,
-                                     &min_size, &cfg.samples_per_insert, &cfg.error_buffer))
+    unsigned long long max_times = cfg.max_times_sampled;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OssdOOdd:table_create", names, &name,
+                                     &capacity_obj, &sampler, &remover, &cfg.priority_exponent,
+                                     &max_times_obj, &min_size_obj, &cfg.samples_per_insert,
+                                     &cfg.error_buffer) ||
+        tsp_uint_arg_einval(capacity_obj, "capacity", 1, TS_TABLE_CAPACITY_MAX, &capacity) < 0 ||
+        tsp_uint_arg_einval(max_times_obj, "max_times_sampled", 0, UINT32_MAX, &max_times) < 0 ||
+        tsp_uint_arg_einval(min_size_obj, "min_size_to_sample", 1, UINT64_MAX, &min_size) < 0)
         return NULL;
     int si = choice_arg(sampler, samplers, 4, "sampler");
     int ri = si < 0 ? -1 : choice_arg(remover, removers, 3, "remover");
@@ -75,7 +69,7 @@ PyObject *tsp_client_table_create(PyObject *client, PyObject *args, PyObject *kw
         return NULL;
     cfg.capacity = capacity;
     cfg.min_size_to_sample = min_size;
-    cfg.max_times_sampled = max_times;
+    cfg.max_times_sampled = (uint32_t)max_times;
     cfg.sampler = (ts_table_sampler_t)si;
     cfg.remover = (ts_table_remover_t)ri;
     ts_client_t *c = tsp_client_enter(client);
@@ -157,11 +151,12 @@ PyObject *tsp_client_table_sample(PyObject *client, PyObject *args, PyObject *kw
 {
     static char *names[] = {"name", "n", "timeout_ms", "tensor_type", NULL};
     const char *name;
-    unsigned int n = 1;
-    PyObject *timeout_obj = NULL, *tt_obj = NULL;
+    unsigned long long n = 1;
+    PyObject *n_obj = NULL, *timeout_obj = NULL, *tt_obj = NULL;
     int timeout_ms;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|IO$O:table_sample", names, &name, &n,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OO$O:table_sample", names, &name, &n_obj,
                                      &timeout_obj, &tt_obj) ||
+        tsp_uint_arg_einval(n_obj, "n", 1, TS_TABLE_SAMPLE_MAX, &n) < 0 ||
         wait_arg(timeout_obj, &timeout_ms) < 0)
         return NULL;
     tsp_tensor_type_t tt;
@@ -172,13 +167,14 @@ PyObject *tsp_client_table_sample(PyObject *client, PyObject *args, PyObject *kw
         return NULL;
     ts_table_sample_t *s = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = ts_table_sample(c, name, n, timeout_ms, &s);
+    Py_BEGIN_ALLOW_THREADS rc = ts_table_sample(c, name, (size_t)n, timeout_ms, &s);
     Py_END_ALLOW_THREADS PyObject *r = rc == 0 ? sample_to_py(s, tt) : tsp_raise(rc);
     tsp_client_leave(client);
     return r;
 }
 
-/* A sequence of keys (ints >= 0) as a new array (PyMem_Free it). NULL with an exception. */
+/* A sequence of keys (ints from 0 to 2**64-1) as a new array (PyMem_Free it). NULL with an
+ * exception. */
 static uint64_t *keys_arg(PyObject *obj, size_t *n)
 {
     PyObject *seq = PySequence_Fast(obj, "keys must be a sequence of ints");
@@ -192,12 +188,15 @@ static uint64_t *keys_arg(PyObject *obj, size_t *n)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < len; i++) {
-        keys[i] = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (PyErr_Occurred()) {
+        char what[32];
+        unsigned long long k = 0;
+        snprintf(what, sizeof(what), "keys[%zd]", i);
+        if (tsp_uint_arg_einval(PySequence_Fast_GET_ITEM(seq, i), what, 0, UINT64_MAX, &k) < 0) {
             PyMem_Free(keys);
             Py_DECREF(seq);
             return NULL;
         }
+        keys[i] = k;
     }
     Py_DECREF(seq);
     *n = (size_t)len;

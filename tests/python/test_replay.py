@@ -3,6 +3,7 @@ tensord: create, insert and sample with records as dicts of arrays, FIFO order, 
 sampler's stated probabilities, updates and removals by key, the rate limiter's TimeoutError,
 bad arguments that change nothing, clashes with other bins."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -74,3 +75,54 @@ def test_bad_input_changes_nothing(client):
     with pytest.raises(tensorshare.InvalidArgumentError):
         client.put("b", {"i": 1})
     assert client.delete("b") == 0
+
+
+IAE = tensorshare.InvalidArgumentError
+U32 = "from 0 to 4294967295"
+MS = "timeout_ms must be an int from 0 to 2147483647"
+
+
+@pytest.mark.parametrize("call, error, message", [
+    pytest.param(lambda c: c.table_create("n", max_times_sampled=2**32), IAE,
+                 "max_times_sampled must be an int %s, not 4294967296" % U32, id="max_times"),
+    pytest.param(lambda c: c.table_create("n", max_times_sampled=2**32 + 3), IAE,
+                 "max_times_sampled must be an int %s, not 4294967299" % U32, id="max_times_3"),
+    pytest.param(lambda c: c.table_create("n", max_times_sampled=-1), IAE,
+                 "max_times_sampled must be an int %s, not -1" % U32, id="max_times_neg"),
+    pytest.param(lambda c: c.table_create("n", min_size_to_sample=2**64 + 1), IAE,
+                 "min_size_to_sample must be an int from 1 to 2**64-1", id="min_size"),
+    pytest.param(lambda c: c.table_create("n", capacity=2**64), IAE,
+                 "capacity must be an int from 1 to 16777216, not 18446744073709551616",
+                 id="capacity"),
+    pytest.param(lambda c: c.table_create("n", capacity=-1), IAE,
+                 "capacity must be an int from 1 to 16777216, not -1", id="capacity_neg"),
+    pytest.param(lambda c: c.table_create("n", capacity=True), TypeError,
+                 "capacity must be an int, not bool", id="capacity_bool"),
+    pytest.param(lambda c: c.table_sample("t", 2**32 + 1), IAE,
+                 "n must be an int from 1 to 1024, not 4294967297", id="n"),
+    pytest.param(lambda c: c.table_sample("t", -1), IAE,
+                 "n must be an int from 1 to 1024, not -1", id="n_neg"),
+    pytest.param(lambda c: c.table_sample("t", 1.0), TypeError, "n must be an int, not float",
+                 id="n_float"),
+    pytest.param(lambda c: c.table_sample("t", 1, 2**32 + 5), ValueError, MS, id="sample_wait"),
+    pytest.param(lambda c: c.table_insert("t", 1, 1.0, -1), ValueError, MS + ", not -1",
+                 id="insert_wait"),
+    pytest.param(lambda c: c.table_insert("t", 1, 1.0, True), TypeError,
+                 "timeout_ms must be an int, not bool", id="insert_wait_bool"),
+    pytest.param(lambda c: c.table_update("t", [-1], [1.0]), IAE,
+                 "keys[0] must be an int from 0 to 2**64-1, not -1", id="update_key"),
+    pytest.param(lambda c: c.table_remove("t", [1, 2**64 + 1]), IAE,
+                 "keys[1] must be an int from 0 to 2**64-1", id="remove_key"),
+])
+def test_out_of_range_ints_are_refused(client, call, error, message):
+    """An int that does not fit its argument is refused and changes nothing, never cut to fit
+    (2**32 + 1 taken as 1); bad values of the table's settings and keys raise
+    InvalidArgumentError, as the other bad values do."""
+    client.table_create("t", capacity=5)
+    client.table_insert("t", {"i": 0})
+    with pytest.raises(error, match=re.escape(message)):
+        call(client)
+    info = client.table_info("t")
+    assert (info["size"], info["inserts"], info["samples"]) == (1, 1, 0)
+    with pytest.raises(tensorshare.BinNotFoundError):
+        client.table_info("n")
