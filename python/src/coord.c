@@ -6,7 +6,6 @@
  */
 #include "tsp.h"
 
-#include <limits.h>
 #include <string.h>
 
 #include "tensorshare/coord.h"
@@ -17,18 +16,16 @@
  */
 static int coord_timeout(PyObject *obj, int *out)
 {
-    if (obj == NULL || obj == Py_None) {
-        *out = TS_TIMEOUT_DEFAULT;
-        return 0;
-    }
-    long v = PyLong_AsLong(obj);
-    if (v == -1 && PyErr_Occurred())
+    return tsp_ms_arg(obj, "timeout_ms", TS_TIMEOUT_DEFAULT, out);
+}
+
+/* A max_items argument (absent: 0, all), as get's: 0..PY_SSIZE_T_MAX. -1 with an exception. */
+static int max_items_arg(PyObject *obj, size_t *out)
+{
+    unsigned long long v = 0;
+    if (tsp_uint_arg(obj, "max_items", 0, PY_SSIZE_T_MAX, &v) < 0)
         return -1;
-    if (v < 0 || v > INT_MAX) {
-        PyErr_SetString(PyExc_ValueError, "timeout_ms must be 0 to 2147483647 or None");
-        return -1;
-    }
-    *out = (int)v;
+    *out = (size_t)v;
     return 0;
 }
 
@@ -36,8 +33,10 @@ PyObject *tsp_client_add(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"name", "delta", NULL};
     const char *name;
+    PyObject *delta_obj = NULL;
     long long delta = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|L:add", names, &name, &delta))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:add", names, &name, &delta_obj) ||
+        tsp_int_arg(delta_obj, "delta", INT64_MIN, INT64_MAX, &delta) < 0)
         return NULL;
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL)
@@ -54,9 +53,10 @@ PyObject *tsp_client_put_if(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"name", "expected_version", "value", NULL};
     const char *name;
-    unsigned long long expected;
-    PyObject *value;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sKO:put_if", names, &name, &expected, &value))
+    unsigned long long expected = 0;
+    PyObject *expected_obj, *value;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOO:put_if", names, &name, &expected_obj, &value) ||
+        tsp_uint_arg(expected_obj, "expected_version", 0, UINT64_MAX, &expected) < 0)
         return NULL;
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL)
@@ -87,18 +87,14 @@ PyObject *tsp_client_take(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"name", "max_items", "timeout_ms", "tensor_type", NULL};
     const char *name;
-    Py_ssize_t max_items = 0;
-    PyObject *timeout_obj = NULL, *tt_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|nOO:take", names, &name, &max_items, &timeout_obj,
+    size_t max_items = 0;
+    PyObject *max_obj = NULL, *timeout_obj = NULL, *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OOO:take", names, &name, &max_obj, &timeout_obj,
                                      &tt_obj))
         return NULL;
     int timeout_ms;
     tsp_tensor_type_t tt;
-    if (max_items < 0) {
-        PyErr_SetString(PyExc_ValueError, "max_items must be >= 0");
-        return NULL;
-    }
-    if (coord_timeout(timeout_obj, &timeout_ms) < 0 ||
+    if (max_items_arg(max_obj, &max_items) < 0 || coord_timeout(timeout_obj, &timeout_ms) < 0 ||
         tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
         return NULL;
     ts_client_t *c = tsp_client_enter(client);
@@ -106,7 +102,7 @@ PyObject *tsp_client_take(PyObject *client, PyObject *args, PyObject *kw)
         return NULL;
     ts_items_t *items = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = ts_take(c, name, (size_t)max_items, timeout_ms, &items);
+    Py_BEGIN_ALLOW_THREADS rc = ts_take(c, name, max_items, timeout_ms, &items);
     Py_END_ALLOW_THREADS PyObject *r = rc == 0 ? tsp_taken_items_to_py(items, tt) : tsp_raise(rc);
     ts_items_free(items);
     tsp_client_leave(client);
@@ -116,16 +112,13 @@ PyObject *tsp_client_take(PyObject *client, PyObject *args, PyObject *kw)
 PyObject *tsp_client_mget(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"names", "max_items", "tensor_type", NULL};
-    PyObject *seq_obj, *tt_obj = NULL;
-    Py_ssize_t max_items = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|nO:mget", names, &seq_obj, &max_items, &tt_obj))
+    PyObject *seq_obj, *max_obj = NULL, *tt_obj = NULL;
+    size_t max_items = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:mget", names, &seq_obj, &max_obj, &tt_obj))
         return NULL;
     tsp_tensor_type_t tt;
-    if (max_items < 0) {
-        PyErr_SetString(PyExc_ValueError, "max_items must be >= 0");
-        return NULL;
-    }
-    if (tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
+    if (max_items_arg(max_obj, &max_items) < 0 ||
+        tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
         return NULL;
     PyObject *seq = PySequence_Fast(seq_obj, "names must be a sequence of str");
     if (seq == NULL)
@@ -152,7 +145,7 @@ PyObject *tsp_client_mget(PyObject *client, PyObject *args, PyObject *kw)
     }
     ts_items_t *out[TS_MGET_MAX];
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = ts_mget(c, cn, (size_t)n, (size_t)max_items, out);
+    Py_BEGIN_ALLOW_THREADS rc = ts_mget(c, cn, (size_t)n, max_items, out);
     Py_END_ALLOW_THREADS PyObject *r = NULL;
     if (rc == 0) {
         /* {name: [records]} for the bins that exist, None for the others, in request order. */
@@ -184,20 +177,21 @@ PyObject *tsp_client_barrier(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"name", "parties", "timeout_ms", NULL};
     const char *name;
-    unsigned int parties;
-    PyObject *timeout_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sI|O:barrier", names, &name, &parties,
+    unsigned long long parties = 0;
+    PyObject *parties_obj, *timeout_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|O:barrier", names, &name, &parties_obj,
                                      &timeout_obj))
         return NULL;
     int timeout_ms;
-    if (coord_timeout(timeout_obj, &timeout_ms) < 0)
+    if (tsp_uint_arg(parties_obj, "parties", 0, UINT32_MAX, &parties) < 0 ||
+        coord_timeout(timeout_obj, &timeout_ms) < 0)
         return NULL;
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL)
         return NULL;
     uint64_t gen = 0;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = ts_barrier(c, name, parties, timeout_ms, &gen);
+    Py_BEGIN_ALLOW_THREADS rc = ts_barrier(c, name, (uint32_t)parties, timeout_ms, &gen);
     Py_END_ALLOW_THREADS PyObject *r = rc == 0 ? PyLong_FromUnsignedLongLong(gen) : tsp_raise(rc);
     tsp_client_leave(client);
     return r;

@@ -3,6 +3,7 @@ exact sum), put_if (one winner per version, VersionMismatchError with current_ve
 (first come first served, each item once, TimeoutError), mget (present and missing bins) and
 barrier (threads released together with a generation, reusable), and bad inputs mapped to the
 module's exceptions. Every wait is bounded by a timeout_ms."""
+import re
 import threading
 
 import pytest
@@ -136,3 +137,49 @@ def test_barrier_bad(client):
     with pytest.raises(tensorshare.TimeoutError):
         client.barrier("b", 2, timeout_ms=100)
     assert client.barrier("solo", 1) == 1
+
+
+U64 = "from 0 to 2**64-1"
+COUNT = "max_items must be an int from 0 to 9223372036854775807"
+MS = "timeout_ms must be an int from 0 to 2147483647"
+
+
+@pytest.mark.parametrize("call, error, message", [
+    pytest.param(lambda c: c.barrier("b", 2**32 + 1, timeout_ms=100), ValueError,
+                 "parties must be an int from 0 to 4294967295, not 4294967297", id="parties"),
+    pytest.param(lambda c: c.barrier("b", -1, timeout_ms=100), ValueError,
+                 "parties must be an int from 0 to 4294967295, not -1", id="parties_neg"),
+    pytest.param(lambda c: c.barrier("b", True, timeout_ms=100), TypeError,
+                 "parties must be an int, not bool", id="parties_bool"),
+    pytest.param(lambda c: c.barrier("b", 1, timeout_ms=2**31), ValueError, MS,
+                 id="barrier_wait"),
+    pytest.param(lambda c: c.put_if("p", 2**64, 1), ValueError,
+                 "expected_version must be an int %s, not 18446744073709551616" % U64,
+                 id="expected"),
+    pytest.param(lambda c: c.put_if("p", -1, 1), ValueError,
+                 "expected_version must be an int %s, not -1" % U64, id="expected_neg"),
+    pytest.param(lambda c: c.put_if("p", 0.0, 1), TypeError,
+                 "expected_version must be an int, not float", id="expected_float"),
+    pytest.param(lambda c: c.add("n", -2**63 - 1), ValueError,
+                 "delta must be an int from -2**63 to 2**63-1, not -9223372036854775809",
+                 id="delta"),
+    pytest.param(lambda c: c.add("n", 2**64 + 1), ValueError,
+                 "delta must be an int from -2**63 to 2**63-1", id="delta_big"),
+    pytest.param(lambda c: c.add("n", 1.5), TypeError, "delta must be an int, not float",
+                 id="delta_float"),
+    pytest.param(lambda c: c.take("q", -1, 0), ValueError, COUNT + ", not -1", id="take"),
+    pytest.param(lambda c: c.take("q", 2**63, 0), ValueError, COUNT, id="take_big"),
+    pytest.param(lambda c: c.take("q", 1, -1), ValueError, MS + ", not -1", id="take_wait"),
+    pytest.param(lambda c: c.take("q", 1, True), TypeError, "timeout_ms must be an int, not bool",
+                 id="take_wait_bool"),
+    pytest.param(lambda c: c.mget(["p"], -1), ValueError, COUNT + ", not -1", id="mget"),
+    pytest.param(lambda c: c.mget(["p"], 2**64), ValueError, COUNT, id="mget_big"),
+])
+def test_out_of_range_ints_are_refused(client, call, error, message):
+    """An int that does not fit its argument raises, naming it, and changes nothing: it is never
+    cut to fit (barrier parties 2**32 + 1 taken as 1, put_if's 2**64 as 0)."""
+    client.append("q", 7)
+    with pytest.raises(error, match=re.escape(message)):
+        call(client)
+    assert client.list().keys() == {"q"}
+    assert client.peek("q") == [7]
