@@ -76,18 +76,22 @@ PyObject *tsp_client_ps_create(PyObject *client, PyObject *args, PyObject *kw)
     ts_ps_options_t o;
     ts_ps_options_init(&o);
     const char *name;
-    int optimizer = (int)o.optimizer, mode = (int)o.mode, lr_staleness = 0, keep = 0;
-    unsigned int sync_k = o.sync_k, tolerance = o.tolerance;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|iiddddIIpp:ps_create", names, &name, &optimizer,
-                                     &mode, &o.lr, &o.beta1, &o.beta2, &o.eps, &sync_k, &tolerance,
-                                     &lr_staleness, &keep))
+    PyObject *optimizer_obj = NULL, *mode_obj = NULL, *sync_k_obj = NULL, *tolerance_obj = NULL;
+    int lr_staleness = 0, keep = 0;
+    unsigned long long optimizer = o.optimizer, mode = o.mode, sync_k = o.sync_k,
+                       tolerance = o.tolerance;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OOddddOOpp:ps_create", names, &name,
+                                     &optimizer_obj, &mode_obj, &o.lr, &o.beta1, &o.beta2, &o.eps,
+                                     &sync_k_obj, &tolerance_obj, &lr_staleness, &keep) ||
+        tsp_uint_arg_einval(optimizer_obj, "optimizer", TS_PS_SUM, TS_PS_ADAM, &optimizer) < 0 ||
+        tsp_uint_arg_einval(mode_obj, "mode", TS_PS_ASYNC, TS_PS_SYNC, &mode) < 0 ||
+        tsp_uint_arg(sync_k_obj, "sync_k", 0, UINT32_MAX, &sync_k) < 0 ||
+        tsp_uint_arg(tolerance_obj, "tolerance", 0, UINT32_MAX, &tolerance) < 0)
         return NULL;
-    if (optimizer < TS_PS_SUM || optimizer > TS_PS_ADAM || mode < TS_PS_ASYNC || mode > TS_PS_SYNC)
-        return tsp_raise_msg(TS_EINVAL, "optimizer must be 0..3 and mode 0..1");
     o.optimizer = (ts_ps_optimizer_t)optimizer;
     o.mode = (ts_ps_mode_t)mode;
-    o.sync_k = sync_k;
-    o.tolerance = tolerance;
+    o.sync_k = (uint32_t)sync_k;
+    o.tolerance = (uint32_t)tolerance;
     o.lr_staleness = lr_staleness;
     o.keep = keep;
     ts_client_t *c = tsp_client_enter(client);
@@ -106,11 +110,12 @@ PyObject *tsp_client_ps_push(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"name", "grad", "base_version", "scale", NULL};
     const char *name;
-    PyObject *grad_obj;
+    PyObject *grad_obj, *base_obj = NULL;
     unsigned long long base = 0;
     double scale = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|Kd:ps_push", names, &name, &grad_obj, &base,
-                                     &scale))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|Od:ps_push", names, &name, &grad_obj, &base_obj,
+                                     &scale) ||
+        tsp_uint_arg(base_obj, "base_version", 0, UINT64_MAX, &base) < 0)
         return NULL;
     Py_buffer view;
     if (ps_buffer(grad_obj, "grad", "f", sizeof(float), 0, &view) < 0)
@@ -152,8 +157,10 @@ PyObject *tsp_client_ps_pull(PyObject *client, PyObject *args, PyObject *kw)
     static char *names[] = {"name", "if_newer_than", "tensor_type", NULL};
     const char *name;
     unsigned long long newer = 0;
-    PyObject *tt_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|K$O:ps_pull", names, &name, &newer, &tt_obj))
+    PyObject *newer_obj = NULL, *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O$O:ps_pull", names, &name, &newer_obj,
+                                     &tt_obj) ||
+        tsp_uint_arg(newer_obj, "if_newer_than", 0, UINT64_MAX, &newer) < 0)
         return NULL;
     tsp_tensor_type_t tt;
     if (tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
@@ -190,20 +197,23 @@ PyObject *tsp_client_emb_create(PyObject *client, PyObject *args, PyObject *kw)
     static char *names[] = {"name", "dim",   "optimizer", "init", "seed",       "num_ids",
                             "lr",   "beta1", "beta2",     "eps",  "init_scale", NULL};
     const char *name;
-    unsigned int dim;
+    PyObject *dim_obj, *optimizer_obj = NULL, *init_obj = NULL, *seed_obj = NULL,
+                       *num_ids_obj = NULL;
     /* The defaults do not depend on dim (ts_emb_options_init), so fill them before parsing. */
     ts_emb_options_t o;
     ts_emb_options_init(&o, 1);
-    int optimizer = (int)o.optimizer, init = (int)o.init;
-    unsigned long long seed = o.seed, num_ids = o.num_ids;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sI|iiKKddddd:emb_create", names, &name, &dim,
-                                     &optimizer, &init, &seed, &num_ids, &o.lr, &o.beta1, &o.beta2,
-                                     &o.eps, &o.init_scale))
+    unsigned long long dim = 0, optimizer = o.optimizer, init = o.init, seed = o.seed,
+                       num_ids = o.num_ids;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|OOOOddddd:emb_create", names, &name, &dim_obj,
+                                     &optimizer_obj, &init_obj, &seed_obj, &num_ids_obj, &o.lr,
+                                     &o.beta1, &o.beta2, &o.eps, &o.init_scale) ||
+        tsp_uint_arg(dim_obj, "dim", 0, UINT32_MAX, &dim) < 0 ||
+        tsp_uint_arg_einval(optimizer_obj, "optimizer", TS_PS_SUM, TS_PS_ADAM, &optimizer) < 0 ||
+        tsp_uint_arg_einval(init_obj, "init", TS_PS_INIT_ZEROS, TS_PS_INIT_NORMAL, &init) < 0 ||
+        tsp_uint_arg(seed_obj, "seed", 0, UINT64_MAX, &seed) < 0 ||
+        tsp_uint_arg(num_ids_obj, "num_ids", 0, UINT64_MAX, &num_ids) < 0)
         return NULL;
-    o.dim = dim;
-    if (optimizer < TS_PS_SUM || optimizer > TS_PS_ADAM || init < TS_PS_INIT_ZEROS ||
-        init > TS_PS_INIT_NORMAL)
-        return tsp_raise_msg(TS_EINVAL, "optimizer must be 0..3 and init 0..2");
+    o.dim = (uint32_t)dim;
     o.optimizer = (ts_ps_optimizer_t)optimizer;
     o.init = (ts_ps_init_t)init;
     o.seed = seed;

@@ -1,6 +1,8 @@
 """The parameter server from Python (tensorshare.ps, Client.ps_* and emb_*) against a real
 tensord: sums, pull-if-newer, a stale sync push, embedding rows in the caller's order, the
 ParameterClient helper on a tiny torch model, and refused inputs."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -193,3 +195,49 @@ def test_client_calls_take_torch_tensors(client):
         client.ps_push("tp", torch.ones(4, 2).t())
     with pytest.raises(TypeError):
         client.ps_push("tp", torch.ones(4, dtype=torch.float64))
+
+
+IAE = tensorshare.InvalidArgumentError
+U32 = "from 0 to 4294967295"
+U64 = "from 0 to 2**64-1"
+
+
+@pytest.mark.parametrize("call, error, message", [
+    pytest.param(lambda c: c.ps_create("b", optimizer=2**32), IAE,
+                 "optimizer must be an int from 0 to 3, not 4294967296", id="optimizer"),
+    pytest.param(lambda c: c.ps_create("b", optimizer=-1), IAE,
+                 "optimizer must be an int from 0 to 3, not -1", id="optimizer_neg"),
+    pytest.param(lambda c: c.ps_create("b", mode=2), IAE, "mode must be an int from 0 to 1",
+                 id="mode"),
+    pytest.param(lambda c: c.ps_create("b", sync_k=2**32 + 1), ValueError,
+                 "sync_k must be an int %s, not 4294967297" % U32, id="sync_k"),
+    pytest.param(lambda c: c.ps_create("b", tolerance=-1), ValueError,
+                 "tolerance must be an int %s, not -1" % U32, id="tolerance"),
+    pytest.param(lambda c: c.ps_create("b", optimizer=1.0), TypeError,
+                 "optimizer must be an int, not float", id="optimizer_float"),
+    pytest.param(lambda c: c.ps_push("b", np.zeros(4, np.float32), base_version=-1), ValueError,
+                 "base_version must be an int %s, not -1" % U64, id="base_version"),
+    pytest.param(lambda c: c.ps_push("b", np.zeros(4, np.float32), 2**64), ValueError,
+                 "base_version must be an int %s" % U64, id="base_version_big"),
+    pytest.param(lambda c: c.ps_pull("b", if_newer_than=2**64 + 5), ValueError,
+                 "if_newer_than must be an int %s" % U64, id="if_newer_than"),
+    pytest.param(lambda c: c.emb_create("e2", 2**32 + 2), ValueError,
+                 "dim must be an int %s, not 4294967298" % U32, id="dim"),
+    pytest.param(lambda c: c.emb_create("e2", True), TypeError, "dim must be an int, not bool",
+                 id="dim_bool"),
+    pytest.param(lambda c: c.emb_create("e2", 2, init=3), IAE,
+                 "init must be an int from 0 to 2, not 3", id="init"),
+    pytest.param(lambda c: c.emb_create("e2", 2, seed=-1), ValueError,
+                 "seed must be an int %s, not -1" % U64, id="seed"),
+    pytest.param(lambda c: c.emb_create("e2", 2, num_ids=2**64), ValueError,
+                 "num_ids must be an int %s" % U64, id="num_ids"),
+])
+def test_out_of_range_ints_are_refused(client, call, error, message):
+    """An int that does not fit its argument raises, naming it, and changes nothing: it is never
+    cut to fit (emb_create's dim 2**32 + 2 taken as 2); an optimizer, mode or init out of range
+    is InvalidArgumentError, as before."""
+    version = ps.create(client, "b", torch.zeros(4), optimizer=ps.SUM)
+    with pytest.raises(error, match=re.escape(message)):
+        call(client)
+    assert ps.pull(client, "b")[0] == version
+    assert "e2" not in client.list()
