@@ -9,6 +9,7 @@
  */
 #include "tsp.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -53,8 +54,10 @@ static int shape_arg(PyObject *obj, int64_t *shape, int *ndim)
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (v == -1 && PyErr_Occurred()) {
+        char what[32];
+        long long v = 0;
+        snprintf(what, sizeof(what), "shape[%zd]", i);
+        if (tsp_int_arg(PySequence_Fast_GET_ITEM(seq, i), what, INT64_MIN, INT64_MAX, &v) < 0) {
             Py_DECREF(seq);
             return -1;
         }
@@ -62,6 +65,16 @@ static int shape_arg(PyObject *obj, int64_t *shape, int *ndim)
     }
     Py_DECREF(seq);
     *ndim = (int)n;
+    return 0;
+}
+
+/* The item argument (absent: 0, the oldest; -1 the newest): an int. -1 with an exception. */
+static int item_arg(PyObject *obj, int *item)
+{
+    long long v = *item;
+    if (tsp_int_arg(obj, "item", INT_MIN, INT_MAX, &v) < 0)
+        return -1;
+    *item = (int)v;
     return 0;
 }
 
@@ -116,12 +129,14 @@ PyObject *tsp_client_read_rows(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"bin", "start", "end", "item", "key", "tensor_type", NULL};
     const char *bin, *key;
-    long long start, end;
+    long long start = 0, end = 0;
     int item = 0;
-    PyObject *key_obj = NULL, *tt_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sLL|$iOO:read_rows", names, &bin, &start, &end,
-                                     &item, &key_obj, &tt_obj) ||
-        key_arg(key_obj, &key) < 0)
+    PyObject *start_obj, *end_obj, *item_obj = NULL, *key_obj = NULL, *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOO|$OOO:read_rows", names, &bin, &start_obj,
+                                     &end_obj, &item_obj, &key_obj, &tt_obj) ||
+        tsp_int_arg(start_obj, "start", INT64_MIN, INT64_MAX, &start) < 0 ||
+        tsp_int_arg(end_obj, "end", INT64_MIN, INT64_MAX, &end) < 0 ||
+        item_arg(item_obj, &item) < 0 || key_arg(key_obj, &key) < 0)
         return NULL;
     tsp_tensor_type_t tt;
     if (tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
@@ -131,7 +146,8 @@ PyObject *tsp_client_read_rows(PyObject *client, PyObject *args, PyObject *kw)
         return NULL;
     ts_items_t *items = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = ts_rows_read(c, bin, item, key, start, end, &items);
+    Py_BEGIN_ALLOW_THREADS rc =
+        ts_rows_read(c, bin, item, key, (int64_t)start, (int64_t)end, &items);
     Py_END_ALLOW_THREADS PyObject *r = rc == 0 ? rows_result(items, tt) : tsp_raise(rc);
     tsp_client_leave(client);
     return r;
@@ -142,10 +158,10 @@ PyObject *tsp_client_gather_rows(PyObject *client, PyObject *args, PyObject *kw)
     static char *names[] = {"bin", "index", "item", "key", "tensor_type", NULL};
     const char *bin, *key;
     int item = 0;
-    PyObject *index_obj, *key_obj = NULL, *tt_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$iOO:gather_rows", names, &bin, &index_obj,
-                                     &item, &key_obj, &tt_obj) ||
-        key_arg(key_obj, &key) < 0)
+    PyObject *index_obj, *item_obj = NULL, *key_obj = NULL, *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|$OOO:gather_rows", names, &bin, &index_obj,
+                                     &item_obj, &key_obj, &tt_obj) ||
+        item_arg(item_obj, &item) < 0 || key_arg(key_obj, &key) < 0)
         return NULL;
     tsp_tensor_type_t tt;
     if (tsp_client_tensor_type_arg(tt_obj, client, &tt) < 0)
@@ -168,8 +184,12 @@ PyObject *tsp_client_gather_rows(PyObject *client, PyObject *args, PyObject *kw)
         }
         int64_t *d = ts_value_tensor(ix)->data;
         for (Py_ssize_t i = 0; i < n; i++) {
+            char what[32];
+            long long v = 0;
+            snprintf(what, sizeof(what), "index[%zd]", i);
             PyObject *o = PySequence_GetItem(index_obj, i);
-            d[i] = o != NULL ? (int64_t)PyLong_AsLongLong(o) : -1;
+            if (o != NULL && tsp_int_arg(o, what, INT64_MIN, INT64_MAX, &v) == 0)
+                d[i] = (int64_t)v;
             Py_XDECREF(o);
             if (PyErr_Occurred()) {
                 ts_value_free(ix);
@@ -274,9 +294,11 @@ PyObject *tsp_client_write_rows(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"bin", "start", "rows", NULL};
     const char *bin;
-    long long start;
-    PyObject *rows_obj;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sLO:write_rows", names, &bin, &start, &rows_obj))
+    long long start = 0;
+    PyObject *start_obj, *rows_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOO:write_rows", names, &bin, &start_obj,
+                                     &rows_obj) ||
+        tsp_int_arg(start_obj, "start", INT64_MIN, INT64_MAX, &start) < 0)
         return NULL;
     tsp_send_t s = {NULL, NULL};
     Py_buffer raw;
@@ -299,7 +321,7 @@ PyObject *tsp_client_write_rows(PyObject *client, PyObject *args, PyObject *kw)
         if (rows != NULL) {
             uint64_t version = 0;
             int rc;
-            Py_BEGIN_ALLOW_THREADS rc = ts_rows_write(c, bin, start, rows, &version);
+            Py_BEGIN_ALLOW_THREADS rc = ts_rows_write(c, bin, (int64_t)start, rows, &version);
             Py_END_ALLOW_THREADS r = rc == 0 ? PyLong_FromUnsignedLongLong(version) : tsp_raise(rc);
             if (is_raw)
                 ts_value_free(rows);

@@ -2,6 +2,7 @@
 list indexes), write_rows, over TCP and the unix socket; bad inputs raise the documented
 exceptions; a listener sees one "rows" event per write; the by-reference peek of a tensor bin
 follows the writes (unix sockets)."""
+import re
 import threading
 import time
 
@@ -106,6 +107,42 @@ def test_bad_inputs(client):
     with pytest.raises(tensorshare.InvalidArgumentError):
         client.write_rows("plain", 0, rows(1, 0.0))
     client.ping()
+
+
+I64 = "from -2**63 to 2**63-1"
+
+
+@pytest.mark.parametrize("call, error, message", [
+    pytest.param(lambda c: c.read_rows("t", 2**63, 1), ValueError,
+                 "start must be an int %s, not 9223372036854775808" % I64, id="read_start"),
+    pytest.param(lambda c: c.read_rows("t", 0, -2**64), ValueError, "end must be an int " + I64,
+                 id="read_end"),
+    pytest.param(lambda c: c.read_rows("t", 0, 1, item=2**32), ValueError,
+                 "item must be an int from -2147483648 to 2147483647, not 4294967296",
+                 id="read_item"),
+    pytest.param(lambda c: c.read_rows("t", 0.0, 1), TypeError, "start must be an int, not float",
+                 id="read_start_float"),
+    pytest.param(lambda c: c.gather_rows("t", [0], item=-2**31 - 1), ValueError,
+                 "item must be an int from -2147483648 to 2147483647", id="gather_item"),
+    pytest.param(lambda c: c.gather_rows("t", [0, 2**64 + 1]), ValueError,
+                 "index[1] must be an int " + I64, id="gather_index"),
+    pytest.param(lambda c: c.gather_rows("t", [True]), TypeError,
+                 "index[0] must be an int, not bool", id="gather_index_bool"),
+    pytest.param(lambda c: c.write_rows("t", 2**64 + 1, rows(1, 9.0)), ValueError,
+                 "start must be an int " + I64, id="write_start"),
+    pytest.param(lambda c: c.create_tensor_bin("u", "float32", (2**64 + 4, 2)), ValueError,
+                 "shape[0] must be an int " + I64, id="shape"),
+    pytest.param(lambda c: c.create_tensor_bin("u", "float32", (4, 2.0)), TypeError,
+                 "shape[1] must be an int, not float", id="shape_float"),
+])
+def test_out_of_range_ints_are_refused(client, call, error, message):
+    """An int that does not fit its argument raises ValueError naming it (not OverflowError),
+    and nothing is read, written or made."""
+    client.create_tensor_bin("t", np.float32, (ROWS, COLS))
+    with pytest.raises(error, match=re.escape(message)):
+        call(client)
+    assert not client.read_rows("t", 0, ROWS).any()
+    assert client.list().keys() == {"t"}
 
 
 def test_nul_in_a_key_dtype_or_name_is_refused(client):
