@@ -233,50 +233,21 @@ static const char *bin_name(PyObject *obj)
     return s;
 }
 
-/* A count argument (None or absent: 0); -1 with an exception. */
+/* A count argument (None or absent: 0), 0..PY_SSIZE_T_MAX; -1 with an exception. */
 static int size_arg(PyObject *obj, const char *what, size_t *out)
 {
-    *out = 0;
-    if (obj == NULL || obj == Py_None)
-        return 0;
-    Py_ssize_t n = PyNumber_AsSsize_t(obj, PyExc_OverflowError);
-    if (n == -1 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            PyErr_Clear();
-            n = -1; /* out of range: the message below */
-        } else {
-            return -1;
-        }
-    }
-    if (n < 0) {
-        PyErr_Format(PyExc_ValueError, "%s must be an int from 0 to %zd, not %R", what,
-                     PY_SSIZE_T_MAX, obj);
+    unsigned long long v = 0;
+    if (obj != Py_None && tsp_uint_arg(obj, what, 0, PY_SSIZE_T_MAX, &v) < 0)
         return -1;
-    }
-    *out = (size_t)n;
+    *out = (size_t)v;
     return 0;
 }
 
-/* A version argument (None or absent: 0), an int from 0 to 2**64-1; -1 with an exception. */
-static int version_arg(PyObject *obj, unsigned long long *out)
+/* A version argument (None or absent: 0), 0..2**64-1; -1 with an exception. */
+static int version_arg(PyObject *obj, const char *what, unsigned long long *out)
 {
     *out = 0;
-    if (obj == NULL || obj == Py_None)
-        return 0;
-    if (!PyLong_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "a version is an int, not %s", Py_TYPE(obj)->tp_name);
-        return -1;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-            return -1;
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "a version is an int from 0 to 2**64-1, not %R", obj);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    return obj != Py_None ? tsp_uint_arg(obj, what, 0, UINT64_MAX, out) : 0;
 }
 
 /*
@@ -774,7 +745,7 @@ static PyObject *client_wait(PyObject *obj, PyObject *const *args, Py_ssize_t na
     if (bin == NULL)
         return NULL;
     unsigned long long after = 0;
-    if (version_arg(a[1], &after) < 0)
+    if (version_arg(a[1], "after_version", &after) < 0)
         return NULL;
     int timeout_ms;
     if (timeout_arg(a[2], TS_TIMEOUT_INFINITE, &timeout_ms) < 0)
@@ -1082,7 +1053,7 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
                                             tsp_tensor_type_ready(ctx->tt) < 0))
         goto fail;
     if (op == OP_WAIT) {
-        if (version_arg(a[1], &after) < 0)
+        if (version_arg(a[1], "after_version", &after) < 0)
             goto fail;
         if (timeout_arg(a[2], TS_TIMEOUT_INFINITE, &timeout_ms) < 0)
             goto fail;

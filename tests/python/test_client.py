@@ -3,6 +3,7 @@ reconnect, fork and interpreter shutdown."""
 import builtins
 import os
 import queue
+import re
 import subprocess
 import sys
 import textwrap
@@ -99,6 +100,34 @@ def test_bad_arguments(client):
         client.wait("a", 0, timeout=-1)
     assert client.put(bin="kw", value=3) > 0
     assert client.get(bin="kw", max_items=1, tensor_type="numpy") == [3]
+
+
+COUNT = "max_items must be an int from 0 to 9223372036854775807"
+VERSION = "after_version must be an int from 0 to 2**64-1"
+
+
+@pytest.mark.parametrize("call, error, message", [
+    pytest.param(lambda c: c.get("a", -1), ValueError, COUNT + ", not -1", id="get"),
+    pytest.param(lambda c: c.peek("a", 2**63), ValueError, COUNT, id="peek"),
+    pytest.param(lambda c: c.get("a", True), TypeError, "max_items must be an int, not bool",
+                 id="get_bool"),
+    pytest.param(lambda c: c.peek("a", 1.0), TypeError, "max_items must be an int, not float",
+                 id="peek_float"),
+    pytest.param(lambda c: c.get_async("a", False), TypeError,
+                 "max_items must be an int, not bool", id="get_async_bool"),
+    pytest.param(lambda c: c.wait("a", -1, timeout=0), ValueError, VERSION + ", not -1",
+                 id="wait"),
+    pytest.param(lambda c: c.wait("a", 2**64, timeout=0), ValueError, VERSION, id="wait_big"),
+    pytest.param(lambda c: c.wait("a", True, timeout=0), TypeError,
+                 "after_version must be an int, not bool", id="wait_bool"),
+    pytest.param(lambda c: c.wait_async("a", -1, timeout=0), ValueError, VERSION,
+                 id="wait_async"),
+])
+def test_int_arguments_name_themselves_and_refuse_bools(client, call, error, message):
+    client.append("a", 1)
+    with pytest.raises(error, match=re.escape(message)):
+        call(client)
+    assert client.peek("a") == [1]
 
 
 def test_unix_socket_address(tensord):
