@@ -233,11 +233,12 @@ static int trainer_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
         "timeout", "tensor_type", NULL};
     PyObject *client;
     rl_kw kw = {NULL, NULL, NULL, NULL};
-    int tolerance = 0;
-    PyObject *tt_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOOiOO", kwlist, &client, &kw.prefix,
-                                     &kw.params_bin, &kw.data_bin, &tolerance, &kw.timeout,
-                                     &tt_obj))
+    long long tolerance = 0;
+    PyObject *tolerance_obj = NULL, *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOOOOO", kwlist, &client, &kw.prefix,
+                                     &kw.params_bin, &kw.data_bin, &tolerance_obj, &kw.timeout,
+                                     &tt_obj) ||
+        tsp_int_arg(tolerance_obj, "staleness_tolerance", INT_MIN, INT_MAX, &tolerance) < 0)
         return -1;
     self->base.what = "RLTrainer";
     if (self->base.u.handle != NULL || self->base.u.closing) {
@@ -252,7 +253,7 @@ static int trainer_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
                         "staleness_tolerance must be >= 0, or NO_FILTER (-1) to keep everything");
         return -1;
     }
-    o.staleness_tolerance = tolerance;
+    o.staleness_tolerance = (int)tolerance;
     return base_open(&self->base, client, tt_obj, &o, trainer_open, trainer_free_handle);
 }
 
@@ -393,14 +394,11 @@ static int collect_slice(void *arg, int slice_ms)
 static PyObject *trainer_collect(PyObject *self_obj, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"max_items", "timeout", NULL};
-    Py_ssize_t max_items = 0;
-    PyObject *timeout_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nO", kwlist, &max_items, &timeout_obj))
+    unsigned long long max_items = 0; /* 0: every item */
+    PyObject *max_obj = NULL, *timeout_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO", kwlist, &max_obj, &timeout_obj) ||
+        tsp_uint_arg(max_obj, "max_items", 0, PY_SSIZE_T_MAX, &max_items) < 0)
         return NULL;
-    if (max_items < 0) {
-        PyErr_SetString(PyExc_ValueError, "max_items must be >= 0 (0: every item)");
-        return NULL;
-    }
     int timeout_ms;
     if (timeout_from_py(timeout_obj, TS_TIMEOUT_INFINITE, &timeout_ms) < 0)
         return NULL;
@@ -630,12 +628,13 @@ static int worker_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
         "timeout", "on_event", "tensor_type", NULL};
     PyObject *client;
     rl_kw kw = {NULL, NULL, NULL, NULL};
-    unsigned int max_in_flight = 16;
-    Py_ssize_t max_bytes = (Py_ssize_t)64 << 20;
-    PyObject *on_event = Py_None, *tt_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOOInOOO", kwlist, &client, &kw.prefix,
-                                     &kw.params_bin, &kw.data_bin, &max_in_flight, &max_bytes,
-                                     &kw.timeout, &on_event, &tt_obj))
+    unsigned long long max_in_flight = 16, max_bytes = 64 << 20;
+    PyObject *max_obj = NULL, *max_bytes_obj = NULL, *on_event = Py_None, *tt_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$OOOOOOOO", kwlist, &client, &kw.prefix,
+                                     &kw.params_bin, &kw.data_bin, &max_obj, &max_bytes_obj,
+                                     &kw.timeout, &on_event, &tt_obj) ||
+        tsp_uint_arg(max_obj, "max_in_flight", 1, UINT_MAX, &max_in_flight) < 0 ||
+        tsp_uint_arg(max_bytes_obj, "max_in_flight_bytes", 1, PY_SSIZE_T_MAX, &max_bytes) < 0)
         return -1;
     self->base.what = "RLWorker";
     if (self->base.u.handle != NULL || self->base.u.closing) {
@@ -646,14 +645,10 @@ static int worker_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "on_event must be callable or None");
         return -1;
     }
-    if (max_in_flight == 0 || max_bytes <= 0) {
-        PyErr_SetString(PyExc_ValueError, "max_in_flight and max_in_flight_bytes must be > 0");
-        return -1;
-    }
     ts_rl_options_t o;
     if (fill_options(&o, &kw) < 0)
         return -1;
-    o.max_in_flight = max_in_flight;
+    o.max_in_flight = (unsigned)max_in_flight;
     o.max_in_flight_bytes = (size_t)max_bytes;
     if (on_event != Py_None) {
         Py_INCREF(on_event);

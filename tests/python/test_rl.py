@@ -7,6 +7,7 @@ on_event, and closing.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -431,3 +432,36 @@ def test_names_with_nul_are_refused(client):
         RLTrainer(client, prefix="t/\0x")
     with pytest.raises(tensorshare.InvalidArgumentError, match="params_bin"):
         RLWorker(client, params_bin="p\0x")
+
+
+def _collect(client, max_items):
+    with RLTrainer(client) as trainer:
+        return trainer.collect(max_items, timeout=0)
+
+
+@pytest.mark.parametrize("make, error, message", [
+    pytest.param(lambda c: RLWorker(c, max_in_flight=2**32 + 1), ValueError,
+                 "max_in_flight must be an int from 1 to 4294967295, not 4294967297",
+                 id="max_in_flight"),
+    pytest.param(lambda c: RLWorker(c, max_in_flight=0), ValueError,
+                 "max_in_flight must be an int from 1 to 4294967295, not 0", id="max_in_flight_0"),
+    pytest.param(lambda c: RLWorker(c, max_in_flight=True), TypeError,
+                 "max_in_flight must be an int, not bool", id="max_in_flight_bool"),
+    pytest.param(lambda c: RLWorker(c, max_in_flight_bytes=2**63), ValueError,
+                 "max_in_flight_bytes must be an int from 1 to 9223372036854775807",
+                 id="max_in_flight_bytes"),
+    pytest.param(lambda c: RLTrainer(c, staleness_tolerance=2**32), ValueError,
+                 "staleness_tolerance must be an int from -2147483648 to 2147483647",
+                 id="staleness_tolerance"),
+    pytest.param(lambda c: RLTrainer(c, staleness_tolerance=1.0), TypeError,
+                 "staleness_tolerance must be an int, not float", id="staleness_float"),
+    pytest.param(lambda c: _collect(c, -1), ValueError,
+                 "max_items must be an int from 0 to 9223372036854775807, not -1", id="collect"),
+    pytest.param(lambda c: _collect(c, 2**64), ValueError,
+                 "max_items must be an int from 0 to 9223372036854775807", id="collect_big"),
+])
+def test_out_of_range_ints_are_refused(client, make, error, message):
+    """An int that does not fit its argument raises, naming it, instead of being cut to fit
+    (max_in_flight 2**32 + 1 taken as 1) or raising OverflowError."""
+    with pytest.raises(error, match=re.escape(message)):
+        make(client)
