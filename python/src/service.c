@@ -11,6 +11,7 @@
  */
 #include "tsp.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
@@ -221,15 +222,23 @@ static PyObject *handle_reply(PyObject *self, PyObject *args)
 static PyObject *handle_fail(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *cap;
-    int err;
+    PyObject *cap, *err_obj;
     const char *msg = NULL;
-    if (!PyArg_ParseTuple(args, "Oiz:fail", &cap, &err, &msg))
+    if (!PyArg_ParseTuple(args, "OOz:fail", &cap, &err_obj, &msg))
         return NULL;
+    /* A code that is no int, or past an int's range (a program's own .code), is no code tensord
+     * carries: ESERVER, as the library answers for the others; the call is answered either way. */
+    long long err = TS_ESERVER;
+    if (tsp_int_arg(err_obj, "err", INT_MIN, INT_MAX, &err) < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError) && !PyErr_ExceptionMatches(PyExc_TypeError))
+            return NULL;
+        PyErr_Clear();
+        err = TS_ESERVER;
+    }
     ts_call_t *call = call_take(cap);
     if (call == NULL)
         return NULL;
-    ts_call_fail(call, err, msg);
+    ts_call_fail(call, (int)err, msg);
     Py_RETURN_NONE;
 }
 
@@ -271,8 +280,11 @@ PyObject *tsp_client__serve(PyObject *client, PyObject *args, PyObject *kw)
 {
     static char *names[] = {"service", "concurrency", NULL};
     const char *name;
-    int concurrency = TS_SERVICE_DEFAULT_CONCURRENCY;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|i:_serve", names, &name, &concurrency))
+    PyObject *concurrency_obj = NULL;
+    unsigned long long concurrency = TS_SERVICE_DEFAULT_CONCURRENCY;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|O:_serve", names, &name, &concurrency_obj) ||
+        tsp_uint_arg_einval(concurrency_obj, "concurrency", 1, TS_SERVICE_MAX_CONCURRENCY,
+                            &concurrency) < 0)
         return NULL;
     ServiceHandle *h = PyObject_New(ServiceHandle, &handle_type);
     if (h == NULL)
@@ -299,7 +311,7 @@ PyObject *tsp_client__serve(PyObject *client, PyObject *args, PyObject *kw)
     h->entered = 1;
     ts_service_options_t o;
     ts_service_options_init(&o);
-    o.concurrency = concurrency;
+    o.concurrency = (int)concurrency;
     ts_service_t *svc = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = ts_service_register(&svc, c, name, &o, svc_on_call, h->q);

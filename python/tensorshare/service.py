@@ -9,6 +9,7 @@ a ``tensorshare.Error`` with its ``code`` and ``message`` (a code with no wire s
 ECANCELED, arrives as TS_ESERVER), another ``ValueError`` as ``InvalidArgumentError`` (TS_EINVAL),
 anything else as ``ServerError`` (TS_ESERVER) with ``str(exception)`` as the message.
 """
+import operator
 import threading
 
 from . import _tensorshare
@@ -24,6 +25,14 @@ _ESERVER = _tensorshare._TS_ESERVER
 _POLL_S = 0.1
 
 
+def _int_arg(value, what):
+    """value as an int: an int or another object with __index__ (a NumPy integer), never a bool
+    or a float (TypeError), as the extension takes its int arguments."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError("%s must be an int, not %s" % (what, type(value).__name__))
+    return operator.index(value)
+
+
 class Service:
     """This client serving ``name``: ``handler(request) -> answer`` runs on ``workers`` threads.
 
@@ -36,10 +45,10 @@ class Service:
     def __init__(self, client, name, handler, concurrency=64, workers=None):
         if not callable(handler):
             raise TypeError("handler must be callable")
+        concurrency = _int_arg(concurrency, "concurrency")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if workers is None:
-            workers = min(concurrency, 8)
+        workers = min(concurrency, 8) if workers is None else _int_arg(workers, "workers")
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.name = name

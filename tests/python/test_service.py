@@ -217,3 +217,33 @@ def test_close_answers_queued_calls_with_service_gone(client, tensord):
 def test_serve_checks_concurrency_first(client):
     with pytest.raises(ValueError, match="concurrency"):
         client.serve("c0", lambda r: r, concurrency=0)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    pytest.param(dict(concurrency=2**40), ts.InvalidArgumentError,
+                 "concurrency must be an int from 1 to 65536, not 1099511627776", id="big"),
+    pytest.param(dict(concurrency=True), TypeError, "concurrency must be an int, not bool",
+                 id="bool"),
+    pytest.param(dict(concurrency=4.0), TypeError, "concurrency must be an int, not float",
+                 id="float"),
+    pytest.param(dict(workers=2.5), TypeError, "workers must be an int, not float",
+                 id="workers_float"),
+])
+def test_serve_refuses_ints_out_of_range_and_other_types(client, kwargs, error, message):
+    """Refused before anything is registered: the name stays free for a good serve."""
+    with pytest.raises(error, match=message):
+        client.serve("c1", lambda r: r, **kwargs)
+    with client.serve("c1", lambda r: r + 1, concurrency=np.int64(2), workers=np.int32(1)):
+        assert client.call("c1", 1, timeout=WAIT_S) == 2
+
+
+def test_handler_error_with_a_code_past_an_int_answers_server_error(client):
+    def handler(req):
+        e = ts.BinNotFoundError("odd code")
+        e.code = 2**40 if req == "big" else "not a code"
+        raise e
+
+    with client.serve("odd", handler, workers=1):
+        for req in ("big", "str"):
+            with pytest.raises(ts.ServerError, match="odd code"):
+                client.call("odd", req, timeout=WAIT_S)
