@@ -350,14 +350,19 @@ static int spec_from_py(PyObject *obj, ts_value_t **out)
             Py_DECREF(x);
             return -1;
         }
-        long long v = x != NULL ? PyLong_AsLongLong(x) : -1;
-        Py_XDECREF(x);
-        if (v == -1 && PyErr_Occurred())
-            return -1;
-        if (v < 0) {
-            PyErr_SetString(tsp_state.RecordError, "a shared tensor's dimensions are >= 0");
+        int overflow = 0;
+        long long v = x != NULL ? PyLong_AsLongLongAndOverflow(x, &overflow) : -1;
+        if (v == -1 && PyErr_Occurred()) {
+            Py_XDECREF(x);
             return -1;
         }
+        if (overflow != 0 || v < 0) {
+            PyErr_Format(tsp_state.RecordError,
+                         "a shared tensor's dimensions are ints from 0 to 2**63-1, not %R", x);
+            Py_DECREF(x);
+            return -1;
+        }
+        Py_DECREF(x);
         dims[i] = v;
     }
     *out = ts_tensor_spec_new(d, (int)nd, dims);
@@ -465,7 +470,8 @@ static const ts_value_t *step(const ts_value_t *v, PyObject *key)
         return x;
     }
     if (PyLong_Check(key) && ts_value_type(v) == TS_TYPE_LIST) {
-        Py_ssize_t i = PyLong_AsSsize_t(key);
+        /* Past Py_ssize_t: clamped, and so out of range (IndexError), as for a list. */
+        Py_ssize_t i = PyNumber_AsSsize_t(key, NULL);
         if (i < 0 && !PyErr_Occurred())
             i += (Py_ssize_t)ts_value_len(v);
         const ts_value_t *x = i >= 0 ? ts_list_at(v, (size_t)i) : NULL;

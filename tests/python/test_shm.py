@@ -244,6 +244,23 @@ def test_shared_layout_pairs_are_checked(uclient, layout, what):
         uclient.shared(layout)
 
 
+@pytest.mark.parametrize("dim", [2**63, 2**64, -2**64])
+def test_shared_dimensions_past_64_bits_are_record_errors(uclient, dim):
+    """The shape of a pair is ints from 0 to 2**63-1: past that a RecordError, as for -1, not
+    OverflowError."""
+    with pytest.raises(tensorshare.RecordError, match=r"dimensions are ints from 0 to 2\*\*63-1"):
+        uclient.shared({"x": ("float32", (dim,))})
+
+
+def test_shared_list_index_past_64_bits_is_index_error(uclient):
+    buf = uclient.shared([("float32", (2,)), 5])
+    for i in (2**64, -2**64, 2):
+        with pytest.raises(IndexError, match="out of range"):
+            buf[i]
+    assert buf[-1] == 5
+    buf.close()
+
+
 def test_shared_layout_pairs_and_plain_lists(uclient):
     buf = uclient.shared({"a": ("float32", (2,)), "b": (np.float64, [1]), "c": (float, ()),
                           "d": ["float32", (2,)], "e": (1, 2)}, tensor_type="numpy")
