@@ -545,8 +545,8 @@ int tsp_add_type(PyObject *module, PyTypeObject *type, const char *name)
 static PyObject *mod_strerror(PyObject *self, PyObject *arg)
 {
     (void)self;
-    long code = PyLong_AsLong(arg);
-    if (code == -1 && PyErr_Occurred())
+    long long code = 0;
+    if (tsp_int_arg(arg, "code", INT_MIN, INT_MAX, &code) < 0)
         return NULL;
     return PyUnicode_FromString(ts_strerror((int)code));
 }

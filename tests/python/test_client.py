@@ -130,6 +130,15 @@ def test_int_arguments_name_themselves_and_refuse_bools(client, call, error, mes
     assert client.peek("a") == [1]
 
 
+def test_strerror_refuses_a_code_past_an_int():
+    strerror = tensorshare._tensorshare.strerror
+    assert strerror(-2) == tensorshare.BinNotFoundError().message
+    with pytest.raises(ValueError, match="code must be an int from -2147483648 to 2147483647"):
+        strerror(2**32 - 2)  # not -2
+    with pytest.raises(TypeError, match="code must be an int, not float"):
+        strerror(-2.0)
+
+
 def test_unix_socket_address(tensord):
     for address in (tensord.unix_path, tensord.unix_address):
         with tensorshare.Client(address) as c:
@@ -612,6 +621,7 @@ def test_every_error_carries_code_name_and_message(client, tensord):
              "EINVAL"),
             (lambda: client.create_tensor_bin("x", "float32", ()), "InvalidArgumentError",
              "EINVAL"),
+            (lambda: client.table_sample("x", 0), "InvalidArgumentError", "EINVAL"),
             (lambda: client.put("x", {"a": None}), "RecordError", "EBADRECORD")]:
         with pytest.raises(getattr(tensorshare, cls)) as info:
             call()
