@@ -59,12 +59,20 @@ struct ts__cluster_shard {
 
 struct ts__cluster {
     pthread_mutex_t mu;
-    pthread_cond_t cond;      /* map answers at open; the last caller leaving a closing handle */
-    atomic_int closing;       /* ts_client_free was called (set under mu) */
-    atomic_int callers;       /* calls inside ts__cluster_enter / leave */
-    uint64_t epoch;           /* under mu: the epoch of the map the client follows */
-    ts_client_options_t opts; /* for shard clients made later (auth_token points at token) */
-    atomic_uint n_shards;     /* entries of shards[] */
+    pthread_cond_t cond; /* map answers at open; the last caller leaving a closing handle */
+    atomic_int closing;  /* ts_client_free was called (set under mu) */
+    atomic_int callers;  /* calls inside ts__cluster_enter / leave */
+    uint64_t epoch;      /* under mu: the epoch of the map the client follows */
+    /*
+     * For every shard client, those made later included: the options given at open, with
+     * auth_token pointing at the handle's token and the TLS strings at the copies below.
+     */
+    ts_client_options_t opts;
+    char *tls_ca_file; /* the option, else TS_TLS_CA as it was at open, else "": the system's */
+    char *tls_cert_file;
+    char *tls_key_file;
+    char *tls_server_name;
+    atomic_uint n_shards; /* entries of shards[] */
     _Atomic(ts__cluster_shard *) shards[TS_SHARD_MAX];
     _Atomic uint16_t owner[TS_SLOTS]; /* slot -> index into shards[] */
     atomic_ullong redirects;          /* WRONG_SHARD answers learned from (ts__cluster_learn) */
@@ -439,11 +447,54 @@ static void handle_free(ts_client_t *h)
     if (h->cl != NULL) {
         pthread_mutex_destroy(&h->cl->mu);
         pthread_cond_destroy(&h->cl->cond);
+        ts__free(h->cl->tls_ca_file);
+        ts__free(h->cl->tls_cert_file);
+        ts__free(h->cl->tls_key_file);
+        ts__free(h->cl->tls_server_name);
         ts__free(h->cl);
     }
     ts__free(h->address);
     ts__free(h->token);
     ts__free(h);
+}
+
+/* A copy of s (NULL: none) into *out, kept until the handle is freed. 0 or TS_ENOMEM. */
+static int keep_string(const char *s, char **out)
+{
+    if (s == NULL)
+        return 0;
+    *out = ts__strndup(s, strlen(s));
+    return *out != NULL ? 0 : TS_ENOMEM;
+}
+
+/*
+ * The TLS fields of opts into cl->opts, pointing at copies the handle owns, so that every shard
+ * client (those made later too) gets the TLS a single client would: the CA option, else
+ * TS_TLS_CA read now, once; the client certificate and key; the server name, which every shard's
+ * certificate must then carry; and the tls flag. The shard clients check them as a single client
+ * does when they start. 0 or TS_ENOMEM.
+ */
+static int keep_tls_options(ts__cluster *cl, const ts_client_options_t *opts)
+{
+    const char *ca = opts != NULL ? opts->tls_ca_file : NULL;
+    if (ca == NULL)
+        ca = getenv("TS_TLS_CA");
+    if (ca == NULL)
+        ca = ""; /* the system's store, even if TS_TLS_CA is set later */
+    int rc = keep_string(ca, &cl->tls_ca_file);
+    if (rc == 0 && opts != NULL) {
+        rc = keep_string(opts->tls_cert_file, &cl->tls_cert_file);
+        if (rc == 0)
+            rc = keep_string(opts->tls_key_file, &cl->tls_key_file);
+        if (rc == 0)
+            rc = keep_string(opts->tls_server_name, &cl->tls_server_name);
+        cl->opts.tls = opts->tls;
+    }
+    cl->opts.tls_ca_file = cl->tls_ca_file;
+    cl->opts.tls_cert_file = cl->tls_cert_file;
+    cl->opts.tls_key_file = cl->tls_key_file;
+    cl->opts.tls_server_name = cl->tls_server_name;
+    return rc;
 }
 
 /* The map of a cluster address: a map file, or the default split of a list. */
@@ -519,6 +570,11 @@ int ts__cluster_open(ts_client_t **out, const char *address, const ts_client_opt
     cl->opts.auth_token = h->token; /* NULL: none, and none from the environment either */
     if (cl->opts.auth_token == NULL)
         cl->opts.auth_token = "";
+    if (keep_tls_options(cl, opts) != 0) {
+        handle_free(h);
+        ts__shard_map_free(m);
+        return ts__fail(TS_ENOMEM, NULL);
+    }
     cl->epoch = m->epoch;
 
     /* Every shard connects at once; the open waits for each one's first verdict. */

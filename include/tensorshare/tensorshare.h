@@ -470,7 +470,10 @@ typedef struct ts_client_options_s {
      * ts_client_open; a certificate that fails verification fails ts_client_open with TS_EAUTH
      * and the reason in ts_last_error(); a build without TLS gives TS_ENOTSUP. Blocking calls on
      * a TLS connection never use the caller-side fast path (every byte goes through the client's
-     * I/O thread). Added in 0.5.0.
+     * I/O thread). A cluster client gives every shard, those learned later included, all these
+     * fields and checks them at ts_client_open as a single client does; TS_TLS_CA is read once,
+     * at ts_client_open, and tls_server_name is the name every shard's certificate must carry
+     * (NULL: each shard's own host). Added in 0.5.0. Changed in 0.7.1: cluster clients take them.
      */
     const char *tls_ca_file;
     const char *tls_cert_file;

@@ -4,8 +4,9 @@
  * connection, a reconnect after a restart (a new handshake), the CA from TS_TLS_CA, a server
  * certificate from another CA or for another name (TS_EAUTH at ts_client_open), client
  * certificates required (missing: refused; present: served), a plain client on the TLS port and
- * a TLS client on a plain port (both fail, neither hangs), the unix socket staying plain, and
- * the token proof inside TLS.
+ * a TLS client on a plain port (both fail, neither hangs), the unix socket staying plain, the
+ * token proof inside TLS, and a cluster client of two TLS shards (a list and a map file), which
+ * takes every TLS option and check a single client does.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "harness.h"
 #include "test_client_util.h"
 #include "tls_certs.h"
@@ -41,6 +43,8 @@ static int group_teardown(void **state)
     return 0;
 }
 
+static tsc_cluster shards; /* the cluster tests' daemons (--shard i/2) */
+
 static int case_teardown(void **state)
 {
     (void)state;
@@ -49,6 +53,10 @@ static int case_teardown(void **state)
         tsh_server_cleanup(&srv);
     }
     memset(&srv, 0, sizeof(srv));
+    if (shards.n > 0)
+        tsc_stop(&shards);
+    memset(&shards, 0, sizeof(shards));
+    unsetenv("TS_TLS_CA");
     return 0;
 }
 
@@ -338,6 +346,163 @@ static void test_tls_token(void **state)
     unlink(tok);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * A cluster of TLS shards: every TLS option reaches every shard client
+ */
+
+/* bytes; "tls://127.0.0.1:65535," twice and a NUL, and more */
+#define LIST_CAP 160
+
+/* Two TLS shards (--shard i/2, plus extra); list gets "tls://A,tls://B", plain "A,B". */
+static void start_tls_shards(const char *const *extra, char *list, char *plain_list)
+{
+    const char *args[12] = {"--tls-cert", certs.server_cert, "--tls-key", certs.server_key};
+    int n = 4;
+    for (int i = 0; extra != NULL && extra[i] != NULL && n < 11; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    assert_int_equal(tsc_start(&shards, 2, args), 0);
+    snprintf(list, LIST_CAP, "tls://%.24s,tls://%.24s", shards.srv[0].addr, shards.srv[1].addr);
+    snprintf(plain_list, LIST_CAP, "%.140s", shards.list);
+}
+
+/* Puts and gets of names on both shards, each checked on its own shard. */
+static void cluster_roundtrip(ts_client_t *c, const char *prefix)
+{
+    for (int s = 0; s < 2; s++) {
+        char name[64];
+        assert_int_equal(tsc_name_for(name, sizeof(name), prefix, 0, s, 2), 0);
+        ts_value_t *v = int_value(100 + s);
+        assert_int_equal(ts_put(c, name, v, NULL), 0);
+        ts_value_free(v);
+        ts_items_t *items = NULL;
+        assert_int_equal(ts_peek(c, name, 0, &items), 0);
+        assert_int_equal(ts_items_count(items), 1);
+        assert_int_equal(item_int(items, 0), 100 + s);
+        ts_items_free(items);
+    }
+    assert_int_equal(ts_ping(c), 0); /* every shard */
+}
+
+static int open_rc(ts_client_t **c, const char *address, const ts_client_options_t *o,
+                   const char *what)
+{
+    int rc = ts_client_open(c, address, o);
+    printf("%s: %s: %s\n", what, ts_err_name(rc), rc != 0 ? ts_last_error() : "");
+    return rc;
+}
+
+/*
+ * The CA option, the server name, the tls flag and the open-time checks of a cluster client are
+ * a single client's, for a list and a map file alike; the option wins over TS_TLS_CA.
+ */
+static void test_tls_cluster_options(void **state)
+{
+    (void)state;
+    char list[LIST_CAP], plain_list[LIST_CAP];
+    start_tls_shards(NULL, list, plain_list);
+    unsetenv("TS_TLS_CA");
+    ts_client_options_t o;
+    tls_opts(&o);
+    ts_client_t *c = NULL;
+    assert_int_equal(open_rc(&c, list, &o, "cluster, tls_ca_file"), 0);
+    cluster_roundtrip(c, "ca-opt");
+    ts_client_free(c);
+
+    /* A map file of tls:// lines. */
+    char map[400], text[200];
+    snprintf(map, sizeof(map), "%s/tls.map", certs.dir);
+    snprintf(text, sizeof(text), "epoch 1\ntls://%s\ntls://%s\n", shards.srv[0].addr,
+             shards.srv[1].addr);
+    FILE *f = fopen(map, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    char cluster_addr[420];
+    snprintf(cluster_addr, sizeof(cluster_addr), "cluster:%s", map);
+    assert_int_equal(open_rc(&c, cluster_addr, &o, "map file, tls_ca_file"), 0);
+    cluster_roundtrip(c, "ca-map");
+    ts_client_free(c);
+
+    /* The option wins over TS_TLS_CA: a CA that signed nothing here is refused. */
+    setenv("TS_TLS_CA", certs.ca, 1);
+    o.tls_ca_file = certs.other_ca;
+    assert_int_equal(open_rc(&c, list, &o, "cluster, other CA over TS_TLS_CA"), TS_EAUTH);
+    assert_non_null(strstr(ts_last_error(), "certificate verification failed"));
+    assert_int_equal(open_rc(&c, cluster_addr, &o, "map file, other CA"), TS_EAUTH);
+    /* Without the option TS_TLS_CA serves. */
+    o.tls_ca_file = NULL;
+    assert_int_equal(open_rc(&c, list, &o, "cluster, TS_TLS_CA"), 0);
+    cluster_roundtrip(c, "ca-env");
+    ts_client_free(c);
+    unsetenv("TS_TLS_CA");
+
+    /* tls_server_name applies to every shard: one their certificate lacks is refused. */
+    tls_opts(&o);
+    o.tls_server_name = "not-the-server.example";
+    assert_int_equal(open_rc(&c, list, &o, "cluster, other name"), TS_EAUTH);
+    /* The tls option turns TLS on for a plain list; "localhost" is in the certificate. */
+    tls_opts(&o);
+    o.tls = 1;
+    o.tls_server_name = "localhost";
+    assert_int_equal(open_rc(&c, plain_list, &o, "plain list, tls = 1"), 0);
+    cluster_roundtrip(c, "tls-flag");
+    ts_client_free(c);
+
+    /* The checks at open: a certificate without its key, a CA file that does not exist. */
+    tls_opts(&o);
+    o.tls_cert_file = certs.client_cert;
+    assert_int_equal(open_rc(&c, list, &o, "cluster, cert without key"), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "tls_cert_file and tls_key_file go together"));
+    tls_opts(&o);
+    o.tls_ca_file = "/nonexistent/ca.pem";
+    assert_int_equal(open_rc(&c, list, &o, "cluster, missing CA"), TS_EINVAL);
+    assert_non_null(strstr(ts_last_error(), "/nonexistent/ca.pem"));
+    unlink(map);
+}
+
+/* Shards with --tls-client-ca: refused without a client certificate, served with one. */
+static void test_tls_cluster_client_cert(void **state)
+{
+    (void)state;
+    char list[LIST_CAP], plain_list[LIST_CAP];
+    const char *extra[] = {"--tls-client-ca", certs.ca, NULL};
+    start_tls_shards(extra, list, plain_list);
+    ts_client_options_t o;
+    tls_opts(&o);
+    o.connect_timeout_ms = 3000;
+    ts_client_t *c = NULL;
+    assert_int_not_equal(open_rc(&c, list, &o, "cluster, no client certificate"), 0);
+    o.tls_cert_file = certs.client_cert;
+    o.tls_key_file = certs.client_key;
+    assert_int_equal(open_rc(&c, list, &o, "cluster, client certificate"), 0);
+    cluster_roundtrip(c, "cert");
+    ts_client_free(c);
+}
+
+/* tls = 1 on plain shards fails as a single client does, and without hanging. */
+static void test_tls_cluster_on_plain_shards(void **state)
+{
+    (void)state;
+    assert_int_equal(tsc_start(&shards, 2, NULL), 0);
+    ts_client_options_t o;
+    tls_opts(&o);
+    o.tls = 1;
+    o.connect_timeout_ms = 20000; /* longer than the test allows: the failure must come first */
+    ts_client_t *c = NULL;
+    uint64_t t0 = tc_now_ms();
+    int single = open_rc(&c, shards.srv[0].addr, &o, "single client, tls = 1, plain daemon");
+    assert_int_not_equal(single, 0);
+    int rc = open_rc(&c, shards.list, &o, "cluster, tls = 1, plain daemons");
+    assert_int_equal(rc, single);
+    assert_true(tc_now_ms() - t0 < 15000);
+    /* Without the option the same list opens. */
+    ts_client_options_init(&o);
+    assert_int_equal(open_rc(&c, shards.list, &o, "cluster, plain"), 0);
+    assert_int_equal(ts_ping(c), 0);
+    ts_client_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -347,6 +512,9 @@ int main(void)
         cmocka_unit_test_teardown(test_tls_client_cert, case_teardown),
         cmocka_unit_test_teardown(test_tls_mismatch, case_teardown),
         cmocka_unit_test_teardown(test_tls_token, case_teardown),
+        cmocka_unit_test_teardown(test_tls_cluster_options, case_teardown),
+        cmocka_unit_test_teardown(test_tls_cluster_client_cert, case_teardown),
+        cmocka_unit_test_teardown(test_tls_cluster_on_plain_shards, case_teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

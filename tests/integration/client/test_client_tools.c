@@ -20,6 +20,7 @@
 #include "npy.h"
 #include "test_client_util.h"
 #ifdef TS_WITH_TLS
+#include "cluster.h"
 #include "tls_certs.h"
 #endif
 
@@ -588,6 +589,29 @@ static void test_tsctl_address(void **state)
     /* Plain TCP to the TLS port fails, and says the server closed the connection. */
     assert_int_equal(run((const char *const[]){tsctl, "-p", aux_port, "ping", NULL}), 1);
     assert_int_equal(aux_teardown(NULL), 0);
+    /* A list of TLS shards: --tls-ca reaches every shard (stopped before anything is checked). */
+    tsc_cluster shards;
+    memset(&shards, 0, sizeof(shards));
+    int started = tsc_start(&shards, 2, args);
+    char tls_list[160];
+    snprintf(tls_list, sizeof(tls_list), "tls://%.24s,tls://%.24s", shards.srv[0].addr,
+             shards.srv[1].addr);
+    int list_rc[3] = {-1, -1, -1}, list_peeked = 0;
+    if (started == 0) {
+        list_rc[0] =
+            run((const char *const[]){tsctl, "-a", tls_list, "--tls-ca", certs.ca, "ping", NULL});
+        list_rc[1] = run((const char *const[]){tsctl, "-a", tls_list, "--tls-ca", certs.ca, "put",
+                                               "tlslist", "2.5", NULL});
+        list_rc[2] = run((const char *const[]){tsctl, "-a", tls_list, "--tls-ca", certs.ca, "peek",
+                                               "tlslist", NULL});
+        list_peeked = output_has("2.5");
+    }
+    tsc_stop(&shards);
+    assert_int_equal(started, 0);
+    assert_int_equal(list_rc[0], 0);
+    assert_int_equal(list_rc[1], 0);
+    assert_int_equal(list_rc[2], 0);
+    assert_true(list_peeked);
     tls_certs_remove(&certs);
 #endif
 }
