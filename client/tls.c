@@ -20,12 +20,25 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
-/* OpenSSL's last reason in words (and its queue cleared). */
+/*
+ * OpenSSL's reason in words (and its queue cleared): the operating system's when a call it made
+ * failed (a file that cannot be opened: "No such file or directory", not OpenSSL's own "system
+ * lib"), else OpenSSL's last one.
+ */
 static const char *ssl_reason(void)
 {
-    unsigned long e = ERR_peek_last_error();
-    const char *r = e != 0 ? ERR_reason_error_string(e) : NULL;
-    ERR_clear_error();
+    const char *r = NULL;
+    int sys_err = 0;
+    for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
+        if (ERR_SYSTEM_ERROR(e)) {
+            if (sys_err == 0)
+                sys_err = ERR_GET_REASON(e);
+        } else if (ERR_reason_error_string(e) != NULL) {
+            r = ERR_reason_error_string(e);
+        }
+    }
+    if (sys_err != 0)
+        return strerror(sys_err);
     return r != NULL ? r : "unknown OpenSSL error";
 }
 #endif

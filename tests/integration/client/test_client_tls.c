@@ -243,10 +243,20 @@ static void test_tls_verification(void **state)
     assert_int_equal(ts_ping(c), 0);
     ts_client_free(c);
 
-    /* A CA file that does not exist is an error of the options. */
+    /* A CA file that does not exist is an error of the options, with the system's reason. */
     tls_opts(&o);
     o.tls_ca_file = "/nonexistent/ca.pem";
     assert_int_equal(ts_client_open(&c, tls_addr, &o), TS_EINVAL);
+    printf("missing CA file: %s\n", ts_last_error());
+    assert_string_equal(ts_last_error(),
+                        "TLS CA file /nonexistent/ca.pem: No such file or directory");
+    /* So does a client certificate that does not exist. */
+    tls_opts(&o);
+    o.tls_cert_file = "/nonexistent/client.pem";
+    o.tls_key_file = certs.client_key;
+    assert_int_equal(ts_client_open(&c, tls_addr, &o), TS_EINVAL);
+    assert_string_equal(ts_last_error(),
+                        "tls_cert_file /nonexistent/client.pem: No such file or directory");
     /* TLS on a unix socket is refused. */
     tls_opts(&o);
     o.tls = 1;
@@ -457,7 +467,7 @@ static void test_tls_cluster_options(void **state)
     tls_opts(&o);
     o.tls_ca_file = "/nonexistent/ca.pem";
     assert_int_equal(open_rc(&c, list, &o, "cluster, missing CA"), TS_EINVAL);
-    assert_non_null(strstr(ts_last_error(), "/nonexistent/ca.pem"));
+    assert_non_null(strstr(ts_last_error(), "/nonexistent/ca.pem: No such file or directory"));
     unlink(map);
 }
 
