@@ -505,7 +505,24 @@ static int address_map(const char *address, ts__shard_map **out)
         int rc = ts__shard_map_load(address + 8, out, err, sizeof(err));
         if (rc == TS_EINVAL)
             return ts__fail(rc, "cluster map '%s': %s", address + 8, err);
-        return rc != 0 ? ts__fail(rc, NULL) : 0;
+        if (rc != 0)
+            return ts__fail(rc, NULL);
+        /* The file has no address twice; "tcp://" or not, the client would merge two lines. */
+        const ts__shard_map *m = *out;
+        for (uint32_t i = 1; i < m->n_shards; i++) {
+            for (uint32_t k = 0; k < i && m->addrs[i][0] != '\0'; k++) {
+                if (strcmp(addr_key(m->addrs[k]), addr_key(m->addrs[i])) == 0) {
+                    rc = ts__fail(TS_EINVAL,
+                                  "cluster map '%s': shard %u's address '%s' is also "
+                                  "shard %u's ('%s')",
+                                  address + 8, (unsigned)i, m->addrs[i], (unsigned)k, m->addrs[k]);
+                    ts__shard_map_free(*out);
+                    *out = NULL;
+                    return rc;
+                }
+            }
+        }
+        return 0;
     }
     char *copy = ts__strndup(address, strlen(address));
     const char **addrs = ts__calloc(TS_SHARD_MAX, sizeof(*addrs));
@@ -519,7 +536,15 @@ static int address_map(const char *address, ts__shard_map **out)
             rc = ts__fail(TS_EINVAL, "more than %u shards in '%s'", TS_SHARD_MAX, address);
         else if (!ts__shard_addr_ok(p, strlen(p)))
             rc = ts__fail(TS_EINVAL, "malformed address '%s' in the shard list '%s'", p, address);
-        else
+        for (uint32_t k = 0; rc == 0 && k < n; k++) {
+            /* As a map file refuses an address twice (the same daemon would be two shards). */
+            if (strcmp(addr_key(addrs[k]), addr_key(p)) == 0)
+                rc = ts__fail(TS_EINVAL,
+                              "shard %u's address '%s' is also shard %u's ('%s') in the shard "
+                              "list '%s'",
+                              (unsigned)n, p, (unsigned)k, addrs[k], address);
+        }
+        if (rc == 0)
             addrs[n++] = p;
         if (comma == NULL)
             break;

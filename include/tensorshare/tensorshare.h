@@ -503,7 +503,8 @@ TS_EXTERN void ts_client_options_init(ts_client_options_t *opts);
  * Added in 0.1.0.
  *
  * A cluster of sharded tensord (docs/CLUSTER.md): address is a comma-separated list of such
- * addresses, "h1:7000,h2:7000,h3:7000" (shard i is the i-th, the default split of the slots), or
+ * addresses, "h1:7000,h2:7000,h3:7000" (shard i is the i-th, the default split of the slots; an
+ * address given twice, "h1:7000" and "tcp://h1:7000" included, is TS_EINVAL), or
  * "cluster:/path/to/map", a map file (docs/PROTOCOL.md section 14). The client returned is used
  * exactly like a single one: each call that names a bin, stream, table or counter goes to the
  * shard that owns the name; LIST, STATS, PING and SAVE ask every shard and merge; callbacks

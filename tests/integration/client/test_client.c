@@ -708,8 +708,8 @@ static void test_wait_timeout_convention(void **state)
         assert_non_null(strstr(ts_last_error(), "reconnect_m"));
     }
     /* The cluster client checks them too, before it starts any shard. */
-    char list[160];
-    snprintf(list, sizeof(list), "%s,%s", srv.addr, srv.addr);
+    char list[400];
+    snprintf(list, sizeof(list), "%s,%s", srv.addr, srv.unix_addr);
     ts_client_options_init(&o);
     o.reconnect_max_ms = 10;
     assert_int_equal(ts_client_open(&c, list, &o), TS_EINVAL);

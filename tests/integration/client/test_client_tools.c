@@ -539,12 +539,16 @@ static void test_tsctl_auth_errors(void **state)
 static void test_tsctl_address(void **state)
 {
     (void)state;
-    char tcp[64], tcp_list[160];
+    char tcp[64], tcp_list[400];
     snprintf(tcp, sizeof(tcp), "tcp://127.0.0.1:%d", srv.port);
-    snprintf(tcp_list, sizeof(tcp_list), "127.0.0.1:%d,127.0.0.1:%d", srv.port, srv.port);
+    snprintf(tcp_list, sizeof(tcp_list), "127.0.0.1:%d,%s", srv.port, srv.unix_addr);
     assert_int_equal(run((const char *const[]){tsctl, "--address", tcp, "ping", NULL}), 0);
     assert_int_equal(run((const char *const[]){tsctl, "-a", srv.unix_addr, "ping", NULL}), 0);
     assert_int_equal(run((const char *const[]){tsctl, "-a", tcp_list, "ping", NULL}), 0);
+    /* A list that names an address twice is a usage error. */
+    snprintf(tcp_list, sizeof(tcp_list), "127.0.0.1:%d,%s", srv.port, tcp);
+    assert_int_equal(run((const char *const[]){tsctl, "-a", tcp_list, "ping", NULL}), 2);
+    assert_true(output_has("is also shard 0's"));
     /* Malformed: a usage error naming the address, not a resolver's failure. */
     static const char *const bad[] = {"http://127.0.0.1:80", "h1:1,h2:p2", "[x,y]:1"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

@@ -13,6 +13,7 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "cluster.h"
 #include "harness.h"
@@ -604,6 +605,34 @@ static void test_bad_addresses(void **state)
     }
     assert_int_equal(ts_client_open(&c, "cluster:/nonexistent/map", NULL), TS_EINVAL);
     assert_non_null(strstr(ts_last_error(), "/nonexistent/map"));
+    /* An address twice (with or without "tcp://") is refused, naming both shards. */
+    char dup[256];
+    snprintf(dup, sizeof(dup), "%s,%s", cc.srv[0].addr, cc.srv[0].addr);
+    assert_int_equal(ts_client_open(&c, dup, NULL), TS_EINVAL);
+    char want[256];
+    snprintf(want, sizeof(want), "shard 1's address '%s' is also shard 0's ('%s')", cc.srv[0].addr,
+             cc.srv[0].addr);
+    assert_non_null(strstr(ts_last_error(), want));
+    snprintf(dup, sizeof(dup), "%s,%s,tcp://%s", cc.srv[0].addr, cc.srv[1].addr, cc.srv[0].addr);
+    assert_int_equal(ts_client_open(&c, dup, NULL), TS_EINVAL);
+    snprintf(want, sizeof(want), "shard 2's address 'tcp://%s' is also shard 0's ('%s')",
+             cc.srv[0].addr, cc.srv[0].addr);
+    assert_non_null(strstr(ts_last_error(), want));
+    assert_non_null(strstr(ts_last_error(), dup));
+    /* So is a map file's: lines that differ only in "tcp://" name one daemon. */
+    char path[400], addr[420];
+    snprintf(path, sizeof(path), "%s/dup.map", cc.srv[0].dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "%s\n%s\ntcp://%s\n", cc.srv[0].addr, cc.srv[1].addr, cc.srv[1].addr);
+    fclose(f);
+    snprintf(addr, sizeof(addr), "cluster:%s", path);
+    int dup_rc = ts_client_open(&c, addr, NULL);
+    unlink(path);
+    assert_int_equal(dup_rc, TS_EINVAL);
+    snprintf(want, sizeof(want), "shard 2's address 'tcp://%s' is also shard 1's ('%s')",
+             cc.srv[1].addr, cc.srv[1].addr);
+    assert_non_null(strstr(ts_last_error(), want));
     /* No shard answers: the open fails as a single client's does. */
     ts_client_options_t o;
     ts_client_options_init(&o);
