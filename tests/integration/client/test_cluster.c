@@ -525,6 +525,24 @@ static void test_stale_map_redirects_and_learns(void **state)
     check_round(c, "mapfile", 1);
     assert_int_equal(redirects(c), 0);
     ts_client_free(c);
+
+    /* A map file of unix: lines (docs/PROTOCOL.md 14.2). */
+    snprintf(path, sizeof(path), "%s/unix.map", cc.srv[0].dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int s = 0; s < N; s++)
+        fprintf(f, "%s\n", cc.srv[s].unix_addr);
+    fclose(f);
+    snprintf(addr, sizeof(addr), "cluster:%s", path);
+    c = open_list(addr);
+    check_round(c, "unixmap", 1);
+    for (int s = 0; s < N; s++) {
+        tsc_name_for(name, sizeof(name), "unixmap", 0, s, N);
+        assert_on_shard(name, s);
+    }
+    assert_int_equal(redirects(c), 0);
+    ts_client_free(c);
+    unlink(path);
 }
 
 /* A slot ping-ponged between two daemons with contradictory maps ends after 3 redirects. */
