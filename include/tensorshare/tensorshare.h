@@ -508,8 +508,11 @@ TS_EXTERN void ts_client_options_init(ts_client_options_t *opts);
  * "cluster:/path/to/map", a map file (docs/PROTOCOL.md section 14). The client returned is used
  * exactly like a single one: each call that names a bin, stream, table or counter goes to the
  * shard that owns the name; LIST, STATS, PING and SAVE ask every shard and merge; callbacks
- * receive this client. It opens when at least one shard answers (the others connect in the
- * background) and fails as above when none does. A call for a shard that is down fails at once
+ * receive this client. ts_client_open returns once every shard's first connection attempt has
+ * ended (each bounded by the connect timeout: a shard that accepts TCP but never answers makes
+ * it wait that long) and the connected shards have answered SHARD_MAP (bounded by the request
+ * timeout); it succeeds when at least one shard connected (the others keep reconnecting in the
+ * background) and fails as above when none did. A call for a shard that is down fails at once
  * with TS_ENOTCONN (ts_last_error() names the shard); a stale map is corrected by the daemons'
  * WRONG_SHARD answers (at most 3 redirects per request, then TS_EWRONGSHARD). Cluster addresses
  * are Added in 0.5.0.

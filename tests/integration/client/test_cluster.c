@@ -11,8 +11,11 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "cluster.h"
@@ -806,6 +809,49 @@ static void test_down_shard_named_by_index(void **state)
         tc_sleep_ms(10);
 }
 
+/*
+ * A shard that accepts TCP but never answers: ts_client_open waits for its first attempt to end
+ * (the connect timeout), succeeds with the others, and the silent shard is down from then on.
+ */
+static void test_open_waits_for_a_silent_shard(void **state)
+{
+    (void)state;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(lfd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof(a);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(lfd, 16), 0); /* the kernel completes connections; nobody reads */
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &alen), 0);
+    char list[256];
+    snprintf(list, sizeof(list), "%s,%s,127.0.0.1:%d", cc.srv[0].addr, cc.srv[1].addr,
+             ntohs(a.sin_port));
+    ts_client_options_t o;
+    ts_client_options_init(&o);
+    o.connect_timeout_ms = 1000;
+    ts_client_t *c = NULL;
+    uint64_t t0 = tc_now_ms();
+    int rc = ts_client_open(&c, list, &o);
+    uint64_t open_ms = tc_now_ms() - t0;
+    printf("open with a silent shard: %s in %llu ms\n", ts_err_name(rc),
+           (unsigned long long)open_ms);
+    char silent[64];
+    tsc_name_for(silent, sizeof(silent), "silent", 0, 2, N);
+    ts_value_t *it = tc_item(1, 0, 0);
+    t0 = tc_now_ms();
+    int put_rc = rc == 0 ? ts_put(c, silent, it, NULL) : rc;
+    uint64_t put_ms = tc_now_ms() - t0;
+    int timed_out = strstr(ts_last_error(), "connect timed out") != NULL;
+    ts_value_free(it);
+    ts_client_free(c);
+    close(lfd);
+    assert_int_equal(rc, 0);
+    assert_true(open_ms >= 900 && open_ms < 3000);
+    assert_int_equal(put_rc, TS_ENOTCONN);
+    assert_true(put_ms < FAIL_FAST_MS);
+    assert_true(timed_out);
+}
+
 static void test_open_with_a_shard_down(void **state)
 {
     (void)state;
@@ -870,6 +916,7 @@ int main(void)
         cmocka_unit_test(test_bad_addresses),
         cmocka_unit_test(test_shard_down_and_back),
         cmocka_unit_test(test_down_shard_named_by_index),
+        cmocka_unit_test(test_open_waits_for_a_silent_shard),
         cmocka_unit_test(test_open_with_a_shard_down),
         cmocka_unit_test(test_free_from_callback),
     };
