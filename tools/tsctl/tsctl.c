@@ -1192,9 +1192,36 @@ static int parse_args(int argc, char **argv, args_t *a)
     return -1;
 }
 
-/* After a refused token: a hint naming both ways of giving one. */
-static void auth_hint(const char *token_file)
+/*
+ * After TS_EAUTH at connect, a hint for what failed, told apart by the library's message (why):
+ * a server certificate that failed verification ("TLS: ... certificate verification failed"):
+ * the CA it was checked against and how to give another (or, when it names another host, that);
+ * a refused handshake (the token): both ways of giving one. A cluster's message names every shard's
+ * reason, so it may get both.
+ */
+static void auth_hint(const char *token_file, const char *tls_ca, const char *why)
 {
+    int cert = strstr(why, "certificate verification failed") != NULL;
+    int token = strstr(why, "handshake refused") != NULL || !cert;
+    int name = strstr(why, "hostname mismatch") != NULL || strstr(why, "IP address mismatch");
+    const char *env_ca = getenv("TS_TLS_CA");
+    if (cert && name)
+        fprintf(stderr, "tsctl: hint: the server's certificate does not name the host of the "
+                        "address: connect by a name or IP address it carries\n");
+    else if (cert && tls_ca != NULL)
+        fprintf(stderr,
+                "tsctl: hint: the server's certificate did not verify against --tls-ca %s\n",
+                tls_ca);
+    else if (cert && env_ca != NULL && env_ca[0] != '\0')
+        fprintf(stderr,
+                "tsctl: hint: the server's certificate did not verify against TS_TLS_CA "
+                "(%s); pass its CA with --tls-ca FILE\n",
+                env_ca);
+    else if (cert)
+        fprintf(stderr, "tsctl: hint: the server's certificate did not verify against the system's "
+                        "CAs: pass its CA with --tls-ca FILE, or set TS_TLS_CA\n");
+    if (!token)
+        return;
     const char *env = getenv("TS_AUTH_TOKEN");
     if (token_file != NULL)
         fprintf(stderr, "tsctl: hint: the server refused the token in %s\n", token_file);
@@ -1237,11 +1264,13 @@ int main(int argc, char **argv)
     ts_client_t *c;
     int rc = ts_client_open(&c, a.address != NULL ? a.address : address, &opts);
     if (rc != 0) {
+        char why[1024];
+        snprintf(why, sizeof(why), "%s", ts_last_error());
         status = report("connect", rc);
         if (rc == TS_EINVAL)
             status = EXIT_USAGE; /* a malformed --address or an unreadable --tls-ca */
         if (rc == TS_EAUTH)
-            auth_hint(a.token_file);
+            auth_hint(a.token_file, a.tls_ca, why);
         free(negated);
         return status;
     }

@@ -521,6 +521,7 @@ static void test_tsctl_auth_errors(void **state)
     assert_int_equal(run((const char *const[]){tsctl, "--port", aux_port, "ping", NULL}), 1);
     assert_true(output_has("TS_AUTH_TOKEN"));
     assert_true(output_has("--token-file"));
+    assert_false(output_has("certificate"));
     assert_int_equal(run((const char *const[]){tsctl, "--port", aux_port, "--token-file",
                                                wrong_path, "ping", NULL}),
                      1);
@@ -586,6 +587,15 @@ static void test_tsctl_address(void **state)
     assert_int_equal(
         run((const char *const[]){tsctl, "-a", tls, "--tls-ca", certs.other_ca, "ping", NULL}), 1);
     assert_true(output_has("certificate"));
+    /* The hint is about the CA, not about a token. */
+    assert_true(output_has("did not verify against --tls-ca"));
+    assert_false(output_has("token"));
+    setenv("TS_TLS_CA", certs.other_ca, 1);
+    assert_int_equal(run((const char *const[]){tsctl, "-a", tls, "ping", NULL}), 1);
+    assert_true(output_has("did not verify against TS_TLS_CA"));
+    assert_true(output_has("--tls-ca FILE"));
+    assert_false(output_has("token"));
+    unsetenv("TS_TLS_CA");
     /* The library's TS_TLS_CA serves as well. */
     setenv("TS_TLS_CA", certs.ca, 1);
     assert_int_equal(run((const char *const[]){tsctl, "-a", tls, "ping", NULL}), 0);
