@@ -140,15 +140,17 @@ void ts__conn_fail_reason(ts_client_t *c, ts__conn *conn, int err, const char *m
     const char *fmsg = server_reason || err == TS_EPROTO ? msg : NULL;
     ts__fail_inflight(c, ferr, fmsg);
     ts__fail_list(c, dlist, ferr, fmsg);
-    if (server_reason) {
+    if (server_reason && c->waitq_head != NULL) {
         /*
          * The server turned the client away (a refused handshake on a reconnection, or its
          * reason for closing): the calls waiting for a connection learn why now, rather than
-         * at their deadlines.
+         * at their deadlines, with the address in front as ts_client_open's message has it.
          */
+        char why[TS_MAX_ERROR_LEN + 1];
+        snprintf(why, sizeof(why), "%s: %s", c->address, msg != NULL ? msg : ts_strerror(err));
         ts__req *w = c->waitq_head;
         c->waitq_head = c->waitq_tail = NULL;
-        ts__fail_list(c, w, err, msg);
+        ts__fail_list(c, w, err, why);
     }
     if (was_ready) {
         /* Collect first: callbacks may unlisten (which unlinks) while we walk. */

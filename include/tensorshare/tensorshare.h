@@ -616,7 +616,13 @@ TS_EXTERN int ts_save(ts_client_t *c);
  * the call, and its tensor and bytes memory is retained (read by the I/O thread) until the
  * callback unless flags has TS_COPY. ts_wait_async's timeout_ms is ts_wait's. A request made
  * while the connection is down waits for the reconnection until its deadline (the request
- * timeout; for wait, its own timeout plus the request timeout). Added in 0.1.0.
+ * timeout; for wait, its own timeout plus the request timeout), unless a reconnection attempt
+ * is turned away first: the server's certificate fails verification (TS_EAUTH) or the TLS
+ * handshake fails otherwise (TS_EPROTO), the server refuses the handshake (a wrong token:
+ * TS_EAUTH), or it closes the connection with an error frame (its code). The waiting requests
+ * then fail at once with that code, ts_last_error() "HOST:PORT: " and the reason, as a failed
+ * ts_client_open says it; the client keeps trying. (A cluster's shard that is down fails its
+ * requests at once with TS_ENOTCONN, see ts_client_open.) Added in 0.1.0.
  */
 TS_EXTERN int ts_put_async(ts_client_t *c, const char *bin, const ts_value_t *item, unsigned flags,
                            ts_result_cb cb, void *arg);

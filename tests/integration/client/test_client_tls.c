@@ -213,6 +213,45 @@ static void test_tls_threads_reconnect(void **state)
     ts_client_free(c);
 }
 
+/*
+ * A restart with a certificate the client cannot verify (the other CA's own, self-signed): a
+ * request waiting for the reconnection fails at once with TS_EAUTH, the address in front of the
+ * reason, long before its deadline.
+ */
+static void test_tls_reconnect_verification(void **state)
+{
+    (void)state;
+    start_tls_server(NULL);
+    ts_client_options_t o;
+    tls_opts(&o);
+    o.reconnect_max_ms = 200;
+    o.request_timeout_ms = 20000;
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, tls_addr, &o), 0);
+    assert_int_equal(ts_ping(c), 0);
+    tsh_server_kill(&srv);
+    char other_key[320];
+    snprintf(other_key, sizeof(other_key), "%s/other-ca.key", certs.dir);
+    const char *args[] = {"--tls-cert", certs.other_ca, "--tls-key", other_key, NULL};
+    assert_int_equal(tsh_server_restart(&srv, args), 0);
+    for (uint64_t t0 = tc_now_ms(); ts_client_connected(c) && tc_now_ms() - t0 < TC_WAIT_MS;)
+        tc_sleep_ms(10);
+    ts_value_t *v = int_value(1);
+    uint64_t t0 = tc_now_ms();
+    int rc = ts_put(c, "after-bad-restart", v, NULL);
+    uint64_t ms = tc_now_ms() - t0;
+    ts_value_free(v);
+    printf("waiting request, bad certificate: %s: %s (%llu ms)\n", ts_err_name(rc), ts_last_error(),
+           (unsigned long long)ms);
+    assert_int_equal(rc, TS_EAUTH);
+    assert_true(ms < 10000);
+    char want[160];
+    snprintf(want, sizeof(want), "%s: TLS: ", tls_addr);
+    assert_true(strncmp(ts_last_error(), want, strlen(want)) == 0);
+    assert_non_null(strstr(ts_last_error(), "certificate verification failed"));
+    ts_client_free(c);
+}
+
 /* A certificate the client cannot verify fails ts_client_open with TS_EAUTH and says why. */
 static void test_tls_verification(void **state)
 {
@@ -519,6 +558,7 @@ int main(void)
         cmocka_unit_test_teardown(test_tls_put_get, case_teardown),
         cmocka_unit_test_teardown(test_tls_threads_reconnect, case_teardown),
         cmocka_unit_test_teardown(test_tls_verification, case_teardown),
+        cmocka_unit_test_teardown(test_tls_reconnect_verification, case_teardown),
         cmocka_unit_test_teardown(test_tls_client_cert, case_teardown),
         cmocka_unit_test_teardown(test_tls_mismatch, case_teardown),
         cmocka_unit_test_teardown(test_tls_token, case_teardown),
