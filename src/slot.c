@@ -372,10 +372,24 @@ static int parse_line(map_parse *ps, const char *p, const char *end)
         return parse_fail(ps, "the address is longer than %u bytes", TS_SHARD_ADDR_MAX);
     if (!ts__shard_addr_ok(tok[0], len[0]))
         return parse_fail(ps, "the address has a control, non-ASCII or ',' character");
-    for (uint32_t i = 0; i < ps->n; i++)
-        if (ps->addr_len[i] == len[0] && memcmp(ps->addr[i], tok[0], len[0]) == 0)
+    /* "tcp://A" and "A" are one address. */
+    const char *a = tok[0];
+    size_t al = len[0];
+    if (al > 6 && memcmp(a, "tcp://", 6) == 0) {
+        a += 6;
+        al -= 6;
+    }
+    for (uint32_t i = 0; i < ps->n; i++) {
+        const char *b = ps->addr[i];
+        size_t bl = ps->addr_len[i];
+        if (bl > 6 && memcmp(b, "tcp://", 6) == 0) {
+            b += 6;
+            bl -= 6;
+        }
+        if (bl == al && memcmp(a, b, al) == 0)
             return parse_fail(ps, "address %.*s is also on line %" PRIu32, (int)len[0], tok[0],
                               ps->shard_line[i]);
+    }
     int ranged = n == 2;
     if (ps->ranged >= 0 && ps->ranged != ranged)
         return parse_fail(ps,

@@ -253,6 +253,8 @@ static void test_parse_reject(void **state)
     parse_bad("a:1 0-100 101-16383\n", "line 1:");
     /* Addresses. */
     parse_bad("a:1\na:1\n", "line 2: address a:1 is also on line 1");
+    parse_bad("a:1\ntcp://a:1\n", "line 2: address tcp://a:1 is also on line 1");
+    parse_bad("tcp://a:1\na:1\n", "line 2: address a:1 is also on line 1");
     parse_bad("a,b:1\n", "line 1:");
     parse_bad("a:1\n\x01:1\n", "line 2:");
     parse_bad("a:1\n\xc3\xa9:1\n", "line 2:");
