@@ -233,8 +233,9 @@ static int emb_check(const char *name, const ts_emb_options_t *o)
 
 /*
  * Run the requests rs[0..n) on the shard clients cs[0..n) at once and check them: 0 when all
- * succeeded, else the first failure with ts_last_error() naming its shard (by its position in
- * the cluster's list). Every request that came back stays in rs (NULL for one given up).
+ * succeeded, else the first failure with ts_last_error() naming its shard by its address (and
+ * its position in the cluster's list). Every request that came back stays in rs (NULL for one
+ * given up).
  */
 static int emb_run_all(ts_client_t *const *cs, ts__req **rs, const size_t *shard, size_t n)
 {
@@ -244,7 +245,9 @@ static int emb_run_all(ts_client_t *const *cs, ts__req **rs, const size_t *shard
         if (rcs[i] == 0)
             continue;
         const char *why = rs[i] != NULL && rs[i]->msg != NULL ? rs[i]->msg : ts_strerror(rcs[i]);
-        return ts__fail(rcs[i], "shard %zu of the cluster: %s", shard[i], why);
+        const char *addr = cs[i]->address != NULL ? cs[i]->address : "?";
+        return ts__fail(rcs[i], "the cluster's shard at %s (%zu in its list): %s", addr, shard[i],
+                        why);
     }
     return 0;
 }

@@ -103,6 +103,14 @@ static void make_table(const char *name, ts_ps_optimizer_t opt)
         assert_int_equal(ts_emb_create(plain[i], name, &o), 0);
     o.seed = 78;
     assert_int_equal(ts_emb_create(h, name, &o), TS_EINVAL);
+    /* The message names the shard by its address. */
+    char want[160];
+    int named = 0;
+    for (int i = 0; i < N_SHARDS; i++) {
+        snprintf(want, sizeof(want), "the cluster's shard at %s (", cc.srv[i].addr);
+        named |= strstr(ts_last_error(), want) != NULL;
+    }
+    assert_true(named);
 }
 
 /* ids in a scrambled order with duplicates: every id of 0..IDS-1 at least once. */
