@@ -76,7 +76,9 @@ static int open_denied(const char *addr)
 
 /*
  * A unix socket this user may not connect to (its mode is 0) gives TS_EACCES at once, with a
- * message that names the socket. As root, the check runs in a child that became nobody.
+ * message that names the socket. As root, the check runs in a child that became nobody and ran
+ * this program again (main's --open-denied): a forked copy of a process with threads must not
+ * start threads of its own (ThreadSanitizer refuses it), and opening a client does.
  */
 static void test_connect_permission_denied(void **state)
 {
@@ -102,7 +104,9 @@ static void test_connect_permission_denied(void **state)
         if (pid == 0) {
             if (setgid(65534) != 0 || setuid(65534) != 0)
                 _exit(2);
-            _exit(open_denied(addr));
+            char *args[] = {"test_client_failure", "--open-denied", addr, NULL};
+            execv("/proc/self/exe", args);
+            _exit(4);
         }
         int status;
         assert_int_equal(waitpid(pid, &status, 0), pid);
@@ -655,8 +659,10 @@ static void test_server_reasons(void **state)
     rmdir(dir);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "--open-denied") == 0)
+        return open_denied(argv[2]); /* test_connect_permission_denied's child */
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_connect_refused),
