@@ -128,6 +128,14 @@ void tsp_client_leave(PyObject *obj)
     leave((tsp_client *)obj);
 }
 
+int tsp_client_cancelled(PyObject *obj)
+{
+    if (!((tsp_client *)obj)->closed)
+        return 0;
+    tsp_raise_msg(TS_ECANCELED, "the Client was closed during the wait");
+    return 1;
+}
+
 tsp_tensor_type_t tsp_client_tensor_type(PyObject *obj)
 {
     tsp_tensor_type_t tt = ((tsp_client *)obj)->tt;

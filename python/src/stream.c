@@ -14,7 +14,8 @@
  * Waits: every call that may wait long (a read or range with a timeout, stream_credit, a push
  * waiting for credit, a consumer waiting for entries) is cut into slices of at most
  * TSP_STREAM_SLICE_MS with the GIL released, checking for signals (Ctrl-C) between two slices,
- * and for a close() from another thread in the producer and the consumer. A timeout of None
+ * and for a close() from another thread: of the Client in its methods, of the producer or the
+ * consumer in theirs (CancelledError at the end of the slice). A timeout of None
  * waits as long as it takes, in such slices.
  *
  * Threads: the library's producer and consumer are used by one thread at a time. Each Python
@@ -467,6 +468,8 @@ PyObject *tsp_client_stream_credit(PyObject *client, PyObject *args, PyObject *k
         if (rc != TS_ETIMEDOUT)
             break;
         int more = slicer_more(&sl);
+        if (more > 0 && tsp_client_cancelled(client))
+            more = -1;
         if (more < 0) {
             tsp_client_leave(client);
             return NULL;
@@ -556,6 +559,8 @@ static PyObject *read_impl(PyObject *client, const char *name, const char *group
         if (rc != 0 || ts_stream_batch_count(b) > 0)
             break;
         int more = slicer_more(&sl);
+        if (more > 0 && tsp_client_cancelled(client))
+            more = -1;
         if (more <= 0) {
             if (more < 0) {
                 ts_stream_batch_free(b);

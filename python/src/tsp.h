@@ -336,6 +336,12 @@ void tsp_hand_over_items(size_t n, tsp_item_fn item, void *arg, const char *note
 ts_client_t *tsp_client_enter(PyObject *obj);
 /* Pair of tsp_client_enter (with the GIL held; may release it while freeing the client). */
 void tsp_client_leave(PyObject *obj);
+/*
+ * For a call that waits in slices between tsp_client_enter and tsp_client_leave: 1 with
+ * tensorshare.CancelledError raised when close() was called on the Client meanwhile (the wait
+ * must stop), else 0.
+ */
+int tsp_client_cancelled(PyObject *obj);
 /* The tensor_type a Client hands received tensors in (TSP_TENSOR_TORCH or _NUMPY). */
 tsp_tensor_type_t tsp_client_tensor_type(PyObject *obj);
 /*

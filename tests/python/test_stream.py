@@ -269,6 +269,40 @@ def test_close_from_another_thread_ends_a_wait(client):
     assert len(errors) == 1 and isinstance(errors[0], tensorshare.CancelledError)
 
 
+@pytest.mark.parametrize("call", [
+    lambda c: c.stream_read("s", "g", "m", timeout_ms=None),
+    lambda c: c.stream_read("s", "g", "m", timeout_ms=600000),
+    lambda c: c.stream_range("s", 0, 64, None),
+    lambda c: c.stream_credit("w", None),
+], ids=["read_none", "read_long", "range_none", "credit_none"])
+def test_client_close_from_another_thread_ends_a_client_wait(client, tensord, call):
+    client.stream_create("s")
+    client.stream_join("s", "g", "m")
+    client.stream_create("w", 10, window=1, lease_ms=600000)
+    client.stream_join("w", "g", "m")
+    client.stream_append("w", {"a": 1})  # the window is full: credit waits
+    other = tensorshare.Client(tensord.address, timeout=10)
+    other.stream_range("s", 0, 1, 0)  # imports the tensor type's module (slow) before the wait
+    errors = []
+
+    def waiter():
+        try:
+            call(other)
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    other.close()
+    t.join(WAIT_MS / 1000.0)
+    assert not t.is_alive()
+    assert time.monotonic() - start < 2.0  # within a 250 ms slice (a loaded machine: more)
+    assert len(errors) == 1 and isinstance(errors[0], tensorshare.CancelledError), errors
+    assert other.closed
+
+
 def test_bad_inputs(client):
     with pytest.raises(tensorshare.BinNotFoundError):
         client.stream_info("nope")
