@@ -144,7 +144,8 @@ tsp_tensor_type_t tsp_client_tensor_type(PyObject *obj)
 
 int tsp_client_tensor_type_arg(PyObject *obj, PyObject *client, tsp_tensor_type_t *out)
 {
-    if (tsp_tensor_type_from_py(obj, tsp_client_tensor_type(client), out) < 0)
+    tsp_tensor_type_t dflt = tsp_client_tensor_type(client);
+    if (dflt == TSP_TENSOR_DEFAULT || tsp_tensor_type_from_py(obj, dflt, out) < 0)
         return -1;
     return tsp_tensor_type_ready(*out);
 }
@@ -641,8 +642,7 @@ static PyObject *client_stats(PyObject *obj, PyObject *unused)
     ts_value_t *v = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = ts_stats(c, &v);
-    Py_END_ALLOW_THREADS PyObject *r =
-        rc == 0 ? tsp_value_to_py_owned(v, tsp_client_tensor_type(obj)) : tsp_raise(rc);
+    Py_END_ALLOW_THREADS PyObject *r = rc == 0 ? tsp_value_to_py_owned(v, self->tt) : tsp_raise(rc);
     leave(self);
     return r;
 }
@@ -661,7 +661,7 @@ PyObject *tsp_client_info(PyObject *client, PyObject *args, PyObject *kw, const 
     int rc;
     Py_BEGIN_ALLOW_THREADS rc = info(c, name, &v);
     Py_END_ALLOW_THREADS PyObject *r =
-        rc == 0 ? tsp_value_to_py_owned(v, tsp_client_tensor_type(client)) : tsp_raise(rc);
+        rc == 0 ? tsp_value_to_py_owned(v, ((tsp_client *)client)->tt) : tsp_raise(rc);
     tsp_client_leave(client);
     return r;
 }
@@ -1056,6 +1056,8 @@ static PyObject *async_op(PyObject *obj, PyObject *const *args, Py_ssize_t nargs
     size_t max_items = 0;
     unsigned long long after = 0;
     int timeout_ms = TS_TIMEOUT_INFINITE;
+    if (ctx->tt == TSP_TENSOR_DEFAULT)
+        goto fail;
     if ((op == OP_GET || op == OP_PEEK) && (size_arg(a[1], "max_items", &max_items) < 0 ||
                                             tsp_tensor_type_from_py(a[2], ctx->tt, &ctx->tt) < 0 ||
                                             tsp_tensor_type_ready(ctx->tt) < 0))
@@ -1340,8 +1342,10 @@ static PyObject *client_get_address(PyObject *obj, void *unused)
 static PyObject *client_get_tensor_type(PyObject *obj, void *unused)
 {
     (void)unused;
-    return PyUnicode_FromString(tsp_client_tensor_type(obj) == TSP_TENSOR_NUMPY ? "numpy"
-                                                                                : "torch");
+    tsp_tensor_type_t tt = tsp_client_tensor_type(obj);
+    if (tt == TSP_TENSOR_DEFAULT)
+        return NULL;
+    return PyUnicode_FromString(tt == TSP_TENSOR_NUMPY ? "numpy" : "torch");
 }
 
 static PyObject *client_repr(PyObject *obj)

@@ -12,7 +12,8 @@ int tsp_client_open(PyObject *client, PyObject *tt_obj, tsp_open_fn open_fn, voi
     ts_client_t *c = tsp_client_enter(client);
     if (c == NULL)
         return -1;
-    if (tsp_tensor_type_from_py(tt_obj, tsp_client_tensor_type(client), tt) < 0) {
+    tsp_tensor_type_t dflt = tsp_client_tensor_type(client);
+    if (dflt == TSP_TENSOR_DEFAULT || tsp_tensor_type_from_py(tt_obj, dflt, tt) < 0) {
         tsp_client_leave(client);
         return -1;
     }

@@ -685,8 +685,8 @@ static PyObject *to_py(const ts_value_t *v, tsp_tensor_type_t tt, tsp_owner_t *o
 
 PyObject *tsp_value_to_py_ex(const ts_value_t *v, tsp_tensor_type_t tt, tsp_owner_t *owner)
 {
-    if (tt == TSP_TENSOR_DEFAULT)
-        tt = tsp_tensor_type_default();
+    if (tt == TSP_TENSOR_DEFAULT && (tt = tsp_tensor_type_default()) == TSP_TENSOR_DEFAULT)
+        return NULL;
     return to_py(v, tt, owner);
 }
 
@@ -714,8 +714,8 @@ PyObject *tsp_value_to_py_owned(ts_value_t *v, tsp_tensor_type_t tt)
 
 PyObject *tsp_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt)
 {
-    if (tt == TSP_TENSOR_DEFAULT)
-        tt = tsp_tensor_type_default();
+    if (tt == TSP_TENSOR_DEFAULT && (tt = tsp_tensor_type_default()) == TSP_TENSOR_DEFAULT)
+        return NULL;
     size_t n = ts_items_count(items);
     PyObject *l = PyList_New((Py_ssize_t)n);
     if (l == NULL)
@@ -781,8 +781,9 @@ static PyObject *taken_item(void *arg, size_t i)
 
 PyObject *tsp_taken_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt)
 {
-    if (tt == TSP_TENSOR_DEFAULT)
-        tt = tsp_tensor_type_default();
+    /* The callers ready tt before taking (tsp_tensor_type_ready), so this cannot fail then. */
+    if (tt == TSP_TENSOR_DEFAULT && (tt = tsp_tensor_type_default()) == TSP_TENSOR_DEFAULT)
+        return NULL;
     PyObject *r = tsp_items_to_py(items, tt);
     if (r != NULL)
         return r;
@@ -806,13 +807,20 @@ static tsp_tensor_type_t default_tt;
 
 tsp_tensor_type_t tsp_tensor_type_default(void)
 {
-    if (default_tt == TSP_TENSOR_DEFAULT) {
-        PyObject *torch = PyImport_ImportModule("torch");
-        if (torch == NULL)
-            PyErr_Clear();
-        Py_XDECREF(torch);
-        default_tt = torch != NULL ? TSP_TENSOR_TORCH : TSP_TENSOR_NUMPY;
+    if (default_tt != TSP_TENSOR_DEFAULT)
+        return default_tt;
+    PyObject *torch = PyImport_ImportModule("torch");
+    if (torch != NULL) {
+        Py_DECREF(torch);
+        default_tt = TSP_TENSOR_TORCH;
+    } else if (PyErr_ExceptionMatches(PyExc_ImportError)) {
+        PyErr_Clear(); /* no torch here (ModuleNotFoundError, or one that cannot load) */
+        default_tt = TSP_TENSOR_NUMPY;
     }
+    /*
+     * Anything else (KeyboardInterrupt from a Ctrl-C during the import, MemoryError) says
+     * nothing about torch: it propagates, and the next conversion tries again.
+     */
     return default_tt;
 }
 

@@ -183,7 +183,12 @@ static PyObject *handle_next(PyObject *self, PyObject *args)
         return NULL;
     }
     /* The request becomes the Python object's (its tensors may borrow its memory). */
-    PyObject *req = tsp_value_to_py_owned(it->request, tsp_client_tensor_type(h->client));
+    tsp_tensor_type_t tt = tsp_client_tensor_type(h->client);
+    PyObject *req = NULL;
+    if (tt != TSP_TENSOR_DEFAULT)
+        req = tsp_value_to_py_owned(it->request, tt);
+    else
+        ts_value_free(it->request);
     free(it);
     if (req == NULL) {
         Py_DECREF(cap); /* fails the call */

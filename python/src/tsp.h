@@ -256,7 +256,12 @@ ts_value_t *tsp_value_from_py(PyObject *obj, PyObject *pins, int depth);
 
 /* Parse a tensor_type argument: None -> dflt, "torch", "numpy"; else ValueError. */
 int tsp_tensor_type_from_py(PyObject *obj, tsp_tensor_type_t dflt, tsp_tensor_type_t *out);
-/* The process-wide default ("torch" when torch can be imported, else "numpy"), decided once. */
+/*
+ * The process-wide default: "torch" when torch can be imported, "numpy" when importing it
+ * raises ImportError (ModuleNotFoundError included); decided once, by the first call that gets
+ * an answer. Any other exception of the import (KeyboardInterrupt, MemoryError) decides
+ * nothing: TSP_TENSOR_DEFAULT with that exception set, and the next call imports again.
+ */
 tsp_tensor_type_t tsp_tensor_type_default(void);
 /*
  * Import what tensors of type tt need (torch, or numpy) if that was not done yet: 0, or -1
@@ -286,16 +291,18 @@ PyObject *tsp_value_to_py(const ts_value_t *v, tsp_tensor_type_t tt);
 /*
  * As tsp_value_to_py, for any value: every tensor view takes a reference on owner (may be NULL
  * for received values, which hold their receive buffer themselves). The caller keeps its own
- * reference and drops it when it is done with v.
+ * reference and drops it when it is done with v. tt may be TSP_TENSOR_DEFAULT: the process
+ * default (tsp_tensor_type_default; NULL with its exception when it cannot be decided).
  */
 PyObject *tsp_value_to_py_ex(const ts_value_t *v, tsp_tensor_type_t tt, tsp_owner_t *owner);
 /*
  * Take a value the caller owns (built, or transferred by the library, such as a batcher output)
  * and return it as Python objects; v is freed with ts_value_free once the last view of its
- * memory is gone (at once when it has no tensors, and on failure).
+ * memory is gone (at once when it has no tensors, and on failure). tt as for _ex.
  */
 PyObject *tsp_value_to_py_owned(ts_value_t *v, tsp_tensor_type_t tt);
-/* The items of a get or peek as a list of records; items stays the caller's to free. */
+/* The items of a get or peek as a list of records; items stays the caller's to free. tt as for
+ * tsp_value_to_py_ex. */
 PyObject *tsp_items_to_py(const ts_items_t *items, tsp_tensor_type_t tt);
 /*
  * As tsp_items_to_py, for items that were taken out of their bin (a get): nothing may be lost
@@ -342,7 +349,11 @@ void tsp_client_leave(PyObject *obj);
  * must stop), else 0.
  */
 int tsp_client_cancelled(PyObject *obj);
-/* The tensor_type a Client hands received tensors in (TSP_TENSOR_TORCH or _NUMPY). */
+/*
+ * The tensor_type a Client hands received tensors in (TSP_TENSOR_TORCH or _NUMPY), or
+ * TSP_TENSOR_DEFAULT with an exception when the process default cannot be decided
+ * (tsp_tensor_type_default).
+ */
 tsp_tensor_type_t tsp_client_tensor_type(PyObject *obj);
 /*
  * A tensor_type argument (NULL or None: the Client's) with its module imported, so that a

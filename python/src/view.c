@@ -383,8 +383,8 @@ static PyObject *export_to_numpy(tsp_export *e)
 
 int tsp_tensor_type_ready(tsp_tensor_type_t tt)
 {
-    if (tt == TSP_TENSOR_DEFAULT)
-        tt = tsp_tensor_type_default();
+    if (tt == TSP_TENSOR_DEFAULT && (tt = tsp_tensor_type_default()) == TSP_TENSOR_DEFAULT)
+        return -1;
     return tt == TSP_TENSOR_NUMPY ? numpy_ready() : torch_ready();
 }
 

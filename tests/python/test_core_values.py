@@ -195,3 +195,57 @@ def test_received_numpy_memory_refuses_a_fortran_order_request(client):
             with pytest.raises(BufferError):
                 get(owner, ctypes.byref(b), contiguity | strides_nd)
     del a, owner
+
+
+DEFAULT_TYPE_SCRIPT = r"""
+import sys
+import numpy as np
+import tensorshare
+
+class Refuse:
+    '''Makes `import torch` raise exc (a Ctrl-C during the import, or torch missing).'''
+    def __init__(self, exc):
+        self.exc = exc
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            raise self.exc
+        return None
+
+c = tensorshare.Client(sys.argv[1])
+c.put("b", {"x": np.zeros(2, np.float32)})
+finder = Refuse(KeyboardInterrupt())
+sys.meta_path.insert(0, finder)
+try:
+    c.peek("b")
+    print("no KeyboardInterrupt")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+try:
+    print(c.tensor_type)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+finder.exc = ModuleNotFoundError("No module named 'torch'")
+if sys.argv[2] == "missing":  # a missing torch decides the default: numpy, for good
+    print(type(c.peek("b")[0]["x"]).__module__, c.tensor_type)
+    sys.meta_path.remove(finder)
+    print(type(c.peek("b")[0]["x"]).__module__, c.tensor_type)
+else:  # the interrupted import decided nothing: the next conversion imports torch
+    sys.meta_path.remove(finder)
+    print(type(c.peek("b")[0]["x"]).__module__, c.tensor_type)
+c.close()
+"""
+
+
+@pytest.mark.parametrize("then, expect", [
+    ("present", ["KeyboardInterrupt", "KeyboardInterrupt", "torch torch"]),
+    ("missing", ["KeyboardInterrupt", "KeyboardInterrupt", "numpy numpy", "numpy numpy"]),
+])
+def test_default_tensor_type_only_import_error_means_no_torch(tensord, then, expect):
+    """The process default tensor type is decided by the first conversion that needs it, which
+    imports torch: only an ImportError means "no torch" (numpy from then on); a Ctrl-C during
+    the import is raised and decides nothing."""
+    env = dict(os.environ, PYTHONPATH=os.environ.get("TS_PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-c", DEFAULT_TYPE_SCRIPT, tensord.address, then],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:-1] == expect
