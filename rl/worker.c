@@ -59,8 +59,11 @@ void ts_rl_params_release(ts_rl_params_t *p)
  * into us on its I/O thread while we wait for it). The subscription's callback argument is a
  * separate refcounted stub: the subscription can outlive the worker when ts_unlisten fails (its
  * final callback then only comes when the client is freed), and the stub lets the worker detach
- * itself safely. Peek and append callbacks point at the worker directly; ts_rl_worker_free waits
- * for all of them, which always come (every accepted request gets exactly one callback).
+ * itself safely. Peek and append callbacks point at the worker directly, and every accepted
+ * request gets exactly one callback: ts_rl_worker_free waits for the adds only up to the
+ * options' timeout, and when requests are still in flight after that it leaves the struct
+ * behind (orphaned), for the last of their callbacks to free. Once closing, callbacks no longer
+ * report events: on_event and its argument may be gone when ts_rl_worker_free has returned.
  */
 
 typedef struct rl_sub_s {
@@ -89,6 +92,8 @@ struct ts_rl_worker_s {
     int peek_in_flight; /* one read of the parameters bin at a time */
     int peek_again;     /* a change arrived while a read was in flight: read once more */
     int closing;
+    int emitting; /* on_event calls running now (ts_rl_worker_free waits for them) */
+    int orphaned; /* freed with requests in flight: the last callback frees the struct */
     size_t bytes_in_flight;
     int first_error; /* of an add since the last flush */
     pthread_t io_thread;
@@ -120,12 +125,20 @@ static int rl_on_io_thread(const ts_rl_worker_t *w)
 }
 
 /*
- * Report an event. A failure's message goes to ts_last_error() on this thread first, where the
- * callback reads it (tensorshare.h "Error messages").
+ * Report an event unless the worker is closing (then on_event may be gone). A failure's message
+ * goes to ts_last_error() on this thread first, where the callback reads it (tensorshare.h
+ * "Error messages"). Takes w->mu (not held by the caller).
  */
 static void rl_emit(ts_rl_worker_t *w, ts_rl_event_t ev, int status, int64_t version)
 {
     if (w->on_event == NULL)
+        return;
+    pthread_mutex_lock(&w->mu);
+    int closing = w->closing;
+    if (!closing)
+        w->emitting++;
+    pthread_mutex_unlock(&w->mu);
+    if (closing)
         return;
     if (ev == TS_RL_EV_PARAMS_BAD)
         ts__set_errorf("the parameters bin '%s' holds something other than {params, version}",
@@ -138,6 +151,28 @@ static void rl_emit(ts_rl_worker_t *w, ts_rl_event_t ev, int status, int64_t ver
                                                  : "reading the parameters bin failed",
                        ts_strerror(status));
     w->on_event(w, status, ev, version, w->event_arg);
+    pthread_mutex_lock(&w->mu);
+    w->emitting--;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Free what the worker still holds and the struct itself (nothing may be in flight). */
+static void rl_worker_destroy(ts_rl_worker_t *w)
+{
+    ts_rl_params_release(w->current);
+    pthread_cond_destroy(&w->cond);
+    pthread_mutex_destroy(&w->mu);
+    ts__free(w);
+}
+
+/*
+ * 1 when a callback that just ended its request must free the worker: it was freed meanwhile,
+ * and nothing else is in flight. Under w->mu.
+ */
+static int rl_last_out(const ts_rl_worker_t *w)
+{
+    return w->orphaned && w->stats.in_flight == 0 && !w->peek_in_flight;
 }
 
 /*
@@ -151,7 +186,10 @@ static void rl_peek_failed(ts_rl_worker_t *w, int rc)
     w->peek_in_flight = 0;
     w->stats.params_failed++;
     pthread_cond_broadcast(&w->cond);
+    int last = rl_last_out(w);
     pthread_mutex_unlock(&w->mu);
+    if (last)
+        rl_worker_destroy(w);
 }
 
 /*
@@ -256,7 +294,12 @@ static void rl_peek_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
     if (!again)
         w->peek_in_flight = 0;
     pthread_cond_broadcast(&w->cond);
+    int last = rl_last_out(w);
     pthread_mutex_unlock(&w->mu);
+    if (last) {
+        rl_worker_destroy(w);
+        return;
+    }
     if (again) {
         int rc = ts_peek_async(w->client, w->params_bin, 0, rl_peek_cb, w);
         if (rc != 0)
@@ -420,12 +463,15 @@ void ts_rl_worker_free(ts_rl_worker_t *w)
 {
     if (w == NULL)
         return;
-    /* Leave the adds a bounded time to be answered; their callbacks point at w. */
+    /* Leave the adds a bounded time to be answered (and their failures to be reported). */
     (void)ts_rl_worker_flush(w, w->timeout_ms);
 
+    /* From here no event is reported; wait for those being reported now. */
     pthread_mutex_lock(&w->mu);
     assert(!rl_on_io_thread(w));
     w->closing = 1;
+    while (w->emitting > 0)
+        pthread_cond_wait(&w->cond, &w->mu);
     pthread_mutex_unlock(&w->mu);
 
     /* After this no notification reaches w (a running one finishes first: it holds sub->mu). */
@@ -435,18 +481,17 @@ void ts_rl_worker_free(ts_rl_worker_t *w)
     pthread_mutex_unlock(&w->sub->mu);
     rl_sub_unref(w->sub);
 
-    /* Every accepted request gets exactly one callback, so these waits end. */
+    /*
+     * Every accepted request gets exactly one callback (TS_ECANCELED at the latest when the
+     * client is freed): when some are still in flight, the last of them frees w.
+     */
     pthread_mutex_lock(&w->mu);
-    while (w->peek_in_flight || w->stats.in_flight > 0)
-        pthread_cond_wait(&w->cond, &w->mu);
-    ts_rl_params_t *cur = w->current;
-    w->current = NULL;
+    int now = w->stats.in_flight == 0 && !w->peek_in_flight;
+    if (!now)
+        w->orphaned = 1;
     pthread_mutex_unlock(&w->mu);
-    ts_rl_params_release(cur);
-
-    pthread_cond_destroy(&w->cond);
-    pthread_mutex_destroy(&w->mu);
-    ts__free(w);
+    if (now)
+        rl_worker_destroy(w);
 }
 
 int ts_rl_worker_params(ts_rl_worker_t *w, ts_rl_params_t **out)
@@ -520,8 +565,11 @@ static void rl_add_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
             w->first_error = status;
     }
     pthread_cond_broadcast(&w->cond);
+    int last = rl_last_out(w);
     pthread_mutex_unlock(&w->mu);
     ts__free(a);
+    if (last)
+        rl_worker_destroy(w);
 }
 
 /* 1 when an item of size bytes fits the in-flight bounds now. Under w->mu. */

@@ -233,9 +233,15 @@ TS_EXTERN void ts_rl_params_release(ts_rl_params_t *p);
 TS_EXTERN int ts_rl_worker_new(ts_rl_worker_t **out, ts_client_t *c, const ts_rl_options_t *opts);
 
 /*
- * Waits for the adds in flight (up to the options' timeout_ms), ends the subscription and frees the
- * worker. Parameter snapshots handed out stay valid until released. Must not be called from a
- * client or event callback. NULL is a no-op. Added in 0.1.0.
+ * Waits for the adds in flight up to the options' timeout_ms (0: not at all), ends the
+ * subscription and frees the worker; on_event is not called once it returns (it waits for a
+ * call running meanwhile). Requests still in flight then (adds, a read of the parameters bin)
+ * are answered later on the client's I/O thread, at the latest with TS_ECANCELED while the
+ * client is freed; they report nothing and keep what they need of the worker alive until
+ * then. The data of TS_BORROW adds still in flight must therefore stay valid until those
+ * answers: until ts_client_free returns when in doubt. Parameter snapshots handed out stay
+ * valid until released. Must not be called from a client or event callback. NULL is a no-op.
+ * Added in 0.1.0.
  */
 TS_EXTERN void ts_rl_worker_free(ts_rl_worker_t *w);
 
@@ -258,7 +264,9 @@ TS_EXTERN int ts_rl_worker_await(ts_rl_worker_t *w, int timeout_ms, ts_rl_params
 /*
  * Send one experience item, {data, version} with the version last retrieved (-1 before any),
  * without waiting for the daemon. data is borrowed: with flags TS_COPY its memory is copied
- * during the call; with TS_BORROW it must stay valid until ts_rl_worker_flush returns. When
+ * during the call; with TS_BORROW it must stay valid until the add is answered: until a
+ * ts_rl_worker_flush returns other than TS_ETIMEDOUT or TS_EDEADLK (see ts_rl_worker_free for
+ * adds still in flight when the worker is freed). When
  * max_in_flight items or bytes are already in flight, waits for room up to the options' timeout_ms
  * (TS_ETIMEDOUT), or returns TS_EAGAIN at once with TS_RL_NONBLOCK. A failure found later, when
  * the daemon answers, is counted, reported to on_event and returned by ts_rl_worker_flush. Into a

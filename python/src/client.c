@@ -39,6 +39,7 @@ typedef struct tsp_client {
     long users;                   /* calls and objects inside (under the GIL) */
     tsp_tensor_type_t tt;         /* TSP_TENSOR_DEFAULT: the process default */
     PyObject *address;            /* str */
+    PyObject *kept;               /* list (or NULL) of what tsp_client_keep keeps until freed */
     struct tsp_client *prev;      /* the list of open clients (for atexit), under the GIL */
     struct tsp_client *next;
     PyObject *weakreflist;
@@ -73,9 +74,11 @@ static void maybe_free(tsp_client *self)
     self->c = NULL;
     list_unlink(self);
     if (self->fork_gen != tsp_fork_generation)
-        return; /* the parent's: its I/O thread does not exist here */
-    Py_BEGIN_ALLOW_THREADS ts_client_free(c);
-    Py_END_ALLOW_THREADS
+        return; /* the parent's: its I/O thread does not exist here (kept is leaked with it) */
+    PyThreadState *nogil = PyEval_SaveThread();
+    ts_client_free(c);
+    PyEval_RestoreThread(nogil);
+    Py_CLEAR(self->kept); /* every request has had its callback: nothing reads them any more */
 }
 
 static int check_usable(tsp_client *self)
@@ -126,6 +129,14 @@ ts_client_t *tsp_client_enter(PyObject *obj)
 void tsp_client_leave(PyObject *obj)
 {
     leave((tsp_client *)obj);
+}
+
+int tsp_client_keep(PyObject *obj, PyObject *item)
+{
+    tsp_client *self = (tsp_client *)obj;
+    if (self->kept == NULL && (self->kept = PyList_New(0)) == NULL)
+        return -1;
+    return PyList_Append(self->kept, item);
 }
 
 int tsp_client_cancelled(PyObject *obj)

@@ -33,6 +33,8 @@ void tsp_client_user_free(tsp_client_user *u)
     void *h = u->handle;
     u->handle = NULL;
     if (h != NULL && u->fork_generation == tsp_fork_generation) {
+        if (u->before_free != NULL)
+            u->before_free(u, h);
         PyThreadState *nogil = PyEval_SaveThread();
         u->free_handle(h);
         PyEval_RestoreThread(nogil);

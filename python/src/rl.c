@@ -544,6 +544,36 @@ static void worker_free_handle(void *h)
     ts_rl_worker_free(h);
 }
 
+/*
+ * Before the C worker is freed (tsp_client_user's before_free): ts_rl_worker_free waits for the
+ * adds in flight only up to the worker's timeout, and those still in flight after it read
+ * their copy=False memory until they are answered, at the latest when the Client's
+ * ts_client_t is freed. So when adds are in flight now, the Client keeps the borrowed objects
+ * until then; otherwise nothing reads them any more once the worker is freed.
+ */
+static void worker_before_free(tsp_client_user *u, void *h)
+{
+    worker_object *self = (worker_object *)u;
+    if (self->borrowed == NULL || PyList_GET_SIZE(self->borrowed) == 0)
+        return;
+    ts_rl_worker_stats_t st;
+    ts_rl_worker_stats(h, &st); /* short: a lock no callback holds for long */
+    if (st.in_flight == 0)
+        return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb); /* the exception of the call that frees, if any, stands */
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL || tsp_client_keep(u->client, self->borrowed) < 0) {
+        /* Cannot hand them over: leak rather than free memory the library may still read. */
+        PyErr_Clear();
+        Py_XDECREF(fresh);
+        self->borrowed = NULL;
+    } else {
+        Py_SETREF(self->borrowed, fresh);
+    }
+    PyErr_Restore(type, value, tb);
+}
+
 /* base_open's constructor of a worker. */
 static int worker_open(ts_client_t *c, void *arg)
 {
@@ -659,7 +689,10 @@ static int worker_init(PyObject *self_obj, PyObject *args, PyObject *kwds)
     self->borrowed = PyList_New(0);
     if (self->borrowed == NULL)
         return -1;
-    return base_open(&self->base, client, tt_obj, &o, worker_open, worker_free_handle);
+    if (base_open(&self->base, client, tt_obj, &o, worker_open, worker_free_handle) < 0)
+        return -1;
+    self->base.u.before_free = worker_before_free;
+    return 0;
 }
 
 static void params_release(void *arg)
@@ -918,7 +951,8 @@ static PyMethodDef worker_methods[] = {
     {"flush", (PyCFunction)(void (*)(void))worker_flush, METH_VARARGS | METH_KEYWORDS,
      "flush(timeout=None)\n\nWait until every add was answered; raise the first failure."},
     {"stats", worker_stats, METH_NOARGS, "stats() -> dict of the worker's counters"},
-    {"close", worker_close, METH_NOARGS, "close(): wait for the adds in flight, free the worker"},
+    {"close", worker_close, METH_NOARGS,
+     "close(): wait for the adds in flight up to the worker's timeout, free the worker"},
     {"__enter__", base_enter_method, METH_NOARGS, NULL},
     {"__exit__", worker_exit_method, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};

@@ -344,6 +344,12 @@ ts_client_t *tsp_client_enter(PyObject *obj);
 /* Pair of tsp_client_enter (with the GIL held; may release it while freeing the client). */
 void tsp_client_leave(PyObject *obj);
 /*
+ * Keep item (a new reference is taken) until the Client's ts_client_t is freed, after which no
+ * request of it reads memory any more: for memory that requests still in flight borrow when
+ * their owner goes (an RL worker's copy=False adds). obj must be entered. 0, or -1.
+ */
+int tsp_client_keep(PyObject *obj, PyObject *item);
+/*
  * For a call that waits in slices between tsp_client_enter and tsp_client_leave: 1 with
  * tensorshare.CancelledError raised when close() was called on the Client meanwhile (the wait
  * must stop), else 0.
@@ -398,6 +404,8 @@ typedef struct tsp_client_user {
     unsigned long fork_generation;  /* tsp_fork_generation when created */
     tsp_tensor_type_t tensor_type;  /* how received tensors are handed out */
     void (*free_handle)(void *h);   /* frees handle (called without the GIL) */
+    /* optional: called with the GIL and h (the handle) right before free_handle(h) */
+    void (*before_free)(struct tsp_client_user *u, void *h);
 } tsp_client_user;
 /*
  * Free the C object (GIL released meanwhile) and leave the Client; in a child after fork only

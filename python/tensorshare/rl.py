@@ -97,7 +97,8 @@ class RLWorker(_RLWorker):
     add(data, *, copy=True, block=True): append {data, version} to the data bin without waiting
     for tensord. copy=True copies the tensors during the call; copy=False sends them from their
     memory, which the worker keeps referenced until a flush() finds every add answered (do not
-    change them meanwhile). When max_in_flight adds are already on their way, add waits for
+    change them meanwhile; adds still in flight when close() starts leave them to the Client,
+    which keeps them until it is closed). When max_in_flight adds are already on their way, add waits for
     room (up to the constructor's timeout), or raises tensorshare.Error (EAGAIN) at once with
     block=False.
     flush(timeout=None): wait until every add was answered; raises the first add failure since
@@ -106,8 +107,9 @@ class RLWorker(_RLWorker):
     "params" (newer parameters arrived), "disconnected", "resubscribed", "add_failed",
     "params_failed" and "params_bad"; error is a tensorshare.Error or None. Keep it short; it
     cannot call the worker's own methods (DeadlockError).
-    stats() -> dict. close() waits for the adds in flight (up to the timeout) and frees the
-    worker; it is idempotent.
+    stats() -> dict. close() waits for the adds in flight up to the constructor's timeout (not
+    the Client's request timeout) and frees the worker; adds still in flight then are answered
+    later without calling on_event. It is idempotent.
     """
 
     def params(self):

@@ -426,6 +426,45 @@ def test_constructor_timeout_zero_does_not_wait(client):
     assert time.monotonic() - t0 < 5
 
 
+@pytest.mark.parametrize("timeout", [0, 0.5])
+def test_worker_close_waits_only_the_worker_timeout(tensord, timeout):
+    """close() waits for the adds in flight up to the worker's timeout, not the Client's request
+    timeout; the copy=False data of adds still in flight stays referenced until they are
+    answered (the Client keeps it until it is closed)."""
+    import signal
+    import weakref
+    c = tensorshare.Client(tensord.address, timeout=10)
+    worker = RLWorker(c, prefix="w%s/" % timeout, timeout=timeout, max_in_flight=4)
+    arr = np.full(1024, 7, dtype=np.float32)
+    ref = weakref.ref(arr)
+    os.kill(tensord.proc.pid, signal.SIGSTOP)
+    try:
+        worker.add({"x": arr}, copy=False)
+        worker.add({"x": 2})
+        del arr
+        t0 = time.monotonic()
+        worker.close()
+        took = time.monotonic() - t0
+        assert ref() is not None  # the first add may still read it
+    finally:
+        os.kill(tensord.proc.pid, signal.SIGCONT)
+    assert timeout - 0.05 <= took < timeout + 3  # (ms rounding)
+    # Answered after the close: both arrive.
+    other = tensorshare.Client(tensord.address, timeout=10)
+    deadline = time.monotonic() + WAIT_S
+    n = 0
+    while n < 2 and time.monotonic() < deadline:
+        try:
+            n = len(other.peek("w%s/data" % timeout))
+        except tensorshare.BinNotFoundError:
+            pass
+        time.sleep(0.01)
+    assert n == 2
+    other.close()
+    c.close()
+    assert ref() is None  # released with the Client
+
+
 def test_names_with_nul_are_refused(client):
     # The library would cut them short: "t/\0x" would be the prefix "t/".
     with pytest.raises(tensorshare.InvalidArgumentError, match="prefix"):

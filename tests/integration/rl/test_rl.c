@@ -715,6 +715,64 @@ static void test_daemon_restart(void **state)
     ts_rl_trainer_free(t);
 }
 
+/*
+ * ts_rl_worker_free waits for the adds in flight only up to the worker's timeout_ms (0: not at
+ * all), however long the client's request timeout. The adds still in flight are answered later
+ * (the daemon resumes) or cancelled (the client is freed while the daemon is still stopped),
+ * without any event after the free and without touching freed memory (the sanitizer builds).
+ */
+static void test_free_waits_only_the_worker_timeout(void **state)
+{
+    fixture *f = *state;
+    static const int timeouts[] = {0, 300};
+    for (size_t k = 0; k < sizeof(timeouts) / sizeof(timeouts[0]); k++) {
+        ts_client_options_t co;
+        ts_client_options_init(&co);
+        co.request_timeout_ms = 10000; /* what the free waited for before */
+        ts_client_t *c = NULL;
+        assert_int_equal(ts_client_open(&c, f->srv.addr, &co), 0);
+        events ev;
+        memset(&ev, 0, sizeof(ev));
+        ts_rl_options_t o;
+        ts_rl_options_init(&o);
+        o.prefix = k == 0 ? "answered/" : "cancelled/";
+        o.timeout_ms = timeouts[k];
+        o.on_event = on_event;
+        o.event_arg = &ev;
+        ts_rl_worker_t *w = NULL;
+        assert_int_equal(ts_rl_worker_new(&w, c, &o), 0);
+
+        assert_int_equal(kill(f->srv.pid, SIGSTOP), 0);
+        add_item(w, 1);
+        add_item(w, 2);
+        int64_t start = now_ms();
+        ts_rl_worker_free(w);
+        int64_t took = now_ms() - start;
+        if (k == 0) {
+            assert_int_equal(kill(f->srv.pid, SIGCONT), 0);
+            /* Both adds arrive after the free, their callbacks finding the worker gone. */
+            size_t n = 0;
+            int64_t end = now_ms() + WAIT_MS;
+            while (n < 2 && now_ms() < end) {
+                ts_items_t *items = NULL;
+                if (ts_peek(f->tc, "answered/data", 0, &items) == 0)
+                    n = ts_items_count(items);
+                ts_items_free(items);
+                if (n < 2)
+                    sleep_ms(10);
+            }
+            assert_int_equal(n, 2);
+            ts_client_free(c);
+        } else {
+            ts_client_free(c); /* cancels the adds: TS_ECANCELED, no add_failed event */
+            assert_int_equal(kill(f->srv.pid, SIGCONT), 0);
+        }
+        assert_true(took >= timeouts[k]);
+        assert_true(took < timeouts[k] + 3000);
+        assert_int_equal(atomic_load(&ev.add_failed), 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -726,6 +784,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_backpressure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_timeout_convention, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_free_waits_only_the_worker_timeout, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
