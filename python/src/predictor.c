@@ -4,23 +4,34 @@
  * tensorshare.Predictor.
  *
  * A predictor enters its tensorshare.Client for its whole life (tsp_client_enter), owns a reply
- * bin on tensord and one receiver thread (the library's). predict() blocks with the GIL
- * released; predict_async() returns a concurrent.futures.Future completed on the receiver
- * thread (or the client's I/O thread when sending failed, or in close() with CancelledError).
- * Outputs are handed out as views of the answer's memory (no copy), which lives until the last
- * view of it goes. In a child process after fork() the futures still outstanding at the fork
- * fail with ConnectionError (predictor.py's fork hook, over _take_pending_predictions).
+ * bin on tensord and one receiver thread (the library's). predict() waits for its answer with
+ * the GIL released, in slices between which signals and close() get through (but for one
+ * through a same-host shared-memory slot: predictor_predict); predict_async() returns a
+ * concurrent.futures.Future completed on the receiver thread (or the client's I/O thread when
+ * sending failed, or in close() with CancelledError). Outputs are handed out as views of the
+ * answer's memory (no copy), which lives until the last view of it goes. In a child process after
+ * fork() the futures still outstanding at the fork fail with ConnectionError (predictor.py's fork
+ * hook, over _take_pending_predictions).
  */
 #include "tsp.h"
 
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include <tensorshare/batcher.h>
 
+/* ms; how often a predict() waiting for its answer checks for signals (Ctrl-C) */
+#define TSP_PREDICT_SLICE_MS 100
+
 /* The concurrent.futures.Future class, imported once at init (a new reference kept forever). */
 static PyObject *future_class;
+
+/* Set while on_prediction completes a future on this thread (a blocking predict must refuse). */
+static _Thread_local int in_prediction_cb;
 
 /*
  * A timeout argument in seconds: None gives TS_TIMEOUT_DEFAULT (TS_PREDICTOR_DEFAULT_TIMEOUT_MS),
@@ -197,14 +208,142 @@ static ts_predictor_t *predict_enter(predictor_object *self, PyObject *args, PyO
     return p;
 }
 
+/*
+ * A predict() through the service: the answer of an asynchronous request, awaited on a
+ * condition variable by the caller, who does not keep the predictor entered meanwhile; so a
+ * close() from another thread frees the predictor, which cancels the request (CancelledError).
+ */
+typedef struct predict_wait {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs; /* the caller's and the callback's; under mu */
+    int done;
+    int status;
+    ts_value_t *output; /* owned until the caller takes it */
+    int64_t version;
+    char msg[TS_MAX_ERROR_LEN + 1];
+} predict_wait;
+
+/* Drop a reference (mu held; released here); the last frees pw. */
+static void predict_wait_unref_locked(predict_wait *pw)
+{
+    int last = --pw->refs == 0;
+    pthread_mutex_unlock(&pw->mu);
+    if (last) {
+        ts_value_free(pw->output);
+        pthread_cond_destroy(&pw->cv);
+        pthread_mutex_destroy(&pw->mu);
+        free(pw);
+    }
+}
+
+/* ts_predictor_cb of a blocking predict; needs no GIL (it may run in ts_predictor_free). */
+static void on_blocking_prediction(ts_predictor_t *p, int status, ts_value_t *output,
+                                   int64_t version, void *arg)
+{
+    (void)p;
+    predict_wait *pw = arg;
+    pthread_mutex_lock(&pw->mu);
+    pw->status = status;
+    pw->output = output;
+    pw->version = version;
+    if (status != 0)
+        snprintf(pw->msg, sizeof(pw->msg), "%s", ts_last_error());
+    pw->done = 1;
+    pthread_cond_signal(&pw->cv);
+    predict_wait_unref_locked(pw);
+}
+
+/*
+ * The service path of predict(): send, leave the predictor, and wait for the answer in slices
+ * of TSP_PREDICT_SLICE_MS with the GIL released, running signal handlers between them. Takes
+ * over s and the caller's entry of the predictor.
+ */
+static PyObject *predict_through_service(predictor_object *self, ts_predictor_t *p, tsp_send_t *s,
+                                         int timeout_ms, int with_version)
+{
+    tsp_tensor_type_t tt = self->u.tensor_type;
+    predict_wait *pw = calloc(1, sizeof(*pw));
+    if (pw == NULL) {
+        tsp_send_clear(s);
+        predictor_leave(self);
+        return PyErr_NoMemory();
+    }
+    pthread_mutex_init(&pw->mu, NULL);
+    pthread_cond_init(&pw->cv, NULL);
+    pw->refs = 2;
+    PyThreadState *nogil = PyEval_SaveThread();
+    int rc = ts_predictor_predict_async(p, s->value, timeout_ms, on_blocking_prediction, pw);
+    PyEval_RestoreThread(nogil);
+    tsp_send_clear(s); /* encoded and sent by the call */
+    if (rc != 0) {
+        tsp_raise(rc);
+        predictor_leave(self);
+        pthread_mutex_lock(&pw->mu);
+        pw->refs--; /* the callback's: it never comes */
+        predict_wait_unref_locked(pw);
+        return NULL;
+    }
+    /* From here the callback holds the request: close() may free the predictor meanwhile. */
+    predictor_leave(self);
+    int done = 0;
+    while (!done) {
+        nogil = PyEval_SaveThread();
+        pthread_mutex_lock(&pw->mu);
+        if (!pw->done) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += (long)TSP_PREDICT_SLICE_MS * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&pw->cv, &pw->mu, &ts);
+        }
+        done = pw->done;
+        pthread_mutex_unlock(&pw->mu);
+        PyEval_RestoreThread(nogil);
+        if (!done && PyErr_CheckSignals() < 0) {
+            /* Ctrl-C: give up; the answer (or the deadline) frees the request when it comes. */
+            pthread_mutex_lock(&pw->mu);
+            predict_wait_unref_locked(pw);
+            return NULL;
+        }
+    }
+    PyObject *res;
+    if (pw->status == 0) {
+        ts_value_t *output = pw->output;
+        pw->output = NULL;
+        res = answer_to_py(output, pw->version, tt, with_version);
+    } else {
+        res = tsp_raise_msg(pw->status, pw->msg[0] ? pw->msg : NULL);
+    }
+    pthread_mutex_lock(&pw->mu);
+    predict_wait_unref_locked(pw);
+    return res;
+}
+
+/*
+ * predict(): through the predictor's same-host shared-memory slot when it holds one (the
+ * library's blocking call, which close() waits for: it ends within its timeout), else through
+ * the service (predict_through_service). Refused in a prediction's callback, where its answer
+ * could not come (the client's I/O thread would wait for itself).
+ */
 static PyObject *predictor_predict(PyObject *self_obj, PyObject *args, PyObject *kwds)
 {
     predictor_object *self = (predictor_object *)self_obj;
+    if (in_prediction_cb)
+        return tsp_raise_msg(TS_EDEADLK, "Predictor.predict() called from a prediction's "
+                                         "callback (use predict_async)");
     tsp_send_t s;
     int timeout_ms, with_version;
     ts_predictor_t *p = predict_enter(self, args, kwds, &s, &timeout_ms, &with_version);
     if (p == NULL)
         return NULL;
+    ts_predictor_stats_t st;
+    ts_predictor_stats(p, &st);
+    if (st.transport != TS_PREDICTOR_SHM)
+        return predict_through_service(self, p, &s, timeout_ms, with_version);
     ts_value_t *output = NULL;
     int64_t version = -1;
     PyThreadState *nogil = PyEval_SaveThread();
@@ -282,6 +421,8 @@ static void on_prediction(ts_predictor_t *p, int status, ts_value_t *output, int
         return;
     }
     tsp_pending_unlink(&pending_reqs, &req->pend);
+    int was = in_prediction_cb;
+    in_prediction_cb = 1; /* the future's done-callbacks run below */
     if (status == 0) {
         PyObject *res = answer_to_py(output, version, req->tensor_type, req->with_version);
         future_complete(req->pend.future, res);
@@ -298,6 +439,7 @@ static void on_prediction(ts_predictor_t *p, int status, ts_value_t *output, int
             future_complete(req->pend.future, NULL);
         }
     }
+    in_prediction_cb = was;
     Py_DECREF(req->pend.future);
     PyMem_Free(req);
     tsp_gil_release(g);

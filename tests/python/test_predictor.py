@@ -6,8 +6,10 @@ forward run locally. The tests without a model server (timeouts, closing, bad ar
 run.
 """
 import os
+import signal
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -153,6 +155,66 @@ def test_close_cancels_outstanding_predictions(client):
         p.predict(np.zeros((1, IN), dtype=np.float32))
     # The reply bin was deleted with the predictor.
     assert not [b for b in client.list() if b.startswith("nobody/reply/")]
+
+
+def test_close_ends_a_blocking_predict_in_another_thread(client):
+    p = Predictor(client, "nobody")
+    out = {}
+
+    def predict():
+        t0 = time.monotonic()
+        try:
+            p.predict(np.zeros((1, IN), dtype=np.float32), timeout=float("inf"))
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            out["error"] = e
+        out["took"] = time.monotonic() - t0
+
+    t = threading.Thread(target=predict)
+    t.start()
+    time.sleep(0.3)
+    p.close()
+    t.join(WAIT_S)
+    assert not t.is_alive()
+    assert isinstance(out["error"], tensorshare.CancelledError), out
+    assert out["took"] < 5
+
+
+def test_a_signal_handler_interrupts_a_blocking_predict(client):
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted()
+
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        with Predictor(client, "nobody") as p:
+            t0 = time.monotonic()
+            with pytest.raises(Interrupted):
+                p.predict(np.zeros((1, IN), dtype=np.float32), timeout=WAIT_S)
+            assert time.monotonic() - t0 < 5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_blocking_predict_in_a_predictions_callback_is_refused(client):
+    with Predictor(client, "nobody") as p:
+        seen = []
+        done = threading.Event()
+
+        def callback(f):
+            try:
+                p.predict(np.zeros((1, IN), dtype=np.float32), timeout=WAIT_S)
+            except Exception as e:  # noqa: BLE001 - the test looks at it
+                seen.append(e)
+            done.set()
+
+        f = p.predict_async(np.zeros((1, IN), dtype=np.float32), timeout=0.2)
+        f.add_done_callback(callback)
+        assert done.wait(WAIT_S)
+        assert isinstance(seen[0], tensorshare.DeadlockError), seen
 
 
 FORK_PREDICTION_SCRIPT = """
