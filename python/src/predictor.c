@@ -3,12 +3,14 @@
  * tensorshare._tensorshare._Predictor, which python/tensorshare/predictor.py subclasses into
  * tensorshare.Predictor.
  *
- * A predictor enters its tensorshare.Client for its whole life (tsp_client_enter), owns a reply
- * bin on tensord and one receiver thread (the library's). predict() waits for its answer with
- * the GIL released, in slices between which signals and close() get through (but for one
- * through a same-host shared-memory slot: predictor_predict); predict_async() returns a
- * concurrent.futures.Future completed on the receiver thread (or the client's I/O thread when
- * sending failed, or in close() with CancelledError). Outputs are handed out as views of the
+ * A predictor enters its tensorshare.Client for its whole life (tsp_client_enter) and calls the
+ * service NAME (the library's ts_predictor_open: a same-host shared-memory slot when the server
+ * offers one, else the service; never the relay's bins), and the library gives it one thread
+ * (deadlines). predict() waits for its answer with the GIL released, in slices between which
+ * signals and close() get through (but for one through the slot: predictor_predict);
+ * predict_async() returns a concurrent.futures.Future completed on the client's I/O thread
+ * (answers, a request that could not be sent), the predictor's thread (a deadline it reaches
+ * first) or in close() with CancelledError. Outputs are handed out as views of the
  * answer's memory (no copy), which lives until the last view of it goes. In a child process after
  * fork() the futures still outstanding at the fork fail with ConnectionError (predictor.py's fork
  * hook, over _take_pending_predictions).
@@ -406,7 +408,7 @@ static void future_complete(PyObject *fut, PyObject *res)
     Py_XDECREF(r);
 }
 
-/* ts_predictor_cb: on the receiver thread, the client's I/O thread, or in ts_predictor_free. */
+/* ts_predictor_cb: on the client's I/O thread, the predictor's thread, or in ts_predictor_free. */
 static void on_prediction(ts_predictor_t *p, int status, ts_value_t *output, int64_t version,
                           void *arg)
 {
@@ -536,9 +538,10 @@ static PyMethodDef predictor_methods[] = {
     {"predict_async", (PyCFunction)(void (*)(void))predictor_predict_async,
      METH_VARARGS | METH_KEYWORDS,
      "predict_async(input, timeout=None, *, return_version=False) -> concurrent.futures.Future\n\n"
-     "As predict, without waiting: the Future completes on the predictor's receiver thread."},
+     "As predict, without waiting: the Future completes on the client's I/O thread (or the "
+     "predictor's thread at a deadline, or in close())."},
     {"close", tsp_client_user_close_method, METH_NOARGS,
-     "close(): outstanding predictions fail with CancelledError; the reply bin is deleted"},
+     "close(): outstanding predictions fail with CancelledError"},
     {"__enter__", predictor_enter_method, METH_NOARGS, NULL},
     {"__exit__", tsp_client_user_exit_method, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL}};

@@ -22,7 +22,7 @@ DEFAULT_TIMEOUT_S = PREDICTOR_DEFAULT_TIMEOUT_MS / 1000.0
 
 def _fail_the_parents_predictions():
     # In a child process after os.fork(): the futures of predict_async calls still outstanding
-    # belong to the parent, whose receiver threads (the only ones that complete them) do not
+    # belong to the parent, whose library threads (the only ones that complete them) do not
     # exist here, so their result() would wait forever. They fail with ConnectionError instead.
     # A parent's thread may have held a future's lock at the fork, and the waiters and
     # done-callbacks registered before it are the parent's, not to be run here: each future gets
@@ -46,8 +46,10 @@ class Predictor(_Predictor):
     Predictor(client, name, *, tensor_type=None)
 
     client is a tensorshare.Client, used for the predictor's whole life (closing the Client takes
-    effect once the predictor is closed). The predictor owns a reply bin on tensord
-    (NAME/reply/<unique>, deleted by close()) and a receiver thread.
+    effect once the predictor is closed). Each prediction is a call of the service name on
+    tensord (no bin is made); a blocking predict goes through a same-host shared-memory slot
+    instead when the server offers one and the predictor holds it. The predictor owns one thread
+    of the library, which fails predictions at their deadline when no answer came.
 
     predict(input, timeout=None, *, return_version=False): send input (a record matching the
     served model's input schema: typically a tensor of rows) and wait for the answer; returns
@@ -57,10 +59,12 @@ class Predictor(_Predictor):
     tensorshare.TimeoutError when no answer came in time, RecordError (ESCHEMA) when the input
     does not match the schema, tensorshare.Error (EMODEL) when the model failed.
     predict_async(input, timeout=None, *, return_version=False) -> concurrent.futures.Future:
-    the same without waiting; the Future completes on the predictor's receiver thread (its
-    done-callbacks run there, with the GIL).
-    close() (also on leaving a with block): outstanding predictions fail with CancelledError and
-    the reply bin is deleted; idempotent. In a child process after os.fork() the predictor
+    the same without waiting; the Future completes on the client's I/O thread (answers; its
+    done-callbacks run there, with the GIL, where blocking client calls raise DeadlockError), on
+    the predictor's thread (a deadline reached there first) or in close() (CancelledError).
+    close() (also on leaving a with block): outstanding predictions fail with CancelledError, a
+    predict() waiting in another thread included (but for one through the shared-memory slot,
+    which close() waits for); idempotent. In a child process after os.fork() the predictor
     cannot be used (ConnectionError), and the futures outstanding at the fork fail there with
     ConnectionError (without running the callbacks added before it); the parent's are untouched.
     """

@@ -153,8 +153,46 @@ def test_close_cancels_outstanding_predictions(client):
     assert p.closed
     with pytest.raises(tensorshare.CancelledError):
         p.predict(np.zeros((1, IN), dtype=np.float32))
-    # The reply bin was deleted with the predictor.
-    assert not [b for b in client.list() if b.startswith("nobody/reply/")]
+    # Predictions are calls of the service: no bin was made.
+    assert not [b for b in client.list() if b.startswith("nobody/")]
+
+
+def test_answers_come_through_the_service_on_the_clients_io_thread(tensord, client):
+    """A model served as the service "doubler" (here a Python handler speaking the predictor's
+    protocol, docs/BATCHER.md): no bin is made, and the futures complete on the client's I/O
+    thread, where a blocking client call raises DeadlockError."""
+    from tensorshare.service import Service
+
+    server = tensorshare.Client(tensord.address, timeout=10)
+    io_thread = []
+    f = client.ping_async()
+    f.add_done_callback(lambda _: io_thread.append(threading.get_ident()))
+    f.result(WAIT_S)
+    with Service(server, "doubler", lambda r: {"status": 0, "version": 3,
+                                                "output": np.asarray(r["input"]) * 2}):
+        with Predictor(client, "doubler", tensor_type="numpy") as p:
+            x = np.arange(IN, dtype=np.float32).reshape(1, IN)
+            y, version = p.predict(x, timeout=WAIT_S, return_version=True)
+            assert version == 3 and (y == x * 2).all()
+            seen = []
+            done = threading.Event()
+
+            def callback(f):
+                seen.append(threading.get_ident())
+                try:
+                    client.ping()
+                except Exception as e:  # noqa: BLE001 - the test looks at it
+                    seen.append(e)
+                done.set()
+
+            f = p.predict_async(x, timeout=WAIT_S)
+            f.add_done_callback(callback)
+            assert (f.result(WAIT_S) == x * 2).all()
+            assert done.wait(WAIT_S)
+            assert seen[0] == io_thread[0]
+            assert isinstance(seen[1], tensorshare.DeadlockError), seen
+            assert not [b for b in client.list() if b.startswith("doubler")]  # no reply bin
+    server.close()
 
 
 def test_close_ends_a_blocking_predict_in_another_thread(client):
@@ -249,7 +287,7 @@ c.close()
 
 def test_a_parents_pending_prediction_fails_in_the_child(tensord):
     """A prediction still pending when the process forks fails in the child with
-    ConnectionError (the parent's receiver thread, which would complete it, does not exist
+    ConnectionError (the parent's library threads, which would complete it, do not exist
     there) without running the parent's done-callbacks; the parent's future is untouched."""
     import sys
 
