@@ -1,6 +1,7 @@
 """tensorshare.Client against a real tensord: operations, errors, threads, futures, listen,
 reconnect, fork and interpreter shutdown."""
 import builtins
+import concurrent.futures
 import os
 import queue
 import re
@@ -327,6 +328,42 @@ def test_callback_exception_is_reported_and_later_callbacks_run(client, monkeypa
     assert len(reported) == 1
     assert isinstance(reported[0].exc_value, RuntimeError)
     assert "boom" in str(reported[0].exc_value)
+
+
+def test_future_done_callback_exception_goes_to_the_futures_logger(client, monkeypatch):
+    """The futures are concurrent.futures.Future: an exception in a done-callback is logged by
+    the concurrent.futures logger (what that module does), not sent to sys.unraisablehook, and
+    the future's other done-callbacks still run."""
+    import logging
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    logged = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            logged.append(record)
+
+    handler = Keep()
+    logger = logging.getLogger("concurrent.futures")
+    logger.addHandler(handler)
+    try:
+        ran = threading.Event()
+
+        def boom(f):
+            raise RuntimeError("boom in done-callback")
+
+        f = client.ping_async()
+        f.add_done_callback(boom)
+        f.add_done_callback(lambda f: ran.set())
+        f.result(PATIENCE_S)
+        assert ran.wait(PATIENCE_S)
+    finally:
+        logger.removeHandler(handler)
+    assert isinstance(f, concurrent.futures.Future)
+    assert len(logged) == 1 and "exception calling callback" in logged[0].getMessage()
+    assert isinstance(logged[0].exc_info[1], RuntimeError)
+    assert reported == []
 
 
 def test_blocking_call_in_callback_is_deadlock_error(client):
