@@ -20,6 +20,7 @@ static struct {
     PyObject *torch_bool;       /* torch.bool */
     PyObject *torch_uint8;      /* torch.uint8 */
     PyObject *np_contiguous;    /* numpy.ascontiguousarray, once numpy has been imported */
+    PyTypeObject *np_generic;   /* numpy.generic (numpy scalars), once numpy has been imported */
     int torch_resolve;          /* torch.Tensor has resolve_conj and resolve_neg (1.10+) */
     PyObject *s_dtype, *s_view, *s_contiguous, *s_dlpack, *s_dlpack_device; /* names */
     PyObject *s_resolve_conj, *s_resolve_neg, *s_layout, *s_device;         /* names */
@@ -97,6 +98,28 @@ static void *export_error(PyObject *obj)
         Py_XDECREF(val);
     PyErr_Restore(rt, rv, rtb);
     return NULL;
+}
+
+/*
+ * Whether obj is a numpy scalar (an instance of numpy.generic), looked for only once numpy is
+ * imported (by the program: sending never imports it).
+ */
+static int is_numpy_scalar(PyObject *obj)
+{
+    if (cv.np_generic == NULL) {
+        PyObject *np = PyDict_GetItemString(PyImport_GetModuleDict(), "numpy"); /* borrowed */
+        if (np == NULL)
+            return 0;
+        PyObject *g = PyObject_GetAttrString(np, "generic");
+        if (g == NULL || !PyType_Check(g)) {
+            /* A half-imported numpy: try again next time. */
+            PyErr_Clear();
+            Py_XDECREF(g);
+            return 0;
+        }
+        cv.np_generic = (PyTypeObject *)g;
+    }
+    return PyObject_TypeCheck(obj, cv.np_generic);
 }
 
 /* Caches torch's objects once torch is imported (by the program: sending never imports it). */
@@ -544,6 +567,14 @@ ts_value_t *tsp_value_from_py(PyObject *obj, PyObject *pins, int depth)
         Py_DECREF(seq);
         return l;
     }
+    /*
+     * A numpy scalar is a 0-d tensor with its dtype, even where its class also derives from
+     * float or int (numpy.float64 is a float); only subclasses need the look.
+     */
+    if (((PyFloat_Check(obj) && !PyFloat_CheckExact(obj)) ||
+         (PyLong_Check(obj) && !PyLong_CheckExact(obj) && !PyBool_Check(obj))) &&
+        is_numpy_scalar(obj))
+        return tensor_from_buffer(obj, pins);
     if (PyLong_Check(obj)) {
         int overflow = 0;
         long long x = PyLong_AsLongLongAndOverflow(obj, &overflow);

@@ -49,7 +49,8 @@
  *   close(), closed (property), connected (property), __enter__/__exit__
  * Records: dict (str keys) / list / tuple (sent as a list) / int / float / str / bytes
  * (bytearray too), and tensors: torch.Tensor, numpy.ndarray (and numpy scalars, sent as 0-d
- * tensors), any other buffer-protocol object (memoryview, array.array), or any object with
+ * tensors, numpy.float64 included; numpy.str_ and numpy.bytes_ are a str and bytes), any other
+ * buffer-protocol object (memoryview, array.array), or any object with
  * __dlpack__. bool is an int. Received tensors are torch tensors or numpy arrays
  * (tensor_type "torch" | "numpy"; the default is "torch" when torch can be imported).
  */

@@ -130,6 +130,29 @@ def test_nested_records(client):
     assert list(r.keys()) == list(rec.keys())
 
 
+NUMPY_SCALARS = [np.bool_(True), np.uint8(200), np.int8(-5), np.int16(-300), np.int32(-70000),
+                 np.int64(-(2**40)), np.float16(1.5), np.float32(2.25), np.float64(3.125),
+                 np.complex64(1 - 2j), np.complex128(3 + 4j)]
+
+
+@pytest.mark.parametrize("scalar", NUMPY_SCALARS, ids=[type(s).__name__ for s in NUMPY_SCALARS])
+def test_numpy_scalars_are_0d_tensors(client, scalar):
+    """Every numpy scalar arrives as a 0-d array of its dtype, numpy.float64 (a float
+    subclass) included."""
+    client.put("s", {"x": scalar, "l": [scalar]})
+    [r] = client.get("s", tensor_type="numpy")
+    for got in (r["x"], r["l"][0]):
+        assert isinstance(got, np.ndarray), type(got)
+        assert got.shape == () and got.dtype == scalar.dtype and got[()] == scalar
+
+
+def test_numpy_string_scalars_and_plain_numbers_stay_what_they_are(client):
+    client.put("s", [np.str_("ab"), np.bytes_(b"cd"), 1.5, 7, True])
+    [r] = client.get("s")
+    assert r == ["ab", b"cd", 1.5, 7, 1]
+    assert [type(x) for x in r] == [str, bytes, float, int, int]
+
+
 def test_non_contiguous_inputs_are_sent_contiguous(client):
     t = torch.arange(24, dtype=torch.float32).reshape(4, 6).t()
     assert not t.is_contiguous()
