@@ -89,7 +89,7 @@ PyObject *tsp_client_take(PyObject *client, PyObject *args, PyObject *kw)
     const char *name;
     size_t max_items = 0;
     PyObject *max_obj = NULL, *timeout_obj = NULL, *tt_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OOO:take", names, &name, &max_obj, &timeout_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s|OO$O:take", names, &name, &max_obj, &timeout_obj,
                                      &tt_obj))
         return NULL;
     int timeout_ms;
@@ -114,7 +114,7 @@ PyObject *tsp_client_mget(PyObject *client, PyObject *args, PyObject *kw)
     static char *names[] = {"names", "max_items", "tensor_type", NULL};
     PyObject *seq_obj, *max_obj = NULL, *tt_obj = NULL;
     size_t max_items = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:mget", names, &seq_obj, &max_obj, &tt_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$O:mget", names, &seq_obj, &max_obj, &tt_obj))
         return NULL;
     tsp_tensor_type_t tt;
     if (max_items_arg(max_obj, &max_items) < 0 ||

@@ -214,6 +214,10 @@ static int init_exceptions(PyObject *module)
     for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++)
         if (make_exception(module, &defs[i]) < 0)
             return -1;
+    /* A class attribute: None on an instance nobody gave a version (one a program made). */
+    if (PyObject_SetAttrString(tsp_state.VersionMismatchError, "current_version", Py_None) < 0 ||
+        PyObject_SetAttrString(tsp_state.StaleGradientError, "current_version", Py_None) < 0)
+        return -1;
     return 0;
 }
 

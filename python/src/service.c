@@ -366,7 +366,7 @@ PyObject *tsp_client_call(PyObject *client, PyObject *args, PyObject *kw)
     const char *name;
     PyObject *request, *timeout = Py_None, *tt_obj = NULL;
     int wait = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|OpO:call", names, &name, &request, &timeout,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO|Op$O:call", names, &name, &request, &timeout,
                                      &wait, &tt_obj))
         return NULL;
     int timeout_ms = TS_TIMEOUT_DEFAULT;

@@ -4,7 +4,7 @@
  * - The Client methods stream_create, stream_append, stream_mark, stream_credit, stream_join,
  *   stream_read, stream_ack, stream_leave, stream_info and stream_range: one low-level call
  *   each (client.c lists them through TSP_STREAM_CLIENT_METHODS).
- * - tensorshare.StreamEntry (a named tuple) and tensorshare.StreamEntries (a list of them with
+ * - tensorshare.StreamEntry (a struct sequence) and tensorshare.StreamEntries (a list of them with
  *   the first_id, last_id and lost of the read): what stream_read and stream_range return.
  * - _StreamProducer and _StreamConsumer over the library's producer and consumer helpers, which
  *   python/tensorshare/stream.py subclasses into tensorshare.StreamProducer and StreamConsumer.

@@ -34,10 +34,9 @@
  *       server allows; raises tensorshare.TimeoutError on timeout
  *   stats() -> dict                         ping() -> None          save() -> None
  *   listen(bin, callback) -> None: callback(Notification) on the client's I/O thread, where
- *       Notification is a named tuple (bin, event, version, n_items, coalesced, error); event is
- *       "put" | "append" | "get" | "delete" | "rows" | "disconnected" | "resubscribed" |
- *       "error" (the subscription ended on an error, which is in .error; it is the last call)
- *   unlisten(bin) -> None
+ *       Notification is a struct sequence (bin, event, version, n_items, coalesced, error); event
+ * is "put" | "append" | "get" | "delete" | "rows" | "disconnected" | "resubscribed" | "error" (the
+ * subscription ended on an error, which is in .error; it is the last call) unlisten(bin) -> None
  *   create_tensor_bin(bin, dtype, shape) -> int version; write_rows(bin, start, rows) -> int
  *       version; read_rows(bin, start, end, *, item=0, key=None, tensor_type=None) -> tensor;
  *       gather_rows(bin, index, *, item=0, key=None, tensor_type=None) -> tensor (rows.c)
@@ -106,8 +105,8 @@ typedef struct tsp_state_s {
     PyObject *ServiceGoneError;       /* (Error): ESERVICE (service.c makes it) */
     PyTypeObject *ClientType;         /* tensorshare.Client */
     PyTypeObject *ViewType;           /* the owner of a received tensor's memory (view.c) */
-    PyObject *BinInfoType;            /* named tuple (n_items, bytes, version) */
-    PyObject *NotificationType;       /* named tuple, see above */
+    PyObject *BinInfoType;            /* struct sequence (n_items, bytes, version) */
+    PyObject *NotificationType;       /* struct sequence, see above */
 } tsp_state_t;
 
 extern tsp_state_t tsp_state;

@@ -1,9 +1,10 @@
 """Type stubs of the tensorshare package's core (the Client, its results and its errors)."""
 import builtins
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Literal, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union, final
 
 import numpy
+from _typeshed import structseq
 
 __version__: str
 MAX_NDIM: int
@@ -38,23 +39,40 @@ class BackpressureError(Error, builtins.BlockingIOError): ...
 class ServiceGoneError(Error): ...
 
 class VersionMismatchError(Error):
-    current_version: int
+    # The bin's version when raised by put_if; None on an instance made by the program.
+    current_version: Optional[int]
 
 class StaleGradientError(Error):
-    current_version: int
+    # The parameter's version when raised by ps_push; None on an instance made by the program.
+    current_version: Optional[int]
 
-class BinInfo(NamedTuple):
-    n_items: int
-    bytes: int
-    version: int
+# BinInfo and Notification are struct sequences (like os.stat_result): tuples whose items also
+# have names; they have no _fields, _asdict or _replace (they are not named tuples).
+@final
+class BinInfo(structseq[int], Tuple[int, int, int]):
+    @property
+    def n_items(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def version(self) -> int: ...
 
-class Notification(NamedTuple):
-    bin: str
-    event: Event
-    version: int
-    n_items: int
-    coalesced: bool
-    error: Optional[Error]
+@final
+class Notification(
+    structseq[Any], Tuple[str, Event, int, int, bool, Optional[Error]]
+):
+    @property
+    def bin(self) -> str: ...
+    @property
+    def event(self) -> Event: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def n_items(self) -> int: ...
+    @property
+    def coalesced(self) -> bool: ...
+    @property
+    def error(self) -> Optional[Error]: ...
 
 class SharedBuffer:
     """A record in shared memory (Client.shared): fill its tensors in place, then commit it with

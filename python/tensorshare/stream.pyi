@@ -1,18 +1,32 @@
 """Type stubs of tensorshare.stream (StreamProducer, StreamConsumer over stream.h)."""
-from typing import Any, Dict, Iterator, List, Literal, NamedTuple, Optional, Type
+from typing import Any, Dict, Iterator, List, Literal, Optional, Tuple, Type, final
+
+from _typeshed import structseq
 
 from . import Client, Record, TensorType
 
 StreamStart = Literal["oldest", "newest"]
 
-class StreamEntry(NamedTuple):
-    id: int
-    value: Optional[Record]  # None for a marker
-    is_marker: bool
-    tag: int
-    deliveries: int
-    redelivered: bool
-    rows_done: int
+# A struct sequence (like os.stat_result): a tuple whose items also have names; it has no
+# _fields, _asdict or _replace (it is not a named tuple).
+@final
+class StreamEntry(
+    structseq[Any], Tuple[int, Optional[Record], bool, int, int, bool, int]
+):
+    @property
+    def id(self) -> int: ...
+    @property
+    def value(self) -> Optional[Record]: ...  # None for a marker
+    @property
+    def is_marker(self) -> bool: ...
+    @property
+    def tag(self) -> int: ...
+    @property
+    def deliveries(self) -> int: ...
+    @property
+    def redelivered(self) -> bool: ...
+    @property
+    def rows_done(self) -> int: ...
 
 class StreamEntries(List[StreamEntry]):
     @property

@@ -170,3 +170,80 @@ def test_serve_takes_service_as_documented_and_name_too(tensord):
             c.serve("s3", lambda r: r, name="s3")
     finally:
         c.close()
+
+
+def test_keyword_only_parameters_are_refused_by_position(tensord):
+    """A stub's keyword-only parameters (after *) are keyword-only in the method too: one more
+    positional argument is refused by the parser (Client.call, take and mget took tensor_type
+    by position)."""
+    c = tensorshare.Client(tensord.address)
+    c.close()
+    checked = []
+    for member, node in stub_classes("__init__.pyi")["Client"].items():
+        if member.startswith("_") or is_property(node):
+            continue
+        posonly, args, kwonly = stub_params(node)
+        if not kwonly or node.args.vararg is not None:
+            continue
+        with pytest.raises(TypeError) as e:
+            getattr(c, member)(*[Anything("x") for _ in posonly + args + kwonly[:1]])
+        assert any(w in str(e.value) for w in BINDING_ERRORS + ("takes one",)), \
+            "%s: %s" % (member, e.value)
+        checked.append(member)
+    assert {"call", "take", "mget", "get", "peek"} <= set(checked)
+
+
+def stub_functions(module_file):
+    """{name: ast node} of the top-level functions of a stub file."""
+    with open(os.path.join(PKG_DIR, module_file)) as f:
+        tree = ast.parse(f.read())
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("module", ["service", "compat", "ps"])
+def test_module_functions_have_the_real_signatures(module):
+    import importlib
+
+    mod = importlib.import_module("tensorshare." + module)
+    functions = stub_functions(module + ".pyi")
+    assert functions
+    for name, node in functions.items():
+        sig = inspect.signature(getattr(mod, name))
+        a = node.args
+        stub = [(x.arg, "POSITIONAL_OR_KEYWORD") for x in a.args]
+        stub += [(a.vararg.arg, "VAR_POSITIONAL")] if a.vararg else []
+        stub += [(x.arg, "KEYWORD_ONLY") for x in a.kwonlyargs]
+        stub += [(a.kwarg.arg, "VAR_KEYWORD")] if a.kwarg else []
+        real = [(p.name, p.kind.name) for p in sig.parameters.values()]
+        assert stub == real, "%s.%s" % (module, name)
+
+
+@pytest.mark.parametrize("stub_file,name", [("__init__.pyi", "BinInfo"),
+                                            ("__init__.pyi", "Notification"),
+                                            ("stream.pyi", "StreamEntry")])
+def test_struct_sequences_are_stubbed_as_such(stub_file, name):
+    """These are struct sequences, not named tuples: the stub must not promise _fields,
+    _asdict or _replace, and its fields are the real ones, in order."""
+    cls = getattr(tensorshare, name)
+    assert not hasattr(cls, "_fields") and not hasattr(cls, "_asdict")
+    with open(os.path.join(PKG_DIR, stub_file)) as f:
+        node = next(n for n in ast.parse(f.read()).body
+                    if isinstance(n, ast.ClassDef) and n.name == name)
+    bases = [ast.unparse(b) for b in node.bases]
+    assert "NamedTuple" not in bases and bases[0].startswith("structseq["), bases
+    fields = [item.name for item in node.body if isinstance(item, ast.FunctionDef)]
+    assert tuple(fields) == cls.__match_args__
+    assert cls.n_fields == len(fields)
+
+
+@pytest.mark.parametrize("name", ["VersionMismatchError", "StaleGradientError"])
+def test_current_version_exists_on_every_instance(name):
+    """The stub declares current_version: an instance the program makes has it too (None)."""
+    cls = getattr(tensorshare, name)
+    with open(os.path.join(PKG_DIR, "__init__.pyi")) as f:
+        node = next(n for n in ast.parse(f.read()).body
+                    if isinstance(n, ast.ClassDef) and n.name == name)
+    declared = [item.target.id for item in node.body if isinstance(item, ast.AnnAssign)]
+    assert declared == ["current_version"]
+    assert cls("x").current_version is None
+    assert cls().current_version is None
