@@ -70,6 +70,11 @@ def test_low_level_entries_ack_redelivery(client):
 
     info = client.stream_info("s")
     assert info["last_id"] == 3 and info["entries"] == 3 and info["credit"] is None
+    # The keys of docs/PROTOCOL.md 8.31; a state dict says n_entries where info says entries.
+    assert set(info) == {"first_id", "last_id", "entries", "bytes", "max_entries", "max_bytes",
+                         "max_age_ms", "window", "lease_ms", "credit", "groups"}
+    state = client.stream_create("s")
+    assert state["n_entries"] == 3 and "entries" not in state
     (g,) = info["groups"]
     assert g["name"] == "g" and g["floor"] == 4 and g["pending"] == 0
     assert [m["name"] for m in g["members"]] == ["m"]
