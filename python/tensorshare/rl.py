@@ -88,7 +88,9 @@ class RLWorker(_RLWorker):
              tensor_type=None)
 
     The constructor subscribes to the parameters bin and reads it once. From then on the
-    newest parameters are kept locally: params() answers without a round trip.
+    newest parameters are kept locally: params() answers without a round trip. A Client listens
+    to a bin once: a second worker on the same Client and parameters bin raises
+    InvalidArgumentError (give it its own Client, prefix or params_bin).
 
     params() -> Params or None: the newest parameters (None before any publish); marks their
     version as retrieved: later adds are tagged with it.

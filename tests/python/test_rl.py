@@ -465,6 +465,21 @@ def test_worker_close_waits_only_the_worker_timeout(tensord, timeout):
     assert ref() is None  # released with the Client
 
 
+def test_one_worker_per_parameters_bin_per_client(tensord, client):
+    worker = RLWorker(client)
+    with pytest.raises(tensorshare.InvalidArgumentError, match="already listens to 'parameters'"):
+        RLWorker(client)
+    with pytest.raises(tensorshare.InvalidArgumentError, match="already listens"):
+        client.listen("parameters", lambda n: None)
+    # Another prefix, or another Client, is another listener; trainers do not listen.
+    others = [RLWorker(client, prefix="other/"), RLTrainer(client), RLTrainer(client)]
+    c2 = tensorshare.Client(tensord.address, timeout=10)
+    others.append(RLWorker(c2))
+    for o in others + [worker]:
+        o.close()
+    c2.close()
+
+
 def test_names_with_nul_are_refused(client):
     # The library would cut them short: "t/\0x" would be the prefix "t/".
     with pytest.raises(tensorshare.InvalidArgumentError, match="prefix"):
