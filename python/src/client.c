@@ -272,7 +272,9 @@ static int version_arg(PyObject *obj, const char *what, unsigned long long *out)
 
 /*
  * Seconds (a number, or None) to the library's milliseconds: none_ms for None, 0 for 0,
- * otherwise rounded up so that a tiny positive timeout still waits. -1 with an exception.
+ * otherwise rounded up so that a tiny positive timeout still waits. Where None means no limit
+ * (none_ms TS_TIMEOUT_INFINITE), math.inf means it too, as for the RL helpers and the
+ * predictor. -1 with an exception.
  */
 static int timeout_arg(PyObject *obj, int none_ms, int *out)
 {
@@ -283,9 +285,17 @@ static int timeout_arg(PyObject *obj, int none_ms, int *out)
     double s = PyFloat_AsDouble(obj);
     if (s == -1.0 && PyErr_Occurred())
         return -1;
+    int inf_ok = none_ms == TS_TIMEOUT_INFINITE;
+    if (inf_ok && isinf(s) && s > 0) {
+        *out = TS_TIMEOUT_INFINITE;
+        return 0;
+    }
     if (!(s >= 0) || s > 2e6) {
         PyErr_Format(PyExc_ValueError,
-                     "a timeout is a number of seconds from 0 to 2000000, or None, not %R", obj);
+                     inf_ok ? "a timeout is a number of seconds from 0 to 2000000, or inf or None "
+                              "(no limit), not %R"
+                            : "a timeout is a number of seconds from 0 to 2000000, or None, not %R",
+                     obj);
         return -1;
     }
     *out = (int)ceil(s * 1000.0);

@@ -375,7 +375,12 @@ PyObject *tsp_client_call(PyObject *client, PyObject *args, PyObject *kw)
         if (t == -1.0 && PyErr_Occurred())
             return NULL;
         if (!(t > 0) || t * 1000.0 > 2147483647.0) {
-            PyErr_SetString(PyExc_ValueError, "call: timeout must be positive seconds");
+            /* inf included: a call always has a limit (the library refuses none). */
+            PyErr_Format(PyExc_ValueError,
+                         "call: timeout must be a number of seconds above 0 and at most 2147483, "
+                         "or None (the client's request timeout), not %R: a call cannot wait "
+                         "without a limit",
+                         timeout);
             return NULL;
         }
         timeout_ms = (int)(t * 1000.0);

@@ -73,6 +73,28 @@ def test_wait_returns_on_change(client, tensord):
     assert box == [(v2, 2)]
 
 
+def test_wait_takes_inf_as_no_limit_like_none(client, tensord):
+    import math
+
+    v = client.put("w", 1)
+    assert client.wait("w", 0, math.inf) == (v, 1)  # moved on already: at once
+    assert client.wait_async("w", 0, math.inf).result(PATIENCE_S) == (v, 1)
+    box = []
+    th = threading.Thread(target=lambda: box.append(client.wait("w", v, timeout=math.inf)))
+    th.start()
+    time.sleep(0.05)
+    with tensorshare.Client(tensord.address) as other:
+        v2 = other.append("w", 2)
+    th.join(PATIENCE_S)
+    assert box == [(v2, 2)]
+    for bad in (-1, float("nan"), -math.inf, 3e6):
+        with pytest.raises(ValueError, match="inf or None"):
+            client.wait("w", 0, bad)
+    # Where None is not "no limit" (the constructor's library defaults), inf is refused.
+    with pytest.raises(ValueError, match="or None, not inf"):
+        tensorshare.Client(tensord.address, timeout=math.inf)
+
+
 def test_connection_refused():
     import socket
 
@@ -563,6 +585,25 @@ def test_save_without_snapshot_path(client):
     with pytest.raises(tensorshare.InvalidArgumentError) as info:
         client.save()
     assert info.value.message
+
+
+def test_future_result_in_a_callback_times_out_instead_of_raising(client):
+    """A future's result() in a callback on the I/O thread is no DeadlockError: it blocks the
+    thread that would complete the future, until result's own timeout."""
+    q = queue.Queue()
+
+    def cb(n):
+        try:
+            client.ping_async().result(0.3)
+            q.put("completed")
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            q.put(e)
+
+    client.listen("r", cb)
+    client.put("r", 1)
+    got = q.get(timeout=PATIENCE_S)
+    assert isinstance(got, builtins.TimeoutError) and not isinstance(got, tensorshare.Error)
+    client.unlisten("r")
 
 
 def test_wait_in_a_callback_is_deadlock_error(client):

@@ -214,6 +214,12 @@ def test_close_answers_queued_calls_with_service_gone(client, tensord):
     assert gone and all(isinstance(e, ts.ServiceGoneError) for e in gone), gone
 
 
+@pytest.mark.parametrize("timeout", [float("inf"), 0, -1, float("nan"), 3e6])
+def test_call_refuses_timeouts_without_a_limit_or_out_of_range(client, timeout):
+    with pytest.raises(ValueError, match="cannot wait without a limit"):
+        client.call("nobody", 1, timeout=timeout)
+
+
 def test_serve_checks_concurrency_first(client):
     with pytest.raises(ValueError, match="concurrency"):
         client.serve("c0", lambda r: r, concurrency=0)
