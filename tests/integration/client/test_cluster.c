@@ -651,8 +651,9 @@ static void test_bad_addresses(void **state)
     int dup_rc = ts_client_open(&c, addr, NULL);
     unlink(path);
     assert_int_equal(dup_rc, TS_EINVAL);
-    snprintf(want, sizeof(want), "shard 2's address 'tcp://%s' is also shard 1's ('%s')",
-             cc.srv[1].addr, cc.srv[1].addr);
+    snprintf(want, sizeof(want), "line 3: address tcp://%s is also on line 2", cc.srv[1].addr);
+    if (strstr(ts_last_error(), want) == NULL)
+        print_error("message: %s\n", ts_last_error());
     assert_non_null(strstr(ts_last_error(), want));
     /* No shard answers: the open fails as a single client's does. */
     ts_client_options_t o;
