@@ -27,7 +27,9 @@
  *
  * Threads: each replica runs on its own thread ("ts-replica-N"); a timer thread ("ts-timer")
  * enforces request deadlines; answer helpers ("ts-answer-N", answer_threads) are optional. The
- * names are what top -H, perf and /proc/PID/task/TID/comm show (since 0.7.0).
+ * names are what top -H, perf and /proc/PID/task/TID/comm show (since 0.7.0). On Linux a replica
+ * thread's timer slack is 1 ns (prctl PR_SET_TIMERSLACK), so that its short timed waits (a
+ * partial batch held for about a forward) end on time; callbacks that run on it see that slack.
  * Every function here is thread-safe unless its comment says otherwise.
  */
 #ifndef TENSORSHARE_BATCHER_H
