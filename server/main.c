@@ -104,8 +104,9 @@ static void usage(FILE *f)
             "  --output-soft-seconds N  this many seconds, 0 BYTES = off          [%u]\n"
             "  --notify-backlog BYTES  unwritten output above which a listener's notifications\n"
             "                        are coalesced, one per bin                  [%llu = 1m]\n"
-            "  --max-watch N         subscriptions plus pending WAITs per connection;\n"
-            "                        more are answered INVALID                   [%u]\n",
+            "  --max-watch N         subscriptions plus pending waits and service calls per\n"
+            "                        connection; more are answered INVALID (service calls:\n"
+            "                        TOO_MANY_CLIENTS)                           [%u]\n",
             d.port, d.host, d.hello_timeout_ms, (unsigned long long)d.max_frame,
             (unsigned long long)d.max_memory, d.max_clients, d.max_unauth, d.body_timeout_s,
             (unsigned long long)d.max_output, (unsigned long long)d.output_soft,

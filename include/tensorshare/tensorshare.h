@@ -453,12 +453,16 @@ typedef struct ts_client_options_s {
     size_t compress_min; /* lz4-compress frames at least this large (if the server agrees);
                             0 = never; default 0 (see docs/PERFORMANCE.md) */
     /*
-     * The largest reply body the client accepts, in bytes (after decompression): GET and PEEK
-     * replies (all the items they return together), LIST and STATS. Checked on the reply's
-     * header before anything is buffered; a larger reply fails its request with TS_EPROTO and
-     * closes the connection (fetch large bins in parts with max_items). Replies of other
-     * operations have small fixed bounds of their own. 0 = the default,
-     * TS_DEFAULT_MAX_REPLY_BYTES. Added in 0.2.0.
+     * The largest reply body the client accepts, in bytes (after decompression): the replies
+     * that return records or lists (GET, PEEK, TAKE, GET_REF, PEEK_REF, READ_ROWS, GATHER_ROWS,
+     * MGET, LIST, STATS, STREAM_READ, STREAM_RANGE, STREAM_INFO, TABLE_SAMPLE, PS_PULL, EMB_PULL,
+     * a service call's answer) and the service requests a serving client is handed. Checked on
+     * the frame's header before anything is buffered; a larger reply fails its request with
+     * TS_EPROTO and closes the connection (fetch large bins in parts with max_items), and so does
+     * a larger service request (the callers of the calls it held get TS_ESERVICE, and it
+     * registers again on reconnecting): a client that calls or serves services with large
+     * tensors needs a limit above them. Replies of other operations have small fixed bounds of
+     * their own. 0 = the default, TS_DEFAULT_MAX_REPLY_BYTES. Added in 0.2.0.
      */
     uint64_t max_reply_bytes;
     /*
