@@ -646,6 +646,10 @@ static int item_dispatch(tsd_conn *c, tsd_item *it, size_t len)
     } else if (c->cur.opcode == TS_OP_SVC_CALL || c->cur.opcode == TS_OP_SVC_REPLY) {
         /* Services have names of their own, apart from bins. */
         tsd_svc_upload(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, it); /* service.c */
+    } else if (c->cur.opcode == TS_OP_EMB_PULL || c->cur.opcode == TS_OP_EMB_PUSH) {
+        /* So have embedding tables (docs/PS.md): a replay table's name is no concern of theirs. */
+        tsd_ps_upload(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, c->cur_fixed_len,
+                      it); /* ps.c */
     } else if (c->cur.opcode != TS_OP_PUT && c->cur.opcode != TS_OP_APPEND &&
                tsd_table_refuse_name(c, c->cur.opcode, c->cur.request_id, c->cur_name,
                                      c->cur_name_len)) {
@@ -664,8 +668,7 @@ static int item_dispatch(tsd_conn *c, tsd_item *it, size_t len)
         tsd_rows_upload(c, &c->cur, c->cur_name, c->cur_name_len, it); /* rows.c */
     else if (c->cur.opcode == TS_OP_PUT_IF)
         tsd_coord_put_if(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, it); /* coord.c */
-    else if (c->cur.opcode == TS_OP_PS_PUSH || c->cur.opcode == TS_OP_EMB_PULL ||
-             c->cur.opcode == TS_OP_EMB_PUSH)
+    else if (c->cur.opcode == TS_OP_PS_PUSH)
         tsd_ps_upload(c, &c->cur, c->cur_name, c->cur_name_len, c->cur_fixed, c->cur_fixed_len,
                       it); /* ps.c */
     else

@@ -25,6 +25,8 @@
 #include "msg.h"
 #include "record.h"
 #include "snapfile.h"
+#include "stream.h"
+#include "table.h"
 
 /* Room for a printable bin name in messages (255 bytes, each at most 4 bytes of UTF-8). */
 #define PS_NAME_CAP (TS_MAX_NAME_LEN * 4 + 1)
@@ -727,6 +729,18 @@ static void param_kick(tsd_server *srv, ps_param *p)
     }
 }
 
+/*
+ * A PS_ request names a stream or a replay table: answer INVALID as a PUT or a GET of such a name
+ * is answered ("bin 'x' is a stream", "bin 'x' is a replay table") and return 1; else 0 (nothing
+ * sent). A parameter is a plain bin, and names are one namespace, so neither is ever one.
+ * Embedding tables have names of their own (docs/PS.md) and are not checked.
+ */
+static int refuse_kind(tsd_conn *c, uint8_t op, uint32_t rid, const uint8_t *name, size_t nl)
+{
+    return tsd_stream_refuse_name(c, op, rid, name, nl) ||
+           tsd_table_refuse_name(c, op, rid, name, nl);
+}
+
 /* Check the optimizer settings shared by parameters and tables; NULL or what is wrong. */
 static const char *bad_optimizer(const ts__msg_ps_create_req *q)
 {
@@ -779,6 +793,8 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
         tsd_reply_err(c, op, rid, TS_ST_OUT_OF_MEMORY, "tensord is out of memory");
         return;
     }
+    if (refuse_kind(c, op, rid, q->name, q->name_len))
+        return;
     tsd_item *it;
     ps_tensor t;
     uint16_t st = param_value(srv, q->name, q->name_len, 0, &it, &t, msg, sizeof(msg));
@@ -894,6 +910,8 @@ static void op_ps_create(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_create_
 static void op_ps_pull(tsd_conn *c, const ts__hdr *h, const ts__msg_ps_pull_req *q)
 {
     tsd_server *srv = c->srv;
+    if (refuse_kind(c, h->opcode, h->request_id, q->name, q->name_len))
+        return;
     tsd_bin *bin = tsd_store_find(&srv->store, q->name, q->name_len);
     if (bin == NULL || bin->n_items == 0) {
         char pn[PS_NAME_CAP];
@@ -927,6 +945,10 @@ static void ps_push(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t n
     uint8_t op = h->opcode;
     uint32_t rid = h->request_id;
     char pn[PS_NAME_CAP], msg[200];
+    if (refuse_kind(c, op, rid, name, nl)) {
+        drop_upload(srv, item);
+        return;
+    }
     tsd_name_printable(name, nl, pn, sizeof(pn));
     ps_param *p = param_find(srv, name, nl);
     if (p == NULL) {

@@ -87,7 +87,8 @@ TS_EXTERN void ts_ps_options_init(ts_ps_options_t *o);
  * the settings and zeroes the slots, unless pushes are in flight (TS_EINVAL), or, with o->keep
  * set, leaves a parameter of the same settings untouched (the way to start again from a
  * snapshot without losing the optimizer's state). *version: the
- * bin's version. TS_ENOENT: no such bin; TS_EINVAL: another record or bad settings.
+ * bin's version. TS_ENOENT: no such bin; TS_EINVAL: another record, bad settings, or the name of
+ * a stream or a replay table.
  * Added in 0.5.0.
  */
 TS_EXTERN int ts_ps_create(ts_client_t *c, const char *name, const ts_ps_options_t *o,
@@ -101,9 +102,9 @@ TS_EXTERN int ts_ps_create(ts_client_t *c, const char *name, const ts_ps_options
  * pushes) is applied. *version: the parameter's version after it. TS_ESTALE (sync): the
  * gradient lags by more than the tolerance; nothing changed, and *version is set to the
  * parameter's current version (the one out-parameter written on an error). TS_EINVAL: another
- * shape or dtype, a NaN or infinity in the gradient, a non-finite scale (nothing changed).
- * TS_ENOENT: not a parameter. A sync push waits for others: give the client a request timeout
- * long enough for a step to form. Added in 0.5.0.
+ * shape or dtype, a NaN or infinity in the gradient, a non-finite scale, the name of a stream or
+ * a replay table (nothing changed). TS_ENOENT: not a parameter. A sync push waits for others: give
+ * the client a request timeout long enough for a step to form. Added in 0.5.0.
  */
 TS_EXTERN int ts_ps_push(ts_client_t *c, const char *name, const ts_tensor_t *grad,
                          uint64_t base_version, double scale, uint64_t *version);
@@ -111,7 +112,8 @@ TS_EXTERN int ts_ps_push(ts_client_t *c, const char *name, const ts_tensor_t *gr
 /*
  * Pull bin name's newest item when its version is above if_newer_than (0: always): *out gets
  * the items (one; transferred, ts_items_free), or NULL when the bin is not newer. *version: the
- * bin's version either way. One round trip. Works on any bin. Added in 0.5.0.
+ * bin's version either way. One round trip. Works on any bin but a stream or a replay table
+ * (TS_EINVAL). Added in 0.5.0.
  */
 TS_EXTERN int ts_ps_pull(ts_client_t *c, const char *name, uint64_t if_newer_than, ts_items_t **out,
                          uint64_t *version);

@@ -22,6 +22,8 @@
 
 #include "harness.h"
 #include "tensorshare/ps.h"
+#include "tensorshare/replay.h"
+#include "tensorshare/stream.h"
 #include "test_client_util.h"
 
 /* concurrent pushers, each with a client (and so a connection) of its own */
@@ -560,6 +562,58 @@ static void test_bad_input(void **state)
     assert_int_equal(ts_emb_create(cl, "zero_dim", &e), TS_EINVAL);
 }
 
+/*
+ * A stream's or a replay table's name is no parameter's: every PS_ request on one is refused
+ * INVALID as a PUT is (PS_CREATE and PS_PULL were NOT_FOUND "no such bin", PS_PUSH
+ * on a stream NOT_FOUND "not a parameter"), with nothing changed. Embedding tables have names of
+ * their own: one named as a stream or a replay table is made, pulled and pushed (EMB_PULL and
+ * EMB_PUSH on a replay table's name were INVALID).
+ */
+static void test_other_kinds(void **state)
+{
+    (void)state;
+    assert_int_equal(ts_stream_create(cl, "kind/s", NULL, NULL), 0);
+    assert_int_equal(ts_table_create(cl, "kind/t", NULL, NULL), 0);
+    ts_ps_options_t o = opts(TS_PS_SGD, TS_PS_ASYNC, 1.0);
+    float g[4] = {1, 1, 1, 1};
+    ts_tensor_t t = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {4}};
+    const char *names[2] = {"kind/s", "kind/t"};
+    const char *msgs[2] = {"bin 'kind/s' is a stream", "bin 'kind/t' is a replay table"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(ts_ps_create(cl, names[i], &o, NULL), TS_EINVAL);
+        assert_string_equal(ts_last_error(), msgs[i]);
+        assert_int_equal(ts_ps_push(cl, names[i], &t, 0, 1.0, NULL), TS_EINVAL);
+        assert_string_equal(ts_last_error(), msgs[i]);
+        ts_items_t *items = NULL;
+        assert_int_equal(ts_ps_pull(cl, names[i], 0, &items, NULL), TS_EINVAL);
+        assert_string_equal(ts_last_error(), msgs[i]);
+        assert_null(items);
+
+        ts_emb_options_t e;
+        ts_emb_options_init(&e, 2);
+        e.init = TS_PS_INIT_ZEROS;
+        e.lr = 1.0;
+        assert_int_equal(ts_emb_create(cl, names[i], &e), 0);
+        int64_t ids[1] = {7};
+        float rows[2] = {5, 5}, grads[2] = {1, 2};
+        uint64_t v0 = 0, v1 = 0;
+        assert_int_equal(ts_emb_pull(cl, names[i], ids, 1, 2, rows, &v0), 0);
+        assert_true(rows[0] == 0 && rows[1] == 0);
+        assert_int_equal(ts_emb_push(cl, names[i], ids, 1, 2, grads, 1.0, &v1), 0);
+        assert_true(v1 > v0);
+        assert_int_equal(ts_emb_pull(cl, names[i], ids, 1, 2, rows, NULL), 0);
+        assert_true(rows[0] == -1 && rows[1] == -2);
+    }
+    /* The stream and the table are as they were. */
+    ts_stream_state_t ss;
+    assert_int_equal(ts_stream_credit(cl, "kind/s", 0, &ss), 0);
+    assert_int_equal(ss.last_id, 0);
+    uint64_t key = 1;
+    ts_table_state_t ts;
+    assert_int_equal(ts_table_remove(cl, "kind/t", 1, &key, &ts), 0);
+    assert_true(ts.size == 0 && ts.inserts == 0 && ts.skipped == 1);
+}
+
 /* The STATS value key of c's server. */
 static int64_t stat_int(ts_client_t *c, const char *key)
 {
@@ -715,6 +769,7 @@ int main(void)
         cmocka_unit_test_teardown(test_emb_lazy_identical, extra_teardown),
         cmocka_unit_test(test_emb_duplicates),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_other_kinds),
         cmocka_unit_test_teardown(test_max_memory, extra_teardown),
         cmocka_unit_test_teardown(test_step_counts_buffer, extra_teardown),
         cmocka_unit_test_teardown(test_existing_rows_near_limit, extra_teardown),
