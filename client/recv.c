@@ -163,8 +163,10 @@ static void body_release(uint8_t *body, size_t len, int owned)
  * an aligned allocation that this takes over; otherwise it is borrowed (valid until this
  * returns) and copied only when the reply keeps it (the decoded tensors of GET, PEEK and STATS
  * point into their body). Returns the request's status; *malformed is set when the frame broke
- * the protocol (the connection has to go). Touches nothing but r, so it runs on the I/O thread
- * and on a blocking caller reading its own reply alike.
+ * the protocol (the connection has to go): a body that does not decode, a compressed body that
+ * does not inflate, a body over its bound, or tensord's own BAD_REQUEST, but not a status that a
+ * service answered an SVC_CALL with. Touches nothing but r, so it runs on the I/O thread and on
+ * a blocking caller reading its own reply alike.
  */
 int ts__reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, int owned,
                     int *malformed)
@@ -193,6 +195,7 @@ int ts__reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, int
         owned = 1;
     }
     int status;
+    int relayed = 0; /* the status is a service's answer, not the server's verdict */
     if (len > max) {
         status = TS_EPROTO;
         body_release(body, len, owned);
@@ -209,8 +212,16 @@ int ts__reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, int
                 status = TS_EPROTO;
         } else if (ts__msg_error_decode(body, len, &e) != 0) {
             status = TS_EPROTO;
-        } else if (e.len > 0) {
-            r->msg = ts__strndup(e.msg, e.len); /* on failure the status alone tells */
+        } else {
+            /*
+             * An SVC_CALL's error is what the service answered, relayed by tensord on a
+             * connection it keeps open (PROTOCOL.md 8.53): BAD_REQUEST included, it ends this
+             * call only. Any other request's BAD_REQUEST is tensord's own, and the connection
+             * goes (tensord closes it too).
+             */
+            relayed = r->op == TS_OP_SVC_CALL;
+            if (e.len > 0)
+                r->msg = ts__strndup(e.msg, e.len); /* on failure the status alone tells */
         }
         body_release(body, len, owned);
     } else if (!ts__reply_keeps_body(r->op)) {
@@ -232,7 +243,7 @@ int ts__reply_apply(ts__req *r, const ts__hdr *h, uint8_t *body, size_t len, int
         status = ts__reply_parse(r, body, len);
     }
     /* A HELLO's own completion drops the connection (ts__hello_done). */
-    *malformed = status == TS_EPROTO && r->kind != TS__K_HELLO;
+    *malformed = status == TS_EPROTO && !relayed && r->kind != TS__K_HELLO;
     return status;
 }
 

@@ -4,8 +4,9 @@
  * once, two servers sharing the load within their concurrency, a server process killed while it
  * holds a call (the call fails at once with TS_ESERVICE and another server takes the next one),
  * calls to a service without servers (TS_ENOENT, or waiting with TS_CALL_WAIT), timeouts with the
- * late answer dropped, errors answered by the server, unregistering, and bad input as raw frames
- * (a clear error, and nothing changed).
+ * late answer dropped, errors answered by the server (every status a server may send ends its
+ * call only, the client's other calls and connection untouched), unregistering, and bad input as
+ * raw frames (a clear error, and nothing changed).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -548,6 +549,137 @@ static void test_erred_server(void **state)
     tc_latch_destroy(&g.done);
 }
 
+/* An asynchronous call's status and ts_last_error(), as its callback saw them. */
+typedef struct fail_arg {
+    tc_latch done;
+    int status;
+    char msg[128];
+} fail_arg;
+
+static void fail_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)res;
+    fail_arg *f = arg;
+    f->status = status;
+    snprintf(f->msg, sizeof(f->msg), "%s", ts_last_error());
+    tc_latch_add(&f->done, 1);
+}
+
+/* A blocking call of service "relay" on its own thread: its result, tag and message. */
+typedef struct blocking_call {
+    ts_client_t *c;
+    int rc;
+    int64_t tag;
+    char msg[128];
+} blocking_call;
+
+static void *blocking_main(void *p)
+{
+    blocking_call *b = p;
+    ts_value_t *req = make_req(5), *ans = NULL;
+    b->rc = ts_call(b->c, "relay", req, LONG_MS, 0, &ans);
+    if (b->rc == 0)
+        b->tag = tc_tag(ans);
+    else
+        snprintf(b->msg, sizeof(b->msg), "%s", ts_last_error());
+    ts_value_free(ans);
+    ts_value_free(req);
+    return NULL;
+}
+
+/* The STATS value key of c's server. */
+static int64_t stat_of(ts_client_t *c, const char *key)
+{
+    ts_value_t *v = NULL;
+    assert_int_equal(ts_stats(c, &v), 0);
+    int64_t x = -1;
+    assert_int_equal(ts_map_get_int(v, key, &x), 0);
+    ts_value_free(v);
+    return x;
+}
+
+/*
+ * Every status a server may answer a call with (PROTOCOL.md 8.53; BAD_REQUEST, UNKNOWN_OPCODE and
+ * SHUTTING_DOWN included) ends that call only, with the status's error code and the server's
+ * message: another call of the same client, in flight meanwhile, gets its answer, and the client
+ * keeps its connection (a relayed BAD_REQUEST made it drop the connection as if the reply were
+ * malformed, failing the other call with TS_EPROTO and dropping its answer as late). The
+ * asynchronous calls' replies are read by the I/O thread; a blocking call alone in flight reads
+ * its own (direct.c).
+ */
+static void test_relayed_status(void **state)
+{
+    (void)state;
+    static const int errs[] = {
+        TS_ENOENT,    TS_EPROTO,       TS_EUNKNOWNOP, TS_EBADRECORD, TS_EMSGSIZE, TS_EOOM,
+        TS_EVERSION,  TS_EAUTH,        TS_ETOOMANY,   TS_ETIMEDOUT,  TS_ESERVER,  TS_ESLOW,
+        TS_ESHUTDOWN, TS_ENAMETOOLONG, TS_EINVAL,     TS_ESAVEFAIL,  TS_EAGAIN,   TS_ESERVICE};
+    const int n = (int)(sizeof(errs) / sizeof(errs[0]));
+    ts_client_t *sc = open_client(), *cc = open_client();
+    holder h;
+    holder_init(&h);
+    ts_service_t *svc;
+    assert_int_equal(ts_service_register(&svc, sc, "relay", NULL, hold_cb, &h), 0);
+    int64_t conns = stat_of(sc, "connections_total");
+    int64_t late = stat_of(sc, "service_late_answers");
+    /* One call stays in flight throughout. */
+    gone_arg g = {.status = 1};
+    tc_latch_init(&g.done);
+    ts_value_t *req = make_req(1), *ans = make_req(77);
+    assert_int_equal(ts_call_async(cc, "relay", req, LONG_MS, 0, TS_COPY, gone_cb, &g), 0);
+    assert_int_equal(tc_latch_wait(&h.got, 1, LONG_MS), 1);
+    for (int i = 0; i < n; i++) {
+        fail_arg f = {.status = 1};
+        tc_latch_init(&f.done);
+        assert_int_equal(ts_call_async(cc, "relay", req, LONG_MS, 0, TS_COPY, fail_cb, &f), 0);
+        assert_int_equal(tc_latch_wait(&h.got, 2 + i, LONG_MS), 2 + i);
+        char msg[64];
+        snprintf(msg, sizeof(msg), "refused by the service (%s)", ts_err_name(errs[i]));
+        assert_int_equal(ts_call_fail(holder_take(&h, 1 + i), errs[i], msg), 0);
+        assert_int_equal(tc_latch_wait(&f.done, 1, LONG_MS), 1);
+        assert_int_equal(f.status, errs[i]);
+        assert_string_equal(f.msg, msg);
+        tc_latch_destroy(&f.done);
+    }
+    /* The call held all along is answered, on the same connection. */
+    assert_int_equal(tc_latch_get(&g.done), 0);
+    assert_int_equal(ts_call_reply(holder_take(&h, 0), ans), 0);
+    assert_int_equal(tc_latch_wait(&g.done, 1, LONG_MS), 1);
+    assert_int_equal(g.status, 0);
+    assert_int_equal(g.tag, 77);
+    /* Blocking calls alone in flight: a relayed BAD_REQUEST, then an answer. */
+    for (int k = 0; k < 2; k++) {
+        blocking_call b = {.c = cc, .rc = 1};
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, blocking_main, &b), 0);
+        assert_int_equal(tc_latch_wait(&h.got, 2 + n + k, LONG_MS), 2 + n + k);
+        ts_call_t *call = holder_take(&h, 1 + n + k);
+        if (k == 0)
+            assert_int_equal(ts_call_fail(call, TS_EPROTO, "a bad request, says the service"), 0);
+        else
+            assert_int_equal(ts_call_reply(call, ans), 0);
+        assert_int_equal(pthread_join(th, NULL), 0);
+        if (k == 0) {
+            assert_int_equal(b.rc, TS_EPROTO);
+            assert_string_equal(b.msg, "a bad request, says the service");
+        } else {
+            assert_int_equal(b.rc, 0);
+            assert_int_equal(b.tag, 77);
+        }
+    }
+    /* Not one reconnection, and no answer dropped as late. */
+    assert_int_equal(ts_client_connected(cc), 1);
+    assert_int_equal(stat_of(sc, "connections_total"), conns);
+    assert_int_equal(stat_of(sc, "service_late_answers"), late);
+    ts_value_free(ans);
+    ts_value_free(req);
+    ts_service_unregister(svc);
+    ts_client_free(cc);
+    ts_client_free(sc);
+    tc_latch_destroy(&g.done);
+}
+
 /* Bad input as raw frames: a clear error, nothing registered or called. */
 static void test_bad_input(void **state)
 {
@@ -725,6 +857,7 @@ int main(void)
         cmocka_unit_test(test_timeout_and_errors),
         cmocka_unit_test(test_answer_after_client_free),
         cmocka_unit_test(test_erred_server),
+        cmocka_unit_test(test_relayed_status),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_register_again_after_restart),
     };
