@@ -234,10 +234,11 @@ static int emb_check(const char *name, const ts_emb_options_t *o)
 /*
  * Run the requests rs[0..n) on the shard clients cs[0..n) at once and check them: 0 when all
  * succeeded, else the first failure with ts_last_error() naming its shard by its address (and
- * its position in the cluster's list). Every request that came back stays in rs (NULL for one
- * given up).
+ * its position in the cluster's list) when cs are a cluster's shards (cluster), or as the server
+ * gave it otherwise. Every request that came back stays in rs (NULL for one given up).
  */
-static int emb_run_all(ts_client_t *const *cs, ts__req **rs, const size_t *shard, size_t n)
+static int emb_run_all(ts_client_t *const *cs, ts__req **rs, const size_t *shard, size_t n,
+                       int cluster)
 {
     int rcs[TS_SHARD_MAX];
     ts__api_run_blocking_all(cs, rs, n, rcs);
@@ -245,6 +246,8 @@ static int emb_run_all(ts_client_t *const *cs, ts__req **rs, const size_t *shard
         if (rcs[i] == 0)
             continue;
         const char *why = rs[i] != NULL && rs[i]->msg != NULL ? rs[i]->msg : ts_strerror(rcs[i]);
+        if (!cluster)
+            return ts__fail(rcs[i], "%s", why);
         const char *addr = cs[i]->address != NULL ? cs[i]->address : "?";
         return ts__fail(rcs[i], "the cluster's shard at %s (%zu in its list): %s", addr, shard[i],
                         why);
@@ -267,7 +270,7 @@ static int emb_create_cluster(ts_client_t *h, const char *name, const ts_emb_opt
         rs[i] = rc == 0 ? emb_create_req(cs[i], name, o, &rc) : NULL;
     }
     if (rc == 0)
-        rc = emb_run_all(cs, rs, idx, k);
+        rc = emb_run_all(cs, rs, idx, k, 1);
     for (size_t i = 0; i < k; i++)
         ts__req_free(rs[i]);
     ts__cluster_leave(h);
@@ -511,7 +514,7 @@ static int emb_split(ts_client_t *h, const char *name, const int64_t *ids, size_
         m++;
     }
     if (rc == 0)
-        rc = emb_run_all(rc_cs, rs, idx, m);
+        rc = emb_run_all(rc_cs, rs, idx, m, 1);
     uint64_t top = 0;
     for (size_t i = 0; rc == 0 && i < m; i++) {
         if (push) {
@@ -671,7 +674,7 @@ int ts_emb_versions(ts_client_t *c, const char *name, uint64_t *versions, size_t
         rs[i] = rc == 0 ? ps_upload_req(cs[i], TS_OP_EMB_PULL, name, NULL, 0, v, &rc) : NULL;
     }
     if (rc == 0)
-        rc = emb_run_all(cs, rs, idx, k);
+        rc = emb_run_all(cs, rs, idx, k, cluster);
     for (size_t i = 0; rc == 0 && i < k && i < cap; i++)
         versions[i] = ts_items_version(rs[i]->res.items);
     if (rc == 0 && n != NULL)

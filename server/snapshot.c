@@ -721,7 +721,7 @@ static void save_failed(tsd_server *srv)
     srv->stats.save_failures_consecutive++;
     if (!srv->save_failing && srv->cfg.stop_writes_on_save_error && !srv->stopping)
         tsd_log(TSD_LOG_ERROR,
-                "refusing writes (PUT, APPEND, GET, DELETE) until a snapshot succeeds "
+                "refusing every request that changes data (SAVE_FAILING) until a snapshot succeeds "
                 "(--stop-writes-on-save-error yes)");
     srv->save_failing = 1;
 }

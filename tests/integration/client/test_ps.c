@@ -484,6 +484,11 @@ static void test_emb_duplicates(void **state)
     assert_int_equal(ts_emb_push(cl, "dup", one, 1, 2, g2, -2.0, NULL), 0);
     assert_int_equal(ts_emb_pull(cl, "dup", one, 1, 2, out, NULL), 0);
     assert_true(out[0] == 2.0f && out[1] == 2.0f);
+    /* On a single server, errors come as the server gave them (no cluster shard named). */
+    uint64_t vs[1];
+    size_t nv = 0;
+    assert_int_equal(ts_emb_versions(cl, "nonesuch", vs, 1, &nv), TS_ENOENT);
+    assert_string_equal(ts_last_error(), "EMB_PULL: no embedding table nonesuch (EMB_CREATE)");
 }
 
 /* Bad input gets a clear error and changes nothing. */
