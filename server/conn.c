@@ -929,16 +929,18 @@ void tsd_conn_release(tsd_conn *c)
 
 /*
  * The buffer an upload of len bytes (a record, or a compressed body's inflated size) is received
- * into: a --data-dir file when the data directory takes it; PUT and APPEND records of at least
- * --shm-min bytes on a unix socket go to a memfd, so that GET_REF can hand them out without a
- * copy; the rest (and any upload when no memfd can be had) to the heap.
+ * into: a --data-dir file when the data directory takes it (PUT, APPEND and PUT_IF: the uploads
+ * that become a bin's item); PUT and APPEND records of at least --shm-min bytes on a unix socket
+ * go to a memfd, so that GET_REF can hand them out without a copy; the rest (and any upload when
+ * no memfd can be had) to the heap.
  * The caller may lower the length afterwards (tsd_item_set_len).
  */
 static tsd_item *upload_item(tsd_conn *c, size_t len, int *disk_rc)
 {
     tsd_item *it = NULL;
     *disk_rc = 0;
-    if (c->cur.opcode == TS_OP_PUT || c->cur.opcode == TS_OP_APPEND) {
+    uint8_t op = c->cur.opcode;
+    if (op == TS_OP_PUT || op == TS_OP_APPEND || op == TS_OP_PUT_IF) {
         /* With --data-dir, a file of the data directory first (datadir.c). */
         int rc = tsd_datadir_alloc(c->srv, len, &it);
         if (rc == 0)
@@ -947,6 +949,8 @@ static tsd_item *upload_item(tsd_conn *c, size_t len, int *disk_rc)
             *disk_rc = rc;
             return NULL;
         }
+    }
+    if (op == TS_OP_PUT || op == TS_OP_APPEND) {
         /*
          * Only uploads on unix sockets that may carry descriptors: a client on this host is the
          * one that may read them by reference. A memfd's pages are small ones (tmpfs gives huge

@@ -81,14 +81,29 @@ static void op_add(tsd_conn *c, const ts__hdr *h, const ts__msg_coord_req *q)
                       (long long)cur);
         return;
     }
-    if (tsd_store_reserve(&srv->store, TSD_COUNTER_REC) != 0) {
+    /*
+     * With --data-dir the new item goes to a file as a PUT's record does (at least --data-min
+     * bytes), so that the counter survives a restart; a refusal answers as a PUT's does. Its
+     * pages count against --max-disk, not --max-memory, but tsd_store_add consumes a
+     * reservation of its length: one is made without a check.
+     */
+    tsd_item *it = NULL;
+    int drc = tsd_datadir_alloc(srv, TSD_COUNTER_REC, &it);
+    if (drc < 0) {
+        char dmsg[TS_MAX_ERRMSG];
+        tsd_datadir_refusal(srv, drc, TSD_COUNTER_REC, dmsg, sizeof(dmsg));
+        srv->stats.oom_rejections++;
+        tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY, "%s", dmsg);
+        return;
+    }
+    if (drc == 0) {
+        srv->store.reserved += TSD_COUNTER_REC;
+    } else if (tsd_store_reserve(&srv->store, TSD_COUNTER_REC) != 0) {
         srv->stats.oom_rejections++;
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY,
                       "memory limit reached (--max-memory) adding to a counter");
         return;
-    }
-    tsd_item *it = tsd_item_new(TSD_COUNTER_REC);
-    if (it == NULL) {
+    } else if ((it = tsd_item_new(TSD_COUNTER_REC)) == NULL) {
         tsd_store_unreserve(&srv->store, TSD_COUNTER_REC);
         srv->stats.out_of_memory++;
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_OUT_OF_MEMORY,
@@ -104,6 +119,8 @@ static void op_add(tsd_conn *c, const ts__hdr *h, const ts__msg_coord_req *q)
         tsd_reply_err(c, h->opcode, h->request_id, TS_ST_INTERNAL, "out of memory adding a bin");
         return;
     }
+    /* An item in a data-dir file gets its header now, as a PUT's does. */
+    (void)tsd_datadir_commit(srv, it, q->name, q->name_len, TSD_DATADIR_REPLACE);
     ts__msg_add_state st = {.value = next, .version = version};
     uint8_t body[TS_MSG_ADD_STATE_SIZE];
     size_t len;

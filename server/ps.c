@@ -606,6 +606,8 @@ static void param_done(uv_work_t *req, int status)
                     wait_fail(x, TS_ST_OUT_OF_MEMORY, "tensord is out of memory publishing");
             version = 0;
         } else {
+            /* An item in a data-dir file gets its header now, as a PUT's does. */
+            (void)tsd_datadir_commit(srv, it, p->node.name, p->node.name_len, TSD_DATADIR_REPLACE);
             p->steps += p->job_steps;
             ring_add(p, version, p->steps);
             tsd_notify_change(srv, p->node.name, p->node.name_len, version, 1, TS_NOTE_PUT);
@@ -673,8 +675,25 @@ static void param_kick(tsd_server *srv, ps_param *p)
         param_value(srv, p->node.name, p->node.name_len, p->numel, &old, &t, msg, sizeof(msg));
     tsd_item *nu = NULL;
     size_t len = 0;
+    int drc = 1;
     if (st == TS_ST_OK) {
         len = tsd_item_len(old);
+        /*
+         * With --data-dir the new value goes to a file as a PUT's record does (at least
+         * --data-min bytes), so that the parameter's bin survives a restart; a refusal answers
+         * the pushes as a PUT's is answered. Its pages count against --max-disk, not
+         * --max-memory: its length and overhead are reserved without a check, for param_done.
+         */
+        drc = tsd_datadir_alloc(srv, len, &nu);
+    }
+    if (st == TS_ST_OK && drc < 0) {
+        tsd_datadir_refusal(srv, drc, len, msg, sizeof(msg));
+        srv->stats.oom_rejections++;
+        st = TS_ST_OUT_OF_MEMORY;
+        nu = NULL;
+    } else if (st == TS_ST_OK && drc == 0) {
+        srv->store.reserved += len + tsd_item_overhead(nu);
+    } else if (st == TS_ST_OK) {
         if (tsd_store_reserve(&srv->store, len) != 0) {
             srv->stats.oom_rejections++;
             st = TS_ST_OUT_OF_MEMORY;

@@ -7,7 +7,8 @@
  * --data-dir with --save are refused (exit status 2); --data-min keeps small items in memory;
  * a tensor bin's file keeps its rows and comes back as a tensor bin; GET_REF and PEEK_REF send
  * the item's file as a read-only descriptor, and an item GET_REF took stays gone; items in files
- * count against --max-disk, not --max-memory.
+ * count against --max-disk, not --max-memory; bins stored by ADD, PUT_IF and a parameter server
+ * push are in files too and survive a SIGKILL with their values and versions.
  */
 #define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
@@ -26,6 +27,8 @@
 #include <unistd.h>
 
 #include "msg.h"
+#include "tensorshare/coord.h"
+#include "tensorshare/ps.h"
 #include "tensorshare/tensorshare.h"
 #include "record.h"
 #include "test_harden_util.h"
@@ -639,6 +642,107 @@ static void test_shared_put_survives(void **state)
     assert_int_equal(tsh_server_stop(&s), 0);
 }
 
+/* PEEK bin name through c: its one item's float32 tensor of n elements into out, its version. */
+static uint64_t peek_floats(ts_client_t *c, const char *name, float *out, int64_t n)
+{
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek(c, name, 0, &items), 0);
+    assert_int_equal(ts_items_count(items), 1);
+    const ts_tensor_t *t = ts_value_tensor(ts_items_at(items, 0));
+    assert_non_null(t);
+    assert_true(t->dtype == TS_FLOAT32 && t->ndim == 1 && t->shape[0] == n);
+    memcpy(out, t->data, (size_t)n * sizeof(float));
+    uint64_t v = ts_items_version(items);
+    ts_items_free(items);
+    return v;
+}
+
+/*
+ * Every way an item is stored into a bin puts it in a file: a counter (ADD), a PUT_IF that makes
+ * a bin and one that replaces a PUT's item, and the value a parameter server push publishes.
+ * All of them survive a SIGKILL with their values and versions.
+ */
+static void test_every_store_survives(void **state)
+{
+    (void)state;
+    enum { N = 1 << 16 }; /* float32 elements: 256 KiB */
+    start(NULL);
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, s.addr, NULL), 0);
+    static float a[N], b[N], w[N], g[N], got[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = (float)i;
+        b[i] = (float)i * 2.0f;
+        w[i] = 1.0f;
+        g[i] = 0.5f;
+    }
+    int64_t n = N;
+    ts_value_t *ta = ts_tensor_new(TS_FLOAT32, 1, &n, a, TS_BORROW);
+    ts_value_t *tb = ts_tensor_new(TS_FLOAT32, 1, &n, b, TS_BORROW);
+    ts_value_t *tw = ts_tensor_new(TS_FLOAT32, 1, &n, w, TS_BORROW);
+    assert_true(ta != NULL && tb != NULL && tw != NULL);
+
+    int64_t value = 0;
+    uint64_t v_ctr = 0, v_new = 0, v_old = 0, v_w = 0;
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ts_add(c, "ctr", 5, &value, &v_ctr), 0);
+    assert_int_equal(value, 15);
+    assert_int_equal(ts_put_if(c, "new", 0, ta, &v_new), 0);
+    assert_int_equal(ts_put(c, "old", ta, &v_old), 0);
+    assert_int_equal(ts_put_if(c, "old", v_old, tb, &v_old), 0);
+    /* A refused PUT_IF leaves its bin's file alone and makes none. */
+    uint64_t cur = 0;
+    assert_int_equal(ts_put_if(c, "old", 1, ta, &cur), TS_ECONFLICT);
+    assert_int_equal(cur, v_old);
+    assert_int_equal(ts_put(c, "w", tw, NULL), 0);
+    ts_ps_options_t o;
+    ts_ps_options_init(&o);
+    o.optimizer = TS_PS_SGD;
+    o.lr = 1.0;
+    assert_int_equal(ts_ps_create(c, "w", &o, NULL), 0);
+    ts_tensor_t grad = {.data = g, .dtype = TS_FLOAT32, .ndim = 1, .shape = {N}};
+    assert_int_equal(ts_ps_push(c, "w", &grad, 0, 1.0, &v_w), 0);
+    assert_int_equal(ts_ps_push(c, "w", &grad, 0, 1.0, &v_w), 0);
+    assert_int_equal(peek_floats(c, "w", got, N), v_w);
+    assert_true(got[0] == 0.0f && got[N - 1] == 0.0f);
+    ts_client_free(c);
+    ts_value_free(ta);
+    ts_value_free(tb);
+    ts_value_free(tw);
+    int fd = tsu_client(&s);
+    wait_stat(fd, "disk_files", 4); /* one item per bin: replaced ones are gone */
+    close(fd);
+    assert_int_equal(count_files(".tsi"), 4);
+
+    tsh_server_kill(&s);
+    restart(NULL, 0);
+    fd = tsu_client(&s);
+    assert_int_equal(tsu_stat(fd, "disk_loaded"), 4);
+    assert_int_equal(tsu_stat(fd, "disk_damaged"), 0);
+    close(fd);
+    assert_int_equal(ts_client_open(&c, s.addr, NULL), 0);
+    ts_items_t *items = NULL;
+    assert_int_equal(ts_peek(c, "ctr", 0, &items), 0);
+    assert_int_equal(ts_items_count(items), 1);
+    assert_int_equal(ts_value_int(ts_items_at(items, 0), &value), 0);
+    assert_int_equal(value, 15);
+    assert_int_equal(ts_items_version(items), v_ctr);
+    ts_items_free(items);
+    assert_int_equal(peek_floats(c, "new", got, N), v_new);
+    assert_memory_equal(got, a, sizeof(a));
+    assert_int_equal(peek_floats(c, "old", got, N), v_old);
+    assert_memory_equal(got, b, sizeof(b));
+    assert_int_equal(peek_floats(c, "w", got, N), v_w);
+    for (int i = 0; i < N; i++)
+        if (got[i] != 0.0f)
+            fail_msg("w[%d] is %g after the restart, not 0", i, (double)got[i]);
+    /* The counter goes on from its value. */
+    assert_int_equal(ts_add(c, "ctr", 1, &value, NULL), 0);
+    assert_int_equal(value, 16);
+    ts_client_free(c);
+    assert_int_equal(tsh_server_stop(&s), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -652,6 +756,7 @@ int main(void)
         cmocka_unit_test_teardown(test_by_reference, teardown),
         cmocka_unit_test_teardown(test_shared_put_survives, teardown),
         cmocka_unit_test_teardown(test_beyond_max_memory, teardown),
+        cmocka_unit_test_teardown(test_every_store_survives, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
