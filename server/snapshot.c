@@ -1540,7 +1540,11 @@ static tsd_server *server_of(tsd_store *store)
 int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, char *err,
                       size_t err_cap)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /*
+     * O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever, before
+     * the check below could refuse it. It changes nothing for a regular file, but is cleared.
+     */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         if (errno == ENOENT)
             return 1;
@@ -1550,6 +1554,12 @@ int tsd_snapshot_load(tsd_store *store, const char *path, uint64_t *counter, cha
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         snprintf(err, err_cap, "snapshot %s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        snprintf(err, err_cap, "snapshot %s: cannot read it: %s", path, strerror(errno));
         close(fd);
         return -1;
     }

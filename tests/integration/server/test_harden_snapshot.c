@@ -669,6 +669,28 @@ static void test_damaged_snapshots_refused(void **state)
     free(good);
 }
 
+/*
+ * A --save path that is a FIFO is refused at start (exit 3, naming it) rather than waiting
+ * forever for a writer to open it.
+ */
+static void test_fifo_snapshot_refused(void **state)
+{
+    (void)state;
+    start_saving(NULL);
+    assert_int_equal(tsh_server_stop(&s), 0);
+    assert_int_equal(mkfifo(copy, 0600), 0);
+    const char *args[] = {"--port", "0", "--save", copy, NULL};
+    int st = th_run_tensord(args, errfile, 5000 * th_slow());
+    if (st != 3 || !th_file_contains(errfile, copy) ||
+        !th_file_contains(errfile, "not a regular file")) {
+        print_error("--save naming a FIFO: exit %d, want 3 and \"not a regular file\"\n", st);
+        fail();
+    }
+    struct stat sb;
+    assert_int_equal(lstat(copy, &sb), 0);
+    assert_true(S_ISFIFO(sb.st_mode));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -681,6 +703,7 @@ int main(void)
         cmocka_unit_test_teardown(test_writes_stop_while_saves_fail, kill_leftover),
         cmocka_unit_test_teardown(test_sigkill_under_load, kill_leftover),
         cmocka_unit_test_teardown(test_damaged_snapshots_refused, kill_leftover),
+        cmocka_unit_test_teardown(test_fifo_snapshot_refused, kill_leftover),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
