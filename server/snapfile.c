@@ -734,6 +734,7 @@ static void printable(const snap_reader *r, const uint8_t *name, size_t len, cha
 /* What the reader has met so far, checked against the header at the end. */
 typedef struct snap_count {
     uint64_t items_total; /* the header's item count */
+    uint64_t counter;     /* the header's change counter: no bin's version is above it */
     uint64_t items_seen;
     uint64_t bytes_seen;
     uint64_t acc; /* the trailer's running hash */
@@ -861,17 +862,20 @@ static int read_bin(snap_reader *r, snap_count *c, uint64_t index)
     uint64_t h = tsd_hash64(hb, hlen, 0);
     if (h != ts__get_u64le(hash))
         return bad(r, "checksum mismatch in the header of bin %llu", (unsigned long long)index);
-    uint32_t flags = ts__get_u32le(hb + 1 + nl + 12);
-    if (r->format < TSD_SNAP_FORMAT_FLAGS && flags != 0)
-        return bad(r, "bin %llu: a reserved field is not 0", (unsigned long long)index);
-    if ((flags & ~TSD_SNAP_BIN_KNOWN) != 0)
-        return bad(r, "bin %llu: unknown flags 0x%x", (unsigned long long)index,
-                   (unsigned)(flags & ~TSD_SNAP_BIN_KNOWN));
-    c->acc = chain(c->acc, h);
     const uint8_t *name = hb + 1;
-    uint64_t version = ts__get_u64le(hb + 1 + nl);
     char pn[SNAP_NAME_MSG];
     printable(r, name, nl, pn, sizeof(pn));
+    uint32_t flags = ts__get_u32le(hb + 1 + nl + 12);
+    if (r->format < TSD_SNAP_FORMAT_FLAGS && flags != 0)
+        return bad(r, "bin '%s': a reserved field is not 0", pn);
+    if ((flags & ~TSD_SNAP_BIN_KNOWN) != 0)
+        return bad(r, "bin '%s': unknown flags 0x%x", pn, (unsigned)(flags & ~TSD_SNAP_BIN_KNOWN));
+    c->acc = chain(c->acc, h);
+    uint64_t version = ts__get_u64le(hb + 1 + nl);
+    /* Every version was taken from the counter the header saved: a greater one would repeat. */
+    if (version > c->counter)
+        return bad(r, "bin '%s' has version %llu, above the file's change counter %llu", pn,
+                   (unsigned long long)version, (unsigned long long)c->counter);
     int tensor = (flags & TSD_SNAP_BIN_TENSOR) != 0;
     if (tensor && n != 1)
         return bad(r, "bin '%s' is marked a tensor bin but holds %u items, not 1", pn, n);
@@ -1683,7 +1687,9 @@ static int read_all(snap_reader *r, tsd_snapfile_head *out)
     if (head.n_bins > r->left / SNAP_BIN_MIN || head.n_items > r->left / SNAP_ITEM_MIN)
         return cut(r, "the header claims %llu bins and %llu items, more than the file can hold",
                    (unsigned long long)head.n_bins, (unsigned long long)head.n_items);
-    snap_count c = {.items_total = head.n_items, .acc = chain(0, ts__get_u64le(hdr + 56))};
+    snap_count c = {.items_total = head.n_items,
+                    .counter = head.counter,
+                    .acc = chain(0, ts__get_u64le(hdr + 56))};
     int rc = 0;
     for (uint64_t b = 0; b < head.n_bins && rc == 0; b++)
         rc = read_bin(r, &c, b);

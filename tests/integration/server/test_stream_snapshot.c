@@ -501,7 +501,7 @@ static uint8_t *clash_file(size_t *len)
                               .first_id = 1,
                               .last_id = 1,
                               .entries = table};
-    tsd_snapfile_head head = {.n_bins = 1, .n_items = 1, .bytes = rl, .n_streams = 1};
+    tsd_snapfile_head head = {.counter = 1, .n_bins = 1, .n_items = 1, .bytes = rl, .n_streams = 1};
     FILE *f = tmpfile();
     assert_non_null(f);
     assert_int_equal(tsd_snapfile_write(fileno(f), &head, &bin, &st, clash_item, &rec), 0);

@@ -308,7 +308,16 @@ static void test_damaged_flag_refused(void **state)
     memcpy(bad, good, len);
     ts__put_u32le(bad + ft, TSD_SNAP_BIN_TENSOR | 0x2u);
     snapfix_rehash(bad, len);
-    th_saving_expect_refused(&sv, bad, len, "bin 1: unknown flags 0x2");
+    th_saving_expect_refused(&sv, bad, len, "bin 't': unknown flags 0x2");
+    /* A bin version above the header's change counter: the next PUT would repeat it. */
+    memcpy(bad, good, len);
+    uint64_t counter = ts__get_u64le(bad + 16);
+    ts__put_u64le(bad + ft - 12, counter + 1);
+    snapfix_rehash(bad, len);
+    char want[100];
+    snprintf(want, sizeof(want), "bin 't' has version %llu, above the file's change counter %llu",
+             (unsigned long long)(counter + 1), (unsigned long long)counter);
+    th_saving_expect_refused(&sv, bad, len, want);
     /* The tensor flag on an int record. */
     memcpy(bad, good, len);
     ts__put_u32le(bad + fp, TSD_SNAP_BIN_TENSOR);
@@ -319,7 +328,7 @@ static void test_damaged_flag_refused(void **state)
     memcpy(bad, good, len);
     ts__put_u32le(bad + 8, 4);
     snapfix_rehash(bad, len);
-    th_saving_expect_refused(&sv, bad, len, "bin 1: a reserved field is not 0");
+    th_saving_expect_refused(&sv, bad, len, "bin 't': a reserved field is not 0");
     free(bad);
     free(good);
     /* The tensor flag on a map holding a tensor. */

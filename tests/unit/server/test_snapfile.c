@@ -731,7 +731,7 @@ static void test_lengths_and_fields_that_lie(void **state)
     expect_refused(good, len, 0, format_next, "format 6 is not supported");
     expect_refused(good, len, 0, format_zero, "format 0 is not supported");
     expect_refused(good, len, 0, header_reserved, "reserved field of the file header");
-    expect_refused(good, len, 0, bin_reserved, "bin 0: a reserved field");
+    expect_refused(good, len, 0, bin_reserved, "bin 'params': a reserved field");
     expect_refused(good, len, 0, wrong_bytes, "record bytes");
     expect_refused(good, len, 0, trailer_bins, "trailer does not match");
     expect_refused(good, len, 0, not_a_record, "item 0 of bin 'params' is not a valid record");
