@@ -741,13 +741,17 @@ static void op_reply(tsd_conn *c, const ts__hdr *h, const uint8_t *name, size_t 
     uint32_t rid = h->request_id;
     ts__msg_svc_reply_fixed f;
     ts__msg_svc_reply_fixed_decode(fixed, &f);
-    if (f.reserved16 != 0 || f.reserved32 != 0 ||
-        (f.status != TS_ST_OK && !ts__msg_svc_status_allowed(f.status))) {
+    if (f.reserved16 != 0 || f.reserved32 != 0) {
         drop_upload(srv, item);
         tsd_reply_err(c, op, rid, TS_ST_INVALID,
-                      "SVC_REPLY: reserved fields must be 0 and status %u is not one a service "
-                      "may answer with",
-                      f.status);
+                      "SVC_REPLY: the reserved fields must be 0 (got %u and %u)",
+                      (unsigned)f.reserved16, (unsigned)f.reserved32);
+        return;
+    }
+    if (f.status != TS_ST_OK && !ts__msg_svc_status_allowed(f.status)) {
+        drop_upload(srv, item);
+        tsd_reply_err(c, op, rid, TS_ST_INVALID,
+                      "SVC_REPLY: status %u is not one a service may answer with", f.status);
         return;
     }
     tsd_services *v = srv->services;

@@ -739,12 +739,26 @@ static void test_bad_input(void **state)
         assert_int_equal(h.status, TS_ST_INVALID);
         free(rb);
     }
-    /* REPLY for a call nobody handed us, and with a status no service may send. */
-    const uint16_t sts[] = {TS_ST_OK, TS_ST_WRONG_SHARD};
-    const uint16_t want[] = {TS_ST_NOT_FOUND, TS_ST_INVALID};
-    for (int i = 0; i < 2; i++) {
+    /*
+     * REPLY for a call nobody handed us, with a status no service may send, and with a reserved
+     * field set (status 0 or an error): each message names only what is wrong.
+     */
+    const uint16_t sts[] = {TS_ST_OK, TS_ST_WRONG_SHARD, TS_ST_OK, TS_ST_INVALID};
+    const uint16_t res16[] = {0, 0, 1, 0};
+    const uint32_t res32[] = {0, 0, 0, 7};
+    const uint16_t want[] = {TS_ST_NOT_FOUND, TS_ST_INVALID, TS_ST_INVALID, TS_ST_INVALID};
+    char wrong_status[64];
+    snprintf(wrong_status, sizeof(wrong_status),
+             "SVC_REPLY: status %u is not one a service may answer with",
+             (unsigned)TS_ST_WRONG_SHARD);
+    const char *want_msg[] = {
+        "SVC_REPLY: call 12345 is not awaiting an answer from this connection", wrong_status,
+        "SVC_REPLY: the reserved fields must be 0 (got 1 and 0)",
+        "SVC_REPLY: the reserved fields must be 0 (got 0 and 7)"};
+    for (int i = 0; i < 4; i++) {
         uint8_t fixed[TS_MSG_SVC_REPLY_FIXED];
-        ts__msg_svc_reply_fixed f = {.call_id = 12345, .status = sts[i]};
+        ts__msg_svc_reply_fixed f = {
+            .call_id = 12345, .status = sts[i], .reserved16 = res16[i], .reserved32 = res32[i]};
         ts__msg_svc_reply_fixed_encode(fixed, &f);
         uint8_t *up = malloc(rec_len + 300);
         assert_int_equal(ts__msg_upload_encode(up, rec_len + 300, (const uint8_t *)"x", 1, fixed,
@@ -755,6 +769,8 @@ static void test_bad_input(void **state)
         assert_int_equal(tsh_recv(fd, &h, &rb, &rl), 0);
         assert_int_equal(h.request_id, 40 + (uint32_t)i);
         assert_int_equal(h.status, want[i]);
+        assert_int_equal(rl, strlen(want_msg[i]));
+        assert_memory_equal(rb, want_msg[i], rl);
         free(rb);
     }
     /* An error REPLY whose message is longer than an error message: BAD_REQUEST and closed. */
