@@ -535,7 +535,11 @@ static void svc_answer(ts_call_t *call, int status, ts_value_t *output, int64_t 
         rc = ts_map_set(rec, "error", ts_string_new(m, strlen(m)));
     }
     ts_value_free(output);
-    /* A reply that cannot be sent is dropped by the client: the caller's deadline covers it. */
+    /*
+     * An answer ts_call_reply cannot send (an output that cannot be encoded, no memory) is
+     * answered by it with TS_ESERVER and the reason: the caller learns at once and the call stops
+     * counting against this server. One the caller no longer waits for is dropped.
+     */
     if (rc == 0)
         (void)ts_call_reply(call, rec);
     else

@@ -401,31 +401,60 @@ static int reply_send(ts_client_t *c, ts__req *r)
     return rc == TS_ECANCELED ? 0 : rc;
 }
 
+/* Send an error answer for call on c: status and msg (len bytes). 0 or the error. */
+static int fail_send(ts_client_t *c, ts_call_t *call, uint16_t status, const char *msg, size_t len)
+{
+    int rc;
+    ts__req *r = reply_req(c, call, status, &rc);
+    if (r == NULL)
+        return rc;
+    r->flat = ts__malloc_aligned(len);
+    if (r->flat == NULL) {
+        ts__req_free(r);
+        return ts__fail(TS_ENOMEM, NULL);
+    }
+    memcpy(r->flat, msg, len);
+    r->flat_len = r->flat_cap = len;
+    r->body_len = r->small_len + len;
+    return reply_send(c, r);
+}
+
 int ts_call_reply(ts_call_t *call, const ts_value_t *answer)
 {
     if (call == NULL)
         return ts__fail(TS_EINVAL, "no call");
-    if (answer == NULL) {
-        call_release(call);
-        return ts__fail(TS_EINVAL, "no answer");
-    }
     ts_client_t *c = call_enter(call);
-    if (c == NULL) {
-        call_release(call);
-        return 0;
-    }
-    int rc;
-    ts__req *r = reply_req(c, call, TS_ST_OK, &rc);
-    if (r != NULL) {
-        rc = ts__api_attach_record(c, r, answer, TS_COPY);
-        if (rc != 0) {
-            ts__req_free(r);
-            rc = ts__fail(rc, "the answer cannot be encoded: %s", ts__record_plan_why(rc));
-        } else {
-            rc = reply_send(c, r);
+    int rc = 0;
+    if (answer == NULL) {
+        rc = ts__fail(TS_EINVAL, "no answer (NULL)");
+    } else if (c != NULL) {
+        ts__req *r = reply_req(c, call, TS_ST_OK, &rc);
+        if (r != NULL) {
+            rc = ts__api_attach_record(c, r, answer, TS_COPY);
+            if (rc != 0) {
+                ts__req_free(r);
+                rc = ts__fail(rc, "the answer cannot be encoded: %s", ts__record_plan_why(rc));
+            } else {
+                rc = reply_send(c, r);
+            }
         }
     }
-    call_leave(call);
+    if (rc != 0 && c != NULL) {
+        /*
+         * The call is answered all the same, with the reason as an error, so that its caller
+         * learns it at once and tensord frees the server's place (it counts the call against
+         * this server until an answer comes). The server gets its own error back.
+         */
+        char why[TS_MAX_ERROR_LEN + 1];
+        snprintf(why, sizeof(why), "%s", ts_last_error());
+        char msg[TS_MAX_ERRMSG];
+        int n = snprintf(msg, sizeof(msg), "the service's answer could not be sent: %s", why);
+        size_t len = n < 0 ? 0 : (size_t)n >= sizeof(msg) ? sizeof(msg) - 1 : (size_t)n;
+        (void)fail_send(c, call, TS_ST_INTERNAL, msg, len);
+        rc = ts__fail(rc, "%s", why);
+    }
+    if (c != NULL)
+        call_leave(call);
     call_release(call);
     return rc;
 }
@@ -444,21 +473,7 @@ int ts_call_fail(ts_call_t *call, int err, const char *msg)
         status = TS_ST_INTERNAL;
     if (msg == NULL || msg[0] == '\0')
         msg = ts_strerror(err);
-    size_t len = strnlen(msg, TS_MAX_ERRMSG);
-    int rc;
-    ts__req *r = reply_req(c, call, status, &rc);
-    if (r != NULL) {
-        r->flat = ts__malloc_aligned(len);
-        if (r->flat == NULL) {
-            ts__req_free(r);
-            rc = ts__fail(TS_ENOMEM, NULL);
-        } else {
-            memcpy(r->flat, msg, len);
-            r->flat_len = r->flat_cap = len;
-            r->body_len = r->small_len + len;
-            rc = reply_send(c, r);
-        }
-    }
+    int rc = fail_send(c, call, status, msg, strnlen(msg, TS_MAX_ERRMSG));
     call_leave(call);
     call_release(call);
     return rc;

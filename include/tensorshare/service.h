@@ -120,7 +120,11 @@ TS_EXTERN void ts_service_unregister(ts_service_t *svc);
  * Non-blocking; any thread. An answer that cannot be delivered (the caller timed out or left,
  * the connection to tensord was lost, or the serving client was freed, even while this call ran)
  * is dropped and 0 returned. 0, or TS_EINVAL (NULL call or answer), TS_ENOMEM, an encoding
- * error; call is released in every case. Added in 0.6.0.
+ * error; call is released in every case. When answer cannot be sent (NULL, or it cannot be
+ * encoded, or there is no memory), the call is answered with an error instead, so that its
+ * caller learns at once and the call stops counting against this server: the caller's ts_call
+ * returns TS_ESERVER with "the service's answer could not be sent: " and this function's reason
+ * in its ts_last_error(). Added in 0.6.0.
  */
 TS_EXTERN int ts_call_reply(ts_call_t *call, const ts_value_t *answer);
 

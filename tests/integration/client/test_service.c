@@ -5,8 +5,9 @@
  * holds a call (the call fails at once with TS_ESERVICE and another server takes the next one),
  * calls to a service without servers (TS_ENOENT, or waiting with TS_CALL_WAIT), timeouts with the
  * late answer dropped, errors answered by the server (every status a server may send ends its
- * call only, the client's other calls and connection untouched), unregistering, and bad input as
- * raw frames (a clear error, and nothing changed).
+ * call only, the client's other calls and connection untouched), an answer that cannot be sent
+ * (answered with an error all the same), unregistering, and bad input as raw frames (a clear
+ * error that names what is wrong, and nothing changed).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -680,6 +681,92 @@ static void test_relayed_status(void **state)
     tc_latch_destroy(&g.done);
 }
 
+/* Bad answers: tag 1 is answered NULL, tag 2 with a list nested 40 deep; others echoed. */
+typedef struct bad_server {
+    pthread_mutex_t mu;
+    int rc[2];                         /* ts_call_reply's status for tags 1 and 2 */
+    char why[2][TS_MAX_ERROR_LEN + 1]; /* and its message */
+    tc_latch served;
+} bad_server;
+
+static void bad_cb(ts_service_t *svc, ts_call_t *call, ts_value_t *request, void *arg)
+{
+    (void)svc;
+    bad_server *b = arg;
+    int64_t tag = tc_tag(request);
+    ts_value_free(request);
+    ts_value_t *ans = NULL;
+    if (tag == 2) {
+        ans = ts_list_new();
+        for (int i = 0; i < 39; i++) {
+            ts_value_t *outer = ts_list_new();
+            assert_int_equal(ts_list_push(outer, ans), 0);
+            ans = outer;
+        }
+    } else if (tag != 1) {
+        ans = make_req(tag);
+    }
+    int rc = ts_call_reply(call, ans);
+    if (tag == 1 || tag == 2) {
+        pthread_mutex_lock(&b->mu);
+        b->rc[tag - 1] = rc;
+        snprintf(b->why[tag - 1], sizeof(b->why[0]), "%s", ts_last_error());
+        pthread_mutex_unlock(&b->mu);
+    }
+    ts_value_free(ans);
+    tc_latch_add(&b->served, 1);
+}
+
+/*
+ * An answer ts_call_reply cannot send (NULL, or nested too deep to encode) still answers the
+ * call: its caller gets TS_ESERVER at once with the reason, the server gets the error back, and
+ * the server's one place is free again, so the next call is answered.
+ */
+static void test_answer_that_cannot_be_sent(void **state)
+{
+    (void)state;
+    ts_client_t *sc = open_client(), *cc = open_client();
+    bad_server b;
+    memset(&b, 0, sizeof(b));
+    pthread_mutex_init(&b.mu, NULL);
+    tc_latch_init(&b.served);
+    ts_service_options_t o;
+    ts_service_options_init(&o);
+    o.concurrency = 1;
+    ts_service_t *svc;
+    assert_int_equal(ts_service_register(&svc, sc, "bad", &o, bad_cb, &b), 0);
+    const char *want[2] = {
+        "the service's answer could not be sent: no answer (NULL)",
+        "the service's answer could not be sent: the answer cannot be encoded: nested deeper "
+        "than 32 levels, or more than 4 GiB of keys, strings and shapes"};
+    for (int tag = 1; tag <= 2; tag++) {
+        ts_value_t *req = make_req(tag), *ans = NULL;
+        uint64_t t0 = tc_now_ms();
+        assert_int_equal(ts_call(cc, "bad", req, LONG_MS, 0, &ans), TS_ESERVER);
+        assert_true(tc_now_ms() - t0 < GONE_MS);
+        assert_string_equal(ts_last_error(), want[tag - 1]);
+        assert_null(ans);
+        pthread_mutex_lock(&b.mu);
+        assert_int_equal(b.rc[tag - 1], TS_EINVAL);
+        assert_string_equal(b.why[tag - 1], want[tag - 1] + strlen("the service's answer "
+                                                                   "could not be sent: "));
+        pthread_mutex_unlock(&b.mu);
+        /* The place is free: the next call is answered (not held behind the first). */
+        ts_value_free(req);
+        req = make_req(7);
+        assert_int_equal(ts_call(cc, "bad", req, LONG_MS, 0, &ans), 0);
+        assert_int_equal(tc_tag(ans), 7);
+        ts_value_free(ans);
+        ts_value_free(req);
+    }
+    assert_int_equal(tc_latch_get(&b.served), 4);
+    ts_service_unregister(svc);
+    ts_client_free(cc);
+    ts_client_free(sc);
+    tc_latch_destroy(&b.served);
+    pthread_mutex_destroy(&b.mu);
+}
+
 /* Bad input as raw frames: a clear error, nothing registered or called. */
 static void test_bad_input(void **state)
 {
@@ -874,6 +961,7 @@ int main(void)
         cmocka_unit_test(test_answer_after_client_free),
         cmocka_unit_test(test_erred_server),
         cmocka_unit_test(test_relayed_status),
+        cmocka_unit_test(test_answer_that_cannot_be_sent),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_register_again_after_restart),
     };
