@@ -59,7 +59,7 @@ typedef struct svc_req {
  * ms; the call's timeout for TS_TIMEOUT_INFINITE: the longest tensord accepts (24 hours, as for
  * a WAIT), after which the prediction fails with TS_ETIMEDOUT.
  */
-#define TS__SVC_MAX_TIMEOUT_MS (24 * 3600 * 1000)
+#define TS__SVC_MAX_TIMEOUT_MS ((int)TS_CALL_MAX_TIMEOUT_MS)
 
 struct ts_predictor_s {
     ts_client_t *client;

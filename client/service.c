@@ -136,17 +136,23 @@ static int check_name(const char *s, size_t *len)
  * Calling
  */
 
-/* The wire timeout of timeout_ms (positive, or TS_TIMEOUT_DEFAULT). 0 and *wire, or TS_EINVAL. */
+/*
+ * The wire timeout of timeout_ms: 1 to TS_CALL_MAX_TIMEOUT_MS, or TS_TIMEOUT_DEFAULT (the request
+ * timeout, at most TS_CALL_MAX_TIMEOUT_MS: tensord refuses longer calls). 0 and *wire, or
+ * TS_EINVAL.
+ */
 static int call_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire)
 {
     if (timeout_ms == TS_TIMEOUT_DEFAULT) {
-        *wire = (uint32_t)c->opts.request_timeout_ms;
+        uint32_t t = (uint32_t)c->opts.request_timeout_ms;
+        *wire = t > TS_CALL_MAX_TIMEOUT_MS ? TS_CALL_MAX_TIMEOUT_MS : t;
         return 0;
     }
-    if (timeout_ms <= 0)
+    if (timeout_ms <= 0 || (uint32_t)timeout_ms > TS_CALL_MAX_TIMEOUT_MS)
         return ts__fail(TS_EINVAL,
-                        "timeout_ms %d: a call needs positive milliseconds or TS_TIMEOUT_DEFAULT",
-                        timeout_ms);
+                        "timeout_ms %d: a call needs 1 to %u milliseconds (24 hours) or "
+                        "TS_TIMEOUT_DEFAULT",
+                        timeout_ms, (unsigned)TS_CALL_MAX_TIMEOUT_MS);
     *wire = (uint32_t)timeout_ms;
     return 0;
 }

@@ -36,17 +36,21 @@ extern "C" {
  */
 #define TS_CALL_WAIT 0x01u
 
+/* The longest timeout of a call, in ms: 24 hours, tensord's limit. Added in 0.7.1. */
+#define TS_CALL_MAX_TIMEOUT_MS 86400000u
+
 /*
  * Call service with request (borrowed; sent from the caller's memory) and wait for its answer:
  * *answer is the server's answer record (free it with ts_value_free). timeout_ms covers the
- * whole call, waiting for a server with room included: positive milliseconds or
- * TS_TIMEOUT_DEFAULT (the client's request timeout); 0, other negative values and
- * TS_TIMEOUT_INFINITE give TS_EINVAL. Errors: TS_ENOENT (no server serves the service, without
- * TS_CALL_WAIT), TS_ETIMEDOUT (no answer in time; a late answer is dropped), TS_ESERVICE (the
- * server holding the call disconnected or, without TS_CALL_WAIT, the last server left before the
- * call was handed to one), TS_ETOOMANY (this connection has --max-watch calls and waits
- * pending), TS_EOOM, TS_ESHUTDOWN, and any error the server answered with (ts_call_fail; its
- * message in ts_last_error()). Any thread, never from a client callback (TS_EDEADLK).
+ * whole call, waiting for a server with room included: 1 to TS_CALL_MAX_TIMEOUT_MS milliseconds,
+ * or TS_TIMEOUT_DEFAULT (the client's request timeout, at most TS_CALL_MAX_TIMEOUT_MS); 0, more
+ * than TS_CALL_MAX_TIMEOUT_MS, other negative values and TS_TIMEOUT_INFINITE give TS_EINVAL.
+ * Errors: TS_ENOENT (no server serves the service, without TS_CALL_WAIT), TS_ETIMEDOUT (no
+ * answer in time; a late answer is dropped), TS_ESERVICE (the server holding the call
+ * disconnected or, without TS_CALL_WAIT, the last server left before the call was handed to
+ * one), TS_ETOOMANY (this connection has --max-watch calls and waits pending), TS_EOOM,
+ * TS_ESHUTDOWN, and any error the server answered with (ts_call_fail; its message in
+ * ts_last_error()). Any thread, never from a client callback (TS_EDEADLK).
  * Added in 0.6.0.
  */
 TS_EXTERN int ts_call(ts_client_t *c, const char *service, const ts_value_t *request,

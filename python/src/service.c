@@ -374,12 +374,13 @@ PyObject *tsp_client_call(PyObject *client, PyObject *args, PyObject *kw)
         double t = PyFloat_AsDouble(timeout);
         if (t == -1.0 && PyErr_Occurred())
             return NULL;
-        if (!(t > 0) || t * 1000.0 > 2147483647.0) {
+        if (!(t > 0) || t * 1000.0 > (double)TS_CALL_MAX_TIMEOUT_MS) {
             /* inf included: a call always has a limit (the library refuses none). */
             PyErr_Format(PyExc_ValueError,
-                         "call: timeout must be a number of seconds above 0 and at most 2147483, "
-                         "or None (the client's request timeout), not %R: a call cannot wait "
-                         "without a limit",
+                         "call: timeout must be a number of seconds above 0 and at most 86400 "
+                         "(24 hours), or None (the client's request timeout, at most 86400), "
+                         "not %R: a call cannot wait without a limit or longer than tensord "
+                         "allows",
                          timeout);
             return NULL;
         }

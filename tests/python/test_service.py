@@ -220,6 +220,25 @@ def test_call_refuses_timeouts_without_a_limit_or_out_of_range(client, timeout):
         client.call("nobody", 1, timeout=timeout)
 
 
+@pytest.mark.parametrize("timeout", [86400.001, 1e9])
+def test_call_refuses_timeouts_past_a_day(client, timeout):
+    with pytest.raises(ValueError, match=r"at most 86400 \(24 hours\)"):
+        client.call("nobody", 1, timeout=timeout)
+
+
+def test_call_timeouts_up_to_a_day(client, tensord):
+    """86400 s is accepted, and None with a request timeout past a day calls with a day (tensord
+    refuses longer calls)."""
+    with pytest.raises(ts.BinNotFoundError):
+        client.call("nobody", 1, timeout=86400)
+    long = ts.Client(tensord.address, timeout=100000.0)
+    try:
+        with client.serve("day", lambda req: req + 1, workers=1):
+            assert long.call("day", 1) == 2
+    finally:
+        long.close()
+
+
 def test_serve_checks_concurrency_first(client):
     with pytest.raises(ValueError, match="concurrency"):
         client.serve("c0", lambda r: r, concurrency=0)

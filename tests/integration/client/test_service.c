@@ -6,8 +6,8 @@
  * calls to a service without servers (TS_ENOENT, or waiting with TS_CALL_WAIT), timeouts with the
  * late answer dropped, errors answered by the server (every status a server may send ends its
  * call only, the client's other calls and connection untouched), an answer that cannot be sent
- * (answered with an error all the same), unregistering, and bad input as raw frames (a clear
- * error that names what is wrong, and nothing changed).
+ * (answered with an error all the same), the 24-hour limit of a call's timeout, unregistering,
+ * and bad input as raw frames (a clear error that names what is wrong, and nothing changed).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -767,6 +767,46 @@ static void test_answer_that_cannot_be_sent(void **state)
     pthread_mutex_destroy(&b.mu);
 }
 
+/*
+ * A call's timeout is at most 24 hours, tensord's limit: a longer one is refused by the client
+ * at once, and TS_TIMEOUT_DEFAULT of a client whose request timeout is longer calls with 24 hours
+ * (tensord refused the request timeout as it was).
+ */
+static void test_call_timeout_limit(void **state)
+{
+    (void)state;
+    ts_client_options_t co;
+    ts_client_options_init(&co);
+    co.request_timeout_ms = 100000000; /* 27.8 hours */
+    ts_client_t *sc = open_client(), *cc = NULL;
+    assert_int_equal(ts_client_open(&cc, srv.addr, &co), 0);
+    echo_server e = {.id = 1};
+    tc_latch_init(&e.served);
+    ts_service_t *svc;
+    assert_int_equal(ts_service_register(&svc, sc, "day", NULL, echo_cb, &e), 0);
+    ts_value_t *req = make_req(5), *ans = NULL;
+    assert_int_equal(ts_call(cc, "day", req, TS_TIMEOUT_DEFAULT, 0, &ans), 0);
+    assert_int_equal(tc_tag(ans), 1005);
+    ts_value_free(ans);
+    ans = NULL;
+    assert_int_equal(ts_call(cc, "day", req, (int)TS_CALL_MAX_TIMEOUT_MS, 0, &ans), 0);
+    ts_value_free(ans);
+    ans = NULL;
+    uint64_t t0 = tc_now_ms();
+    assert_int_equal(ts_call(cc, "day", req, (int)TS_CALL_MAX_TIMEOUT_MS + 1, 0, &ans), TS_EINVAL);
+    assert_string_equal(ts_last_error(), "timeout_ms 86400001: a call needs 1 to 86400000 "
+                                         "milliseconds (24 hours) or TS_TIMEOUT_DEFAULT");
+    assert_int_equal(ts_call_async(cc, "day", req, INT32_MAX, 0, TS_COPY, NULL, NULL), TS_EINVAL);
+    assert_true(tc_now_ms() - t0 < 1000);
+    assert_null(ans);
+    assert_int_equal(tc_latch_get(&e.served), 2);
+    ts_value_free(req);
+    ts_service_unregister(svc);
+    ts_client_free(cc);
+    ts_client_free(sc);
+    tc_latch_destroy(&e.served);
+}
+
 /* Bad input as raw frames: a clear error, nothing registered or called. */
 static void test_bad_input(void **state)
 {
@@ -962,6 +1002,7 @@ int main(void)
         cmocka_unit_test(test_erred_server),
         cmocka_unit_test(test_relayed_status),
         cmocka_unit_test(test_answer_that_cannot_be_sent),
+        cmocka_unit_test(test_call_timeout_limit),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_register_again_after_restart),
     };
