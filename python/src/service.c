@@ -106,8 +106,11 @@ static void queue_fail_all(svc_queue_t *q, int err, const char *msg)
     }
 }
 
-/* Unregister (GIL released: it waits for tensord) and answer what is still queued. */
-static void handle_close(ServiceHandle *h)
+/*
+ * Unregister (GIL released: it waits for tensord), so that no call is handed to this server
+ * any more, and close the queue: next() returns None once the calls already queued are taken.
+ */
+static void handle_unregister(ServiceHandle *h)
 {
     if (h->svc != NULL) {
         ts_service_t *svc = h->svc;
@@ -120,6 +123,21 @@ static void handle_close(ServiceHandle *h)
         h->q->closed = 1;
         pthread_cond_broadcast(&h->q->cv);
         pthread_mutex_unlock(&h->q->mu);
+    }
+}
+
+static PyObject *handle_unregister_py(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    handle_unregister((ServiceHandle *)self);
+    Py_RETURN_NONE;
+}
+
+/* Unregister, and answer what is still queued (no worker will take it). */
+static void handle_close(ServiceHandle *h)
+{
+    handle_unregister(h);
+    if (h->q != NULL) {
         /* Not started, so not run: the caller may call again (ServiceGoneError). */
         queue_fail_all(h->q, TS_ESERVICE, "the server stopped serving before the call started");
     }
@@ -267,7 +285,10 @@ static PyMethodDef handle_methods[] = {
     {"reply", handle_reply, METH_VARARGS, "reply(call, answer)\n\nAnswer the call."},
     {"fail", handle_fail, METH_VARARGS,
      "fail(call, err, message)\n\nAnswer the call with error code err."},
-    {"close", handle_close_py, METH_NOARGS, "close()\n\nStop serving."},
+    {"unregister", handle_unregister_py, METH_NOARGS,
+     "unregister()\n\nStop taking calls; next() returns None once the queued ones are taken."},
+    {"close", handle_close_py, METH_NOARGS,
+     "close()\n\nStop serving; answer the calls still queued with ESERVICE."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -36,10 +36,9 @@ def _int_arg(value, what):
 class Service:
     """This client serving ``name``: ``handler(request) -> answer`` runs on ``workers`` threads.
 
-    Use as a context manager or call ``close()``: the workers finish the calls they are running,
-    then the registration ends (tensord confirms) and the calls handed to this server that no
-    worker started are answered with TS_ESERVICE (``ServiceGoneError`` for their callers; they did
-    not run). The Client stays open (its close() takes effect) until the Service is closed.
+    Use as a context manager or call ``close()``: the registration ends first (tensord confirms;
+    it hands no more calls to this server), then the workers answer every call already handed to
+    it. The Client stays open (its close() takes effect) until the Service is closed.
     """
 
     def __init__(self, client, name, handler, concurrency=64, workers=None):
@@ -54,6 +53,7 @@ class Service:
         self.name = name
         self._handler = handler
         self._stop = threading.Event()
+        self._close_lock = threading.Lock()
         self._handle = client._serve(name, concurrency)
         self._threads = [threading.Thread(target=self._run, daemon=True,
                                           name="tensorshare-service-%s-%d" % (name, i))
@@ -63,12 +63,15 @@ class Service:
 
     def _run(self):
         h = self._handle
-        while not self._stop.is_set():
+        while True:
             try:
                 got = h.next(_POLL_S)
             except Exception:  # a request that could not be converted: already answered
                 continue
             if got is None:
+                # Once stopping, the queue is closed: None means every handed call was taken.
+                if self._stop.is_set():
+                    return
                 continue
             call, request = got
             try:
@@ -94,16 +97,19 @@ class Service:
                     pass
 
     def close(self):
-        """Stop serving; return once the workers have answered the calls they held."""
-        if self._stop.is_set():
-            return
-        # The workers finish the calls they are running first; then the registration goes, the
-        # calls still queued are answered with TS_ESERVICE, and the Client may be closed.
-        self._stop.set()
-        for t in self._threads:
-            if t is not threading.current_thread():
-                t.join()
-        self._handle.close()
+        """Stop serving; return once the workers have answered the calls handed to this server."""
+        with self._close_lock:
+            if self._stop.is_set():
+                return
+            # The registration goes first, so that tensord hands new calls to the service's
+            # other servers (or keeps them waiting) rather than to this one; then the workers
+            # answer the calls already handed, and the Client may be closed.
+            self._handle.unregister()
+            self._stop.set()
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join()
+            self._handle.close()
 
     def __enter__(self):
         return self

@@ -172,7 +172,9 @@ def test_handler_raising_a_tensorshare_error_answers_with_its_code(client):
             client.call("typed", "other", timeout=WAIT_S)
 
 
-def test_close_answers_queued_calls_with_service_gone(client, tensord):
+def test_close_answers_the_calls_already_handed(client, tensord):
+    """close() ends the registration, then the workers answer every call handed to this server,
+    the ones no worker had started yet included: none fails."""
     started = threading.Event()
     release = threading.Event()
 
@@ -203,15 +205,67 @@ def test_close_answers_queued_calls_with_service_gone(client, tensord):
         time.sleep(0.1)
         release.set()
         closer.join(WAIT_S)
+        assert not closer.is_alive()
         for t in threads:
             t.join(WAIT_S)
     finally:
         release.set()
         caller.close()
-    done = [r for r in results.values() if not isinstance(r, Exception)]
-    gone = [r for r in results.values() if isinstance(r, Exception)]
-    assert len(results) == 4 and len(done) >= 1
-    assert gone and all(isinstance(e, ts.ServiceGoneError) for e in gone), gone
+    assert results == {i: i for i in range(4)}, results
+    # The registration is gone: a new call finds no server.
+    with pytest.raises(ts.BinNotFoundError):
+        client.call("queued", 9, timeout=WAIT_S)
+
+
+def test_close_while_another_server_serves_fails_no_call(client, tensord):
+    """Two servers of one name, calls flowing; closing the slow one fails no call: the calls
+    handed to it are answered by its workers, and the later ones go to the other server."""
+    a, b = ts.Client(tensord.address), ts.Client(tensord.address)
+    ran_a = []
+
+    def slow(req):
+        ran_a.append(req)
+        time.sleep(0.5)
+        return "A"
+
+    sa = a.serve("pair", slow, concurrency=16, workers=1)
+    sb = b.serve("pair", lambda req: "B", concurrency=16, workers=2)
+    results = []
+    stop = threading.Event()
+
+    def caller():
+        deadline = time.monotonic() + WAIT_S * 2
+        while not stop.is_set() and time.monotonic() < deadline:
+            try:
+                results.append(client.call("pair", 1, timeout=WAIT_S * 2))
+            except ts.Error as e:
+                results.append(e)
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        t0 = time.monotonic()
+        while len(ran_a) < 1 and time.monotonic() - t0 < WAIT_S:
+            time.sleep(0.01)
+        time.sleep(0.2)  # more calls queue at A behind the slow one
+        sa.close()
+        after = len(results)
+        time.sleep(0.5)
+        assert len(results) > after  # B answers meanwhile
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(WAIT_S * 3)
+        sa.close()
+        sb.close()
+        a.close()
+        b.close()
+    assert not any(t.is_alive() for t in threads)
+    failed = [r for r in results if isinstance(r, Exception)]
+    assert not failed, failed
+    assert ran_a and "A" in results and "B" in results
 
 
 @pytest.mark.parametrize("timeout", [float("inf"), 0, -1, float("nan"), 3e6])
