@@ -114,6 +114,11 @@ int ts__placement_parse(const char *spec, int cuda_devices, char (*devs)[TS__DEV
 #define TS__REMOTE_WAIT_MS 200
 /* ns; the pause after a failed call, while the client reconnects. */
 #define TS__REMOTE_RETRY_NS 50000000u
+/*
+ * ms; the longest a stopping server waits for its taking chain's last call to end; a call that
+ * waits for a reconnection is not waited for at all (serve.c, chain_wait).
+ */
+#define TS__REMOTE_STOP_MS 2000
 
 /* Sleep ns nanoseconds (a retry's pause; an interrupted sleep just ends early). */
 static inline void ts__remote_pause(uint64_t ns)

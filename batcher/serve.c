@@ -44,8 +44,11 @@ struct remote_server {
     ts_batcher_serve_options_t opts; /* copied at ts_batcher_serve_with */
     /* The taking chain, under mu: running, or broken and waiting for the serve thread. */
     pthread_mutex_t mu;
-    pthread_cond_t cv; /* chain_running became 0, or stop */
+    pthread_cond_t cv; /* chain_running or dispatching became 0, or stop (monotonic) */
     int chain_running, chain_broken;
+    int dispatching;        /* the chain is submitting requests it took to the batcher */
+    int abandoned;          /* stopping returned before the chain ended: it takes no request */
+    atomic_int refs;        /* the batcher's (until stopped) and the chain's while it runs */
     uint64_t after, seen;   /* the WAIT's version, and the version it last reported */
     shm_server *shm;        /* same-host slots (ts_batcher_serve_shm), or NULL */
     struct svc_server *svc; /* the service NAME, or NULL (tensord without services) */
@@ -342,6 +345,16 @@ static void dispatch_one(remote_server *rem, shared_items *items, const ts_value
 static void take_wait_done(ts_client_t *c, int status, ts_result_t *res, void *arg);
 static void take_get_done(ts_client_t *c, int status, ts_result_t *res, void *arg);
 
+static void rem_unref(remote_server *rem)
+{
+    if (atomic_fetch_sub(&rem->refs, 1) != 1)
+        return;
+    pthread_cond_destroy(&rem->cv);
+    pthread_mutex_destroy(&rem->mu);
+    sender_unref(rem->sender); /* answers still to come keep it */
+    ts__free(rem);
+}
+
 /* The chain ends (stopping) or breaks (a call failed): tell the serve thread. */
 static void take_stop(remote_server *rem, int broken)
 {
@@ -350,6 +363,7 @@ static void take_stop(remote_server *rem, int broken)
     rem->chain_broken = broken && !atomic_load(&rem->stop);
     pthread_cond_broadcast(&rem->cv);
     pthread_mutex_unlock(&rem->mu);
+    rem_unref(rem); /* the chain's */
 }
 
 /* The chain's next call: a GET when items remain in the bin, else a WAIT (any thread). */
@@ -411,20 +425,29 @@ static void take_get_done(ts_client_t *c, int status, ts_result_t *res, void *ar
     res->items = NULL; /* kept: the requests borrow their inputs from it */
     pthread_mutex_lock(&rem->mu);
     rem->after = ts_items_version(items);
+    /* Once stopping has given up on the chain, the batcher may be gone: take nothing. */
+    int gone = rem->abandoned;
+    rem->dispatching = !gone;
     pthread_mutex_unlock(&rem->mu);
     int more = ts_items_remaining(items) > 0;
-    shared_items *ri = ts__malloc(sizeof(*ri));
-    if (ri == NULL) {
+    shared_items *ri = gone ? NULL : ts__malloc(sizeof(*ri));
+    if (ri != NULL) {
+        atomic_init(&ri->refs, 1);
+        ri->items = items;
+        for (size_t i = 0; i < ts_items_count(items); i++)
+            dispatch_one(rem, ri, ts_items_at(items, i));
+        ritems_unref(ri);
+    } else {
         ts_items_free(items);
-        take_stop(rem, 1);
-        return;
     }
-    atomic_init(&ri->refs, 1);
-    ri->items = items;
-    for (size_t i = 0; i < ts_items_count(items); i++)
-        dispatch_one(rem, ri, ts_items_at(items, i));
-    ritems_unref(ri);
-    take_next(rem, more);
+    pthread_mutex_lock(&rem->mu);
+    rem->dispatching = 0;
+    pthread_cond_broadcast(&rem->cv);
+    pthread_mutex_unlock(&rem->mu);
+    if (ri == NULL)
+        take_stop(rem, !gone);
+    else
+        take_next(rem, more);
 }
 
 /*
@@ -448,6 +471,7 @@ static void *serve_main(void *arg)
             }
             rem->chain_broken = 0;
             rem->chain_running = 1;
+            atomic_fetch_add(&rem->refs, 1); /* the chain's, until take_stop */
             pthread_mutex_unlock(&rem->mu);
             take_next(rem, 0);
             pthread_mutex_lock(&rem->mu);
@@ -455,11 +479,43 @@ static void *serve_main(void *arg)
         }
         pthread_cond_wait(&rem->cv, &rem->mu);
     }
-    /* The chain sees stop at its next callback (remote_stop wakes its WAIT). */
-    while (rem->chain_running)
-        pthread_cond_wait(&rem->cv, &rem->mu);
+    /* The chain sees stop at its next callback: remote_stop waits for that (chain_wait). */
     pthread_mutex_unlock(&rem->mu);
     return NULL;
+}
+
+/*
+ * Wait for the taking chain to end. It ends at its next callback, which comes within
+ * TS__REMOTE_WAIT_MS (its WAIT's timeout; the wake-up makes it sooner) while the client is
+ * connected. A call of the chain made while the connection is down waits for the reconnection
+ * until its deadline (the client's request timeout): while the client is not connected, or after
+ * TS__REMOTE_STOP_MS, the chain is left to end by itself. Its callbacks then take no request and
+ * touch nothing but rem, which the chain's reference keeps.
+ */
+static void chain_wait(remote_server *rem)
+{
+    uint64_t until = ts__now_ns() + (uint64_t)TS__REMOTE_STOP_MS * 1000000u;
+    pthread_mutex_lock(&rem->mu);
+    for (;;) {
+        if (rem->dispatching) {
+            pthread_cond_wait(&rem->cv, &rem->mu); /* it submits what it took, then ends */
+            continue;
+        }
+        if (!rem->chain_running)
+            break;
+        pthread_mutex_unlock(&rem->mu);
+        int up = ts_client_connected(rem->client);
+        uint64_t now = ts__now_ns();
+        pthread_mutex_lock(&rem->mu);
+        if (rem->dispatching || !rem->chain_running)
+            continue;
+        if (!up || now >= until) {
+            rem->abandoned = 1;
+            break;
+        }
+        (void)ts__cond_wait_until(&rem->cv, &rem->mu, now + TS__REMOTE_RETRY_NS);
+    }
+    pthread_mutex_unlock(&rem->mu);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -768,8 +824,9 @@ static remote_server *remote_get(ts_batcher_t *b, ts_client_t *client)
         b->remote->client = client;
         b->remote_stop = remote_stop;
         atomic_init(&b->remote->stop, 0);
+        atomic_init(&b->remote->refs, 1);
         pthread_mutex_init(&b->remote->mu, NULL);
-        pthread_cond_init(&b->remote->cv, NULL);
+        ts__cond_init_monotonic(&b->remote->cv);
     }
     return b->remote->client == client ? b->remote : NULL;
 }
@@ -920,20 +977,21 @@ static void remote_stop(ts_batcher_t *b)
     pthread_cond_broadcast(&rem->cv);
     pthread_mutex_unlock(&rem->mu);
     if (rem->serving) {
-        /* Wake the taking chain's WAIT: every server of the name skips an empty map without
-           counting it as malformed. */
-        ts_value_t *wake = ts_map_new();
+        /*
+         * Wake the taking chain's WAIT: every server of the name skips an empty map without
+         * counting it as malformed. Sent without waiting for its answer, and only while
+         * connected: made while the connection is down, it would only wait for a reconnection.
+         */
+        ts_value_t *wake = ts_client_connected(rem->client) ? ts_map_new() : NULL;
         if (wake != NULL)
-            ts_append(rem->client, rem->req_bin, wake, NULL);
+            (void)ts_append_async(rem->client, rem->req_bin, wake, TS_COPY, NULL, NULL);
         ts_value_free(wake);
         pthread_join(rem->serve_th, NULL);
+        chain_wait(rem);
     }
     if (rem->following)
         pthread_join(rem->follow_th, NULL);
-    pthread_cond_destroy(&rem->cv);
-    pthread_mutex_destroy(&rem->mu);
-    sender_unref(rem->sender); /* answers still to come keep it */
-    ts__free(rem);
+    rem_unref(rem); /* the batcher's */
 }
 
 void ts_batcher_stop_remote(ts_batcher_t *b)

@@ -364,7 +364,13 @@ void ts_service_unregister(ts_service_t *s)
             if (ts__submit(c, r) != 0)
                 ts__req_free(r);
         }
-    } else if (had && ts__api_check_call(c, 1) == 0) {
+    } else if (had && atomic_load(&c->connected) && ts__api_check_call(c, 1) == 0) {
+        /*
+         * Only while connected: otherwise the registration ended with the connection, and the
+         * next one does not make it again (s is no longer in c->svcs, and ts__svc_reregister
+         * runs after connected is set), so a request would only wait for a reconnection, up to
+         * the request timeout.
+         */
         int rc;
         ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, &rc);
         if (r != NULL) {

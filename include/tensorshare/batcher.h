@@ -522,11 +522,17 @@ TS_EXTERN int ts_batcher_serve_with(ts_batcher_t *b, ts_client_t *client, const 
 TS_EXTERN int ts_batcher_follow_weights(ts_batcher_t *b, ts_client_t *client, const char *bin);
 
 /*
- * Stop serving and following (waits for those threads, at most about a wait period). The
- * service is unregistered (blocking until tensord confirms, at most the client's request
- * timeout), its calls still queued in the batcher are cancelled (their callers get
- * TS_ECANCELED) and the answers of those in a forward now are waited for: once this returns,
- * nothing uses the client any more. Added in 0.1.0. Changed in 0.6.0: the service.
+ * Stop serving and following. The service is unregistered (blocking until tensord confirms, at
+ * most the client's request timeout; at once while the client is not connected), its calls
+ * still queued in the batcher are cancelled (their callers get TS_ECANCELED) and the answers of
+ * those in a forward now are waited for. The relay's taking chain is waited for while the client
+ * is connected (about a wait period, 2 s at most); a call of it that waits for a reconnection is
+ * left to end by itself (at the reconnection, at its deadline, or when the client is freed), and
+ * takes nothing for the batcher then. The follow thread is waited for: about a wait period, or
+ * while the connection is down, until the reconnection or its wait's deadline (up to the request
+ * timeout). Once this returns, nothing makes a new call on the client (that chain call and the
+ * relay's wake-up, an append not waited for, may still be in flight): it may be freed. Added in
+ * 0.1.0. Changed in 0.6.0: the service.
  */
 TS_EXTERN void ts_batcher_stop_remote(ts_batcher_t *b);
 

@@ -4,8 +4,9 @@
  * malformed call answered TS_ESCHEMA, the relay through bins when selected, a serving process
  * killed mid-request (its predictions fail at once with TS_ESERVICE and a second server takes
  * the next), a server stopped with calls in its batcher (nothing touches the client it used
- * once ts_batcher_stop_remote returned), and a predictor freed while its calls are still out
- * (their late answers touch nothing freed).
+ * once ts_batcher_stop_remote returned), a predictor freed while its calls are still out
+ * (their late answers touch nothing freed), and a server stopped while tensord is down (it
+ * stops within seconds).
  *
  * The killed server is a child forked before this process starts any thread; every wait is
  * bounded, and the child is killed and reaped by its pid.
@@ -32,6 +33,8 @@
 #include "tensorshare/service.h"
 
 #define WAIT_MS 20000 /* ms; the limit of every wait that should end much sooner */
+/* ms; how soon a server stops while tensord is down (the request timeout is 30 s) */
+#define STOP_DOWN_MS 5000
 
 /* The model: the shared toy model with offset 1, {y = 2 x + 1}, slowed down by tb_delay_us. */
 static float g_offset = 1.0f;
@@ -404,6 +407,39 @@ static void test_predictor_free_with_calls_out(void **state)
     world_close(&w);
 }
 
+/*
+ * tensord is gone (killed) when the server stops: ts_batcher_stop_remote returns within a few
+ * seconds, not after the client's request timeout (30 s) for each of its calls (unregistering,
+ * waking the taking chain, the chain's WAIT made while the connection was down).
+ */
+static void test_stop_remote_while_tensord_down(void **state)
+{
+    (void)state;
+    world w;
+    world_open(&w);
+    assert_int_equal(ts_batcher_serve(w.b, w.t.sc, "down"), 0);
+    ts_predictor_t *p = NULL;
+    assert_int_equal(ts_predictor_open(&p, w.t.c, "down"), 0);
+    predict_equal(&w, p, 1);
+    tsh_server_kill(&w.t.srv);
+    uint64_t t0 = tb_now_ms();
+    while (ts_client_connected(w.t.sc) && tb_now_ms() - t0 < WAIT_MS)
+        tb_sleep_us(10000);
+    assert_false(ts_client_connected(w.t.sc));
+    tb_sleep_us(300000); /* the taking chain starts again: its WAIT waits for a reconnection */
+    t0 = tb_now_ms();
+    ts_batcher_stop_remote(w.b);
+    ts_predictor_free(p);
+    assert_true(tb_now_ms() - t0 < STOP_DOWN_MS);
+    /* tensord comes back: the chain's WAIT goes out and ends, touching nothing freed. */
+    assert_int_equal(tsh_server_restart(&w.t.srv, NULL), 0);
+    t0 = tb_now_ms();
+    while (!ts_client_connected(w.t.sc) && tb_now_ms() - t0 < WAIT_MS)
+        tb_sleep_us(10000);
+    tb_sleep_us(500000);
+    world_close(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -414,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_relay_when_selected),
         cmocka_unit_test(test_stop_remote_with_calls),
         cmocka_unit_test(test_predictor_free_with_calls_out),
+        cmocka_unit_test(test_stop_remote_while_tensord_down),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
