@@ -71,8 +71,9 @@ struct ts_service_s {
     uint32_t concurrency;
     ts_service_cb cb;
     void *arg;
-    int linked; /* in c->svcs (under mu) */
-    int in_cb;  /* callbacks running now (under mu) */
+    int linked;  /* in c->svcs (under mu) */
+    int leaving; /* being unregistered: still served, not registered again (under mu) */
+    int in_cb;   /* callbacks running now (under mu) */
     pthread_cond_t cb_done;
 };
 
@@ -347,13 +348,19 @@ void ts_service_unregister(ts_service_t *s)
     if (s == NULL)
         return;
     ts_client_t *c = s->c;
+    int io = ts__on_io_thread(c);
     pthread_mutex_lock(&c->mu);
-    int had = unlink_locked(s);
-    /* No callback runs once this returns (one may be running on the I/O thread now). */
-    while (s->in_cb > 0 && !ts__on_io_thread(c))
-        pthread_cond_wait(&s->cb_done, &c->mu);
+    /*
+     * Tell tensord while the registration still takes calls: a call tensord hands before it has
+     * the unregistration is this server's to answer (it was not refused). A reconnection
+     * meanwhile does not register it again.
+     */
+    int had = s->linked && !s->leaving;
+    s->leaving = 1;
+    /* Only while connected: otherwise the registration ended with the connection. */
+    int tell = had && (io || atomic_load(&c->connected));
     pthread_mutex_unlock(&c->mu);
-    if (had && ts__on_io_thread(c)) {
+    if (tell && io) {
         /* From a callback: tell tensord without waiting for its answer. */
         ts__req *r = ts__calloc(1, sizeof(*r));
         if (r != NULL) {
@@ -364,13 +371,7 @@ void ts_service_unregister(ts_service_t *s)
             if (ts__submit(c, r) != 0)
                 ts__req_free(r);
         }
-    } else if (had && atomic_load(&c->connected) && ts__api_check_call(c, 1) == 0) {
-        /*
-         * Only while connected: otherwise the registration ended with the connection, and the
-         * next one does not make it again (s is no longer in c->svcs, and ts__svc_reregister
-         * runs after connected is set), so a request would only wait for a reconnection, up to
-         * the request timeout.
-         */
+    } else if (tell && ts__api_check_call(c, 1) == 0) {
         int rc;
         ts__req *r = ts__api_req_new(c, TS__K_BLOCK, TS_OP_PING, NULL, &rc);
         if (r != NULL) {
@@ -382,7 +383,13 @@ void ts_service_unregister(ts_service_t *s)
                 ts__req_free(done);
         }
     }
-    if (had)
+    pthread_mutex_lock(&c->mu);
+    int unlinked = had && unlink_locked(s);
+    /* No callback runs once this returns (one may be running on the I/O thread now). */
+    while (s->in_cb > 0 && !io)
+        pthread_cond_wait(&s->cb_done, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    if (unlinked)
         svc_unref(s);
 }
 
@@ -601,6 +608,8 @@ void ts__svc_reregister(ts_client_t *c)
     ts__req *list = NULL;
     pthread_mutex_lock(&c->mu);
     for (ts_service_t *s = c->svcs; s != NULL; s = s->next) {
+        if (s->leaving)
+            continue; /* being unregistered: the registration ended with the connection */
         ts__req *r = ts__calloc(1, sizeof(*r));
         if (r == NULL)
             break; /* not registered on this connection: its callers wait or fail */

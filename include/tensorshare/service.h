@@ -112,11 +112,12 @@ TS_EXTERN int ts_service_register(ts_service_t **out, ts_client_t *c, const char
 /*
  * Stop serving: no new calls are handed to this server (blocks until tensord confirms, at most
  * the request timeout; at once while the client is not connected, as the registration ended with
- * the connection and is not made again); calls already handed may still be answered, and cb is not
- * called again once this returns. Frees svc once its calls are answered. NULL is a no-op. Any
- * thread, never from a client callback. ts_client_free ends the client's registrations itself and
- * releases their handles: a handle is not used after it (calls already handed stay valid: see
- * ts_call_reply). Added in 0.6.0.
+ * the connection and is not made again); the calls tensord hands until then still reach cb (they
+ * are this server's to answer, like those handed before), calls already handed may still be
+ * answered, and cb is not called again once this returns. Frees svc once its calls are answered.
+ * NULL is a no-op. Any thread, never from a client callback. ts_client_free ends the client's
+ * registrations itself and releases their handles: a handle is not used after it (calls already
+ * handed stay valid: see ts_call_reply). Added in 0.6.0.
  */
 TS_EXTERN void ts_service_unregister(ts_service_t *svc);
 

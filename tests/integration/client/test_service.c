@@ -6,8 +6,9 @@
  * calls to a service without servers (TS_ENOENT, or waiting with TS_CALL_WAIT), timeouts with the
  * late answer dropped, errors answered by the server (every status a server may send ends its
  * call only, the client's other calls and connection untouched), an answer that cannot be sent
- * (answered with an error all the same), the 24-hour limit of a call's timeout, unregistering,
- * and bad input as raw frames (a clear error that names what is wrong, and nothing changed).
+ * (answered with an error all the same), the 24-hour limit of a call's timeout, unregistering
+ * (one of two servers while calls flow: none fails), and bad input as raw frames (a clear error
+ * that names what is wrong, and nothing changed).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +18,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -681,6 +683,69 @@ static void test_relayed_status(void **state)
     tc_latch_destroy(&g.done);
 }
 
+/* Counts the outcomes of calls: done, and how many failed. */
+typedef struct flow_tally {
+    tc_latch done;
+    atomic_int failed;
+    atomic_int last_failure;
+} flow_tally;
+
+static void flow_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)res;
+    flow_tally *t = arg;
+    if (status != 0) {
+        atomic_fetch_add(&t->failed, 1);
+        atomic_store(&t->last_failure, status);
+    }
+    tc_latch_add(&t->done, 1);
+}
+
+/*
+ * One of two servers unregisters while calls keep coming: no call fails. The calls tensord
+ * hands it before it has the unregistration are still its to answer (they were refused with
+ * TS_ESERVICE), and the later ones go to the other server.
+ */
+static void test_unregister_while_calls_flow(void **state)
+{
+    (void)state;
+    enum { ROUNDS = 6, CALLS = 600, WINDOW = 32 };
+    ts_client_t *cc = open_client();
+    ts_value_t *req = make_req(3);
+    for (int round = 0; round < ROUNDS; round++) {
+        ts_client_t *s1 = open_client(), *s2 = open_client();
+        echo_server e1 = {.id = 1}, e2 = {.id = 2};
+        tc_latch_init(&e1.served);
+        tc_latch_init(&e2.served);
+        ts_service_t *v1, *v2;
+        assert_int_equal(ts_service_register(&v1, s1, "flow", NULL, echo_cb, &e1), 0);
+        assert_int_equal(ts_service_register(&v2, s2, "flow", NULL, echo_cb, &e2), 0);
+        static flow_tally t;
+        tc_latch_init(&t.done);
+        atomic_init(&t.failed, 0);
+        atomic_init(&t.last_failure, 0);
+        for (int i = 0; i < CALLS; i++) {
+            /* At most WINDOW outstanding, so that calls are in flight all along. */
+            assert_true(tc_latch_wait(&t.done, i - WINDOW + 1, LONG_MS) >= i - WINDOW + 1);
+            assert_int_equal(ts_call_async(cc, "flow", req, LONG_MS, 0, TS_COPY, flow_cb, &t), 0);
+            if (i == CALLS / 3)
+                ts_service_unregister(v1);
+        }
+        assert_int_equal(tc_latch_wait(&t.done, CALLS, LONG_MS), CALLS);
+        assert_int_equal(atomic_load(&t.failed), 0);
+        assert_true(tc_latch_get(&e1.served) > 0 && tc_latch_get(&e2.served) > 0);
+        ts_service_unregister(v2);
+        ts_client_free(s1);
+        ts_client_free(s2);
+        tc_latch_destroy(&t.done);
+        tc_latch_destroy(&e1.served);
+        tc_latch_destroy(&e2.served);
+    }
+    ts_value_free(req);
+    ts_client_free(cc);
+}
+
 /* Bad answers: tag 1 is answered NULL, tag 2 with a list nested 40 deep; others echoed. */
 typedef struct bad_server {
     pthread_mutex_t mu;
@@ -769,8 +834,8 @@ static void test_answer_that_cannot_be_sent(void **state)
 
 /*
  * A call's timeout is at most 24 hours, tensord's limit: a longer one is refused by the client
- * at once, and TS_TIMEOUT_DEFAULT of a client whose request timeout is longer calls with 24 hours
- * (tensord refused the request timeout as it was).
+ * at once, and TS_TIMEOUT_DEFAULT of a client whose request timeout is longer calls with 24
+ * hours (tensord refused the request timeout as it was).
  */
 static void test_call_timeout_limit(void **state)
 {
@@ -1001,6 +1066,7 @@ int main(void)
         cmocka_unit_test(test_answer_after_client_free),
         cmocka_unit_test(test_erred_server),
         cmocka_unit_test(test_relayed_status),
+        cmocka_unit_test(test_unregister_while_calls_flow),
         cmocka_unit_test(test_answer_that_cannot_be_sent),
         cmocka_unit_test(test_call_timeout_limit),
         cmocka_unit_test(test_bad_input),
