@@ -64,13 +64,15 @@ class Service:
     def _run(self):
         h = self._handle
         while True:
+            # Read before next(): close() closes the queue before it sets _stop, so a None from a
+            # next() called once stopping means that every call handed was taken.
+            stopping = self._stop.is_set()
             try:
                 got = h.next(_POLL_S)
             except Exception:  # a request that could not be converted: already answered
                 continue
             if got is None:
-                # Once stopping, the queue is closed: None means every handed call was taken.
-                if self._stop.is_set():
+                if stopping:
                     return
                 continue
             call, request = got
