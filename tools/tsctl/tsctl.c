@@ -906,9 +906,14 @@ static int cmd_wait(ts_client_t *c, const char *bin, const char *after_arg, int 
     return 0;
 }
 
-/* listen: notifications arrive on the client's thread; main waits for Ctrl-C or the count. */
+/*
+ * listen: notifications arrive on the client's thread; main waits for Ctrl-C or the count. Once
+ * the count is reached nothing more is printed: a burst of changes can arrive before main
+ * looks again.
+ */
 static pthread_mutex_t listen_mu = PTHREAD_MUTEX_INITIALIZER;
 static long listen_seen;
+static long listen_count = -1; /* --count; -1: no limit */
 static long listen_active;
 
 static const char *event_name(ts_event_t e)
@@ -943,7 +948,7 @@ static void on_note(ts_client_t *c, int status, const ts_notification_t *n, void
             fprintf(stderr, "tsctl: subscription ended: %s (%s)\n", ts_strerror(status),
                     ts_err_name(status));
         listen_active--;
-    } else {
+    } else if (listen_count < 0 || listen_seen < listen_count) {
         char name[ESCAPED_MAX];
         printf("%s %s change %" PRIu64 " items %" PRIu32 "%s\n", esc_name(n->bin, name),
                event_name(n->event), n->version, n->n_items, n->coalesced ? " (coalesced)" : "");
@@ -956,6 +961,9 @@ static void on_note(ts_client_t *c, int status, const ts_notification_t *n, void
 
 static int cmd_listen(ts_client_t *c, int nbins, char **bins, long count)
 {
+    pthread_mutex_lock(&listen_mu);
+    listen_count = count;
+    pthread_mutex_unlock(&listen_mu);
     for (int i = 0; i < nbins; i++) {
         int rc = ts_listen(c, bins[i], on_note, NULL);
         if (rc != 0)

@@ -255,6 +255,22 @@ static void test_npy_and_literals(void **state)
         assert_int_equal(ts__literal_parse(bad[i], &v, err, sizeof(err)), TS_EINVAL);
 }
 
+/* Wait (bounded) until the server counts n listeners. The last count seen, -1 on an error. */
+static int64_t wait_listeners(ts_client_t *c, int64_t n)
+{
+    int64_t listeners = -1;
+    for (int i = 0; i < 1000 && listeners != n; i++) {
+        ts_value_t *stats;
+        if (ts_stats(c, &stats) != 0)
+            return -1;
+        ts_map_get_int(stats, "listeners", &listeners);
+        ts_value_free(stats);
+        if (listeners != n)
+            tc_sleep_ms(10);
+    }
+    return listeners;
+}
+
 static void test_tsctl_commands(void **state)
 {
     (void)state;
@@ -304,16 +320,7 @@ static void test_tsctl_commands(void **state)
         (const char *const[]){tsctl, "--port", port_arg, "listen", "lb", "--count", "2", NULL});
     ts_client_t *c;
     assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
-    int64_t listeners = 0;
-    for (int i = 0; i < 1000 && listeners < 1; i++) {
-        ts_value_t *stats;
-        assert_int_equal(ts_stats(c, &stats), 0);
-        ts_map_get_int(stats, "listeners", &listeners);
-        ts_value_free(stats);
-        if (listeners < 1)
-            tc_sleep_ms(10);
-    }
-    assert_int_equal(listeners, 1);
+    assert_int_equal(wait_listeners(c, 1), 1);
     ts_value_t *one = ts_int_new(1);
     assert_int_equal(ts_put(c, "lb", one, NULL), 0);
     assert_int_equal(ts_append(c, "lb", one, NULL), 0);
@@ -335,6 +342,28 @@ static void test_tsctl_commands(void **state)
     assert_int_equal(run((const char *const[]){tsctl, "--help", NULL}), 0);
     unlink(npy);
     unlink(got);
+}
+
+/* listen --count N prints N changes and no more, even when many arrive at once. */
+static void test_tsctl_listen_count(void **state)
+{
+    (void)state;
+    ts_client_t *c;
+    assert_int_equal(ts_client_open(&c, srv.addr, NULL), 0);
+    assert_int_equal(wait_listeners(c, 0), 0); /* an earlier test's listener has gone */
+    child ch = spawn(
+        (const char *const[]){tsctl, "--port", port_arg, "listen", "burst", "--count", "1", NULL});
+    assert_int_equal(wait_listeners(c, 1), 1);
+    /* Twenty changes pipelined on one connection: their notifications come in one burst. */
+    ts_value_t *one = ts_int_new(1);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(ts_put_async(c, "burst", one, TS_COPY, NULL, NULL), 0);
+    ts_value_free(one);
+    assert_int_equal(ts_ping(c), 0);
+    assert_int_equal(reap(ch, 30000), 0);
+    assert_int_equal(output_count("burst put change"), 1);
+    assert_int_equal(ts_delete(c, "burst", NULL), 0);
+    ts_client_free(c);
 }
 
 /* get --out takes nothing when the output cannot be written: the items stay in the bin. */
@@ -674,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_quickstart),
         cmocka_unit_test(test_npy_and_literals),
         cmocka_unit_test(test_tsctl_commands),
+        cmocka_unit_test(test_tsctl_listen_count),
         cmocka_unit_test(test_tsctl_get_out_keeps_items),
         cmocka_unit_test(test_tsctl_options),
         cmocka_unit_test(test_tsctl_list_escapes),
