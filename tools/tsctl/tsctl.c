@@ -582,13 +582,21 @@ static int cmd_stats_watch(ts_client_t *c, double interval, long count)
     sample prev, cur;
     int have_prev = 0, status = 0;
     double start = now_s();
+    long tick = 0; /* samples are taken at start + tick * interval */
     for (long n = 0; (count < 0 || n < count) && !interrupted; n++) {
         if (n > 0)
-            sleep_until(start + (double)n * interval);
+            sleep_until(start + (double)tick * interval);
         if (interrupted)
             break;
         ts_value_t *stats;
         int rc = ts_stats(c, &stats);
+        /*
+         * The next tick at least half an interval from now. Ticks a slow STATS (a paused server,
+         * a reconnection) let pass are skipped rather than caught up: back to back, they would
+         * give rates over a few microseconds.
+         */
+        long next = (long)((now_s() - start) / interval + 0.5) + 1; /* (long) floors: >= 0 */
+        tick = next > tick + 1 ? next : tick + 1;
         if (rc != 0) {
             /* The client reconnects by itself: report, and try again at the next tick. */
             status = report("stats", rc);

@@ -683,6 +683,42 @@ static void test_tsctl_stats_watch(void **state)
     assert_true(output_has("'0'"));
 }
 
+/*
+ * stats --watch after a STATS that took several intervals (the server paused): the ticks it let
+ * pass are skipped, not printed back to back with rates over microseconds.
+ */
+static void test_tsctl_stats_watch_pause(void **state)
+{
+    (void)state;
+    child ch = spawn((const char *const[]){tsctl, "--port", port_arg, "stats", "--watch", "0.2",
+                                           "--count", "8", NULL});
+    tc_sleep_ms(500);
+    kill(srv.pid, SIGSTOP);
+    tc_sleep_ms(1200);
+    kill(srv.pid, SIGCONT);
+    assert_int_equal(reap(ch, 30000), 0);
+    FILE *f = fopen(out_path, "r");
+    assert_non_null(f);
+    char line[512];
+    double prev_at = -1;
+    int samples = 0;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        double at, ops_rate;
+        long long ops;
+        int got = sscanf(line, "%lf %lld %lf", &at, &ops, &ops_rate);
+        if (got < 2)
+            continue; /* the header */
+        samples++;
+        if (prev_at >= 0)
+            assert_true(at - prev_at >= 0.1); /* half an interval at least */
+        if (got == 3)
+            assert_true(ops_rate < 1000.0); /* a few STATS a second */
+        prev_at = at;
+    }
+    fclose(f);
+    assert_int_equal(samples, 8);
+}
+
 /* Every example prints its usage on --help (exit 0) and on a bad argument (exit 2). */
 static void test_examples_usage(void **state)
 {
@@ -711,6 +747,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tsctl_auth_errors, auth_setup, aux_teardown),
         cmocka_unit_test_setup_teardown(test_tsctl_server_reason, full_setup, aux_teardown),
         cmocka_unit_test(test_tsctl_stats_watch),
+        cmocka_unit_test(test_tsctl_stats_watch_pause),
         cmocka_unit_test(test_examples_usage),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
