@@ -65,9 +65,9 @@ static const char usage_text[] =
     "                              temporary file beside FILE and checks that the first item\n"
     "                              holds a tensor NumPy can store; FILE then appears whole or\n"
     "                              not at all (written, synced, renamed). If writing still fails\n"
-    "                              once the items are taken (a full disk, or another client\n"
-    "                              changed the bin in between), tsctl appends them back to the\n"
-    "                              end of BIN and exits 1.\n"
+    "                              once the items are taken (a full disk, a file size limit,\n"
+    "                              or another client changed the bin in between), tsctl\n"
+    "                              appends them back to the end of BIN and exits 1.\n"
     "  delete BIN                  remove BIN\n"
     "  wait BIN [CHANGE]           wait until BIN's change counter passes CHANGE (default: the\n"
     "                              current one, i.e. the next change); --timeout MS bounds it\n"
@@ -1251,6 +1251,11 @@ static void auth_hint(const char *token_file, const char *tls_ca, const char *wh
 
 int main(int argc, char **argv)
 {
+    /*
+     * A write past the file size limit fails with EFBIG instead of killing tsctl, so that get
+     * --out can put the items it took back and remove its temporary file.
+     */
+    signal(SIGXFSZ, SIG_IGN);
     args_t a;
     int status = parse_args(argc, argv, &a);
     if (status >= 0) {
