@@ -84,7 +84,8 @@ static const char usage_text[] =
     "                        H1:P1,H2:P2,... or cluster:MAPFILE (docs/CLUSTER.md, TLS.md)\n"
     "      --tls-ca FILE     (tls://) the CA the server's certificate must chain to (PEM);\n"
     "                        without it TS_TLS_CA, else the system's store\n"
-    "  -t, --timeout MS      request timeout; for wait, how long to wait\n"
+    "  -t, --timeout MS      limit of connecting (each attempt) and of each request\n"
+    "                        [5000 and 30000]; for wait, also how long to wait\n"
     "  -T, --token-file F    read the server's token from F (trailing whitespace ignored);\n"
     "                        without it the token comes from TS_AUTH_TOKEN, if set\n"
     "  -o, --out FILE.npy    (get, peek) save the first tensor\n"
@@ -1271,8 +1272,10 @@ int main(int argc, char **argv)
         snprintf(address, sizeof(address), "%s:%ld", a.host, a.port);
     ts_client_options_t opts;
     ts_client_options_init(&opts);
-    if (a.timeout_ms > 0)
+    if (a.timeout_ms > 0) {
+        opts.connect_timeout_ms = a.timeout_ms; /* a server that does not answer: about -t */
         opts.request_timeout_ms = a.timeout_ms;
+    }
     opts.tls_ca_file = a.tls_ca; /* NULL: TS_TLS_CA, else the system's store */
     static char token[4096];
     if (a.token_file != NULL) {

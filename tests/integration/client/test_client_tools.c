@@ -725,6 +725,27 @@ static void test_tsctl_stats_watch_pause(void **state)
     assert_int_equal(samples, 8);
 }
 
+/* --timeout bounds connecting too: a server that does not answer ends tsctl within about it. */
+static void test_tsctl_timeout_connect(void **state)
+{
+    (void)state;
+    kill(srv.pid, SIGSTOP); /* the kernel still accepts the connection; the handshake waits */
+    uint64_t t0 = tc_now_ms();
+    int ping_rc = TSCTL("-t", "500", "ping");
+    uint64_t ping_ms = tc_now_ms() - t0;
+    int ping_said = output_has("timed out");
+    t0 = tc_now_ms();
+    int wait_rc = TSCTL("-t", "800", "wait", "b");
+    uint64_t wait_ms = tc_now_ms() - t0;
+    kill(srv.pid, SIGCONT);
+    assert_int_equal(ping_rc, 3);
+    assert_true(ping_said);
+    assert_true(ping_ms < 3000); /* the library's own connect limit is 5000 */
+    assert_int_equal(wait_rc, 3);
+    assert_true(wait_ms < 3000);
+    assert_int_equal(TSCTL("ping"), 0);
+}
+
 /* Every example prints its usage on --help (exit 0) and on a bad argument (exit 2). */
 static void test_examples_usage(void **state)
 {
@@ -754,6 +775,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tsctl_server_reason, full_setup, aux_teardown),
         cmocka_unit_test(test_tsctl_stats_watch),
         cmocka_unit_test(test_tsctl_stats_watch_pause),
+        cmocka_unit_test(test_tsctl_timeout_connect),
         cmocka_unit_test(test_examples_usage),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
