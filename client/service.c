@@ -158,6 +158,12 @@ static int call_timeout(const ts_client_t *c, int timeout_ms, uint32_t *wire)
     return 0;
 }
 
+/*
+ * How long past a call's timeout the client still waits for tensord's answer (its TIMEOUT, or the
+ * server's answer that crossed it) before it gives up itself.
+ */
+#define TS__CALL_GRACE_MS 100u
+
 /* The SVC_CALL request (kind, record attached per copy_flags), or NULL and *rc. */
 static ts__req *call_req(ts_client_t *c, int kind, const char *service, const ts_value_t *request,
                          int timeout_ms, unsigned flags, unsigned copy_flags, int *rc)
@@ -181,9 +187,11 @@ static ts__req *call_req(ts_client_t *c, int kind, const char *service, const ts
         *rc = ts__fail(*rc, "the request cannot be encoded: %s", ts__record_plan_why(*rc));
         return NULL;
     }
-    /* tensord answers by the call's timeout; the request timeout is the margin past it. */
-    r->deadline_ns =
-        ts__now_ns() + ((uint64_t)wire + (uint64_t)c->opts.request_timeout_ms) * 1000000u;
+    /*
+     * tensord answers by the call's timeout; the client gives up TS__CALL_GRACE_MS after it
+     * (tensord paused or unreachable), so the call ends within its timeout and the grace.
+     */
+    r->deadline_ns = ts__now_ns() + ((uint64_t)wire + TS__CALL_GRACE_MS) * 1000000u;
     return r;
 }
 

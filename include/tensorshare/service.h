@@ -42,8 +42,11 @@ extern "C" {
 /*
  * Call service with request (borrowed; sent from the caller's memory) and wait for its answer:
  * *answer is the server's answer record (free it with ts_value_free). timeout_ms covers the
- * whole call, waiting for a server with room included: 1 to TS_CALL_MAX_TIMEOUT_MS milliseconds,
- * or TS_TIMEOUT_DEFAULT (the client's request timeout, at most TS_CALL_MAX_TIMEOUT_MS); 0, more
+ * whole call, waiting for a server with room included (tensord answers TS_ETIMEDOUT at it; when
+ * tensord itself does not answer, paused or unreachable, the client gives up 100 ms later with
+ * TS_ETIMEDOUT; changed in 0.7.2: it waited the request timeout more): 1 to
+ * TS_CALL_MAX_TIMEOUT_MS milliseconds, or TS_TIMEOUT_DEFAULT (the client's request timeout, at
+ * most TS_CALL_MAX_TIMEOUT_MS); 0, more
  * than TS_CALL_MAX_TIMEOUT_MS, other negative values and TS_TIMEOUT_INFINITE give TS_EINVAL.
  * Errors: TS_ENOENT (no server serves the service, without TS_CALL_WAIT), TS_ETIMEDOUT (no
  * answer in time; a late answer is dropped), TS_ESERVICE (the server holding the call

@@ -872,6 +872,34 @@ static void test_call_timeout_limit(void **state)
     tc_latch_destroy(&e.served);
 }
 
+/*
+ * A call ends within its timeout and 100 ms even when tensord does not answer (stopped), not
+ * after the client's request timeout more; the client works again once tensord resumes.
+ */
+static void test_call_timeout_when_tensord_is_stopped(void **state)
+{
+    (void)state;
+    ts_client_options_t co;
+    ts_client_options_init(&co);
+    co.request_timeout_ms = 5000;
+    ts_client_t *cc = NULL;
+    assert_int_equal(ts_client_open(&cc, srv.addr, &co), 0);
+    ts_value_t *req = make_req(3), *ans = NULL;
+    assert_int_equal(kill(srv.pid, SIGSTOP), 0);
+    uint64_t t0 = tc_now_ms();
+    int rc = ts_call(cc, "stopped", req, 300, 0, &ans);
+    uint64_t el = tc_now_ms() - t0;
+    assert_int_equal(kill(srv.pid, SIGCONT), 0);
+    assert_int_equal(rc, TS_ETIMEDOUT);
+    assert_null(ans);
+    assert_true(el >= 250 && el < 2000);
+    /* Resumed: tensord's late answer (nobody serves "stopped") is dropped; the client goes on. */
+    assert_int_equal(ts_ping(cc), 0);
+    assert_int_equal(ts_call(cc, "stopped", req, 300, 0, &ans), TS_ENOENT);
+    ts_value_free(req);
+    ts_client_free(cc);
+}
+
 /* Bad input as raw frames: a clear error, nothing registered or called. */
 static void test_bad_input(void **state)
 {
@@ -1069,6 +1097,7 @@ int main(void)
         cmocka_unit_test(test_unregister_while_calls_flow),
         cmocka_unit_test(test_answer_that_cannot_be_sent),
         cmocka_unit_test(test_call_timeout_limit),
+        cmocka_unit_test(test_call_timeout_when_tensord_is_stopped),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_register_again_after_restart),
     };
