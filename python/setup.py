@@ -56,7 +56,7 @@ sources = sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, 
 
 setup(
     name="tensorshare",
-    version="0.7.1",
+    version="0.7.2",
     description="Share tensors between programs through the tensord daemon",
     license="MIT",
     packages=["tensorshare"],

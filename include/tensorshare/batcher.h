@@ -531,8 +531,8 @@ TS_EXTERN int ts_batcher_follow_weights(ts_batcher_t *b, ts_client_t *client, co
  * takes nothing for the batcher then. The follow thread is waited for: about a wait period, or
  * while the connection is down, until the reconnection or its wait's deadline (up to the request
  * timeout). Once this returns, nothing makes a new call on the client (that chain call and the
- * relay's wake-up, an append not waited for, may still be in flight): it may be freed. Added in
- * 0.1.0. Changed in 0.6.0: the service.
+ * relay's wake-up, an append not waited for, may still be in flight): it may be freed.
+ * Added in 0.1.0. Changed in 0.6.0: the service. Changed in 0.7.2: quick while tensord is down.
  */
 TS_EXTERN void ts_batcher_stop_remote(ts_batcher_t *b);
 

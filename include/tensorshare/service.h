@@ -36,7 +36,7 @@ extern "C" {
  */
 #define TS_CALL_WAIT 0x01u
 
-/* The longest timeout of a call, in ms: 24 hours, tensord's limit. Added in 0.7.1. */
+/* The longest timeout of a call, in ms: 24 hours, tensord's limit. Added in 0.7.2. */
 #define TS_CALL_MAX_TIMEOUT_MS 86400000u
 
 /*
@@ -44,7 +44,7 @@ extern "C" {
  * *answer is the server's answer record (free it with ts_value_free). timeout_ms covers the
  * whole call, waiting for a server with room included (tensord answers TS_ETIMEDOUT at it; when
  * tensord itself does not answer, paused or unreachable, the client gives up 100 ms later with
- * TS_ETIMEDOUT; changed in 0.7.2: it waited the request timeout more): 1 to
+ * TS_ETIMEDOUT; Changed in 0.7.2: it waited the request timeout more): 1 to
  * TS_CALL_MAX_TIMEOUT_MS milliseconds, or TS_TIMEOUT_DEFAULT (the client's request timeout, at
  * most TS_CALL_MAX_TIMEOUT_MS); 0, more
  * than TS_CALL_MAX_TIMEOUT_MS, other negative values and TS_TIMEOUT_INFINITE give TS_EINVAL.

@@ -8,8 +8,8 @@
  */
 #define TS_VERSION_MAJOR  0
 #define TS_VERSION_MINOR  7
-#define TS_VERSION_PATCH  1
-#define TS_VERSION_STRING "0.7.1"
+#define TS_VERSION_PATCH  2
+#define TS_VERSION_STRING "0.7.2"
 /* 0xMMmmpp: compare with >= to require a version. Added in 0.1.0. */
 #define TS_VERSION_HEX ((TS_VERSION_MAJOR << 16) | (TS_VERSION_MINOR << 8) | TS_VERSION_PATCH)
 
