@@ -132,9 +132,6 @@ static void keep_message(const ts__req *r)
         ts__set_last_error(NULL, 0);
 }
 
-/* What ts_last_error() says when a blocking call gives up waiting for its reply. */
-#define NO_REPLY_MSG "no reply within the request timeout"
-
 /*
  * A blocking caller is done with c (mu held): after mu is released, c is never touched again,
  * so a ts_client_free running on another thread may then free it (see client_destroy).
@@ -162,7 +159,7 @@ static int wait_done(ts_client_t *c, ts__req *r, int self_read, int *gone)
         pthread_mutex_lock(&c->mu);
         leave_client_locked(c);
         pthread_mutex_unlock(&c->mu);
-        ts_set_last_error(NO_REPLY_MSG);
+        ts_set_last_error(TS__NO_REPLY_MSG);
         return TS_ETIMEDOUT; /* r is the caller's again */
     }
     pthread_mutex_lock(&c->mu);
@@ -178,7 +175,7 @@ static int wait_done(ts_client_t *c, ts__req *r, int self_read, int *gone)
         if (ts__direct_withdraw_locked(c, r)) {
             leave_client_locked(c);
             pthread_mutex_unlock(&c->mu);
-            ts_set_last_error(NO_REPLY_MSG);
+            ts_set_last_error(TS__NO_REPLY_MSG);
             return TS_ETIMEDOUT; /* a late reply finds no request and is dropped */
         }
         if (!direct)
@@ -214,7 +211,7 @@ static int wait_done(ts_client_t *c, ts__req *r, int self_read, int *gone)
         leave_client_locked(c);
         pthread_mutex_unlock(&c->mu);
         ts__sub_unref(drop);
-        ts_set_last_error(NO_REPLY_MSG);
+        ts_set_last_error(TS__NO_REPLY_MSG);
         return TS_ETIMEDOUT;
     }
     leave_client_locked(c);

@@ -254,10 +254,17 @@ static void tick_cb(uv_timer_t *t)
         }
     }
     c->waitq_tail = last;
-    while (expired != NULL) {
-        ts__req *r = expired;
-        expired = r->next;
-        ts__req_finish(c, r, TS_ETIMEDOUT);
+    if (expired != NULL) {
+        /* They waited for a connection in vain: say why there is none, when the client knows. */
+        char why[sizeof(c->down_msg) + 64];
+        snprintf(why, sizeof(why), TS__NO_CONN_MSG_PREFIX "%s" TS__NO_CONN_MSG_SUFFIX,
+                 c->down_msg[0] != '\0' ? c->down_msg : c->address);
+        while (expired != NULL) {
+            ts__req *r = expired;
+            expired = r->next;
+            ts__req_set_msg(r, why);
+            ts__req_finish(c, r, TS_ETIMEDOUT);
+        }
     }
 
     /*
@@ -281,6 +288,7 @@ static void tick_cb(uv_timer_t *t)
                 continue;
             /* A frame still being written cannot be withdrawn: the connection has to go. */
             cut |= r->wstate != TS__W_NONE;
+            ts__req_set_msg(r, TS__NO_REPLY_MSG);
             ts__req_complete(c, r, TS_ETIMEDOUT);
         }
         if (k < TS__ARRAY_SIZE(ids))

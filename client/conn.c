@@ -125,6 +125,8 @@ void ts__conn_fail_reason(ts_client_t *c, ts__conn *conn, int err, const char *m
             ts__conn_close(conn);
         return;
     }
+    snprintf(c->down_msg, sizeof(c->down_msg), "%s: %s", c->address,
+             msg != NULL ? msg : ts_strerror(err));
     ts__req *dlist = ts__direct_stop(c); /* before the descriptor closes */
     if (conn != NULL)
         ts__conn_close(conn);
@@ -244,6 +246,7 @@ static void go_ready(ts_client_t *c)
     c->state = TS__ST_READY;
     uv_timer_stop(&c->retry);
     c->backoff_ms = c->opts.reconnect_min_ms;
+    c->down_msg[0] = '\0';
     atomic_store(&c->connected, 1);
     if (!c->ever_ready) {
         c->ever_ready = 1;

@@ -461,6 +461,11 @@ struct ts_client_s {
     ts__conn *conn;
     int state;
     int ever_ready;
+    /*
+     * "ADDRESS: reason" of the last failed connection or attempt ("" once connected again): what
+     * a request that waited in vain for the connection says (tick_cb).
+     */
+    char down_msg[320];
     int free_on_exit; /* freed by the I/O thread itself (ts_client_free from a callback) */
     int backoff_ms;
     unsigned gen; /* bumps with every connection attempt */

@@ -19,6 +19,14 @@
 #define TS__ALIGN 64 /* bytes; tensor data alignment inside records and receive buffers */
 /* TS_MAX_DEPTH and TS_MAX_NAME_LEN are public (tensorshare.h). */
 
+/*
+ * The messages of the client's own timeouts (ts_last_error_no_reply): a request whose deadline
+ * passed with no reply, and one that waited in vain for a connection ("PREFIX reason SUFFIX").
+ */
+#define TS__NO_REPLY_MSG       "no reply within the request timeout"
+#define TS__NO_CONN_MSG_PREFIX "no connection to tensord ("
+#define TS__NO_CONN_MSG_SUFFIX ") within the request timeout"
+
 #define TS__ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 static inline size_t ts__align_up(size_t n, size_t a)

@@ -17,6 +17,23 @@ const char *ts_last_error(void)
     return tls_message;
 }
 
+/*
+ * The message itself tells (not a flag beside it): every access then goes through the exported
+ * ts_last_error(), so a process that holds two copies of this file (a test program that links
+ * the static core beside libtensorshare.so) still sees one message and one answer.
+ */
+int ts_last_error_no_reply(void)
+{
+    const char *m = ts_last_error();
+    if (strcmp(m, TS__NO_REPLY_MSG) == 0)
+        return 1;
+    size_t len = strlen(m);
+    size_t pre = strlen(TS__NO_CONN_MSG_PREFIX);
+    size_t post = strlen(TS__NO_CONN_MSG_SUFFIX);
+    return len > pre + post && strncmp(m, TS__NO_CONN_MSG_PREFIX, pre) == 0 &&
+           strcmp(m + len - post, TS__NO_CONN_MSG_SUFFIX) == 0;
+}
+
 void ts_set_last_error(const char *message)
 {
     if (message == NULL) {

@@ -144,6 +144,20 @@ TS_EXTERN const char *ts_last_error(void);
  */
 TS_EXTERN void ts_set_last_error(const char *message);
 
+/*
+ * Whether the calling thread's message is that of a request the client gave up on at its
+ * deadline because tensord did not answer: 1 for "no reply within the request timeout" (tensord
+ * stopped, paused or too slow) and "no connection to tensord (ADDRESS: REASON) within the
+ * request timeout" (the request waited in vain for the connection; REASON is why the last
+ * connection or attempt failed, ADDRESS alone when the client knows no reason); 0 for any other
+ * message, such as that of a TIMEOUT tensord answered (a wait, take or stream read whose time
+ * ran out on the server). The answer is the message's, so it lasts as long as the message does,
+ * also through the helpers (rl.h, stream.h) that pass such a failure on. Read it right after a
+ * TS_ETIMEDOUT to tell "tensord said nothing came" from "tensord did not answer". Any thread.
+ * Added in 0.7.1.
+ */
+TS_EXTERN int ts_last_error_no_reply(void);
+
 /* ---------------------------------------------------------------------------------------------
  * Timeouts
  *

@@ -148,6 +148,31 @@ static void test_connect_timeout(void **state)
     close(fd);
 }
 
+/* An asynchronous request's status, message and no-reply mark, as its callback saw them. */
+typedef struct msg_cb {
+    tc_latch done;
+    int status;
+    int no_reply;
+    char msg[TS_MAX_ERROR_LEN + 1];
+} msg_cb;
+
+static void msg_cb_init(msg_cb *m)
+{
+    memset(m, 0, sizeof(*m));
+    tc_latch_init(&m->done);
+}
+
+static void msg_status_cb(ts_client_t *c, int status, ts_result_t *res, void *arg)
+{
+    (void)c;
+    (void)res;
+    msg_cb *m = arg;
+    m->status = status;
+    m->no_reply = ts_last_error_no_reply();
+    snprintf(m->msg, sizeof(m->msg), "%s", ts_last_error());
+    tc_latch_add(&m->done, 1);
+}
+
 /* A stopped server: requests time out; the replies that come later are dropped safely. */
 static void test_request_timeouts_and_late_replies(void **state)
 {
@@ -167,12 +192,27 @@ static void test_request_timeouts_and_late_replies(void **state)
     assert_int_equal(ts_ping(c), TS_ETIMEDOUT);
     uint64_t el = tc_now_ms() - t0;
     assert_true(el >= 350 && el < 10000);
+    /* The client's own timeout says that the server did not answer, and is marked so. */
+    assert_string_equal(ts_last_error(), "no reply within the request timeout");
+    assert_int_equal(ts_last_error_no_reply(), 1);
     ts_items_t *items = NULL;
     assert_int_equal(ts_get(c, "late", 0, &items), TS_ETIMEDOUT); /* the server will do it */
     assert_null(items);
     uint64_t v = 5;
     assert_int_equal(ts_wait(c, "late", 0, 100, &v, NULL), TS_ETIMEDOUT);
     assert_int_equal(v, 5); /* no answer at all: untouched */
+    assert_int_equal(ts_last_error_no_reply(), 1);
+    /* An asynchronous request's callback reads the same message. */
+    msg_cb m;
+    msg_cb_init(&m);
+    assert_int_equal(ts_ping_async(c, msg_status_cb, &m), 0);
+    assert_int_equal(tc_latch_wait(&m.done, 1, TC_WAIT_MS), 1);
+    assert_int_equal(m.status, TS_ETIMEDOUT);
+    assert_string_equal(m.msg, "no reply within the request timeout");
+    assert_int_equal(m.no_reply, 1);
+    tc_latch_destroy(&m.done);
+    ts_set_last_error("something else"); /* a new message clears the mark */
+    assert_int_equal(ts_last_error_no_reply(), 0);
     kill(s.pid, SIGCONT);
 
     /* The late replies (ping, get, wait) arrive now and must not confuse later requests. */
@@ -185,6 +225,9 @@ static void test_request_timeouts_and_late_replies(void **state)
     assert_true(tc_check_vec(ts_items_at(items, 0), 3, 7));
     ts_items_free(items);
     assert_int_equal(ts_client_connected(c), 1);
+    /* A TIMEOUT that the server answered is not the client's own. */
+    assert_int_equal(ts_wait(c, "late", UINT64_MAX - 1, 50, &v, NULL), TS_ETIMEDOUT);
+    assert_int_equal(ts_last_error_no_reply(), 0);
     ts_client_free(c);
     ts_value_free(it);
     ts_value_free(it2);
@@ -266,13 +309,23 @@ static void test_requests_wait_for_reconnect(void **state)
     assert_int_equal(ts_ping(c), TS_ETIMEDOUT);
     uint64_t el = tc_now_ms() - t0;
     assert_true(el >= 250 && el < 10000);
-    tc_latch ping2;
-    tc_latch_init(&ping2);
-    assert_int_equal(ts_ping_async(c, async_status_cb, &ping2), 0);
-    assert_int_equal(tc_latch_wait(&ping2, 1, TC_WAIT_MS), 1000 - TS_ETIMEDOUT);
+    /* They say why there is no connection: the last attempt's failure, with the address. */
+    char want[TS_MAX_ERROR_LEN + 1];
+    snprintf(want, sizeof(want),
+             "no connection to tensord (%s: connection refused) within the request timeout",
+             s.addr);
+    assert_string_equal(ts_last_error(), want);
+    assert_int_equal(ts_last_error_no_reply(), 1);
+    msg_cb m;
+    msg_cb_init(&m);
+    assert_int_equal(ts_ping_async(c, msg_status_cb, &m), 0);
+    assert_int_equal(tc_latch_wait(&m.done, 1, TC_WAIT_MS), 1);
+    assert_int_equal(m.status, TS_ETIMEDOUT);
+    assert_string_equal(m.msg, want);
+    assert_int_equal(m.no_reply, 1);
+    tc_latch_destroy(&m.done);
     ts_client_free(c);
     tc_latch_destroy(&ping);
-    tc_latch_destroy(&ping2);
     ts_value_free(it);
     tsh_server_cleanup(&s);
 }
