@@ -787,14 +787,23 @@ static PyObject *client_wait(PyObject *obj, PyObject *const *args, Py_ssize_t na
      * Ask once without waiting first: it answers at once when the bin has moved on already
      * (and for timeout 0), and it is how a call from a callback on this client's I/O thread
      * learns that it would wait for itself (TS_EDEADLK), which the condition variable below
-     * could not tell.
+     * could not tell. When tensord did not answer it (the client's own timeout), the call ends
+     * with that: a second request would add another request timeout to the promised bound
+     * (timeout plus one request timeout). The wait below gets what is left of the timeout.
      */
     uint64_t now_version = 0;
     uint32_t now_items = 0;
     int rc;
+    int no_reply = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     Py_BEGIN_ALLOW_THREADS rc = ts_wait(c, bin, (uint64_t)after, 0, &now_version, &now_items);
-    Py_END_ALLOW_THREADS if (rc != TS_ETIMEDOUT || timeout_ms == 0)
-    {
+    no_reply = rc == TS_ETIMEDOUT && ts_last_error_no_reply();
+    Py_END_ALLOW_THREADS clock_gettime(CLOCK_MONOTONIC, &t1);
+    int64_t took_ms = (int64_t)(t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    if (timeout_ms > 0 && rc == TS_ETIMEDOUT && !no_reply)
+        timeout_ms = took_ms >= timeout_ms ? 0 : timeout_ms - (int)took_ms;
+    if (rc != TS_ETIMEDOUT || timeout_ms == 0 || no_reply) {
         PyObject *r = rc == 0 ? Py_BuildValue("(KI)", (unsigned long long)now_version,
                                               (unsigned int)now_items)
                               : tsp_raise(rc);

@@ -61,6 +61,48 @@ def test_wait_times_out_with_timeout_error(client):
     assert 0.15 < time.monotonic() - t0 < PATIENCE_S
 
 
+def test_wait_on_a_stopped_tensord_ends_within_timeout_plus_request_timeout(tensord):
+    """tensorshare.h: a wait's reply is awaited for its timeout plus the request timeout. wait()
+    asks once without waiting first; when tensord does not answer that, the call ends there (it
+    took two request timeouts on top before), saying that no reply came."""
+    import signal
+
+    c = tensorshare.Client(tensord.address, timeout=1.0)
+    v = c.put("w", 1)
+    os.kill(tensord.proc.pid, signal.SIGSTOP)
+    try:
+        for call in (lambda: c.wait("w", v, timeout=0.5), lambda: c.wait("w", v, timeout=0)):
+            t0 = time.monotonic()
+            with pytest.raises(tensorshare.TimeoutError,
+                               match="^no reply within the request timeout$"):
+                call()
+            took = time.monotonic() - t0
+            assert 0.9 < took < 0.5 + 1.0 + 0.4
+    finally:
+        os.kill(tensord.proc.pid, signal.SIGCONT)
+    # Running again: the wait is tensord's, as before.
+    with pytest.raises(tensorshare.TimeoutError, match="^timed out$"):
+        c.wait("w", v, timeout=0.1)
+    c.close()
+
+
+def test_calls_while_tensord_is_down_say_why(tensord):
+    c = tensorshare.Client(tensord.address, timeout=0.5)
+    tensord.stop()
+    deadline = time.monotonic() + PATIENCE_S
+    while c.connected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    want = ("^no connection to tensord \\(%s: connection refused\\) within the request timeout$"
+            % re.escape(tensord.address))
+    with pytest.raises(tensorshare.TimeoutError, match=want):
+        c.ping()
+    with pytest.raises(tensorshare.TimeoutError, match=want):
+        c.put("b", 1)
+    with pytest.raises(tensorshare.TimeoutError, match=want):
+        c.wait("b", 0, timeout=0.2)
+    c.close()
+
+
 def test_wait_returns_on_change(client, tensord):
     v = client.put("w", 1)
     box = []

@@ -44,3 +44,30 @@ def test_cluster_put_get_by_name(start_tensord):
             here = set(p.list())
         assert here == {n for n in names if shard_of(n) == i}
     assert shard_of("{run7}.params") == shard_of("{run7}.grads") == shard_of("run7")
+
+
+def test_cluster_wait_on_a_stopped_shard_ends_within_timeout_plus_request_timeout(start_tensord):
+    """A wait for a bin whose shard is stopped (SIGSTOP) ends within its timeout plus the request
+    timeout, saying that the shard did not answer (it took two request timeouts on top before)."""
+    import os
+    import signal
+    import time
+
+    import pytest
+
+    shards = [start_tensord("--shard", "%d/%d" % (i, SHARDS)) for i in range(SHARDS)]
+    stopped = shards[shard_of("bin0")]
+    with tensorshare.Client(",".join(d.address for d in shards), timeout=1.0) as c:
+        v = c.put("bin0", 1)
+        os.kill(stopped.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(tensorshare.TimeoutError,
+                               match="^no reply within the request timeout$"):
+                c.wait("bin0", v, timeout=0.5)
+            took = time.monotonic() - t0
+        finally:
+            os.kill(stopped.proc.pid, signal.SIGCONT)
+        assert 0.9 < took < 0.5 + 1.0 + 0.4
+        with pytest.raises(tensorshare.TimeoutError, match="^timed out$"):
+            c.wait("bin0", v, timeout=0.1)
