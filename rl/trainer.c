@@ -282,7 +282,8 @@ static int rl_trainer_sample(ts_rl_trainer_t *t, size_t max_items, int64_t deadl
             left = RL_WAIT_SLICE_MS;
         ts_table_sample_t *s = NULL;
         int rc = ts_table_sample(t->client, t->data_bin, n, (int)left, &s);
-        if (rc == TS_ETIMEDOUT && (deadline < 0 || ts__rl_now_ms() < deadline))
+        if (rc == TS_ETIMEDOUT && !ts_last_error_no_reply() &&
+            (deadline < 0 || ts__rl_now_ms() < deadline))
             continue;
         if (rc != 0)
             return rc;
@@ -312,6 +313,13 @@ static int rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_
         return rl_trainer_sample(t, max_items, deadline, out);
     size_t dropped = 0;
     for (;;) {
+        /*
+         * A request is made only before the deadline, except the first get (timeout 0 checks
+         * once) and the gets that go on taking what is already in the bin after everything taken
+         * was dropped; and a request tensord does not answer ends the call with the client's own
+         * TS_ETIMEDOUT. So the call returns within timeout_ms plus one request timeout (plus
+         * that draining). ts_get has no server-side wait: its TS_ETIMEDOUT is the client's own.
+         */
         ts_items_t *items = NULL;
         rc = ts_get(t->client, t->data_bin, max_items, &items);
         uint32_t remaining = 0;
@@ -345,8 +353,13 @@ static int rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_
          * in between the get and this wait (the bin then already exists).
          */
         rc = ts_wait(t->client, t->data_bin, 0, (int)left, NULL, NULL);
-        if (rc != 0 && rc != TS_ETIMEDOUT)
+        if (rc == TS_ETIMEDOUT && !ts_last_error_no_reply()) {
+            /* tensord's answer: nothing came in the slice; at the deadline nothing more will. */
+            if (deadline >= 0 && ts__rl_now_ms() >= deadline)
+                return TS_ETIMEDOUT;
+        } else if (rc != 0) {
             return rc;
+        }
     }
 }
 
@@ -355,7 +368,8 @@ int ts_rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms, 
     assert(t != NULL && out != NULL);
     ts_set_last_error(NULL);
     int rc = rl_trainer_collect(t, max_items, timeout_ms, out);
-    if (rc == TS_ETIMEDOUT)
+    /* A request tensord did not answer keeps the client's message ("no reply within ..."). */
+    if (rc == TS_ETIMEDOUT && !ts_last_error_no_reply())
         ts__set_errorf("no experience kept in '%s' within the timeout", t->data_bin);
     return ts__rl_done(rc, "ts_rl_trainer_collect");
 }

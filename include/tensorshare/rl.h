@@ -53,7 +53,10 @@ typedef struct ts_rl_worker_s ts_rl_worker_t;
 typedef enum ts_rl_event_e {
     TS_RL_EV_PARAMS = 1,        /* newer parameters arrived; version is theirs */
     TS_RL_EV_DISCONNECTED = 2,  /* the connection to tensord was lost; workers keep the last
-                                   parameters and adds fail until the client reconnects */
+                                   parameters; adds in flight fail (TS_RL_EV_ADD_FAILED), and
+                                   adds made meanwhile wait for the reconnection and are sent
+                                   then (one that waits longer than the client's request
+                                   timeout fails with TS_ETIMEDOUT) */
     TS_RL_EV_RESUBSCRIBED = 3,  /* connected and listening again; the parameters are re-read */
     TS_RL_EV_ADD_FAILED = 4,    /* an experience item was not stored; status says why */
     TS_RL_EV_PARAMS_FAILED = 5, /* reading the parameters bin failed; status says why */
@@ -165,9 +168,17 @@ typedef struct ts_rl_batch_s ts_rl_batch_t;
  * When nothing is kept, waits for new items up to timeout_ms (0: do not wait;
  * TS_TIMEOUT_DEFAULT: the options' timeout_ms; TS_TIMEOUT_INFINITE: no limit), woken by the
  * daemon (no polling). Returns 0 with at least one item in *out (yours to free), or
- * TS_ETIMEDOUT when no item was kept in time, or a client error (for instance TS_ECONNRESET
- * while the daemon restarts; calling again after the client reconnected works).
- * Added in 0.1.0.
+ * TS_ETIMEDOUT when no item was kept in time ("no experience kept in 'BIN' within the
+ * timeout"), or a client error (for instance TS_ECONNRESET while the daemon restarts; calling
+ * again after the client reconnected works). The call returns within timeout_ms plus one
+ * request timeout of the client (ts_client_options_t.request_timeout_ms): it makes a request
+ * only before timeout_ms has passed, except its first get (so 0 still asks once, and waits up to
+ * the request timeout for the answer) and the gets that go on taking items already in the bin
+ * after everything taken was dropped; and a request tensord does not answer in time (stopped,
+ * paused, or the connection down) ends the call at once with that request's TS_ETIMEDOUT and
+ * message ("no reply within the request timeout", ...; ts_last_error_no_reply() says 1). Items a
+ * get took are never given up for time: a get's reply is awaited for the request timeout.
+ * Added in 0.1.0. Changed in 0.7.1: a request tensord does not answer ends the call.
  */
 TS_EXTERN int ts_rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms,
                                     ts_rl_batch_t **out);

@@ -158,7 +158,8 @@ static int base_open(rl_base *b, PyObject *client, PyObject *tt_obj, const ts_rl
 
 /*
  * Call wait_fn(ctx, slice) with the GIL released, in slices of at most TSP_RL_SLICE_MS, until
- * it answers other than TS_ETIMEDOUT or timeout_ms (TS_TIMEOUT_INFINITE: no limit, 0: one call
+ * it answers other than TS_ETIMEDOUT, or with the client's own TS_ETIMEDOUT (tensord did not
+ * answer: ts_last_error_no_reply), or timeout_ms (TS_TIMEOUT_INFINITE: no limit, 0: one call
  * that does not wait) has passed; between two slices a pending signal's handler runs, and a
  * close() of b from another thread ends the wait (TS_ECANCELED, within one slice). 0 with the
  * last answer in *rc, or -1 with the exception the handler raised.
@@ -177,12 +178,14 @@ static int wait_in_slices(const rl_base *b, int timeout_ms, int (*wait_fn)(void 
         }
         PyThreadState *nogil = PyEval_SaveThread();
         *rc = wait_fn(ctx, slice);
+        /* tensord did not answer (the client's own timeout): another slice would only add one. */
+        int no_reply = *rc == TS_ETIMEDOUT && ts_last_error_no_reply();
         PyEval_RestoreThread(nogil);
         if (*rc == TS_ETIMEDOUT && b->u.closing && slice > 0) {
             *rc = TS_ECANCELED;
             return 0;
         }
-        if (*rc != TS_ETIMEDOUT || slice == 0)
+        if (*rc != TS_ETIMEDOUT || slice == 0 || no_reply)
             return 0;
         if (timeout_ms != TS_TIMEOUT_INFINITE && now_ms() >= deadline)
             return 0;

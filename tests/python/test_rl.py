@@ -151,6 +151,29 @@ def test_await_times_out_instead_of_returning_old_params(client):
     trainer.close()
 
 
+def test_collect_from_a_stopped_tensord_says_no_reply_within_its_bound(tensord):
+    """rl.h: a collect returns within its timeout plus one request timeout, and a request tensord
+    does not answer ends it with the client's message, not "no experience kept"."""
+    import signal
+
+    c = tensorshare.Client(tensord.address, timeout=1.0)
+    trainer = RLTrainer(c, prefix="stall/")
+    os.kill(tensord.proc.pid, signal.SIGSTOP)
+    try:
+        for timeout in (0.3, 0):
+            t0 = time.monotonic()
+            with pytest.raises(tensorshare.TimeoutError,
+                               match="^no reply within the request timeout$"):
+                trainer.collect(timeout=timeout)
+            assert time.monotonic() - t0 < timeout + 1.0 + 0.4
+    finally:
+        os.kill(tensord.proc.pid, signal.SIGCONT)
+    with pytest.raises(tensorshare.TimeoutError, match="no experience kept in 'stall/data'"):
+        trainer.collect(timeout=0.1)
+    trainer.close()
+    c.close()
+
+
 def test_params_views_outlive_the_worker(client):
     trainer = RLTrainer(client)
     worker = RLWorker(client, tensor_type="numpy")

@@ -60,6 +60,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture *f = *state;
+    kill(f->srv.pid, SIGCONT); /* a test that failed while the daemon was stopped */
     ts_client_free(f->tc);
     ts_client_free(f->wc);
     int rc = tsh_server_stop(&f->srv);
@@ -773,6 +774,79 @@ static void test_free_waits_only_the_worker_timeout(void **state)
     }
 }
 
+/* One collect on its own thread, with what it returned and said. */
+typedef struct collect_run {
+    ts_rl_trainer_t *t;
+    int timeout_ms;
+    int rc;
+    int no_reply;
+    int64_t took;
+    char msg[TS_MAX_ERROR_LEN + 1];
+} collect_run;
+
+static void *collect_main(void *arg)
+{
+    collect_run *r = arg;
+    ts_rl_batch_t *b = NULL;
+    int64_t start = now_ms();
+    r->rc = ts_rl_trainer_collect(r->t, 0, r->timeout_ms, &b);
+    r->took = now_ms() - start;
+    r->no_reply = ts_last_error_no_reply();
+    snprintf(r->msg, sizeof(r->msg), "%s", ts_last_error());
+    ts_rl_batch_free(b);
+    return NULL;
+}
+
+/*
+ * A collect against a tensord that stops answering (SIGSTOP) returns within its timeout plus
+ * one request timeout (rl.h), saying that no reply came: stopped while the collect waits (it
+ * took another request timeout for one more get before), and stopped before it starts (timeout
+ * 0 asks once). A tensord that answers still gives "no experience kept".
+ */
+static void test_collect_bounded_when_tensord_does_not_answer(void **state)
+{
+    fixture *f = *state;
+    enum { R = 1000, W = 500, SLACK = 400 };
+    ts_client_options_t co;
+    ts_client_options_init(&co);
+    co.request_timeout_ms = R;
+    ts_client_t *c = NULL;
+    assert_int_equal(ts_client_open(&c, f->srv.addr, &co), 0);
+    ts_rl_options_t o;
+    ts_rl_options_init(&o);
+    o.prefix = "stall/";
+    ts_rl_trainer_t *t = NULL;
+    assert_int_equal(ts_rl_trainer_new(&t, c, &o), 0);
+
+    collect_run run = {.t = t, .timeout_ms = W};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, collect_main, &run), 0);
+    sleep_ms(150); /* the get found nothing; the collect waits on the daemon */
+    assert_int_equal(kill(f->srv.pid, SIGSTOP), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(run.rc, TS_ETIMEDOUT);
+    assert_string_equal(run.msg, "no reply within the request timeout");
+    assert_int_equal(run.no_reply, 1);
+    printf("collect(%d ms), daemon stopped during its wait: %lld ms\n", W, (long long)run.took);
+    assert_true(run.took >= W && run.took < W + R + SLACK);
+
+    collect_run zero = {.t = t, .timeout_ms = 0};
+    collect_main(&zero);
+    assert_int_equal(zero.rc, TS_ETIMEDOUT);
+    assert_string_equal(zero.msg, "no reply within the request timeout");
+    assert_int_equal(zero.no_reply, 1);
+    assert_true(zero.took >= R - 50 && zero.took < R + SLACK);
+    assert_int_equal(kill(f->srv.pid, SIGCONT), 0);
+
+    collect_run live = {.t = t, .timeout_ms = 100};
+    collect_main(&live);
+    assert_int_equal(live.rc, TS_ETIMEDOUT);
+    assert_string_equal(live.msg, "no experience kept in 'stall/data' within the timeout");
+    assert_int_equal(live.no_reply, 0);
+    ts_rl_trainer_free(t);
+    ts_client_free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -785,6 +859,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_timeout_convention, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_free_waits_only_the_worker_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_collect_bounded_when_tensord_does_not_answer, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
