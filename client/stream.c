@@ -558,7 +558,7 @@ int ts_stream_producer_open(ts_stream_producer_t **out, ts_client_t *c, const ch
     } else {
         /* A look at the credit tells whether the stream exists, without waiting. */
         rc = ts_stream_credit(c, name, 0, &st);
-        if (rc == TS_ETIMEDOUT) { /* it exists; its window is full right now */
+        if (rc == TS_ETIMEDOUT && !ts_last_error_no_reply()) { /* exists; its window is full */
             ts__set_last_error(NULL, 0);
             rc = 0;
         }
@@ -596,7 +596,8 @@ static int producer_wait(ts_stream_producer_t *p, int infinite, uint64_t deadlin
             p->credit = st.credit;
             return 0;
         }
-        if (rc != TS_ETIMEDOUT)
+        /* tensord's TS_ETIMEDOUT: the window is full; the client's own: tensord said nothing. */
+        if (rc != TS_ETIMEDOUT || ts_last_error_no_reply())
             return rc;
     }
 }

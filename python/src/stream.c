@@ -460,12 +460,14 @@ PyObject *tsp_client_stream_credit(PyObject *client, PyObject *args, PyObject *k
     slicer sl = slicer_start(timeout_ms);
     ts_stream_state_t st;
     int rc;
+    int no_reply;
     for (;;) {
         int slice = slicer_next(&sl);
         PyThreadState *nogil = PyEval_SaveThread();
         rc = ts_stream_credit(c, name, slice, &st);
+        no_reply = rc == TS_ETIMEDOUT && ts_last_error_no_reply();
         PyEval_RestoreThread(nogil);
-        if (rc != TS_ETIMEDOUT)
+        if (rc != TS_ETIMEDOUT || no_reply)
             break;
         int more = slicer_more(&sl);
         if (more > 0 && tsp_client_cancelled(client))
@@ -478,7 +480,7 @@ PyObject *tsp_client_stream_credit(PyObject *client, PyObject *args, PyObject *k
             break;
     }
     PyObject *r;
-    if (rc == TS_ETIMEDOUT)
+    if (rc == TS_ETIMEDOUT && !no_reply)
         r = tsp_raise_msg(TS_ETIMEDOUT, "the stream's window stayed full for timeout_ms");
     else
         r = rc == 0 ? state_to_py(&st) : tsp_raise(rc);
@@ -977,12 +979,14 @@ static PyObject *producer_push(PyObject *self_obj, PyObject *value)
     uint64_t waits_before = ts_stream_producer_waits(p);
     uint64_t id = 0;
     int rc;
+    int no_reply;
     PyObject *r = NULL;
     for (;;) {
         PyThreadState *nogil = PyEval_SaveThread();
         rc = ts_stream_producer_push(p, s.value, &id);
+        no_reply = rc == TS_ETIMEDOUT && ts_last_error_no_reply();
         PyEval_RestoreThread(nogil);
-        if (rc != TS_ETIMEDOUT)
+        if (rc != TS_ETIMEDOUT || no_reply)
             break;
         int more = slicer_more(&sl);
         if (more < 0 || base_cancelled(&self->base))
@@ -990,7 +994,7 @@ static PyObject *producer_push(PyObject *self_obj, PyObject *value)
         if (!more)
             break;
     }
-    if (rc == TS_ETIMEDOUT) {
+    if (rc == TS_ETIMEDOUT && !no_reply) {
         tsp_raise_msg(TS_ETIMEDOUT, "the stream's window stayed full for block_ms");
     } else if (rc == 0) {
         self->last = id;
@@ -1207,11 +1211,13 @@ static PyObject *consumer_next_impl(consumer_object *self, int *marker)
     ts_value_t *v = NULL;
     ts_stream_item_t info;
     int rc;
+    int no_reply;
     for (;;) {
         PyThreadState *nogil = PyEval_SaveThread();
         rc = ts_stream_consumer_next(s, &v, &info);
+        no_reply = rc == TS_ETIMEDOUT && ts_last_error_no_reply();
         PyEval_RestoreThread(nogil);
-        if (rc != TS_ETIMEDOUT)
+        if (rc != TS_ETIMEDOUT || no_reply)
             break;
         int more = slicer_more(&sl);
         if (more < 0 || base_cancelled(&self->base)) {
@@ -1222,7 +1228,7 @@ static PyObject *consumer_next_impl(consumer_object *self, int *marker)
             break;
     }
     base_leave(&self->base);
-    if (rc == TS_ETIMEDOUT)
+    if (rc == TS_ETIMEDOUT && !no_reply)
         return tsp_raise_msg(TS_ETIMEDOUT, "no entry came within the consumer's timeout_ms");
     if (rc != 0)
         return tsp_raise(rc);

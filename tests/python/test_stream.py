@@ -254,6 +254,35 @@ def test_backpressure_at_the_window(client):
     assert client.stream_credit("w", timeout_ms=0)["credit"] == 2
 
 
+def test_waits_on_a_stopped_tensord_say_it_did_not_answer(tensord):
+    """The credit wait, the producer's push and the consumer's next against a tensord that does
+    not answer (SIGSTOP) fail with the client's "no reply" message, not one that blames the
+    stream's window or its entries (kept for the TIMEOUT tensord answers)."""
+    c = tensorshare.Client(tensord.address, timeout=0.5)
+    c.stream_create("w", max_entries=8, window=1)
+    c.stream_join("w", "g", "m")
+    c.stream_append("w", 1)  # the window is full
+    c.stream_create("e")
+    p = tensorshare.StreamProducer(c, "w", block_ms=800)
+    s = tensorshare.StreamConsumer(c, "e", "g2", "m2", timeout_ms=800)
+    no_reply = "^no reply within the request timeout$"
+    os.kill(tensord.proc.pid, signal.SIGSTOP)
+    try:
+        for call in (lambda: c.stream_credit("w", timeout_ms=800), lambda: p.push(2),
+                     lambda: next(iter(s))):
+            start = time.monotonic()
+            with pytest.raises(tensorshare.TimeoutError, match=no_reply):
+                call()
+            assert time.monotonic() - start < 0.8 + 0.5 + 0.5
+    finally:
+        os.kill(tensord.proc.pid, signal.SIGCONT)
+    with pytest.raises(tensorshare.TimeoutError, match="window stayed full for timeout_ms"):
+        c.stream_credit("w", timeout_ms=100)
+    p.close()
+    s.close()
+    c.close()
+
+
 def test_close_from_another_thread_ends_a_wait(client):
     client.stream_create("c")
     c = tensorshare.StreamConsumer(client, "c", "g")  # timeout_ms=None: no limit

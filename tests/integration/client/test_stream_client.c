@@ -580,6 +580,53 @@ static void test_lost_read(void **state)
     ts_client_free(c2);
 }
 
+/*
+ * A producer against a server that does not answer (stopped) says so: opening one finds out
+ * nothing about the stream (it took the unanswered look for "exists, full window"), and a push
+ * that waits for credit ends with the client's "no reply" instead of blaming the window.
+ */
+static void test_producer_when_the_server_does_not_answer(void **state)
+{
+    (void)state;
+    const char *name = "st/stalled";
+    make_stream(name, 16, 2);
+    ts_stream_consumer_t *s = consumer(name, "g", "m", TS_STREAM_OLDEST, 2, 0, WAIT_MS);
+    push_tag(name, 1);
+    push_tag(name, 2); /* the window is full: the group is 2 entries behind */
+    ts_client_options_t co;
+    ts_client_options_init(&co);
+    co.request_timeout_ms = 300;
+    ts_client_t *c2 = NULL;
+    assert_int_equal(ts_client_open(&c2, srv.addr, &co), 0);
+    ts_stream_producer_t *p = NULL;
+    assert_int_equal(ts_stream_producer_open(&p, c2, name, NULL, 1000), 0);
+    ts_stream_producer_t *p2 = NULL;
+    ts_value_t *it = tc_item(1, 3.0f, 3);
+    assert_int_equal(kill(srv.pid, SIGSTOP), 0);
+    uint64_t t0 = tc_now_ms();
+    int rc = ts_stream_producer_push(p, it, NULL);
+    uint64_t took = tc_now_ms() - t0;
+    char msg[TS_MAX_ERROR_LEN + 1];
+    snprintf(msg, sizeof(msg), "%s", ts_last_error());
+    int rc_open = ts_stream_producer_open(&p2, c2, name, NULL, 0);
+    char msg_open[TS_MAX_ERROR_LEN + 1];
+    snprintf(msg_open, sizeof(msg_open), "%s", ts_last_error());
+    assert_int_equal(kill(srv.pid, SIGCONT), 0);
+    assert_int_equal(rc, TS_ETIMEDOUT);
+    assert_string_equal(msg, "no reply within the request timeout");
+    assert_true(took < 300 + 300 + 250); /* one credit wait of 300 ms and its reply time */
+    assert_int_equal(rc_open, TS_ETIMEDOUT);
+    assert_null(p2);
+    assert_string_equal(msg_open, "no reply within the request timeout");
+    /* Answering again: the push's message is the window's. */
+    assert_int_equal(ts_stream_producer_push(p, it, NULL), TS_ETIMEDOUT);
+    assert_non_null(strstr(ts_last_error(), "had no credit within the producer's 1000 ms"));
+    ts_value_free(it);
+    ts_stream_producer_free(p);
+    ts_stream_consumer_close(s, 1);
+    ts_client_free(c2);
+}
+
 /* {"x": float32 [n, COLS] with row r = (first + r) * 10 + column, "k": 7}. */
 static ts_value_t *rows_item(int64_t first, int64_t n)
 {
@@ -889,6 +936,7 @@ int main(void)
         cmocka_unit_test(test_work_queue_helpers),
         cmocka_unit_test(test_reslice_tensor),
         cmocka_unit_test(test_lost_read),
+        cmocka_unit_test(test_producer_when_the_server_does_not_answer),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
