@@ -163,7 +163,9 @@ TS_EXTERN int ts_last_error_no_reply(void);
  *
  * Every timeout parameter of every public function (int timeout_ms) takes one of:
  * - a positive number: milliseconds;
- * - 0: do not wait: check once and return (TS_ETIMEDOUT when the result is not there yet);
+ * - 0: do not wait: check once and return (TS_ETIMEDOUT when the result is not there yet); a
+ *   check the server makes still waits for the server's reply (and, while the connection is
+ *   down, for the connection), up to the request timeout;
  * - TS_TIMEOUT_DEFAULT: the configured default of the object the call is on (the client's
  *   request_timeout_ms, the batcher's timeout_ms, the RL options' timeout_ms, ...; each
  *   function says which);
@@ -171,7 +173,12 @@ TS_EXTERN int ts_last_error_no_reply(void);
  *   ts_wait_async, where the server caps the wait: tensord answers TIMEOUT after 24 hours; the
  *   batcher's predictions and weight loads; the RL trainer's and worker's waits).
  * A function that cannot honour 0 (a prediction cannot be answered without waiting) says so and
- * fails with TS_EINVAL; any other negative value is TS_EINVAL too. Option fields that hold a
+ * fails with TS_EINVAL; any other negative value is TS_EINVAL too. A wait made on the server
+ * (ts_wait, ts_take, stream reads and credit, ...) has its time counted by tensord from when it
+ * reads the request, and its reply is awaited for timeout_ms plus the request timeout: against
+ * a server that was paused (or slow to read), such a call can return up to the request timeout
+ * later than timeout_ms, and one whose reply does not come by then fails with TS_ETIMEDOUT and
+ * the client's own message (ts_last_error_no_reply). Option fields that hold a
  * timeout (ts_client_options_t, ts_batcher_options_t, ts_rl_options_t) say which of these they
  * accept. The same convention as nng's NNG_DURATION_*.
  */
