@@ -58,9 +58,9 @@ TS_EXTERN int ts_put_if(ts_client_t *c, const char *name, uint64_t expected_vers
  * time (0: do not wait; TS_TIMEOUT_DEFAULT: the request timeout; TS_TIMEOUT_INFINITE:
  * TS_EINVAL). A DELETE of the bin leaves takers waiting. A wait counts against the server's
  * --max-watch. A TS_ETIMEDOUT that tensord answered took nothing; one the client gave when no
- * reply came within timeout_ms plus the request timeout ("no reply within the request timeout":
- * the server paused or unreachable) may still be carried out when the server reads the request,
- * and the items it takes then are lost (docs/COORDINATION.md). Added in 0.4.0.
+ * reply came within timeout_ms plus the request timeout (ts_last_error_no_reply() 1: the server
+ * paused or unreachable) may still be carried out when the server reads the request, and the
+ * items it takes then are lost (docs/COORDINATION.md). Added in 0.4.0.
  */
 TS_EXTERN int ts_take(ts_client_t *c, const char *name, size_t max_items, int timeout_ms,
                       ts_items_t **out);
@@ -87,8 +87,8 @@ TS_EXTERN int ts_mget(ts_client_t *c, const char *const *names, size_t n, size_t
  * give the same parties (1 to 65536; else TS_EINVAL, nothing changed). TS_ETIMEDOUT when the
  * others did not come within timeout_ms (TS_TIMEOUT_DEFAULT: the request timeout;
  * TS_TIMEOUT_INFINITE: TS_EINVAL): this arrival is withdrawn (but when the client gave up
- * because no reply came, "no reply within the request timeout", the arrival may still count once
- * the server reads it: docs/COORDINATION.md). Barriers live in the server's
+ * because no reply came, ts_last_error_no_reply() 1, the arrival may still count once the server
+ * reads it: docs/COORDINATION.md). Barriers live in the server's
  * memory only: a restart forgets them and the callers waiting get TS_ESHUTDOWN or lose their
  * connection. Added in 0.4.0.
  */

@@ -178,7 +178,7 @@ typedef struct ts_rl_batch_s ts_rl_batch_t;
  * paused, or the connection down) ends the call at once with that request's TS_ETIMEDOUT and
  * message ("no reply within the request timeout", ...; ts_last_error_no_reply() says 1). Items a
  * get took are never given up for time: a get's reply is awaited for the request timeout.
- * Added in 0.1.0. Changed in 0.7.1: a request tensord does not answer ends the call.
+ * Added in 0.1.0. Changed in 0.7.2: a request tensord does not answer ends the call.
  */
 TS_EXTERN int ts_rl_trainer_collect(ts_rl_trainer_t *t, size_t max_items, int timeout_ms,
                                     ts_rl_batch_t **out);

@@ -154,7 +154,7 @@ TS_EXTERN void ts_set_last_error(const char *message);
  * ran out on the server). The answer is the message's, so it lasts as long as the message does,
  * also through the helpers (rl.h, stream.h) that pass such a failure on. Read it right after a
  * TS_ETIMEDOUT to tell "tensord said nothing came" from "tensord did not answer". Any thread.
- * Added in 0.7.1.
+ * Added in 0.7.2.
  */
 TS_EXTERN int ts_last_error_no_reply(void);
 
