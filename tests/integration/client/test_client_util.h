@@ -1,6 +1,6 @@
 /*
  * Helpers shared by the client integration tests: a latch for waiting on callbacks (every wait
- * bounded), a clock, and builders for test records.
+ * bounded), a clock, a STATS reader, and builders for test records.
  */
 #ifndef TS_TEST_CLIENT_UTIL_H
 #define TS_TEST_CLIENT_UTIL_H
@@ -27,6 +27,17 @@ static inline void tc_sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
+}
+
+/* The STATS value key of c's server (cmocka's asserts: include <cmocka.h> before this file). */
+static inline int64_t tc_stat_int(ts_client_t *c, const char *key)
+{
+    ts_value_t *v = NULL;
+    assert_int_equal(ts_stats(c, &v), 0);
+    int64_t x = -1;
+    assert_int_equal(ts_map_get_int(v, key, &x), 0);
+    ts_value_free(v);
+    return x;
 }
 
 /* A counter that threads wait on until it reaches a target. */

@@ -619,17 +619,6 @@ static void test_other_kinds(void **state)
     assert_true(ts.size == 0 && ts.inserts == 0 && ts.skipped == 1);
 }
 
-/* The STATS value key of c's server. */
-static int64_t stat_int(ts_client_t *c, const char *key)
-{
-    ts_value_t *v = NULL;
-    assert_int_equal(ts_stats(c, &v), 0);
-    int64_t x = -1;
-    assert_int_equal(ts_map_get_int(v, key, &x), 0);
-    ts_value_free(v);
-    return x;
-}
-
 /* --max-memory counts optimizer slots and embedding rows. */
 static void test_max_memory(void **state)
 {
@@ -653,9 +642,9 @@ static void test_max_memory(void **state)
      * slots and counts the new ones: no drift beyond the few KiB of queued replies, far below
      * the parameter's 16 KiB of bookkeeping.
      */
-    int64_t used = stat_int(c, "used_memory");
+    int64_t used = tc_stat_int(c, "used_memory");
     assert_int_equal(ts_ps_create(c, "p1", &o, NULL), 0);
-    assert_true(llabs(stat_int(c, "used_memory") - used) < 8192);
+    assert_true(llabs(tc_stat_int(c, "used_memory") - used) < 8192);
     assert_int_equal(ts_ps_create(c, "p2", &o, NULL), TS_EOOM);
     /* SGD has no slots: it fits. */
     o.optimizer = TS_PS_SGD;
@@ -705,7 +694,7 @@ static void test_step_counts_buffer(void **state)
         int rc = ts_ps_push(extra_cl, "big", &g, 0, 1.0, &v);
         assert_int_equal(rc, i == 0 ? TS_EOOM : 0);
         int64_t max = i == 0 ? 17 << 20 : 20 << 20;
-        assert_true(stat_int(extra_cl, "used_memory") <= max);
+        assert_true(tc_stat_int(extra_cl, "used_memory") <= max);
         ts_client_free(extra_cl);
         extra_cl = NULL;
         assert_int_equal(tsh_server_stop(&extra), 0);
@@ -743,18 +732,18 @@ static void test_existing_rows_near_limit(void **state)
         ids[i] = i;
     for (int64_t i = 0; i < N; i += 128) /* made a quarter at a time */
         assert_int_equal(ts_emb_pull(extra_cl, "near", ids + i, 128, DIM, rows, NULL), 0);
-    int64_t overhead = stat_int(extra_cl, "overhead_bytes");
+    int64_t overhead = tc_stat_int(extra_cl, "overhead_bytes");
     assert_int_equal(ts_emb_pull(extra_cl, "near", ids, N, DIM, rows, NULL), 0);
     assert_int_equal(ts_emb_push(extra_cl, "near", ids, N, DIM, grads, 1.0, NULL), 0);
     assert_int_equal(ts_emb_pull(extra_cl, "near", ids, N, DIM, again, NULL), 0);
     assert_memory_equal(rows, again, (size_t)N * DIM * sizeof(float)); /* zero gradients */
     /* The arrays did not grow for rows that were there. */
-    assert_int_equal(stat_int(extra_cl, "overhead_bytes"), overhead);
+    assert_int_equal(tc_stat_int(extra_cl, "overhead_bytes"), overhead);
     for (int64_t i = 0; i < N; i++)
         ids[i] = N + i;
     assert_int_equal(ts_emb_pull(extra_cl, "near", ids, N, DIM, rows, NULL), TS_EOOM);
-    assert_int_equal(stat_int(extra_cl, "overhead_bytes"), overhead);
-    assert_true(stat_int(extra_cl, "used_memory") <= 44 << 20);
+    assert_int_equal(tc_stat_int(extra_cl, "overhead_bytes"), overhead);
+    assert_true(tc_stat_int(extra_cl, "used_memory") <= 44 << 20);
     free(ids);
     free(rows);
     free(again);

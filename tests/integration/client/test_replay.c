@@ -465,12 +465,7 @@ static void *wait_sample(void *arg)
 
 static int64_t stat_int(const char *key)
 {
-    ts_value_t *v = NULL;
-    assert_int_equal(ts_stats(cl, &v), 0);
-    int64_t x = -1;
-    assert_int_equal(ts_map_get_int(v, key, &x), 0);
-    ts_value_free(v);
-    return x;
+    return tc_stat_int(cl, key);
 }
 
 /* Wait (bounded) until the server holds n table waits. */

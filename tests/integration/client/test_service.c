@@ -591,17 +591,6 @@ static void *blocking_main(void *p)
     return NULL;
 }
 
-/* The STATS value key of c's server. */
-static int64_t stat_of(ts_client_t *c, const char *key)
-{
-    ts_value_t *v = NULL;
-    assert_int_equal(ts_stats(c, &v), 0);
-    int64_t x = -1;
-    assert_int_equal(ts_map_get_int(v, key, &x), 0);
-    ts_value_free(v);
-    return x;
-}
-
 /*
  * Every status a server may answer a call with (PROTOCOL.md 8.53; BAD_REQUEST, UNKNOWN_OPCODE and
  * SHUTTING_DOWN included) ends that call only, with the status's error code and the server's
@@ -624,8 +613,8 @@ static void test_relayed_status(void **state)
     holder_init(&h);
     ts_service_t *svc;
     assert_int_equal(ts_service_register(&svc, sc, "relay", NULL, hold_cb, &h), 0);
-    int64_t conns = stat_of(sc, "connections_total");
-    int64_t late = stat_of(sc, "service_late_answers");
+    int64_t conns = tc_stat_int(sc, "connections_total");
+    int64_t late = tc_stat_int(sc, "service_late_answers");
     /* One call stays in flight throughout. */
     gone_arg g = {.status = 1};
     tc_latch_init(&g.done);
@@ -673,8 +662,8 @@ static void test_relayed_status(void **state)
     }
     /* Not one reconnection, and no answer dropped as late. */
     assert_int_equal(ts_client_connected(cc), 1);
-    assert_int_equal(stat_of(sc, "connections_total"), conns);
-    assert_int_equal(stat_of(sc, "service_late_answers"), late);
+    assert_int_equal(tc_stat_int(sc, "connections_total"), conns);
+    assert_int_equal(tc_stat_int(sc, "service_late_answers"), late);
     ts_value_free(ans);
     ts_value_free(req);
     ts_service_unregister(svc);
